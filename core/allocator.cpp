@@ -1,0 +1,84 @@
+// core/allocator.cpp — byte counting, the CPU allocator and the per-device-type table.
+#include "core/allocator.h"
+
+#include <cstdlib>
+
+#include "core/error.h"
+
+namespace loom {
+
+void ByteCounter::add(int64_t bytes) {
+  const int64_t now = current_.fetch_add(bytes) + bytes;
+  allocs_.fetch_add(1);
+  int64_t peak = peak_.load();
+  while (now > peak && !peak_.compare_exchange_weak(peak, now)) {
+  }
+}
+
+void ByteCounter::sub(int64_t bytes) { current_.fetch_sub(bytes); }
+
+AllocatorStats ByteCounter::stats() const {
+  return {current_.load(), peak_.load(), allocs_.load()};
+}
+
+void ByteCounter::reset_peak() { peak_.store(current_.load()); }
+
+namespace {
+
+constexpr size_t kCpuAlignment = 64;
+
+class CpuAllocator final : public Allocator {
+ public:
+  void* allocate(size_t bytes, int /*device_index*/) override {
+    const size_t rounded = (bytes + kCpuAlignment - 1) / kCpuAlignment * kCpuAlignment;
+    void* p = std::aligned_alloc(kCpuAlignment, rounded == 0 ? kCpuAlignment : rounded);
+    LOOM_CHECK(p != nullptr, "cpu allocator: out of memory allocating ", bytes, " bytes");
+    counter_.add(static_cast<int64_t>(bytes));
+    return p;
+  }
+  void deallocate(void* ptr, size_t bytes, int /*device_index*/) override {
+    std::free(ptr);
+    counter_.sub(static_cast<int64_t>(bytes));
+  }
+  AllocatorStats stats() const override { return counter_.stats(); }
+  void reset_peak() override { counter_.reset_peak(); }
+
+ private:
+  ByteCounter counter_;
+};
+
+struct AllocatorTable {
+  Allocator* by_type[kNumDeviceTypes] = {};
+  AllocatorTable() {
+    static CpuAllocator cpu;
+    by_type[static_cast<int>(DeviceType::kCpu)] = &cpu;
+  }
+};
+
+AllocatorTable& table() {
+  static AllocatorTable t;
+  return t;
+}
+
+}  // namespace
+
+Allocator& allocator_for(DeviceType type) {
+  Allocator* a = table().by_type[static_cast<int>(type)];
+  LOOM_CHECK(a != nullptr, "no allocator for device ", device_type_name(type),
+             " (this build has no ", device_type_name(type), " backend)");
+  return *a;
+}
+
+void register_allocator(DeviceType type, Allocator* allocator) {
+  table().by_type[static_cast<int>(type)] = allocator;
+}
+
+const char* device_type_name(DeviceType t) {
+  return t == DeviceType::kCpu ? "cpu" : "cuda";
+}
+
+std::string Device::str() const {
+  return type == DeviceType::kCpu ? "cpu" : "cuda:" + std::to_string(index);
+}
+
+}  // namespace loom

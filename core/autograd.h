@@ -1,0 +1,129 @@
+// core/autograd.h — the define-by-run tape: Node, Edge, the backward engine, grad mode.
+//
+// Every differentiable op that sees an input requiring grad records a Node whose next_edges
+// point at the nodes that produced its inputs (or at a leaf's AccumulateGrad). backward() runs
+// the reachable nodes in reverse creation order once all their consumers have delivered
+// gradients, and accumulates into leaves' .grad.
+//
+// Note [Gradient-ready hooks]: a leaf's AccumulateGrad runs exactly once per backward, after
+// every path to it has delivered its gradient, so hooks fired there see the final gradient of
+// this backward. DDP buckets launch their reductions from these hooks.
+//
+// Note [Grad mode is thread-local]: NoGradGuard flips a thread_local flag, the one piece of
+// implicit state in the core; communication threads never record graph.
+#pragma once
+
+#include <functional>
+#include <memory>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "core/tensor.h"
+
+namespace loom::autograd {
+
+class Node;
+
+struct Edge {
+  std::shared_ptr<Node> node;  // null when the input does not need a gradient
+  int input_nr = 0;            // which output of `node` the input was
+};
+
+class Node {
+ public:
+  explicit Node(std::string name, int num_outputs = 1);
+  virtual ~Node() = default;
+
+  // Given the gradients of this node's outputs (undefined where an output got none), returns
+  // one gradient per next_edge (undefined allowed where the edge has no node).
+  virtual std::vector<Tensor> apply(std::vector<Tensor>&& grad_outputs) = 0;
+  // Drops saved tensors once the node has run (frees activations during backward).
+  virtual void release() {}
+
+  const std::string& name() const { return name_; }
+  int num_outputs() const { return num_outputs_; }
+  uint64_t sequence_nr() const { return sequence_nr_; }
+
+  std::vector<Edge> next_edges;
+
+ private:
+  std::string name_;
+  int num_outputs_;
+  uint64_t sequence_nr_;
+};
+
+// A Node whose backward is a function; saved tensors live in the function's captures (capture
+// them detached, see save()). This is how ops in core/ops/ record themselves.
+class FunctionNode final : public Node {
+ public:
+  using Backward = std::function<std::vector<Tensor>(const std::vector<Tensor>& grad_outputs)>;
+  FunctionNode(std::string name, int num_outputs, Backward fn)
+      : Node(std::move(name), num_outputs), fn_(std::move(fn)) {}
+  std::vector<Tensor> apply(std::vector<Tensor>&& grad_outputs) override;
+  void release() override { fn_ = nullptr; }
+
+ private:
+  Backward fn_;
+};
+
+// Accumulates into a leaf's .grad and fires its hooks (Note [Gradient-ready hooks]).
+class AccumulateGrad final : public Node {
+ public:
+  explicit AccumulateGrad(const std::shared_ptr<TensorImpl>& leaf);
+  std::vector<Tensor> apply(std::vector<Tensor>&& grad_outputs) override;
+  std::weak_ptr<TensorImpl> leaf;
+};
+
+// ---- grad mode ----
+bool grad_enabled();
+class NoGradGuard {
+ public:
+  NoGradGuard();
+  ~NoGradGuard();
+  NoGradGuard(const NoGradGuard&) = delete;
+  NoGradGuard& operator=(const NoGradGuard&) = delete;
+
+ private:
+  bool prev_;
+};
+// Re-enables recording inside a NoGradGuard (used by activation checkpoint recomputation).
+class EnableGradGuard {
+ public:
+  EnableGradGuard();
+  ~EnableGradGuard();
+  EnableGradGuard(const EnableGradGuard&) = delete;
+  EnableGradGuard& operator=(const EnableGradGuard&) = delete;
+
+ private:
+  bool prev_;
+};
+
+// ---- recording (used by op front-ends) ----
+// True when grad mode is on and any input requires grad.
+bool needs_grad(std::initializer_list<const Tensor*> inputs);
+bool needs_grad(const std::vector<Tensor>& inputs);
+// The edge through which a gradient for `t` flows (leaf → its AccumulateGrad).
+Edge edge_of(const Tensor& t);
+// Records `node` as the producer of `outputs`, wiring its next_edges from `inputs`, and marks
+// the outputs as requiring grad. Outputs must be freshly created (no history yet).
+void record(const std::shared_ptr<Node>& node, const std::vector<Tensor>& inputs,
+            const std::vector<Tensor*>& outputs);
+// Convenience for the common case: one FunctionNode over `inputs` producing `outputs`.
+void record_function(const std::string& name, const std::vector<Tensor>& inputs,
+                     const std::vector<Tensor*>& outputs, FunctionNode::Backward fn);
+
+// ---- running backward ----
+// backward(loss): loss must be a scalar; its gradient is 1.
+void backward(const Tensor& loss);
+// backward(outputs, grads): seeds each output with the given gradient (pipeline stages).
+void backward(const std::vector<Tensor>& outputs, const std::vector<Tensor>& grads);
+
+// Like backward(), but gradients reaching the AccumulateGrad nodes named in `capture` are
+// summed into the map instead of the leaves' .grad, and their hooks do not fire. Other leaves
+// are accumulated normally. Used by activation checkpointing.
+using GradCapture = std::unordered_map<const Node*, Tensor>;
+void backward_capture(const std::vector<Tensor>& outputs, const std::vector<Tensor>& grads,
+                      GradCapture& capture);
+
+}  // namespace loom::autograd

@@ -1,0 +1,15 @@
+// kernels/copy.h — data movement kernels: strided copy with dtype conversion, fill, and the
+// host↔device transfers that a GPU backend registers.
+#pragma once
+
+#include "kernels/registry.h"
+
+// dst[i] = convert(src[i]) for every logical index; same shape, any strides, any dtypes.
+LOOM_DECLARE_KERNEL(copy, void(const loom::Tensor& src, loom::Tensor& dst));
+// dst[i] = value for every logical index (any strides).
+LOOM_DECLARE_KERNEL(fill, void(loom::Tensor& dst, double value));
+// Contiguous, same dtype and shape; registered for the device type that is not the host.
+LOOM_DECLARE_KERNEL(copy_device_to_host, void(const loom::Tensor& src, loom::Tensor& dst_host));
+LOOM_DECLARE_KERNEL(copy_host_to_device, void(const loom::Tensor& src_host, loom::Tensor& dst));
+// Number of devices of the registering type visible to this process (0 when none).
+LOOM_DECLARE_KERNEL(device_count, int());

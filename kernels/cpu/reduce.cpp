@@ -1,0 +1,49 @@
+// kernels/cpu/reduce.cpp — CPU sum over one dimension (rows reduced in double for f32).
+#include "kernels/cpu/parallel.h"
+#include "kernels/reduce.h"
+
+namespace loom::kernels::cpu {
+namespace {
+
+void sum_dim_forward_cpu(const Tensor& x, int64_t outer, int64_t n, int64_t inner, Tensor& out) {
+  LOOM_DISPATCH_FLOAT(x.dtype(), "sum_dim_forward", [&] {
+    const scalar_t* px = x.data<scalar_t>();
+    scalar_t* po = out.data<scalar_t>();
+    if (inner == 1) {
+      parallel_for(outer, std::max<int64_t>(1, kElementGrain / std::max<int64_t>(n, 1)),
+                   [&](int64_t lo, int64_t hi) {
+                     for (int64_t o = lo; o < hi; ++o) {
+                       double acc = 0;
+                       const scalar_t* row = px + o * n;
+LOOM_SIMD_SUM(acc)
+                       for (int64_t j = 0; j < n; ++j) acc += row[j];
+                       po[o] = static_cast<scalar_t>(acc);
+                     }
+                   });
+      return;
+    }
+    // Column sums: parallel over (outer, blocks of inner); each block walks n in order.
+    constexpr int64_t kBlock = 256;
+    const int64_t blocks = (inner + kBlock - 1) / kBlock;
+    parallel_for(outer * blocks, 1, [&](int64_t lo, int64_t hi) {
+      for (int64_t t = lo; t < hi; ++t) {
+        const int64_t o = t / blocks;
+        const int64_t c0 = (t % blocks) * kBlock;
+        const int64_t c1 = std::min(inner, c0 + kBlock);
+        double acc[kBlock] = {};
+        for (int64_t j = 0; j < n; ++j) {
+          const scalar_t* row = px + (o * n + j) * inner;
+LOOM_SIMD
+          for (int64_t c = c0; c < c1; ++c) acc[c - c0] += row[c];
+        }
+        for (int64_t c = c0; c < c1; ++c) po[o * inner + c] = static_cast<scalar_t>(acc[c - c0]);
+      }
+    });
+  });
+}
+
+}  // namespace
+
+LOOM_REGISTER_KERNEL(sum_dim_forward, kCpu, sum_dim_forward_cpu);
+
+}  // namespace loom::kernels::cpu

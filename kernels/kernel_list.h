@@ -1,0 +1,41 @@
+// kernels/kernel_list.h — every kernel Loom declares, as an X-macro list. The registry test
+// checks that each has a CPU implementation and that nothing is registered that is not listed.
+// Add a line here when you declare a kernel in kernels/<op>.h.
+#pragma once
+
+#define LOOM_FOR_EACH_KERNEL(X) \
+  X(copy)                       \
+  X(fill)                       \
+  X(binary_forward)             \
+  X(scale_forward)              \
+  X(axpy)                       \
+  X(sum_dim_forward)            \
+  X(gemm)                       \
+  X(gelu_forward)               \
+  X(gelu_backward)              \
+  X(silu_forward)               \
+  X(silu_backward)              \
+  X(swiglu_forward)             \
+  X(swiglu_backward)            \
+  X(layer_norm_forward)         \
+  X(layer_norm_backward)        \
+  X(rms_norm_forward)           \
+  X(rms_norm_backward)          \
+  X(softmax_forward)            \
+  X(softmax_backward)           \
+  X(dropout_forward)            \
+  X(dropout_backward)           \
+  X(embedding_forward)          \
+  X(embedding_backward)         \
+  X(rope_forward)               \
+  X(rope_backward)              \
+  X(attention_forward)          \
+  X(attention_backward)         \
+  X(cross_entropy_forward)      \
+  X(cross_entropy_backward)
+
+// Kernels a device backend registers that have no CPU form (host↔device transfers).
+#define LOOM_FOR_EACH_DEVICE_ONLY_KERNEL(X) \
+  X(copy_device_to_host)                    \
+  X(copy_host_to_device)                    \
+  X(device_count)
