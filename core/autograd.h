@@ -99,6 +99,9 @@ class EnableGradGuard {
   bool prev_;
 };
 
+// The sequence number the next node created on this thread will get (nodes are ordered by it).
+uint64_t next_sequence_nr();
+
 // ---- recording (used by op front-ends) ----
 // True when grad mode is on and any input requires grad.
 bool needs_grad(std::initializer_list<const Tensor*> inputs);

@@ -24,4 +24,8 @@ struct Device {
 
 const char* device_type_name(DeviceType t);
 
+// Devices of this type visible to the process: 1 for the CPU; 0 when the build has no backend
+// for the type or the machine has no such device.
+int device_count(DeviceType type);
+
 }  // namespace loom

@@ -1,0 +1,156 @@
+// core/checkpoint.cpp — see Note [Activation checkpoint] in core/checkpoint.h.
+#include "core/checkpoint.h"
+
+#include <unordered_set>
+
+#include "core/autograd.h"
+
+namespace loom {
+namespace {
+
+using autograd::AccumulateGrad;
+using autograd::Edge;
+using autograd::Node;
+
+// Fresh leaves over the inputs' data; those whose input needs a gradient require grad.
+std::vector<Tensor> detached_inputs(const std::vector<Tensor>& inputs, const std::vector<bool>& needs) {
+  std::vector<Tensor> out;
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    Tensor d = inputs[i].detach();
+    if (needs[i]) d.set_requires_grad(true);
+    out.push_back(d);
+  }
+  return out;
+}
+
+// The AccumulateGrad nodes reachable from `outputs` that are not the region's own inputs.
+// A non-leaf node older than the region means fn used a tensor with history it was not given.
+std::vector<std::shared_ptr<Node>> region_parameters(const std::vector<Tensor>& outputs,
+                                                     const std::vector<Tensor>& region_inputs,
+                                                     uint64_t region_start) {
+  std::unordered_set<const Node*> own;
+  for (const Tensor& t : region_inputs) {
+    if (t.requires_grad()) own.insert(autograd::edge_of(t).node.get());
+  }
+  std::vector<std::shared_ptr<Node>> params;
+  std::unordered_set<const Node*> seen;
+  std::vector<std::shared_ptr<Node>> stack;
+  for (const Tensor& o : outputs) {
+    if (o.grad_fn()) stack.push_back(o.grad_fn());
+  }
+  while (!stack.empty()) {
+    std::shared_ptr<Node> n = stack.back();
+    stack.pop_back();
+    if (!seen.insert(n.get()).second) continue;
+    if (dynamic_cast<AccumulateGrad*>(n.get())) {
+      if (!own.count(n.get())) params.push_back(n);
+      continue;
+    }
+    LOOM_CHECK(n->sequence_nr() >= region_start, "checkpoint: the region used a tensor produced by ",
+               n->name(), " outside it; pass such tensors in `inputs`");
+    for (const Edge& e : n->next_edges) {
+      if (e.node) stack.push_back(e.node);
+    }
+  }
+  return params;
+}
+
+class CheckpointNode final : public Node {
+ public:
+  CheckpointNode(CheckpointFn fn, std::vector<Tensor> saved_inputs, std::vector<bool> needs,
+                 std::vector<std::shared_ptr<Node>> params, std::vector<Generator*> gens,
+                 std::vector<GeneratorState> gen_states, int num_outputs)
+      : Node("checkpoint", num_outputs),
+        fn_(std::move(fn)),
+        inputs_(std::move(saved_inputs)),
+        needs_(std::move(needs)),
+        params_(std::move(params)),
+        gens_(std::move(gens)),
+        gen_states_(std::move(gen_states)) {}
+
+  std::vector<Tensor> apply(std::vector<Tensor>&& grad_outputs) override {
+    std::vector<GeneratorState> now;
+    for (size_t i = 0; i < gens_.size(); ++i) {
+      now.push_back(gens_[i]->state());
+      gens_[i]->set_state(gen_states_[i]);
+    }
+    std::vector<Tensor> inputs = detached_inputs(inputs_, needs_);
+    std::vector<Tensor> outputs;
+    {
+      autograd::EnableGradGuard enable;
+      outputs = fn_(inputs);
+    }
+    for (size_t i = 0; i < gens_.size(); ++i) gens_[i]->set_state(now[i]);
+
+    autograd::GradCapture capture;
+    for (const Tensor& t : inputs) {
+      if (t.requires_grad()) capture[autograd::edge_of(t).node.get()] = Tensor();
+    }
+    for (const auto& p : params_) capture[p.get()] = Tensor();
+    std::vector<Tensor> roots, grads;
+    for (size_t i = 0; i < outputs.size(); ++i) {
+      if (grad_outputs[i].defined() && outputs[i].requires_grad()) {
+        roots.push_back(outputs[i]);
+        grads.push_back(grad_outputs[i]);
+      }
+    }
+    if (!roots.empty()) autograd::backward_capture(roots, grads, capture);
+
+    std::vector<Tensor> result;
+    for (const Tensor& t : inputs) {
+      result.push_back(t.requires_grad() ? capture[autograd::edge_of(t).node.get()] : Tensor());
+    }
+    for (const auto& p : params_) result.push_back(capture[p.get()]);
+    return result;
+  }
+
+  void release() override {
+    inputs_.clear();
+    fn_ = nullptr;
+  }
+
+ private:
+  CheckpointFn fn_;
+  std::vector<Tensor> inputs_;  // detached; the only activations the region keeps
+  std::vector<bool> needs_;     // which inputs need a gradient
+  std::vector<std::shared_ptr<Node>> params_;
+  std::vector<Generator*> gens_;
+  std::vector<GeneratorState> gen_states_;
+};
+
+}  // namespace
+
+std::vector<Tensor> checkpoint(const CheckpointFn& fn, const std::vector<Tensor>& inputs,
+                               const std::vector<Generator*>& generators) {
+  if (!autograd::grad_enabled()) return fn(inputs);
+  std::vector<GeneratorState> states;
+  for (Generator* g : generators) states.push_back(g->state());
+  std::vector<bool> needs;
+  for (const Tensor& t : inputs) needs.push_back(t.requires_grad());
+  std::vector<Tensor> region_inputs = detached_inputs(inputs, needs);
+  const uint64_t region_start = autograd::next_sequence_nr();
+  std::vector<Tensor> graph_outputs = fn(region_inputs);
+  std::vector<std::shared_ptr<Node>> params = region_parameters(graph_outputs, region_inputs, region_start);
+
+  std::vector<Tensor> outputs;
+  bool any = false;
+  for (const Tensor& o : graph_outputs) {
+    outputs.push_back(o.detach());
+    any = any || o.requires_grad();
+  }
+  graph_outputs.clear();  // frees the region's activations
+  if (!any) return outputs;
+
+  std::vector<Tensor> saved;
+  for (const Tensor& t : inputs) saved.push_back(t.detach());
+  auto node = std::make_shared<CheckpointNode>(fn, std::move(saved), std::move(needs), params,
+                                               generators, states, static_cast<int>(outputs.size()));
+  std::vector<Tensor*> out_ptrs;
+  for (Tensor& o : outputs) out_ptrs.push_back(&o);
+  // Edges: the region's inputs first, then its parameters' accumulators.
+  autograd::record(node, inputs, out_ptrs);
+  for (const auto& p : params) node->next_edges.push_back({p, 0});
+  return outputs;
+}
+
+}  // namespace loom
