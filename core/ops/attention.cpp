@@ -1,0 +1,61 @@
+// core/ops/attention.cpp — causal_attention front-end: shape checks, contiguous inputs, and a
+// backward node that saves q, k, v, out and lse (never probabilities) and calls the backward
+// kernel once for all three gradients.
+#include "core/ops/attention.h"
+
+#include <cmath>
+
+#include "core/autograd.h"
+#include "core/ops/view.h"
+#include "kernels/attention.h"
+
+namespace loom::ops {
+namespace {
+
+void check_attention_inputs(const Tensor& q, const Tensor& k, const Tensor& v) {
+  LOOM_CHECK(q.dim() == 4 && k.dim() == 4 && v.dim() == 4,
+             "causal_attention: q, k, v must be 4-d (B, H, T, D), got ", shape_str(q.shape()), ", ",
+             shape_str(k.shape()), ", ", shape_str(v.shape()));
+  LOOM_CHECK(k.shape() == v.shape(), "causal_attention: k ", shape_str(k.shape()), " and v ",
+             shape_str(v.shape()), " differ");
+  LOOM_CHECK(q.size(0) == k.size(0) && q.size(2) == k.size(2) && q.size(3) == k.size(3),
+             "causal_attention: q ", shape_str(q.shape()), " and k ", shape_str(k.shape()),
+             " differ in B, T or D");
+  LOOM_CHECK(k.size(1) > 0 && q.size(1) % k.size(1) == 0, "causal_attention: query heads (",
+             q.size(1), ") must be a multiple of kv heads (", k.size(1), ")");
+  LOOM_CHECK(q.dtype() == k.dtype() && q.dtype() == v.dtype(), "causal_attention: dtypes ",
+             dtype_name(q.dtype()), ", ", dtype_name(k.dtype()), ", ", dtype_name(v.dtype()),
+             " differ");
+}
+
+}  // namespace
+
+Tensor causal_attention(const Tensor& q, const Tensor& k, const Tensor& v, double scale) {
+  check_attention_inputs(q, k, v);
+  if (scale <= 0) scale = 1.0 / std::sqrt(static_cast<double>(std::max<int64_t>(q.size(3), 1)));
+  const Tensor qc = contiguous(q.detach()), kc = contiguous(k.detach()),
+               vc = contiguous(v.detach());
+  // lse (B, Hq, T): f32 for 16-bit inputs (Note [Attention kernel contract]).
+  const DType lse_dtype = q.dtype() == DType::kF64 ? DType::kF64 : DType::kF32;
+  Tensor out = Tensor::empty(q.shape(), q.dtype(), q.device());
+  Tensor lse = Tensor::empty({q.size(0), q.size(1), q.size(2)}, lse_dtype, q.device());
+  if (out.numel() > 0) {
+    kernels::call_kernel<kernels::attention_forward_k>(qc, kc, vc, scale, out, lse);
+  }
+  if (autograd::needs_grad({&q, &k, &v})) {
+    const Tensor out_saved = out.detach();
+    autograd::record_function(
+        "causal_attention", {q, k, v}, {&out}, [=](const std::vector<Tensor>& g) {
+          Tensor dq = Tensor::zeros_like(qc), dk = Tensor::zeros_like(kc),
+                 dv = Tensor::zeros_like(vc);
+          if (out_saved.numel() > 0) {
+            kernels::call_kernel<kernels::attention_backward_k>(
+                qc, kc, vc, out_saved, lse, contiguous(g[0]), scale, dq, dk, dv);
+          }
+          return std::vector<Tensor>{dq, dk, dv};
+        });
+  }
+  return out;
+}
+
+}  // namespace loom::ops

@@ -1,0 +1,17 @@
+// core/ops/cross_entropy.h — fused softmax cross-entropy, the language-model loss, as one
+// differentiable op (Note [Cross-entropy kernel contract] in kernels/cross_entropy.h).
+#pragma once
+
+#include "core/tensor.h"
+
+namespace loom::ops {
+
+// logits (..., Vp) float; targets (...) integer (i32, i64, u16, u32) with the same leading
+// shape. Rows whose target equals ignore_index are skipped. vocab_size <= 0 means Vp; columns
+// >= vocab_size are padding (left out of the softmax, zero gradient). Other targets must lie in
+// [0, vocab_size). Returns the mean loss over non-ignored rows as a 0-d tensor (0, with zero
+// gradient, when every row is ignored). Differentiable in logits.
+Tensor softmax_cross_entropy(const Tensor& logits, const Tensor& targets,
+                             int64_t ignore_index = -100, int64_t vocab_size = -1);
+
+}  // namespace loom::ops

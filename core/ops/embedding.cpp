@@ -1,0 +1,36 @@
+// core/ops/embedding.cpp — embedding front-end. The ids (not differentiable) are saved detached
+// for backward, which scatter-adds the output gradient into a zeroed (V, C) table gradient.
+#include "core/ops/embedding.h"
+
+#include "core/autograd.h"
+#include "core/ops/view.h"
+#include "kernels/embedding.h"
+
+namespace loom::ops {
+
+Tensor embedding(const Tensor& ids, const Tensor& weight) {
+  LOOM_CHECK(!is_floating(ids.dtype()), "embedding: ids must have an integer dtype, got ",
+             dtype_name(ids.dtype()));
+  LOOM_CHECK(weight.dim() == 2, "embedding: weight must be (V, C), got ",
+             shape_str(weight.shape()));
+  Shape out_shape = ids.shape();
+  out_shape.push_back(weight.size(1));
+  const Tensor idc = contiguous(ids.detach()), wc = contiguous(weight.detach());
+  Tensor out = Tensor::empty(out_shape, weight.dtype(), weight.device());
+  if (ids.numel() > 0) kernels::call_kernel<kernels::embedding_forward_k>(idc, wc, out);
+  if (autograd::needs_grad({&weight})) {
+    const Shape w_shape = weight.shape();
+    const DType dtype = weight.dtype();
+    const Device device = weight.device();
+    autograd::record_function("embedding", {weight}, {&out}, [=](const std::vector<Tensor>& g) {
+      Tensor dw = Tensor::zeros(w_shape, dtype, device);
+      if (g[0].defined() && idc.numel() > 0) {
+        kernels::call_kernel<kernels::embedding_backward_k>(idc, contiguous(g[0]), dw);
+      }
+      return std::vector<Tensor>{dw};
+    });
+  }
+  return out;
+}
+
+}  // namespace loom::ops

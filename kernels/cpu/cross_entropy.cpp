@@ -1,0 +1,145 @@
+// kernels/cpu/cross_entropy.cpp — CPU fused softmax cross-entropy (Note [Cross-entropy kernel
+// contract] in kernels/cross_entropy.h). Targets are widened to int64 and checked serially
+// first (threads must not throw); then rows are processed in parallel, one writer per row.
+#include "kernels/cross_entropy.h"
+
+#include <cmath>
+#include <limits>
+#include <vector>
+
+#include "kernels/cpu/parallel.h"
+
+namespace loom::kernels::cpu {
+namespace {
+
+void check_shapes(const Tensor& logits, const Tensor& targets, int64_t vocab_size,
+                  const char* name) {
+  LOOM_CHECK(logits.dim() == 2 && logits.is_contiguous(), name,
+             ": logits must be contiguous (N, Vp), got ", shape_str(logits.shape()));
+  LOOM_CHECK(targets.dim() == 1 && targets.size(0) == logits.size(0) && targets.is_contiguous(),
+             name, ": targets must be contiguous (", logits.size(0), "), got ",
+             shape_str(targets.shape()));
+  LOOM_CHECK(vocab_size > 0 && vocab_size <= logits.size(1), name, ": vocab_size ", vocab_size,
+             " must be in [1, ", logits.size(1), "]");
+}
+
+void check_row_buffer(const Tensor& t, const Tensor& logits, const char* name, const char* what) {
+  LOOM_CHECK(t.dim() == 1 && t.size(0) == logits.size(0) && t.is_contiguous() &&
+                 t.dtype() == logits.dtype(),
+             name, ": ", what, " must be contiguous (", logits.size(0), ") ",
+             dtype_name(logits.dtype()), ", got ", shape_str(t.shape()), " ",
+             dtype_name(t.dtype()));
+}
+
+// targets (N) widened to int64; errors name the first row whose target is out of range.
+std::vector<int64_t> checked_targets(const Tensor& targets, int64_t ignore_index, int64_t vocab,
+                                     const char* name) {
+  std::vector<int64_t> out(static_cast<size_t>(targets.numel()));
+  LOOM_DISPATCH_INDEX(targets.dtype(), name, [&] {
+    const index_t* p = targets.data<index_t>();
+    for (size_t r = 0; r < out.size(); ++r) out[r] = static_cast<int64_t>(p[r]);
+  });
+  for (size_t r = 0; r < out.size(); ++r) {
+    LOOM_CHECK(out[r] == ignore_index || (out[r] >= 0 && out[r] < vocab), name, ": target ", out[r],
+               " at row ", r, " is outside [0, ", vocab, ") and is not ignore_index (",
+               ignore_index, ")");
+  }
+  return out;
+}
+
+// log Σ_{j<n} exp(x_j), with the max and the sum in double.
+template <typename T>
+double row_lse(const T* x, int64_t n) {
+  T mt = x[0];
+#pragma omp simd reduction(max : mt)
+  for (int64_t j = 1; j < n; ++j) mt = x[j] > mt ? x[j] : mt;
+  const double m = static_cast<double>(mt);
+  if (std::isinf(m)) return m;  // all −inf (or a +inf logit): exp below would give NaN
+  double acc = 0;
+#pragma omp simd reduction(+ : acc)
+  for (int64_t j = 0; j < n; ++j) acc += std::exp(static_cast<double>(x[j]) - m);
+  return m + std::log(acc);
+}
+
+template <typename T>
+void forward_typed(const T* x, const std::vector<int64_t>& tgt, int64_t ignore_index, int64_t vp,
+                   int64_t vocab, T* loss, T* lse) {
+  const int64_t n = static_cast<int64_t>(tgt.size());
+  parallel_for(n, std::max<int64_t>(1, kElementGrain / std::max<int64_t>(vp, 1)),
+               [&](int64_t lo, int64_t hi) {
+                 for (int64_t r = lo; r < hi; ++r) {
+                   if (tgt[r] == ignore_index) {
+                     loss[r] = T(0);
+                     lse[r] = T(0);
+                     continue;
+                   }
+                   const T* row = x + r * vp;
+                   const double l = row_lse(row, vocab);
+                   lse[r] = static_cast<T>(l);
+                   loss[r] = static_cast<T>(l - static_cast<double>(row[tgt[r]]));
+                 }
+               });
+}
+
+void cross_entropy_forward_cpu(const Tensor& logits, const Tensor& targets, int64_t ignore_index,
+                               int64_t vocab_size, Tensor& loss, Tensor& lse) {
+  const char* name = "cross_entropy_forward";
+  check_shapes(logits, targets, vocab_size, name);
+  check_row_buffer(loss, logits, name, "loss");
+  check_row_buffer(lse, logits, name, "lse");
+  const std::vector<int64_t> tgt = checked_targets(targets, ignore_index, vocab_size, name);
+  LOOM_DISPATCH_FLOAT(logits.dtype(), name, [&] {
+    forward_typed<scalar_t>(logits.data<scalar_t>(), tgt, ignore_index, logits.size(1), vocab_size,
+                            loss.data<scalar_t>(), lse.data<scalar_t>());
+  });
+}
+
+// d (n) += g · exp(x − lse): the softmax part of a row's gradient. (glibc offers vector exp
+// only under -ffast-math, so without it this loop stays scalar.)
+template <typename T>
+void add_scaled_softmax(const T* x, T lse, T g, int64_t n, T* d) {
+#pragma omp simd
+  for (int64_t j = 0; j < n; ++j) d[j] += std::exp(x[j] - lse) * g;
+}
+
+template <typename T>
+void backward_typed(const T* x, const std::vector<int64_t>& tgt, const T* lse, T g,
+                    int64_t ignore_index, int64_t vp, int64_t vocab, T* dx) {
+  const int64_t n = static_cast<int64_t>(tgt.size());
+  parallel_for(n, std::max<int64_t>(1, kElementGrain / std::max<int64_t>(vp, 1)),
+               [&](int64_t lo, int64_t hi) {
+                 for (int64_t r = lo; r < hi; ++r) {
+                   if (tgt[r] == ignore_index) continue;
+                   add_scaled_softmax(x + r * vp, lse[r], g, vocab, dx + r * vp);
+                   dx[r * vp + tgt[r]] -= g;
+                 }
+               });
+}
+
+void cross_entropy_backward_cpu(const Tensor& logits, const Tensor& targets, const Tensor& lse,
+                                const Tensor& dloss, double grad_scale, int64_t ignore_index,
+                                int64_t vocab_size, Tensor& dlogits) {
+  const char* name = "cross_entropy_backward";
+  check_shapes(logits, targets, vocab_size, name);
+  check_row_buffer(lse, logits, name, "lse");
+  LOOM_CHECK(dloss.numel() == 1 && dloss.dtype() == lse.dtype(), name, ": dloss must be one ",
+             dtype_name(lse.dtype()), " element, got ", shape_str(dloss.shape()), " ",
+             dtype_name(dloss.dtype()));
+  LOOM_CHECK(dlogits.shape() == logits.shape() && dlogits.dtype() == logits.dtype() &&
+                 dlogits.is_contiguous(),
+             name, ": dlogits must be contiguous like logits ", shape_str(logits.shape()));
+  const std::vector<int64_t> tgt = checked_targets(targets, ignore_index, vocab_size, name);
+  LOOM_DISPATCH_FLOAT(logits.dtype(), name, [&] {
+    const scalar_t g =
+        static_cast<scalar_t>(static_cast<double>(dloss.data<scalar_t>()[0]) * grad_scale);
+    backward_typed<scalar_t>(logits.data<scalar_t>(), tgt, lse.data<scalar_t>(), g, ignore_index,
+                             logits.size(1), vocab_size, dlogits.data<scalar_t>());
+  });
+}
+
+}  // namespace
+
+LOOM_REGISTER_KERNEL(cross_entropy_forward, kCpu, cross_entropy_forward_cpu);
+LOOM_REGISTER_KERNEL(cross_entropy_backward, kCpu, cross_entropy_backward_cpu);
+
+}  // namespace loom::kernels::cpu

@@ -1,0 +1,23 @@
+// kernels/dropout.h — inverted dropout with a mask regenerated from Philox, never stored.
+//
+// Note [Dropout mask]: for a tensor of n elements drawn at generator state (seed, offset), where
+// offset came from Generator::reserve(n), element i (row-major, 0 ≤ i < n) is KEPT iff
+//     uint_to_unit_float(philox_bits(seed, offset, i)) > static_cast<float>(p)
+// (both from core/philox.h; the comparison is in f32). Kept elements are multiplied by
+// scale = 1/(1 − p), computed in f64 and rounded once to the tensor's dtype; dropped ones are 0.
+// Backward applies the same rule to dy, so forward and backward agree without a saved mask, and
+// every backend (the CUDA kernel included) must reproduce this rule bit for bit.
+#pragma once
+
+#include <cstdint>
+
+#include "kernels/registry.h"
+
+// y = keep(i) ? x·scale : 0   (see Note [Dropout mask]); 0 ≤ p ≤ 1.
+LOOM_DECLARE_KERNEL(dropout_forward, void(const loom::Tensor& x,  // x (n)
+                                          double p, uint64_t seed, uint64_t offset,
+                                          loom::Tensor& y));  // y (n)
+// dx += keep(i) ? dy·scale : 0
+LOOM_DECLARE_KERNEL(dropout_backward, void(const loom::Tensor& dy,  // dy (n)
+                                           double p, uint64_t seed, uint64_t offset,
+                                           loom::Tensor& dx));  // dx (n)

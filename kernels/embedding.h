@@ -1,0 +1,17 @@
+// kernels/embedding.h — embedding lookup (gather rows) and its backward (scatter-add rows).
+// ids are contiguous, of an integer dtype (i32, i64, u16, u32), read as (N); weight/dweight are
+// contiguous (V, C); out/dout are contiguous (N, C). Both kernels reject an id outside [0, V)
+// with an error naming the id, its position and V. The backward kernel accumulates.
+#pragma once
+
+#include "kernels/registry.h"
+
+// out[n, :] = weight[ids[n], :]
+LOOM_DECLARE_KERNEL(embedding_forward, void(const loom::Tensor& ids,     // ids (N)
+                                            const loom::Tensor& weight,  // weight (V, C)
+                                            loom::Tensor& out));         // out (N, C)
+// dweight[v, :] += Σ_{n : ids[n] = v} dout[n, :], each row summed in token order (deterministic,
+// no atomics).
+LOOM_DECLARE_KERNEL(embedding_backward, void(const loom::Tensor& ids,   // ids (N)
+                                             const loom::Tensor& dout,  // dout (N, C)
+                                             loom::Tensor& dweight));   // dweight (V, C)

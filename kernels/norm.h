@@ -1,0 +1,53 @@
+// kernels/norm.h — LayerNorm and RMSNorm over the last dimension, forward and backward.
+// x is read as contiguous (N, C) with C = x.size(-1); weight and bias are (C); the saved row
+// statistics (mean, rstd) are (N) in x's dtype. Backward kernels accumulate (dx += …,
+// dweight += …, dbias += …) and never allocate their outputs.
+//
+// Note [Deterministic row reductions]: dweight and dbias sum over all N rows. The rows are split
+// into chunks of max(kNormRowChunk, ⌈N / kNormMaxChunks⌉) rows — a function of N only, never of
+// the thread count; each chunk's partial sums (in f64) are formed by one thread in row order, then
+// the partials are added in chunk order. The bits are therefore the same with 1 or 64 threads.
+// A device backend need not match the CPU bits, only be deterministic in the same sense.
+#pragma once
+
+#include "kernels/registry.h"
+
+namespace loom::kernels {
+constexpr int64_t kNormRowChunk = 32;
+constexpr int64_t kNormMaxChunks = 256;
+}  // namespace loom::kernels
+
+// mean = Σx/C; rstd = 1/√(Σ(x−mean)²/C + eps); y = (x − mean)·rstd·weight + bias.
+// bias may be undefined (no bias). Statistics are accumulated in f64.
+LOOM_DECLARE_KERNEL(layer_norm_forward, void(const loom::Tensor& x,       // x (N, C)
+                                             const loom::Tensor& weight,  // weight (C)
+                                             const loom::Tensor& bias,    // bias (C) or undefined
+                                             double eps,
+                                             loom::Tensor& y,       // y (N, C)
+                                             loom::Tensor& mean,    // mean (N)
+                                             loom::Tensor& rstd));  // rstd (N)
+// With x̂ = (x − mean)·rstd and g = dy·weight:
+//   dx += rstd·(g − mean_C(g) − x̂·mean_C(g·x̂));  dweight += Σ_N dy·x̂;  dbias += Σ_N dy.
+// dbias may be undefined (the forward had no bias).
+LOOM_DECLARE_KERNEL(layer_norm_backward, void(const loom::Tensor& dy,      // dy (N, C)
+                                              const loom::Tensor& x,       // x (N, C)
+                                              const loom::Tensor& weight,  // weight (C)
+                                              const loom::Tensor& mean,    // mean (N)
+                                              const loom::Tensor& rstd,    // rstd (N)
+                                              loom::Tensor& dx,            // dx (N, C)
+                                              loom::Tensor& dweight,       // dweight (C)
+                                              loom::Tensor& dbias));       // dbias (C) or undefined
+
+// rstd = 1/√(Σx²/C + eps); y = x·rstd·weight. Statistics are accumulated in f64.
+LOOM_DECLARE_KERNEL(rms_norm_forward, void(const loom::Tensor& x,       // x (N, C)
+                                           const loom::Tensor& weight,  // weight (C)
+                                           double eps,
+                                           loom::Tensor& y,       // y (N, C)
+                                           loom::Tensor& rstd));  // rstd (N)
+// With x̂ = x·rstd and g = dy·weight:  dx += rstd·(g − x̂·mean_C(g·x̂));  dweight += Σ_N dy·x̂.
+LOOM_DECLARE_KERNEL(rms_norm_backward, void(const loom::Tensor& dy,      // dy (N, C)
+                                            const loom::Tensor& x,       // x (N, C)
+                                            const loom::Tensor& weight,  // weight (C)
+                                            const loom::Tensor& rstd,    // rstd (N)
+                                            loom::Tensor& dx,            // dx (N, C)
+                                            loom::Tensor& dweight));     // dweight (C)

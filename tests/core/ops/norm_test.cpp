@@ -1,0 +1,129 @@
+// tests/core/ops/norm_test.cpp — layer_norm (with and without bias) and rms_norm: gradients
+// against finite differences in f64, f32 against f64, values against a reference loop, and
+// weight gradients independent of the thread count.
+#include "core/ops/norm.h"
+
+#include <omp.h>
+
+#include <cmath>
+
+#include "tests/gradcheck.h"
+
+namespace loom {
+namespace {
+
+using testing::expect_f32_matches_f64;
+using testing::expect_gradcheck;
+using testing::random;
+
+// With C = 1 the true dx is ~0 (LayerNorm) or a cancellation 1 − x̂² (RMSNorm), so the f32
+// comparison, a relative error, is meaningless there; the f64 gradient check still runs.
+class NormShapes : public ::testing::TestWithParam<Shape> {};
+
+TEST_P(NormShapes, LayerNormGradientsMatchFiniteDifferences) {
+  Generator gen(21);
+  const Shape s = GetParam();
+  const int64_t c = s.back();
+  Tensor x = random(s, gen), w = random({c}, gen), b = random({c}, gen);
+  auto with_bias = [](const std::vector<Tensor>& in) {
+    return ops::layer_norm(in[0], in[1], in[2]);
+  };
+  auto no_bias = [](const std::vector<Tensor>& in) {
+    return ops::layer_norm(in[0], in[1], Tensor());
+  };
+  expect_gradcheck(with_bias, {x, w, b});
+  expect_gradcheck(no_bias, {x, w});
+  if (c > 1) {
+    expect_f32_matches_f64(with_bias, {x, w, b});
+    expect_f32_matches_f64(no_bias, {x, w});
+  }
+}
+
+TEST_P(NormShapes, RmsNormGradientsMatchFiniteDifferences) {
+  Generator gen(22);
+  const Shape s = GetParam();
+  Tensor x = random(s, gen), w = random({s.back()}, gen);
+  auto fn = [](const std::vector<Tensor>& in) { return ops::rms_norm(in[0], in[1], 1e-6); };
+  expect_gradcheck(fn, {x, w});
+  if (s.back() > 1) expect_f32_matches_f64(fn, {x, w});
+}
+
+INSTANTIATE_TEST_SUITE_P(Shapes, NormShapes,
+                         ::testing::Values(Shape{1, 3}, Shape{3}, Shape{17, 17}, Shape{2, 3, 65},
+                                           Shape{65, 1}, Shape{40, 5}));
+
+TEST(Norm, LayerNormValuesMatchReferenceLoop) {
+  Generator gen(23);
+  const int64_t n = 7, c = 17;
+  Tensor x = random({n, c}, gen, DType::kF64, false, 3.0);
+  Tensor w = random({c}, gen, DType::kF64, false), b = random({c}, gen, DType::kF64, false);
+  const double eps = 1e-5;
+  Tensor y = ops::layer_norm(x, w, b, eps), y0 = ops::layer_norm(x, w, Tensor(), eps);
+  for (int64_t i = 0; i < n; ++i) {
+    double mu = 0, var = 0;
+    for (int64_t j = 0; j < c; ++j) mu += x.at({i, j}) / c;
+    for (int64_t j = 0; j < c; ++j) var += (x.at({i, j}) - mu) * (x.at({i, j}) - mu) / c;
+    for (int64_t j = 0; j < c; ++j) {
+      const double xh = (x.at({i, j}) - mu) / std::sqrt(var + eps);
+      EXPECT_NEAR(y.at({i, j}), xh * w.at({j}) + b.at({j}), 1e-12);
+      EXPECT_NEAR(y0.at({i, j}), xh * w.at({j}), 1e-12);
+    }
+  }
+}
+
+TEST(Norm, RmsNormValuesMatchReferenceLoop) {
+  Generator gen(24);
+  const int64_t n = 5, c = 65;
+  Tensor x = random({n, c}, gen, DType::kF64, false, 2.0);
+  Tensor w = random({c}, gen, DType::kF64, false);
+  Tensor y = ops::rms_norm(x, w, 1e-6);
+  for (int64_t i = 0; i < n; ++i) {
+    double ms = 0;
+    for (int64_t j = 0; j < c; ++j) ms += x.at({i, j}) * x.at({i, j}) / c;
+    for (int64_t j = 0; j < c; ++j) {
+      EXPECT_NEAR(y.at({i, j}), x.at({i, j}) / std::sqrt(ms + 1e-6) * w.at({j}), 1e-12);
+    }
+  }
+}
+
+// Forward output and all gradients of `fn` on f32 inputs, run with `threads` OpenMP threads.
+std::vector<std::vector<double>> run_with_threads(int threads, const testing::OpFn& fn,
+                                                  const std::vector<Tensor>& inputs) {
+  const int prev = omp_get_max_threads();
+  omp_set_num_threads(threads);
+  for (const Tensor& t : inputs) const_cast<Tensor&>(t).zero_grad();
+  Tensor y = fn(inputs);
+  Generator gen(5);
+  autograd::backward(testing::weighted_sum(y, randn(y.shape(), gen, DType::kF64)));
+  omp_set_num_threads(prev);
+  std::vector<std::vector<double>> out{y.to_vector()};
+  for (const Tensor& t : inputs) out.push_back(t.grad().to_vector());
+  return out;
+}
+
+TEST(Norm, ResultsDoNotDependOnThreadCount) {
+  Generator gen(25);
+  // 3000 rows: many row chunks for the weight gradients, several row tasks for dx.
+  Tensor x = random({3000, 65}, gen, DType::kF32), w = random({65}, gen, DType::kF32);
+  Tensor b = random({65}, gen, DType::kF32);
+  auto ln = [](const std::vector<Tensor>& in) { return ops::layer_norm(in[0], in[1], in[2]); };
+  EXPECT_EQ(run_with_threads(1, ln, {x, w, b}), run_with_threads(2, ln, {x, w, b}));
+  auto rms = [](const std::vector<Tensor>& in) { return ops::rms_norm(in[0], in[1]); };
+  EXPECT_EQ(run_with_threads(1, rms, {x, w}), run_with_threads(2, rms, {x, w}));
+}
+
+TEST(Norm, BadParameterShapesAreNamed) {
+  Tensor x = Tensor::zeros({4, 8}), w = Tensor::ones({7});
+  try {
+    ops::layer_norm(x, w, Tensor());
+    FAIL() << "expected an error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("layer_norm: weight has shape (7), expected (8)"),
+              std::string::npos)
+        << e.what();
+  }
+  EXPECT_THROW(ops::rms_norm(x, Tensor::ones({8}, DType::kF64)), Error);
+}
+
+}  // namespace
+}  // namespace loom
