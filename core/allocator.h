@@ -1,5 +1,5 @@
 // core/allocator.h — the one allocator interface per device type, with byte statistics.
-// The CPU allocator is built in (64-byte aligned); the CUDA build registers its own from
+// The CPU allocator is built in (64-byte aligned; large blocks cached, Note [Block cache]); the CUDA build registers its own from
 // kernels/cuda/. Statistics (current and peak bytes) are what memory figures and ZeRO tests read.
 #pragma once
 
@@ -25,6 +25,8 @@ class Allocator {
   virtual AllocatorStats stats() const = 0;
   // Restarts peak tracking at the current number of bytes.
   virtual void reset_peak() = 0;
+  // Returns cached free blocks to the system (caching allocators; a no-op otherwise).
+  virtual void release_cached() {}
 };
 
 // Counts current/peak bytes; shared by the device allocators.

@@ -1,0 +1,206 @@
+// kernels/cuda/copy.cu — CUDA data movement: host↔device transfers, device_count, fill and the
+// strided, dtype-converting device copy. Everything runs on the default stream (the stream layer
+// is a later issue). Conversions give the CPU kernels' bits (kernels/cuda/dtype_convert.cuh).
+// Must not synchronise the host except in the blocking host↔device transfers.
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <vector>
+
+#include "kernels/copy.h"
+#include "kernels/cuda/cuda_check.cuh"
+#include "kernels/cuda/cuda_device.cuh"
+#include "kernels/cuda/dtype_convert.cuh"
+
+namespace loom::kernels::cuda {
+namespace {
+
+constexpr int kMaxDims = 8;
+constexpr unsigned kThreads = 256;
+
+// A strided walk over up to kMaxDims dims, passed to kernels by value. Dims are coalesced
+// first, so only layouts with more than kMaxDims truly separate dims are refused.
+struct StridedGeometry {
+  int ndim = 0;
+  int64_t shape[kMaxDims] = {};
+  int64_t src_stride[kMaxDims] = {};
+  int64_t dst_stride[kMaxDims] = {};
+};
+
+// Drops size-1 dims and merges neighbours that are contiguous with each other in both tensors.
+// `src_strides` may be null (fill: one tensor).
+StridedGeometry make_geometry(const Shape& shape, const Shape* src_strides,
+                              const Shape& dst_strides, const char* op) {
+  struct Dim {
+    int64_t size, ss, ds;
+  };
+  std::vector<Dim> dims;  // innermost first
+  for (int64_t i = static_cast<int64_t>(shape.size()) - 1; i >= 0; --i) {
+    const int64_t ss = src_strides ? (*src_strides)[i] : 0, ds = dst_strides[i];
+    if (shape[i] == 1) continue;
+    if (!dims.empty() && ss == dims.back().ss * dims.back().size &&
+        ds == dims.back().ds * dims.back().size) {
+      dims.back().size *= shape[i];
+    } else {
+      dims.push_back({shape[i], ss, ds});
+    }
+  }
+  LOOM_CHECK(dims.size() <= static_cast<size_t>(kMaxDims), op, ": cuda kernel handles at most ",
+             kMaxDims, " non-mergeable dims, got ", dims.size(), " for shape ", shape_str(shape));
+  StridedGeometry g;
+  g.ndim = static_cast<int>(dims.size());
+  for (int d = 0; d < g.ndim; ++d) {
+    const Dim& dim = dims[static_cast<size_t>(g.ndim - 1 - d)];
+    g.shape[d] = dim.size;
+    g.src_stride[d] = dim.ss;
+    g.dst_stride[d] = dim.ds;
+  }
+  return g;
+}
+
+// Element offsets of logical index i in the source and destination.
+__device__ __forceinline__ void strided_offsets(int64_t i, const StridedGeometry& g, int64_t& os,
+                                                int64_t& od) {
+  os = 0;
+  od = 0;
+#pragma unroll
+  for (int d = kMaxDims - 1; d >= 0; --d) {
+    if (d >= g.ndim) continue;
+    const int64_t idx = i % g.shape[d];
+    i /= g.shape[d];
+    os += idx * g.src_stride[d];
+    od += idx * g.dst_stride[d];
+  }
+}
+
+template <typename S, typename D>
+__global__ void copy_kernel(const S* src, D* dst, int64_t n, StridedGeometry g) {
+  const int64_t step = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += step) {
+    int64_t os, od;
+    strided_offsets(i, g, os, od);
+    dst[od] = convert<D>(src[os]);
+  }
+}
+
+template <typename T>
+__global__ void fill_kernel(T* dst, int64_t n, T value, StridedGeometry g) {
+  const int64_t step = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  const bool dense = g.ndim == 1 && g.dst_stride[0] == 1;
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += step) {
+    int64_t os, od = i;
+    if (!dense) strided_offsets(i, g, os, od);
+    dst[od] = value;
+  }
+}
+
+// The CPU's convert<T>(double): 16-bit floats round through f32 (core/dtype.h constructors).
+template <typename T>
+T host_value(double v) {
+  if constexpr (kIsHalf<T>) {
+    return T(static_cast<float>(v));
+  } else {
+    return static_cast<T>(v);
+  }
+}
+
+void copy_cuda(const Tensor& src, Tensor& dst) {
+  LOOM_CHECK(src.shape() == dst.shape(), "copy: shapes ", shape_str(src.shape()), " and ",
+             shape_str(dst.shape()), " differ");
+  const int64_t n = dst.numel();
+  if (n == 0) return;
+  CudaDeviceGuard guard(dst.device().index);
+  if (src.dtype() == dst.dtype() && src.is_contiguous() && dst.is_contiguous()) {
+    CUDA_CHECK(cudaMemcpyAsync(dst.raw_data(), src.raw_data(), dst.nbytes(),
+                               cudaMemcpyDeviceToDevice, /*stream=*/nullptr));
+    return;
+  }
+  const StridedGeometry g = make_geometry(dst.shape(), &src.strides(), dst.strides(), "copy");
+  LOOM_DISPATCH_ALL(src.dtype(), "copy", [&] {
+    using src_t = scalar_t;
+    const src_t* s = static_cast<const src_t*>(src.raw_data());
+    LOOM_DISPATCH_ALL(dst.dtype(), "copy", [&] {
+      scalar_t* d = static_cast<scalar_t*>(dst.raw_data());
+      copy_kernel<src_t, scalar_t><<<grid_for(n, kThreads), kThreads>>>(s, d, n, g);
+    });
+  });
+  LOOM_CUDA_LAUNCH_CHECK();
+}
+
+void fill_cuda(Tensor& dst, double value) {
+  const int64_t n = dst.numel();
+  if (n == 0) return;
+  CudaDeviceGuard guard(dst.device().index);
+  const StridedGeometry g = make_geometry(dst.shape(), nullptr, dst.strides(), "fill");
+  LOOM_DISPATCH_ALL(dst.dtype(), "fill", [&] {
+    scalar_t* d = static_cast<scalar_t*>(dst.raw_data());
+    fill_kernel<scalar_t>
+        <<<grid_for(n, kThreads), kThreads>>>(d, n, host_value<scalar_t>(value), g);
+  });
+  LOOM_CUDA_LAUNCH_CHECK();
+}
+
+void check_transfer(const Tensor& src, const Tensor& dst, const char* op) {
+  LOOM_CHECK(src.shape() == dst.shape() && src.dtype() == dst.dtype(), op, ": ",
+             shape_str(src.shape()), " ", dtype_name(src.dtype()), " → ", shape_str(dst.shape()),
+             " ", dtype_name(dst.dtype()), " (shape and dtype must match)");
+  LOOM_CHECK(src.is_contiguous() && dst.is_contiguous(), op, ": tensors must be contiguous");
+}
+
+void copy_host_to_device_cuda(const Tensor& src_host, Tensor& dst) {
+  check_transfer(src_host, dst, "copy_host_to_device");
+  LOOM_CHECK(src_host.device().is_cpu() && dst.device().type == DeviceType::kCuda,
+             "copy_host_to_device: ", src_host.device().str(), " → ", dst.device().str());
+  if (dst.numel() == 0) return;
+  CudaDeviceGuard guard(dst.device().index);
+  CUDA_CHECK(cudaMemcpy(dst.raw_data(), src_host.raw_data(), dst.nbytes(), cudaMemcpyHostToDevice));
+}
+
+void copy_device_to_host_cuda(const Tensor& src, Tensor& dst_host) {
+  check_transfer(src, dst_host, "copy_device_to_host");
+  LOOM_CHECK(src.device().type == DeviceType::kCuda && dst_host.device().is_cpu(),
+             "copy_device_to_host: ", src.device().str(), " → ", dst_host.device().str());
+  if (src.numel() == 0) return;
+  CudaDeviceGuard guard(src.device().index);
+  CUDA_CHECK(cudaMemcpy(dst_host.raw_data(), src.raw_data(), src.nbytes(), cudaMemcpyDeviceToHost));
+}
+
+// Errors that mean "this process sees no usable GPU" rather than a fault.
+bool means_no_device(cudaError_t err) {
+  switch (err) {
+    case cudaErrorNoDevice:
+    case cudaErrorInsufficientDriver:
+    case cudaErrorCallRequiresNewerDriver:
+    case cudaErrorStubLibrary:
+    case cudaErrorSystemDriverMismatch:
+    case cudaErrorCompatNotSupportedOnDevice:
+    case cudaErrorDevicesUnavailable:
+    case cudaErrorSystemNotReady:
+    case cudaErrorInitializationError:
+      return true;
+    default:
+      return false;
+  }
+}
+
+int device_count_cuda() {
+  int n = 0;
+  const cudaError_t err = cudaGetDeviceCount(&n);
+  if (err == cudaSuccess) return n;
+  if (means_no_device(err)) {
+    (void)cudaGetLastError();  // clear it, so later launch checks do not report it
+    return 0;
+  }
+  CUDA_CHECK(err);
+  return 0;
+}
+
+}  // namespace
+
+LOOM_REGISTER_KERNEL(copy, kCuda, copy_cuda);
+LOOM_REGISTER_KERNEL(fill, kCuda, fill_cuda);
+LOOM_REGISTER_KERNEL(copy_host_to_device, kCuda, copy_host_to_device_cuda);
+LOOM_REGISTER_KERNEL(copy_device_to_host, kCuda, copy_device_to_host_cuda);
+LOOM_REGISTER_KERNEL(device_count, kCuda, device_count_cuda);
+
+}  // namespace loom::kernels::cuda

@@ -1,0 +1,38 @@
+// kernels/cuda/cuda_device.cuh — CudaDeviceGuard: makes a device current for a scope and
+// restores the previous one. Every CUDA launcher that touches a tensor's memory opens one on
+// the tensor's device index. Holds no state beyond the scope; must not pick streams (a later
+// issue adds the stream layer).
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include "kernels/cuda/cuda_check.cuh"
+
+namespace loom::kernels::cuda {
+
+class CudaDeviceGuard {
+ public:
+  explicit CudaDeviceGuard(int index) {
+    LOOM_CHECK(index >= 0, "cuda: bad device index ", index);
+    CUDA_CHECK(cudaGetDevice(&previous_));
+    if (previous_ != index) CUDA_CHECK(cudaSetDevice(index));
+  }
+  ~CudaDeviceGuard() {
+    int now = previous_;
+    if (cudaGetDevice(&now) == cudaSuccess && now != previous_) (void)cudaSetDevice(previous_);
+  }
+  CudaDeviceGuard(const CudaDeviceGuard&) = delete;
+  CudaDeviceGuard& operator=(const CudaDeviceGuard&) = delete;
+
+ private:
+  int previous_ = 0;
+};
+
+// Blocks and threads for a grid-stride loop over n elements (n > 0).
+inline unsigned grid_for(int64_t n, unsigned threads) {
+  const int64_t blocks = (n + threads - 1) / threads;
+  constexpr int64_t kMaxBlocks = 65535 * 8;  // enough to fill any current GPU; the loop strides
+  return static_cast<unsigned>(blocks < kMaxBlocks ? blocks : kMaxBlocks);
+}
+
+}  // namespace loom::kernels::cuda

@@ -1,0 +1,238 @@
+// tests/cuda/runtime_test.cpp — the minimal CUDA runtime (kernels/cuda/): host↔device round
+// trips, fill, strided and dtype-converting device copies, and the caching allocator's
+// statistics. Every GPU result is compared bit for bit with the CPU kernels' result. Uses only
+// Loom's API (no CUDA headers), so it builds in CPU-only builds too; each test skips itself,
+// with the reason, when the process sees no CUDA device.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <string>
+#include <vector>
+
+#include "core/allocator.h"
+#include "core/ops/view.h"
+#include "core/rng.h"
+#include "kernels/copy.h"
+
+namespace loom {
+namespace {
+
+const std::vector<DType> kAllDTypes = {DType::kF32, DType::kF64, DType::kBF16, DType::kF16,
+                                       DType::kI32, DType::kI64, DType::kU16,  DType::kU32};
+const std::vector<DType> kFloatDTypes = {DType::kF32, DType::kF64, DType::kBF16, DType::kF16};
+
+// Empty when a CUDA device is usable; otherwise why not.
+std::string no_device_reason() {
+  if (!kernels::Registry::instance().has("device_count", DeviceType::kCuda)) {
+    return "this build has no CUDA backend (configured with LOOM_CUDA=OFF)";
+  }
+  const int n = kernels::find_kernel<kernels::device_count_k>(DeviceType::kCuda)();
+  if (n <= 0) return "cudaGetDeviceCount found no usable GPU (no device or no driver)";
+  return "";
+}
+
+class CudaRuntimeTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    const std::string reason = no_device_reason();
+    if (!reason.empty()) GTEST_SKIP() << "no CUDA device: " << reason;
+  }
+};
+
+// Random values of any dtype: normals for floats, the whole (double-exact) range for integers.
+Tensor random_tensor(const Shape& shape, DType dtype, Generator& gen) {
+  switch (dtype) {
+    case DType::kI32:
+      return randint(shape, -(int64_t{1} << 31), int64_t{1} << 31, gen, dtype);
+    case DType::kI64:
+      return randint(shape, -(int64_t{1} << 52), int64_t{1} << 52, gen, dtype);
+    case DType::kU16:
+      return randint(shape, 0, int64_t{1} << 16, gen, dtype);
+    case DType::kU32:
+      return randint(shape, 0, int64_t{1} << 32, gen, dtype);
+    default:
+      return randn(shape, gen, dtype, 0.0, 3.0);
+  }
+}
+
+// A CUDA tensor whose every element is garbage (NaN, or a sentinel for integers), so a kernel
+// that skips an element cannot pass.
+Tensor poisoned_cuda(const Shape& shape, DType dtype) {
+  const double poison = is_floating(dtype) ? std::numeric_limits<double>::quiet_NaN() : 77.0;
+  return Tensor::full(shape, poison, dtype, Device::cuda());
+}
+
+// Bit-exact equality of two tensors' logical contents; the second may live on the GPU. The one
+// allowance: where both hold a NaN, its payload may differ (the GPU's f64→f32 conversion
+// produces the canonical NaN, the host keeps the payload).
+void expect_same_bits(const Tensor& want_cpu, const Tensor& got, const std::string& what) {
+  const Tensor a = want_cpu.contiguous();
+  const Tensor b = got.to(Device::cpu()).contiguous();
+  ASSERT_EQ(a.shape(), b.shape()) << what;
+  ASSERT_EQ(a.dtype(), b.dtype()) << what;
+  const auto* pa = static_cast<const unsigned char*>(a.raw_data());
+  const auto* pb = static_cast<const unsigned char*>(b.raw_data());
+  const size_t esize = dtype_size(a.dtype());
+  std::vector<double> va, vb;  // filled on the first mismatch
+  for (int64_t i = 0; i < a.numel(); ++i) {
+    if (std::memcmp(pa + i * esize, pb + i * esize, esize) == 0) continue;
+    if (va.empty()) {
+      va = a.to_vector();
+      vb = b.to_vector();
+    }
+    if (std::isnan(va[i]) && std::isnan(vb[i])) continue;
+    ADD_FAILURE() << what << ": element " << i << " differs (" << va[i] << " vs " << vb[i] << ")";
+    return;
+  }
+}
+
+TEST_F(CudaRuntimeTest, RoundTripIsBitExactForEveryDTypeAndOddSizes) {
+  Generator gen(11);
+  for (DType dt : kAllDTypes) {
+    for (int64_t n : {1, 3, 17, 65, 1000003}) {
+      const Tensor x = random_tensor({n}, dt, gen);
+      const Tensor g = x.to(Device::cuda());
+      ASSERT_EQ(g.device(), Device::cuda());
+      expect_same_bits(x, g,
+                       std::string("round trip ") + dtype_name(dt) + " n=" + std::to_string(n));
+    }
+    const Tensor m = random_tensor({3, 17, 5}, dt, gen);
+    expect_same_bits(m, m.to(Device::cuda()), std::string("round trip 3-d ") + dtype_name(dt));
+  }
+}
+
+TEST_F(CudaRuntimeTest, FillMatchesCpu) {
+  for (DType dt : kAllDTypes) {
+    std::vector<double> values = {0.0, 7.0, 250.0};
+    if (dt == DType::kI32 || dt == DType::kI64) values.push_back(-3.0);
+    if (is_floating(dt)) {
+      values.insert(values.end(),
+                    {0.1, -2.75, 1e-6, 7e4, 1e300, std::numeric_limits<double>::quiet_NaN()});
+    }
+    for (double v : values) {
+      for (int64_t n : {1, 17, 1000003}) {
+        const std::string what = std::string("fill ") + dtype_name(dt) + " " + std::to_string(v);
+        expect_same_bits(Tensor::full({n}, v, dt), Tensor::full({n}, v, dt, Device::cuda()), what);
+      }
+    }
+  }
+}
+
+TEST_F(CudaRuntimeTest, FillOfAStridedViewTouchesOnlyTheView) {
+  Generator gen(5);
+  const Tensor x = random_tensor({6, 9}, DType::kF32, gen);
+  Tensor cpu = x.clone();
+  Tensor gpu = x.to(Device::cuda());
+  Tensor cpu_view = cpu.transpose(0, 1).narrow(0, 2, 4);
+  Tensor gpu_view = gpu.transpose(0, 1).narrow(0, 2, 4);
+  kernels::call_kernel<kernels::fill_k>(cpu_view, -1.25);
+  kernels::call_kernel<kernels::fill_k>(gpu_view, -1.25);
+  expect_same_bits(cpu, gpu, "strided fill");
+}
+
+TEST_F(CudaRuntimeTest, StridedCopyMatchesCpuForEveryDTypePair) {
+  Generator gen(3);
+  // Values in [0, 100): every conversion between the eight dtypes is defined on both backends.
+  const Tensor base = rand({37, 65}, gen, DType::kF64, 0.0, 100.0);
+  for (DType from : kAllDTypes) {
+    const Tensor src = base.to(from);
+    const Tensor src_gpu = src.to(Device::cuda());
+    for (DType to : kAllDTypes) {
+      const std::string what =
+          std::string("transpose copy ") + dtype_name(from) + "→" + dtype_name(to);
+      Tensor out = poisoned_cuda({65, 37}, to);
+      ops::copy_(out, src_gpu.transpose(0, 1));
+      Tensor want = Tensor::empty({65, 37}, to);
+      ops::copy_(want, src.transpose(0, 1));
+      expect_same_bits(want, out, what);
+    }
+  }
+}
+
+TEST_F(CudaRuntimeTest, FloatConversionsMatchCpuIncludingOverflowAndNaN) {
+  Generator gen(9);
+  const Tensor x = randn({1000003}, gen, DType::kF64, 0.0, 1.0);
+  // Spread magnitudes over f16's subnormal range (1e-8) up to past its overflow (1e5), and add
+  // NaN/inf.
+  std::vector<double> v = x.to_vector();
+  for (size_t i = 0; i < v.size(); ++i) v[i] *= std::pow(10.0, static_cast<double>(i % 14) - 8.0);
+  v[5] = std::numeric_limits<double>::quiet_NaN();
+  v[6] = std::numeric_limits<double>::infinity();
+  v[7] = -std::numeric_limits<double>::infinity();
+  const Tensor wide = Tensor::from_vector(v, {static_cast<int64_t>(v.size())});
+  for (DType from : kFloatDTypes) {
+    const Tensor src = wide.to(from);
+    const Tensor src_gpu = src.to(Device::cuda());
+    for (DType to : kFloatDTypes) {
+      Tensor out = poisoned_cuda(src.shape(), to);
+      ops::copy_(out, src_gpu);
+      expect_same_bits(src.to(to), out,
+                       std::string("convert ") + dtype_name(from) + "→" + dtype_name(to));
+    }
+  }
+}
+
+TEST_F(CudaRuntimeTest, LayoutOpsOnGpuMatchCpu) {
+  Generator gen(4);
+  const Tensor x = randn({5, 7, 9}, gen, DType::kF32);
+  const Tensor g = x.to(Device::cuda());
+  expect_same_bits(x.transpose(0, 2).contiguous(), g.transpose(0, 2).contiguous(), "transpose");
+  expect_same_bits(x.to(DType::kBF16), g.to(DType::kBF16), "to bf16");
+  const Tensor xv = x.permute({2, 0, 1}).narrow(1, 1, 3);
+  const Tensor gv = g.permute({2, 0, 1}).narrow(1, 1, 3);
+  expect_same_bits(xv.to(DType::kF16), gv.to(DType::kF16), "permute+narrow to f16");
+  expect_same_bits(x.expand({4, 5, 7, 9}).contiguous(), g.expand({4, 5, 7, 9}).contiguous(),
+                   "expand");
+  expect_same_bits(x.clone(), g.clone(), "contiguous same-dtype device copy");
+}
+
+TEST_F(CudaRuntimeTest, AllocatorStatsRiseAndFall) {
+  Allocator& alloc = allocator_for(DeviceType::kCuda);
+  const AllocatorStats before = alloc.stats();
+  alloc.reset_peak();
+  const int64_t bytes_a = 1000 * 4, bytes_b = 12345 * 8, bytes_c = (3 << 20) * 2;
+  {
+    Tensor a = Tensor::empty({1000}, DType::kF32, Device::cuda());
+    Tensor b = Tensor::empty({12345}, DType::kF64, Device::cuda());
+    Tensor c = Tensor::empty({3 << 20}, DType::kBF16, Device::cuda());
+    const AllocatorStats during = alloc.stats();
+    EXPECT_EQ(during.current_bytes, before.current_bytes + bytes_a + bytes_b + bytes_c);
+    EXPECT_GE(during.peak_bytes, during.current_bytes);
+    EXPECT_EQ(during.num_allocs, before.num_allocs + 3);
+  }
+  const AllocatorStats after = alloc.stats();
+  EXPECT_EQ(after.current_bytes, before.current_bytes);
+  EXPECT_GE(after.peak_bytes, before.current_bytes + bytes_a + bytes_b + bytes_c);
+  alloc.reset_peak();
+  EXPECT_EQ(alloc.stats().peak_bytes, after.current_bytes);
+}
+
+TEST_F(CudaRuntimeTest, CachingAllocatorReusesFreedBlocks) {
+  for (int64_t n : {100, 3 << 20}) {
+    const void* first = nullptr;
+    {
+      Tensor t = Tensor::empty({n}, DType::kF32, Device::cuda());
+      first = t.raw_data();
+    }
+    // Same size, and a slightly smaller one rounding to the same block: both reuse the block.
+    Tensor again = Tensor::empty({n}, DType::kF32, Device::cuda());
+    EXPECT_EQ(again.raw_data(), first) << "n=" << n;
+    again = Tensor();
+    Tensor smaller = Tensor::empty({n - 7}, DType::kF32, Device::cuda());
+    EXPECT_EQ(smaller.raw_data(), first) << "n=" << n;
+  }
+}
+
+TEST_F(CudaRuntimeTest, BadDeviceIndexIsALoomError) {
+  try {
+    Tensor::empty({4}, DType::kF32, Device::cuda(999));
+    FAIL() << "expected an error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("cuda"), std::string::npos) << e.what();
+  }
+}
+
+}  // namespace
+}  // namespace loom
