@@ -9,7 +9,8 @@ packages=(
   build-essential cmake ninja-build pkg-config git python3 python3-pip
   libopenblas-openmp-dev libeigen3-dev libyaml-cpp-dev
   libopenmpi-dev openmpi-bin
-  libgtest-dev googletest libbenchmark-dev
+  libgtest-dev googletest libbenchmark-dev nlohmann-json3-dev
+  fortunes  # the default training corpus (English text under /usr/share/games/fortunes)
 )
 
 missing=()
