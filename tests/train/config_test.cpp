@@ -1,0 +1,104 @@
+// tests/train/config_test.cpp — YAML parsing, overrides, and one test per kind of config error:
+// each must be a one-line ConfigError naming the key.
+#include "train/config.h"
+
+#include <gtest/gtest.h>
+
+#include <fstream>
+
+namespace loom {
+namespace {
+
+std::string error_of(const std::string& yaml, const std::vector<std::string>& overrides = {}) {
+  try {
+    parse_config_text(yaml, overrides);
+  } catch (const ConfigError& e) {
+    const std::string msg = e.what();
+    EXPECT_EQ(msg.find('\n'), std::string::npos) << "multi-line error: " << msg;
+    return msg;
+  }
+  return "";
+}
+
+TEST(Config, ParsesSectionsAndKeepsDefaults) {
+  const Config c = parse_config_text(
+      "model:\n  n_layer: 3\n  n_embd: 48\n  n_head: 4\n"
+      "optim:\n  lr: 1.0e-3\n  schedule: wsd\n"
+      "train:\n  steps: 7\n");
+  EXPECT_EQ(c.model.n_layer, 3);
+  EXPECT_EQ(c.model.n_embd, 48);
+  EXPECT_DOUBLE_EQ(c.optim.lr, 1e-3);
+  EXPECT_EQ(c.optim.schedule, "wsd");
+  EXPECT_EQ(c.train.steps, 7);
+  EXPECT_DOUBLE_EQ(c.optim.beta2, OptimConfig{}.beta2);  // untouched default
+}
+
+TEST(Config, OverridesApplyAfterTheFile) {
+  const Config c = parse_config_text("train:\n  steps: 7\n", {"train.steps=9", "model.arch=llama",
+                                                               "optim.lr=0.5"});
+  EXPECT_EQ(c.train.steps, 9);
+  EXPECT_EQ(c.model.arch, "llama");
+  EXPECT_DOUBLE_EQ(c.optim.lr, 0.5);
+}
+
+TEST(Config, EffectiveConfigRoundTrips) {
+  Config c = parse_config_text("model:\n  n_layer: 5\n", {"data.batch_size=3"});
+  const Config back = parse_config_text(config_to_yaml(c));
+  EXPECT_EQ(config_to_yaml(back), config_to_yaml(c));
+  EXPECT_EQ(back.model.n_layer, 5);
+  EXPECT_EQ(back.data.batch_size, 3);
+}
+
+TEST(Config, UnknownKeysAndSectionsAreErrors) {
+  EXPECT_EQ(error_of("optim:\n  lrr: 1\n"), "optim.lrr: unknown key");
+  EXPECT_EQ(error_of("optimizer:\n  lr: 1\n"), "optimizer: unknown section");
+  EXPECT_EQ(error_of("", {"train.stepz=3"}), "train.stepz: unknown key");
+  EXPECT_EQ(error_of("", {"nodot=3"}), "--set nodot=3: expected section.key=value");
+}
+
+TEST(Config, WrongTypesNameTheKey) {
+  EXPECT_EQ(error_of("optim:\n  lr: fast\n"), "optim.lr: expected a number, got 'fast'");
+  EXPECT_EQ(error_of("model:\n  n_layer: 2.5\n"), "model.n_layer: expected an integer, got '2.5'");
+  EXPECT_EQ(error_of("logging:\n  jsonl: maybe\n"), "logging.jsonl: expected true or false, got 'maybe'");
+  EXPECT_EQ(error_of("model:\n  n_layer: [1, 2]\n"), "model.n_layer: expected an integer, got a list");
+  EXPECT_EQ(error_of("data:\n  seed: -1\n"), "data.seed: expected a non-negative integer, got '-1'");
+}
+
+TEST(Config, ImpossibleValuesNameTheKeys) {
+  EXPECT_EQ(error_of("model:\n  n_embd: 100\n  n_head: 3\n"),
+            "model.n_embd: 100 is not divisible by model.n_head 3");
+  EXPECT_EQ(error_of("model:\n  n_head: 8\n  n_kv_head: 3\n  n_embd: 64\n"),
+            "model.n_kv_head: 3 does not divide model.n_head 8");
+  EXPECT_EQ(error_of("model:\n  arch: gpt3\n"), "model.arch: unknown architecture 'gpt3' (gpt2, llama)");
+  EXPECT_EQ(error_of("data:\n  seq_len: 2048\n"), "data.seq_len: 2048 exceeds model.max_seq_len 1024");
+  EXPECT_EQ(error_of("optim:\n  schedule: cosin\n"),
+            "optim.schedule: unknown schedule 'cosin' (cosine, linear, constant, wsd)");
+  EXPECT_EQ(error_of("optim:\n  grad_accum: 0\n"), "optim.grad_accum: must be positive, got 0");
+  EXPECT_EQ(error_of("optim:\n  lr: 0.001\n  min_lr: 0.01\n"),
+            "optim.min_lr: must be in [0, optim.lr], got 0.01");
+  EXPECT_EQ(error_of("model:\n  dropout: 1.5\n"), "model.dropout: must be in [0, 1), got 1.5");
+  EXPECT_EQ(error_of("train:\n  steps: 0\n"), "train.steps: must be positive, got 0");
+  EXPECT_EQ(error_of("model:\n  arch: llama\n  n_embd: 30\n  n_head: 10\n"),
+            "model.n_embd: head size 3 must be even for RoPE");
+}
+
+TEST(Config, MalformedYamlAndMissingFile) {
+  EXPECT_NE(error_of("model: [unclosed\n").find("malformed YAML at line"), std::string::npos);
+  try {
+    load_config("/nonexistent/gpt.yaml");
+    FAIL();
+  } catch (const ConfigError& e) {
+    EXPECT_EQ(std::string(e.what()), "/nonexistent/gpt.yaml: cannot read the config file");
+  }
+  const std::string path = ::testing::TempDir() + "/bad.yaml";
+  std::ofstream(path) << "train:\n  steps: -4\n";
+  try {
+    load_config(path);
+    FAIL();
+  } catch (const ConfigError& e) {
+    EXPECT_EQ(std::string(e.what()), path + ": train.steps: must be positive, got -4");
+  }
+}
+
+}  // namespace
+}  // namespace loom

@@ -1,0 +1,277 @@
+// train/config.cpp — YAML ↔ Config through one field list (visit_fields), plus validation.
+#include "train/config.h"
+
+#include <yaml-cpp/yaml.h>
+
+#include <set>
+#include <sstream>
+
+namespace loom {
+namespace {
+
+// Every configurable field, once: (section, key, field). Parsing, printing and the unknown-key
+// check all walk this list.
+template <typename V>
+void visit_fields(Config& c, V&& v) {
+  ModelConfig& m = c.model;
+  v("model", "arch", m.arch);
+  v("model", "vocab_size", m.vocab_size);
+  v("model", "vocab_multiple", m.vocab_multiple);
+  v("model", "n_layer", m.n_layer);
+  v("model", "n_head", m.n_head);
+  v("model", "n_kv_head", m.n_kv_head);
+  v("model", "n_embd", m.n_embd);
+  v("model", "max_seq_len", m.max_seq_len);
+  v("model", "ffn_hidden", m.ffn_hidden);
+  v("model", "ffn_multiple", m.ffn_multiple);
+  v("model", "rope_theta", m.rope_theta);
+  v("model", "norm_eps", m.norm_eps);
+  v("model", "dropout", m.dropout);
+  v("model", "init_std", m.init_std);
+  v("model", "tie_embeddings", m.tie_embeddings);
+  v("model", "activation_checkpointing", m.activation_checkpointing);
+  DataConfig& d = c.data;
+  v("data", "train", d.train);
+  v("data", "val", d.val);
+  v("data", "batch_size", d.batch_size);
+  v("data", "seq_len", d.seq_len);
+  v("data", "seed", d.seed);
+  OptimConfig& o = c.optim;
+  v("optim", "name", o.name);
+  v("optim", "lr", o.lr);
+  v("optim", "min_lr", o.min_lr);
+  v("optim", "schedule", o.schedule);
+  v("optim", "warmup_steps", o.warmup_steps);
+  v("optim", "decay_fraction", o.decay_fraction);
+  v("optim", "beta1", o.beta1);
+  v("optim", "beta2", o.beta2);
+  v("optim", "eps", o.eps);
+  v("optim", "weight_decay", o.weight_decay);
+  v("optim", "decay_rule", o.decay_rule);
+  v("optim", "momentum", o.momentum);
+  v("optim", "grad_clip", o.grad_clip);
+  v("optim", "grad_accum", o.grad_accum);
+  TrainConfig& t = c.train;
+  v("train", "steps", t.steps);
+  v("train", "seed", t.seed);
+  v("train", "device", t.device);
+  v("train", "dtype", t.dtype);
+  v("train", "peak_flops", t.peak_flops);
+  v("train", "log_every", t.log_every);
+  v("train", "val_every", t.val_every);
+  v("train", "val_steps", t.val_steps);
+  v("train", "sample_every", t.sample_every);
+  v("train", "sample_tokens", t.sample_tokens);
+  v("train", "temperature", t.temperature);
+  v("train", "top_k", t.top_k);
+  v("train", "out_dir", t.out_dir);
+  v("train", "init_from", t.init_from);
+  CheckpointConfig& k = c.checkpoint;
+  v("checkpoint", "every", k.every);
+  v("checkpoint", "keep", k.keep);
+  v("checkpoint", "at_end", k.at_end);
+  LoggingConfig& l = c.logging;
+  v("logging", "jsonl", l.jsonl);
+  v("logging", "tensorboard", l.tensorboard);
+}
+
+template <typename T>
+const char* type_word() {
+  if constexpr (std::is_same_v<T, bool>) return "true or false";
+  if constexpr (std::is_same_v<T, std::string>) return "a string";
+  if constexpr (std::is_floating_point_v<T>) return "a number";
+  if constexpr (std::is_unsigned_v<T>) return "a non-negative integer";
+  return "an integer";
+}
+
+std::string node_text(const YAML::Node& n) {
+  if (n.IsScalar()) return "'" + n.Scalar() + "'";
+  return n.IsSequence() ? "a list" : n.IsMap() ? "a mapping" : "nothing";
+}
+
+struct Reader {
+  const YAML::Node& root;
+  template <typename T>
+  void operator()(const char* section, const char* key, T& field) const {
+    const YAML::Node s = root[section];
+    if (!s || !s[key]) return;
+    const YAML::Node n = s[key];
+    const std::string where = std::string(section) + "." + key;
+    if (!n.IsScalar()) throw ConfigError(where + ": expected " + type_word<T>() + ", got " + node_text(n));
+    try {
+      field = n.as<T>();  // integers must be written as integers: "1e3" is not one
+    } catch (const YAML::Exception&) {
+      throw ConfigError(where + ": expected " + type_word<T>() + ", got " + node_text(n));
+    }
+  }
+};
+
+struct Writer {
+  YAML::Emitter& out;
+  std::string current;
+  template <typename T>
+  void operator()(const char* section, const char* key, T& field) {
+    if (current != section) {
+      if (!current.empty()) out << YAML::EndMap;
+      out << YAML::Key << section << YAML::Value << YAML::BeginMap;
+      current = section;
+    }
+    out << YAML::Key << key << YAML::Value << field;
+  }
+};
+
+void check_known_keys(const YAML::Node& root) {
+  Config probe;
+  std::set<std::string> sections, keys;
+  visit_fields(probe, [&](const char* s, const char* k, auto&) {
+    sections.insert(s);
+    keys.insert(std::string(s) + "." + k);
+  });
+  if (!root || root.IsNull()) return;
+  if (!root.IsMap()) throw ConfigError("config: the top level must be a mapping of sections");
+  for (const auto& sec : root) {
+    const std::string s = sec.first.as<std::string>();
+    if (!sections.count(s)) throw ConfigError(s + ": unknown section");
+    if (sec.second.IsNull()) continue;
+    if (!sec.second.IsMap()) throw ConfigError(s + ": expected a mapping of keys");
+    for (const auto& kv : sec.second) {
+      const std::string full = s + "." + kv.first.as<std::string>();
+      if (!keys.count(full)) throw ConfigError(full + ": unknown key");
+    }
+  }
+}
+
+void apply_override(YAML::Node& root, const std::string& assignment) {
+  const size_t eq = assignment.find('=');
+  const size_t dot = assignment.find('.');
+  if (eq == std::string::npos || dot == std::string::npos || dot > eq) {
+    throw ConfigError("--set " + assignment + ": expected section.key=value");
+  }
+  const std::string section = assignment.substr(0, dot);
+  const std::string key = assignment.substr(dot + 1, eq - dot - 1);
+  YAML::Node value;
+  try {
+    value = YAML::Load(assignment.substr(eq + 1));
+  } catch (const YAML::Exception& e) {
+    throw ConfigError("--set " + assignment + ": " + e.msg);
+  }
+  root[section][key] = value;
+}
+
+Config from_node(YAML::Node root, const std::vector<std::string>& overrides) {
+  if (!root || root.IsNull()) root = YAML::Node(YAML::NodeType::Map);
+  for (const std::string& o : overrides) apply_override(root, o);
+  check_known_keys(root);
+  Config c;
+  visit_fields(c, Reader{root});
+  validate_config(c);
+  return c;
+}
+
+void require(bool ok, const std::string& msg) {
+  if (!ok) throw ConfigError(msg);
+}
+
+template <typename T>
+std::string str(const T& v) {
+  std::ostringstream os;
+  os << v;
+  return os.str();
+}
+
+void validate_model(const ModelConfig& m) {
+  require(m.arch == "gpt2" || m.arch == "llama", "model.arch: unknown architecture '" + m.arch + "' (gpt2, llama)");
+  require(m.vocab_size > 0, "model.vocab_size: must be positive, got " + str(m.vocab_size));
+  require(m.vocab_multiple > 0, "model.vocab_multiple: must be positive, got " + str(m.vocab_multiple));
+  require(m.n_layer > 0, "model.n_layer: must be positive, got " + str(m.n_layer));
+  require(m.n_head > 0, "model.n_head: must be positive, got " + str(m.n_head));
+  require(m.n_embd > 0, "model.n_embd: must be positive, got " + str(m.n_embd));
+  require(m.max_seq_len > 0, "model.max_seq_len: must be positive, got " + str(m.max_seq_len));
+  require(m.n_embd % m.n_head == 0, "model.n_embd: " + str(m.n_embd) + " is not divisible by model.n_head " + str(m.n_head));
+  require(m.n_kv_head >= 0, "model.n_kv_head: must be non-negative, got " + str(m.n_kv_head));
+  require(m.n_head % m.kv_heads() == 0, "model.n_kv_head: " + str(m.kv_heads()) + " does not divide model.n_head " + str(m.n_head));
+  require(!m.is_llama() || m.head_dim() % 2 == 0, "model.n_embd: head size " + str(m.head_dim()) + " must be even for RoPE");
+  require(m.ffn_hidden >= 0, "model.ffn_hidden: must be non-negative, got " + str(m.ffn_hidden));
+  require(m.dropout >= 0 && m.dropout < 1, "model.dropout: must be in [0, 1), got " + str(m.dropout));
+  require(m.norm_eps > 0, "model.norm_eps: must be positive, got " + str(m.norm_eps));
+  require(m.rope_theta > 0, "model.rope_theta: must be positive, got " + str(m.rope_theta));
+}
+
+}  // namespace
+
+void validate_config(const Config& c) {
+  validate_model(c.model);
+  const DataConfig& d = c.data;
+  require(d.batch_size > 0, "data.batch_size: must be positive, got " + str(d.batch_size));
+  require(d.seq_len > 0, "data.seq_len: must be positive, got " + str(d.seq_len));
+  require(d.seq_len <= c.model.max_seq_len, "data.seq_len: " + str(d.seq_len) +
+                                                " exceeds model.max_seq_len " + str(c.model.max_seq_len));
+  const OptimConfig& o = c.optim;
+  require(o.name == "adamw" || o.name == "sgd", "optim.name: unknown optimizer '" + o.name + "' (adamw, sgd)");
+  require(o.lr > 0, "optim.lr: must be positive, got " + str(o.lr));
+  require(o.min_lr >= 0 && o.min_lr <= o.lr, "optim.min_lr: must be in [0, optim.lr], got " + str(o.min_lr));
+  require(o.schedule == "cosine" || o.schedule == "linear" || o.schedule == "constant" || o.schedule == "wsd",
+          "optim.schedule: unknown schedule '" + o.schedule + "' (cosine, linear, constant, wsd)");
+  require(o.warmup_steps >= 0, "optim.warmup_steps: must be non-negative, got " + str(o.warmup_steps));
+  require(o.decay_fraction > 0 && o.decay_fraction <= 1, "optim.decay_fraction: must be in (0, 1], got " + str(o.decay_fraction));
+  require(o.beta1 >= 0 && o.beta1 < 1, "optim.beta1: must be in [0, 1), got " + str(o.beta1));
+  require(o.beta2 >= 0 && o.beta2 < 1, "optim.beta2: must be in [0, 1), got " + str(o.beta2));
+  require(o.eps > 0, "optim.eps: must be positive, got " + str(o.eps));
+  require(o.weight_decay >= 0, "optim.weight_decay: must be non-negative, got " + str(o.weight_decay));
+  require(o.decay_rule == "default" || o.decay_rule == "all" || o.decay_rule == "matrices",
+          "optim.decay_rule: unknown rule '" + o.decay_rule + "' (default, all, matrices)");
+  require(o.grad_clip >= 0, "optim.grad_clip: must be non-negative, got " + str(o.grad_clip));
+  require(o.grad_accum > 0, "optim.grad_accum: must be positive, got " + str(o.grad_accum));
+  const TrainConfig& t = c.train;
+  require(t.steps > 0, "train.steps: must be positive, got " + str(t.steps));
+  require(t.device == "cpu" || t.device == "cuda", "train.device: unknown device '" + t.device + "' (cpu, cuda)");
+  require(t.dtype == "f32" || t.dtype == "f64", "train.dtype: unsupported dtype '" + t.dtype + "' (f32, f64; bf16 arrives with the CUDA backend)");
+  require(t.log_every > 0, "train.log_every: must be positive, got " + str(t.log_every));
+  require(t.val_every >= 0, "train.val_every: must be non-negative, got " + str(t.val_every));
+  require(t.val_steps > 0, "train.val_steps: must be positive, got " + str(t.val_steps));
+  require(t.sample_every >= 0, "train.sample_every: must be non-negative, got " + str(t.sample_every));
+  require(t.temperature > 0, "train.temperature: must be positive, got " + str(t.temperature));
+  require(t.top_k >= 0, "train.top_k: must be non-negative, got " + str(t.top_k));
+  require(t.peak_flops >= 0, "train.peak_flops: must be non-negative, got " + str(t.peak_flops));
+  require(!t.out_dir.empty(), "train.out_dir: must not be empty");
+  require(c.checkpoint.every >= 0, "checkpoint.every: must be non-negative, got " + str(c.checkpoint.every));
+  require(c.checkpoint.keep >= 0, "checkpoint.keep: must be non-negative, got " + str(c.checkpoint.keep));
+}
+
+Config parse_config_text(const std::string& text, const std::vector<std::string>& overrides) {
+  YAML::Node root;
+  try {
+    root = YAML::Load(text);
+  } catch (const YAML::Exception& e) {
+    throw ConfigError("config: malformed YAML at line " + str(e.mark.line + 1) + ": " + e.msg);
+  }
+  return from_node(root, overrides);
+}
+
+Config load_config(const std::string& path, const std::vector<std::string>& overrides) {
+  YAML::Node root;
+  try {
+    root = YAML::LoadFile(path);
+  } catch (const YAML::BadFile&) {
+    throw ConfigError(path + ": cannot read the config file");
+  } catch (const YAML::Exception& e) {
+    throw ConfigError(path + ": malformed YAML at line " + str(e.mark.line + 1) + ": " + e.msg);
+  }
+  try {
+    return from_node(root, overrides);
+  } catch (const ConfigError& e) {
+    throw ConfigError(path + ": " + e.what());
+  }
+}
+
+std::string config_to_yaml(const Config& c) {
+  Config copy = c;
+  YAML::Emitter out;
+  out << YAML::BeginMap;
+  Writer w{out, ""};
+  visit_fields(copy, w);
+  out << YAML::EndMap << YAML::EndMap;
+  return out.c_str();
+}
+
+}  // namespace loom

@@ -1,0 +1,93 @@
+// train/config.h — the run configuration: one YAML file parsed once into plain structs per
+// subsystem, with `--set section.key=value` overrides, validated at start-up. Every field is
+// listed once, in visit_fields(), which drives parsing, printing and the unknown-key check.
+// Errors are ConfigError with a one-line message naming the key ("optim.lr: expected a number,
+// got 'fast'"); the train tool exits with code 2 on them.
+#pragma once
+
+#include <cstdint>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "layers/model_config.h"
+
+namespace loom {
+
+class ConfigError : public std::runtime_error {
+ public:
+  explicit ConfigError(const std::string& msg) : std::runtime_error(msg) {}
+};
+
+struct DataConfig {
+  std::string train = "";      // shard glob, e.g. data/fortunes/train_*.bin
+  std::string val = "";        // shard glob for validation ("" = none)
+  int64_t batch_size = 8;      // micro-batch B per rank
+  int64_t seq_len = 64;        // T
+  uint64_t seed = 1337;        // data order
+};
+
+struct OptimConfig {
+  std::string name = "adamw";  // adamw | sgd
+  double lr = 6e-4;            // peak learning rate
+  double min_lr = 6e-5;
+  std::string schedule = "cosine";  // cosine | linear | constant | wsd
+  int64_t warmup_steps = 0;
+  double decay_fraction = 0.2;  // wsd: fraction of steps in the final decay
+  double beta1 = 0.9;
+  double beta2 = 0.95;
+  double eps = 1e-8;
+  double weight_decay = 0.1;
+  std::string decay_rule = "default";  // default | all | matrices
+  double momentum = 0.9;               // sgd
+  double grad_clip = 1.0;              // global-norm clipping; 0 disables
+  int64_t grad_accum = 1;              // micro-batches per optimizer step
+};
+
+struct TrainConfig {
+  int64_t steps = 100;
+  uint64_t seed = 1337;      // parameter init and dropout
+  std::string device = "cpu";
+  std::string dtype = "f32";
+  double peak_flops = 0;     // FLOP/s for MFU; 0 = measure with a short SGEMM at start
+  int64_t log_every = 1;
+  int64_t val_every = 50;    // 0 disables
+  int64_t val_steps = 10;
+  int64_t sample_every = 100;  // 0 disables
+  int64_t sample_tokens = 64;
+  double temperature = 1.0;
+  int64_t top_k = 40;
+  std::string out_dir = "runs/default";
+  std::string init_from = "";  // native checkpoint dir or llm.c .bin file
+};
+
+struct CheckpointConfig {
+  int64_t every = 0;   // steps between checkpoints; 0 = only at the end
+  int64_t keep = 3;    // newest checkpoints kept (0 = all)
+  bool at_end = true;
+};
+
+struct LoggingConfig {
+  bool jsonl = true;
+  bool tensorboard = true;
+};
+
+struct Config {
+  ModelConfig model;
+  DataConfig data;
+  OptimConfig optim;
+  TrainConfig train;
+  CheckpointConfig checkpoint;
+  LoggingConfig logging;
+};
+
+// Reads `path`, applies overrides ("section.key=value", value parsed as YAML), rejects unknown
+// keys and wrong types, and validates values (validate_config).
+Config load_config(const std::string& path, const std::vector<std::string>& overrides = {});
+Config parse_config_text(const std::string& yaml_text, const std::vector<std::string>& overrides = {});
+// Impossible values and combinations, each naming its key(s).
+void validate_config(const Config& c);
+// The effective configuration as YAML (every key, defaults included).
+std::string config_to_yaml(const Config& c);
+
+}  // namespace loom
