@@ -1,0 +1,351 @@
+// train/trainer.cpp — the training loop (see train/trainer.h and Note [Exact resume]).
+#include "train/trainer.h"
+
+#include <glob.h>
+
+#include <chrono>
+#include <cmath>
+#include <filesystem>
+#include <iomanip>
+#include <iostream>
+#include <sstream>
+
+#include "core/autograd.h"
+#include "core/ops/elementwise.h"
+#include "core/ops/matmul.h"
+#include "core/ops/view.h"
+#include "core/rng.h"
+#include "data/loader.h"
+#include "data/tokenizer.h"
+#include "layers/transformer.h"
+#include "optim/adamw.h"
+#include "optim/clip.h"
+#include "optim/decay_rule.h"
+#include "optim/lr_schedule.h"
+#include "optim/sgd.h"
+#include "train/checkpoint.h"
+#include "train/llmc_format.h"
+#include "train/metrics.h"
+
+namespace loom {
+namespace fs = std::filesystem;
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double seconds_since(Clock::time_point t0) {
+  return std::chrono::duration<double>(Clock::now() - t0).count();
+}
+
+// Shard files matching a glob, sorted; names the key when nothing matches.
+std::vector<std::string> expand_shards(const std::string& pattern, const char* key) {
+  glob_t g{};
+  const int rc = ::glob(pattern.c_str(), 0, nullptr, &g);
+  std::vector<std::string> out;
+  if (rc == 0) {
+    for (size_t i = 0; i < g.gl_pathc; ++i) out.emplace_back(g.gl_pathv[i]);
+  }
+  globfree(&g);
+  if (out.empty()) throw ConfigError(std::string(key) + ": no shard file matches '" + pattern + "'");
+  return out;
+}
+
+DType parse_dtype(const std::string& s) { return s == "f64" ? DType::kF64 : DType::kF32; }
+
+std::string fmt(double v, int precision, bool sci = false) {
+  std::ostringstream os;
+  if (sci) os << std::scientific;
+  else os << std::fixed;
+  os << std::setprecision(precision) << v;
+  return os.str();
+}
+
+}  // namespace
+
+double measure_gemm_flops() {
+  autograd::NoGradGuard no_grad;
+  Generator gen(0);
+  const int64_t n = 1024;
+  Tensor a = randn({n, n}, gen), b = randn({n, n}, gen);
+  double best = 0;
+  for (int i = 0; i < 5; ++i) {
+    const auto t0 = Clock::now();
+    Tensor c = ops::matmul(a, b);
+    const double dt = seconds_since(t0);
+    best = std::max(best, 2.0 * n * n * n / dt);
+  }
+  return best;
+}
+
+struct Trainer::State {
+  Config cfg;
+  TrainerOptions opt;
+  std::ostream* log;
+  std::unique_ptr<Transformer> model;
+  Generator dropout_gen{0};
+  Generator sample_gen{0};
+  std::unique_ptr<optim::Optimizer> optimizer;
+  optim::LrSchedule schedule;
+  std::unique_ptr<DataLoader> train_loader;
+  std::unique_ptr<DataLoader> val_loader;
+  std::unique_ptr<Tokenizer> tokenizer;
+  std::unique_ptr<MetricsWriter> metrics;
+  int64_t step = 0;
+  double peak_flops = 0;
+
+  void build();
+  void load_initial_weights(const std::string& from);
+  void resume(const std::string& which);
+  StepRecord train_step();
+  void log_step(const StepRecord& r, double dt);
+  void save();
+  std::vector<Tensor> grads() const;
+};
+
+void Trainer::State::build() {
+  const ModelConfig& mc = cfg.model;
+  Generator init_gen(cfg.train.seed);
+  dropout_gen = Generator(cfg.train.seed + 1);
+  sample_gen = Generator(cfg.train.seed + 2);
+  LOOM_CHECK(cfg.train.device == "cpu", "train.device: ", cfg.train.device,
+             " training arrives with the CUDA backend; use cpu");
+  model = std::make_unique<Transformer>(mc, parse_dtype(cfg.train.dtype));
+  model->init_weights(init_gen);
+  if (!cfg.train.init_from.empty()) load_initial_weights(cfg.train.init_from);
+
+  const optim::DecayRule rule = optim::parse_decay_rule(cfg.optim.decay_rule);
+  std::vector<optim::ParamRef> refs;
+  for (auto& [name, p] : model->named_parameters()) refs.push_back({name, p, optim::decays(rule, name, p.shape())});
+  const OptimConfig& o = cfg.optim;
+  if (o.name == "adamw") {
+    optimizer = std::make_unique<optim::AdamW>(refs, o.beta1, o.beta2, o.eps, o.weight_decay);
+  } else {
+    optimizer = std::make_unique<optim::SGD>(refs, o.momentum, o.weight_decay);
+  }
+  schedule = {o.schedule, o.lr, o.min_lr, o.warmup_steps, cfg.train.steps, o.decay_fraction};
+
+  const DataConfig& d = cfg.data;
+  train_loader = std::make_unique<DataLoader>(expand_shards(d.train, "data.train"), d.batch_size, d.seq_len, 0, 1, d.seed);
+  if (!d.val.empty()) {
+    val_loader = std::make_unique<DataLoader>(expand_shards(d.val, "data.val"), d.batch_size, d.seq_len, 0, 1, d.seed);
+  }
+  fs::create_directories(cfg.train.out_dir);
+  if (cfg.logging.jsonl || cfg.logging.tensorboard) {
+    metrics = std::make_unique<MetricsWriter>(cfg.train.out_dir, cfg.logging.jsonl, cfg.logging.tensorboard);
+  }
+  peak_flops = cfg.train.peak_flops > 0 ? cfg.train.peak_flops : measure_gemm_flops();
+  *log << "model: " << mc.arch << ", " << model->num_parameters(true) << " parameters ("
+       << model->num_parameters() << " with vocab padding); peak " << fmt(peak_flops / 1e9, 1)
+       << " GFLOP/s (" << (cfg.train.peak_flops > 0 ? "config" : "measured SGEMM") << ")\n";
+}
+
+void Trainer::State::load_initial_weights(const std::string& from) {
+  if (fs::is_directory(from)) {
+    CheckpointContents c = load_checkpoint(from);
+    int64_t loaded = 0;
+    for (auto& [name, t] : c.tensors) {
+      if (name.rfind("model.", 0) != 0) continue;
+      Tensor p = model->parameter(name.substr(6));
+      LOOM_CHECK(p.shape() == t.shape(), from, ": ", name, " has shape ", shape_str(t.shape()),
+                 " but the model expects ", shape_str(p.shape()));
+      ops::copy_(p, t);
+      ++loaded;
+    }
+    *log << "init_from: " << loaded << " tensors from checkpoint " << from << "\n";
+  } else {
+    load_llmc_model(from, *model);
+    *log << "init_from: llm.c model file " << from << "\n";
+  }
+}
+
+void Trainer::State::resume(const std::string& which) {
+  const std::string root = (fs::path(cfg.train.out_dir) / "checkpoints").string();
+  const std::string dir = which == "latest" ? latest_checkpoint(root) : which;
+  LOOM_CHECK(!dir.empty(), "--resume latest: no checkpoint under ", root);
+  CheckpointContents c = load_checkpoint(dir);
+  std::map<std::string, Tensor> by_name(c.tensors.begin(), c.tensors.end());
+  auto restore = [&](const std::string& name, Tensor& into) {
+    auto it = by_name.find(name);
+    LOOM_CHECK(it != by_name.end(), dir, ": checkpoint has no tensor '", name, "'");
+    LOOM_CHECK(it->second.shape() == into.shape(), dir, ": '", name, "' has shape ", shape_str(it->second.shape()),
+               " but the run expects ", shape_str(into.shape()));
+    ops::copy_(into, it->second);
+  };
+  for (auto& [name, p] : model->named_parameters()) restore("model." + name, p);
+  for (auto& [name, t] : optimizer->state_tensors()) restore("optim." + name, t);
+  auto num = [&](const std::string& key) {
+    auto it = c.state.find(key);
+    LOOM_CHECK(it != c.state.end(), dir, ": checkpoint state has no '", key, "'");
+    return std::stoull(it->second);
+  };
+  optimizer->set_step_count(static_cast<int64_t>(num("optim.step_count")));
+  train_loader->set_state({static_cast<int64_t>(num("loader.epoch")), static_cast<int64_t>(num("loader.position"))});
+  dropout_gen.set_state({num("rng.dropout.seed"), num("rng.dropout.offset")});
+  sample_gen.set_state({num("rng.sample.seed"), num("rng.sample.offset")});
+  step = c.step;
+  *log << "resumed from " << dir << " at step " << step << "\n";
+}
+
+std::vector<Tensor> Trainer::State::grads() const {
+  std::vector<Tensor> g;
+  for (const auto& [name, p] : model->named_parameters()) {
+    if (p.grad().defined()) g.push_back(p.grad());
+  }
+  return g;
+}
+
+StepRecord Trainer::State::train_step() {
+  StepRecord r;
+  r.lr = schedule.lr_at(step);
+  optimizer->zero_grad();
+  const int64_t accum = cfg.optim.grad_accum;
+  for (int64_t m = 0; m < accum; ++m) {
+    Batch b = train_loader->next();
+    Tensor loss = model->loss(b.inputs, b.targets, &dropout_gen);
+    if (accum > 1) loss = ops::scale(loss, 1.0 / static_cast<double>(accum));
+    autograd::backward(loss);
+    r.loss += loss.item();
+  }
+  const std::vector<Tensor> g = grads();
+  r.grad_norm = cfg.optim.grad_clip > 0 ? optim::clip_grad_norm(g, cfg.optim.grad_clip) : optim::global_grad_norm(g);
+  optimizer->step(r.lr);
+  r.step = ++step;
+  return r;
+}
+
+void Trainer::State::log_step(const StepRecord& r, double dt) {
+  const double tokens = static_cast<double>(cfg.data.batch_size * cfg.data.seq_len * cfg.optim.grad_accum);
+  const double mfu = model->flops_per_token(cfg.data.seq_len) * tokens / dt / peak_flops;
+  const AllocatorStats mem = allocator_for(DeviceType::kCpu).stats();
+  if (r.step % cfg.train.log_every == 0 || r.step == cfg.train.steps) {
+    *log << "step " << r.step << "/" << cfg.train.steps << " | loss " << fmt(r.loss, 4) << " | lr "
+         << fmt(r.lr, 2, true) << " | norm " << fmt(r.grad_norm, 3) << " | " << fmt(dt * 1e3, 1)
+         << " ms | " << fmt(tokens / dt, 0) << " tok/s | MFU " << fmt(100 * mfu, 1) << "% | peak "
+         << fmt(static_cast<double>(mem.peak_bytes) / (1 << 20), 1) << " MiB\n";
+    log->flush();
+  }
+  if (metrics) {
+    metrics->write(r.step, {{"train/loss", r.loss}, {"train/lr", r.lr}, {"train/grad_norm", r.grad_norm},
+                            {"perf/ms_per_step", dt * 1e3}, {"perf/tokens_per_s", tokens / dt},
+                            {"perf/mfu", mfu}, {"mem/peak_bytes", static_cast<double>(mem.peak_bytes)}});
+  }
+}
+
+void Trainer::State::save() {
+  CheckpointContents c;
+  c.step = step;
+  c.config_yaml = config_to_yaml(cfg);
+  for (auto& [name, p] : model->named_parameters()) c.tensors.emplace_back("model." + name, p);
+  for (auto& [name, t] : optimizer->state_tensors()) c.tensors.emplace_back("optim." + name, t);
+  const LoaderState ls = train_loader->state();
+  c.state = {{"optim.step_count", std::to_string(optimizer->step_count())},
+             {"loader.epoch", std::to_string(ls.epoch)},
+             {"loader.position", std::to_string(ls.position)},
+             {"rng.dropout.seed", std::to_string(dropout_gen.state().seed)},
+             {"rng.dropout.offset", std::to_string(dropout_gen.state().offset)},
+             {"rng.sample.seed", std::to_string(sample_gen.state().seed)},
+             {"rng.sample.offset", std::to_string(sample_gen.state().offset)}};
+  const auto t0 = Clock::now();
+  const std::string dir = save_checkpoint((fs::path(cfg.train.out_dir) / "checkpoints").string(), c, cfg.checkpoint.keep);
+  *log << "checkpoint: " << dir << " (" << fmt(seconds_since(t0), 2) << " s)\n";
+}
+
+Trainer::Trainer(Config config, TrainerOptions options) : s_(std::make_unique<State>()) {
+  s_->cfg = std::move(config);
+  s_->opt = options;
+  s_->log = options.log ? options.log : &std::cout;
+  if (options.print_config) *s_->log << "effective config:\n" << config_to_yaml(s_->cfg) << "\n";
+  s_->build();
+  if (!options.resume.empty()) s_->resume(options.resume);
+}
+
+Trainer::~Trainer() = default;
+
+int64_t Trainer::step() const { return s_->step; }
+
+std::string Trainer::checkpoint_root() const {
+  return (fs::path(s_->cfg.train.out_dir) / "checkpoints").string();
+}
+
+std::vector<std::pair<std::string, Tensor>> Trainer::parameters() const { return s_->model->named_parameters(); }
+
+std::vector<StepRecord> Trainer::run() {
+  State& s = *s_;
+  const TrainConfig& t = s.cfg.train;
+  std::vector<StepRecord> records;
+  while (s.step < t.steps) {
+    const auto t0 = Clock::now();
+    StepRecord r = s.train_step();
+    s.log_step(r, seconds_since(t0));
+    records.push_back(r);
+    if (s.val_loader && t.val_every > 0 && (r.step % t.val_every == 0 || r.step == t.steps)) {
+      const double v = evaluate();
+      *s.log << "step " << r.step << " | val loss " << fmt(v, 4) << "\n";
+      if (s.metrics) s.metrics->write(r.step, {{"val/loss", v}});
+    }
+    if (t.sample_every > 0 && (r.step % t.sample_every == 0 || r.step == t.steps)) {
+      *s.log << "sample at step " << r.step << ":\n" << sample(t.sample_tokens) << "\n---\n";
+    }
+    const bool stop = s.opt.stop && s.opt.stop->load();
+    const bool periodic = s.cfg.checkpoint.every > 0 && r.step % s.cfg.checkpoint.every == 0;
+    const bool last = r.step == t.steps && s.cfg.checkpoint.at_end;
+    if (stop || periodic || last) s.save();
+    if (stop) {
+      *s.log << "stopped by signal after step " << r.step << "; resume with --resume latest\n";
+      break;
+    }
+  }
+  return records;
+}
+
+double Trainer::evaluate() {
+  State& s = *s_;
+  LOOM_CHECK(s.val_loader != nullptr, "evaluate: no validation data (data.val is empty)");
+  autograd::NoGradGuard no_grad;
+  s.model->eval();
+  s.val_loader->set_state({0, 0});
+  double total = 0;
+  for (int64_t i = 0; i < s.cfg.train.val_steps; ++i) {
+    Batch b = s.val_loader->next();
+    total += s.model->loss(b.inputs, b.targets).item();
+  }
+  s.model->train();
+  return total / static_cast<double>(s.cfg.train.val_steps);
+}
+
+std::string Trainer::sample(int64_t n) {
+  State& s = *s_;
+  if (!s.tokenizer) s.tokenizer = std::make_unique<Tokenizer>(find_bpe_dir());
+  autograd::NoGradGuard no_grad;
+  s.model->eval();
+  const ModelConfig& mc = s.cfg.model;
+  std::vector<int32_t> ids = {s.tokenizer->eot_id()};
+  for (int64_t i = 0; i < n; ++i) {
+    const int64_t len = std::min<int64_t>(static_cast<int64_t>(ids.size()), mc.max_seq_len);
+    std::vector<int32_t> ctx(ids.end() - len, ids.end());
+    Tensor logits = s.model->forward(Tensor::from_vector(ctx, {1, len}));
+    std::vector<double> row = logits.narrow(1, len - 1, 1).narrow(2, 0, mc.vocab_size).to_vector();
+    // Temperature, then keep the top-k logits, then sample from the softmax of what is left.
+    std::vector<std::pair<double, int32_t>> cand;
+    for (size_t v = 0; v < row.size(); ++v) cand.emplace_back(row[v] / s.cfg.train.temperature, static_cast<int32_t>(v));
+    const size_t k = s.cfg.train.top_k > 0 ? std::min<size_t>(cand.size(), static_cast<size_t>(s.cfg.train.top_k)) : cand.size();
+    std::partial_sort(cand.begin(), cand.begin() + static_cast<int64_t>(k), cand.end(), std::greater<>());
+    double z = 0;
+    for (size_t j = 0; j < k; ++j) z += std::exp(cand[j].first - cand[0].first);
+    double u = rand({1}, s.sample_gen, DType::kF64).item() * z;
+    size_t pick = k - 1;
+    for (size_t j = 0; j < k; ++j) {
+      u -= std::exp(cand[j].first - cand[0].first);
+      if (u <= 0) {
+        pick = j;
+        break;
+      }
+    }
+    ids.push_back(cand[pick].second);
+  }
+  s.model->train();
+  return s.tokenizer->decode(std::span<const int32_t>(ids.data() + 1, ids.size() - 1));
+}
+
+}  // namespace loom

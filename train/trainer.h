@@ -1,0 +1,64 @@
+// train/trainer.h — the training loop: builds the model, optimiser, schedule and data loaders
+// from a Config, runs steps (micro-batch accumulation, clipping, AdamW/SGD), logs metrics,
+// evaluates, samples text, and writes checkpoints it can resume from exactly.
+//
+// Note [Exact resume]: a checkpoint holds the parameters, the optimiser state and step count,
+// the data loader's position, and the dropout and sampling generators' states. Every kernel is
+// deterministic for a given thread count layout (see docs/core.md), so N steps, a stop, a resume
+// and N more steps give the same bits as 2N steps in one run.
+#pragma once
+
+#include <atomic>
+#include <functional>
+#include <iosfwd>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "core/tensor.h"
+#include "train/config.h"
+
+namespace loom {
+
+struct StepRecord {
+  int64_t step = 0;  // 1-based: the number of optimizer steps done after this one
+  double loss = 0;
+  double lr = 0;
+  double grad_norm = 0;
+};
+
+struct TrainerOptions {
+  std::string resume;                      // "", "latest" or a checkpoint directory
+  const std::atomic<bool>* stop = nullptr;  // set by a signal handler: checkpoint and stop
+  std::ostream* log = nullptr;              // step lines and messages (null: std::cout)
+  bool print_config = true;
+};
+
+class Trainer {
+ public:
+  Trainer(Config config, TrainerOptions options);
+  ~Trainer();
+  Trainer(const Trainer&) = delete;
+  Trainer& operator=(const Trainer&) = delete;
+
+  // Runs until train.steps (or a stop request); returns the steps run by this call.
+  std::vector<StepRecord> run();
+  // Mean validation loss over train.val_steps batches from the start of the val shards.
+  double evaluate();
+  // Text generated from <|endoftext|> with the configured temperature and top-k.
+  std::string sample(int64_t tokens);
+
+  int64_t step() const;
+  std::string checkpoint_root() const;
+  // Every parameter, in order (for tests comparing runs).
+  std::vector<std::pair<std::string, Tensor>> parameters() const;
+
+ private:
+  struct State;
+  std::unique_ptr<State> s_;
+};
+
+// FLOP/s of a short f32 GEMM on this machine (the practical CPU peak used for MFU).
+double measure_gemm_flops();
+
+}  // namespace loom
