@@ -18,4 +18,5 @@ fi
 jobs=$(nproc)
 cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DLOOM_WERROR=ON "${cuda_args[@]}"
 cmake --build "$build" -j "$jobs"
+python3 -c "import tensorboard" 2>/dev/null || python3 -m pip install --quiet tensorboard || echo "test.sh: tensorboard not installed; its test will skip"
 ctest --test-dir "$build" --output-on-failure -j "$jobs"

@@ -18,7 +18,8 @@ extern "C" void on_signal(int) {
 }
 
 int usage() {
-  std::cerr << "usage: train --config FILE [--set section.key=value]... [--resume latest|DIR]\n";
+  std::cerr << "usage: train --config FILE [--set section.key=value]... [--resume latest|DIR]"
+               " [--stop-at STEP]\n";
   return 2;
 }
 
@@ -30,10 +31,11 @@ int main(int argc, char** argv) {
   loom::TrainerOptions options;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
-    if ((a == "--config" || a == "--set" || a == "--resume") && i + 1 >= argc) return usage();
+    if ((a == "--config" || a == "--set" || a == "--resume" || a == "--stop-at") && i + 1 >= argc) return usage();
     if (a == "--config") config_path = argv[++i];
     else if (a == "--set") overrides.push_back(argv[++i]);
     else if (a == "--resume") options.resume = argv[++i];
+    else if (a == "--stop-at") options.stop_at_step = std::stoll(argv[++i]);
     else if (a == "-h" || a == "--help") return usage(), 0;
     else return usage();
   }

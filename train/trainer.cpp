@@ -287,12 +287,12 @@ std::vector<StepRecord> Trainer::run() {
     if (t.sample_every > 0 && (r.step % t.sample_every == 0 || r.step == t.steps)) {
       *s.log << "sample at step " << r.step << ":\n" << sample(t.sample_tokens) << "\n---\n";
     }
-    const bool stop = s.opt.stop && s.opt.stop->load();
+    const bool stop = (s.opt.stop && s.opt.stop->load()) || (s.opt.stop_at_step > 0 && r.step >= s.opt.stop_at_step);
     const bool periodic = s.cfg.checkpoint.every > 0 && r.step % s.cfg.checkpoint.every == 0;
     const bool last = r.step == t.steps && s.cfg.checkpoint.at_end;
     if (stop || periodic || last) s.save();
     if (stop) {
-      *s.log << "stopped by signal after step " << r.step << "; resume with --resume latest\n";
+      *s.log << "stopped after step " << r.step << "; resume with --resume latest\n";
       break;
     }
   }

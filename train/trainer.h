@@ -30,6 +30,7 @@ struct StepRecord {
 struct TrainerOptions {
   std::string resume;                      // "", "latest" or a checkpoint directory
   const std::atomic<bool>* stop = nullptr;  // set by a signal handler: checkpoint and stop
+  int64_t stop_at_step = 0;  // > 0: checkpoint and stop once this step is done (time-limited jobs)
   std::ostream* log = nullptr;              // step lines and messages (null: std::cout)
   bool print_config = true;
 };

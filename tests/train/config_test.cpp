@@ -2,6 +2,8 @@
 // each must be a one-line ConfigError naming the key.
 #include "train/config.h"
 
+#include "layers/transformer.h"
+
 #include <gtest/gtest.h>
 
 #include <fstream>
@@ -97,6 +99,28 @@ TEST(Config, MalformedYamlAndMissingFile) {
     FAIL();
   } catch (const ConfigError& e) {
     EXPECT_EQ(std::string(e.what()), path + ": train.steps: must be positive, got -4");
+  }
+}
+
+}  // namespace
+}  // namespace loom
+
+namespace loom {
+namespace {
+
+// Every shipped config validates, and the model sizes match the published parameter counts.
+TEST(Config, ShippedConfigsValidateWithPublishedSizes) {
+  struct Case {
+    const char* file;
+    int64_t params;  // without vocab padding
+  };
+  for (Case c : {Case{"gpt2-124m", 124439808}, Case{"gpt2-350m", 354823168}, Case{"gpt2-774m", 774030080},
+                 Case{"gpt2-1.5b", 1557611200}, Case{"llama-1b", 1235814400}, Case{"llama3-8b", 8030261248},
+                 Case{"gpt2-tiny", 0}, Case{"llama-tiny", 0}}) {
+    const Config cfg = load_config(std::string(LOOM_SOURCE_DIR) + "/configs/" + c.file + ".yaml");
+    if (c.params > 0) {
+      EXPECT_EQ(count_parameters(cfg.model, true), c.params) << c.file;
+    }
   }
 }
 

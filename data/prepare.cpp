@@ -1,0 +1,239 @@
+// data/prepare.cpp — prepare_data's library: input listing, document splitting, tokenization
+// and train/val shard streams. Deterministic and single-threaded; prints nothing.
+#include "data/prepare.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+
+#include "core/error.h"
+#include "data/shard.h"
+
+namespace loom {
+namespace {
+
+namespace fs = std::filesystem;
+
+constexpr std::string_view kEotText = "<|endoftext|>";
+constexpr int64_t kProgressBytes = int64_t{1} << 20;  // report at least every MiB of input
+
+bool is_blank(std::string_view s) {
+  return std::all_of(s.begin(), s.end(), [](char c) {
+    return c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == '\v' || c == '\f';
+  });
+}
+
+std::string read_whole_file(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  LOOM_CHECK(in.good(), path, ": cannot open input file");
+  std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  LOOM_CHECK(!in.bad(), path, ": read error");
+  return text;
+}
+
+bool is_shard_name(const std::string& name) {
+  for (const std::string_view prefix : {"train_", "val_"}) {
+    if (!name.starts_with(prefix) || !name.ends_with(".bin")) continue;
+    const std::string_view digits =
+        std::string_view(name).substr(prefix.size(), name.size() - prefix.size() - 4);
+    const auto is_digit = [](char c) { return c >= '0' && c <= '9'; };
+    if (!digits.empty() && std::all_of(digits.begin(), digits.end(), is_digit)) return true;
+  }
+  return false;
+}
+
+void walk_directory(const fs::path& dir, InputFormat format, std::vector<std::string>& out) {
+  std::vector<fs::path> entries;
+  for (const auto& e : fs::directory_iterator(dir)) entries.push_back(e.path());
+  std::sort(entries.begin(), entries.end());
+  for (const fs::path& p : entries) {
+    const std::string name = p.filename().string();
+    if (name.starts_with(".") || fs::is_symlink(fs::symlink_status(p))) continue;
+    if (fs::is_directory(p)) {
+      if (format == InputFormat::kFortunes && name == "off") continue;
+      walk_directory(p, format, out);
+    } else if (fs::is_regular_file(p)) {
+      const std::string ext = p.extension().string();
+      if (format == InputFormat::kFortunes && (ext == ".dat" || ext == ".u8")) continue;
+      out.push_back(p.string());
+    }
+  }
+}
+
+// Collects tokens of one split (train or val) and writes them out in shards of a fixed size.
+class ShardStream {
+ public:
+  ShardStream(std::string dir, std::string prefix, int64_t shard_tokens,
+              std::vector<std::string>& paths)
+      : dir_(std::move(dir)),
+        prefix_(std::move(prefix)),
+        shard_tokens_(shard_tokens),
+        paths_(paths) {}
+
+  void append(const std::vector<int32_t>& tokens) {
+    for (const int32_t t : tokens) {
+      buffer_.push_back(static_cast<uint16_t>(t));
+      if (static_cast<int64_t>(buffer_.size()) == shard_tokens_) flush();
+    }
+    total_ += static_cast<int64_t>(tokens.size());
+  }
+  void flush() {
+    if (buffer_.empty()) return;
+    char name[64];
+    std::snprintf(name, sizeof(name), "%s_%06zu.bin", prefix_.c_str(), paths_.size());
+    paths_.push_back((fs::path(dir_) / name).string());
+    write_shard(paths_.back(), std::span<const uint16_t>(buffer_));
+    buffer_.clear();
+  }
+  int64_t total() const { return total_; }
+
+ private:
+  std::string dir_, prefix_;
+  int64_t shard_tokens_;
+  std::vector<std::string>& paths_;
+  std::vector<uint16_t> buffer_;
+  int64_t total_ = 0;
+};
+
+void check_options(const PrepareOptions& opts, const Tokenizer& tokenizer) {
+  LOOM_CHECK(!opts.inputs.empty(), "prepare_data: no --input given");
+  LOOM_CHECK(!opts.out_dir.empty(), "prepare_data: no --out-dir given");
+  LOOM_CHECK(opts.val_fraction >= 0 && opts.val_fraction < 1, "prepare_data: --val-fraction ",
+             opts.val_fraction, " is outside [0, 1)");
+  LOOM_CHECK(opts.shard_tokens > 0 && opts.shard_tokens <= INT32_MAX,
+             "prepare_data: --shard-tokens ", opts.shard_tokens, " is outside [1, 2^31)");
+  LOOM_CHECK(tokenizer.vocab_size() <= 65536, "prepare_data: vocabulary of ",
+             tokenizer.vocab_size(), " tokens does not fit the shard's uint16 tokens");
+}
+
+void prepare_out_dir(const std::string& dir) {
+  std::error_code ec;
+  fs::create_directories(dir, ec);
+  LOOM_CHECK(!ec && fs::is_directory(dir), dir, ": cannot create output directory: ", ec.message());
+  for (const auto& e : fs::directory_iterator(dir)) {
+    const std::string name = e.path().filename().string();
+    LOOM_CHECK(!is_shard_name(name), dir, ": already holds shards (", name,
+               "); remove them or choose another --out-dir");
+  }
+}
+
+double seconds_since(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+}  // namespace
+
+InputFormat parse_input_format(const std::string& name) {
+  if (name == "text") return InputFormat::kText;
+  if (name == "fortunes") return InputFormat::kFortunes;
+  LOOM_FAIL("--format ", name, ": unknown input format (expected text or fortunes)");
+}
+
+std::vector<std::string> list_input_files(const std::vector<std::string>& inputs,
+                                          InputFormat format) {
+  std::vector<std::string> out;
+  for (const std::string& in : inputs) {
+    std::error_code ec;
+    const fs::file_status st = fs::status(in, ec);
+    LOOM_CHECK(!ec && fs::exists(st), in, ": input does not exist");
+    if (fs::is_directory(st)) {
+      walk_directory(in, format, out);
+    } else {
+      LOOM_CHECK(fs::is_regular_file(st), in, ": input is neither a file nor a directory");
+      out.push_back(in);
+    }
+  }
+  return out;
+}
+
+std::vector<std::string_view> split_documents(std::string_view text, InputFormat format) {
+  std::vector<std::string_view> docs;
+  const auto emit = [&](std::string_view d) {
+    if (!is_blank(d)) docs.push_back(d);
+  };
+  if (format == InputFormat::kText) {
+    for (;;) {
+      const size_t at = text.find(kEotText);
+      emit(text.substr(0, at));
+      if (at == std::string_view::npos) break;
+      text.remove_prefix(at + kEotText.size());
+    }
+    return docs;
+  }
+  size_t doc_start = 0, line_start = 0;
+  while (line_start < text.size()) {
+    size_t line_end = text.find('\n', line_start);
+    if (line_end == std::string_view::npos) line_end = text.size();
+    std::string_view line = text.substr(line_start, line_end - line_start);
+    if (line.ends_with('\r')) line.remove_suffix(1);
+    const size_t next = std::min(line_end + 1, text.size());
+    if (line == "%") {
+      emit(text.substr(doc_start, line_start - doc_start));
+      doc_start = next;
+    }
+    line_start = next;
+  }
+  emit(text.substr(doc_start));
+  return docs;
+}
+
+int64_t val_every(double val_fraction) {
+  if (val_fraction <= 0) return 0;
+  return std::max<int64_t>(1, std::llround(1.0 / val_fraction));
+}
+
+PrepareResult prepare_data(const PrepareOptions& opts, Tokenizer& tokenizer,
+                           const std::function<void(const PrepareProgress&)>& progress) {
+  check_options(opts, tokenizer);
+  const auto t0 = std::chrono::steady_clock::now();
+  const std::vector<std::string> files = list_input_files(opts.inputs, opts.format);
+  LOOM_CHECK(!files.empty(), "prepare_data: the inputs hold no files to tokenize");
+  PrepareProgress prog;
+  for (const std::string& f : files) prog.bytes_total += static_cast<int64_t>(fs::file_size(f));
+  prepare_out_dir(opts.out_dir);
+
+  PrepareResult res;
+  ShardStream train(opts.out_dir, "train", opts.shard_tokens, res.train_shards);
+  ShardStream val(opts.out_dir, "val", opts.shard_tokens, res.val_shards);
+  const int64_t k = val_every(opts.val_fraction);
+  std::vector<int32_t> tokens;
+  int64_t last_report = 0;
+  for (const std::string& f : files) {
+    const std::string text = read_whole_file(f);
+    for (const std::string_view doc : split_documents(text, opts.format)) {
+      tokens.assign(1, tokenizer.eot_id());
+      tokenizer.encode_append(doc, /*allow_special=*/false, tokens);
+      const bool is_val = k > 0 && res.documents % k == 0;
+      (is_val ? val : train).append(tokens);
+      (is_val ? res.val_documents : res.train_documents) += 1;
+      ++res.documents;
+      prog.tokens += static_cast<int64_t>(tokens.size());
+      const int64_t done = prog.bytes_done + (doc.data() + doc.size() - text.data());
+      if (progress && done - last_report >= kProgressBytes) {
+        last_report = done;
+        progress({done, prog.bytes_total, res.documents, prog.tokens, seconds_since(t0)});
+      }
+    }
+    prog.bytes_done += static_cast<int64_t>(text.size());
+    if (progress)
+      progress({prog.bytes_done, prog.bytes_total, res.documents, prog.tokens, seconds_since(t0)});
+  }
+  train.flush();
+  val.flush();
+  if (res.train_documents == 0) {
+    for (const std::string& p : res.val_shards) fs::remove(p);
+  }
+  LOOM_CHECK(res.train_documents > 0, "prepare_data: all ", res.documents,
+             " documents went to val (every ", k,
+             "-th document is val); give more documents or "
+             "a smaller --val-fraction");
+  res.train_tokens = train.total();
+  res.val_tokens = val.total();
+  res.seconds = seconds_since(t0);
+  return res;
+}
+
+}  // namespace loom

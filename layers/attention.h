@@ -1,0 +1,41 @@
+// layers/attention.h — CausalSelfAttention: a fused qkv Linear, optional RoPE, the fused causal
+// attention op (grouped-query when n_kv_head < n_head) and an output projection.
+//
+// Note [Fused qkv layout]: qkv.weight is ((Hq + 2·Hkv)·D, C) with rows [q; k; v]: q rows
+// [0, Hq·D), then k rows (Hkv·D), then v rows (Hkv·D); inside each, head h owns rows
+// [h·D, (h+1)·D). This is llm.c's qkvw layout (Hugging Face GPT-2's c_attn, transposed), so
+// llm.c files load without any permutation. Tensor-parallel sharding of this weight must split
+// q, k and v separately by heads, not the fused rows contiguously.
+#pragma once
+
+#include <cstdint>
+
+#include "core/tensor.h"
+#include "layers/linear.h"
+#include "layers/model_config.h"
+#include "layers/module.h"
+
+namespace loom {
+
+class CausalSelfAttention : public Module {
+ public:
+  // Sizes from config (n_embd, n_head, kv_heads()); biases for gpt2, none and RoPE for llama.
+  CausalSelfAttention(const ModelConfig& config, DType dtype = DType::kF32, Device device = {});
+  // x (B, T, C); positions (T) integer: the global index of each token (used by RoPE; ignored
+  // without it). Returns (B, T, C).
+  Tensor forward(const Tensor& x, const Tensor& positions) const;
+  // qkv ← N(0, std²), proj ← N(0, proj_std²), biases ← 0.
+  void init(Generator& gen, double std, double proj_std);
+
+  const Linear& qkv() const { return qkv_; }
+  const Linear& proj() const { return proj_; }
+
+ private:
+  int64_t n_head_, n_kv_head_, head_dim_;
+  bool rope_;
+  double rope_theta_;
+  Linear qkv_;   // (Hq + 2·Hkv)·D × C, Note [Fused qkv layout]
+  Linear proj_;  // C × Hq·D
+};
+
+}  // namespace loom

@@ -1,0 +1,72 @@
+// layers/block.cpp — Block (see layers/block.h).
+#include "layers/block.h"
+
+#include "core/autograd.h"
+#include "core/checkpoint.h"
+#include "core/ops/dropout.h"
+#include "core/ops/elementwise.h"
+
+namespace loom {
+
+namespace {
+std::unique_ptr<Norm> make_norm(const ModelConfig& c, DType dtype, Device device) {
+  if (c.is_llama()) return std::make_unique<RMSNorm>(c.n_embd, c.norm_eps, dtype, device);
+  return std::make_unique<LayerNorm>(c.n_embd, c.norm_eps, true, dtype, device);
+}
+
+std::unique_ptr<FeedForward> make_mlp(const ModelConfig& c, DType dtype, Device device) {
+  if (c.is_llama())
+    return std::make_unique<SwiGluMlp>(c.n_embd, c.ffn_hidden_size(), dtype, device);
+  return std::make_unique<Mlp>(c.n_embd, c.ffn_hidden_size(), true, dtype, device);
+}
+}  // namespace
+
+Block::Block(const ModelConfig& config, DType dtype, Device device)
+    : dropout_(config.dropout),
+      checkpointing_(config.activation_checkpointing),
+      norm1_(make_norm(config, dtype, device)),
+      attn_(config, dtype, device),
+      norm2_(make_norm(config, dtype, device)),
+      mlp_(make_mlp(config, dtype, device)) {
+  const bool llama = config.is_llama();
+  register_module(llama ? "attn_norm" : "ln_1", *norm1_);
+  register_module("attn", attn_);
+  register_module(llama ? "mlp_norm" : "ln_2", *norm2_);
+  register_module("mlp", *mlp_);
+}
+
+Tensor Block::residual_dropout(const Tensor& branch, Generator* gen, bool drop) const {
+  if (!drop) return branch;
+  return ops::dropout(branch, dropout_, *gen, true);
+}
+
+Tensor Block::forward_region(const Tensor& x, const Tensor& positions, Generator* gen,
+                             bool drop) const {
+  Tensor h = ops::add(x, residual_dropout(attn_.forward(norm1_->forward(x), positions), gen, drop));
+  return ops::add(h, residual_dropout(mlp_->forward(norm2_->forward(h)), gen, drop));
+}
+
+Tensor Block::forward(const Tensor& x, const Tensor& positions, Generator* dropout_gen) const {
+  const bool drop = training() && dropout_ > 0.0;
+  LOOM_CHECK(!drop || dropout_gen != nullptr, "Block: model.dropout ", dropout_,
+             " in training mode needs a dropout generator");
+  if (!checkpointing_ || !autograd::grad_enabled()) {
+    return forward_region(x, positions, dropout_gen, drop);
+  }
+  std::vector<Generator*> gens;
+  if (drop) gens.push_back(dropout_gen);
+  const Tensor pos = positions.detach();
+  CheckpointFn fn = [this, pos, dropout_gen, drop](const std::vector<Tensor>& in) {
+    return std::vector<Tensor>{forward_region(in[0], pos, dropout_gen, drop)};
+  };
+  return checkpoint(fn, {x}, gens)[0];
+}
+
+void Block::init(Generator& gen, double std, double proj_std) {
+  norm1_->reset();
+  attn_.init(gen, std, proj_std);
+  norm2_->reset();
+  mlp_->init(gen, std, proj_std);
+}
+
+}  // namespace loom

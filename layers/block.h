@@ -1,0 +1,47 @@
+// layers/block.h — Block: one pre-norm transformer layer, x + attn(norm1(x)) then
+// x + mlp(norm2(x)), with dropout on both residual branches (training, config.dropout > 0) and,
+// when config.activation_checkpointing, its whole forward recomputed in backward
+// (Note [Activation checkpoint] in core/checkpoint.h).
+//
+// Parameter names follow the family: gpt2 ln_1, attn, ln_2, mlp (fc, proj); llama attn_norm,
+// attn, mlp_norm, mlp (gate, up, down).
+#pragma once
+
+#include <memory>
+
+#include "core/rng.h"
+#include "core/tensor.h"
+#include "layers/attention.h"
+#include "layers/mlp.h"
+#include "layers/model_config.h"
+#include "layers/module.h"
+#include "layers/norm.h"
+
+namespace loom {
+
+class Block : public Module {
+ public:
+  Block(const ModelConfig& config, DType dtype = DType::kF32, Device device = {});
+  // x (B, T, C); positions (T) integer (global token indices, for RoPE). dropout_gen is needed
+  // only when dropout is active (training and config.dropout > 0); it must be the same object
+  // during backward when checkpointing, which replays it.
+  Tensor forward(const Tensor& x, const Tensor& positions, Generator* dropout_gen = nullptr) const;
+  // Input projections ← N(0, std²), residual output projections ← N(0, proj_std²), norms reset.
+  void init(Generator& gen, double std, double proj_std);
+
+  const CausalSelfAttention& attn() const { return attn_; }
+
+ private:
+  // `drop`: whether dropout is active (fixed at forward time, so a recomputation matches).
+  Tensor forward_region(const Tensor& x, const Tensor& positions, Generator* gen, bool drop) const;
+  Tensor residual_dropout(const Tensor& branch, Generator* gen, bool drop) const;
+
+  double dropout_;
+  bool checkpointing_;
+  std::unique_ptr<Norm> norm1_;
+  CausalSelfAttention attn_;
+  std::unique_ptr<Norm> norm2_;
+  std::unique_ptr<FeedForward> mlp_;
+};
+
+}  // namespace loom

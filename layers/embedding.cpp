@@ -1,0 +1,19 @@
+// layers/embedding.cpp — Embedding (see layers/embedding.h).
+#include "layers/embedding.h"
+
+#include "core/ops/embedding.h"
+#include "layers/init.h"
+
+namespace loom {
+
+Embedding::Embedding(int64_t num_embeddings, int64_t dim, DType dtype, Device device) {
+  LOOM_CHECK(num_embeddings > 0 && dim > 0, "Embedding: sizes must be positive, got ",
+             num_embeddings, " x ", dim);
+  weight_ = register_parameter("weight", Tensor::zeros({num_embeddings, dim}, dtype, device));
+}
+
+Tensor Embedding::forward(const Tensor& ids) const { return ops::embedding(ids, weight_); }
+
+void Embedding::init(Generator& gen, double std) { init::normal_(weight_, gen, std); }
+
+}  // namespace loom

@@ -1,0 +1,35 @@
+// layers/linear.h — Linear: y = x·Wᵀ + b with W (out, in), the layer that holds the model's
+// matrices. A plain single-device layer; tensor-parallel variants replace it by configuration
+// elsewhere and must keep its parameter names and layout.
+#pragma once
+
+#include <cstdint>
+
+#include "core/rng.h"
+#include "core/tensor.h"
+#include "layers/module.h"
+
+namespace loom {
+
+class Linear : public Module {
+ public:
+  // weight (out_features, in_features); bias (out_features) when `bias`.
+  Linear(int64_t in_features, int64_t out_features, bool bias, DType dtype = DType::kF32,
+         Device device = {});
+  // x (…, in) → (…, out), one GEMM: matmul(x, weight, false, true) (+ bias).
+  Tensor forward(const Tensor& x) const;
+  // weight ← N(0, std²), bias ← 0.
+  void init(Generator& gen, double std);
+
+  const Tensor& weight() const { return weight_; }
+  const Tensor& bias() const { return bias_; }  // undefined without bias
+  int64_t in_features() const { return in_features_; }
+  int64_t out_features() const { return out_features_; }
+
+ private:
+  int64_t in_features_, out_features_;
+  Tensor weight_;
+  Tensor bias_;
+};
+
+}  // namespace loom

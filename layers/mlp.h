@@ -1,0 +1,47 @@
+// layers/mlp.h — the position-wise feed-forward layers behind one FeedForward interface:
+// Mlp (GPT-2: fc → GELU-tanh → proj, with biases) and SwiGluMlp (Llama: down(silu(gate·x) ⊙
+// up·x), no biases).
+#pragma once
+
+#include <cstdint>
+
+#include "core/rng.h"
+#include "core/tensor.h"
+#include "layers/linear.h"
+#include "layers/module.h"
+
+namespace loom {
+
+class FeedForward : public Module {
+ public:
+  virtual Tensor forward(const Tensor& x) const = 0;  // x (…, C) → (…, C)
+  // Input projections ← N(0, std²), the output projection ← N(0, out_std²), biases ← 0.
+  virtual void init(Generator& gen, double std, double out_std) = 0;
+};
+
+class Mlp final : public FeedForward {
+ public:
+  Mlp(int64_t dim, int64_t hidden, bool bias = true, DType dtype = DType::kF32, Device device = {});
+  Tensor forward(const Tensor& x) const override;
+  void init(Generator& gen, double std, double out_std) override;
+  const Linear& fc() const { return fc_; }
+  const Linear& proj() const { return proj_; }
+
+ private:
+  Linear fc_;    // hidden × dim
+  Linear proj_;  // dim × hidden
+};
+
+class SwiGluMlp final : public FeedForward {
+ public:
+  SwiGluMlp(int64_t dim, int64_t hidden, DType dtype = DType::kF32, Device device = {});
+  Tensor forward(const Tensor& x) const override;
+  void init(Generator& gen, double std, double out_std) override;
+
+ private:
+  Linear gate_;  // hidden × dim
+  Linear up_;    // hidden × dim
+  Linear down_;  // dim × hidden
+};
+
+}  // namespace loom

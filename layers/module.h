@@ -1,0 +1,57 @@
+// layers/module.h — Module: the base of every layer, holding named parameters and child modules.
+//
+// Parameters are leaf tensors with requires_grad, registered in the order a layer creates them;
+// children are registered by reference (a module never owns its children through the registry:
+// the concrete layer holds them as members). named_parameters() walks parameters then children,
+// depth first, in registration order, joining names with dots ("blocks.3.attn.qkv.weight"), so
+// the order is stable and identical on every rank. Modules are neither copyable nor movable:
+// parents keep pointers to their children. Nothing here computes; layers define forward().
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "core/tensor.h"
+
+namespace loom {
+
+class Module {
+ public:
+  Module() = default;
+  virtual ~Module() = default;
+  Module(const Module&) = delete;
+  Module& operator=(const Module&) = delete;
+  Module(Module&&) = delete;
+  Module& operator=(Module&&) = delete;
+
+  // Registers `t` (made a leaf requiring grad) under `name` and returns the same handle.
+  Tensor register_parameter(const std::string& name, Tensor t);
+  // Registers a child; `child` must outlive this module (it is normally a member).
+  Module& register_module(const std::string& name, Module& child);
+
+  // Every parameter of this module and its children, depth first, in registration order.
+  std::vector<std::pair<std::string, Tensor>> named_parameters() const;
+  std::vector<Tensor> parameters() const;
+  // The parameter with this dotted name; throws naming it when there is none.
+  Tensor parameter(const std::string& name) const;
+  int64_t num_parameters() const;  // total elements over all parameters
+
+  // Training mode (dropout on) propagates to every child.
+  void train(bool on = true);
+  void eval() { train(false); }
+  bool training() const { return training_; }
+
+  // Clears .grad of every parameter.
+  void zero_grad();
+
+ private:
+  void collect(const std::string& prefix, std::vector<std::pair<std::string, Tensor>>& out) const;
+
+  std::vector<std::pair<std::string, Tensor>> params_;
+  std::vector<std::pair<std::string, Module*>> children_;
+  bool training_ = true;
+};
+
+}  // namespace loom

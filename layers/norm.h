@@ -1,0 +1,46 @@
+// layers/norm.h — normalisation layers over the last dimension: LayerNorm (GPT-2, with bias)
+// and RMSNorm (Llama), behind one Norm interface so a Block picks either by configuration.
+#pragma once
+
+#include <cstdint>
+
+#include "core/tensor.h"
+#include "layers/module.h"
+
+namespace loom {
+
+class Norm : public Module {
+ public:
+  virtual Tensor forward(const Tensor& x) const = 0;  // x (…, C) → (…, C)
+  // weight ← 1, bias ← 0.
+  virtual void reset() = 0;
+};
+
+class LayerNorm final : public Norm {
+ public:
+  // weight (dim); bias (dim) when `bias`.
+  LayerNorm(int64_t dim, double eps, bool bias = true, DType dtype = DType::kF32,
+            Device device = {});
+  Tensor forward(const Tensor& x) const override;
+  void reset() override;
+  const Tensor& weight() const { return weight_; }
+  const Tensor& bias() const { return bias_; }
+
+ private:
+  double eps_;
+  Tensor weight_, bias_;
+};
+
+class RMSNorm final : public Norm {
+ public:
+  RMSNorm(int64_t dim, double eps, DType dtype = DType::kF32, Device device = {});
+  Tensor forward(const Tensor& x) const override;
+  void reset() override;
+  const Tensor& weight() const { return weight_; }
+
+ private:
+  double eps_;
+  Tensor weight_;
+};
+
+}  // namespace loom

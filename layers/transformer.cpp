@@ -1,0 +1,175 @@
+// layers/transformer.cpp — Transformer, validate() and count_parameters() (see
+// layers/transformer.h).
+#include "layers/transformer.h"
+
+#include <cmath>
+#include <string>
+
+#include "core/ops/cross_entropy.h"
+#include "core/ops/elementwise.h"
+#include "core/ops/matmul.h"
+#include "layers/init.h"
+
+namespace loom {
+
+namespace {
+
+void require_positive(const char* key, double value) {
+  LOOM_CHECK(value > 0, "model.", key, ": must be positive, got ", value);
+}
+
+// Validates config and returns it (lets the constructor validate before building members).
+const ModelConfig& validated(const ModelConfig& config) {
+  validate(config);
+  return config;
+}
+
+}  // namespace
+
+void validate(const ModelConfig& c) {
+  LOOM_CHECK(c.arch == "gpt2" || c.arch == "llama", "model.arch: unknown architecture '", c.arch,
+             "' (expected gpt2 or llama)");
+  require_positive("vocab_size", static_cast<double>(c.vocab_size));
+  require_positive("vocab_multiple", static_cast<double>(c.vocab_multiple));
+  require_positive("n_layer", static_cast<double>(c.n_layer));
+  require_positive("n_head", static_cast<double>(c.n_head));
+  require_positive("n_embd", static_cast<double>(c.n_embd));
+  require_positive("max_seq_len", static_cast<double>(c.max_seq_len));
+  LOOM_CHECK(c.n_kv_head >= 0, "model.n_kv_head: must be 0 (= n_head) or positive, got ",
+             c.n_kv_head);
+  LOOM_CHECK(c.ffn_hidden >= 0, "model.ffn_hidden: must be 0 (default) or positive, got ",
+             c.ffn_hidden);
+  if (c.is_llama() && c.ffn_hidden == 0)
+    require_positive("ffn_multiple", static_cast<double>(c.ffn_multiple));
+  LOOM_CHECK(c.n_embd % c.n_head == 0, "model.n_embd: ", c.n_embd,
+             " is not divisible by model.n_head ", c.n_head);
+  LOOM_CHECK(c.n_head % c.kv_heads() == 0, "model.n_kv_head: ", c.n_kv_head,
+             " does not divide model.n_head ", c.n_head);
+  LOOM_CHECK(!c.is_llama() || c.head_dim() % 2 == 0,
+             "model.n_embd: head dim n_embd/n_head = ", c.head_dim(),
+             " must be even for RoPE (llama)");
+  if (c.is_llama()) require_positive("rope_theta", c.rope_theta);
+  require_positive("norm_eps", c.norm_eps);
+  require_positive("init_std", c.init_std);
+  LOOM_CHECK(c.dropout >= 0.0 && c.dropout < 1.0, "model.dropout: must be in [0, 1), got ",
+             c.dropout);
+}
+
+int64_t count_parameters(const ModelConfig& c, bool exclude_padding) {
+  validate(c);
+  const int64_t C = c.n_embd, H = c.ffn_hidden_size();
+  const int64_t V = exclude_padding ? c.vocab_size : c.padded_vocab();
+  const int64_t kv = c.kv_heads() * c.head_dim(), q = c.n_head * c.head_dim();
+  const bool llama = c.is_llama();
+  const int64_t norm = llama ? C : 2 * C;
+  int64_t layer = 2 * norm + C * (q + 2 * kv) + q * C;  // norms, qkv, proj
+  layer += llama ? 3 * C * H : 2 * C * H;
+  if (!llama) layer += (q + 2 * kv) + C + H + C;  // biases: qkv, proj, fc, mlp.proj
+  int64_t n = V * C + c.n_layer * layer + norm;
+  if (!llama) n += c.max_seq_len * C;  // wpe
+  if (!c.tie_embeddings) n += V * C;   // lm_head
+  return n;
+}
+
+Transformer::Transformer(const ModelConfig& config, DType dtype, Device device)
+    : config_(validated(config)),
+      dtype_(dtype),
+      device_(device),
+      wte_(config.padded_vocab(), config.n_embd, dtype, device) {
+  LOOM_CHECK(is_floating(dtype), "Transformer: dtype ", dtype_name(dtype), " is not floating");
+  const bool llama = config_.is_llama();
+  register_module("wte", wte_);
+  if (!llama) {
+    wpe_ = std::make_unique<Embedding>(config_.max_seq_len, config_.n_embd, dtype, device);
+    register_module("wpe", *wpe_);
+  }
+  for (int64_t i = 0; i < config_.n_layer; ++i) {
+    blocks_.push_back(std::make_unique<Block>(config_, dtype, device));
+    register_module("blocks." + std::to_string(i), *blocks_.back());
+  }
+  if (llama) {
+    norm_f_ = std::make_unique<RMSNorm>(config_.n_embd, config_.norm_eps, dtype, device);
+  } else {
+    norm_f_ = std::make_unique<LayerNorm>(config_.n_embd, config_.norm_eps, true, dtype, device);
+  }
+  register_module(llama ? "norm_f" : "ln_f", *norm_f_);
+  if (!config_.tie_embeddings) {
+    lm_head_ =
+        std::make_unique<Linear>(config_.n_embd, config_.padded_vocab(), false, dtype, device);
+    register_module("lm_head", *lm_head_);
+  }
+}
+
+void Transformer::init_weights(Generator& gen) {
+  const double std = config_.init_std;
+  const double proj_std = std / std::sqrt(2.0 * static_cast<double>(config_.n_layer));
+  wte_.init(gen, std);
+  init::zero_rows_from_(wte_.weight(), config_.vocab_size);
+  if (wpe_) wpe_->init(gen, std);
+  for (auto& b : blocks_) b->init(gen, std, proj_std);
+  norm_f_->reset();
+  if (lm_head_) {
+    lm_head_->init(gen, std);
+    init::zero_rows_from_(lm_head_->weight(), config_.vocab_size);
+  }
+}
+
+const Tensor& Transformer::head_weight() const {
+  return lm_head_ ? lm_head_->weight() : wte_.weight();
+}
+
+Tensor Transformer::positions(int64_t T) const {
+  std::vector<int32_t> p(static_cast<size_t>(T));
+  for (int64_t t = 0; t < T; ++t) p[static_cast<size_t>(t)] = static_cast<int32_t>(t);
+  return Tensor::from_vector(p, {T}).to(device_);
+}
+
+Tensor Transformer::embed(const Tensor& ids, const Tensor& pos) const {
+  Tensor x = wte_.forward(ids);                   // (B, T, C)
+  if (wpe_) x = ops::add(x, wpe_->forward(pos));  // + (T, C)
+  return x;
+}
+
+Tensor Transformer::forward(const Tensor& ids, Generator* dropout_gen) const {
+  LOOM_CHECK(ids.dim() == 2, "Transformer.forward: ids must be (B, T), got ",
+             shape_str(ids.shape()));
+  LOOM_CHECK(ids.size(1) <= config_.max_seq_len, "Transformer.forward: sequence length ",
+             ids.size(1), " exceeds model.max_seq_len ", config_.max_seq_len);
+  return forward(ids, positions(ids.size(1)), dropout_gen);
+}
+
+Tensor Transformer::forward(const Tensor& ids, const Tensor& pos, Generator* dropout_gen) const {
+  LOOM_CHECK(ids.dim() == 2, "Transformer.forward: ids must be (B, T), got ",
+             shape_str(ids.shape()));
+  LOOM_CHECK(pos.dim() == 1 && pos.size(0) == ids.size(1), "Transformer.forward: positions ",
+             shape_str(pos.shape()), " do not match T = ", ids.size(1));
+  Tensor x = embed(ids, pos);
+  for (const auto& b : blocks_) x = b->forward(x, pos, dropout_gen);
+  x = norm_f_->forward(x);
+  return ops::matmul(x, head_weight(), false, true);  // (B, T, Vp)
+}
+
+Tensor Transformer::loss(const Tensor& ids, const Tensor& targets, Generator* dropout_gen) const {
+  LOOM_CHECK(targets.shape() == ids.shape(), "Transformer.loss: targets ",
+             shape_str(targets.shape()), " do not match ids ", shape_str(ids.shape()));
+  return ops::softmax_cross_entropy(forward(ids, dropout_gen), targets, -100, config_.vocab_size);
+}
+
+int64_t Transformer::num_parameters(bool exclude_padding) const {
+  int64_t n = num_parameters();
+  if (!exclude_padding) return n;
+  const int64_t pad_rows = config_.padded_vocab() - config_.vocab_size;
+  n -= pad_rows * config_.n_embd;
+  if (lm_head_) n -= pad_rows * config_.n_embd;
+  return n;
+}
+
+double Transformer::flops_per_token(int64_t T) const {
+  int64_t n = num_parameters();
+  if (wpe_) n -= wpe_->weight().numel();
+  if (lm_head_) n -= wte_.weight().numel();
+  const double L = static_cast<double>(config_.n_layer), C = static_cast<double>(config_.n_embd);
+  return 6.0 * static_cast<double>(n) + 12.0 * L * C * static_cast<double>(T);
+}
+
+}  // namespace loom

@@ -1,0 +1,89 @@
+// layers/transformer.h — Transformer: the decoder-only language model for both families, built
+// from a ModelConfig; plus validate() (config errors naming the key) and count_parameters().
+//
+//  gpt2:  wte (Vp, C), wpe (max_seq_len, C), blocks.{i} (LayerNorm, GELU MLP, biases), ln_f;
+//         the head reuses wte.weight (tied) unless tie_embeddings is false (then lm_head).
+//  llama: wte (Vp, C), blocks.{i} (RMSNorm, RoPE(theta), GQA, SwiGLU, no biases), norm_f, and
+//         lm_head (Vp, C) unless tie_embeddings.
+// Vp = config.padded_vocab(); rows [V, Vp) of the tables are padding: zero at init, and the
+// loss leaves their logits out (so they get no gradient from it).
+//
+// Note [Model FLOPs]: flops_per_token(T) = 6·N + 12·n_layer·n_embd·T (PaLM appendix B, as in
+// Megatron and llm.c): 6·N for the forward and backward matmuls against the N parameters a token
+// multiplies, plus 12·L·C·T for the attention scores and weighted sums (QKᵀ and P·V, forward
+// 4·L·C·T counted over the full T×T square, i.e. not halved for causality, times 3 for
+// backward). N is every parameter except lookup-only tables: wpe, and wte when the head is
+// untied (a tied wte counts once, as the head). Padding rows are counted: the GEMMs do them.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "core/rng.h"
+#include "core/tensor.h"
+#include "layers/block.h"
+#include "layers/embedding.h"
+#include "layers/linear.h"
+#include "layers/model_config.h"
+#include "layers/module.h"
+#include "layers/norm.h"
+
+namespace loom {
+
+// Throws loom::Error naming the offending key, e.g.
+// "model.n_embd: 100 is not divisible by model.n_head 3".
+void validate(const ModelConfig& config);
+
+// Parameters of the model `config` describes, computed without building it. With
+// exclude_padding the tables count vocab_size rows instead of padded_vocab() (the published
+// GPT-2 sizes, e.g. 124,439,808 for gpt2-124M, are of this kind).
+int64_t count_parameters(const ModelConfig& config, bool exclude_padding = false);
+
+class Transformer : public Module {
+ public:
+  // Validates config; parameters start zero (norm weights one) until init_weights().
+  explicit Transformer(const ModelConfig& config, DType dtype = DType::kF32, Device device = {});
+
+  // Weights ← N(0, init_std²); residual output projections (attn.proj, mlp.proj / mlp.down)
+  // ← N(0, (init_std/√(2·n_layer))²); biases ← 0; norm weights ← 1; padded vocab rows ← 0.
+  // Draws in named_parameters() order.
+  void init_weights(Generator& gen);
+
+  // ids (B, T) integer, T ≤ max_seq_len → logits (B, T, Vp). Positions are arange(T).
+  Tensor forward(const Tensor& ids, Generator* dropout_gen = nullptr) const;
+  // The same with explicit global positions (T) integer (context parallel passes its slice).
+  Tensor forward(const Tensor& ids, const Tensor& positions, Generator* dropout_gen) const;
+  // Mean softmax cross-entropy over the real vocabulary; targets (B, T), -100 = ignored.
+  Tensor loss(const Tensor& ids, const Tensor& targets, Generator* dropout_gen = nullptr) const;
+
+  using Module::num_parameters;
+  // With exclude_padding, the padded vocab rows of wte (and of an untied lm_head) are left out.
+  int64_t num_parameters(bool exclude_padding) const;
+  // Model FLOPs per token for forward + backward at sequence length T (Note [Model FLOPs]).
+  double flops_per_token(int64_t T) const;
+
+  const ModelConfig& config() const { return config_; }
+  DType dtype() const { return dtype_; }
+  Device device() const { return device_; }
+  int64_t num_blocks() const { return static_cast<int64_t>(blocks_.size()); }
+  const Block& block(int64_t i) const { return *blocks_.at(static_cast<size_t>(i)); }
+  const Tensor& wte_weight() const { return wte_.weight(); }
+  // The (Vp, C) matrix the logits are computed against: wte.weight when tied, else lm_head.weight.
+  const Tensor& head_weight() const;
+
+ private:
+  Tensor positions(int64_t T) const;  // arange(T), i32
+  Tensor embed(const Tensor& ids, const Tensor& positions) const;
+
+  ModelConfig config_;
+  DType dtype_;
+  Device device_;
+  Embedding wte_;
+  std::unique_ptr<Embedding> wpe_;  // gpt2 only
+  std::vector<std::unique_ptr<Block>> blocks_;
+  std::unique_ptr<Norm> norm_f_;
+  std::unique_ptr<Linear> lm_head_;  // untied only
+};
+
+}  // namespace loom

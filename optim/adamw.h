@@ -1,0 +1,34 @@
+// optim/adamw.h — AdamW (Loshchilov & Hutter): Adam with bias correction and decoupled weight
+// decay, applied only to parameters whose ParamRef::decay is set. Each parameter is updated by
+// one fused kernel (kernels/adamw.h). State is kept in the parameter's dtype: f32 for f32
+// master weights, f64 for f64 parameters (tests). No schedule, no clipping here.
+#pragma once
+
+#include "optim/optimizer.h"
+
+namespace loom::optim {
+
+class AdamW : public Optimizer {
+ public:
+  // beta1, beta2 in [0, 1); eps > 0; weight_decay >= 0 (the decoupled factor: each step
+  // multiplies a decaying parameter by 1 - lr · weight_decay).
+  AdamW(std::vector<ParamRef> params, double beta1, double beta2, double eps,
+        double weight_decay);
+
+  void step(double lr) override;
+  // "exp_avg.<name>" and "exp_avg_sq.<name>" per parameter, in parameter order. See
+  // Note [Optimizer state contract] in optim/optimizer.h.
+  std::vector<std::pair<std::string, Tensor>> state_tensors() override;
+
+  double beta1() const { return beta1_; }
+  double beta2() const { return beta2_; }
+  double eps() const { return eps_; }
+  double weight_decay() const { return weight_decay_; }
+
+ private:
+  double beta1_, beta2_, eps_, weight_decay_;
+  std::vector<Tensor> exp_avg_;     // one per parameter, its shape/dtype/device
+  std::vector<Tensor> exp_avg_sq_;  // one per parameter, its shape/dtype/device
+};
+
+}  // namespace loom::optim

@@ -1,0 +1,63 @@
+// optim/clip.cpp — gradient norm and clipping through the generic ops (double conversion,
+// multiply, ordered sum) so every backend with those kernels is supported.
+#include "optim/clip.h"
+
+#include <cmath>
+
+#include "core/autograd.h"
+#include "core/ops/elementwise.h"
+#include "core/ops/reduce.h"
+#include "core/ops/view.h"
+#include "kernels/elementwise.h"
+
+namespace loom::optim {
+namespace {
+
+// Σ g² of one tensor in double. sum_dim_forward sums a row in index order in one thread, so the
+// result does not depend on the thread count.
+double tensor_sq_sum(const Tensor& g) {
+  if (g.numel() == 0) return 0.0;
+  const Tensor g64 = g.detach().to(DType::kF64);
+  return ops::sum(ops::mul(g64, g64)).to(Device::cpu()).item();
+}
+
+}  // namespace
+
+double grad_sq_sum(const std::vector<Tensor>& grads) {
+  autograd::NoGradGuard no_grad;
+  double total = 0.0;
+  for (const Tensor& g : grads) {
+    if (g.defined()) total += tensor_sq_sum(g);
+  }
+  return total;
+}
+
+double global_grad_norm(const std::vector<Tensor>& grads) { return std::sqrt(grad_sq_sum(grads)); }
+
+double clip_scale(double norm, double max_norm) {
+  LOOM_CHECK(max_norm > 0, "clip_grad_norm: max_norm must be > 0, got ", max_norm);
+  if (!std::isfinite(norm) || norm <= max_norm) return 1.0;
+  return max_norm / norm;
+}
+
+void scale_grads(const std::vector<Tensor>& grads, double factor) {
+  if (factor == 1.0) return;
+  autograd::NoGradGuard no_grad;
+  for (const Tensor& g : grads) {
+    if (!g.defined() || g.numel() == 0) continue;
+    Tensor out = g;
+    if (g.is_contiguous()) {
+      kernels::call_kernel<kernels::scale_forward_k>(g, factor, out);  // element-wise, in place
+    } else {
+      ops::copy_(out, ops::scale(g, factor));
+    }
+  }
+}
+
+double clip_grad_norm(const std::vector<Tensor>& grads, double max_norm) {
+  const double norm = global_grad_norm(grads);
+  scale_grads(grads, clip_scale(norm, max_norm));
+  return norm;
+}
+
+}  // namespace loom::optim

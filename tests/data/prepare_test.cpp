@@ -1,0 +1,148 @@
+// tests/data/prepare_test.cpp — prepare_data's library on a small temporary text set: document
+// splitting (text and fortunes), input listing, the deterministic val split, shard sizes and
+// names, and that decoding the shards gives back the documents, each after <|endoftext|>.
+#include "data/prepare.h"
+
+#include <gtest/gtest.h>
+
+#include <filesystem>
+
+#include "core/error.h"
+#include "data/loader.h"
+#include "data/shard.h"
+#include "tests/data/data_test_util.h"
+
+namespace loom {
+namespace {
+
+namespace fs = std::filesystem;
+
+std::vector<int32_t> read_shards(const std::vector<std::string>& paths) {
+  std::vector<int32_t> out;
+  for (const auto& p : paths) {
+    ShardReader r(p);
+    out.insert(out.end(), r.span().begin(), r.span().end());
+  }
+  return out;
+}
+
+TEST(Prepare, SplitsDocuments) {
+  using V = std::vector<std::string_view>;
+  EXPECT_EQ(
+      split_documents("one<|endoftext|>two\n<|endoftext|>  \n<|endoftext|>", InputFormat::kText),
+      (V{"one", "two\n"}));
+  EXPECT_EQ(split_documents("no separator", InputFormat::kText), (V{"no separator"}));
+  EXPECT_EQ(split_documents("a\nb\n%\nc %\n%\r\n\n%\nd", InputFormat::kFortunes),
+            (V{"a\nb\n", "c %\n", "d"}));
+  EXPECT_EQ(split_documents("%\n%\n", InputFormat::kFortunes), V{});
+  EXPECT_EQ(val_every(0.05), 20);
+  EXPECT_EQ(val_every(0.3), 3);
+  EXPECT_EQ(val_every(0), 0);
+  EXPECT_EQ(parse_input_format("fortunes"), InputFormat::kFortunes);
+  EXPECT_THROW(parse_input_format("csv"), Error);
+}
+
+TEST(Prepare, ListsFortuneFiles) {
+  data_test::TempDir dir;
+  fs::create_directories(dir.path() / "off");
+  fs::create_directories(dir.path() / "sub");
+  for (const char* f : {"x", "x.dat", "off/rude", "sub/z", ".hidden"}) {
+    data_test::write_bytes(dir.file(f), "q\n%\n");
+  }
+  fs::create_symlink(dir.path() / "x", dir.path() / "x.u8");
+  fs::create_symlink(dir.path() / "x", dir.path() / "y");
+  EXPECT_EQ(list_input_files({dir.path().string()}, InputFormat::kFortunes),
+            (std::vector<std::string>{dir.file("sub/z"), dir.file("x")}));
+  EXPECT_EQ(list_input_files({dir.path().string()}, InputFormat::kText).size(), 4u);
+  EXPECT_THROW(list_input_files({dir.file("missing")}, InputFormat::kText), Error);
+}
+
+TEST(Prepare, ShardsDecodeToTheDocuments) {
+  data_test::TempDir in("in"), out("out");
+  const std::vector<std::string> docs = {"First doc.\n",
+                                         "Second doc, with \xC3\xBCn\xC3\xAF"
+                                         "code.\n",
+                                         "Third.", "Fourth document, alone in its file.\n",
+                                         "Fifth: 12345 and some more words to pass a shard."};
+  data_test::write_bytes(in.file("a.txt"), docs[0] + "<|endoftext|>" + docs[1] + "<|endoftext|>" +
+                                               docs[2] + "<|endoftext|>");
+  data_test::write_bytes(in.file("b.txt"), docs[3]);
+  data_test::write_bytes(in.file("c.txt"), docs[4]);
+  PrepareOptions opts;
+  opts.inputs = {in.file("a.txt"), in.path().string() + "/b.txt", in.file("c.txt")};
+  opts.out_dir = out.file("shards");
+  opts.val_fraction = 0.3;  // every round(1/0.3) = 3rd document: 0 and 3
+  opts.shard_tokens = 7;
+  Tokenizer tok(data_test::bpe_dir());
+  int reports = 0;
+  const PrepareResult r = prepare_data(opts, tok, [&](const PrepareProgress& p) {
+    ++reports;
+    EXPECT_LE(p.bytes_done, p.bytes_total);
+  });
+  EXPECT_EQ(reports, 3);  // once per file at least
+  EXPECT_EQ(r.documents, 5);
+  EXPECT_EQ(r.val_documents, 2);
+  EXPECT_EQ(r.train_documents, 3);
+
+  const std::string eot = "<|endoftext|>";
+  const std::vector<int32_t> train = read_shards(r.train_shards), val = read_shards(r.val_shards);
+  EXPECT_EQ(tok.decode(train), eot + docs[1] + eot + docs[2] + eot + docs[4]);
+  EXPECT_EQ(tok.decode(val), eot + docs[0] + eot + docs[3]);
+  EXPECT_EQ(static_cast<int64_t>(train.size()), r.train_tokens);
+  EXPECT_EQ(static_cast<int64_t>(val.size()), r.val_tokens);
+  EXPECT_EQ(std::count(train.begin(), train.end(), 50256), 3);
+  ASSERT_EQ(r.train_shards.size(), static_cast<size_t>((train.size() + 6) / 7));
+  EXPECT_EQ(r.train_shards[0], opts.out_dir + "/train_000000.bin");
+  EXPECT_EQ(r.val_shards[1], opts.out_dir + "/val_000001.bin");
+  for (size_t i = 0; i + 1 < r.train_shards.size(); ++i) {
+    EXPECT_EQ(ShardReader(r.train_shards[i]).num_tokens(), 7);
+  }
+  DataLoader loader(r.train_shards, 1, 4, 0, 1, 0);  // the loader reads them
+  EXPECT_EQ(loader.num_tokens(), r.train_tokens);
+
+  // Re-running into the same directory is refused rather than mixing old and new shards.
+  try {
+    prepare_data(opts, tok);
+    FAIL() << "no error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("already holds shards"), std::string::npos) << e.what();
+  }
+}
+
+TEST(Prepare, DeterministicAndNoValWhenFractionIsZero) {
+  data_test::TempDir in("in"), out("out");
+  data_test::write_bytes(in.file("f"), "a fortune\n%\nanother one\n%\na third\n");
+  PrepareOptions opts;
+  opts.inputs = {in.path().string()};
+  opts.format = InputFormat::kFortunes;
+  opts.val_fraction = 0;
+  Tokenizer tok(data_test::bpe_dir());
+  opts.out_dir = out.file("1");
+  const PrepareResult a = prepare_data(opts, tok);
+  opts.out_dir = out.file("2");
+  const PrepareResult b = prepare_data(opts, tok);
+  EXPECT_TRUE(a.val_shards.empty());
+  EXPECT_EQ(a.train_documents, 3);
+  EXPECT_EQ(read_shards(a.train_shards), read_shards(b.train_shards));
+  EXPECT_EQ(tok.decode(read_shards(a.train_shards)),
+            "<|endoftext|>a fortune\n<|endoftext|>another one\n<|endoftext|>a third\n");
+}
+
+TEST(Prepare, AllValIsAnError) {
+  data_test::TempDir in("in"), out("out");
+  data_test::write_bytes(in.file("one.txt"), "just one document");
+  PrepareOptions opts;
+  opts.inputs = {in.file("one.txt")};
+  opts.out_dir = out.path().string();
+  Tokenizer tok(data_test::bpe_dir());
+  try {
+    prepare_data(opts, tok);
+    FAIL() << "no error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("all 1 documents went to val"), std::string::npos);
+  }
+  EXPECT_TRUE(fs::is_empty(out.path())) << "the failed run leaves no shards behind";
+}
+
+}  // namespace
+}  // namespace loom
