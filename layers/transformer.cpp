@@ -15,7 +15,7 @@ namespace loom {
 namespace {
 
 void require_positive(const char* key, double value) {
-  LOOM_CHECK(value > 0, "model.", key, ": must be positive, got ", value);
+  LOOM_CONFIG_CHECK(value > 0, "model.", key, ": must be positive, got ", value);
 }
 
 // Validates config and returns it (lets the constructor validate before building members).
@@ -27,7 +27,7 @@ const ModelConfig& validated(const ModelConfig& config) {
 }  // namespace
 
 void validate(const ModelConfig& c) {
-  LOOM_CHECK(c.arch == "gpt2" || c.arch == "llama", "model.arch: unknown architecture '", c.arch,
+  LOOM_CONFIG_CHECK(c.arch == "gpt2" || c.arch == "llama", "model.arch: unknown architecture '", c.arch,
              "' (expected gpt2 or llama)");
   require_positive("vocab_size", static_cast<double>(c.vocab_size));
   require_positive("vocab_multiple", static_cast<double>(c.vocab_multiple));
@@ -35,23 +35,23 @@ void validate(const ModelConfig& c) {
   require_positive("n_head", static_cast<double>(c.n_head));
   require_positive("n_embd", static_cast<double>(c.n_embd));
   require_positive("max_seq_len", static_cast<double>(c.max_seq_len));
-  LOOM_CHECK(c.n_kv_head >= 0, "model.n_kv_head: must be 0 (= n_head) or positive, got ",
+  LOOM_CONFIG_CHECK(c.n_kv_head >= 0, "model.n_kv_head: must be 0 (= n_head) or positive, got ",
              c.n_kv_head);
-  LOOM_CHECK(c.ffn_hidden >= 0, "model.ffn_hidden: must be 0 (default) or positive, got ",
+  LOOM_CONFIG_CHECK(c.ffn_hidden >= 0, "model.ffn_hidden: must be 0 (default) or positive, got ",
              c.ffn_hidden);
   if (c.is_llama() && c.ffn_hidden == 0)
     require_positive("ffn_multiple", static_cast<double>(c.ffn_multiple));
-  LOOM_CHECK(c.n_embd % c.n_head == 0, "model.n_embd: ", c.n_embd,
+  LOOM_CONFIG_CHECK(c.n_embd % c.n_head == 0, "model.n_embd: ", c.n_embd,
              " is not divisible by model.n_head ", c.n_head);
-  LOOM_CHECK(c.n_head % c.kv_heads() == 0, "model.n_kv_head: ", c.n_kv_head,
+  LOOM_CONFIG_CHECK(c.n_head % c.kv_heads() == 0, "model.n_kv_head: ", c.n_kv_head,
              " does not divide model.n_head ", c.n_head);
-  LOOM_CHECK(!c.is_llama() || c.head_dim() % 2 == 0,
+  LOOM_CONFIG_CHECK(!c.is_llama() || c.head_dim() % 2 == 0,
              "model.n_embd: head dim n_embd/n_head = ", c.head_dim(),
              " must be even for RoPE (llama)");
   if (c.is_llama()) require_positive("rope_theta", c.rope_theta);
   require_positive("norm_eps", c.norm_eps);
   require_positive("init_std", c.init_std);
-  LOOM_CHECK(c.dropout >= 0.0 && c.dropout < 1.0, "model.dropout: must be in [0, 1), got ",
+  LOOM_CONFIG_CHECK(c.dropout >= 0.0 && c.dropout < 1.0, "model.dropout: must be in [0, 1), got ",
              c.dropout);
 }
 

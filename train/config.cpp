@@ -1,6 +1,8 @@
 // train/config.cpp — YAML ↔ Config through one field list (visit_fields), plus validation.
 #include "train/config.h"
 
+#include "layers/transformer.h"
+
 #include <yaml-cpp/yaml.h>
 
 #include <set>
@@ -179,28 +181,10 @@ std::string str(const T& v) {
   return os.str();
 }
 
-void validate_model(const ModelConfig& m) {
-  require(m.arch == "gpt2" || m.arch == "llama", "model.arch: unknown architecture '" + m.arch + "' (gpt2, llama)");
-  require(m.vocab_size > 0, "model.vocab_size: must be positive, got " + str(m.vocab_size));
-  require(m.vocab_multiple > 0, "model.vocab_multiple: must be positive, got " + str(m.vocab_multiple));
-  require(m.n_layer > 0, "model.n_layer: must be positive, got " + str(m.n_layer));
-  require(m.n_head > 0, "model.n_head: must be positive, got " + str(m.n_head));
-  require(m.n_embd > 0, "model.n_embd: must be positive, got " + str(m.n_embd));
-  require(m.max_seq_len > 0, "model.max_seq_len: must be positive, got " + str(m.max_seq_len));
-  require(m.n_embd % m.n_head == 0, "model.n_embd: " + str(m.n_embd) + " is not divisible by model.n_head " + str(m.n_head));
-  require(m.n_kv_head >= 0, "model.n_kv_head: must be non-negative, got " + str(m.n_kv_head));
-  require(m.n_head % m.kv_heads() == 0, "model.n_kv_head: " + str(m.kv_heads()) + " does not divide model.n_head " + str(m.n_head));
-  require(!m.is_llama() || m.head_dim() % 2 == 0, "model.n_embd: head size " + str(m.head_dim()) + " must be even for RoPE");
-  require(m.ffn_hidden >= 0, "model.ffn_hidden: must be non-negative, got " + str(m.ffn_hidden));
-  require(m.dropout >= 0 && m.dropout < 1, "model.dropout: must be in [0, 1), got " + str(m.dropout));
-  require(m.norm_eps > 0, "model.norm_eps: must be positive, got " + str(m.norm_eps));
-  require(m.rope_theta > 0, "model.rope_theta: must be positive, got " + str(m.rope_theta));
-}
-
 }  // namespace
 
 void validate_config(const Config& c) {
-  validate_model(c.model);
+  validate(c.model);  // layers/transformer.h: the model's own rules
   const DataConfig& d = c.data;
   require(d.batch_size > 0, "data.batch_size: must be positive, got " + str(d.batch_size));
   require(d.seq_len > 0, "data.seq_len: must be positive, got " + str(d.seq_len));

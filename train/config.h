@@ -1,7 +1,7 @@
 // train/config.h — the run configuration: one YAML file parsed once into plain structs per
 // subsystem, with `--set section.key=value` overrides, validated at start-up. Every field is
 // listed once, in visit_fields(), which drives parsing, printing and the unknown-key check.
-// Errors are ConfigError with a one-line message naming the key ("optim.lr: expected a number,
+// Errors are ConfigError (core/error.h) with a one-line message naming the key ("optim.lr: expected a number,
 // got 'fast'"); the train tool exits with code 2 on them.
 #pragma once
 
@@ -10,14 +10,10 @@
 #include <string>
 #include <vector>
 
+#include "core/error.h"
 #include "layers/model_config.h"
 
 namespace loom {
-
-class ConfigError : public std::runtime_error {
- public:
-  explicit ConfigError(const std::string& msg) : std::runtime_error(msg) {}
-};
 
 struct DataConfig {
   std::string train = "";      // shard glob, e.g. data/fortunes/train_*.bin

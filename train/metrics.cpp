@@ -1,4 +1,4 @@
-// train/metrics.cpp — MetricsWriter, CRC-32C with a compile-time table, TFRecord framing and the
+// train/metrics.cpp — MetricsWriter, TFRecord framing (CRC-32C from train/crc32c.h) and the
 // hand-encoded protobuf of TensorBoard scalar events (field numbers from tensorflow's
 // event.proto and summary.proto).
 #include "train/metrics.h"
@@ -14,22 +14,11 @@
 #include <set>
 
 #include "core/error.h"
+#include "train/crc32c.h"
 
 namespace loom {
 namespace tfevents {
 namespace {
-
-constexpr std::array<uint32_t, 256> make_crc32c_table() {
-  std::array<uint32_t, 256> table{};
-  for (uint32_t i = 0; i < 256; ++i) {
-    uint32_t c = i;
-    for (int k = 0; k < 8; ++k) c = (c & 1u) ? (c >> 1) ^ 0x82F63B78u : c >> 1;
-    table[i] = c;
-  }
-  return table;
-}
-
-constexpr std::array<uint32_t, 256> kCrc32cTable = make_crc32c_table();
 
 void put_fixed(std::string& out, uint64_t v, int bytes) {  // little-endian
   for (int i = 0; i < bytes; ++i) out.push_back(static_cast<char>((v >> (8 * i)) & 0xFF));
@@ -79,14 +68,8 @@ std::string event_header(double wall_time, int64_t step) {
 
 }  // namespace
 
-uint32_t crc32c(std::string_view data) {
-  uint32_t c = 0xFFFFFFFFu;
-  for (unsigned char b : data) c = kCrc32cTable[(c ^ b) & 0xFFu] ^ (c >> 8);
-  return c ^ 0xFFFFFFFFu;
-}
-
 uint32_t masked_crc32c(std::string_view data) {
-  const uint32_t c = crc32c(data);
+  const uint32_t c = loom::crc32c(data.data(), data.size());
   return ((c >> 15) | (c << 17)) + 0xa282ead8u;
 }
 

@@ -16,8 +16,6 @@ namespace loom {
 
 namespace tfevents {
 
-// CRC-32C (Castagnoli, reflected polynomial 0x82F63B78); crc32c("123456789") = 0xE3069283.
-uint32_t crc32c(std::string_view data);
 // TFRecord's masked CRC: ((crc >> 15) | (crc << 17)) + 0xa282ead8.
 uint32_t masked_crc32c(std::string_view data);
 // One TFRecord: uint64 length (LE), masked CRC of those 8 bytes (uint32 LE), data, masked CRC of

@@ -352,10 +352,10 @@ void expect_invalid(const ModelConfig& c, const std::string& message) {
   try {
     validate(c);
     ADD_FAILURE() << "no error; expected: " << message;
-  } catch (const Error& e) {
+  } catch (const ConfigError& e) {
     EXPECT_NE(std::string(e.what()).find(message), std::string::npos) << e.what();
   }
-  EXPECT_THROW(Transformer{c}, Error);
+  EXPECT_THROW(Transformer{c}, ConfigError);
 }
 
 TEST(Transformer, ValidateNamesTheKey) {

@@ -71,7 +71,7 @@ TEST(Config, ImpossibleValuesNameTheKeys) {
             "model.n_embd: 100 is not divisible by model.n_head 3");
   EXPECT_EQ(error_of("model:\n  n_head: 8\n  n_kv_head: 3\n  n_embd: 64\n"),
             "model.n_kv_head: 3 does not divide model.n_head 8");
-  EXPECT_EQ(error_of("model:\n  arch: gpt3\n"), "model.arch: unknown architecture 'gpt3' (gpt2, llama)");
+  EXPECT_EQ(error_of("model:\n  arch: gpt3\n"), "model.arch: unknown architecture 'gpt3' (expected gpt2 or llama)");
   EXPECT_EQ(error_of("data:\n  seq_len: 2048\n"), "data.seq_len: 2048 exceeds model.max_seq_len 1024");
   EXPECT_EQ(error_of("optim:\n  schedule: cosin\n"),
             "optim.schedule: unknown schedule 'cosin' (cosine, linear, constant, wsd)");
@@ -81,7 +81,7 @@ TEST(Config, ImpossibleValuesNameTheKeys) {
   EXPECT_EQ(error_of("model:\n  dropout: 1.5\n"), "model.dropout: must be in [0, 1), got 1.5");
   EXPECT_EQ(error_of("train:\n  steps: 0\n"), "train.steps: must be positive, got 0");
   EXPECT_EQ(error_of("model:\n  arch: llama\n  n_embd: 30\n  n_head: 10\n"),
-            "model.n_embd: head size 3 must be even for RoPE");
+            "model.n_embd: head dim n_embd/n_head = 3 must be even for RoPE (llama)");
 }
 
 TEST(Config, MalformedYamlAndMissingFile) {

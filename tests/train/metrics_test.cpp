@@ -14,6 +14,7 @@
 #include <tuple>
 
 #include "core/error.h"
+#include "train/crc32c.h"
 
 namespace loom {
 namespace {
@@ -34,9 +35,8 @@ std::vector<std::string> read_lines(const std::string& path) {
   return lines;
 }
 
-TEST(Metrics, Crc32cCheckValue) {
-  EXPECT_EQ(tfevents::crc32c("123456789"), 0xE3069283u);
-  EXPECT_EQ(tfevents::crc32c(""), 0u);
+TEST(Metrics, MaskedCrc32c) {
+  EXPECT_EQ(crc32c("", 0), 0u);
   const uint32_t c = 0xE3069283u;
   EXPECT_EQ(tfevents::masked_crc32c("123456789"), ((c >> 15) | (c << 17)) + 0xa282ead8u);
 }
