@@ -5,6 +5,7 @@
 
 #include <yaml-cpp/yaml.h>
 
+#include <cmath>
 #include <set>
 #include <sstream>
 
@@ -208,6 +209,11 @@ void validate_config(const Config& c) {
   require(o.grad_accum > 0, "optim.grad_accum: must be positive, got " + str(o.grad_accum));
   const TrainConfig& t = c.train;
   require(t.steps > 0, "train.steps: must be positive, got " + str(t.steps));
+  require(o.warmup_steps <= t.steps, "optim.warmup_steps: " + str(o.warmup_steps) + " exceeds train.steps " + str(t.steps));
+  const int64_t wsd_decay = std::llround(o.decay_fraction * static_cast<double>(t.steps));
+  require(o.schedule != "wsd" || t.steps - wsd_decay >= o.warmup_steps,
+          "optim.decay_fraction: the wsd decay (" + str(wsd_decay) + " of train.steps " + str(t.steps) +
+              ") overlaps optim.warmup_steps " + str(o.warmup_steps));
   require(t.device == "cpu" || t.device == "cuda", "train.device: unknown device '" + t.device + "' (cpu, cuda)");
   require(t.dtype == "f32" || t.dtype == "f64", "train.dtype: unsupported dtype '" + t.dtype + "' (f32, f64; bf16 arrives with the CUDA backend)");
   require(t.log_every > 0, "train.log_every: must be positive, got " + str(t.log_every));

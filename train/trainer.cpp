@@ -115,8 +115,7 @@ void Trainer::State::build() {
   if (!cfg.train.init_from.empty()) load_initial_weights(cfg.train.init_from);
 
   const optim::DecayRule rule = optim::parse_decay_rule(cfg.optim.decay_rule);
-  std::vector<optim::ParamRef> refs;
-  for (auto& [name, p] : model->named_parameters()) refs.push_back({name, p, optim::decays(rule, name, p.shape())});
+  const std::vector<optim::ParamRef> refs = optim::make_param_refs(model->named_parameters(), rule);
   const OptimConfig& o = cfg.optim;
   if (o.name == "adamw") {
     optimizer = std::make_unique<optim::AdamW>(refs, o.beta1, o.beta2, o.eps, o.weight_decay);

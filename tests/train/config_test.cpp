@@ -80,6 +80,10 @@ TEST(Config, ImpossibleValuesNameTheKeys) {
             "optim.min_lr: must be in [0, optim.lr], got 0.01");
   EXPECT_EQ(error_of("model:\n  dropout: 1.5\n"), "model.dropout: must be in [0, 1), got 1.5");
   EXPECT_EQ(error_of("train:\n  steps: 0\n"), "train.steps: must be positive, got 0");
+  EXPECT_EQ(error_of("train:\n  steps: 10\noptim:\n  warmup_steps: 20\n"),
+            "optim.warmup_steps: 20 exceeds train.steps 10");
+  EXPECT_EQ(error_of("train:\n  steps: 10\noptim:\n  schedule: wsd\n  warmup_steps: 5\n  decay_fraction: 0.8\n"),
+            "optim.decay_fraction: the wsd decay (8 of train.steps 10) overlaps optim.warmup_steps 5");
   EXPECT_EQ(error_of("model:\n  arch: llama\n  n_embd: 30\n  n_head: 10\n"),
             "model.n_embd: head dim n_embd/n_head = 3 must be even for RoPE (llama)");
 }

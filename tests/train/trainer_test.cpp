@@ -14,6 +14,8 @@
 #include <sstream>
 
 #include "data/shard.h"
+#include "layers/transformer.h"
+#include "train/llmc_format.h"
 #include "train/checkpoint.h"
 
 namespace loom {
@@ -107,6 +109,31 @@ TEST(Trainer, ResumeIsBitIdentical) {
   const auto pa = a.parameters(), pb = second.parameters();
   ASSERT_EQ(pa.size(), pb.size());
   for (size_t i = 0; i < pa.size(); ++i) EXPECT_EQ(pa[i].second.to_vector(), pb[i].second.to_vector()) << pa[i].first;
+}
+
+TEST(Trainer, InitFromLlmcModelFileAndCheckpoint) {
+  const std::string dir = make_data("init_from");
+  std::ostringstream log;
+  const Config cfg = tiny_config(dir, 5);
+  Transformer source(cfg.model);
+  Generator gen(77);
+  source.init_weights(gen);
+  const std::string bin = dir + "/model.bin";
+  save_llmc_model(bin, source);
+  Config from_bin = cfg;
+  from_bin.train.init_from = bin;
+  Trainer t(from_bin, quiet(log));
+  const auto want = source.named_parameters(), got = t.parameters();
+  ASSERT_EQ(want.size(), got.size());
+  for (size_t i = 0; i < want.size(); ++i) EXPECT_EQ(got[i].second.to_vector(), want[i].second.to_vector()) << want[i].first;
+  // A native checkpoint works the same way.
+  t.run();
+  Config from_ckpt = cfg;
+  from_ckpt.train.out_dir = dir + "/run2";
+  from_ckpt.train.init_from = latest_checkpoint(dir + "/run/checkpoints");
+  Trainer t2(from_ckpt, quiet(log));
+  const auto p1 = t.parameters(), p2 = t2.parameters();
+  for (size_t i = 0; i < p1.size(); ++i) EXPECT_EQ(p1[i].second.to_vector(), p2[i].second.to_vector()) << p1[i].first;
 }
 
 // Runs the train tool; returns its exit code and stderr.
