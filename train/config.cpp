@@ -33,6 +33,7 @@ void visit_fields(Config& c, V&& v) {
   v("model", "init_std", m.init_std);
   v("model", "tie_embeddings", m.tie_embeddings);
   v("model", "activation_checkpointing", m.activation_checkpointing);
+  v("model", "init_from", c.train.init_from);
   DataConfig& d = c.data;
   v("data", "train", d.train);
   v("data", "val", d.val);
@@ -68,7 +69,6 @@ void visit_fields(Config& c, V&& v) {
   v("train", "temperature", t.temperature);
   v("train", "top_k", t.top_k);
   v("train", "out_dir", t.out_dir);
-  v("train", "init_from", t.init_from);
   CheckpointConfig& k = c.checkpoint;
   v("checkpoint", "every", k.every);
   v("checkpoint", "keep", k.keep);

@@ -54,7 +54,7 @@ struct TrainConfig {
   double temperature = 1.0;
   int64_t top_k = 40;
   std::string out_dir = "runs/default";
-  std::string init_from = "";  // native checkpoint dir or llm.c .bin file
+  std::string init_from = "";  // YAML key model.init_from: native checkpoint dir or llm.c .bin
 };
 
 struct CheckpointConfig {

@@ -37,7 +37,8 @@ TEST(Config, ParsesSectionsAndKeepsDefaults) {
 
 TEST(Config, OverridesApplyAfterTheFile) {
   const Config c = parse_config_text("train:\n  steps: 7\n", {"train.steps=9", "model.arch=llama",
-                                                               "optim.lr=0.5"});
+                                                               "optim.lr=0.5", "model.init_from=gpt2.bin"});
+  EXPECT_EQ(c.train.init_from, "gpt2.bin");
   EXPECT_EQ(c.train.steps, 9);
   EXPECT_EQ(c.model.arch, "llama");
   EXPECT_DOUBLE_EQ(c.optim.lr, 0.5);
