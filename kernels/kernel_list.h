@@ -10,6 +10,7 @@
   X(scale_forward)              \
   X(axpy)                       \
   X(sum_dim_forward)            \
+  X(sum_squares_forward)        \
   X(gemm)                       \
   X(gelu_forward)               \
   X(gelu_backward)              \

@@ -1,5 +1,4 @@
-// optim/clip.cpp — gradient norm and clipping through the generic ops (double conversion,
-// multiply, ordered sum) so every backend with those kernels is supported.
+// optim/clip.cpp — gradient norm (ops::sum_squares, one fused pass per tensor) and clipping.
 #include "optim/clip.h"
 
 #include <cmath>
@@ -13,12 +12,10 @@
 namespace loom::optim {
 namespace {
 
-// Σ g² of one tensor in double. sum_dim_forward sums a row in index order in one thread, so the
-// result does not depend on the thread count.
+// Σ g² of one tensor, in double, by the fused thread-count-independent kernel.
 double tensor_sq_sum(const Tensor& g) {
   if (g.numel() == 0) return 0.0;
-  const Tensor g64 = g.detach().to(DType::kF64);
-  return ops::sum(ops::mul(g64, g64)).to(Device::cpu()).item();
+  return ops::sum_squares(g.detach()).to(Device::cpu()).item();
 }
 
 }  // namespace

@@ -38,6 +38,19 @@ Tensor sum(const Tensor& x) { return squeeze(sum(reshape(x, {-1}), 0, true), 0);
 
 Tensor mean(const Tensor& x) { return scale(sum(x), 1.0 / static_cast<double>(x.numel())); }
 
+Tensor sum_squares(const Tensor& x) {
+  Tensor out = Tensor::zeros({}, DType::kF64, x.device());
+  if (x.numel() > 0) kernels::call_kernel<kernels::sum_squares_forward_k>(contiguous(x.detach()), out);
+  if (autograd::needs_grad({&x})) {
+    const Tensor saved = x.detach();
+    autograd::record_function("sum_squares", {x}, {&out}, [saved](const std::vector<Tensor>& g) {
+      // d(Σx²)/dx = 2x, times the incoming scalar (an f64 0-d tensor).
+      return std::vector<Tensor>{mul(scale(saved, 2.0), g[0].to(saved.dtype()))};
+    });
+  }
+  return out;
+}
+
 Tensor sum_to_shape(const Tensor& x, const Shape& shape) {
   if (x.shape() == shape) return x;
   LOOM_CHECK(x.shape().size() >= shape.size(), "sum_to_shape: ", shape_str(x.shape()),

@@ -1,4 +1,7 @@
-// kernels/cpu/reduce.cpp — CPU sum over one dimension (rows reduced in double for f32).
+// kernels/cpu/reduce.cpp — CPU sum over one dimension (rows reduced in double for f32) and the
+// sum of squares used by gradient norms.
+#include <vector>
+
 #include "kernels/cpu/parallel.h"
 #include "kernels/reduce.h"
 
@@ -42,8 +45,27 @@ LOOM_SIMD
   });
 }
 
+void sum_squares_forward_cpu(const Tensor& x, Tensor& out) {
+  LOOM_DISPATCH_FLOAT(x.dtype(), "sum_squares_forward", [&] {
+    const scalar_t* px = x.data<scalar_t>();
+    const int64_t n = x.numel();
+    const int64_t chunks = (n + kElementGrain - 1) / kElementGrain;
+    std::vector<double> partial(static_cast<size_t>(std::max<int64_t>(chunks, 1)), 0.0);
+    parallel_for(n, kElementGrain, [&](int64_t lo, int64_t hi) {
+      double acc = 0;
+      LOOM_SIMD_SUM(acc)
+      for (int64_t i = lo; i < hi; ++i) acc += static_cast<double>(px[i]) * static_cast<double>(px[i]);
+      partial[static_cast<size_t>(lo / kElementGrain)] = acc;
+    });
+    double total = 0;
+    for (double p : partial) total += p;
+    *out.data<double>() = total;
+  });
+}
+
 }  // namespace
 
 LOOM_REGISTER_KERNEL(sum_dim_forward, kCpu, sum_dim_forward_cpu);
+LOOM_REGISTER_KERNEL(sum_squares_forward, kCpu, sum_squares_forward_cpu);
 
 }  // namespace loom::kernels::cpu

@@ -35,6 +35,7 @@ TEST(Determinism, ElementwiseAndReductions) {
   expect_same_bits_for_thread_counts([&] { return ops::sum(a, 0); });  // column sums
   expect_same_bits_for_thread_counts([&] { return ops::sum(a, 1); });  // row sums
   expect_same_bits_for_thread_counts([&] { return ops::sum(a); });
+  expect_same_bits_for_thread_counts([&] { return ops::sum_squares(a); });
   expect_same_bits_for_thread_counts([&] {
     Tensor acc = a.clone();
     ops::add_(acc, b, 0.5);

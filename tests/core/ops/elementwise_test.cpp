@@ -80,6 +80,17 @@ TEST(Reduce, SumAndMeanGradients) {
   }
 }
 
+TEST(Reduce, SumSquares) {
+  Generator gen(5);
+  for (const Shape& s : {Shape{1}, Shape{3, 17}, Shape{65, 1031}}) {
+    Tensor x = random(s, gen);
+    double ref = 0;
+    for (double v : x.to_vector()) ref += v * v;
+    EXPECT_NEAR(ops::sum_squares(x).item(), ref, 1e-12 * ref);
+    if (x.numel() < 1000) expect_gradcheck([](const std::vector<Tensor>& in) { return ops::sum_squares(in[0]); }, {x});
+  }
+}
+
 TEST(Reduce, SumValuesAgainstLoop) {
   Generator gen(4);
   Tensor x = random({4, 5, 6}, gen, DType::kF64, false);
