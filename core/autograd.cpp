@@ -101,8 +101,13 @@ void record_function(const std::string& name, const std::vector<Tensor>& inputs,
 
 namespace {
 
-struct BySequence {
-  bool operator()(const Node* a, const Node* b) const { return a->sequence_nr() < b->sequence_nr(); }
+// Ready-queue order: accumulators first (their hooks launch communication), then the newest
+// node (reverse creation order is a topological order of the tape).
+struct ReadyOrder {
+  bool operator()(const Node* a, const Node* b) const {
+    if (a->runs_first() != b->runs_first()) return b->runs_first();
+    return a->sequence_nr() < b->sequence_nr();
+  }
 };
 
 void run_backward(const std::vector<Tensor>& outputs, const std::vector<Tensor>& grads,
@@ -146,7 +151,7 @@ void run_backward(const std::vector<Tensor>& outputs, const std::vector<Tensor>&
   };
   for (size_t i = 0; i < roots.size(); ++i) deliver(roots[i].node.get(), roots[i].input_nr, grads[i]);
 
-  std::priority_queue<Node*, std::vector<Node*>, BySequence> ready;
+  std::priority_queue<Node*, std::vector<Node*>, ReadyOrder> ready;
   for (const Edge& r : roots) {
     if (deps[r.node.get()] == 0) {
       ready.push(r.node.get());

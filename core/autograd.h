@@ -7,7 +7,9 @@
 //
 // Note [Gradient-ready hooks]: a leaf's AccumulateGrad runs exactly once per backward, after
 // every path to it has delivered its gradient, so hooks fired there see the final gradient of
-// this backward. DDP buckets launch their reductions from these hooks.
+// this backward. DDP buckets launch their reductions from these hooks, so the engine runs an
+// accumulator as soon as it is ready rather than in creation order (a leaf's accumulator is
+// created at its first use ever, so creation order would put every hook at the very end).
 //
 // Note [Grad mode is thread-local]: NoGradGuard flips a thread_local flag, the one piece of
 // implicit state in the core; communication threads never record graph.
@@ -40,6 +42,8 @@ class Node {
   virtual std::vector<Tensor> apply(std::vector<Tensor>&& grad_outputs) = 0;
   // Drops saved tensors once the node has run (frees activations during backward).
   virtual void release() {}
+  // Runs before any other ready node (Note [Gradient-ready hooks]): leaves' accumulators.
+  virtual bool runs_first() const { return false; }
 
   const std::string& name() const { return name_; }
   int num_outputs() const { return num_outputs_; }
@@ -72,6 +76,7 @@ class AccumulateGrad final : public Node {
  public:
   explicit AccumulateGrad(const std::shared_ptr<TensorImpl>& leaf);
   std::vector<Tensor> apply(std::vector<Tensor>&& grad_outputs) override;
+  bool runs_first() const override { return true; }
   std::weak_ptr<TensorImpl> leaf;
 };
 

@@ -1,0 +1,83 @@
+// parallel/comm/communicator.h — the communicator interface: one instance per process group
+// (a mesh dimension's group, a MiCS partition or replica group). Every collective has an
+// asynchronous form returning a Work handle; the blocking form waits on it. Backends:
+// MpiCommunicator (CPU tensors, parallel/comm/mpi_communicator.h) and, with the CUDA build,
+// NcclCommunicator. Ops on one communicator must be issued in the same order on every member.
+//
+// Note [Deterministic reductions]: reductions combine the members' contributions in rank
+// order, never in arrival order, so a run is bit-reproducible for a given world size.
+#pragma once
+
+#include <chrono>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "core/tensor.h"
+
+namespace loom::parallel {
+
+enum class ReduceOp { kSum, kAvg, kMax };
+
+// A pending operation. wait() blocks until it completes (rethrowing its error, or throwing
+// when it exceeds the communicator's timeout, naming the operation and the group).
+class Work {
+ public:
+  virtual ~Work() = default;
+  virtual void wait() = 0;
+  virtual bool is_done() const = 0;
+};
+using WorkPtr = std::shared_ptr<Work>;
+
+// Events a communicator reports to an observer (the profiler trace, the overlap statistics,
+// and the tests that prove a reduction started before backward ended).
+struct CommEvent {
+  std::string group;  // communicator name
+  std::string op;     // "all_reduce", "reduce_scatter", …
+  int64_t bytes = 0;
+  std::chrono::steady_clock::time_point queued, started, finished;
+};
+
+// Receives every operation's event once it finishes. Runs on the communicator's own thread
+// (MpiCommunicator) before the operation's Work reports done: keep it short and thread-safe.
+using CommObserver = std::function<void(const CommEvent&)>;
+
+class Communicator {
+ public:
+  virtual ~Communicator() = default;
+  virtual int rank() const = 0;  // within this group
+  virtual int size() const = 0;
+  virtual const std::string& name() const = 0;  // e.g. "dp", "tp", "mics_partition"
+  // Installs (or, with an empty function, removes) the observer. Backends that report no
+  // events keep this default, which throws.
+  virtual void set_observer(CommObserver observer) {
+    (void)observer;
+    LOOM_FAIL("communicator ", name(), ": this backend does not report CommEvents");
+  }
+
+  // All tensors are contiguous and on the communicator's device; `out` is preallocated.
+  // In place: t ← reduce over members of t.
+  virtual WorkPtr all_reduce_async(Tensor t, ReduceOp op) = 0;
+  // in (size·n) → out (n): this rank's chunk (chunks in rank order) of the reduction.
+  virtual WorkPtr reduce_scatter_async(Tensor in, Tensor out, ReduceOp op) = 0;
+  // in (n) → out (size·n): every member's in, concatenated in rank order.
+  virtual WorkPtr all_gather_async(Tensor in, Tensor out) = 0;
+  // in (size·n) → out (size·n): chunk j of in goes to member j; chunk i of out came from i.
+  virtual WorkPtr all_to_all_async(Tensor in, Tensor out) = 0;
+  virtual WorkPtr broadcast_async(Tensor t, int root) = 0;
+  virtual WorkPtr send_async(Tensor t, int dst, int tag) = 0;
+  virtual WorkPtr recv_async(Tensor t, int src, int tag) = 0;
+  virtual WorkPtr barrier_async() = 0;
+
+  void all_reduce(Tensor t, ReduceOp op) { all_reduce_async(std::move(t), op)->wait(); }
+  void reduce_scatter(Tensor in, Tensor out, ReduceOp op) { reduce_scatter_async(std::move(in), std::move(out), op)->wait(); }
+  void all_gather(Tensor in, Tensor out) { all_gather_async(std::move(in), std::move(out))->wait(); }
+  void all_to_all(Tensor in, Tensor out) { all_to_all_async(std::move(in), std::move(out))->wait(); }
+  void broadcast(Tensor t, int root) { broadcast_async(std::move(t), root)->wait(); }
+  void send(Tensor t, int dst, int tag = 0) { send_async(std::move(t), dst, tag)->wait(); }
+  void recv(Tensor t, int src, int tag = 0) { recv_async(std::move(t), src, tag)->wait(); }
+  void barrier() { barrier_async()->wait(); }
+};
+
+}  // namespace loom::parallel

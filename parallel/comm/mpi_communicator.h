@@ -1,0 +1,103 @@
+// parallel/comm/mpi_communicator.h — MpiCommunicator: the Communicator for CPU tensors over
+// one MPI sub-communicator. It owns one worker thread that starts the queued operations in
+// issue order with nonblocking MPI and polls them to completion, so collectives progress
+// while the caller computes (see Note [MPI communicator thread]). It never reduces with MPI:
+// reductions are sums in rank order done here (Note [Deterministic reductions]). It does not
+// create the mesh's groups (ParallelContext does) and does not initialise MPI (launcher.h).
+//
+// Note [MPI communicator thread]: ops are started one at a time in issue order. A collective
+// occupies the group until it completes (so every member starts its collectives in the same
+// order); a send or recv is only posted and then polled alongside later ops, so a ring of
+// send_async + recv_async cannot deadlock. The worker sleeps on a condition variable when it
+// has nothing in flight and backs off (yield, then short sleeps) while polling MPI_Test.
+// MPI must be initialised with MPI_THREAD_MULTIPLE (MpiRuntime does), since every
+// communicator's thread calls MPI concurrently.
+#pragma once
+
+#include <mpi.h>
+
+#include <condition_variable>
+#include <deque>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "parallel/comm/communicator.h"
+
+namespace loom::parallel {
+
+// Seconds an operation may take, from being issued, before wait() throws: LOOM_COMM_TIMEOUT_S
+// when set (a positive number; anything else is a ConfigError naming it), else 300.
+double default_comm_timeout_s();
+
+class MpiOp;  // one queued operation (mpi_communicator.cpp)
+
+class MpiCommunicator final : public Communicator {
+ public:
+  // Takes ownership of `comm` (freed by the destructor unless MPI is finalised by then).
+  // Not collective. `name` labels errors and CommEvents ("dp", "tp", …).
+  MpiCommunicator(MPI_Comm comm, std::string name, double timeout_s = default_comm_timeout_s());
+  // A communicator over `members` (ranks of `parent`; member i becomes rank i). Collective
+  // over the members only (MPI_Comm_create_group with `tag`); every member passes the same
+  // list. The calling rank must be a member.
+  static std::unique_ptr<MpiCommunicator> create(MPI_Comm parent, const std::vector<int>& members,
+                                                 std::string name,
+                                                 double timeout_s = default_comm_timeout_s(),
+                                                 int tag = 0);
+  // A duplicate of `parent` (MPI_Comm_dup: collective over all of parent).
+  static std::unique_ptr<MpiCommunicator> duplicate(MPI_Comm parent, std::string name,
+                                                    double timeout_s = default_comm_timeout_s());
+  // Waits for every issued operation, but gives up on one that has run past the timeout, and
+  // on all of them at once when destroyed during stack unwinding (an exception on this rank:
+  // the peers may never match them, and the job is about to be aborted). Abandoned ops fail
+  // with an error; their buffers and the MPI communicator are leaked, not freed under MPI.
+  ~MpiCommunicator() override;
+  MpiCommunicator(const MpiCommunicator&) = delete;
+  MpiCommunicator& operator=(const MpiCommunicator&) = delete;
+
+  int rank() const override { return rank_; }
+  int size() const override { return size_; }
+  const std::string& name() const override { return name_; }
+  void set_observer(CommObserver observer) override;
+  double timeout_s() const { return timeout_s_; }
+  MPI_Comm mpi_comm() const { return comm_; }
+
+  // Supported dtypes: reductions (all_reduce, reduce_scatter) f32, f64, i32, i64 (kAvg:
+  // f32, f64 only); data movement (all_gather, all_to_all, broadcast, send, recv) any dtype.
+  // Tensors must be contiguous CPU tensors. Argument errors throw here, at issue time.
+  WorkPtr all_reduce_async(Tensor t, ReduceOp op) override;
+  WorkPtr reduce_scatter_async(Tensor in, Tensor out, ReduceOp op) override;
+  WorkPtr all_gather_async(Tensor in, Tensor out) override;
+  WorkPtr all_to_all_async(Tensor in, Tensor out) override;
+  WorkPtr broadcast_async(Tensor t, int root) override;
+  WorkPtr send_async(Tensor t, int dst, int tag) override;
+  WorkPtr recv_async(Tensor t, int src, int tag) override;
+  WorkPtr barrier_async() override;
+
+ private:
+  WorkPtr enqueue(std::shared_ptr<MpiOp> op);
+  void worker_loop();
+  bool take_startable(std::vector<std::shared_ptr<MpiOp>>& active,
+                      std::vector<std::shared_ptr<MpiOp>>& to_start);
+  void finish(MpiOp& op, std::exception_ptr error);
+  void abandon(std::vector<std::shared_ptr<MpiOp>>& active);
+
+  MPI_Comm comm_;
+  std::string name_;
+  double timeout_s_;
+  int rank_ = 0;
+  int size_ = 1;
+
+  std::mutex mutex_;  // guards everything below
+  std::condition_variable cv_;
+  std::deque<std::shared_ptr<MpiOp>> queue_;  // issued, not yet started
+  CommObserver observer_;
+  bool stop_ = false;
+  bool abandon_now_ = false;  // destroyed while unwinding: do not wait for pending ops
+  bool leaked_ = false;       // an op was abandoned: do not free comm_
+  std::thread worker_;        // started on the first operation
+};
+
+}  // namespace loom::parallel

@@ -1,0 +1,370 @@
+// parallel/dp/data_parallel.cpp — DataParallel (see parallel/dp/data_parallel.h): bucket
+// buffers, the gradient-ready hooks that launch reductions, the sync, sharded clipping and the
+// ZeRO optimiser step with its parameter all-gather.
+#include "parallel/dp/data_parallel.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+
+#include "core/autograd.h"
+#include "core/ops/view.h"
+#include "kernels/copy.h"
+#include "optim/clip.h"
+
+namespace loom::parallel {
+
+using dp::flat_view;
+
+DataParallel::DataParallel(const std::vector<std::pair<std::string, Tensor>>& named,
+                           Communicator& dp, const DataParallelConfig& config, MicsGroups mics)
+    : dp_(dp),
+      shard_comm_(mics.partition != nullptr ? mics.partition : &dp),
+      replica_comm_(mics.replica),
+      config_(config),
+      link_(std::make_shared<HookLink>()) {
+  validate_groups(mics);
+  build_buckets(named);
+  if (config_.broadcast_parameters) broadcast_parameters();
+  zero_grad();
+  build_optimizer();
+  install_hooks();
+  link_->owner = this;
+}
+
+DataParallel::~DataParallel() {
+  link_->owner = nullptr;
+  for (Bucket& b : buckets_) {
+    try {
+      if (b.first) b.first->wait();
+      if (b.second) b.second->wait();
+    } catch (...) {  // a destructor must not throw; the error was the step's to report
+    }
+  }
+}
+
+void DataParallel::validate_groups(MicsGroups mics) const {
+  const int stage = config_.zero_stage;
+  LOOM_CHECK(stage >= 0 && stage <= 2, "data_parallel: zero_stage must be 0, 1 or 2, got ", stage,
+             " (ZeRO-3 is not implemented)");
+  LOOM_CHECK((mics.partition == nullptr) == (mics.replica == nullptr),
+             "data_parallel: MiCS needs both the partition and the replica communicator");
+  if (mics.partition == nullptr) return;
+  LOOM_CHECK(stage >= 1, "data_parallel: MiCS shards optimiser state; it needs zero_stage >= 1");
+  LOOM_CHECK(mics.partition->size() * mics.replica->size() == dp_.size(),
+             "data_parallel: MiCS partition size ", mics.partition->size(), " × replica size ",
+             mics.replica->size(), " != dp size ", dp_.size());
+}
+
+void DataParallel::build_buckets(const std::vector<std::pair<std::string, Tensor>>& named) {
+  std::vector<Tensor> tensors;
+  for (const auto& [name, t] : named) {
+    if (!t.defined() || !t.requires_grad()) continue;  // frozen: not data-parallel state
+    params_.push_back({name, t, optim::decays(config_.decay_rule, name, t.shape()), 0, 0});
+    tensors.push_back(t);
+  }
+  LOOM_CHECK(!tensors.empty(), "data_parallel: no trainable parameters");
+  std::vector<dp::BucketPlan> plans =
+      dp::plan_buckets(tensors, config_.bucket_bytes, shard_comm_->size());
+  for (size_t bi = 0; bi < plans.size(); ++bi) {
+    Bucket b;
+    b.plan = std::move(plans[bi]);
+    b.param_flat = Tensor::zeros({b.plan.padded_numel}, b.plan.dtype, tensors[0].device());
+    for (size_t k = 0; k < b.plan.params.size(); ++k) {
+      Param& p = params_[b.plan.params[k]];
+      p.bucket = static_cast<int>(bi);
+      p.offset = b.plan.offsets[k];
+      dp::rehome_parameter(p.tensor, b.param_flat, p.offset);
+    }
+    if (config_.zero_stage >= 2) {
+      b.grad_shard = Tensor::zeros({b.plan.shard_numel}, b.plan.dtype, b.param_flat.device());
+    }
+    buckets_.push_back(std::move(b));
+  }
+}
+
+void DataParallel::broadcast_parameters() {
+  std::vector<WorkPtr> works;
+  for (Bucket& b : buckets_) works.push_back(dp_.broadcast_async(b.param_flat, 0));
+  for (WorkPtr& w : works) w->wait();
+}
+
+void DataParallel::build_optimizer() {
+  std::vector<optim::ParamRef> refs;
+  if (config_.zero_stage == 0) {
+    for (const Param& p : params_) refs.push_back({p.name, p.tensor, p.decay});
+  } else {
+    for (size_t bi = 0; bi < buckets_.size(); ++bi) {
+      const Bucket& b = buckets_[bi];
+      const int64_t own_begin = shard_rank() * b.plan.shard_numel;
+      const int64_t own_end = own_begin + b.plan.shard_numel;
+      for (size_t k = 0; k < b.plan.params.size(); ++k) {
+        const Param& p = params_[b.plan.params[k]];
+        const int64_t lo = std::max(p.offset, own_begin);
+        const int64_t hi = std::min(p.offset + p.tensor.numel(), own_end);
+        if (lo >= hi) continue;
+        const std::string name = p.name + "[" + std::to_string(lo - p.offset) + ":" +
+                                 std::to_string(hi - p.offset) + "]";
+        refs.push_back({name, flat_view(b.param_flat, {hi - lo}, lo), p.decay});
+        pieces_.push_back({static_cast<int>(bi), lo, hi});
+      }
+    }
+  }
+  optimizer_ = std::make_unique<optim::AdamW>(std::move(refs), config_.beta1, config_.beta2,
+                                              config_.eps, config_.weight_decay);
+}
+
+void DataParallel::install_hooks() {
+  for (size_t i = 0; i < params_.size(); ++i) {
+    std::shared_ptr<HookLink> link = link_;
+    params_[i].tensor.register_grad_ready_hook([link, i](Tensor& leaf) {
+      if (link->owner != nullptr) link->owner->on_grad_ready(i, leaf);
+    });
+  }
+}
+
+void DataParallel::log(DpEventKind kind, int bucket, std::string detail) {
+  current_.events.push_back({next_seq_++, kind, bucket, std::move(detail)});
+}
+
+void DataParallel::ensure_grad_buffer(Bucket& b) {
+  if (!b.grad_flat.defined()) {
+    b.grad_flat = Tensor::zeros({b.plan.padded_numel}, b.plan.dtype, b.param_flat.device());
+  }
+}
+
+void DataParallel::attach_grad_view(size_t index) {
+  Param& p = params_[index];
+  Bucket& b = buckets_[static_cast<size_t>(p.bucket)];
+  ensure_grad_buffer(b);
+  p.tensor.set_grad(flat_view(b.grad_flat, p.tensor.shape(), p.offset));
+}
+
+void DataParallel::on_grad_ready(size_t index, Tensor& leaf) {
+  Param& p = params_[index];
+  Bucket& b = buckets_[static_cast<size_t>(p.bucket)];
+  log(DpEventKind::kHook, p.bucket, p.name);
+  LOOM_CHECK(!b.launched, "data_parallel: gradient of '", p.name, "' arrived after bucket ",
+             p.bucket,
+             " was reduced; call finish_gradient_sync() and step() before another "
+             "backward, or set_sync(false) for accumulation micro-batches");
+  // The gradient must live in the bucket (it does not when .grad was cleared behind our back:
+  // AccumulateGrad then assigned a fresh tensor). Copy it in and point .grad back.
+  const Tensor g = leaf.grad();
+  ensure_grad_buffer(b);
+  const bool in_bucket = g.defined() && g.storage() == b.grad_flat.storage() &&
+                         g.offset() == b.grad_flat.offset() + p.offset && g.is_contiguous();
+  if (!in_bucket) {
+    Tensor view = flat_view(b.grad_flat, p.tensor.shape(), p.offset);
+    autograd::NoGradGuard no_grad;
+    ops::copy_(view, g);
+    leaf.set_grad(view);
+  }
+  if (--b.pending > 0) return;
+  if (sync_) {
+    launch(p.bucket, DpEventKind::kLaunch);
+  } else {
+    b.pending = static_cast<int>(b.plan.params.size());  // accumulation: next micro-batch
+  }
+}
+
+void DataParallel::launch(int bucket, DpEventKind kind) {
+  Bucket& b = buckets_[static_cast<size_t>(bucket)];
+  ensure_grad_buffer(b);
+  b.launched = true;
+  std::string op;
+  if (config_.zero_stage < 2) {
+    b.first = dp_.all_reduce_async(b.grad_flat, ReduceOp::kAvg);
+    op = "all_reduce " + dp_.name();
+  } else {
+    b.first = shard_comm_->reduce_scatter_async(b.grad_flat, b.grad_shard, ReduceOp::kAvg);
+    op = "reduce_scatter " + shard_comm_->name();
+  }
+  launch_order_.push_back(bucket);
+  if (kind == DpEventKind::kLaunch) {
+    current_.launched_early_bytes += static_cast<int64_t>(b.plan.bytes());
+  }
+  log(kind, bucket, op);
+}
+
+void DataParallel::reset_counters() {
+  for (Bucket& b : buckets_) {
+    if (!b.launched) b.pending = static_cast<int>(b.plan.params.size());
+  }
+}
+
+void DataParallel::zero_grad() {
+  LOOM_CHECK(launch_order_.empty(),
+             "data_parallel: zero_grad() with reductions in flight; call "
+             "finish_gradient_sync() first");
+  for (Bucket& b : buckets_) {
+    if (b.grad_flat.defined()) {
+      kernels::call_kernel<kernels::fill_k>(b.grad_flat, 0.0);
+    } else {
+      ensure_grad_buffer(b);
+    }
+  }
+  for (size_t i = 0; i < params_.size(); ++i) attach_grad_view(i);
+  reset_counters();
+  synced_ = false;
+}
+
+void DataParallel::set_sync(bool sync) {
+  sync_ = sync;
+  reset_counters();
+}
+
+void DataParallel::finish_gradient_sync() {
+  LOOM_CHECK(sync_,
+             "data_parallel: finish_gradient_sync() under set_sync(false); call "
+             "set_sync(true) before the last micro-batch's backward");
+  const auto t0 = std::chrono::steady_clock::now();
+  log(DpEventKind::kFinishBegin, -1, "");
+  for (size_t bi = 0; bi < buckets_.size(); ++bi) {
+    if (!buckets_[bi].launched) launch(static_cast<int>(bi), DpEventKind::kLateLaunch);
+  }
+  const bool two_hops = replica_comm_ != nullptr && config_.zero_stage >= 2;
+  for (int bi : launch_order_) {  // same order on every rank, so comm order matches too
+    Bucket& b = buckets_[static_cast<size_t>(bi)];
+    b.first->wait();
+    if (two_hops) {
+      b.second = replica_comm_->all_reduce_async(b.grad_shard, ReduceOp::kAvg);
+      log(DpEventKind::kReplicaLaunch, bi, "all_reduce " + replica_comm_->name());
+    }
+  }
+  for (int bi : launch_order_) {
+    Bucket& b = buckets_[static_cast<size_t>(bi)];
+    if (b.second) b.second->wait();
+    b.first.reset();
+    b.second.reset();
+    b.launched = false;
+  }
+  if (config_.zero_stage >= 2) {  // only the reduced shard is kept (Note [ZeRO memory formulas])
+    for (Param& p : params_) p.tensor.zero_grad();
+    for (Bucket& b : buckets_) b.grad_flat = Tensor();
+  }
+  log(DpEventKind::kFinishEnd, -1, "");
+  current_.grad_bytes = 0;
+  for (const Bucket& b : buckets_) current_.grad_bytes += static_cast<int64_t>(b.plan.bytes());
+  current_.exposed_wait_s =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  last_stats_ = std::move(current_);
+  current_ = DpStepStats{};
+  launch_order_.clear();
+  reset_counters();
+  synced_ = true;
+}
+
+std::vector<Tensor> DataParallel::owned_grads() const {
+  std::vector<Tensor> out;
+  for (const Bucket& b : buckets_) {
+    if (config_.zero_stage == 0) {
+      out.push_back(b.grad_flat);
+    } else if (config_.zero_stage == 1) {
+      out.push_back(
+          flat_view(b.grad_flat, {b.plan.shard_numel}, shard_rank() * b.plan.shard_numel));
+    } else {
+      out.push_back(b.grad_shard);
+    }
+  }
+  return out;
+}
+
+double DataParallel::clip_grad_norm(double max_norm) {
+  if (!synced_) finish_gradient_sync();
+  const std::vector<Tensor> grads = owned_grads();
+  double sq = optim::grad_sq_sum(grads);
+  if (config_.zero_stage >= 1) {  // each element is owned by exactly one shard-group member
+    Tensor t = Tensor::full({1}, sq, DType::kF64);
+    shard_comm_->all_reduce(t, ReduceOp::kSum);
+    sq = t.item();
+  }
+  const double norm = std::sqrt(sq);
+  optim::scale_grads(grads, optim::clip_scale(norm, max_norm));
+  return norm;
+}
+
+void DataParallel::step(double lr) {
+  if (!synced_) finish_gradient_sync();
+  if (config_.zero_stage >= 1) {
+    const std::vector<optim::ParamRef>& refs = optimizer_->params();
+    for (size_t k = 0; k < refs.size(); ++k) {
+      const Piece& pc = pieces_[k];
+      const Bucket& b = buckets_[static_cast<size_t>(pc.bucket)];
+      const int64_t len = pc.end - pc.begin;
+      Tensor param = refs[k].param;
+      param.set_grad(
+          config_.zero_stage == 1
+              ? flat_view(b.grad_flat, {len}, pc.begin)
+              : flat_view(b.grad_shard, {len}, pc.begin - shard_rank() * b.plan.shard_numel));
+    }
+  }
+  optimizer_->step(lr);
+  if (config_.zero_stage >= 1) gather_parameters();
+  synced_ = false;
+}
+
+void DataParallel::gather_parameters() {
+  std::vector<Tensor> shards;
+  std::vector<WorkPtr> works;
+  for (size_t bi = 0; bi < buckets_.size(); ++bi) {
+    Bucket& b = buckets_[bi];
+    // A copy: the communicator's in and out must not alias.
+    shards.push_back(
+        flat_view(b.param_flat, {b.plan.shard_numel}, shard_rank() * b.plan.shard_numel).clone());
+    works.push_back(shard_comm_->all_gather_async(shards.back(), b.param_flat));
+    log(DpEventKind::kGather, static_cast<int>(bi), "all_gather " + shard_comm_->name());
+  }
+  for (WorkPtr& w : works) w->wait();
+}
+
+std::vector<std::pair<std::string, Tensor>> DataParallel::state_tensors() {
+  return optimizer_->state_tensors();
+}
+
+DpMemory DataParallel::memory() const {
+  DpMemory m;
+  for (const Bucket& b : buckets_) {
+    const int64_t e = static_cast<int64_t>(dtype_size(b.plan.dtype));
+    m.param_bytes += b.plan.padded_numel * e;
+    if (config_.zero_stage >= 2) {
+      m.grad_bytes += b.plan.shard_numel * e;
+      m.transient_grad_bytes += b.plan.padded_numel * e;
+    } else {
+      m.grad_bytes += b.plan.padded_numel * e;
+    }
+  }
+  for (const auto& [name, t] : optimizer_->state_tensors()) {
+    m.optimizer_bytes += static_cast<int64_t>(t.nbytes());
+  }
+  return m;
+}
+
+DpMemory DataParallel::memory_formula() const {
+  return zero_memory_formula(num_parameters(), dtype_size(buckets_[0].plan.dtype),
+                             config_.zero_stage, shard_count());
+}
+
+int64_t DataParallel::num_parameters() const {
+  int64_t n = 0;
+  for (const Bucket& b : buckets_) n += b.plan.numel;
+  return n;
+}
+
+std::vector<std::string> DataParallel::bucket_param_names(int b) const {
+  std::vector<std::string> names;
+  for (size_t k : buckets_.at(static_cast<size_t>(b)).plan.params) names.push_back(params_[k].name);
+  return names;
+}
+
+std::string DataParallel::describe() const {
+  std::string s = "data parallel: dp " + std::to_string(dp_.size()) + ", zero stage " +
+                  std::to_string(config_.zero_stage) + ", shards over " + shard_comm_->name() +
+                  " (" + std::to_string(shard_count()) + ")";
+  if (replica_comm_ != nullptr) s += ", replicas over " + replica_comm_->name();
+  s += ", " + std::to_string(buckets_.size()) + " buckets, " + std::to_string(num_parameters()) +
+       " parameters; per rank " + format_memory(memory(), memory_formula());
+  return s;
+}
+
+}  // namespace loom::parallel

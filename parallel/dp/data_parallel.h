@@ -1,0 +1,176 @@
+// parallel/dp/data_parallel.h — DataParallel: gradient buckets reduced asynchronously from the
+// autograd hooks while backward runs (DDP), and the ZeRO stages that shard optimiser state
+// (stage 1) and gradients (stage 2) over the dp group, or over a MiCS partition group with
+// replicas synchronised in a second hop. Owns the optimiser (AdamW over the owned shard).
+// Does not own the model or the communicators, and never splits the batch: the caller feeds
+// each rank its rows and scales the loss for gradient accumulation.
+//
+// Use, per optimiser step with M micro-batches:
+//   dp.zero_grad();
+//   for m in 0..M-1: dp.set_sync(m == M-1); loss_m = model.loss(rows_m) / M; backward(loss_m);
+//   dp.finish_gradient_sync();          // waits for the reductions; gradients are now averaged
+//   double norm = dp.clip_grad_norm(1.0);
+//   dp.step(lr);                        // updates the owned shard, all-gathers parameters
+//
+// Note [Data-parallel gradient flow]: each parameter is re-homed into its bucket's flat
+// parameter buffer (Note [Re-homed parameters] in parallel/dp/bucket.h) and its .grad is set to
+// the matching view of the bucket's flat gradient buffer before backward, so AccumulateGrad
+// adds into the bucket (core/autograd.h). The parameter's grad-ready hook counts its bucket
+// down; when the last gradient of a bucket is final and this is a sync micro-batch, the hook
+// issues the bucket's reduction asynchronously and backward continues:
+//   stage 0, 1: all_reduce(avg) of the whole bucket over dp;
+//   stage 2:    reduce_scatter(avg) over the shard group (dp, or the MiCS partition) into the
+//               rank's shard buffer, then, with MiCS, all_reduce(avg) of that shard across the
+//               replica group (issued in finish_gradient_sync, in bucket launch order, so that
+//               every rank issues the ops of every communicator in the same global order).
+// Rank r of the shard group (size S) owns elements [r·n, (r+1)·n) of every bucket, n = padded
+// numel / S. Its AdamW is built over the intersections of parameters with the owned ranges
+// (1-d views of the flat parameter buffer, named "<param>[<begin>:<end>]" with element offsets
+// in the flattened parameter), so optimiser state exists only for the owned shard; after the
+// update every bucket's shard is all-gathered over the shard group. Stage 0 keeps one plain
+// AdamW over the whole parameters on every rank.
+//
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "core/tensor.h"
+#include "optim/adamw.h"
+#include "optim/decay_rule.h"
+#include "parallel/comm/communicator.h"
+#include "parallel/dp/bucket.h"
+#include "parallel/dp/dp_stats.h"
+
+namespace loom::parallel {
+
+struct DataParallelConfig {
+  int zero_stage = 0;               // 0 (DDP), 1 (optimiser state), 2 (+ gradients)
+  size_t bucket_bytes = 25u << 20;  // target bytes of gradient per bucket
+  double beta1 = 0.9;               // AdamW hyper-parameters (optim/adamw.h)
+  double beta2 = 0.95;
+  double eps = 1e-8;
+  double weight_decay = 0.0;
+  optim::DecayRule decay_rule = optim::DecayRule::kDefault;
+  bool broadcast_parameters = true;  // copy dp rank 0's parameters to every rank at start
+};
+
+// MiCS groups: shard within `partition` (size P), replicate across `replica` (size dp / P).
+// Both null for plain DP/ZeRO. Members of one replica group hold the same shard index.
+struct MicsGroups {
+  Communicator* partition = nullptr;
+  Communicator* replica = nullptr;
+};
+
+class DataParallel {
+ public:
+  // named: the model's trainable parameters (Module::named_parameters()), identical in order
+  // and shapes on every rank; they are re-homed into flat buffers here. The communicators must
+  // outlive this object. MiCS needs zero_stage >= 1.
+  DataParallel(const std::vector<std::pair<std::string, Tensor>>& named, Communicator& dp,
+               const DataParallelConfig& config, MicsGroups mics = {});
+  ~DataParallel();
+  DataParallel(const DataParallel&) = delete;
+  DataParallel& operator=(const DataParallel&) = delete;
+  DataParallel(DataParallel&&) = delete;
+  DataParallel& operator=(DataParallel&&) = delete;
+
+  // Zeroes the gradient buckets and points every parameter's .grad at its bucket view.
+  void zero_grad();
+  // Whether the next backward is the last micro-batch of the step (reductions launch from its
+  // hooks). Default true. With false, gradients only accumulate in the buckets.
+  void set_sync(bool sync);
+  bool sync() const { return sync_; }
+  // Issues any reduction not yet issued, waits for all of them (the exposed wait is recorded),
+  // and closes the step's statistics. Gradients are then averaged over dp: whole buckets at
+  // stages 0/1, the owned shard at stage 2.
+  void finish_gradient_sync();
+  // Global gradient norm over the owned shards (Σ g² all-reduced over the shard group, each
+  // element counted once), then scales the owned gradients so the norm is at most max_norm.
+  // Returns the norm before clipping. Calls finish_gradient_sync() first when needed.
+  double clip_grad_norm(double max_norm);
+  // AdamW step on the owned shard with learning rate lr, then all-gathers the parameters.
+  void step(double lr);
+
+  // Optimiser state of this rank (Note [Optimizer state contract] in optim/optimizer.h); at
+  // stages 1/2 the names carry the shard's element range, e.g. "exp_avg.wte.weight[0:512]".
+  std::vector<std::pair<std::string, Tensor>> state_tensors();
+  int64_t step_count() const { return optimizer_->step_count(); }
+  void set_step_count(int64_t step) { optimizer_->set_step_count(step); }
+
+  DpMemory memory() const;          // measured from the buffers
+  DpMemory memory_formula() const;  // Note [ZeRO memory formulas] for this layout
+  const DpStepStats& last_step_stats() const { return last_stats_; }
+  // Appends a kMarker event to the current step's log, on the same counter as the hooks and
+  // launches (Note [Data-parallel event log]); tests call it from backward functions.
+  void mark(std::string detail) { log(DpEventKind::kMarker, -1, std::move(detail)); }
+  std::string describe() const;  // layout and memory, one line, for printing at start
+
+  int zero_stage() const { return config_.zero_stage; }
+  int shard_rank() const { return shard_comm_->rank(); }
+  int shard_count() const { return shard_comm_->size(); }
+  int num_buckets() const { return static_cast<int>(buckets_.size()); }
+  // Parameter names of bucket b, in buffer order.
+  std::vector<std::string> bucket_param_names(int b) const;
+  int64_t num_parameters() const;  // Ψ: elements over all parameters
+
+ private:
+  struct Param {
+    std::string name;
+    Tensor tensor;
+    bool decay = true;
+    int bucket = 0;
+    int64_t offset = 0;  // in the bucket's flat buffers
+  };
+  struct Bucket {
+    dp::BucketPlan plan;
+    Tensor param_flat;  // (padded_numel)
+    Tensor grad_flat;   // (padded_numel); at stage 2 undefined between the sync and zero_grad
+    Tensor grad_shard;  // (shard_numel), stage 2 only
+    int pending = 0;    // hooks still to fire in this backward
+    bool launched = false;
+    WorkPtr first, second;
+  };
+  struct Piece {  // an optimiser ParamRef: [begin, end) of bucket `bucket`'s flat space
+    int bucket = 0;
+    int64_t begin = 0, end = 0;
+  };
+  struct HookLink {
+    DataParallel* owner = nullptr;
+  };
+
+  void validate_groups(MicsGroups mics) const;
+  void build_buckets(const std::vector<std::pair<std::string, Tensor>>& named);
+  void broadcast_parameters();
+  void build_optimizer();
+  void install_hooks();
+  void on_grad_ready(size_t index, Tensor& leaf);
+  void ensure_grad_buffer(Bucket& b);
+  void attach_grad_view(size_t index);
+  void launch(int bucket, DpEventKind kind);
+  void reset_counters();
+  void log(DpEventKind kind, int bucket, std::string detail);
+  std::vector<Tensor> owned_grads() const;
+  void gather_parameters();
+
+  Communicator& dp_;
+  Communicator* shard_comm_;    // dp_, or the MiCS partition
+  Communicator* replica_comm_;  // MiCS replica group, else null
+  DataParallelConfig config_;
+  std::vector<Param> params_;
+  std::vector<Bucket> buckets_;
+  std::vector<int> launch_order_;  // buckets in the order their first hop was issued
+  std::vector<Piece> pieces_;      // parallel to optimizer_->params() at stages 1/2
+  std::unique_ptr<optim::AdamW> optimizer_;
+  std::shared_ptr<HookLink> link_;
+  bool sync_ = true;
+  bool synced_ = false;  // reductions complete, step not yet taken
+  uint64_t next_seq_ = 0;
+  DpStepStats current_, last_stats_;
+};
+
+}  // namespace loom::parallel

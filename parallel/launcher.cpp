@@ -1,0 +1,136 @@
+// parallel/launcher.cpp — MPI initialisation and finalisation, launch information, and the
+// job-wide abort on a failing rank. The only place Loom calls MPI_Init/MPI_Finalize/MPI_Abort.
+#include "parallel/launcher.h"
+
+#include <mpi.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <exception>
+#include <optional>
+
+#include "core/error.h"
+
+namespace loom::parallel {
+
+namespace {
+
+bool mpi_running() {
+  int initialized = 0, finalized = 0;
+  MPI_Initialized(&initialized);
+  MPI_Finalized(&finalized);
+  return initialized && !finalized;
+}
+
+int world_size_now() {
+  int size = 1;
+  if (mpi_running()) MPI_Comm_size(MPI_COMM_WORLD, &size);
+  return size;
+}
+
+void print_rank_message(const std::string& message) {
+  int rank = -1;
+  if (mpi_running()) MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  std::fflush(stdout);
+  if (rank >= 0) {
+    std::fprintf(stderr, "rank %d: %s\n", rank, message.c_str());
+  } else {
+    std::fprintf(stderr, "rank ?: %s\n", message.c_str());
+  }
+  std::fflush(stderr);
+}
+
+// Runs fn; on an exception, aborts a multi-rank job, or reports and returns 1 in a one-rank
+// job. Called where an exception can still be reported before any destructor might block.
+int guarded(const std::function<int()>& fn) {
+  std::string message;
+  try {
+    return fn();
+  } catch (const std::exception& e) {
+    message = e.what();
+  } catch (...) {
+    message = "unknown exception";
+  }
+  if (world_size_now() > 1) abort_job(message);
+  print_rank_message(message);
+  return 1;
+}
+
+}  // namespace
+
+int local_rank_from_env() {
+  for (const char* name :
+       {"OMPI_COMM_WORLD_LOCAL_RANK", "SLURM_LOCALID", "MPI_LOCALRANKID", "LOCAL_RANK"}) {
+    const char* v = std::getenv(name);
+    if (v == nullptr || *v == '\0') continue;
+    char* end = nullptr;
+    const long r = std::strtol(v, &end, 10);
+    LOOM_CONFIG_CHECK(*end == '\0' && r >= 0, name, ": expected a non-negative integer, got '", v,
+                      "'");
+    return static_cast<int>(r);
+  }
+  return -1;
+}
+
+MpiRuntime::MpiRuntime(int* argc, char*** argv) {
+  int initialized = 0;
+  MPI_Initialized(&initialized);
+  int provided = MPI_THREAD_SINGLE;
+  if (!initialized) {
+    LOOM_CHECK(MPI_Init_thread(argc, argv, MPI_THREAD_MULTIPLE, &provided) == MPI_SUCCESS,
+               "MPI_Init_thread failed");
+    owns_ = true;
+  } else {
+    MPI_Query_thread(&provided);
+  }
+  LOOM_CHECK(provided == MPI_THREAD_MULTIPLE, "MPI provides thread level ", provided,
+             ", Loom needs MPI_THREAD_MULTIPLE (", MPI_THREAD_MULTIPLE,
+             "): every communicator has its own thread");
+  MPI_Comm_rank(MPI_COMM_WORLD, &info_.world_rank);
+  MPI_Comm_size(MPI_COMM_WORLD, &info_.world_size);
+  MPI_Comm node = MPI_COMM_NULL;
+  MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, info_.world_rank, MPI_INFO_NULL, &node);
+  MPI_Comm_rank(node, &info_.local_rank);
+  MPI_Comm_size(node, &info_.local_size);
+  MPI_Comm_free(&node);
+  info_.env_local_rank = local_rank_from_env();
+}
+
+MpiRuntime::~MpiRuntime() {
+  if (owns_ && mpi_running()) MPI_Finalize();
+}
+
+void abort_job(const std::string& message, int exit_code) {
+  print_rank_message(message);
+  if (mpi_running()) MPI_Abort(MPI_COMM_WORLD, exit_code);
+  std::_Exit(exit_code);
+}
+
+int run_main(int argc, char** argv, const std::function<int(MpiRuntime&)>& body) {
+  std::optional<MpiRuntime> runtime;
+  const int init = guarded([&] {
+    runtime.emplace(&argc, &argv);
+    return 0;
+  });
+  if (init != 0) return init;
+  const int status = guarded([&] { return body(*runtime); });
+  if (status != 0 && runtime->size() > 1) {
+    abort_job(detail::str("exited with status ", status), status);
+  }
+  return status;
+}
+
+int run_main(int argc, char** argv, const ParallelOptions& options,
+             const std::function<int(ParallelContext&)>& body) {
+  return run_main(argc, argv, [&](MpiRuntime& runtime) {
+    ParallelContext ctx = ParallelContext::create(options);
+    const int status = guarded([&] { return body(ctx); });
+    // Checked while the context exists: its destructor would wait for pending operations.
+    if (status != 0 && runtime.size() > 1) {
+      abort_job(detail::str("exited with status ", status), status);
+    }
+    return status;
+  });
+}
+
+}  // namespace loom::parallel

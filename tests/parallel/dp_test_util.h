@@ -1,0 +1,138 @@
+// tests/parallel/dp_test_util.h — shared pieces of the data-parallel tests: the tiny GPT, the
+// fixed global batches, the single-process reference run (computed inside every rank, no
+// files), the same training under DataParallel on this rank's rows, and the layouts
+// (dp size, MiCS partition) that fit the world size. Tests only.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "core/autograd.h"
+#include "core/ops/elementwise.h"
+#include "core/ops/view.h"
+#include "core/rng.h"
+#include "layers/transformer.h"
+#include "optim/adamw.h"
+#include "optim/clip.h"
+#include "optim/decay_rule.h"
+#include "parallel/dp/data_parallel.h"
+#include "parallel/parallel_context.h"
+
+namespace loom::parallel::testing {
+
+constexpr int64_t kGlobalBatch = 8;  // rows per step, split over dp (and micro-batches)
+constexpr int64_t kSeqLen = 16;
+constexpr uint64_t kInitSeed = 1234;
+constexpr double kLr = 3e-3;
+constexpr double kMaxNorm = 1.0;
+
+inline ModelConfig dp_tiny_gpt() {
+  ModelConfig c;
+  c.arch = "gpt2";
+  c.vocab_size = 64;
+  c.vocab_multiple = 32;
+  c.n_layer = 2;
+  c.n_head = 2;
+  c.n_embd = 32;
+  c.max_seq_len = 16;
+  return c;
+}
+
+inline DataParallelConfig dp_config(int zero_stage, size_t bucket_bytes) {
+  DataParallelConfig c;
+  c.zero_stage = zero_stage;
+  c.bucket_bytes = bucket_bytes;
+  c.beta1 = 0.9;
+  c.beta2 = 0.95;
+  c.eps = 1e-6;  // see Note [Equivalence tolerance] in dp_equivalence_mpi_test.cpp
+  c.weight_decay = 0.1;
+  c.decay_rule = optim::DecayRule::kDefault;
+  return c;
+}
+
+// The global batch of `step`: ids and targets (B, T) i32, identical on every rank.
+inline std::pair<Tensor, Tensor> global_batch(int step) {
+  Generator gen(777 + static_cast<uint64_t>(step));
+  Tensor ids = randint({kGlobalBatch, kSeqLen}, 0, 64, gen, DType::kI32);
+  Tensor targets = randint({kGlobalBatch, kSeqLen}, 0, 64, gen, DType::kI32);
+  return {ids, targets};
+}
+
+struct RunResult {
+  std::vector<double> losses;                          // global mean loss per step
+  std::vector<double> norms;                           // gradient norm before clipping, per step
+  std::vector<std::pair<std::string, Tensor>> params;  // after the last step
+};
+
+// The single-process run: the full batch, plain AdamW, optim::clip_grad_norm.
+inline RunResult reference_run(int steps) {
+  Transformer model(dp_tiny_gpt());
+  Generator gen(kInitSeed);
+  model.init_weights(gen);
+  const DataParallelConfig c = dp_config(0, 1);
+  optim::AdamW opt(optim::make_param_refs(model.named_parameters(), c.decay_rule), c.beta1, c.beta2,
+                   c.eps, c.weight_decay);
+  RunResult r;
+  for (int s = 0; s < steps; ++s) {
+    auto [ids, targets] = global_batch(s);
+    model.zero_grad();
+    Tensor loss = model.loss(ids, targets);
+    autograd::backward(loss);
+    r.losses.push_back(loss.item());
+    std::vector<Tensor> grads;
+    for (const Tensor& p : model.parameters()) grads.push_back(p.grad());
+    r.norms.push_back(optim::clip_grad_norm(grads, kMaxNorm));
+    opt.step(kLr);
+  }
+  for (auto& [name, p] : model.named_parameters()) r.params.emplace_back(name, p.clone());
+  return r;
+}
+
+// The same training under DataParallel: this rank takes rows [r·B/dp, (r+1)·B/dp) of each
+// global batch, split further into `micro` accumulation micro-batches.
+inline RunResult dp_run(const ParallelContext& ctx, const DataParallelConfig& config, bool mics,
+                        int steps, int micro) {
+  Transformer model(dp_tiny_gpt());
+  Generator gen(kInitSeed);
+  model.init_weights(gen);
+  MicsGroups groups;
+  if (mics) groups = {&ctx.mics_partition(), &ctx.mics_replica()};
+  DataParallel dp(model.named_parameters(), ctx.dp(), config, groups);
+  const int64_t rows = kGlobalBatch / ctx.dp_size() / micro;
+  RunResult r;
+  for (int s = 0; s < steps; ++s) {
+    auto [ids, targets] = global_batch(s);
+    dp.zero_grad();
+    double local = 0.0;
+    for (int m = 0; m < micro; ++m) {
+      const int64_t row0 = (ctx.dp_rank() * micro + m) * rows;
+      dp.set_sync(m == micro - 1);
+      Tensor loss = model.loss(ids.narrow(0, row0, rows).contiguous(),
+                               targets.narrow(0, row0, rows).contiguous());
+      local += loss.item() / micro;
+      autograd::backward(ops::scale(loss, 1.0 / micro));
+    }
+    dp.finish_gradient_sync();
+    r.norms.push_back(dp.clip_grad_norm(kMaxNorm));
+    dp.step(kLr);
+    Tensor l = Tensor::full({1}, local, DType::kF64);
+    ctx.dp().all_reduce(l, ReduceOp::kAvg);
+    r.losses.push_back(l.item());
+  }
+  for (auto& [name, p] : model.named_parameters()) r.params.emplace_back(name, p.clone());
+  return r;
+}
+
+// A layout with a dp group of `dp` ranks (the rest of the world along pp, unused here), and
+// MiCS partitions of `mics_partition` ranks (0: none).
+inline ParallelOptions dp_layout(int world, int dp, int mics_partition, double timeout_s) {
+  ParallelOptions o;
+  o.shape = {.dp = dp, .pp = world / dp, .cp = 1, .tp = 1};
+  o.mics_partition_size = mics_partition;
+  o.comm_timeout_s = timeout_s;
+  return o;
+}
+
+}  // namespace loom::parallel::testing

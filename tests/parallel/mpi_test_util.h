@@ -1,0 +1,103 @@
+// tests/parallel/mpi_test_util.h — helpers for the tests that run under mpirun: the layouts
+// the tests build for a given world size, every group of a context with its expected member
+// list, per-rank random inputs that any rank can regenerate (so references are computed
+// locally, never through the communicator under test), and bitwise comparison.
+#pragma once
+
+#include <mpi.h>
+
+#include <cstdint>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "core/rng.h"
+#include "core/tensor.h"
+#include "parallel/parallel_context.h"
+
+namespace loom::parallel::testing {
+
+// Short enough that a mismatched collective fails a test instead of hanging the job.
+constexpr double kTestCommTimeoutS = 30.0;
+
+inline int world_rank() {
+  int r = 0;
+  MPI_Comm_rank(MPI_COMM_WORLD, &r);
+  return r;
+}
+
+inline int world_size() {
+  int n = 1;
+  MPI_Comm_size(MPI_COMM_WORLD, &n);
+  return n;
+}
+
+// The layouts tested at this world size: with 8 ranks a 2×2×2 (tp, cp, dp) mesh in the
+// default order and a dp 4 × pp 2 mesh with MiCS partitions of 2 in another order; otherwise
+// dp = world (MiCS partitions of 1).
+inline std::vector<ParallelOptions> test_layouts() {
+  const int n = world_size();
+  std::vector<ParallelOptions> out;
+  if (n == 8) {
+    ParallelOptions a;
+    a.shape = {.dp = 2, .pp = 1, .cp = 2, .tp = 2};
+    out.push_back(a);
+    ParallelOptions b;
+    b.shape = {.dp = 4, .pp = 2, .cp = 1, .tp = 1};
+    b.order = "pp-dp-cp-tp";
+    b.mics_partition_size = 2;
+    out.push_back(b);
+  } else {
+    ParallelOptions a;
+    a.shape = {.dp = n, .pp = 1, .cp = 1, .tp = 1};
+    a.mics_partition_size = 1;
+    out.push_back(a);
+  }
+  for (auto& o : out) o.comm_timeout_s = kTestCommTimeoutS;
+  return out;
+}
+
+struct GroupUnderTest {
+  Communicator* comm;
+  std::vector<int> members;  // world ranks, group rank order
+};
+
+// Every communicator of ctx with the member list the mesh says it must have.
+inline std::vector<GroupUnderTest> groups_of(const ParallelContext& ctx, int mics_partition_size) {
+  const DeviceMesh& mesh = ctx.mesh();
+  const int r = ctx.rank();
+  std::vector<int> all;
+  for (int i = 0; i < ctx.world_size(); ++i) all.push_back(i);
+  const int p = mics_partition_size == 0 ? mesh.shape().dp : mics_partition_size;
+  return {
+      {&ctx.world(), all},
+      {&ctx.tp(), mesh.group_members(r, MeshDim::kTp)},
+      {&ctx.cp(), mesh.group_members(r, MeshDim::kCp)},
+      {&ctx.dp(), mesh.group_members(r, MeshDim::kDp)},
+      {&ctx.pp(), mesh.group_members(r, MeshDim::kPp)},
+      {&ctx.mics_partition(), mesh.mics_partition_group(r, p)},
+      {&ctx.mics_replica(), mesh.mics_replica_group(r, p)},
+  };
+}
+
+// The input of `rank` (a world rank) for test case `salt`: random, any dtype.
+inline Tensor member_input(int rank, uint64_t salt, const Shape& shape, DType dtype) {
+  Generator gen(salt * 1000003ULL + static_cast<uint64_t>(rank));
+  if (dtype == DType::kF32 || dtype == DType::kF64) return randn(shape, gen, dtype);
+  return randint(shape, -1000, 1000, gen, dtype);
+}
+
+inline bool same_bits(const Tensor& a, const Tensor& b) {
+  return a.dtype() == b.dtype() && a.numel() == b.numel() &&
+         (a.numel() == 0 || std::memcmp(a.raw_data(), b.raw_data(), a.nbytes()) == 0);
+}
+
+// A 64-bit FNV-1a hash of a tensor's bytes (to compare results across ranks cheaply).
+inline int64_t bits_hash(const Tensor& t) {
+  uint64_t h = 1469598103934665603ULL;
+  const auto* p = static_cast<const unsigned char*>(t.numel() ? t.raw_data() : nullptr);
+  for (size_t i = 0; i < t.nbytes(); ++i) h = (h ^ p[i]) * 1099511628211ULL;
+  return static_cast<int64_t>(h);
+}
+
+}  // namespace loom::parallel::testing
