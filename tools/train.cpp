@@ -1,11 +1,16 @@
 // tools/train.cpp — `train --config FILE [--set section.key=value]... [--resume latest|DIR]`.
-// Thin: parses arguments, installs the SIGINT/SIGTERM handler, runs the Trainer. Config errors
-// print one line naming the key and exit with code 2; other errors exit with code 1.
+// Thin: parses arguments, installs the SIGINT/SIGTERM handler, starts MPI (a plain run is a
+// world of one; `mpirun -np N train … --set parallel.dp=N` runs data parallel), runs the
+// Trainer. Config errors print one line naming the key and exit with code 2; any other error
+// on any rank ends the whole job with the message and the rank (exit code 1).
 #include <csignal>
+#include <memory>
 #include <cstring>
 #include <iostream>
 
 #include "core/error.h"
+#include "parallel/launcher.h"
+#include "parallel/parallel_context.h"
 #include "train/config.h"
 #include "train/trainer.h"
 
@@ -46,14 +51,26 @@ int main(int argc, char** argv) {
   std::signal(SIGINT, on_signal);
   std::signal(SIGTERM, on_signal);
   options.stop = &stop;
+  loom::parallel::MpiRuntime mpi(&argc, &argv);
   try {
     loom::Config config = loom::load_config(config_path, overrides);
+    std::unique_ptr<loom::parallel::ParallelContext> ctx;
+    if (mpi.size() > 1 || config.parallel.dp > 1) {
+      loom::parallel::ParallelOptions p;
+      p.shape.dp = static_cast<int>(config.parallel.dp);
+      p.mics_partition_size = static_cast<int>(config.parallel.mics_partition_size);
+      p.comm_timeout_s = config.parallel.comm_timeout_s;
+      ctx = std::make_unique<loom::parallel::ParallelContext>(loom::parallel::ParallelContext::create(p));
+      options.parallel = ctx.get();
+    }
     loom::Trainer trainer(std::move(config), options);
     trainer.run();
   } catch (const loom::ConfigError& e) {
-    std::cerr << "config error: " << e.what() << "\n";
+    // Every rank reads the same config, so every rank reports and exits alike.
+    if (mpi.rank() == 0) std::cerr << "config error: " << e.what() << "\n";
     return 2;
   } catch (const std::exception& e) {
+    if (mpi.size() > 1) loom::parallel::abort_job(e.what());
     std::cerr << "error: " << e.what() << "\n";
     return 1;
   }

@@ -12,6 +12,7 @@
 
 #include "core/error.h"
 #include "train/crc32c.h"
+#include "parallel/comm/communicator.h"
 #include "train/safetensors.h"
 
 namespace loom {
@@ -20,7 +21,11 @@ namespace fs = std::filesystem;
 namespace {
 
 constexpr const char* kMetaFile = "meta.yaml";
-constexpr const char* kTensorFile = "tensors_00000.safetensors";
+std::string tensor_file(int rank) {
+  char buf[48];
+  std::snprintf(buf, sizeof(buf), "tensors_%05d.safetensors", rank);
+  return buf;
+}
 
 std::string shape_text(const Shape& s) {
   std::ostringstream out;
@@ -28,11 +33,12 @@ std::string shape_text(const Shape& s) {
   return out.str();
 }
 
-void write_meta(const std::string& path, const CheckpointContents& c) {
+void write_meta(const std::string& path, const CheckpointContents& c, int num_shards) {
   YAML::Emitter out;
   out << YAML::BeginMap;
   out << YAML::Key << "format_version" << YAML::Value << kCheckpointFormatVersion;
   out << YAML::Key << "step" << YAML::Value << c.step;
+  out << YAML::Key << "num_shards" << YAML::Value << num_shards;
   out << YAML::Key << "state" << YAML::Value << YAML::BeginMap;
   for (const auto& [k, v] : c.state) out << YAML::Key << k << YAML::Value << YAML::DoubleQuoted << v;
   out << YAML::EndMap;
@@ -65,8 +71,8 @@ std::vector<fs::path> complete_checkpoints(const std::string& root) {
   return out;
 }
 
-// Tensor shard and meta.yaml into `dir`, each fsync'ed, then the directory itself.
-void write_checkpoint_files(const fs::path& dir, const CheckpointContents& c) {
+// This rank's tensor file into `dir`, fsync'ed.
+void write_tensor_file(const fs::path& dir, const CheckpointContents& c, int rank) {
   std::map<std::string, std::string> meta;
   for (const auto& [name, t] : c.tensors) {
     LOOM_CHECK(t.defined(), "checkpoint: tensor '", name, "' is undefined");
@@ -77,10 +83,36 @@ void write_checkpoint_files(const fs::path& dir, const CheckpointContents& c) {
     meta[name + ".global_shape"] = shape_text(h.shape());
     meta[name + ".offsets"] = shape_text(Shape(h.shape().size(), 0));
   }
-  write_safetensors((dir / kTensorFile).string(), c.tensors, meta);
-  write_meta((dir / kMetaFile).string(), c);
-  fsync_path((dir / kMetaFile).string());
-  fsync_path(dir.string());
+  write_safetensors((dir / tensor_file(rank)).string(), c.tensors, meta);
+}
+
+// Whether every member succeeded (a max-reduction of the failure flags); true without a comm.
+bool all_ok(bool ok, parallel::Communicator* comm) {
+  if (!comm) return ok;
+  Tensor flag = Tensor::full({1}, ok ? 0.0 : 1.0, DType::kF64);
+  comm->all_reduce(flag, parallel::ReduceOp::kMax);
+  return flag.item() == 0.0;
+}
+
+// Renames the complete temporary directory into place and prunes older checkpoints.
+void publish(const std::string& root, const fs::path& tmp, const fs::path& final_dir, int64_t keep) {
+  fsync_path((tmp / kMetaFile).string());
+  fsync_path(tmp.string());
+  // Move an existing checkpoint of the same step aside before renaming the new one in.
+  const fs::path old = fs::path(root) / ("." + final_dir.filename().string() + ".old");
+  if (fs::exists(final_dir)) {
+    fs::remove_all(old);
+    fs::rename(final_dir, old);
+  }
+  fs::rename(tmp, final_dir);
+  fsync_path(root);
+  fs::remove_all(old);
+  if (keep > 0) {
+    std::vector<fs::path> all = complete_checkpoints(root);
+    for (size_t i = 0; i + static_cast<size_t>(keep) < all.size(); ++i) {
+      if (all[i] != final_dir) fs::remove_all(all[i]);
+    }
+  }
 }
 
 }  // namespace
@@ -91,35 +123,31 @@ std::string checkpoint_dir_name(int64_t step) {
   return buf;
 }
 
-std::string save_checkpoint(const std::string& root, const CheckpointContents& c, int64_t keep) {
-  fs::create_directories(root);
+std::string save_checkpoint(const std::string& root, const CheckpointContents& c, int64_t keep,
+                            parallel::Communicator* comm) {
+  const int rank = comm ? comm->rank() : 0;
   const fs::path final_dir = fs::path(root) / checkpoint_dir_name(c.step);
-  const fs::path tmp = fs::path(root) / ("." + checkpoint_dir_name(c.step) + ".tmp" + std::to_string(::getpid()));
-  fs::remove_all(tmp);
-  fs::create_directories(tmp);
+  const fs::path tmp = fs::path(root) / ("." + checkpoint_dir_name(c.step) + ".tmp");
+  if (rank == 0) {
+    fs::create_directories(root);
+    fs::remove_all(tmp);
+    fs::create_directories(tmp);
+  }
+  if (comm) comm->barrier();
+  std::string error;
   try {
-    write_checkpoint_files(tmp, c);
-  } catch (...) {
-    fs::remove_all(tmp);  // the previous checkpoints are untouched
-    throw;
+    write_tensor_file(tmp, c, rank);
+    if (rank == 0) write_meta((tmp / kMetaFile).string(), c, comm ? comm->size() : 1);
+  } catch (const std::exception& e) {
+    error = e.what();
   }
-
-  // Move an existing checkpoint of the same step aside before renaming the new one in.
-  const fs::path old = fs::path(root) / ("." + checkpoint_dir_name(c.step) + ".old");
-  if (fs::exists(final_dir)) {
-    fs::remove_all(old);
-    fs::rename(final_dir, old);
+  if (!all_ok(error.empty(), comm)) {
+    if (rank == 0) fs::remove_all(tmp);  // the previous checkpoints are untouched
+    if (comm) comm->barrier();
+    LOOM_FAIL("checkpoint ", final_dir.string(), " not written: ", error.empty() ? "another rank failed" : error);
   }
-  fs::rename(tmp, final_dir);
-  fsync_path(root);
-  fs::remove_all(old);
-
-  if (keep > 0) {
-    std::vector<fs::path> all = complete_checkpoints(root);
-    for (size_t i = 0; i + static_cast<size_t>(keep) < all.size(); ++i) {
-      if (all[i] != final_dir) fs::remove_all(all[i]);
-    }
-  }
+  if (rank == 0) publish(root, tmp, final_dir, keep);
+  if (comm) comm->barrier();
   return final_dir.string();
 }
 
@@ -143,17 +171,21 @@ CheckpointContents load_checkpoint(const std::string& dir) {
   cfg << meta["config"];
   c.config_yaml = cfg.c_str();
 
-  const std::string tensor_path = (fs::path(dir) / kTensorFile).string();
-  SafetensorsFile f = read_safetensors(tensor_path);
-  for (auto& [name, t] : f.tensors) {
-    auto it = f.metadata.find(name + ".crc32c");
-    LOOM_CHECK(it != f.metadata.end(), tensor_path, ": tensor '", name, "' has no checksum");
-    char crc[16];
-    std::snprintf(crc, sizeof(crc), "%08x", crc32c(t.raw_data(), t.nbytes()));
-    LOOM_CHECK(it->second == crc, tensor_path, ": tensor '", name, "' is corrupt (checksum ", crc,
-               ", expected ", it->second, ")");
+  const int shards = meta["num_shards"] ? meta["num_shards"].as<int>() : 1;
+  for (int r = 0; r < shards; ++r) {
+    const std::string tensor_path = (fs::path(dir) / tensor_file(r)).string();
+    LOOM_CHECK(fs::exists(tensor_path), dir, ": missing tensor file ", tensor_file(r), " (of ", shards, ")");
+    SafetensorsFile f = read_safetensors(tensor_path);
+    for (auto& [name, t] : f.tensors) {
+      auto it = f.metadata.find(name + ".crc32c");
+      LOOM_CHECK(it != f.metadata.end(), tensor_path, ": tensor '", name, "' has no checksum");
+      char crc[16];
+      std::snprintf(crc, sizeof(crc), "%08x", crc32c(t.raw_data(), t.nbytes()));
+      LOOM_CHECK(it->second == crc, tensor_path, ": tensor '", name, "' is corrupt (checksum ", crc,
+                 ", expected ", it->second, ")");
+      c.tensors.emplace_back(name, t);
+    }
   }
-  c.tensors = std::move(f.tensors);
   return c;
 }
 

@@ -1,6 +1,6 @@
 // train/checkpoint.h — native checkpoints: a directory `step_00000123/` holding `meta.yaml`
 // (format version, step, the run's state as key/value pairs, the effective config) and
-// `tensors_00000.safetensors` (named tensors, each with its global shape, shard offsets and a
+// `tensors_<rank>.safetensors` (one per writing rank; named tensors, each with its global shape, shard offsets and a
 // CRC-32C in the file's metadata, so a later parallel layout can read any shard it needs).
 //
 // Note [Atomic checkpoints]: a checkpoint is written into a hidden temporary directory, every
@@ -19,6 +19,9 @@
 #include "core/tensor.h"
 
 namespace loom {
+namespace parallel {
+class Communicator;
+}
 
 constexpr int kCheckpointFormatVersion = 1;
 
@@ -30,8 +33,14 @@ struct CheckpointContents {
 };
 
 // Writes <root>/step_<step>/ atomically and keeps the newest `keep` checkpoints (0 = all).
-// Returns the checkpoint's directory.
-std::string save_checkpoint(const std::string& root, const CheckpointContents& c, int64_t keep);
+// Returns the checkpoint's directory. With a communicator, every member calls it with its own
+// tensors (names unique across members, e.g. ZeRO shards named by their global offsets), each
+// writes tensors_<rank>.safetensors, and member 0 writes meta.yaml and publishes the directory
+// only once every member's file is on disk; a failure on any member fails the save everywhere
+// and leaves the previous checkpoints as they were.
+std::string save_checkpoint(const std::string& root, const CheckpointContents& c, int64_t keep,
+                            parallel::Communicator* comm = nullptr);
+// Reads meta.yaml and every tensor file of the checkpoint (all ranks' shards).
 CheckpointContents load_checkpoint(const std::string& dir);
 // The newest complete checkpoint under root, or "" when there is none.
 std::string latest_checkpoint(const std::string& root);

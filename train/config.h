@@ -63,6 +63,14 @@ struct CheckpointConfig {
   bool at_end = true;
 };
 
+struct ParallelConfig {
+  int64_t dp = 1;                   // data-parallel ranks; must equal the MPI world size
+  int64_t zero_stage = 0;           // 0 DDP, 1 optimizer state sharded, 2 + gradients
+  int64_t mics_partition_size = 0;  // > 0: MiCS, shard inside groups of this many dp ranks
+  double bucket_mb = 25;            // gradient bucket size
+  double comm_timeout_s = 300;      // a collective slower than this reports op and group
+};
+
 struct LoggingConfig {
   bool jsonl = true;
   bool tensorboard = true;
@@ -75,6 +83,7 @@ struct Config {
   TrainConfig train;
   CheckpointConfig checkpoint;
   LoggingConfig logging;
+  ParallelConfig parallel;
 };
 
 // Reads `path`, applies overrides ("section.key=value", value parsed as YAML), rejects unknown

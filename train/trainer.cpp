@@ -23,6 +23,8 @@
 #include "optim/decay_rule.h"
 #include "optim/lr_schedule.h"
 #include "optim/sgd.h"
+#include "parallel/dp/data_parallel.h"
+#include "parallel/parallel_context.h"
 #include "train/checkpoint.h"
 #include "train/llmc_format.h"
 #include "train/metrics.h"
@@ -85,7 +87,10 @@ struct Trainer::State {
   std::unique_ptr<Transformer> model;
   Generator dropout_gen{0};
   Generator sample_gen{0};
-  std::unique_ptr<optim::Optimizer> optimizer;
+  std::unique_ptr<optim::Optimizer> optimizer;       // single process
+  std::unique_ptr<parallel::DataParallel> dp;         // parallel.dp > 1: owns the optimizer
+  parallel::ParallelContext* ctx = nullptr;
+  std::ostream discard{nullptr};                       // the log of ranks other than 0
   optim::LrSchedule schedule;
   std::unique_ptr<DataLoader> train_loader;
   std::unique_ptr<DataLoader> val_loader;
@@ -95,6 +100,10 @@ struct Trainer::State {
   double peak_flops = 0;
 
   void build();
+  void build_parallel(const std::vector<optim::ParamRef>& refs);
+  bool is_main() const { return !ctx || ctx->rank() == 0; }
+  std::vector<std::pair<std::string, Tensor>> optimizer_state();
+  int64_t optimizer_steps() const { return dp ? dp->step_count() : optimizer->step_count(); }
   void load_initial_weights(const std::string& from);
   void resume(const std::string& which);
   StepRecord train_step();
@@ -117,7 +126,9 @@ void Trainer::State::build() {
   const optim::DecayRule rule = optim::parse_decay_rule(cfg.optim.decay_rule);
   const std::vector<optim::ParamRef> refs = optim::make_param_refs(model->named_parameters(), rule);
   const OptimConfig& o = cfg.optim;
-  if (o.name == "adamw") {
+  if (cfg.parallel.dp > 1) {
+    build_parallel(refs);
+  } else if (o.name == "adamw") {
     optimizer = std::make_unique<optim::AdamW>(refs, o.beta1, o.beta2, o.eps, o.weight_decay);
   } else {
     optimizer = std::make_unique<optim::SGD>(refs, o.momentum, o.weight_decay);
@@ -125,18 +136,49 @@ void Trainer::State::build() {
   schedule = {o.schedule, o.lr, o.min_lr, o.warmup_steps, cfg.train.steps, o.decay_fraction};
 
   const DataConfig& d = cfg.data;
-  train_loader = std::make_unique<DataLoader>(expand_shards(d.train, "data.train"), d.batch_size, d.seq_len, 0, 1, d.seed);
+  const int dp_rank = dp ? ctx->dp_rank() : 0, dp_size = dp ? ctx->dp_size() : 1;
+  train_loader = std::make_unique<DataLoader>(expand_shards(d.train, "data.train"), d.batch_size, d.seq_len,
+                                              dp_rank, dp_size, d.seed);
   if (!d.val.empty()) {
     val_loader = std::make_unique<DataLoader>(expand_shards(d.val, "data.val"), d.batch_size, d.seq_len, 0, 1, d.seed);
   }
   fs::create_directories(cfg.train.out_dir);
-  if (cfg.logging.jsonl || cfg.logging.tensorboard) {
+  if (is_main() && (cfg.logging.jsonl || cfg.logging.tensorboard)) {
     metrics = std::make_unique<MetricsWriter>(cfg.train.out_dir, cfg.logging.jsonl, cfg.logging.tensorboard);
   }
   peak_flops = cfg.train.peak_flops > 0 ? cfg.train.peak_flops : measure_gemm_flops();
   *log << "model: " << mc.arch << ", " << model->num_parameters(true) << " parameters ("
        << model->num_parameters() << " with vocab padding); peak " << fmt(peak_flops / 1e9, 1)
        << " GFLOP/s (" << (cfg.train.peak_flops > 0 ? "config" : "measured SGEMM") << ")\n";
+  if (dp) *log << dp->describe() << "\n";
+}
+
+void Trainer::State::build_parallel(const std::vector<optim::ParamRef>& refs) {
+  const int world = ctx ? ctx->world_size() : 1;
+  if (world != cfg.parallel.dp) {
+    throw ConfigError("parallel.dp: " + std::to_string(cfg.parallel.dp) + " does not match the world size " +
+                      std::to_string(world) + " (start with mpirun -np " + std::to_string(cfg.parallel.dp) + ")");
+  }
+  parallel::DataParallelConfig c;
+  c.zero_stage = static_cast<int>(cfg.parallel.zero_stage);
+  c.bucket_bytes = static_cast<size_t>(cfg.parallel.bucket_mb * (1 << 20));
+  c.beta1 = cfg.optim.beta1;
+  c.beta2 = cfg.optim.beta2;
+  c.eps = cfg.optim.eps;
+  c.weight_decay = cfg.optim.weight_decay;
+  c.decay_rule = optim::parse_decay_rule(cfg.optim.decay_rule);
+  parallel::MicsGroups mics;
+  if (cfg.parallel.mics_partition_size > 0) mics = {&ctx->mics_partition(), &ctx->mics_replica()};
+  std::vector<std::pair<std::string, Tensor>> named;
+  for (const optim::ParamRef& r : refs) named.emplace_back(r.name, r.param);
+  dp = std::make_unique<parallel::DataParallel>(named, ctx->dp(), c, mics);
+}
+
+std::vector<std::pair<std::string, Tensor>> Trainer::State::optimizer_state() {
+  if (!dp) return optimizer->state_tensors();
+  // ZeRO-0 state is replicated: rank 0 writes it; sharded state is written by its owner.
+  if (dp->zero_stage() == 0 && !is_main()) return {};
+  return dp->state_tensors();
 }
 
 void Trainer::State::load_initial_weights(const std::string& from) {
@@ -172,13 +214,14 @@ void Trainer::State::resume(const std::string& which) {
     ops::copy_(into, it->second);
   };
   for (auto& [name, p] : model->named_parameters()) restore("model." + name, p);
-  for (auto& [name, t] : optimizer->state_tensors()) restore("optim." + name, t);
+  for (auto& [name, t] : dp ? dp->state_tensors() : optimizer->state_tensors()) restore("optim." + name, t);
   auto num = [&](const std::string& key) {
     auto it = c.state.find(key);
     LOOM_CHECK(it != c.state.end(), dir, ": checkpoint state has no '", key, "'");
     return std::stoull(it->second);
   };
-  optimizer->set_step_count(static_cast<int64_t>(num("optim.step_count")));
+  if (dp) dp->set_step_count(static_cast<int64_t>(num("optim.step_count")));
+  else optimizer->set_step_count(static_cast<int64_t>(num("optim.step_count")));
   train_loader->set_state({static_cast<int64_t>(num("loader.epoch")), static_cast<int64_t>(num("loader.position"))});
   dropout_gen.set_state({num("rng.dropout.seed"), num("rng.dropout.offset")});
   sample_gen.set_state({num("rng.sample.seed"), num("rng.sample.offset")});
@@ -197,37 +240,58 @@ std::vector<Tensor> Trainer::State::grads() const {
 StepRecord Trainer::State::train_step() {
   StepRecord r;
   r.lr = schedule.lr_at(step);
-  optimizer->zero_grad();
+  if (dp) dp->zero_grad();
+  else optimizer->zero_grad();
   const int64_t accum = cfg.optim.grad_accum;
   for (int64_t m = 0; m < accum; ++m) {
     Batch b = train_loader->next();
+    if (dp) dp->set_sync(m == accum - 1);  // reduce once per step, after the last micro-batch
     Tensor loss = model->loss(b.inputs, b.targets, &dropout_gen);
     if (accum > 1) loss = ops::scale(loss, 1.0 / static_cast<double>(accum));
     autograd::backward(loss);
     r.loss += loss.item();
   }
-  const std::vector<Tensor> g = grads();
-  r.grad_norm = cfg.optim.grad_clip > 0 ? optim::clip_grad_norm(g, cfg.optim.grad_clip) : optim::global_grad_norm(g);
-  optimizer->step(r.lr);
+  if (dp) {
+    dp->finish_gradient_sync();
+    r.grad_norm = dp->clip_grad_norm(cfg.optim.grad_clip > 0 ? cfg.optim.grad_clip : INFINITY);
+    dp->step(r.lr);
+    Tensor mean_loss = Tensor::full({1}, r.loss, DType::kF64);  // the global batch's loss
+    ctx->dp().all_reduce(mean_loss, parallel::ReduceOp::kAvg);
+    r.loss = mean_loss.item();
+  } else {
+    const std::vector<Tensor> g = grads();
+    r.grad_norm = cfg.optim.grad_clip > 0 ? optim::clip_grad_norm(g, cfg.optim.grad_clip) : optim::global_grad_norm(g);
+    optimizer->step(r.lr);
+  }
   r.step = ++step;
   return r;
 }
 
 void Trainer::State::log_step(const StepRecord& r, double dt) {
-  const double tokens = static_cast<double>(cfg.data.batch_size * cfg.data.seq_len * cfg.optim.grad_accum);
+  const double tokens = static_cast<double>(cfg.data.batch_size * cfg.data.seq_len * cfg.optim.grad_accum);  // this rank
   const double mfu = model->flops_per_token(cfg.data.seq_len) * tokens / dt / peak_flops;
   const AllocatorStats mem = allocator_for(DeviceType::kCpu).stats();
   if (r.step % cfg.train.log_every == 0 || r.step == cfg.train.steps) {
     *log << "step " << r.step << "/" << cfg.train.steps << " | loss " << fmt(r.loss, 4) << " | lr "
          << fmt(r.lr, 2, true) << " | norm " << fmt(r.grad_norm, 3) << " | " << fmt(dt * 1e3, 1)
          << " ms | " << fmt(tokens / dt, 0) << " tok/s | MFU " << fmt(100 * mfu, 1) << "% | peak "
-         << fmt(static_cast<double>(mem.peak_bytes) / (1 << 20), 1) << " MiB\n";
+         << fmt(static_cast<double>(mem.peak_bytes) / (1 << 20), 1) << " MiB";
+    if (dp) {
+      const parallel::DpStepStats& st = dp->last_step_stats();
+      *log << " | comm exposed " << fmt(st.exposed_wait_s * 1e3, 1) << " ms, launched in backward "
+           << fmt(100 * st.overlap_fraction(), 0) << "%";
+    }
+    *log << "\n";
     log->flush();
   }
   if (metrics) {
     metrics->write(r.step, {{"train/loss", r.loss}, {"train/lr", r.lr}, {"train/grad_norm", r.grad_norm},
                             {"perf/ms_per_step", dt * 1e3}, {"perf/tokens_per_s", tokens / dt},
                             {"perf/mfu", mfu}, {"mem/peak_bytes", static_cast<double>(mem.peak_bytes)}});
+    if (dp) {
+      const parallel::DpStepStats& st = dp->last_step_stats();
+      metrics->write(r.step, {{"comm/exposed_s", st.exposed_wait_s}, {"comm/overlap_fraction", st.overlap_fraction()}});
+    }
   }
 }
 
@@ -235,10 +299,12 @@ void Trainer::State::save() {
   CheckpointContents c;
   c.step = step;
   c.config_yaml = config_to_yaml(cfg);
-  for (auto& [name, p] : model->named_parameters()) c.tensors.emplace_back("model." + name, p);
-  for (auto& [name, t] : optimizer->state_tensors()) c.tensors.emplace_back("optim." + name, t);
+  if (is_main()) {  // parameters are replicated across data-parallel ranks
+    for (auto& [name, p] : model->named_parameters()) c.tensors.emplace_back("model." + name, p);
+  }
+  for (auto& [name, t] : optimizer_state()) c.tensors.emplace_back("optim." + name, t);
   const LoaderState ls = train_loader->state();
-  c.state = {{"optim.step_count", std::to_string(optimizer->step_count())},
+  c.state = {{"optim.step_count", std::to_string(optimizer_steps())},
              {"loader.epoch", std::to_string(ls.epoch)},
              {"loader.position", std::to_string(ls.position)},
              {"rng.dropout.seed", std::to_string(dropout_gen.state().seed)},
@@ -246,14 +312,17 @@ void Trainer::State::save() {
              {"rng.sample.seed", std::to_string(sample_gen.state().seed)},
              {"rng.sample.offset", std::to_string(sample_gen.state().offset)}};
   const auto t0 = Clock::now();
-  const std::string dir = save_checkpoint((fs::path(cfg.train.out_dir) / "checkpoints").string(), c, cfg.checkpoint.keep);
+  const std::string dir = save_checkpoint((fs::path(cfg.train.out_dir) / "checkpoints").string(), c,
+                                          cfg.checkpoint.keep, ctx ? &ctx->world() : nullptr);
   *log << "checkpoint: " << dir << " (" << fmt(seconds_since(t0), 2) << " s)\n";
 }
 
 Trainer::Trainer(Config config, TrainerOptions options) : s_(std::make_unique<State>()) {
   s_->cfg = std::move(config);
   s_->opt = options;
+  s_->ctx = options.parallel && options.parallel->world_size() > 1 ? options.parallel : nullptr;
   s_->log = options.log ? options.log : &std::cout;
+  if (!s_->is_main()) s_->log = &s_->discard;
   if (options.print_config) *s_->log << "effective config:\n" << config_to_yaml(s_->cfg) << "\n";
   s_->build();
   if (!options.resume.empty()) s_->resume(options.resume);
@@ -283,10 +352,15 @@ std::vector<StepRecord> Trainer::run() {
       *s.log << "step " << r.step << " | val loss " << fmt(v, 4) << "\n";
       if (s.metrics) s.metrics->write(r.step, {{"val/loss", v}});
     }
-    if (t.sample_every > 0 && (r.step % t.sample_every == 0 || r.step == t.steps)) {
+    if (s.is_main() && t.sample_every > 0 && (r.step % t.sample_every == 0 || r.step == t.steps)) {
       *s.log << "sample at step " << r.step << ":\n" << sample(t.sample_tokens) << "\n---\n";
     }
-    const bool stop = (s.opt.stop && s.opt.stop->load()) || (s.opt.stop_at_step > 0 && r.step >= s.opt.stop_at_step);
+    bool stop = (s.opt.stop && s.opt.stop->load()) || (s.opt.stop_at_step > 0 && r.step >= s.opt.stop_at_step);
+    if (s.ctx) {  // every rank must agree, since checkpointing is collective
+      Tensor flag = Tensor::full({1}, stop ? 1.0 : 0.0, DType::kF64);
+      s.ctx->world().all_reduce(flag, parallel::ReduceOp::kMax);
+      stop = flag.item() > 0;
+    }
     const bool periodic = s.cfg.checkpoint.every > 0 && r.step % s.cfg.checkpoint.every == 0;
     const bool last = r.step == t.steps && s.cfg.checkpoint.at_end;
     if (stop || periodic || last) s.save();

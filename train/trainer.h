@@ -19,6 +19,9 @@
 #include "train/config.h"
 
 namespace loom {
+namespace parallel {
+class ParallelContext;
+}
 
 struct StepRecord {
   int64_t step = 0;  // 1-based: the number of optimizer steps done after this one
@@ -33,6 +36,9 @@ struct TrainerOptions {
   int64_t stop_at_step = 0;  // > 0: checkpoint and stop once this step is done (time-limited jobs)
   std::ostream* log = nullptr;              // step lines and messages (null: std::cout)
   bool print_config = true;
+  // Data parallelism (parallel.dp > 1): this rank's context, built by the caller from the
+  // config's parallel section (tools/train.cpp). Null: a single process.
+  parallel::ParallelContext* parallel = nullptr;
 };
 
 class Trainer {
