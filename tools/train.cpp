@@ -24,7 +24,7 @@ extern "C" void on_signal(int) {
 
 int usage() {
   std::cerr << "usage: train --config FILE [--set section.key=value]... [--resume latest|DIR]"
-               " [--stop-at STEP]\n";
+               " [--stop-at STEP] [--profile]\n";
   return 2;
 }
 
@@ -41,6 +41,7 @@ int main(int argc, char** argv) {
     else if (a == "--set") overrides.push_back(argv[++i]);
     else if (a == "--resume") options.resume = argv[++i];
     else if (a == "--stop-at") options.stop_at_step = std::stoll(argv[++i]);
+    else if (a == "--profile") options.profile_path = "profile";  // resolved per rank below
     else if (a == "-h" || a == "--help") return usage(), 0;
     else return usage();
   }
@@ -62,6 +63,9 @@ int main(int argc, char** argv) {
       p.comm_timeout_s = config.parallel.comm_timeout_s;
       ctx = std::make_unique<loom::parallel::ParallelContext>(loom::parallel::ParallelContext::create(p));
       options.parallel = ctx.get();
+    }
+    if (!options.profile_path.empty()) {
+      options.profile_path = config.train.out_dir + "/trace_rank" + std::to_string(mpi.rank()) + ".json";
     }
     loom::Trainer trainer(std::move(config), options);
     trainer.run();

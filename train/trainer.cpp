@@ -28,6 +28,7 @@
 #include "train/checkpoint.h"
 #include "train/llmc_format.h"
 #include "train/metrics.h"
+#include "train/profiler.h"
 
 namespace loom {
 namespace fs = std::filesystem;
@@ -90,6 +91,7 @@ struct Trainer::State {
   std::unique_ptr<optim::Optimizer> optimizer;       // single process
   std::unique_ptr<parallel::DataParallel> dp;         // parallel.dp > 1: owns the optimizer
   parallel::ParallelContext* ctx = nullptr;
+  std::unique_ptr<TraceRecorder> trace;               // --profile
   std::ostream discard{nullptr};                       // the log of ranks other than 0
   optim::LrSchedule schedule;
   std::unique_ptr<DataLoader> train_loader;
@@ -246,15 +248,27 @@ StepRecord Trainer::State::train_step() {
   for (int64_t m = 0; m < accum; ++m) {
     Batch b = train_loader->next();
     if (dp) dp->set_sync(m == accum - 1);  // reduce once per step, after the last micro-batch
+    const auto t_fwd = Clock::now();
     Tensor loss = model->loss(b.inputs, b.targets, &dropout_gen);
     if (accum > 1) loss = ops::scale(loss, 1.0 / static_cast<double>(accum));
+    const auto t_bwd = Clock::now();
     autograd::backward(loss);
+    if (trace) {
+      trace->span("compute", "forward", t_fwd, t_bwd);
+      trace->span("compute", "backward", t_bwd, Clock::now());
+    }
     r.loss += loss.item();
   }
+  const auto t_sync = Clock::now();
   if (dp) {
     dp->finish_gradient_sync();
+    const auto t_opt = Clock::now();
     r.grad_norm = dp->clip_grad_norm(cfg.optim.grad_clip > 0 ? cfg.optim.grad_clip : INFINITY);
     dp->step(r.lr);
+    if (trace) {
+      trace->span("compute", "wait for gradient sync", t_sync, t_opt);
+      trace->span("compute", "clip + optimizer + parameter gather", t_opt, Clock::now());
+    }
     Tensor mean_loss = Tensor::full({1}, r.loss, DType::kF64);  // the global batch's loss
     ctx->dp().all_reduce(mean_loss, parallel::ReduceOp::kAvg);
     r.loss = mean_loss.item();
@@ -262,6 +276,7 @@ StepRecord Trainer::State::train_step() {
     const std::vector<Tensor> g = grads();
     r.grad_norm = cfg.optim.grad_clip > 0 ? optim::clip_grad_norm(g, cfg.optim.grad_clip) : optim::global_grad_norm(g);
     optimizer->step(r.lr);
+    if (trace) trace->span("compute", "clip + optimizer", t_sync, Clock::now());
   }
   r.step = ++step;
   return r;
@@ -324,6 +339,10 @@ Trainer::Trainer(Config config, TrainerOptions options) : s_(std::make_unique<St
   s_->log = options.log ? options.log : &std::cout;
   if (!s_->is_main()) s_->log = &s_->discard;
   if (options.print_config) *s_->log << "effective config:\n" << config_to_yaml(s_->cfg) << "\n";
+  if (!options.profile_path.empty()) {
+    s_->trace = std::make_unique<TraceRecorder>(s_->ctx ? s_->ctx->rank() : 0);
+    if (s_->ctx) s_->ctx->set_observer([t = s_->trace.get()](const parallel::CommEvent& e) { t->comm(e); });
+  }
   s_->build();
   if (!options.resume.empty()) s_->resume(options.resume);
 }
@@ -368,6 +387,11 @@ std::vector<StepRecord> Trainer::run() {
       *s.log << "stopped after step " << r.step << "; resume with --resume latest\n";
       break;
     }
+  }
+  if (s.trace) {
+    if (s.ctx) s.ctx->set_observer(nullptr);
+    s.trace->write(s.opt.profile_path);
+    *s.log << "profile: " << s.opt.profile_path << " (" << s.trace->num_events() << " events)\n";
   }
   return records;
 }

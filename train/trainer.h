@@ -39,6 +39,8 @@ struct TrainerOptions {
   // Data parallelism (parallel.dp > 1): this rank's context, built by the caller from the
   // config's parallel section (tools/train.cpp). Null: a single process.
   parallel::ParallelContext* parallel = nullptr;
+  // Non-empty: write a Chrome/Perfetto trace of this rank here at the end (train/profiler.h).
+  std::string profile_path;
 };
 
 class Trainer {

@@ -6,6 +6,7 @@
 
 #include <cmath>
 #include <filesystem>
+#include <fstream>
 #include <sstream>
 
 #include "data/shard.h"
@@ -55,6 +56,27 @@ TrainerOptions options(std::ostream& log, ParallelContext* ctx, const std::strin
   o.resume = resume;
   o.stop_at_step = stop_at;
   return o;
+}
+
+TEST(TrainDataParallel, ProfileHasComputeAndCommunicationTracks) {
+  ParallelOptions po;
+  po.shape.dp = testing::world_size();
+  ParallelContext ctx = ParallelContext::create(po);
+  const std::string dir = shared_data(ctx);
+  std::ostringstream log;
+  TrainerOptions o = options(log, &ctx);
+  o.profile_path = dir + "/trace_rank" + std::to_string(ctx.rank()) + ".json";
+  Config cfg = config_for(dir, dir + "/profiled", ctx.dp_size(), 4);
+  cfg.train.steps = 2;
+  Trainer(cfg, o).run();
+  std::ifstream in(o.profile_path);
+  std::stringstream text;
+  text << in.rdbuf();
+  const std::string trace = text.str();
+  for (const char* needle : {"\"traceEvents\"", "\"compute\"", "\"comm:dp\"", "\"backward\"", "\"all_reduce\""}) {
+    EXPECT_NE(trace.find(needle), std::string::npos) << needle;
+  }
+  ctx.world().barrier();
 }
 
 TEST(TrainDataParallel, MatchesSingleProcessAndResumesExactly) {
