@@ -138,7 +138,8 @@ TEST(Trainer, InitFromLlmcModelFileAndCheckpoint) {
 
 // Runs the train tool; returns its exit code and stderr.
 std::pair<int, std::string> run_train_tool(const std::string& args, int signal_after_ms = 0) {
-  const std::string err = ::testing::TempDir() + "/loom_train_stderr.txt";
+  // Unique per test process: ctest runs tests in parallel.
+  const std::string err = ::testing::TempDir() + "/loom_train_stderr_" + std::to_string(getpid()) + ".txt";
   const std::string cmd = std::string(LOOM_BINARY_DIR) + "/train " + args + " >/dev/null 2>" + err;
   int status = 0;
   if (signal_after_ms == 0) {
@@ -160,7 +161,7 @@ std::pair<int, std::string> run_train_tool(const std::string& args, int signal_a
 }
 
 TEST(TrainTool, ConfigErrorExitsTwoWithOneLine) {
-  const std::string path = ::testing::TempDir() + "/loom_bad.yaml";
+  const std::string path = ::testing::TempDir() + "/loom_bad_" + std::to_string(getpid()) + ".yaml";
   std::ofstream(path) << "model:\n  n_embd: 100\n  n_head: 3\n";
   const auto [code, err] = run_train_tool("--config " + path);
   EXPECT_EQ(code, 2);
