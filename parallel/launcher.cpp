@@ -1,8 +1,11 @@
 // parallel/launcher.cpp — MPI initialisation and finalisation, launch information, and the
 // job-wide abort on a failing rank. The only place Loom calls MPI_Init/MPI_Finalize/MPI_Abort.
+// In a build without MPI (LOOM_MPI=OFF) the runtime is a world of one process.
 #include "parallel/launcher.h"
 
+#if LOOM_HAS_MPI
 #include <mpi.h>
+#endif
 
 #include <cstdio>
 #include <cstdlib>
@@ -15,22 +18,30 @@ namespace loom::parallel {
 
 namespace {
 
-bool mpi_running() {
+[[maybe_unused]] bool mpi_running() {
+#if LOOM_HAS_MPI
   int initialized = 0, finalized = 0;
   MPI_Initialized(&initialized);
   MPI_Finalized(&finalized);
   return initialized && !finalized;
+#else
+  return false;
+#endif
 }
 
 int world_size_now() {
   int size = 1;
+#if LOOM_HAS_MPI
   if (mpi_running()) MPI_Comm_size(MPI_COMM_WORLD, &size);
+#endif
   return size;
 }
 
 void print_rank_message(const std::string& message) {
   int rank = -1;
+#if LOOM_HAS_MPI
   if (mpi_running()) MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+#endif
   std::fflush(stdout);
   if (rank >= 0) {
     std::fprintf(stderr, "rank %d: %s\n", rank, message.c_str());
@@ -73,6 +84,11 @@ int local_rank_from_env() {
 }
 
 MpiRuntime::MpiRuntime(int* argc, char*** argv) {
+  info_.env_local_rank = local_rank_from_env();
+#if !LOOM_HAS_MPI
+  (void)argc;
+  (void)argv;
+#else
   int initialized = 0;
   MPI_Initialized(&initialized);
   int provided = MPI_THREAD_SINGLE;
@@ -93,16 +109,20 @@ MpiRuntime::MpiRuntime(int* argc, char*** argv) {
   MPI_Comm_rank(node, &info_.local_rank);
   MPI_Comm_size(node, &info_.local_size);
   MPI_Comm_free(&node);
-  info_.env_local_rank = local_rank_from_env();
+#endif
 }
 
 MpiRuntime::~MpiRuntime() {
+#if LOOM_HAS_MPI
   if (owns_ && mpi_running()) MPI_Finalize();
+#endif
 }
 
 void abort_job(const std::string& message, int exit_code) {
   print_rank_message(message);
+#if LOOM_HAS_MPI
   if (mpi_running()) MPI_Abort(MPI_COMM_WORLD, exit_code);
+#endif
   std::_Exit(exit_code);
 }
 

@@ -3,12 +3,16 @@
 // groups only; the collectives themselves live in parallel/comm/.
 #include "parallel/parallel_context.h"
 
-#include <mpi.h>
-
+#include <cmath>
+#include <cstdlib>
 #include <cstring>
 
 #include "core/error.h"
+#if LOOM_HAS_MPI
+#include <mpi.h>
+
 #include "parallel/comm/mpi_communicator.h"
+#endif
 
 namespace loom::parallel {
 
@@ -92,7 +96,21 @@ ParallelContext::ParallelContext(ParallelContext&&) noexcept = default;
 ParallelContext& ParallelContext::operator=(ParallelContext&&) noexcept = default;
 ParallelContext::~ParallelContext() = default;
 
+double default_comm_timeout_s() {
+  const char* env = std::getenv("LOOM_COMM_TIMEOUT_S");
+  if (env == nullptr || *env == '\0') return 300.0;
+  char* end = nullptr;
+  const double v = std::strtod(env, &end);
+  LOOM_CONFIG_CHECK(end != env && *end == '\0' && v > 0 && std::isfinite(v),
+                    "LOOM_COMM_TIMEOUT_S: expected a positive number of seconds, got '", env, "'");
+  return v;
+}
+
 ParallelContext ParallelContext::create(const ParallelOptions& options) {
+#if !LOOM_HAS_MPI
+  (void)options;
+  LOOM_FAIL("ParallelContext::create: this build has no MPI (configure with -DLOOM_MPI=ON)");
+#else
   int initialized = 0;
   MPI_Initialized(&initialized);
   LOOM_CHECK(initialized,
@@ -122,6 +140,7 @@ ParallelContext ParallelContext::create(const ParallelOptions& options) {
                                               "mics_replica", timeout, tag++);
   ctx.world_ = std::move(world);
   return ctx;
+#endif
 }
 
 ParallelContext ParallelContext::single_process() {

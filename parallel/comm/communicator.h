@@ -20,6 +20,10 @@ namespace loom::parallel {
 
 enum class ReduceOp { kSum, kAvg, kMax };
 
+// Seconds an operation may take, from being issued, before wait() throws: LOOM_COMM_TIMEOUT_S
+// when set (a positive number; anything else is a ConfigError naming it), else 300.
+double default_comm_timeout_s();
+
 // A pending operation. wait() blocks until it completes (rethrowing its error, or throwing
 // when it exceeds the communicator's timeout, naming the operation and the group).
 class Work {

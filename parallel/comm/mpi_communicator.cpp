@@ -211,16 +211,6 @@ class MpiOp {
   MPI_Request req_ = MPI_REQUEST_NULL;
 };
 
-double default_comm_timeout_s() {
-  const char* env = std::getenv("LOOM_COMM_TIMEOUT_S");
-  if (env == nullptr || *env == '\0') return 300.0;
-  char* end = nullptr;
-  const double v = std::strtod(env, &end);
-  LOOM_CONFIG_CHECK(end != env && *end == '\0' && v > 0 && std::isfinite(v),
-                    "LOOM_COMM_TIMEOUT_S: expected a positive number of seconds, got '", env, "'");
-  return v;
-}
-
 MpiCommunicator::MpiCommunicator(MPI_Comm comm, std::string name, double timeout_s)
     : comm_(comm), name_(std::move(name)), timeout_s_(std::min(timeout_s, kMaxTimeoutS)) {
   LOOM_CHECK(comm != MPI_COMM_NULL, "MpiCommunicator ", name_, ": null MPI communicator");

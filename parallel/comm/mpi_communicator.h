@@ -28,10 +28,6 @@
 
 namespace loom::parallel {
 
-// Seconds an operation may take, from being issued, before wait() throws: LOOM_COMM_TIMEOUT_S
-// when set (a positive number; anything else is a ConfigError naming it), else 300.
-double default_comm_timeout_s();
-
 class MpiOp;  // one queued operation (mpi_communicator.cpp)
 
 class MpiCommunicator final : public Communicator {

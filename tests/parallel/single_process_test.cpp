@@ -7,7 +7,8 @@
 #include <string>
 
 #include "core/rng.h"
-#include "parallel/comm/mpi_communicator.h"
+#include "parallel/comm/communicator.h"
+#include "parallel/parallel_context.h"
 #include "parallel/launcher.h"
 
 namespace loom::parallel {
