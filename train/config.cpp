@@ -81,6 +81,7 @@ void visit_fields(Config& c, V&& v) {
   v("parallel", "zero_stage", p.zero_stage);
   v("parallel", "mics_partition_size", p.mics_partition_size);
   v("parallel", "bucket_mb", p.bucket_mb);
+  v("parallel", "overlap", p.overlap);
   v("parallel", "comm_timeout_s", p.comm_timeout_s);
 }
 

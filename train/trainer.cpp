@@ -164,6 +164,7 @@ void Trainer::State::build_parallel(const std::vector<optim::ParamRef>& refs) {
   parallel::DataParallelConfig c;
   c.zero_stage = static_cast<int>(cfg.parallel.zero_stage);
   c.bucket_bytes = static_cast<size_t>(cfg.parallel.bucket_mb * (1 << 20));
+  c.overlap = cfg.parallel.overlap;
   c.beta1 = cfg.optim.beta1;
   c.beta2 = cfg.optim.beta2;
   c.eps = cfg.optim.eps;

@@ -161,11 +161,11 @@ void DataParallel::on_grad_ready(size_t index, Tensor& leaf) {
     leaf.set_grad(view);
   }
   if (--b.pending > 0) return;
-  if (sync_) {
-    launch(p.bucket, DpEventKind::kLaunch);
-  } else {
+  if (!sync_) {
     b.pending = static_cast<int>(b.plan.params.size());  // accumulation: next micro-batch
-  }
+  } else if (config_.overlap) {
+    launch(p.bucket, DpEventKind::kLaunch);
+  }  // else finish_gradient_sync launches it: overlap switched off for comparison
 }
 
 void DataParallel::launch(int bucket, DpEventKind kind) {

@@ -57,6 +57,7 @@ struct DataParallelConfig {
   double weight_decay = 0.0;
   optim::DecayRule decay_rule = optim::DecayRule::kDefault;
   bool broadcast_parameters = true;  // copy dp rank 0's parameters to every rank at start
+  bool overlap = true;  // false: launch every reduction in finish_gradient_sync (for measuring)
 };
 
 // MiCS groups: shard within `partition` (size P), replicate across `replica` (size dp / P).

@@ -95,6 +95,39 @@ void check_overlap(int zero_stage, int micro) {
 }
 
 TEST(DataParallelOverlap, Zero0ReductionStartsBeforeLastGradient) { check_overlap(0, 1); }
+
+// With overlap switched off every reduction is launched late, after backward, and the
+// gradients are the same as with overlap (same reductions, same order of summation).
+TEST(DataParallelOverlap, SwitchedOffLaunchesEverythingAfterBackward) {
+  const int world = testing::world_size();
+  ParallelContext ctx =
+      ParallelContext::create(dp_layout(world, world, 0, testing::kTestCommTimeoutS));
+  std::vector<std::vector<double>> grads;
+  for (bool overlap : {true, false}) {
+    Transformer model(testing::dp_tiny_gpt());
+    Generator gen(testing::kInitSeed);
+    model.init_weights(gen);
+    DataParallelConfig cfg = dp_config(0, 4 << 10);
+    cfg.overlap = overlap;
+    DataParallel dp(model.named_parameters(), ctx.dp(), cfg);
+    auto [ids, targets] = testing::global_batch(0);
+    dp.zero_grad();
+    dp.set_sync(true);
+    autograd::backward(model.loss(ids, targets));
+    dp.finish_gradient_sync();
+    const DpStepStats& st = dp.last_step_stats();
+    EXPECT_EQ(st.count(DpEventKind::kLaunch), overlap ? dp.num_buckets() : 0);
+    EXPECT_EQ(st.count(DpEventKind::kLateLaunch), overlap ? 0 : dp.num_buckets());
+    EXPECT_DOUBLE_EQ(st.overlap_fraction(), overlap ? 1.0 : 0.0);
+    std::vector<double> g;
+    for (const auto& [name, p] : model.named_parameters()) {
+      const auto v = p.grad().to_vector();
+      g.insert(g.end(), v.begin(), v.end());
+    }
+    grads.push_back(g);
+  }
+  EXPECT_EQ(grads[0], grads[1]);
+}
 TEST(DataParallelOverlap, Zero2ReductionStartsBeforeLastGradient) { check_overlap(2, 1); }
 TEST(DataParallelOverlap, AccumulationLaunchesOnlyOnLastMicroBatch) { check_overlap(1, 2); }
 
