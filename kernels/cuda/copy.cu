@@ -1,7 +1,8 @@
 // kernels/cuda/copy.cu — CUDA data movement: host↔device transfers, device_count, fill and the
-// strided, dtype-converting device copy. Everything runs on the default stream (the stream layer
-// is a later issue). Conversions give the CPU kernels' bits (kernels/cuda/dtype_convert.cuh).
-// Must not synchronise the host except in the blocking host↔device transfers.
+// strided, dtype-converting device copy. Device-side work runs on the compute stream
+// (kernels/cuda/cuda_device.cuh); host↔device transfers are blocking cudaMemcpy calls, which
+// order themselves after all earlier work. Conversions give the CPU kernels' bits
+// (kernels/cuda/dtype_convert.cuh). Must not synchronise the host except in those transfers.
 #include <cuda_runtime.h>
 
 #include <cstdint>
@@ -112,7 +113,7 @@ void copy_cuda(const Tensor& src, Tensor& dst) {
   CudaDeviceGuard guard(dst.device().index);
   if (src.dtype() == dst.dtype() && src.is_contiguous() && dst.is_contiguous()) {
     CUDA_CHECK(cudaMemcpyAsync(dst.raw_data(), src.raw_data(), dst.nbytes(),
-                               cudaMemcpyDeviceToDevice, /*stream=*/nullptr));
+                               cudaMemcpyDeviceToDevice, compute_stream()));
     return;
   }
   const StridedGeometry g = make_geometry(dst.shape(), &src.strides(), dst.strides(), "copy");
@@ -121,7 +122,7 @@ void copy_cuda(const Tensor& src, Tensor& dst) {
     const src_t* s = static_cast<const src_t*>(src.raw_data());
     LOOM_DISPATCH_ALL(dst.dtype(), "copy", [&] {
       scalar_t* d = static_cast<scalar_t*>(dst.raw_data());
-      copy_kernel<src_t, scalar_t><<<grid_for(n, kThreads), kThreads>>>(s, d, n, g);
+      copy_kernel<src_t, scalar_t><<<grid_for(n, kThreads), kThreads, 0, compute_stream()>>>(s, d, n, g);
     });
   });
   LOOM_CUDA_LAUNCH_CHECK();
@@ -135,7 +136,7 @@ void fill_cuda(Tensor& dst, double value) {
   LOOM_DISPATCH_ALL(dst.dtype(), "fill", [&] {
     scalar_t* d = static_cast<scalar_t*>(dst.raw_data());
     fill_kernel<scalar_t>
-        <<<grid_for(n, kThreads), kThreads>>>(d, n, host_value<scalar_t>(value), g);
+        <<<grid_for(n, kThreads), kThreads, 0, compute_stream()>>>(d, n, host_value<scalar_t>(value), g);
   });
   LOOM_CUDA_LAUNCH_CHECK();
 }

@@ -1,7 +1,7 @@
 // kernels/cuda/cuda_device.cuh — CudaDeviceGuard: makes a device current for a scope and
 // restores the previous one. Every CUDA launcher that touches a tensor's memory opens one on
-// the tensor's device index. Holds no state beyond the scope; must not pick streams (a later
-// issue adds the stream layer).
+// the tensor's device index. Holds no state beyond the scope. Also: the compute stream and the grid
+// size of a grid-stride loop.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -27,6 +27,13 @@ class CudaDeviceGuard {
  private:
   int previous_ = 0;
 };
+
+// The stream every compute kernel and cuBLASLt call of this thread is issued on. It is CUDA's
+// per-thread default stream: a real stream (work on it runs in order) that is not the legacy
+// stream, so communication streams created with cudaStreamNonBlocking run beside it and are
+// ordered against it only by events (Note [Streams] in docs/cuda.md). It is not a Loom-owned
+// object, so there is nothing to create or destroy.
+inline cudaStream_t compute_stream() { return cudaStreamPerThread; }
 
 // Blocks and threads for a grid-stride loop over n elements (n > 0).
 inline unsigned grid_for(int64_t n, unsigned threads) {
