@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# tools/gpu_bundle.sh — builds the CUDA programs for a GPU machine HERE and packs them, with the
+# non-CUDA shared libraries they need, into .gpu/bundle.tar.xz (ignored by git). A GPU machine
+# whose image lacks Loom's build dependencies (yaml-cpp, OpenBLAS, Google Test/Benchmark) runs
+# tools/gpu_check.sh on the bundle instead of building; one that has them can build there.
+# The CUDA libraries themselves (cudart is static; cuBLAS/cuBLASLt, NCCL) are the GPU machine's.
+#
+#   tools/gpu_bundle.sh [BUILD_DIR]     (default build-gpu; sm_90, no MPI, Release, -Werror)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+build=${1:-build-gpu}
+cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DLOOM_CUDA=ON \
+  -DLOOM_CUDA_ARCHITECTURES=90 -DLOOM_MPI=OFF -DLOOM_WERROR=ON >/dev/null
+ninja -C "$build" -j"$(nproc)" cuda_tests gpu_kernels_bench train dump_logits
+stage=$(mktemp -d)
+mkdir -p "$stage/bundle/bin" "$stage/bundle/lib"
+cp "$build"/bin/{cuda_tests,gpu_kernels_bench,train,dump_logits} "$stage/bundle/bin/"
+cp "$build"/lib/libloom.so "$stage/bundle/lib/"
+# Every non-system, non-CUDA library the programs load, resolved here.
+for lib in $(ldd "$build"/bin/* "$build"/lib/libloom.so 2>/dev/null | awk '/=> \//{print $3}' | sort -u); do
+  case "$(basename "$lib")" in
+    libc.so*|libm.so*|libdl.so*|librt.so*|libpthread.so*|ld-linux*|libgcc_s.so*|libstdc++.so*) ;;
+    libcuda.so*|libcudart*|libcublas*|libnccl*|libcudnn*|libloom.so) ;;
+    *) cp -L "$lib" "$stage/bundle/lib/" ;;
+  esac
+done
+mkdir -p .gpu
+tar -C "$stage" -cJf .gpu/bundle.tar.xz bundle
+rm -rf "$stage"
+echo "gpu_bundle: .gpu/bundle.tar.xz ($(du -h .gpu/bundle.tar.xz | cut -f1)): $(tar -tJf .gpu/bundle.tar.xz | tr '\n' ' ')"

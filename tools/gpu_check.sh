@@ -1,0 +1,152 @@
+#!/usr/bin/env bash
+# tools/gpu_check.sh — the one call on a GPU machine (issue 6): gets the CUDA programs (from
+# .gpu/bundle.tar.xz made by tools/gpu_bundle.sh, else builds them here for sm_90), then
+#   1. runs the CUDA tests (every kernel against the CPU kernel, GPU training against the CPU run),
+#   2. measures the device's ceilings (copy GB/s, bf16 GEMM TFLOP/s) and every kernel against them,
+#   3. trains GPT-2 124M, 350M, 1.5B and Llama ~1B for a few steps on synthetic tokens
+#      (tokens/s, MFU against the measured GEMM ceiling, peak memory),
+#   4. compares GPT-2 124M forward logits with PyTorch/transformers on the same weights,
+# and prints a short table last. Full logs go under $OUT (the device tool's folder; default
+# ./gpu_check_out). Each stage has its own time limit so that one hang cannot eat the lease;
+# the whole script is sized to finish in about 8 minutes on an H200.
+#
+#   tools/gpu_check.sh [--skip-train] [--only-tests]
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT=${OUT:-$PWD/gpu_check_out}
+mkdir -p "$OUT"
+skip_train=0
+only_tests=0
+for a in "$@"; do
+  case "$a" in
+    --skip-train) skip_train=1 ;;
+    --only-tests) only_tests=1 ;;
+    *) echo "usage: tools/gpu_check.sh [--skip-train] [--only-tests]" >&2; exit 2 ;;
+  esac
+done
+summary="$OUT/summary.txt"
+: >"$summary"
+note() { echo "$*" | tee -a "$summary"; }
+t_start=$(date +%s)
+stamp() { echo "[$(($(date +%s) - t_start)) s] $*"; }
+
+# --- the machine -------------------------------------------------------------------------------
+{
+  nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.sm,clocks.max.sm --format=csv
+  nvcc --version | tail -2
+  uname -a
+  python3 -c 'import torch, transformers; print("torch", torch.__version__, "transformers", transformers.__version__)'
+} >"$OUT/env.txt" 2>&1
+note "device: $(nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>/dev/null)"
+
+# CUDA libraries: the toolkit's, then the ones PyTorch's wheels carry (cuBLAS, NCCL).
+cuda_libs=/usr/local/cuda/lib64
+for pkg in cublas nccl cudnn cuda_runtime; do
+  d=$(python3 -c "import nvidia.$pkg as m, os; print(os.path.join(list(m.__path__)[0], 'lib'))" 2>/dev/null) &&
+    cuda_libs="$cuda_libs:$d"
+done
+
+# --- programs ----------------------------------------------------------------------------------
+if [[ -f .gpu/bundle.tar.xz ]]; then
+  stamp "using the prebuilt bundle"
+  rm -rf /tmp/loom_bundle && mkdir -p /tmp/loom_bundle && tar -C /tmp/loom_bundle -xJf .gpu/bundle.tar.xz
+  bin=/tmp/loom_bundle/bundle/bin
+  export LD_LIBRARY_PATH=/tmp/loom_bundle/bundle/lib:$cuda_libs:${LD_LIBRARY_PATH:-}
+else
+  stamp "building for sm_90"
+  bin=$PWD/build-gpu/bin
+  export LD_LIBRARY_PATH=$cuda_libs:${LD_LIBRARY_PATH:-}
+  if ! { cmake -S . -B build-gpu -G Ninja -DCMAKE_BUILD_TYPE=Release -DLOOM_CUDA=ON \
+           -DLOOM_CUDA_ARCHITECTURES=90 -DLOOM_MPI=OFF &&
+         ninja -C build-gpu cuda_tests gpu_kernels_bench train dump_logits; } >"$OUT/build.log" 2>&1; then
+    note "BUILD FAILED (see build.log)"; tail -30 "$OUT/build.log"; exit 1
+  fi
+fi
+missing=$(ldd "$bin/cuda_tests" "$bin/train" 2>&1 | grep "not found" | sort -u)
+[[ -n "$missing" ]] && note "missing libraries: $missing"
+
+# --- 1. CUDA tests -----------------------------------------------------------------------------
+stamp "CUDA tests"
+timeout 300 "$bin/cuda_tests" --gtest_color=no >"$OUT/cuda_tests.log" 2>&1
+rc=$?
+passed=$(grep -c "^\[       OK \]" "$OUT/cuda_tests.log")
+failed=$(grep "^\[  FAILED  \]" "$OUT/cuda_tests.log" | grep -v "listed below\|tests, listed" | sort -u)
+skipped=$(grep -c "^\[  SKIPPED \]" "$OUT/cuda_tests.log")
+note "cuda_tests: exit $rc, $passed passed, $(echo -n "$failed" | grep -c .) failed, $skipped skipped"
+[[ -n "$failed" ]] && echo "$failed" | sed 's/^/  /' | tee -a "$summary"
+[[ $only_tests == 1 ]] && { stamp done; cat "$summary"; exit 0; }
+
+# --- 2. ceilings and kernels -------------------------------------------------------------------
+stamp "kernel benchmark"
+timeout 180 "$bin/gpu_kernels_bench" --benchmark_color=false >"$OUT/kernels.log" 2>&1
+gemm_tflops=$(sed -n 's/^ceilings: copy .* bf16 GEMM \([0-9.]*\) TFLOP\/s/\1/p' "$OUT/kernels.log" | tail -1)
+peak_flops=$(python3 -c "print(float('${gemm_tflops:-0}') * 1e12)")
+
+# --- 3. training steps -------------------------------------------------------------------------
+if [[ $skip_train == 0 ]]; then
+  stamp "training steps"
+  synth=/tmp/loom_synth
+  mkdir -p "$synth"
+  python3 - "$synth" <<'PY'
+import struct, sys, random
+# llm.c token shards (data/shard.h): 256 int32 header (magic, version, count), then uint16 ids.
+rng = random.Random(0)
+for name, n in (("train_000.bin", 4_000_000), ("val_000.bin", 200_000)):
+    with open(f"{sys.argv[1]}/{name}", "wb") as f:
+        f.write(struct.pack("<256i", 20240520, 1, n, *([0] * 253)))
+        f.write(struct.pack(f"<{n}H", *(rng.randrange(50257) for _ in range(n))))
+PY
+  : >"$OUT/train.log"
+  # model config, micro-batch, sequence length, steps
+  for run in "gpt2-124m 32 1024 20" "gpt2-350m 32 1024 15" "gpt2-1.5b 16 1024 10" "llama-1b 8 2048 10"; do
+    read -r cfg b t steps <<<"$run"
+    echo "=== $cfg B=$b T=$t" >>"$OUT/train.log"
+    timeout 150 "$bin/train" --config "configs/$cfg.yaml" \
+      --set "data.train=$synth/train_*.bin" --set "data.val=$synth/val_*.bin" \
+      --set data.batch_size="$b" --set data.seq_len="$t" --set optim.grad_accum=1 \
+      --set train.steps="$steps" --set train.device=cuda --set train.precision=bf16 \
+      --set train.peak_flops="$peak_flops" --set train.val_every=0 --set train.sample_every=0 \
+      --set train.out_dir="/tmp/loom_runs/$cfg" --set checkpoint.at_end=false \
+      >>"$OUT/train.log" 2>&1
+    echo "=== exit $?" >>"$OUT/train.log"
+  done
+fi
+
+# --- 4. logits against PyTorch -----------------------------------------------------------------
+stamp "logits against PyTorch"
+if timeout 120 "$bin/dump_logits" --config configs/gpt2-124m.yaml --device cuda --batch 2 --seq 256 \
+     --out /tmp/loom_gpt2_logits.safetensors >"$OUT/logits.log" 2>&1; then
+  timeout 120 python3 tools/compare_logits_torch.py /tmp/loom_gpt2_logits.safetensors --tol 1e-4 \
+    >>"$OUT/logits.log" 2>&1
+fi
+
+# --- the table ---------------------------------------------------------------------------------
+stamp "done"
+{
+  echo
+  echo "== kernels (fraction of the measured ceilings)"
+  sed -n '/^kernel  *time (us)/,$p' "$OUT/kernels.log"
+  if [[ $skip_train == 0 ]]; then
+    echo
+    echo "== training (bf16, one GPU; median of the step lines after the first 3)"
+    python3 - "$OUT/train.log" <<'PY'
+import re, statistics, sys
+runs, cur = {}, None
+for line in open(sys.argv[1]):
+    if line.startswith("=== ") and "exit" not in line:
+        cur = line[4:].strip(); runs[cur] = []
+    elif cur and re.search(r"\bstep\s+\d+", line) and "tok/s" in line:
+        runs[cur].append(line)
+for name, lines in runs.items():
+    rows = lines[3:] or lines
+    def med(pat):
+        v = [float(m.group(1).replace(",", "")) for l in rows if (m := re.search(pat, l))]
+        return statistics.median(v) if v else float("nan")
+    peak = re.search(r"peak ([0-9.]+ \w+)", rows[-1]) if rows else None
+    print(f"{name:28s} {med(r'([0-9.,]+) tok/s'):>10.0f} tok/s  MFU {med(r'MFU ([0-9.]+)%'):5.1f}%  "
+          f"peak mem {peak.group(1) if peak else '?'}  ({len(lines)} steps)")
+PY
+  fi
+  echo
+  grep "compare_logits_torch\|error\|Error" "$OUT/logits.log" | head -3
+} | tee -a "$summary"
