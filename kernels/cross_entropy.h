@@ -28,3 +28,25 @@ LOOM_DECLARE_KERNEL(cross_entropy_backward,
                     void(const loom::Tensor& logits, const loom::Tensor& targets,
                          const loom::Tensor& lse, const loom::Tensor& dloss, double grad_scale,
                          int64_t ignore_index, int64_t vocab_size, loom::Tensor& dlogits));
+
+// Note [Vocab-parallel cross-entropy kernels]: the same loss when the vocabulary is split
+// across a tensor-parallel group. This rank holds logits (N, Vl) for global columns
+// [vocab_start, vocab_start + Vl), of which the first vocab_valid (≥ 1) are real vocabulary;
+// targets (N) are GLOBAL ids (or ignore_index). The forward writes, per non-ignored row,
+//   lse_local_r    = log Σ_{j<vocab_valid} exp(logits_rj)       (in double, stored as lse dtype)
+//   target_logit_r = logits_{r, t_r − vocab_start} if t_r falls in this rank's real columns, else 0
+// and 0 to both on ignored rows; dtypes as lse in Note [Cross-entropy kernel contract]. The op
+// combines the ranks' lse_local into the global lse and sums target_logit over the group
+// (exactly one rank holds each target). The backward, with that global lse (N):
+//   dlogits_rj += (exp(logits_rj − lse_r) − [vocab_start + j == t_r]) · dloss · grad_scale
+// for non-ignored rows and j < vocab_valid; other entries are untouched (ACCUMULATED, like
+// cross_entropy_backward).
+LOOM_DECLARE_KERNEL(vocab_parallel_ce_forward,
+                    void(const loom::Tensor& logits, const loom::Tensor& targets,
+                         int64_t ignore_index, int64_t vocab_start, int64_t vocab_valid,
+                         loom::Tensor& lse_local, loom::Tensor& target_logit));
+LOOM_DECLARE_KERNEL(vocab_parallel_ce_backward,
+                    void(const loom::Tensor& logits, const loom::Tensor& targets,
+                         const loom::Tensor& lse, const loom::Tensor& dloss, double grad_scale,
+                         int64_t ignore_index, int64_t vocab_start, int64_t vocab_valid,
+                         loom::Tensor& dlogits));

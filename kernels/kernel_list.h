@@ -34,6 +34,8 @@
   X(attention_backward)         \
   X(cross_entropy_forward)      \
   X(cross_entropy_backward)     \
+  X(vocab_parallel_ce_forward)  \
+  X(vocab_parallel_ce_backward) \
   X(adamw_step)
 
 // Kernels a device backend registers that have no CPU form (host↔device transfers).

@@ -137,8 +137,84 @@ void cross_entropy_backward_cpu(const Tensor& logits, const Tensor& targets, con
   });
 }
 
+// Note [Vocab-parallel cross-entropy kernels] in kernels/cross_entropy.h. Targets are global
+// ids: only their range against the global vocabulary is unknown here, so they are checked
+// against [0, ∞) and ignore_index; the op checks them against the real vocabulary.
+std::vector<int64_t> global_targets(const Tensor& targets, int64_t ignore_index, const char* name) {
+  return checked_targets(targets, ignore_index, std::numeric_limits<int64_t>::max(), name);
+}
+
+void check_shard(const Tensor& logits, int64_t vocab_start, int64_t vocab_valid, const char* name) {
+  LOOM_CHECK(vocab_start >= 0 && vocab_valid >= 1 && vocab_valid <= logits.size(1), name,
+             ": vocab_start ", vocab_start, " / vocab_valid ", vocab_valid,
+             " do not describe a shard of ", logits.size(1), " columns");
+}
+
+void vocab_parallel_ce_forward_cpu(const Tensor& logits, const Tensor& targets,
+                                   int64_t ignore_index, int64_t vocab_start, int64_t vocab_valid,
+                                   Tensor& lse_local, Tensor& target_logit) {
+  const char* name = "vocab_parallel_ce_forward";
+  check_shapes(logits, targets, vocab_valid, name);
+  check_shard(logits, vocab_start, vocab_valid, name);
+  check_row_buffer(lse_local, logits, name, "lse_local");
+  check_row_buffer(target_logit, logits, name, "target_logit");
+  const std::vector<int64_t> tgt = global_targets(targets, ignore_index, name);
+  const int64_t vp = logits.size(1);
+  LOOM_DISPATCH_FLOAT(logits.dtype(), name, [&] {
+    const scalar_t* x = logits.data<scalar_t>();
+    scalar_t* lse = lse_local.data<scalar_t>();
+    scalar_t* tl = target_logit.data<scalar_t>();
+    parallel_for(static_cast<int64_t>(tgt.size()), std::max<int64_t>(1, kElementGrain / vp),
+                 [&](int64_t lo, int64_t hi) {
+                   for (int64_t r = lo; r < hi; ++r) {
+                     lse[r] = scalar_t(0);
+                     tl[r] = scalar_t(0);
+                     if (tgt[r] == ignore_index) continue;
+                     lse[r] = static_cast<scalar_t>(row_lse(x + r * vp, vocab_valid));
+                     const int64_t j = tgt[r] - vocab_start;
+                     if (j >= 0 && j < vocab_valid) tl[r] = x[r * vp + j];
+                   }
+                 });
+  });
+}
+
+void vocab_parallel_ce_backward_cpu(const Tensor& logits, const Tensor& targets,
+                                    const Tensor& lse, const Tensor& dloss, double grad_scale,
+                                    int64_t ignore_index, int64_t vocab_start,
+                                    int64_t vocab_valid, Tensor& dlogits) {
+  const char* name = "vocab_parallel_ce_backward";
+  check_shapes(logits, targets, vocab_valid, name);
+  check_shard(logits, vocab_start, vocab_valid, name);
+  check_row_buffer(lse, logits, name, "lse");
+  LOOM_CHECK(dloss.numel() == 1 && dloss.dtype() == lse.dtype(), name, ": dloss must be one ",
+             dtype_name(lse.dtype()), " element");
+  LOOM_CHECK(dlogits.shape() == logits.shape() && dlogits.dtype() == logits.dtype() &&
+                 dlogits.is_contiguous(),
+             name, ": dlogits must be contiguous like logits ", shape_str(logits.shape()));
+  const std::vector<int64_t> tgt = global_targets(targets, ignore_index, name);
+  const int64_t vp = logits.size(1);
+  LOOM_DISPATCH_FLOAT(logits.dtype(), name, [&] {
+    const scalar_t g =
+        static_cast<scalar_t>(static_cast<double>(dloss.data<scalar_t>()[0]) * grad_scale);
+    const scalar_t* x = logits.data<scalar_t>();
+    const scalar_t* l = lse.data<scalar_t>();
+    scalar_t* dx = dlogits.data<scalar_t>();
+    parallel_for(static_cast<int64_t>(tgt.size()), std::max<int64_t>(1, kElementGrain / vp),
+                 [&](int64_t lo, int64_t hi) {
+                   for (int64_t r = lo; r < hi; ++r) {
+                     if (tgt[r] == ignore_index) continue;
+                     add_scaled_softmax(x + r * vp, l[r], g, vocab_valid, dx + r * vp);
+                     const int64_t j = tgt[r] - vocab_start;
+                     if (j >= 0 && j < vocab_valid) dx[r * vp + j] -= g;
+                   }
+                 });
+  });
+}
+
 }  // namespace
 
+LOOM_REGISTER_KERNEL(vocab_parallel_ce_forward, kCpu, vocab_parallel_ce_forward_cpu);
+LOOM_REGISTER_KERNEL(vocab_parallel_ce_backward, kCpu, vocab_parallel_ce_backward_cpu);
 LOOM_REGISTER_KERNEL(cross_entropy_forward, kCpu, cross_entropy_forward_cpu);
 LOOM_REGISTER_KERNEL(cross_entropy_backward, kCpu, cross_entropy_backward_cpu);
 

@@ -1,0 +1,114 @@
+// parallel/tp/layers.cpp — the tensor-parallel layers (see the header). Each forward is one
+// local GEMM (or lookup) between the matched communication ops of parallel/tp/comm_ops.h.
+#include "parallel/tp/layers.h"
+
+#include <string>
+
+#include "core/autograd.h"
+#include "core/ops/elementwise.h"
+#include "core/ops/embedding.h"
+#include "core/ops/matmul.h"
+#include "core/ops/view.h"
+#include "parallel/tp/comm_ops.h"
+
+namespace loom::parallel::tp {
+namespace {
+
+int64_t shard_size(int64_t n, const Communicator& tp, const char* what) {
+  LOOM_CHECK(n % tp.size() == 0, what, ": ", n, " does not divide by the tensor-parallel size ",
+             tp.size());
+  return n / tp.size();
+}
+
+void copy_slice(Tensor& dst, const Tensor& full, int64_t dim, int64_t start, const char* what) {
+  LOOM_CHECK(full.dim() == dst.dim() && full.size(dim) == dst.size(dim) * (full.size(dim) / dst.size(dim)),
+             what, ": full tensor ", shape_str(full.shape()), " does not match shard ",
+             shape_str(dst.shape()));
+  autograd::NoGradGuard no_grad;
+  ops::copy_(dst, ops::narrow(full.to(dst.device()), dim, start, dst.size(dim)));
+}
+
+}  // namespace
+
+ColumnParallelLinear::ColumnParallelLinear(int64_t in_features, int64_t out_features, bool bias,
+                                           Communicator& tp, bool sequence_parallel, DType dtype,
+                                           Device device)
+    : tp_(&tp), sequence_parallel_(sequence_parallel) {
+  const int64_t out = shard_size(out_features, tp, "ColumnParallelLinear out_features");
+  weight_ = register_parameter("weight", Tensor::zeros({out, in_features}, dtype, device));
+  if (bias) bias_ = register_parameter("bias", Tensor::zeros({out}, dtype, device));
+}
+
+Tensor ColumnParallelLinear::forward(const Tensor& x) const {
+  const Tensor in = sequence_parallel_ ? gather_from_sequence(x, *tp_, 1) : copy_to_region(x, *tp_);
+  Tensor y = ops::matmul(in, weight_, false, true);
+  return bias_.defined() ? ops::add(y, bias_) : y;
+}
+
+void ColumnParallelLinear::load_shard(const Tensor& full_weight, const Tensor& full_bias) {
+  const int64_t rows = weight_.size(0);
+  copy_slice(weight_, full_weight, 0, tp_->rank() * rows, "ColumnParallelLinear.load_shard");
+  if (bias_.defined()) copy_slice(bias_, full_bias, 0, tp_->rank() * rows, "ColumnParallelLinear.load_shard");
+}
+
+RowParallelLinear::RowParallelLinear(int64_t in_features, int64_t out_features, bool bias,
+                                     Communicator& tp, bool sequence_parallel, DType dtype,
+                                     Device device)
+    : tp_(&tp), sequence_parallel_(sequence_parallel) {
+  const int64_t in = shard_size(in_features, tp, "RowParallelLinear in_features");
+  weight_ = register_parameter("weight", Tensor::zeros({out_features, in}, dtype, device));
+  if (bias) bias_ = register_parameter("bias", Tensor::zeros({out_features}, dtype, device));
+}
+
+Tensor RowParallelLinear::forward(const Tensor& x) const {
+  const Tensor partial = ops::matmul(x, weight_, false, true);
+  Tensor y = sequence_parallel_ ? reduce_scatter_to_sequence(partial, *tp_, 1)
+                                : reduce_from_region(partial, *tp_);
+  return bias_.defined() ? ops::add(y, bias_) : y;
+}
+
+void RowParallelLinear::load_shard(const Tensor& full_weight, const Tensor& full_bias) {
+  const int64_t cols = weight_.size(1);
+  copy_slice(weight_, full_weight, 1, tp_->rank() * cols, "RowParallelLinear.load_shard");
+  if (bias_.defined()) copy_slice(bias_, full_bias, 0, 0, "RowParallelLinear.load_shard");
+}
+
+std::vector<Tensor> RowParallelLinear::sequence_parallel_grads() const {
+  if (sequence_parallel_ && bias_.defined()) return {bias_};
+  return {};
+}
+
+VocabParallelEmbedding::VocabParallelEmbedding(int64_t num_embeddings, int64_t dim, Communicator& tp,
+                                               bool sequence_parallel, DType dtype, Device device)
+    : tp_(&tp), sequence_parallel_(sequence_parallel) {
+  rows_ = shard_size(num_embeddings, tp, "VocabParallelEmbedding num_embeddings");
+  weight_ = register_parameter("weight", Tensor::zeros({rows_, dim}, dtype, device));
+}
+
+// Ids outside this rank's rows look up row 0 and are then zeroed by a mask, so the sum over
+// the group holds exactly one real row per token.
+Tensor VocabParallelEmbedding::forward(const Tensor& ids) const {
+  const int64_t start = tp_->rank() * rows_;
+  const std::vector<double> host = ids.to(Device::cpu()).contiguous().to_vector();
+  std::vector<int64_t> local(host.size());
+  std::vector<float> keep(host.size());
+  for (size_t i = 0; i < host.size(); ++i) {
+    const auto id = static_cast<int64_t>(host[i]);
+    const bool mine = id >= start && id < start + rows_;
+    local[i] = mine ? id - start : 0;
+    keep[i] = mine ? 1.0f : 0.0f;
+  }
+  Shape mask_shape = ids.shape();
+  mask_shape.push_back(1);
+  const Tensor local_ids = Tensor::from_vector(local, ids.shape()).to(weight_.device());
+  const Tensor mask = Tensor::from_vector(keep, mask_shape).to(weight_.dtype()).to(weight_.device());
+  const Tensor partial = ops::mul(ops::embedding(local_ids, weight_), mask);
+  return sequence_parallel_ ? reduce_scatter_to_sequence(partial, *tp_, 1)
+                            : reduce_from_region(partial, *tp_);
+}
+
+void VocabParallelEmbedding::load_shard(const Tensor& full_weight) {
+  copy_slice(weight_, full_weight, 0, tp_->rank() * rows_, "VocabParallelEmbedding.load_shard");
+}
+
+}  // namespace loom::parallel::tp
