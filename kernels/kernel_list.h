@@ -32,6 +32,9 @@
   X(rope_backward)              \
   X(attention_forward)          \
   X(attention_backward)         \
+  X(attention_block_forward)    \
+  X(attention_block_merge)      \
+  X(attention_block_backward)   \
   X(cross_entropy_forward)      \
   X(cross_entropy_backward)     \
   X(vocab_parallel_ce_forward)  \
