@@ -9,10 +9,12 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 
 #include "core/tensor.h"
 #include "layers/linear.h"
 #include "layers/model_config.h"
+#include "layers/model_parallel.h"
 #include "layers/module.h"
 
 namespace loom {
@@ -20,22 +22,26 @@ namespace loom {
 class CausalSelfAttention : public Module {
  public:
   // Sizes from config (n_embd, n_head, kv_heads()); biases for gpt2, none and RoPE for llama.
-  CausalSelfAttention(const ModelConfig& config, DType dtype = DType::kF32, Device device = {});
+  // With a ModelParallel (layers/model_parallel.h), qkv is column-parallel (q, k and v split
+  // by heads), proj row-parallel, and this rank computes n_head/tp query and kv_heads/tp kv heads.
+  CausalSelfAttention(const ModelConfig& config, DType dtype = DType::kF32, Device device = {},
+                      const ModelParallel* mp = nullptr);
   // x (B, T, C); positions (T) integer: the global index of each token (used by RoPE; ignored
   // without it). Returns (B, T, C).
   Tensor forward(const Tensor& x, const Tensor& positions) const;
   // qkv ← N(0, std²), proj ← N(0, proj_std²), biases ← 0.
   void init(Generator& gen, double std, double proj_std);
 
-  const Linear& qkv() const { return qkv_; }
-  const Linear& proj() const { return proj_; }
+  const LinearLayer& qkv() const { return *qkv_; }
+  const LinearLayer& proj() const { return *proj_; }
 
  private:
-  int64_t n_head_, n_kv_head_, head_dim_;
+  const ModelParallel* mp_;
+  int64_t n_head_, n_kv_head_, head_dim_;  // heads on this rank
   bool rope_;
   double rope_theta_;
-  Linear qkv_;   // (Hq + 2·Hkv)·D × C, Note [Fused qkv layout]
-  Linear proj_;  // C × Hq·D
+  std::unique_ptr<LinearLayer> qkv_;   // (Hq + 2·Hkv)·D × C, Note [Fused qkv layout]
+  std::unique_ptr<LinearLayer> proj_;  // C × Hq·D
 };
 
 }  // namespace loom

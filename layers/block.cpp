@@ -14,20 +14,21 @@ std::unique_ptr<Norm> make_norm(const ModelConfig& c, DType dtype, Device device
   return std::make_unique<LayerNorm>(c.n_embd, c.norm_eps, true, dtype, device);
 }
 
-std::unique_ptr<FeedForward> make_mlp(const ModelConfig& c, DType dtype, Device device) {
+std::unique_ptr<FeedForward> make_mlp(const ModelConfig& c, DType dtype, Device device,
+                                      const ModelParallel* mp) {
   if (c.is_llama())
-    return std::make_unique<SwiGluMlp>(c.n_embd, c.ffn_hidden_size(), dtype, device);
-  return std::make_unique<Mlp>(c.n_embd, c.ffn_hidden_size(), true, dtype, device);
+    return std::make_unique<SwiGluMlp>(c.n_embd, c.ffn_hidden_size(), dtype, device, mp);
+  return std::make_unique<Mlp>(c.n_embd, c.ffn_hidden_size(), true, dtype, device, mp);
 }
 }  // namespace
 
-Block::Block(const ModelConfig& config, DType dtype, Device device)
+Block::Block(const ModelConfig& config, DType dtype, Device device, const ModelParallel* mp)
     : dropout_(config.dropout),
       checkpointing_(config.activation_checkpointing),
       norm1_(make_norm(config, dtype, device)),
-      attn_(config, dtype, device),
+      attn_(config, dtype, device, mp),
       norm2_(make_norm(config, dtype, device)),
-      mlp_(make_mlp(config, dtype, device)) {
+      mlp_(make_mlp(config, dtype, device, mp)) {
   const bool llama = config.is_llama();
   register_module(llama ? "attn_norm" : "ln_1", *norm1_);
   register_module("attn", attn_);

@@ -21,7 +21,10 @@ namespace loom {
 
 class Block : public Module {
  public:
-  Block(const ModelConfig& config, DType dtype = DType::kF32, Device device = {});
+  // With a ModelParallel, attention and MLP are tensor-parallel (layers/model_parallel.h); under
+  // sequence parallelism x and the result are this rank's sequence chunk (B, T/tp, C).
+  Block(const ModelConfig& config, DType dtype = DType::kF32, Device device = {},
+        const ModelParallel* mp = nullptr);
   // x (B, T, C); positions (T) integer (global token indices, for RoPE). dropout_gen is needed
   // only when dropout is active (training and config.dropout > 0); it must be the same object
   // during backward when checkpointing, which replays it.

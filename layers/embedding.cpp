@@ -16,4 +16,9 @@ Tensor Embedding::forward(const Tensor& ids) const { return ops::embedding(ids, 
 
 void Embedding::init(Generator& gen, double std) { init::normal_(weight_, gen, std); }
 
+void Embedding::init(Generator& gen, double std, int64_t zero_from) {
+  init::normal_(weight_, gen, std);
+  init::zero_rows_from_(weight_, zero_from);
+}
+
 }  // namespace loom

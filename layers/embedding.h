@@ -6,18 +6,19 @@
 
 #include "core/rng.h"
 #include "core/tensor.h"
-#include "layers/module.h"
+#include "layers/model_parallel.h"
 
 namespace loom {
 
-class Embedding : public Module {
+class Embedding : public EmbeddingLayer {
  public:
   // weight (num_embeddings, dim).
   Embedding(int64_t num_embeddings, int64_t dim, DType dtype = DType::kF32, Device device = {});
   // ids (…) integer → (…, dim).
-  Tensor forward(const Tensor& ids) const;
+  Tensor forward(const Tensor& ids) const override;
   void init(Generator& gen, double std);
-  const Tensor& weight() const { return weight_; }
+  void init(Generator& gen, double std, int64_t zero_from) override;
+  const Tensor& weight() const override { return weight_; }
 
  private:
   Tensor weight_;

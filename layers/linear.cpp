@@ -22,6 +22,8 @@ Tensor Linear::forward(const Tensor& x) const {
   return bias_.defined() ? ops::add(y, bias_) : y;
 }
 
+void Linear::zero_rows_from(int64_t row) { init::zero_rows_from_(weight_, row); }
+
 void Linear::init(Generator& gen, double std) {
   init::normal_(weight_, gen, std);
   if (bias_.defined()) init::fill_(bias_, 0.0);

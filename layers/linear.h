@@ -7,22 +7,23 @@
 
 #include "core/rng.h"
 #include "core/tensor.h"
-#include "layers/module.h"
+#include "layers/model_parallel.h"
 
 namespace loom {
 
-class Linear : public Module {
+class Linear : public LinearLayer {
  public:
   // weight (out_features, in_features); bias (out_features) when `bias`.
   Linear(int64_t in_features, int64_t out_features, bool bias, DType dtype = DType::kF32,
          Device device = {});
   // x (…, in) → (…, out), one GEMM: matmul(x, weight, false, true) (+ bias).
-  Tensor forward(const Tensor& x) const;
+  Tensor forward(const Tensor& x) const override;
   // weight ← N(0, std²), bias ← 0.
-  void init(Generator& gen, double std);
+  void init(Generator& gen, double std) override;
+  void zero_rows_from(int64_t row) override;
 
-  const Tensor& weight() const { return weight_; }
-  const Tensor& bias() const { return bias_; }  // undefined without bias
+  const Tensor& weight() const override { return weight_; }
+  const Tensor& bias() const override { return bias_; }  // undefined without bias
   int64_t in_features() const { return in_features_; }
   int64_t out_features() const { return out_features_; }
 

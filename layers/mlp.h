@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 
 #include "core/rng.h"
 #include "core/tensor.h"
@@ -21,27 +22,31 @@ class FeedForward : public Module {
 
 class Mlp final : public FeedForward {
  public:
-  Mlp(int64_t dim, int64_t hidden, bool bias = true, DType dtype = DType::kF32, Device device = {});
+  // With a ModelParallel: fc column-parallel, proj row-parallel (layers/model_parallel.h).
+  Mlp(int64_t dim, int64_t hidden, bool bias = true, DType dtype = DType::kF32, Device device = {},
+      const ModelParallel* mp = nullptr);
   Tensor forward(const Tensor& x) const override;
   void init(Generator& gen, double std, double out_std) override;
-  const Linear& fc() const { return fc_; }
-  const Linear& proj() const { return proj_; }
+  const LinearLayer& fc() const { return *fc_; }
+  const LinearLayer& proj() const { return *proj_; }
 
  private:
-  Linear fc_;    // hidden × dim
-  Linear proj_;  // dim × hidden
+  std::unique_ptr<LinearLayer> fc_;    // hidden × dim
+  std::unique_ptr<LinearLayer> proj_;  // dim × hidden
 };
 
 class SwiGluMlp final : public FeedForward {
  public:
-  SwiGluMlp(int64_t dim, int64_t hidden, DType dtype = DType::kF32, Device device = {});
+  // With a ModelParallel: gate and up column-parallel, down row-parallel.
+  SwiGluMlp(int64_t dim, int64_t hidden, DType dtype = DType::kF32, Device device = {},
+            const ModelParallel* mp = nullptr);
   Tensor forward(const Tensor& x) const override;
   void init(Generator& gen, double std, double out_std) override;
 
  private:
-  Linear gate_;  // hidden × dim
-  Linear up_;    // hidden × dim
-  Linear down_;  // dim × hidden
+  std::unique_ptr<LinearLayer> gate_;  // hidden × dim
+  std::unique_ptr<LinearLayer> up_;    // hidden × dim
+  std::unique_ptr<LinearLayer> down_;  // dim × hidden
 };
 
 }  // namespace loom

@@ -72,6 +72,11 @@ void Module::train(bool on) {
   for (auto& [name, child] : children_) child->train(on);
 }
 
+void Module::for_each_module(const std::function<void(const Module&)>& fn) const {
+  fn(*this);
+  for (const auto& [name, child] : children_) child->for_each_module(fn);
+}
+
 void Module::zero_grad() {
   for (auto& [name, t] : named_parameters()) t.zero_grad();
 }

@@ -9,6 +9,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -37,6 +38,10 @@ class Module {
   // The parameter with this dotted name; throws naming it when there is none.
   Tensor parameter(const std::string& name) const;
   int64_t num_parameters() const;  // total elements over all parameters
+  // This module's own parameters (not its children's), in registration order.
+  const std::vector<std::pair<std::string, Tensor>>& own_parameters() const { return params_; }
+  // Calls fn on this module and every descendant, depth first, in registration order.
+  void for_each_module(const std::function<void(const Module&)>& fn) const;
 
   // Training mode (dropout on) propagates to every child.
   void train(bool on = true);

@@ -71,20 +71,24 @@ int64_t count_parameters(const ModelConfig& c, bool exclude_padding) {
   return n;
 }
 
-Transformer::Transformer(const ModelConfig& config, DType dtype, Device device)
-    : config_(validated(config)),
-      dtype_(dtype),
-      device_(device),
-      wte_(config.padded_vocab(), config.n_embd, dtype, device) {
+Transformer::Transformer(const ModelConfig& config, DType dtype, Device device,
+                         const ModelParallel* mp)
+    : config_(validated(config)), dtype_(dtype), device_(device), mp_(mp) {
   LOOM_CHECK(is_floating(dtype), "Transformer: dtype ", dtype_name(dtype), " is not floating");
   const bool llama = config_.is_llama();
-  register_module("wte", wte_);
+  const int64_t Vp = config_.padded_vocab(), C = config_.n_embd;
+  if (mp) {
+    wte_ = mp->vocab_embedding(Vp, C, dtype, device);
+  } else {
+    wte_ = std::make_unique<Embedding>(Vp, C, dtype, device);
+  }
+  register_module("wte", *wte_);
   if (!llama) {
     wpe_ = std::make_unique<Embedding>(config_.max_seq_len, config_.n_embd, dtype, device);
     register_module("wpe", *wpe_);
   }
   for (int64_t i = 0; i < config_.n_layer; ++i) {
-    blocks_.push_back(std::make_unique<Block>(config_, dtype, device));
+    blocks_.push_back(std::make_unique<Block>(config_, dtype, device, mp));
     register_module("blocks." + std::to_string(i), *blocks_.back());
   }
   if (llama) {
@@ -94,8 +98,11 @@ Transformer::Transformer(const ModelConfig& config, DType dtype, Device device)
   }
   register_module(llama ? "norm_f" : "ln_f", *norm_f_);
   if (!config_.tie_embeddings) {
-    lm_head_ =
-        std::make_unique<Linear>(config_.n_embd, config_.padded_vocab(), false, dtype, device);
+    if (mp) {
+      lm_head_ = mp->column_linear(C, {Vp}, false, dtype, device);
+    } else {
+      lm_head_ = std::make_unique<Linear>(C, Vp, false, dtype, device);
+    }
     register_module("lm_head", *lm_head_);
   }
 }
@@ -103,19 +110,18 @@ Transformer::Transformer(const ModelConfig& config, DType dtype, Device device)
 void Transformer::init_weights(Generator& gen) {
   const double std = config_.init_std;
   const double proj_std = std / std::sqrt(2.0 * static_cast<double>(config_.n_layer));
-  wte_.init(gen, std);
-  init::zero_rows_from_(wte_.weight(), config_.vocab_size);
+  wte_->init(gen, std, config_.vocab_size);
   if (wpe_) wpe_->init(gen, std);
   for (auto& b : blocks_) b->init(gen, std, proj_std);
   norm_f_->reset();
   if (lm_head_) {
     lm_head_->init(gen, std);
-    init::zero_rows_from_(lm_head_->weight(), config_.vocab_size);
+    lm_head_->zero_rows_from(config_.vocab_size);
   }
 }
 
 const Tensor& Transformer::head_weight() const {
-  return lm_head_ ? lm_head_->weight() : wte_.weight();
+  return lm_head_ ? lm_head_->weight() : wte_->weight();
 }
 
 Tensor Transformer::positions(int64_t T) const {
@@ -125,8 +131,11 @@ Tensor Transformer::positions(int64_t T) const {
 }
 
 Tensor Transformer::embed(const Tensor& ids, const Tensor& pos) const {
-  Tensor x = wte_.forward(ids);                   // (B, T, C)
-  if (wpe_) x = ops::add(x, wpe_->forward(pos));  // + (T, C)
+  Tensor x = wte_->forward(ids);  // (B, T, C), or (B, T/tp, C) under sequence parallelism
+  if (wpe_) {
+    const bool sp = mp_ && mp_->sequence_parallel();
+    x = ops::add(x, wpe_->forward(sp ? mp_->sequence_chunk(pos, 0) : pos));  // + (T, C)
+  }
   return x;
 }
 
@@ -146,13 +155,23 @@ Tensor Transformer::forward(const Tensor& ids, const Tensor& pos, Generator* dro
   Tensor x = embed(ids, pos);
   for (const auto& b : blocks_) x = b->forward(x, pos, dropout_gen);
   x = norm_f_->forward(x);
-  return ops::matmul(x, head_weight(), false, true);  // (B, T, Vp)
+  if (mp_) x = mp_->head_input(x);
+  return ops::matmul(x, head_weight(), false, true);  // (B, T, Vp), or (B, T, Vp/tp)
 }
 
 Tensor Transformer::loss(const Tensor& ids, const Tensor& targets, Generator* dropout_gen) const {
   LOOM_CHECK(targets.shape() == ids.shape(), "Transformer.loss: targets ",
              shape_str(targets.shape()), " do not match ids ", shape_str(ids.shape()));
-  return ops::softmax_cross_entropy(forward(ids, dropout_gen), targets, -100, config_.vocab_size);
+  return loss(ids, targets, positions(ids.size(1)), dropout_gen);
+}
+
+Tensor Transformer::loss(const Tensor& ids, const Tensor& targets, const Tensor& pos,
+                         Generator* dropout_gen) const {
+  LOOM_CHECK(targets.shape() == ids.shape(), "Transformer.loss: targets ",
+             shape_str(targets.shape()), " do not match ids ", shape_str(ids.shape()));
+  const Tensor logits = forward(ids, pos, dropout_gen);
+  if (mp_) return mp_->loss(logits, targets, -100, config_.vocab_size);
+  return ops::softmax_cross_entropy(logits, targets, -100, config_.vocab_size);
 }
 
 int64_t Transformer::num_parameters(bool exclude_padding) const {
@@ -167,7 +186,7 @@ int64_t Transformer::num_parameters(bool exclude_padding) const {
 double Transformer::flops_per_token(int64_t T) const {
   int64_t n = num_parameters();
   if (wpe_) n -= wpe_->weight().numel();
-  if (lm_head_) n -= wte_.weight().numel();
+  if (lm_head_) n -= wte_->weight().numel();
   const double L = static_cast<double>(config_.n_layer), C = static_cast<double>(config_.n_embd);
   return 6.0 * static_cast<double>(n) + 12.0 * L * C * static_cast<double>(T);
 }

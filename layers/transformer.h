@@ -43,7 +43,10 @@ int64_t count_parameters(const ModelConfig& config, bool exclude_padding = false
 class Transformer : public Module {
  public:
   // Validates config; parameters start zero (norm weights one) until init_weights().
-  explicit Transformer(const ModelConfig& config, DType dtype = DType::kF32, Device device = {});
+  // With a ModelParallel (layers/model_parallel.h) this rank holds its tensor-parallel part of
+  // every layer (vocab-parallel wte and head, parallel attention and MLP); `mp` must outlive it.
+  explicit Transformer(const ModelConfig& config, DType dtype = DType::kF32, Device device = {},
+                       const ModelParallel* mp = nullptr);
 
   // Weights ← N(0, init_std²); residual output projections (attn.proj, mlp.proj / mlp.down)
   // ← N(0, (init_std/√(2·n_layer))²); biases ← 0; norm weights ← 1; padded vocab rows ← 0.
@@ -54,8 +57,11 @@ class Transformer : public Module {
   Tensor forward(const Tensor& ids, Generator* dropout_gen = nullptr) const;
   // The same with explicit global positions (T) integer (context parallel passes its slice).
   Tensor forward(const Tensor& ids, const Tensor& positions, Generator* dropout_gen) const;
-  // Mean softmax cross-entropy over the real vocabulary; targets (B, T), -100 = ignored.
+  // Mean softmax cross-entropy over the real vocabulary; targets (B, T), -100 = ignored. With
+  // a ModelParallel, logits are (B, T, Vp/tp) and the loss is ModelParallel::loss.
   Tensor loss(const Tensor& ids, const Tensor& targets, Generator* dropout_gen = nullptr) const;
+  Tensor loss(const Tensor& ids, const Tensor& targets, const Tensor& positions,
+              Generator* dropout_gen) const;
 
   using Module::num_parameters;
   // With exclude_padding, the padded vocab rows of wte (and of an untied lm_head) are left out.
@@ -68,7 +74,7 @@ class Transformer : public Module {
   Device device() const { return device_; }
   int64_t num_blocks() const { return static_cast<int64_t>(blocks_.size()); }
   const Block& block(int64_t i) const { return *blocks_.at(static_cast<size_t>(i)); }
-  const Tensor& wte_weight() const { return wte_.weight(); }
+  const Tensor& wte_weight() const { return wte_->weight(); }
   // The (Vp, C) matrix the logits are computed against: wte.weight when tied, else lm_head.weight.
   const Tensor& head_weight() const;
 
@@ -79,11 +85,12 @@ class Transformer : public Module {
   ModelConfig config_;
   DType dtype_;
   Device device_;
-  Embedding wte_;
+  const ModelParallel* mp_;
+  std::unique_ptr<EmbeddingLayer> wte_;
   std::unique_ptr<Embedding> wpe_;  // gpt2 only
   std::vector<std::unique_ptr<Block>> blocks_;
   std::unique_ptr<Norm> norm_f_;
-  std::unique_ptr<Linear> lm_head_;  // untied only
+  std::unique_ptr<LinearLayer> lm_head_;  // untied only; its weight is used, not its forward
 };
 
 }  // namespace loom

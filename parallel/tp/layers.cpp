@@ -3,12 +3,14 @@
 #include "parallel/tp/layers.h"
 
 #include <string>
+#include <utility>
 
 #include "core/autograd.h"
 #include "core/ops/elementwise.h"
 #include "core/ops/embedding.h"
 #include "core/ops/matmul.h"
 #include "core/ops/view.h"
+#include "core/rng.h"
 #include "parallel/tp/comm_ops.h"
 
 namespace loom::parallel::tp {
@@ -20,23 +22,70 @@ int64_t shard_size(int64_t n, const Communicator& tp, const char* what) {
   return n / tp.size();
 }
 
+// dst ← src (the same shape), outside autograd.
+void assign(Tensor dst, const Tensor& src, const char* what) {
+  LOOM_CHECK(dst.shape() == src.shape(), what, ": part ", shape_str(src.shape()),
+             " does not match the parameter ", shape_str(dst.shape()));
+  autograd::NoGradGuard no_grad;
+  ops::copy_(dst, src.to(dst.device()));
+}
+
 void copy_slice(Tensor& dst, const Tensor& full, int64_t dim, int64_t start, const char* what) {
-  LOOM_CHECK(full.dim() == dst.dim() && full.size(dim) == dst.size(dim) * (full.size(dim) / dst.size(dim)),
-             what, ": full tensor ", shape_str(full.shape()), " does not match shard ",
+  LOOM_CHECK(full.dim() == dst.dim() && start + dst.size(dim) <= full.size(dim), what,
+             ": full tensor ", shape_str(full.shape()), " does not match shard ",
              shape_str(dst.shape()));
   autograd::NoGradGuard no_grad;
-  ops::copy_(dst, ops::narrow(full.to(dst.device()), dim, start, dst.size(dim)));
+  assign(dst, ops::narrow(full, dim, start, dst.size(dim)), what);
+}
+
+int64_t sum_of(const std::vector<int64_t>& v) {
+  int64_t s = 0;
+  for (int64_t x : v) s += x;
+  return s;
 }
 
 }  // namespace
 
-ColumnParallelLinear::ColumnParallelLinear(int64_t in_features, int64_t out_features, bool bias,
-                                           Communicator& tp, bool sequence_parallel, DType dtype,
-                                           Device device)
-    : tp_(&tp), sequence_parallel_(sequence_parallel) {
-  const int64_t out = shard_size(out_features, tp, "ColumnParallelLinear out_features");
+ColumnParallelLinear::ColumnParallelLinear(int64_t in_features, std::vector<int64_t> segments,
+                                           bool bias, Communicator& tp, bool sequence_parallel,
+                                           DType dtype, Device device)
+    : tp_(&tp), sequence_parallel_(sequence_parallel), segments_(std::move(segments)),
+      in_features_(in_features) {
+  int64_t out = 0;
+  for (int64_t s : segments_) out += shard_size(s, tp, "ColumnParallelLinear out features");
   weight_ = register_parameter("weight", Tensor::zeros({out, in_features}, dtype, device));
   if (bias) bias_ = register_parameter("bias", Tensor::zeros({out}, dtype, device));
+}
+
+Tensor ColumnParallelLinear::part_of(const Tensor& full) const {
+  autograd::NoGradGuard no_grad;
+  std::vector<Tensor> parts;
+  int64_t begin = 0;
+  for (int64_t s : segments_) {
+    const int64_t len = s / tp_->size();
+    parts.push_back(ops::narrow(full, 0, begin + tp_->rank() * len, len));
+    begin += s;
+  }
+  return ops::contiguous(ops::cat(parts, 0));
+}
+
+void ColumnParallelLinear::init(Generator& gen, double std) {
+  assign(weight_,
+         part_of(randn({sum_of(segments_), in_features_}, gen, weight_.dtype(), 0.0, std, weight_.device())),
+         "ColumnParallelLinear.init");
+  if (bias_.defined()) assign(bias_, Tensor::zeros(bias_.shape(), bias_.dtype()), "ColumnParallelLinear.init");
+}
+
+void ColumnParallelLinear::zero_rows_from(int64_t global_row) {
+  Tensor mask_rows = Tensor::ones({sum_of(segments_), 1}, weight_.dtype());
+  if (global_row < sum_of(segments_)) {
+    autograd::NoGradGuard no_grad;
+    Tensor tail = ops::narrow(mask_rows, 0, global_row, sum_of(segments_) - global_row);
+    ops::copy_(tail, Tensor::zeros(tail.shape(), weight_.dtype()));
+  }
+  autograd::NoGradGuard no_grad;
+  const Tensor keep = part_of(mask_rows).to(weight_.device());
+  assign(weight_, ops::mul(weight_.detach(), keep), "ColumnParallelLinear.zero_rows_from");
 }
 
 Tensor ColumnParallelLinear::forward(const Tensor& x) const {
@@ -46,15 +95,14 @@ Tensor ColumnParallelLinear::forward(const Tensor& x) const {
 }
 
 void ColumnParallelLinear::load_shard(const Tensor& full_weight, const Tensor& full_bias) {
-  const int64_t rows = weight_.size(0);
-  copy_slice(weight_, full_weight, 0, tp_->rank() * rows, "ColumnParallelLinear.load_shard");
-  if (bias_.defined()) copy_slice(bias_, full_bias, 0, tp_->rank() * rows, "ColumnParallelLinear.load_shard");
+  assign(weight_, part_of(full_weight), "ColumnParallelLinear.load_shard");
+  if (bias_.defined()) assign(bias_, part_of(full_bias), "ColumnParallelLinear.load_shard");
 }
 
 RowParallelLinear::RowParallelLinear(int64_t in_features, int64_t out_features, bool bias,
                                      Communicator& tp, bool sequence_parallel, DType dtype,
                                      Device device)
-    : tp_(&tp), sequence_parallel_(sequence_parallel) {
+    : tp_(&tp), sequence_parallel_(sequence_parallel), in_features_(in_features) {
   const int64_t in = shard_size(in_features, tp, "RowParallelLinear in_features");
   weight_ = register_parameter("weight", Tensor::zeros({out_features, in}, dtype, device));
   if (bias) bias_ = register_parameter("bias", Tensor::zeros({out_features}, dtype, device));
@@ -71,6 +119,19 @@ void RowParallelLinear::load_shard(const Tensor& full_weight, const Tensor& full
   const int64_t cols = weight_.size(1);
   copy_slice(weight_, full_weight, 1, tp_->rank() * cols, "RowParallelLinear.load_shard");
   if (bias_.defined()) copy_slice(bias_, full_bias, 0, 0, "RowParallelLinear.load_shard");
+}
+
+void RowParallelLinear::init(Generator& gen, double std) {
+  const Tensor full = randn({weight_.size(0), in_features_}, gen, weight_.dtype(), 0.0, std, weight_.device());
+  copy_slice(weight_, full, 1, tp_->rank() * weight_.size(1), "RowParallelLinear.init");
+  if (bias_.defined()) assign(bias_, Tensor::zeros(bias_.shape(), bias_.dtype()), "RowParallelLinear.init");
+}
+
+void RowParallelLinear::zero_rows_from(int64_t global_row) {
+  if (global_row >= weight_.size(0)) return;
+  autograd::NoGradGuard no_grad;
+  Tensor rows = ops::narrow(weight_, 0, global_row, weight_.size(0) - global_row);
+  ops::copy_(rows, Tensor::zeros(rows.shape(), weight_.dtype(), weight_.device()));
 }
 
 std::vector<Tensor> RowParallelLinear::sequence_parallel_grads() const {
@@ -105,6 +166,16 @@ Tensor VocabParallelEmbedding::forward(const Tensor& ids) const {
   const Tensor partial = ops::mul(ops::embedding(local_ids, weight_), mask);
   return sequence_parallel_ ? reduce_scatter_to_sequence(partial, *tp_, 1)
                             : reduce_from_region(partial, *tp_);
+}
+
+void VocabParallelEmbedding::init(Generator& gen, double std, int64_t zero_from) {
+  Tensor full = randn({rows_ * tp_->size(), weight_.size(1)}, gen, weight_.dtype(), 0.0, std, weight_.device());
+  if (zero_from < full.size(0)) {
+    autograd::NoGradGuard no_grad;
+    Tensor tail = ops::narrow(full, 0, zero_from, full.size(0) - zero_from);
+    ops::copy_(tail, Tensor::zeros(tail.shape(), full.dtype()));
+  }
+  load_shard(full);
 }
 
 void VocabParallelEmbedding::load_shard(const Tensor& full_weight) {

@@ -148,7 +148,7 @@ void check_mlp(bool sequence_parallel) {
                        rb2);
   autograd::backward(ops::sum(ops::mul(ry, dy_full)));
 
-  tp::ColumnParallelLinear fc(C, H, true, tp, sequence_parallel);
+  tp::ColumnParallelLinear fc(C, {H}, true, tp, sequence_parallel);
   tp::RowParallelLinear proj(H, C, true, tp, sequence_parallel);
   fc.load_shard(w1, b1);
   proj.load_shard(w2, b2);

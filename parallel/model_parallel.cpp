@@ -1,0 +1,104 @@
+// parallel/model_parallel.cpp — MeshModelParallel (see the header).
+#include "parallel/model_parallel.h"
+
+#include <unordered_set>
+
+#include "core/ops/attention.h"
+#include "core/ops/elementwise.h"
+#include "parallel/cp/ring_attention.h"
+#include "parallel/tp/comm_ops.h"
+#include "parallel/tp/cross_entropy.h"
+#include "parallel/tp/layers.h"
+
+namespace loom::parallel {
+
+MeshModelParallel::MeshModelParallel(Communicator& tp, Communicator& cp, bool sequence_parallel)
+    : tp_(&tp), cp_(&cp), sequence_parallel_(sequence_parallel) {}
+
+std::unique_ptr<LinearLayer> MeshModelParallel::column_linear(int64_t in,
+                                                              const std::vector<int64_t>& segments,
+                                                              bool bias, DType dtype,
+                                                              Device device) const {
+  return std::make_unique<tp::ColumnParallelLinear>(in, segments, bias, *tp_, sequence_parallel_,
+                                                    dtype, device);
+}
+
+std::unique_ptr<LinearLayer> MeshModelParallel::row_linear(int64_t in, int64_t out, bool bias,
+                                                           DType dtype, Device device) const {
+  return std::make_unique<tp::RowParallelLinear>(in, out, bias, *tp_, sequence_parallel_, dtype,
+                                                 device);
+}
+
+std::unique_ptr<EmbeddingLayer> MeshModelParallel::vocab_embedding(int64_t rows, int64_t dim,
+                                                                   DType dtype, Device device) const {
+  return std::make_unique<tp::VocabParallelEmbedding>(rows, dim, *tp_, sequence_parallel_, dtype,
+                                                      device);
+}
+
+Tensor MeshModelParallel::attention(const Tensor& q, const Tensor& k, const Tensor& v) const {
+  if (cp_->size() == 1) return ops::causal_attention(q, k, v);
+  return cp::ring_attention(q, k, v, 0.0, *cp_);
+}
+
+Tensor MeshModelParallel::sequence_chunk(const Tensor& x, int64_t dim) const {
+  return tp::chunk_dim(x, *tp_, dim);
+}
+
+Tensor MeshModelParallel::head_input(const Tensor& x) const {
+  return sequence_parallel_ ? tp::gather_from_sequence(x, *tp_, 1) : tp::copy_to_region(x, *tp_);
+}
+
+// Note [Context-parallel loss]: each cp rank holds a different part of every sequence, so its
+// mean is rescaled by its share of the non-ignored tokens: loss_r · n_r / Σ n. The sum of the
+// group's losses is then the mean over all tokens, and each rank's backward is its share.
+Tensor MeshModelParallel::loss(const Tensor& logits, const Tensor& targets, int64_t ignore_index,
+                               int64_t vocab_size) const {
+  Tensor l = tp::vocab_parallel_cross_entropy(logits, targets, ignore_index, vocab_size, *tp_);
+  if (cp_->size() == 1) return l;
+  const std::vector<double> t = targets.to(Device::cpu()).contiguous().to_vector();
+  double mine = 0;
+  for (double id : t) mine += static_cast<int64_t>(id) != ignore_index ? 1.0 : 0.0;
+  const double total = tp::all_reduce_sum(Tensor::full({1}, mine, DType::kF64), *cp_).item();
+  return ops::scale(l, total > 0 ? mine / total : 0.0);
+}
+
+namespace {
+
+// Parameters inside tensor-parallel layers: split over the group (`sharded`), or replicated
+// but seeing only this rank's sequence chunk under SP (`partial`: a row-parallel bias).
+struct TpParams {
+  std::unordered_set<const void*> sharded, in_tp_layer;
+};
+
+TpParams classify(const Module& model) {
+  TpParams out;
+  model.for_each_module([&](const Module& m) {
+    const bool row = dynamic_cast<const tp::RowParallelLinear*>(&m) != nullptr;
+    const bool tp_layer = row || dynamic_cast<const tp::ColumnParallelLinear*>(&m) != nullptr ||
+                          dynamic_cast<const tp::VocabParallelEmbedding*>(&m) != nullptr;
+    if (!tp_layer) return;
+    for (const auto& [name, p] : m.own_parameters()) {
+      out.in_tp_layer.insert(p.raw_data());
+      if (!(row && name == "bias")) out.sharded.insert(p.raw_data());
+    }
+  });
+  return out;
+}
+
+}  // namespace
+
+std::vector<Tensor> sequence_parallel_params(const Module& model, const ModelParallel& mp) {
+  if (!mp.sequence_parallel()) return {};
+  const TpParams tp = classify(model);
+  std::vector<Tensor> out;
+  for (const Tensor& p : model.parameters()) {
+    if (!tp.sharded.count(p.raw_data())) out.push_back(p);
+  }
+  return out;
+}
+
+bool is_tensor_parallel_shard(const Module& model, const Tensor& p) {
+  return classify(model).sharded.count(p.raw_data()) > 0;
+}
+
+}  // namespace loom::parallel
