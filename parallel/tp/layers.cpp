@@ -9,6 +9,7 @@
 #include "core/ops/elementwise.h"
 #include "core/ops/embedding.h"
 #include "core/ops/matmul.h"
+#include "core/ops/reduce.h"
 #include "core/ops/view.h"
 #include "core/rng.h"
 #include "parallel/tp/comm_ops.h"
@@ -88,10 +89,88 @@ void ColumnParallelLinear::zero_rows_from(int64_t global_row) {
   assign(weight_, ops::mul(weight_.detach(), keep), "ColumnParallelLinear.zero_rows_from");
 }
 
+// Note [Column-parallel backward overlap]: the layer is one autograd node so that its backward
+// can overlap communication with the two GEMMs, as Megatron does:
+//   1. (sequence parallel) start the all-gather of the saved local input x again — the full
+//      input is not kept between forward and backward, saving T×C per layer;
+//   2. dX = dY·W (GEMM) while 1 runs;
+//   3. start the reduction of dX over the TP group (reduce-scatter along the sequence under SP,
+//      else all-reduce): each rank holds only its output columns' share of it;
+//   4. wait for 1; dW = dYᵀ·X (GEMM) and db = Σ dY while 3 runs;
+//   5. wait for 3.
+// The forward's all-gather cannot overlap its GEMM (the GEMM needs all of it). The row-parallel
+// layer's reduction follows its only GEMM, so it has nothing to overlap with inside the layer.
+// The communicator reports each operation's queued/started/finished times (CommEvent), which
+// the profiler trace shows beside the compute track.
 Tensor ColumnParallelLinear::forward(const Tensor& x) const {
-  const Tensor in = sequence_parallel_ ? gather_from_sequence(x, *tp_, 1) : copy_to_region(x, *tp_);
-  Tensor y = ops::matmul(in, weight_, false, true);
-  return bias_.defined() ? ops::add(y, bias_) : y;
+  LOOM_CHECK(x.dim() == 3 && x.size(2) == in_features_, "ColumnParallelLinear: x must be (B, T, ",
+             in_features_, "), got ", shape_str(x.shape()));
+  const Tensor xl = ops::contiguous(x.detach());
+  Tensor y;
+  {
+    autograd::NoGradGuard no_grad;
+    const Tensor in = sequence_parallel_ ? all_gather_dim(xl, *tp_, 1) : xl;
+    y = ops::matmul(in, weight_.detach(), false, true);
+    if (bias_.defined()) y = ops::add(y, bias_.detach());
+  }
+  std::vector<Tensor> inputs{x, weight_};
+  if (bias_.defined()) inputs.push_back(bias_);
+  if (!autograd::needs_grad(inputs)) return y;
+  Communicator* tp = tp_;
+  const bool sp = sequence_parallel_;
+  const Tensor w = weight_.detach();
+  const bool has_bias = bias_.defined();
+  autograd::record_function("column_parallel_linear", inputs, {&y}, [=](const std::vector<Tensor>& g) {
+    autograd::NoGradGuard no_grad;
+    const Tensor dy = ops::contiguous(g[0]);  // (B, T, out/tp)
+    const int n = tp->size();
+    // 1. the full input again (sequence parallel), in rank order: (n, B, T/n, C)
+    Tensor gathered;
+    WorkPtr gather;
+    if (sp && n > 1) {
+      Shape s = xl.shape();
+      s.insert(s.begin(), n);
+      gathered = Tensor::empty(s, xl.dtype(), xl.device());
+      gather = tp->all_gather_async(ops::view(xl, {xl.numel()}), ops::view(gathered, {gathered.numel()}));
+    }
+    // 2. dX = dY·W over the full local sequence
+    const Tensor dx_full = ops::matmul(dy, w, false, false);  // (B, T, in)
+    // 3. its reduction over the group
+    Tensor dx, send;
+    WorkPtr reduce;
+    if (n == 1) {
+      dx = dx_full;
+    } else if (sp) {
+      const int64_t len = dx_full.size(1) / n;
+      std::vector<Tensor> parts;
+      for (int r = 0; r < n; ++r) parts.push_back(ops::unsqueeze(ops::narrow(dx_full, 1, r * len, len), 0));
+      send = ops::contiguous(ops::cat(parts, 0));
+      dx = Tensor::empty(xl.shape(), dx_full.dtype(), dx_full.device());
+      reduce = tp->reduce_scatter_async(ops::view(send, {send.numel()}), ops::view(dx, {dx.numel()}),
+                                        ReduceOp::kSum);
+    } else {
+      dx = dx_full;
+      reduce = tp->all_reduce_async(ops::view(dx, {dx.numel()}), ReduceOp::kSum);
+    }
+    // 4. dW = dYᵀ·X and db = Σ dY while the reduction runs
+    Tensor x_full = xl;
+    if (gather) {
+      gather->wait();
+      std::vector<Tensor> parts;
+      for (int r = 0; r < n; ++r) parts.push_back(ops::squeeze(ops::narrow(gathered, 0, r, 1), 0));
+      x_full = ops::cat(parts, 1);
+    }
+    const int64_t rows = dy.numel() / dy.size(-1);
+    const Tensor dw = ops::matmul(ops::reshape(dy, {rows, dy.size(-1)}),
+                                  ops::reshape(x_full, {rows, x_full.size(-1)}), true, false);
+    std::vector<Tensor> out{Tensor(), dw};
+    if (has_bias) out.push_back(ops::sum(ops::reshape(dy, {rows, dy.size(-1)}), 0));
+    // 5.
+    if (reduce) reduce->wait();
+    out[0] = dx;
+    return out;
+  });
+  return y;
 }
 
 void ColumnParallelLinear::load_shard(const Tensor& full_weight, const Tensor& full_bias) {

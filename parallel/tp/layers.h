@@ -44,7 +44,7 @@ class ColumnParallelLinear : public LinearLayer {
 
   Communicator* tp_;
   bool sequence_parallel_;
-  std::vector<int64_t> segments_;
+  std::vector<int64_t> segments_;  // Note [Column-parallel backward overlap] in layers.cpp
   int64_t in_features_;
   Tensor weight_, bias_;
 };
