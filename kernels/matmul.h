@@ -15,16 +15,16 @@ LOOM_DECLARE_KERNEL(gemm, void(const loom::Tensor& a, const loom::Tensor& b, loo
 // Fused Linear forward, 2-d only, operands as for gemm:
 //   c (M, N) = op(a) · op(b) + bias   (bias (N) contiguous, broadcast over the M rows)
 // c is overwritten (never read); bias has c's dtype.
-LOOM_DECLARE_KERNEL(gemm_bias, void(const loom::Tensor& a, const loom::Tensor& b,
-                                    const loom::Tensor& bias, loom::Tensor& c, bool trans_a,
-                                    bool trans_b));
+LOOM_DECLARE_KERNEL(gemm_bias,
+                    void(const loom::Tensor& a, const loom::Tensor& b, const loom::Tensor& bias,
+                         loom::Tensor& c, bool trans_a, bool trans_b));
 // Fused Linear + GELU (tanh form, as kernels/activation.h) forward, 2-d only:
 //   pre (M, N) = op(a) · op(b) + bias;   c (M, N) = gelu(pre)
 // pre is kept for the backward (dpre = dc · gelu'(pre)); both contiguous, overwritten, of the
 // bias's dtype.
-LOOM_DECLARE_KERNEL(gemm_bias_gelu, void(const loom::Tensor& a, const loom::Tensor& b,
-                                         const loom::Tensor& bias, loom::Tensor& pre,
-                                         loom::Tensor& c, bool trans_a, bool trans_b));
+LOOM_DECLARE_KERNEL(gemm_bias_gelu,
+                    void(const loom::Tensor& a, const loom::Tensor& b, const loom::Tensor& bias,
+                         loom::Tensor& pre, loom::Tensor& c, bool trans_a, bool trans_b));
 
 namespace loom::kernels {
 

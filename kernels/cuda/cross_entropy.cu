@@ -153,8 +153,8 @@ __device__ MaxSum<A> block_merge(MaxSum<A> v) {
 // logits (N, Vp), targets (N) → loss (N), lse (N). Grid: one block of kThreads per row.
 template <typename T, typename I>
 __global__ void cross_entropy_forward_kernel(const T* logits, const I* targets, int64_t vp,
-                                             int64_t vocab, int64_t ignore_index,
-                                             acc_t<T>* loss, acc_t<T>* lse) {
+                                             int64_t vocab, int64_t ignore_index, acc_t<T>* loss,
+                                             acc_t<T>* lse) {
   using A = acc_t<T>;
   const int64_t r = blockIdx.x;
   const int64_t t = static_cast<int64_t>(targets[r]);
@@ -223,11 +223,10 @@ __global__ void cross_entropy_backward_kernel(const T* logits, const I* targets,
   }
   const A g = dloss[0] * grad_scale;
   const A l = lse[r];
-  auto grad = [&](int64_t j, A x, A d) {
-    return d + exp_acc(x - l) * g - (j == t ? g : A(0));
-  };
+  auto grad = [&](int64_t j, A x, A d) { return d + exp_acc(x - l) * g - (j == t ? g : A(0)); };
   // Vectorise only when both rows share their alignment within 16 bytes.
-  const bool same_phase = reinterpret_cast<uintptr_t>(row) % 16 == reinterpret_cast<uintptr_t>(drow) % 16;
+  const bool same_phase =
+      reinterpret_cast<uintptr_t>(row) % 16 == reinterpret_cast<uintptr_t>(drow) % 16;
   const int64_t head = same_phase ? head_elements(row, vocab) : vocab;
   for (int64_t j = threadIdx.x; j < head; j += blockDim.x) {
     drow[j] = convert<T>(grad(j, convert<A>(row[j]), convert<A>(drow[j])));
@@ -274,11 +273,16 @@ void check_row_buffer(const Tensor& t, const Tensor& logits, const char* name, c
 template <typename F>
 void dispatch_logits(DType dt, const char* name, F&& f) {
   switch (dt) {
-    case DType::kF32: return f(float{});
-    case DType::kF64: return f(double{});
-    case DType::kBF16: return f(BFloat16{});
-    case DType::kF16: return f(Float16{});
-    default: LOOM_FAIL(name, ": dtype ", dtype_name(dt), " not supported (f32, f64, bf16, f16)");
+    case DType::kF32:
+      return f(float{});
+    case DType::kF64:
+      return f(double{});
+    case DType::kBF16:
+      return f(BFloat16{});
+    case DType::kF16:
+      return f(Float16{});
+    default:
+      LOOM_FAIL(name, ": dtype ", dtype_name(dt), " not supported (f32, f64, bf16, f16)");
   }
 }
 
@@ -298,9 +302,9 @@ void cross_entropy_forward_cuda(const Tensor& logits, const Tensor& targets, int
     LOOM_DISPATCH_INDEX(targets.dtype(), name, [&] {
       cross_entropy_forward_kernel<T, index_t>
           <<<static_cast<unsigned>(n), kThreads, 0, compute_stream()>>>(
-              static_cast<const T*>(logits.raw_data()), static_cast<const index_t*>(targets.raw_data()), logits.size(1),
-              vocab_size, ignore_index, static_cast<A*>(loss.raw_data()),
-              static_cast<A*>(lse.raw_data()));
+              static_cast<const T*>(logits.raw_data()),
+              static_cast<const index_t*>(targets.raw_data()), logits.size(1), vocab_size,
+              ignore_index, static_cast<A*>(loss.raw_data()), static_cast<A*>(lse.raw_data()));
     });
   });
   LOOM_CUDA_LAUNCH_CHECK();
@@ -328,7 +332,8 @@ void cross_entropy_backward_cuda(const Tensor& logits, const Tensor& targets, co
     LOOM_DISPATCH_INDEX(targets.dtype(), name, [&] {
       cross_entropy_backward_kernel<T, index_t>
           <<<static_cast<unsigned>(n), kThreads, 0, compute_stream()>>>(
-              static_cast<const T*>(logits.raw_data()), static_cast<const index_t*>(targets.raw_data()),
+              static_cast<const T*>(logits.raw_data()),
+              static_cast<const index_t*>(targets.raw_data()),
               static_cast<const A*>(lse.raw_data()), static_cast<const A*>(dloss.raw_data()),
               static_cast<A>(grad_scale), logits.size(1), vocab_size, ignore_index,
               static_cast<T*>(dlogits.raw_data()));

@@ -1,8 +1,9 @@
 // kernels/cuda/cublaslt_handle.cuh — the BLAS context of one (thread, device): a cuBLASLt handle
-// with its 32 MiB workspace (one cudaMalloc, at first use) and a cuBLAS handle (f64 GEMMs),
-// created lazily by blas_context() and kept until the thread exits. Work through them goes on
-// compute_stream(), which is per thread too, so the workspace is never used by two GEMMs at
-// once. Holds no other state; included only by kernels/cuda/ sources.
+// with its 32 MiB workspace (one cudaMalloc, at first use) and a cuBLAS handle (f64 and the
+// layouts cuBLASLt has no algorithm for), created lazily by blas_context() and kept until the
+// thread exits. Work through them goes on compute_stream(), which is per thread too, so the
+// workspace is never used by two GEMMs at once. Holds no other state; included only by
+// kernels/cuda/ sources.
 #pragma once
 
 #include <cublasLt.h>

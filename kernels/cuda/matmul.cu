@@ -1,8 +1,9 @@
 // kernels/cuda/matmul.cu — CUDA GEMM (kernels/matmul.h) through cuBLASLt, and the fused
 // bias / bias+GELU forms through its epilogues. Row-major Loom matrices are handed to the
-// column-major library as their transposes (Note [Row-major through cuBLASLt]). f64 goes
-// through cuBLAS (DgemmStridedBatched_64). Everything runs on compute_stream(); nothing here
-// synchronises the host or allocates device memory after the first call on a thread.
+// column-major library as their transposes (Note [Row-major through cuBLASLt]). f64, and
+// layouts cuBLASLt has no algorithm for, go through cuBLAS (GemmStridedBatchedEx). Everything
+// runs on compute_stream(); nothing here synchronises the host or allocates device memory after
+// the first call on a thread.
 //
 // Note [GEMM plans]: a plan (matmul descriptor, three layouts, the algorithm the heuristic
 // chose) is built once per shape key — dtypes, compute type, flags, sizes, leading dims,
@@ -43,9 +44,11 @@ struct Operand {
 
 Operand operand(const Tensor& t, bool batched, const char* what) {
   const int64_t r = t.size(-2), c = t.size(-1);
+  if (t.numel() == 0) return {t.raw_data(), c, r, std::max<int64_t>(c, 1), 0};  // never read
   LOOM_CHECK(t.stride(-1) == 1 || c == 1, "gemm: ", what, " needs unit stride in its last dim");
   // A single row may carry any row stride; the library needs ld >= its row count.
-  const int64_t ld = (r == 1) ? std::max<int64_t>(t.stride(-2), std::max<int64_t>(c, 1)) : t.stride(-2);
+  const int64_t ld =
+      (r == 1) ? std::max<int64_t>(t.stride(-2), std::max<int64_t>(c, 1)) : t.stride(-2);
   LOOM_CHECK(ld >= std::max<int64_t>(c, 1), "gemm: ", what, " row stride ", t.stride(-2),
              " is smaller than its row length ", c);
   return {t.raw_data(), c, r, ld, batched ? t.stride(0) : 0};
@@ -53,17 +56,24 @@ Operand operand(const Tensor& t, bool batched, const char* what) {
 
 cudaDataType_t cuda_type(DType dt) {
   switch (dt) {
-    case DType::kF32: return CUDA_R_32F;
-    case DType::kF64: return CUDA_R_64F;
-    case DType::kBF16: return CUDA_R_16BF;
-    case DType::kF16: return CUDA_R_16F;
-    default: LOOM_FAIL("gemm: dtype ", dtype_name(dt), " not supported on cuda");
+    case DType::kF32:
+      return CUDA_R_32F;
+    case DType::kF64:
+      return CUDA_R_64F;
+    case DType::kBF16:
+      return CUDA_R_16BF;
+    case DType::kF16:
+      return CUDA_R_16F;
+    default:
+      LOOM_FAIL("gemm: dtype ", dtype_name(dt), " not supported on cuda");
   }
 }
 
-// The largest power of two (up to 256) dividing the address: what the heuristic may assume.
-uint32_t alignment_of(const void* p) {
-  const auto v = reinterpret_cast<uintptr_t>(p);
+// The largest power of two (up to 256) dividing the address and, for batched operands, the
+// batch stride in bytes (so every batch's matrix has it): what the heuristic may assume.
+uint32_t alignment_of(const void* p, int64_t batch_stride_bytes = 0) {
+  const auto v = static_cast<uint64_t>(reinterpret_cast<uintptr_t>(p)) |
+                 static_cast<uint64_t>(batch_stride_bytes);
   uint32_t a = 256;
   while (a > 1 && v % a != 0) a >>= 1;
   return a;
@@ -80,18 +90,38 @@ struct LtGemm {
   cublasLtEpilogue_t epilogue = CUBLASLT_EPILOGUE_DEFAULT;
   const void* bias = nullptr;
   void* aux = nullptr;  // GELU input (pre-activation), ld m
+
+  uint32_t align_a() const { return alignment_of(a.ptr, batch_bytes(a.batch_stride, in_dtype)); }
+  uint32_t align_b() const { return alignment_of(b.ptr, batch_bytes(b.batch_stride, in_dtype)); }
+  uint32_t align_d() const { return alignment_of(d, batch_bytes(m * n, out_dtype)); }
+  int64_t batch_bytes(int64_t stride, DType dt) const {
+    return batch > 1 ? stride * static_cast<int64_t>(dtype_size(dt)) : 0;
+  }
 };
 
-using PlanKey = std::array<int64_t, 24>;
+using PlanKey = std::array<int64_t, 20>;
 
 PlanKey plan_key(const LtGemm& g, int device) {
-  return {device,          static_cast<int64_t>(g.in_dtype), static_cast<int64_t>(g.out_dtype),
-          g.compute,       g.trans_a,      g.trans_b,
-          g.m,             g.n,            g.k,
-          g.batch,         g.a.ld,         g.b.ld,
-          g.a.batch_stride, g.b.batch_stride, g.epilogue,
-          alignment_of(g.a.ptr), alignment_of(g.b.ptr), alignment_of(g.d),
-          alignment_of(g.bias), alignment_of(g.aux), 0, 0, 0, 0};
+  return {device,
+          static_cast<int64_t>(g.in_dtype),
+          static_cast<int64_t>(g.out_dtype),
+          g.compute,
+          g.trans_a,
+          g.trans_b,
+          g.m,
+          g.n,
+          g.k,
+          g.batch,
+          g.a.ld,
+          g.b.ld,
+          g.a.batch_stride,
+          g.b.batch_stride,
+          g.epilogue,
+          g.align_a(),
+          g.align_b(),
+          g.align_d(),
+          alignment_of(g.bias),
+          alignment_of(g.aux)};
 }
 
 // A cached plan (Note [GEMM plans]); owns its descriptors.
@@ -129,8 +159,7 @@ class Plan {
     cublasLtMatmulPreference_t pref = nullptr;
     CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
     const uint64_t ws = BlasContext::kWorkspaceBytes;
-    const uint32_t al_a = alignment_of(g.a.ptr), al_b = alignment_of(g.b.ptr);
-    const uint32_t al_d = alignment_of(g.d);
+    const uint32_t al_a = g.align_a(), al_b = g.align_b(), al_d = g.align_d();
     cublasStatus_t st = CUBLAS_STATUS_SUCCESS;
     const std::pair<cublasLtMatmulPreferenceAttributes_t, const void*> prefs[] = {
         {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &al_a},
@@ -147,7 +176,8 @@ class Plan {
     cublasLtMatmulHeuristicResult_t result{};
     int found = 0;
     if (st == CUBLAS_STATUS_SUCCESS) {
-      st = cublasLtMatmulAlgoGetHeuristic(ctx.lt(), desc_, a_, b_, d_, d_, pref, 1, &result, &found);
+      st =
+          cublasLtMatmulAlgoGetHeuristic(ctx.lt(), desc_, a_, b_, d_, d_, pref, 1, &result, &found);
     }
     (void)cublasLtMatmulPreferenceDestroy(pref);
     if (st == CUBLAS_STATUS_NOT_SUPPORTED || (st == CUBLAS_STATUS_SUCCESS && found == 0)) {
@@ -172,7 +202,8 @@ class Plan {
   }
   void set_pointers(const LtGemm& g) {
     if (g.bias != nullptr) set_desc(CUBLASLT_MATMUL_DESC_BIAS_POINTER, &g.bias, sizeof(g.bias));
-    if (g.aux != nullptr) set_desc(CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &g.aux, sizeof(g.aux));
+    if (g.aux != nullptr)
+      set_desc(CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &g.aux, sizeof(g.aux));
   }
   static cublasLtMatrixLayout_t layout(cudaDataType_t type, const Operand& op, int64_t batch) {
     cublasLtMatrixLayout_t l = nullptr;
@@ -209,13 +240,18 @@ Plan* find_plan(const LtGemm& g, int device, BlasContext& ctx) {
   return it->second.get();
 }
 
-// c (batch, M, N) = alpha·op(a)·op(b) + beta·c for f64, through cuBLAS.
-void gemm_f64(BlasContext& ctx, const LtGemm& g, double alpha, double beta) {
-  CUBLAS_CHECK(cublasDgemmStridedBatched_64(
+// g through cuBLAS (cublasGemmStridedBatchedEx): f64 always, other dtypes when cuBLASLt has no
+// algorithm for a layout (e.g. 2-byte-aligned bf16 views). Same compute type as the Lt path.
+void gemm_cublas(BlasContext& ctx, const LtGemm& g, double alpha, double beta) {
+  const bool f64 = g.in_dtype == DType::kF64;
+  const float alpha_f = static_cast<float>(alpha), beta_f = static_cast<float>(beta);
+  const void* pa = f64 ? static_cast<const void*>(&alpha) : &alpha_f;
+  const void* pb = f64 ? static_cast<const void*>(&beta) : &beta_f;
+  CUBLAS_CHECK(cublasGemmStridedBatchedEx_64(
       ctx.blas(), g.trans_a ? CUBLAS_OP_T : CUBLAS_OP_N, g.trans_b ? CUBLAS_OP_T : CUBLAS_OP_N, g.m,
-      g.n, g.k, &alpha, static_cast<const double*>(g.a.ptr), g.a.ld, g.a.batch_stride,
-      static_cast<const double*>(g.b.ptr), g.b.ld, g.b.batch_stride, &beta,
-      static_cast<double*>(g.d), g.m, g.m * g.n, g.batch));
+      g.n, g.k, pa, g.a.ptr, cuda_type(g.in_dtype), g.a.ld, g.a.batch_stride, g.b.ptr,
+      cuda_type(g.in_dtype), g.b.ld, g.b.batch_stride, pb, g.d, cuda_type(g.out_dtype), g.m,
+      g.m * g.n, g.batch, g.compute, CUBLAS_GEMM_DEFAULT));
 }
 
 // ---- element-wise helpers: k == 0, and the unfused epilogues ----
@@ -282,8 +318,18 @@ LtGemm describe(const Tensor& a, const Tensor& b, Tensor& c, bool trans_a, bool 
   const bool half_in = a.dtype() == DType::kBF16 || a.dtype() == DType::kF16;
   LOOM_CHECK(c.dtype() == a.dtype() || (half_in && c.dtype() == DType::kF32), name, ": c dtype ",
              dtype_name(c.dtype()), " does not go with inputs of ", dtype_name(a.dtype()));
-  LtGemm g{operand(b, batched, "b"), operand(a, batched, "a"), trans_b, trans_a, c.raw_data(),
-           n, m, k, batch, a.dtype(), c.dtype(), CUBLAS_COMPUTE_32F};
+  LtGemm g{operand(b, batched, "b"),
+           operand(a, batched, "a"),
+           trans_b,
+           trans_a,
+           c.raw_data(),
+           n,
+           m,
+           k,
+           batch,
+           a.dtype(),
+           c.dtype(),
+           CUBLAS_COMPUTE_32F};
   if (a.dtype() == DType::kF32 && tf32_allowed()) g.compute = CUBLAS_COMPUTE_32F_FAST_TF32;
   if (a.dtype() == DType::kF64) g.compute = CUBLAS_COMPUTE_64F;
   return g;
@@ -302,15 +348,12 @@ void run_gemm(const LtGemm& g, int device, double alpha, double beta, const char
     return;
   }
   BlasContext& ctx = blas_context(device);
-  if (g.in_dtype == DType::kF64) {
-    gemm_f64(ctx, g, alpha, beta);
-    return;
+  Plan* plan = g.in_dtype == DType::kF64 ? nullptr : find_plan(g, device, ctx);
+  if (plan != nullptr) {
+    plan->run(g, ctx, static_cast<float>(alpha), static_cast<float>(beta));
+  } else {
+    gemm_cublas(ctx, g, alpha, beta);
   }
-  Plan* plan = find_plan(g, device, ctx);
-  LOOM_CHECK(plan != nullptr, name, ": cuBLASLt has no algorithm for ", dtype_name(g.in_dtype),
-             " → ", dtype_name(g.out_dtype), " (M ", g.n, ", N ", g.m, ", K ", g.k, ", batch ",
-             g.batch, ")");
-  plan->run(g, ctx, static_cast<float>(alpha), static_cast<float>(beta));
 }
 
 void gemm_cuda(const Tensor& a, const Tensor& b, Tensor& c, bool trans_a, bool trans_b,
