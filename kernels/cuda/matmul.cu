@@ -180,7 +180,10 @@ class Plan {
           cublasLtMatmulAlgoGetHeuristic(ctx.lt(), desc_, a_, b_, d_, d_, pref, 1, &result, &found);
     }
     (void)cublasLtMatmulPreferenceDestroy(pref);
-    if (st == CUBLAS_STATUS_NOT_SUPPORTED || (st == CUBLAS_STATUS_SUCCESS && found == 0)) {
+    // The library answers NOT_SUPPORTED or INVALID_VALUE for a combination it lacks (e.g. an
+    // epilogue for these dtypes): the caller then takes the unfused or cuBLAS path.
+    if (st == CUBLAS_STATUS_NOT_SUPPORTED || st == CUBLAS_STATUS_INVALID_VALUE ||
+        (st == CUBLAS_STATUS_SUCCESS && found == 0)) {
       return false;
     }
     CUBLAS_CHECK(st);
