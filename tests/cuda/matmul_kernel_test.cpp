@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "core/ops/matmul.h"
 #include "kernels/matmul.h"
 #include "tests/cuda/cuda_test_util.h"
 
@@ -215,6 +216,25 @@ TEST_F(CudaGemmTest, BiasAndBiasGeluEpiloguesMatchCpu) {
     }
     check_epilogue(dt, {17, 64, 33}, true, false, gen);
     check_epilogue(dt, {33, 24, 17}, false, false, gen);
+  }
+}
+
+TEST_F(CudaGemmTest, LinearOpsForwardMatchCpu) {
+  // ops::linear / ops::linear_gelu on (B, T, C) inputs: the fold to 2-d and the kernels.
+  SCOPED_TRACE("seed " + std::to_string(seed_));
+  Generator gen(seed_);
+  for (DType dt : {DType::kF32, DType::kBF16}) {
+    const DType rd = ref_dtype(dt);
+    const Tensor x = random_tensor({2, 33, 96}, dt, gen), w = random_tensor({40, 96}, dt, gen);
+    const Tensor bias = random_tensor({40}, dt, gen);
+    const Tensor gx = x.to(Device::cuda()), gw = w.to(Device::cuda()), gb = bias.to(Device::cuda());
+    EXPECT_LT(rel_error(ops::linear(x.to(rd), w.to(rd), bias.to(rd)), ops::linear(gx, gw, gb)),
+              tolerance(dt, false))
+        << "linear " << dtype_name(dt);
+    EXPECT_LT(
+        rel_error(ops::linear_gelu(x.to(rd), w.to(rd), bias.to(rd)), ops::linear_gelu(gx, gw, gb)),
+        tolerance(dt, false))
+        << "linear_gelu " << dtype_name(dt);
   }
 }
 
