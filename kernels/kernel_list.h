@@ -12,6 +12,8 @@
   X(sum_dim_forward)            \
   X(sum_squares_forward)        \
   X(gemm)                       \
+  X(gemm_bias)                  \
+  X(gemm_bias_gelu)             \
   X(gelu_forward)               \
   X(gelu_backward)              \
   X(silu_forward)               \

@@ -2,10 +2,15 @@
 //   dA = dC·op(B)ᵀ  (or op(B)·dCᵀ when A was transposed)
 //   dB = op(A)ᵀ·dC  (or dCᵀ·op(A) when B was transposed)
 // each expressed as another matmul call, so no transpose is ever materialised.
+// linear / linear_gelu fold x to (R, in) and call the fused kernels; their backward is
+//   dpre = dy (linear) or dy·gelu'(pre) (linear_gelu);  dx = dpre·w;  dw = dpreᵀ·x;
+//   dbias = Σ_rows dpre.
 #include "core/ops/matmul.h"
 
 #include "core/autograd.h"
+#include "core/ops/reduce.h"
 #include "core/ops/view.h"
+#include "kernels/activation.h"
 #include "kernels/matmul.h"
 
 namespace loom::ops {
@@ -59,7 +64,77 @@ Tensor mm(const Tensor& a, const Tensor& b, bool ta, bool tb) {
   return c;
 }
 
+// Checks the Linear operands; returns x folded to a contiguous (R, in).
+Tensor linear_input(const char* name, const Tensor& x, const Tensor& w, const Tensor& bias) {
+  LOOM_CHECK(w.dim() == 2, name, ": weight must be (out, in), got ", shape_str(w.shape()));
+  LOOM_CHECK(x.dim() >= 1 && x.size(-1) == w.size(1), name, ": input ", shape_str(x.shape()),
+             " does not end in in_features ", w.size(1));
+  LOOM_CHECK(bias.dim() == 1 && bias.size(0) == w.size(0), name, ": bias must be (", w.size(0),
+             "), got ", shape_str(bias.shape()));
+  LOOM_CHECK(x.dtype() == w.dtype() && bias.dtype() == w.dtype(), name, ": dtypes ",
+             dtype_name(x.dtype()), ", ", dtype_name(w.dtype()), " and ", dtype_name(bias.dtype()),
+             " differ");
+  return contiguous(reshape(x.detach(), {-1, w.size(1)}));
+}
+
+// (…, out) for x (…, in).
+Shape linear_shape(const Tensor& x, const Tensor& w) {
+  Shape out(x.shape().begin(), x.shape().end() - 1);
+  out.push_back(w.size(0));
+  return out;
+}
+
+// Records the shared backward of linear / linear_gelu. `pre` is defined for linear_gelu: the
+// incoming gradient is then multiplied by gelu'(pre) first. y is the (R, out) output.
+void record_linear(const char* name, const Tensor& x, const Tensor& w, const Tensor& bias,
+                   const Tensor& x2, const Tensor& wc, const Tensor& pre, Tensor& y) {
+  if (!autograd::needs_grad({&x, &w, &bias})) return;
+  const bool need_x = x.requires_grad(), need_w = w.requires_grad(), need_b = bias.requires_grad();
+  const Shape x_shape = x.shape();
+  const Tensor sx = need_w ? x2 : Tensor();
+  const Tensor sw = need_x ? wc : Tensor();
+  autograd::record_function(name, {x, w, bias}, {&y}, [=](const std::vector<Tensor>& g) {
+    Tensor d = contiguous(reshape(g[0], {-1, wc.size(0)}));
+    if (pre.defined()) {
+      Tensor dpre = Tensor::zeros_like(pre);
+      if (dpre.numel() > 0) kernels::call_kernel<kernels::gelu_backward_k>(pre, d, dpre);
+      d = dpre;
+    }
+    Tensor dx, dw, db;
+    if (need_x) dx = reshape(mm(d, sw, false, false), x_shape);
+    if (need_w) dw = mm(d, sx, true, false);
+    if (need_b) db = sum(d, 0);
+    return std::vector<Tensor>{dx, dw, db};
+  });
+}
+
 }  // namespace
+
+Tensor linear(const Tensor& x, const Tensor& w, const Tensor& bias) {
+  if (!bias.defined()) return matmul(x, w, false, true);
+  const Tensor x2 = linear_input("linear", x, w, bias);
+  const Tensor wc = contiguous(w.detach());
+  Tensor y2 = Tensor::empty({x2.size(0), w.size(0)}, x.dtype(), x.device());
+  if (y2.numel() > 0) {
+    kernels::call_kernel<kernels::gemm_bias_k>(x2, wc, contiguous(bias.detach()), y2, false, true);
+  }
+  record_linear("linear", x, w, bias, x2, wc, Tensor(), y2);
+  return reshape(y2, linear_shape(x, w));
+}
+
+Tensor linear_gelu(const Tensor& x, const Tensor& w, const Tensor& bias) {
+  LOOM_CHECK(bias.defined(), "linear_gelu: bias is required");
+  const Tensor x2 = linear_input("linear_gelu", x, w, bias);
+  const Tensor wc = contiguous(w.detach());
+  Tensor pre = Tensor::empty({x2.size(0), w.size(0)}, x.dtype(), x.device());
+  Tensor y2 = Tensor::empty({x2.size(0), w.size(0)}, x.dtype(), x.device());
+  if (y2.numel() > 0) {
+    kernels::call_kernel<kernels::gemm_bias_gelu_k>(x2, wc, contiguous(bias.detach()), pre, y2,
+                                                    false, true);
+  }
+  record_linear("linear_gelu", x, w, bias, x2, wc, pre, y2);
+  return reshape(y2, linear_shape(x, w));
+}
 
 Tensor matmul(const Tensor& a, const Tensor& b, bool trans_a, bool trans_b) {
   LOOM_CHECK(a.dim() >= 2 && b.dim() >= 2, "matmul: operands must have at least 2 dims, got ",

@@ -1,4 +1,5 @@
-// core/ops/matmul.h — differentiable matrix products with optional transposes.
+// core/ops/matmul.h — differentiable matrix products with optional transposes, and the fused
+// Linear forms (x·wᵀ + b, optionally followed by GELU) that run as one GEMM with an epilogue.
 #pragma once
 
 #include "core/tensor.h"
@@ -11,5 +12,13 @@ namespace loom::ops {
 //  - a (B, M, K) with b (B, K, N): batched (leading dims folded into one batch dim).
 // Transposed views of contiguous tensors are passed to BLAS without a copy.
 Tensor matmul(const Tensor& a, const Tensor& b, bool trans_a = false, bool trans_b = false);
+
+// The Linear layer's product: x (…, in), w (out, in) as layers/linear.h stores it, bias (out)
+// or undefined → x·wᵀ + bias, shape (…, out), one GEMM with the bias fused (kernel gemm_bias).
+// Equal to add(matmul(x, w, false, true), bias) up to rounding; differentiable in all three.
+Tensor linear(const Tensor& x, const Tensor& w, const Tensor& bias);
+// gelu(x·wᵀ + bias) (tanh form, as ops::gelu) as one GEMM with a bias+GELU epilogue (kernel
+// gemm_bias_gelu), saving the pre-activation for the backward. bias is required.
+Tensor linear_gelu(const Tensor& x, const Tensor& w, const Tensor& bias);
 
 }  // namespace loom::ops

@@ -1,8 +1,13 @@
 // kernels/cpu/matmul.cpp — CPU GEMM through OpenBLAS's CBLAS interface (chosen over Eigen by
 // measurement: see docs/performance.md). Batched GEMMs loop over the batch; each call is
-// multi-threaded by OpenBLAS (OpenMP build, sharing Loom's thread pool).
+// multi-threaded by OpenBLAS (OpenMP build, sharing Loom's thread pool). The fused bias and
+// bias+GELU forms are the reference for the CUDA epilogues: bias rows written first, then one
+// GEMM with beta = 1, then the CPU gelu_forward kernel.
 #include <cblas.h>
 
+#include <algorithm>
+
+#include "kernels/activation.h"
 #include "kernels/matmul.h"
 
 namespace loom::kernels::cpu {
@@ -47,8 +52,36 @@ void gemm_cpu(const Tensor& a, const Tensor& b, Tensor& c, bool trans_a, bool tr
   });
 }
 
+// c (M, N) = op(a)·op(b) + bias (N): every row of c set to bias, then c += op(a)·op(b).
+void gemm_bias_cpu(const Tensor& a, const Tensor& b, const Tensor& bias, Tensor& c, bool trans_a,
+                   bool trans_b) {
+  LOOM_CHECK(a.dim() == 2 && b.dim() == 2 && c.dim() == 2, "gemm_bias: operands must be 2-d");
+  const int64_t m = c.size(0), n = c.size(1);
+  LOOM_CHECK(bias.dim() == 1 && bias.size(0) == n && bias.is_contiguous() &&
+                 bias.dtype() == c.dtype(),
+             "gemm_bias: bias must be contiguous (", n, ") ", dtype_name(c.dtype()), ", got ",
+             shape_str(bias.shape()), " ", dtype_name(bias.dtype()));
+  LOOM_CHECK(c.is_contiguous(), "gemm_bias: c must be contiguous");
+  LOOM_DISPATCH_FLOAT(c.dtype(), "gemm_bias", [&] {
+    const scalar_t* pb = bias.data<scalar_t>();
+    scalar_t* pc = c.data<scalar_t>();
+    for (int64_t i = 0; i < m; ++i) std::copy(pb, pb + n, pc + i * n);
+  });
+  gemm_cpu(a, b, c, trans_a, trans_b, 1.0, 1.0);
+}
+
+void gemm_bias_gelu_cpu(const Tensor& a, const Tensor& b, const Tensor& bias, Tensor& pre,
+                        Tensor& c, bool trans_a, bool trans_b) {
+  LOOM_CHECK(pre.shape() == c.shape() && pre.dtype() == c.dtype() && pre.is_contiguous(),
+             "gemm_bias_gelu: pre must be contiguous like c ", shape_str(c.shape()));
+  gemm_bias_cpu(a, b, bias, pre, trans_a, trans_b);
+  find_kernel<gelu_forward_k>(DeviceType::kCpu)(pre, c);
+}
+
 }  // namespace
 
 LOOM_REGISTER_KERNEL(gemm, kCpu, gemm_cpu);
+LOOM_REGISTER_KERNEL(gemm_bias, kCpu, gemm_bias_cpu);
+LOOM_REGISTER_KERNEL(gemm_bias_gelu, kCpu, gemm_bias_gelu_cpu);
 
 }  // namespace loom::kernels::cpu

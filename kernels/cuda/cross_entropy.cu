@@ -1,0 +1,350 @@
+// kernels/cuda/cross_entropy.cu — CUDA fused softmax cross-entropy (Note [Cross-entropy kernel
+// contract] in kernels/cross_entropy.h). One block per row; the forward makes one pass over the
+// row with an online max/sum (never storing probabilities), the backward one pass that
+// recomputes each probability from the saved lse. Rows are read in 16-byte vectors where the
+// row's alignment allows. Math in f32 (f64 for f64 logits); every reduction has a fixed order,
+// so results are deterministic. Must not synchronise the host or allocate.
+//
+// Targets are validated on the host by the op (core/ops/cross_entropy.cpp); a kernel cannot
+// throw, so a row whose target is neither ignore_index nor in [0, vocab) gets NaN loss and lse
+// in the forward and NaN gradients in the backward, never an out-of-bounds read.
+#include <cuda_runtime.h>
+
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <type_traits>
+
+#include "kernels/cross_entropy.h"
+#include "kernels/cuda/cuda_check.cuh"
+#include "kernels/cuda/cuda_device.cuh"
+#include "kernels/cuda/dtype_convert.cuh"
+
+namespace loom::kernels::cuda {
+namespace {
+
+constexpr unsigned kThreads = 512;
+constexpr unsigned kWarps = kThreads / 32;
+
+template <typename T>
+using acc_t = std::conditional_t<std::is_same_v<T, double>, double, float>;
+
+template <typename A>
+__device__ __forceinline__ A exp_acc(A x) {
+  if constexpr (std::is_same_v<A, double>) {
+    return ::exp(x);
+  } else {
+    return ::expf(x);
+  }
+}
+
+template <typename A>
+__device__ __forceinline__ A log_acc(A x) {
+  if constexpr (std::is_same_v<A, double>) {
+    return ::log(x);
+  } else {
+    return ::logf(x);
+  }
+}
+
+// ---- 16-byte packs: kVec elements of T in one uint4 ----
+
+template <typename T>
+inline constexpr int kVec = 16 / static_cast<int>(sizeof(T));
+
+__device__ __forceinline__ uint32_t& word(uint4& p, int i) {
+  return i == 0 ? p.x : i == 1 ? p.y : i == 2 ? p.z : p.w;
+}
+
+template <typename T>
+__device__ __forceinline__ acc_t<T> get(uint4 p, int e) {
+  if constexpr (std::is_same_v<T, float>) {
+    return __uint_as_float(word(p, e));
+  } else if constexpr (std::is_same_v<T, double>) {
+    const uint64_t bits = (static_cast<uint64_t>(word(p, 2 * e + 1)) << 32) | word(p, 2 * e);
+    return __longlong_as_double(static_cast<long long>(bits));
+  } else {
+    const uint16_t bits = static_cast<uint16_t>(word(p, e / 2) >> (16 * (e % 2)));
+    if constexpr (std::is_same_v<T, BFloat16>) {
+      return bf16_bits_to_float(bits);
+    } else {
+      return f16_bits_to_float(bits);
+    }
+  }
+}
+
+template <typename T>
+__device__ __forceinline__ void set(uint4& p, int e, acc_t<T> v) {
+  if constexpr (std::is_same_v<T, float>) {
+    word(p, e) = __float_as_uint(v);
+  } else if constexpr (std::is_same_v<T, double>) {
+    const auto bits = static_cast<uint64_t>(__double_as_longlong(v));
+    word(p, 2 * e) = static_cast<uint32_t>(bits);
+    word(p, 2 * e + 1) = static_cast<uint32_t>(bits >> 32);
+  } else {
+    const uint32_t bits = half_from_float<T>(v).bits;
+    const int shift = 16 * (e % 2);
+    uint32_t& w = word(p, e / 2);
+    w = (w & ~(0xffffu << shift)) | (bits << shift);
+  }
+}
+
+// Elements before the first 16-byte boundary of a row (at most n).
+template <typename T>
+__device__ __forceinline__ int64_t head_elements(const T* row, int64_t n) {
+  const auto misalign = static_cast<int64_t>(reinterpret_cast<uintptr_t>(row) % 16);
+  const int64_t head = misalign == 0 ? 0 : (16 - misalign) / static_cast<int64_t>(sizeof(T));
+  return head < n ? head : n;
+}
+
+// ---- the online max/sum pair ----
+
+template <typename A>
+struct MaxSum {
+  A m;  // running max
+  A s;  // Σ exp(x − m)
+};
+
+template <typename A>
+__device__ __forceinline__ void add(MaxSum<A>& a, A x) {
+  if (x > a.m) {
+    a.s = a.s * exp_acc(a.m - x) + A(1);  // a.m == −inf: s is 0, exp gives 0
+    a.m = x;
+  } else if (x != -std::numeric_limits<A>::infinity()) {
+    a.s += exp_acc(x - a.m);
+  }
+}
+
+template <typename A>
+__device__ __forceinline__ MaxSum<A> merge(MaxSum<A> a, MaxSum<A> b) {
+  const A m = a.m > b.m ? a.m : b.m;
+  if (m == -std::numeric_limits<A>::infinity()) return {m, A(0)};
+  return {m, a.s * exp_acc(a.m - m) + b.s * exp_acc(b.m - m)};
+}
+
+// Block-wide merge in a fixed order; every thread gets the result.
+template <typename A>
+__device__ MaxSum<A> block_merge(MaxSum<A> v) {
+  __shared__ A sm[kWarps], ss[kWarps];
+  __shared__ MaxSum<A> result;
+  for (int off = 16; off > 0; off >>= 1) {
+    MaxSum<A> o{__shfl_xor_sync(0xffffffffu, v.m, off), __shfl_xor_sync(0xffffffffu, v.s, off)};
+    v = merge(v, o);
+  }
+  const unsigned warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  if (lane == 0) {
+    sm[warp] = v.m;
+    ss[warp] = v.s;
+  }
+  __syncthreads();
+  if (warp == 0) {
+    MaxSum<A> w{-std::numeric_limits<A>::infinity(), A(0)};
+    if (lane < kWarps) w = {sm[lane], ss[lane]};
+    for (int off = 16; off > 0; off >>= 1) {
+      MaxSum<A> o{__shfl_xor_sync(0xffffffffu, w.m, off), __shfl_xor_sync(0xffffffffu, w.s, off)};
+      w = merge(w, o);
+    }
+    if (lane == 0) result = w;
+  }
+  __syncthreads();
+  return result;
+}
+
+// logits (N, Vp), targets (N) → loss (N), lse (N). Grid: one block of kThreads per row.
+template <typename T, typename I>
+__global__ void cross_entropy_forward_kernel(const T* logits, const I* targets, int64_t vp,
+                                             int64_t vocab, int64_t ignore_index, acc_t<T>* loss,
+                                             acc_t<T>* lse) {
+  using A = acc_t<T>;
+  const int64_t r = blockIdx.x;
+  const int64_t t = static_cast<int64_t>(targets[r]);
+  if (t == ignore_index) {  // uniform over the block: no thread reaches a barrier
+    if (threadIdx.x == 0) loss[r] = lse[r] = A(0);
+    return;
+  }
+  const T* row = logits + r * vp;
+  MaxSum<A> acc{-std::numeric_limits<A>::infinity(), A(0)};
+  const int64_t head = head_elements(row, vocab);
+  for (int64_t j = threadIdx.x; j < head; j += blockDim.x) add(acc, convert<A>(row[j]));
+  const int64_t nvec = (vocab - head) / kVec<T>;
+  const uint4* packs = reinterpret_cast<const uint4*>(row + head);
+  for (int64_t v = threadIdx.x; v < nvec; v += blockDim.x) {
+    const uint4 p = packs[v];
+    A x[kVec<T>];
+    A pm = get<T>(p, 0);
+#pragma unroll
+    for (int e = 0; e < kVec<T>; ++e) {
+      x[e] = get<T>(p, e);
+      pm = x[e] > pm ? x[e] : pm;
+    }
+    if (pm > acc.m) {  // rescale once per pack, then add its terms
+      acc.s *= exp_acc(acc.m - pm);
+      acc.m = pm;
+    }
+    if (acc.m != -std::numeric_limits<A>::infinity()) {
+#pragma unroll
+      for (int e = 0; e < kVec<T>; ++e) {
+        if (x[e] != -std::numeric_limits<A>::infinity()) acc.s += exp_acc(x[e] - acc.m);
+      }
+    }
+  }
+  for (int64_t j = head + nvec * kVec<T> + threadIdx.x; j < vocab; j += blockDim.x) {
+    add(acc, convert<A>(row[j]));
+  }
+  const MaxSum<A> total = block_merge(acc);
+  if (threadIdx.x == 0) {
+    if (t < 0 || t >= vocab) {
+      loss[r] = lse[r] = std::numeric_limits<A>::quiet_NaN();
+      return;
+    }
+    const A l = isinf(total.m) ? total.m : total.m + log_acc(total.s);
+    lse[r] = l;
+    loss[r] = l - convert<A>(row[t]);
+  }
+}
+
+// dlogits (N, Vp) += (exp(logits − lse) − onehot(t)) · dloss · grad_scale over j < vocab.
+template <typename T, typename I>
+__global__ void cross_entropy_backward_kernel(const T* logits, const I* targets,
+                                              const acc_t<T>* lse, const acc_t<T>* dloss,
+                                              acc_t<T> grad_scale, int64_t vp, int64_t vocab,
+                                              int64_t ignore_index, T* dlogits) {
+  using A = acc_t<T>;
+  const int64_t r = blockIdx.x;
+  const int64_t t = static_cast<int64_t>(targets[r]);
+  if (t == ignore_index) return;
+  const T* row = logits + r * vp;
+  T* drow = dlogits + r * vp;
+  if (t < 0 || t >= vocab) {
+    for (int64_t j = threadIdx.x; j < vocab; j += blockDim.x) {
+      drow[j] = convert<T>(std::numeric_limits<A>::quiet_NaN());
+    }
+    return;
+  }
+  const A g = dloss[0] * grad_scale;
+  const A l = lse[r];
+  auto grad = [&](int64_t j, A x, A d) { return d + exp_acc(x - l) * g - (j == t ? g : A(0)); };
+  // Vectorise only when both rows share their alignment within 16 bytes.
+  const bool same_phase =
+      reinterpret_cast<uintptr_t>(row) % 16 == reinterpret_cast<uintptr_t>(drow) % 16;
+  const int64_t head = same_phase ? head_elements(row, vocab) : vocab;
+  for (int64_t j = threadIdx.x; j < head; j += blockDim.x) {
+    drow[j] = convert<T>(grad(j, convert<A>(row[j]), convert<A>(drow[j])));
+  }
+  const int64_t nvec = (vocab - head) / kVec<T>;
+  const uint4* xp = reinterpret_cast<const uint4*>(row + head);
+  uint4* dp = reinterpret_cast<uint4*>(drow + head);
+  for (int64_t v = threadIdx.x; v < nvec; v += blockDim.x) {
+    const uint4 x = xp[v];
+    uint4 d = dp[v];
+    const int64_t j0 = head + v * kVec<T>;
+#pragma unroll
+    for (int e = 0; e < kVec<T>; ++e) set<T>(d, e, grad(j0 + e, get<T>(x, e), get<T>(d, e)));
+    dp[v] = d;
+  }
+  for (int64_t j = head + nvec * kVec<T> + threadIdx.x; j < vocab; j += blockDim.x) {
+    drow[j] = convert<T>(grad(j, convert<A>(row[j]), convert<A>(drow[j])));
+  }
+}
+
+// ---- launchers ----
+
+DType row_dtype(DType logits) { return logits == DType::kF64 ? DType::kF64 : DType::kF32; }
+
+void check_common(const Tensor& logits, const Tensor& targets, int64_t vocab_size,
+                  const char* name) {
+  LOOM_CHECK(logits.dim() == 2 && logits.is_contiguous(), name,
+             ": logits must be contiguous (N, Vp), got ", shape_str(logits.shape()));
+  LOOM_CHECK(targets.dim() == 1 && targets.size(0) == logits.size(0) && targets.is_contiguous(),
+             name, ": targets must be contiguous (", logits.size(0), "), got ",
+             shape_str(targets.shape()));
+  LOOM_CHECK(vocab_size > 0 && vocab_size <= logits.size(1), name, ": vocab_size ", vocab_size,
+             " must be in [1, ", logits.size(1), "]");
+}
+
+void check_row_buffer(const Tensor& t, const Tensor& logits, const char* name, const char* what) {
+  const DType want = row_dtype(logits.dtype());
+  LOOM_CHECK(t.dim() == 1 && t.size(0) == logits.size(0) && t.is_contiguous() && t.dtype() == want,
+             name, ": ", what, " must be contiguous (", logits.size(0), ") ", dtype_name(want),
+             ", got ", shape_str(t.shape()), " ", dtype_name(t.dtype()));
+}
+
+// Binds T to the logits' storage type (f32, f64, bf16, f16).
+template <typename F>
+void dispatch_logits(DType dt, const char* name, F&& f) {
+  switch (dt) {
+    case DType::kF32:
+      return f(float{});
+    case DType::kF64:
+      return f(double{});
+    case DType::kBF16:
+      return f(BFloat16{});
+    case DType::kF16:
+      return f(Float16{});
+    default:
+      LOOM_FAIL(name, ": dtype ", dtype_name(dt), " not supported (f32, f64, bf16, f16)");
+  }
+}
+
+void cross_entropy_forward_cuda(const Tensor& logits, const Tensor& targets, int64_t ignore_index,
+                                int64_t vocab_size, Tensor& loss, Tensor& lse) {
+  const char* name = "cross_entropy_forward";
+  check_common(logits, targets, vocab_size, name);
+  check_row_buffer(loss, logits, name, "loss");
+  check_row_buffer(lse, logits, name, "lse");
+  const int64_t n = logits.size(0);
+  if (n == 0) return;
+  LOOM_CHECK(n <= std::numeric_limits<int32_t>::max(), name, ": too many rows (", n, ")");
+  CudaDeviceGuard guard(logits.device().index);
+  dispatch_logits(logits.dtype(), name, [&](auto tag) {
+    using T = decltype(tag);
+    using A = acc_t<T>;
+    LOOM_DISPATCH_INDEX(targets.dtype(), name, [&] {
+      cross_entropy_forward_kernel<T, index_t>
+          <<<static_cast<unsigned>(n), kThreads, 0, compute_stream()>>>(
+              static_cast<const T*>(logits.raw_data()),
+              static_cast<const index_t*>(targets.raw_data()), logits.size(1), vocab_size,
+              ignore_index, static_cast<A*>(loss.raw_data()), static_cast<A*>(lse.raw_data()));
+    });
+  });
+  LOOM_CUDA_LAUNCH_CHECK();
+}
+
+void cross_entropy_backward_cuda(const Tensor& logits, const Tensor& targets, const Tensor& lse,
+                                 const Tensor& dloss, double grad_scale, int64_t ignore_index,
+                                 int64_t vocab_size, Tensor& dlogits) {
+  const char* name = "cross_entropy_backward";
+  check_common(logits, targets, vocab_size, name);
+  check_row_buffer(lse, logits, name, "lse");
+  LOOM_CHECK(dloss.numel() == 1 && dloss.dtype() == lse.dtype(), name, ": dloss must be one ",
+             dtype_name(lse.dtype()), " element, got ", shape_str(dloss.shape()), " ",
+             dtype_name(dloss.dtype()));
+  LOOM_CHECK(dlogits.shape() == logits.shape() && dlogits.dtype() == logits.dtype() &&
+                 dlogits.is_contiguous(),
+             name, ": dlogits must be contiguous like logits ", shape_str(logits.shape()));
+  const int64_t n = logits.size(0);
+  if (n == 0) return;
+  LOOM_CHECK(n <= std::numeric_limits<int32_t>::max(), name, ": too many rows (", n, ")");
+  CudaDeviceGuard guard(logits.device().index);
+  dispatch_logits(logits.dtype(), name, [&](auto tag) {
+    using T = decltype(tag);
+    using A = acc_t<T>;
+    LOOM_DISPATCH_INDEX(targets.dtype(), name, [&] {
+      cross_entropy_backward_kernel<T, index_t>
+          <<<static_cast<unsigned>(n), kThreads, 0, compute_stream()>>>(
+              static_cast<const T*>(logits.raw_data()),
+              static_cast<const index_t*>(targets.raw_data()),
+              static_cast<const A*>(lse.raw_data()), static_cast<const A*>(dloss.raw_data()),
+              static_cast<A>(grad_scale), logits.size(1), vocab_size, ignore_index,
+              static_cast<T*>(dlogits.raw_data()));
+    });
+  });
+  LOOM_CUDA_LAUNCH_CHECK();
+}
+
+}  // namespace
+
+LOOM_REGISTER_KERNEL(cross_entropy_forward, kCuda, cross_entropy_forward_cuda);
+LOOM_REGISTER_KERNEL(cross_entropy_backward, kCuda, cross_entropy_backward_cuda);
+
+}  // namespace loom::kernels::cuda
