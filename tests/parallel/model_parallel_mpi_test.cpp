@@ -10,6 +10,7 @@
 
 #include <cmath>
 #include <map>
+#include <mutex>
 #include <string>
 #include <vector>
 
@@ -144,6 +145,58 @@ void check(bool llama, Layout lay) {
   for (size_t i = 0; i < params.size(); ++i) {
     EXPECT_EQ(rel_err(expected_part(params[i].first, ref_params[i].second, c, tr, tn), params[i].second), 0.0)
         << params[i].first;
+  }
+}
+
+// Note [TP communication volume]: per transformer block, with S = B·T·C·4 bytes (the full
+// sequence's activations; each op's CommEvent.bytes is its full message, like S for an
+// all-gather's output or a reduce-scatter's input), tensor parallelism moves
+//   without SP: 4 all-reduces of S (attn.proj and mlp.proj forward, qkv and fc input grads);
+//   with SP:    6 all-gathers of S (qkv and fc inputs forward, again in their backward — the
+//               full input is not kept — and the row layers' backward) and 4 reduce-scatters
+//               of S (the row outputs forward, the column input grads backward);
+// plus, once per model, the embedding (all-reduce; or reduce-scatter and its all-gather), the
+// head input (its gradient all-reduce; or all-gather and its reduce-scatter) and the loss (an
+// all-gather of the (N) local log-sum-exps, n·N·4 bytes, and an all-reduce of the N target
+// logits). Per rank a ring all-reduce sends 2(n−1)/n of its bytes and an all-gather or
+// reduce-scatter (n−1)/n, so a block costs 8(n−1)/n·S without SP and 10(n−1)/n·S with it.
+TEST(ModelParallel, TensorParallelCommunicationMatchesTheAnalyticCount) {
+  const int n = testing::world_size();
+  for (bool sp : {false, true}) {
+    SCOPED_TRACE(sp ? "sequence parallel" : "tensor parallel");
+    ModelConfig c = tiny(false);
+    c.n_head = 4 * n / 2 > 4 ? 4 * n / 2 : 4;
+    ParallelOptions o;
+    o.shape = {.dp = 1, .pp = 1, .cp = 1, .tp = n};
+    o.comm_timeout_s = testing::kTestCommTimeoutS;
+    ParallelContext ctx = ParallelContext::create(o);
+    MeshModelParallel mp(ctx.tp(), ctx.cp(), sp);
+    Transformer model(c, DType::kF32, Device::cpu(), &mp);
+    Generator gen(5);
+    model.init_weights(gen);
+    const Tensor ids = randint({kB, kT}, 0, c.vocab_size, gen, DType::kI64);
+    std::mutex mu;
+    std::map<std::pair<std::string, int64_t>, int> seen;
+    ctx.tp().set_observer([&](const CommEvent& e) {
+      std::lock_guard<std::mutex> lock(mu);
+      ++seen[{e.op, e.bytes}];
+    });
+    autograd::backward(model.loss(ids, ids));
+    ctx.tp().barrier();
+    ctx.tp().set_observer(nullptr);
+
+    const int64_t S = kB * kT * c.n_embd * 4, N = kB * kT, L = c.n_layer;
+    std::map<std::pair<std::string, int64_t>, int> want;
+    want[{"all_gather", n * N * 4}] += 1;  // loss: the local log-sum-exps
+    want[{"all_reduce", N * 4}] += 1;      // loss: the target logits
+    if (sp) {
+      want[{"all_gather", S}] += static_cast<int>(6 * L + 2);
+      want[{"reduce_scatter", S}] += static_cast<int>(4 * L + 2);
+    } else {
+      want[{"all_reduce", S}] += static_cast<int>(4 * L + 2);
+    }
+    want[{"barrier", 0}] += 1;
+    EXPECT_EQ(seen, want);
   }
 }
 
