@@ -9,9 +9,10 @@
 namespace loom {
 
 namespace {
-std::unique_ptr<Norm> make_norm(const ModelConfig& c, DType dtype, Device device) {
-  if (c.is_llama()) return std::make_unique<RMSNorm>(c.n_embd, c.norm_eps, dtype, device);
-  return std::make_unique<LayerNorm>(c.n_embd, c.norm_eps, true, dtype, device);
+std::unique_ptr<Norm> make_norm(const ModelConfig& c, DType dtype, Device device,
+                                const ModelParallel* mp) {
+  if (c.is_llama()) return std::make_unique<RMSNorm>(c.n_embd, c.norm_eps, dtype, device, mp);
+  return std::make_unique<LayerNorm>(c.n_embd, c.norm_eps, true, dtype, device, mp);
 }
 
 std::unique_ptr<FeedForward> make_mlp(const ModelConfig& c, DType dtype, Device device,
@@ -25,9 +26,9 @@ std::unique_ptr<FeedForward> make_mlp(const ModelConfig& c, DType dtype, Device 
 Block::Block(const ModelConfig& config, DType dtype, Device device, const ModelParallel* mp)
     : dropout_(config.dropout),
       checkpointing_(config.activation_checkpointing),
-      norm1_(make_norm(config, dtype, device)),
+      norm1_(make_norm(config, dtype, device, mp)),
       attn_(config, dtype, device, mp),
-      norm2_(make_norm(config, dtype, device)),
+      norm2_(make_norm(config, dtype, device, mp)),
       mlp_(make_mlp(config, dtype, device, mp)) {
   const bool llama = config.is_llama();
   register_module(llama ? "attn_norm" : "ln_1", *norm1_);

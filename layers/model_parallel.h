@@ -67,6 +67,10 @@ class ModelParallel {
   // Sequence parallelism: this rank's chunk of x along `dim` (not differentiable: positions),
   // and the all-gather of sequence-sharded activations (before the LM head).
   virtual Tensor sequence_chunk(const Tensor& x, int64_t dim) const = 0;
+  // A replicated parameter used on this rank's sequence chunk (norm weights and biases, wpe):
+  // identity forward; under sequence parallelism its gradient is summed over the TP group in
+  // backward, so the parameter receives the complete gradient like every other parameter.
+  virtual Tensor sequence_region_param(const Tensor& p) const = 0;
   // The LM head's input as a column-parallel layer takes it: all-gathered along the sequence
   // under sequence parallelism, else replicated with its gradient summed over the TP group.
   virtual Tensor head_input(const Tensor& x) const = 0;

@@ -6,14 +6,23 @@
 
 namespace loom {
 
-LayerNorm::LayerNorm(int64_t dim, double eps, bool bias, DType dtype, Device device) : eps_(eps) {
+namespace {
+// The parameter as used on this rank's activations (Note in layers/model_parallel.h).
+Tensor used(const Tensor& p, const ModelParallel* mp) {
+  return mp && p.defined() ? mp->sequence_region_param(p) : p;
+}
+}  // namespace
+
+LayerNorm::LayerNorm(int64_t dim, double eps, bool bias, DType dtype, Device device,
+                     const ModelParallel* mp)
+    : eps_(eps), mp_(mp) {
   LOOM_CHECK(dim > 0, "LayerNorm: dim must be positive, got ", dim);
   weight_ = register_parameter("weight", Tensor::ones({dim}, dtype, device));
   if (bias) bias_ = register_parameter("bias", Tensor::zeros({dim}, dtype, device));
 }
 
 Tensor LayerNorm::forward(const Tensor& x) const {
-  return ops::layer_norm(x, weight_, bias_, eps_);
+  return ops::layer_norm(x, used(weight_, mp_), used(bias_, mp_), eps_);
 }
 
 void LayerNorm::reset() {
@@ -21,12 +30,15 @@ void LayerNorm::reset() {
   if (bias_.defined()) init::fill_(bias_, 0.0);
 }
 
-RMSNorm::RMSNorm(int64_t dim, double eps, DType dtype, Device device) : eps_(eps) {
+RMSNorm::RMSNorm(int64_t dim, double eps, DType dtype, Device device, const ModelParallel* mp)
+    : eps_(eps), mp_(mp) {
   LOOM_CHECK(dim > 0, "RMSNorm: dim must be positive, got ", dim);
   weight_ = register_parameter("weight", Tensor::ones({dim}, dtype, device));
 }
 
-Tensor RMSNorm::forward(const Tensor& x) const { return ops::rms_norm(x, weight_, eps_); }
+Tensor RMSNorm::forward(const Tensor& x) const {
+  return ops::rms_norm(x, used(weight_, mp_), eps_);
+}
 
 void RMSNorm::reset() { init::fill_(weight_, 1.0); }
 

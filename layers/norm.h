@@ -5,6 +5,7 @@
 #include <cstdint>
 
 #include "core/tensor.h"
+#include "layers/model_parallel.h"
 #include "layers/module.h"
 
 namespace loom {
@@ -19,8 +20,9 @@ class Norm : public Module {
 class LayerNorm final : public Norm {
  public:
   // weight (dim); bias (dim) when `bias`.
+  // With a ModelParallel, weight and bias are used through sequence_region_param.
   LayerNorm(int64_t dim, double eps, bool bias = true, DType dtype = DType::kF32,
-            Device device = {});
+            Device device = {}, const ModelParallel* mp = nullptr);
   Tensor forward(const Tensor& x) const override;
   void reset() override;
   const Tensor& weight() const { return weight_; }
@@ -28,18 +30,21 @@ class LayerNorm final : public Norm {
 
  private:
   double eps_;
+  const ModelParallel* mp_;
   Tensor weight_, bias_;
 };
 
 class RMSNorm final : public Norm {
  public:
-  RMSNorm(int64_t dim, double eps, DType dtype = DType::kF32, Device device = {});
+  RMSNorm(int64_t dim, double eps, DType dtype = DType::kF32, Device device = {},
+          const ModelParallel* mp = nullptr);
   Tensor forward(const Tensor& x) const override;
   void reset() override;
   const Tensor& weight() const { return weight_; }
 
  private:
   double eps_;
+  const ModelParallel* mp_;
   Tensor weight_;
 };
 

@@ -7,6 +7,7 @@
 
 #include "core/ops/cross_entropy.h"
 #include "core/ops/elementwise.h"
+#include "core/ops/embedding.h"
 #include "core/ops/matmul.h"
 #include "layers/init.h"
 
@@ -92,9 +93,9 @@ Transformer::Transformer(const ModelConfig& config, DType dtype, Device device,
     register_module("blocks." + std::to_string(i), *blocks_.back());
   }
   if (llama) {
-    norm_f_ = std::make_unique<RMSNorm>(config_.n_embd, config_.norm_eps, dtype, device);
+    norm_f_ = std::make_unique<RMSNorm>(config_.n_embd, config_.norm_eps, dtype, device, mp);
   } else {
-    norm_f_ = std::make_unique<LayerNorm>(config_.n_embd, config_.norm_eps, true, dtype, device);
+    norm_f_ = std::make_unique<LayerNorm>(config_.n_embd, config_.norm_eps, true, dtype, device, mp);
   }
   register_module(llama ? "norm_f" : "ln_f", *norm_f_);
   if (!config_.tie_embeddings) {
@@ -132,9 +133,10 @@ Tensor Transformer::positions(int64_t T) const {
 
 Tensor Transformer::embed(const Tensor& ids, const Tensor& pos) const {
   Tensor x = wte_->forward(ids);  // (B, T, C), or (B, T/tp, C) under sequence parallelism
-  if (wpe_) {
-    const bool sp = mp_ && mp_->sequence_parallel();
-    x = ops::add(x, wpe_->forward(sp ? mp_->sequence_chunk(pos, 0) : pos));  // + (T, C)
+  if (wpe_ && mp_ && mp_->sequence_parallel()) {  // this rank's positions, complete gradient
+    x = ops::add(x, ops::embedding(mp_->sequence_chunk(pos, 0), mp_->sequence_region_param(wpe_->weight())));
+  } else if (wpe_) {
+    x = ops::add(x, wpe_->forward(pos));  // + (T, C)
   }
   return x;
 }

@@ -44,6 +44,10 @@ Tensor MeshModelParallel::sequence_chunk(const Tensor& x, int64_t dim) const {
   return tp::chunk_dim(x, *tp_, dim);
 }
 
+Tensor MeshModelParallel::sequence_region_param(const Tensor& p) const {
+  return sequence_parallel_ ? tp::copy_to_region(p, *tp_) : p;
+}
+
 Tensor MeshModelParallel::head_input(const Tensor& x) const {
   return sequence_parallel_ ? tp::gather_from_sequence(x, *tp_, 1) : tp::copy_to_region(x, *tp_);
 }
@@ -64,10 +68,10 @@ Tensor MeshModelParallel::loss(const Tensor& logits, const Tensor& targets, int6
 
 namespace {
 
-// Parameters inside tensor-parallel layers: split over the group (`sharded`), or replicated
-// but seeing only this rank's sequence chunk under SP (`partial`: a row-parallel bias).
+// Parameters inside tensor-parallel layers that are this rank's part of a split tensor (all of
+// them except a row-parallel layer's replicated bias).
 struct TpParams {
-  std::unordered_set<const void*> sharded, in_tp_layer;
+  std::unordered_set<const void*> sharded;
 };
 
 TpParams classify(const Module& model) {
@@ -78,7 +82,6 @@ TpParams classify(const Module& model) {
                           dynamic_cast<const tp::VocabParallelEmbedding*>(&m) != nullptr;
     if (!tp_layer) return;
     for (const auto& [name, p] : m.own_parameters()) {
-      out.in_tp_layer.insert(p.raw_data());
       if (!(row && name == "bias")) out.sharded.insert(p.raw_data());
     }
   });
@@ -86,16 +89,6 @@ TpParams classify(const Module& model) {
 }
 
 }  // namespace
-
-std::vector<Tensor> sequence_parallel_params(const Module& model, const ModelParallel& mp) {
-  if (!mp.sequence_parallel()) return {};
-  const TpParams tp = classify(model);
-  std::vector<Tensor> out;
-  for (const Tensor& p : model.parameters()) {
-    if (!tp.sharded.count(p.raw_data())) out.push_back(p);
-  }
-  return out;
-}
 
 bool is_tensor_parallel_shard(const Module& model, const Tensor& p) {
   return classify(model).sharded.count(p.raw_data()) > 0;

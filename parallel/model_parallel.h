@@ -5,10 +5,11 @@
 //
 // Note [Gradients of replicated parameters]: parameters that every TP rank holds whole (norm
 // weights and biases, a row-parallel layer's bias, wpe) get identical gradients on every TP
-// rank without sequence parallelism, but only this rank's sequence chunk's share with it; and
-// every parameter gets only this rank's tokens' share under context parallelism. The trainer
-// sums those over the TP group (sequence_parallel_grads) and over the cp group (with dp,
-// as data parallelism does); the model itself never reduces a parameter gradient.
+// rank without sequence parallelism; with it each rank's activations are a sequence chunk, so
+// those parameters are used through sequence_region_param (copy_to_region: the gradient is
+// summed over the TP group in backward) and still arrive complete. Under context parallelism
+// every parameter gets only this rank's tokens' share: those are summed over the cp group
+// together with data parallelism's reduction (the model never reduces over cp itself).
 #pragma once
 
 #include <memory>
@@ -33,6 +34,7 @@ class MeshModelParallel final : public ModelParallel {
                                                   Device device) const override;
   Tensor attention(const Tensor& q, const Tensor& k, const Tensor& v) const override;
   Tensor sequence_chunk(const Tensor& x, int64_t dim) const override;
+  Tensor sequence_region_param(const Tensor& p) const override;
   Tensor head_input(const Tensor& x) const override;
   Tensor loss(const Tensor& logits, const Tensor& targets, int64_t ignore_index,
               int64_t vocab_size) const override;
@@ -46,10 +48,6 @@ class MeshModelParallel final : public ModelParallel {
   bool sequence_parallel_;
 };
 
-// The parameters of `model` whose gradients are partial over the TP group under sequence
-// parallelism (Note [Gradients of replicated parameters]): every parameter not inside a
-// tensor-parallel layer, and row-parallel biases. Empty without sequence parallelism.
-std::vector<Tensor> sequence_parallel_params(const Module& model, const ModelParallel& mp);
 // Whether `p` (a parameter of a model built with a MeshModelParallel) lives in a tensor-parallel
 // layer as this rank's part (so a norm over all parameters sums its square over the TP group)
 // rather than replicated. With a TP group of one every part is the whole tensor.

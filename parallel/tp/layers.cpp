@@ -191,7 +191,9 @@ Tensor RowParallelLinear::forward(const Tensor& x) const {
   const Tensor partial = ops::matmul(x, weight_, false, true);
   Tensor y = sequence_parallel_ ? reduce_scatter_to_sequence(partial, *tp_, 1)
                                 : reduce_from_region(partial, *tp_);
-  return bias_.defined() ? ops::add(y, bias_) : y;
+  if (!bias_.defined()) return y;
+  // Under SP the bias meets only this rank's chunk: its gradient is summed over the group.
+  return ops::add(y, sequence_parallel_ ? copy_to_region(bias_, *tp_) : bias_);
 }
 
 void RowParallelLinear::load_shard(const Tensor& full_weight, const Tensor& full_bias) {
@@ -211,11 +213,6 @@ void RowParallelLinear::zero_rows_from(int64_t global_row) {
   autograd::NoGradGuard no_grad;
   Tensor rows = ops::narrow(weight_, 0, global_row, weight_.size(0) - global_row);
   ops::copy_(rows, Tensor::zeros(rows.shape(), weight_.dtype(), weight_.device()));
-}
-
-std::vector<Tensor> RowParallelLinear::sequence_parallel_grads() const {
-  if (sequence_parallel_ && bias_.defined()) return {bias_};
-  return {};
 }
 
 VocabParallelEmbedding::VocabParallelEmbedding(int64_t num_embeddings, int64_t dim, Communicator& tp,

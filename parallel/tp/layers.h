@@ -5,12 +5,12 @@
 // Embedding's parameter names ("weight", "bias") and layouts, holding only this rank's part:
 // for a column layer with segments (the fused qkv: q, k, v rows) that part is this rank's
 // chunk of each segment, concatenated. load_shard copies a part out of the unsharded tensor;
-// init() draws the unsharded tensor as the single-device layer does and keeps the part. With sequence_parallel the activations outside the
-// column→row pair are split along the sequence (dim 1 of (B, T, C)): the column layer
-// all-gathers them and the row layer (and the embedding) reduce-scatter instead of all-reduce.
-// Gradients of replicated parameters that see only this rank's sequence chunk (a row layer's
-// bias under sequence parallelism) are partial: sequence_parallel_grads() lists them for the
-// trainer to all-reduce over the TP group (as Megatron does for norm weights).
+// init() draws the unsharded tensor as the single-device layer does and keeps the part.
+// With sequence_parallel the activations outside the column→row pair are split along the
+// sequence (dim 1 of (B, T, C)): the column layer all-gathers them and the row layer (and the
+// embedding) reduce-scatter instead of all-reduce. A row layer's bias (replicated) then meets
+// only this rank's chunk, so it is used through copy_to_region: its gradient is summed over
+// the group in backward and arrives complete.
 #pragma once
 
 #include <cstdint>
@@ -62,7 +62,6 @@ class RowParallelLinear : public LinearLayer {
   void load_shard(const Tensor& full_weight, const Tensor& full_bias);
   const Tensor& weight() const override { return weight_; }
   const Tensor& bias() const override { return bias_; }
-  std::vector<Tensor> sequence_parallel_grads() const;
 
  private:
   Communicator* tp_;

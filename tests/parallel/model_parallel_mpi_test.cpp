@@ -124,10 +124,6 @@ void check(bool llama, Layout lay) {
   const double total = tp::all_reduce_sum(loss.detach(), ctx.cp()).item();
   EXPECT_NEAR(total, ref_loss.item(), 2e-5 * std::abs(ref_loss.item()));
 
-  for (const Tensor& p : sequence_parallel_params(model, mp)) {
-    Tensor g = p.grad();
-    ops::copy_(g, tp::all_reduce_sum(g, ctx.tp()));
-  }
   const int tr = ctx.tp().rank(), tn = ctx.tp().size();
   for (const auto& [name, p] : model.named_parameters()) {
     ASSERT_TRUE(p.grad().defined()) << name;
@@ -154,9 +150,12 @@ void check(bool llama, Layout lay) {
 //   without SP: 4 all-reduces of S (attn.proj and mlp.proj forward, qkv and fc input grads);
 //   with SP:    6 all-gathers of S (qkv and fc inputs forward, again in their backward — the
 //               full input is not kept — and the row layers' backward) and 4 reduce-scatters
-//               of S (the row outputs forward, the column input grads backward);
-// plus, once per model, the embedding (all-reduce; or reduce-scatter and its all-gather), the
-// head input (its gradient all-reduce; or all-gather and its reduce-scatter) and the loss (an
+//               of S (the row outputs forward, the column input grads backward), plus an
+//               all-reduce of the gradient of each replicated parameter used on a sequence
+//               chunk (ln_1, ln_2 weight and bias, the two row biases: 6 of C·4 bytes);
+// plus, once per model, the embedding (all-reduce; or reduce-scatter and its all-gather; with
+// SP also the ln_f and wpe gradients), the head input (its gradient all-reduce; or all-gather
+// and its reduce-scatter) and the loss (an
 // all-gather of the (N) local log-sum-exps, n·N·4 bytes, and an all-reduce of the N target
 // logits). Per rank a ring all-reduce sends 2(n−1)/n of its bytes and an all-gather or
 // reduce-scatter (n−1)/n, so a block costs 8(n−1)/n·S without SP and 10(n−1)/n·S with it.
@@ -192,6 +191,8 @@ TEST(ModelParallel, TensorParallelCommunicationMatchesTheAnalyticCount) {
     if (sp) {
       want[{"all_gather", S}] += static_cast<int>(6 * L + 2);
       want[{"reduce_scatter", S}] += static_cast<int>(4 * L + 2);
+      want[{"all_reduce", c.n_embd * 4}] += static_cast<int>(6 * L + 2);  // norms, row biases
+      want[{"all_reduce", c.max_seq_len * c.n_embd * 4}] += 1;             // wpe
     } else {
       want[{"all_reduce", S}] += static_cast<int>(4 * L + 2);
     }
