@@ -34,7 +34,8 @@
   X(attention_backward)         \
   X(cross_entropy_forward)      \
   X(cross_entropy_backward)     \
-  X(adamw_step)
+  X(adamw_step)                 \
+  X(adamw_multi_step)
 
 // Kernels a device backend registers that have no CPU form (host↔device transfers).
 #define LOOM_FOR_EACH_DEVICE_ONLY_KERNEL(X) \
