@@ -1,16 +1,18 @@
-// kernels/cuda/adamw.cu — CUDA AdamW (kernels/adamw.h): adamw_multi_step updates every parameter
-// of a list in ONE launch, and adamw_step is the list of one. f32 or f64 parameters and state
-// (one dtype per call); optional bf16 copies of f32 parameters, rounded to nearest or
-// stochastically (Note [bf16 stochastic rounding], Philox from core/philox.h).
+// kernels/cuda/adamw.cu — CUDA AdamW (kernels/adamw.h): adamw_multi_step updates a list of
+// parameters with one launch per kSlotsPerLaunch of them, and adamw_step is the list of one.
+// f32 or f64 parameters and state (one dtype per call); optional bf16 copies of f32 parameters,
+// rounded to nearest or stochastically (Note [bf16 stochastic rounding], Philox from
+// core/philox.h).
 //
 // Note [Multi-tensor AdamW launch]: the host writes one AdamWSlot per non-empty parameter
-// (pointers, size, its first chunk in the list-wide numbering, decay factor, Philox counter) into
-// a small device table (a cached device buffer filled by an async copy from host memory, which
-// CUDA stages at once), then launches one grid-stride kernel over all chunks of kChunk
-// elements; a block finds its chunk's parameter by binary search over the table. Every operation
-// is rounded once, in the CPU kernel's order (no FMA contraction, IEEE sqrt and division); the
-// CPU build may contract some into FMAs, so the two agree to about an ulp. Runs on the compute
-// stream; must not synchronise the host.
+// (pointers, size, its first chunk in the batch, decay factor, Philox counter) into an
+// AdamWBatch passed BY VALUE as a kernel parameter (≤ 4 KB with the scalars), so there is no
+// host→device copy and nothing that could synchronise the stream; one grid-stride kernel covers
+// all chunks of kChunk elements of the batch, a block finding its chunk's parameter by binary
+// search over the slots. Longer lists take one launch per kSlotsPerLaunch parameters. Every
+// operation is rounded once, in the CPU kernel's order (no FMA contraction, IEEE sqrt and
+// division); the CPU build may contract some into FMAs, so the two agree to about an ulp. Runs on
+// the compute stream; must not synchronise the host.
 #include <cmath>
 #include <vector>
 
@@ -32,10 +34,19 @@ struct AdamWSlot {
   T* v;
   uint16_t* p16;        // bf16 copy bits, or null
   int64_t n;            // elements
-  int64_t first_chunk;  // this parameter's first chunk in the list-wide numbering
+  int64_t first_chunk;  // this parameter's first chunk in the batch
   uint64_t counter;     // Philox counter of element 0 (Note [bf16 stochastic rounding])
   T decay;              // 1 - lr · weight_decay
   int aligned;          // every pointer is pack-aligned
+};
+
+constexpr int kSlotsPerLaunch = 44;
+
+template <typename T>
+struct AdamWBatch {
+  AdamWSlot<T> slot[kSlotsPerLaunch];
+  int count;       // slots in use, >= 1
+  int64_t chunks;  // chunks of all slots in use
 };
 
 template <typename T>
@@ -67,11 +78,11 @@ __device__ __forceinline__ uint16_t bf16_copy_bits(float p, uint32_t random, int
 
 // Chunk c's parameter: the last slot whose first_chunk <= c.
 template <typename T>
-__device__ __forceinline__ int find_slot(const AdamWSlot<T>* slots, int count, int64_t c) {
-  int lo = 0, hi = count - 1;
+__device__ __forceinline__ int find_slot(const AdamWBatch<T>& b, int64_t c) {
+  int lo = 0, hi = b.count - 1;
   while (lo < hi) {
     const int mid = (lo + hi + 1) / 2;
-    if (slots[mid].first_chunk <= c) {
+    if (b.slot[mid].first_chunk <= c) {
       lo = mid;
     } else {
       hi = mid - 1;
@@ -81,12 +92,12 @@ __device__ __forceinline__ int find_slot(const AdamWSlot<T>* slots, int count, i
 }
 
 template <typename T>
-__global__ void adamw_multi_kernel(const AdamWSlot<T>* slots, int count, int64_t chunks,
-                                   AdamWScalars<T> s) {
+__global__ void adamw_multi_kernel(__grid_constant__ const AdamWBatch<T> batch,
+                                   const AdamWScalars<T> s) {
   constexpr int V = kPackOf<T>;
   using P = Pack<T, V>;
-  for (int64_t c = blockIdx.x; c < chunks; c += gridDim.x) {
-    const AdamWSlot<T> sl = slots[find_slot(slots, count, c)];
+  for (int64_t c = blockIdx.x; c < batch.chunks; c += gridDim.x) {
+    const AdamWSlot<T> sl = batch.slot[find_slot(batch, c)];
     const int64_t begin = (c - sl.first_chunk) * kChunk;
     const int64_t end = begin + kChunk < sl.n ? begin + kChunk : sl.n;
     for (int64_t i = begin + static_cast<int64_t>(threadIdx.x) * V; i < end;
@@ -177,31 +188,7 @@ bool slot_aligned(const AdamWSlot<T>& s) {
 }
 
 template <typename T>
-void launch_multi(const std::vector<AdamWParam>& params, const AdamWOptions& o) {
-  std::vector<AdamWSlot<T>> slots;
-  int64_t chunks = 0;
-  uint64_t counter = o.offset;
-  for (const AdamWParam& e : params) {
-    const int64_t n = e.param.numel();
-    if (n > 0) {
-      AdamWSlot<T> s{};
-      s.p = static_cast<T*>(e.param.raw_data());
-      s.g = static_cast<const T*>(e.grad.raw_data());
-      s.m = static_cast<T*>(e.exp_avg.raw_data());
-      s.v = static_cast<T*>(e.exp_avg_sq.raw_data());
-      s.p16 = e.param_bf16.defined() ? static_cast<uint16_t*>(e.param_bf16.raw_data()) : nullptr;
-      s.n = n;
-      s.first_chunk = chunks;
-      s.counter = counter;
-      s.decay = static_cast<T>(1.0 - o.lr * e.weight_decay);
-      s.aligned = slot_aligned(s) ? 1 : 0;
-      slots.push_back(s);
-      chunks += (n + kChunk - 1) / kChunk;
-    }
-    counter += static_cast<uint64_t>((n + 3) / 4);
-  }
-  if (slots.empty()) return;
-  LOOM_CHECK(slots.size() < (1u << 30), "adamw_multi_step: too many parameters");
+AdamWScalars<T> scalars_for(const AdamWOptions& o) {
   const double t = static_cast<double>(o.step);
   const double bc1 = 1.0 - std::pow(o.beta1, t), bc2 = 1.0 - std::pow(o.beta2, t);
   AdamWScalars<T> s{};
@@ -214,16 +201,45 @@ void launch_multi(const std::vector<AdamWParam>& params, const AdamWOptions& o) 
   s.eps = static_cast<T>(o.eps);
   s.seed = o.seed;
   s.stochastic = o.stochastic_rounding ? 1 : 0;
+  return s;
+}
 
-  const size_t bytes = slots.size() * sizeof(AdamWSlot<T>);
-  const Tensor table = Tensor::empty({static_cast<int64_t>((bytes + 7) / 8)}, DType::kI64,
-                                     params.front().param.device());
-  CUDA_CHECK(cudaMemcpyAsync(table.raw_data(), slots.data(), bytes, cudaMemcpyHostToDevice,
-                             compute_stream()));
-  adamw_multi_kernel<T><<<grid_for(chunks, 1), kThreads, 0, compute_stream()>>>(
-      static_cast<const AdamWSlot<T>*>(table.raw_data()), static_cast<int>(slots.size()), chunks,
-      s);
+template <typename T>
+void launch_batch(const AdamWBatch<T>& b, const AdamWScalars<T>& s) {
+  static_assert(sizeof(AdamWBatch<T>) + sizeof(AdamWScalars<T>) <= 4096,
+                "kernel parameters stay within 4 KB");
+  adamw_multi_kernel<T><<<grid_for(b.chunks, 1), kThreads, 0, compute_stream()>>>(b, s);
   LOOM_CUDA_LAUNCH_CHECK();
+}
+
+template <typename T>
+void launch_multi(const std::vector<AdamWParam>& params, const AdamWOptions& o) {
+  const AdamWScalars<T> s = scalars_for<T>(o);
+  AdamWBatch<T> b{};
+  uint64_t counter = o.offset;
+  for (const AdamWParam& e : params) {
+    const int64_t n = e.param.numel();
+    if (n > 0) {
+      AdamWSlot<T>& sl = b.slot[b.count];
+      sl.p = static_cast<T*>(e.param.raw_data());
+      sl.g = static_cast<const T*>(e.grad.raw_data());
+      sl.m = static_cast<T*>(e.exp_avg.raw_data());
+      sl.v = static_cast<T*>(e.exp_avg_sq.raw_data());
+      sl.p16 = e.param_bf16.defined() ? static_cast<uint16_t*>(e.param_bf16.raw_data()) : nullptr;
+      sl.n = n;
+      sl.first_chunk = b.chunks;
+      sl.counter = counter;
+      sl.decay = static_cast<T>(1.0 - o.lr * e.weight_decay);
+      sl.aligned = slot_aligned(sl) ? 1 : 0;
+      b.chunks += (n + kChunk - 1) / kChunk;
+      if (++b.count == kSlotsPerLaunch) {
+        launch_batch(b, s);
+        b = AdamWBatch<T>{};
+      }
+    }
+    counter += static_cast<uint64_t>((n + 3) / 4);
+  }
+  if (b.count > 0) launch_batch(b, s);
 }
 
 void adamw_multi_step_cuda(const std::vector<AdamWParam>& params, const AdamWOptions& o) {
