@@ -105,8 +105,10 @@ __global__ void adamw_multi_kernel(__grid_constant__ const AdamWBatch<T> batch,
       T p[V], g[V], m[V], v[V];
       const bool full = sl.aligned && i + V <= end;
       if (full) {
-        const P pp = *reinterpret_cast<const P*>(sl.p + i), pg = *reinterpret_cast<const P*>(sl.g + i);
-        const P pm = *reinterpret_cast<const P*>(sl.m + i), pv = *reinterpret_cast<const P*>(sl.v + i);
+        const P pp = *reinterpret_cast<const P*>(sl.p + i),
+                pg = *reinterpret_cast<const P*>(sl.g + i);
+        const P pm = *reinterpret_cast<const P*>(sl.m + i),
+                pv = *reinterpret_cast<const P*>(sl.v + i);
 #pragma unroll
         for (int j = 0; j < V; ++j) {
           p[j] = pp.v[j];
@@ -247,8 +249,10 @@ void adamw_multi_step_cuda(const std::vector<AdamWParam>& params, const AdamWOpt
   for (const AdamWParam& e : params) check_entry(e, params.front(), o.step);
   CudaDeviceGuard guard(params.front().param.device().index);
   switch (params.front().param.dtype()) {
-    case DType::kF32: return launch_multi<float>(params, o);
-    case DType::kF64: return launch_multi<double>(params, o);
+    case DType::kF32:
+      return launch_multi<float>(params, o);
+    case DType::kF64:
+      return launch_multi<double>(params, o);
     default:
       LOOM_FAIL("adamw_multi_step: dtype ", dtype_name(params.front().param.dtype()),
                 " not supported on cuda (f32, f64)");

@@ -66,8 +66,7 @@ void dropout_forward_cuda(const Tensor& x, double p, uint64_t seed, uint64_t off
   dropout_apply<false>("dropout_forward", x, p, seed, offset, y);
 }
 
-void dropout_backward_cuda(const Tensor& dy, double p, uint64_t seed, uint64_t offset,
-                           Tensor& dx) {
+void dropout_backward_cuda(const Tensor& dy, double p, uint64_t seed, uint64_t offset, Tensor& dx) {
   dropout_apply<true>("dropout_backward", dy, p, seed, offset, dx);
 }
 

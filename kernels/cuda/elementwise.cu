@@ -123,10 +123,14 @@ void binary_forward_cuda(BinaryOp op, const Tensor& a, const Tensor& b, Tensor& 
   if (out.numel() == 0) return;
   CudaDeviceGuard guard(out.device().index);
   switch (op) {
-    case BinaryOp::kAdd: return binary_typed<BinaryOp::kAdd>(a, b, out);
-    case BinaryOp::kSub: return binary_typed<BinaryOp::kSub>(a, b, out);
-    case BinaryOp::kMul: return binary_typed<BinaryOp::kMul>(a, b, out);
-    case BinaryOp::kDiv: return binary_typed<BinaryOp::kDiv>(a, b, out);
+    case BinaryOp::kAdd:
+      return binary_typed<BinaryOp::kAdd>(a, b, out);
+    case BinaryOp::kSub:
+      return binary_typed<BinaryOp::kSub>(a, b, out);
+    case BinaryOp::kMul:
+      return binary_typed<BinaryOp::kMul>(a, b, out);
+    case BinaryOp::kDiv:
+      return binary_typed<BinaryOp::kDiv>(a, b, out);
   }
 }
 
@@ -145,8 +149,7 @@ void scale_forward_cuda(const Tensor& x, double alpha, Tensor& out) {
     if (x.is_contiguous() && out.is_contiguous()) {
       launch_map<T>(p, x.numel(), f);
     } else {
-      launch_strided_map<T, 1, 1>(p, x.shape(), {&x.strides(), &out.strides()}, f,
-                                  "scale_forward");
+      launch_strided_map<T, 1, 1>(p, x.shape(), {&x.strides(), &out.strides()}, f, "scale_forward");
     }
   });
 }

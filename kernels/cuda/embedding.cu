@@ -10,10 +10,9 @@
 // Both kernels validate ids on the device (an integer atomicMin keeps the first bad position)
 // and read that flag back, synchronising the compute stream once per call: the one host sync
 // here, needed to raise the CPU kernel's error (id, position, V) at the call that sees it.
-#include <cub/device/device_radix_sort.cuh>
-
 #include <climits>
 #include <cstdint>
+#include <cub/device/device_radix_sort.cuh>
 
 #include "kernels/cuda/vec_map.cuh"
 #include "kernels/embedding.h"
@@ -36,8 +35,7 @@ template <typename I>
 __global__ void check_ids_kernel(const I* ids, int64_t n, int64_t vocab, unsigned long long* bad,
                                  uint32_t* keys, uint32_t* pos) {
   const int64_t step = static_cast<int64_t>(gridDim.x) * blockDim.x;
-  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
-       i += step) {
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += step) {
     const I id = ids[i];
     const bool ok = id_ok(id, vocab);
     if (!ok) atomicMin(bad, static_cast<unsigned long long>(i));
@@ -48,7 +46,7 @@ __global__ void check_ids_kernel(const I* ids, int64_t n, int64_t vocab, unsigne
   }
 }
 
-// out[t, :] = weight[ids[t], :], in packs of V elements (cols % V == 0 and aligned rows when V > 1).
+// out[t, :] = weight[ids[t], :], in packs of V elements (V > 1 needs cols % V == 0, aligned rows).
 template <typename T, typename I, int V>
 __global__ void gather_kernel(const I* ids, const T* weight, T* out, int64_t n, int64_t vocab,
                               int64_t cols) {
@@ -143,11 +141,12 @@ void embedding_forward_cuda(const Tensor& ids, const Tensor& weight, Tensor& out
                        reinterpret_cast<uintptr_t>(po) % 16 == 0;
       if (vec) {
         gather_kernel<T, index_t, V>
-            <<<blocks_for(n * (cols / V), kThreads), kThreads, 0, compute_stream()>>>(
-                pi, pw, po, n, vocab, cols);
+            <<<blocks_for(n * (cols / V), kThreads), kThreads, 0, compute_stream()>>>(pi, pw, po, n,
+                                                                                      vocab, cols);
       } else {
-        gather_kernel<T, index_t, 1><<<blocks_for(n * cols, kThreads), kThreads, 0,
-                                       compute_stream()>>>(pi, pw, po, n, vocab, cols);
+        gather_kernel<T, index_t, 1>
+            <<<blocks_for(n * cols, kThreads), kThreads, 0, compute_stream()>>>(pi, pw, po, n,
+                                                                                vocab, cols);
       }
       LOOM_CUDA_LAUNCH_CHECK();
     });
@@ -169,7 +168,8 @@ void embedding_backward_cuda(const Tensor& ids, const Tensor& dout, Tensor& dwei
              "embedding_backward: cuda kernel handles at most 2^32-1 tokens and ids");
   const Device dev = dweight.device();
   CudaDeviceGuard guard(dev.index);
-  Tensor keys_in = Tensor::empty({n}, DType::kU32, dev), keys = Tensor::empty({n}, DType::kU32, dev);
+  Tensor keys_in = Tensor::empty({n}, DType::kU32, dev),
+         keys = Tensor::empty({n}, DType::kU32, dev);
   Tensor pos_in = Tensor::empty({n}, DType::kU32, dev), pos = Tensor::empty({n}, DType::kU32, dev);
   LOOM_DISPATCH_INDEX(ids.dtype(), "embedding_backward", [&] {
     const index_t* pi = static_cast<const index_t*>(ids.raw_data());
@@ -183,16 +183,14 @@ void embedding_backward_cuda(const Tensor& ids, const Tensor& dout, Tensor& dwei
   if (cols == 0) return;
   const int end_bit = key_bits(vocab);
   size_t temp_bytes = 0;
-  CUDA_CHECK(cub::DeviceRadixSort::SortPairs(nullptr, temp_bytes, keys_in.data<uint32_t>(),
-                                             keys.data<uint32_t>(), pos_in.data<uint32_t>(),
-                                             pos.data<uint32_t>(), n, 0, end_bit,
-                                             compute_stream()));
+  CUDA_CHECK(cub::DeviceRadixSort::SortPairs(
+      nullptr, temp_bytes, keys_in.data<uint32_t>(), keys.data<uint32_t>(), pos_in.data<uint32_t>(),
+      pos.data<uint32_t>(), n, 0, end_bit, compute_stream()));
   const int64_t temp_words = static_cast<int64_t>((temp_bytes + 7) / 8);
   Tensor temp = Tensor::empty({temp_words > 0 ? temp_words : 1}, DType::kI64, dev);
-  CUDA_CHECK(cub::DeviceRadixSort::SortPairs(temp.raw_data(), temp_bytes,
-                                             keys_in.data<uint32_t>(), keys.data<uint32_t>(),
-                                             pos_in.data<uint32_t>(), pos.data<uint32_t>(), n, 0,
-                                             end_bit, compute_stream()));
+  CUDA_CHECK(cub::DeviceRadixSort::SortPairs(
+      temp.raw_data(), temp_bytes, keys_in.data<uint32_t>(), keys.data<uint32_t>(),
+      pos_in.data<uint32_t>(), pos.data<uint32_t>(), n, 0, end_bit, compute_stream()));
   LOOM_CUDA_LAUNCH_CHECK();
   LOOM_CUDA_DISPATCH_FLOAT(dweight.dtype(), "embedding_backward", [&] {
     using T = scalar_t;

@@ -9,9 +9,9 @@
 namespace loom::kernels::cuda {
 namespace {
 
-constexpr int kReduceThreads = 256;      // fixed: the tree's shape depends on it
-constexpr int64_t kRowChunk = 8192;      // elements of one row reduced by one block (pass 1)
-constexpr int64_t kColChunkRows = 64;    // rows of one column chunk (pass 1, inner > 1)
+constexpr int kReduceThreads = 256;    // fixed: the tree's shape depends on it
+constexpr int64_t kRowChunk = 8192;    // elements of one row reduced by one block (pass 1)
+constexpr int64_t kColChunkRows = 64;  // rows of one column chunk (pass 1, inner > 1)
 static_assert(kReduceThreads % 32 == 0 && kReduceThreads <= 32 * 32, "block_sum's shape");
 
 // Sum of v over the block in a fixed order; the result is valid in thread 0. Every thread of the
@@ -85,8 +85,8 @@ __global__ void row_partial_sum_kernel(const double* partial, int64_t rows, int6
 
 // Pass 1 over columns: x (outer, n, inner). Thread (o, chunk, c) sums rows of its chunk in order.
 template <typename T>
-__global__ void col_sum_kernel(const T* x, int64_t outer, int64_t n, int64_t inner,
-                               int64_t chunks, T* out, double* partial) {
+__global__ void col_sum_kernel(const T* x, int64_t outer, int64_t n, int64_t inner, int64_t chunks,
+                               T* out, double* partial) {
   const int64_t total = outer * chunks * inner;
   const int64_t step = static_cast<int64_t>(gridDim.x) * blockDim.x;
   for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < total;
@@ -137,8 +137,8 @@ void row_sums(const Tensor& x, int64_t rows, int64_t n, Out* out) {
     pp = partial.data<double>();
   }
   row_sum_kernel<Square, T, Out>
-      <<<blocks_for(rows * chunks), kReduceThreads, 0, compute_stream()>>>(px, rows, n, chunks,
-                                                                            out, pp);
+      <<<blocks_for(rows * chunks), kReduceThreads, 0, compute_stream()>>>(px, rows, n, chunks, out,
+                                                                           pp);
   LOOM_CUDA_LAUNCH_CHECK();
   if (chunks > 1) {
     row_partial_sum_kernel<Out>

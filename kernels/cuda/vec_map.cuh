@@ -21,17 +21,29 @@
 
 // LOOM_CUDA_DISPATCH_FLOAT(dtype, name, body): body with `scalar_t` bound to float, double,
 // loom::BFloat16 or loom::Float16; any other dtype is an error naming the op.
-#define LOOM_CUDA_DISPATCH_FLOAT(dtype, opname, ...)                                         \
-  [&] {                                                                                      \
-    switch (dtype) {                                                                         \
-      case ::loom::DType::kF32: { using scalar_t = float; return __VA_ARGS__(); }            \
-      case ::loom::DType::kF64: { using scalar_t = double; return __VA_ARGS__(); }           \
-      case ::loom::DType::kBF16: { using scalar_t = ::loom::BFloat16; return __VA_ARGS__(); } \
-      case ::loom::DType::kF16: { using scalar_t = ::loom::Float16; return __VA_ARGS__(); }  \
-      default:                                                                               \
-        LOOM_FAIL(opname, ": dtype ", ::loom::dtype_name(dtype),                             \
-                  " not supported on cuda (f32, f64, bf16, f16)");                           \
-    }                                                                                        \
+#define LOOM_CUDA_DISPATCH_FLOAT(dtype, opname, ...)               \
+  [&] {                                                            \
+    switch (dtype) {                                               \
+      case ::loom::DType::kF32: {                                  \
+        using scalar_t = float;                                    \
+        return __VA_ARGS__();                                      \
+      }                                                            \
+      case ::loom::DType::kF64: {                                  \
+        using scalar_t = double;                                   \
+        return __VA_ARGS__();                                      \
+      }                                                            \
+      case ::loom::DType::kBF16: {                                 \
+        using scalar_t = ::loom::BFloat16;                         \
+        return __VA_ARGS__();                                      \
+      }                                                            \
+      case ::loom::DType::kF16: {                                  \
+        using scalar_t = ::loom::Float16;                          \
+        return __VA_ARGS__();                                      \
+      }                                                            \
+      default:                                                     \
+        LOOM_FAIL(opname, ": dtype ", ::loom::dtype_name(dtype),   \
+                  " not supported on cuda (f32, f64, bf16, f16)"); \
+    }                                                              \
   }()
 
 namespace loom::kernels::cuda {
@@ -215,12 +227,11 @@ __device__ __forceinline__ void strided_offsets(int64_t i, const StridedWalk<N>&
 
 // map_kernel's contract (V = 1) over strided tensors: walk strides are inputs first, then outputs.
 template <typename T, int NIn, int NOut, typename F>
-__global__ void strided_map_kernel(MapPtrs<NIn, NOut, T> p, int64_t n,
-                                   StridedWalk<NIn + NOut> w, F f) {
+__global__ void strided_map_kernel(MapPtrs<NIn, NOut, T> p, int64_t n, StridedWalk<NIn + NOut> w,
+                                   F f) {
   using C = compute_t<T>;
   const int64_t step = static_cast<int64_t>(gridDim.x) * blockDim.x;
-  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
-       i += step) {
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += step) {
     int64_t off[NIn + NOut];
     strided_offsets(i, w, off);
     C x[NIn > 0 ? NIn : 1][1];

@@ -22,8 +22,8 @@ struct State {
 };
 
 State random_state(const Shape& shape, DType dt, Generator& gen) {
-  State s{random_pair(shape, dt, gen), random_pair(shape, dt, gen), random_pair(shape, dt, gen),
-          {}};
+  State s{
+      random_pair(shape, dt, gen), random_pair(shape, dt, gen), random_pair(shape, dt, gen), {}};
   const Tensor v = rand(shape, gen, dt, 0.01, 2.0);
   s.v = {v.clone(), v.to(Device::cuda())};
   return s;
@@ -68,8 +68,8 @@ std::vector<kernels::AdamWParam> entries(std::vector<State>& states, bool gpu,
 // Sizes crossing the kernel's 16384-element chunks, tiny ones, and a misaligned view.
 std::vector<State> random_list(DType dt, Generator& gen) {
   std::vector<State> states;
-  for (int64_t n : {int64_t{1}, int64_t{3}, int64_t{16385}, int64_t{65}, int64_t{1000003},
-                    int64_t{17}}) {
+  for (int64_t n :
+       {int64_t{1}, int64_t{3}, int64_t{16385}, int64_t{65}, int64_t{1000003}, int64_t{17}}) {
     states.push_back(random_state({n}, dt, gen));
   }
   State mis = random_state({4097}, dt, gen);
@@ -103,7 +103,8 @@ TEST_F(CudaAdamWTest, MultiStepMatchesCpu) {
 }
 
 // copy's bits are param rounded down or up (in magnitude) to bf16.
-void expect_floor_or_ceil(const Tensor& param_gpu, const Tensor& copy_gpu, const std::string& what) {
+void expect_floor_or_ceil(const Tensor& param_gpu, const Tensor& copy_gpu,
+                          const std::string& what) {
   const Tensor p = param_gpu.to(Device::cpu()).contiguous();
   const Tensor c = copy_gpu.to(Device::cpu()).contiguous();
   const float* pp = p.data<float>();
@@ -111,8 +112,8 @@ void expect_floor_or_ceil(const Tensor& param_gpu, const Tensor& copy_gpu, const
   for (int64_t i = 0; i < p.numel(); ++i) {
     const uint32_t down = std::bit_cast<uint32_t>(pp[i]) >> 16;
     if (pc[i].bits != down && pc[i].bits != down + 1) {
-      ADD_FAILURE() << what << ": element " << i << " copy bits " << pc[i].bits
-                    << " are neither " << down << " nor " << down + 1;
+      ADD_FAILURE() << what << ": element " << i << " copy bits " << pc[i].bits << " are neither "
+                    << down << " nor " << down + 1;
       return;
     }
   }
@@ -154,8 +155,8 @@ TEST_F(CudaAdamWTest, MultiStepBf16CopiesNearestAndStochastic) {
       const Tensor cg = gpu_copies[i].to(Device::cpu());
       for (int64_t j = 0; j < pg.numel(); ++j) {
         const uint32_t r = philox_bits(o.seed, o.offset + base, static_cast<uint64_t>(j));
-        const uint16_t want = kernels::bf16_bits_stochastic(
-            std::bit_cast<uint32_t>(pg.data<float>()[j]), r);
+        const uint16_t want =
+            kernels::bf16_bits_stochastic(std::bit_cast<uint32_t>(pg.data<float>()[j]), r);
         ASSERT_EQ(cg.data<BFloat16>()[j].bits, want) << what << ": element " << j;
       }
     }

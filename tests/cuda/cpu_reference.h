@@ -23,10 +23,14 @@ inline DType reference_dtype(DType dt) {
 // summation order), f64 1e-12, bf16 1e-2 (8-bit mantissa), f16 2e-3 (11-bit mantissa).
 inline double tolerance(DType dt) {
   switch (dt) {
-    case DType::kF64: return 1e-12;
-    case DType::kBF16: return 1e-2;
-    case DType::kF16: return 2e-3;
-    default: return 1e-6;
+    case DType::kF64:
+      return 1e-12;
+    case DType::kBF16:
+      return 1e-2;
+    case DType::kF16:
+      return 2e-3;
+    default:
+      return 1e-6;
   }
 }
 

@@ -16,8 +16,8 @@ struct Draw {
   double p;
   uint64_t seed, offset;
 };
-const Draw kDraws[] = {{0.1, 1234, 0}, {0.5, 99, 7}, {0.9, 0xdeadbeefcafeULL, 123457}, {0.0, 5, 3},
-                       {1.0, 6, 1}};
+const Draw kDraws[] = {
+    {0.1, 1234, 0}, {0.5, 99, 7}, {0.9, 0xdeadbeefcafeULL, 123457}, {0.0, 5, 3}, {1.0, 6, 1}};
 
 // The elements that are zero in `t` (host copy), as a bit vector.
 std::vector<bool> zeros_of(const Tensor& t) {

@@ -19,8 +19,8 @@ const std::vector<DType> kIndexDTypes = {DType::kI32, DType::kI64, DType::kU16, 
 struct Case {
   int64_t vocab, cols, tokens;
 };
-const Case kCases[] = {{1, 3, 17}, {7, 65, 1000}, {50, 1, 65}, {50257, 17, 3},
-                       {3, 768, 4096}, {50257, 64, 8192}};
+const Case kCases[] = {{1, 3, 17},     {7, 65, 1000},  {50, 1, 65},
+                       {50257, 17, 3}, {3, 768, 4096}, {50257, 64, 8192}};
 
 TEST_F(CudaEmbeddingTest, ForwardGathersTheCpuRows) {
   Generator gen(501);
@@ -71,8 +71,9 @@ TEST_F(CudaEmbeddingTest, OutOfRangeIdsRaiseTheCpuError) {
   const Tensor w = Tensor::ones({10, 4}, DType::kF32, Device::cuda());
   for (DType it : {DType::kI32, DType::kI64}) {
     for (int64_t bad : {10, -1}) {
-      const Tensor ids =
-          Tensor::from_vector(std::vector<int64_t>{1, 2, 3, bad, 4, bad}, {6}).to(it).to(Device::cuda());
+      const Tensor ids = Tensor::from_vector(std::vector<int64_t>{1, 2, 3, bad, 4, bad}, {6})
+                             .to(it)
+                             .to(Device::cuda());
       const std::string expect = "embedding: id " + std::to_string(bad) +
                                  " at position 3 is out of range for a vocabulary of V=10";
       Tensor out = Tensor::empty({6, 4}, DType::kF32, Device::cuda());

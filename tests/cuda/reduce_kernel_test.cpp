@@ -19,9 +19,9 @@ TEST_F(CudaReduceTest, SumDimMatchesCpuAndRepeats) {
   Generator gen(201);
   // (outer, n, inner): row sums (inner 1) within one chunk and over many; column sums with one
   // and several row chunks; a reduced dim of 1.
-  const std::vector<std::array<int64_t, 3>> cases = {
-      {1, 1, 1},    {3, 17, 1},  {1, 1000003, 1}, {65, 3, 17}, {2, 1000, 65},
-      {1, 8193, 3}, {17, 1, 65}, {4, 65, 1000},   {1, 3, 1000003}};
+  const std::vector<std::array<int64_t, 3>> cases = {{1, 1, 1},   {3, 17, 1},    {1, 1000003, 1},
+                                                     {65, 3, 17}, {2, 1000, 65}, {1, 8193, 3},
+                                                     {17, 1, 65}, {4, 65, 1000}, {1, 3, 1000003}};
   for (DType dt : kFloatDTypes) {
     for (const auto& [outer, n, inner] : cases) {
       const std::string what = std::string("sum_dim ") + dtype_name(dt) + " (" +
