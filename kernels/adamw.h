@@ -1,8 +1,13 @@
 // kernels/adamw.h — the fused AdamW update: one pass over a parameter updates its two moment
-// buffers and the parameter itself. Holds no policy (bias-correction terms, which parameters
-// decay): the optimiser in optim/adamw.cpp decides those and calls this once per parameter.
+// buffers and the parameter itself; adamw_multi_step does that for a whole list of parameters
+// (one launch on CUDA) and can refresh a bf16 copy of each. Holds no policy (bias-correction
+// terms, which parameters decay): the optimiser in optim/adamw.cpp decides those.
 #pragma once
 
+#include <cstdint>
+#include <vector>
+
+#include "core/philox.h"
 #include "kernels/registry.h"
 
 // For each element i, with t = step (1 for the first update):
@@ -17,3 +22,47 @@ LOOM_DECLARE_KERNEL(adamw_step,
                     void(loom::Tensor& param, const loom::Tensor& grad, loom::Tensor& exp_avg,
                          loom::Tensor& exp_avg_sq, double lr, double beta1, double beta2,
                          double eps, double weight_decay, int64_t step));
+
+namespace loom::kernels {
+
+// One parameter of adamw_multi_step: param, grad, exp_avg, exp_avg_sq as for adamw_step.
+struct AdamWParam {
+  Tensor param, grad, exp_avg, exp_avg_sq;
+  double weight_decay = 0.0;  // this parameter's decoupled factor (0 disables)
+  Tensor param_bf16;          // optional (undefined: none): bf16, param's shape, contiguous
+};
+
+struct AdamWOptions {
+  double lr = 0.0, beta1 = 0.9, beta2 = 0.999, eps = 1e-8;
+  int64_t step = 1;
+  // bf16 copies: round to nearest even, or stochastically (Note [bf16 stochastic rounding]).
+  bool stochastic_rounding = false;
+  uint64_t seed = 0, offset = 0;
+};
+
+// Note [bf16 stochastic rounding]: element i of the k-th list entry (list order, counting every
+// entry) draws r = philox_bits(seed, offset + base_k, i) with base_k = Σ_{j<k} ⌈n_j / 4⌉, so a
+// caller reserves Σ ⌈n_k / 4⌉ counters. The f32 bits u become (u + (r & 0xffff)) >> 16: rounded
+// up with probability equal to the dropped fraction. NaN and ±inf round to nearest; a finite
+// value that would carry into ±inf is truncated instead.
+LOOM_HD uint16_t bf16_bits_stochastic(uint32_t f32_bits, uint32_t random) {
+  const uint32_t mag = f32_bits & 0x7fffffffu;
+  if (mag >= 0x7f800000u) {  // inf or NaN: as BFloat16(float)
+    if (mag > 0x7f800000u) return static_cast<uint16_t>((f32_bits >> 16) | 0x40);
+    return static_cast<uint16_t>(f32_bits >> 16);
+  }
+  const uint32_t up = (f32_bits + (random & 0xffffu)) >> 16;
+  if ((up & 0x7f80u) == 0x7f80u) return static_cast<uint16_t>(f32_bits >> 16);
+  return static_cast<uint16_t>(up);
+}
+
+}  // namespace loom::kernels
+
+// adamw_step on every entry, all with the same options; entries must share one device (CUDA:
+// one dtype, f32 or f64). Where param_bf16 is defined (f32 params only), it then receives the
+// updated param rounded to bf16. Bit-identical to one adamw_step per entry for the f32/f64
+// update. There is no tensor argument to dispatch on: callers use
+// find_kernel<adamw_multi_step_k>(device.type).
+LOOM_DECLARE_KERNEL(adamw_multi_step,
+                    void(const std::vector<loom::kernels::AdamWParam>& params,
+                         const loom::kernels::AdamWOptions& options));

@@ -41,7 +41,8 @@
   X(cross_entropy_backward)     \
   X(vocab_parallel_ce_forward)  \
   X(vocab_parallel_ce_backward) \
-  X(adamw_step)
+  X(adamw_step)                 \
+  X(adamw_multi_step)
 
 // Kernels a device backend registers that have no CPU form (host↔device transfers).
 #define LOOM_FOR_EACH_DEVICE_ONLY_KERNEL(X) \

@@ -1,5 +1,6 @@
-// optim/adamw.cpp — AdamW: argument checks, eager state allocation, and the per-parameter call
-// to the fused adamw_step kernel.
+// optim/adamw.cpp — AdamW: argument checks, eager state allocation, and the update: one
+// adamw_multi_step call over every parameter with a gradient when they share a device and a
+// dtype (one launch on CUDA), else one adamw_step call per parameter. Both give the same bits.
 #include "optim/adamw.h"
 
 #include <cmath>
@@ -31,13 +32,31 @@ void AdamW::step(double lr) {
   LOOM_CHECK(std::isfinite(lr) && lr >= 0, "adamw: learning rate must be finite and >= 0, got ",
              lr);
   ++step_count_;
+  std::vector<kernels::AdamWParam> list;
+  bool one_kind = true;  // one device and one dtype: a single multi-tensor call
   for (size_t i = 0; i < params_.size(); ++i) {
     ParamRef& p = params_[i];
     const Tensor g = detail::grad_for_update(p, "adamw");
     if (!g.defined() || p.param.numel() == 0) continue;
     const double wd = p.decay ? weight_decay_ : 0.0;
-    kernels::call_kernel<kernels::adamw_step_k>(p.param, g, exp_avg_[i], exp_avg_sq_[i], lr,
-                                                beta1_, beta2_, eps_, wd, step_count_);
+    list.push_back({p.param, g, exp_avg_[i], exp_avg_sq_[i], wd, Tensor()});
+    one_kind = one_kind && p.param.device() == list.front().param.device() &&
+               p.param.dtype() == list.front().param.dtype();
+  }
+  if (list.empty()) return;
+  if (one_kind) {
+    kernels::AdamWOptions o;
+    o.lr = lr;
+    o.beta1 = beta1_;
+    o.beta2 = beta2_;
+    o.eps = eps_;
+    o.step = step_count_;
+    kernels::find_kernel<kernels::adamw_multi_step_k>(list.front().param.device().type)(list, o);
+    return;
+  }
+  for (kernels::AdamWParam& e : list) {
+    kernels::call_kernel<kernels::adamw_step_k>(e.param, e.grad, e.exp_avg, e.exp_avg_sq, lr,
+                                                beta1_, beta2_, eps_, e.weight_decay, step_count_);
   }
 }
 

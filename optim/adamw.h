@@ -1,7 +1,8 @@
 // optim/adamw.h — AdamW (Loshchilov & Hutter): Adam with bias correction and decoupled weight
-// decay, applied only to parameters whose ParamRef::decay is set. Each parameter is updated by
-// one fused kernel (kernels/adamw.h). State is kept in the parameter's dtype: f32 for f32
-// master weights, f64 for f64 parameters (tests). No schedule, no clipping here.
+// decay, applied only to parameters whose ParamRef::decay is set. Updated by the fused
+// multi-tensor kernel (kernels/adamw.h) when all parameters share a device and a dtype, else by
+// one fused kernel per parameter (the same bits). State is kept in the parameter's dtype: f32
+// for f32 master weights, f64 for f64 parameters (tests). No schedule, no clipping here.
 #pragma once
 
 #include "optim/optimizer.h"

@@ -1,5 +1,8 @@
-// kernels/cpu/adamw.cpp — CPU fused AdamW update (f32, f64): OpenMP over fixed chunks, the inner
-// loop vectorised. Purely element-wise: bits do not depend on the number of threads.
+// kernels/cpu/adamw.cpp — CPU fused AdamW update (f32, f64), per parameter and over a list of
+// parameters (adamw_multi_step: the same update per entry, then the optional bf16 copy): OpenMP
+// over fixed chunks, the inner loop vectorised. Purely element-wise: bits do not depend on the
+// number of threads.
+#include <bit>
 #include <cmath>
 
 #include "kernels/adamw.h"
@@ -22,41 +25,82 @@ void check_adamw_args(const Tensor& param, const Tensor& grad, const Tensor& exp
   }
 }
 
+// The update of one parameter (see kernels/adamw.h); scalars computed in double first.
+template <typename T>
+void update(T* p, const T* g, T* m, T* v, int64_t n, double lr, double beta1, double beta2,
+            double eps, double weight_decay, int64_t step) {
+  const double t = static_cast<double>(step);
+  const double bc1 = 1.0 - std::pow(beta1, t);
+  const double bc2 = 1.0 - std::pow(beta2, t);
+  const T decay = static_cast<T>(1.0 - lr * weight_decay);
+  const T b1 = static_cast<T>(beta1), one_minus_b1 = static_cast<T>(1.0 - beta1);
+  const T b2 = static_cast<T>(beta2), one_minus_b2 = static_cast<T>(1.0 - beta2);
+  const T step_size = static_cast<T>(lr / bc1);
+  const T inv_sqrt_bc2 = static_cast<T>(1.0 / std::sqrt(bc2));
+  const T e = static_cast<T>(eps);
+  parallel_for(n, kElementGrain, [&](int64_t lo, int64_t hi) {
+LOOM_SIMD
+    for (int64_t i = lo; i < hi; ++i) {
+      const T gi = g[i];
+      const T mi = b1 * m[i] + one_minus_b1 * gi;
+      const T vi = b2 * v[i] + one_minus_b2 * gi * gi;
+      m[i] = mi;
+      v[i] = vi;
+      p[i] = p[i] * decay - step_size * mi / (std::sqrt(vi) * inv_sqrt_bc2 + e);
+    }
+  });
+}
+
 void adamw_step_cpu(Tensor& param, const Tensor& grad, Tensor& exp_avg, Tensor& exp_avg_sq,
                     double lr, double beta1, double beta2, double eps, double weight_decay,
                     int64_t step) {
   check_adamw_args(param, grad, exp_avg, exp_avg_sq, step);
-  const double t = static_cast<double>(step);
-  const double bc1 = 1.0 - std::pow(beta1, t);
-  const double bc2 = 1.0 - std::pow(beta2, t);
   LOOM_DISPATCH_FLOAT(param.dtype(), "adamw_step", [&] {
-    using T = scalar_t;
-    T* p = param.data<T>();
-    const T* g = grad.data<T>();
-    T* m = exp_avg.data<T>();
-    T* v = exp_avg_sq.data<T>();
-    const T decay = static_cast<T>(1.0 - lr * weight_decay);
-    const T b1 = static_cast<T>(beta1), one_minus_b1 = static_cast<T>(1.0 - beta1);
-    const T b2 = static_cast<T>(beta2), one_minus_b2 = static_cast<T>(1.0 - beta2);
-    const T step_size = static_cast<T>(lr / bc1);
-    const T inv_sqrt_bc2 = static_cast<T>(1.0 / std::sqrt(bc2));
-    const T e = static_cast<T>(eps);
-    parallel_for(param.numel(), kElementGrain, [&](int64_t lo, int64_t hi) {
-LOOM_SIMD
-      for (int64_t i = lo; i < hi; ++i) {
-        const T gi = g[i];
-        const T mi = b1 * m[i] + one_minus_b1 * gi;
-        const T vi = b2 * v[i] + one_minus_b2 * gi * gi;
-        m[i] = mi;
-        v[i] = vi;
-        p[i] = p[i] * decay - step_size * mi / (std::sqrt(vi) * inv_sqrt_bc2 + e);
-      }
-    });
+    update(param.data<scalar_t>(), grad.data<scalar_t>(), exp_avg.data<scalar_t>(),
+           exp_avg_sq.data<scalar_t>(), param.numel(), lr, beta1, beta2, eps, weight_decay, step);
   });
+}
+
+// copy (n) = bf16(param), to nearest or stochastically (Note [bf16 stochastic rounding]), the
+// element i drawing its bits from counter `counter + i / 4`.
+void write_bf16_copy(const float* param, BFloat16* copy, int64_t n, bool stochastic,
+                     uint64_t seed, uint64_t counter) {
+  parallel_for(n, kElementGrain, [&](int64_t lo, int64_t hi) {
+    for (int64_t i = lo; i < hi; ++i) {
+      if (stochastic) {
+        const uint32_t r = philox_bits(seed, counter, static_cast<uint64_t>(i));
+        copy[i].bits = bf16_bits_stochastic(std::bit_cast<uint32_t>(param[i]), r);
+      } else {
+        copy[i] = BFloat16(param[i]);
+      }
+    }
+  });
+}
+
+void adamw_multi_step_cpu(const std::vector<AdamWParam>& params, const AdamWOptions& o) {
+  uint64_t counter = o.offset;
+  for (const AdamWParam& e : params) {
+    LOOM_CHECK(e.param.device() == params.front().param.device(),
+               "adamw_multi_step: parameters on ", e.param.device().str(), " and ",
+               params.front().param.device().str());
+    Tensor param = e.param, exp_avg = e.exp_avg, exp_avg_sq = e.exp_avg_sq;
+    adamw_step_cpu(param, e.grad, exp_avg, exp_avg_sq, o.lr, o.beta1, o.beta2, o.eps,
+                   e.weight_decay, o.step);
+    if (e.param_bf16.defined()) {
+      LOOM_CHECK(e.param.dtype() == DType::kF32 && e.param_bf16.dtype() == DType::kBF16 &&
+                     e.param_bf16.shape() == e.param.shape() && e.param_bf16.is_contiguous(),
+                 "adamw_multi_step: a bf16 copy needs an f32 parameter and a contiguous bf16 "
+                 "tensor of its shape");
+      write_bf16_copy(e.param.data<float>(), e.param_bf16.data<BFloat16>(), e.param.numel(),
+                      o.stochastic_rounding, o.seed, counter);
+    }
+    counter += static_cast<uint64_t>((e.param.numel() + 3) / 4);
+  }
 }
 
 }  // namespace
 
 LOOM_REGISTER_KERNEL(adamw_step, kCpu, adamw_step_cpu);
+LOOM_REGISTER_KERNEL(adamw_multi_step, kCpu, adamw_multi_step_cpu);
 
 }  // namespace loom::kernels::cpu

@@ -1,11 +1,14 @@
 // tests/optim/adamw_test.cpp — AdamW against a hand-written double reference (bias correction,
 // decoupled decay on decay=true parameters only), the fused kernel's thread-count
-// determinism, and the state_tensors save/restore contract.
+// determinism, the state_tensors save/restore contract, and the multi-tensor kernel (the same bits
+// as one adamw_step per parameter; its bf16 copies, to nearest and stochastic).
 #include "optim/adamw.h"
 
 #include <gtest/gtest.h>
 #include <omp.h>
 
+#include <array>
+#include <bit>
 #include <cmath>
 
 #include "core/ops/view.h"
@@ -145,6 +148,106 @@ TEST(AdamW, StateRoundTripGivesIdenticalNextStep) {
   r.step(7e-3);
   EXPECT_EQ(w.to_vector(), w2.to_vector());
   EXPECT_EQ(b.to_vector(), b2.to_vector());
+}
+
+// Entries for adamw_multi_step over (p, g, m, v) quadruples, decay on every other one.
+std::vector<kernels::AdamWParam> multi_entries(std::vector<std::array<Tensor, 4>>& s,
+                                               const std::vector<Tensor>& copies) {
+  std::vector<kernels::AdamWParam> list;
+  for (size_t i = 0; i < s.size(); ++i) {
+    list.push_back({s[i][0], s[i][1], s[i][2], s[i][3], i % 2 == 0 ? 0.1 : 0.0,
+                    copies.empty() ? Tensor() : copies[i]});
+  }
+  return list;
+}
+
+std::vector<std::array<Tensor, 4>> random_quads(DType dt, Generator& gen) {
+  std::vector<std::array<Tensor, 4>> s;
+  for (int64_t n : {1, 3, 17, 65, 40003}) {
+    s.push_back({randn({n}, gen, dt), randn({n}, gen, dt), randn({n}, gen, dt),
+                 rand({n}, gen, dt, 0.01, 2.0)});
+  }
+  return s;
+}
+
+TEST(AdamW, MultiStepKernelGivesTheBitsOfPerParameterSteps) {
+  for (DType dt : {DType::kF32, DType::kF64}) {
+    Generator gen(21);
+    std::vector<std::array<Tensor, 4>> multi = random_quads(dt, gen), single;
+    for (const auto& q : multi) single.push_back({q[0].clone(), q[1], q[2].clone(), q[3].clone()});
+    for (int64_t step = 1; step <= 3; ++step) {
+      kernels::AdamWOptions o;
+      o.lr = 1e-2;
+      o.beta1 = 0.9;
+      o.beta2 = 0.95;
+      o.eps = 1e-8;
+      o.step = step;
+      kernels::find_kernel<kernels::adamw_multi_step_k>(DeviceType::kCpu)(
+          multi_entries(multi, {}), o);
+      for (size_t i = 0; i < single.size(); ++i) {
+        kernels::call_kernel<kernels::adamw_step_k>(single[i][0], single[i][1], single[i][2],
+                                                    single[i][3], o.lr, o.beta1, o.beta2, o.eps,
+                                                    i % 2 == 0 ? 0.1 : 0.0, step);
+      }
+    }
+    for (size_t i = 0; i < multi.size(); ++i) {
+      for (int k : {0, 2, 3}) EXPECT_EQ(multi[i][k].to_vector(), single[i][k].to_vector()) << i;
+    }
+  }
+}
+
+TEST(AdamW, MultiStepBf16CopiesNearestAndStochastic) {
+  Generator gen(22);
+  std::vector<std::array<Tensor, 4>> s = random_quads(DType::kF32, gen);
+  std::vector<Tensor> copies;
+  for (const auto& q : s) copies.push_back(Tensor::empty(q[0].shape(), DType::kBF16));
+  kernels::AdamWOptions o;
+  o.lr = 1e-2;
+  o.step = 2;
+  auto* multi = kernels::find_kernel<kernels::adamw_multi_step_k>(DeviceType::kCpu);
+  multi(multi_entries(s, copies), o);
+  for (size_t i = 0; i < s.size(); ++i) {
+    EXPECT_EQ(copies[i].to_vector(), s[i][0].to(DType::kBF16).to_vector()) << "nearest " << i;
+  }
+  // Stochastic: entry i, element j rounds with philox_bits(seed, offset + Σ_{k<i} ⌈n_k/4⌉, j).
+  o.stochastic_rounding = true;
+  o.seed = 99;
+  o.offset = 5;
+  multi(multi_entries(s, copies), o);
+  uint64_t base = o.offset;
+  for (size_t i = 0; i < s.size(); ++i) {
+    const float* p = s[i][0].data<float>();
+    const BFloat16* c = copies[i].data<BFloat16>();
+    for (int64_t j = 0; j < s[i][0].numel(); ++j) {
+      const uint32_t bits = std::bit_cast<uint32_t>(p[j]);
+      ASSERT_EQ(c[j].bits, kernels::bf16_bits_stochastic(
+                               bits, philox_bits(o.seed, base, static_cast<uint64_t>(j))))
+          << "entry " << i << " element " << j;
+      ASSERT_TRUE(c[j].bits == bits >> 16 || c[j].bits == (bits >> 16) + 1) << i << " " << j;
+    }
+    base += static_cast<uint64_t>((s[i][0].numel() + 3) / 4);
+  }
+}
+
+TEST(AdamW, StochasticRoundingIsUnbiased) {
+  // lr = 0 leaves the parameter as it is; 1 + ulp/4 (bf16's ulp at 1 is 2^-7) must round up a
+  // quarter of the time, and values that bf16 holds exactly must never move.
+  const int64_t n = 200000;
+  Tensor p = Tensor::full({n}, 1.0 + 0.25 * std::ldexp(1.0, -7), DType::kF32);
+  Tensor g = Tensor::ones({n}), m = Tensor::zeros({n}), v = Tensor::ones({n});
+  Tensor copy = Tensor::empty({n}, DType::kBF16);
+  Tensor q = Tensor::full({3}, -1.5, DType::kF32), gq = Tensor::ones({3});
+  Tensor mq = Tensor::zeros({3}), vq = Tensor::ones({3}), copy_q = Tensor::empty({3}, DType::kBF16);
+  kernels::AdamWOptions o;
+  o.lr = 0.0;
+  o.stochastic_rounding = true;
+  o.seed = 3;
+  kernels::find_kernel<kernels::adamw_multi_step_k>(DeviceType::kCpu)(
+      {{p, g, m, v, 0.0, copy}, {q, gq, mq, vq, 0.0, copy_q}}, o);
+  int64_t up = 0;
+  for (double x : copy.to_vector()) up += x > 1.0 ? 1 : 0;
+  EXPECT_NEAR(static_cast<double>(up) / static_cast<double>(n), 0.25, 0.01);
+  for (double x : copy_q.to_vector()) EXPECT_EQ(x, -1.5);
 }
 
 }  // namespace

@@ -1,0 +1,78 @@
+// kernels/cuda/dropout.cu — CUDA inverted dropout, forward and backward, with the mask of
+// Note [Dropout mask] (kernels/dropout.h) regenerated from Philox (core/philox.h): the same keep
+// decision as the CPU kernel for every (seed, offset, i), bit for bit. One Philox block serves
+// four consecutive elements (packs hold a multiple of four). Products are rounded once (no FMA),
+// so f32/f64 results equal the CPU's; bf16/f16 use an f32 scale. Contiguous tensors only. Runs
+// on the compute stream; must not synchronise the host.
+#include "core/philox.h"
+#include "kernels/cuda/vec_map.cuh"
+#include "kernels/dropout.h"
+
+namespace loom::kernels::cuda {
+namespace {
+
+// Elements per pack: 16 bytes, and at least one Philox block (4 elements).
+template <typename T>
+inline constexpr int kDropoutPack = kPackOf<T> > 4 ? kPackOf<T> : 4;
+
+// y (=, or += when Accumulate) keep(i) ? x·scale : 0
+template <bool Accumulate, typename C>
+struct DropoutFn {
+  static constexpr bool kReadsOut = Accumulate;
+  uint64_t seed, offset;
+  float p;
+  C scale;
+  template <int V>
+  __device__ void apply(int64_t first, C (&x)[1][V], C (&y)[1][V]) const {
+    static_assert(V % 4 == 0, "a pack covers whole Philox blocks");
+#pragma unroll
+    for (int b = 0; b < V; b += 4) {
+      // first is a multiple of V, so element first + b is lane 0 of its Philox block.
+      const Philox4 r = philox4x32(offset + static_cast<uint64_t>(first + b) / 4, seed);
+#pragma unroll
+      for (int l = 0; l < 4; ++l) {
+        const bool keep = uint_to_unit_float(r.v[l]) > p;
+        const C v = keep ? mul_rn(x[0][b + l], scale) : C(0);
+        if constexpr (Accumulate) {
+          y[0][b + l] = add_rn(y[0][b + l], v);
+        } else {
+          y[0][b + l] = v;
+        }
+      }
+    }
+  }
+};
+
+template <bool Accumulate>
+void dropout_apply(const char* op, const Tensor& in, double p, uint64_t seed, uint64_t offset,
+                   Tensor& out) {
+  check_same_contiguous(op, in, {&out});
+  LOOM_CHECK(p >= 0 && p <= 1, op, ": p must be in [0, 1], got ", p);
+  if (in.numel() == 0) return;
+  CudaDeviceGuard guard(out.device().index);
+  LOOM_CUDA_DISPATCH_FLOAT(in.dtype(), op, [&] {
+    using T = scalar_t;
+    using C = compute_t<T>;
+    MapPtrs<1, 1, T> ptrs;
+    ptrs.in[0] = static_cast<const T*>(in.raw_data());
+    ptrs.out[0] = static_cast<T*>(out.raw_data());
+    const DropoutFn<Accumulate, C> f{seed, offset, static_cast<float>(p),
+                                     static_cast<C>(1.0 / (1.0 - p))};
+    launch_map<T, kDropoutPack<T>>(ptrs, in.numel(), f);
+  });
+}
+
+void dropout_forward_cuda(const Tensor& x, double p, uint64_t seed, uint64_t offset, Tensor& y) {
+  dropout_apply<false>("dropout_forward", x, p, seed, offset, y);
+}
+
+void dropout_backward_cuda(const Tensor& dy, double p, uint64_t seed, uint64_t offset, Tensor& dx) {
+  dropout_apply<true>("dropout_backward", dy, p, seed, offset, dx);
+}
+
+}  // namespace
+
+LOOM_REGISTER_KERNEL(dropout_forward, kCuda, dropout_forward_cuda);
+LOOM_REGISTER_KERNEL(dropout_backward, kCuda, dropout_backward_cuda);
+
+}  // namespace loom::kernels::cuda
