@@ -33,8 +33,10 @@
 // was issued, or NCCL reports an asynchronous error, it prints the operation and group to
 // stderr ("collective all_reduce on group dp (4 ranks) did not complete within 5 s"), aborts
 // the NCCL communicator (ncclCommAbort, which ends the stuck kernels) and fails every pending
-// operation; from then on every call on the communicator throws that error (the group is
-// unusable; the job should end). The watchdog also reports CommEvents and releases tensors.
+// operation; from then on every CUDA operation and barrier on the communicator throws that
+// error (the group is unusable; the job should end). The watchdog also reports CommEvents and
+// releases tensors. Creation is covered only up to the id broadcast (the host communicator's
+// timeout): a member that never reaches ncclCommInitRank leaves the others blocked in it.
 //
 // send/recv: NCCL matches a send with the peer's recv on the GPU, and one communicator's
 // operations run in issue order on its stream. Unlike MpiCommunicator, a cycle of sends each
