@@ -1,6 +1,7 @@
 // parallel/parallel_context.cpp — builds a rank's communicators from the mesh (collectively
-// over MPI_COMM_WORLD), and the size-1 in-process communicator used without MPI. Creates
-// groups only; the collectives themselves live in parallel/comm/.
+// over MPI_COMM_WORLD; NCCL ones over the MPI ones for a CUDA device), and the size-1
+// in-process communicator used without MPI. Creates groups only; the collectives themselves
+// live in parallel/comm/.
 #include "parallel/parallel_context.h"
 
 #include <cmath>
@@ -12,6 +13,9 @@
 #include <mpi.h>
 
 #include "parallel/comm/mpi_communicator.h"
+#endif
+#if LOOM_HAS_NCCL
+#include "parallel/comm/nccl_communicator.h"
 #endif
 
 namespace loom::parallel {
@@ -87,10 +91,29 @@ class SelfCommunicator final : public Communicator {
   CommObserver observer_;
 };
 
+// For a CUDA device, `host` wrapped in an NcclCommunicator on that GPU (collective over the
+// group's members); else `host` itself.
+std::unique_ptr<Communicator> on_device(std::unique_ptr<Communicator> host, Device device,
+                                        double timeout_s) {
+  if (device.is_cpu()) return host;
+#if LOOM_HAS_NCCL
+  const int gpus = device_count(DeviceType::kCuda);
+  LOOM_CHECK(device.index >= 0 && device.index < gpus, "ParallelContext: ", device.str(),
+             " is not available (", gpus, " GPUs visible)");
+  std::string name = host->name();
+  return std::make_unique<NcclCommunicator>(std::move(name), device.index, std::move(host),
+                                            timeout_s);
+#else
+  (void)timeout_s;
+  LOOM_FAIL("ParallelContext: device ", device.str(),
+            " needs NCCL, and this build has no CUDA (configure with -DLOOM_CUDA=ON)");
+#endif
+}
+
 }  // namespace
 
-ParallelContext::ParallelContext(DeviceMesh mesh, int rank)
-    : mesh_(std::move(mesh)), rank_(rank), coords_(mesh_.coords(rank)) {}
+ParallelContext::ParallelContext(DeviceMesh mesh, int rank, Device device)
+    : mesh_(std::move(mesh)), rank_(rank), coords_(mesh_.coords(rank)), device_(device) {}
 
 ParallelContext::ParallelContext(ParallelContext&&) noexcept = default;
 ParallelContext& ParallelContext::operator=(ParallelContext&&) noexcept = default;
@@ -125,10 +148,27 @@ ParallelContext ParallelContext::create(const ParallelOptions& options) {
   const double timeout =
       options.comm_timeout_s > 0 ? options.comm_timeout_s : default_comm_timeout_s();
 
-  ParallelContext ctx(std::move(mesh), rank);
+  Device device = Device::cpu();
+  if (options.device == DeviceType::kCuda) {
+    // The node-local rank picks the GPU: one GPU per rank (NCCL puts no two members of a group
+    // on one GPU; several ranks sharing a GPU use the MPI communicators with CPU device).
+    MPI_Comm node = MPI_COMM_NULL;
+    int local_rank = 0;
+    MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, rank, MPI_INFO_NULL, &node);
+    MPI_Comm_rank(node, &local_rank);
+    MPI_Comm_free(&node);
+    const int gpus = device_count(DeviceType::kCuda);
+    LOOM_CHECK(local_rank < gpus, "ParallelContext: rank ", rank, " is local rank ", local_rank,
+               " on its node, but only ", gpus,
+               " GPUs are visible (a CUDA run needs one GPU per rank)");
+    device = Device::cuda(local_rank);
+  }
+
+  ParallelContext ctx(std::move(mesh), rank, device);
   auto world = MpiCommunicator::duplicate(MPI_COMM_WORLD, "world", timeout);
   const MPI_Comm parent = world->mpi_comm();
-  // Every rank creates its groups in this same order; each kind has its own tag.
+  // Every rank creates its groups in this same order; each kind has its own tag. The MPI
+  // groups all exist before the first NCCL bootstrap.
   int tag = 1;
   for (MeshDim d : {MeshDim::kTp, MeshDim::kCp, MeshDim::kDp, MeshDim::kPp}) {
     ctx.dims_[static_cast<int>(d)] = MpiCommunicator::create(
@@ -138,19 +178,26 @@ ParallelContext ParallelContext::create(const ParallelOptions& options) {
       parent, ctx.mesh_.mics_partition_group(rank, partition), "mics_partition", timeout, tag++);
   ctx.mics_replica_ = MpiCommunicator::create(parent, ctx.mesh_.mics_replica_group(rank, partition),
                                               "mics_replica", timeout, tag++);
-  ctx.world_ = std::move(world);
+  ctx.world_ = on_device(std::move(world), device, timeout);
+  for (auto& c : ctx.dims_) c = on_device(std::move(c), device, timeout);
+  ctx.mics_partition_ = on_device(std::move(ctx.mics_partition_), device, timeout);
+  ctx.mics_replica_ = on_device(std::move(ctx.mics_replica_), device, timeout);
   return ctx;
 #endif
 }
 
-ParallelContext ParallelContext::single_process() {
-  ParallelContext ctx(DeviceMesh(MeshShape{}, 1), 0);
-  ctx.world_ = std::make_unique<SelfCommunicator>("world");
+ParallelContext ParallelContext::single_process(Device device) {
+  ParallelContext ctx(DeviceMesh(MeshShape{}, 1), 0, device);
+  const double timeout = device.is_cpu() ? 0.0 : default_comm_timeout_s();
+  auto make = [&](const char* name) {
+    return on_device(std::make_unique<SelfCommunicator>(name), device, timeout);
+  };
+  ctx.world_ = make("world");
   for (MeshDim d : {MeshDim::kTp, MeshDim::kCp, MeshDim::kDp, MeshDim::kPp}) {
-    ctx.dims_[static_cast<int>(d)] = std::make_unique<SelfCommunicator>(mesh_dim_name(d));
+    ctx.dims_[static_cast<int>(d)] = make(mesh_dim_name(d));
   }
-  ctx.mics_partition_ = std::make_unique<SelfCommunicator>("mics_partition");
-  ctx.mics_replica_ = std::make_unique<SelfCommunicator>("mics_replica");
+  ctx.mics_partition_ = make("mics_partition");
+  ctx.mics_replica_ = make("mics_replica");
   return ctx;
 }
 

@@ -23,6 +23,10 @@ struct ParallelOptions {
   std::string order = kDefaultMeshOrder;  // parallel.order (Note [Mesh rank order])
   int mics_partition_size = 0;            // parallel.mics_partition_size; 0 means dp (no MiCS)
   double comm_timeout_s = 0;              // 0: LOOM_COMM_TIMEOUT_S, else 300 s
+  // Where the rank computes. kCuda: GPU `local_rank` (the rank's index on its node), and every
+  // group's communicator is an NcclCommunicator (CPU tensors still go over MPI through it);
+  // needs a CUDA build and one GPU per rank on each node. kCpu: MpiCommunicators.
+  DeviceType device = DeviceType::kCpu;
 };
 
 class ParallelContext {
@@ -32,8 +36,10 @@ class ParallelContext {
   // communicators, each over its own MPI communicator with its own worker thread.
   static ParallelContext create(const ParallelOptions& options);
   // World size 1 without MPI (single-process tools and tests): every group is the rank
-  // alone, served by a synchronous in-process communicator (send/recv are errors).
-  static ParallelContext single_process();
+  // alone, served by a synchronous in-process communicator (send/recv are errors). With a CUDA
+  // `device`, each group is an NcclCommunicator of one on that GPU (its NCCL communicator made
+  // on first use) whose CPU tensors go to the in-process communicator.
+  static ParallelContext single_process(Device device = Device::cpu());
 
   ParallelContext(ParallelContext&&) noexcept;
   ParallelContext& operator=(ParallelContext&&) noexcept;
@@ -43,6 +49,8 @@ class ParallelContext {
   const MeshCoords& coords() const { return coords_; }  // this rank's
   int rank() const { return rank_; }                    // in the world
   int world_size() const { return mesh_.world_size(); }
+  // The device this rank computes on: cpu, or cuda:<local rank> (ParallelOptions::device).
+  Device device() const { return device_; }
   Communicator& world() const { return *world_; }
 
   // The group along a mesh dimension; rank within it = this rank's coordinate there.
@@ -74,11 +82,12 @@ class ParallelContext {
   std::string str() const;  // "rank 5 of 8: dp=1 pp=0 cp=0 tp=1 (mesh dp=2 …)"
 
  private:
-  ParallelContext(DeviceMesh mesh, int rank);
+  ParallelContext(DeviceMesh mesh, int rank, Device device);
 
   DeviceMesh mesh_;
   int rank_;
   MeshCoords coords_;
+  Device device_;
   std::unique_ptr<Communicator> world_;
   std::unique_ptr<Communicator> dims_[kNumMeshDims];  // indexed by MeshDim
   std::unique_ptr<Communicator> mics_partition_;

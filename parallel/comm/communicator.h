@@ -1,11 +1,13 @@
 // parallel/comm/communicator.h — the communicator interface: one instance per process group
 // (a mesh dimension's group, a MiCS partition or replica group). Every collective has an
 // asynchronous form returning a Work handle; the blocking form waits on it. Backends:
-// MpiCommunicator (CPU tensors, parallel/comm/mpi_communicator.h) and, with the CUDA build,
-// NcclCommunicator. Ops on one communicator must be issued in the same order on every member.
+// MpiCommunicator (CPU tensors, and CUDA tensors staged through the host,
+// parallel/comm/mpi_communicator.h) and, with the CUDA build, NcclCommunicator (CUDA tensors,
+// parallel/comm/nccl_communicator.h). Ops on one communicator must be issued in the same order on every member.
 //
 // Note [Deterministic reductions]: reductions combine the members' contributions in rank
-// order, never in arrival order, so a run is bit-reproducible for a given world size.
+// order, never in arrival order, so a run is bit-reproducible for a given world size. (NCCL
+// reduces in its own fixed order per topology instead: Note [NCCL determinism].)
 #pragma once
 
 #include <chrono>
@@ -25,7 +27,10 @@ enum class ReduceOp { kSum, kAvg, kMax };
 double default_comm_timeout_s();
 
 // A pending operation. wait() blocks until it completes (rethrowing its error, or throwing
-// when it exceeds the communicator's timeout, naming the operation and the group).
+// when it exceeds the communicator's timeout, naming the operation and the group) — for CPU
+// tensors. For CUDA tensors on an NcclCommunicator, wait() instead makes the calling thread's
+// compute stream wait for the operation and returns without blocking the host (Note [NCCL
+// streams and Work] in parallel/comm/nccl_communicator.h).
 class Work {
  public:
   virtual ~Work() = default;
@@ -44,7 +49,8 @@ struct CommEvent {
 };
 
 // Receives every operation's event once it finishes. Runs on the communicator's own thread
-// (MpiCommunicator) before the operation's Work reports done: keep it short and thread-safe.
+// (MpiCommunicator: before the operation's Work reports done; NcclCommunicator: its watchdog,
+// shortly after the GPU finished it): keep it short and thread-safe.
 using CommObserver = std::function<void(const CommEvent&)>;
 
 class Communicator {

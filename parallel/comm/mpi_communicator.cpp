@@ -8,6 +8,17 @@
 // then sums the `size` copies of its chunk in rank order in the tensor's dtype and
 // MPI_Iallgatherv returns every reduced chunk to everyone. Each chunk is reduced by exactly
 // one member, so every member ends with the same bits, equal to a rank-order sum.
+//
+// Note [Staging CUDA tensors]: a CUDA tensor is accepted by copying it through a page-locked
+// host buffer (kernels/host_staging.h, so this file needs no CUDA header): an input is copied
+// to the host when the operation is issued — on the calling thread, which therefore blocks
+// until the work already issued on the device has finished — and an output is copied back to
+// the device by the worker thread once MPI has completed, before the Work reports done. So a
+// staged operation has the CPU semantics: after wait() the device tensor holds the result.
+// Buffers come from a per-communicator PinnedPool: one per operation in flight, each reused
+// and replaced by a larger one when a message outgrows it (so it settles at the largest
+// message). This path exists so that several ranks sharing one GPU can run the parallel
+// tests; NcclCommunicator is the fast path for CUDA tensors.
 #include "parallel/comm/mpi_communicator.h"
 
 #include <algorithm>
@@ -21,6 +32,7 @@
 #include <type_traits>
 
 #include "core/error.h"
+#include "kernels/host_staging.h"
 
 namespace loom::parallel {
 
@@ -60,8 +72,10 @@ int mpi_count(int64_t n, const std::string& where) {
 
 void check_tensor(const Tensor& t, const std::string& where, const char* arg) {
   LOOM_CHECK(t.defined(), where, ": ", arg, " is undefined");
-  LOOM_CHECK(t.device().is_cpu(), where, ": ", arg, " is on ", t.device().str(),
-             "; MpiCommunicator takes CPU tensors");
+  LOOM_CHECK(t.device().is_cpu() ||
+                 kernels::Registry::instance().has("copy_device_to_pinned", t.device().type),
+             where, ": ", arg, " is on ", t.device().str(),
+             "; MpiCommunicator takes CPU tensors (and CUDA tensors in a CUDA build)");
   LOOM_CHECK(t.is_contiguous(), where, ": ", arg, " must be contiguous");
 }
 
@@ -161,6 +175,85 @@ class MpiWork final : public Work {
 
 }  // namespace
 
+// Pinned host buffers for staged CUDA tensors (Note [Staging CUDA tensors]). A buffer handed out
+// keeps the pool alive and returns to it when its last reference goes.
+class PinnedPool : public std::enable_shared_from_this<PinnedPool> {
+ public:
+  PinnedPool() = default;
+  PinnedPool(const PinnedPool&) = delete;
+  PinnedPool& operator=(const PinnedPool&) = delete;
+  ~PinnedPool() {
+    for (const Buffer& b : free_) kernels::find_kernel<kernels::pinned_host_free_k>(b.device)(b.ptr);
+  }
+
+  // A buffer of at least `bytes` for tensors of `device`'s type.
+  std::shared_ptr<void> acquire(size_t bytes, DeviceType device) {
+    Buffer b{nullptr, 0, device};
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      auto it = std::max_element(free_.begin(), free_.end(), [&](const Buffer& x, const Buffer& y) {
+        return (x.device == device ? x.bytes : 0) < (y.device == device ? y.bytes : 0);
+      });
+      if (it != free_.end() && it->device == device) {
+        b = *it;
+        free_.erase(it);
+      }
+    }
+    if (b.ptr != nullptr && b.bytes < bytes) {
+      kernels::find_kernel<kernels::pinned_host_free_k>(device)(b.ptr);
+      b.ptr = nullptr;
+    }
+    if (b.ptr == nullptr) {
+      b.bytes = std::max<size_t>(bytes, 1);
+      b.ptr = kernels::find_kernel<kernels::pinned_host_alloc_k>(device)(b.bytes);
+    }
+    std::shared_ptr<PinnedPool> self = shared_from_this();
+    return std::shared_ptr<void>(b.ptr, [self, b](void*) { self->put(b); });
+  }
+
+ private:
+  struct Buffer {
+    void* ptr;
+    size_t bytes;
+    DeviceType device;
+  };
+  void put(const Buffer& b) {
+    std::lock_guard<std::mutex> lock(mu_);
+    free_.push_back(b);
+  }
+
+  std::mutex mu_;
+  std::vector<Buffer> free_;
+};
+
+namespace {
+
+// A tensor as MPI sees it: its own memory (CPU), or a pinned host copy (CUDA). Copies of a
+// Staged share the buffer; the last one returns it to the pool.
+struct Staged {
+  Tensor tensor;                 // the caller's tensor, kept alive until the op completes
+  std::shared_ptr<void> pinned;  // the host copy of a CUDA tensor; null for a CPU tensor
+  void* data() const { return pinned ? pinned.get() : tensor.raw_data(); }
+  // After MPI has completed: an output's host copy back into the device tensor.
+  void unstage() const {
+    if (!pinned) return;
+    Tensor t = tensor;
+    kernels::find_kernel<kernels::copy_pinned_to_device_k>(t.device().type)(pinned.get(), t);
+  }
+};
+
+// `copy_in`: the tensor's current contents are needed (an input).
+Staged stage(const Tensor& t, bool copy_in, PinnedPool& pool) {
+  if (t.device().is_cpu()) return {t, nullptr};
+  Staged s{t, pool.acquire(t.nbytes(), t.device().type)};
+  if (copy_in) {
+    kernels::find_kernel<kernels::copy_device_to_pinned_k>(t.device().type)(t, s.pinned.get());
+  }
+  return s;
+}
+
+}  // namespace
+
 // One operation: phases that each post one nonblocking MPI call (after any local work on the
 // previous phase's result), then optional local work once the last call completes.
 class MpiOp {
@@ -212,7 +305,10 @@ class MpiOp {
 };
 
 MpiCommunicator::MpiCommunicator(MPI_Comm comm, std::string name, double timeout_s)
-    : comm_(comm), name_(std::move(name)), timeout_s_(std::min(timeout_s, kMaxTimeoutS)) {
+    : comm_(comm),
+      name_(std::move(name)),
+      timeout_s_(std::min(timeout_s, kMaxTimeoutS)),
+      pinned_(std::make_shared<PinnedPool>()) {
   LOOM_CHECK(comm != MPI_COMM_NULL, "MpiCommunicator ", name_, ": null MPI communicator");
   LOOM_CHECK(timeout_s > 0, "MpiCommunicator ", name_, ": timeout must be > 0 s, got ", timeout_s);
   check_mpi(MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN), "MPI_Comm_set_errhandler", name_);
@@ -325,27 +421,28 @@ WorkPtr MpiCommunicator::all_reduce_async(Tensor t, ReduceOp op) {
                   static_cast<int64_t>(t.nbytes()), true);
   m->type = mpi_word_type(t.dtype());
   auto plan = plan_chunks(t.numel(), size_, rank_);
+  const Staged st = stage(t, true, *pinned_);
   const MPI_Datatype type = m->type;
   const size_t esize = dtype_size(t.dtype());
   const int rank = rank_, size = size_;
   m->phases.push_back(
-      {"MPI_Ialltoallv", [plan, t, type, esize, rank](MPI_Comm c, MPI_Request* r) {
+      {"MPI_Ialltoallv", [plan, st, type, esize, rank](MPI_Comm c, MPI_Request* r) {
          const int mine = plan->counts[static_cast<size_t>(rank)];
          plan->scratch.resize(plan->recv_counts.size() * static_cast<size_t>(mine) * esize);
-         return MPI_Ialltoallv(t.raw_data(), plan->counts.data(), plan->offsets.data(), type,
+         return MPI_Ialltoallv(st.data(), plan->counts.data(), plan->offsets.data(), type,
                                plan->scratch.data(), plan->recv_counts.data(),
                                plan->recv_offsets.data(), type, c, r);
        }});
   m->phases.push_back(
-      {"MPI_Iallgatherv", [plan, t, type, esize, rank, size, op](MPI_Comm c, MPI_Request* r) {
+      {"MPI_Iallgatherv", [plan, st, type, esize, rank, size, op](MPI_Comm c, MPI_Request* r) {
          const size_t me = static_cast<size_t>(rank);
-         char* chunk =
-             static_cast<char*>(t.raw_data()) + static_cast<size_t>(plan->offsets[me]) * esize;
-         reduce_rows(t.dtype(), plan->scratch.data(), size, plan->counts[me], op, chunk);
+         char* chunk = static_cast<char*>(st.data()) + static_cast<size_t>(plan->offsets[me]) * esize;
+         reduce_rows(st.tensor.dtype(), plan->scratch.data(), size, plan->counts[me], op, chunk);
          plan->scratch = {};
-         return MPI_Iallgatherv(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, t.raw_data(),
+         return MPI_Iallgatherv(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, st.data(),
                                 plan->counts.data(), plan->offsets.data(), type, c, r);
        }});
+  m->on_complete = [st] { st.unstage(); };
   return enqueue(std::move(m));
 }
 
@@ -363,15 +460,16 @@ WorkPtr MpiCommunicator::reduce_scatter_async(Tensor in, Tensor out, ReduceOp op
                   static_cast<int64_t>(in.nbytes()), true);
   m->type = mpi_word_type(in.dtype());
   auto scratch = std::make_shared<std::vector<std::byte>>();
+  const Staged sin = stage(in, true, *pinned_), sout = stage(out, false, *pinned_);
   const MPI_Datatype type = m->type;
-  m->phases.push_back({"MPI_Ialltoall", [in, scratch, n, type](MPI_Comm c, MPI_Request* r) {
-                         scratch->resize(in.nbytes());
-                         return MPI_Ialltoall(in.raw_data(), n, type, scratch->data(), n, type, c,
-                                              r);
+  m->phases.push_back({"MPI_Ialltoall", [sin, scratch, n, type](MPI_Comm c, MPI_Request* r) {
+                         scratch->resize(sin.tensor.nbytes());
+                         return MPI_Ialltoall(sin.data(), n, type, scratch->data(), n, type, c, r);
                        }});
   const int size = size_;
-  m->on_complete = [out, scratch, n, size, op] {
-    reduce_rows(out.dtype(), scratch->data(), size, n, op, out.raw_data());
+  m->on_complete = [sout, scratch, n, size, op] {
+    reduce_rows(sout.tensor.dtype(), scratch->data(), size, n, op, sout.data());
+    sout.unstage();
   };
   return enqueue(std::move(m));
 }
@@ -389,10 +487,11 @@ WorkPtr MpiCommunicator::all_gather_async(Tensor in, Tensor out) {
   auto m = new_op(name_, size_, timeout_s_, "all_gather", "collective all_gather",
                   static_cast<int64_t>(out.nbytes()), true);
   const MPI_Datatype type = m->type = mpi_word_type(in.dtype());
-  m->phases.push_back({"MPI_Iallgather", [in, out, n, type](MPI_Comm c, MPI_Request* r) {
-                         return MPI_Iallgather(in.raw_data(), n, type, out.raw_data(), n, type, c,
-                                               r);
+  const Staged sin = stage(in, true, *pinned_), sout = stage(out, false, *pinned_);
+  m->phases.push_back({"MPI_Iallgather", [sin, sout, n, type](MPI_Comm c, MPI_Request* r) {
+                         return MPI_Iallgather(sin.data(), n, type, sout.data(), n, type, c, r);
                        }});
+  m->on_complete = [sin, sout] { sout.unstage(); };
   return enqueue(std::move(m));
 }
 
@@ -409,10 +508,11 @@ WorkPtr MpiCommunicator::all_to_all_async(Tensor in, Tensor out) {
   auto m = new_op(name_, size_, timeout_s_, "all_to_all", "collective all_to_all",
                   static_cast<int64_t>(in.nbytes()), true);
   const MPI_Datatype type = m->type = mpi_word_type(in.dtype());
-  m->phases.push_back({"MPI_Ialltoall", [in, out, n, type](MPI_Comm c, MPI_Request* r) {
-                         return MPI_Ialltoall(in.raw_data(), n, type, out.raw_data(), n, type, c,
-                                              r);
+  const Staged sin = stage(in, true, *pinned_), sout = stage(out, false, *pinned_);
+  m->phases.push_back({"MPI_Ialltoall", [sin, sout, n, type](MPI_Comm c, MPI_Request* r) {
+                         return MPI_Ialltoall(sin.data(), n, type, sout.data(), n, type, c, r);
                        }});
+  m->on_complete = [sin, sout] { sout.unstage(); };
   return enqueue(std::move(m));
 }
 
@@ -424,9 +524,14 @@ WorkPtr MpiCommunicator::broadcast_async(Tensor t, int root) {
   auto m = new_op(name_, size_, timeout_s_, "broadcast", "collective broadcast",
                   static_cast<int64_t>(t.nbytes()), true);
   const MPI_Datatype type = m->type = mpi_word_type(t.dtype());
-  m->phases.push_back({"MPI_Ibcast", [t, n, type, root](MPI_Comm c, MPI_Request* r) {
-                         return MPI_Ibcast(t.raw_data(), n, type, root, c, r);
+  const bool is_root = rank_ == root;
+  const Staged st = stage(t, is_root, *pinned_);
+  m->phases.push_back({"MPI_Ibcast", [st, n, type, root](MPI_Comm c, MPI_Request* r) {
+                         return MPI_Ibcast(st.data(), n, type, root, c, r);
                        }});
+  m->on_complete = [st, is_root] {
+    if (!is_root) st.unstage();
+  };
   return enqueue(std::move(m));
 }
 
@@ -439,8 +544,9 @@ WorkPtr MpiCommunicator::send_async(Tensor t, int dst, int tag) {
   const int n = mpi_count(t.numel(), where);
   auto m = new_op(name_, size_, timeout_s_, "send", what, static_cast<int64_t>(t.nbytes()), false);
   const MPI_Datatype type = m->type = mpi_word_type(t.dtype());
-  m->phases.push_back({"MPI_Isend", [t, n, type, dst, tag](MPI_Comm c, MPI_Request* r) {
-                         return MPI_Isend(t.raw_data(), n, type, dst, tag, c, r);
+  const Staged st = stage(t, true, *pinned_);
+  m->phases.push_back({"MPI_Isend", [st, n, type, dst, tag](MPI_Comm c, MPI_Request* r) {
+                         return MPI_Isend(st.data(), n, type, dst, tag, c, r);
                        }});
   return enqueue(std::move(m));
 }
@@ -455,9 +561,11 @@ WorkPtr MpiCommunicator::recv_async(Tensor t, int src, int tag) {
   auto m = new_op(name_, size_, timeout_s_, "recv", what, static_cast<int64_t>(t.nbytes()), false);
   const MPI_Datatype type = m->type = mpi_word_type(t.dtype());
   m->expect_recv_count = n;
-  m->phases.push_back({"MPI_Irecv", [t, n, type, src, tag](MPI_Comm c, MPI_Request* r) {
-                         return MPI_Irecv(t.raw_data(), n, type, src, tag, c, r);
+  const Staged st = stage(t, false, *pinned_);
+  m->phases.push_back({"MPI_Irecv", [st, n, type, src, tag](MPI_Comm c, MPI_Request* r) {
+                         return MPI_Irecv(st.data(), n, type, src, tag, c, r);
                        }});
+  m->on_complete = [st] { st.unstage(); };
   return enqueue(std::move(m));
 }
 

@@ -1,9 +1,11 @@
 // parallel/comm/mpi_communicator.h — MpiCommunicator: the Communicator for CPU tensors over
-// one MPI sub-communicator. It owns one worker thread that starts the queued operations in
-// issue order with nonblocking MPI and polls them to completion, so collectives progress
-// while the caller computes (see Note [MPI communicator thread]). It never reduces with MPI:
-// reductions are sums in rank order done here (Note [Deterministic reductions]). It does not
-// create the mesh's groups (ParallelContext does) and does not initialise MPI (launcher.h).
+// one MPI sub-communicator (and for CUDA tensors, staged through pinned host memory: Note
+// [Staging CUDA tensors] in mpi_communicator.cpp). It owns one worker thread that starts the
+// queued operations in issue order with nonblocking MPI and polls them to completion, so
+// collectives progress while the caller computes (see Note [MPI communicator thread]). It
+// never reduces with MPI: reductions are sums in rank order done here (Note [Deterministic
+// reductions]). It does not create the mesh's groups (ParallelContext does) and does not
+// initialise MPI (launcher.h).
 //
 // Note [MPI communicator thread]: ops are started one at a time in issue order. A collective
 // occupies the group until it completes (so every member starts its collectives in the same
@@ -28,7 +30,8 @@
 
 namespace loom::parallel {
 
-class MpiOp;  // one queued operation (mpi_communicator.cpp)
+class MpiOp;       // one queued operation (mpi_communicator.cpp)
+class PinnedPool;  // host buffers for staged CUDA tensors (mpi_communicator.cpp)
 
 class MpiCommunicator final : public Communicator {
  public:
@@ -62,7 +65,8 @@ class MpiCommunicator final : public Communicator {
 
   // Supported dtypes: reductions (all_reduce, reduce_scatter) f32, f64, i32, i64 (kAvg:
   // f32, f64 only); data movement (all_gather, all_to_all, broadcast, send, recv) any dtype.
-  // Tensors must be contiguous CPU tensors. Argument errors throw here, at issue time.
+  // Tensors must be contiguous, on the CPU or (in a CUDA build) a GPU; a CUDA input is copied
+  // to the host before the call returns. Argument errors throw here, at issue time.
   WorkPtr all_reduce_async(Tensor t, ReduceOp op) override;
   WorkPtr reduce_scatter_async(Tensor in, Tensor out, ReduceOp op) override;
   WorkPtr all_gather_async(Tensor in, Tensor out) override;
@@ -85,6 +89,7 @@ class MpiCommunicator final : public Communicator {
   double timeout_s_;
   int rank_ = 0;
   int size_ = 1;
+  std::shared_ptr<PinnedPool> pinned_;  // staging buffers, shared with the ops that hold one
 
   std::mutex mutex_;  // guards everything below
   std::condition_variable cv_;

@@ -77,6 +77,21 @@ TEST(SingleProcess, CollectivesAreTheIdentity) {
   EXPECT_THROW(ctx.dp().broadcast(t, 1), Error);
 }
 
+// Without a usable GPU (or without CUDA in the build) a CUDA context is a clear error.
+TEST(SingleProcess, CudaContextNeedsAGpu) {
+  if (device_count(DeviceType::kCuda) > 0) GTEST_SKIP() << "a GPU is present (tests/cuda covers it)";
+  try {
+    ParallelContext::single_process(Device::cuda(0));
+    ADD_FAILURE() << "expected an error";
+  } catch (const Error& e) {
+    const std::string msg = e.what();
+    EXPECT_TRUE(msg.find("cuda:0 is not available") != std::string::npos ||
+                msg.find("this build has no CUDA") != std::string::npos)
+        << msg;
+  }
+  EXPECT_EQ(ParallelContext::single_process().device(), Device::cpu());
+}
+
 TEST(SingleProcess, CommTimeoutComesFromEnvironment) {
   {
     ScopedEnv env("LOOM_COMM_TIMEOUT_S", "7.5");
