@@ -8,11 +8,13 @@
 // and output passes (Note [Row cache] in kernels/cuda/row_io.cuh).
 //
 // Note [Deterministic CUDA norm gradients]: dweight and dbias sum over rows without atomics.
-// Rows are split into chunks of max(kMinChunkRows, ⌈N / kMaxChunks⌉) rows (a function of N only);
-// one block walks its chunk's rows in order, each thread adding the terms of the columns it owns
-// (always the same ones) into per-block partial sums, which are written to a scratch (chunks,
-// parts, C). A second kernel adds the partials of each column in chunk order. The result bits
-// depend on N and C only, not on the GPU or on timing.
+// Rows are split into chunks of max(kMinChunkRows, ⌈N / target⌉) rows, target = the number of
+// blocks that gives about kTargetThreads threads in all (a function of C through the block size):
+// a function of N and C only. One block walks its chunk's rows in order, each thread adding the
+// terms of the columns it owns (always the same ones) into per-block partial sums, which are
+// written to a scratch (chunks, parts, C). A second kernel adds each column's partials: thread
+// group g of kReduceGroups sums chunks g, g + kReduceGroups, … in order, then the group sums are
+// added in group order. The result bits depend on N and C only, not on the GPU or on timing.
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -27,7 +29,10 @@ namespace loom::kernels::cuda {
 namespace {
 
 constexpr int64_t kMinChunkRows = 8;
-constexpr int64_t kMaxChunks = 512;
+constexpr int64_t kTargetThreads = 128 * 1024;  // enough to fill a large GPU several times
+constexpr int64_t kMaxChunks = 2048;
+constexpr int kReduceCols = 32;    // columns per reduce block (one warp's worth, coalesced)
+constexpr int kReduceGroups = 16;  // chunk groups per reduce block
 
 // Storage type of the saved statistics (kernels/norm.h: norm_stat_dtype).
 template <typename T>
@@ -237,21 +242,30 @@ __global__ void __launch_bounds__(kRowMaxThreads) norm_backward_kernel(NormBackw
   }
 }
 
-// dw[c] += Σ_k partial[k, 0, c]; db[c] += Σ_k partial[k, 1, c] (when parts == 2), k in order.
+// dw[c] += Σ_k partial[k, 0, c]; db[c] += Σ_k partial[k, 1, c] (when parts == 2), in the fixed
+// order of Note [Deterministic CUDA norm gradients]. Block (kReduceCols, kReduceGroups) threads;
+// blockIdx.x picks kReduceCols consecutive entries of the flattened (parts, cols).
 template <typename T>
-__global__ void norm_param_reduce_kernel(const AccT<T>* partial, int64_t chunks, int64_t cols,
-                                         int parts, T* dw, T* db) {
+__global__ void __launch_bounds__(kReduceCols* kReduceGroups)
+    norm_param_reduce_kernel(const AccT<T>* partial, int64_t chunks, int64_t cols, int parts,
+                             T* dw, T* db) {
   using A = AccT<T>;
+  __shared__ A group_sums[kReduceGroups][kReduceCols];
   const int64_t total = parts * cols;
-  const int64_t step = static_cast<int64_t>(gridDim.x) * blockDim.x;
-  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < total;
-       i += step) {
+  const int64_t i = static_cast<int64_t>(blockIdx.x) * kReduceCols + threadIdx.x;
+  A sum = 0;
+  if (i < total) {
+    for (int64_t k = threadIdx.y; k < chunks; k += kReduceGroups) sum += partial[k * total + i];
+  }
+  group_sums[threadIdx.y][threadIdx.x] = sum;
+  __syncthreads();
+  if (threadIdx.y == 0 && i < total) {
+    A t = group_sums[0][threadIdx.x];
+    for (int g = 1; g < kReduceGroups; ++g) t += group_sums[g][threadIdx.x];
     const int part = static_cast<int>(i / cols);
     const int64_t c = i % cols;
-    A sum = 0;
-    for (int64_t k = 0; k < chunks; ++k) sum += partial[(k * parts + part) * cols + c];
     T* out = part == 0 ? dw : db;
-    out[c] = convert<T>(convert<A>(out[c]) + sum);
+    out[c] = convert<T>(convert<A>(out[c]) + t);
   }
 }
 
@@ -281,7 +295,9 @@ void norm_forward(const NormForwardArgs<T>& a) {
 template <typename T, int W>
 void norm_backward_launch(NormBackwardArgs<T> a, int device, T* dw, T* db) {
   using A = AccT<T>;
-  a.chunk = std::max(kMinChunkRows, (a.rows + kMaxChunks - 1) / kMaxChunks);
+  const int threads = row_threads(a.cols / W, 1);
+  const int64_t target = std::clamp<int64_t>(kTargetThreads / threads, 1, kMaxChunks);
+  a.chunk = std::max(kMinChunkRows, (a.rows + target - 1) / target);
   const int64_t chunks = (a.rows + a.chunk - 1) / a.chunk;
   Tensor partial = Tensor::empty(Shape{chunks, static_cast<int64_t>(a.parts), a.cols},
                                  DTypeOf<A>::value, Device::cuda(device));
@@ -292,11 +308,12 @@ void norm_backward_launch(NormBackwardArgs<T> a, int device, T* dw, T* db) {
   a.acc_in_smem = a.use_cache || acc_bytes <= dynamic_smem_limit();
   const size_t smem = (a.acc_in_smem ? acc_bytes : 0) + (a.use_cache ? cache_bytes : 0);
   allow_dynamic_smem(norm_backward_kernel<T, W>, smem);
-  norm_backward_kernel<T, W><<<static_cast<unsigned>(chunks), row_threads(a.cols / W, 1), smem,
-                               compute_stream()>>>(a);
+  norm_backward_kernel<T, W>
+      <<<static_cast<unsigned>(chunks), threads, smem, compute_stream()>>>(a);
   LOOM_CUDA_LAUNCH_CHECK();
-  constexpr unsigned kThreads = 256;
-  norm_param_reduce_kernel<T><<<grid_for(a.parts * a.cols, kThreads), kThreads, 0,
+  const int64_t total = a.parts * a.cols;
+  const auto reduce_blocks = static_cast<unsigned>((total + kReduceCols - 1) / kReduceCols);
+  norm_param_reduce_kernel<T><<<reduce_blocks, dim3(kReduceCols, kReduceGroups), 0,
                                 compute_stream()>>>(a.partial, chunks, a.cols, a.parts, dw, db);
   LOOM_CUDA_LAUNCH_CHECK();
 }
