@@ -24,6 +24,8 @@
   X(layer_norm_backward)        \
   X(rms_norm_forward)           \
   X(rms_norm_backward)          \
+  X(residual_layer_norm_forward) \
+  X(residual_layer_norm_backward) \
   X(softmax_forward)            \
   X(softmax_backward)           \
   X(dropout_forward)            \

@@ -1,7 +1,9 @@
 // kernels/norm.h — LayerNorm and RMSNorm over the last dimension, forward and backward.
 // x is read as contiguous (N, C) with C = x.size(-1); weight and bias are (C); the saved row
-// statistics (mean, rstd) are (N) in x's dtype. Backward kernels accumulate (dx += …,
-// dweight += …, dbias += …) and never allocate their outputs.
+// statistics (mean, rstd) are (N) in norm_stat_dtype(x's dtype): x's dtype for f32/f64, f32 for
+// bf16/f16 (a device backend computes in f32 there). Backward kernels accumulate (dx += …,
+// dweight += …, dbias += …) and never allocate their outputs. Also: the fused residual add +
+// LayerNorm (the sum s = x + r is returned and saved; the LayerNorm is of s).
 //
 // Note [Deterministic row reductions]: dweight and dbias sum over all N rows. The rows are split
 // into chunks of max(kNormRowChunk, ⌈N / kNormMaxChunks⌉) rows — a function of N only, never of
@@ -15,6 +17,11 @@
 namespace loom::kernels {
 constexpr int64_t kNormRowChunk = 32;
 constexpr int64_t kNormMaxChunks = 256;
+
+// The dtype of the saved row statistics for inputs of dtype x.
+inline DType norm_stat_dtype(DType x) {
+  return x == DType::kBF16 || x == DType::kF16 ? DType::kF32 : x;
+}
 }  // namespace loom::kernels
 
 // mean = Σx/C; rstd = 1/√(Σ(x−mean)²/C + eps); y = (x − mean)·rstd·weight + bias.
@@ -51,3 +58,29 @@ LOOM_DECLARE_KERNEL(rms_norm_backward, void(const loom::Tensor& dy,      // dy (
                                             const loom::Tensor& rstd,    // rstd (N)
                                             loom::Tensor& dx,            // dx (N, C)
                                             loom::Tensor& dweight));     // dweight (C)
+
+// s = x + r (rounded to x's dtype), then layer_norm_forward of s: y, mean, rstd as there.
+// bias may be undefined.
+LOOM_DECLARE_KERNEL(residual_layer_norm_forward,
+                    void(const loom::Tensor& x,       // x (N, C)
+                         const loom::Tensor& r,       // r (N, C): the residual
+                         const loom::Tensor& weight,  // weight (C)
+                         const loom::Tensor& bias,    // bias (C) or undefined
+                         double eps,
+                         loom::Tensor& s,       // s (N, C) = x + r
+                         loom::Tensor& y,       // y (N, C)
+                         loom::Tensor& mean,    // mean (N)
+                         loom::Tensor& rstd));  // rstd (N)
+// The gradient of both x and r: dx += ds + (layer_norm_backward's dx for dy at s);
+// dweight, dbias as in layer_norm_backward. ds (the gradient reaching the returned sum) and
+// dbias may be undefined.
+LOOM_DECLARE_KERNEL(residual_layer_norm_backward,
+                    void(const loom::Tensor& dy,      // dy (N, C): gradient of y
+                         const loom::Tensor& ds,      // ds (N, C): gradient of s, or undefined
+                         const loom::Tensor& s,       // s (N, C)
+                         const loom::Tensor& weight,  // weight (C)
+                         const loom::Tensor& mean,    // mean (N)
+                         const loom::Tensor& rstd,    // rstd (N)
+                         loom::Tensor& dx,            // dx (N, C)
+                         loom::Tensor& dweight,       // dweight (C)
+                         loom::Tensor& dbias));       // dbias (C) or undefined

@@ -1,6 +1,7 @@
-// kernels/cpu/norm.cpp — CPU LayerNorm and RMSNorm, forward and backward. Rows are independent
-// and split across threads; row statistics accumulate in f64. dweight/dbias are summed over rows
-// per Note [Deterministic row reductions] in kernels/norm.h. Outputs come from the caller.
+// kernels/cpu/norm.cpp — CPU LayerNorm and RMSNorm, forward and backward, and the residual add +
+// LayerNorm pair (the sum, then LayerNorm of it). Rows are independent and split across threads;
+// row statistics accumulate in f64. dweight/dbias are summed over rows per Note [Deterministic
+// row reductions] in kernels/norm.h. Outputs come from the caller.
 #include <cmath>
 #include <vector>
 
@@ -219,8 +220,50 @@ void rms_norm_backward_cpu(const Tensor& dy, const Tensor& x, const Tensor& weig
   });
 }
 
+// out[i] = a[i] + b[i], or out[i] += a[i] when b is null; n elements.
+template <typename T>
+void add_elements(const T* a, const T* b, T* out, int64_t n) {
+  parallel_for(n, kElementGrain, [&](int64_t lo, int64_t hi) {
+    if (b != nullptr) {
+LOOM_SIMD
+      for (int64_t i = lo; i < hi; ++i) out[i] = a[i] + b[i];
+    } else {
+LOOM_SIMD
+      for (int64_t i = lo; i < hi; ++i) out[i] += a[i];
+    }
+  });
+}
+
+void residual_layer_norm_forward_cpu(const Tensor& x, const Tensor& r, const Tensor& weight,
+                                     const Tensor& bias, double eps, Tensor& s, Tensor& y,
+                                     Tensor& mean, Tensor& rstd) {
+  LOOM_CHECK(r.shape() == x.shape() && s.shape() == x.shape() && r.dtype() == x.dtype() &&
+                 s.dtype() == x.dtype(),
+             "residual_layer_norm_forward: x, r and s must have the same shape and dtype");
+  LOOM_DISPATCH_FLOAT(x.dtype(), "residual_layer_norm_forward", [&] {
+    add_elements(x.data<scalar_t>(), r.data<scalar_t>(), s.data<scalar_t>(), x.numel());
+    layer_norm_forward_typed<scalar_t>(s, weight, bias, eps, y, mean, rstd);
+  });
+}
+
+void residual_layer_norm_backward_cpu(const Tensor& dy, const Tensor& ds, const Tensor& s,
+                                      const Tensor& weight, const Tensor& mean,
+                                      const Tensor& rstd, Tensor& dx, Tensor& dweight,
+                                      Tensor& dbias) {
+  LOOM_CHECK(!ds.defined() || (ds.shape() == dx.shape() && ds.dtype() == dx.dtype()),
+             "residual_layer_norm_backward: ds must match dx");
+  LOOM_DISPATCH_FLOAT(s.dtype(), "residual_layer_norm_backward", [&] {
+    if (ds.defined()) {
+      add_elements<scalar_t>(ds.data<scalar_t>(), nullptr, dx.data<scalar_t>(), dx.numel());
+    }
+    layer_norm_backward_typed<scalar_t>(dy, s, weight, mean, rstd, dx, dweight, dbias);
+  });
+}
+
 }  // namespace
 
+LOOM_REGISTER_KERNEL(residual_layer_norm_forward, kCpu, residual_layer_norm_forward_cpu);
+LOOM_REGISTER_KERNEL(residual_layer_norm_backward, kCpu, residual_layer_norm_backward_cpu);
 LOOM_REGISTER_KERNEL(layer_norm_forward, kCpu, layer_norm_forward_cpu);
 LOOM_REGISTER_KERNEL(layer_norm_backward, kCpu, layer_norm_backward_cpu);
 LOOM_REGISTER_KERNEL(rms_norm_forward, kCpu, rms_norm_forward_cpu);

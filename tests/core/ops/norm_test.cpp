@@ -1,6 +1,7 @@
-// tests/core/ops/norm_test.cpp — layer_norm (with and without bias) and rms_norm: gradients
-// against finite differences in f64, f32 against f64, values against a reference loop, and
-// weight gradients independent of the thread count.
+// tests/core/ops/norm_test.cpp — layer_norm (with and without bias), rms_norm and
+// residual_layer_norm: gradients against finite differences in f64, f32 against f64, values
+// against a reference loop (residual_layer_norm: against add then layer_norm), and weight
+// gradients independent of the thread count.
 #include "core/ops/norm.h"
 
 #include <omp.h>
@@ -48,6 +49,29 @@ TEST_P(NormShapes, RmsNormGradientsMatchFiniteDifferences) {
   if (s.back() > 1) expect_f32_matches_f64(fn, {x, w});
 }
 
+TEST_P(NormShapes, ResidualLayerNormGradientsMatchFiniteDifferences) {
+  Generator gen(26);
+  const Shape s = GetParam();
+  const int64_t c = s.back();
+  Tensor x = random(s, gen), r = random(s, gen), w = random({c}, gen), b = random({c}, gen);
+  // Both outputs used (the sum squared, so its gradient varies), then each output alone.
+  auto both = [](const std::vector<Tensor>& in) {
+    const ops::ResidualLayerNorm out = ops::residual_layer_norm(in[0], in[1], in[2], in[3]);
+    return ops::add(out.normalized, ops::mul(out.sum, out.sum));
+  };
+  auto normalized_only = [](const std::vector<Tensor>& in) {
+    return ops::residual_layer_norm(in[0], in[1], in[2], Tensor()).normalized;
+  };
+  auto sum_only = [](const std::vector<Tensor>& in) {
+    const ops::ResidualLayerNorm out = ops::residual_layer_norm(in[0], in[1], in[2], in[3]);
+    return ops::mul(out.sum, out.sum);
+  };
+  expect_gradcheck(both, {x, r, w, b});
+  expect_gradcheck(normalized_only, {x, r, w});
+  expect_gradcheck(sum_only, {x, r, w, b});
+  if (c > 1) expect_f32_matches_f64(both, {x, r, w, b});
+}
+
 INSTANTIATE_TEST_SUITE_P(Shapes, NormShapes,
                          ::testing::Values(Shape{1, 3}, Shape{3}, Shape{17, 17}, Shape{2, 3, 65},
                                            Shape{65, 1}, Shape{40, 5}));
@@ -84,6 +108,17 @@ TEST(Norm, RmsNormValuesMatchReferenceLoop) {
       EXPECT_NEAR(y.at({i, j}), x.at({i, j}) / std::sqrt(ms + 1e-6) * w.at({j}), 1e-12);
     }
   }
+}
+
+TEST(Norm, ResidualLayerNormIsAddThenLayerNorm) {
+  Generator gen(27);
+  Tensor x = random({9, 33}, gen, DType::kF32, false, 2.0), r = random({9, 33}, gen, DType::kF32, false);
+  Tensor w = random({33}, gen, DType::kF32, false), b = random({33}, gen, DType::kF32, false);
+  const ops::ResidualLayerNorm out = ops::residual_layer_norm(x, r, w, b, 1e-6);
+  const Tensor sum = ops::add(x, r);
+  EXPECT_EQ(out.sum.to_vector(), sum.to_vector());
+  EXPECT_EQ(out.normalized.to_vector(), ops::layer_norm(sum, w, b, 1e-6).to_vector());
+  EXPECT_THROW(ops::residual_layer_norm(x, Tensor::zeros({9, 32}), w, b), Error);
 }
 
 // Forward output and all gradients of `fn` on f32 inputs, run with `threads` OpenMP threads.
