@@ -46,8 +46,13 @@
   X(adamw_step)                 \
   X(adamw_multi_step)
 
-// Kernels a device backend registers that have no CPU form (host↔device transfers).
+// Kernels a device backend registers that have no CPU form (host↔device transfers, pinned host
+// buffers for staging communication).
 #define LOOM_FOR_EACH_DEVICE_ONLY_KERNEL(X) \
   X(copy_device_to_host)                    \
   X(copy_host_to_device)                    \
-  X(device_count)
+  X(device_count)                           \
+  X(pinned_host_alloc)                      \
+  X(pinned_host_free)                       \
+  X(copy_device_to_pinned)                  \
+  X(copy_pinned_to_device)
