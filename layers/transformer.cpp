@@ -143,10 +143,27 @@ Tensor Transformer::forward(const Tensor& ids, const Tensor& pos, Generator* dro
              shape_str(ids.shape()));
   LOOM_CHECK(pos.dim() == 1 && pos.size(0) == ids.size(1), "Transformer.forward: positions ",
              shape_str(pos.shape()), " do not match T = ", ids.size(1));
-  Tensor x = embed(ids, pos);
-  for (const auto& b : blocks_) x = b->forward(x, pos, dropout_gen);
-  x = norm_f_->forward(x);
-  return ops::matmul(x, head_weight(), false, true);  // (B, T, Vp)
+  return head_logits(run_blocks(embed(ids, pos), pos, 0, num_blocks(), dropout_gen));
+}
+
+Tensor Transformer::run_blocks(Tensor x, const Tensor& pos, int64_t begin, int64_t end,
+                               Generator* dropout_gen) const {
+  LOOM_CHECK(0 <= begin && begin <= end && end <= num_blocks(), "Transformer.run_blocks: [", begin,
+             ", ", end, ") is not a range of the ", num_blocks(), " blocks");
+  for (int64_t i = begin; i < end; ++i) x = blocks_[static_cast<size_t>(i)]->forward(x, pos, dropout_gen);
+  return x;
+}
+
+Tensor Transformer::head_logits(const Tensor& x) const {
+  return ops::matmul(norm_f_->forward(x), head_weight(), false, true);  // (B, T, Vp)
+}
+
+Tensor Transformer::head_loss(const Tensor& x, const Tensor& targets) const {
+  LOOM_CHECK(targets.dim() == 2 && x.dim() == 3 && targets.size(0) == x.size(0) &&
+                 targets.size(1) == x.size(1),
+             "Transformer.head_loss: targets ", shape_str(targets.shape()),
+             " do not match the activation ", shape_str(x.shape()));
+  return ops::softmax_cross_entropy(head_logits(x), targets, -100, config_.vocab_size);
 }
 
 Tensor Transformer::loss(const Tensor& ids, const Tensor& targets, Generator* dropout_gen) const {
