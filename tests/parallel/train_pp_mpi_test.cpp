@@ -9,9 +9,10 @@
 // order as the single process, so untied models agree to the last bit except where summation
 // order differs: the tied wte.weight gradient (lookup and head parts summed per stage, then
 // added, instead of interleaved per micro-batch) and, with dp, the data-parallel average. Those
-// are f32 rounding differences (~1e-7 relative) that AdamW's normalised update can spread over 8
-// steps; we allow 1e-5 relative on losses and norms and 2e-5 absolute (weights are O(0.02-1))
-// on parameters, and require the untied Llama case to match exactly.
+// are f32 rounding differences (~1e-7 relative) that AdamW's normalised update can spread over
+// the 6 steps (measured: at most 4.4e-7 on a parameter); we allow 1e-5 relative on losses and
+// norms and 5e-6 absolute on parameters (weights are O(0.02-1)), and require the untied Llama
+// case to match exactly.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -30,7 +31,7 @@ namespace {
 namespace fs = std::filesystem;
 
 constexpr double kLossRelTol = 1e-5;
-constexpr double kParamAbsTol = 2e-5;
+constexpr double kParamAbsTol = 5e-6;
 
 // Shards of a learnable 64-token stream, written once by rank 0 into a directory all ranks see.
 std::string shared_data(ParallelContext& ctx) {
