@@ -1,6 +1,7 @@
 // tools/train.cpp — `train --config FILE [--set section.key=value]... [--resume latest|DIR]`.
 // Thin: parses arguments, installs the SIGINT/SIGTERM handler, starts MPI (a plain run is a
-// world of one; `mpirun -np N train … --set parallel.dp=N` runs data parallel), runs the
+// world of one; `mpirun -np N train … --set parallel.dp=N` runs data parallel, and
+// parallel.pp=P pipeline parallel on dp·P ranks), runs the
 // Trainer. Config errors print one line naming the key and exit with code 2; any other error
 // on any rank ends the whole job with the message and the rank (exit code 1).
 #include <csignal>

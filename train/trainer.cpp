@@ -181,9 +181,11 @@ std::vector<std::pair<std::string, Tensor>> Trainer::State::trained() const {
 }
 
 std::string Trainer::State::state_name(const std::string& name) const {
+  // "<state kind>.<parameter>" or, at ZeRO-1, "<state kind>.<parameter>[begin:end]".
   const size_t dot = name.find('.');
-  const bool tied = pipe && dot != std::string::npos && pipe->is_tied_copy(name.substr(dot + 1, 10));
-  return tied ? "pp_tied." + name : name;
+  if (!pipe || dot == std::string::npos) return name;
+  const std::string param = name.substr(dot + 1);
+  return pipe->is_tied_copy(param.substr(0, param.find('['))) ? "pp_tied." + name : name;
 }
 
 void Trainer::State::build_parallel(const std::vector<optim::ParamRef>& refs) {
@@ -360,7 +362,9 @@ StepRecord Trainer::State::pipeline_step(StepRecord r) {
 
 void Trainer::State::log_step(const StepRecord& r, double dt) {
   const double tokens = static_cast<double>(cfg.data.batch_size * cfg.data.seq_len * micro_batches());  // this rank
-  const double mfu = model->flops_per_token(cfg.data.seq_len) * tokens / dt / peak_flops;
+  // Under pp each rank computes about 1/pp of the model's FLOPs per token.
+  const double stages = pipe ? static_cast<double>(cfg.parallel.pp) : 1.0;
+  const double mfu = model->flops_per_token(cfg.data.seq_len) * tokens / dt / peak_flops / stages;
   const AllocatorStats mem = allocator_for(DeviceType::kCpu).stats();
   if (r.step % cfg.train.log_every == 0 || r.step == cfg.train.steps) {
     *log << "step " << r.step << "/" << cfg.train.steps << " | loss " << fmt(r.loss, 4) << " | lr "

@@ -2,6 +2,7 @@
 // executor]).
 #include "parallel/pp/executor.h"
 
+#include <algorithm>
 #include <chrono>
 #include <map>
 #include <utility>

@@ -3,7 +3,7 @@
 // the same global batch (optim.grad_accum = the pipeline's micro-batches); a stop and resume
 // from the pipelined checkpoint reproduces the uninterrupted pipelined run bit for bit.
 // TrainPipeline2.* runs on 2 ranks (pp2: each schedule, vpp2, an explicit layout, Llama, resume),
-// TrainPipeline4.* on 4 (pp4 1F1B, dp2·pp2 with ZeRO-1).
+// TrainPipeline4.* on 4 (pp4 1F1B, dp2·pp2 with ZeRO-1, and its resume).
 //
 // Tolerance: the pipeline runs the same kernels on the same shapes in the same micro-batch
 // order as the single process, so untied models agree to the last bit except where summation
@@ -172,19 +172,19 @@ TEST(TrainPipeline2, LlamaMatchesSingleProcessExactly) {
   expect_matches_single(k, true);
 }
 
-TEST(TrainPipeline2, ResumesExactly) {
-  const Case k = pipeline_case("1f1b");
+// 3 steps, a checkpoint, a resume and 3 more equal 6 uninterrupted steps bit for bit.
+void expect_resumes_exactly(const Case& k) {
   ParallelContext ctx = context_for(k);
   const std::string dir = shared_data(ctx);
   std::ostringstream log;
-  Trainer full(config_for(k, dir, dir + "/resume_full", true, 4), options(log, &ctx));
+  Trainer full(config_for(k, dir, dir + "/resume_full_dp" + std::to_string(k.dp), true, 4), options(log, &ctx));
   const auto a = full.run();
   std::vector<StepRecord> b;
   {
-    Trainer first(config_for(k, dir, dir + "/resume_split", true, 4), options(log, &ctx, "", 3));
+    Trainer first(config_for(k, dir, dir + "/resume_split_dp" + std::to_string(k.dp), true, 4), options(log, &ctx, "", 3));
     b = first.run();
   }
-  Trainer second(config_for(k, dir, dir + "/resume_split", true, 4), options(log, &ctx, "latest"));
+  Trainer second(config_for(k, dir, dir + "/resume_split_dp" + std::to_string(k.dp), true, 4), options(log, &ctx, "latest"));
   const auto rest = second.run();
   b.insert(b.end(), rest.begin(), rest.end());
   ASSERT_EQ(a.size(), b.size());
@@ -198,12 +198,20 @@ TEST(TrainPipeline2, ResumesExactly) {
   ctx.world().barrier();
 }
 
+TEST(TrainPipeline2, ResumesExactly) { expect_resumes_exactly(pipeline_case("1f1b")); }
+
 TEST(TrainPipeline4, OneFOneBMatchesSingleProcess) { expect_matches_single(pipeline_case("1f1b", 4)); }
 TEST(TrainPipeline4, DataAndPipelineMatchesSingleProcess) {
   Case k = pipeline_case("1f1b");
   k.dp = 2;
   k.zero_stage = 1;
   expect_matches_single(k);
+}
+TEST(TrainPipeline4, DataAndPipelineResumesExactly) {
+  Case k = pipeline_case("1f1b");
+  k.dp = 2;
+  k.zero_stage = 1;
+  expect_resumes_exactly(k);
 }
 
 }  // namespace
