@@ -135,6 +135,7 @@ void Trainer::State::build() {
   model->init_weights(init_gen);
   if (!cfg.train.init_from.empty()) load_initial_weights(cfg.train.init_from);
 
+  int64_t released = 0;
   if (cfg.parallel.pp > 1) {
     LOOM_CONFIG_CHECK(ctx != nullptr && ctx->pp_size() == cfg.parallel.pp, "parallel.pp: ", cfg.parallel.pp,
                       " stages need a parallel context with pp = ", cfg.parallel.pp, " (mpirun -np dp·pp)");
@@ -144,6 +145,7 @@ void Trainer::State::build() {
     po.microbatches = static_cast<int>(pipeline_microbatches(cfg));
     po.layout = cfg.parallel.pp_layout;
     pipe = std::make_unique<parallel::pp::TransformerPipeline>(*model, ctx->pp(), po, cfg.data.batch_size, cfg.data.seq_len);
+    released = pipe->release_other_stages(*model);
   }
   const optim::DecayRule rule = optim::parse_decay_rule(cfg.optim.decay_rule);
   const std::vector<optim::ParamRef> refs = optim::make_param_refs(trained(), rule);
@@ -173,7 +175,10 @@ void Trainer::State::build() {
        << model->num_parameters() << " with vocab padding); peak " << fmt(peak_flops / 1e9, 1)
        << " GFLOP/s (" << (cfg.train.peak_flops > 0 ? "config" : "measured SGEMM") << ")\n";
   if (dp) *log << dp->describe() << "\n";
-  if (pipe) *log << pipe->describe() << " (validation and sampling are skipped: not pipelined yet)\n";
+  if (pipe) {
+    *log << pipe->describe() << "; " << released << " parameters of other stages released"
+         << " (validation and sampling are skipped: not pipelined yet)\n";
+  }
 }
 
 std::vector<std::pair<std::string, Tensor>> Trainer::State::trained() const {
@@ -251,7 +256,7 @@ void Trainer::State::resume(const std::string& which) {
                " but the run expects ", shape_str(into.shape()));
     ops::copy_(into, it->second);
   };
-  for (auto& [name, p] : model->named_parameters()) restore("model." + name, p);
+  for (auto& [name, p] : trained()) restore("model." + name, p);
   for (auto& [name, t] : dp ? dp->state_tensors() : optimizer->state_tensors()) restore("optim." + state_name(name), t);
   auto num = [&](const std::string& key) {
     auto it = c.state.find(key);

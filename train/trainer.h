@@ -59,7 +59,8 @@ class Trainer {
 
   int64_t step() const;
   std::string checkpoint_root() const;
-  // Every parameter, in order (for tests comparing runs).
+  // Every parameter, in order (for tests comparing runs). Under parallel.pp > 1 those of other
+  // stages are released placeholders (Note [Pipeline model memory] in parallel/pp/pipeline.h).
   std::vector<std::pair<std::string, Tensor>> parameters() const;
   // The parameters this rank trains: all of them, or with parallel.pp > 1 those of its
   // pipeline stages (the others stay at their initial values on this rank).

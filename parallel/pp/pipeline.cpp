@@ -1,6 +1,7 @@
 // parallel/pp/pipeline.cpp — TransformerPipeline (see parallel/pp/pipeline.h).
 #include "parallel/pp/pipeline.h"
 
+#include <set>
 #include <sstream>
 
 #include "core/autograd.h"
@@ -46,6 +47,24 @@ bool TransformerPipeline::tied_shared() const {
 bool TransformerPipeline::is_tied_copy(const std::string& name) const {
   // The last stage is on rank p−1; with p = 1 and v > 1 the copy is the same tensor.
   return tied_shared() && shape_.stages > 1 && pp_.rank() == shape_.stages - 1 && name == "wte.weight";
+}
+
+int64_t TransformerPipeline::release_other_stages(Transformer& model) const {
+  LOOM_CHECK(&model == &model_, "pipeline: release_other_stages needs the pipeline's own model");
+  std::set<std::string> mine;
+  for (const auto& [name, t] : params_) mine.insert(name);
+  const Tensor placeholder = Tensor::zeros({1}, model.dtype(), model.device());
+  int64_t freed = 0;
+  for (auto [name, t] : model.named_parameters()) {  // handles share the parameter's TensorImpl
+    if (mine.count(name)) continue;
+    t.set_requires_grad(false);
+    TensorImpl* impl = t.impl();
+    impl->storage = placeholder.storage();
+    impl->offset = placeholder.offset();
+    impl->strides.assign(impl->shape.size(), 0);
+    freed += t.numel();
+  }
+  return freed;
 }
 
 double TransformerPipeline::forward_backward(const std::vector<Tensor>& inputs, const std::vector<Tensor>& targets,

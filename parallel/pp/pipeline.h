@@ -12,8 +12,11 @@
 //
 // Note [Pipeline model memory]: every pp rank builds and initialises the whole Transformer, so
 // the initial weights are the single-process run's bit for bit (init draws in parameter
-// order), and then trains only the parameters of its own stages. The other layers' weights
-// stay allocated but unused (no gradient, no optimiser state): freeing them is left to do.
+// order), and then trains only the parameters of its own stages. release_other_stages() then
+// frees the other stages' weights: each such parameter keeps its shape but is re-pointed at one
+// shared zero element (all strides 0) and stops requiring grad, so a rank's resident model is
+// its own stages plus the transient full copy at start-up. Those placeholders must never be
+// written (a stride-0 write aliases); nothing on this rank reads them.
 #pragma once
 
 #include <functional>
@@ -49,6 +52,9 @@ class TransformerPipeline {
   const std::vector<std::pair<std::string, Tensor>>& named_parameters() const { return params_; }
   // True for the last stage's copy of the tied wte.weight (left out of norms and checkpoints).
   bool is_tied_copy(const std::string& name) const;
+  // Frees the weights of the parameters of `model` (the model given to the constructor) that
+  // this rank does not train (Note [Pipeline model memory]); returns the elements freed.
+  int64_t release_other_stages(Transformer& model) const;
 
   // Forward and backward of the step's micro-batches (inputs[i], targets[i] of shape (B, T));
   // gradients accumulate into the parameters' .grad. Returns Σ_i loss_i / m, the same on every
