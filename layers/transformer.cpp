@@ -154,11 +154,31 @@ Tensor Transformer::forward(const Tensor& ids, const Tensor& pos, Generator* dro
              shape_str(ids.shape()));
   LOOM_CHECK(pos.dim() == 1 && pos.size(0) == ids.size(1), "Transformer.forward: positions ",
              shape_str(pos.shape()), " do not match T = ", ids.size(1));
-  Tensor x = embed(ids, pos);
-  for (const auto& b : blocks_) x = b->forward(x, pos, dropout_gen);
-  x = norm_f_->forward(x);
-  if (mp_) x = mp_->head_input(x);
-  return ops::matmul(x, head_weight(), false, true);  // (B, T, Vp), or (B, T, Vp/tp)
+  return head_logits(run_blocks(embed(ids, pos), pos, 0, num_blocks(), dropout_gen));
+}
+
+Tensor Transformer::run_blocks(Tensor x, const Tensor& pos, int64_t begin, int64_t end,
+                               Generator* dropout_gen) const {
+  LOOM_CHECK(0 <= begin && begin <= end && end <= num_blocks(), "Transformer.run_blocks: [", begin,
+             ", ", end, ") is not a range of the ", num_blocks(), " blocks");
+  for (int64_t i = begin; i < end; ++i) x = blocks_[static_cast<size_t>(i)]->forward(x, pos, dropout_gen);
+  return x;
+}
+
+Tensor Transformer::head_logits(const Tensor& x) const {
+  Tensor h = norm_f_->forward(x);
+  if (mp_) h = mp_->head_input(h);
+  return ops::matmul(h, head_weight(), false, true);  // (B, T, Vp), or (B, T, Vp/tp)
+}
+
+Tensor Transformer::head_loss(const Tensor& x, const Tensor& targets) const {
+  LOOM_CHECK(targets.dim() == 2 && x.dim() == 3 && targets.size(0) == x.size(0) &&
+                 targets.size(1) == x.size(1),
+             "Transformer.head_loss: targets ", shape_str(targets.shape()),
+             " do not match the activation ", shape_str(x.shape()));
+  const Tensor logits = head_logits(x);
+  if (mp_) return mp_->loss(logits, targets, -100, config_.vocab_size);
+  return ops::softmax_cross_entropy(logits, targets, -100, config_.vocab_size);
 }
 
 Tensor Transformer::loss(const Tensor& ids, const Tensor& targets, Generator* dropout_gen) const {
@@ -171,9 +191,7 @@ Tensor Transformer::loss(const Tensor& ids, const Tensor& targets, const Tensor&
                          Generator* dropout_gen) const {
   LOOM_CHECK(targets.shape() == ids.shape(), "Transformer.loss: targets ",
              shape_str(targets.shape()), " do not match ids ", shape_str(ids.shape()));
-  const Tensor logits = forward(ids, pos, dropout_gen);
-  if (mp_) return mp_->loss(logits, targets, -100, config_.vocab_size);
-  return ops::softmax_cross_entropy(logits, targets, -100, config_.vocab_size);
+  return head_loss(run_blocks(embed(ids, pos), pos, 0, num_blocks(), dropout_gen), targets);
 }
 
 int64_t Transformer::num_parameters(bool exclude_padding) const {

@@ -63,6 +63,20 @@ class Transformer : public Module {
   Tensor loss(const Tensor& ids, const Tensor& targets, const Tensor& positions,
               Generator* dropout_gen) const;
 
+  // The pieces forward() and loss() are made of, for pipeline stages (parallel/pp) that run a
+  // slice of the model: forward(ids, pos) = head_logits(run_blocks(embed(ids, pos), pos, 0,
+  // n_layer)), and loss() = head_loss(…) on the same activation, with identical results.
+  Tensor positions(int64_t T) const;  // arange(T), i32
+  // ids (B, T) → x (B, T, C): token (+ learned position) embeddings.
+  Tensor embed(const Tensor& ids, const Tensor& positions) const;
+  // x (B, T, C) through blocks [begin, end) → (B, T, C).
+  Tensor run_blocks(Tensor x, const Tensor& positions, int64_t begin, int64_t end,
+                    Generator* dropout_gen) const;
+  // x (B, T, C) → final norm → logits (B, T, Vp).
+  Tensor head_logits(const Tensor& x) const;
+  // x (B, T, C) → mean cross-entropy against targets (B, T) over the real vocabulary.
+  Tensor head_loss(const Tensor& x, const Tensor& targets) const;
+
   using Module::num_parameters;
   // With exclude_padding, the padded vocab rows of wte (and of an untied lm_head) are left out.
   int64_t num_parameters(bool exclude_padding) const;
@@ -79,9 +93,6 @@ class Transformer : public Module {
   const Tensor& head_weight() const;
 
  private:
-  Tensor positions(int64_t T) const;  // arange(T), i32
-  Tensor embed(const Tensor& ids, const Tensor& positions) const;
-
   ModelConfig config_;
   DType dtype_;
   Device device_;

@@ -1,6 +1,7 @@
 // tools/train.cpp — `train --config FILE [--set section.key=value]... [--resume latest|DIR]`.
 // Thin: parses arguments, installs the SIGINT/SIGTERM handler, starts MPI (a plain run is a
-// world of one; `mpirun -np N train … --set parallel.dp=N` runs data parallel), runs the
+// world of one; `mpirun -np N train … --set parallel.dp=N` runs data parallel, and
+// parallel.pp=P pipeline parallel on dp·P ranks), runs the
 // Trainer. Config errors print one line naming the key and exit with code 2; any other error
 // on any rank ends the whole job with the message and the rank (exit code 1).
 #include <csignal>
@@ -56,9 +57,10 @@ int main(int argc, char** argv) {
   try {
     loom::Config config = loom::load_config(config_path, overrides);
     std::unique_ptr<loom::parallel::ParallelContext> ctx;
-    if (mpi.size() > 1 || config.parallel.dp > 1) {
+    if (mpi.size() > 1 || config.parallel.dp > 1 || config.parallel.pp > 1) {
       loom::parallel::ParallelOptions p;
       p.shape.dp = static_cast<int>(config.parallel.dp);
+      p.shape.pp = static_cast<int>(config.parallel.pp);
       p.mics_partition_size = static_cast<int>(config.parallel.mics_partition_size);
       p.comm_timeout_s = config.parallel.comm_timeout_s;
       ctx = std::make_unique<loom::parallel::ParallelContext>(loom::parallel::ParallelContext::create(p));

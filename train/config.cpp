@@ -2,6 +2,8 @@
 #include "train/config.h"
 
 #include "layers/transformer.h"
+#include "parallel/pp/partition.h"
+#include "parallel/pp/schedule.h"
 
 #include <yaml-cpp/yaml.h>
 
@@ -83,6 +85,11 @@ void visit_fields(Config& c, V&& v) {
   v("parallel", "bucket_mb", p.bucket_mb);
   v("parallel", "overlap", p.overlap);
   v("parallel", "comm_timeout_s", p.comm_timeout_s);
+  v("parallel", "pp", p.pp);
+  v("parallel", "vpp", p.vpp);
+  v("parallel", "microbatches", p.microbatches);
+  v("parallel", "schedule", p.schedule);
+  v("parallel", "pp_layout", p.pp_layout);
 }
 
 template <typename T>
@@ -189,6 +196,29 @@ std::string str(const T& v) {
   return os.str();
 }
 
+// parallel.pp, vpp, microbatches, schedule, pp_layout (parallel/pp/schedule.h and partition.h
+// check the shapes, naming the keys).
+void validate_pipeline_config(const Config& c) {
+  const ParallelConfig& p = c.parallel;
+  require(p.pp >= 1, "parallel.pp: must be positive, got " + str(p.pp));
+  require(p.vpp >= 1, "parallel.vpp: must be positive, got " + str(p.vpp));
+  require(p.microbatches >= 0, "parallel.microbatches: must be non-negative (0 = optim.grad_accum), got " + str(p.microbatches));
+  require(p.microbatches == 0 || c.optim.grad_accum == 1 || p.microbatches == c.optim.grad_accum,
+          "parallel.microbatches: " + str(p.microbatches) + " conflicts with optim.grad_accum " + str(c.optim.grad_accum) +
+              " (the pipeline's micro-batches are the accumulation steps; set one of them)");
+  const parallel::pp::ScheduleKind kind = parallel::pp::parse_schedule(p.schedule);
+  require(p.pp > 1 || p.vpp == 1, "parallel.vpp: virtual stages need parallel.pp > 1");
+  if (p.pp == 1) return;
+  const int64_t m = pipeline_microbatches(c);
+  parallel::pp::validate_schedule(kind, {static_cast<int>(p.pp), static_cast<int>(p.vpp), static_cast<int>(m)});
+  require(kind != parallel::pp::ScheduleKind::k1F1B || m >= p.pp,
+          "parallel.microbatches: " + str(m) + " micro-batches (optim.grad_accum when 0) are fewer than parallel.pp " + str(p.pp) +
+              " stages; 1f1b needs at least one per stage");
+  require(p.pp == 1 || p.dp == 1 || p.zero_stage <= 1,
+          "parallel.zero_stage: " + str(p.zero_stage) + " with parallel.pp > 1 and parallel.dp > 1 is not supported (0 or 1)");
+  parallel::pp::partition_layers(c.model.n_layer, static_cast<int>(p.pp * p.vpp), p.pp_layout);
+}
+
 }  // namespace
 
 void validate_config(const Config& c) {
@@ -245,6 +275,11 @@ void validate_config(const Config& c) {
   require(p.bucket_mb > 0, "parallel.bucket_mb: must be positive, got " + str(p.bucket_mb));
   require(p.comm_timeout_s > 0, "parallel.comm_timeout_s: must be positive, got " + str(p.comm_timeout_s));
   require(p.dp == 1 || o.name == "adamw", "optim.name: sgd is not supported with parallel.dp > 1 (the data-parallel engine shards AdamW)");
+  validate_pipeline_config(c);
+}
+
+int64_t pipeline_microbatches(const Config& c) {
+  return c.parallel.microbatches > 0 ? c.parallel.microbatches : c.optim.grad_accum;
 }
 
 Config parse_config_text(const std::string& text, const std::vector<std::string>& overrides) {

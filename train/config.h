@@ -70,6 +70,12 @@ struct ParallelConfig {
   double bucket_mb = 25;            // gradient bucket size
   bool overlap = true;              // false: reduce only after backward (to measure overlap)
   double comm_timeout_s = 300;      // a collective slower than this reports op and group
+  // Pipeline parallelism (parallel/pp; docs/parallel.md): world = dp·pp.
+  int64_t pp = 1;                   // pipeline stages
+  int64_t vpp = 1;                  // virtual stages (chunks) per pp rank; > 1 needs interleaved
+  int64_t microbatches = 0;         // per step; 0 = optim.grad_accum (see pipeline_microbatches)
+  std::string schedule = "1f1b";    // gpipe | 1f1b | interleaved
+  std::string pp_layout = "";       // blocks per stage, e.g. "3,3,2,2"; "" = even split
 };
 
 struct LoggingConfig {
@@ -91,6 +97,10 @@ struct Config {
 // keys and wrong types, and validates values (validate_config).
 Config load_config(const std::string& path, const std::vector<std::string>& overrides = {});
 Config parse_config_text(const std::string& yaml_text, const std::vector<std::string>& overrides = {});
+// The pipeline's micro-batches per step: parallel.microbatches, or optim.grad_accum when 0. They
+// are the gradient-accumulation micro-batches (data.batch_size rows each), so a pipelined run
+// sees the same global batch as the single-process run with grad_accum = m.
+int64_t pipeline_microbatches(const Config& c);
 // Impossible values and combinations, each naming its key(s).
 void validate_config(const Config& c);
 // The effective configuration as YAML (every key, defaults included).

@@ -25,6 +25,7 @@
 #include "optim/sgd.h"
 #include "parallel/dp/data_parallel.h"
 #include "parallel/parallel_context.h"
+#include "parallel/pp/pipeline.h"
 #include "train/checkpoint.h"
 #include "train/llmc_format.h"
 #include "train/metrics.h"
@@ -90,6 +91,7 @@ struct Trainer::State {
   Generator sample_gen{0};
   std::unique_ptr<optim::Optimizer> optimizer;       // single process
   std::unique_ptr<parallel::DataParallel> dp;         // parallel.dp > 1: owns the optimizer
+  std::unique_ptr<parallel::pp::TransformerPipeline> pipe;  // parallel.pp > 1
   parallel::ParallelContext* ctx = nullptr;
   std::unique_ptr<TraceRecorder> trace;               // --profile
   std::ostream discard{nullptr};                       // the log of ranks other than 0
@@ -104,11 +106,19 @@ struct Trainer::State {
   void build();
   void build_parallel(const std::vector<optim::ParamRef>& refs);
   bool is_main() const { return !ctx || ctx->rank() == 0; }
+  // Writes this rank's stage's replicated tensors (parameters, ZeRO-0 state) in checkpoints.
+  bool is_stage_writer() const { return !ctx || ctx->dp_rank() == 0; }
+  int64_t micro_batches() const { return pipe ? pipeline_microbatches(cfg) : cfg.optim.grad_accum; }
+  // Optimizer state names of the last stage's tied wte copy carry "pp_tied." (Note [Tied
+  // embeddings across stages]): the first stage's state has the same names.
+  std::string state_name(const std::string& name) const;
+  std::vector<std::pair<std::string, Tensor>> trained() const;
   std::vector<std::pair<std::string, Tensor>> optimizer_state();
   int64_t optimizer_steps() const { return dp ? dp->step_count() : optimizer->step_count(); }
   void load_initial_weights(const std::string& from);
   void resume(const std::string& which);
   StepRecord train_step();
+  StepRecord pipeline_step(StepRecord r);
   void log_step(const StepRecord& r, double dt);
   void save();
   std::vector<Tensor> grads() const;
@@ -125,8 +135,20 @@ void Trainer::State::build() {
   model->init_weights(init_gen);
   if (!cfg.train.init_from.empty()) load_initial_weights(cfg.train.init_from);
 
+  int64_t released = 0;
+  if (cfg.parallel.pp > 1) {
+    LOOM_CONFIG_CHECK(ctx != nullptr && ctx->pp_size() == cfg.parallel.pp, "parallel.pp: ", cfg.parallel.pp,
+                      " stages need a parallel context with pp = ", cfg.parallel.pp, " (mpirun -np dp·pp)");
+    parallel::pp::PipelineOptions po;
+    po.schedule = parallel::pp::parse_schedule(cfg.parallel.schedule);
+    po.vpp = static_cast<int>(cfg.parallel.vpp);
+    po.microbatches = static_cast<int>(pipeline_microbatches(cfg));
+    po.layout = cfg.parallel.pp_layout;
+    pipe = std::make_unique<parallel::pp::TransformerPipeline>(*model, ctx->pp(), po, cfg.data.batch_size, cfg.data.seq_len);
+    released = pipe->release_other_stages(*model);
+  }
   const optim::DecayRule rule = optim::parse_decay_rule(cfg.optim.decay_rule);
-  const std::vector<optim::ParamRef> refs = optim::make_param_refs(model->named_parameters(), rule);
+  const std::vector<optim::ParamRef> refs = optim::make_param_refs(trained(), rule);
   const OptimConfig& o = cfg.optim;
   if (cfg.parallel.dp > 1) {
     build_parallel(refs);
@@ -153,13 +175,31 @@ void Trainer::State::build() {
        << model->num_parameters() << " with vocab padding); peak " << fmt(peak_flops / 1e9, 1)
        << " GFLOP/s (" << (cfg.train.peak_flops > 0 ? "config" : "measured SGEMM") << ")\n";
   if (dp) *log << dp->describe() << "\n";
+  if (pipe) {
+    *log << pipe->describe() << "; " << released << " parameters of other stages released"
+         << " (validation and sampling are skipped: not pipelined yet)\n";
+  }
+}
+
+std::vector<std::pair<std::string, Tensor>> Trainer::State::trained() const {
+  return pipe ? pipe->named_parameters() : model->named_parameters();
+}
+
+std::string Trainer::State::state_name(const std::string& name) const {
+  // "<state kind>.<parameter>" or, at ZeRO-1, "<state kind>.<parameter>[begin:end]".
+  const size_t dot = name.find('.');
+  if (!pipe || dot == std::string::npos) return name;
+  const std::string param = name.substr(dot + 1);
+  return pipe->is_tied_copy(param.substr(0, param.find('['))) ? "pp_tied." + name : name;
 }
 
 void Trainer::State::build_parallel(const std::vector<optim::ParamRef>& refs) {
   const int world = ctx ? ctx->world_size() : 1;
-  if (world != cfg.parallel.dp) {
-    throw ConfigError("parallel.dp: " + std::to_string(cfg.parallel.dp) + " does not match the world size " +
-                      std::to_string(world) + " (start with mpirun -np " + std::to_string(cfg.parallel.dp) + ")");
+  const int64_t ranks = cfg.parallel.dp * cfg.parallel.pp;
+  if (world != ranks) {
+    throw ConfigError("parallel.dp: " + std::to_string(cfg.parallel.dp) + " × parallel.pp " + std::to_string(cfg.parallel.pp) +
+                      " does not match the world size " + std::to_string(world) + " (start with mpirun -np " +
+                      std::to_string(ranks) + ")");
   }
   parallel::DataParallelConfig c;
   c.zero_stage = static_cast<int>(cfg.parallel.zero_stage);
@@ -180,7 +220,7 @@ void Trainer::State::build_parallel(const std::vector<optim::ParamRef>& refs) {
 std::vector<std::pair<std::string, Tensor>> Trainer::State::optimizer_state() {
   if (!dp) return optimizer->state_tensors();
   // ZeRO-0 state is replicated: rank 0 writes it; sharded state is written by its owner.
-  if (dp->zero_stage() == 0 && !is_main()) return {};
+  if (dp->zero_stage() == 0 && !is_stage_writer()) return {};
   return dp->state_tensors();
 }
 
@@ -216,8 +256,8 @@ void Trainer::State::resume(const std::string& which) {
                " but the run expects ", shape_str(into.shape()));
     ops::copy_(into, it->second);
   };
-  for (auto& [name, p] : model->named_parameters()) restore("model." + name, p);
-  for (auto& [name, t] : dp ? dp->state_tensors() : optimizer->state_tensors()) restore("optim." + name, t);
+  for (auto& [name, p] : trained()) restore("model." + name, p);
+  for (auto& [name, t] : dp ? dp->state_tensors() : optimizer->state_tensors()) restore("optim." + state_name(name), t);
   auto num = [&](const std::string& key) {
     auto it = c.state.find(key);
     LOOM_CHECK(it != c.state.end(), dir, ": checkpoint state has no '", key, "'");
@@ -245,6 +285,7 @@ StepRecord Trainer::State::train_step() {
   r.lr = schedule.lr_at(step);
   if (dp) dp->zero_grad();
   else optimizer->zero_grad();
+  if (pipe) return pipeline_step(r);
   const int64_t accum = cfg.optim.grad_accum;
   for (int64_t m = 0; m < accum; ++m) {
     Batch b = train_loader->next();
@@ -283,9 +324,52 @@ StepRecord Trainer::State::train_step() {
   return r;
 }
 
+// One step of the pipeline (parallel.pp > 1): the same global batch, loss scaling and clipping
+// as train_step(), with the gradient norm summed over the stages (Note [Tied embeddings across
+// stages] in parallel/pp/partition.h).
+StepRecord Trainer::State::pipeline_step(StepRecord r) {
+  const int64_t m = micro_batches();
+  std::vector<Tensor> inputs, targets;
+  for (int64_t i = 0; i < m; ++i) {
+    Batch b = train_loader->next();
+    inputs.push_back(b.inputs);
+    targets.push_back(b.targets);
+  }
+  const auto t0 = Clock::now();
+  r.loss = pipe->forward_backward(inputs, targets, &dropout_gen, [this](bool last) {
+    if (dp) dp->set_sync(last);
+  });
+  const auto t_sync = Clock::now();
+  if (dp) dp->finish_gradient_sync();
+  pipe->sync_tied_gradients();
+  r.grad_norm = std::sqrt(pipe->grad_sq_sum());
+  if (cfg.optim.grad_clip > 0) {
+    std::vector<Tensor> g;
+    for (const auto& [name, p] : pipe->named_parameters()) {
+      if (p.grad().defined()) g.push_back(p.grad());
+    }
+    optim::scale_grads(g, optim::clip_scale(r.grad_norm, cfg.optim.grad_clip));
+  }
+  if (dp) dp->step(r.lr);
+  else optimizer->step(r.lr);
+  if (trace) {
+    trace->span("compute", "pipeline forward + backward", t0, t_sync);
+    trace->span("compute", "sync + clip + optimizer", t_sync, Clock::now());
+  }
+  if (dp) {
+    Tensor mean_loss = Tensor::full({1}, r.loss, DType::kF64);  // the global batch's loss
+    ctx->dp().all_reduce(mean_loss, parallel::ReduceOp::kAvg);
+    r.loss = mean_loss.item();
+  }
+  r.step = ++step;
+  return r;
+}
+
 void Trainer::State::log_step(const StepRecord& r, double dt) {
-  const double tokens = static_cast<double>(cfg.data.batch_size * cfg.data.seq_len * cfg.optim.grad_accum);  // this rank
-  const double mfu = model->flops_per_token(cfg.data.seq_len) * tokens / dt / peak_flops;
+  const double tokens = static_cast<double>(cfg.data.batch_size * cfg.data.seq_len * micro_batches());  // this rank
+  // Under pp each rank computes about 1/pp of the model's FLOPs per token.
+  const double stages = pipe ? static_cast<double>(cfg.parallel.pp) : 1.0;
+  const double mfu = model->flops_per_token(cfg.data.seq_len) * tokens / dt / peak_flops / stages;
   const AllocatorStats mem = allocator_for(DeviceType::kCpu).stats();
   if (r.step % cfg.train.log_every == 0 || r.step == cfg.train.steps) {
     *log << "step " << r.step << "/" << cfg.train.steps << " | loss " << fmt(r.loss, 4) << " | lr "
@@ -296,6 +380,10 @@ void Trainer::State::log_step(const StepRecord& r, double dt) {
       const parallel::DpStepStats& st = dp->last_step_stats();
       *log << " | comm exposed " << fmt(st.exposed_wait_s * 1e3, 1) << " ms, launched in backward "
            << fmt(100 * st.overlap_fraction(), 0) << "%";
+    }
+    if (pipe) {
+      const parallel::pp::PipelineStats& st = pipe->last_stats();
+      *log << " | pipeline idle " << fmt(100 * st.idle_fraction(), 0) << "% (rank " << ctx->rank() << ")";
     }
     *log << "\n";
     log->flush();
@@ -315,10 +403,12 @@ void Trainer::State::save() {
   CheckpointContents c;
   c.step = step;
   c.config_yaml = config_to_yaml(cfg);
-  if (is_main()) {  // parameters are replicated across data-parallel ranks
-    for (auto& [name, p] : model->named_parameters()) c.tensors.emplace_back("model." + name, p);
+  if (is_stage_writer()) {  // parameters are replicated across data-parallel ranks
+    for (auto& [name, p] : trained()) {
+      if (!pipe || !pipe->is_tied_copy(name)) c.tensors.emplace_back("model." + name, p);
+    }
   }
-  for (auto& [name, t] : optimizer_state()) c.tensors.emplace_back("optim." + name, t);
+  for (auto& [name, t] : optimizer_state()) c.tensors.emplace_back("optim." + state_name(name), t);
   const LoaderState ls = train_loader->state();
   c.state = {{"optim.step_count", std::to_string(optimizer_steps())},
              {"loader.epoch", std::to_string(ls.epoch)},
@@ -358,6 +448,8 @@ std::string Trainer::checkpoint_root() const {
 
 std::vector<std::pair<std::string, Tensor>> Trainer::parameters() const { return s_->model->named_parameters(); }
 
+std::vector<std::pair<std::string, Tensor>> Trainer::trained_parameters() const { return s_->trained(); }
+
 std::vector<StepRecord> Trainer::run() {
   State& s = *s_;
   const TrainConfig& t = s.cfg.train;
@@ -367,12 +459,12 @@ std::vector<StepRecord> Trainer::run() {
     StepRecord r = s.train_step();
     s.log_step(r, seconds_since(t0));
     records.push_back(r);
-    if (s.val_loader && t.val_every > 0 && (r.step % t.val_every == 0 || r.step == t.steps)) {
+    if (!s.pipe && s.val_loader && t.val_every > 0 && (r.step % t.val_every == 0 || r.step == t.steps)) {
       const double v = evaluate();
       *s.log << "step " << r.step << " | val loss " << fmt(v, 4) << "\n";
       if (s.metrics) s.metrics->write(r.step, {{"val/loss", v}});
     }
-    if (s.is_main() && t.sample_every > 0 && (r.step % t.sample_every == 0 || r.step == t.steps)) {
+    if (!s.pipe && s.is_main() && t.sample_every > 0 && (r.step % t.sample_every == 0 || r.step == t.steps)) {
       *s.log << "sample at step " << r.step << ":\n" << sample(t.sample_tokens) << "\n---\n";
     }
     bool stop = (s.opt.stop && s.opt.stop->load()) || (s.opt.stop_at_step > 0 && r.step >= s.opt.stop_at_step);

@@ -36,7 +36,7 @@ struct TrainerOptions {
   int64_t stop_at_step = 0;  // > 0: checkpoint and stop once this step is done (time-limited jobs)
   std::ostream* log = nullptr;              // step lines and messages (null: std::cout)
   bool print_config = true;
-  // Data parallelism (parallel.dp > 1): this rank's context, built by the caller from the
+  // Data or pipeline parallelism (parallel.dp or parallel.pp > 1): this rank's context, built by the caller from the
   // config's parallel section (tools/train.cpp). Null: a single process.
   parallel::ParallelContext* parallel = nullptr;
   // Non-empty: write a Chrome/Perfetto trace of this rank here at the end (train/profiler.h).
@@ -59,8 +59,12 @@ class Trainer {
 
   int64_t step() const;
   std::string checkpoint_root() const;
-  // Every parameter, in order (for tests comparing runs).
+  // Every parameter, in order (for tests comparing runs). Under parallel.pp > 1 those of other
+  // stages are released placeholders (Note [Pipeline model memory] in parallel/pp/pipeline.h).
   std::vector<std::pair<std::string, Tensor>> parameters() const;
+  // The parameters this rank trains: all of them, or with parallel.pp > 1 those of its
+  // pipeline stages (the others stay at their initial values on this rank).
+  std::vector<std::pair<std::string, Tensor>> trained_parameters() const;
 
  private:
   struct State;

@@ -89,6 +89,33 @@ TEST(Config, ImpossibleValuesNameTheKeys) {
             "model.n_embd: head dim n_embd/n_head = 3 must be even for RoPE (llama)");
 }
 
+TEST(Config, PipelineKeysNameTheKeys) {
+  auto err = [](const std::string& parallel, int64_t accum) {
+    return error_of("model:\n  n_layer: 12\noptim:\n  grad_accum: " + std::to_string(accum) + "\nparallel:\n" + parallel);
+  };
+  EXPECT_EQ(err("  pp: 5\n", 5), "parallel.pp: pp·vpp = 5 does not divide model.n_layer 12 (or give parallel.pp_layout)");
+  EXPECT_EQ(err("  pp: 2\n  schedule: interleaved\n", 3),
+            "parallel.microbatches: 3 is not a multiple of parallel.pp 2 (the interleaved schedule needs m % pp == 0)");
+  EXPECT_NE(err("  pp: 2\n  vpp: 2\n", 2).find("parallel.vpp: 2 virtual stages need parallel.schedule: interleaved"),
+            std::string::npos);
+  EXPECT_EQ(err("  pp: 2\n  pp_layout: \"6,5\"\n", 2), "parallel.pp_layout: the entries sum to 11, expected model.n_layer 12");
+  EXPECT_EQ(err("  pp: 2\n  pp_layout: \"4,4,4\"\n", 2), "parallel.pp_layout: 3 entries, expected pp·vpp = 2");
+  EXPECT_NE(err("  pp: 4\n", 2).find("parallel.microbatches: 2 micro-batches"), std::string::npos);
+  EXPECT_NE(err("  pp: 2\n  dp: 2\n  zero_stage: 2\n", 2).find("parallel.zero_stage: 2 with parallel.pp > 1"),
+            std::string::npos);
+  EXPECT_NE(err("  pp: 2\n  microbatches: 3\n", 2).find("parallel.microbatches: 3 conflicts with optim.grad_accum 2"),
+            std::string::npos);
+  EXPECT_EQ(err("  schedule: zb\n", 1), "parallel.schedule: unknown schedule 'zb' (expected gpipe, 1f1b or interleaved)");
+  EXPECT_EQ(err("  vpp: 2\n  schedule: interleaved\n", 1), "parallel.vpp: virtual stages need parallel.pp > 1");
+  // Valid: 4 stages of 3 blocks as 2 ranks × 2 chunks, 4 micro-batches from grad_accum.
+  EXPECT_EQ(err("  pp: 2\n  vpp: 2\n  schedule: interleaved\n", 4), "");
+  EXPECT_EQ(err("  pp: 2\n  pp_layout: \"5,7\"\n", 2), "");
+  Config c = parse_config_text("optim:\n  grad_accum: 6\nparallel:\n  pp: 2\n");
+  EXPECT_EQ(pipeline_microbatches(c), 6);
+  c.parallel.microbatches = 6;
+  EXPECT_EQ(pipeline_microbatches(c), 6);
+}
+
 TEST(Config, MalformedYamlAndMissingFile) {
   EXPECT_NE(error_of("model: [unclosed\n").find("malformed YAML at line"), std::string::npos);
   try {

@@ -1,0 +1,66 @@
+// parallel/pp/executor.h — PipelineExecutor: runs any instruction list (parallel/pp/schedule.h)
+// on one pp rank: forward of a chunk on the received activation, backward seeded with the
+// received output gradient, asynchronous sends overlapping compute, receives posted ahead. It
+// knows nothing about the model (the chunk forward is a callback), the optimiser or data
+// parallelism, and keeps no state between steps beyond its statistics.
+//
+// Note [Pipeline executor]: per (micro-batch, chunk) the executor keeps the chunk's input (the
+// received activation, a leaf with requires_grad so backward leaves its gradient there) and its
+// output (the activation sent on, or the last stage's loss) with its autograd graph, from FWD
+// until BWD, then drops both (freeing the graph's saved activations).
+//   RECV_*: posted with recv_async into a fresh buffer the moment the compute op before it
+//           starts (one compute op ahead of the list's place, never blocking); the op that needs
+//           the data waits on it (that wait is the rank's exposed pipeline wait).
+//   SEND_*: send_async of the output (or of the input's gradient); the Work handle keeps the
+//           tensor alive and is waited at the end of the step, so no buffer is reused early.
+//   FWD:    output = forward(mb, chunk, input); on the last stage the output is the loss.
+//   BWD:    backward(loss) on the last stage, else backward({output}, {received gradient}).
+// Messages carry message_tag(), so a receive matches its send whatever else is in flight.
+#pragma once
+
+#include <functional>
+#include <vector>
+
+#include "core/tensor.h"
+#include "parallel/comm/communicator.h"
+#include "parallel/pp/schedule.h"
+
+namespace loom::parallel::pp {
+
+struct ChunkCallbacks {
+  // Forward of local chunk `chunk` for micro-batch mb. `input` is the received activation
+  // (undefined on global stage 0). Returns the activation for the next stage, or on the last
+  // stage the micro-batch's scalar loss as it is to be backpropagated (already scaled).
+  std::function<Tensor(int mb, int chunk, const Tensor& input)> forward;
+  // Optional: called before each BWD; `last` is true for the step's final BWD on this rank
+  // (data parallelism launches its reductions from that backward's hooks).
+  std::function<void(bool last)> before_backward;
+};
+
+struct PipelineStats {
+  double total_s = 0;    // the step's wall time in run()
+  double compute_s = 0;  // inside FWD and BWD
+  double wait_s = 0;     // blocked on receives and, at the end, on sends
+  double loss_sum = 0;   // Σ of the last stage's losses (0 on other ranks)
+  int peak_in_flight = 0;
+  double idle_fraction() const { return total_s > 0 ? 1.0 - compute_s / total_s : 0.0; }
+};
+
+class PipelineExecutor {
+ public:
+  // pp: this rank's pp group (rank = pp coordinate); activation_shape: the (B, T, C) shape of
+  // every activation and gradient crossing a stage boundary, of dtype `dtype`.
+  PipelineExecutor(Communicator& pp, const ScheduleShape& shape, std::vector<int64_t> activation_shape,
+                   DType dtype);
+
+  // Runs the list (made for this rank and shape); gradients accumulate into the parameters.
+  PipelineStats run(const std::vector<Instruction>& list, const ChunkCallbacks& callbacks);
+
+ private:
+  Communicator& pp_;
+  ScheduleShape shape_;
+  std::vector<int64_t> act_shape_;
+  DType dtype_;
+};
+
+}  // namespace loom::parallel::pp

@@ -1,0 +1,35 @@
+// parallel/pp/partition.h — how the Transformer's layers are split into pipeline stages, and
+// which stage each parameter belongs to. Pure arithmetic on sizes and names; it builds no model
+// and does not communicate.
+//
+// Note [Pipeline partition]: the n_layer blocks go to the S = pp·vpp global stages in order
+// (Note [Pipeline stages and chunks] in parallel/pp/schedule.h), evenly (S must divide n_layer)
+// or by parallel.pp_layout, a comma-separated list of S block counts, each ≥ 1, summing to
+// n_layer (e.g. "3,3,2,2"). Stage 0 also holds the embeddings (wte, and wpe for gpt2); stage
+// S−1 holds the final norm and the head (lm_head, or with tied embeddings its own copy of wte).
+//
+// Note [Tied embeddings across stages]: with tied embeddings and S > 1 the first and the last
+// stage each hold wte.weight, initialised identically from the seed. Each stage's backward
+// gives its copy part of the gradient (lookup on the first, head on the last); before the
+// optimiser step the two ranks exchange their parts and both set grad = first + last (f32
+// addition is commutative, so both get the same bits), so both copies take identical steps
+// and stay equal. The gradient norm counts the tied gradient once (on the first stage), and
+// checkpoints store the parameter once (from the first stage).
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace loom::parallel::pp {
+
+// Boundaries b (S+1 entries, b[0] = 0, b[S] = n_layer): stage s runs blocks [b[s], b[s+1]).
+// Throws ConfigError naming parallel.pp / parallel.vpp / parallel.pp_layout / model.n_layer.
+std::vector<int64_t> partition_layers(int64_t n_layer, int num_stages, const std::string& layout = "");
+
+// The global stages holding parameter `name` (a Transformer::named_parameters() name): one,
+// or two for the tied wte.weight (first and last) when tied and S > 1.
+std::vector<int> stages_of_parameter(const std::string& name, const std::vector<int64_t>& boundaries,
+                                     bool tied_embeddings);
+
+}  // namespace loom::parallel::pp

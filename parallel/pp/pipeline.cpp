@@ -1,0 +1,139 @@
+// parallel/pp/pipeline.cpp — TransformerPipeline (see parallel/pp/pipeline.h).
+#include "parallel/pp/pipeline.h"
+
+#include <set>
+#include <sstream>
+
+#include "core/autograd.h"
+#include "core/ops/elementwise.h"
+#include "core/ops/view.h"
+#include "optim/clip.h"
+#include "parallel/pp/partition.h"
+
+namespace loom::parallel::pp {
+
+namespace {
+
+constexpr int kTiedTag = 32767;  // above every message_tag() of a step
+
+}  // namespace
+
+TransformerPipeline::TransformerPipeline(const Transformer& model, Communicator& pp,
+                                         const PipelineOptions& options, int64_t batch, int64_t seq_len)
+    : model_(model),
+      pp_(pp),
+      options_(options),
+      shape_{pp.size(), options.vpp, options.microbatches},
+      batch_(batch),
+      seq_len_(seq_len),
+      boundaries_(partition_layers(model.num_blocks(), pp.size() * options.vpp, options.layout)),
+      list_(make_schedule(options.schedule, shape_, pp.rank())),
+      executor_(pp, shape_, {batch, seq_len, model.config().n_embd}, model.dtype()) {
+  const bool tied = model.config().tie_embeddings;
+  for (auto& [name, t] : model.named_parameters()) {
+    for (int g : stages_of_parameter(name, boundaries_, tied)) {
+      if (g % shape_.stages == pp.rank()) {
+        params_.emplace_back(name, t);
+        break;
+      }
+    }
+  }
+}
+
+bool TransformerPipeline::tied_shared() const {
+  return model_.config().tie_embeddings && shape_.num_global_stages() > 1;
+}
+
+bool TransformerPipeline::is_tied_copy(const std::string& name) const {
+  // The last stage is on rank p−1; with p = 1 and v > 1 the copy is the same tensor.
+  return tied_shared() && shape_.stages > 1 && pp_.rank() == shape_.stages - 1 && name == "wte.weight";
+}
+
+int64_t TransformerPipeline::release_other_stages(Transformer& model) const {
+  LOOM_CHECK(&model == &model_, "pipeline: release_other_stages needs the pipeline's own model");
+  std::set<std::string> mine;
+  for (const auto& [name, t] : params_) mine.insert(name);
+  const Tensor placeholder = Tensor::zeros({1}, model.dtype(), model.device());
+  int64_t freed = 0;
+  for (auto [name, t] : model.named_parameters()) {  // handles share the parameter's TensorImpl
+    if (mine.count(name)) continue;
+    t.set_requires_grad(false);
+    TensorImpl* impl = t.impl();
+    impl->storage = placeholder.storage();
+    impl->offset = placeholder.offset();
+    impl->strides.assign(impl->shape.size(), 0);
+    freed += t.numel();
+  }
+  return freed;
+}
+
+double TransformerPipeline::forward_backward(const std::vector<Tensor>& inputs, const std::vector<Tensor>& targets,
+                                             Generator* dropout_gen, const std::function<void(bool)>& before_backward) {
+  const int m = shape_.microbatches, last = shape_.num_global_stages() - 1;
+  LOOM_CHECK(static_cast<int>(inputs.size()) == m && static_cast<int>(targets.size()) == m, "pipeline: ",
+             inputs.size(), " input and ", targets.size(), " target micro-batches, expected ", m);
+  const Tensor pos = model_.positions(seq_len_);
+  ChunkCallbacks cb;
+  cb.forward = [&](int mb, int chunk, const Tensor& input) {
+    const int g = shape_.global_stage(pp_.rank(), chunk);
+    const Tensor& ids = inputs[static_cast<size_t>(mb)];
+    LOOM_CHECK(ids.dim() == 2 && ids.size(0) == batch_ && ids.size(1) == seq_len_, "pipeline: micro-batch ",
+               shape_str(ids.shape()), " is not (", batch_, ", ", seq_len_, ")");
+    Tensor x = g == 0 ? model_.embed(ids, pos) : input;
+    x = model_.run_blocks(x, pos, boundaries_[static_cast<size_t>(g)], boundaries_[static_cast<size_t>(g) + 1],
+                          dropout_gen);
+    if (g != last) return x;
+    Tensor loss = model_.head_loss(x, targets[static_cast<size_t>(mb)]);
+    if (m > 1) loss = ops::scale(loss, 1.0 / static_cast<double>(m));  // as gradient accumulation does
+    return loss;
+  };
+  cb.before_backward = before_backward;
+  stats_ = executor_.run(list_, cb);
+  Tensor loss = Tensor::full({1}, stats_.loss_sum, DType::kF64);
+  pp_.broadcast(loss, last % shape_.stages);
+  return loss.item();
+}
+
+void TransformerPipeline::sync_tied_gradients() {
+  if (!tied_shared() || shape_.stages == 1) return;
+  const int first = 0, last = shape_.stages - 1;
+  if (pp_.rank() != first && pp_.rank() != last) return;
+  Tensor w = model_.wte_weight();
+  Tensor g = w.grad();
+  LOOM_CHECK(g.defined(), "pipeline: the tied embedding has no gradient on pp rank ", pp_.rank());
+  const int peer = pp_.rank() == first ? last : first;
+  Tensor mine = g.contiguous();
+  Tensor theirs = Tensor::empty_like(mine);
+  WorkPtr s = pp_.send_async(mine, peer, kTiedTag);
+  WorkPtr r = pp_.recv_async(theirs, peer, kTiedTag);
+  s->wait();
+  r->wait();
+  autograd::NoGradGuard no_grad;
+  // first + last on both ranks: the same bits (Note [Tied embeddings across stages]).
+  const Tensor sum = pp_.rank() == first ? ops::add(mine, theirs) : ops::add(theirs, mine);
+  ops::copy_(g, sum);
+}
+
+double TransformerPipeline::grad_sq_sum() {
+  std::vector<Tensor> grads;
+  for (const auto& [name, t] : params_) {
+    if (!is_tied_copy(name) && t.grad().defined()) grads.push_back(t.grad());
+  }
+  Tensor sq = Tensor::full({1}, optim::grad_sq_sum(grads), DType::kF64);
+  pp_.all_reduce(sq, ReduceOp::kSum);
+  return sq.item();
+}
+
+std::string TransformerPipeline::describe() const {
+  std::ostringstream os;
+  os << "pipeline: " << schedule_name(options_.schedule) << ", pp " << shape_.stages << " × vpp "
+     << shape_.virtual_stages << ", " << shape_.microbatches << " micro-batches; rank " << pp_.rank() << " runs blocks";
+  for (int c = 0; c < shape_.virtual_stages; ++c) {
+    const size_t g = static_cast<size_t>(shape_.global_stage(pp_.rank(), c));
+    os << " [" << boundaries_[g] << ", " << boundaries_[g + 1] << ")";
+  }
+  os << ", " << params_.size() << " parameter tensors";
+  return os.str();
+}
+
+}  // namespace loom::parallel::pp

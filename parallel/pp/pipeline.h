@@ -1,0 +1,89 @@
+// parallel/pp/pipeline.h — TransformerPipeline: one pp rank's part of a Transformer (its chunks
+// of layers, Note [Pipeline partition]) driven by a schedule through the PipelineExecutor,
+// plus what the optimiser step needs across stages: the tied-embedding gradient exchange and
+// the gradient norm summed over the pp group. It does not own the model, the optimiser or the
+// communicators, and it does not reduce over data parallelism (DataParallel on the dp group
+// does, on the parameters this class names).
+//
+// Use, per optimiser step with m micro-batches (the single-process run's grad_accum):
+//   zero the gradients; loss = pipe.forward_backward(inputs, targets, dropout_gen);
+//   (data parallel: finish the dp gradient sync); pipe.sync_tied_gradients();
+//   norm = sqrt(pipe.grad_sq_sum()); clip; optimiser step over pipe.named_parameters().
+//
+// Note [Pipeline model memory]: every pp rank builds and initialises the whole Transformer, so
+// the initial weights are the single-process run's bit for bit (init draws in parameter
+// order), and then trains only the parameters of its own stages. release_other_stages() then
+// frees the other stages' weights: each such parameter keeps its shape but is re-pointed at one
+// shared zero element (all strides 0) and stops requiring grad, so a rank's resident model is
+// its own stages plus the transient full copy at start-up. Those placeholders must never be
+// written (a stride-0 write aliases); nothing on this rank reads them.
+#pragma once
+
+#include <functional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "core/rng.h"
+#include "core/tensor.h"
+#include "layers/transformer.h"
+#include "parallel/comm/communicator.h"
+#include "parallel/pp/executor.h"
+#include "parallel/pp/schedule.h"
+
+namespace loom::parallel::pp {
+
+struct PipelineOptions {
+  ScheduleKind schedule = ScheduleKind::k1F1B;  // parallel.schedule
+  int vpp = 1;                                   // parallel.vpp
+  int microbatches = 1;                          // m; the loss of each is scaled by 1/m
+  std::string layout;                            // parallel.pp_layout ("" = even)
+};
+
+class TransformerPipeline {
+ public:
+  // model: the whole model, identical on every rank. pp: this rank's pp group. batch, seq_len:
+  // the (B, T) of every micro-batch. Throws ConfigError for an impossible layout or schedule.
+  TransformerPipeline(const Transformer& model, Communicator& pp, const PipelineOptions& options,
+                      int64_t batch, int64_t seq_len);
+
+  // The parameters this rank trains, in the model's order (with the tied copy of wte.weight
+  // on the last stage, Note [Tied embeddings across stages]).
+  const std::vector<std::pair<std::string, Tensor>>& named_parameters() const { return params_; }
+  // True for the last stage's copy of the tied wte.weight (left out of norms and checkpoints).
+  bool is_tied_copy(const std::string& name) const;
+  // Frees the weights of the parameters of `model` (the model given to the constructor) that
+  // this rank does not train (Note [Pipeline model memory]); returns the elements freed.
+  int64_t release_other_stages(Transformer& model) const;
+
+  // Forward and backward of the step's micro-batches (inputs[i], targets[i] of shape (B, T));
+  // gradients accumulate into the parameters' .grad. Returns Σ_i loss_i / m, the same on every
+  // pp rank (broadcast from the last stage). before_backward: see ChunkCallbacks.
+  double forward_backward(const std::vector<Tensor>& inputs, const std::vector<Tensor>& targets,
+                          Generator* dropout_gen, const std::function<void(bool last)>& before_backward = {});
+  // Exchanges the tied embedding's gradient between the first and last stage and leaves the
+  // sum on both (no-op when untied or pp = 1). Call once gradients are final.
+  void sync_tied_gradients();
+  // Σ g² over this rank's gradients (tied copy left out), summed over the pp group.
+  double grad_sq_sum();
+
+  const PipelineStats& last_stats() const { return stats_; }
+  const std::vector<int64_t>& boundaries() const { return boundaries_; }
+  std::string describe() const;  // one line: schedule, stages, this rank's blocks
+
+ private:
+  bool tied_shared() const;  // tied embeddings held by two stages
+
+  const Transformer& model_;
+  Communicator& pp_;
+  PipelineOptions options_;
+  ScheduleShape shape_;
+  int64_t batch_, seq_len_;
+  std::vector<int64_t> boundaries_;
+  std::vector<Instruction> list_;
+  std::vector<std::pair<std::string, Tensor>> params_;
+  PipelineExecutor executor_;
+  PipelineStats stats_;
+};
+
+}  // namespace loom::parallel::pp

@@ -1,0 +1,98 @@
+// parallel/pp/schedule.h — pipeline schedules as pure functions (stages p, virtual stages per
+// rank v, micro-batches m, rank) → the rank's instruction list, and a simulator that runs every
+// rank's list together without communicating. Nothing here touches tensors, MPI or the model:
+// the executor (parallel/pp/executor.h) runs the lists, the tests check them here.
+//
+// Note [Pipeline stages and chunks]: the model's layers are split into S = p·v consecutive
+// stages. Rank r holds v chunks; its local chunk c is global stage s = c·p + r (Megatron's
+// interleaved layout; v = 1 gives stage s = r). The activation of micro-batch mb leaves stage s
+// for stage s+1 (rank (s+1) mod p); its gradient goes back from s+1 to s.
+//
+// Note [Instruction lists]: a list is the rank's compute order (FWD/BWD of (mb, chunk)) with
+// its communication inserted around each compute op: RECV_ACT right before a FWD that does not
+// start the pipeline, SEND_ACT right after a FWD that does not end it, RECV_GRAD right before a
+// BWD that does not end the pipeline, SEND_GRAD right after a BWD that does not start it. Sends
+// are asynchronous (never block); a RECV names the message the next compute op needs. The
+// executor posts a receive one compute op ahead of where the list places it (it cannot block
+// there, since posting is non-blocking), and the simulator checks the stricter reading, that
+// the list is deadlock-free when every RECV blocks where it stands.
+//
+// Schedules (compute order on rank r, n = v·m units):
+//   GPipe:       FWD mb 0..m-1, then BWD mb 0..m-1 (v = 1).
+//   1F1B:        w = min(p−r−1, m) warm-up forwards, then m−w times (FWD, BWD), then w BWDs
+//                (v = 1). Backwards run in micro-batch order, as in GPipe.
+//   Interleaved: Megatron's interleaved 1F1B. Unit k of n in forward order is chunk (k/p) mod v,
+//                mb (k/(p·v))·p + k mod p; in backward order the chunk is v−1−(k/p) mod v.
+//                w = min(2·(p−r−1) + (v−1)·p, n) warm-up forwards, then n−w times (FWD, BWD),
+//                then w BWDs. Needs m % p == 0.
+//
+// Note [Pipeline cost model]: the simulator gives a chunk's FWD 1 time unit and its BWD 2
+// (backward does two GEMMs per forward GEMM); messages arrive the moment they are sent. The
+// makespan T is when the last rank finishes; a rank's busy time is 3·v·m; its bubble is
+// T − 3·v·m (idle at the start, middle and end). The formulas the tests check, exactly:
+//   GPipe, 1F1B:  T = 3·(m + p − 1), so bubble / T = (p−1)/(m+p−1) on every rank;
+//   interleaved:  T = 3·(v·m + p − 1), so bubble / T = (p−1)/(v·m+p−1) (each of the p−1 fill
+//                 and drain slots costs one chunk, 1/v of a stage).
+// Peak in-flight activations (micro-batch chunks forwarded but not yet backwarded) on rank r:
+//   GPipe m;  1F1B min(m, p−r);  interleaved min(v·m, 2·(p−r−1) + (v−1)·p + 1).
+#pragma once
+
+#include <string>
+#include <vector>
+
+namespace loom::parallel::pp {
+
+enum class Op { kFwd, kBwd, kSendAct, kRecvAct, kSendGrad, kRecvGrad };
+const char* op_name(Op op);  // "FWD", "BWD", "SEND_ACT", …
+
+enum class ScheduleKind { kGpipe, k1F1B, kInterleaved };
+// "gpipe", "1f1b", "interleaved"; parse_schedule throws ConfigError naming parallel.schedule.
+const char* schedule_name(ScheduleKind kind);
+ScheduleKind parse_schedule(const std::string& name);
+
+struct Instruction {
+  Op op = Op::kFwd;
+  int mb = 0;     // micro-batch
+  int chunk = 0;  // this rank's local chunk the op belongs to (Note [Pipeline stages and chunks])
+  int peer = -1;  // pp rank sent to / received from; -1 for FWD/BWD
+  bool operator==(const Instruction& o) const = default;
+};
+std::string to_string(const Instruction& ins);  // "SEND_ACT mb 3 chunk 1 → 2"
+
+struct ScheduleShape {
+  int stages = 1;       // p, the pp group size
+  int virtual_stages = 1;  // v, chunks per rank
+  int microbatches = 1;    // m
+  int num_global_stages() const { return stages * virtual_stages; }
+  int global_stage(int rank, int chunk) const { return chunk * stages + rank; }
+};
+
+// Throws ConfigError naming the key: p, v, m >= 1 ("parallel.pp", "parallel.vpp",
+// "parallel.microbatches"); v == 1 for gpipe and 1f1b; m % p == 0 for interleaved.
+void validate_schedule(ScheduleKind kind, const ScheduleShape& shape);
+// The list of `rank` (0 ≤ rank < p). Pure: the same arguments give the same list.
+std::vector<Instruction> make_schedule(ScheduleKind kind, const ScheduleShape& shape, int rank);
+
+// The message tag of an activation (grad = false) or gradient for micro-batch mb arriving at
+// global stage recv_stage; unique within a step, below 32768 (MPI's guaranteed tag bound)
+// while 2·m·S < 32768 (checked).
+int message_tag(const ScheduleShape& shape, bool grad, int mb, int recv_stage);
+
+struct SimulationResult {
+  bool ok = false;
+  std::string error;               // why not ok: deadlock (blocked ranks), order, unmatched
+  long makespan = 0;               // time units (Note [Pipeline cost model])
+  std::vector<long> busy;          // per rank
+  std::vector<int> peak_in_flight;  // per rank
+  // Idle time over makespan, per rank.
+  double bubble_fraction(int rank) const;
+};
+
+// Runs lists[r] for every rank r together: sends complete at once, each RECV blocks until the
+// matching send has run. Checks that every FWD/BWD of (mb, chunk) runs exactly once, each BWD
+// after its FWD; that each RECV receives, in order per (sender, receiver, kind), exactly what
+// the peer sent for it, and that no message is left unreceived; and that no rank blocks
+// forever (a deadlock names each blocked rank's instruction).
+SimulationResult simulate(const ScheduleShape& shape, const std::vector<std::vector<Instruction>>& lists);
+
+}  // namespace loom::parallel::pp
