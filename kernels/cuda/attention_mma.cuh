@@ -1,0 +1,126 @@
+// kernels/cuda/attention_mma.cuh — the building blocks of the tensor-core attention kernels
+// (attention_mma.cu, attention_mma_backward.cu): tile sizes and padded shared-memory layout,
+// cp.async copies, ldmatrix loads, mma.sync m16n8k16 (bf16 / f16 inputs, f32 accumulators)
+// and 16-bit packing. Device functions only (sm_80 and later); no kernels, no state. Included
+// only by kernels/cuda/attention_mma*.cu.
+//
+// Note [mma fragments] (m16n8k16, lane = 4g + t): the A fragment (16×16) holds rows g and g+8,
+// columns 2t, 2t+1 and 2t+8, 2t+9; B (16×8) holds k rows 2t, 2t+1, 2t+8, 2t+9 of column g; the
+// f32 accumulator C (16×8) holds rows g and g+8, columns 2t, 2t+1. So the accumulators of two
+// adjacent 8-column tiles, packed to 16 bits, are the A fragment of a 16-wide k step; a
+// row-major (k rows, n columns) matrix in shared memory gives B with ldmatrix.trans, and a
+// (n rows, k columns) one with plain ldmatrix.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <type_traits>
+
+#include "core/dtype.h"
+
+namespace loom::kernels::cuda::mma {
+
+constexpr int kBlockRows = 64;    // rows of a tile: query rows per block, keys per key tile
+constexpr int kMmaThreads = 128;  // 4 warps × 16 query rows
+constexpr unsigned kFullMask = 0xffffffffu;
+constexpr float kLog2e = 1.4426950408889634f;
+constexpr float kLn2 = 0.6931471805599453f;
+
+// Shared-memory row stride in 16-bit elements: rows stay 16-byte aligned (cp.async, ldmatrix),
+// and the 8 rows one ldmatrix reads start 4 banks apart, so they never conflict.
+template <int D>
+constexpr int kStride = D + 8;
+template <int D>
+constexpr int kTileElems = kBlockRows * kStride<D>;
+
+__device__ __forceinline__ int64_t min64(int64_t a, int64_t b) { return a < b ? a : b; }
+
+__device__ __forceinline__ uint32_t smem_addr(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+
+// 16 bytes global → shared, asynchronously; zeros instead when !valid (src is then not read).
+__device__ __forceinline__ void cp_async_16(uint32_t dst, const void* src, bool valid) {
+  const int src_bytes = valid ? 16 : 0;
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src),
+               "r"(src_bytes)
+               : "memory");
+}
+
+__device__ __forceinline__ void cp_async_commit() {
+  asm volatile("cp.async.commit_group;\n" ::: "memory");
+}
+
+// Waits until at most N committed groups of this thread are still in flight.
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
+}
+
+// Four 8×8 b16 matrices; lanes 8i…8i+7 give the row addresses of matrix i, and r[i] receives
+// the lane's (row lane/4, columns 2·(lane%4), +1) of matrix i (transposed with `trans`).
+__device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], uint32_t addr) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(addr)
+               : "memory");
+}
+
+__device__ __forceinline__ void ldmatrix_x4_trans(uint32_t (&r)[4], uint32_t addr) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(addr)
+               : "memory");
+}
+
+// c (16×8, f32) += a (16×16) · b (16×8), 16-bit inputs of T's format.
+template <typename T>
+__device__ __forceinline__ void mma_16816(float (&c)[4], const uint32_t (&a)[4], uint32_t b0,
+                                          uint32_t b1) {
+  if constexpr (std::is_same_v<T, BFloat16>) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
+        "{%8, %9}, {%0, %1, %2, %3};\n"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+  } else {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
+        "{%8, %9}, {%0, %1, %2, %3};\n"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+  }
+}
+
+// Two f32 values rounded to nearest-even into T's format, lo in the low half.
+template <typename T>
+__device__ __forceinline__ uint32_t pack2(float lo, float hi) {
+  uint32_t r;
+  if constexpr (std::is_same_v<T, BFloat16>) {
+    asm("cvt.rn.bf16x2.f32 %0, %1, %2;\n" : "=r"(r) : "f"(hi), "f"(lo));
+  } else {
+    asm("cvt.rn.f16x2.f32 %0, %1, %2;\n" : "=r"(r) : "f"(hi), "f"(lo));
+  }
+  return r;
+}
+
+// Starts the copy of a 64-row tile: rows [0, valid) of src (row stride D) into dst (row stride
+// kStride<D>); rows from `valid` on become zeros, so masked keys never multiply garbage.
+template <int D>
+__device__ __forceinline__ void load_tile_async(uint16_t* dst, const uint16_t* src,
+                                                int64_t valid) {
+  constexpr int kVecsPerRow = D / 8;  // 16-byte pieces
+  constexpr int kIters = kBlockRows * kVecsPerRow / kMmaThreads;
+  static_assert(kBlockRows * kVecsPerRow % kMmaThreads == 0, "tile must split evenly");
+#pragma unroll
+  for (int it = 0; it < kIters; ++it) {
+    const int idx = it * kMmaThreads + static_cast<int>(threadIdx.x);
+    const int r = idx / kVecsPerRow, c = (idx % kVecsPerRow) * 8;
+    const bool ok = r < valid;
+    cp_async_16(smem_addr(dst + r * kStride<D> + c), ok ? src + r * D + c : src, ok);
+  }
+}
+
+
+}  // namespace loom::kernels::cuda::mma
