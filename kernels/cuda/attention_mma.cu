@@ -27,6 +27,60 @@ using namespace mma;  // NOLINT(build/namespaces): the tensor-core building bloc
 template <int D>
 constexpr size_t kSmemBytes = 5 * kTileElems<D> * sizeof(uint16_t);
 
+// One tile of the online softmax for the thread's two rows (rows[r], accumulator elements
+// 2r, 2r + 1): scales the scores sc into the log2 domain, masks keys after the row (causal) or
+// past T when `edge`, updates the running max m and sum l (a per-thread partial sum, reduced
+// over the quad at the end), rescales o and leaves the probabilities in sc.
+template <int D>
+__device__ __forceinline__ void softmax_tile(float (&sc)[kNTiles][4], float (&m)[2], float (&l)[2],
+                                             float (&o)[D / 8][4], const int64_t (&rows)[2],
+                                             int64_t k0, int64_t t, bool edge, float scale_log2,
+                                             int tq) {
+#pragma unroll
+  for (int nt = 0; nt < kNTiles; ++nt) {
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const int64_t key = k0 + nt * 8 + 2 * tq + (e & 1);
+      float x = sc[nt][e] * scale_log2;
+      if (edge && (key > rows[e >> 1] || key >= t)) x = -INFINITY;
+      sc[nt][e] = x;
+    }
+  }
+  float mx[2] = {m[0], m[1]};
+#pragma unroll
+  for (int nt = 0; nt < kNTiles; ++nt) {
+    mx[0] = fmaxf(mx[0], fmaxf(sc[nt][0], sc[nt][1]));
+    mx[1] = fmaxf(mx[1], fmaxf(sc[nt][2], sc[nt][3]));
+  }
+  float base[2], alpha[2];
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {  // the quad (lanes 4g … 4g + 3) holds the row
+    mx[r] = fmaxf(mx[r], __shfl_xor_sync(kFullMask, mx[r], 1));
+    mx[r] = fmaxf(mx[r], __shfl_xor_sync(kFullMask, mx[r], 2));
+    base[r] = mx[r] == -INFINITY ? 0.f : mx[r];  // a row with nothing unmasked yet stays zero
+    alpha[r] = exp2f(m[r] - base[r]);
+    m[r] = mx[r];
+  }
+  float row_sum[2] = {0.f, 0.f};
+#pragma unroll
+  for (int nt = 0; nt < kNTiles; ++nt) {
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      sc[nt][e] = exp2f(sc[nt][e] - base[e >> 1]);
+      row_sum[e >> 1] += sc[nt][e];
+    }
+  }
+#pragma unroll
+  for (int r = 0; r < 2; ++r) l[r] = l[r] * alpha[r] + row_sum[r];
+#pragma unroll
+  for (int dn = 0; dn < D / 8; ++dn) {
+    o[dn][0] *= alpha[0];
+    o[dn][1] *= alpha[0];
+    o[dn][2] *= alpha[1];
+    o[dn][3] *= alpha[1];
+  }
+}
+
 // One block per (b, h, tile of 64 query rows), heaviest (last) tiles first. Thread (warp w,
 // lane = 4g + t) holds query rows 16w + g and 16w + g + 8 of the tile: m16n8k16 fragments.
 template <typename T, int D>
@@ -35,13 +89,10 @@ __global__ void __launch_bounds__(kMmaThreads)
                                  const uint16_t* __restrict__ v, uint16_t* __restrict__ out,
                                  float* __restrict__ lse, AttnShape s, float scale_log2,
                                  int64_t q_tiles) {
-  constexpr int kS = kStride<D>;
-  constexpr int kDSteps = D / 16;          // 16-wide steps over the head dimension
-  constexpr int kKeyNTiles = kBlockRows / 8;  // 8-key column tiles of the scores
   extern __shared__ __align__(16) unsigned char mma_smem[];
-  uint16_t* qs = reinterpret_cast<uint16_t*>(mma_smem);  // (64, kS)
-  uint16_t* ks = qs + kTileElems<D>;                      // 2 × (64, kS)
-  uint16_t* vs = ks + 2 * kTileElems<D>;                  // 2 × (64, kS)
+  uint16_t* qs = reinterpret_cast<uint16_t*>(mma_smem);  // (64, kStride)
+  uint16_t* ks = qs + kTileElems<D>;                      // 2 × (64, kStride)
+  uint16_t* vs = ks + 2 * kTileElems<D>;                  // 2 × (64, kStride)
 
   const int64_t tile = q_tiles - 1 - static_cast<int64_t>(blockIdx.x) % q_tiles;
   const int64_t bh = static_cast<int64_t>(blockIdx.x) / q_tiles;  // b·Hq + h
@@ -57,10 +108,10 @@ __global__ void __launch_bounds__(kMmaThreads)
   cp_async_commit();
 
   const int warp = static_cast<int>(threadIdx.x) / 32, lane = static_cast<int>(threadIdx.x) % 32;
-  const int g = lane >> 2, tq = lane & 3;
+  const int tq = lane & 3;
   const int64_t warp_row0 = q0 + warp * 16;
-  const int64_t rows[2] = {warp_row0 + g, warp_row0 + g + 8};
-  uint32_t qf[kDSteps][4];
+  const int64_t rows[2] = {warp_row0 + (lane >> 2), warp_row0 + (lane >> 2) + 8};
+  uint32_t qf[D / 16][4];
   float o[D / 8][4] = {};
   float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};
 
@@ -76,96 +127,14 @@ __global__ void __launch_bounds__(kMmaThreads)
       cp_async_wait<0>();
     }
     __syncthreads();  // this tile (and, at kt = 0, Q) is in shared memory for every thread
-    if (kt == 0) {
-#pragma unroll
-      for (int kc = 0; kc < kDSteps; ++kc) {
-        ldmatrix_x4(qf[kc], smem_addr(qs + (warp * 16 + (lane & 7) + ((lane >> 3) & 1) * 8) * kS +
-                                      kc * 16 + (lane >> 4) * 8));
-      }
-    }
-    const uint16_t* kt_s = ks + buf * kTileElems<D>;
-    const uint16_t* vt_s = vs + buf * kTileElems<D>;
+    if (kt == 0) load_a_fragments<D>(qf, qs, warp, lane);
 
-    // S (16 rows × 64 keys per warp) = Q Kᵀ; K rows are the col-major B operand as stored.
-    float sc[kKeyNTiles][4] = {};
-#pragma unroll
-    for (int kc = 0; kc < kDSteps; ++kc) {
-#pragma unroll
-      for (int np = 0; np < kKeyNTiles / 2; ++np) {
-        uint32_t bf[4];
-        ldmatrix_x4(bf, smem_addr(kt_s + (np * 16 + (lane & 7) + (lane >> 4) * 8) * kS + kc * 16 +
-                                  ((lane >> 3) & 1) * 8));
-        mma_16816<T>(sc[2 * np], qf[kc], bf[0], bf[1]);
-        mma_16816<T>(sc[2 * np + 1], qf[kc], bf[2], bf[3]);
-      }
-    }
-
-    // Scale into the log2 domain; mask keys after the row (causal) or past T.
+    float sc[kNTiles][4];  // S: the warp's 16 rows × 64 keys
+    mma_abt<T, D>(sc, qf, ks + buf * kTileElems<D>, lane);
     const int64_t k0 = kt * kBlockRows;
     const bool edge = k0 + kBlockRows - 1 > warp_row0 || k0 + kBlockRows > t;
-#pragma unroll
-    for (int nt = 0; nt < kKeyNTiles; ++nt) {
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int64_t key = k0 + nt * 8 + 2 * tq + (e & 1);
-        float x = sc[nt][e] * scale_log2;
-        if (edge && (key > rows[e >> 1] || key >= t)) x = -INFINITY;
-        sc[nt][e] = x;
-      }
-    }
-
-    // Online softmax: new row max over the quad holding the row, rescale l and o.
-    float mx[2] = {m[0], m[1]};
-#pragma unroll
-    for (int nt = 0; nt < kKeyNTiles; ++nt) {
-      mx[0] = fmaxf(mx[0], fmaxf(sc[nt][0], sc[nt][1]));
-      mx[1] = fmaxf(mx[1], fmaxf(sc[nt][2], sc[nt][3]));
-    }
-    float base[2], alpha[2];
-#pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      mx[r] = fmaxf(mx[r], __shfl_xor_sync(kFullMask, mx[r], 1));
-      mx[r] = fmaxf(mx[r], __shfl_xor_sync(kFullMask, mx[r], 2));
-      base[r] = mx[r] == -INFINITY ? 0.f : mx[r];  // a row with nothing unmasked yet stays zero
-      alpha[r] = exp2f(m[r] - base[r]);
-      m[r] = mx[r];
-    }
-    float row_sum[2] = {0.f, 0.f};
-#pragma unroll
-    for (int nt = 0; nt < kKeyNTiles; ++nt) {
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        sc[nt][e] = exp2f(sc[nt][e] - base[e >> 1]);
-        row_sum[e >> 1] += sc[nt][e];
-      }
-    }
-#pragma unroll
-    for (int r = 0; r < 2; ++r) l[r] = l[r] * alpha[r] + row_sum[r];  // per-thread partial sums
-#pragma unroll
-    for (int dn = 0; dn < D / 8; ++dn) {
-      o[dn][0] *= alpha[0];
-      o[dn][1] *= alpha[0];
-      o[dn][2] *= alpha[1];
-      o[dn][3] *= alpha[1];
-    }
-
-    // O += P V: the score accumulators of two key n-tiles are the A fragment of 16 keys; V rows
-    // are the row-major B operand, read transposed.
-#pragma unroll
-    for (int kk = 0; kk < kBlockRows / 16; ++kk) {
-      const uint32_t pa[4] = {pack2<T>(sc[2 * kk][0], sc[2 * kk][1]),
-                              pack2<T>(sc[2 * kk][2], sc[2 * kk][3]),
-                              pack2<T>(sc[2 * kk + 1][0], sc[2 * kk + 1][1]),
-                              pack2<T>(sc[2 * kk + 1][2], sc[2 * kk + 1][3])};
-#pragma unroll
-      for (int dp = 0; dp < D / 16; ++dp) {
-        uint32_t bf[4];
-        ldmatrix_x4_trans(bf, smem_addr(vt_s + (kk * 16 + (lane & 7) + ((lane >> 3) & 1) * 8) * kS +
-                                        dp * 16 + (lane >> 4) * 8));
-        mma_16816<T>(o[2 * dp], pa, bf[0], bf[1]);
-        mma_16816<T>(o[2 * dp + 1], pa, bf[2], bf[3]);
-      }
-    }
+    softmax_tile<D>(sc, m, l, o, rows, k0, t, edge, scale_log2, tq);
+    mma_pb<T, D>(o, sc, vs + buf * kTileElems<D>, lane);  // O += P V
     __syncthreads();  // every warp is done with this buffer before it is refilled
   }
 

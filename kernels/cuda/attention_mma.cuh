@@ -33,6 +33,7 @@ template <int D>
 constexpr int kStride = D + 8;
 template <int D>
 constexpr int kTileElems = kBlockRows * kStride<D>;
+constexpr int kNTiles = kBlockRows / 8;  // 8-wide column tiles of a 64-wide score tile
 
 __device__ __forceinline__ int64_t min64(int64_t a, int64_t b) { return a < b ? a : b; }
 
@@ -122,5 +123,62 @@ __device__ __forceinline__ void load_tile_async(uint16_t* dst, const uint16_t* s
   }
 }
 
+// A fragments of the warp's 16 rows of a (64, kStride<D>) shared tile (Note [mma fragments]).
+template <int D>
+__device__ __forceinline__ void load_a_fragments(uint32_t (&f)[D / 16][4], const uint16_t* tile,
+                                                 int warp, int lane) {
+#pragma unroll
+  for (int kc = 0; kc < D / 16; ++kc) {
+    ldmatrix_x4(f[kc], smem_addr(tile + (warp * 16 + (lane & 7) + ((lane >> 3) & 1) * 8) *
+                                            kStride<D> +
+                                 kc * 16 + (lane >> 4) * 8));
+  }
+}
+
+// acc (16 × 64) = A (the warp's 16 rows × D, fragments) · tileᵀ, where tile is (64 rows, D)
+// in shared memory: the (n rows, k columns) B operand.
+template <typename T, int D>
+__device__ __forceinline__ void mma_abt(float (&acc)[kNTiles][4], const uint32_t (&a)[D / 16][4],
+                                        const uint16_t* tile, int lane) {
+#pragma unroll
+  for (int nt = 0; nt < kNTiles; ++nt) {
+#pragma unroll
+    for (int e = 0; e < 4; ++e) acc[nt][e] = 0.f;
+  }
+#pragma unroll
+  for (int kc = 0; kc < D / 16; ++kc) {
+#pragma unroll
+    for (int np = 0; np < kNTiles / 2; ++np) {
+      uint32_t bf[4];
+      ldmatrix_x4(bf, smem_addr(tile + (np * 16 + (lane & 7) + (lane >> 4) * 8) * kStride<D> +
+                                kc * 16 + ((lane >> 3) & 1) * 8));
+      mma_16816<T>(acc[2 * np], a[kc], bf[0], bf[1]);
+      mma_16816<T>(acc[2 * np + 1], a[kc], bf[2], bf[3]);
+    }
+  }
+}
+
+// out (16 × D) += P (16 × 64, f32 accumulators of a 64-wide product, rounded to T's format) ·
+// tile, where tile is (64 rows, D) in shared memory: the row-major B operand, read transposed.
+template <typename T, int D>
+__device__ __forceinline__ void mma_pb(float (&out)[D / 8][4], const float (&p)[kNTiles][4],
+                                       const uint16_t* tile, int lane) {
+#pragma unroll
+  for (int kk = 0; kk < kBlockRows / 16; ++kk) {
+    const uint32_t pa[4] = {pack2<T>(p[2 * kk][0], p[2 * kk][1]),
+                            pack2<T>(p[2 * kk][2], p[2 * kk][3]),
+                            pack2<T>(p[2 * kk + 1][0], p[2 * kk + 1][1]),
+                            pack2<T>(p[2 * kk + 1][2], p[2 * kk + 1][3])};
+#pragma unroll
+    for (int dp = 0; dp < D / 16; ++dp) {
+      uint32_t bf[4];
+      ldmatrix_x4_trans(bf, smem_addr(tile + (kk * 16 + (lane & 7) + ((lane >> 3) & 1) * 8) *
+                                                 kStride<D> +
+                                      dp * 16 + (lane >> 4) * 8));
+      mma_16816<T>(out[2 * dp], pa, bf[0], bf[1]);
+      mma_16816<T>(out[2 * dp + 1], pa, bf[2], bf[3]);
+    }
+  }
+}
 
 }  // namespace loom::kernels::cuda::mma

@@ -27,10 +27,7 @@ namespace {
 using namespace mma;  // NOLINT(build/namespaces): the tensor-core building blocks
 
 constexpr int kD = 64;                   // the head size this backward handles
-constexpr int kS = kStride<kD>;
 constexpr int kTile = kTileElems<kD>;
-constexpr int kDSteps = kD / 16;         // 16-wide k steps over the head dimension
-constexpr int kNTiles = kBlockRows / 8;  // 8-wide column tiles of a 64-wide score tile
 // dk/dv: K, V; Q and dout double-buffered; lse and D of the query tile double-buffered.
 constexpr size_t kDkvSmemBytes = 6 * kTile * sizeof(uint16_t) + 4 * kBlockRows * sizeof(float);
 // dq: Q, dout; K and V double-buffered.
@@ -46,61 +43,6 @@ __device__ __forceinline__ void accumulate_pair(uint16_t* dst, float a, float b)
   *reinterpret_cast<uint32_t*>(dst) = pack2<T>(half_to_float(lo) + a, half_to_float(hi) + b);
 }
 
-// A fragments of the warp's 16 rows of a (64, kS) shared tile (Note [mma fragments]).
-__device__ __forceinline__ void load_a_fragments(uint32_t (&f)[kDSteps][4], const uint16_t* tile,
-                                                 int warp, int lane) {
-#pragma unroll
-  for (int kc = 0; kc < kDSteps; ++kc) {
-    ldmatrix_x4(f[kc], smem_addr(tile + (warp * 16 + (lane & 7) + ((lane >> 3) & 1) * 8) * kS +
-                                 kc * 16 + (lane >> 4) * 8));
-  }
-}
-
-// acc (16 × 64) = A (the warp's 16 rows × kD, fragments) · tileᵀ, where tile is (64 rows, kD)
-// in shared memory: the (n rows, k columns) B operand.
-template <typename T>
-__device__ __forceinline__ void mma_abt(float (&acc)[kNTiles][4], const uint32_t (&a)[kDSteps][4],
-                                        const uint16_t* tile, int lane) {
-#pragma unroll
-  for (int nt = 0; nt < kNTiles; ++nt) {
-#pragma unroll
-    for (int e = 0; e < 4; ++e) acc[nt][e] = 0.f;
-  }
-#pragma unroll
-  for (int kc = 0; kc < kDSteps; ++kc) {
-#pragma unroll
-    for (int np = 0; np < kNTiles / 2; ++np) {
-      uint32_t bf[4];
-      ldmatrix_x4(bf, smem_addr(tile + (np * 16 + (lane & 7) + (lane >> 4) * 8) * kS + kc * 16 +
-                                ((lane >> 3) & 1) * 8));
-      mma_16816<T>(acc[2 * np], a[kc], bf[0], bf[1]);
-      mma_16816<T>(acc[2 * np + 1], a[kc], bf[2], bf[3]);
-    }
-  }
-}
-
-// out (16 × kD) += P (16 × 64, f32 accumulators of a 64-wide product) · tile, where tile is
-// (64 rows, kD) in shared memory: the row-major B operand, read transposed.
-template <typename T>
-__device__ __forceinline__ void mma_pb(float (&out)[kD / 8][4], const float (&p)[kNTiles][4],
-                                       const uint16_t* tile, int lane) {
-#pragma unroll
-  for (int kk = 0; kk < kBlockRows / 16; ++kk) {
-    const uint32_t pa[4] = {pack2<T>(p[2 * kk][0], p[2 * kk][1]),
-                            pack2<T>(p[2 * kk][2], p[2 * kk][3]),
-                            pack2<T>(p[2 * kk + 1][0], p[2 * kk + 1][1]),
-                            pack2<T>(p[2 * kk + 1][2], p[2 * kk + 1][3])};
-#pragma unroll
-    for (int dp = 0; dp < kD / 16; ++dp) {
-      uint32_t bf[4];
-      ldmatrix_x4_trans(bf, smem_addr(tile + (kk * 16 + (lane & 7) + ((lane >> 3) & 1) * 8) * kS +
-                                      dp * 16 + (lane >> 4) * 8));
-      mma_16816<T>(out[2 * dp], pa, bf[0], bf[1]);
-      mma_16816<T>(out[2 * dp + 1], pa, bf[2], bf[3]);
-    }
-  }
-}
-
 // dk, dv: one block per (b, kv head, 64-key tile), lightest-last (key tile 0 sees every query
 // tile). Warp w holds keys 16w + g and 16w + g + 8 of the tile (lane = 4g + t); the block
 // walks the items (query head of the group, query tile) in a fixed order.
@@ -111,10 +53,10 @@ __global__ void __launch_bounds__(kMmaThreads) attention_backward_dkv_mma_kernel
     const float* __restrict__ lse, const float* __restrict__ dvec, uint16_t* __restrict__ dk,
     uint16_t* __restrict__ dv, AttnShape s, float scale, int64_t k_tiles) {
   extern __shared__ __align__(16) unsigned char mma_smem[];
-  uint16_t* ks = reinterpret_cast<uint16_t*>(mma_smem);              // (64, kS)
-  uint16_t* vs = ks + kTile;                                          // (64, kS)
-  uint16_t* qs = vs + kTile;                                          // 2 × (64, kS)
-  uint16_t* dos = qs + 2 * kTile;                                     // 2 × (64, kS)
+  uint16_t* ks = reinterpret_cast<uint16_t*>(mma_smem);              // (64, kStride)
+  uint16_t* vs = ks + kTile;                                          // (64, kStride)
+  uint16_t* qs = vs + kTile;                                          // 2 × (64, kStride)
+  uint16_t* dos = qs + 2 * kTile;                                     // 2 × (64, kStride)
   float* lse_s = reinterpret_cast<float*>(dos + 2 * kTile);           // 2 × 64
   float* dvec_s = lse_s + 2 * kBlockRows;                             // 2 × 64
 
@@ -147,7 +89,7 @@ __global__ void __launch_bounds__(kMmaThreads) attention_backward_dkv_mma_kernel
   const int g = lane >> 2, tq = lane & 3;
   const int64_t keys[2] = {k0 + warp * 16 + g, k0 + warp * 16 + g + 8};
   const float scale_log2 = scale * kLog2e;
-  uint32_t kf[kDSteps][4], vf[kDSteps][4];
+  uint32_t kf[kD / 16][4], vf[kD / 16][4];
   float dk_acc[kD / 8][4] = {}, dv_acc[kD / 8][4] = {};
 
   for (int64_t it = 0; it < n_items; ++it) {
@@ -161,8 +103,8 @@ __global__ void __launch_bounds__(kMmaThreads) attention_backward_dkv_mma_kernel
     }
     __syncthreads();  // this item (and, at it = 0, K and V) is in shared memory
     if (it == 0) {
-      load_a_fragments(kf, ks, warp, lane);
-      load_a_fragments(vf, vs, warp, lane);
+      load_a_fragments<kD>(kf, ks, warp, lane);
+      load_a_fragments<kD>(vf, vs, warp, lane);
     }
     const int64_t q0 = (kt + it % n_qt) * kBlockRows;
     const uint16_t* q_tile = qs + buf * kTile;
@@ -171,8 +113,8 @@ __global__ void __launch_bounds__(kMmaThreads) attention_backward_dkv_mma_kernel
     const float* dvec_t = dvec_s + buf * kBlockRows;
 
     float st[kNTiles][4], dpt[kNTiles][4];  // Sᵀ and dPᵀ: the warp's 16 keys × 64 queries
-    mma_abt<T>(st, kf, q_tile, lane);
-    mma_abt<T>(dpt, vf, do_tile, lane);
+    mma_abt<T, kD>(st, kf, q_tile, lane);
+    mma_abt<T, kD>(dpt, vf, do_tile, lane);
 #pragma unroll
     for (int nt = 0; nt < kNTiles; ++nt) {
 #pragma unroll
@@ -185,8 +127,8 @@ __global__ void __launch_bounds__(kMmaThreads) attention_backward_dkv_mma_kernel
         dpt[nt][e] = p * (dpt[nt][e] - dvec_t[col]);  // dSᵀ
       }
     }
-    mma_pb<T>(dv_acc, st, do_tile, lane);
-    mma_pb<T>(dk_acc, dpt, q_tile, lane);
+    mma_pb<T, kD>(dv_acc, st, do_tile, lane);
+    mma_pb<T, kD>(dk_acc, dpt, q_tile, lane);
     __syncthreads();  // every warp is done with this buffer before it is refilled
   }
 
@@ -213,10 +155,10 @@ __global__ void __launch_bounds__(kMmaThreads) attention_backward_dq_mma_kernel(
     const float* __restrict__ lse, const float* __restrict__ dvec, uint16_t* __restrict__ dq,
     AttnShape s, float scale, int64_t q_tiles) {
   extern __shared__ __align__(16) unsigned char mma_smem[];
-  uint16_t* qs = reinterpret_cast<uint16_t*>(mma_smem);  // (64, kS)
-  uint16_t* dos = qs + kTile;                             // (64, kS)
-  uint16_t* ks = dos + kTile;                             // 2 × (64, kS)
-  uint16_t* vs = ks + 2 * kTile;                          // 2 × (64, kS)
+  uint16_t* qs = reinterpret_cast<uint16_t*>(mma_smem);  // (64, kStride)
+  uint16_t* dos = qs + kTile;                             // (64, kStride)
+  uint16_t* ks = dos + kTile;                             // 2 × (64, kStride)
+  uint16_t* vs = ks + 2 * kTile;                          // 2 × (64, kStride)
 
   const int64_t tile = q_tiles - 1 - static_cast<int64_t>(blockIdx.x) % q_tiles;
   const int64_t bh = static_cast<int64_t>(blockIdx.x) / q_tiles;  // b·Hq + h
@@ -242,7 +184,7 @@ __global__ void __launch_bounds__(kMmaThreads) attention_backward_dq_mma_kernel(
     dvec_r[r] = rows[r] < t ? dvec[bh * t + rows[r]] : 0.f;
   }
   const float scale_log2 = scale * kLog2e;
-  uint32_t qf[kDSteps][4], dof[kDSteps][4];
+  uint32_t qf[kD / 16][4], dof[kD / 16][4];
   float dq_acc[kD / 8][4] = {};
 
   for (int64_t kt = 0; kt < n_key_tiles; ++kt) {
@@ -258,14 +200,14 @@ __global__ void __launch_bounds__(kMmaThreads) attention_backward_dq_mma_kernel(
     }
     __syncthreads();  // this tile (and, at kt = 0, Q and dout) is in shared memory
     if (kt == 0) {
-      load_a_fragments(qf, qs, warp, lane);
-      load_a_fragments(dof, dos, warp, lane);
+      load_a_fragments<kD>(qf, qs, warp, lane);
+      load_a_fragments<kD>(dof, dos, warp, lane);
     }
     const uint16_t* k_tile = ks + buf * kTile;
     const int64_t k0 = kt * kBlockRows;
     float sc[kNTiles][4], dp[kNTiles][4];  // S and dP: the warp's 16 rows × 64 keys
-    mma_abt<T>(sc, qf, k_tile, lane);
-    mma_abt<T>(dp, dof, vs + buf * kTile, lane);
+    mma_abt<T, kD>(sc, qf, k_tile, lane);
+    mma_abt<T, kD>(dp, dof, vs + buf * kTile, lane);
 #pragma unroll
     for (int nt = 0; nt < kNTiles; ++nt) {
 #pragma unroll
@@ -276,7 +218,7 @@ __global__ void __launch_bounds__(kMmaThreads) attention_backward_dq_mma_kernel(
         dp[nt][e] = p * (dp[nt][e] - dvec_r[e >> 1]);  // dS
       }
     }
-    mma_pb<T>(dq_acc, dp, k_tile, lane);
+    mma_pb<T, kD>(dq_acc, dp, k_tile, lane);
     __syncthreads();  // every warp is done with this buffer before it is refilled
   }
 
