@@ -106,14 +106,15 @@ __device__ __forceinline__ uint32_t pack2(float lo, float hi) {
   return r;
 }
 
-// Starts the copy of a 64-row tile: rows [0, valid) of src (row stride D) into dst (row stride
-// kStride<D>); rows from `valid` on become zeros, so masked keys never multiply garbage.
-template <int D>
+// Starts the copy of a tile of `Rows` rows: rows [0, valid) of src (row stride D) into dst
+// (row stride kStride<D>); rows from `valid` on become zeros, so masked keys never multiply
+// garbage (src itself is then passed but not read).
+template <int D, int Rows = kBlockRows>
 __device__ __forceinline__ void load_tile_async(uint16_t* dst, const uint16_t* src,
                                                 int64_t valid) {
   constexpr int kVecsPerRow = D / 8;  // 16-byte pieces
-  constexpr int kIters = kBlockRows * kVecsPerRow / kMmaThreads;
-  static_assert(kBlockRows * kVecsPerRow % kMmaThreads == 0, "tile must split evenly");
+  constexpr int kIters = Rows * kVecsPerRow / kMmaThreads;
+  static_assert(Rows * kVecsPerRow % kMmaThreads == 0, "tile must split evenly");
 #pragma unroll
   for (int it = 0; it < kIters; ++it) {
     const int idx = it * kMmaThreads + static_cast<int>(threadIdx.x);
