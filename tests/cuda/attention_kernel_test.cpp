@@ -33,10 +33,11 @@ double lse_tol(DType dt) { return dt == DType::kF32 ? 1e-5 : 1e-4; }
 struct Case {
   DType dtype;
   int64_t b, hq, hkv, t, d;
+  bool misaligned = false;  // inputs and gradients start 2 bytes into their GPU buffers
   std::string str() const {
     return std::string(dtype_name(dtype)) + " B=" + std::to_string(b) + " Hq=" +
            std::to_string(hq) + " Hkv=" + std::to_string(hkv) + " T=" + std::to_string(t) +
-           " D=" + std::to_string(d);
+           " D=" + std::to_string(d) + (misaligned ? " misaligned" : "");
   }
   Shape q_shape() const { return {b, hq, t, d}; }
   Shape kv_shape() const { return {b, hkv, t, d}; }
@@ -58,6 +59,19 @@ std::vector<Case> standard_cases(DType dt) {
 // Long sequences: several key tiles on every path.
 std::vector<Case> long_cases(DType dt) {
   return {{dt, 2, 4, 2, 1024, 64}, {dt, 2, 4, 2, 1024, 128}, {dt, 1, 4, 1, 1000, 64}};
+}
+
+// A GPU copy of x that is a contiguous view one element into a larger buffer: not 16-byte
+// aligned for 16-bit dtypes, so the launchers must fall back from the tensor-core path.
+Tensor misaligned_cuda(const Tensor& x) {
+  Tensor buffer = Tensor::empty({x.numel() + 1}, x.dtype(), Device::cuda());
+  Tensor view = buffer.narrow(0, 1, x.numel()).view(x.shape());
+  kernels::call_kernel<kernels::copy_k>(x.to(Device::cuda()), view);
+  return view;
+}
+
+Tensor upload(const Case& c, const Tensor& x) {
+  return c.misaligned ? misaligned_cuda(x) : x.to(Device::cuda());
 }
 
 double rms(const Tensor& x) {
@@ -91,9 +105,8 @@ void check_forward(const Case& c, Generator& gen) {
   cpu_forward(c, in, out_ref, lse_ref);
   Tensor out = poisoned_cuda(c.q_shape(), c.dtype);
   Tensor lse = poisoned_cuda({c.b, c.hq, c.t}, DType::kF32);
-  kernels::call_kernel<kernels::attention_forward_k>(in.q.to(Device::cuda()),
-                                                     in.k.to(Device::cuda()),
-                                                     in.v.to(Device::cuda()), c.scale(), out, lse);
+  kernels::call_kernel<kernels::attention_forward_k>(upload(c, in.q), upload(c, in.k),
+                                                     upload(c, in.v), c.scale(), out, lse);
   EXPECT_LE(rel_error(out_ref, out), result_tol(c.dtype)) << "out";
   EXPECT_LE(rel_error(lse_ref, lse), lse_tol(c.dtype)) << "lse";
 }
@@ -130,12 +143,10 @@ void check_backward(const Case& c, Generator& gen) {
                   start.dv.to(DType::kF64).clone()};
   cpu_backward(ref.dq, ref.dk, ref.dv);
 
-  BackwardRun gpu{start.dq.to(Device::cuda()), start.dk.to(Device::cuda()),
-                  start.dv.to(Device::cuda())};
+  BackwardRun gpu{upload(c, start.dq), upload(c, start.dk), upload(c, start.dv)};
   kernels::call_kernel<kernels::attention_backward_k>(
-      in.q.to(Device::cuda()), in.k.to(Device::cuda()), in.v.to(Device::cuda()),
-      out.to(Device::cuda()), lse.to(Device::cuda()), dout.to(Device::cuda()), c.scale(), gpu.dq,
-      gpu.dk, gpu.dv);
+      upload(c, in.q), upload(c, in.k), upload(c, in.v), upload(c, out), lse.to(Device::cuda()),
+      upload(c, dout), c.scale(), gpu.dq, gpu.dk, gpu.dv);
   EXPECT_LE(rel_error(ref.dq, gpu.dq), result_tol(c.dtype)) << "dq";
   EXPECT_LE(rel_error(ref.dk, gpu.dk), result_tol(c.dtype)) << "dk";
   EXPECT_LE(rel_error(ref.dv, gpu.dv), result_tol(c.dtype)) << "dv";
@@ -182,6 +193,18 @@ TEST_F(CudaAttentionTest, BackwardLongSequencesMatchCpu) {
   Generator gen(204);
   for (DType dt : {DType::kF32, DType::kBF16}) {
     for (const Case& c : long_cases(dt)) check_backward(c, gen);
+  }
+}
+
+// Buffers that are not 16-byte aligned (contiguous views at an odd offset) take the general
+// path and still match the CPU.
+TEST_F(CudaAttentionTest, MisalignedBuffersMatchCpu) {
+  Generator gen(501);
+  for (const Case& c : {Case{DType::kBF16, 2, 4, 2, 100, 64, true},
+                        Case{DType::kF16, 1, 4, 1, 257, 64, true},
+                        Case{DType::kBF16, 2, 4, 4, 70, 128, true}}) {
+    check_forward(c, gen);
+    check_backward(c, gen);
   }
 }
 
