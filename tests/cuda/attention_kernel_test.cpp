@@ -1,0 +1,253 @@
+// tests/cuda/attention_kernel_test.cpp — the CUDA causal attention kernels (kernels/cuda/
+// attention*.cu) against the CPU kernels, forward and backward, for f32, bf16 and f16, head
+// sizes taking both the tensor-core paths (bf16/f16: forward D = 64, 128; backward D = 64) and
+// the general path (f32, and the other D), grouped-query heads, and sequence lengths that do
+// not divide the tiles (16, 32 and 64 rows).
+// Inputs are fresh normals (scale 1/√D keeps the softmax far from one-hot); forward outputs
+// are poisoned first; backward gradients start from random contents, since the kernel
+// accumulates into them. Uses only Loom's API (no CUDA headers); every test skips itself, with
+// the reason, when the process sees no CUDA device.
+//
+// Reference: the CPU kernel in f64 on the very values the GPU reads (16-bit inputs upcast), so
+// only the GPU's own rounding is measured. Tolerances, relative L2 error (DESIGN §3):
+//   out, dq, dk, dv: f32 1e-5; bf16, f16 1e-2 (results are rounded to 16 bits, and the
+//                    tensor-core path rounds the probabilities to 16 bits before P·V);
+//   lse (always f32): 1e-5 for f32 inputs, 1e-4 for 16-bit inputs (computed in f32 from exact
+//                    products of the 16-bit values).
+#include <cmath>
+#include <string>
+#include <vector>
+
+#include "kernels/attention.h"
+#include "tests/cuda/cuda_test_util.h"
+
+namespace loom {
+namespace {
+
+using namespace cuda_test;  // NOLINT(build/namespaces): the shared test helpers
+using CudaAttentionTest = CudaTest;
+
+double result_tol(DType dt) { return dt == DType::kF32 ? 1e-5 : 1e-2; }
+double lse_tol(DType dt) { return dt == DType::kF32 ? 1e-5 : 1e-4; }
+
+struct Case {
+  DType dtype;
+  int64_t b, hq, hkv, t, d;
+  bool misaligned = false;  // inputs and gradients start 2 bytes into their GPU buffers
+  std::string str() const {
+    return std::string(dtype_name(dtype)) + " B=" + std::to_string(b) + " Hq=" +
+           std::to_string(hq) + " Hkv=" + std::to_string(hkv) + " T=" + std::to_string(t) +
+           " D=" + std::to_string(d) + (misaligned ? " misaligned" : "");
+  }
+  Shape q_shape() const { return {b, hq, t, d}; }
+  Shape kv_shape() const { return {b, hkv, t, d}; }
+  double scale() const { return 1.0 / std::sqrt(static_cast<double>(d)); }
+};
+
+// The shapes of the brief: B = 2, Hq = 4 with Hkv ∈ {4, 2, 1}, odd and tile-sized T, and head
+// sizes of both paths (24: not a multiple of 16).
+std::vector<Case> standard_cases(DType dt) {
+  std::vector<Case> cases;
+  for (int64_t d : {16, 24, 64, 128}) {
+    for (int64_t t : {1, 17, 64, 100, 257}) {
+      for (int64_t hkv : {4, 2, 1}) cases.push_back({dt, 2, 4, hkv, t, d});
+    }
+  }
+  return cases;
+}
+
+// Long sequences: several key tiles on every path.
+std::vector<Case> long_cases(DType dt) {
+  return {{dt, 2, 4, 2, 1024, 64}, {dt, 2, 4, 2, 1024, 128}, {dt, 1, 4, 1, 1000, 64}};
+}
+
+// A GPU copy of x that is a contiguous view one element into a larger buffer: not 16-byte
+// aligned for 16-bit dtypes, so the launchers must fall back from the tensor-core path.
+Tensor misaligned_cuda(const Tensor& x) {
+  Tensor buffer = Tensor::empty({x.numel() + 1}, x.dtype(), Device::cuda());
+  Tensor view = buffer.narrow(0, 1, x.numel()).view(x.shape());
+  kernels::call_kernel<kernels::copy_k>(x.to(Device::cuda()), view);
+  return view;
+}
+
+Tensor upload(const Case& c, const Tensor& x) {
+  return c.misaligned ? misaligned_cuda(x) : x.to(Device::cuda());
+}
+
+double rms(const Tensor& x) {
+  const std::vector<double> v = x.to_vector();
+  double s = 0.0;
+  for (double e : v) s += e * e;
+  return v.empty() ? 0.0 : std::sqrt(s / static_cast<double>(v.size()));
+}
+
+struct Inputs {
+  Tensor q, k, v;  // CPU, the case's dtype
+};
+
+Inputs make_inputs(const Case& c, Generator& gen) {
+  return {randn(c.q_shape(), gen, c.dtype), randn(c.kv_shape(), gen, c.dtype),
+          randn(c.kv_shape(), gen, c.dtype)};
+}
+
+// The CPU kernel in f64: out (B,Hq,T,D) and lse (B,Hq,T).
+void cpu_forward(const Case& c, const Inputs& in, Tensor& out, Tensor& lse) {
+  out = Tensor::empty(c.q_shape(), DType::kF64);
+  lse = Tensor::empty({c.b, c.hq, c.t}, DType::kF64);
+  kernels::call_kernel<kernels::attention_forward_k>(in.q.to(DType::kF64), in.k.to(DType::kF64),
+                                                     in.v.to(DType::kF64), c.scale(), out, lse);
+}
+
+void check_forward(const Case& c, Generator& gen) {
+  SCOPED_TRACE(c.str());
+  const Inputs in = make_inputs(c, gen);
+  Tensor out_ref, lse_ref;
+  cpu_forward(c, in, out_ref, lse_ref);
+  Tensor out = poisoned_cuda(c.q_shape(), c.dtype);
+  Tensor lse = poisoned_cuda({c.b, c.hq, c.t}, DType::kF32);
+  kernels::call_kernel<kernels::attention_forward_k>(upload(c, in.q), upload(c, in.k),
+                                                     upload(c, in.v), c.scale(), out, lse);
+  EXPECT_LE(rel_error(out_ref, out), result_tol(c.dtype)) << "out";
+  EXPECT_LE(rel_error(lse_ref, lse), lse_tol(c.dtype)) << "lse";
+}
+
+// Backward: the saved out is the reference output rounded to the case's dtype, lse the
+// reference statistics in f32 (the layout the forward saves), dout fresh normals. Gradients
+// start from random contents of the size of the increment, so a kernel that overwrites, or
+// adds a wrong increment, fails.
+struct BackwardRun {
+  Tensor dq, dk, dv;
+};
+
+void check_backward(const Case& c, Generator& gen) {
+  SCOPED_TRACE(c.str());
+  const Inputs in = make_inputs(c, gen);
+  Tensor out_ref, lse_ref;
+  cpu_forward(c, in, out_ref, lse_ref);
+  const Tensor out = out_ref.to(c.dtype);
+  const Tensor lse = lse_ref.to(DType::kF32);
+  const Tensor dout = randn(c.q_shape(), gen, c.dtype);
+
+  const auto cpu_backward = [&](Tensor& dq, Tensor& dk, Tensor& dv) {
+    kernels::call_kernel<kernels::attention_backward_k>(
+        in.q.to(DType::kF64), in.k.to(DType::kF64), in.v.to(DType::kF64), out.to(DType::kF64),
+        lse.to(DType::kF64), dout.to(DType::kF64), c.scale(), dq, dk, dv);
+  };
+  BackwardRun inc{Tensor::zeros(c.q_shape(), DType::kF64), Tensor::zeros(c.kv_shape(), DType::kF64),
+                  Tensor::zeros(c.kv_shape(), DType::kF64)};
+  cpu_backward(inc.dq, inc.dk, inc.dv);
+  const BackwardRun start{randn(c.q_shape(), gen, c.dtype, 0.0, rms(inc.dq) + 1e-3),
+                          randn(c.kv_shape(), gen, c.dtype, 0.0, rms(inc.dk) + 1e-3),
+                          randn(c.kv_shape(), gen, c.dtype, 0.0, rms(inc.dv) + 1e-3)};
+  BackwardRun ref{start.dq.to(DType::kF64).clone(), start.dk.to(DType::kF64).clone(),
+                  start.dv.to(DType::kF64).clone()};
+  cpu_backward(ref.dq, ref.dk, ref.dv);
+
+  BackwardRun gpu{upload(c, start.dq), upload(c, start.dk), upload(c, start.dv)};
+  kernels::call_kernel<kernels::attention_backward_k>(
+      upload(c, in.q), upload(c, in.k), upload(c, in.v), upload(c, out), lse.to(Device::cuda()),
+      upload(c, dout), c.scale(), gpu.dq, gpu.dk, gpu.dv);
+  EXPECT_LE(rel_error(ref.dq, gpu.dq), result_tol(c.dtype)) << "dq";
+  EXPECT_LE(rel_error(ref.dk, gpu.dk), result_tol(c.dtype)) << "dk";
+  EXPECT_LE(rel_error(ref.dv, gpu.dv), result_tol(c.dtype)) << "dv";
+}
+
+TEST_F(CudaAttentionTest, ForwardMatchesCpuF32) {
+  Generator gen(101);
+  for (const Case& c : standard_cases(DType::kF32)) check_forward(c, gen);
+}
+
+TEST_F(CudaAttentionTest, ForwardMatchesCpuBF16) {
+  Generator gen(102);
+  for (const Case& c : standard_cases(DType::kBF16)) check_forward(c, gen);
+}
+
+TEST_F(CudaAttentionTest, ForwardMatchesCpuF16) {
+  Generator gen(103);
+  for (const Case& c : standard_cases(DType::kF16)) check_forward(c, gen);
+}
+
+TEST_F(CudaAttentionTest, ForwardLongSequencesMatchCpu) {
+  Generator gen(104);
+  for (DType dt : {DType::kF32, DType::kBF16, DType::kF16}) {
+    for (const Case& c : long_cases(dt)) check_forward(c, gen);
+  }
+}
+
+TEST_F(CudaAttentionTest, BackwardMatchesCpuF32) {
+  Generator gen(201);
+  for (const Case& c : standard_cases(DType::kF32)) check_backward(c, gen);
+}
+
+TEST_F(CudaAttentionTest, BackwardMatchesCpuBF16) {
+  Generator gen(202);
+  for (const Case& c : standard_cases(DType::kBF16)) check_backward(c, gen);
+}
+
+TEST_F(CudaAttentionTest, BackwardMatchesCpuF16) {
+  Generator gen(203);
+  for (const Case& c : standard_cases(DType::kF16)) check_backward(c, gen);
+}
+
+TEST_F(CudaAttentionTest, BackwardLongSequencesMatchCpu) {
+  Generator gen(204);
+  for (DType dt : {DType::kF32, DType::kBF16}) {
+    for (const Case& c : long_cases(dt)) check_backward(c, gen);
+  }
+}
+
+// Buffers that are not 16-byte aligned (contiguous views at an odd offset) take the general
+// path and still match the CPU.
+TEST_F(CudaAttentionTest, MisalignedBuffersMatchCpu) {
+  Generator gen(501);
+  for (const Case& c : {Case{DType::kBF16, 2, 4, 2, 100, 64, true},
+                        Case{DType::kF16, 1, 4, 1, 257, 64, true},
+                        Case{DType::kBF16, 2, 4, 4, 70, 128, true}}) {
+    check_forward(c, gen);
+    check_backward(c, gen);
+  }
+}
+
+// The same call twice gives the same bits: no atomics, no order-dependent sums (dk, dv sum the
+// query heads of a kv group). Also for the forward, on both paths.
+TEST_F(CudaAttentionTest, ResultsAreBitwiseReproducible) {
+  Generator gen(301);
+  for (const Case& c : {Case{DType::kBF16, 2, 4, 1, 257, 64}, Case{DType::kF32, 2, 4, 2, 100, 24}}) {
+    SCOPED_TRACE(c.str());
+    const Inputs in = make_inputs(c, gen);
+    const Tensor q = in.q.to(Device::cuda()), k = in.k.to(Device::cuda()),
+                 v = in.v.to(Device::cuda());
+    const Tensor dout = randn(c.q_shape(), gen, c.dtype).to(Device::cuda());
+    std::vector<Tensor> runs;  // out, lse, dq, dk, dv of each run
+    for (int run = 0; run < 2; ++run) {
+      Tensor out = poisoned_cuda(c.q_shape(), c.dtype);
+      Tensor lse = poisoned_cuda({c.b, c.hq, c.t}, DType::kF32);
+      kernels::call_kernel<kernels::attention_forward_k>(q, k, v, c.scale(), out, lse);
+      Tensor dq = Tensor::zeros(c.q_shape(), c.dtype, Device::cuda());
+      Tensor dk = Tensor::zeros(c.kv_shape(), c.dtype, Device::cuda());
+      Tensor dv = Tensor::zeros(c.kv_shape(), c.dtype, Device::cuda());
+      kernels::call_kernel<kernels::attention_backward_k>(q, k, v, out, lse, dout, c.scale(), dq,
+                                                          dk, dv);
+      for (const Tensor& x : {out, lse, dq, dk, dv}) runs.push_back(x.to(Device::cpu()));
+    }
+    const char* names[] = {"out", "lse", "dq", "dk", "dv"};
+    for (size_t i = 0; i < 5; ++i) expect_same_bits(runs[i], runs[i + 5], names[i]);
+    EXPECT_GT(rms(runs[3]), 0.0) << "dk must not be all zeros";
+  }
+}
+
+TEST_F(CudaAttentionTest, RejectsUnsupportedInput) {
+  Generator gen(401);
+  const Tensor q64 = randn({1, 2, 5, 8}, gen, DType::kF64).to(Device::cuda());
+  Tensor out64 = poisoned_cuda({1, 2, 5, 8}, DType::kF64);
+  Tensor lse64 = poisoned_cuda({1, 2, 5}, DType::kF64);
+  EXPECT_THROW(kernels::call_kernel<kernels::attention_forward_k>(q64, q64, q64, 0.5, out64, lse64),
+               Error);
+  const Tensor q = randn({1, 2, 5, 136}, gen, DType::kF32).to(Device::cuda());
+  Tensor out = poisoned_cuda({1, 2, 5, 136}, DType::kF32);
+  Tensor lse = poisoned_cuda({1, 2, 5}, DType::kF32);
+  EXPECT_THROW(kernels::call_kernel<kernels::attention_forward_k>(q, q, q, 0.5, out, lse), Error);
+}
+
+}  // namespace
+}  // namespace loom
