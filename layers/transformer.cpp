@@ -143,10 +143,43 @@ Tensor Transformer::forward(const Tensor& ids, const Tensor& pos, Generator* dro
              shape_str(ids.shape()));
   LOOM_CHECK(pos.dim() == 1 && pos.size(0) == ids.size(1), "Transformer.forward: positions ",
              shape_str(pos.shape()), " do not match T = ", ids.size(1));
-  Tensor x = embed(ids, pos);
-  for (const auto& b : blocks_) x = b->forward(x, pos, dropout_gen);
+  enter(0);
+  Tensor x = leave(0, embed(ids, pos));
+  for (size_t i = 0; i < blocks_.size(); ++i) {
+    const int unit = static_cast<int>(i) + 1;
+    enter(unit);
+    x = leave(unit, blocks_[i]->forward(x, pos, dropout_gen));
+  }
+  const int head = static_cast<int>(blocks_.size()) + 1;
+  enter(head);
+  if (!lm_head_) enter(0);  // the tied head reads wte.weight
   x = norm_f_->forward(x);
-  return ops::matmul(x, head_weight(), false, true);  // (B, T, Vp)
+  Tensor logits = ops::matmul(x, head_weight(), false, true);  // (B, T, Vp)
+  if (!lm_head_) logits = leave(0, logits);
+  return leave(head, logits);
+}
+
+void Transformer::enter(int unit) const {
+  if (hooks_) hooks_->before_forward(unit);
+}
+
+Tensor Transformer::leave(int unit, const Tensor& out) const {
+  return hooks_ ? hooks_->after_forward(unit, out) : out;
+}
+
+std::vector<std::vector<std::pair<std::string, Tensor>>> Transformer::parameter_units() const {
+  const size_t head = blocks_.size() + 1;
+  std::vector<std::vector<std::pair<std::string, Tensor>>> units(head + 1);
+  for (auto& [name, p] : named_parameters()) {
+    size_t unit = head;
+    if (name.rfind("wte.", 0) == 0 || name.rfind("wpe.", 0) == 0) {
+      unit = 0;
+    } else if (name.rfind("blocks.", 0) == 0) {
+      unit = 1 + std::stoul(name.substr(7, name.find('.', 7) - 7));
+    }
+    units[unit].emplace_back(name, p);
+  }
+  return units;
 }
 
 Tensor Transformer::loss(const Tensor& ids, const Tensor& targets, Generator* dropout_gen) const {

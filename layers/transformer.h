@@ -18,6 +18,8 @@
 
 #include <cstdint>
 #include <memory>
+#include <string>
+#include <utility>
 #include <vector>
 
 #include "core/rng.h"
@@ -28,6 +30,7 @@
 #include "layers/model_config.h"
 #include "layers/module.h"
 #include "layers/norm.h"
+#include "layers/unit_hooks.h"
 
 namespace loom {
 
@@ -63,6 +66,11 @@ class Transformer : public Module {
   // Model FLOPs per token for forward + backward at sequence length T (Note [Model FLOPs]).
   double flops_per_token(int64_t T) const;
 
+  // Note [Parameter units]. Hooks are not owned and must outlive every forward that uses them
+  // (null: none).
+  std::vector<std::vector<std::pair<std::string, Tensor>>> parameter_units() const;
+  void set_unit_hooks(UnitHooks* hooks) { hooks_ = hooks; }
+
   const ModelConfig& config() const { return config_; }
   DType dtype() const { return dtype_; }
   Device device() const { return device_; }
@@ -75,6 +83,8 @@ class Transformer : public Module {
  private:
   Tensor positions(int64_t T) const;  // arange(T), i32
   Tensor embed(const Tensor& ids, const Tensor& positions) const;
+  void enter(int unit) const;
+  Tensor leave(int unit, const Tensor& out) const;
 
   ModelConfig config_;
   DType dtype_;
@@ -84,6 +94,7 @@ class Transformer : public Module {
   std::vector<std::unique_ptr<Block>> blocks_;
   std::unique_ptr<Norm> norm_f_;
   std::unique_ptr<Linear> lm_head_;  // untied only
+  UnitHooks* hooks_ = nullptr;
 };
 
 }  // namespace loom

@@ -104,6 +104,7 @@ struct Trainer::State {
   void build();
   void build_parallel(const std::vector<optim::ParamRef>& refs);
   bool is_main() const { return !ctx || ctx->rank() == 0; }
+  bool zero3() const { return dp && dp->zero_stage() == 3; }  // a forward is collective
   std::vector<std::pair<std::string, Tensor>> optimizer_state();
   int64_t optimizer_steps() const { return dp ? dp->step_count() : optimizer->step_count(); }
   void load_initial_weights(const std::string& from);
@@ -172,6 +173,11 @@ void Trainer::State::build_parallel(const std::vector<optim::ParamRef>& refs) {
   c.decay_rule = optim::parse_decay_rule(cfg.optim.decay_rule);
   parallel::MicsGroups mics;
   if (cfg.parallel.mics_partition_size > 0) mics = {&ctx->mics_partition(), &ctx->mics_replica()};
+  if (c.zero_stage == 3) {  // parameters gathered per unit (Note [ZeRO-3] in parallel/dp)
+    dp = std::make_unique<parallel::DataParallel>(model->parameter_units(), ctx->dp(), c, mics);
+    model->set_unit_hooks(dp.get());
+    return;
+  }
   std::vector<std::pair<std::string, Tensor>> named;
   for (const optim::ParamRef& r : refs) named.emplace_back(r.name, r.param);
   dp = std::make_unique<parallel::DataParallel>(named, ctx->dp(), c, mics);
@@ -216,7 +222,8 @@ void Trainer::State::resume(const std::string& which) {
                " but the run expects ", shape_str(into.shape()));
     ops::copy_(into, it->second);
   };
-  for (auto& [name, p] : model->named_parameters()) restore("model." + name, p);
+  // ZeRO-3: each rank restores the parameter pieces it owns (saved by the same layout).
+  for (auto& [name, p] : zero3() ? dp->parameter_shards() : model->named_parameters()) restore("model." + name, p);
   for (auto& [name, t] : dp ? dp->state_tensors() : optimizer->state_tensors()) restore("optim." + name, t);
   auto num = [&](const std::string& key) {
     auto it = c.state.find(key);
@@ -315,7 +322,9 @@ void Trainer::State::save() {
   CheckpointContents c;
   c.step = step;
   c.config_yaml = config_to_yaml(cfg);
-  if (is_main()) {  // parameters are replicated across data-parallel ranks
+  if (zero3()) {  // each rank holds only its shard: "model.<param>[<begin>:<end>]"
+    for (auto& [name, p] : dp->parameter_shards()) c.tensors.emplace_back("model." + name, p);
+  } else if (is_main()) {  // parameters are replicated across data-parallel ranks
     for (auto& [name, p] : model->named_parameters()) c.tensors.emplace_back("model." + name, p);
   }
   for (auto& [name, t] : optimizer_state()) c.tensors.emplace_back("optim." + name, t);
@@ -356,7 +365,9 @@ std::string Trainer::checkpoint_root() const {
   return (fs::path(s_->cfg.train.out_dir) / "checkpoints").string();
 }
 
-std::vector<std::pair<std::string, Tensor>> Trainer::parameters() const { return s_->model->named_parameters(); }
+std::vector<std::pair<std::string, Tensor>> Trainer::parameters() const {
+  return s_->zero3() ? s_->dp->full_parameters() : s_->model->named_parameters();
+}
 
 std::vector<StepRecord> Trainer::run() {
   State& s = *s_;
@@ -372,8 +383,9 @@ std::vector<StepRecord> Trainer::run() {
       *s.log << "step " << r.step << " | val loss " << fmt(v, 4) << "\n";
       if (s.metrics) s.metrics->write(r.step, {{"val/loss", v}});
     }
-    if (s.is_main() && t.sample_every > 0 && (r.step % t.sample_every == 0 || r.step == t.steps)) {
-      *s.log << "sample at step " << r.step << ":\n" << sample(t.sample_tokens) << "\n---\n";
+    if ((s.is_main() || s.zero3()) && t.sample_every > 0 && (r.step % t.sample_every == 0 || r.step == t.steps)) {
+      const std::string text = sample(t.sample_tokens);  // every rank under ZeRO-3 (gathers)
+      *s.log << "sample at step " << r.step << ":\n" << text << "\n---\n";
     }
     bool stop = (s.opt.stop && s.opt.stop->load()) || (s.opt.stop_at_step > 0 && r.step >= s.opt.stop_at_step);
     if (s.ctx) {  // every rank must agree, since checkpointing is collective

@@ -54,12 +54,14 @@ class Trainer {
   std::vector<StepRecord> run();
   // Mean validation loss over train.val_steps batches from the start of the val shards.
   double evaluate();
-  // Text generated from <|endoftext|> with the configured temperature and top-k.
+  // Text generated from <|endoftext|> with the configured temperature and top-k. Under ZeRO-3
+  // the forward gathers parameters: every rank must call it.
   std::string sample(int64_t tokens);
 
   int64_t step() const;
   std::string checkpoint_root() const;
-  // Every parameter, in order (for tests comparing runs).
+  // Every parameter, in order (for tests comparing runs). Copies gathered collectively under
+  // ZeRO-3 (call it on every rank); the live parameters otherwise.
   std::vector<std::pair<std::string, Tensor>> parameters() const;
 
  private:
