@@ -401,6 +401,7 @@ std::vector<StepRecord> Trainer::run() {
       break;
     }
   }
+  if (s.dp) *s.log << "end of run, " << s.dp->describe() << "\n";  // with transient peaks (ZeRO-3)
   if (s.trace) {
     if (s.ctx) s.ctx->set_observer(nullptr);
     s.trace->write(s.opt.profile_path);

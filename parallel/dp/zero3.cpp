@@ -116,6 +116,7 @@ void DataParallel::unit_gradients_ready(int unit) {
 }
 
 void DataParallel::launch_unit(int unit, DpEventKind kind) {
+  reap_reductions();  // free the gradient buffers of reductions that have completed
   Bucket& b = buckets_[static_cast<size_t>(unit)];
   // The step's first reduction writes the shard; later micro-batches' are summed into it.
   Tensor partial;
