@@ -168,10 +168,9 @@ NamedTensors DataParallel::parameter_shards() const {
   }
   for_each_owned_piece([&](int bucket, const Param& p, int64_t lo, int64_t hi) {
     const Bucket& b = buckets_[static_cast<size_t>(bucket)];
-    const Tensor view =
-        config_.zero_stage == 3
-            ? flat_view(b.param_shard, {hi - lo}, lo - shard_rank() * b.plan.shard_numel)
-            : flat_view(b.param_flat, {hi - lo}, lo);
+    const Tensor view = config_.zero_stage == 3 ? flat_view(b.param_shard, {hi - lo},
+                                                            lo - shard_rank() * b.plan.shard_numel)
+                                                : flat_view(b.param_flat, {hi - lo}, lo);
     out.emplace_back(piece_name(p.name, lo - p.offset, hi - p.offset), view);
   });
   return out;
@@ -455,8 +454,8 @@ std::string DataParallel::describe() const {
                   std::to_string(config_.zero_stage) + ", shards over " + shard_comm_->name() +
                   " (" + std::to_string(shard_count()) + ")";
   if (replica_comm_ != nullptr) s += ", replicas over " + replica_comm_->name();
-  s += ", " + std::to_string(buckets_.size()) + (config_.zero_stage == 3 ? " units, " : " buckets, ") +
-       std::to_string(num_parameters()) +
+  s += ", " + std::to_string(buckets_.size()) +
+       (config_.zero_stage == 3 ? " units, " : " buckets, ") + std::to_string(num_parameters()) +
        " parameters; per rank " + format_memory(memory(), memory_formula());
   return s;
 }

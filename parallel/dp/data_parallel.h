@@ -107,25 +107,28 @@ class DataParallel final : public UnitHooks {
   DataParallel(DataParallel&&) = delete;
   DataParallel& operator=(DataParallel&&) = delete;
 
-  // Zeroes the gradient buckets and points every parameter's .grad at its bucket view.
+  // Zeroes the gradient buckets and points every parameter's .grad at its bucket view (stage
+  // 3: starts a step; unit gradient buffers appear in each unit's backward).
   void zero_grad();
   // Whether the next backward is the last micro-batch of the step (reductions launch from its
-  // hooks). Default true. With false, gradients only accumulate in the buckets.
+  // hooks). Default true. With false, gradients only accumulate in the buckets. Stage 3
+  // reduce-scatters every micro-batch regardless (Note [ZeRO-3]).
   void set_sync(bool sync);
   bool sync() const { return sync_; }
   // Issues any reduction not yet issued, waits for all of them (the exposed wait is recorded),
   // and closes the step's statistics. Gradients are then averaged over dp: whole buckets at
-  // stages 0/1, the owned shard at stage 2.
+  // stages 0/1, the owned shard at stages 2/3 (stage 3 also releases every gathered unit).
   void finish_gradient_sync();
   // Global gradient norm over the owned shards (Σ g² all-reduced over the shard group, each
   // element counted once), then scales the owned gradients so the norm is at most max_norm.
   // Returns the norm before clipping. Calls finish_gradient_sync() first when needed.
   double clip_grad_norm(double max_norm);
-  // AdamW step on the owned shard with learning rate lr, then all-gathers the parameters.
+  // AdamW step on the owned shard with learning rate lr, then all-gathers the parameters
+  // (stages 1/2; at stage 3 the next forward gathers them unit by unit).
   void step(double lr);
 
   // Optimiser state of this rank (Note [Optimizer state contract] in optim/optimizer.h); at
-  // stages 1/2 the names carry the shard's element range, e.g. "exp_avg.wte.weight[0:512]".
+  // stages 1-3 the names carry the shard's element range, e.g. "exp_avg.wte.weight[0:512]".
   std::vector<std::pair<std::string, Tensor>> state_tensors();
   int64_t step_count() const { return optimizer_->step_count(); }
   void set_step_count(int64_t step) { optimizer_->set_step_count(step); }

@@ -77,8 +77,7 @@ void DataParallel::before_forward(int unit) {
 Tensor DataParallel::after_forward(int unit, const Tensor& out) {
   if (config_.zero_stage != 3) return out;
   Bucket& b = buckets_.at(static_cast<size_t>(unit));
-  LOOM_CHECK(b.forward_uses > 0, "data_parallel: after_forward(", unit,
-             ") without before_forward");
+  LOOM_CHECK(b.forward_uses > 0, "data_parallel: after_forward(", unit, ") without before_forward");
   log(DpEventKind::kUnitForwardEnd, unit, "");
   if (--b.forward_uses == 0) release_unit(unit);
   if (!autograd::grad_enabled() || !out.requires_grad()) return out;
@@ -120,7 +119,8 @@ void DataParallel::launch_unit(int unit, DpEventKind kind) {
   Bucket& b = buckets_[static_cast<size_t>(unit)];
   // The step's first reduction writes the shard; later micro-batches' are summed into it.
   Tensor partial;
-  if (b.shard_written) partial = Tensor::empty({b.plan.shard_numel}, b.plan.dtype, b.grad_flat.device());
+  if (b.shard_written)
+    partial = Tensor::empty({b.plan.shard_numel}, b.plan.dtype, b.grad_flat.device());
   WorkPtr work = shard_comm_->reduce_scatter_async(
       b.grad_flat, partial.defined() ? partial : b.grad_shard, ReduceOp::kAvg);
   b.reduces.push_back({std::move(work), b.grad_flat, partial});
@@ -155,7 +155,8 @@ void DataParallel::finish_zero3() {
   log(DpEventKind::kFinishBegin, -1, "");
   for (int u = 0; u < num_buckets(); ++u) {
     // Overlap off, or a unit some of whose parameters got no gradient in the last backward.
-    if (buckets_[static_cast<size_t>(u)].grad_flat.defined()) launch_unit(u, DpEventKind::kLateLaunch);
+    if (buckets_[static_cast<size_t>(u)].grad_flat.defined())
+      launch_unit(u, DpEventKind::kLateLaunch);
     release_unit(u);
   }
   for (Bucket& b : buckets_) {

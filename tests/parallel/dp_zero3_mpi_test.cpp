@@ -105,8 +105,7 @@ void check_zero3_overlap(int micro) {
     dp.clip_grad_norm(testing::kMaxNorm);
     dp.step(testing::kLr);
     EXPECT_EQ(dp.gathered_bytes(), 0);
-    EXPECT_ANY_THROW(model.wte_weight().to_vector())
-        << "a released parameter must not be readable";
+    EXPECT_ANY_THROW(model.wte_weight().to_vector()) << "a released parameter must not be readable";
   }
   model.set_unit_hooks(nullptr);
 }
@@ -153,7 +152,8 @@ class RecordingHooks final : public UnitHooks {
   explicit RecordingHooks(DataParallel& dp) : dp_(dp) {}
   void before_forward(int unit) override {
     dp_.before_forward(unit);
-    samples.push_back({allocator_for(DeviceType::kCpu).stats().current_bytes, dp_.gathered_bytes()});
+    samples.push_back(
+        {allocator_for(DeviceType::kCpu).stats().current_bytes, dp_.gathered_bytes()});
   }
   Tensor after_forward(int unit, const Tensor& out) override {
     return dp_.after_forward(unit, out);
@@ -218,7 +218,8 @@ TEST(DataParallelZero3Memory, PersistentBytesAreAQuarterOnFourRanks) {
     for (const NamedTensors& unit : units) {
       int64_t n = 0;
       for (const auto& [name, p] : unit) n += p.numel();
-      const int64_t padded = (n + 4 * dp::kShardAlign - 1) / (4 * dp::kShardAlign) * (4 * dp::kShardAlign);
+      const int64_t padded =
+          (n + 4 * dp::kShardAlign - 1) / (4 * dp::kShardAlign) * (4 * dp::kShardAlign);
       pad += padded - n;
       largest_unit = std::max(largest_unit, 4 * padded);
       if (unit0 == 0) unit0 = 4 * padded;
@@ -244,10 +245,11 @@ TEST(DataParallelZero3Memory, PersistentBytesAreAQuarterOnFourRanks) {
   }
   const int64_t bound = single / 4 + 16 * pad / 4 + (64 << 10);
   if (ctx.rank() == 0) {
-    std::printf("psi %lld: single-rank %lld B, ZeRO-3 rank %lld B (bound %lld), peak gathered %lld B\n",
-                static_cast<long long>(psi), static_cast<long long>(single),
-                static_cast<long long>(persistent), static_cast<long long>(bound),
-                static_cast<long long>(m.transient_param_bytes));
+    std::printf(
+        "psi %lld: single-rank %lld B, ZeRO-3 rank %lld B (bound %lld), peak gathered %lld B\n",
+        static_cast<long long>(psi), static_cast<long long>(single),
+        static_cast<long long>(persistent), static_cast<long long>(bound),
+        static_cast<long long>(m.transient_param_bytes));
   }
   EXPECT_GE(single, 16 * psi);
   EXPECT_LE(persistent, bound);
@@ -261,7 +263,8 @@ TEST(DataParallelZero3Memory, PersistentBytesAreAQuarterOnFourRanks) {
   ASSERT_EQ(samples.size(), static_cast<size_t>(memory_gpt().n_layer + 3));
   for (const auto& [bytes, gathered] : samples) {
     EXPECT_LE(gathered, unit0 + 2 * largest_unit);
-    EXPECT_LE(bytes - base, persistent + gathered + (256 << 10)) << "more than the gathered units alive";
+    EXPECT_LE(bytes - base, persistent + gathered + (256 << 10))
+        << "more than the gathered units alive";
   }
 }
 
