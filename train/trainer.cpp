@@ -196,6 +196,18 @@ void Trainer::State::load_initial_weights(const std::string& from) {
     int64_t loaded = 0;
     for (auto& [name, t] : c.tensors) {
       if (name.rfind("model.", 0) != 0) continue;
+      const size_t bracket = name.find('[');
+      if (bracket != std::string::npos) {  // a ZeRO-3 shard "model.<param>[<begin>:<end>]"
+        Tensor p = model->parameter(name.substr(6, bracket - 6));
+        const int64_t begin = std::stoll(name.substr(bracket + 1));
+        const int64_t end = std::stoll(name.substr(name.find(':', bracket) + 1));
+        LOOM_CHECK(begin >= 0 && end <= p.numel() && t.numel() == end - begin, from, ": ", name,
+                   " does not fit the model's ", shape_str(p.shape()));
+        Tensor dst = p.detach().view({p.numel()}).narrow(0, begin, end - begin);
+        ops::copy_(dst, t);
+        ++loaded;
+        continue;
+      }
       Tensor p = model->parameter(name.substr(6));
       LOOM_CHECK(p.shape() == t.shape(), from, ": ", name, " has shape ", shape_str(t.shape()),
                  " but the model expects ", shape_str(p.shape()));

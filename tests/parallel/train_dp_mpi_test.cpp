@@ -12,6 +12,7 @@
 #include "data/shard.h"
 #include "parallel/parallel_context.h"
 #include "tests/parallel/mpi_test_util.h"
+#include "train/checkpoint.h"
 #include "train/trainer.h"
 
 namespace loom::parallel {
@@ -79,6 +80,9 @@ TEST(TrainDataParallel, ProfileHasComputeAndCommunicationTracks) {
   ctx.world().barrier();
 }
 
+// The newest checkpoint of the run writing into `out`.
+std::string checkpoint_dir(const std::string& out) { return latest_checkpoint(out + "/checkpoints"); }
+
 void check_matches_and_resumes(int zero_stage) {
   ParallelOptions po;
   po.shape.dp = testing::world_size();
@@ -106,6 +110,14 @@ void check_matches_and_resumes(int zero_stage) {
   }
   const auto pa = full.parameters(), pb = second.parameters();
   for (size_t i = 0; i < pa.size(); ++i) EXPECT_EQ(pa[i].second.to_vector(), pb[i].second.to_vector()) << pa[i].first;
+  if (zero_stage == 3) {  // a single process starts from the per-rank parameter shards
+    Config init = config_for(dir, dir + "/init" + tag + "_" + std::to_string(ctx.rank()), 1, 4);
+    init.train.init_from = checkpoint_dir(dir + "/full" + tag);
+    Trainer from_shards(init, options(log, nullptr));
+    const auto pc = from_shards.parameters();
+    ASSERT_EQ(pa.size(), pc.size());
+    for (size_t i = 0; i < pa.size(); ++i) EXPECT_EQ(pa[i].second.to_vector(), pc[i].second.to_vector()) << pa[i].first;
+  }
 
   // The same global batch in one process (batch dp·4): same losses up to summation order.
   Trainer single(config_for(dir, dir + "/single" + tag + "_" + std::to_string(ctx.rank()), 1, 4 * dp), options(log, nullptr));
