@@ -103,7 +103,10 @@ void DataParallel::build_buckets(const std::vector<NamedTensors>& units, bool pe
       group_bytes += params_[i].tensor.nbytes();
     }
     const size_t budget = per_unit ? group_bytes + 1 : config_.bucket_bytes;  // a unit: 1 bucket
-    for (dp::BucketPlan& plan : dp::plan_buckets(tensors, budget, shard_comm_->size())) {
+    std::vector<dp::BucketPlan> plans = dp::plan_buckets(tensors, budget, shard_comm_->size());
+    LOOM_CHECK(!per_unit || plans.size() == 1, "data_parallel: parameter unit ", buckets_.size(),
+               " mixes dtypes; a unit must be one bucket");
+    for (dp::BucketPlan& plan : plans) {
       Bucket b;
       b.plan = std::move(plan);
       for (size_t& k : b.plan.params) k = group[k];  // group-local → global parameter index
