@@ -98,6 +98,9 @@ bool Tensor::is_contiguous() const {
 }
 
 void* Tensor::raw_data() const {
+  LOOM_CHECK(!impl_->storage->released(),
+             "tensor data was released (a ZeRO-3 parameter read outside its unit's gather; "
+             "Note [Releasable storage] in core/storage.h)");
   return static_cast<char*>(impl_->storage->data()) + impl_->offset * dtype_size(impl_->dtype);
 }
 

@@ -132,13 +132,14 @@ Tensor Transformer::positions(int64_t T) const {
 }
 
 Tensor Transformer::embed(const Tensor& ids, const Tensor& pos) const {
+  enter(0);
   Tensor x = wte_->forward(ids);  // (B, T, C), or (B, T/tp, C) under sequence parallelism
   if (wpe_ && mp_ && mp_->sequence_parallel()) {  // this rank's positions, complete gradient
     x = ops::add(x, ops::embedding(mp_->sequence_chunk(pos, 0), mp_->sequence_region_param(wpe_->weight())));
   } else if (wpe_) {
     x = ops::add(x, wpe_->forward(pos));  // + (T, C)
   }
-  return x;
+  return leave(0, x);
 }
 
 Tensor Transformer::forward(const Tensor& ids, Generator* dropout_gen) const {
@@ -161,14 +162,23 @@ Tensor Transformer::run_blocks(Tensor x, const Tensor& pos, int64_t begin, int64
                                Generator* dropout_gen) const {
   LOOM_CHECK(0 <= begin && begin <= end && end <= num_blocks(), "Transformer.run_blocks: [", begin,
              ", ", end, ") is not a range of the ", num_blocks(), " blocks");
-  for (int64_t i = begin; i < end; ++i) x = blocks_[static_cast<size_t>(i)]->forward(x, pos, dropout_gen);
+  for (int64_t i = begin; i < end; ++i) {
+    const int unit = static_cast<int>(i) + 1;  // unit 0 is the embeddings (parameter_units)
+    enter(unit);
+    x = leave(unit, blocks_[static_cast<size_t>(i)]->forward(x, pos, dropout_gen));
+  }
   return x;
 }
 
 Tensor Transformer::head_logits(const Tensor& x) const {
+  const int head = static_cast<int>(blocks_.size()) + 1;
+  enter(head);
+  if (!lm_head_) enter(0);  // the tied head reads wte.weight
   Tensor h = norm_f_->forward(x);
   if (mp_) h = mp_->head_input(h);
-  return ops::matmul(h, head_weight(), false, true);  // (B, T, Vp), or (B, T, Vp/tp)
+  Tensor logits = ops::matmul(h, head_weight(), false, true);  // (B, T, Vp), or (B, T, Vp/tp)
+  if (!lm_head_) logits = leave(0, logits);
+  return leave(head, logits);
 }
 
 Tensor Transformer::head_loss(const Tensor& x, const Tensor& targets) const {
@@ -179,6 +189,29 @@ Tensor Transformer::head_loss(const Tensor& x, const Tensor& targets) const {
   const Tensor logits = head_logits(x);
   if (mp_) return mp_->loss(logits, targets, -100, config_.vocab_size);
   return ops::softmax_cross_entropy(logits, targets, -100, config_.vocab_size);
+}
+
+void Transformer::enter(int unit) const {
+  if (hooks_) hooks_->before_forward(unit);
+}
+
+Tensor Transformer::leave(int unit, const Tensor& out) const {
+  return hooks_ ? hooks_->after_forward(unit, out) : out;
+}
+
+std::vector<std::vector<std::pair<std::string, Tensor>>> Transformer::parameter_units() const {
+  const size_t head = blocks_.size() + 1;
+  std::vector<std::vector<std::pair<std::string, Tensor>>> units(head + 1);
+  for (auto& [name, p] : named_parameters()) {
+    size_t unit = head;
+    if (name.rfind("wte.", 0) == 0 || name.rfind("wpe.", 0) == 0) {
+      unit = 0;
+    } else if (name.rfind("blocks.", 0) == 0) {
+      unit = 1 + std::stoul(name.substr(7, name.find('.', 7) - 7));
+    }
+    units[unit].emplace_back(name, p);
+  }
+  return units;
 }
 
 Tensor Transformer::loss(const Tensor& ids, const Tensor& targets, Generator* dropout_gen) const {

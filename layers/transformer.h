@@ -18,6 +18,8 @@
 
 #include <cstdint>
 #include <memory>
+#include <string>
+#include <utility>
 #include <vector>
 
 #include "core/rng.h"
@@ -28,6 +30,7 @@
 #include "layers/model_config.h"
 #include "layers/module.h"
 #include "layers/norm.h"
+#include "layers/unit_hooks.h"
 
 namespace loom {
 
@@ -83,6 +86,11 @@ class Transformer : public Module {
   // Model FLOPs per token for forward + backward at sequence length T (Note [Model FLOPs]).
   double flops_per_token(int64_t T) const;
 
+  // Note [Parameter units]. Hooks are not owned and must outlive every forward that uses them
+  // (null: none).
+  std::vector<std::vector<std::pair<std::string, Tensor>>> parameter_units() const;
+  void set_unit_hooks(UnitHooks* hooks) { hooks_ = hooks; }
+
   const ModelConfig& config() const { return config_; }
   DType dtype() const { return dtype_; }
   Device device() const { return device_; }
@@ -93,6 +101,10 @@ class Transformer : public Module {
   const Tensor& head_weight() const;
 
  private:
+  // ZeRO-3 hooks around each parameter unit (layers/unit_hooks.h); no-ops without hooks.
+  void enter(int unit) const;
+  Tensor leave(int unit, const Tensor& out) const;
+
   ModelConfig config_;
   DType dtype_;
   Device device_;
@@ -102,6 +114,7 @@ class Transformer : public Module {
   std::vector<std::unique_ptr<Block>> blocks_;
   std::unique_ptr<Norm> norm_f_;
   std::unique_ptr<LinearLayer> lm_head_;  // untied only; its weight is used, not its forward
+  UnitHooks* hooks_ = nullptr;
 };
 
 }  // namespace loom

@@ -265,13 +265,13 @@ void validate_config(const Config& c) {
   require(c.checkpoint.keep >= 0, "checkpoint.keep: must be non-negative, got " + str(c.checkpoint.keep));
   const ParallelConfig& p = c.parallel;
   require(p.dp >= 1, "parallel.dp: must be positive, got " + str(p.dp));
-  require(p.zero_stage >= 0 && p.zero_stage <= 2,
-          "parallel.zero_stage: " + str(p.zero_stage) + " is not supported (0, 1, 2; ZeRO-3 is not built yet)");
+  require(p.zero_stage >= 0 && p.zero_stage <= 3,
+          "parallel.zero_stage: " + str(p.zero_stage) + " is not supported (0, 1, 2 or 3)");
   require(p.mics_partition_size >= 0, "parallel.mics_partition_size: must be non-negative, got " + str(p.mics_partition_size));
   require(p.mics_partition_size == 0 || p.dp % p.mics_partition_size == 0,
           "parallel.mics_partition_size: " + str(p.mics_partition_size) + " does not divide parallel.dp " + str(p.dp));
   require(p.mics_partition_size == 0 || p.zero_stage >= 1,
-          "parallel.mics_partition_size: MiCS shards optimizer state; set parallel.zero_stage to 1 or 2");
+          "parallel.mics_partition_size: MiCS shards optimizer state; set parallel.zero_stage to 1, 2 or 3");
   require(p.bucket_mb > 0, "parallel.bucket_mb: must be positive, got " + str(p.bucket_mb));
   require(p.comm_timeout_s > 0, "parallel.comm_timeout_s: must be positive, got " + str(p.comm_timeout_s));
   require(p.dp == 1 || o.name == "adamw", "optim.name: sgd is not supported with parallel.dp > 1 (the data-parallel engine shards AdamW)");

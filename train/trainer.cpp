@@ -113,6 +113,7 @@ struct Trainer::State {
   // embeddings across stages]): the first stage's state has the same names.
   std::string state_name(const std::string& name) const;
   std::vector<std::pair<std::string, Tensor>> trained() const;
+  bool zero3() const { return dp && dp->zero_stage() == 3; }  // a forward is collective
   std::vector<std::pair<std::string, Tensor>> optimizer_state();
   int64_t optimizer_steps() const { return dp ? dp->step_count() : optimizer->step_count(); }
   void load_initial_weights(const std::string& from);
@@ -212,6 +213,11 @@ void Trainer::State::build_parallel(const std::vector<optim::ParamRef>& refs) {
   c.decay_rule = optim::parse_decay_rule(cfg.optim.decay_rule);
   parallel::MicsGroups mics;
   if (cfg.parallel.mics_partition_size > 0) mics = {&ctx->mics_partition(), &ctx->mics_replica()};
+  if (c.zero_stage == 3) {  // parameters gathered per unit (Note [ZeRO-3] in parallel/dp)
+    dp = std::make_unique<parallel::DataParallel>(model->parameter_units(), ctx->dp(), c, mics);
+    model->set_unit_hooks(dp.get());
+    return;
+  }
   std::vector<std::pair<std::string, Tensor>> named;
   for (const optim::ParamRef& r : refs) named.emplace_back(r.name, r.param);
   dp = std::make_unique<parallel::DataParallel>(named, ctx->dp(), c, mics);
@@ -230,6 +236,18 @@ void Trainer::State::load_initial_weights(const std::string& from) {
     int64_t loaded = 0;
     for (auto& [name, t] : c.tensors) {
       if (name.rfind("model.", 0) != 0) continue;
+      const size_t bracket = name.find('[');
+      if (bracket != std::string::npos) {  // a ZeRO-3 shard "model.<param>[<begin>:<end>]"
+        Tensor p = model->parameter(name.substr(6, bracket - 6));
+        const int64_t begin = std::stoll(name.substr(bracket + 1));
+        const int64_t end = std::stoll(name.substr(name.find(':', bracket) + 1));
+        LOOM_CHECK(begin >= 0 && end <= p.numel() && t.numel() == end - begin, from, ": ", name,
+                   " does not fit the model's ", shape_str(p.shape()));
+        Tensor dst = p.detach().view({p.numel()}).narrow(0, begin, end - begin);
+        ops::copy_(dst, t);
+        ++loaded;
+        continue;
+      }
       Tensor p = model->parameter(name.substr(6));
       LOOM_CHECK(p.shape() == t.shape(), from, ": ", name, " has shape ", shape_str(t.shape()),
                  " but the model expects ", shape_str(p.shape()));
@@ -256,7 +274,8 @@ void Trainer::State::resume(const std::string& which) {
                " but the run expects ", shape_str(into.shape()));
     ops::copy_(into, it->second);
   };
-  for (auto& [name, p] : trained()) restore("model." + name, p);
+  // ZeRO-3: each rank restores the parameter pieces it owns (saved by the same layout).
+  for (auto& [name, p] : zero3() ? dp->parameter_shards() : trained()) restore("model." + name, p);
   for (auto& [name, t] : dp ? dp->state_tensors() : optimizer->state_tensors()) restore("optim." + state_name(name), t);
   auto num = [&](const std::string& key) {
     auto it = c.state.find(key);
@@ -403,7 +422,9 @@ void Trainer::State::save() {
   CheckpointContents c;
   c.step = step;
   c.config_yaml = config_to_yaml(cfg);
-  if (is_stage_writer()) {  // parameters are replicated across data-parallel ranks
+  if (zero3()) {  // each rank holds only its shard: "model.<param>[<begin>:<end>]"
+    for (auto& [name, p] : dp->parameter_shards()) c.tensors.emplace_back("model." + name, p);
+  } else if (is_stage_writer()) {  // parameters are replicated across data-parallel ranks
     for (auto& [name, p] : trained()) {
       if (!pipe || !pipe->is_tied_copy(name)) c.tensors.emplace_back("model." + name, p);
     }
@@ -446,7 +467,9 @@ std::string Trainer::checkpoint_root() const {
   return (fs::path(s_->cfg.train.out_dir) / "checkpoints").string();
 }
 
-std::vector<std::pair<std::string, Tensor>> Trainer::parameters() const { return s_->model->named_parameters(); }
+std::vector<std::pair<std::string, Tensor>> Trainer::parameters() const {
+  return s_->zero3() ? s_->dp->full_parameters() : s_->model->named_parameters();
+}
 
 std::vector<std::pair<std::string, Tensor>> Trainer::trained_parameters() const { return s_->trained(); }
 
@@ -464,8 +487,13 @@ std::vector<StepRecord> Trainer::run() {
       *s.log << "step " << r.step << " | val loss " << fmt(v, 4) << "\n";
       if (s.metrics) s.metrics->write(r.step, {{"val/loss", v}});
     }
-    if (!s.pipe && s.is_main() && t.sample_every > 0 && (r.step % t.sample_every == 0 || r.step == t.steps)) {
-      *s.log << "sample at step " << r.step << ":\n" << sample(t.sample_tokens) << "\n---\n";
+    if (!s.pipe && (s.is_main() || s.zero3()) && t.sample_every > 0 &&
+        (r.step % t.sample_every == 0 || r.step == t.steps)) {
+      const std::string text = sample(t.sample_tokens);  // every rank under ZeRO-3 (gathers)
+      *s.log << "sample at step " << r.step << ":
+" << text << "
+---
+";
     }
     bool stop = (s.opt.stop && s.opt.stop->load()) || (s.opt.stop_at_step > 0 && r.step >= s.opt.stop_at_step);
     if (s.ctx) {  // every rank must agree, since checkpointing is collective
@@ -481,6 +509,7 @@ std::vector<StepRecord> Trainer::run() {
       break;
     }
   }
+  if (s.dp) *s.log << "end of run, " << s.dp->describe() << "\n";  // with transient peaks (ZeRO-3)
   if (s.trace) {
     if (s.ctx) s.ctx->set_observer(nullptr);
     s.trace->write(s.opt.profile_path);

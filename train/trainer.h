@@ -54,13 +54,15 @@ class Trainer {
   std::vector<StepRecord> run();
   // Mean validation loss over train.val_steps batches from the start of the val shards.
   double evaluate();
-  // Text generated from <|endoftext|> with the configured temperature and top-k.
+  // Text generated from <|endoftext|> with the configured temperature and top-k. Under ZeRO-3
+  // the forward gathers parameters: every rank must call it.
   std::string sample(int64_t tokens);
 
   int64_t step() const;
   std::string checkpoint_root() const;
   // Every parameter, in order (for tests comparing runs). Under parallel.pp > 1 those of other
-  // stages are released placeholders (Note [Pipeline model memory] in parallel/pp/pipeline.h).
+  // stages are released placeholders (Note [Pipeline model memory] in parallel/pp/pipeline.h);
+  // under ZeRO-3, copies gathered collectively (call it on every rank).
   std::vector<std::pair<std::string, Tensor>> parameters() const;
   // The parameters this rank trains: all of them, or with parallel.pp > 1 those of its
   // pipeline stages (the others stay at their initial values on this rank).

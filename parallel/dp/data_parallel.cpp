@@ -1,11 +1,13 @@
 // parallel/dp/data_parallel.cpp — DataParallel (see parallel/dp/data_parallel.h): bucket
 // buffers, the gradient-ready hooks that launch reductions, the sync, sharded clipping and the
-// ZeRO optimiser step with its parameter all-gather.
+// ZeRO optimiser step with its parameter all-gather. Stage 3's unit gathers, releases and
+// per-unit reductions are in parallel/dp/zero3.cpp.
 #include "parallel/dp/data_parallel.h"
 
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <unordered_set>
 
 #include "core/autograd.h"
 #include "core/ops/view.h"
@@ -16,16 +18,32 @@ namespace loom::parallel {
 
 using dp::flat_view;
 
-DataParallel::DataParallel(const std::vector<std::pair<std::string, Tensor>>& named,
-                           Communicator& dp, const DataParallelConfig& config, MicsGroups mics)
+namespace {
+// "<param>[<begin>:<end>]", element offsets in the flattened parameter.
+std::string piece_name(const std::string& param, int64_t begin, int64_t end) {
+  return param + "[" + std::to_string(begin) + ":" + std::to_string(end) + "]";
+}
+}  // namespace
+
+DataParallel::DataParallel(const NamedTensors& named, Communicator& dp,
+                           const DataParallelConfig& config, MicsGroups mics)
+    : DataParallel(std::vector<NamedTensors>{named}, dp, config, mics, false) {}
+
+DataParallel::DataParallel(const std::vector<NamedTensors>& units, Communicator& dp,
+                           const DataParallelConfig& config, MicsGroups mics)
+    : DataParallel(units, dp, config, mics, true) {}
+
+DataParallel::DataParallel(const std::vector<NamedTensors>& units, Communicator& dp,
+                           const DataParallelConfig& config, MicsGroups mics, bool per_unit)
     : dp_(dp),
       shard_comm_(mics.partition != nullptr ? mics.partition : &dp),
       replica_comm_(mics.replica),
       config_(config),
       link_(std::make_shared<HookLink>()) {
-  validate_groups(mics);
-  build_buckets(named);
+  validate_groups(mics, per_unit);
+  build_buckets(units, per_unit);
   if (config_.broadcast_parameters) broadcast_parameters();
+  if (config_.zero_stage == 3) init_shards();
   zero_grad();
   build_optimizer();
   install_hooks();
@@ -38,15 +56,20 @@ DataParallel::~DataParallel() {
     try {
       if (b.first) b.first->wait();
       if (b.second) b.second->wait();
+      if (b.gather) b.gather->wait();
+      for (PendingReduce& r : b.reduces) r.work->wait();
     } catch (...) {  // a destructor must not throw; the error was the step's to report
     }
   }
 }
 
-void DataParallel::validate_groups(MicsGroups mics) const {
+void DataParallel::validate_groups(MicsGroups mics, bool per_unit) const {
   const int stage = config_.zero_stage;
-  LOOM_CHECK(stage >= 0 && stage <= 2, "data_parallel: zero_stage must be 0, 1 or 2, got ", stage,
-             " (ZeRO-3 is not implemented)");
+  LOOM_CHECK(stage >= 0 && stage <= 3, "data_parallel: zero_stage must be 0, 1, 2 or 3, got ",
+             stage);
+  LOOM_CHECK(stage < 3 || per_unit,
+             "data_parallel: ZeRO-3 gathers parameters per unit; build DataParallel from "
+             "parameter units (Transformer::parameter_units())");
   LOOM_CHECK((mics.partition == nullptr) == (mics.replica == nullptr),
              "data_parallel: MiCS needs both the partition and the replica communicator");
   if (mics.partition == nullptr) return;
@@ -56,30 +79,65 @@ void DataParallel::validate_groups(MicsGroups mics) const {
              mics.replica->size(), " != dp size ", dp_.size());
 }
 
-void DataParallel::build_buckets(const std::vector<std::pair<std::string, Tensor>>& named) {
-  std::vector<Tensor> tensors;
-  for (const auto& [name, t] : named) {
-    if (!t.defined() || !t.requires_grad()) continue;  // frozen: not data-parallel state
-    params_.push_back({name, t, optim::decays(config_.decay_rule, name, t.shape()), 0, 0});
-    tensors.push_back(t);
+void DataParallel::build_buckets(const std::vector<NamedTensors>& units, bool per_unit) {
+  std::vector<std::vector<size_t>> groups;  // parameter indices planned together
+  std::unordered_set<const TensorImpl*> seen;
+  for (size_t u = 0; u < units.size(); ++u) {
+    if (per_unit || groups.empty()) groups.emplace_back();
+    for (const auto& [name, t] : units[u]) {
+      if (!t.defined() || !t.requires_grad()) continue;  // frozen: not data-parallel state
+      LOOM_CHECK(seen.insert(t.impl()).second, "data_parallel: parameter '", name,
+                 "' is listed twice (list a tied parameter once)");
+      params_.push_back({name, t, optim::decays(config_.decay_rule, name, t.shape()), 0, 0});
+      groups.back().push_back(params_.size() - 1);
+    }
+    LOOM_CHECK(!per_unit || !groups.back().empty(), "data_parallel: parameter unit ", u,
+               " has no trainable parameters");
   }
-  LOOM_CHECK(!tensors.empty(), "data_parallel: no trainable parameters");
-  std::vector<dp::BucketPlan> plans =
-      dp::plan_buckets(tensors, config_.bucket_bytes, shard_comm_->size());
-  for (size_t bi = 0; bi < plans.size(); ++bi) {
-    Bucket b;
-    b.plan = std::move(plans[bi]);
-    b.param_flat = Tensor::zeros({b.plan.padded_numel}, b.plan.dtype, tensors[0].device());
+  LOOM_CHECK(!params_.empty(), "data_parallel: no trainable parameters");
+  for (const std::vector<size_t>& group : groups) {
+    std::vector<Tensor> tensors;
+    size_t group_bytes = 0;
+    for (size_t i : group) {
+      tensors.push_back(params_[i].tensor);
+      group_bytes += params_[i].tensor.nbytes();
+    }
+    const size_t budget = per_unit ? group_bytes + 1 : config_.bucket_bytes;  // a unit: 1 bucket
+    std::vector<dp::BucketPlan> plans = dp::plan_buckets(tensors, budget, shard_comm_->size());
+    LOOM_CHECK(!per_unit || plans.size() == 1, "data_parallel: parameter unit ", buckets_.size(),
+               " mixes dtypes; a unit must be one bucket");
+    for (dp::BucketPlan& plan : plans) {
+      Bucket b;
+      b.plan = std::move(plan);
+      for (size_t& k : b.plan.params) k = group[k];  // group-local → global parameter index
+      const Device device = params_[b.plan.params[0]].tensor.device();
+      b.param_flat = Tensor::zeros({b.plan.padded_numel}, b.plan.dtype, device);
+      for (size_t k = 0; k < b.plan.params.size(); ++k) {
+        Param& p = params_[b.plan.params[k]];
+        p.bucket = static_cast<int>(buckets_.size());
+        p.offset = b.plan.offsets[k];
+        dp::rehome_parameter(p.tensor, b.param_flat, p.offset);
+      }
+      if (config_.zero_stage >= 2) {
+        b.grad_shard = Tensor::zeros({b.plan.shard_numel}, b.plan.dtype, device);
+      }
+      buckets_.push_back(std::move(b));
+    }
+  }
+}
+
+template <typename Fn>
+void DataParallel::for_each_owned_piece(Fn&& fn) const {
+  for (size_t bi = 0; bi < buckets_.size(); ++bi) {
+    const Bucket& b = buckets_[bi];
+    const int64_t own_begin = shard_rank() * b.plan.shard_numel;
+    const int64_t own_end = own_begin + b.plan.shard_numel;
     for (size_t k = 0; k < b.plan.params.size(); ++k) {
-      Param& p = params_[b.plan.params[k]];
-      p.bucket = static_cast<int>(bi);
-      p.offset = b.plan.offsets[k];
-      dp::rehome_parameter(p.tensor, b.param_flat, p.offset);
+      const Param& p = params_[b.plan.params[k]];
+      const int64_t lo = std::max(p.offset, own_begin);
+      const int64_t hi = std::min(p.offset + p.tensor.numel(), own_end);
+      if (lo < hi) fn(static_cast<int>(bi), p, lo, hi);
     }
-    if (config_.zero_stage >= 2) {
-      b.grad_shard = Tensor::zeros({b.plan.shard_numel}, b.plan.dtype, b.param_flat.device());
-    }
-    buckets_.push_back(std::move(b));
   }
 }
 
@@ -94,24 +152,31 @@ void DataParallel::build_optimizer() {
   if (config_.zero_stage == 0) {
     for (const Param& p : params_) refs.push_back({p.name, p.tensor, p.decay});
   } else {
-    for (size_t bi = 0; bi < buckets_.size(); ++bi) {
-      const Bucket& b = buckets_[bi];
-      const int64_t own_begin = shard_rank() * b.plan.shard_numel;
-      const int64_t own_end = own_begin + b.plan.shard_numel;
-      for (size_t k = 0; k < b.plan.params.size(); ++k) {
-        const Param& p = params_[b.plan.params[k]];
-        const int64_t lo = std::max(p.offset, own_begin);
-        const int64_t hi = std::min(p.offset + p.tensor.numel(), own_end);
-        if (lo >= hi) continue;
-        const std::string name = p.name + "[" + std::to_string(lo - p.offset) + ":" +
-                                 std::to_string(hi - p.offset) + "]";
-        refs.push_back({name, flat_view(b.param_flat, {hi - lo}, lo), p.decay});
-        pieces_.push_back({static_cast<int>(bi), lo, hi});
-      }
-    }
+    for (const auto& [name, view] : parameter_shards()) refs.push_back({name, view, true});
+    size_t k = 0;
+    for_each_owned_piece([&](int bucket, const Param& p, int64_t lo, int64_t hi) {
+      refs[k++].decay = p.decay;
+      pieces_.push_back({bucket, lo, hi});
+    });
   }
   optimizer_ = std::make_unique<optim::AdamW>(std::move(refs), config_.beta1, config_.beta2,
                                               config_.eps, config_.weight_decay);
+}
+
+NamedTensors DataParallel::parameter_shards() const {
+  NamedTensors out;
+  if (config_.zero_stage == 0) {
+    for (const Param& p : params_) out.emplace_back(p.name, p.tensor);
+    return out;
+  }
+  for_each_owned_piece([&](int bucket, const Param& p, int64_t lo, int64_t hi) {
+    const Bucket& b = buckets_[static_cast<size_t>(bucket)];
+    const Tensor view = config_.zero_stage == 3 ? flat_view(b.param_shard, {hi - lo},
+                                                            lo - shard_rank() * b.plan.shard_numel)
+                                                : flat_view(b.param_flat, {hi - lo}, lo);
+    out.emplace_back(piece_name(p.name, lo - p.offset, hi - p.offset), view);
+  });
+  return out;
 }
 
 void DataParallel::install_hooks() {
@@ -130,6 +195,7 @@ void DataParallel::log(DpEventKind kind, int bucket, std::string detail) {
 void DataParallel::ensure_grad_buffer(Bucket& b) {
   if (!b.grad_flat.defined()) {
     b.grad_flat = Tensor::zeros({b.plan.padded_numel}, b.plan.dtype, b.param_flat.device());
+    if (config_.zero_stage == 3) track_bytes(0, static_cast<int64_t>(b.grad_flat.nbytes()));
   }
 }
 
@@ -161,7 +227,9 @@ void DataParallel::on_grad_ready(size_t index, Tensor& leaf) {
     leaf.set_grad(view);
   }
   if (--b.pending > 0) return;
-  if (!sync_) {
+  if (config_.zero_stage == 3) {
+    unit_gradients_ready(p.bucket);
+  } else if (!sync_) {
     b.pending = static_cast<int>(b.plan.params.size());  // accumulation: next micro-batch
   } else if (config_.overlap) {
     launch(p.bucket, DpEventKind::kLaunch);
@@ -197,6 +265,18 @@ void DataParallel::zero_grad() {
   LOOM_CHECK(launch_order_.empty(),
              "data_parallel: zero_grad() with reductions in flight; call "
              "finish_gradient_sync() first");
+  if (config_.zero_stage == 3) {  // unit gradient buffers appear in each unit's backward
+    for (Bucket& b : buckets_) {
+      LOOM_CHECK(b.reduces.empty() && !b.grad_flat.defined(),
+                 "data_parallel: zero_grad() with reductions in flight; call "
+                 "finish_gradient_sync() first");
+      b.shard_written = false;
+    }
+    for (Param& p : params_) p.tensor.zero_grad();
+    reset_counters();
+    synced_ = false;
+    return;
+  }
   for (Bucket& b : buckets_) {
     if (b.grad_flat.defined()) {
       kernels::call_kernel<kernels::fill_k>(b.grad_flat, 0.0);
@@ -218,6 +298,10 @@ void DataParallel::finish_gradient_sync() {
   LOOM_CHECK(sync_,
              "data_parallel: finish_gradient_sync() under set_sync(false); call "
              "set_sync(true) before the last micro-batch's backward");
+  if (config_.zero_stage == 3) {
+    finish_zero3();
+    return;
+  }
   const auto t0 = std::chrono::steady_clock::now();
   log(DpEventKind::kFinishBegin, -1, "");
   for (size_t bi = 0; bi < buckets_.size(); ++bi) {
@@ -300,7 +384,9 @@ void DataParallel::step(double lr) {
     }
   }
   optimizer_->step(lr);
-  if (config_.zero_stage >= 1) gather_parameters();
+  if (config_.zero_stage == 1 || config_.zero_stage == 2) gather_parameters();
+  // Stage 3: nothing is gathered now (finish_gradient_sync released every unit); the next
+  // forward gathers the updated shards.
   synced_ = false;
 }
 
@@ -326,6 +412,11 @@ DpMemory DataParallel::memory() const {
   DpMemory m;
   for (const Bucket& b : buckets_) {
     const int64_t e = static_cast<int64_t>(dtype_size(b.plan.dtype));
+    if (config_.zero_stage == 3) {
+      m.param_bytes += b.plan.shard_numel * e;
+      m.grad_bytes += b.plan.shard_numel * e;
+      continue;
+    }
     m.param_bytes += b.plan.padded_numel * e;
     if (config_.zero_stage >= 2) {
       m.grad_bytes += b.plan.shard_numel * e;
@@ -336,6 +427,10 @@ DpMemory DataParallel::memory() const {
   }
   for (const auto& [name, t] : optimizer_->state_tensors()) {
     m.optimizer_bytes += static_cast<int64_t>(t.nbytes());
+  }
+  if (config_.zero_stage == 3) {
+    m.transient_param_bytes = peak_gathered_bytes_;
+    m.transient_grad_bytes = peak_unit_grad_bytes_;
   }
   return m;
 }
@@ -362,7 +457,8 @@ std::string DataParallel::describe() const {
                   std::to_string(config_.zero_stage) + ", shards over " + shard_comm_->name() +
                   " (" + std::to_string(shard_count()) + ")";
   if (replica_comm_ != nullptr) s += ", replicas over " + replica_comm_->name();
-  s += ", " + std::to_string(buckets_.size()) + " buckets, " + std::to_string(num_parameters()) +
+  s += ", " + std::to_string(buckets_.size()) +
+       (config_.zero_stage == 3 ? " units, " : " buckets, ") + std::to_string(num_parameters()) +
        " parameters; per rank " + format_memory(memory(), memory_formula());
   return s;
 }

@@ -1,9 +1,9 @@
 // parallel/dp/data_parallel.h — DataParallel: gradient buckets reduced asynchronously from the
 // autograd hooks while backward runs (DDP), and the ZeRO stages that shard optimiser state
-// (stage 1) and gradients (stage 2) over the dp group, or over a MiCS partition group with
-// replicas synchronised in a second hop. Owns the optimiser (AdamW over the owned shard).
-// Does not own the model or the communicators, and never splits the batch: the caller feeds
-// each rank its rows and scales the loss for gradient accumulation.
+// (stage 1), gradients (stage 2) and parameters (stage 3, FSDP) over the dp group, or over a MiCS
+// partition group with replicas synchronised in a second hop. Owns the optimiser (AdamW over the
+// owned shard). Does not own the model or the communicators, and never splits the batch: the
+// caller feeds each rank its rows and scales the loss for gradient accumulation.
 //
 // Use, per optimiser step with M micro-batches:
 //   dp.zero_grad();
@@ -30,6 +30,25 @@
 // update every bucket's shard is all-gathered over the shard group. Stage 0 keeps one plain
 // AdamW over the whole parameters on every rank.
 //
+// Note [ZeRO-3]: built from parameter units (Note [Parameter units] in layers/transformer.h),
+// one bucket per unit, and installed as the model's UnitHooks. Between uses a rank holds only
+// its shard of each unit's parameters (param_shard, persistent), of its gradients (grad_shard)
+// and of the AdamW state; the unit's flat parameter buffer keeps its Storage but the memory is
+// released (Note [Releasable storage] in core/storage.h), so tensors the graph saved still
+// point at it. Forward: before_forward(u) all-gathers unit u (waiting for its prefetch when one
+// was issued) and issues the gather of unit u+1 asynchronously; after_forward(u) releases unit
+// u (unless a tied use still holds it) and wraps the unit's output in an identity whose
+// backward calls before_backward(u): gather unit u again (prefetched when possible), issue the
+// gather of unit u-1, allocate the unit's flat gradient buffer. When the unit's last gradient
+// hook fires, its parameters are released and its gradient buffer is reduce-scattered (avg)
+// asynchronously into the shard; the full buffer is freed as soon as that completes. Gradient
+// accumulation reduce-scatters every micro-batch and sums the shards (memory stays sharded;
+// set_sync() does not defer anything at stage 3). With overlap off (measurement only) the full
+// unit gradients are kept and reduce-scattered once, in finish_gradient_sync. MiCS: gathers and
+// reduce-scatters run inside the partition; the summed shard is all-reduced (avg) across the
+// replica group in finish_gradient_sync, in unit order. Activation checkpointing works unchanged:
+// the recomputation runs inside the unit's backward, after its gather.
+//
 #pragma once
 
 #include <cstddef>
@@ -40,6 +59,7 @@
 #include <vector>
 
 #include "core/tensor.h"
+#include "layers/unit_hooks.h"
 #include "optim/adamw.h"
 #include "optim/decay_rule.h"
 #include "parallel/comm/communicator.h"
@@ -49,8 +69,8 @@
 namespace loom::parallel {
 
 struct DataParallelConfig {
-  int zero_stage = 0;               // 0 (DDP), 1 (optimiser state), 2 (+ gradients)
-  size_t bucket_bytes = 25u << 20;  // target bytes of gradient per bucket
+  int zero_stage = 0;               // 0 (DDP), 1 (optimiser state), 2 (+ gradients), 3 (+ params)
+  size_t bucket_bytes = 25u << 20;  // target bytes of gradient per bucket (not with units)
   double beta1 = 0.9;               // AdamW hyper-parameters (optim/adamw.h)
   double beta2 = 0.95;
   double eps = 1e-8;
@@ -67,38 +87,48 @@ struct MicsGroups {
   Communicator* replica = nullptr;
 };
 
-class DataParallel {
+using NamedTensors = std::vector<std::pair<std::string, Tensor>>;
+
+class DataParallel final : public UnitHooks {
  public:
   // named: the model's trainable parameters (Module::named_parameters()), identical in order
   // and shapes on every rank; they are re-homed into flat buffers here. The communicators must
-  // outlive this object. MiCS needs zero_stage >= 1.
-  DataParallel(const std::vector<std::pair<std::string, Tensor>>& named, Communicator& dp,
+  // outlive this object. MiCS needs zero_stage >= 1. Stages 0-2 only.
+  DataParallel(const NamedTensors& named, Communicator& dp, const DataParallelConfig& config,
+               MicsGroups mics = {});
+  // units: the parameters in units (Transformer::parameter_units()), one bucket per unit, any
+  // stage; bucket b is unit b. At stage 3 install the result as the model's hooks
+  // (model.set_unit_hooks(&dp)) before the first forward (Note [ZeRO-3]).
+  DataParallel(const std::vector<NamedTensors>& units, Communicator& dp,
                const DataParallelConfig& config, MicsGroups mics = {});
-  ~DataParallel();
+  ~DataParallel() override;
   DataParallel(const DataParallel&) = delete;
   DataParallel& operator=(const DataParallel&) = delete;
   DataParallel(DataParallel&&) = delete;
   DataParallel& operator=(DataParallel&&) = delete;
 
-  // Zeroes the gradient buckets and points every parameter's .grad at its bucket view.
+  // Zeroes the gradient buckets and points every parameter's .grad at its bucket view (stage
+  // 3: starts a step; unit gradient buffers appear in each unit's backward).
   void zero_grad();
   // Whether the next backward is the last micro-batch of the step (reductions launch from its
-  // hooks). Default true. With false, gradients only accumulate in the buckets.
+  // hooks). Default true. With false, gradients only accumulate in the buckets. Stage 3
+  // reduce-scatters every micro-batch regardless (Note [ZeRO-3]).
   void set_sync(bool sync);
   bool sync() const { return sync_; }
   // Issues any reduction not yet issued, waits for all of them (the exposed wait is recorded),
   // and closes the step's statistics. Gradients are then averaged over dp: whole buckets at
-  // stages 0/1, the owned shard at stage 2.
+  // stages 0/1, the owned shard at stages 2/3 (stage 3 also releases every gathered unit).
   void finish_gradient_sync();
   // Global gradient norm over the owned shards (Σ g² all-reduced over the shard group, each
   // element counted once), then scales the owned gradients so the norm is at most max_norm.
   // Returns the norm before clipping. Calls finish_gradient_sync() first when needed.
   double clip_grad_norm(double max_norm);
-  // AdamW step on the owned shard with learning rate lr, then all-gathers the parameters.
+  // AdamW step on the owned shard with learning rate lr, then all-gathers the parameters
+  // (stages 1/2; at stage 3 the next forward gathers them unit by unit).
   void step(double lr);
 
   // Optimiser state of this rank (Note [Optimizer state contract] in optim/optimizer.h); at
-  // stages 1/2 the names carry the shard's element range, e.g. "exp_avg.wte.weight[0:512]".
+  // stages 1-3 the names carry the shard's element range, e.g. "exp_avg.wte.weight[0:512]".
   std::vector<std::pair<std::string, Tensor>> state_tensors();
   int64_t step_count() const { return optimizer_->step_count(); }
   void set_step_count(int64_t step) { optimizer_->set_step_count(step); }
@@ -110,6 +140,20 @@ class DataParallel {
   // launches (Note [Data-parallel event log]); tests call it from backward functions.
   void mark(std::string detail) { log(DpEventKind::kMarker, -1, std::move(detail)); }
   std::string describe() const;  // layout and memory, one line, for printing at start
+
+  // UnitHooks (Note [ZeRO-3]); no-ops below stage 3.
+  void before_forward(int unit) override;
+  Tensor after_forward(int unit, const Tensor& out) override;
+
+  // The parameter values this rank owns, named "<param>[<begin>:<end>]" like the optimiser
+  // state (stages 1-3; views: writing them sets the values), or every whole parameter at
+  // stage 0. At stage 3 this is the only copy of the parameters between uses.
+  NamedTensors parameter_shards() const;
+  // Copies of every whole parameter in the model's order. At stage 3 this all-gathers each
+  // unit (collective over the shard group: call it on every rank).
+  NamedTensors full_parameters();
+  // Stage 3: bytes of gathered parameter buffers now alive (0 between steps).
+  int64_t gathered_bytes() const { return gathered_bytes_; }
 
   int zero_stage() const { return config_.zero_stage; }
   int shard_rank() const { return shard_comm_->rank(); }
@@ -127,14 +171,26 @@ class DataParallel {
     int bucket = 0;
     int64_t offset = 0;  // in the bucket's flat buffers
   };
+  struct PendingReduce {  // stage 3: a reduce-scatter in flight
+    WorkPtr work;
+    Tensor grad_flat;  // kept alive until the reduction has read it
+    Tensor partial;    // the result, to add into grad_shard; undefined: written there directly
+  };
   struct Bucket {
     dp::BucketPlan plan;
-    Tensor param_flat;  // (padded_numel)
+    Tensor param_flat;  // (padded_numel); at stage 3 released between uses
     Tensor grad_flat;   // (padded_numel); at stage 2 undefined between the sync and zero_grad
-    Tensor grad_shard;  // (shard_numel), stage 2 only
+    Tensor grad_shard;  // (shard_numel), stages 2 and 3
     int pending = 0;    // hooks still to fire in this backward
     bool launched = false;
     WorkPtr first, second;
+    // Stage 3 (Note [ZeRO-3]).
+    Tensor param_shard;  // (shard_numel) the owned parameter values
+    bool gathered = false;  // param_flat materialised (its gather may still be in flight)
+    WorkPtr gather;
+    int forward_uses = 0;
+    bool shard_written = false;  // grad_shard holds this step's first reduction
+    std::vector<PendingReduce> reduces;
   };
   struct Piece {  // an optimiser ParamRef: [begin, end) of bucket `bucket`'s flat space
     int bucket = 0;
@@ -144,8 +200,14 @@ class DataParallel {
     DataParallel* owner = nullptr;
   };
 
-  void validate_groups(MicsGroups mics) const;
-  void build_buckets(const std::vector<std::pair<std::string, Tensor>>& named);
+  DataParallel(const std::vector<NamedTensors>& units, Communicator& dp,
+               const DataParallelConfig& config, MicsGroups mics, bool per_unit);
+  void validate_groups(MicsGroups mics, bool per_unit) const;
+  // Calls fn(bucket, param, lo, hi) for every intersection [lo, hi) (bucket elements) of a
+  // parameter with this rank's owned range, in bucket then buffer order.
+  template <typename Fn>
+  void for_each_owned_piece(Fn&& fn) const;
+  void build_buckets(const std::vector<NamedTensors>& units, bool per_unit);
   void broadcast_parameters();
   void build_optimizer();
   void install_hooks();
@@ -157,6 +219,18 @@ class DataParallel {
   void log(DpEventKind kind, int bucket, std::string detail);
   std::vector<Tensor> owned_grads() const;
   void gather_parameters();
+  // Stage 3 (parallel/dp/zero3.cpp).
+  void init_shards();
+  void gather_unit(int unit, bool prefetch);
+  void wait_unit(int unit);
+  void release_unit(int unit);
+  void before_backward(int unit);
+  void unit_gradients_ready(int unit);
+  void launch_unit(int unit, DpEventKind kind);
+  void finish_reduce(Bucket& b);
+  void reap_reductions();
+  void finish_zero3();
+  void track_bytes(int64_t param_delta, int64_t grad_delta);
 
   Communicator& dp_;
   Communicator* shard_comm_;    // dp_, or the MiCS partition
@@ -172,6 +246,8 @@ class DataParallel {
   bool synced_ = false;  // reductions complete, step not yet taken
   uint64_t next_seq_ = 0;
   DpStepStats current_, last_stats_;
+  int64_t gathered_bytes_ = 0, peak_gathered_bytes_ = 0;  // stage 3 parameter buffers
+  int64_t unit_grad_bytes_ = 0, peak_unit_grad_bytes_ = 0;  // stage 3 full gradient buffers
 };
 
 }  // namespace loom::parallel

@@ -33,6 +33,16 @@ const char* dp_event_kind_name(DpEventKind kind) {
       return "gather";
     case DpEventKind::kMarker:
       return "marker";
+    case DpEventKind::kPrefetch:
+      return "prefetch";
+    case DpEventKind::kRelease:
+      return "release";
+    case DpEventKind::kUnitForward:
+      return "unit_forward";
+    case DpEventKind::kUnitForwardEnd:
+      return "unit_forward_end";
+    case DpEventKind::kUnitBackward:
+      return "unit_backward";
   }
   return "?";
 }
@@ -61,9 +71,9 @@ DpMemory zero_memory_formula(int64_t psi, size_t elem_bytes, int zero_stage, int
   const int64_t e = static_cast<int64_t>(elem_bytes);
   const int64_t n = shard_count;
   DpMemory m;
-  m.param_bytes = e * psi;
+  m.param_bytes = zero_stage >= 3 ? e * psi / n : e * psi;
   m.grad_bytes = zero_stage >= 2 ? e * psi / n : e * psi;
-  m.transient_grad_bytes = zero_stage >= 2 ? e * psi : 0;
+  m.transient_grad_bytes = zero_stage == 2 ? e * psi : 0;
   m.optimizer_bytes = zero_stage >= 1 ? 2 * e * psi / n : 2 * e * psi;
   return m;
 }
@@ -75,6 +85,9 @@ std::string format_memory(const DpMemory& measured, const DpMemory& formula) {
                   mib(formula.optimizer_bytes) + ")";
   if (measured.transient_grad_bytes > 0) {
     s += ", transient grad buckets " + mib(measured.transient_grad_bytes);
+  }
+  if (measured.transient_param_bytes > 0) {
+    s += ", gathered units " + mib(measured.transient_param_bytes);
   }
   return s;
 }

@@ -24,8 +24,15 @@ enum class DpEventKind {
   kReplicaLaunch,  // MiCS second hop (all_reduce across replicas) issued
   kFinishBegin,    // finish_gradient_sync entered (backward is over)
   kFinishEnd,      // every reduction of the step has completed
-  kGather,         // ZeRO parameter all_gather issued after the optimiser step
+  kGather,         // ZeRO parameter all_gather issued: after the optimiser step (stages 1, 2),
+                   // or when a unit is needed and was not prefetched (stage 3)
   kMarker,         // DataParallel::mark(): the caller's own event (e.g. a backward node ran)
+  // Stage 3 (Note [ZeRO-3] in parallel/dp/data_parallel.h); `bucket` is the unit.
+  kPrefetch,       // a unit's all_gather issued ahead of its use (next unit in compute order)
+  kRelease,        // a unit's gathered parameters freed
+  kUnitForward,    // a unit's forward begins (its parameters are gathered)
+  kUnitForwardEnd, // a unit's forward has produced its output
+  kUnitBackward,   // a unit's backward begins (its parameters are gathered)
 };
 const char* dp_event_kind_name(DpEventKind kind);
 
@@ -55,9 +62,11 @@ struct DpStepStats {
 
 // Bytes this rank holds, read from the engine's buffers.
 struct DpMemory {
-  int64_t param_bytes = 0;           // flat parameter buffers (full parameters at stages 0–2)
-  int64_t grad_bytes = 0;            // gradient memory kept between steps (stage 2: the shards)
-  int64_t transient_grad_bytes = 0;  // stage 2: full buckets, alive from zero_grad to the sync
+  int64_t param_bytes = 0;           // parameters kept between steps (full at stages 0–2)
+  int64_t grad_bytes = 0;            // gradient memory kept between steps (stages 2, 3: shards)
+  int64_t transient_grad_bytes = 0;  // stage 2: full buckets, alive from zero_grad to the sync;
+                                     // stage 3: most full unit gradient bytes alive at once
+  int64_t transient_param_bytes = 0; // stage 3: most gathered unit bytes alive at once
   int64_t optimizer_bytes = 0;       // AdamW exp_avg + exp_avg_sq of the owned shard
   int64_t total() const { return param_bytes + grad_bytes + optimizer_bytes; }
 };
@@ -68,8 +77,11 @@ struct DpMemory {
 //   stage 0:  params eΨ  + grads eΨ   + Adam 2eΨ      (16Ψ bytes for f32)
 //   stage 1:  params eΨ  + grads eΨ   + Adam 2eΨ/N
 //   stage 2:  params eΨ  + grads eΨ/N + Adam 2eΨ/N
+//   stage 3:  params eΨ/N + grads eΨ/N + Adam 2eΨ/N   (+ the gathered units, transiently)
 // (the ZeRO paper's 2Ψ + 2Ψ + 12Ψ is the bf16-params / f32-master variant of the same split).
 // The measured figures exceed these only by bucket padding (< N·16 elements per bucket).
+// Stage 3's transient figures are measured, not formulas: about two units' parameters (the
+// one in use and the prefetched one, plus a tied embedding) and a few units' gradients.
 DpMemory zero_memory_formula(int64_t psi, size_t elem_bytes, int zero_stage, int shard_count);
 
 // "params 1.2 MiB, grads 1.2 MiB, optimizer 0.6 MiB (formula: …)" for printing at start.

@@ -1,5 +1,5 @@
 // tests/core/tensor_test.cpp — storage sharing by views, reshape/view rules, dtype conversion,
-// and the CPU allocator's statistics and alignment.
+// the CPU allocator's statistics and alignment, and releasable storage.
 #include "core/tensor.h"
 
 #include <gtest/gtest.h>
@@ -107,6 +107,29 @@ TEST(Tensor, HalfPrecisionRoundsToNearestEven) {
   EXPECT_EQ(static_cast<float>(Float16(5.9604645e-8f)), 5.9604645e-8f);
   EXPECT_EQ(static_cast<float>(Float16(-1.5f)), -1.5f);
   EXPECT_TRUE(std::isnan(static_cast<float>(BFloat16(NAN))));
+}
+
+// Note [Releasable storage]: release() returns the bytes to the allocator while views keep the
+// Storage; reading then throws; materialize() brings a buffer back that the views see.
+TEST(Allocator, ReleasedStorageFreesItsBytesAndViewsSeeTheNewBuffer) {
+  Allocator& a = allocator_for(DeviceType::kCpu);
+  const int64_t before = a.stats().current_bytes;
+  Tensor x = Tensor::full({1000}, 2.0, DType::kF32);
+  Tensor v = x.narrow(0, 10, 5);  // a view: same Storage
+  EXPECT_EQ(a.stats().current_bytes, before + 4000);
+  x.storage()->release();
+  x.storage()->release();  // a no-op the second time
+  EXPECT_TRUE(v.storage()->released());
+  EXPECT_EQ(a.stats().current_bytes, before);
+  EXPECT_THROW(v.to_vector(), Error);
+  x.storage()->materialize();
+  EXPECT_EQ(a.stats().current_bytes, before + 4000);
+  x.data<float>()[12] = 7.0f;
+  EXPECT_EQ(v.at({2}), 7.0);
+  x.storage()->release();
+  x = Tensor();
+  v = Tensor();  // destroying a released Storage frees nothing twice
+  EXPECT_EQ(a.stats().current_bytes, before);
 }
 
 TEST(Allocator, CountsCurrentAndPeakBytes) {

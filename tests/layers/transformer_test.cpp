@@ -1,7 +1,8 @@
 // tests/layers/transformer_test.cpp — the whole model: gradient checks in f64 (gpt2, llama,
 // gpt2 with dropout and activation checkpointing), parameter names and counts (against the
 // published GPT-2 sizes), tied head, padded vocab, loss at init, a short SGD run, activation
-// checkpointing (same gradients, less memory), FLOPs, and validate() messages.
+// checkpointing (same gradients, less memory), FLOPs, validate() messages, and the parameter
+// units with their forward hooks.
 #include "layers/transformer.h"
 
 #include <gtest/gtest.h>
@@ -387,6 +388,65 @@ TEST(Transformer, ValidateNamesTheKey) {
   c = tiny_gpt2();
   c.max_seq_len = 0;
   expect_invalid(c, "model.max_seq_len");
+}
+
+}  // namespace
+}  // namespace loom
+
+namespace loom {
+namespace {
+
+// Records the unit hook calls as "+u" / "-u" and passes outputs through unchanged.
+class CallLog final : public UnitHooks {
+ public:
+  void before_forward(int unit) override { calls += "+" + std::to_string(unit) + " "; }
+  Tensor after_forward(int unit, const Tensor& out) override {
+    calls += "-" + std::to_string(unit) + " ";
+    return out;
+  }
+  std::string calls;
+};
+
+// Note [Parameter units]: every parameter in exactly one unit, in named_parameters() order,
+// and the forward brackets each unit in order (the tied gpt2 head enters unit 0 again).
+TEST(Transformer, ParameterUnitsAndHookOrder) {
+  for (const ModelConfig& c : {tiny_gpt2(), tiny_llama()}) {
+    Transformer m(c);
+    Generator gen(4);
+    m.init_weights(gen);
+    const auto units = m.parameter_units();
+    ASSERT_EQ(units.size(), static_cast<size_t>(c.n_layer + 2)) << c.arch;
+    std::vector<std::string> flat;
+    for (size_t u = 0; u < units.size(); ++u) {
+      ASSERT_FALSE(units[u].empty()) << c.arch << " unit " << u;
+      for (const auto& [name, p] : units[u]) {
+        flat.push_back(name);
+        if (u == 0) {
+          EXPECT_TRUE(name.rfind("wte.", 0) == 0 || name.rfind("wpe.", 0) == 0) << name;
+        }
+        if (u >= 1 && u <= static_cast<size_t>(c.n_layer)) {
+          EXPECT_EQ(name.rfind("blocks." + std::to_string(u - 1) + ".", 0), 0u) << name;
+        }
+        EXPECT_TRUE(p.same(m.parameter(name))) << name;
+      }
+    }
+    std::vector<std::string> names;
+    for (const auto& [name, p] : m.named_parameters()) names.push_back(name);
+    EXPECT_EQ(flat, names) << c.arch;
+
+    const Tensor ids = random_ids(2, 5, c.vocab_size, 1);
+    const Tensor plain = m.forward(ids);
+    CallLog log;
+    m.set_unit_hooks(&log);
+    const Tensor hooked = m.forward(ids);
+    m.set_unit_hooks(nullptr);
+    std::string expected = "+0 -0 ";
+    for (int64_t i = 1; i <= c.n_layer; ++i) expected += "+" + std::to_string(i) + " -" + std::to_string(i) + " ";
+    const std::string head = std::to_string(c.n_layer + 1);
+    expected += c.tie_embeddings ? "+" + head + " +0 -0 -" + head + " " : "+" + head + " -" + head + " ";
+    EXPECT_EQ(log.calls, expected) << c.arch;
+    EXPECT_EQ(hooked.to_vector(), plain.to_vector()) << c.arch;
+  }
 }
 
 }  // namespace

@@ -1,5 +1,5 @@
-// tests/parallel/dp_equivalence_mpi_test.cpp — DataParallel (DDP, ZeRO-1, ZeRO-2, MiCS, gradient
-// accumulation) trains the tiny GPT to the same losses, gradient norms and parameters as the
+// tests/parallel/dp_equivalence_mpi_test.cpp — DataParallel (DDP, ZeRO-1, ZeRO-2, ZeRO-3, MiCS,
+// gradient accumulation, activation checkpointing under ZeRO-3) trains the tiny GPT to the same losses, gradient norms and parameters as the
 // single-process run on the full batch, which every rank recomputes locally.
 //
 // Note [Equivalence tolerance]: not bitwise, because the single process sums each gradient
@@ -37,7 +37,8 @@ struct Case {
   int zero_stage;
   int mics_partition;  // 0: no MiCS
   int micro;
-  size_t bucket_bytes;
+  size_t bucket_bytes;  // ignored at ZeRO-3 (one bucket per parameter unit)
+  bool checkpointing = false;
 };
 
 void expect_equivalent(const RunResult& ref, const RunResult& got) {
@@ -70,12 +71,13 @@ void run_case(const Case& c) {
   const int world = testing::world_size();
   if (world % c.dp != 0) GTEST_SKIP() << "needs a world size divisible by " << c.dp;
   SCOPED_TRACE(::testing::Message() << "dp " << c.dp << " zero " << c.zero_stage << " mics "
-                                    << c.mics_partition << " micro " << c.micro);
+                                    << c.mics_partition << " micro " << c.micro
+                                    << " checkpointing " << c.checkpointing);
   static const RunResult ref = testing::reference_run(kSteps);
   ParallelContext ctx =
       ParallelContext::create(dp_layout(world, c.dp, c.mics_partition, testing::kTestCommTimeoutS));
   const RunResult got = testing::dp_run(ctx, dp_config(c.zero_stage, c.bucket_bytes),
-                                        c.mics_partition > 0, kSteps, c.micro);
+                                        c.mics_partition > 0, kSteps, c.micro, c.checkpointing);
   expect_equivalent(ref, got);
   // Every replica must hold identical parameters, bit for bit.
   for (const auto& [name, p] : got.params) {
@@ -101,6 +103,15 @@ TEST(DataParallelEquivalence, Dp4MicsPartition2) { run_case({4, 2, 2, 1, kSmallB
 TEST(DataParallelEquivalence, Dp4Zero1MicsPartition2) { run_case({4, 1, 2, 1, kSmallBuckets}); }
 TEST(DataParallelEquivalence, Dp2Zero2Accumulate2) { run_case({2, 2, 0, 2, kSmallBuckets}); }
 TEST(DataParallelEquivalence, Dp2Zero0Accumulate2OneBucket) { run_case({2, 0, 0, 2, 1 << 30}); }
+// ZeRO-3: the same tolerances. Its forward and backward see parameters all-gathered from the
+// shards AdamW updated, bit-equal to ZeRO-2's; its accumulation sums per-micro-batch
+// reduce-scattered shards instead of reducing once (another f32 grouping of the same sums).
+TEST(DataParallelEquivalence, Dp2Zero3) { run_case({2, 3, 0, 1, 0}); }
+TEST(DataParallelEquivalence, Dp4Zero3) { run_case({4, 3, 0, 1, 0}); }
+TEST(DataParallelEquivalence, Dp2Zero3Accumulate2) { run_case({2, 3, 0, 2, 0}); }
+TEST(DataParallelEquivalence, Dp4Zero3Accumulate2) { run_case({4, 3, 0, 2, 0}); }
+TEST(DataParallelEquivalence, Dp4Zero3MicsPartition2) { run_case({4, 3, 2, 1, 0}); }
+TEST(DataParallelEquivalence, Dp2Zero3ActivationCheckpointing) { run_case({2, 3, 0, 2, 0, true}); }
 
 }  // namespace
 }  // namespace loom::parallel

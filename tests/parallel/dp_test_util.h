@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <utility>
 #include <vector>
@@ -90,16 +91,33 @@ inline RunResult reference_run(int steps) {
   return r;
 }
 
+// The engine for `model`: from parameter units with the model's hooks installed at ZeRO-3
+// (Note [ZeRO-3] in parallel/dp/data_parallel.h), else from the flat parameter list.
+inline std::unique_ptr<DataParallel> make_dp(Transformer& model, Communicator& comm,
+                                             const DataParallelConfig& config,
+                                             MicsGroups groups = {}) {
+  if (config.zero_stage < 3) {
+    return std::make_unique<DataParallel>(model.named_parameters(), comm, config, groups);
+  }
+  auto dp = std::make_unique<DataParallel>(model.parameter_units(), comm, config, groups);
+  model.set_unit_hooks(dp.get());
+  return dp;
+}
+
 // The same training under DataParallel: this rank takes rows [r·B/dp, (r+1)·B/dp) of each
-// global batch, split further into `micro` accumulation micro-batches.
+// global batch, split further into `micro` accumulation micro-batches. With `checkpointing`
+// every block recomputes its forward in backward.
 inline RunResult dp_run(const ParallelContext& ctx, const DataParallelConfig& config, bool mics,
-                        int steps, int micro) {
-  Transformer model(dp_tiny_gpt());
+                        int steps, int micro, bool checkpointing = false) {
+  ModelConfig mc = dp_tiny_gpt();
+  mc.activation_checkpointing = checkpointing;
+  Transformer model(mc);
   Generator gen(kInitSeed);
   model.init_weights(gen);
   MicsGroups groups;
   if (mics) groups = {&ctx.mics_partition(), &ctx.mics_replica()};
-  DataParallel dp(model.named_parameters(), ctx.dp(), config, groups);
+  std::unique_ptr<DataParallel> engine = make_dp(model, ctx.dp(), config, groups);
+  DataParallel& dp = *engine;
   const int64_t rows = kGlobalBatch / ctx.dp_size() / micro;
   RunResult r;
   for (int s = 0; s < steps; ++s) {
@@ -121,7 +139,8 @@ inline RunResult dp_run(const ParallelContext& ctx, const DataParallelConfig& co
     ctx.dp().all_reduce(l, ReduceOp::kAvg);
     r.losses.push_back(l.item());
   }
-  for (auto& [name, p] : model.named_parameters()) r.params.emplace_back(name, p.clone());
+  r.params = dp.full_parameters();  // collective at ZeRO-3 (the parameters are sharded)
+  model.set_unit_hooks(nullptr);
   return r;
 }
 

@@ -116,6 +116,24 @@ TEST(Config, PipelineKeysNameTheKeys) {
   EXPECT_EQ(pipeline_microbatches(c), 6);
 }
 
+// ZeRO stages 0-3 are accepted, alone and with MiCS; anything else names the key.
+TEST(Config, ZeroStagesAndMics) {
+  for (int stage = 0; stage <= 3; ++stage) {
+    const std::string z = "parallel.zero_stage=" + std::to_string(stage);
+    EXPECT_EQ(error_of("", {"parallel.dp=4", z}), "") << z;
+    EXPECT_EQ(error_of("", {"parallel.dp=4", z, "parallel.mics_partition_size=2"}), stage >= 1 ? ""
+              : "parallel.mics_partition_size: MiCS shards optimizer state; set parallel.zero_stage to 1, 2 or 3")
+        << z;
+  }
+  EXPECT_EQ(parse_config_text("parallel:\n  dp: 4\n  zero_stage: 3\n").parallel.zero_stage, 3);
+  EXPECT_EQ(error_of("", {"parallel.dp=4", "parallel.zero_stage=4"}),
+            "parallel.zero_stage: 4 is not supported (0, 1, 2 or 3)");
+  EXPECT_EQ(error_of("", {"parallel.dp=4", "parallel.zero_stage=-1"}),
+            "parallel.zero_stage: -1 is not supported (0, 1, 2 or 3)");
+  EXPECT_EQ(error_of("", {"parallel.dp=4", "parallel.zero_stage=3", "parallel.mics_partition_size=3"}),
+            "parallel.mics_partition_size: 3 does not divide parallel.dp 4");
+}
+
 TEST(Config, MalformedYamlAndMissingFile) {
   EXPECT_NE(error_of("model: [unclosed\n").find("malformed YAML at line"), std::string::npos);
   try {
