@@ -13,7 +13,7 @@ LayerNorm::LayerNorm(int64_t dim, double eps, bool bias, DType dtype, Device dev
 }
 
 Tensor LayerNorm::forward(const Tensor& x) const {
-  return ops::layer_norm(x, weight_, bias_, eps_);
+  return ops::layer_norm(x, compute(weight_), compute(bias_), eps_);  // Note [Compute dtype]
 }
 
 void LayerNorm::reset() {
@@ -26,7 +26,7 @@ RMSNorm::RMSNorm(int64_t dim, double eps, DType dtype, Device device) : eps_(eps
   weight_ = register_parameter("weight", Tensor::ones({dim}, dtype, device));
 }
 
-Tensor RMSNorm::forward(const Tensor& x) const { return ops::rms_norm(x, weight_, eps_); }
+Tensor RMSNorm::forward(const Tensor& x) const { return ops::rms_norm(x, compute(weight_), eps_); }
 
 void RMSNorm::reset() { init::fill_(weight_, 1.0); }
 

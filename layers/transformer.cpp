@@ -135,7 +135,7 @@ Tensor Transformer::forward(const Tensor& ids, Generator* dropout_gen) const {
              shape_str(ids.shape()));
   LOOM_CHECK(ids.size(1) <= config_.max_seq_len, "Transformer.forward: sequence length ",
              ids.size(1), " exceeds model.max_seq_len ", config_.max_seq_len);
-  return forward(ids, positions(ids.size(1)), dropout_gen);
+  return forward(ids.to(device_), positions(ids.size(1)), dropout_gen);
 }
 
 Tensor Transformer::forward(const Tensor& ids, const Tensor& pos, Generator* dropout_gen) const {
@@ -146,13 +146,15 @@ Tensor Transformer::forward(const Tensor& ids, const Tensor& pos, Generator* dro
   Tensor x = embed(ids, pos);
   for (const auto& b : blocks_) x = b->forward(x, pos, dropout_gen);
   x = norm_f_->forward(x);
-  return ops::matmul(x, head_weight(), false, true);  // (B, T, Vp)
+  return ops::matmul(x, compute(head_weight()), false, true);  // (B, T, Vp), Note [Compute dtype]
 }
 
 Tensor Transformer::loss(const Tensor& ids, const Tensor& targets, Generator* dropout_gen) const {
   LOOM_CHECK(targets.shape() == ids.shape(), "Transformer.loss: targets ",
              shape_str(targets.shape()), " do not match ids ", shape_str(ids.shape()));
-  return ops::softmax_cross_entropy(forward(ids, dropout_gen), targets, -100, config_.vocab_size);
+  const Tensor host_targets = targets.device().is_cpu() ? targets : Tensor();
+  return ops::softmax_cross_entropy(forward(ids, dropout_gen), targets.to(device_), -100,
+                                    config_.vocab_size, host_targets);
 }
 
 int64_t Transformer::num_parameters(bool exclude_padding) const {
