@@ -288,8 +288,8 @@ std::vector<Tensor> Trainer::State::grads() const {
   return g;
 }
 
-// Note [Device step]: on a device, a step reads back one thing: the step's loss and its
-// gradients' sum of squares, read together (read_loss_and_sq_sum) once backward is done, since
+// Note [Device step]: on a device, a single-process step reads back one thing: the step's loss
+// and its gradients' sum of squares, in one two-element copy once backward is done, since
 // clipping and loss scaling need the norm on the host. Everything else stays where it is:
 // batches are copied to the device by the model (which counts the targets on the host), the
 // micro-batch losses are summed on the device, and so are the per-parameter sums of squares.

@@ -29,15 +29,15 @@ double rel_error(const Tensor& want, const Tensor& got) {
   return den == 0 ? (num == 0 ? 0 : INFINITY) : std::sqrt(num / den);
 }
 
-struct Run {
+struct ModelRun {
   Tensor logits, loss;
   std::vector<std::pair<std::string, Tensor>> params;
 };
 
 // A model with the seed's weights (perturbed, so norms and biases matter), computing in
 // `compute` (nullopt: its own dtype); one forward and backward on fixed tokens.
-Run run(const ModelConfig& mc, DType master, std::optional<DType> compute) {
-  Run r;
+ModelRun run_model(const ModelConfig& mc, DType master, std::optional<DType> compute) {
+  ModelRun r;
   auto model = std::make_unique<Transformer>(mc, master);
   Generator gen(77);
   model->init_weights(gen);
@@ -53,8 +53,8 @@ Run run(const ModelConfig& mc, DType master, std::optional<DType> compute) {
 }
 
 void expect_plumbing(const ModelConfig& mc) {
-  const Run plain = run(mc, DType::kF32, std::nullopt);
-  const Run mixed = run(mc, DType::kF32, DType::kF64);
+  const ModelRun plain = run_model(mc, DType::kF32, std::nullopt);
+  const ModelRun mixed = run_model(mc, DType::kF32, DType::kF64);
   EXPECT_EQ(plain.logits.dtype(), DType::kF32);
   EXPECT_EQ(mixed.logits.dtype(), DType::kF64) << "activations must be in the compute dtype";
   EXPECT_EQ(mixed.loss.dtype(), DType::kF64);
@@ -81,8 +81,8 @@ TEST(Precision, ActivationCheckpointingKeepsThePlumbing) {
 }
 
 TEST(Precision, UnsetOrEqualComputeDtypeChangesNothing) {
-  const Run plain = run(testing::tiny_gpt2(), DType::kF32, std::nullopt);
-  const Run same = run(testing::tiny_gpt2(), DType::kF32, DType::kF32);
+  const ModelRun plain = run_model(testing::tiny_gpt2(), DType::kF32, std::nullopt);
+  const ModelRun same = run_model(testing::tiny_gpt2(), DType::kF32, DType::kF32);
   EXPECT_EQ(plain.loss.item(), same.loss.item());
   for (size_t i = 0; i < plain.params.size(); ++i) {
     EXPECT_EQ(plain.params[i].second.grad().to_vector(), same.params[i].second.grad().to_vector())

@@ -24,9 +24,9 @@ TEST(LossScaler, ScalesArePowersOfTwo) {
   EXPECT_EQ(optim::LossScaler(65536.0).scale(), 65536.0);
   EXPECT_EQ(optim::LossScaler(1000.0).scale(), 512.0);
   EXPECT_EQ(optim::LossScaler(1.0).scale(), 1.0);
-  EXPECT_THROW(optim::LossScaler(0.5), Error);
-  EXPECT_THROW(optim::LossScaler(kInf), Error);
-  EXPECT_THROW(optim::LossScaler(1024.0, 0), Error);
+  EXPECT_THROW(optim::LossScaler{0.5}, Error);
+  EXPECT_THROW(optim::LossScaler{kInf}, Error);
+  EXPECT_THROW((optim::LossScaler{1024.0, 0}), Error);
 }
 
 TEST(LossScaler, ScaledBackwardThenUnscaleGivesThePlainGradients) {

@@ -25,7 +25,7 @@ namespace fs = std::filesystem;
 // A fresh directory with train/val shards of a learnable stream over a 64-token vocabulary:
 // short repeating phrases with a little noise.
 std::string make_data(const std::string& name) {
-  const std::string dir = ::testing::TempDir() + "/loom_trainer_" + name;
+  const std::string dir = ::testing::TempDir() + "/loom_trainer_" + name + "_" + std::to_string(::getpid());
   fs::remove_all(dir);
   fs::create_directories(dir + "/data");
   std::vector<int32_t> tokens;
@@ -143,7 +143,7 @@ TEST(Trainer, CudaDeviceWithoutGpuIsAConfigError) {
   if (device_count(DeviceType::kCuda) > 0) GTEST_SKIP() << "a CUDA device is visible (tests/cuda covers it)";
   const std::string dir = make_data("no_gpu");
   std::ostringstream log;
-  Config cfg = tiny_config(dir, 2);
+  Config cfg = tiny_config(dir, 5);
   cfg.train.device = "cuda";
   try {
     Trainer t(cfg, quiet(log));
