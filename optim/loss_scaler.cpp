@@ -17,10 +17,12 @@ bool is_power_of_two(double x) {
 
 }  // namespace
 
-LossScaler::LossScaler(double init_scale, int64_t growth_interval) : growth_interval_(growth_interval) {
-  LOOM_CHECK(std::isfinite(init_scale) && init_scale >= kMinScale, "LossScaler: init_scale must be finite and >= ",
-             kMinScale, ", got ", init_scale);
-  LOOM_CHECK(growth_interval > 0, "LossScaler: growth_interval must be positive, got ", growth_interval);
+LossScaler::LossScaler(double init_scale, int64_t growth_interval)
+    : growth_interval_(growth_interval) {
+  LOOM_CHECK(std::isfinite(init_scale) && init_scale >= kMinScale,
+             "LossScaler: init_scale must be finite and >= ", kMinScale, ", got ", init_scale);
+  LOOM_CHECK(growth_interval > 0, "LossScaler: growth_interval must be positive, got ",
+             growth_interval);
   int exponent = 0;
   std::frexp(init_scale, &exponent);
   state_.scale = std::ldexp(1.0, exponent - 1);  // the power of two at or below init_scale

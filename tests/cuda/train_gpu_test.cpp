@@ -30,7 +30,8 @@ constexpr int64_t kSteps = 20;
 // Fresh train shards (per test name) of a learnable stream over a 512-token vocabulary: 32
 // phrases of 8 tokens in a pseudo-random order.
 std::string make_data(const std::string& name) {
-  const std::string dir = ::testing::TempDir() + "/loom_train_gpu_" + name + "_" + std::to_string(::getpid());
+  const std::string dir =
+      ::testing::TempDir() + "/loom_train_gpu_" + name + "_" + std::to_string(::getpid());
   fs::remove_all(dir);
   fs::create_directories(dir + "/data");
   std::vector<int32_t> tokens;
@@ -40,19 +41,22 @@ std::string make_data(const std::string& name) {
     const int32_t phrase = static_cast<int32_t>((x >> 16) % 32);
     for (int32_t k = 0; k < 8; ++k) tokens.push_back((phrase * 16 + k * 7) % 512);
   }
-  write_shard(dir + "/data/train_000000.bin", std::span<const int32_t>(tokens.data(), tokens.size()));
+  write_shard(dir + "/data/train_000000.bin",
+              std::span<const int32_t>(tokens.data(), tokens.size()));
   return dir;
 }
 
 Config gpu_config(const std::string& dir, const std::string& device, const std::string& precision,
                   const std::string& run) {
   std::ostringstream y;
-  y << "model: {arch: gpt2, vocab_size: 512, vocab_multiple: 128, n_layer: 2, n_head: 4, n_embd: 64,"
+  y << "model: {arch: gpt2, vocab_size: 512, vocab_multiple: 128, n_layer: 2, n_head: 4, n_embd: "
+       "64,"
        " max_seq_len: 32, dropout: 0.0}\n"
     << "data: {train: " << dir << "/data/train_*.bin, batch_size: 4, seq_len: 32}\n"
     << "optim: {lr: 3.0e-3, min_lr: 3.0e-4, warmup_steps: 4, grad_clip: 1.0}\n"
     << "train: {steps: " << kSteps << ", device: " << device << ", precision: " << precision
-    << ", allow_tf32: false, peak_flops: 1.0e12, log_every: 100, val_every: 0, sample_every: 0, out_dir: "
+    << ", allow_tf32: false, peak_flops: 1.0e12, log_every: 100, val_every: 0, sample_every: 0, "
+       "out_dir: "
     << dir << "/" << run << "}\n"
     << "checkpoint: {every: 0, keep: 0, at_end: false}\n";
   return parse_config_text(y.str());
@@ -141,7 +145,8 @@ TEST_F(TrainGpuTest, CheckpointResumesOnTheGpu) {
   ASSERT_EQ(parts.size(), 5u) << log.str();
   Trainer second(b, quiet(log, "latest"));
   ASSERT_EQ(second.step(), 5);
-  for (const auto& [name, p] : second.parameters()) ASSERT_EQ(p.device().type, DeviceType::kCuda) << name;
+  for (const auto& [name, p] : second.parameters())
+    ASSERT_EQ(p.device().type, DeviceType::kCuda) << name;
   const std::vector<StepRecord> rest = second.run();
   parts.insert(parts.end(), rest.begin(), rest.end());
   ASSERT_EQ(parts.size(), full.size());
@@ -167,8 +172,9 @@ TEST_F(TrainGpuTest, StepsAfterTheFirstMakeNoCudaMalloc) {
     std::ostringstream seen;
     for (int64_t r : reserved) seen << r << " ";
     for (size_t i = 1; i < reserved.size(); ++i) {
-      EXPECT_EQ(reserved[i], reserved[0]) << precision << ": step " << i + 1
-                                          << " reserved more device memory; reserved after each step: " << seen.str();
+      EXPECT_EQ(reserved[i], reserved[0])
+          << precision << ": step " << i + 1
+          << " reserved more device memory; reserved after each step: " << seen.str();
     }
   }
 }

@@ -65,14 +65,19 @@ void expect_plumbing(const ModelConfig& mc) {
     const auto& [name, p] = mixed.params[i];
     EXPECT_EQ(p.dtype(), DType::kF32) << name << ": masters stay f32";
     ASSERT_TRUE(p.grad().defined()) << name;
-    EXPECT_EQ(p.grad().dtype(), DType::kF32) << name << ": the gradient arrives in the master's dtype";
+    EXPECT_EQ(p.grad().dtype(), DType::kF32)
+        << name << ": the gradient arrives in the master's dtype";
     EXPECT_LT(rel_error(plain.params[i].second.grad(), p.grad()), 1e-4) << name;
   }
 }
 
-TEST(Precision, Gpt2ComputesInTheComputeDtypeWithF32Masters) { expect_plumbing(testing::tiny_gpt2()); }
+TEST(Precision, Gpt2ComputesInTheComputeDtypeWithF32Masters) {
+  expect_plumbing(testing::tiny_gpt2());
+}
 
-TEST(Precision, LlamaComputesInTheComputeDtypeWithF32Masters) { expect_plumbing(testing::tiny_llama()); }
+TEST(Precision, LlamaComputesInTheComputeDtypeWithF32Masters) {
+  expect_plumbing(testing::tiny_llama());
+}
 
 TEST(Precision, ActivationCheckpointingKeepsThePlumbing) {
   ModelConfig mc = testing::tiny_gpt2();

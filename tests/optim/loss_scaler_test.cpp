@@ -49,24 +49,28 @@ TEST(LossScaler, ScaledBackwardThenUnscaleGivesThePlainGradients) {
   const std::vector<Tensor> g = grads_of(&scaler);
   for (size_t i = 0; i < g.size(); ++i) {
     const std::vector<double> want = plain[i].to_vector(), got = g[i].to_vector();
-    for (size_t j = 0; j < want.size(); ++j) ASSERT_EQ(got[j], want[j] * 4096.0) << "tensor " << i << " element " << j;
+    for (size_t j = 0; j < want.size(); ++j)
+      ASSERT_EQ(got[j], want[j] * 4096.0) << "tensor " << i << " element " << j;
   }
   const double scaled_norm = optim::global_grad_norm(g);
   const double norm = scaler.unscale_(g, scaled_norm);
   EXPECT_DOUBLE_EQ(norm, optim::global_grad_norm(plain));
-  for (size_t i = 0; i < g.size(); ++i) EXPECT_EQ(g[i].to_vector(), plain[i].to_vector()) << "tensor " << i;
+  for (size_t i = 0; i < g.size(); ++i)
+    EXPECT_EQ(g[i].to_vector(), plain[i].to_vector()) << "tensor " << i;
   EXPECT_TRUE(scaler.update(norm));
   EXPECT_EQ(scaler.scale(), 4096.0);
   EXPECT_EQ(scaler.state().good_steps, 1);
 }
 
 TEST(LossScaler, InjectedInfOrNanSkipsTheStepAndHalvesTheScale) {
-  for (const float bad : {std::numeric_limits<float>::infinity(), -std::numeric_limits<float>::infinity(),
-                          std::numeric_limits<float>::quiet_NaN()}) {
+  for (const float bad :
+       {std::numeric_limits<float>::infinity(), -std::numeric_limits<float>::infinity(),
+        std::numeric_limits<float>::quiet_NaN()}) {
     optim::LossScaler scaler(1024.0, 3);
     ASSERT_TRUE(scaler.update(1.0));  // one good step, then the overflow resets the count
     Generator gen(5);
-    std::vector<Tensor> g = {randn({40}, gen), Tensor::from_vector(std::vector<float>{1.5f, bad, -2.0f}, {3})};
+    std::vector<Tensor> g = {randn({40}, gen),
+                             Tensor::from_vector(std::vector<float>{1.5f, bad, -2.0f}, {3})};
     const std::vector<double> before = g[0].to_vector();
     const double norm = scaler.unscale_(g, optim::global_grad_norm(g));
     EXPECT_FALSE(std::isfinite(norm)) << bad;
