@@ -22,7 +22,7 @@ void ByteCounter::add(int64_t bytes) {
 void ByteCounter::sub(int64_t bytes) { current_.fetch_sub(bytes); }
 
 AllocatorStats ByteCounter::stats() const {
-  return {current_.load(), peak_.load(), allocs_.load()};
+  return {current_.load(), peak_.load(), allocs_.load(), 0};
 }
 
 void ByteCounter::reset_peak() { peak_.store(current_.load()); }

@@ -15,6 +15,10 @@ struct AllocatorStats {
   int64_t current_bytes = 0;
   int64_t peak_bytes = 0;
   int64_t num_allocs = 0;  // allocations made since start (not frees)
+  // Bytes a caching device allocator holds from the device (live and cached blocks, all
+  // devices): it grows only when the allocator calls cudaMalloc, so a steady-state training step
+  // leaves it unchanged. 0 for allocators that do not report it (the CPU's).
+  int64_t reserved_bytes = 0;
 };
 
 class Allocator {

@@ -12,7 +12,8 @@ Embedding::Embedding(int64_t num_embeddings, int64_t dim, DType dtype, Device de
   weight_ = register_parameter("weight", Tensor::zeros({num_embeddings, dim}, dtype, device));
 }
 
-Tensor Embedding::forward(const Tensor& ids) const { return ops::embedding(ids, weight_); }
+// Looked up in the table's dtype, then cast (Note [Compute dtype] in layers/module.h).
+Tensor Embedding::forward(const Tensor& ids) const { return compute(ops::embedding(ids, weight_)); }
 
 void Embedding::init(Generator& gen, double std) { init::normal_(weight_, gen, std); }
 

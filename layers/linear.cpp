@@ -18,8 +18,8 @@ Linear::Linear(int64_t in_features, int64_t out_features, bool bias, DType dtype
 Tensor Linear::forward(const Tensor& x) const {
   LOOM_CHECK(x.dim() >= 1 && x.size(-1) == in_features_, "Linear: input ", shape_str(x.shape()),
              " does not end in in_features ", in_features_);
-  Tensor y = ops::matmul(x, weight_, false, true);
-  return bias_.defined() ? ops::add(y, bias_) : y;
+  Tensor y = ops::matmul(x, compute(weight_), false, true);  // Note [Compute dtype]
+  return bias_.defined() ? ops::add(y, compute(bias_)) : y;
 }
 
 void Linear::zero_rows_from(int64_t row) { init::zero_rows_from_(weight_, row); }

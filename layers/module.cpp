@@ -2,6 +2,7 @@
 #include "layers/module.h"
 
 #include "core/error.h"
+#include "core/ops/view.h"
 
 namespace loom {
 
@@ -32,6 +33,7 @@ Module& Module::register_module(const std::string& name, Module& child) {
     LOOM_CHECK(n != name, "Module::register_module: '", name, "' registered twice");
   }
   child.train(training_);
+  child.set_compute_dtype(compute_dtype_);
   children_.emplace_back(name, &child);
   return child;
 }
@@ -75,6 +77,18 @@ void Module::train(bool on) {
 void Module::for_each_module(const std::function<void(const Module&)>& fn) const {
   fn(*this);
   for (const auto& [name, child] : children_) child->for_each_module(fn);
+}
+
+void Module::set_compute_dtype(std::optional<DType> dtype) {
+  LOOM_CHECK(!dtype || is_floating(*dtype), "Module::set_compute_dtype: ", dtype_name(*dtype),
+             " is not a floating dtype");
+  compute_dtype_ = dtype;
+  for (auto& [name, child] : children_) child->set_compute_dtype(dtype);
+}
+
+Tensor Module::compute(const Tensor& t) const {
+  if (!compute_dtype_ || !t.defined() || t.dtype() == *compute_dtype_) return t;
+  return ops::to_dtype(t, *compute_dtype_);
 }
 
 void Module::zero_grad() {

@@ -6,10 +6,20 @@
 // depth first, in registration order, joining names with dots ("blocks.3.attn.qkv.weight"), so
 // the order is stable and identical on every rank. Modules are neither copyable nor movable:
 // parents keep pointers to their children. Nothing here computes; layers define forward().
+//
+// Note [Compute dtype]: mixed precision has one switch, set_compute_dtype(), set on the root
+// module (the trainer does it from train.precision) and propagated to every child. Parameters
+// keep their own (master) dtype; a layer's forward passes each parameter through compute(),
+// an autograd cast (ops::to_dtype, whose backward casts the gradient back), so gradients reach
+// the masters in the masters' dtype, and the activations a layer produces are in the compute
+// dtype. Lookup tables are read in the master dtype and their output cast (so the sparse
+// gradient accumulates in the master dtype). Unset, compute() returns its argument: a model
+// computes in its parameters' dtype.
 #pragma once
 
 #include <cstdint>
 #include <functional>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -51,12 +61,22 @@ class Module {
   // Clears .grad of every parameter.
   void zero_grad();
 
+  // Note [Compute dtype]. Propagates to every child; std::nullopt: the parameters' own dtype.
+  void set_compute_dtype(std::optional<DType> dtype);
+  std::optional<DType> compute_dtype() const { return compute_dtype_; }
+
+ protected:
+  // `t` cast to the compute dtype (differentiable), or `t` itself when none is set, when it
+  // already has that dtype, or when it is undefined (an absent bias).
+  Tensor compute(const Tensor& t) const;
+
  private:
   void collect(const std::string& prefix, std::vector<std::pair<std::string, Tensor>>& out) const;
 
   std::vector<std::pair<std::string, Tensor>> params_;
   std::vector<std::pair<std::string, Module*>> children_;
   bool training_ = true;
+  std::optional<DType> compute_dtype_;
 };
 
 }  // namespace loom

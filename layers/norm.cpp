@@ -22,7 +22,7 @@ LayerNorm::LayerNorm(int64_t dim, double eps, bool bias, DType dtype, Device dev
 }
 
 Tensor LayerNorm::forward(const Tensor& x) const {
-  return ops::layer_norm(x, used(weight_, mp_), used(bias_, mp_), eps_);
+  return ops::layer_norm(x, used(compute(weight_), mp_), used(compute(bias_), mp_), eps_);  // Note [Compute dtype]
 }
 
 void LayerNorm::reset() {
@@ -37,7 +37,7 @@ RMSNorm::RMSNorm(int64_t dim, double eps, DType dtype, Device device, const Mode
 }
 
 Tensor RMSNorm::forward(const Tensor& x) const {
-  return ops::rms_norm(x, used(weight_, mp_), eps_);
+  return ops::rms_norm(x, used(compute(weight_), mp_), eps_);
 }
 
 void RMSNorm::reset() { init::fill_(weight_, 1.0); }

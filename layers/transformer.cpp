@@ -147,7 +147,7 @@ Tensor Transformer::forward(const Tensor& ids, Generator* dropout_gen) const {
              shape_str(ids.shape()));
   LOOM_CHECK(ids.size(1) <= config_.max_seq_len, "Transformer.forward: sequence length ",
              ids.size(1), " exceeds model.max_seq_len ", config_.max_seq_len);
-  return forward(ids, positions(ids.size(1)), dropout_gen);
+  return forward(ids.to(device_), positions(ids.size(1)), dropout_gen);
 }
 
 Tensor Transformer::forward(const Tensor& ids, const Tensor& pos, Generator* dropout_gen) const {
@@ -176,7 +176,8 @@ Tensor Transformer::head_logits(const Tensor& x) const {
   if (!lm_head_) enter(0);  // the tied head reads wte.weight
   Tensor h = norm_f_->forward(x);
   if (mp_) h = mp_->head_input(h);
-  Tensor logits = ops::matmul(h, head_weight(), false, true);  // (B, T, Vp), or (B, T, Vp/tp)
+  // (B, T, Vp), or (B, T, Vp/tp); Note [Compute dtype] in layers/module.h
+  Tensor logits = ops::matmul(h, compute(head_weight()), false, true);
   if (!lm_head_) logits = leave(0, logits);
   return leave(head, logits);
 }
@@ -188,7 +189,10 @@ Tensor Transformer::head_loss(const Tensor& x, const Tensor& targets) const {
              " do not match the activation ", shape_str(x.shape()));
   const Tensor logits = head_logits(x);
   if (mp_) return mp_->loss(logits, targets, -100, config_.vocab_size);
-  return ops::softmax_cross_entropy(logits, targets, -100, config_.vocab_size);
+  // Host targets are counted where they are, so a device step reads nothing back.
+  const Tensor host_targets = targets.device().is_cpu() ? targets : Tensor();
+  return ops::softmax_cross_entropy(logits, targets.to(device_), -100, config_.vocab_size,
+                                    host_targets);
 }
 
 void Transformer::enter(int unit) const {
@@ -224,7 +228,8 @@ Tensor Transformer::loss(const Tensor& ids, const Tensor& targets, const Tensor&
                          Generator* dropout_gen) const {
   LOOM_CHECK(targets.shape() == ids.shape(), "Transformer.loss: targets ",
              shape_str(targets.shape()), " do not match ids ", shape_str(ids.shape()));
-  return head_loss(run_blocks(embed(ids, pos), pos, 0, num_blocks(), dropout_gen), targets);
+  const Tensor p = pos.to(device_);
+  return head_loss(run_blocks(embed(ids.to(device_), p), p, 0, num_blocks(), dropout_gen), targets);
 }
 
 int64_t Transformer::num_parameters(bool exclude_padding) const {

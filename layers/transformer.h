@@ -56,12 +56,17 @@ class Transformer : public Module {
   // Draws in named_parameters() order.
   void init_weights(Generator& gen);
 
-  // ids (B, T) integer, T ≤ max_seq_len → logits (B, T, Vp). Positions are arange(T).
+  // ids (B, T) integer, T ≤ max_seq_len → logits (B, T, Vp) on the model's device, in the compute
+  // dtype (Note [Compute dtype] in layers/module.h). Positions are arange(T). ids may be on the
+  // host: they are copied to the model's device.
   Tensor forward(const Tensor& ids, Generator* dropout_gen = nullptr) const;
   // The same with explicit global positions (T) integer (context parallel passes its slice).
   Tensor forward(const Tensor& ids, const Tensor& positions, Generator* dropout_gen) const;
-  // Mean softmax cross-entropy over the real vocabulary; targets (B, T), -100 = ignored. With
-  // a ModelParallel, logits are (B, T, Vp/tp) and the loss is ModelParallel::loss.
+  // Mean softmax cross-entropy over the real vocabulary; targets (B, T), -100 = ignored. The
+  // loss is f32 for 16-bit compute dtypes (computed inside the fused op), on the model's device.
+  // Host ids/targets are copied to the device; host targets are also counted where they are, so
+  // a device step reads nothing back (Note [Cross-entropy count] in core/ops/cross_entropy.cpp).
+  // With a ModelParallel, logits are (B, T, Vp/tp) and the loss is ModelParallel::loss.
   Tensor loss(const Tensor& ids, const Tensor& targets, Generator* dropout_gen = nullptr) const;
   Tensor loss(const Tensor& ids, const Tensor& targets, const Tensor& positions,
               Generator* dropout_gen) const;

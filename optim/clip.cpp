@@ -10,24 +10,21 @@
 #include "kernels/elementwise.h"
 
 namespace loom::optim {
-namespace {
 
-// Σ g² of one tensor, in double, by the fused thread-count-independent kernel.
-double tensor_sq_sum(const Tensor& g) {
-  if (g.numel() == 0) return 0.0;
-  return ops::sum_squares(g.detach()).to(Device::cpu()).item();
-}
-
-}  // namespace
-
-double grad_sq_sum(const std::vector<Tensor>& grads) {
+Tensor grad_sq_sum_tensor(const std::vector<Tensor>& grads) {
   autograd::NoGradGuard no_grad;
-  double total = 0.0;
+  Tensor total;  // per-tensor sums (the fused thread-count-independent kernel), added in order
   for (const Tensor& g : grads) {
-    if (g.defined()) total += tensor_sq_sum(g);
+    if (!g.defined() || g.numel() == 0) continue;
+    LOOM_CHECK(!total.defined() || g.device() == total.device(), "grad_sq_sum: gradients on ",
+               total.device().str(), " and ", g.device().str());
+    const Tensor s = ops::sum_squares(g.detach());
+    total = total.defined() ? ops::add(total, s) : s;
   }
-  return total;
+  return total.defined() ? total : Tensor::zeros({}, DType::kF64);
 }
+
+double grad_sq_sum(const std::vector<Tensor>& grads) { return grad_sq_sum_tensor(grads).item(); }
 
 double global_grad_norm(const std::vector<Tensor>& grads) { return std::sqrt(grad_sq_sum(grads)); }
 

@@ -62,6 +62,8 @@ void visit_fields(Config& c, V&& v) {
   v("train", "seed", t.seed);
   v("train", "device", t.device);
   v("train", "dtype", t.dtype);
+  v("train", "precision", t.precision);
+  v("train", "allow_tf32", t.allow_tf32);
   v("train", "peak_flops", t.peak_flops);
   v("train", "log_every", t.log_every);
   v("train", "val_every", t.val_every);
@@ -219,6 +221,19 @@ void validate_pipeline_config(const Config& c) {
   parallel::pp::partition_layers(c.model.n_layer, static_cast<int>(p.pp * p.vpp), p.pp_layout);
 }
 
+// Note [Precision] in train/config.h.
+void validate_precision(const TrainConfig& t) {
+  const std::string& p = t.precision;
+  require(p == "f32" || p == "f64" || p == "bf16" || p == "f16",
+          "train.precision: unknown precision '" + p + "' (f32, bf16, f16; f64 for CPU checks)");
+  require(p == t.dtype || t.dtype == "f32",
+          "train.precision: " + p + " with train.dtype " + t.dtype +
+              ": mixed precision keeps f32 master weights (set train.dtype: f32, or train.precision: " + t.dtype + ")");
+  require((p != "bf16" && p != "f16") || t.device == "cuda",
+          "train.precision: " + p + " needs train.device: cuda (the CPU kernels compute in f32 and f64 only)");
+  require(!t.allow_tf32 || t.device == "cuda", "train.allow_tf32: TF32 is a CUDA feature; set train.device: cuda");
+}
+
 }  // namespace
 
 void validate_config(const Config& c) {
@@ -252,7 +267,9 @@ void validate_config(const Config& c) {
           "optim.decay_fraction: the wsd decay (" + str(wsd_decay) + " of train.steps " + str(t.steps) +
               ") overlaps optim.warmup_steps " + str(o.warmup_steps));
   require(t.device == "cpu" || t.device == "cuda", "train.device: unknown device '" + t.device + "' (cpu, cuda)");
-  require(t.dtype == "f32" || t.dtype == "f64", "train.dtype: unsupported dtype '" + t.dtype + "' (f32, f64; bf16 arrives with the CUDA backend)");
+  require(t.dtype == "f32" || t.dtype == "f64",
+          "train.dtype: unsupported parameter dtype '" + t.dtype + "' (f32, f64; for bf16/f16 compute set train.precision)");
+  validate_precision(t);
   require(t.log_every > 0, "train.log_every: must be positive, got " + str(t.log_every));
   require(t.val_every >= 0, "train.val_every: must be non-negative, got " + str(t.val_every));
   require(t.val_steps > 0, "train.val_steps: must be positive, got " + str(t.val_steps));
@@ -274,6 +291,8 @@ void validate_config(const Config& c) {
           "parallel.mics_partition_size: MiCS shards optimizer state; set parallel.zero_stage to 1, 2 or 3");
   require(p.bucket_mb > 0, "parallel.bucket_mb: must be positive, got " + str(p.bucket_mb));
   require(p.comm_timeout_s > 0, "parallel.comm_timeout_s: must be positive, got " + str(p.comm_timeout_s));
+  require(p.dp == 1 || t.precision != "f16",
+          "train.precision: f16 (dynamic loss scaling) is not supported with parallel.dp > 1 yet; use bf16");
   require(p.dp == 1 || o.name == "adamw", "optim.name: sgd is not supported with parallel.dp > 1 (the data-parallel engine shards AdamW)");
   validate_pipeline_config(c);
 }

@@ -43,8 +43,10 @@ struct OptimConfig {
 struct TrainConfig {
   int64_t steps = 100;
   uint64_t seed = 1337;      // parameter init and dropout
-  std::string device = "cpu";
-  std::string dtype = "f32";
+  std::string device = "cpu";      // cpu | cuda (GPU = launcher's local rank mod visible GPUs)
+  std::string dtype = "f32";       // parameters (master weights) and optimizer state: f32 | f64
+  std::string precision = "f32";   // forward/backward compute dtype, Note [Precision]
+  bool allow_tf32 = false;         // cuda: f32 GEMMs may use TF32 tensor cores
   double peak_flops = 0;     // FLOP/s for MFU; 0 = measure with a short SGEMM at start
   int64_t log_every = 1;
   int64_t val_every = 50;    // 0 disables
@@ -57,6 +59,12 @@ struct TrainConfig {
   std::string init_from = "";  // YAML key model.init_from: native checkpoint dir or llm.c .bin
 };
 
+// Note [Precision]: train.precision is the dtype the forward and backward compute in
+// (layers/module.h, Note [Compute dtype]); train.dtype is the parameters' (master) dtype.
+// Equal: plain training. Otherwise the masters must be f32 (mixed precision: f32 master weights
+// and optimizer state, activations in the compute dtype): bf16, f16 (with dynamic loss scaling,
+// optim/loss_scaler.h) — both need train.device cuda, since the CPU kernels compute in f32/f64
+// only — or f64 (a CPU check of the mixed-precision plumbing).
 struct CheckpointConfig {
   int64_t every = 0;   // steps between checkpoints; 0 = only at the end
   int64_t keep = 3;    // newest checkpoints kept (0 = all)

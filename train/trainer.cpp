@@ -17,13 +17,17 @@
 #include "core/rng.h"
 #include "data/loader.h"
 #include "data/tokenizer.h"
+#include "kernels/copy.h"
+#include "kernels/matmul.h"
 #include "layers/transformer.h"
 #include "optim/adamw.h"
 #include "optim/clip.h"
 #include "optim/decay_rule.h"
+#include "optim/loss_scaler.h"
 #include "optim/lr_schedule.h"
 #include "optim/sgd.h"
 #include "parallel/dp/data_parallel.h"
+#include "parallel/launcher.h"
 #include "parallel/parallel_context.h"
 #include "parallel/pp/pipeline.h"
 #include "train/checkpoint.h"
@@ -55,7 +59,26 @@ std::vector<std::string> expand_shards(const std::string& pattern, const char* k
   return out;
 }
 
-DType parse_dtype(const std::string& s) { return s == "f64" ? DType::kF64 : DType::kF32; }
+// train.dtype / train.precision values (validated in train/config.cpp).
+DType parse_dtype(const std::string& s) {
+  if (s == "f64") return DType::kF64;
+  if (s == "bf16") return DType::kBF16;
+  if (s == "f16") return DType::kF16;
+  return DType::kF32;
+}
+
+// train.device → the device this process trains on: the CPU, or the GPU numbered by the
+// launcher's node-local rank modulo the GPUs this process sees.
+Device resolve_device(const TrainConfig& t) {
+  if (t.device == "cpu") return Device::cpu();
+  if (!kernels::Registry::instance().has(kernels::device_count_k::kName, DeviceType::kCuda)) {
+    throw ConfigError("train.device: cuda, but this build has no CUDA backend (configure with -DLOOM_CUDA=ON)");
+  }
+  const int visible = device_count(DeviceType::kCuda);
+  if (visible == 0) throw ConfigError("train.device: cuda, but no CUDA device is visible to this process");
+  const int local_rank = std::max(0, parallel::local_rank_from_env());
+  return Device::cuda(local_rank % visible);
+}
 
 std::string fmt(double v, int precision, bool sci = false) {
   std::ostringstream os;
@@ -67,17 +90,22 @@ std::string fmt(double v, int precision, bool sci = false) {
 
 }  // namespace
 
-double measure_gemm_flops() {
+double measure_gemm_flops(Device device, DType dtype) {
   autograd::NoGradGuard no_grad;
   Generator gen(0);
-  const int64_t n = 1024;
-  Tensor a = randn({n, n}, gen), b = randn({n, n}, gen);
+  const int64_t n = device.is_cpu() ? 1024 : 4096;
+  Tensor a = randn({n, n}, gen, DType::kF32, 0.0, 1.0, device).to(dtype);
+  Tensor b = randn({n, n}, gen, DType::kF32, 0.0, 1.0, device).to(dtype);
+  // Reading one element waits for the device, so each timing covers the whole GEMM (the first
+  // call also waits for the copies above and is a warm-up).
+  auto wait = [](const Tensor& c) { return c.narrow(0, 0, 1).narrow(1, 0, 1).to(Device::cpu()).item(); };
+  wait(ops::matmul(a, b));
   double best = 0;
   for (int i = 0; i < 5; ++i) {
     const auto t0 = Clock::now();
-    Tensor c = ops::matmul(a, b);
+    wait(ops::matmul(a, b));
     const double dt = seconds_since(t0);
-    best = std::max(best, 2.0 * n * n * n / dt);
+    best = std::max(best, 2.0 * static_cast<double>(n) * static_cast<double>(n) * static_cast<double>(n) / dt);
   }
   return best;
 }
@@ -87,6 +115,8 @@ struct Trainer::State {
   TrainerOptions opt;
   std::ostream* log;
   std::unique_ptr<Transformer> model;
+  Device device;                              // train.device, resolved
+  std::unique_ptr<optim::LossScaler> scaler;  // train.precision f16 only
   Generator dropout_gen{0};
   Generator sample_gen{0};
   std::unique_ptr<optim::Optimizer> optimizer;       // single process
@@ -130,9 +160,12 @@ void Trainer::State::build() {
   Generator init_gen(cfg.train.seed);
   dropout_gen = Generator(cfg.train.seed + 1);
   sample_gen = Generator(cfg.train.seed + 2);
-  LOOM_CHECK(cfg.train.device == "cpu", "train.device: ", cfg.train.device,
-             " training arrives with the CUDA backend; use cpu");
-  model = std::make_unique<Transformer>(mc, parse_dtype(cfg.train.dtype));
+  device = resolve_device(cfg.train);
+  // Parameters are built on the device (drawn on the host, so every device starts from the same
+  // values); with train.precision ≠ train.dtype the forward casts them (Note [Precision]).
+  model = std::make_unique<Transformer>(mc, parse_dtype(cfg.train.dtype), device);
+  if (cfg.train.precision != cfg.train.dtype) model->set_compute_dtype(parse_dtype(cfg.train.precision));
+  if (cfg.train.precision == "f16") scaler = std::make_unique<optim::LossScaler>();
   model->init_weights(init_gen);
   if (!cfg.train.init_from.empty()) load_initial_weights(cfg.train.init_from);
 
@@ -171,10 +204,16 @@ void Trainer::State::build() {
   if (is_main() && (cfg.logging.jsonl || cfg.logging.tensorboard)) {
     metrics = std::make_unique<MetricsWriter>(cfg.train.out_dir, cfg.logging.jsonl, cfg.logging.tensorboard);
   }
-  peak_flops = cfg.train.peak_flops > 0 ? cfg.train.peak_flops : measure_gemm_flops();
+  if (cfg.train.peak_flops > 0) {
+    peak_flops = cfg.train.peak_flops;
+  } else {
+    kernels::AllowTf32Guard tf32(cfg.train.allow_tf32);
+    peak_flops = measure_gemm_flops(device, parse_dtype(cfg.train.precision));
+  }
   *log << "model: " << mc.arch << ", " << model->num_parameters(true) << " parameters ("
-       << model->num_parameters() << " with vocab padding); peak " << fmt(peak_flops / 1e9, 1)
-       << " GFLOP/s (" << (cfg.train.peak_flops > 0 ? "config" : "measured SGEMM") << ")\n";
+       << model->num_parameters() << " with vocab padding) on " << device.str() << ", "
+       << cfg.train.precision << " compute; peak " << fmt(peak_flops / 1e9, 1) << " GFLOP/s ("
+       << (cfg.train.peak_flops > 0 ? "config" : "measured " + cfg.train.precision + " GEMM") << ")\n";
   if (dp) *log << dp->describe() << "\n";
   if (pipe) {
     *log << pipe->describe() << "; " << released << " parameters of other stages released"
@@ -251,7 +290,7 @@ void Trainer::State::load_initial_weights(const std::string& from) {
       Tensor p = model->parameter(name.substr(6));
       LOOM_CHECK(p.shape() == t.shape(), from, ": ", name, " has shape ", shape_str(t.shape()),
                  " but the model expects ", shape_str(p.shape()));
-      ops::copy_(p, t);
+      ops::copy_(p, t.to(p.device()));
       ++loaded;
     }
     *log << "init_from: " << loaded << " tensors from checkpoint " << from << "\n";
@@ -272,7 +311,7 @@ void Trainer::State::resume(const std::string& which) {
     LOOM_CHECK(it != by_name.end(), dir, ": checkpoint has no tensor '", name, "'");
     LOOM_CHECK(it->second.shape() == into.shape(), dir, ": '", name, "' has shape ", shape_str(it->second.shape()),
                " but the run expects ", shape_str(into.shape()));
-    ops::copy_(into, it->second);
+    ops::copy_(into, it->second.to(into.device()));
   };
   // ZeRO-3: each rank restores the parameter pieces it owns (saved by the same layout).
   for (auto& [name, p] : zero3() ? dp->parameter_shards() : trained()) restore("model." + name, p);
@@ -287,6 +326,15 @@ void Trainer::State::resume(const std::string& which) {
   train_loader->set_state({static_cast<int64_t>(num("loader.epoch")), static_cast<int64_t>(num("loader.position"))});
   dropout_gen.set_state({num("rng.dropout.seed"), num("rng.dropout.offset")});
   sample_gen.set_state({num("rng.sample.seed"), num("rng.sample.offset")});
+  if (scaler) {
+    auto real = [&](const std::string& key) {
+      auto it = c.state.find(key);
+      LOOM_CHECK(it != c.state.end(), dir, ": checkpoint state has no '", key, "' (saved by a run without f16)");
+      return std::stod(it->second);
+    };
+    scaler->set_state({real("loss_scale.scale"), static_cast<int64_t>(num("loss_scale.good_steps")),
+                       static_cast<int64_t>(num("loss_scale.skipped_steps"))});
+  }
   step = c.step;
   *log << "resumed from " << dir << " at step " << step << "\n";
 }
@@ -299,13 +347,20 @@ std::vector<Tensor> Trainer::State::grads() const {
   return g;
 }
 
+// Note [Device step]: on a device, a single-process step reads back one thing: the step's loss
+// and its gradients' sum of squares, in one two-element copy once backward is done, since
+// clipping and loss scaling need the norm on the host. Everything else stays where it is:
+// batches are copied to the device by the model (which counts the targets on the host), the
+// micro-batch losses are summed on the device, and so are the per-parameter sums of squares.
 StepRecord Trainer::State::train_step() {
   StepRecord r;
   r.lr = schedule.lr_at(step);
   if (dp) dp->zero_grad();
   else optimizer->zero_grad();
+  kernels::AllowTf32Guard tf32(cfg.train.allow_tf32);
   if (pipe) return pipeline_step(r);
   const int64_t accum = cfg.optim.grad_accum;
+  Tensor loss_sum;  // Σ micro-batch losses, f64, on the device
   for (int64_t m = 0; m < accum; ++m) {
     Batch b = train_loader->next();
     if (dp) dp->set_sync(m == accum - 1);  // reduce once per step, after the last micro-batch
@@ -313,15 +368,17 @@ StepRecord Trainer::State::train_step() {
     Tensor loss = model->loss(b.inputs, b.targets, &dropout_gen);
     if (accum > 1) loss = ops::scale(loss, 1.0 / static_cast<double>(accum));
     const auto t_bwd = Clock::now();
-    autograd::backward(loss);
+    autograd::backward(scaler ? scaler->scale_loss(loss) : loss);
     if (trace) {
       trace->span("compute", "forward", t_fwd, t_bwd);
       trace->span("compute", "backward", t_bwd, Clock::now());
     }
-    r.loss += loss.item();
+    const Tensor l = ops::to_dtype(loss.detach(), DType::kF64);
+    loss_sum = loss_sum.defined() ? ops::add(loss_sum, l) : l;
   }
   const auto t_sync = Clock::now();
   if (dp) {
+    r.loss = loss_sum.item();
     dp->finish_gradient_sync();
     const auto t_opt = Clock::now();
     r.grad_norm = dp->clip_grad_norm(cfg.optim.grad_clip > 0 ? cfg.optim.grad_clip : INFINITY);
@@ -335,8 +392,18 @@ StepRecord Trainer::State::train_step() {
     r.loss = mean_loss.item();
   } else {
     const std::vector<Tensor> g = grads();
-    r.grad_norm = cfg.optim.grad_clip > 0 ? optim::clip_grad_norm(g, cfg.optim.grad_clip) : optim::global_grad_norm(g);
-    optimizer->step(r.lr);
+    const Tensor sq_sum = optim::grad_sq_sum_tensor(g);
+    const std::vector<double> host = ops::cat({ops::reshape(loss_sum, {1}), ops::reshape(sq_sum.to(loss_sum.device()), {1})}, 0)
+                                         .to(Device::cpu())
+                                         .to_vector();  // the step's one read (Note [Device step])
+    r.loss = host[0];
+    r.grad_norm = std::sqrt(host[1]);
+    if (scaler) r.grad_norm = scaler->unscale_(g, r.grad_norm);  // the true gradients' norm
+    r.skipped = scaler && !scaler->update(r.grad_norm);           // f16 overflow: no update
+    if (!r.skipped) {
+      if (cfg.optim.grad_clip > 0) optim::scale_grads(g, optim::clip_scale(r.grad_norm, cfg.optim.grad_clip));
+      optimizer->step(r.lr);
+    }
     if (trace) trace->span("compute", "clip + optimizer", t_sync, Clock::now());
   }
   r.step = ++step;
@@ -389,12 +456,13 @@ void Trainer::State::log_step(const StepRecord& r, double dt) {
   // Under pp each rank computes about 1/pp of the model's FLOPs per token.
   const double stages = pipe ? static_cast<double>(cfg.parallel.pp) : 1.0;
   const double mfu = model->flops_per_token(cfg.data.seq_len) * tokens / dt / peak_flops / stages;
-  const AllocatorStats mem = allocator_for(DeviceType::kCpu).stats();
+  const AllocatorStats mem = allocator_for(device.type).stats();
   if (r.step % cfg.train.log_every == 0 || r.step == cfg.train.steps) {
     *log << "step " << r.step << "/" << cfg.train.steps << " | loss " << fmt(r.loss, 4) << " | lr "
          << fmt(r.lr, 2, true) << " | norm " << fmt(r.grad_norm, 3) << " | " << fmt(dt * 1e3, 1)
          << " ms | " << fmt(tokens / dt, 0) << " tok/s | MFU " << fmt(100 * mfu, 1) << "% | peak "
          << fmt(static_cast<double>(mem.peak_bytes) / (1 << 20), 1) << " MiB";
+    if (scaler) *log << " | loss scale " << scaler->scale() << (r.skipped ? " (overflow: step skipped)" : "");
     if (dp) {
       const parallel::DpStepStats& st = dp->last_step_stats();
       *log << " | comm exposed " << fmt(st.exposed_wait_s * 1e3, 1) << " ms, launched in backward "
@@ -411,6 +479,7 @@ void Trainer::State::log_step(const StepRecord& r, double dt) {
     metrics->write(r.step, {{"train/loss", r.loss}, {"train/lr", r.lr}, {"train/grad_norm", r.grad_norm},
                             {"perf/ms_per_step", dt * 1e3}, {"perf/tokens_per_s", tokens / dt},
                             {"perf/mfu", mfu}, {"mem/peak_bytes", static_cast<double>(mem.peak_bytes)}});
+    if (scaler) metrics->write(r.step, {{"train/loss_scale", scaler->scale()}, {"train/skipped", r.skipped ? 1.0 : 0.0}});
     if (dp) {
       const parallel::DpStepStats& st = dp->last_step_stats();
       metrics->write(r.step, {{"comm/exposed_s", st.exposed_wait_s}, {"comm/overlap_fraction", st.overlap_fraction()}});
@@ -438,6 +507,14 @@ void Trainer::State::save() {
              {"rng.dropout.offset", std::to_string(dropout_gen.state().offset)},
              {"rng.sample.seed", std::to_string(sample_gen.state().seed)},
              {"rng.sample.offset", std::to_string(sample_gen.state().offset)}};
+  if (scaler) {
+    const optim::LossScalerState ls_state = scaler->state();
+    std::ostringstream scale;
+    scale << std::setprecision(17) << ls_state.scale;  // exact (a power of two)
+    c.state["loss_scale.scale"] = scale.str();
+    c.state["loss_scale.good_steps"] = std::to_string(ls_state.good_steps);
+    c.state["loss_scale.skipped_steps"] = std::to_string(ls_state.skipped_steps);
+  }
   const auto t0 = Clock::now();
   const std::string dir = save_checkpoint((fs::path(cfg.train.out_dir) / "checkpoints").string(), c,
                                           cfg.checkpoint.keep, ctx ? &ctx->world() : nullptr);
@@ -522,6 +599,7 @@ double Trainer::evaluate() {
   State& s = *s_;
   LOOM_CHECK(s.val_loader != nullptr, "evaluate: no validation data (data.val is empty)");
   autograd::NoGradGuard no_grad;
+  kernels::AllowTf32Guard tf32(s.cfg.train.allow_tf32);
   s.model->eval();
   s.val_loader->set_state({0, 0});
   double total = 0;
@@ -544,7 +622,7 @@ std::string Trainer::sample(int64_t n) {
     const int64_t len = std::min<int64_t>(static_cast<int64_t>(ids.size()), mc.max_seq_len);
     std::vector<int32_t> ctx(ids.end() - len, ids.end());
     Tensor logits = s.model->forward(Tensor::from_vector(ctx, {1, len}));
-    std::vector<double> row = logits.narrow(1, len - 1, 1).narrow(2, 0, mc.vocab_size).to_vector();
+    std::vector<double> row = logits.narrow(1, len - 1, 1).narrow(2, 0, mc.vocab_size).to(Device::cpu()).to_vector();
     // Temperature, then keep the top-k logits, then sample from the softmax of what is left.
     std::vector<std::pair<double, int32_t>> cand;
     for (size_t v = 0; v < row.size(); ++v) cand.emplace_back(row[v] / s.cfg.train.temperature, static_cast<int32_t>(v));

@@ -28,6 +28,7 @@ struct StepRecord {
   double loss = 0;
   double lr = 0;
   double grad_norm = 0;
+  bool skipped = false;  // f16: the gradients overflowed, the optimizer step was skipped
 };
 
 struct TrainerOptions {
@@ -73,7 +74,7 @@ class Trainer {
   std::unique_ptr<State> s_;
 };
 
-// FLOP/s of a short f32 GEMM on this machine (the practical CPU peak used for MFU).
-double measure_gemm_flops();
+// FLOP/s of a short square GEMM in `dtype` on `device` (the practical peak used for MFU).
+double measure_gemm_flops(Device device = {}, DType dtype = DType::kF32);
 
 }  // namespace loom

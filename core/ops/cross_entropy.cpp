@@ -4,7 +4,9 @@
 //
 // Note [Cross-entropy count]: the mean's denominator (the number of non-ignored rows) is a host
 // number, passed to the backward kernel as grad_scale. Targets on the CPU are counted in place;
-// targets on a device are copied to the host once per forward to count them.
+// targets on a device are counted from the caller's host copy when one is passed (the trainer
+// passes the batch it copied to the device), else copied to the host once per forward, which
+// waits for the device.
 #include "core/ops/cross_entropy.h"
 
 #include "core/autograd.h"
@@ -36,7 +38,7 @@ int64_t count_targets(const Tensor& targets, int64_t ignore_index, int64_t vocab
 }  // namespace
 
 Tensor softmax_cross_entropy(const Tensor& logits, const Tensor& targets, int64_t ignore_index,
-                             int64_t vocab_size) {
+                             int64_t vocab_size, const Tensor& host_targets) {
   LOOM_CHECK(logits.dim() >= 1 && logits.size(-1) > 0,
              "softmax_cross_entropy: logits must be (..., Vp) with Vp > 0, got ",
              shape_str(logits.shape()));
@@ -53,7 +55,12 @@ Tensor softmax_cross_entropy(const Tensor& logits, const Tensor& targets, int64_
              " exceeds the logits' last dim ", vp);
   const Tensor x = contiguous(reshape(logits.detach(), {n, vp}));
   const Tensor t = contiguous(reshape(targets.detach(), {n}));
-  const int64_t count = count_targets(t, ignore_index, vocab_size);
+  if (host_targets.defined()) {
+    LOOM_CHECK(host_targets.device().is_cpu() && host_targets.numel() == n,
+               "softmax_cross_entropy: host_targets must be a CPU tensor of ", n, " targets, got ",
+               shape_str(host_targets.shape()), " on ", host_targets.device().str());
+  }
+  const int64_t count = count_targets(host_targets.defined() ? host_targets : t, ignore_index, vocab_size);
   const double inv_count = count > 0 ? 1.0 / static_cast<double>(count) : 0.0;
   // lse and per-row loss: f32 for 16-bit logits (Note [Cross-entropy kernel contract]).
   const DType row_dtype = logits.dtype() == DType::kF64 ? DType::kF64 : DType::kF32;

@@ -64,7 +64,12 @@ class CudaCachingAllocator final : public Allocator {
     counter_.sub(static_cast<int64_t>(bytes));
   }
 
-  AllocatorStats stats() const override { return counter_.stats(); }
+  AllocatorStats stats() const override {
+    AllocatorStats s = counter_.stats();
+    std::lock_guard<std::mutex> lock(mu_);
+    for (const DeviceCache& d : devices_) s.reserved_bytes += static_cast<int64_t>(d.reserved_bytes);
+    return s;
+  }
   void reset_peak() override { counter_.reset_peak(); }
   void release_cached() override {
     std::lock_guard<std::mutex> lock(mu_);
@@ -111,7 +116,7 @@ class CudaCachingAllocator final : public Allocator {
     });
   }
 
-  std::mutex mu_;
+  mutable std::mutex mu_;
   std::vector<DeviceCache> devices_;  // by device index, grown on first use
   ByteCounter counter_;
 };

@@ -134,6 +134,35 @@ TEST(Config, ZeroStagesAndMics) {
             "parallel.mics_partition_size: 3 does not divide parallel.dp 4");
 }
 
+TEST(Config, PrecisionAndDeviceKeys) {
+  const Config d = parse_config_text("");
+  EXPECT_EQ(d.train.device, "cpu");
+  EXPECT_EQ(d.train.precision, "f32");
+  EXPECT_FALSE(d.train.allow_tf32);
+  const Config c = parse_config_text("train: {device: cuda, precision: bf16, allow_tf32: true}\n");
+  EXPECT_EQ(c.train.device, "cuda");  // availability is the trainer's check, not the parser's
+  EXPECT_EQ(c.train.precision, "bf16");
+  EXPECT_TRUE(c.train.allow_tf32);
+  EXPECT_EQ(parse_config_text("", {"train.precision=f64"}).train.precision, "f64");  // f32 masters, f64 compute
+  EXPECT_EQ(parse_config_text("", {"train.dtype=f64", "train.precision=f64"}).train.dtype, "f64");
+
+  EXPECT_EQ(error_of("train: {precision: f8}\n"),
+            "train.precision: unknown precision 'f8' (f32, bf16, f16; f64 for CPU checks)");
+  EXPECT_EQ(error_of("train: {precision: bf16}\n"),
+            "train.precision: bf16 needs train.device: cuda (the CPU kernels compute in f32 and f64 only)");
+  EXPECT_EQ(error_of("train: {precision: f16}\n"),
+            "train.precision: f16 needs train.device: cuda (the CPU kernels compute in f32 and f64 only)");
+  EXPECT_EQ(error_of("train: {dtype: f64}\n"),
+            "train.precision: f32 with train.dtype f64: mixed precision keeps f32 master weights "
+            "(set train.dtype: f32, or train.precision: f64)");
+  EXPECT_EQ(error_of("train: {dtype: bf16, device: cuda}\n"),
+            "train.dtype: unsupported parameter dtype 'bf16' (f32, f64; for bf16/f16 compute set train.precision)");
+  EXPECT_EQ(error_of("train: {allow_tf32: true}\n"), "train.allow_tf32: TF32 is a CUDA feature; set train.device: cuda");
+  EXPECT_EQ(error_of("train: {device: tpu}\n"), "train.device: unknown device 'tpu' (cpu, cuda)");
+  EXPECT_EQ(error_of("train: {device: cuda, precision: f16}\nparallel: {dp: 2}\n"),
+            "train.precision: f16 (dynamic loss scaling) is not supported with parallel.dp > 1 yet; use bf16");
+}
+
 TEST(Config, MalformedYamlAndMissingFile) {
   EXPECT_NE(error_of("model: [unclosed\n").find("malformed YAML at line"), std::string::npos);
   try {

@@ -25,7 +25,7 @@ namespace fs = std::filesystem;
 // A fresh directory with train/val shards of a learnable stream over a 64-token vocabulary:
 // short repeating phrases with a little noise.
 std::string make_data(const std::string& name) {
-  const std::string dir = ::testing::TempDir() + "/loom_trainer_" + name;
+  const std::string dir = ::testing::TempDir() + "/loom_trainer_" + name + "_" + std::to_string(::getpid());
   fs::remove_all(dir);
   fs::create_directories(dir + "/data");
   std::vector<int32_t> tokens;
@@ -109,6 +109,48 @@ TEST(Trainer, ResumeIsBitIdentical) {
   const auto pa = a.parameters(), pb = second.parameters();
   ASSERT_EQ(pa.size(), pb.size());
   for (size_t i = 0; i < pa.size(); ++i) EXPECT_EQ(pa[i].second.to_vector(), pb[i].second.to_vector()) << pa[i].first;
+}
+
+// train.precision f64 with train.dtype f32: the trainer's mixed-precision path (compute dtype
+// set on the model, f32 masters, f32 optimizer state) on the CPU. f64 compute is more accurate
+// than the plain f32 run, so the two agree to f32 rounding: the step losses within 1e-4
+// relative over 8 steps (AdamW amplifies early differences a little), and both stay f32.
+TEST(Trainer, MixedPrecisionPathTracksThePlainRun) {
+  const std::string dir_a = make_data("mixed_a"), dir_b = make_data("mixed_b");
+  std::ostringstream log;
+  Trainer plain(tiny_config(dir_a, 8), quiet(log));
+  const auto want = plain.run();
+  Config cfg = tiny_config(dir_b, 8);
+  cfg.train.precision = "f64";
+  Trainer mixed(cfg, quiet(log));
+  const auto got = mixed.run();
+  ASSERT_EQ(got.size(), want.size());
+  for (size_t i = 0; i < want.size(); ++i) {
+    EXPECT_NEAR(got[i].loss, want[i].loss, 1e-4 * want[i].loss) << "step " << i + 1;
+    EXPECT_NEAR(got[i].grad_norm, want[i].grad_norm, 1e-3 * want[i].grad_norm) << "step " << i + 1;
+    EXPECT_NE(got[i].loss, want[i].loss) << "step " << i + 1 << ": the f64 compute path did not run";
+  }
+  for (const auto& [name, p] : mixed.parameters()) EXPECT_EQ(p.dtype(), DType::kF32) << name;
+  // The checkpoint holds the f32 masters; it resumes into a mixed run.
+  Trainer resumed(cfg, quiet(log, "latest"));
+  EXPECT_EQ(resumed.step(), 8);
+  const auto pa = mixed.parameters(), pb = resumed.parameters();
+  for (size_t i = 0; i < pa.size(); ++i) EXPECT_EQ(pa[i].second.to_vector(), pb[i].second.to_vector()) << pa[i].first;
+}
+
+// Without a usable GPU, train.device cuda is a config error naming the key.
+TEST(Trainer, CudaDeviceWithoutGpuIsAConfigError) {
+  if (device_count(DeviceType::kCuda) > 0) GTEST_SKIP() << "a CUDA device is visible (tests/cuda covers it)";
+  const std::string dir = make_data("no_gpu");
+  std::ostringstream log;
+  Config cfg = tiny_config(dir, 5);
+  cfg.train.device = "cuda";
+  try {
+    Trainer t(cfg, quiet(log));
+    FAIL() << "expected a ConfigError";
+  } catch (const ConfigError& e) {
+    EXPECT_EQ(std::string(e.what()).rfind("train.device: cuda, but ", 0), 0u) << e.what();
+  }
 }
 
 TEST(Trainer, InitFromLlmcModelFileAndCheckpoint) {
