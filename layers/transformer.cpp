@@ -183,8 +183,11 @@ Tensor Transformer::head_logits(const Tensor& x) const {
 }
 
 Tensor Transformer::head_loss(const Tensor& x, const Tensor& targets) const {
+  // Under sequence parallelism x holds this rank's chunk of the sequence (B, T/tp, C).
+  const int64_t T = x.dim() == 3 && mp_ && mp_->sequence_parallel() ? x.size(1) * mp_->tp_size()
+                                                                    : (x.dim() == 3 ? x.size(1) : -1);
   LOOM_CHECK(targets.dim() == 2 && x.dim() == 3 && targets.size(0) == x.size(0) &&
-                 targets.size(1) == x.size(1),
+                 targets.size(1) == T,
              "Transformer.head_loss: targets ", shape_str(targets.shape()),
              " do not match the activation ", shape_str(x.shape()));
   const Tensor logits = head_logits(x);

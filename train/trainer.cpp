@@ -567,10 +567,7 @@ std::vector<StepRecord> Trainer::run() {
     if (!s.pipe && (s.is_main() || s.zero3()) && t.sample_every > 0 &&
         (r.step % t.sample_every == 0 || r.step == t.steps)) {
       const std::string text = sample(t.sample_tokens);  // every rank under ZeRO-3 (gathers)
-      *s.log << "sample at step " << r.step << ":
-" << text << "
----
-";
+      *s.log << "sample at step " << r.step << ":\n" << text << "\n---\n";
     }
     bool stop = (s.opt.stop && s.opt.stop->load()) || (s.opt.stop_at_step > 0 && r.step >= s.opt.stop_at_step);
     if (s.ctx) {  // every rank must agree, since checkpointing is collective
