@@ -177,6 +177,16 @@ std::vector<std::vector<int>> DeviceMesh::groups(MeshDim d) const {
   return out;
 }
 
+std::vector<int> DeviceMesh::dp_cp_group(int rank) const {
+  const MeshCoords me = coords(rank);
+  std::vector<int> out;
+  for (int r = 0; r < world_size_; ++r) {
+    const MeshCoords c = coords(r);
+    if (c.tp == me.tp && c.pp == me.pp) out.push_back(r);
+  }
+  return out;
+}
+
 void DeviceMesh::check_mics_partition_size(int partition_size) const {
   LOOM_CONFIG_CHECK(partition_size >= 1, "parallel.mics_partition_size: must be >= 1, got ",
                     partition_size);

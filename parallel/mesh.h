@@ -77,6 +77,10 @@ class DeviceMesh {
   // coordinates i, i+P, i+2P, …). Both keep every other coordinate fixed and are ordered by
   // dp coordinate. P = dp gives one partition (the whole dp group) and replicas of size 1.
   void check_mics_partition_size(int partition_size) const;  // ConfigError if P ∤ dp
+  // The ranks that share this rank's tp and pp coordinates (every dp and cp coordinate), in
+  // world-rank order: data parallelism reduces gradients over it when the sequence is split
+  // over cp (each cp rank holds part of the same samples' gradient).
+  std::vector<int> dp_cp_group(int rank) const;
   std::vector<int> mics_partition_group(int rank, int partition_size) const;
   std::vector<int> mics_replica_group(int rank, int partition_size) const;
 

@@ -178,10 +178,12 @@ ParallelContext ParallelContext::create(const ParallelOptions& options) {
       parent, ctx.mesh_.mics_partition_group(rank, partition), "mics_partition", timeout, tag++);
   ctx.mics_replica_ = MpiCommunicator::create(parent, ctx.mesh_.mics_replica_group(rank, partition),
                                               "mics_replica", timeout, tag++);
+  ctx.dp_cp_ = MpiCommunicator::create(parent, ctx.mesh_.dp_cp_group(rank), "dp_cp", timeout, tag++);
   ctx.world_ = on_device(std::move(world), device, timeout);
   for (auto& c : ctx.dims_) c = on_device(std::move(c), device, timeout);
   ctx.mics_partition_ = on_device(std::move(ctx.mics_partition_), device, timeout);
   ctx.mics_replica_ = on_device(std::move(ctx.mics_replica_), device, timeout);
+  ctx.dp_cp_ = on_device(std::move(ctx.dp_cp_), device, timeout);
   return ctx;
 #endif
 }
@@ -198,6 +200,7 @@ ParallelContext ParallelContext::single_process(Device device) {
   }
   ctx.mics_partition_ = make("mics_partition");
   ctx.mics_replica_ = make("mics_replica");
+  ctx.dp_cp_ = make("dp_cp");
   return ctx;
 }
 
@@ -208,6 +211,7 @@ void ParallelContext::set_observer(const CommObserver& observer) {
   for (auto& c : dims_) c->set_observer(observer);
   mics_partition_->set_observer(observer);
   mics_replica_->set_observer(observer);
+  dp_cp_->set_observer(observer);
 }
 
 std::string ParallelContext::str() const {

@@ -72,6 +72,9 @@ class ParallelContext {
   // across the replica group.
   Communicator& mics_partition() const { return *mics_partition_; }
   Communicator& mics_replica() const { return *mics_replica_; }
+  // dp and cp together (DeviceMesh::dp_cp_group): the data-parallel reduction group under
+  // context parallelism.
+  Communicator& dp_cp() const { return *dp_cp_; }
   int mics_partition_rank() const { return mics_partition_->rank(); }
   int mics_partition_size() const { return mics_partition_->size(); }
   int mics_replica_rank() const { return mics_replica_->rank(); }
@@ -92,6 +95,7 @@ class ParallelContext {
   std::unique_ptr<Communicator> dims_[kNumMeshDims];  // indexed by MeshDim
   std::unique_ptr<Communicator> mics_partition_;
   std::unique_ptr<Communicator> mics_replica_;
+  std::unique_ptr<Communicator> dp_cp_;
 };
 
 }  // namespace loom::parallel

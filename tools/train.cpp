@@ -57,10 +57,13 @@ int main(int argc, char** argv) {
   try {
     loom::Config config = loom::load_config(config_path, overrides);
     std::unique_ptr<loom::parallel::ParallelContext> ctx;
-    if (mpi.size() > 1 || config.parallel.dp > 1 || config.parallel.pp > 1) {
+    if (mpi.size() > 1 || config.parallel.dp > 1 || config.parallel.pp > 1 || config.parallel.tp > 1 ||
+        config.parallel.cp > 1) {
       loom::parallel::ParallelOptions p;
       p.shape.dp = static_cast<int>(config.parallel.dp);
       p.shape.pp = static_cast<int>(config.parallel.pp);
+      p.shape.cp = static_cast<int>(config.parallel.cp);
+      p.shape.tp = static_cast<int>(config.parallel.tp);
       p.mics_partition_size = static_cast<int>(config.parallel.mics_partition_size);
       p.comm_timeout_s = config.parallel.comm_timeout_s;
       ctx = std::make_unique<loom::parallel::ParallelContext>(loom::parallel::ParallelContext::create(p));

@@ -92,6 +92,9 @@ void visit_fields(Config& c, V&& v) {
   v("parallel", "microbatches", p.microbatches);
   v("parallel", "schedule", p.schedule);
   v("parallel", "pp_layout", p.pp_layout);
+  v("parallel", "tp", p.tp);
+  v("parallel", "cp", p.cp);
+  v("parallel", "sequence_parallel", p.sequence_parallel);
 }
 
 template <typename T>
@@ -221,6 +224,37 @@ void validate_pipeline_config(const Config& c) {
   parallel::pp::partition_layers(c.model.n_layer, static_cast<int>(p.pp * p.vpp), p.pp_layout);
 }
 
+// parallel.tp, cp, sequence_parallel: what the model must divide, and the combinations the
+// trainer runs so far.
+void validate_model_parallel_config(const Config& c) {
+  const ParallelConfig& p = c.parallel;
+  const ModelConfig& m = c.model;
+  require(p.tp >= 1, "parallel.tp: must be positive, got " + str(p.tp));
+  require(p.cp >= 1, "parallel.cp: must be positive, got " + str(p.cp));
+  require(m.n_head % p.tp == 0 && m.kv_heads() % p.tp == 0,
+          "parallel.tp: " + str(p.tp) + " does not divide model.n_head " + str(m.n_head) + " and its " +
+              str(m.kv_heads()) + " kv heads");
+  require(m.ffn_hidden_size() % p.tp == 0,
+          "parallel.tp: " + str(p.tp) + " does not divide the MLP hidden size " + str(m.ffn_hidden_size()));
+  require(m.padded_vocab() % p.tp == 0 && m.vocab_size > (p.tp - 1) * (m.padded_vocab() / p.tp),
+          "parallel.tp: " + str(p.tp) + " does not split the padded vocabulary " + str(m.padded_vocab()) +
+              " into parts that each hold real tokens (model.vocab_size " + str(m.vocab_size) + ")");
+  require(c.data.seq_len % (2 * p.cp) == 0,
+          "parallel.cp: data.seq_len " + str(c.data.seq_len) + " does not divide into 2·cp = " + str(2 * p.cp) +
+              " chunks (causal load balancing)");
+  require(!p.sequence_parallel || p.tp > 1, "parallel.sequence_parallel: needs parallel.tp > 1");
+  require(!p.sequence_parallel || c.data.seq_len / p.cp % p.tp == 0,
+          "parallel.sequence_parallel: the " + str(c.data.seq_len / p.cp) +
+              " tokens per context-parallel rank do not divide by parallel.tp " + str(p.tp));
+  if (p.tp == 1 && p.cp == 1) return;
+  require(p.pp == 1, "parallel.pp: pipeline parallelism together with parallel.tp/cp > 1 is not supported yet");
+  require(p.cp == 1 || p.mics_partition_size == 0,
+          "parallel.mics_partition_size: MiCS together with parallel.cp > 1 is not supported yet");
+  require(c.train.init_from.empty(), "model.init_from: not supported with parallel.tp/cp > 1 yet");
+  require(c.model.dropout == 0.0,
+          "model.dropout: dropout with parallel.tp/cp > 1 is not supported yet (each rank would draw its own mask)");
+}
+
 // Note [Precision] in train/config.h.
 void validate_precision(const TrainConfig& t) {
   const std::string& p = t.precision;
@@ -295,6 +329,7 @@ void validate_config(const Config& c) {
           "train.precision: f16 (dynamic loss scaling) is not supported with parallel.dp > 1 yet; use bf16");
   require(p.dp == 1 || o.name == "adamw", "optim.name: sgd is not supported with parallel.dp > 1 (the data-parallel engine shards AdamW)");
   validate_pipeline_config(c);
+  validate_model_parallel_config(c);
 }
 
 int64_t pipeline_microbatches(const Config& c) {

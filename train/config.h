@@ -84,6 +84,11 @@ struct ParallelConfig {
   int64_t microbatches = 0;         // per step; 0 = optim.grad_accum (see pipeline_microbatches)
   std::string schedule = "1f1b";    // gpipe | 1f1b | interleaved
   std::string pp_layout = "";       // blocks per stage, e.g. "3,3,2,2"; "" = even split
+  // Tensor, sequence and context parallelism (parallel/tp, parallel/cp; docs/parallel.md):
+  // world = dp·pp·cp·tp.
+  int64_t tp = 1;                   // tensor-parallel ranks (heads, MLP hidden, vocabulary split)
+  int64_t cp = 1;                   // context-parallel ranks (the sequence split, ring attention)
+  bool sequence_parallel = false;   // with tp > 1: norms/dropout/residual on sequence chunks
 };
 
 struct LoggingConfig {

@@ -8,6 +8,7 @@
 #include <filesystem>
 #include <iomanip>
 #include <iostream>
+#include <set>
 #include <sstream>
 
 #include "core/autograd.h"
@@ -26,8 +27,10 @@
 #include "optim/loss_scaler.h"
 #include "optim/lr_schedule.h"
 #include "optim/sgd.h"
+#include "parallel/cp/ring_attention.h"
 #include "parallel/dp/data_parallel.h"
 #include "parallel/launcher.h"
+#include "parallel/model_parallel.h"
 #include "parallel/parallel_context.h"
 #include "parallel/pp/pipeline.h"
 #include "train/checkpoint.h"
@@ -122,6 +125,8 @@ struct Trainer::State {
   std::unique_ptr<optim::Optimizer> optimizer;       // single process
   std::unique_ptr<parallel::DataParallel> dp;         // parallel.dp > 1: owns the optimizer
   std::unique_ptr<parallel::pp::TransformerPipeline> pipe;  // parallel.pp > 1
+  std::unique_ptr<parallel::MeshModelParallel> mp;    // parallel.tp or cp > 1 (outlives model)
+  std::set<std::string> tp_shards;  // names of the parameters that are this rank's TP part
   parallel::ParallelContext* ctx = nullptr;
   std::unique_ptr<TraceRecorder> trace;               // --profile
   std::ostream discard{nullptr};                       // the log of ranks other than 0
@@ -137,7 +142,18 @@ struct Trainer::State {
   void build_parallel(const std::vector<optim::ParamRef>& refs);
   bool is_main() const { return !ctx || ctx->rank() == 0; }
   // Writes this rank's stage's replicated tensors (parameters, ZeRO-0 state) in checkpoints.
-  bool is_stage_writer() const { return !ctx || ctx->dp_rank() == 0; }
+  bool is_stage_writer() const { return !ctx || (ctx->dp_rank() == 0 && ctx->cp_rank() == 0); }
+  // Tensor/context parallelism (Note [Model-parallel step]).
+  int tp_size() const { return ctx ? ctx->tp_size() : 1; }
+  int cp_size() const { return ctx ? ctx->cp_size() : 1; }
+  Tensor micro_batch_loss(const Batch& b);
+  Tensor tp_grad_sq_sum(const Tensor& local);
+  // Checkpoint names: under parallel.tp > 1 a parameter part and all optimizer state carry
+  // "@tp<rank>" (every TP rank holds different values under the same name); replicated
+  // parameters are written by TP rank 0 alone.
+  std::string tp_suffix() const { return tp_size() > 1 ? "@tp" + std::to_string(ctx->tp_rank()) : ""; }
+  bool writes_param(const std::string& name) const;
+  std::string param_key(const std::string& name) const;
   int64_t micro_batches() const { return pipe ? pipeline_microbatches(cfg) : cfg.optim.grad_accum; }
   // Optimizer state names of the last stage's tied wte copy carry "pp_tied." (Note [Tied
   // embeddings across stages]): the first stage's state has the same names.
@@ -163,7 +179,18 @@ void Trainer::State::build() {
   device = resolve_device(cfg.train);
   // Parameters are built on the device (drawn on the host, so every device starts from the same
   // values); with train.precision ≠ train.dtype the forward casts them (Note [Precision]).
-  model = std::make_unique<Transformer>(mc, parse_dtype(cfg.train.dtype), device);
+  if (cfg.parallel.tp > 1 || cfg.parallel.cp > 1) {
+    LOOM_CONFIG_CHECK(ctx != nullptr && ctx->tp_size() == cfg.parallel.tp && ctx->cp_size() == cfg.parallel.cp,
+                      "parallel.tp: ", cfg.parallel.tp, " × parallel.cp ", cfg.parallel.cp,
+                      " need a parallel context with those sizes (mpirun -np dp·pp·cp·tp)");
+    mp = std::make_unique<parallel::MeshModelParallel>(ctx->tp(), ctx->cp(), cfg.parallel.sequence_parallel);
+  }
+  model = std::make_unique<Transformer>(mc, parse_dtype(cfg.train.dtype), device, mp.get());
+  if (mp && cfg.parallel.tp > 1) {
+    for (const auto& [name, p] : model->named_parameters()) {
+      if (parallel::is_tensor_parallel_shard(*model, p)) tp_shards.insert(name);
+    }
+  }
   if (cfg.train.precision != cfg.train.dtype) model->set_compute_dtype(parse_dtype(cfg.train.precision));
   if (cfg.train.precision == "f16") scaler = std::make_unique<optim::LossScaler>();
   model->init_weights(init_gen);
@@ -184,7 +211,7 @@ void Trainer::State::build() {
   const optim::DecayRule rule = optim::parse_decay_rule(cfg.optim.decay_rule);
   const std::vector<optim::ParamRef> refs = optim::make_param_refs(trained(), rule);
   const OptimConfig& o = cfg.optim;
-  if (cfg.parallel.dp > 1) {
+  if (cfg.parallel.dp > 1 || cfg.parallel.cp > 1) {
     build_parallel(refs);
   } else if (o.name == "adamw") {
     optimizer = std::make_unique<optim::AdamW>(refs, o.beta1, o.beta2, o.eps, o.weight_decay);
@@ -219,6 +246,10 @@ void Trainer::State::build() {
     *log << pipe->describe() << "; " << released << " parameters of other stages released"
          << " (validation and sampling are skipped: not pipelined yet)\n";
   }
+  if (mp) {
+    *log << "model parallel: tp " << tp_size() << (cfg.parallel.sequence_parallel ? " (sequence parallel)" : "")
+         << ", cp " << cp_size() << " (validation and sampling are skipped: not split yet)\n";
+  }
 }
 
 std::vector<std::pair<std::string, Tensor>> Trainer::State::trained() const {
@@ -235,11 +266,12 @@ std::string Trainer::State::state_name(const std::string& name) const {
 
 void Trainer::State::build_parallel(const std::vector<optim::ParamRef>& refs) {
   const int world = ctx ? ctx->world_size() : 1;
-  const int64_t ranks = cfg.parallel.dp * cfg.parallel.pp;
+  const ParallelConfig& pc = cfg.parallel;
+  const int64_t ranks = pc.dp * pc.pp * pc.cp * pc.tp;
   if (world != ranks) {
-    throw ConfigError("parallel.dp: " + std::to_string(cfg.parallel.dp) + " × parallel.pp " + std::to_string(cfg.parallel.pp) +
-                      " does not match the world size " + std::to_string(world) + " (start with mpirun -np " +
-                      std::to_string(ranks) + ")");
+    throw ConfigError("parallel.dp: " + std::to_string(pc.dp) + " × pp " + std::to_string(pc.pp) + " × cp " +
+                      std::to_string(pc.cp) + " × tp " + std::to_string(pc.tp) + " does not match the world size " +
+                      std::to_string(world) + " (start with mpirun -np " + std::to_string(ranks) + ")");
   }
   parallel::DataParallelConfig c;
   c.zero_stage = static_cast<int>(cfg.parallel.zero_stage);
@@ -252,14 +284,57 @@ void Trainer::State::build_parallel(const std::vector<optim::ParamRef>& refs) {
   c.decay_rule = optim::parse_decay_rule(cfg.optim.decay_rule);
   parallel::MicsGroups mics;
   if (cfg.parallel.mics_partition_size > 0) mics = {&ctx->mics_partition(), &ctx->mics_replica()};
+  if (!tp_shards.empty()) {  // the gradient norm sums the TP parts over the TP group
+    c.tp = &ctx->tp();
+    c.tp_shard = [this](const std::string& name) { return tp_shards.count(name) > 0; };
+  }
+  // Under context parallelism each cp rank holds part of the same samples' gradients: they are
+  // reduced over dp and cp together (Note [Model-parallel step]).
+  parallel::Communicator& group = pc.cp > 1 ? ctx->dp_cp() : ctx->dp();
   if (c.zero_stage == 3) {  // parameters gathered per unit (Note [ZeRO-3] in parallel/dp)
-    dp = std::make_unique<parallel::DataParallel>(model->parameter_units(), ctx->dp(), c, mics);
+    dp = std::make_unique<parallel::DataParallel>(model->parameter_units(), group, c, mics);
     model->set_unit_hooks(dp.get());
     return;
   }
   std::vector<std::pair<std::string, Tensor>> named;
   for (const optim::ParamRef& r : refs) named.emplace_back(r.name, r.param);
-  dp = std::make_unique<parallel::DataParallel>(named, ctx->dp(), c, mics);
+  dp = std::make_unique<parallel::DataParallel>(named, group, c, mics);
+}
+
+// Note [Model-parallel step]: under parallel.tp/cp every rank of a data-parallel replica reads
+// the same batch; cp rank r keeps its two load-balanced chunks of each sequence with their
+// global positions (parallel/cp). The model's loss is this rank's share (the cp group's shares
+// sum to the replica's mean, Note [Context-parallel loss]); data parallelism averages gradients
+// over dp·cp ranks, so the loss is multiplied by cp for backward, which makes that average the
+// sum over cp of the replicas' mean. TP ranks hold the same loss; the gradient norm sums the TP
+// parts over the TP group and counts replicated parameters once.
+// Σ g² over all parameters given this rank's sum `local`: the TP parts' squares are summed
+// over the TP group, replicated parameters counted once (one small all-reduce).
+Tensor Trainer::State::tp_grad_sq_sum(const Tensor& local) {
+  std::vector<Tensor> parts;
+  for (const auto& [name, p] : model->named_parameters()) {
+    if (tp_shards.count(name) && p.grad().defined()) parts.push_back(p.grad());
+  }
+  const Tensor mine = ops::reshape(optim::grad_sq_sum_tensor(parts).to(Device::cpu()), {1});
+  Tensor all = ops::clone(mine);
+  ctx->tp().all_reduce(all, parallel::ReduceOp::kSum);
+  return ops::add(local, ops::reshape(ops::sub(all, mine), {}).to(local.device()));
+}
+
+Tensor Trainer::State::micro_batch_loss(const Batch& b) {
+  if (!mp) return model->loss(b.inputs, b.targets, &dropout_gen);
+  const int r = ctx->cp_rank(), n = ctx->cp_size();
+  return model->loss(parallel::cp::shard_sequence(b.inputs, 1, r, n), parallel::cp::shard_sequence(b.targets, 1, r, n),
+                     parallel::cp::cp_positions(b.inputs.size(1), r, n), &dropout_gen);
+}
+
+bool Trainer::State::writes_param(const std::string& name) const {
+  return tp_size() == 1 || ctx->tp_rank() == 0 || tp_shards.count(name) > 0;
+}
+
+// ZeRO-3 shard names ("<param>[b:e]") differ across TP ranks too: all carry the suffix.
+std::string Trainer::State::param_key(const std::string& name) const {
+  return tp_shards.count(name) > 0 || (zero3() && tp_size() > 1) ? name + tp_suffix() : name;
 }
 
 std::vector<std::pair<std::string, Tensor>> Trainer::State::optimizer_state() {
@@ -314,8 +389,10 @@ void Trainer::State::resume(const std::string& which) {
     ops::copy_(into, it->second.to(into.device()));
   };
   // ZeRO-3: each rank restores the parameter pieces it owns (saved by the same layout).
-  for (auto& [name, p] : zero3() ? dp->parameter_shards() : trained()) restore("model." + name, p);
-  for (auto& [name, t] : dp ? dp->state_tensors() : optimizer->state_tensors()) restore("optim." + state_name(name), t);
+  for (auto& [name, p] : zero3() ? dp->parameter_shards() : trained()) restore("model." + param_key(name), p);
+  for (auto& [name, t] : dp ? dp->state_tensors() : optimizer->state_tensors()) {
+    restore("optim." + state_name(name) + tp_suffix(), t);
+  }
   auto num = [&](const std::string& key) {
     auto it = c.state.find(key);
     LOOM_CHECK(it != c.state.end(), dir, ": checkpoint state has no '", key, "'");
@@ -365,10 +442,12 @@ StepRecord Trainer::State::train_step() {
     Batch b = train_loader->next();
     if (dp) dp->set_sync(m == accum - 1);  // reduce once per step, after the last micro-batch
     const auto t_fwd = Clock::now();
-    Tensor loss = model->loss(b.inputs, b.targets, &dropout_gen);
+    Tensor loss = micro_batch_loss(b);
     if (accum > 1) loss = ops::scale(loss, 1.0 / static_cast<double>(accum));
     const auto t_bwd = Clock::now();
-    autograd::backward(scaler ? scaler->scale_loss(loss) : loss);
+    // × cp: data parallelism averages over dp·cp ranks (Note [Model-parallel step]).
+    const Tensor seed = cp_size() > 1 ? ops::scale(loss, static_cast<double>(cp_size())) : loss;
+    autograd::backward(scaler ? scaler->scale_loss(seed) : seed);
     if (trace) {
       trace->span("compute", "forward", t_fwd, t_bwd);
       trace->span("compute", "backward", t_bwd, Clock::now());
@@ -388,11 +467,13 @@ StepRecord Trainer::State::train_step() {
       trace->span("compute", "clip + optimizer + parameter gather", t_opt, Clock::now());
     }
     Tensor mean_loss = Tensor::full({1}, r.loss, DType::kF64);  // the global batch's loss
+    if (cp_size() > 1) ctx->cp().all_reduce(mean_loss, parallel::ReduceOp::kSum);  // shares
     ctx->dp().all_reduce(mean_loss, parallel::ReduceOp::kAvg);
     r.loss = mean_loss.item();
   } else {
     const std::vector<Tensor> g = grads();
-    const Tensor sq_sum = optim::grad_sq_sum_tensor(g);
+    Tensor sq_sum = optim::grad_sq_sum_tensor(g);
+    if (!tp_shards.empty()) sq_sum = tp_grad_sq_sum(sq_sum);
     const std::vector<double> host = ops::cat({ops::reshape(loss_sum, {1}), ops::reshape(sq_sum.to(loss_sum.device()), {1})}, 0)
                                          .to(Device::cpu())
                                          .to_vector();  // the step's one read (Note [Device step])
@@ -492,13 +573,13 @@ void Trainer::State::save() {
   c.step = step;
   c.config_yaml = config_to_yaml(cfg);
   if (zero3()) {  // each rank holds only its shard: "model.<param>[<begin>:<end>]"
-    for (auto& [name, p] : dp->parameter_shards()) c.tensors.emplace_back("model." + name, p);
+    for (auto& [name, p] : dp->parameter_shards()) c.tensors.emplace_back("model." + param_key(name), p);
   } else if (is_stage_writer()) {  // parameters are replicated across data-parallel ranks
     for (auto& [name, p] : trained()) {
-      if (!pipe || !pipe->is_tied_copy(name)) c.tensors.emplace_back("model." + name, p);
+      if ((!pipe || !pipe->is_tied_copy(name)) && writes_param(name)) c.tensors.emplace_back("model." + param_key(name), p);
     }
   }
-  for (auto& [name, t] : optimizer_state()) c.tensors.emplace_back("optim." + state_name(name), t);
+  for (auto& [name, t] : optimizer_state()) c.tensors.emplace_back("optim." + state_name(name) + tp_suffix(), t);
   const LoaderState ls = train_loader->state();
   c.state = {{"optim.step_count", std::to_string(optimizer_steps())},
              {"loader.epoch", std::to_string(ls.epoch)},
@@ -559,12 +640,12 @@ std::vector<StepRecord> Trainer::run() {
     StepRecord r = s.train_step();
     s.log_step(r, seconds_since(t0));
     records.push_back(r);
-    if (!s.pipe && s.val_loader && t.val_every > 0 && (r.step % t.val_every == 0 || r.step == t.steps)) {
+    if (!s.pipe && !s.mp && s.val_loader && t.val_every > 0 && (r.step % t.val_every == 0 || r.step == t.steps)) {
       const double v = evaluate();
       *s.log << "step " << r.step << " | val loss " << fmt(v, 4) << "\n";
       if (s.metrics) s.metrics->write(r.step, {{"val/loss", v}});
     }
-    if (!s.pipe && (s.is_main() || s.zero3()) && t.sample_every > 0 &&
+    if (!s.pipe && !s.mp && (s.is_main() || s.zero3()) && t.sample_every > 0 &&
         (r.step % t.sample_every == 0 || r.step == t.steps)) {
       const std::string text = sample(t.sample_tokens);  // every rank under ZeRO-3 (gathers)
       *s.log << "sample at step " << r.step << ":\n" << text << "\n---\n";

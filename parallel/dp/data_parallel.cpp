@@ -354,16 +354,47 @@ std::vector<Tensor> DataParallel::owned_grads() const {
   return out;
 }
 
+// Σ g² of this rank's owned gradient elements whose parameter is a tensor-parallel part
+// (config_.tp_shard): the part of the squared norm that must also be summed over the TP group.
+double DataParallel::owned_tp_shard_sq() const {
+  std::vector<Tensor> g;
+  if (config_.zero_stage == 0) {
+    for (const Param& p : params_) {
+      if (!config_.tp_shard(p.name)) continue;
+      g.push_back(flat_view(buckets_[static_cast<size_t>(p.bucket)].grad_flat, {p.tensor.numel()}, p.offset));
+    }
+  } else {
+    const std::vector<optim::ParamRef>& refs = optimizer_->params();
+    for (size_t k = 0; k < refs.size(); ++k) {
+      const std::string& name = refs[k].name;
+      if (!config_.tp_shard(name.substr(0, name.find('[')))) continue;
+      const Piece& pc = pieces_[k];
+      const Bucket& b = buckets_[static_cast<size_t>(pc.bucket)];
+      const int64_t len = pc.end - pc.begin;
+      g.push_back(config_.zero_stage == 1
+                      ? flat_view(b.grad_flat, {len}, pc.begin)
+                      : flat_view(b.grad_shard, {len}, pc.begin - shard_rank() * b.plan.shard_numel));
+    }
+  }
+  return optim::grad_sq_sum(g);
+}
+
 double DataParallel::clip_grad_norm(double max_norm) {
   if (!synced_) finish_gradient_sync();
   const std::vector<Tensor> grads = owned_grads();
-  double sq = optim::grad_sq_sum(grads);
-  if (config_.zero_stage >= 1) {  // each element is owned by exactly one shard-group member
-    Tensor t = Tensor::full({1}, sq, DType::kF64);
-    shard_comm_->all_reduce(t, ReduceOp::kSum);
-    sq = t.item();
+  // [all owned elements, the tensor-parallel parts among them]
+  Tensor sq = Tensor::from_vector(std::vector<double>{optim::grad_sq_sum(grads),
+                                                      config_.tp ? owned_tp_shard_sq() : 0.0},
+                                  {2});
+  if (config_.zero_stage >= 1) shard_comm_->all_reduce(sq, ReduceOp::kSum);  // one owner each
+  const std::vector<double> s = sq.to_vector();
+  double total = s[0];
+  if (config_.tp && config_.tp->size() > 1) {  // add the other TP ranks' parts
+    Tensor parts = Tensor::full({1}, s[1], DType::kF64);
+    config_.tp->all_reduce(parts, ReduceOp::kSum);
+    total += parts.item() - s[1];
   }
-  const double norm = std::sqrt(sq);
+  const double norm = std::sqrt(total);
   optim::scale_grads(grads, optim::clip_scale(norm, max_norm));
   return norm;
 }

@@ -53,6 +53,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <utility>
@@ -78,6 +79,11 @@ struct DataParallelConfig {
   optim::DecayRule decay_rule = optim::DecayRule::kDefault;
   bool broadcast_parameters = true;  // copy dp rank 0's parameters to every rank at start
   bool overlap = true;  // false: launch every reduction in finish_gradient_sync (for measuring)
+  // Tensor parallelism beside data parallelism: the TP group and which parameters (by name) are
+  // this rank's part of a split tensor. The gradient norm sums their squares over `tp` too;
+  // replicated parameters (identical on every TP rank) are counted once.
+  Communicator* tp = nullptr;
+  std::function<bool(const std::string& name)> tp_shard;
 };
 
 // MiCS groups: shard within `partition` (size P), replicate across `replica` (size dp / P).
@@ -212,6 +218,7 @@ class DataParallel final : public UnitHooks {
   void build_optimizer();
   void install_hooks();
   void on_grad_ready(size_t index, Tensor& leaf);
+  double owned_tp_shard_sq() const;
   void ensure_grad_buffer(Bucket& b);
   void attach_grad_view(size_t index);
   void launch(int bucket, DpEventKind kind);

@@ -22,6 +22,7 @@
 #include "parallel/model_parallel.h"
 #include "parallel/tp/comm_ops.h"
 #include "tests/parallel/mpi_test_util.h"
+#include "tests/parallel/tp_test_util.h"
 
 namespace loom::parallel {
 namespace {
@@ -55,28 +56,7 @@ ModelConfig tiny(bool llama) {
   return c;
 }
 
-// This rank's part of a full tensor, by parameter name (the layout parallel/tp documents).
-Tensor expected_part(const std::string& name, const Tensor& full, const ModelConfig& c, int r, int n) {
-  auto chunk = [&](const Tensor& t, int64_t dim) {
-    const int64_t len = t.size(dim) / n;
-    return ops::contiguous(ops::narrow(t, dim, r * len, len));
-  };
-  auto ends = [&](const char* s) { return name.size() >= std::string(s).size() &&
-                                           name.compare(name.size() - std::string(s).size(), std::string::npos, s) == 0; };
-  if (ends("attn.qkv.weight") || ends("attn.qkv.bias")) {
-    const int64_t D = c.head_dim(), q = c.n_head * D, kv = c.kv_heads() * D;
-    const std::vector<Tensor> segs = ops::split(full, {q, kv, kv}, 0);
-    return ops::contiguous(ops::cat({chunk(segs[0], 0), chunk(segs[1], 0), chunk(segs[2], 0)}, 0));
-  }
-  if (ends("mlp.fc.weight") || ends("mlp.fc.bias") || ends("mlp.gate.weight") ||
-      ends("mlp.up.weight") || name == "wte.weight" || name == "lm_head.weight") {
-    return chunk(full, 0);
-  }
-  if (ends("attn.proj.weight") || ends("mlp.proj.weight") || ends("mlp.down.weight")) {
-    return chunk(full, 1);
-  }
-  return full;  // replicated
-}
+using testing::expected_tp_part;
 
 struct Layout {
   int tp, cp;
@@ -128,7 +108,7 @@ void check(bool llama, Layout lay) {
   for (const auto& [name, p] : model.named_parameters()) {
     ASSERT_TRUE(p.grad().defined()) << name;
     const Tensor g = tp::all_reduce_sum(p.grad(), ctx.cp());
-    const Tensor want = expected_part(name, ref_grads.at(name), c, tr, tn);
+    const Tensor want = expected_tp_part(name, ref_grads.at(name), c, tr, tn);
     if (tn > 1) {
       EXPECT_EQ(is_tensor_parallel_shard(model, p), want.numel() != ref_grads.at(name).numel()) << name;
     }
@@ -139,7 +119,7 @@ void check(bool llama, Layout lay) {
   const auto params = model.named_parameters();
   ASSERT_EQ(ref_params.size(), params.size());
   for (size_t i = 0; i < params.size(); ++i) {
-    EXPECT_EQ(rel_err(expected_part(params[i].first, ref_params[i].second, c, tr, tn), params[i].second), 0.0)
+    EXPECT_EQ(rel_err(expected_tp_part(params[i].first, ref_params[i].second, c, tr, tn), params[i].second), 0.0)
         << params[i].first;
   }
 }
