@@ -3,7 +3,7 @@
 // norms match the single-process run with the same global batch, and every rank's parameters
 // equal its tensor-parallel part of the single-process parameters (tests/parallel/
 // tp_test_util.h); a stop and resume reproduces the uninterrupted run. TrainModelParallel2.*
-// runs on 2 ranks, TrainModelParallel4.* on 4.
+// runs on 2 ranks, TrainModelParallel4.* on 4, TrainModelParallel8.* (dp2·cp2·tp2) on 8.
 //
 // Tolerance: split GEMMs, vocab-parallel statistics, ring-attention merges and the dp·cp
 // gradient average add the same terms in other orders (f32 rounding, ~1e-7 relative), which
@@ -173,6 +173,11 @@ TEST(TrainModelParallel4, Cp2Tp2SequenceParallelMatchesSingleProcess) {
 }
 TEST(TrainModelParallel4, Dp2Tp2Zero3MatchesSingleProcess) { expect_matches_single({.dp = 2, .tp = 2, .zero_stage = 3}); }
 TEST(TrainModelParallel4, Dp2Cp2Zero1ResumeIsExact) { expect_resume_exact({.dp = 2, .cp = 2, .zero_stage = 1}); }
+
+TEST(TrainModelParallel8, Dp2Cp2Tp2MatchesSingleProcess) { expect_matches_single({.dp = 2, .cp = 2, .tp = 2}); }
+TEST(TrainModelParallel8, Dp2Cp2Tp2Zero1SequenceParallelMatchesSingleProcess) {
+  expect_matches_single({.dp = 2, .cp = 2, .tp = 2, .sp = true, .zero_stage = 1});
+}
 
 }  // namespace
 }  // namespace loom::parallel
