@@ -247,7 +247,6 @@ void validate_model_parallel_config(const Config& c) {
           "parallel.sequence_parallel: the " + str(c.data.seq_len / p.cp) +
               " tokens per context-parallel rank do not divide by parallel.tp " + str(p.tp));
   if (p.tp == 1 && p.cp == 1) return;
-  require(p.pp == 1, "parallel.pp: pipeline parallelism together with parallel.tp/cp > 1 is not supported yet");
   require(p.cp == 1 || p.mics_partition_size == 0,
           "parallel.mics_partition_size: MiCS together with parallel.cp > 1 is not supported yet");
   require(c.train.init_from.empty(), "model.init_from: not supported with parallel.tp/cp > 1 yet");

@@ -205,7 +205,14 @@ void Trainer::State::build() {
     po.vpp = static_cast<int>(cfg.parallel.vpp);
     po.microbatches = static_cast<int>(pipeline_microbatches(cfg));
     po.layout = cfg.parallel.pp_layout;
-    pipe = std::make_unique<parallel::pp::TransformerPipeline>(*model, ctx->pp(), po, cfg.data.batch_size, cfg.data.seq_len);
+    // Under tp/cp each micro-batch is this cp rank's chunks (Note [Model-parallel step]).
+    const int64_t local_seq = cfg.data.seq_len / cfg.parallel.cp;
+    if (mp) {
+      po.positions = parallel::cp::cp_positions(cfg.data.seq_len, ctx->cp_rank(), ctx->cp_size()).to(device);
+      po.activation_rows = cfg.parallel.sequence_parallel ? local_seq / cfg.parallel.tp : local_seq;
+      po.loss_scale = static_cast<double>(cfg.parallel.cp);
+    }
+    pipe = std::make_unique<parallel::pp::TransformerPipeline>(*model, ctx->pp(), po, cfg.data.batch_size, local_seq);
     released = pipe->release_other_stages(*model);
   }
   const optim::DecayRule rule = optim::parse_decay_rule(cfg.optim.decay_rule);
@@ -499,17 +506,35 @@ StepRecord Trainer::State::pipeline_step(StepRecord r) {
   std::vector<Tensor> inputs, targets;
   for (int64_t i = 0; i < m; ++i) {
     Batch b = train_loader->next();
-    inputs.push_back(b.inputs);
-    targets.push_back(b.targets);
+    const int cr = ctx->cp_rank(), cn = ctx->cp_size();
+    inputs.push_back(cn > 1 ? parallel::cp::shard_sequence(b.inputs, 1, cr, cn) : b.inputs);
+    targets.push_back(cn > 1 ? parallel::cp::shard_sequence(b.targets, 1, cr, cn) : b.targets);
   }
   const auto t0 = Clock::now();
   r.loss = pipe->forward_backward(inputs, targets, &dropout_gen, [this](bool last) {
     if (dp) dp->set_sync(last);
-  });
+  }) / static_cast<double>(cp_size());  // this cp rank's share (the loss carried the ×cp)
+  if (cp_size() > 1) {
+    Tensor share = Tensor::full({1}, r.loss, DType::kF64);
+    ctx->cp().all_reduce(share, parallel::ReduceOp::kSum);
+    r.loss = share.item();
+  }
   const auto t_sync = Clock::now();
   if (dp) dp->finish_gradient_sync();
   pipe->sync_tied_gradients();
-  r.grad_norm = std::sqrt(pipe->grad_sq_sum());
+  double sq = pipe->grad_sq_sum();
+  if (!tp_shards.empty()) {  // add the other TP ranks' parts (replicated parameters once)
+    std::vector<Tensor> parts;
+    for (const auto& [name, p] : pipe->named_parameters()) {
+      if (tp_shards.count(name) && !pipe->is_tied_copy(name) && p.grad().defined()) parts.push_back(p.grad());
+    }
+    Tensor s = Tensor::full({1}, optim::grad_sq_sum(parts), DType::kF64);
+    ctx->pp().all_reduce(s, parallel::ReduceOp::kSum);
+    const double stage_parts = s.item();
+    ctx->tp().all_reduce(s, parallel::ReduceOp::kSum);
+    sq += s.item() - stage_parts;
+  }
+  r.grad_norm = std::sqrt(sq);
   if (cfg.optim.grad_clip > 0) {
     std::vector<Tensor> g;
     for (const auto& [name, p] : pipe->named_parameters()) {

@@ -28,7 +28,9 @@ TransformerPipeline::TransformerPipeline(const Transformer& model, Communicator&
       seq_len_(seq_len),
       boundaries_(partition_layers(model.num_blocks(), pp.size() * options.vpp, options.layout)),
       list_(make_schedule(options.schedule, shape_, pp.rank())),
-      executor_(pp, shape_, {batch, seq_len, model.config().n_embd}, model.dtype()) {
+      executor_(pp, shape_,
+                {batch, options.activation_rows > 0 ? options.activation_rows : seq_len, model.config().n_embd},
+                model.dtype()) {
   const bool tied = model.config().tie_embeddings;
   for (auto& [name, t] : model.named_parameters()) {
     for (int g : stages_of_parameter(name, boundaries_, tied)) {
@@ -72,7 +74,7 @@ double TransformerPipeline::forward_backward(const std::vector<Tensor>& inputs, 
   const int m = shape_.microbatches, last = shape_.num_global_stages() - 1;
   LOOM_CHECK(static_cast<int>(inputs.size()) == m && static_cast<int>(targets.size()) == m, "pipeline: ",
              inputs.size(), " input and ", targets.size(), " target micro-batches, expected ", m);
-  const Tensor pos = model_.positions(seq_len_);
+  const Tensor pos = options_.positions.defined() ? options_.positions : model_.positions(seq_len_);
   ChunkCallbacks cb;
   cb.forward = [&](int mb, int chunk, const Tensor& input) {
     const int g = shape_.global_stage(pp_.rank(), chunk);
@@ -84,7 +86,8 @@ double TransformerPipeline::forward_backward(const std::vector<Tensor>& inputs, 
                           dropout_gen);
     if (g != last) return x;
     Tensor loss = model_.head_loss(x, targets[static_cast<size_t>(mb)]);
-    if (m > 1) loss = ops::scale(loss, 1.0 / static_cast<double>(m));  // as gradient accumulation does
+    const double factor = options_.loss_scale / static_cast<double>(m);  // as gradient accumulation does
+    if (factor != 1.0) loss = ops::scale(loss, factor);
     return loss;
   };
   cb.before_backward = before_backward;

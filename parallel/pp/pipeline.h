@@ -38,6 +38,13 @@ struct PipelineOptions {
   int vpp = 1;                                   // parallel.vpp
   int microbatches = 1;                          // m; the loss of each is scaled by 1/m
   std::string layout;                            // parallel.pp_layout ("" = even)
+  // With tensor/context parallelism (train/trainer.cpp, Note [Model-parallel step]): the rows of
+  // the activation passed between stages when it is not seq_len (sequence parallelism holds
+  // seq_len/tp), the token positions when they are not arange(seq_len) (context parallelism),
+  // and a factor on each micro-batch's loss for backward (cp), which the returned loss carries.
+  int64_t activation_rows = 0;  // 0: seq_len
+  Tensor positions;             // undefined: arange(seq_len)
+  double loss_scale = 1.0;
 };
 
 class TransformerPipeline {

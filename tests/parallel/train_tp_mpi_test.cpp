@@ -3,7 +3,8 @@
 // norms match the single-process run with the same global batch, and every rank's parameters
 // equal its tensor-parallel part of the single-process parameters (tests/parallel/
 // tp_test_util.h); a stop and resume reproduces the uninterrupted run. TrainModelParallel2.*
-// runs on 2 ranks, TrainModelParallel4.* on 4, TrainModelParallel8.* (dp2·cp2·tp2) on 8.
+// runs on 2 ranks, TrainModelParallel4.* on 4 (with pp2 too), TrainModelParallel8.* on 8 (the
+// compositions dp2·tp2·pp2, tp2·cp2·pp2 and dp2·cp2·tp2, each also with ZeRO-1).
 //
 // Tolerance: split GEMMs, vocab-parallel statistics, ring-attention merges and the dp·cp
 // gradient average add the same terms in other orders (f32 rounding, ~1e-7 relative), which
@@ -52,13 +53,14 @@ std::string shared_data(ParallelContext& ctx) {
 
 struct Case {
   std::string arch = "gpt2";
-  int dp = 1, cp = 1, tp = 1;
+  int dp = 1, cp = 1, tp = 1, pp = 1;
   bool sp = false;
   int zero_stage = 0;
 };
 
 std::string tag_of(const Case& k) {
   return k.arch + "_dp" + std::to_string(k.dp) + "_cp" + std::to_string(k.cp) + "_tp" + std::to_string(k.tp) +
+         "_pp" + std::to_string(k.pp) +
          (k.sp ? "_sp" : "") + "_z" + std::to_string(k.zero_stage);
 }
 
@@ -76,7 +78,7 @@ Config config_for(const Case& k, const std::string& dir, const std::string& out,
     << "checkpoint: {every: 0, keep: 0}\n"
     << "logging: {jsonl: false, tensorboard: false}\n";
   if (parallel) {
-    y << "parallel: {dp: " << k.dp << ", cp: " << k.cp << ", tp: " << k.tp
+    y << "parallel: {dp: " << k.dp << ", pp: " << k.pp << ", cp: " << k.cp << ", tp: " << k.tp
       << ", sequence_parallel: " << (k.sp ? "true" : "false") << ", zero_stage: " << k.zero_stage
       << ", bucket_mb: 0.01}\n";
   }
@@ -95,13 +97,14 @@ TrainerOptions options(std::ostream& log, ParallelContext* ctx, const std::strin
 
 ParallelContext context_for(const Case& k) {
   ParallelOptions po;
-  po.shape = {.dp = k.dp, .pp = 1, .cp = k.cp, .tp = k.tp};
+  po.shape = {.dp = k.dp, .pp = k.pp, .cp = k.cp, .tp = k.tp};
   po.comm_timeout_s = testing::kTestCommTimeoutS;
   return ParallelContext::create(po);
 }
 
 void expect_matches_single(const Case& k) {
-  if (testing::world_size() != k.dp * k.cp * k.tp) GTEST_SKIP() << "needs " << k.dp * k.cp * k.tp << " ranks";
+  const int ranks = k.dp * k.cp * k.tp * k.pp;
+  if (testing::world_size() != ranks) GTEST_SKIP() << "needs " << ranks << " ranks";
   ParallelContext ctx = context_for(k);
   const std::string dir = shared_data(ctx);
   const std::string tag = tag_of(k);
@@ -124,7 +127,8 @@ void expect_matches_single(const Case& k) {
   const ModelConfig mc = config_for(k, dir, "unused", false).model;
   std::map<std::string, Tensor> ref;
   for (auto& [name, t] : single.parameters()) ref.emplace(name, t);
-  for (const auto& [name, t] : split.parameters()) {
+  // This rank's trained parameters; under ZeRO-3 gathered copies (collective, every rank).
+  for (const auto& [name, t] : k.zero_stage == 3 ? split.parameters() : split.trained_parameters()) {
     const Tensor want = testing::expected_tp_part(name, ref.at(name), mc, ctx.tp_rank(), ctx.tp_size());
     const std::vector<double> x = t.to_vector(), y = want.to_vector();
     ASSERT_EQ(x.size(), y.size()) << name;
@@ -137,7 +141,8 @@ void expect_matches_single(const Case& k) {
 
 // 3 steps, checkpoint, resume for 3 more: the same losses and parameters as 6 in one go.
 void expect_resume_exact(const Case& k) {
-  if (testing::world_size() != k.dp * k.cp * k.tp) GTEST_SKIP() << "needs " << k.dp * k.cp * k.tp << " ranks";
+  const int ranks = k.dp * k.cp * k.tp * k.pp;
+  if (testing::world_size() != ranks) GTEST_SKIP() << "needs " << ranks << " ranks";
   ParallelContext ctx = context_for(k);
   const std::string dir = shared_data(ctx);
   const std::string tag = tag_of(k);
@@ -174,6 +179,22 @@ TEST(TrainModelParallel4, Cp2Tp2SequenceParallelMatchesSingleProcess) {
 TEST(TrainModelParallel4, Dp2Tp2Zero3MatchesSingleProcess) { expect_matches_single({.dp = 2, .tp = 2, .zero_stage = 3}); }
 TEST(TrainModelParallel4, Dp2Cp2Zero1ResumeIsExact) { expect_resume_exact({.dp = 2, .cp = 2, .zero_stage = 1}); }
 
+TEST(TrainModelParallel4, Cp4MatchesSingleProcess) { expect_matches_single({.cp = 4}); }
+TEST(TrainModelParallel4, Tp2Pp2MatchesSingleProcess) { expect_matches_single({.tp = 2, .pp = 2}); }
+TEST(TrainModelParallel4, Cp2Pp2LlamaMatchesSingleProcess) {
+  expect_matches_single({.arch = "llama", .cp = 2, .pp = 2});
+}
+
+TEST(TrainModelParallel8, Dp2Tp2Pp2MatchesSingleProcess) { expect_matches_single({.dp = 2, .tp = 2, .pp = 2}); }
+TEST(TrainModelParallel8, Dp2Tp2Pp2Zero1MatchesSingleProcess) {
+  expect_matches_single({.dp = 2, .tp = 2, .pp = 2, .zero_stage = 1});
+}
+TEST(TrainModelParallel8, Tp2Cp2Pp2SequenceParallelMatchesSingleProcess) {
+  expect_matches_single({.cp = 2, .tp = 2, .pp = 2, .sp = true});
+}
+TEST(TrainModelParallel8, Tp2Cp2Pp2Zero1MatchesSingleProcess) {
+  expect_matches_single({.cp = 2, .tp = 2, .pp = 2, .zero_stage = 1});
+}
 TEST(TrainModelParallel8, Dp2Cp2Tp2MatchesSingleProcess) { expect_matches_single({.dp = 2, .cp = 2, .tp = 2}); }
 TEST(TrainModelParallel8, Dp2Cp2Tp2Zero1SequenceParallelMatchesSingleProcess) {
   expect_matches_single({.dp = 2, .cp = 2, .tp = 2, .sp = true, .zero_stage = 1});
