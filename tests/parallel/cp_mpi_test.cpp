@@ -28,17 +28,7 @@ ParallelContext cp_world() {
   return ParallelContext::create(o);
 }
 
-double rel_err(const Tensor& want, const Tensor& got) {
-  const std::vector<double> a = want.contiguous().to_vector(), b = got.contiguous().to_vector();
-  EXPECT_EQ(a.size(), b.size());
-  double num = 0, den = 0;
-  for (size_t i = 0; i < a.size() && i < b.size(); ++i) {
-    if (!std::isfinite(b[i])) return INFINITY;
-    num += (a[i] - b[i]) * (a[i] - b[i]);
-    den += a[i] * a[i];
-  }
-  return std::sqrt(num / den);
-}
+using testing::rel_err;
 
 Tensor shared_rand(uint64_t salt, const Shape& shape) {
   Generator gen(salt);

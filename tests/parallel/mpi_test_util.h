@@ -6,7 +6,9 @@
 
 #include <mpi.h>
 
+#include <cmath>
 #include <cstdint>
+#include <limits>
 #include <cstring>
 #include <string>
 #include <vector>
@@ -85,6 +87,20 @@ inline Tensor member_input(int rank, uint64_t salt, const Shape& shape, DType dt
   Generator gen(salt * 1000003ULL + static_cast<uint64_t>(rank));
   if (dtype == DType::kF32 || dtype == DType::kF64) return randn(shape, gen, dtype);
   return randint(shape, -1000, 1000, gen, dtype);
+}
+
+// ‖got − want‖ / ‖want‖ over all elements in double (‖got − want‖ when want is 0); +inf when
+// got holds a NaN or an infinity, so NaN never passes a tolerance.
+inline double rel_err(const Tensor& want, const Tensor& got) {
+  const std::vector<double> a = want.contiguous().to_vector(), b = got.contiguous().to_vector();
+  if (a.size() != b.size()) return std::numeric_limits<double>::infinity();
+  double num = 0, den = 0;
+  for (size_t i = 0; i < a.size(); ++i) {
+    if (!std::isfinite(b[i])) return std::numeric_limits<double>::infinity();
+    num += (a[i] - b[i]) * (a[i] - b[i]);
+    den += a[i] * a[i];
+  }
+  return den == 0 ? std::sqrt(num) : std::sqrt(num / den);
 }
 
 inline bool same_bits(const Tensor& a, const Tensor& b) {

@@ -38,17 +38,7 @@ ParallelContext tp_world() {
   return ParallelContext::create(o);
 }
 
-double rel_err(const Tensor& want, const Tensor& got) {
-  const std::vector<double> a = want.contiguous().to_vector(), b = got.contiguous().to_vector();
-  EXPECT_EQ(a.size(), b.size());
-  double num = 0, den = 0;
-  for (size_t i = 0; i < a.size() && i < b.size(); ++i) {
-    if (!std::isfinite(b[i])) return INFINITY;
-    num += (a[i] - b[i]) * (a[i] - b[i]);
-    den += a[i] * a[i];
-  }
-  return den == 0 ? std::sqrt(num) : std::sqrt(num / den);
-}
+using testing::rel_err;
 
 // Same random tensor on every rank (seeded by `salt` only).
 Tensor shared_rand(uint64_t salt, const Shape& shape, double std = 1.0) {

@@ -12,6 +12,7 @@
 #include "data/shard.h"
 #include "parallel/parallel_context.h"
 #include "tests/parallel/mpi_test_util.h"
+#include "tests/parallel/train_test_util.h"
 #include "train/checkpoint.h"
 #include "train/trainer.h"
 
@@ -19,23 +20,6 @@ namespace loom::parallel {
 namespace {
 namespace fs = std::filesystem;
 
-// Shards of a learnable 64-token stream, written once by rank 0 into a directory all ranks see.
-std::string shared_data(ParallelContext& ctx) {
-  const std::string dir = ::testing::TempDir() + "/loom_train_dp";
-  if (ctx.rank() == 0) {
-    fs::remove_all(dir);
-    fs::create_directories(dir + "/data");
-    std::vector<int32_t> tokens;
-    uint32_t x = 7;
-    for (int i = 0; i < 8000; ++i) {
-      x = x * 1103515245u + 12345u;
-      for (int32_t k = 0; k < 6; ++k) tokens.push_back(static_cast<int32_t>((x >> 16) % 4) * 10 + k);
-    }
-    write_shard(dir + "/data/train_000000.bin", std::span<const int32_t>(tokens));
-  }
-  ctx.world().barrier();
-  return dir;
-}
 
 Config config_for(const std::string& dir, const std::string& out, int dp, int64_t batch, int zero_stage = 1) {
   std::ostringstream y;
@@ -49,23 +33,14 @@ Config config_for(const std::string& dir, const std::string& out, int dp, int64_
   return parse_config_text(y.str());
 }
 
-TrainerOptions options(std::ostream& log, ParallelContext* ctx, const std::string& resume = "", int64_t stop_at = 0) {
-  TrainerOptions o;
-  o.log = &log;
-  o.print_config = false;
-  o.parallel = ctx;
-  o.resume = resume;
-  o.stop_at_step = stop_at;
-  return o;
-}
 
 TEST(TrainDataParallel, ProfileHasComputeAndCommunicationTracks) {
   ParallelOptions po;
   po.shape.dp = testing::world_size();
   ParallelContext ctx = ParallelContext::create(po);
-  const std::string dir = shared_data(ctx);
+  const std::string dir = testing::shared_train_data(ctx, "loom_train_dp");
   std::ostringstream log;
-  TrainerOptions o = options(log, &ctx);
+  TrainerOptions o = testing::trainer_options(log, &ctx);
   o.profile_path = dir + "/trace_rank" + std::to_string(ctx.rank()) + ".json";
   Config cfg = config_for(dir, dir + "/profiled", ctx.dp_size(), 4);
   cfg.train.steps = 2;
@@ -88,19 +63,19 @@ void check_matches_and_resumes(int zero_stage) {
   po.shape.dp = testing::world_size();
   ParallelContext ctx = ParallelContext::create(po);
   const int dp = ctx.dp_size();
-  const std::string dir = shared_data(ctx);
+  const std::string dir = testing::shared_train_data(ctx, "loom_train_dp");
   std::ostringstream log;
 
   const std::string tag = "_z" + std::to_string(zero_stage);
-  Trainer full(config_for(dir, dir + "/full" + tag, dp, 4, zero_stage), options(log, &ctx));
+  Trainer full(config_for(dir, dir + "/full" + tag, dp, 4, zero_stage), testing::trainer_options(log, &ctx));
   const auto a = full.run();
 
   std::vector<StepRecord> b;
   {
-    Trainer first(config_for(dir, dir + "/split" + tag, dp, 4, zero_stage), options(log, &ctx, "", 4));
+    Trainer first(config_for(dir, dir + "/split" + tag, dp, 4, zero_stage), testing::trainer_options(log, &ctx, "", 4));
     b = first.run();
   }
-  Trainer second(config_for(dir, dir + "/split" + tag, dp, 4, zero_stage), options(log, &ctx, "latest"));
+  Trainer second(config_for(dir, dir + "/split" + tag, dp, 4, zero_stage), testing::trainer_options(log, &ctx, "latest"));
   const auto rest = second.run();
   b.insert(b.end(), rest.begin(), rest.end());
   ASSERT_EQ(a.size(), b.size());
@@ -113,14 +88,14 @@ void check_matches_and_resumes(int zero_stage) {
   if (zero_stage == 3) {  // a single process starts from the per-rank parameter shards
     Config init = config_for(dir, dir + "/init" + tag + "_" + std::to_string(ctx.rank()), 1, 4);
     init.train.init_from = checkpoint_dir(dir + "/full" + tag);
-    Trainer from_shards(init, options(log, nullptr));
+    Trainer from_shards(init, testing::trainer_options(log, nullptr));
     const auto pc = from_shards.parameters();
     ASSERT_EQ(pa.size(), pc.size());
     for (size_t i = 0; i < pa.size(); ++i) EXPECT_EQ(pa[i].second.to_vector(), pc[i].second.to_vector()) << pa[i].first;
   }
 
   // The same global batch in one process (batch dp·4): same losses up to summation order.
-  Trainer single(config_for(dir, dir + "/single" + tag + "_" + std::to_string(ctx.rank()), 1, 4 * dp), options(log, nullptr));
+  Trainer single(config_for(dir, dir + "/single" + tag + "_" + std::to_string(ctx.rank()), 1, 4 * dp), testing::trainer_options(log, nullptr));
   const auto s = single.run();
   for (size_t i = 0; i < s.size(); ++i) {
     EXPECT_NEAR(a[i].loss, s[i].loss, 1e-5 * std::abs(s[i].loss)) << "step " << i + 1;

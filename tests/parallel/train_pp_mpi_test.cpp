@@ -25,6 +25,7 @@
 #include "data/shard.h"
 #include "parallel/parallel_context.h"
 #include "tests/parallel/mpi_test_util.h"
+#include "tests/parallel/train_test_util.h"
 #include "train/trainer.h"
 
 namespace loom::parallel {
@@ -34,23 +35,6 @@ namespace fs = std::filesystem;
 constexpr double kLossRelTol = 1e-5;
 constexpr double kParamAbsTol = 5e-6;
 
-// Shards of a learnable 64-token stream, written once by rank 0 into a directory all ranks see.
-std::string shared_data(ParallelContext& ctx) {
-  const std::string dir = ::testing::TempDir() + "/loom_train_pp_" + std::to_string(ctx.world_size());
-  if (ctx.rank() == 0) {
-    fs::remove_all(dir);
-    fs::create_directories(dir + "/data");
-    std::vector<int32_t> tokens;
-    uint32_t x = 11;
-    for (int i = 0; i < 8000; ++i) {
-      x = x * 1103515245u + 12345u;
-      for (int32_t k = 0; k < 6; ++k) tokens.push_back(static_cast<int32_t>((x >> 16) % 4) * 10 + k);
-    }
-    write_shard(dir + "/data/train_000000.bin", std::span<const int32_t>(tokens));
-  }
-  ctx.world().barrier();
-  return dir;
-}
 
 struct Case {
   std::string arch = "gpt2";
@@ -81,15 +65,6 @@ Config config_for(const Case& k, const std::string& dir, const std::string& out,
   return parse_config_text(y.str());
 }
 
-TrainerOptions options(std::ostream& log, ParallelContext* ctx, const std::string& resume = "", int64_t stop_at = 0) {
-  TrainerOptions o;
-  o.log = &log;
-  o.print_config = false;
-  o.parallel = ctx;
-  o.resume = resume;
-  o.stop_at_step = stop_at;
-  return o;
-}
 
 ParallelContext context_for(const Case& k) {
   ParallelOptions po;
@@ -103,13 +78,13 @@ ParallelContext context_for(const Case& k) {
 // parameters.
 void expect_matches_single(const Case& k, bool exact = false) {
   ParallelContext ctx = context_for(k);
-  const std::string dir = shared_data(ctx);
+  const std::string dir = testing::shared_train_data(ctx, "loom_train_pp_" + std::to_string(ctx.world_size()));
   std::string layout = k.layout;
   std::replace(layout.begin(), layout.end(), ',', '-');
   const std::string tag = k.arch + "_" + k.schedule + "_pp" + std::to_string(k.pp) + "_v" + std::to_string(k.vpp) +
                           "_dp" + std::to_string(k.dp) + "_" + layout;
   std::ostringstream log;
-  Trainer piped(config_for(k, dir, dir + "/pp_" + tag, true, 4), options(log, &ctx));
+  Trainer piped(config_for(k, dir, dir + "/pp_" + tag, true, 4), testing::trainer_options(log, &ctx));
   const auto a = piped.run();
   if (ctx.rank() == 0) {
     EXPECT_NE(log.str().find("pipeline: " + k.schedule), std::string::npos) << log.str();
@@ -117,7 +92,7 @@ void expect_matches_single(const Case& k, bool exact = false) {
 
   std::ostringstream slog;
   Trainer single(config_for(k, dir, dir + "/single_" + tag + "_" + std::to_string(ctx.rank()), false, 4 * k.dp),
-                 options(slog, nullptr));
+                 testing::trainer_options(slog, nullptr));
   const auto s = single.run();
   EXPECT_EQ(a.size(), s.size());
   for (size_t i = 0; i < std::min(a.size(), s.size()); ++i) {
@@ -186,16 +161,16 @@ TEST(TrainPipeline2, LlamaMatchesSingleProcessExactly) {
 // 3 steps, a checkpoint, a resume and 3 more equal 6 uninterrupted steps bit for bit.
 void expect_resumes_exactly(const Case& k) {
   ParallelContext ctx = context_for(k);
-  const std::string dir = shared_data(ctx);
+  const std::string dir = testing::shared_train_data(ctx, "loom_train_pp_" + std::to_string(ctx.world_size()));
   std::ostringstream log;
-  Trainer full(config_for(k, dir, dir + "/resume_full_dp" + std::to_string(k.dp), true, 4), options(log, &ctx));
+  Trainer full(config_for(k, dir, dir + "/resume_full_dp" + std::to_string(k.dp), true, 4), testing::trainer_options(log, &ctx));
   const auto a = full.run();
   std::vector<StepRecord> b;
   {
-    Trainer first(config_for(k, dir, dir + "/resume_split_dp" + std::to_string(k.dp), true, 4), options(log, &ctx, "", 3));
+    Trainer first(config_for(k, dir, dir + "/resume_split_dp" + std::to_string(k.dp), true, 4), testing::trainer_options(log, &ctx, "", 3));
     b = first.run();
   }
-  Trainer second(config_for(k, dir, dir + "/resume_split_dp" + std::to_string(k.dp), true, 4), options(log, &ctx, "latest"));
+  Trainer second(config_for(k, dir, dir + "/resume_split_dp" + std::to_string(k.dp), true, 4), testing::trainer_options(log, &ctx, "latest"));
   const auto rest = second.run();
   b.insert(b.end(), rest.begin(), rest.end());
   ASSERT_EQ(a.size(), b.size());

@@ -23,6 +23,7 @@
 #include "data/shard.h"
 #include "parallel/parallel_context.h"
 #include "tests/parallel/mpi_test_util.h"
+#include "tests/parallel/train_test_util.h"
 #include "tests/parallel/tp_test_util.h"
 #include "train/trainer.h"
 
@@ -33,23 +34,6 @@ namespace fs = std::filesystem;
 constexpr double kLossRelTol = 1e-5;
 constexpr double kParamAbsTol = 2e-5;
 
-// Shards of a learnable token stream, written once by rank 0 into a directory all ranks see.
-std::string shared_data(ParallelContext& ctx) {
-  const std::string dir = ::testing::TempDir() + "/loom_train_tp_" + std::to_string(ctx.world_size());
-  if (ctx.rank() == 0) {
-    fs::remove_all(dir);
-    fs::create_directories(dir + "/data");
-    std::vector<int32_t> tokens;
-    uint32_t x = 7;
-    for (int i = 0; i < 8000; ++i) {
-      x = x * 1103515245u + 12345u;
-      for (int32_t k = 0; k < 6; ++k) tokens.push_back(static_cast<int32_t>((x >> 16) % 4) * 10 + k);
-    }
-    write_shard(dir + "/data/train_000000.bin", std::span<const int32_t>(tokens));
-  }
-  ctx.world().barrier();
-  return dir;
-}
 
 struct Case {
   std::string arch = "gpt2";
@@ -85,15 +69,6 @@ Config config_for(const Case& k, const std::string& dir, const std::string& out,
   return parse_config_text(y.str());
 }
 
-TrainerOptions options(std::ostream& log, ParallelContext* ctx, const std::string& resume = "", int64_t stop_at = 0) {
-  TrainerOptions o;
-  o.log = &log;
-  o.print_config = false;
-  o.parallel = ctx;
-  o.resume = resume;
-  o.stop_at_step = stop_at;
-  return o;
-}
 
 ParallelContext context_for(const Case& k) {
   ParallelOptions po;
@@ -106,10 +81,10 @@ void expect_matches_single(const Case& k) {
   const int ranks = k.dp * k.cp * k.tp * k.pp;
   if (testing::world_size() != ranks) GTEST_SKIP() << "needs " << ranks << " ranks";
   ParallelContext ctx = context_for(k);
-  const std::string dir = shared_data(ctx);
+  const std::string dir = testing::shared_train_data(ctx, "loom_train_tp_" + std::to_string(ctx.world_size()));
   const std::string tag = tag_of(k);
   std::ostringstream log;
-  Trainer split(config_for(k, dir, dir + "/mp_" + tag, true), options(log, &ctx));
+  Trainer split(config_for(k, dir, dir + "/mp_" + tag, true), testing::trainer_options(log, &ctx));
   const auto a = split.run();
   if (ctx.rank() == 0) {
     EXPECT_NE(log.str().find("model parallel: tp " + std::to_string(k.tp)), std::string::npos) << log.str();
@@ -117,7 +92,7 @@ void expect_matches_single(const Case& k) {
 
   std::ostringstream slog;
   Trainer single(config_for(k, dir, dir + "/single_" + tag + "_" + std::to_string(ctx.rank()), false),
-                 options(slog, nullptr));
+                 testing::trainer_options(slog, nullptr));
   const auto s = single.run();
   ASSERT_EQ(a.size(), s.size());
   for (size_t i = 0; i < s.size(); ++i) {
@@ -144,15 +119,15 @@ void expect_resume_exact(const Case& k) {
   const int ranks = k.dp * k.cp * k.tp * k.pp;
   if (testing::world_size() != ranks) GTEST_SKIP() << "needs " << ranks << " ranks";
   ParallelContext ctx = context_for(k);
-  const std::string dir = shared_data(ctx);
+  const std::string dir = testing::shared_train_data(ctx, "loom_train_tp_" + std::to_string(ctx.world_size()));
   const std::string tag = tag_of(k);
   std::ostringstream l1, l2, l3;
-  Trainer whole(config_for(k, dir, dir + "/whole_" + tag, true), options(l1, &ctx));
+  Trainer whole(config_for(k, dir, dir + "/whole_" + tag, true), testing::trainer_options(l1, &ctx));
   const auto w = whole.run();
   const std::string out = dir + "/resumed_" + tag;
-  Trainer first(config_for(k, dir, out, true), options(l2, &ctx, "", 3));
+  Trainer first(config_for(k, dir, out, true), testing::trainer_options(l2, &ctx, "", 3));
   first.run();
-  Trainer second(config_for(k, dir, out, true), options(l3, &ctx, "latest"));
+  Trainer second(config_for(k, dir, out, true), testing::trainer_options(l3, &ctx, "latest"));
   const auto r = second.run();
   ASSERT_EQ(r.size(), 3u);
   for (size_t i = 0; i < 3; ++i) EXPECT_EQ(r[i].loss, w[3 + i].loss) << "step " << 4 + i;
