@@ -146,7 +146,7 @@ struct Trainer::State {
   // Tensor/context parallelism (Note [Model-parallel step]).
   int tp_size() const { return ctx ? ctx->tp_size() : 1; }
   int cp_size() const { return ctx ? ctx->cp_size() : 1; }
-  Tensor micro_batch_loss(const Batch& b);
+  Tensor micro_batch_loss(const Batch& b, Generator* gen);
   Tensor tp_grad_sq_sum(const Tensor& local);
   // Checkpoint names: under parallel.tp > 1 a parameter part and all optimizer state carry
   // "@tp<rank>" (every TP rank holds different values under the same name); replicated
@@ -255,7 +255,7 @@ void Trainer::State::build() {
   }
   if (mp) {
     *log << "model parallel: tp " << tp_size() << (cfg.parallel.sequence_parallel ? " (sequence parallel)" : "")
-         << ", cp " << cp_size() << " (validation and sampling are skipped: not split yet)\n";
+         << ", cp " << cp_size() << " (sampling is skipped: not split yet)\n";
   }
 }
 
@@ -328,11 +328,11 @@ Tensor Trainer::State::tp_grad_sq_sum(const Tensor& local) {
   return ops::add(local, ops::reshape(ops::sub(all, mine), {}).to(local.device()));
 }
 
-Tensor Trainer::State::micro_batch_loss(const Batch& b) {
-  if (!mp) return model->loss(b.inputs, b.targets, &dropout_gen);
+Tensor Trainer::State::micro_batch_loss(const Batch& b, Generator* gen) {
+  if (!mp) return model->loss(b.inputs, b.targets, gen);
   const int r = ctx->cp_rank(), n = ctx->cp_size();
   return model->loss(parallel::cp::shard_sequence(b.inputs, 1, r, n), parallel::cp::shard_sequence(b.targets, 1, r, n),
-                     parallel::cp::cp_positions(b.inputs.size(1), r, n), &dropout_gen);
+                     parallel::cp::cp_positions(b.inputs.size(1), r, n), gen);
 }
 
 bool Trainer::State::writes_param(const std::string& name) const {
@@ -449,7 +449,7 @@ StepRecord Trainer::State::train_step() {
     Batch b = train_loader->next();
     if (dp) dp->set_sync(m == accum - 1);  // reduce once per step, after the last micro-batch
     const auto t_fwd = Clock::now();
-    Tensor loss = micro_batch_loss(b);
+    Tensor loss = micro_batch_loss(b, &dropout_gen);
     if (accum > 1) loss = ops::scale(loss, 1.0 / static_cast<double>(accum));
     const auto t_bwd = Clock::now();
     // × cp: data parallelism averages over dp·cp ranks (Note [Model-parallel step]).
@@ -665,7 +665,7 @@ std::vector<StepRecord> Trainer::run() {
     StepRecord r = s.train_step();
     s.log_step(r, seconds_since(t0));
     records.push_back(r);
-    if (!s.pipe && !s.mp && s.val_loader && t.val_every > 0 && (r.step % t.val_every == 0 || r.step == t.steps)) {
+    if (!s.pipe && s.val_loader && t.val_every > 0 && (r.step % t.val_every == 0 || r.step == t.steps)) {
       const double v = evaluate();
       *s.log << "step " << r.step << " | val loss " << fmt(v, 4) << "\n";
       if (s.metrics) s.metrics->write(r.step, {{"val/loss", v}});
@@ -701,6 +701,7 @@ std::vector<StepRecord> Trainer::run() {
 double Trainer::evaluate() {
   State& s = *s_;
   LOOM_CHECK(s.val_loader != nullptr, "evaluate: no validation data (data.val is empty)");
+  LOOM_CHECK(!s.pipe, "evaluate: not supported under pipeline parallelism yet");
   autograd::NoGradGuard no_grad;
   kernels::AllowTf32Guard tf32(s.cfg.train.allow_tf32);
   s.model->eval();
@@ -708,7 +709,12 @@ double Trainer::evaluate() {
   double total = 0;
   for (int64_t i = 0; i < s.cfg.train.val_steps; ++i) {
     Batch b = s.val_loader->next();
-    total += s.model->loss(b.inputs, b.targets).item();
+    total += s.micro_batch_loss(b, nullptr).item();  // under cp: this rank's share
+  }
+  if (s.cp_size() > 1) {  // the shares sum to each batch's mean (Note [Context-parallel loss])
+    Tensor t = Tensor::full({1}, total, DType::kF64);
+    s.ctx->cp().all_reduce(t, parallel::ReduceOp::kSum);
+    total = t.item();
   }
   s.model->train();
   return total / static_cast<double>(s.cfg.train.val_steps);

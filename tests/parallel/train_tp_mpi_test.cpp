@@ -56,9 +56,11 @@ Config config_for(const Case& k, const std::string& dir, const std::string& out,
     y << "model: {arch: llama, vocab_size: 61, vocab_multiple: 32, n_layer: 2, n_head: 4, n_kv_head: 2, n_embd: 32, "
          "max_seq_len: 16, tie_embeddings: false}\n";
   }
-  y << "data: {train: " << dir << "/data/train_*.bin, batch_size: " << (parallel ? 4 : 4 * k.dp) << ", seq_len: 16}\n"
+  y << "data: {train: " << dir << "/data/train_*.bin, val: " << dir << "/data/train_*.bin, batch_size: "
+    << (parallel ? 4 : 4 * k.dp) << ", seq_len: 16}\n"
     << "optim: {lr: 1.0e-2, min_lr: 1.0e-3, warmup_steps: 2, eps: 1.0e-6, grad_clip: 0.5, grad_accum: 2}\n"
-    << "train: {steps: 6, peak_flops: 1.0e10, log_every: 100, val_every: 0, sample_every: 0, out_dir: " << out << "}\n"
+    << "train: {steps: 6, peak_flops: 1.0e10, log_every: 100, val_every: 0, val_steps: 2, sample_every: 0, out_dir: "
+    << out << "}\n"
     << "checkpoint: {every: 0, keep: 0}\n"
     << "logging: {jsonl: false, tensorboard: false}\n";
   if (parallel) {
@@ -98,6 +100,10 @@ void expect_matches_single(const Case& k) {
   for (size_t i = 0; i < s.size(); ++i) {
     EXPECT_NEAR(a[i].loss, s[i].loss, kLossRelTol * std::abs(s[i].loss)) << "step " << i + 1;
     EXPECT_NEAR(a[i].grad_norm, s[i].grad_norm, kLossRelTol * s[i].grad_norm) << "step " << i + 1;
+  }
+  if (k.pp == 1 && k.dp == 1) {  // validation (same val batches only at dp 1; collective under cp)
+    const double v = split.evaluate(), want = single.evaluate();
+    EXPECT_NEAR(v, want, kLossRelTol * std::abs(want));
   }
   const ModelConfig mc = config_for(k, dir, "unused", false).model;
   std::map<std::string, Tensor> ref;
