@@ -40,18 +40,20 @@ struct Case {
   int dp = 1, cp = 1, tp = 1, pp = 1;
   bool sp = false;
   int zero_stage = 0;
+  double dropout = 0.0;
 };
 
 std::string tag_of(const Case& k) {
   return k.arch + "_dp" + std::to_string(k.dp) + "_cp" + std::to_string(k.cp) + "_tp" + std::to_string(k.tp) +
          "_pp" + std::to_string(k.pp) +
-         (k.sp ? "_sp" : "") + "_z" + std::to_string(k.zero_stage);
+         (k.sp ? "_sp" : "") + "_z" + std::to_string(k.zero_stage) + (k.dropout > 0 ? "_drop" : "");
 }
 
 Config config_for(const Case& k, const std::string& dir, const std::string& out, bool parallel) {
   std::ostringstream y;
   if (k.arch == "gpt2") {
-    y << "model: {arch: gpt2, vocab_size: 61, vocab_multiple: 32, n_layer: 2, n_head: 4, n_embd: 32, max_seq_len: 16}\n";
+    y << "model: {arch: gpt2, vocab_size: 61, vocab_multiple: 32, n_layer: 2, n_head: 4, n_embd: 32, max_seq_len: 16, "
+         "dropout: " << k.dropout << "}\n";
   } else {
     y << "model: {arch: llama, vocab_size: 61, vocab_multiple: 32, n_layer: 2, n_head: 4, n_kv_head: 2, n_embd: 32, "
          "max_seq_len: 16, tie_embeddings: false}\n";
@@ -147,6 +149,7 @@ TEST(TrainModelParallel2, Tp2MatchesSingleProcess) { expect_matches_single({.tp 
 TEST(TrainModelParallel2, Tp2SequenceParallelLlamaMatchesSingleProcess) {
   expect_matches_single({.arch = "llama", .tp = 2, .sp = true});
 }
+TEST(TrainModelParallel2, Tp2WithDropoutMatchesSingleProcess) { expect_matches_single({.tp = 2, .dropout = 0.1}); }
 TEST(TrainModelParallel2, Cp2MatchesSingleProcess) { expect_matches_single({.cp = 2}); }
 TEST(TrainModelParallel2, Tp2ResumeIsExact) { expect_resume_exact({.tp = 2}); }
 
