@@ -40,7 +40,7 @@ stamp() { echo "[$(($(date +%s) - t_start)) s] $*"; }
 note "device: $(nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>/dev/null)"
 
 # CUDA libraries: the toolkit's, then the ones PyTorch's wheels carry (cuBLAS, NCCL).
-cuda_libs=/usr/local/cuda/lib64
+cuda_libs=/usr/local/cuda/lib64:/usr/local/cuda/lib
 for pkg in cublas nccl cudnn cuda_runtime; do
   d=$(python3 -c "import nvidia.$pkg as m, os; print(os.path.join(list(m.__path__)[0], 'lib'))" 2>/dev/null) &&
     cuda_libs="$cuda_libs:$d"
