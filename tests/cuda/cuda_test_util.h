@@ -10,6 +10,7 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <random>
 #include <string>
 #include <vector>
 
@@ -106,5 +107,34 @@ inline double rel_error(const Tensor& want, const Tensor& got) {
   if (den == 0.0) return num == 0.0 ? 0.0 : std::numeric_limits<double>::infinity();
   return std::sqrt(num / den);
 }
+
+// Storage dtypes the kernels compute in f32 (so the CPU reference runs on the values upcast).
+inline bool is_half(DType dt) { return dt == DType::kBF16 || dt == DType::kF16; }
+
+// The relative tolerance against the CPU kernel per dtype (DESIGN §3): f64 1e-12, f32 1e-5,
+// bf16/f16 1e-2.
+inline double tol(DType dt) {
+  if (dt == DType::kF64) return 1e-12;
+  return is_half(dt) ? 1e-2 : 1e-5;
+}
+
+// The CPU copy of t the reference runs on: f32 for bf16/f16, t's dtype otherwise.
+inline Tensor to_ref(const Tensor& t) {
+  const Tensor c = t.to(Device::cpu());
+  return is_half(c.dtype()) ? c.to(DType::kF32) : c.clone();
+}
+
+// A GPU copy of t; when misalign, its data starts one element past a 16-byte boundary (so the
+// kernels' vector paths must fall back).
+inline Tensor to_gpu(const Tensor& t, bool misalign = false) {
+  if (!misalign) return t.to(Device::cuda());
+  Tensor flat = Tensor::empty({t.numel() + 1}, t.dtype(), Device::cuda());
+  Tensor view = flat.narrow(0, 1, t.numel()).view(t.shape());
+  ops::copy_(view, t.to(Device::cuda()));
+  return view;
+}
+
+// A fresh seed per run (inputs differ every run; tests print it on failure).
+inline uint64_t fresh_seed() { return (uint64_t{std::random_device{}()} << 32) | std::random_device{}(); }
 
 }  // namespace loom::cuda_test

@@ -37,34 +37,12 @@ const char* kind_name(Kind k) {
 
 bool has_bias(Kind k) { return k == Kind::kLayerNorm || k == Kind::kResidual; }
 bool is_residual(Kind k) { return k == Kind::kResidual || k == Kind::kResidualNoBias; }
-bool is_half(DType dt) { return dt == DType::kBF16 || dt == DType::kF16; }
 
-double tol(DType dt) {
-  if (dt == DType::kF64) return 1e-12;
-  return is_half(dt) ? 1e-2 : 1e-5;
-}
 double stat_tol(DType dt) { return dt == DType::kF64 ? 1e-12 : 1e-5; }
-
-// The CPU copy of t the reference runs on: f32 for bf16/f16, t's dtype otherwise.
-Tensor to_ref(const Tensor& t) {
-  const Tensor c = t.to(Device::cpu());
-  return is_half(c.dtype()) ? c.to(DType::kF32) : c.clone();
-}
-
-// A GPU copy of t; when misalign, its data starts one element past a 16-byte boundary.
-Tensor to_gpu(const Tensor& t, bool misalign) {
-  if (!misalign) return t.to(Device::cuda());
-  Tensor flat = Tensor::empty({t.numel() + 1}, t.dtype(), Device::cuda());
-  Tensor view = flat.narrow(0, 1, t.numel()).view(t.shape());
-  ops::copy_(view, t.to(Device::cuda()));
-  return view;
-}
 
 Tensor poisoned(const Shape& shape, DType dt, bool misalign) {
   return to_gpu(Tensor::full(shape, std::numeric_limits<double>::quiet_NaN(), dt), misalign);
 }
-
-uint64_t fresh_seed() { return (uint64_t{std::random_device{}()} << 32) | std::random_device{}(); }
 
 void expect_close(const Tensor& want, const Tensor& got, double tolerance, const std::string& what) {
   const double err = rel_error(want, got);

@@ -19,20 +19,6 @@ namespace {
 using namespace cuda_test;  // NOLINT(build/namespaces): the shared test helpers
 using CudaRopeTest = CudaTest;
 
-bool is_half(DType dt) { return dt == DType::kBF16 || dt == DType::kF16; }
-
-double tol(DType dt) {
-  if (dt == DType::kF64) return 1e-12;
-  return is_half(dt) ? 1e-2 : 1e-5;
-}
-
-Tensor to_ref(const Tensor& t) {
-  const Tensor c = t.to(Device::cpu());
-  return is_half(c.dtype()) ? c.to(DType::kF32) : c.clone();
-}
-
-uint64_t fresh_seed() { return (uint64_t{std::random_device{}()} << 32) | std::random_device{}(); }
-
 // positions (T): first + t·stride, or (when scattered) increasing random gaps from `first`.
 Tensor make_positions(int64_t t_len, int64_t first, bool scattered, DType pdt, Generator& gen) {
   std::vector<double> pos(static_cast<size_t>(t_len));

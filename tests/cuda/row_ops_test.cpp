@@ -69,8 +69,6 @@ void compare_op(const MultiOp& op, const std::vector<Tensor>& inputs, DType dt, 
   }
 }
 
-uint64_t fresh_seed() { return (uint64_t{std::random_device{}()} << 32) | std::random_device{}(); }
-
 TEST_F(CudaRowOpsTest, NormOpsMatchCpu) {
   const uint64_t seed = fresh_seed();
   SCOPED_TRACE("seed " + std::to_string(seed));

@@ -16,28 +16,6 @@ namespace {
 using namespace cuda_test;  // NOLINT(build/namespaces): the shared test helpers
 using CudaSoftmaxTest = CudaTest;
 
-bool is_half(DType dt) { return dt == DType::kBF16 || dt == DType::kF16; }
-
-double tol(DType dt) {
-  if (dt == DType::kF64) return 1e-12;
-  return is_half(dt) ? 1e-2 : 1e-5;
-}
-
-Tensor to_ref(const Tensor& t) {
-  const Tensor c = t.to(Device::cpu());
-  return is_half(c.dtype()) ? c.to(DType::kF32) : c.clone();
-}
-
-Tensor to_gpu(const Tensor& t, bool misalign) {
-  if (!misalign) return t.to(Device::cuda());
-  Tensor flat = Tensor::empty({t.numel() + 1}, t.dtype(), Device::cuda());
-  Tensor view = flat.narrow(0, 1, t.numel()).view(t.shape());
-  ops::copy_(view, t.to(Device::cuda()));
-  return view;
-}
-
-uint64_t fresh_seed() { return (uint64_t{std::random_device{}()} << 32) | std::random_device{}(); }
-
 void run_case(DType dt, const Shape& shape, Generator& gen, bool misalign = false) {
   const std::string what = std::string(dtype_name(dt)) + " " + shape_str(shape) +
                            (misalign ? " misaligned" : "");
