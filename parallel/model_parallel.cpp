@@ -66,32 +66,24 @@ Tensor MeshModelParallel::loss(const Tensor& logits, const Tensor& targets, int6
   return ops::scale(l, total > 0 ? mine / total : 0.0);
 }
 
-namespace {
-
-// Parameters inside tensor-parallel layers that are this rank's part of a split tensor (all of
-// them except a row-parallel layer's replicated bias).
-struct TpParams {
+std::set<std::string> tensor_parallel_shard_names(const Module& model) {
+  // Parameters inside tensor-parallel layers, except a row-parallel layer's replicated bias;
+  // matched to their dotted names by storage.
   std::unordered_set<const void*> sharded;
-};
-
-TpParams classify(const Module& model) {
-  TpParams out;
   model.for_each_module([&](const Module& m) {
     const bool row = dynamic_cast<const tp::RowParallelLinear*>(&m) != nullptr;
     const bool tp_layer = row || dynamic_cast<const tp::ColumnParallelLinear*>(&m) != nullptr ||
                           dynamic_cast<const tp::VocabParallelEmbedding*>(&m) != nullptr;
     if (!tp_layer) return;
     for (const auto& [name, p] : m.own_parameters()) {
-      if (!(row && name == "bias")) out.sharded.insert(p.raw_data());
+      if (!(row && name == "bias")) sharded.insert(p.raw_data());
     }
   });
+  std::set<std::string> out;
+  for (const auto& [name, p] : model.named_parameters()) {
+    if (sharded.count(p.raw_data())) out.insert(name);
+  }
   return out;
-}
-
-}  // namespace
-
-bool is_tensor_parallel_shard(const Module& model, const Tensor& p) {
-  return classify(model).sharded.count(p.raw_data()) > 0;
 }
 
 }  // namespace loom::parallel

@@ -13,6 +13,8 @@
 #pragma once
 
 #include <memory>
+#include <set>
+#include <string>
 #include <vector>
 
 #include "layers/model_parallel.h"
@@ -48,9 +50,10 @@ class MeshModelParallel final : public ModelParallel {
   bool sequence_parallel_;
 };
 
-// Whether `p` (a parameter of a model built with a MeshModelParallel) lives in a tensor-parallel
-// layer as this rank's part (so a norm over all parameters sums its square over the TP group)
-// rather than replicated. With a TP group of one every part is the whole tensor.
-bool is_tensor_parallel_shard(const Module& model, const Tensor& p);
+// The dotted names of the parameters of `model` (built with a MeshModelParallel) that live in a
+// tensor-parallel layer as this rank's part (so a norm over all parameters sums their squares
+// over the TP group) rather than replicated. With a TP group of one every part is the whole
+// tensor. Call it before anything re-homes or releases parameter storage.
+std::set<std::string> tensor_parallel_shard_names(const Module& model);
 
 }  // namespace loom::parallel

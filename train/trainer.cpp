@@ -147,7 +147,7 @@ struct Trainer::State {
   int tp_size() const { return ctx ? ctx->tp_size() : 1; }
   int cp_size() const { return ctx ? ctx->cp_size() : 1; }
   Tensor micro_batch_loss(const Batch& b, Generator* gen);
-  Tensor tp_grad_sq_sum(const Tensor& local);
+  double other_tp_parts_sq(const std::vector<std::pair<std::string, Tensor>>& params, parallel::Communicator* stages);
   // Checkpoint names: under parallel.tp > 1 a parameter part and all optimizer state carry
   // "@tp<rank>" (every TP rank holds different values under the same name); replicated
   // parameters are written by TP rank 0 alone.
@@ -186,11 +186,7 @@ void Trainer::State::build() {
     mp = std::make_unique<parallel::MeshModelParallel>(ctx->tp(), ctx->cp(), cfg.parallel.sequence_parallel);
   }
   model = std::make_unique<Transformer>(mc, parse_dtype(cfg.train.dtype), device, mp.get());
-  if (mp && cfg.parallel.tp > 1) {
-    for (const auto& [name, p] : model->named_parameters()) {
-      if (parallel::is_tensor_parallel_shard(*model, p)) tp_shards.insert(name);
-    }
-  }
+  if (mp && cfg.parallel.tp > 1) tp_shards = parallel::tensor_parallel_shard_names(*model);
   if (cfg.train.precision != cfg.train.dtype) model->set_compute_dtype(parse_dtype(cfg.train.precision));
   if (cfg.train.precision == "f16") scaler = std::make_unique<optim::LossScaler>();
   model->init_weights(init_gen);
@@ -315,17 +311,21 @@ void Trainer::State::build_parallel(const std::vector<optim::ParamRef>& refs) {
 // over dp·cp ranks, so the loss is multiplied by cp for backward, which makes that average the
 // sum over cp of the replicas' mean. TP ranks hold the same loss; the gradient norm sums the TP
 // parts over the TP group and counts replicated parameters once.
-// Σ g² over all parameters given this rank's sum `local`: the TP parts' squares are summed
-// over the TP group, replicated parameters counted once (one small all-reduce).
-Tensor Trainer::State::tp_grad_sq_sum(const Tensor& local) {
+// What the other TP ranks add to Σ g² (Note [Model-parallel step]): the squares of this rank's
+// TP parts among `params` (the tied pipeline copy left out; summed over `stages` too when
+// given), all-reduced over the TP group, minus this rank's own. Replicated parameters are
+// counted once, by the caller's local sum.
+double Trainer::State::other_tp_parts_sq(const std::vector<std::pair<std::string, Tensor>>& params,
+                                         parallel::Communicator* stages) {
   std::vector<Tensor> parts;
-  for (const auto& [name, p] : model->named_parameters()) {
-    if (tp_shards.count(name) && p.grad().defined()) parts.push_back(p.grad());
+  for (const auto& [name, p] : params) {
+    if (tp_shards.count(name) && (!pipe || !pipe->is_tied_copy(name)) && p.grad().defined()) parts.push_back(p.grad());
   }
-  const Tensor mine = ops::reshape(optim::grad_sq_sum_tensor(parts).to(Device::cpu()), {1});
-  Tensor all = ops::clone(mine);
-  ctx->tp().all_reduce(all, parallel::ReduceOp::kSum);
-  return ops::add(local, ops::reshape(ops::sub(all, mine), {}).to(local.device()));
+  Tensor s = Tensor::full({1}, optim::grad_sq_sum(parts), DType::kF64);
+  if (stages) stages->all_reduce(s, parallel::ReduceOp::kSum);
+  const double mine = s.item();
+  ctx->tp().all_reduce(s, parallel::ReduceOp::kSum);
+  return s.item() - mine;
 }
 
 Tensor Trainer::State::micro_batch_loss(const Batch& b, Generator* gen) {
@@ -480,7 +480,10 @@ StepRecord Trainer::State::train_step() {
   } else {
     const std::vector<Tensor> g = grads();
     Tensor sq_sum = optim::grad_sq_sum_tensor(g);
-    if (!tp_shards.empty()) sq_sum = tp_grad_sq_sum(sq_sum);
+    if (!tp_shards.empty()) {
+      sq_sum = ops::add(sq_sum, Tensor::full({}, other_tp_parts_sq(model->named_parameters(), nullptr),
+                                             sq_sum.dtype(), sq_sum.device()));
+    }
     const std::vector<double> host = ops::cat({ops::reshape(loss_sum, {1}), ops::reshape(sq_sum.to(loss_sum.device()), {1})}, 0)
                                          .to(Device::cpu())
                                          .to_vector();  // the step's one read (Note [Device step])
@@ -523,17 +526,7 @@ StepRecord Trainer::State::pipeline_step(StepRecord r) {
   if (dp) dp->finish_gradient_sync();
   pipe->sync_tied_gradients();
   double sq = pipe->grad_sq_sum();
-  if (!tp_shards.empty()) {  // add the other TP ranks' parts (replicated parameters once)
-    std::vector<Tensor> parts;
-    for (const auto& [name, p] : pipe->named_parameters()) {
-      if (tp_shards.count(name) && !pipe->is_tied_copy(name) && p.grad().defined()) parts.push_back(p.grad());
-    }
-    Tensor s = Tensor::full({1}, optim::grad_sq_sum(parts), DType::kF64);
-    ctx->pp().all_reduce(s, parallel::ReduceOp::kSum);
-    const double stage_parts = s.item();
-    ctx->tp().all_reduce(s, parallel::ReduceOp::kSum);
-    sq += s.item() - stage_parts;
-  }
+  if (!tp_shards.empty()) sq += other_tp_parts_sq(pipe->named_parameters(), &ctx->pp());
   r.grad_norm = std::sqrt(sq);
   if (cfg.optim.grad_clip > 0) {
     std::vector<Tensor> g;

@@ -367,16 +367,20 @@ double DataParallel::owned_tp_shard_sq() const {
     const std::vector<optim::ParamRef>& refs = optimizer_->params();
     for (size_t k = 0; k < refs.size(); ++k) {
       const std::string& name = refs[k].name;
-      if (!config_.tp_shard(name.substr(0, name.find('[')))) continue;
-      const Piece& pc = pieces_[k];
-      const Bucket& b = buckets_[static_cast<size_t>(pc.bucket)];
-      const int64_t len = pc.end - pc.begin;
-      g.push_back(config_.zero_stage == 1
-                      ? flat_view(b.grad_flat, {len}, pc.begin)
-                      : flat_view(b.grad_shard, {len}, pc.begin - shard_rank() * b.plan.shard_numel));
+      if (config_.tp_shard(name.substr(0, name.find('[')))) g.push_back(piece_grad(k));
     }
   }
   return optim::grad_sq_sum(g);
+}
+
+// The gradient of optimiser piece k (stages >= 1): a view of the bucket's flat gradient (stage 1,
+// whole buckets reduced) or of its reduced shard (stages 2, 3).
+Tensor DataParallel::piece_grad(size_t k) const {
+  const Piece& pc = pieces_[k];
+  const Bucket& b = buckets_[static_cast<size_t>(pc.bucket)];
+  const int64_t len = pc.end - pc.begin;
+  return config_.zero_stage == 1 ? flat_view(b.grad_flat, {len}, pc.begin)
+                                 : flat_view(b.grad_shard, {len}, pc.begin - shard_rank() * b.plan.shard_numel);
 }
 
 double DataParallel::clip_grad_norm(double max_norm) {
@@ -404,14 +408,8 @@ void DataParallel::step(double lr) {
   if (config_.zero_stage >= 1) {
     const std::vector<optim::ParamRef>& refs = optimizer_->params();
     for (size_t k = 0; k < refs.size(); ++k) {
-      const Piece& pc = pieces_[k];
-      const Bucket& b = buckets_[static_cast<size_t>(pc.bucket)];
-      const int64_t len = pc.end - pc.begin;
       Tensor param = refs[k].param;
-      param.set_grad(
-          config_.zero_stage == 1
-              ? flat_view(b.grad_flat, {len}, pc.begin)
-              : flat_view(b.grad_shard, {len}, pc.begin - shard_rank() * b.plan.shard_numel));
+      param.set_grad(piece_grad(k));
     }
   }
   optimizer_->step(lr);

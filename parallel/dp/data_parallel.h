@@ -219,6 +219,7 @@ class DataParallel final : public UnitHooks {
   void install_hooks();
   void on_grad_ready(size_t index, Tensor& leaf);
   double owned_tp_shard_sq() const;
+  Tensor piece_grad(size_t k) const;
   void ensure_grad_buffer(Bucket& b);
   void attach_grad_view(size_t index);
   void launch(int bucket, DpEventKind kind);
