@@ -219,8 +219,6 @@ void validate_pipeline_config(const Config& c) {
   require(kind != parallel::pp::ScheduleKind::k1F1B || m >= p.pp,
           "parallel.microbatches: " + str(m) + " micro-batches (optim.grad_accum when 0) are fewer than parallel.pp " + str(p.pp) +
               " stages; 1f1b needs at least one per stage");
-  require(p.pp == 1 || p.dp == 1 || p.zero_stage <= 1,
-          "parallel.zero_stage: " + str(p.zero_stage) + " with parallel.pp > 1 and parallel.dp > 1 is not supported (0 or 1)");
   parallel::pp::partition_layers(c.model.n_layer, static_cast<int>(p.pp * p.vpp), p.pp_layout);
 }
 

@@ -126,6 +126,7 @@ struct Trainer::State {
   std::unique_ptr<parallel::DataParallel> dp;         // parallel.dp > 1: owns the optimizer
   std::unique_ptr<parallel::pp::TransformerPipeline> pipe;  // parallel.pp > 1
   std::unique_ptr<parallel::MeshModelParallel> mp;    // parallel.tp or cp > 1 (outlives model)
+  std::unique_ptr<parallel::pp::StageUnitHooks> stage_hooks;  // ZeRO-3 under pp: unit → bucket
   std::set<std::string> tp_shards;  // names of the parameters that are this rank's TP part
   parallel::ParallelContext* ctx = nullptr;
   std::unique_ptr<TraceRecorder> trace;               // --profile
@@ -294,6 +295,15 @@ void Trainer::State::build_parallel(const std::vector<optim::ParamRef>& refs) {
   // Under context parallelism each cp rank holds part of the same samples' gradients: they are
   // reduced over dp and cp together (Note [Model-parallel step]).
   parallel::Communicator& group = pc.cp > 1 ? ctx->dp_cp() : ctx->dp();
+  if (pipe && c.zero_stage >= 2) {  // this stage's units (Note [Sharded stages] in parallel/pp)
+    parallel::pp::TransformerPipeline::StageUnits units = pipe->parameter_units();
+    dp = std::make_unique<parallel::DataParallel>(units.units, group, c, mics);
+    if (c.zero_stage == 3) {
+      stage_hooks = std::make_unique<parallel::pp::StageUnitHooks>(*dp, std::move(units.buckets));
+      model->set_unit_hooks(stage_hooks.get());
+    }
+    return;
+  }
   if (c.zero_stage == 3) {  // parameters gathered per unit (Note [ZeRO-3] in parallel/dp)
     dp = std::make_unique<parallel::DataParallel>(model->parameter_units(), group, c, mics);
     model->set_unit_hooks(dp.get());
@@ -524,16 +534,25 @@ StepRecord Trainer::State::pipeline_step(StepRecord r) {
   }
   const auto t_sync = Clock::now();
   if (dp) dp->finish_gradient_sync();
-  pipe->sync_tied_gradients();
-  double sq = pipe->grad_sq_sum();
-  if (!tp_shards.empty()) sq += other_tp_parts_sq(pipe->named_parameters(), &ctx->pp());
-  r.grad_norm = std::sqrt(sq);
-  if (cfg.optim.grad_clip > 0) {
-    std::vector<Tensor> g;
-    for (const auto& [name, p] : pipe->named_parameters()) {
-      if (p.grad().defined()) g.push_back(p.grad());
+  if (dp && dp->zero_stage() >= 2) {  // sharded gradients (Note [Sharded stages] in parallel/pp)
+    pipe->sync_tied_gradient_pieces(dp->owned_grad_pieces());
+    Tensor sq = Tensor::full({1}, dp->grad_sq_sum([this](const std::string& n) { return pipe->is_tied_copy(n); }),
+                             DType::kF64);
+    ctx->pp().all_reduce(sq, parallel::ReduceOp::kSum);
+    r.grad_norm = std::sqrt(sq.item());
+    if (cfg.optim.grad_clip > 0) dp->scale_grads(optim::clip_scale(r.grad_norm, cfg.optim.grad_clip));
+  } else {
+    pipe->sync_tied_gradients();
+    double sq = pipe->grad_sq_sum();
+    if (!tp_shards.empty()) sq += other_tp_parts_sq(pipe->named_parameters(), &ctx->pp());
+    r.grad_norm = std::sqrt(sq);
+    if (cfg.optim.grad_clip > 0) {
+      std::vector<Tensor> g;
+      for (const auto& [name, p] : pipe->named_parameters()) {
+        if (p.grad().defined()) g.push_back(p.grad());
+      }
+      optim::scale_grads(g, optim::clip_scale(r.grad_norm, cfg.optim.grad_clip));
     }
-    optim::scale_grads(g, optim::clip_scale(r.grad_norm, cfg.optim.grad_clip));
   }
   if (dp) dp->step(r.lr);
   else optimizer->step(r.lr);
@@ -591,7 +610,11 @@ void Trainer::State::save() {
   c.step = step;
   c.config_yaml = config_to_yaml(cfg);
   if (zero3()) {  // each rank holds only its shard: "model.<param>[<begin>:<end>]"
-    for (auto& [name, p] : dp->parameter_shards()) c.tensors.emplace_back("model." + param_key(name), p);
+    for (auto& [name, p] : dp->parameter_shards()) {
+      // The last stage's tied copy has the first stage's names and values (Note [Sharded stages]).
+      if (pipe && pipe->is_tied_copy(name.substr(0, name.find('[')))) continue;
+      c.tensors.emplace_back("model." + param_key(name), p);
+    }
   } else if (is_stage_writer()) {  // parameters are replicated across data-parallel ranks
     for (auto& [name, p] : trained()) {
       if ((!pipe || !pipe->is_tied_copy(name)) && writes_param(name)) c.tensors.emplace_back("model." + param_key(name), p);

@@ -354,25 +354,6 @@ std::vector<Tensor> DataParallel::owned_grads() const {
   return out;
 }
 
-// Σ g² of this rank's owned gradient elements whose parameter is a tensor-parallel part
-// (config_.tp_shard): the part of the squared norm that must also be summed over the TP group.
-double DataParallel::owned_tp_shard_sq() const {
-  std::vector<Tensor> g;
-  if (config_.zero_stage == 0) {
-    for (const Param& p : params_) {
-      if (!config_.tp_shard(p.name)) continue;
-      g.push_back(flat_view(buckets_[static_cast<size_t>(p.bucket)].grad_flat, {p.tensor.numel()}, p.offset));
-    }
-  } else {
-    const std::vector<optim::ParamRef>& refs = optimizer_->params();
-    for (size_t k = 0; k < refs.size(); ++k) {
-      const std::string& name = refs[k].name;
-      if (config_.tp_shard(name.substr(0, name.find('[')))) g.push_back(piece_grad(k));
-    }
-  }
-  return optim::grad_sq_sum(g);
-}
-
 // The gradient of optimiser piece k (stages >= 1): a view of the bucket's flat gradient (stage 1,
 // whole buckets reduced) or of its reduced shard (stages 2, 3).
 Tensor DataParallel::piece_grad(size_t k) const {
@@ -383,13 +364,29 @@ Tensor DataParallel::piece_grad(size_t k) const {
                                  : flat_view(b.grad_shard, {len}, pc.begin - shard_rank() * b.plan.shard_numel);
 }
 
-double DataParallel::clip_grad_norm(double max_norm) {
+NamedTensors DataParallel::owned_grad_pieces() const {
+  NamedTensors out;
+  if (config_.zero_stage == 0) {
+    for (const Param& p : params_) {
+      out.emplace_back(p.name, flat_view(buckets_[static_cast<size_t>(p.bucket)].grad_flat, {p.tensor.numel()}, p.offset));
+    }
+    return out;
+  }
+  const std::vector<optim::ParamRef>& refs = optimizer_->params();
+  for (size_t k = 0; k < refs.size(); ++k) out.emplace_back(refs[k].name, piece_grad(k));
+  return out;
+}
+
+double DataParallel::grad_sq_sum(const std::function<bool(const std::string&)>& skip) {
   if (!synced_) finish_gradient_sync();
-  const std::vector<Tensor> grads = owned_grads();
-  // [all owned elements, the tensor-parallel parts among them]
-  Tensor sq = Tensor::from_vector(std::vector<double>{optim::grad_sq_sum(grads),
-                                                      config_.tp ? owned_tp_shard_sq() : 0.0},
-                                  {2});
+  std::vector<Tensor> counted, tp_parts;  // the tensor-parallel parts among them
+  for (const auto& [name, g] : owned_grad_pieces()) {
+    const std::string param = name.substr(0, name.find('['));
+    if (skip && skip(param)) continue;
+    counted.push_back(g);
+    if (config_.tp && config_.tp_shard(param)) tp_parts.push_back(g);
+  }
+  Tensor sq = Tensor::from_vector(std::vector<double>{optim::grad_sq_sum(counted), optim::grad_sq_sum(tp_parts)}, {2});
   if (config_.zero_stage >= 1) shard_comm_->all_reduce(sq, ReduceOp::kSum);  // one owner each
   const std::vector<double> s = sq.to_vector();
   double total = s[0];
@@ -398,8 +395,17 @@ double DataParallel::clip_grad_norm(double max_norm) {
     config_.tp->all_reduce(parts, ReduceOp::kSum);
     total += parts.item() - s[1];
   }
-  const double norm = std::sqrt(total);
-  optim::scale_grads(grads, optim::clip_scale(norm, max_norm));
+  return total;
+}
+
+void DataParallel::scale_grads(double factor) {
+  if (!synced_) finish_gradient_sync();
+  optim::scale_grads(owned_grads(), factor);
+}
+
+double DataParallel::clip_grad_norm(double max_norm) {
+  const double norm = std::sqrt(grad_sq_sum());
+  scale_grads(optim::clip_scale(norm, max_norm));
   return norm;
 }
 

@@ -129,6 +129,17 @@ class DataParallel final : public UnitHooks {
   // element counted once), then scales the owned gradients so the norm is at most max_norm.
   // Returns the norm before clipping. Calls finish_gradient_sync() first when needed.
   double clip_grad_norm(double max_norm);
+  // The two halves of clip_grad_norm, for callers that sum the norm over more groups (the
+  // pipeline's stages): Σ g² over the owned gradient elements, all-reduced over the shard
+  // group, with the TP parts summed over config.tp; parameters for which skip(name) is true
+  // are left out (a tied copy another stage counts). Collective over the shard group (and tp).
+  double grad_sq_sum(const std::function<bool(const std::string& name)>& skip = {});
+  // Multiplies every owned gradient element by factor.
+  void scale_grads(double factor);
+  // The owned gradients as views, named like the optimiser state's pieces
+  // ("<param>[<begin>:<end>]", stages 1-3) or by parameter (stage 0, whole gradients). Valid
+  // after finish_gradient_sync() until step(); writing them changes what step() applies.
+  NamedTensors owned_grad_pieces() const;
   // AdamW step on the owned shard with learning rate lr, then all-gathers the parameters
   // (stages 1/2; at stage 3 the next forward gathers them unit by unit).
   void step(double lr);
@@ -218,7 +229,6 @@ class DataParallel final : public UnitHooks {
   void build_optimizer();
   void install_hooks();
   void on_grad_ready(size_t index, Tensor& leaf);
-  double owned_tp_shard_sq() const;
   Tensor piece_grad(size_t k) const;
   void ensure_grad_buffer(Bucket& b);
   void attach_grad_view(size_t index);

@@ -14,7 +14,8 @@
 // optimiser step the two ranks exchange their parts and both set grad = first + last (f32
 // addition is commutative, so both get the same bits), so both copies take identical steps
 // and stay equal. The gradient norm counts the tied gradient once (on the first stage), and
-// checkpoints store the parameter once (from the first stage).
+// checkpoints store the parameter once (from the first stage). With sharded gradients
+// (ZeRO-2/3) the exchange is of owned shards (Note [Sharded stages] in parallel/pp/pipeline.h).
 #pragma once
 
 #include <cstdint>

@@ -127,6 +127,105 @@ double TransformerPipeline::grad_sq_sum() {
   return sq.item();
 }
 
+TransformerPipeline::StageUnits TransformerPipeline::parameter_units() const {
+  std::set<std::string> mine;
+  for (const auto& [name, t] : params_) mine.insert(name);
+  const auto model_units = model_.parameter_units();
+  StageUnits out;
+  out.buckets.resize(model_units.size());
+  std::vector<std::pair<std::string, Tensor>> tied;  // the last stage's wte copy, after the head
+  for (size_t u = 0; u < model_units.size(); ++u) {
+    std::vector<std::pair<std::string, Tensor>> rest;
+    for (const auto& [name, t] : model_units[u]) {
+      if (!mine.count(name)) continue;
+      if (is_tied_copy(name)) {
+        tied.emplace_back(name, t);
+      } else if (u == 0 && name == "wte.weight" && tied_shared()) {  // alone, as on the last stage
+        out.buckets[u].push_back(static_cast<int>(out.units.size()));
+        out.units.push_back({{name, t}});
+      } else {
+        rest.emplace_back(name, t);
+      }
+    }
+    if (!rest.empty()) {
+      out.buckets[u].push_back(static_cast<int>(out.units.size()));
+      out.units.push_back(std::move(rest));
+    }
+  }
+  if (!tied.empty()) {
+    out.buckets[0].push_back(static_cast<int>(out.units.size()));
+    out.units.push_back(std::move(tied));
+  }
+  return out;
+}
+
+void TransformerPipeline::sync_tied_gradient_pieces(const std::vector<std::pair<std::string, Tensor>>& pieces) {
+  if (!tied_shared() || shape_.stages == 1) return;
+  const int first = 0, last = shape_.stages - 1;
+  if (pp_.rank() != first && pp_.rank() != last) return;
+  std::vector<Tensor> views;
+  std::vector<double> ranges;  // begin, end of each piece: both ranks must hold the same
+  for (const auto& [name, g] : pieces) {
+    if (name.rfind("wte.weight[", 0) != 0) continue;
+    views.push_back(g);
+    const size_t open = name.find('['), colon = name.find(':', open);
+    ranges.push_back(std::stod(name.substr(open + 1, colon - open - 1)));
+    ranges.push_back(std::stod(name.substr(colon + 1)));
+  }
+  const int peer = pp_.rank() == first ? last : first;
+  Tensor my_ranges = Tensor::from_vector(ranges.empty() ? std::vector<double>{-1.0} : ranges,
+                                         {static_cast<int64_t>(std::max<size_t>(1, ranges.size()))});
+  Tensor count = Tensor::full({1}, static_cast<double>(my_ranges.numel()), DType::kF64);
+  Tensor peer_count = Tensor::empty_like(count);
+  WorkPtr s = pp_.send_async(count, peer, kTiedTag);
+  WorkPtr r = pp_.recv_async(peer_count, peer, kTiedTag);
+  s->wait();
+  r->wait();
+  LOOM_CHECK(peer_count.item() == count.item(), "pipeline: the tied embedding's owned pieces differ between the "
+             "first and the last stage (", count.item(), " vs ", peer_count.item(), " values)");
+  Tensor peer_ranges = Tensor::empty_like(my_ranges);
+  s = pp_.send_async(my_ranges, peer, kTiedTag);
+  r = pp_.recv_async(peer_ranges, peer, kTiedTag);
+  s->wait();
+  r->wait();
+  LOOM_CHECK(peer_ranges.to_vector() == my_ranges.to_vector(), "pipeline: the first and the last stage own "
+             "different ranges of the tied wte.weight (Note [Sharded stages])");
+  if (views.empty()) return;
+  autograd::NoGradGuard no_grad;
+  std::vector<Tensor> flat;
+  for (const Tensor& v : views) flat.push_back(ops::reshape(v, {v.numel()}));
+  Tensor mine = ops::cat(flat, 0);
+  Tensor theirs = Tensor::empty_like(mine);
+  s = pp_.send_async(mine, peer, kTiedTag);
+  r = pp_.recv_async(theirs, peer, kTiedTag);
+  s->wait();
+  r->wait();
+  // first + last on both ranks: the same bits (Note [Tied embeddings across stages]).
+  const Tensor sum = pp_.rank() == first ? ops::add(mine, theirs) : ops::add(theirs, mine);
+  int64_t at = 0;
+  for (Tensor v : views) {
+    ops::copy_(v, ops::reshape(sum.narrow(0, at, v.numel()), v.shape()));
+    at += v.numel();
+  }
+}
+
+const std::vector<int>& StageUnitHooks::of(int unit) const {
+  LOOM_CHECK(unit >= 0 && static_cast<size_t>(unit) < buckets_.size() && !buckets_[static_cast<size_t>(unit)].empty(),
+             "pipeline: model unit ", unit, " is not run by this stage");
+  return buckets_[static_cast<size_t>(unit)];
+}
+
+void StageUnitHooks::before_forward(int unit) {
+  for (int b : of(unit)) inner_.before_forward(b);
+}
+
+Tensor StageUnitHooks::after_forward(int unit, const Tensor& out) {
+  const std::vector<int>& b = of(unit);
+  Tensor y = out;
+  for (auto it = b.rbegin(); it != b.rend(); ++it) y = inner_.after_forward(*it, y);  // innermost first
+  return y;
+}
+
 std::string TransformerPipeline::describe() const {
   std::ostringstream os;
   os << "pipeline: " << schedule_name(options_.schedule) << ", pp " << shape_.stages << " × vpp "

@@ -27,6 +27,7 @@
 #include "core/rng.h"
 #include "core/tensor.h"
 #include "layers/transformer.h"
+#include "layers/unit_hooks.h"
 #include "parallel/comm/communicator.h"
 #include "parallel/pp/executor.h"
 #include "parallel/pp/schedule.h"
@@ -45,6 +46,31 @@ struct PipelineOptions {
   int64_t activation_rows = 0;  // 0: seq_len
   Tensor positions;             // undefined: arange(seq_len)
   double loss_scale = 1.0;
+};
+
+// Note [Sharded stages]: ZeRO-2 shards each bucket's gradient over the data-parallel group and
+// ZeRO-3 also its parameters, so the tied embedding can only be synchronised shard by shard
+// (Note [Tied embeddings across stages]): the first stage's rank and the last stage's rank of
+// the same data-parallel index must own the same elements of wte.weight. Buckets are therefore
+// this rank's parameter units in run order, with wte.weight alone in its own unit on both
+// stages (the first stage's embeddings unit splits into wte and wpe; the last stage's tied
+// copy follows the head): identical buckets shard identically. StageUnitHooks maps the model's
+// unit numbers to those buckets for ZeRO-3's gathers. Each unit is gathered for every
+// micro-batch's forward and again for its backward, so ZeRO-3 under a pipeline moves 2·m
+// gathers per unit and step (m micro-batches) against one for ZeRO-2: the memory/traffic
+// trade-off is the user's to choose.
+class StageUnitHooks final : public UnitHooks {
+ public:
+  // inner: the engine whose units are numbered like `buckets` of parameter_units().
+  StageUnitHooks(UnitHooks& inner, std::vector<std::vector<int>> buckets)
+      : inner_(inner), buckets_(std::move(buckets)) {}
+  void before_forward(int unit) override;
+  Tensor after_forward(int unit, const Tensor& out) override;
+
+ private:
+  const std::vector<int>& of(int unit) const;
+  UnitHooks& inner_;
+  std::vector<std::vector<int>> buckets_;
 };
 
 class TransformerPipeline {
@@ -73,6 +99,21 @@ class TransformerPipeline {
   void sync_tied_gradients();
   // Σ g² over this rank's gradients (tied copy left out), summed over the pp group.
   double grad_sq_sum();
+
+  // Sharded data parallelism (ZeRO-2/3) under the pipeline, Note [Sharded stages]: this rank's
+  // parameters in units, one data-parallel bucket each.
+  struct StageUnits {
+    std::vector<std::vector<std::pair<std::string, Tensor>>> units;
+    // buckets[u]: the units (indices into `units`) that the model's unit u (Note [Parameter
+    // units] in layers/transformer.h) maps to; empty for units of other stages.
+    std::vector<std::vector<int>> buckets;
+  };
+  StageUnits parameter_units() const;
+  // The tied-embedding exchange of sync_tied_gradients() on sharded gradients: `pieces` are
+  // this rank's owned gradient pieces ("<param>[<begin>:<end>]" views, DataParallel::
+  // owned_grad_pieces()); those of wte.weight are exchanged with the other stage's rank of
+  // the same data-parallel index, which owns the same ranges, and both keep the sum.
+  void sync_tied_gradient_pieces(const std::vector<std::pair<std::string, Tensor>>& pieces);
 
   const PipelineStats& last_stats() const { return stats_; }
   const std::vector<int64_t>& boundaries() const { return boundaries_; }

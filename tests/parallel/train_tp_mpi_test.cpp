@@ -4,7 +4,8 @@
 // equal its tensor-parallel part of the single-process parameters (tests/parallel/
 // tp_test_util.h); a stop and resume reproduces the uninterrupted run. TrainModelParallel2.*
 // runs on 2 ranks, TrainModelParallel4.* on 4 (with pp2 too), TrainModelParallel8.* on 8 (the
-// compositions dp2·tp2·pp2, tp2·cp2·pp2 and dp2·cp2·tp2, each also with ZeRO-1).
+// compositions dp2·tp2·pp2, tp2·cp2·pp2 and dp2·cp2·tp2, each also with ZeRO-1, plus
+// dp2·tp2·pp2+sp with ZeRO-3 and tp2·cp2·pp2 with ZeRO-2).
 //
 // Tolerance: split GEMMs, vocab-parallel statistics, ring-attention merges and the dp·cp
 // gradient average add the same terms in other orders (f32 rounding, ~1e-7 relative), which
@@ -178,6 +179,14 @@ TEST(TrainModelParallel8, Tp2Cp2Pp2SequenceParallelMatchesSingleProcess) {
 }
 TEST(TrainModelParallel8, Tp2Cp2Pp2Zero1MatchesSingleProcess) {
   expect_matches_single({.cp = 2, .tp = 2, .pp = 2, .zero_stage = 1});
+}
+// Sharded gradients/parameters under the pipeline (Note [Sharded stages] in parallel/pp): the
+// tied, vocab-parallel wte is synchronised between the first and last stage shard by shard.
+TEST(TrainModelParallel8, Dp2Tp2Pp2Zero3SequenceParallelMatchesSingleProcess) {
+  expect_matches_single({.dp = 2, .tp = 2, .pp = 2, .sp = true, .zero_stage = 3});
+}
+TEST(TrainModelParallel8, Tp2Cp2Pp2Zero2MatchesSingleProcess) {
+  expect_matches_single({.cp = 2, .tp = 2, .pp = 2, .zero_stage = 2});
 }
 TEST(TrainModelParallel8, Dp2Cp2Tp2MatchesSingleProcess) { expect_matches_single({.dp = 2, .cp = 2, .tp = 2}); }
 TEST(TrainModelParallel8, Dp2Cp2Tp2Zero1SequenceParallelMatchesSingleProcess) {
