@@ -135,7 +135,7 @@ Tensor Transformer::embed(const Tensor& ids, const Tensor& pos) const {
   enter(0);
   Tensor x = wte_->forward(ids);  // (B, T, C), or (B, T/tp, C) under sequence parallelism
   if (wpe_ && mp_ && mp_->sequence_parallel()) {  // this rank's positions, complete gradient
-    x = ops::add(x, ops::embedding(mp_->sequence_chunk(pos, 0), mp_->sequence_region_param(wpe_->weight())));
+    x = ops::add(x, compute(ops::embedding(mp_->sequence_chunk(pos, 0), mp_->sequence_region_param(wpe_->weight()))));
   } else if (wpe_) {
     x = ops::add(x, wpe_->forward(pos));  // + (T, C)
   }

@@ -106,20 +106,23 @@ Tensor ColumnParallelLinear::forward(const Tensor& x) const {
   LOOM_CHECK(x.dim() == 3 && x.size(2) == in_features_, "ColumnParallelLinear: x must be (B, T, ",
              in_features_, "), got ", shape_str(x.shape()));
   const Tensor xl = ops::contiguous(x.detach());
+  // The node's inputs are the compute-dtype casts (Note [Compute dtype] in layers/module.h):
+  // its gradients come back in that dtype and the casts' backward turns them into the masters'.
+  const Tensor wc = compute(weight_), bc = compute(bias_);
   Tensor y;
   {
     autograd::NoGradGuard no_grad;
     const Tensor in = sequence_parallel_ ? all_gather_dim(xl, *tp_, 1) : xl;
-    y = ops::matmul(in, weight_.detach(), false, true);
-    if (bias_.defined()) y = ops::add(y, bias_.detach());
+    y = ops::matmul(in, wc.detach(), false, true);
+    if (bc.defined()) y = ops::add(y, bc.detach());
   }
-  std::vector<Tensor> inputs{x, weight_};
-  if (bias_.defined()) inputs.push_back(bias_);
+  std::vector<Tensor> inputs{x, wc};
+  if (bc.defined()) inputs.push_back(bc);
   if (!autograd::needs_grad(inputs)) return y;
   Communicator* tp = tp_;
   const bool sp = sequence_parallel_;
-  const Tensor w = weight_.detach();
-  const bool has_bias = bias_.defined();
+  const Tensor w = wc.detach();
+  const bool has_bias = bc.defined();
   autograd::record_function("column_parallel_linear", inputs, {&y}, [=](const std::vector<Tensor>& g) {
     autograd::NoGradGuard no_grad;
     const Tensor dy = ops::contiguous(g[0]);  // (B, T, out/tp)
@@ -188,12 +191,13 @@ RowParallelLinear::RowParallelLinear(int64_t in_features, int64_t out_features, 
 }
 
 Tensor RowParallelLinear::forward(const Tensor& x) const {
-  const Tensor partial = ops::matmul(x, weight_, false, true);
+  const Tensor partial = ops::matmul(x, compute(weight_), false, true);  // Note [Compute dtype]
   Tensor y = sequence_parallel_ ? reduce_scatter_to_sequence(partial, *tp_, 1)
                                 : reduce_from_region(partial, *tp_);
   if (!bias_.defined()) return y;
   // Under SP the bias meets only this rank's chunk: its gradient is summed over the group.
-  return ops::add(y, sequence_parallel_ ? copy_to_region(bias_, *tp_) : bias_);
+  const Tensor b = compute(bias_);
+  return ops::add(y, sequence_parallel_ ? copy_to_region(b, *tp_) : b);
 }
 
 void RowParallelLinear::load_shard(const Tensor& full_weight, const Tensor& full_bias) {
@@ -239,7 +243,9 @@ Tensor VocabParallelEmbedding::forward(const Tensor& ids) const {
   mask_shape.push_back(1);
   const Tensor local_ids = Tensor::from_vector(local, ids.shape()).to(weight_.device());
   const Tensor mask = Tensor::from_vector(keep, mask_shape).to(weight_.dtype()).to(weight_.device());
-  const Tensor partial = ops::mul(ops::embedding(local_ids, weight_), mask);
+  // In the compute dtype (Note [Compute dtype]); each token's sum over the group has one
+  // non-zero term, so reducing in a narrow dtype loses nothing.
+  const Tensor partial = compute(ops::mul(ops::embedding(local_ids, weight_), mask));
   return sequence_parallel_ ? reduce_scatter_to_sequence(partial, *tp_, 1)
                             : reduce_from_region(partial, *tp_);
 }

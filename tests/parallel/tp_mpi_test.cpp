@@ -2,7 +2,8 @@
 // mpirun, with the whole world as the TP group (2 or 4 ranks): the matched communication ops
 // against their definitions (forward and backward), a column→row parallel MLP with and without
 // sequence parallelism, the vocab-parallel embedding and the vocab-parallel cross-entropy, each
-// against the unsharded single-process computation done locally on every rank. Tolerances: the
+// against the unsharded single-process computation done locally on every rank, and the layers
+// under an f64 compute dtype with f32 masters (mixed precision). Tolerances: the
 // sharded runs add partial GEMM results in a different order than the full GEMM (sums over a
 // split inner dimension), so results agree to f32 rounding, checked at 2e-5 relative.
 #include <gtest/gtest.h>
@@ -160,6 +161,58 @@ void check_mlp(bool sequence_parallel) {
 
 TEST(TensorParallelLayers, ColumnRowMlpMatchesTheFullMlp) { check_mlp(false); }
 TEST(TensorParallelLayers, ColumnRowMlpWithSequenceParallelMatchesTheFullMlp) { check_mlp(true); }
+
+// Mixed precision inside the TP layers (Note [Compute dtype] in layers/module.h): f32 master
+// weights with an f64 compute dtype give f64 activations that match an all-f64 reference to
+// f64 rounding (a layer computing in f32 would be off by ~1e-7), and f32 gradients equal to
+// the f64 reference's rounded to f32.
+void check_compute_dtype(bool sequence_parallel) {
+  ParallelContext ctx = tp_world();
+  Communicator& tp = ctx.tp();
+  const int r = tp.rank(), n = tp.size();
+  const int64_t B = 2, T = 2 * n, C = 8, H = 4 * C, V = 8 * n;
+  auto f64 = [](const Tensor& t) { return ops::to_dtype(t, DType::kF64); };
+  const Tensor w1 = shared_rand(21, {H, C}, 0.3), b1 = shared_rand(22, {H}, 0.1);
+  const Tensor w2 = shared_rand(23, {C, H}, 0.3), b2 = shared_rand(24, {C}, 0.1);
+  const Tensor table = shared_rand(25, {V, C});
+  Generator gen(26);
+  const Tensor ids = randint({B, T}, 0, V, gen, DType::kI64);
+  const Tensor dy_full = f64(shared_rand(27, {B, T, C}));
+
+  Tensor rw1 = leaf(f64(w1)), rb1 = leaf(f64(b1)), rw2 = leaf(f64(w2)), rb2 = leaf(f64(b2)), rt = leaf(f64(table));
+  const Tensor rh = ops::gelu(ops::add(ops::matmul(ops::embedding(ids, rt), rw1, false, true), rb1));
+  const Tensor ry = ops::add(ops::matmul(rh, rw2, false, true), rb2);
+  autograd::backward(ops::sum(ops::mul(ry, dy_full)));
+
+  tp::VocabParallelEmbedding emb(V, C, tp, sequence_parallel);
+  tp::ColumnParallelLinear fc(C, {H}, true, tp, sequence_parallel);
+  tp::RowParallelLinear proj(H, C, true, tp, sequence_parallel);
+  emb.load_shard(table);
+  fc.load_shard(w1, b1);
+  proj.load_shard(w2, b2);
+  for (Module* m : std::vector<Module*>{&emb, &fc, &proj}) m->set_compute_dtype(DType::kF64);
+  const Tensor e = emb.forward(ids);
+  const Tensor h = fc.forward(e);
+  const Tensor y = proj.forward(ops::gelu(h));
+  EXPECT_EQ(e.dtype(), DType::kF64);
+  EXPECT_EQ(h.dtype(), DType::kF64);
+  EXPECT_EQ(y.dtype(), DType::kF64);
+  EXPECT_LT(rel_err(sequence_parallel ? chunk(ry.detach(), 1, r, n) : ry.detach(), y), 1e-12);
+  autograd::backward(ops::sum(ops::mul(y, sequence_parallel ? chunk(dy_full, 1, r, n) : dy_full)));
+  for (const Tensor& g : {emb.weight().grad(), fc.weight().grad(), fc.bias().grad(), proj.weight().grad(),
+                          proj.bias().grad()}) {
+    EXPECT_EQ(g.dtype(), DType::kF32);
+  }
+  constexpr double kF32Rounding = 1e-7;  // one rounding of the f64 gradient
+  EXPECT_LT(rel_err(chunk(rt.grad(), 0, r, n), emb.weight().grad()), kF32Rounding);
+  EXPECT_LT(rel_err(chunk(rw1.grad(), 0, r, n), fc.weight().grad()), kF32Rounding);
+  EXPECT_LT(rel_err(chunk(rb1.grad(), 0, r, n), fc.bias().grad()), kF32Rounding);
+  EXPECT_LT(rel_err(chunk(rw2.grad(), 1, r, n), proj.weight().grad()), kF32Rounding);
+  EXPECT_LT(rel_err(rb2.grad(), proj.bias().grad()), kF32Rounding);
+}
+
+TEST(TensorParallelLayers, ComputeDtypeAppliesInsideTheLayers) { check_compute_dtype(false); }
+TEST(TensorParallelLayers, ComputeDtypeAppliesInsideTheLayersWithSequenceParallel) { check_compute_dtype(true); }
 
 TEST(TensorParallelLayers, VocabParallelEmbeddingMatchesTheFullTable) {
   for (bool sp : {false, true}) {

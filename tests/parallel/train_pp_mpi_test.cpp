@@ -44,6 +44,7 @@ struct Case {
   std::string layout;
   int zero_stage = 0;
   int64_t accum = 4;
+  std::string precision = "f32";  // train.precision (f64: f32 masters, f64 compute)
 };
 
 Config config_for(const Case& k, const std::string& dir, const std::string& out, bool parallel, int64_t batch) {
@@ -56,7 +57,8 @@ Config config_for(const Case& k, const std::string& dir, const std::string& out,
   }
   y << "data: {train: " << dir << "/data/train_*.bin, batch_size: " << batch << ", seq_len: 16}\n"
     << "optim: {lr: 1.0e-2, min_lr: 1.0e-3, warmup_steps: 2, eps: 1.0e-6, grad_clip: 0.5, grad_accum: " << k.accum << "}\n"
-    << "train: {steps: 6, peak_flops: 1.0e10, log_every: 100, val_every: 0, sample_every: 0, out_dir: " << out << "}\n"
+    << "train: {steps: 6, peak_flops: 1.0e10, log_every: 100, val_every: 0, sample_every: 0, precision: " << k.precision
+    << ", out_dir: " << out << "}\n"
     << "checkpoint: {every: 0, keep: 0}\n"
     << "logging: {jsonl: false, tensorboard: false}\n";
   if (parallel) {
@@ -83,7 +85,7 @@ void expect_matches_single(const Case& k, bool exact = false) {
   std::string layout = k.layout;
   std::replace(layout.begin(), layout.end(), ',', '-');
   const std::string tag = k.arch + "_" + k.schedule + "_pp" + std::to_string(k.pp) + "_v" + std::to_string(k.vpp) +
-                          "_dp" + std::to_string(k.dp) + "_z" + std::to_string(k.zero_stage) + "_" + layout;
+                          "_dp" + std::to_string(k.dp) + "_z" + std::to_string(k.zero_stage) + "_" + k.precision + "_" + layout;
   std::ostringstream log;
   Trainer piped(config_for(k, dir, dir + "/pp_" + tag, true, 4), testing::trainer_options(log, &ctx));
   const auto a = piped.run();
@@ -162,6 +164,13 @@ TEST(TrainPipeline2, LlamaMatchesSingleProcessExactly) {
   Case k = pipeline_case("1f1b");
   k.arch = "llama";
   expect_matches_single(k, true);
+}
+
+// Mixed precision (f32 masters, f64 compute): the activations crossing stages are f64.
+TEST(TrainPipeline2, MixedPrecisionMatchesSingleProcess) {
+  Case k = pipeline_case("1f1b");
+  k.precision = "f64";
+  expect_matches_single(k);
 }
 
 // 3 steps, a checkpoint, a resume and 3 more equal 6 uninterrupted steps bit for bit.

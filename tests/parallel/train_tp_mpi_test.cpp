@@ -42,12 +42,13 @@ struct Case {
   bool sp = false;
   int zero_stage = 0;
   double dropout = 0.0;
+  std::string precision = "f32";  // train.precision (f64: f32 masters, f64 compute)
 };
 
 std::string tag_of(const Case& k) {
   return k.arch + "_dp" + std::to_string(k.dp) + "_cp" + std::to_string(k.cp) + "_tp" + std::to_string(k.tp) +
          "_pp" + std::to_string(k.pp) +
-         (k.sp ? "_sp" : "") + "_z" + std::to_string(k.zero_stage) + (k.dropout > 0 ? "_drop" : "");
+         (k.sp ? "_sp" : "") + "_z" + std::to_string(k.zero_stage) + (k.dropout > 0 ? "_drop" : "") + "_" + k.precision;
 }
 
 Config config_for(const Case& k, const std::string& dir, const std::string& out, bool parallel) {
@@ -62,8 +63,8 @@ Config config_for(const Case& k, const std::string& dir, const std::string& out,
   y << "data: {train: " << dir << "/data/train_*.bin, val: " << dir << "/data/train_*.bin, batch_size: "
     << (parallel ? 4 : 4 * k.dp) << ", seq_len: 16}\n"
     << "optim: {lr: 1.0e-2, min_lr: 1.0e-3, warmup_steps: 2, eps: 1.0e-6, grad_clip: 0.5, grad_accum: 2}\n"
-    << "train: {steps: 6, peak_flops: 1.0e10, log_every: 100, val_every: 0, val_steps: 2, sample_every: 0, out_dir: "
-    << out << "}\n"
+    << "train: {steps: 6, peak_flops: 1.0e10, log_every: 100, val_every: 0, val_steps: 2, sample_every: 0, precision: "
+    << k.precision << ", out_dir: " << out << "}\n"
     << "checkpoint: {every: 0, keep: 0}\n"
     << "logging: {jsonl: false, tensorboard: false}\n";
   if (parallel) {
@@ -151,6 +152,10 @@ TEST(TrainModelParallel2, Tp2SequenceParallelLlamaMatchesSingleProcess) {
   expect_matches_single({.arch = "llama", .tp = 2, .sp = true});
 }
 TEST(TrainModelParallel2, Tp2WithDropoutMatchesSingleProcess) { expect_matches_single({.tp = 2, .dropout = 0.1}); }
+// Mixed precision (f32 masters, f64 compute) applies inside the TP layers as in the model's.
+TEST(TrainModelParallel2, Tp2SequenceParallelMixedPrecisionMatchesSingleProcess) {
+  expect_matches_single({.tp = 2, .sp = true, .precision = "f64"});
+}
 TEST(TrainModelParallel2, Cp2MatchesSingleProcess) { expect_matches_single({.cp = 2}); }
 TEST(TrainModelParallel2, Tp2ResumeIsExact) { expect_resume_exact({.tp = 2}); }
 
@@ -160,6 +165,9 @@ TEST(TrainModelParallel4, Dp2Cp2Zero1LlamaMatchesSingleProcess) {
 }
 TEST(TrainModelParallel4, Cp2Tp2SequenceParallelMatchesSingleProcess) {
   expect_matches_single({.cp = 2, .tp = 2, .sp = true});
+}
+TEST(TrainModelParallel4, Cp2Tp2SequenceParallelMixedPrecisionMatchesSingleProcess) {
+  expect_matches_single({.cp = 2, .tp = 2, .sp = true, .precision = "f64"});
 }
 TEST(TrainModelParallel4, Dp2Tp2Zero3MatchesSingleProcess) { expect_matches_single({.dp = 2, .tp = 2, .zero_stage = 3}); }
 TEST(TrainModelParallel4, Dp2Cp2Zero1ResumeIsExact) { expect_resume_exact({.dp = 2, .cp = 2, .zero_stage = 1}); }
