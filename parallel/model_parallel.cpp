@@ -20,13 +20,13 @@ std::unique_ptr<LinearLayer> MeshModelParallel::column_linear(int64_t in,
                                                               bool bias, DType dtype,
                                                               Device device) const {
   return std::make_unique<tp::ColumnParallelLinear>(in, segments, bias, *tp_, sequence_parallel_,
-                                                    dtype, device);
+                                                    dtype, device, spans_);
 }
 
 std::unique_ptr<LinearLayer> MeshModelParallel::row_linear(int64_t in, int64_t out, bool bias,
                                                            DType dtype, Device device) const {
   return std::make_unique<tp::RowParallelLinear>(in, out, bias, *tp_, sequence_parallel_, dtype,
-                                                 device);
+                                                 device, spans_);
 }
 
 std::unique_ptr<EmbeddingLayer> MeshModelParallel::vocab_embedding(int64_t rows, int64_t dim,

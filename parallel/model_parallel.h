@@ -19,6 +19,7 @@
 
 #include "layers/model_parallel.h"
 #include "parallel/comm/communicator.h"
+#include "parallel/tp/layers.h"
 
 namespace loom::parallel {
 
@@ -43,11 +44,15 @@ class MeshModelParallel final : public ModelParallel {
 
   Communicator& tp() const { return *tp_; }
   Communicator& cp() const { return *cp_; }
+  // Where the TP layers built from now on (and those built before) report their GEMM spans
+  // (parallel/tp/layers.h); an empty function stops the reports. For the profiler.
+  void set_span_sink(tp::SpanSink sink) { *spans_ = std::move(sink); }
 
  private:
   Communicator* tp_;
   Communicator* cp_;
   bool sequence_parallel_;
+  std::shared_ptr<tp::SpanSink> spans_ = std::make_shared<tp::SpanSink>();  // shared with the layers
 };
 
 // The dotted names of the parameters of `model` (built with a MeshModelParallel) that live in a

@@ -185,6 +185,11 @@ void Trainer::State::build() {
                       "parallel.tp: ", cfg.parallel.tp, " × parallel.cp ", cfg.parallel.cp,
                       " need a parallel context with those sizes (mpirun -np dp·pp·cp·tp)");
     mp = std::make_unique<parallel::MeshModelParallel>(ctx->tp(), ctx->cp(), cfg.parallel.sequence_parallel);
+    if (trace) {  // the TP layers' GEMMs beside the communicators' events (--profile)
+      mp->set_span_sink([t = trace.get()](const std::string& what, Clock::time_point b, Clock::time_point e) {
+        t->span("compute", what, b, e);
+      });
+    }
   }
   model = std::make_unique<Transformer>(mc, parse_dtype(cfg.train.dtype), device, mp.get());
   if (mp && cfg.parallel.tp > 1) tp_shards = parallel::tensor_parallel_shard_names(*model);

@@ -45,13 +45,68 @@ int64_t sum_of(const std::vector<int64_t>& v) {
   return s;
 }
 
+// fn(), reported to the sink as the span `what` when there is one.
+template <typename Fn>
+Tensor timed(const SpanSinkPtr& spans, const char* what, Fn&& fn) {
+  if (!spans || !*spans) return fn();
+  const auto t0 = std::chrono::steady_clock::now();
+  Tensor out = fn();
+  (*spans)(what, t0, std::chrono::steady_clock::now());
+  return out;
+}
+
+// x (B, T, K) · wᵀ (w: (N, K)) → (B, T, N), as rows.
+Tensor gemm_nt(const Tensor& x, const Tensor& w) { return ops::matmul(x, w, false, true); }
+
+// Σ over the rows of dyᵀ·x: dy (B, T, N), x (B, T, K) → (N, K).
+Tensor weight_grad(const Tensor& dy, const Tensor& x) {
+  const int64_t rows = dy.numel() / dy.size(-1);
+  return ops::matmul(ops::reshape(ops::contiguous(dy), {rows, dy.size(-1)}),
+                     ops::reshape(ops::contiguous(x), {rows, x.size(-1)}), true, false);
+}
+
+// One ring step (Note [TP communication overlap]): send `out` to the next rank of the group,
+// receive `in` from the previous one. Tags from kRingTag up are the TP layers' own.
+constexpr int kRingTag = 7000;
+struct RingStep {
+  WorkPtr send, recv;
+  void wait() {
+    send->wait();
+    recv->wait();
+  }
+};
+RingStep ring_exchange(Communicator& tp, const Tensor& out, const Tensor& in, int step) {
+  const int r = tp.rank(), n = tp.size();
+  return {tp.send_async(out, (r + 1) % n, kRingTag + step), tp.recv_async(in, (r + n - 1) % n, kRingTag + step)};
+}
+
+// Note [TP communication overlap]: which TP collectives overlap which GEMM (n = TP size).
+//   column forward, SP (all-gather → GEMM): a ring. Each rank starts with its own sequence
+//     chunk; at every step it passes the chunk it holds to the next rank while it multiplies
+//     that chunk (n GEMMs of T/n rows, n−1 transfers each hidden behind one of them).
+//   column backward: Note [Column-parallel backward overlap].
+//   row forward, SP (GEMM → reduce-scatter): a ring reduce-scatter. At step s rank r
+//     multiplies its rows of chunk (r−s−1) mod n while the partial sum of the previous step
+//     travels; it adds the received partial and passes it on; after n−1 steps it holds its own
+//     chunk summed over the group (Megatron's GEMM + reduce-scatter overlap).
+//   row backward, SP (all-gather of dY → GEMMs): the same ring as the column forward, each
+//     chunk of dY multiplied (dX rows and the dW sum) while the next one travels.
+//   row forward without SP (GEMM → all-reduce): the rows in two halves, the first half's
+//     all-reduce running while the second half is multiplied.
+//   row backward without SP, column forward without SP: no communication.
+//   vocab-parallel embedding: a lookup, nothing to hide a reduction behind.
+// Row chunks of a GEMM give the same per-row sums as the whole GEMM; only the summation order
+// across TP ranks (the ring) and of dW over chunks differ from the collective's, at f32
+// rounding. Every ring transfer is one send and one receive posted before the GEMM it hides
+// behind; the SpanSink reports each GEMM, the communicator's observer each transfer.
+
 }  // namespace
 
 ColumnParallelLinear::ColumnParallelLinear(int64_t in_features, std::vector<int64_t> segments,
                                            bool bias, Communicator& tp, bool sequence_parallel,
-                                           DType dtype, Device device)
+                                           DType dtype, Device device, SpanSinkPtr spans)
     : tp_(&tp), sequence_parallel_(sequence_parallel), segments_(std::move(segments)),
-      in_features_(in_features) {
+      in_features_(in_features), spans_(std::move(spans)) {
   int64_t out = 0;
   for (int64_t s : segments_) out += shard_size(s, tp, "ColumnParallelLinear out features");
   weight_ = register_parameter("weight", Tensor::zeros({out, in_features}, dtype, device));
@@ -98,10 +153,9 @@ void ColumnParallelLinear::zero_rows_from(int64_t global_row) {
 //      else all-reduce): each rank holds only its output columns' share of it;
 //   4. wait for 1; dW = dYᵀ·X (GEMM) and db = Σ dY while 3 runs;
 //   5. wait for 3.
-// The forward's all-gather cannot overlap its GEMM (the GEMM needs all of it). The row-parallel
-// layer's reduction follows its only GEMM, so it has nothing to overlap with inside the layer.
-// The communicator reports each operation's queued/started/finished times (CommEvent), which
-// the profiler trace shows beside the compute track.
+// The forward's all-gather is a ring hidden behind the GEMM's sequence chunks (Note [TP
+// communication overlap]). The communicator reports each operation's queued/started/finished
+// times (CommEvent) and the SpanSink each GEMM, which the profiler trace shows side by side.
 Tensor ColumnParallelLinear::forward(const Tensor& x) const {
   LOOM_CHECK(x.dim() == 3 && x.size(2) == in_features_, "ColumnParallelLinear: x must be (B, T, ",
              in_features_, "), got ", shape_str(x.shape()));
@@ -112,9 +166,35 @@ Tensor ColumnParallelLinear::forward(const Tensor& x) const {
   Tensor y;
   {
     autograd::NoGradGuard no_grad;
-    const Tensor in = sequence_parallel_ ? all_gather_dim(xl, *tp_, 1) : xl;
-    y = ops::matmul(in, wc.detach(), false, true);
-    if (bc.defined()) y = ops::add(y, bc.detach());
+    const int n = tp_->size();
+    auto chunk_gemm = [&](const Tensor& in) {
+      return timed(spans_, "tp column: GEMM", [&] {
+        const Tensor out = gemm_nt(in, wc.detach());
+        return bc.defined() ? ops::add(out, bc.detach()) : out;
+      });
+    };
+    if (!sequence_parallel_ || n == 1) {
+      y = chunk_gemm(xl);
+    } else {  // ring all-gather, chunk by chunk
+      std::vector<Tensor> parts(static_cast<size_t>(n));
+      Tensor held = xl;
+      int q = tp_->rank();  // the sequence chunk `held` is
+      for (int step = 0; step < n; ++step) {
+        Tensor next;
+        RingStep ring;
+        if (step < n - 1) {
+          next = Tensor::empty_like(xl);
+          ring = ring_exchange(*tp_, held, next, step);
+        }
+        parts[static_cast<size_t>(q)] = chunk_gemm(held);
+        if (step < n - 1) {
+          ring.wait();
+          held = next;
+          q = (q + n - 1) % n;
+        }
+      }
+      y = ops::cat(parts, 1);
+    }
   }
   std::vector<Tensor> inputs{x, wc};
   if (bc.defined()) inputs.push_back(bc);
@@ -123,6 +203,7 @@ Tensor ColumnParallelLinear::forward(const Tensor& x) const {
   const bool sp = sequence_parallel_;
   const Tensor w = wc.detach();
   const bool has_bias = bc.defined();
+  const SpanSinkPtr spans = spans_;
   autograd::record_function("column_parallel_linear", inputs, {&y}, [=](const std::vector<Tensor>& g) {
     autograd::NoGradGuard no_grad;
     const Tensor dy = ops::contiguous(g[0]);  // (B, T, out/tp)
@@ -137,7 +218,7 @@ Tensor ColumnParallelLinear::forward(const Tensor& x) const {
       gather = tp->all_gather_async(ops::view(xl, {xl.numel()}), ops::view(gathered, {gathered.numel()}));
     }
     // 2. dX = dY·W over the full local sequence
-    const Tensor dx_full = ops::matmul(dy, w, false, false);  // (B, T, in)
+    const Tensor dx_full = timed(spans, "tp column: dX GEMM", [&] { return ops::matmul(dy, w, false, false); });
     // 3. its reduction over the group
     Tensor dx, send;
     WorkPtr reduce;
@@ -164,8 +245,7 @@ Tensor ColumnParallelLinear::forward(const Tensor& x) const {
       x_full = ops::cat(parts, 1);
     }
     const int64_t rows = dy.numel() / dy.size(-1);
-    const Tensor dw = ops::matmul(ops::reshape(dy, {rows, dy.size(-1)}),
-                                  ops::reshape(x_full, {rows, x_full.size(-1)}), true, false);
+    const Tensor dw = timed(spans, "tp column: dW GEMM", [&] { return weight_grad(dy, x_full); });
     std::vector<Tensor> out{Tensor(), dw};
     if (has_bias) out.push_back(ops::sum(ops::reshape(dy, {rows, dy.size(-1)}), 0));
     // 5.
@@ -183,17 +263,105 @@ void ColumnParallelLinear::load_shard(const Tensor& full_weight, const Tensor& f
 
 RowParallelLinear::RowParallelLinear(int64_t in_features, int64_t out_features, bool bias,
                                      Communicator& tp, bool sequence_parallel, DType dtype,
-                                     Device device)
-    : tp_(&tp), sequence_parallel_(sequence_parallel), in_features_(in_features) {
+                                     Device device, SpanSinkPtr spans)
+    : tp_(&tp), sequence_parallel_(sequence_parallel), in_features_(in_features), spans_(std::move(spans)) {
   const int64_t in = shard_size(in_features, tp, "RowParallelLinear in_features");
   weight_ = register_parameter("weight", Tensor::zeros({out_features, in}, dtype, device));
   if (bias) bias_ = register_parameter("bias", Tensor::zeros({out_features}, dtype, device));
 }
 
+// One autograd node: the GEMM and its reduction interleaved (Note [TP communication overlap]).
 Tensor RowParallelLinear::forward(const Tensor& x) const {
-  const Tensor partial = ops::matmul(x, compute(weight_), false, true);  // Note [Compute dtype]
-  Tensor y = sequence_parallel_ ? reduce_scatter_to_sequence(partial, *tp_, 1)
-                                : reduce_from_region(partial, *tp_);
+  LOOM_CHECK(x.dim() == 3 && x.size(2) == weight_.size(1), "RowParallelLinear: x must be (B, T, ",
+             weight_.size(1), "), got ", shape_str(x.shape()));
+  const Tensor wc = compute(weight_);  // Note [Compute dtype]
+  const Tensor xl = ops::contiguous(x.detach());
+  const int n = tp_->size();
+  const bool sp = sequence_parallel_ && n > 1;
+  LOOM_CHECK(!sp || xl.size(1) % n == 0, "RowParallelLinear: sequence length ", xl.size(1),
+             " does not divide by the tensor-parallel size ", n);
+  auto gemm = [&](const Tensor& in) { return timed(spans_, "tp row: GEMM", [&] { return gemm_nt(in, wc.detach()); }); };
+  Tensor y;
+  {
+    autograd::NoGradGuard no_grad;
+    if (n == 1) {
+      y = gemm(xl);
+    } else if (sp) {  // ring reduce-scatter: this rank ends with chunk r of the sum
+      const int r = tp_->rank();
+      const int64_t len = xl.size(1) / n;
+      Tensor incoming;
+      RingStep ring;
+      std::vector<Tensor> sent;  // alive until their sends complete
+      std::vector<RingStep> sends;
+      for (int step = 0; step < n; ++step) {
+        const int c = ((r - step - 1) % n + n) % n;
+        Tensor part = gemm(ops::contiguous(ops::narrow(xl, 1, c * len, len)));
+        if (step > 0) {
+          ring.recv->wait();
+          part = ops::add(part, incoming);
+        }
+        if (step < n - 1) {
+          incoming = Tensor::empty_like(part);
+          ring = ring_exchange(*tp_, part, incoming, step);
+          sends.push_back(ring);
+          sent.push_back(part);
+        } else {
+          y = part;
+        }
+      }
+      for (RingStep& st : sends) st.send->wait();
+    } else {  // two halves: the first half's all-reduce runs during the second half's GEMM
+      const int64_t T = xl.size(1), half = T / 2;
+      std::vector<Tensor> parts;
+      std::vector<WorkPtr> works;
+      for (const auto& [begin, len] : {std::pair<int64_t, int64_t>{0, half}, {half, T - half}}) {
+        if (len == 0) continue;
+        parts.push_back(gemm(ops::contiguous(ops::narrow(xl, 1, begin, len))));
+        works.push_back(tp_->all_reduce_async(ops::view(parts.back(), {parts.back().numel()}), ReduceOp::kSum));
+      }
+      for (WorkPtr& w : works) w->wait();
+      y = parts.size() == 1 ? parts[0] : ops::cat(parts, 1);
+    }
+  }
+  if (autograd::needs_grad({x, wc})) {
+    Communicator* tp = tp_;
+    const Tensor w = wc.detach();
+    const SpanSinkPtr spans = spans_;
+    autograd::record_function("row_parallel_linear", {x, wc}, {&y}, [=](const std::vector<Tensor>& g) {
+      autograd::NoGradGuard no_grad;
+      const Tensor dy = ops::contiguous(g[0]);
+      auto dx_gemm = [&](const Tensor& d) {
+        return timed(spans, "tp row: dX GEMM", [&] { return ops::matmul(d, w, false, false); });
+      };
+      auto dw_gemm = [&](const Tensor& d, const Tensor& in) {
+        return timed(spans, "tp row: dW GEMM", [&] { return weight_grad(d, in); });
+      };
+      if (!sp) return std::vector<Tensor>{dx_gemm(dy), dw_gemm(dy, xl)};  // dY is replicated
+      // Ring all-gather of dY (B, T/n, C), each chunk's GEMMs while the next one travels.
+      const int nn = tp->size();
+      const int64_t len = dy.size(1);
+      std::vector<Tensor> dx_parts(static_cast<size_t>(nn));
+      Tensor dw, held = dy;
+      int q = tp->rank();
+      for (int step = 0; step < nn; ++step) {
+        Tensor next;
+        RingStep ring;
+        if (step < nn - 1) {
+          next = Tensor::empty_like(dy);
+          ring = ring_exchange(*tp, held, next, step);
+        }
+        dx_parts[static_cast<size_t>(q)] = dx_gemm(held);
+        const Tensor d = dw_gemm(held, ops::narrow(xl, 1, q * len, len));
+        dw = dw.defined() ? ops::add(dw, d) : d;
+        if (step < nn - 1) {
+          ring.wait();
+          held = next;
+          q = (q + nn - 1) % nn;
+        }
+      }
+      return std::vector<Tensor>{ops::cat(dx_parts, 1), dw};
+    });
+  }
   if (!bias_.defined()) return y;
   // Under SP the bias meets only this rank's chunk: its gradient is summed over the group.
   const Tensor b = compute(bias_);

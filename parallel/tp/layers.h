@@ -11,9 +11,17 @@
 // embedding) reduce-scatter instead of all-reduce. A row layer's bias (replicated) then meets
 // only this rank's chunk, so it is used through copy_to_region: its gradient is summed over
 // the group in backward and arrives complete.
+//
+// Each layer's GEMMs overlap its TP communication wherever the dependency allows (Note [TP
+// communication overlap] in layers.cpp); with a SpanSink the layers report their GEMM spans,
+// which the profiler draws beside the communicators' events, so the overlap shows in a trace.
 #pragma once
 
+#include <chrono>
 #include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
 #include <vector>
 
 #include "core/tensor.h"
@@ -22,13 +30,19 @@
 
 namespace loom::parallel::tp {
 
+// Receives a named compute span [begin, end) of a TP layer (e.g. "tp row: GEMM chunk"), on the
+// compute thread. An empty function (or a null pointer) reports nothing.
+using SpanSink = std::function<void(const std::string& what, std::chrono::steady_clock::time_point begin,
+                                    std::chrono::steady_clock::time_point end)>;
+using SpanSinkPtr = std::shared_ptr<const SpanSink>;
+
 class ColumnParallelLinear : public LinearLayer {
  public:
   // Out features in `segments` (summing to out), each split evenly: weight [tp-sharded dim 0,
   // per segment] (out/tp, in); bias likewise (out/tp).
   ColumnParallelLinear(int64_t in_features, std::vector<int64_t> segments, bool bias,
                        Communicator& tp, bool sequence_parallel, DType dtype = DType::kF32,
-                       Device device = {});
+                       Device device = {}, SpanSinkPtr spans = nullptr);
   // x (B, T, in) replicated — or (B, T/tp, in) with sequence_parallel — → (B, T, out/tp).
   Tensor forward(const Tensor& x) const override;
   void init(Generator& gen, double std) override;
@@ -47,13 +61,15 @@ class ColumnParallelLinear : public LinearLayer {
   std::vector<int64_t> segments_;  // Note [Column-parallel backward overlap] in layers.cpp
   int64_t in_features_;
   Tensor weight_, bias_;
+  SpanSinkPtr spans_;
 };
 
 class RowParallelLinear : public LinearLayer {
  public:
   // weight [tp-sharded dim 1] (out, in/tp); bias replicated (out).
   RowParallelLinear(int64_t in_features, int64_t out_features, bool bias, Communicator& tp,
-                    bool sequence_parallel, DType dtype = DType::kF32, Device device = {});
+                    bool sequence_parallel, DType dtype = DType::kF32, Device device = {},
+                    SpanSinkPtr spans = nullptr);
   // x (B, T, in/tp) → (B, T, out) replicated — or (B, T/tp, out) with sequence_parallel.
   Tensor forward(const Tensor& x) const override;
   void init(Generator& gen, double std) override;
@@ -68,6 +84,7 @@ class RowParallelLinear : public LinearLayer {
   bool sequence_parallel_;
   int64_t in_features_;
   Tensor weight_, bias_;
+  SpanSinkPtr spans_;
 };
 
 class VocabParallelEmbedding : public EmbeddingLayer {

@@ -118,13 +118,19 @@ void check(bool llama, Layout lay) {
 
 // Note [TP communication volume]: per transformer block, with S = B·T·C·4 bytes (the full
 // sequence's activations; each op's CommEvent.bytes is its full message, like S for an
-// all-gather's output or a reduce-scatter's input), tensor parallelism moves
-//   without SP: 4 all-reduces of S (attn.proj and mlp.proj forward, qkv and fc input grads);
-//   with SP:    6 all-gathers of S (qkv and fc inputs forward, again in their backward — the
-//               full input is not kept — and the row layers' backward) and 4 reduce-scatters
-//               of S (the row outputs forward, the column input grads backward), plus an
-//               all-reduce of the gradient of each replicated parameter used on a sequence
-//               chunk (ln_1, ln_2 weight and bias, the two row biases: 6 of C·4 bytes);
+// all-gather's output or a reduce-scatter's input, S/n for one ring transfer), tensor
+// parallelism moves (the ops' shapes follow Note [TP communication overlap] in
+// parallel/tp/layers.cpp)
+//   without SP: 4 all-reduces' worth of S: attn.proj and mlp.proj forward, each as two
+//               all-reduces of S/2 (the halves of the rows), and the qkv and fc input
+//               gradients, one all-reduce of S each;
+//   with SP:    the equivalent of 6 all-gathers of S and 4 reduce-scatters of S: the qkv and
+//               fc inputs forward (ring all-gathers: n−1 sends and receives of S/n each),
+//               again in their backward (all-gathers of S — the full input is not kept), the
+//               row layers' backward (ring all-gathers of dY), the row outputs forward (ring
+//               reduce-scatters) and the column input grads backward (reduce-scatters of S),
+//               plus an all-reduce of the gradient of each replicated parameter used on a
+//               sequence chunk (ln_1, ln_2 weight and bias, the two row biases: 6 of C·4 bytes);
 // plus, once per model, the embedding (all-reduce; or reduce-scatter and its all-gather; with
 // SP also the ln_f and wpe gradients), the head input (its gradient all-reduce; or all-gather
 // and its reduce-scatter) and the loss (an
@@ -161,12 +167,16 @@ TEST(ModelParallel, TensorParallelCommunicationMatchesTheAnalyticCount) {
     want[{"all_gather", n * N * 4}] += 1;  // loss: the local log-sum-exps
     want[{"all_reduce", N * 4}] += 1;      // loss: the target logits
     if (sp) {
-      want[{"all_gather", S}] += static_cast<int>(6 * L + 2);
-      want[{"reduce_scatter", S}] += static_cast<int>(4 * L + 2);
+      want[{"all_gather", S}] += static_cast<int>(2 * L + 2);
+      want[{"reduce_scatter", S}] += static_cast<int>(2 * L + 2);
+      // 6 rings per block (2 column forward, 2 row forward, 2 row backward), n−1 steps each
+      want[{"send", S / n}] += static_cast<int>(6 * L * (n - 1));
+      want[{"recv", S / n}] += static_cast<int>(6 * L * (n - 1));
       want[{"all_reduce", c.n_embd * 4}] += static_cast<int>(6 * L + 2);  // norms, row biases
       want[{"all_reduce", c.max_seq_len * c.n_embd * 4}] += 1;             // wpe
     } else {
-      want[{"all_reduce", S}] += static_cast<int>(4 * L + 2);
+      want[{"all_reduce", S}] += static_cast<int>(2 * L + 2);
+      want[{"all_reduce", S / 2}] += static_cast<int>(4 * L);  // the row layers' halves
     }
     want[{"barrier", 0}] += 1;
     EXPECT_EQ(seen, want);

@@ -3,12 +3,18 @@
 // against their definitions (forward and backward), a column→row parallel MLP with and without
 // sequence parallelism, the vocab-parallel embedding and the vocab-parallel cross-entropy, each
 // against the unsharded single-process computation done locally on every rank, and the layers
-// under an f64 compute dtype with f32 masters (mixed precision). Tolerances: the
+// under an f64 compute dtype with f32 masters (mixed precision), and the order in which each
+// layer issues its transfers and GEMMs (the overlap). Tolerances: the
 // sharded runs add partial GEMM results in a different order than the full GEMM (sums over a
 // split inner dimension), so results agree to f32 rounding, checked at 2e-5 relative.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <chrono>
 #include <cmath>
+#include <memory>
+#include <mutex>
+#include <string>
 #include <vector>
 
 #include "core/autograd.h"
@@ -213,6 +219,88 @@ void check_compute_dtype(bool sequence_parallel) {
 
 TEST(TensorParallelLayers, ComputeDtypeAppliesInsideTheLayers) { check_compute_dtype(false); }
 TEST(TensorParallelLayers, ComputeDtypeAppliesInsideTheLayersWithSequenceParallel) { check_compute_dtype(true); }
+
+// Note [TP communication overlap] (parallel/tp/layers.cpp): each transfer is issued before the
+// GEMM it hides behind. The order is read from the layer's own timeline, on the compute thread:
+// the communicator's queued time of each op (stamped at issue) and each GEMM span's begin.
+// Letters: S ring send, A all-gather, R reduce-scatter or all-reduce; G GEMM, X dX GEMM, W dW GEMM.
+class Timeline {
+ public:
+  explicit Timeline(Communicator& tp) : tp_(tp) {
+    sink_ = std::make_shared<tp::SpanSink>([this](const std::string& what, Clock::time_point b, Clock::time_point) {
+      std::lock_guard<std::mutex> lock(mu_);
+      const char letter = what.find("dX") != std::string::npos ? 'X' : what.find("dW") != std::string::npos ? 'W' : 'G';
+      events_.push_back({b, letter});
+    });
+    tp_.set_observer([this](const CommEvent& e) {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (e.op == "send") events_.push_back({e.queued, 'S'});
+      if (e.op == "all_gather") events_.push_back({e.queued, 'A'});
+      if (e.op == "reduce_scatter" || e.op == "all_reduce") events_.push_back({e.queued, 'R'});
+    });
+  }
+  ~Timeline() { tp_.set_observer(nullptr); }
+  tp::SpanSinkPtr sink() const { return sink_; }
+  // The letters in time order since the last take(); waits for the observer's reports.
+  std::string take() {
+    tp_.barrier();  // every op this rank issued has finished and been reported
+    std::lock_guard<std::mutex> lock(mu_);
+    std::stable_sort(events_.begin(), events_.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
+    std::string out;
+    for (const auto& [t, c] : events_) out += c;
+    events_.clear();
+    return out;
+  }
+
+ private:
+  using Clock = std::chrono::steady_clock;
+  Communicator& tp_;
+  std::mutex mu_;
+  std::vector<std::pair<Clock::time_point, char>> events_;
+  tp::SpanSinkPtr sink_;
+};
+
+TEST(TensorParallelLayers, TransfersAreIssuedBeforeTheGemmsTheyHide) {
+  ParallelContext ctx = tp_world();
+  Communicator& tp = ctx.tp();
+  const int r = tp.rank(), n = tp.size();
+  const int64_t B = 2, T = 4 * n, C = 8, H = 4 * C;
+  std::string ring_fwd, ring_bwd, row_fwd;
+  for (int i = 0; i < n - 1; ++i) {
+    ring_fwd += "SG";   // column forward: pass the held chunk on, multiply it
+    row_fwd += "GS";    // row forward: multiply the next chunk, then pass the partial sum on
+    ring_bwd += "SXW";  // row backward: pass dY's chunk on, its dX rows and dW share
+  }
+  ring_fwd += "G";
+  row_fwd += "G";
+  ring_bwd += "XW";
+  Timeline line(tp);
+  for (bool sp : {true, false}) {
+    SCOPED_TRACE(sp ? "sequence parallel" : "tensor parallel");
+    tp::ColumnParallelLinear fc(C, {H}, true, tp, sp, DType::kF32, {}, line.sink());
+    tp::RowParallelLinear proj(H, C, true, tp, sp, DType::kF32, {}, line.sink());
+    fc.load_shard(shared_rand(31, {H, C}, 0.3), shared_rand(32, {H}, 0.1));
+    proj.load_shard(shared_rand(33, {C, H}, 0.3), shared_rand(34, {C}, 0.1));
+    Tensor x = leaf(sp ? chunk(shared_rand(35, {B, T, C}), 1, r, n) : shared_rand(35, {B, T, C}));
+    line.take();
+    const Tensor h = fc.forward(x);
+    EXPECT_EQ(line.take(), sp ? ring_fwd : "G");
+    const Tensor y = proj.forward(h);
+    EXPECT_EQ(line.take(), sp ? row_fwd : "GRGR");  // the first half's all-reduce runs under the second GEMM
+    Tensor h_leaf = leaf(h.detach());
+    const Tensor y2 = proj.forward(h_leaf);
+    line.take();
+    autograd::backward(ops::sum(ops::mul(y2, shared_rand(36, y2.shape()))));
+    // (SP: first the replicated bias's gradient all-reduce, Note [Gradients of replicated parameters])
+    EXPECT_EQ(line.take(), sp ? "R" + ring_bwd : "XW");
+    const Tensor y3 = fc.forward(x);
+    line.take();
+    autograd::backward(ops::sum(ops::mul(y3, shared_rand(37, y3.shape()))));
+    // Note [Column-parallel backward overlap]: re-gather, dX, its reduction, dW.
+    EXPECT_EQ(line.take(), sp ? "AXRW" : "XRW");
+    (void)y;
+  }
+}
 
 TEST(TensorParallelLayers, VocabParallelEmbeddingMatchesTheFullTable) {
   for (bool sp : {false, true}) {
