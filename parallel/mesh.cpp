@@ -212,7 +212,8 @@ std::vector<int> DeviceMesh::mics_partition_group(int rank, int partition_size) 
   check_mics_partition_size(partition_size);
   const std::vector<int> group = dp_cp_group(rank);
   const size_t index = index_in(group, rank);
-  const size_t first = index / static_cast<size_t>(partition_size) * static_cast<size_t>(partition_size);
+  const size_t first =
+      index / static_cast<size_t>(partition_size) * static_cast<size_t>(partition_size);
   return {group.begin() + static_cast<std::ptrdiff_t>(first),
           group.begin() + static_cast<std::ptrdiff_t>(first) + partition_size};
 }
