@@ -178,6 +178,12 @@ TEST(TrainModelParallel4, Dp2Cp2Zero1MicsMatchesSingleProcess) {
 TEST(TrainModelParallel4, Dp2Cp2Zero2MicsMatchesSingleProcess) {
   expect_matches_single({.dp = 2, .cp = 2, .zero_stage = 2, .mics = 2});
 }
+TEST(TrainModelParallel4, Dp2Cp2Zero3MicsMatchesSingleProcess) {
+  expect_matches_single({.dp = 2, .cp = 2, .zero_stage = 3, .mics = 2});
+}
+TEST(TrainModelParallel4, Dp2Cp2Zero1MicsResumeIsExact) {
+  expect_resume_exact({.dp = 2, .cp = 2, .zero_stage = 1, .mics = 2});
+}
 TEST(TrainModelParallel4, Dp2Cp2Zero1ResumeIsExact) { expect_resume_exact({.dp = 2, .cp = 2, .zero_stage = 1}); }
 
 TEST(TrainModelParallel4, Cp4MatchesSingleProcess) { expect_matches_single({.cp = 4}); }
