@@ -15,7 +15,7 @@ namespace loom::parallel::pp {
 namespace {
 
 constexpr int kTiedTag = 32767;  // above every message_tag() of a step
-constexpr int kEvalTag = 32766;  // validation activations (Note [Pipeline evaluation])
+constexpr int kEvalTag = 32766;  // validation activations; no step message is in flight then
 
 }  // namespace
 
