@@ -2,6 +2,8 @@
 // No communication and no state beyond the mesh's shape.
 #include "parallel/mesh.h"
 
+#include <algorithm>
+#include <cstddef>
 #include <sstream>
 
 #include "core/error.h"
@@ -14,6 +16,11 @@ constexpr std::array<MeshDim, kNumMeshDims> kAllDims = {MeshDim::kDp, MeshDim::k
                                                         MeshDim::kTp};
 
 int dim_index(MeshDim d) { return static_cast<int>(d); }
+
+// The position of `rank` in `group` (which holds it).
+size_t index_in(const std::vector<int>& group, int rank) {
+  return static_cast<size_t>(std::find(group.begin(), group.end(), rank) - group.begin());
+}
 
 }  // namespace
 
@@ -190,32 +197,33 @@ std::vector<int> DeviceMesh::dp_cp_group(int rank) const {
 void DeviceMesh::check_mics_partition_size(int partition_size) const {
   LOOM_CONFIG_CHECK(partition_size >= 1, "parallel.mics_partition_size: must be >= 1, got ",
                     partition_size);
-  LOOM_CONFIG_CHECK(shape_.dp % partition_size == 0,
-                    "parallel.mics_partition_size: ", partition_size,
-                    " does not divide parallel.dp ", shape_.dp);
+  const int n = shape_.dp * shape_.cp;
+  if (shape_.cp == 1) {
+    LOOM_CONFIG_CHECK(n % partition_size == 0, "parallel.mics_partition_size: ", partition_size,
+                      " does not divide parallel.dp ", shape_.dp);
+  } else {
+    LOOM_CONFIG_CHECK(n % partition_size == 0, "parallel.mics_partition_size: ", partition_size,
+                      " does not divide parallel.dp ", shape_.dp, " × parallel.cp ", shape_.cp,
+                      " = ", n);
+  }
 }
 
 std::vector<int> DeviceMesh::mics_partition_group(int rank, int partition_size) const {
   check_mics_partition_size(partition_size);
-  MeshCoords c = coords(rank);
-  const int first = (c.dp / partition_size) * partition_size;
-  std::vector<int> members;
-  for (int i = 0; i < partition_size; ++i) {
-    c.dp = first + i;
-    members.push_back(rank_of(c));
-  }
-  return members;
+  const std::vector<int> group = dp_cp_group(rank);
+  const size_t index = index_in(group, rank);
+  const size_t first =
+      index / static_cast<size_t>(partition_size) * static_cast<size_t>(partition_size);
+  return {group.begin() + static_cast<std::ptrdiff_t>(first),
+          group.begin() + static_cast<std::ptrdiff_t>(first) + partition_size};
 }
 
 std::vector<int> DeviceMesh::mics_replica_group(int rank, int partition_size) const {
   check_mics_partition_size(partition_size);
-  MeshCoords c = coords(rank);
-  const int index = c.dp % partition_size;
+  const std::vector<int> group = dp_cp_group(rank);
+  const size_t p = static_cast<size_t>(partition_size);
   std::vector<int> members;
-  for (int k = 0; k < shape_.dp / partition_size; ++k) {
-    c.dp = k * partition_size + index;
-    members.push_back(rank_of(c));
-  }
+  for (size_t i = index_in(group, rank) % p; i < group.size(); i += p) members.push_back(group[i]);
   return members;
 }
 

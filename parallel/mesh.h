@@ -1,5 +1,5 @@
 // parallel/mesh.h — DeviceMesh: the world's ranks laid out on four named dimensions (dp, pp, cp,
-// tp) in a configurable rank order, and the MiCS partition/replication groups inside dp.
+// tp) in a configurable rank order, and the MiCS partition/replication groups inside dp·cp.
 // Pure arithmetic: rank ↔ coordinates ↔ group member lists. Nothing here communicates, touches
 // MPI or holds state beyond the shape, so every rule is unit-tested in one process.
 //
@@ -71,16 +71,20 @@ class DeviceMesh {
   // Every group along d (world_size / size(d) groups), ordered by their lowest rank.
   std::vector<std::vector<int>> groups(MeshDim d) const;
 
-  // MiCS (parallel.mics_partition_size = P, which must divide dp): a partition group is P
-  // consecutive dp coordinates [k·P, (k+1)·P) (the parameters are sharded inside it); the
-  // replication group holds the ranks with the same index inside each partition (dp
-  // coordinates i, i+P, i+2P, …). Both keep every other coordinate fixed and are ordered by
-  // dp coordinate. P = dp gives one partition (the whole dp group) and replicas of size 1.
-  void check_mics_partition_size(int partition_size) const;  // ConfigError if P ∤ dp
   // The ranks that share this rank's tp and pp coordinates (every dp and cp coordinate), in
   // world-rank order: data parallelism reduces gradients over it when the sequence is split
-  // over cp (each cp rank holds part of the same samples' gradient).
+  // over cp (each cp rank holds part of the same samples' gradient). With cp = 1 it is the dp
+  // group (same members, same order).
   std::vector<int> dp_cp_group(int rank) const;
+  // Note [MiCS groups]: MiCS (parallel.mics_partition_size = P, which must divide dp·cp) shards
+  // within partitions of the data-parallel reduction group G = dp_cp_group(rank) (the dp group
+  // when cp = 1) and replicates across them: a partition group is P consecutive members of G,
+  // [k·P, (k+1)·P) (the parameters are sharded inside it); the replication group holds the
+  // members with the same index inside each partition (G[i], G[i+P], G[i+2P], …). Both are
+  // ordered as in G, i.e. by world rank. With cp = 1 these are P consecutive dp coordinates;
+  // with cp > 1 and the default order (cp inside dp) a partition of P = k·cp ranks spans k
+  // whole cp groups. P = dp·cp gives one partition (all of G) and replicas of size 1.
+  void check_mics_partition_size(int partition_size) const;  // ConfigError if P ∤ dp·cp
   std::vector<int> mics_partition_group(int rank, int partition_size) const;
   std::vector<int> mics_replica_group(int rank, int partition_size) const;
 

@@ -142,8 +142,8 @@ ParallelContext ParallelContext::create(const ParallelOptions& options) {
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
   MPI_Comm_size(MPI_COMM_WORLD, &world_size);
   DeviceMesh mesh(options.shape, world_size, options.order);
-  const int partition =
-      options.mics_partition_size == 0 ? options.shape.dp : options.mics_partition_size;
+  const int partition = options.mics_partition_size == 0 ? options.shape.dp * options.shape.cp
+                                                         : options.mics_partition_size;
   mesh.check_mics_partition_size(partition);
   const double timeout =
       options.comm_timeout_s > 0 ? options.comm_timeout_s : default_comm_timeout_s();

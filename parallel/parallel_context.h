@@ -5,8 +5,9 @@
 //
 // Every communicator always exists, including those of size-1 dimensions (a size-1
 // communicator completes its collectives at once), so callers never test for absence: world,
-// tp, cp, dp, pp, mics_partition and mics_replica. Without MiCS (mics_partition_size 0) the
-// partition group is the whole dp group and each replica group is the rank alone.
+// tp, cp, dp, pp, mics_partition, mics_replica and dp_cp. Without MiCS (mics_partition_size 0)
+// the partition group is the whole dp·cp group (the dp group when cp = 1) and each replica
+// group is the rank alone.
 #pragma once
 
 #include <memory>
@@ -21,7 +22,7 @@ namespace loom::parallel {
 struct ParallelOptions {
   MeshShape shape;                        // parallel.dp, pp, cp, tp
   std::string order = kDefaultMeshOrder;  // parallel.order (Note [Mesh rank order])
-  int mics_partition_size = 0;            // parallel.mics_partition_size; 0 means dp (no MiCS)
+  int mics_partition_size = 0;            // parallel.mics_partition_size; 0 means dp·cp (no MiCS)
   double comm_timeout_s = 0;              // 0: LOOM_COMM_TIMEOUT_S, else 300 s
   // Where the rank computes. kCuda: GPU `local_rank` (the rank's index on its node), and every
   // group's communicator is an NcclCommunicator (CPU tensors still go over MPI through it);
@@ -68,8 +69,8 @@ class ParallelContext {
   int cp_size() const { return mesh_.shape().cp; }
   int tp_size() const { return mesh_.shape().tp; }
 
-  // MiCS (see DeviceMesh::mics_partition_group): shard inside the partition, replicate
-  // across the replica group.
+  // MiCS (Note [MiCS groups] in parallel/mesh.h): shard inside the partition, replicate
+  // across the replica group; both inside dp_cp (dp when cp = 1).
   Communicator& mics_partition() const { return *mics_partition_; }
   Communicator& mics_replica() const { return *mics_replica_; }
   // dp and cp together (DeviceMesh::dp_cp_group): the data-parallel reduction group under

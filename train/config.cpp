@@ -245,8 +245,6 @@ void validate_model_parallel_config(const Config& c) {
           "parallel.sequence_parallel: the " + str(c.data.seq_len / p.cp) +
               " tokens per context-parallel rank do not divide by parallel.tp " + str(p.tp));
   if (p.tp == 1 && p.cp == 1) return;
-  require(p.cp == 1 || p.mics_partition_size == 0,
-          "parallel.mics_partition_size: MiCS together with parallel.cp > 1 is not supported yet");
   require(c.train.init_from.empty(), "model.init_from: not supported with parallel.tp/cp > 1 yet");
   // Replicated activations (tp without sequence parallelism) draw the same masks on every TP
   // rank, as one process would; sequence or context chunks would need the masks of their part.
@@ -319,8 +317,10 @@ void validate_config(const Config& c) {
   require(p.zero_stage >= 0 && p.zero_stage <= 3,
           "parallel.zero_stage: " + str(p.zero_stage) + " is not supported (0, 1, 2 or 3)");
   require(p.mics_partition_size >= 0, "parallel.mics_partition_size: must be non-negative, got " + str(p.mics_partition_size));
-  require(p.mics_partition_size == 0 || p.dp % p.mics_partition_size == 0,
-          "parallel.mics_partition_size: " + str(p.mics_partition_size) + " does not divide parallel.dp " + str(p.dp));
+  // MiCS partitions the dp·cp reduction group (Note [MiCS groups] in parallel/mesh.h).
+  require(p.mics_partition_size == 0 || (p.dp * p.cp) % p.mics_partition_size == 0,
+          "parallel.mics_partition_size: " + str(p.mics_partition_size) + " does not divide parallel.dp " + str(p.dp) +
+              (p.cp > 1 ? " × parallel.cp " + str(p.cp) + " = " + str(p.dp * p.cp) : std::string()));
   require(p.mics_partition_size == 0 || p.zero_stage >= 1,
           "parallel.mics_partition_size: MiCS shards optimizer state; set parallel.zero_stage to 1, 2 or 3");
   require(p.bucket_mb > 0, "parallel.bucket_mb: must be positive, got " + str(p.bucket_mb));

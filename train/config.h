@@ -74,7 +74,7 @@ struct CheckpointConfig {
 struct ParallelConfig {
   int64_t dp = 1;                   // data-parallel ranks; must equal the MPI world size
   int64_t zero_stage = 0;           // 0 DDP, 1 optimizer state sharded, 2 + gradients, 3 + parameters
-  int64_t mics_partition_size = 0;  // > 0: MiCS, shard inside groups of this many dp ranks
+  int64_t mics_partition_size = 0;  // > 0: MiCS, shard inside groups of this many dp·cp ranks
   double bucket_mb = 25;            // gradient bucket size
   bool overlap = true;              // false: reduce only after backward (to measure overlap)
   double comm_timeout_s = 300;      // a collective slower than this reports op and group

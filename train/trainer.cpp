@@ -148,6 +148,7 @@ struct Trainer::State {
   int tp_size() const { return ctx ? ctx->tp_size() : 1; }
   int cp_size() const { return ctx ? ctx->cp_size() : 1; }
   Tensor micro_batch_loss(const Batch& b, Generator* gen);
+  double pipeline_val_loss();
   double other_tp_parts_sq(const std::vector<std::pair<std::string, Tensor>>& params, parallel::Communicator* stages);
   // Checkpoint names: under parallel.tp > 1 a parameter part and all optimizer state carry
   // "@tp<rank>" (every TP rank holds different values under the same name); replicated
@@ -253,7 +254,7 @@ void Trainer::State::build() {
   if (dp) *log << dp->describe() << "\n";
   if (pipe) {
     *log << pipe->describe() << "; " << released << " parameters of other stages released"
-         << " (validation and sampling are skipped: not pipelined yet)\n";
+         << " (sampling is skipped: not pipelined yet)\n";
   }
   if (mp) {
     *log << "model parallel: tp " << tp_size() << (cfg.parallel.sequence_parallel ? " (sequence parallel)" : "")
@@ -348,6 +349,20 @@ Tensor Trainer::State::micro_batch_loss(const Batch& b, Generator* gen) {
   const int r = ctx->cp_rank(), n = ctx->cp_size();
   return model->loss(parallel::cp::shard_sequence(b.inputs, 1, r, n), parallel::cp::shard_sequence(b.targets, 1, r, n),
                      parallel::cp::cp_positions(b.inputs.size(1), r, n), gen);
+}
+
+// The mean validation loss over train.val_steps batches under parallel.pp > 1 (under cp this
+// rank's share), the same on every pp rank: a forward-only pass through the stages (Note
+// [Pipeline evaluation] in parallel/pp/pipeline.cpp) on this cp rank's chunks of each batch.
+double Trainer::State::pipeline_val_loss() {
+  std::vector<Tensor> inputs, targets;
+  const int r = ctx->cp_rank(), n = ctx->cp_size();
+  for (int64_t i = 0; i < cfg.train.val_steps; ++i) {
+    Batch b = val_loader->next();
+    inputs.push_back(n > 1 ? parallel::cp::shard_sequence(b.inputs, 1, r, n) : b.inputs);
+    targets.push_back(n > 1 ? parallel::cp::shard_sequence(b.targets, 1, r, n) : b.targets);
+  }
+  return pipe->evaluate(inputs, targets);
 }
 
 bool Trainer::State::writes_param(const std::string& name) const {
@@ -686,7 +701,7 @@ std::vector<StepRecord> Trainer::run() {
     StepRecord r = s.train_step();
     s.log_step(r, seconds_since(t0));
     records.push_back(r);
-    if (!s.pipe && s.val_loader && t.val_every > 0 && (r.step % t.val_every == 0 || r.step == t.steps)) {
+    if (s.val_loader && t.val_every > 0 && (r.step % t.val_every == 0 || r.step == t.steps)) {
       const double v = evaluate();
       *s.log << "step " << r.step << " | val loss " << fmt(v, 4) << "\n";
       if (s.metrics) s.metrics->write(r.step, {{"val/loss", v}});
@@ -722,15 +737,18 @@ std::vector<StepRecord> Trainer::run() {
 double Trainer::evaluate() {
   State& s = *s_;
   LOOM_CHECK(s.val_loader != nullptr, "evaluate: no validation data (data.val is empty)");
-  LOOM_CHECK(!s.pipe, "evaluate: not supported under pipeline parallelism yet");
   autograd::NoGradGuard no_grad;
   kernels::AllowTf32Guard tf32(s.cfg.train.allow_tf32);
   s.model->eval();
   s.val_loader->set_state({0, 0});
   double total = 0;
-  for (int64_t i = 0; i < s.cfg.train.val_steps; ++i) {
-    Batch b = s.val_loader->next();
-    total += s.micro_batch_loss(b, nullptr).item();  // under cp: this rank's share
+  if (s.pipe) {
+    total = s.pipeline_val_loss() * static_cast<double>(s.cfg.train.val_steps);
+  } else {
+    for (int64_t i = 0; i < s.cfg.train.val_steps; ++i) {
+      Batch b = s.val_loader->next();
+      total += s.micro_batch_loss(b, nullptr).item();  // under cp: this rank's share
+    }
   }
   if (s.cp_size() > 1) {  // the shares sum to each batch's mean (Note [Context-parallel loss])
     Tensor t = Tensor::full({1}, total, DType::kF64);

@@ -53,7 +53,9 @@ class Trainer {
 
   // Runs until train.steps (or a stop request); returns the steps run by this call.
   std::vector<StepRecord> run();
-  // Mean validation loss over train.val_steps batches from the start of the val shards.
+  // Mean validation loss over train.val_steps batches from the start of the val shards. Under
+  // tp/cp/pp collective (every rank calls it; under pp a forward-only pass through the stages),
+  // the same value on every rank of a data-parallel replica.
   double evaluate();
   // Text generated from <|endoftext|> with the configured temperature and top-k. Under ZeRO-3
   // the forward gathers parameters: every rank must call it.

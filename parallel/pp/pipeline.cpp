@@ -15,6 +15,7 @@ namespace loom::parallel::pp {
 namespace {
 
 constexpr int kTiedTag = 32767;  // above every message_tag() of a step
+constexpr int kEvalTag = 32766;  // validation activations; no step message is in flight then
 
 }  // namespace
 
@@ -224,6 +225,50 @@ Tensor StageUnitHooks::after_forward(int unit, const Tensor& out) {
   Tensor y = out;
   for (auto it = b.rbegin(); it != b.rend(); ++it) y = inner_.after_forward(*it, y);  // innermost first
   return y;
+}
+
+// Note [Pipeline evaluation]: validation needs no schedule. Each rank walks the global stages
+// 0..S−1 of each micro-batch in order and runs those it holds (stage g is local chunk g / p of
+// rank g mod p): stage 0 embeds, every other stage receives its input activation from rank
+// (g−1) mod p, and every stage but the last sends its output on to rank (g+1) mod p; the last
+// stage adds the micro-batch's loss. With vpp > 1 a rank's chunks thus alternate with the other
+// ranks'. Blocking sends and receives cannot deadlock: every rank sends and receives in the same
+// global stage order, and a stage only waits for the stage before it. One tag suffices, since
+// messages between two ranks arrive in the order they were sent. The activations have the
+// training step's shape (B, rows, C), rows = PipelineOptions::activation_rows or T.
+double TransformerPipeline::evaluate(const std::vector<Tensor>& inputs, const std::vector<Tensor>& targets) {
+  LOOM_CHECK(!inputs.empty() && inputs.size() == targets.size(), "pipeline: evaluate got ", inputs.size(),
+             " input and ", targets.size(), " target micro-batches");
+  autograd::NoGradGuard no_grad;
+  const int p = shape_.stages, me = pp_.rank(), last = shape_.num_global_stages() - 1;
+  const Tensor pos = options_.positions.defined() ? options_.positions : model_.positions(seq_len_);
+  const std::vector<int64_t> act{batch_, options_.activation_rows > 0 ? options_.activation_rows : seq_len_,
+                                 model_.config().n_embd};
+  double loss_sum = 0;
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    const Tensor& ids = inputs[i];
+    LOOM_CHECK(ids.dim() == 2 && ids.size(0) == batch_ && ids.size(1) == seq_len_, "pipeline: validation batch ",
+               shape_str(ids.shape()), " is not (", batch_, ", ", seq_len_, ")");
+    Tensor x;  // the activation entering the next local stage
+    for (int g = me; g <= last; g += p) {
+      if (g == 0) {
+        x = model_.embed(ids, pos);
+      } else if ((g - 1) % p != me) {
+        x = Tensor::empty(act, model_.compute_dtype().value_or(model_.dtype()), model_.device());
+        pp_.recv(x, (g - 1) % p, kEvalTag);
+      }
+      x = model_.run_blocks(x, pos, boundaries_[static_cast<size_t>(g)], boundaries_[static_cast<size_t>(g) + 1],
+                            nullptr);
+      if (g == last) {
+        loss_sum += model_.head_loss(x, targets[i]).item();
+      } else if ((g + 1) % p != me) {
+        pp_.send(x.contiguous(), (g + 1) % p, kEvalTag);
+      }
+    }
+  }
+  Tensor loss = Tensor::full({1}, loss_sum / static_cast<double>(inputs.size()), DType::kF64);
+  pp_.broadcast(loss, last % p);
+  return loss.item();
 }
 
 std::string TransformerPipeline::describe() const {

@@ -94,6 +94,12 @@ class TransformerPipeline {
   // pp rank (broadcast from the last stage). before_backward: see ChunkCallbacks.
   double forward_backward(const std::vector<Tensor>& inputs, const std::vector<Tensor>& targets,
                           Generator* dropout_gen, const std::function<void(bool last)>& before_backward = {});
+  // Validation: a forward-only pass (no autograd graph, no dropout) of each micro-batch
+  // (inputs[i], targets[i] of shape (B, T), any count >= 1) through the stages in global stage
+  // order (Note [Pipeline evaluation]). Returns the mean of the last stage's losses (unscaled:
+  // under cp this rank's share), the same on every pp rank. Collective over the pp group (and
+  // whatever the model's forward is collective over: tp, cp).
+  double evaluate(const std::vector<Tensor>& inputs, const std::vector<Tensor>& targets);
   // Exchanges the tied embedding's gradient between the first and last stage and leaves the
   // sum on both (no-op when untied or pp = 1). Call once gradients are final.
   void sync_tied_gradients();

@@ -29,7 +29,7 @@ TEST(Context, CommunicatorsHoldTheMeshGroups) {
     EXPECT_EQ(ctx.pp().rank(), ctx.pp_rank());
     EXPECT_EQ(ctx.dp().size(), ctx.dp_size());
     EXPECT_EQ(ctx.tp().size(), ctx.tp_size());
-    EXPECT_EQ(ctx.mics_partition_size() * ctx.mics_replica_size(), ctx.dp_size());
+    EXPECT_EQ(ctx.mics_partition_size() * ctx.mics_replica_size(), ctx.dp_size() * ctx.cp_size());
     for (const auto& g : testing::groups_of(ctx, opts.mics_partition_size)) {
       const int k = g.comm->size();
       ASSERT_EQ(k, static_cast<int>(g.members.size())) << g.comm->name();

@@ -123,26 +123,43 @@ TEST(Mesh, WorkedExample) {
   EXPECT_EQ(dp_first.group_members(5, MeshDim::kTp), (std::vector<int>{5, 7}));
 }
 
+// MiCS groups (Note [MiCS groups]): partitions of P consecutive members of the dp·cp group and
+// replicas of the same index in each partition, for every shape up to 16 ranks, every P that
+// divides dp·cp and a few orders; with cp = 1 the partition is P consecutive dp coordinates.
 TEST(Mesh, MicsPartitionAndReplicaGroups) {
   for (const MeshShape& s : shapes(16)) {
-    DeviceMesh mesh(s, s.product());
-    for (int p = 1; p <= s.dp; ++p) {
-      if (s.dp % p != 0) continue;
-      for (int r = 0; r < mesh.world_size(); ++r) {
-        const auto part = mesh.mics_partition_group(r, p);
-        const auto repl = mesh.mics_replica_group(r, p);
-        const auto dp = mesh.group_members(r, MeshDim::kDp);
-        ASSERT_EQ(static_cast<int>(part.size()), p);
-        ASSERT_EQ(static_cast<int>(repl.size()), s.dp / p);
-        const int x = mesh.coords(r).dp;
-        for (int i = 0; i < p; ++i) {  // P consecutive dp coordinates
-          EXPECT_EQ(part[static_cast<size_t>(i)], dp[static_cast<size_t>((x / p) * p + i)]);
+    for (const char* order : {kDefaultMeshOrder, "dp-cp-tp-pp", "pp-tp-dp-cp"}) {
+      DeviceMesh mesh(s, s.product(), order);
+      const int n = s.dp * s.cp;
+      for (int p = 1; p <= n; ++p) {
+        if (n % p != 0) continue;
+        for (int r = 0; r < mesh.world_size(); ++r) {
+          const auto part = mesh.mics_partition_group(r, p);
+          const auto repl = mesh.mics_replica_group(r, p);
+          const auto group = mesh.dp_cp_group(r);
+          ASSERT_EQ(static_cast<int>(group.size()), n);
+          ASSERT_EQ(static_cast<int>(part.size()), p);
+          ASSERT_EQ(static_cast<int>(repl.size()), n / p);
+          const int x = static_cast<int>(std::find(group.begin(), group.end(), r) - group.begin());
+          for (int i = 0; i < p; ++i) {  // P consecutive members of the dp·cp group
+            EXPECT_EQ(part[static_cast<size_t>(i)], group[static_cast<size_t>((x / p) * p + i)]);
+          }
+          for (int k = 0; k < n / p; ++k) {  // same index in each partition
+            EXPECT_EQ(repl[static_cast<size_t>(k)], group[static_cast<size_t>(k * p + x % p)]);
+          }
+          EXPECT_EQ(part[static_cast<size_t>(x % p)], r);
+          EXPECT_EQ(repl[static_cast<size_t>(x / p)], r);
+          for (int q : part) {  // the partition shares tp and pp, and so the model replica's part
+            EXPECT_EQ(mesh.coords(q).tp, mesh.coords(r).tp);
+            EXPECT_EQ(mesh.coords(q).pp, mesh.coords(r).pp);
+          }
+          if (s.cp == 1) {  // the dp group, P consecutive dp coordinates
+            const auto dp = mesh.group_members(r, MeshDim::kDp);
+            const int d = mesh.coords(r).dp;
+            EXPECT_EQ(group, dp);
+            EXPECT_EQ(part[0], dp[static_cast<size_t>((d / p) * p)]);
+          }
         }
-        for (int k = 0; k < s.dp / p; ++k) {  // same index in each partition
-          EXPECT_EQ(repl[static_cast<size_t>(k)], dp[static_cast<size_t>(k * p + x % p)]);
-        }
-        EXPECT_EQ(part[static_cast<size_t>(x % p)], r);
-        EXPECT_EQ(repl[static_cast<size_t>(x / p)], r);
       }
     }
   }
@@ -150,6 +167,22 @@ TEST(Mesh, MicsPartitionAndReplicaGroups) {
   EXPECT_EQ(mesh.mics_partition_group(4, 2), (std::vector<int>{4, 6}));
   EXPECT_EQ(mesh.mics_replica_group(4, 2), (std::vector<int>{0, 4}));
   EXPECT_EQ(mesh.mics_replica_group(7, 2), (std::vector<int>{3, 7}));
+  // dp 2 × cp 2 × tp 2, default order: rank = tp + 2·cp + 4·dp; the dp·cp group of tp 0 is
+  // 0 2 4 6 (cp inner), so a partition of 2 is one cp group and a replica spans the dp ranks.
+  DeviceMesh cp_mesh({.dp = 2, .pp = 1, .cp = 2, .tp = 2}, 8);
+  EXPECT_EQ(cp_mesh.dp_cp_group(4), (std::vector<int>{0, 2, 4, 6}));
+  EXPECT_EQ(cp_mesh.mics_partition_group(4, 2), (std::vector<int>{4, 6}));
+  EXPECT_EQ(cp_mesh.mics_partition_group(2, 2), (std::vector<int>{0, 2}));
+  EXPECT_EQ(cp_mesh.mics_replica_group(4, 2), (std::vector<int>{0, 4}));
+  EXPECT_EQ(cp_mesh.mics_replica_group(7, 2), (std::vector<int>{3, 7}));
+  EXPECT_EQ(cp_mesh.mics_partition_group(7, 4), (std::vector<int>{1, 3, 5, 7}));
+  EXPECT_EQ(cp_mesh.mics_replica_group(7, 4), (std::vector<int>{7}));
+  EXPECT_EQ(cp_mesh.mics_replica_group(5, 1), (std::vector<int>{1, 3, 5, 7}));
+  // cp outside dp: rank = tp + 2·dp + 4·cp; the dp·cp group of tp 1 is 1 3 5 7 as well, and
+  // a partition of 2 is now one dp group.
+  DeviceMesh dp_inner({.dp = 2, .pp = 1, .cp = 2, .tp = 2}, 8, "tp-dp-cp-pp");
+  EXPECT_EQ(dp_inner.mics_partition_group(5, 2), (std::vector<int>{5, 7}));
+  EXPECT_EQ(dp_inner.coords(5).cp, dp_inner.coords(7).cp);
 }
 
 TEST(Mesh, ConfigurationErrorsNameTheKey) {
@@ -173,6 +206,10 @@ TEST(Mesh, ConfigurationErrorsNameTheKey) {
             "parallel.mics_partition_size: 3 does not divide parallel.dp 4");
   EXPECT_EQ(config_error([&] { mesh.mics_replica_group(0, 0); }),
             "parallel.mics_partition_size: must be >= 1, got 0");
+  DeviceMesh cp_mesh({.dp = 2, .cp = 2}, 4);
+  EXPECT_EQ(config_error([&] { cp_mesh.mics_partition_group(0, 3); }),
+            "parallel.mics_partition_size: 3 does not divide parallel.dp 2 × parallel.cp 2 = 4");
+  EXPECT_NO_THROW(cp_mesh.check_mics_partition_size(4));
   EXPECT_THROW(mesh.coords(4), Error);
   EXPECT_THROW(mesh.rank_of({.dp = 4}), Error);
 }

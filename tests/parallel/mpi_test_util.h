@@ -35,7 +35,8 @@ inline int world_size() {
 }
 
 // The layouts tested at this world size: with 8 ranks a 2×2×2 (tp, cp, dp) mesh in the
-// default order and a dp 4 × pp 2 mesh with MiCS partitions of 2 in another order; otherwise
+// default order with MiCS partitions of 2 of the dp·cp group, and a dp 4 × pp 2 mesh with MiCS
+// partitions of 2 in another order; otherwise
 // dp = world (MiCS partitions of 1).
 inline std::vector<ParallelOptions> test_layouts() {
   const int n = world_size();
@@ -43,6 +44,7 @@ inline std::vector<ParallelOptions> test_layouts() {
   if (n == 8) {
     ParallelOptions a;
     a.shape = {.dp = 2, .pp = 1, .cp = 2, .tp = 2};
+    a.mics_partition_size = 2;
     out.push_back(a);
     ParallelOptions b;
     b.shape = {.dp = 4, .pp = 2, .cp = 1, .tp = 1};
@@ -70,7 +72,7 @@ inline std::vector<GroupUnderTest> groups_of(const ParallelContext& ctx, int mic
   const int r = ctx.rank();
   std::vector<int> all;
   for (int i = 0; i < ctx.world_size(); ++i) all.push_back(i);
-  const int p = mics_partition_size == 0 ? mesh.shape().dp : mics_partition_size;
+  const int p = mics_partition_size == 0 ? mesh.shape().dp * mesh.shape().cp : mics_partition_size;
   return {
       {&ctx.world(), all},
       {&ctx.tp(), mesh.group_members(r, MeshDim::kTp)},

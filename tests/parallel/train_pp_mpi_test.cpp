@@ -1,7 +1,9 @@
 // tests/parallel/train_pp_mpi_test.cpp — the trainer under mpirun with pipeline parallelism:
 // per-step losses, gradient norms and the trained parameters match the single-process run with
 // the same global batch (optim.grad_accum = the pipeline's micro-batches); a stop and resume
-// from the pipelined checkpoint reproduces the uninterrupted pipelined run bit for bit.
+// from the pipelined checkpoint reproduces the uninterrupted pipelined run bit for bit; the
+// validation loss (a forward-only pass through the stages, also run every 3 steps) matches the
+// single-process one.
 // TrainPipeline2.* runs on 2 ranks (pp2: each schedule, vpp2, an explicit layout, Llama, resume),
 // TrainPipeline4.* on 4 (pp4 1F1B, dp2·pp2 with ZeRO-1, 2 and 3 — GPT-2's tied embedding synchronised
 // shard by shard, vpp2 with ZeRO-3, Llama with ZeRO-2 — and the ZeRO-1 and ZeRO-3 resumes).
@@ -55,10 +57,11 @@ Config config_for(const Case& k, const std::string& dir, const std::string& out,
     y << "model: {arch: llama, vocab_size: 64, vocab_multiple: 32, n_layer: 4, n_head: 4, n_kv_head: 2, n_embd: 32, "
          "max_seq_len: 16, tie_embeddings: false}\n";
   }
-  y << "data: {train: " << dir << "/data/train_*.bin, batch_size: " << batch << ", seq_len: 16}\n"
+  y << "data: {train: " << dir << "/data/train_*.bin, val: " << dir << "/data/train_*.bin, batch_size: " << batch
+    << ", seq_len: 16}\n"
     << "optim: {lr: 1.0e-2, min_lr: 1.0e-3, warmup_steps: 2, eps: 1.0e-6, grad_clip: 0.5, grad_accum: " << k.accum << "}\n"
-    << "train: {steps: 6, peak_flops: 1.0e10, log_every: 100, val_every: 0, sample_every: 0, precision: " << k.precision
-    << ", out_dir: " << out << "}\n"
+    << "train: {steps: 6, peak_flops: 1.0e10, log_every: 100, val_every: 3, val_steps: 3, sample_every: 0, precision: "
+    << k.precision << ", out_dir: " << out << "}\n"
     << "checkpoint: {every: 0, keep: 0}\n"
     << "logging: {jsonl: false, tensorboard: false}\n";
   if (parallel) {
@@ -91,7 +94,10 @@ void expect_matches_single(const Case& k, bool exact = false) {
   const auto a = piped.run();
   if (ctx.rank() == 0) {
     EXPECT_NE(log.str().find("pipeline: " + k.schedule), std::string::npos) << log.str();
+    EXPECT_NE(log.str().find("step 3 | val loss "), std::string::npos) << log.str();
+    EXPECT_NE(log.str().find("step 6 | val loss "), std::string::npos) << log.str();
   }
+  const double piped_val = piped.evaluate();  // collective over the pp group
 
   std::ostringstream slog;
   Trainer single(config_for(k, dir, dir + "/single_" + tag + "_" + std::to_string(ctx.rank()), false, 4 * k.dp),
@@ -104,6 +110,16 @@ void expect_matches_single(const Case& k, bool exact = false) {
     } else {
       EXPECT_NEAR(a[i].loss, s[i].loss, kLossRelTol * std::abs(s[i].loss)) << "step " << i + 1;
       EXPECT_NEAR(a[i].grad_norm, s[i].grad_norm, kLossRelTol * s[i].grad_norm) << "step " << i + 1;
+    }
+  }
+  // Validation (a forward-only pass through the stages): the single process reads the same
+  // validation batches only at dp 1 (its batch is dp times larger otherwise).
+  if (k.dp == 1) {
+    const double want = single.evaluate();
+    if (exact) {
+      EXPECT_EQ(piped_val, want);
+    } else {
+      EXPECT_NEAR(piped_val, want, kLossRelTol * std::abs(want));
     }
   }
   // ZeRO-3 holds shards only: parameters() gathers this stage's parameters (collective).

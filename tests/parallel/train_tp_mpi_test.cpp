@@ -2,9 +2,10 @@
 // context parallelism, alone and with data parallelism and ZeRO: per-step losses and gradient
 // norms match the single-process run with the same global batch, and every rank's parameters
 // equal its tensor-parallel part of the single-process parameters (tests/parallel/
-// tp_test_util.h); a stop and resume reproduces the uninterrupted run. TrainModelParallel2.*
-// runs on 2 ranks, TrainModelParallel4.* on 4 (with pp2 too), TrainModelParallel8.* on 8 (the
-// compositions dp2·tp2·pp2, tp2·cp2·pp2 and dp2·cp2·tp2, each also with ZeRO-1, plus
+// tp_test_util.h); at dp 1 (pp too) the validation loss matches the single process's; a stop
+// and resume reproduces the uninterrupted run. TrainModelParallel2.* runs on 2 ranks,
+// TrainModelParallel4.* on 4 (with pp2 too, and MiCS over dp·cp), TrainModelParallel8.* on 8
+// (the compositions dp2·tp2·pp2, tp2·cp2·pp2 and dp2·cp2·tp2, each also with ZeRO-1, plus
 // dp2·tp2·pp2+sp with ZeRO-3 and tp2·cp2·pp2 with ZeRO-2).
 //
 // Tolerance: split GEMMs, vocab-parallel statistics, ring-attention merges and the dp·cp
@@ -43,12 +44,14 @@ struct Case {
   int zero_stage = 0;
   double dropout = 0.0;
   std::string precision = "f32";  // train.precision (f64: f32 masters, f64 compute)
+  int mics = 0;  // parallel.mics_partition_size
 };
 
 std::string tag_of(const Case& k) {
   return k.arch + "_dp" + std::to_string(k.dp) + "_cp" + std::to_string(k.cp) + "_tp" + std::to_string(k.tp) +
          "_pp" + std::to_string(k.pp) +
-         (k.sp ? "_sp" : "") + "_z" + std::to_string(k.zero_stage) + (k.dropout > 0 ? "_drop" : "") + "_" + k.precision;
+         (k.sp ? "_sp" : "") + "_z" + std::to_string(k.zero_stage) + (k.dropout > 0 ? "_drop" : "") +
+         (k.mics > 0 ? "_mics" + std::to_string(k.mics) : "") + "_" + k.precision;
 }
 
 Config config_for(const Case& k, const std::string& dir, const std::string& out, bool parallel) {
@@ -70,7 +73,7 @@ Config config_for(const Case& k, const std::string& dir, const std::string& out,
   if (parallel) {
     y << "parallel: {dp: " << k.dp << ", pp: " << k.pp << ", cp: " << k.cp << ", tp: " << k.tp
       << ", sequence_parallel: " << (k.sp ? "true" : "false") << ", zero_stage: " << k.zero_stage
-      << ", bucket_mb: 0.01}\n";
+      << ", mics_partition_size: " << k.mics << ", bucket_mb: 0.01}\n";
   }
   return parse_config_text(y.str());
 }
@@ -79,6 +82,7 @@ Config config_for(const Case& k, const std::string& dir, const std::string& out,
 ParallelContext context_for(const Case& k) {
   ParallelOptions po;
   po.shape = {.dp = k.dp, .pp = k.pp, .cp = k.cp, .tp = k.tp};
+  po.mics_partition_size = k.mics;
   po.comm_timeout_s = testing::kTestCommTimeoutS;
   return ParallelContext::create(po);
 }
@@ -94,6 +98,11 @@ void expect_matches_single(const Case& k) {
   const auto a = split.run();
   if (ctx.rank() == 0) {
     EXPECT_NE(log.str().find("model parallel: tp " + std::to_string(k.tp)), std::string::npos) << log.str();
+    if (k.mics > 0) {  // sharded inside the partition, replicated across the rest of dp·cp
+      EXPECT_NE(log.str().find("shards over mics_partition (" + std::to_string(k.mics) + "), replicas over mics_replica"),
+                std::string::npos)
+          << log.str();
+    }
   }
 
   std::ostringstream slog;
@@ -105,7 +114,7 @@ void expect_matches_single(const Case& k) {
     EXPECT_NEAR(a[i].loss, s[i].loss, kLossRelTol * std::abs(s[i].loss)) << "step " << i + 1;
     EXPECT_NEAR(a[i].grad_norm, s[i].grad_norm, kLossRelTol * s[i].grad_norm) << "step " << i + 1;
   }
-  if (k.pp == 1 && k.dp == 1) {  // validation (same val batches only at dp 1; collective under cp)
+  if (k.dp == 1) {  // validation (same val batches only at dp 1; collective under cp and pp)
     const double v = split.evaluate(), want = single.evaluate();
     EXPECT_NEAR(v, want, kLossRelTol * std::abs(want));
   }
@@ -170,6 +179,20 @@ TEST(TrainModelParallel4, Cp2Tp2SequenceParallelMixedPrecisionMatchesSingleProce
   expect_matches_single({.cp = 2, .tp = 2, .sp = true, .precision = "f64"});
 }
 TEST(TrainModelParallel4, Dp2Tp2Zero3MatchesSingleProcess) { expect_matches_single({.dp = 2, .tp = 2, .zero_stage = 3}); }
+// MiCS over the dp·cp group (Note [MiCS groups]): partitions of 2 of the 4 ranks (one cp group
+// each in the default order), replicas across dp.
+TEST(TrainModelParallel4, Dp2Cp2Zero1MicsMatchesSingleProcess) {
+  expect_matches_single({.dp = 2, .cp = 2, .zero_stage = 1, .mics = 2});
+}
+TEST(TrainModelParallel4, Dp2Cp2Zero2MicsMatchesSingleProcess) {
+  expect_matches_single({.dp = 2, .cp = 2, .zero_stage = 2, .mics = 2});
+}
+TEST(TrainModelParallel4, Dp2Cp2Zero3MicsMatchesSingleProcess) {
+  expect_matches_single({.dp = 2, .cp = 2, .zero_stage = 3, .mics = 2});
+}
+TEST(TrainModelParallel4, Dp2Cp2Zero1MicsResumeIsExact) {
+  expect_resume_exact({.dp = 2, .cp = 2, .zero_stage = 1, .mics = 2});
+}
 TEST(TrainModelParallel4, Dp2Cp2Zero1ResumeIsExact) { expect_resume_exact({.dp = 2, .cp = 2, .zero_stage = 1}); }
 
 TEST(TrainModelParallel4, Cp4MatchesSingleProcess) { expect_matches_single({.cp = 4}); }

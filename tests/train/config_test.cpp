@@ -133,6 +133,25 @@ TEST(Config, ZeroStagesAndMics) {
             "parallel.mics_partition_size: 3 does not divide parallel.dp 4");
 }
 
+// MiCS partitions the dp·cp reduction group under context parallelism (Note [MiCS groups] in
+// parallel/mesh.h): the partition size must divide dp·cp, and the error names both.
+TEST(Config, MicsWithContextParallelism) {
+  const std::vector<std::string> dp2cp2 = {"parallel.dp=2", "parallel.cp=2", "parallel.zero_stage=1"};
+  for (const char* p : {"parallel.mics_partition_size=1", "parallel.mics_partition_size=2",
+                        "parallel.mics_partition_size=4"}) {
+    std::vector<std::string> o = dp2cp2;
+    o.emplace_back(p);
+    EXPECT_EQ(error_of("", o), "") << p;
+  }
+  // cp alone: dp 1 × cp 2 ranks still form a partition of 2.
+  EXPECT_EQ(error_of("", {"parallel.cp=2", "parallel.zero_stage=1", "parallel.mics_partition_size=2"}), "");
+  std::vector<std::string> o = dp2cp2;
+  o.emplace_back("parallel.mics_partition_size=3");
+  EXPECT_EQ(error_of("", o), "parallel.mics_partition_size: 3 does not divide parallel.dp 2 × parallel.cp 2 = 4");
+  o.back() = "parallel.mics_partition_size=8";
+  EXPECT_EQ(error_of("", o), "parallel.mics_partition_size: 8 does not divide parallel.dp 2 × parallel.cp 2 = 4");
+}
+
 TEST(Config, PrecisionAndDeviceKeys) {
   const Config d = parse_config_text("");
   EXPECT_EQ(d.train.device, "cpu");
