@@ -250,11 +250,6 @@ void validate_model_parallel_config(const Config& c) {
   require(p.cp == 1 || p.mics_partition_size == 0,
           "parallel.mics_partition_size: MiCS together with parallel.cp > 1 is not supported yet");
   require(c.train.init_from.empty(), "model.init_from: not supported with parallel.tp/cp > 1 yet");
-  // Replicated activations (tp without sequence parallelism) draw the same masks on every TP
-  // rank, as one process would; sequence or context chunks would need the masks of their part.
-  require(c.model.dropout == 0.0 || (p.cp == 1 && !p.sequence_parallel),
-          "model.dropout: dropout with parallel.cp > 1 or parallel.sequence_parallel is not supported yet "
-          "(each rank would draw the mask of its own chunk)");
 }
 
 // Note [Precision] in train/config.h.
