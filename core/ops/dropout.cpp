@@ -39,8 +39,8 @@ Tensor dropout_rows(const Tensor& x, double p, Generator& gen, bool training, co
   LOOM_CHECK(rows.dim() == 1 && rows.size(0) == x.size(1) && !is_floating(rows.dtype()),
              "dropout_rows: rows must be (", x.size(1), ") integer, got ", shape_str(rows.shape()),
              " ", dtype_name(rows.dtype()));
-  LOOM_CHECK(total_rows >= x.size(1), "dropout_rows: total_rows ", total_rows,
-             " is less than the ", x.size(1), " rows held");
+  LOOM_CHECK(total_rows >= x.size(1), "dropout_rows: total_rows ", total_rows, " is less than the ",
+             x.size(1), " rows held");
   if (!training || p == 0.0) return x;
   const uint64_t seed = gen.seed();
   const uint64_t offset = gen.reserve(x.size(0) * total_rows * x.size(2));

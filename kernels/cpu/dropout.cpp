@@ -97,8 +97,8 @@ LOOM_SIMD
 void check_rows_args(const char* op, const Tensor& x, const Tensor& rows, int64_t total,
                      const Tensor& out) {
   LOOM_CHECK(x.dim() == 3 && out.shape() == x.shape() && out.dtype() == x.dtype(), op,
-             ": x and out must be one (B, R, C) shape and dtype, got ", shape_str(x.shape()), " and ",
-             shape_str(out.shape()));
+             ": x and out must be one (B, R, C) shape and dtype, got ", shape_str(x.shape()),
+             " and ", shape_str(out.shape()));
   LOOM_CHECK(x.is_contiguous() && out.is_contiguous() && rows.is_contiguous(), op,
              ": contiguous tensors expected");
   LOOM_CHECK(rows.dtype() == DType::kI64 && rows.dim() == 1 && rows.size(0) == x.size(1), op,
