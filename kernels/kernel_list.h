@@ -30,6 +30,8 @@
   X(softmax_backward)           \
   X(dropout_forward)            \
   X(dropout_backward)           \
+  X(dropout_rows_forward)       \
+  X(dropout_rows_backward)      \
   X(embedding_forward)          \
   X(embedding_backward)         \
   X(rope_forward)               \

@@ -26,6 +26,7 @@ std::unique_ptr<FeedForward> make_mlp(const ModelConfig& c, DType dtype, Device 
 Block::Block(const ModelConfig& config, DType dtype, Device device, const ModelParallel* mp)
     : dropout_(config.dropout),
       checkpointing_(config.activation_checkpointing),
+      mp_(mp),
       norm1_(make_norm(config, dtype, device, mp)),
       attn_(config, dtype, device, mp),
       norm2_(make_norm(config, dtype, device, mp)),
@@ -37,15 +38,22 @@ Block::Block(const ModelConfig& config, DType dtype, Device device, const ModelP
   register_module("mlp", *mlp_);
 }
 
-Tensor Block::residual_dropout(const Tensor& branch, Generator* gen, bool drop) const {
+Tensor Block::residual_dropout(const Tensor& branch, const Tensor& rows, int64_t local_len,
+                               Generator* gen, bool drop) const {
   if (!drop) return branch;
-  return ops::dropout(branch, dropout_, *gen, true);
+  if (!rows.defined()) return ops::dropout(branch, dropout_, *gen, true);
+  return ops::dropout_rows(branch, dropout_, *gen, true, rows, mp_->sequence_length(local_len));
 }
 
 Tensor Block::forward_region(const Tensor& x, const Tensor& positions, Generator* gen,
                              bool drop) const {
-  Tensor h = ops::add(x, residual_dropout(attn_.forward(norm1_->forward(x), positions), gen, drop));
-  return ops::add(h, residual_dropout(mlp_->forward(norm2_->forward(h)), gen, drop));
+  // Under sequence/context parallelism x holds some rows of the sequence: they draw the masks
+  // of those rows in the whole (B, T, C) tensor (Note [Dropout mask], rows form).
+  const Tensor rows = drop && mp_ ? mp_->activation_rows(positions) : Tensor();
+  const int64_t len = positions.size(0);
+  Tensor h = ops::add(
+      x, residual_dropout(attn_.forward(norm1_->forward(x), positions), rows, len, gen, drop));
+  return ops::add(h, residual_dropout(mlp_->forward(norm2_->forward(h)), rows, len, gen, drop));
 }
 
 Tensor Block::forward(const Tensor& x, const Tensor& positions, Generator* dropout_gen) const {

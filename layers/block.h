@@ -1,5 +1,6 @@
 // layers/block.h — Block: one pre-norm transformer layer, x + attn(norm1(x)) then
-// x + mlp(norm2(x)), with dropout on both residual branches (training, config.dropout > 0) and,
+// x + mlp(norm2(x)), with dropout on both residual branches (training, config.dropout > 0; under
+// sequence or context parallelism with the masks one process draws for this rank's rows) and,
 // when config.activation_checkpointing, its whole forward recomputed in backward
 // (Note [Activation checkpoint] in core/checkpoint.h).
 //
@@ -37,10 +38,14 @@ class Block : public Module {
  private:
   // `drop`: whether dropout is active (fixed at forward time, so a recomputation matches).
   Tensor forward_region(const Tensor& x, const Tensor& positions, Generator* gen, bool drop) const;
-  Tensor residual_dropout(const Tensor& branch, Generator* gen, bool drop) const;
+  // rows: the global rows this rank's activations hold (ModelParallel::activation_rows), or
+  // undefined for the whole sequence; local_len: the length of the positions.
+  Tensor residual_dropout(const Tensor& branch, const Tensor& rows, int64_t local_len,
+                          Generator* gen, bool drop) const;
 
   double dropout_;
   bool checkpointing_;
+  const ModelParallel* mp_;
   std::unique_ptr<Norm> norm1_;
   CausalSelfAttention attn_;
   std::unique_ptr<Norm> norm2_;

@@ -67,6 +67,14 @@ class ModelParallel {
   // Sequence parallelism: this rank's chunk of x along `dim` (not differentiable: positions),
   // and the all-gather of sequence-sharded activations (before the LM head).
   virtual Tensor sequence_chunk(const Tensor& x, int64_t dim) const = 0;
+  // Dropout on block activations (B, R, C) under sequence or context parallelism (the rows form
+  // of Note [Dropout mask], kernels/dropout.h): the global row indices (R) i64 of the rows this
+  // rank holds, given the blocks' positions (the global token indices of this rank's context-
+  // parallel part, on the activations' device), or an undefined tensor when the activations hold
+  // the whole sequence (neither is on: the plain mask applies).
+  virtual Tensor activation_rows(const Tensor& positions) const = 0;
+  // The whole sequence's length, given the length of this rank's context-parallel part.
+  virtual int64_t sequence_length(int64_t local_len) const = 0;
   // A replicated parameter used on this rank's sequence chunk (norm weights and biases, wpe):
   // identity forward; under sequence parallelism its gradient is summed over the TP group in
   // backward, so the parameter receives the complete gradient like every other parameter.

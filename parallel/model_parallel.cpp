@@ -5,6 +5,7 @@
 
 #include "core/ops/attention.h"
 #include "core/ops/elementwise.h"
+#include "core/ops/view.h"
 #include "parallel/cp/ring_attention.h"
 #include "parallel/tp/comm_ops.h"
 #include "parallel/tp/cross_entropy.h"
@@ -42,6 +43,20 @@ Tensor MeshModelParallel::attention(const Tensor& q, const Tensor& k, const Tens
 
 Tensor MeshModelParallel::sequence_chunk(const Tensor& x, int64_t dim) const {
   return tp::chunk_dim(x, *tp_, dim);
+}
+
+// The blocks' rows are the cp-local positions (Note [Causal load balancing]), of which sequence
+// parallelism keeps this TP rank's contiguous chunk, as the embeddings' sequence_chunk does.
+Tensor MeshModelParallel::activation_rows(const Tensor& positions) const {
+  if (!sequence_parallel_ && cp_->size() == 1) return Tensor();
+  LOOM_CHECK(positions.dim() == 1, "activation_rows: positions must be (T), got ",
+             shape_str(positions.shape()));
+  const Tensor rows = sequence_parallel_ ? sequence_chunk(positions, 0) : positions.detach();
+  return ops::to_dtype(rows, DType::kI64);
+}
+
+int64_t MeshModelParallel::sequence_length(int64_t local_len) const {
+  return local_len * cp_->size();
 }
 
 Tensor MeshModelParallel::sequence_region_param(const Tensor& p) const {

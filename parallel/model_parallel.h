@@ -37,6 +37,8 @@ class MeshModelParallel final : public ModelParallel {
                                                   Device device) const override;
   Tensor attention(const Tensor& q, const Tensor& k, const Tensor& v) const override;
   Tensor sequence_chunk(const Tensor& x, int64_t dim) const override;
+  Tensor activation_rows(const Tensor& positions) const override;
+  int64_t sequence_length(int64_t local_len) const override;
   Tensor sequence_region_param(const Tensor& p) const override;
   Tensor head_input(const Tensor& x) const override;
   Tensor loss(const Tensor& logits, const Tensor& targets, int64_t ignore_index,

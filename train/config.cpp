@@ -246,11 +246,6 @@ void validate_model_parallel_config(const Config& c) {
               " tokens per context-parallel rank do not divide by parallel.tp " + str(p.tp));
   if (p.tp == 1 && p.cp == 1) return;
   require(c.train.init_from.empty(), "model.init_from: not supported with parallel.tp/cp > 1 yet");
-  // Replicated activations (tp without sequence parallelism) draw the same masks on every TP
-  // rank, as one process would; sequence or context chunks would need the masks of their part.
-  require(c.model.dropout == 0.0 || (p.cp == 1 && !p.sequence_parallel),
-          "model.dropout: dropout with parallel.cp > 1 or parallel.sequence_parallel is not supported yet "
-          "(each rank would draw the mask of its own chunk)");
 }
 
 // Note [Precision] in train/config.h.

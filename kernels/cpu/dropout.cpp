@@ -1,6 +1,9 @@
 // kernels/cpu/dropout.cpp — CPU dropout forward/backward, the mask regenerated from Philox per
 // Note [Dropout mask] in kernels/dropout.h (element i's fate depends on (seed, offset, i) only).
 // Uniforms are drawn one Philox block (4 lanes) at a time into a small stack buffer, then applied.
+// The rows form walks rows (b, j) of x (B, R, C), each a run of C consecutive elements of the
+// full (B, T, C) tensor's mask, drawn from the Philox block that holds its first element.
+#include <algorithm>
 #include <bit>
 #include <type_traits>
 
@@ -58,6 +61,73 @@ LOOM_SIMD
   });
 }
 
+// Rows form: out (B, R, C) (=, or += when Accumulate) keep(g + c) ? in·scale : 0 for row (b, j),
+// g = (b·T + rows[j])·C. Same products and masking as apply_mask, so the same bits.
+template <bool Accumulate, typename T>
+void apply_rows_mask(const T* in, T* out, const int64_t* rows, const Shape& s, int64_t total,
+                     double p, uint64_t seed, uint64_t offset) {
+  const int64_t R = s[1], C = s[2];
+  const float pf = static_cast<float>(p);
+  const T scale = static_cast<T>(1.0 / (1.0 - p));
+  const int64_t grain = std::max<int64_t>(1, kElementGrain / std::max<int64_t>(C, 1));
+  parallel_for(s[0] * R, grain, [&](int64_t lo, int64_t hi) {
+    float u[kDropBuffer + 4];  // a run may start up to 3 lanes into its first Philox block
+    for (int64_t r = lo; r < hi; ++r) {
+      const int64_t g = (r / R * total + rows[r % R]) * C;
+      const T* src = in + r * C;
+      T* dst = out + r * C;
+      for (int64_t c0 = 0; c0 < C; c0 += kDropBuffer) {
+        const int64_t c1 = std::min(C, c0 + kDropBuffer);
+        const int64_t lead = (g + c0) % 4;
+        draw_uniforms(seed, offset, g + c0 - lead, lead + c1 - c0, u);
+        const float* uc = u + lead;  // uc[c − c0]: uniform of column c
+        if constexpr (Accumulate) {
+LOOM_SIMD
+          for (int64_t c = c0; c < c1; ++c) dst[c] += keep_or_zero(uc[c - c0], pf, src[c] * scale);
+        } else {
+LOOM_SIMD
+          for (int64_t c = c0; c < c1; ++c) dst[c] = keep_or_zero(uc[c - c0], pf, src[c] * scale);
+        }
+      }
+    }
+  });
+}
+
+// x, out (B, R, C) contiguous, same shape and dtype; rows (R) contiguous i64 in [0, total).
+void check_rows_args(const char* op, const Tensor& x, const Tensor& rows, int64_t total,
+                     const Tensor& out) {
+  LOOM_CHECK(x.dim() == 3 && out.shape() == x.shape() && out.dtype() == x.dtype(), op,
+             ": x and out must be one (B, R, C) shape and dtype, got ", shape_str(x.shape()),
+             " and ", shape_str(out.shape()));
+  LOOM_CHECK(x.is_contiguous() && out.is_contiguous() && rows.is_contiguous(), op,
+             ": contiguous tensors expected");
+  LOOM_CHECK(rows.dtype() == DType::kI64 && rows.dim() == 1 && rows.size(0) == x.size(1), op,
+             ": rows must be (", x.size(1), ") i64, got ", shape_str(rows.shape()), " ",
+             dtype_name(rows.dtype()));
+  const int64_t* r = rows.data<int64_t>();
+  for (int64_t j = 0; j < rows.size(0); ++j) {
+    LOOM_CHECK(r[j] >= 0 && r[j] < total, op, ": row ", r[j], " outside [0, ", total, ")");
+  }
+}
+
+void dropout_rows_forward_cpu(const Tensor& x, const Tensor& rows, int64_t total, double p,
+                              uint64_t seed, uint64_t offset, Tensor& y) {
+  check_rows_args("dropout_rows_forward", x, rows, total, y);
+  LOOM_DISPATCH_FLOAT(x.dtype(), "dropout_rows_forward", [&] {
+    apply_rows_mask<false>(x.data<scalar_t>(), y.data<scalar_t>(), rows.data<int64_t>(), x.shape(),
+                           total, p, seed, offset);
+  });
+}
+
+void dropout_rows_backward_cpu(const Tensor& dy, const Tensor& rows, int64_t total, double p,
+                               uint64_t seed, uint64_t offset, Tensor& dx) {
+  check_rows_args("dropout_rows_backward", dy, rows, total, dx);
+  LOOM_DISPATCH_FLOAT(dy.dtype(), "dropout_rows_backward", [&] {
+    apply_rows_mask<true>(dy.data<scalar_t>(), dx.data<scalar_t>(), rows.data<int64_t>(),
+                          dy.shape(), total, p, seed, offset);
+  });
+}
+
 void dropout_forward_cpu(const Tensor& x, double p, uint64_t seed, uint64_t offset, Tensor& y) {
   LOOM_DISPATCH_FLOAT(x.dtype(), "dropout_forward", [&] {
     apply_mask<false>(x.data<scalar_t>(), y.data<scalar_t>(), x.numel(), p, seed, offset);
@@ -74,5 +144,7 @@ void dropout_backward_cpu(const Tensor& dy, double p, uint64_t seed, uint64_t of
 
 LOOM_REGISTER_KERNEL(dropout_forward, kCpu, dropout_forward_cpu);
 LOOM_REGISTER_KERNEL(dropout_backward, kCpu, dropout_backward_cpu);
+LOOM_REGISTER_KERNEL(dropout_rows_forward, kCpu, dropout_rows_forward_cpu);
+LOOM_REGISTER_KERNEL(dropout_rows_backward, kCpu, dropout_rows_backward_cpu);
 
 }  // namespace loom::kernels::cpu

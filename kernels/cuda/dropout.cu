@@ -3,7 +3,11 @@
 // decision as the CPU kernel for every (seed, offset, i), bit for bit. One Philox block serves
 // four consecutive elements (packs hold a multiple of four). Products are rounded once (no FMA),
 // so f32/f64 results equal the CPU's; bf16/f16 use an f32 scale. Contiguous tensors only. Runs
-// on the compute stream; must not synchronise the host.
+// on the compute stream; must not synchronise the host. The rows form (sequence/context
+// parallelism) maps local element (b, j, c) to the full tensor's element (b·T + rows[j])·C + c
+// with rows on the device; when C is a multiple of 4 a Philox block still serves four
+// consecutive elements, else each element draws its own block. Row values are not checked here
+// (that would read them back); the CPU kernel checks them.
 #include "core/philox.h"
 #include "kernels/cuda/vec_map.cuh"
 #include "kernels/dropout.h"
@@ -43,6 +47,52 @@ struct DropoutFn {
   }
 };
 
+// The rows form: element e = first + l of the local (B, R, C) tensor is element
+// (b·T + rows[j])·C + c of the full one (Note [Dropout mask], rows form).
+template <bool Accumulate, typename C>
+struct DropoutRowsFn {
+  static constexpr bool kReadsOut = Accumulate;
+  const int64_t* rows;
+  int64_t R, Cn, T;
+  uint64_t seed, offset;
+  float p;
+  C scale;
+  __device__ uint64_t global_index(int64_t e) const {
+    const int64_t c = e % Cn, r = e / Cn;
+    return static_cast<uint64_t>((r / R * T + rows[r % R]) * Cn + c);
+  }
+  template <int V>
+  __device__ void apply(int64_t first, C (&x)[1][V], C (&y)[1][V]) const {
+    static_assert(V % 4 == 0, "a pack covers whole Philox blocks");
+#pragma unroll
+    for (int b = 0; b < V; b += 4) {
+      uint32_t bits[4];
+      if (Cn % 4 == 0) {
+        // first + b is a multiple of 4, so its four elements share a row and a Philox block.
+        const Philox4 r = philox4x32(offset + global_index(first + b) / 4, seed);
+#pragma unroll
+        for (int l = 0; l < 4; ++l) bits[l] = r.v[l];
+      } else {
+#pragma unroll
+        for (int l = 0; l < 4; ++l) {
+          const uint64_t g = global_index(first + b + l);
+          bits[l] = philox4x32(offset + g / 4, seed).v[g % 4];
+        }
+      }
+#pragma unroll
+      for (int l = 0; l < 4; ++l) {
+        const bool keep = uint_to_unit_float(bits[l]) > p;
+        const C v = keep ? mul_rn(x[0][b + l], scale) : C(0);
+        if constexpr (Accumulate) {
+          y[0][b + l] = add_rn(y[0][b + l], v);
+        } else {
+          y[0][b + l] = v;
+        }
+      }
+    }
+  }
+};
+
 template <bool Accumulate>
 void dropout_apply(const char* op, const Tensor& in, double p, uint64_t seed, uint64_t offset,
                    Tensor& out) {
@@ -62,6 +112,37 @@ void dropout_apply(const char* op, const Tensor& in, double p, uint64_t seed, ui
   });
 }
 
+template <bool Accumulate>
+void dropout_rows_apply(const char* op, const Tensor& in, const Tensor& rows, int64_t total,
+                        double p, uint64_t seed, uint64_t offset, Tensor& out) {
+  check_same_contiguous(op, in, {&out});
+  LOOM_CHECK(p >= 0 && p <= 1, op, ": p must be in [0, 1], got ", p);
+  LOOM_CHECK(in.dim() == 3, op, ": x must be (B, R, C), got ", shape_str(in.shape()));
+  LOOM_CHECK(rows.dtype() == DType::kI64 && rows.dim() == 1 && rows.size(0) == in.size(1) &&
+                 rows.is_contiguous() && rows.device() == in.device(),
+             op, ": rows must be (", in.size(1), ") contiguous i64 on ", in.device().str(),
+             ", got ", shape_str(rows.shape()), " ", dtype_name(rows.dtype()));
+  LOOM_CHECK(total > 0, op, ": total rows must be positive, got ", total);
+  if (in.numel() == 0) return;
+  CudaDeviceGuard guard(out.device().index);
+  LOOM_CUDA_DISPATCH_FLOAT(in.dtype(), op, [&] {
+    using T = scalar_t;
+    using C = compute_t<T>;
+    MapPtrs<1, 1, T> ptrs;
+    ptrs.in[0] = static_cast<const T*>(in.raw_data());
+    ptrs.out[0] = static_cast<T*>(out.raw_data());
+    const DropoutRowsFn<Accumulate, C> f{static_cast<const int64_t*>(rows.raw_data()),
+                                         in.size(1),
+                                         in.size(2),
+                                         total,
+                                         seed,
+                                         offset,
+                                         static_cast<float>(p),
+                                         static_cast<C>(1.0 / (1.0 - p))};
+    launch_map<T, kDropoutPack<T>>(ptrs, in.numel(), f);
+  });
+}
+
 void dropout_forward_cuda(const Tensor& x, double p, uint64_t seed, uint64_t offset, Tensor& y) {
   dropout_apply<false>("dropout_forward", x, p, seed, offset, y);
 }
@@ -70,9 +151,21 @@ void dropout_backward_cuda(const Tensor& dy, double p, uint64_t seed, uint64_t o
   dropout_apply<true>("dropout_backward", dy, p, seed, offset, dx);
 }
 
+void dropout_rows_forward_cuda(const Tensor& x, const Tensor& rows, int64_t total, double p,
+                               uint64_t seed, uint64_t offset, Tensor& y) {
+  dropout_rows_apply<false>("dropout_rows_forward", x, rows, total, p, seed, offset, y);
+}
+
+void dropout_rows_backward_cuda(const Tensor& dy, const Tensor& rows, int64_t total, double p,
+                                uint64_t seed, uint64_t offset, Tensor& dx) {
+  dropout_rows_apply<true>("dropout_rows_backward", dy, rows, total, p, seed, offset, dx);
+}
+
 }  // namespace
 
 LOOM_REGISTER_KERNEL(dropout_forward, kCuda, dropout_forward_cuda);
 LOOM_REGISTER_KERNEL(dropout_backward, kCuda, dropout_backward_cuda);
+LOOM_REGISTER_KERNEL(dropout_rows_forward, kCuda, dropout_rows_forward_cuda);
+LOOM_REGISTER_KERNEL(dropout_rows_backward, kCuda, dropout_rows_backward_cuda);
 
 }  // namespace loom::kernels::cuda

@@ -3,7 +3,9 @@
 // norms match the single-process run with the same global batch, and every rank's parameters
 // equal its tensor-parallel part of the single-process parameters (tests/parallel/
 // tp_test_util.h); at dp 1 (pp too) the validation loss matches the single process's; a stop
-// and resume reproduces the uninterrupted run. TrainModelParallel2.* runs on 2 ranks,
+// and resume reproduces the uninterrupted run. With dropout 0.1 (tp2, tp2+sp, tp2+sp with
+// activation checkpointing, cp2, cp2·tp2+sp) every rank draws the single-process masks of the
+// rows it holds, so the runs still match. TrainModelParallel2.* runs on 2 ranks,
 // TrainModelParallel4.* on 4 (with pp2 too, and MiCS over dp·cp), TrainModelParallel8.* on 8
 // (the compositions dp2·tp2·pp2, tp2·cp2·pp2 and dp2·cp2·tp2, each also with ZeRO-1, plus
 // dp2·tp2·pp2+sp with ZeRO-3 and tp2·cp2·pp2 with ZeRO-2).
@@ -45,20 +47,22 @@ struct Case {
   double dropout = 0.0;
   std::string precision = "f32";  // train.precision (f64: f32 masters, f64 compute)
   int mics = 0;  // parallel.mics_partition_size
+  bool checkpointing = false;  // model.activation_checkpointing
 };
 
 std::string tag_of(const Case& k) {
   return k.arch + "_dp" + std::to_string(k.dp) + "_cp" + std::to_string(k.cp) + "_tp" + std::to_string(k.tp) +
          "_pp" + std::to_string(k.pp) +
          (k.sp ? "_sp" : "") + "_z" + std::to_string(k.zero_stage) + (k.dropout > 0 ? "_drop" : "") +
-         (k.mics > 0 ? "_mics" + std::to_string(k.mics) : "") + "_" + k.precision;
+         (k.mics > 0 ? "_mics" + std::to_string(k.mics) : "") + "_" + k.precision + (k.checkpointing ? "_ckpt" : "");
 }
 
 Config config_for(const Case& k, const std::string& dir, const std::string& out, bool parallel) {
   std::ostringstream y;
   if (k.arch == "gpt2") {
     y << "model: {arch: gpt2, vocab_size: 61, vocab_multiple: 32, n_layer: 2, n_head: 4, n_embd: 32, max_seq_len: 16, "
-         "dropout: " << k.dropout << "}\n";
+         "dropout: " << k.dropout << ", activation_checkpointing: " << (k.checkpointing ? "true" : "false")
+      << "}\n";
   } else {
     y << "model: {arch: llama, vocab_size: 61, vocab_multiple: 32, n_layer: 2, n_head: 4, n_kv_head: 2, n_embd: 32, "
          "max_seq_len: 16, tie_embeddings: false}\n";
@@ -165,6 +169,14 @@ TEST(TrainModelParallel2, Tp2WithDropoutMatchesSingleProcess) { expect_matches_s
 TEST(TrainModelParallel2, Tp2SequenceParallelMixedPrecisionMatchesSingleProcess) {
   expect_matches_single({.tp = 2, .sp = true, .precision = "f64"});
 }
+// Dropout on sequence/context chunks: each rank draws the single-process masks of its rows.
+TEST(TrainModelParallel2, Tp2SequenceParallelWithDropoutMatchesSingleProcess) {
+  expect_matches_single({.tp = 2, .sp = true, .dropout = 0.1});
+}
+TEST(TrainModelParallel2, Tp2SequenceParallelWithDropoutAndCheckpointingMatchesSingleProcess) {
+  expect_matches_single({.tp = 2, .sp = true, .dropout = 0.1, .checkpointing = true});
+}
+TEST(TrainModelParallel2, Cp2WithDropoutMatchesSingleProcess) { expect_matches_single({.cp = 2, .dropout = 0.1}); }
 TEST(TrainModelParallel2, Cp2MatchesSingleProcess) { expect_matches_single({.cp = 2}); }
 TEST(TrainModelParallel2, Tp2ResumeIsExact) { expect_resume_exact({.tp = 2}); }
 
@@ -177,6 +189,9 @@ TEST(TrainModelParallel4, Cp2Tp2SequenceParallelMatchesSingleProcess) {
 }
 TEST(TrainModelParallel4, Cp2Tp2SequenceParallelMixedPrecisionMatchesSingleProcess) {
   expect_matches_single({.cp = 2, .tp = 2, .sp = true, .precision = "f64"});
+}
+TEST(TrainModelParallel4, Cp2Tp2SequenceParallelWithDropoutMatchesSingleProcess) {
+  expect_matches_single({.cp = 2, .tp = 2, .sp = true, .dropout = 0.1});
 }
 TEST(TrainModelParallel4, Dp2Tp2Zero3MatchesSingleProcess) { expect_matches_single({.dp = 2, .tp = 2, .zero_stage = 3}); }
 // MiCS over the dp·cp group (Note [MiCS groups]): partitions of 2 of the 4 ranks (one cp group

@@ -152,6 +152,16 @@ TEST(Config, MicsWithContextParallelism) {
   EXPECT_EQ(error_of("", o), "parallel.mics_partition_size: 8 does not divide parallel.dp 2 × parallel.cp 2 = 4");
 }
 
+// Dropout was refused with sequence or context parallelism until each rank could draw the masks
+// of its own rows (the rows form of Note [Dropout mask]); now every layout accepts it.
+TEST(Config, DropoutCombinesWithSequenceAndContextParallelism) {
+  const std::string model = "model: {n_layer: 2, n_head: 4, n_embd: 32, dropout: 0.1}\ndata: {seq_len: 16}\n";
+  EXPECT_EQ(error_of(model + "parallel: {tp: 2, sequence_parallel: true}\n"), "");
+  EXPECT_EQ(error_of(model + "parallel: {cp: 2}\n"), "");
+  EXPECT_EQ(error_of(model + "parallel: {cp: 2, tp: 2, sequence_parallel: true}\n"), "");
+  EXPECT_DOUBLE_EQ(parse_config_text(model + "parallel: {cp: 2}\n").model.dropout, 0.1);
+}
+
 TEST(Config, PrecisionAndDeviceKeys) {
   const Config d = parse_config_text("");
   EXPECT_EQ(d.train.device, "cpu");
