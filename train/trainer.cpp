@@ -162,6 +162,8 @@ struct Trainer::State {
   std::string state_name(const std::string& name) const;
   std::vector<std::pair<std::string, Tensor>> trained() const;
   bool zero3() const { return dp && dp->zero_stage() == 3; }  // a forward is collective
+  // Whether a forward involves other ranks (ZeRO-3 gathers, tp/cp collectives, pp stages).
+  bool collective_forward() const { return zero3() || mp || pipe; }
   std::vector<std::pair<std::string, Tensor>> optimizer_state();
   int64_t optimizer_steps() const { return dp ? dp->step_count() : optimizer->step_count(); }
   void load_initial_weights(const std::string& from);
@@ -253,12 +255,11 @@ void Trainer::State::build() {
        << (cfg.train.peak_flops > 0 ? "config" : "measured " + cfg.train.precision + " GEMM") << ")\n";
   if (dp) *log << dp->describe() << "\n";
   if (pipe) {
-    *log << pipe->describe() << "; " << released << " parameters of other stages released"
-         << " (sampling is skipped: not pipelined yet)\n";
+    *log << pipe->describe() << "; " << released << " parameters of other stages released\n";
   }
   if (mp) {
     *log << "model parallel: tp " << tp_size() << (cfg.parallel.sequence_parallel ? " (sequence parallel)" : "")
-         << ", cp " << cp_size() << " (sampling is skipped: not split yet)\n";
+         << ", cp " << cp_size() << "\n";
   }
 }
 
@@ -706,9 +707,9 @@ std::vector<StepRecord> Trainer::run() {
       *s.log << "step " << r.step << " | val loss " << fmt(v, 4) << "\n";
       if (s.metrics) s.metrics->write(r.step, {{"val/loss", v}});
     }
-    if (!s.pipe && !s.mp && (s.is_main() || s.zero3()) && t.sample_every > 0 &&
+    if ((s.is_main() || s.collective_forward()) && t.sample_every > 0 &&
         (r.step % t.sample_every == 0 || r.step == t.steps)) {
-      const std::string text = sample(t.sample_tokens);  // every rank under ZeRO-3 (gathers)
+      const std::string text = sample(t.sample_tokens);  // every rank when collective
       *s.log << "sample at step " << r.step << ":\n" << text << "\n---\n";
     }
     bool stop = (s.opt.stop && s.opt.stop->load()) || (s.opt.stop_at_step > 0 && r.step >= s.opt.stop_at_step);
@@ -759,18 +760,80 @@ double Trainer::evaluate() {
   return total / static_cast<double>(s.cfg.train.val_steps);
 }
 
+// Note [Sampling across ranks]: under tp/cp/pp a forward is collective and its logits are
+// spread out, so every rank runs the same sampling loop on the same replicated logits row and
+// draws the same token from its own copy of the sampling generator (all copies advance alike).
+// The context is padded on the right to a multiple of 2·cp (and of tp under sequence
+// parallelism) with end-of-text tokens: attention is causal, so positions after the last real
+// token change nothing before it. Each cp rank runs its load-balanced chunks (parallel/cp); the
+// rank holding the last real position contributes its row, the others zeros (a cp all-reduce);
+// the vocabulary parts are all-gathered over tp; under pp the last stage's row is broadcast.
+std::vector<double> Trainer::next_token_logits(const std::vector<int32_t>& context) {
+  State& s = *s_;
+  const ModelConfig& mc = s.cfg.model;
+  autograd::NoGradGuard no_grad;
+  kernels::AllowTf32Guard tf32(s.cfg.train.allow_tf32);
+  const bool was_training = s.model->training();
+  s.model->eval();
+  const int cp = s.cp_size(), tp = s.tp_size();
+  const int64_t multiple = (cp > 1 ? 2 * cp : 1) * (s.cfg.parallel.sequence_parallel ? tp : 1);
+  const int64_t window = mc.max_seq_len / multiple * multiple;
+  LOOM_CHECK(!context.empty() && window > 0, "next_token_logits: empty context, or model.max_seq_len ",
+             mc.max_seq_len, " is below the layout's sequence multiple ", multiple);
+  const int64_t len = std::min<int64_t>(static_cast<int64_t>(context.size()), window);
+  const int64_t padded = (len + multiple - 1) / multiple * multiple;
+  std::vector<int32_t> ids(context.end() - len, context.end());
+  ids.resize(static_cast<size_t>(padded), static_cast<int32_t>(std::min<int64_t>(mc.vocab_size - 1, 50256)));
+  Tensor input = Tensor::from_vector(ids, {1, padded});
+  Tensor pos = s.model->positions(padded).to(Device::cpu());
+  if (cp > 1) {
+    const int r = s.ctx->cp_rank();
+    input = parallel::cp::shard_sequence(input, 1, r, cp);
+    pos = parallel::cp::cp_positions(padded, r, cp);
+  }
+  // (1, rows, Vp/tp) on the ranks holding the head (every rank without pp).
+  Tensor logits;
+  if (s.pipe) {
+    const int64_t rows = input.size(1) / (s.cfg.parallel.sequence_parallel ? tp : 1);
+    logits = s.pipe->forward_only(input.to(s.device), pos.to(s.device), rows,
+                                  [&](const Tensor& x) { return s.model->head_logits(x); });
+  } else {
+    logits = s.model->forward(input.to(s.device), pos.to(s.device), nullptr);
+  }
+  // The row travels on the model's device (the communicators may be NCCL's).
+  const int64_t vp = mc.padded_vocab();
+  Tensor row = Tensor::zeros({vp / tp}, DType::kF64, s.device);
+  if (logits.defined()) {
+    const std::vector<double> p = pos.to(Device::cpu()).to_vector();
+    for (size_t j = 0; j < p.size(); ++j) {
+      if (static_cast<int64_t>(p[j]) != len - 1) continue;
+      row = ops::contiguous(ops::to_dtype(logits.narrow(1, static_cast<int64_t>(j), 1).reshape({vp / tp}), DType::kF64));
+    }
+    if (tp > 1) {  // the vocabulary parts, in rank order
+      Tensor all = Tensor::empty({vp}, DType::kF64, s.device);
+      s.ctx->tp().all_gather(row, all);
+      row = all;
+    }
+    if (cp > 1) s.ctx->cp().all_reduce(row, parallel::ReduceOp::kSum);  // one rank holds it
+  }
+  if (s.pipe) {
+    if (!logits.defined()) row = Tensor::empty({vp}, DType::kF64, s.device);
+    s.ctx->pp().broadcast(row, s.pipe->last_stage_rank());
+  }
+  if (was_training) s.model->train();
+  std::vector<double> out = row.to(Device::cpu()).to_vector();
+  out.resize(static_cast<size_t>(mc.vocab_size));
+  return out;
+}
+
 std::string Trainer::sample(int64_t n) {
   State& s = *s_;
   if (!s.tokenizer) s.tokenizer = std::make_unique<Tokenizer>(find_bpe_dir());
-  autograd::NoGradGuard no_grad;
-  s.model->eval();
-  const ModelConfig& mc = s.cfg.model;
-  std::vector<int32_t> ids = {s.tokenizer->eot_id()};
+  // <|endoftext|> starts the text; a model with a smaller vocabulary (tests) starts from id 0.
+  const int32_t eot = s.tokenizer->eot_id();
+  std::vector<int32_t> ids = {eot < s.cfg.model.vocab_size ? eot : 0};
   for (int64_t i = 0; i < n; ++i) {
-    const int64_t len = std::min<int64_t>(static_cast<int64_t>(ids.size()), mc.max_seq_len);
-    std::vector<int32_t> ctx(ids.end() - len, ids.end());
-    Tensor logits = s.model->forward(Tensor::from_vector(ctx, {1, len}));
-    std::vector<double> row = logits.narrow(1, len - 1, 1).narrow(2, 0, mc.vocab_size).to(Device::cpu()).to_vector();
+    const std::vector<double> row = next_token_logits(ids);
     // Temperature, then keep the top-k logits, then sample from the softmax of what is left.
     std::vector<std::pair<double, int32_t>> cand;
     for (size_t v = 0; v < row.size(); ++v) cand.emplace_back(row[v] / s.cfg.train.temperature, static_cast<int32_t>(v));
@@ -789,7 +852,6 @@ std::string Trainer::sample(int64_t n) {
     }
     ids.push_back(cand[pick].second);
   }
-  s.model->train();
   return s.tokenizer->decode(std::span<const int32_t>(ids.data() + 1, ids.size() - 1));
 }
 

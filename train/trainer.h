@@ -57,9 +57,14 @@ class Trainer {
   // tp/cp/pp collective (every rank calls it; under pp a forward-only pass through the stages),
   // the same value on every rank of a data-parallel replica.
   double evaluate();
-  // Text generated from <|endoftext|> with the configured temperature and top-k. Under ZeRO-3
-  // the forward gathers parameters: every rank must call it.
+  // Text generated from <|endoftext|> with the configured temperature and top-k. Collective
+  // under ZeRO-3 and tp/cp/pp (every rank calls it and gets the same text, Note [Sampling
+  // across ranks] in train/trainer.cpp).
   std::string sample(int64_t tokens);
+  // The logits (real vocabulary) of the token after `context` (the last model.max_seq_len
+  // tokens, fewer when the layout needs a multiple), the same on every rank. Collective like
+  // sample().
+  std::vector<double> next_token_logits(const std::vector<int32_t>& context);
 
   int64_t step() const;
   std::string checkpoint_root() const;

@@ -236,38 +236,45 @@ Tensor StageUnitHooks::after_forward(int unit, const Tensor& out) {
 // global stage order, and a stage only waits for the stage before it. One tag suffices, since
 // messages between two ranks arrive in the order they were sent. The activations have the
 // training step's shape (B, rows, C), rows = PipelineOptions::activation_rows or T.
+Tensor TransformerPipeline::forward_only(const Tensor& ids, const Tensor& pos, int64_t rows,
+                                         const std::function<Tensor(const Tensor&)>& at_last) {
+  autograd::NoGradGuard no_grad;
+  const int p = shape_.stages, me = pp_.rank(), last = shape_.num_global_stages() - 1;
+  const std::vector<int64_t> act{ids.size(0), rows, model_.config().n_embd};
+  Tensor x, out;  // x: the activation entering the next local stage
+  for (int g = me; g <= last; g += p) {
+    if (g == 0) {
+      x = model_.embed(ids, pos);
+    } else if ((g - 1) % p != me) {
+      x = Tensor::empty(act, model_.compute_dtype().value_or(model_.dtype()), model_.device());
+      pp_.recv(x, (g - 1) % p, kEvalTag);
+    }
+    x = model_.run_blocks(x, pos, boundaries_[static_cast<size_t>(g)], boundaries_[static_cast<size_t>(g) + 1],
+                          nullptr);
+    if (g == last) {
+      out = at_last(x);
+    } else if ((g + 1) % p != me) {
+      pp_.send(x.contiguous(), (g + 1) % p, kEvalTag);
+    }
+  }
+  return out;
+}
+
 double TransformerPipeline::evaluate(const std::vector<Tensor>& inputs, const std::vector<Tensor>& targets) {
   LOOM_CHECK(!inputs.empty() && inputs.size() == targets.size(), "pipeline: evaluate got ", inputs.size(),
              " input and ", targets.size(), " target micro-batches");
-  autograd::NoGradGuard no_grad;
-  const int p = shape_.stages, me = pp_.rank(), last = shape_.num_global_stages() - 1;
   const Tensor pos = options_.positions.defined() ? options_.positions : model_.positions(seq_len_);
-  const std::vector<int64_t> act{batch_, options_.activation_rows > 0 ? options_.activation_rows : seq_len_,
-                                 model_.config().n_embd};
+  const int64_t rows = options_.activation_rows > 0 ? options_.activation_rows : seq_len_;
   double loss_sum = 0;
   for (size_t i = 0; i < inputs.size(); ++i) {
     const Tensor& ids = inputs[i];
     LOOM_CHECK(ids.dim() == 2 && ids.size(0) == batch_ && ids.size(1) == seq_len_, "pipeline: validation batch ",
                shape_str(ids.shape()), " is not (", batch_, ", ", seq_len_, ")");
-    Tensor x;  // the activation entering the next local stage
-    for (int g = me; g <= last; g += p) {
-      if (g == 0) {
-        x = model_.embed(ids, pos);
-      } else if ((g - 1) % p != me) {
-        x = Tensor::empty(act, model_.compute_dtype().value_or(model_.dtype()), model_.device());
-        pp_.recv(x, (g - 1) % p, kEvalTag);
-      }
-      x = model_.run_blocks(x, pos, boundaries_[static_cast<size_t>(g)], boundaries_[static_cast<size_t>(g) + 1],
-                            nullptr);
-      if (g == last) {
-        loss_sum += model_.head_loss(x, targets[i]).item();
-      } else if ((g + 1) % p != me) {
-        pp_.send(x.contiguous(), (g + 1) % p, kEvalTag);
-      }
-    }
+    const Tensor l = forward_only(ids, pos, rows, [&](const Tensor& x) { return model_.head_loss(x, targets[i]); });
+    if (l.defined()) loss_sum += l.item();
   }
   Tensor loss = Tensor::full({1}, loss_sum / static_cast<double>(inputs.size()), DType::kF64);
-  pp_.broadcast(loss, last % p);
+  pp_.broadcast(loss, last_stage_rank());
   return loss.item();
 }
 

@@ -100,6 +100,14 @@ class TransformerPipeline {
   // under cp this rank's share), the same on every pp rank. Collective over the pp group (and
   // whatever the model's forward is collective over: tp, cp).
   double evaluate(const std::vector<Tensor>& inputs, const std::vector<Tensor>& targets);
+  // The same forward-only walk for one batch of any shape: ids (B', T') at token positions `pos`
+  // (T'), activations crossing stages of `rows` rows (T', or the local rows under sp/cp). On the
+  // rank of the last stage returns at_last(final activation); elsewhere an undefined tensor.
+  // Collective like evaluate(). Used for sampling (Trainer::next_token_logits).
+  Tensor forward_only(const Tensor& ids, const Tensor& pos, int64_t rows,
+                      const std::function<Tensor(const Tensor& x)>& at_last);
+  // The pp rank holding the last stage.
+  int last_stage_rank() const { return (shape_.num_global_stages() - 1) % shape_.stages; }
   // Exchanges the tied embedding's gradient between the first and last stage and leaves the
   // sum on both (no-op when untied or pp = 1). Call once gradients are final.
   void sync_tied_gradients();

@@ -112,6 +112,7 @@ void expect_matches_single(const Case& k, bool exact = false) {
       EXPECT_NEAR(a[i].grad_norm, s[i].grad_norm, kLossRelTol * s[i].grad_norm) << "step " << i + 1;
     }
   }
+  testing::expect_same_sampling(piped, single);
   // Validation (a forward-only pass through the stages): the single process reads the same
   // validation batches only at dp 1 (its batch is dp times larger otherwise).
   if (k.dp == 1) {

@@ -5,6 +5,7 @@
 
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <cstdint>
 #include <filesystem>
 #include <ostream>
@@ -47,6 +48,23 @@ inline TrainerOptions trainer_options(std::ostream& log, ParallelContext* ctx, c
   o.resume = resume;
   o.stop_at_step = stop_at;
   return o;
+}
+
+// Note [Sampling across ranks] (train/trainer.cpp): the next-token logits of a context whose
+// length is no multiple of the layout's (so it is padded) match the single-process run's, on
+// every rank, and so does a short sample (the same text). `parallel` is collective. The
+// tolerance covers the trained parameters' f32 differences (≤ 2e-5 absolute).
+inline void expect_same_sampling(Trainer& parallel, Trainer& single) {
+  const std::vector<int32_t> context = {50256 % 61, 3, 14, 27, 5, 40, 41, 12, 9, 30, 1};
+  const std::vector<double> a = parallel.next_token_logits(context), b = single.next_token_logits(context);
+  ASSERT_EQ(a.size(), b.size());
+  double num = 0, den = 0;
+  for (size_t i = 0; i < a.size(); ++i) {
+    num += (a[i] - b[i]) * (a[i] - b[i]);
+    den += b[i] * b[i];
+  }
+  EXPECT_LT(std::sqrt(num / den), 1e-4);
+  EXPECT_EQ(parallel.sample(6), single.sample(6));
 }
 
 }  // namespace loom::parallel::testing

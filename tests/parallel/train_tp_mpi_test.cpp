@@ -122,6 +122,7 @@ void expect_matches_single(const Case& k) {
     const double v = split.evaluate(), want = single.evaluate();
     EXPECT_NEAR(v, want, kLossRelTol * std::abs(want));
   }
+  testing::expect_same_sampling(split, single);
   const ModelConfig mc = config_for(k, dir, "unused", false).model;
   std::map<std::string, Tensor> ref;
   for (auto& [name, t] : single.parameters()) ref.emplace(name, t);
