@@ -30,6 +30,9 @@ class Block : public Module {
   // only when dropout is active (training and config.dropout > 0); it must be the same object
   // during backward when checkpointing, which replays it.
   Tensor forward(const Tensor& x, const Tensor& positions, Generator* dropout_gen = nullptr) const;
+  // Dropout draws per forward while active: one per residual branch, each reserving the
+  // numbers of one (B, T, C) activation of the whole sequence (Note [Pipeline dropout]).
+  static constexpr int kDropoutDraws = 2;
   // Input projections ← N(0, std²), residual output projections ← N(0, proj_std²), norms reset.
   void init(Generator& gen, double std, double proj_std);
 

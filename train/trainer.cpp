@@ -212,6 +212,7 @@ void Trainer::State::build() {
     po.layout = cfg.parallel.pp_layout;
     // Under tp/cp each micro-batch is this cp rank's chunks (Note [Model-parallel step]).
     const int64_t local_seq = cfg.data.seq_len / cfg.parallel.cp;
+    po.dropout_numel = cfg.data.batch_size * cfg.data.seq_len * mc.n_embd;  // Note [Pipeline dropout]
     if (mp) {
       po.positions = parallel::cp::cp_positions(cfg.data.seq_len, ctx->cp_rank(), ctx->cp_size()).to(device);
       po.activation_rows = cfg.parallel.sequence_parallel ? local_seq / cfg.parallel.tp : local_seq;

@@ -7,6 +7,7 @@
 #include "core/autograd.h"
 #include "core/ops/elementwise.h"
 #include "core/ops/view.h"
+#include "layers/block.h"
 #include "optim/clip.h"
 #include "parallel/pp/partition.h"
 
@@ -76,12 +77,22 @@ double TransformerPipeline::forward_backward(const std::vector<Tensor>& inputs, 
   LOOM_CHECK(static_cast<int>(inputs.size()) == m && static_cast<int>(targets.size()) == m, "pipeline: ",
              inputs.size(), " input and ", targets.size(), " target micro-batches, expected ", m);
   const Tensor pos = options_.positions.defined() ? options_.positions : model_.positions(seq_len_);
+  // Note [Pipeline dropout]: the generator offsets one process would be at.
+  const bool drop = dropout_gen != nullptr && model_.training() && model_.config().dropout > 0.0;
+  const GeneratorState base = drop ? dropout_gen->state() : GeneratorState{};
+  const int64_t numel = options_.dropout_numel > 0 ? options_.dropout_numel
+                                                   : batch_ * seq_len_ * model_.config().n_embd;
+  const uint64_t per_block = static_cast<uint64_t>(Block::kDropoutDraws) * ((static_cast<uint64_t>(numel) + 3) / 4);
+  auto block_offset = [&](int64_t mb, int64_t block) {
+    return GeneratorState{base.seed, base.offset + static_cast<uint64_t>(mb * model_.num_blocks() + block) * per_block};
+  };
   ChunkCallbacks cb;
   cb.forward = [&](int mb, int chunk, const Tensor& input) {
     const int g = shape_.global_stage(pp_.rank(), chunk);
     const Tensor& ids = inputs[static_cast<size_t>(mb)];
     LOOM_CHECK(ids.dim() == 2 && ids.size(0) == batch_ && ids.size(1) == seq_len_, "pipeline: micro-batch ",
                shape_str(ids.shape()), " is not (", batch_, ", ", seq_len_, ")");
+    if (drop) dropout_gen->set_state(block_offset(mb, boundaries_[static_cast<size_t>(g)]));
     Tensor x = g == 0 ? model_.embed(ids, pos) : input;
     x = model_.run_blocks(x, pos, boundaries_[static_cast<size_t>(g)], boundaries_[static_cast<size_t>(g) + 1],
                           dropout_gen);
@@ -93,6 +104,7 @@ double TransformerPipeline::forward_backward(const std::vector<Tensor>& inputs, 
   };
   cb.before_backward = before_backward;
   stats_ = executor_.run(list_, cb);
+  if (drop) dropout_gen->set_state(block_offset(m, 0));  // where one process ends the step
   Tensor loss = Tensor::full({1}, stats_.loss_sum, DType::kF64);
   pp_.broadcast(loss, last % shape_.stages);
   return loss.item();

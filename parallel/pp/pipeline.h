@@ -46,7 +46,19 @@ struct PipelineOptions {
   int64_t activation_rows = 0;  // 0: seq_len
   Tensor positions;             // undefined: arange(seq_len)
   double loss_scale = 1.0;
+  // Numbers one residual dropout draws (Note [Pipeline dropout]): B·T·C of the whole sequence
+  // (under cp T is the full sequence, not this rank's). 0: batch·seq_len·n_embd.
+  int64_t dropout_numel = 0;
 };
+
+// Note [Pipeline dropout]: one process runs micro-batch 0 through every block, then micro-batch
+// 1, …, each block drawing Block::kDropoutDraws reservations of N numbers from the dropout
+// generator, so block i of micro-batch m draws at offset base + (m·L + i)·kDropoutDraws·⌈N/4⌉.
+// A pipeline stage runs its blocks for the micro-batches in schedule order with its own copy of
+// the generator, so before each chunk's forward it sets its copy to that offset for the chunk's
+// first block, and after the step to base + M·L·kDropoutDraws·⌈N/4⌉, where one process ends:
+// every layout then draws the single-process masks (and activation checkpointing replays them).
+// Nothing moves when dropout is off.
 
 // Note [Sharded stages]: ZeRO-2 shards each bucket's gradient over the data-parallel group and
 // ZeRO-3 also its parameters, so the tied embedding can only be synchronised shard by shard

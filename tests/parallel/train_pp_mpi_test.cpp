@@ -47,12 +47,15 @@ struct Case {
   int zero_stage = 0;
   int64_t accum = 4;
   std::string precision = "f32";  // train.precision (f64: f32 masters, f64 compute)
+  double dropout = 0.0;           // model.dropout (gpt2)
+  bool checkpointing = false;     // model.activation_checkpointing
 };
 
 Config config_for(const Case& k, const std::string& dir, const std::string& out, bool parallel, int64_t batch) {
   std::ostringstream y;
   if (k.arch == "gpt2") {
-    y << "model: {arch: gpt2, vocab_size: 64, vocab_multiple: 32, n_layer: 4, n_head: 2, n_embd: 32, max_seq_len: 16}\n";
+    y << "model: {arch: gpt2, vocab_size: 64, vocab_multiple: 32, n_layer: 4, n_head: 2, n_embd: 32, max_seq_len: 16, "
+         "dropout: " << k.dropout << ", activation_checkpointing: " << (k.checkpointing ? "true" : "false") << "}\n";
   } else {
     y << "model: {arch: llama, vocab_size: 64, vocab_multiple: 32, n_layer: 4, n_head: 4, n_kv_head: 2, n_embd: 32, "
          "max_seq_len: 16, tie_embeddings: false}\n";
@@ -88,7 +91,8 @@ void expect_matches_single(const Case& k, bool exact = false) {
   std::string layout = k.layout;
   std::replace(layout.begin(), layout.end(), ',', '-');
   const std::string tag = k.arch + "_" + k.schedule + "_pp" + std::to_string(k.pp) + "_v" + std::to_string(k.vpp) +
-                          "_dp" + std::to_string(k.dp) + "_z" + std::to_string(k.zero_stage) + "_" + k.precision + "_" + layout;
+                          "_dp" + std::to_string(k.dp) + "_z" + std::to_string(k.zero_stage) + "_" + k.precision +
+                          (k.dropout > 0 ? "_drop" : "") + (k.checkpointing ? "_ckpt" : "") + "_" + layout;
   std::ostringstream log;
   Trainer piped(config_for(k, dir, dir + "/pp_" + tag, true, 4), testing::trainer_options(log, &ctx));
   const auto a = piped.run();
@@ -181,6 +185,20 @@ TEST(TrainPipeline2, LlamaMatchesSingleProcessExactly) {
   Case k = pipeline_case("1f1b");
   k.arch = "llama";
   expect_matches_single(k, true);
+}
+
+// Dropout (Note [Pipeline dropout]): every stage draws the single-process masks of its blocks.
+TEST(TrainPipeline2, DropoutMatchesSingleProcess) {
+  Case k = pipeline_case("1f1b");
+  k.dropout = 0.1;
+  expect_matches_single(k);
+}
+TEST(TrainPipeline2, InterleavedVpp2DropoutWithCheckpointingMatchesSingleProcess) {
+  Case k = pipeline_case("interleaved");
+  k.vpp = 2;
+  k.dropout = 0.1;
+  k.checkpointing = true;
+  expect_matches_single(k);
 }
 
 // Mixed precision (f32 masters, f64 compute): the activations crossing stages are f64.

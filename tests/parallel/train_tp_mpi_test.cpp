@@ -213,6 +213,9 @@ TEST(TrainModelParallel4, Dp2Cp2Zero1ResumeIsExact) { expect_resume_exact({.dp =
 
 TEST(TrainModelParallel4, Cp4MatchesSingleProcess) { expect_matches_single({.cp = 4}); }
 TEST(TrainModelParallel4, Tp2Pp2MatchesSingleProcess) { expect_matches_single({.tp = 2, .pp = 2}); }
+TEST(TrainModelParallel4, Cp2Pp2WithDropoutMatchesSingleProcess) {
+  expect_matches_single({.cp = 2, .pp = 2, .dropout = 0.1});
+}
 TEST(TrainModelParallel4, Cp2Pp2LlamaMatchesSingleProcess) {
   expect_matches_single({.arch = "llama", .cp = 2, .pp = 2});
 }
