@@ -2,6 +2,7 @@
 // local GEMM (or lookup) between the matched communication ops of parallel/tp/comm_ops.h.
 #include "parallel/tp/layers.h"
 
+#include <functional>
 #include <string>
 #include <utility>
 
@@ -78,6 +79,30 @@ struct RingStep {
 RingStep ring_exchange(Communicator& tp, const Tensor& out, const Tensor& in, int step) {
   const int r = tp.rank(), n = tp.size();
   return {tp.send_async(out, (r + 1) % n, kRingTag + step), tp.recv_async(in, (r + n - 1) % n, kRingTag + step)};
+}
+
+// A ring all-gather that works on each chunk as it passes: every rank starts with its own
+// chunk `local` (chunk index = its rank); at each step it posts the transfer of the chunk it
+// holds to the next rank, calls use(q, chunk q) while that travels, then takes the chunk
+// received from the previous rank. use() sees every chunk of the group once.
+void ring_each(Communicator& tp, const Tensor& local, const std::function<void(int q, const Tensor& chunk)>& use) {
+  const int n = tp.size();
+  Tensor held = local;
+  int q = tp.rank();
+  for (int step = 0; step < n; ++step) {
+    Tensor next;
+    RingStep ring;
+    if (step < n - 1) {
+      next = Tensor::empty_like(local);
+      ring = ring_exchange(tp, held, next, step);
+    }
+    use(q, held);
+    if (step < n - 1) {
+      ring.wait();
+      held = next;
+      q = (q + n - 1) % n;
+    }
+  }
 }
 
 // Note [TP communication overlap]: which TP collectives overlap which GEMM (n = TP size).
@@ -177,22 +202,7 @@ Tensor ColumnParallelLinear::forward(const Tensor& x) const {
       y = chunk_gemm(xl);
     } else {  // ring all-gather, chunk by chunk
       std::vector<Tensor> parts(static_cast<size_t>(n));
-      Tensor held = xl;
-      int q = tp_->rank();  // the sequence chunk `held` is
-      for (int step = 0; step < n; ++step) {
-        Tensor next;
-        RingStep ring;
-        if (step < n - 1) {
-          next = Tensor::empty_like(xl);
-          ring = ring_exchange(*tp_, held, next, step);
-        }
-        parts[static_cast<size_t>(q)] = chunk_gemm(held);
-        if (step < n - 1) {
-          ring.wait();
-          held = next;
-          q = (q + n - 1) % n;
-        }
-      }
+      ring_each(*tp_, xl, [&](int q, const Tensor& chunk) { parts[static_cast<size_t>(q)] = chunk_gemm(chunk); });
       y = ops::cat(parts, 1);
     }
   }
@@ -341,24 +351,12 @@ Tensor RowParallelLinear::forward(const Tensor& x) const {
       const int nn = tp->size();
       const int64_t len = dy.size(1);
       std::vector<Tensor> dx_parts(static_cast<size_t>(nn));
-      Tensor dw, held = dy;
-      int q = tp->rank();
-      for (int step = 0; step < nn; ++step) {
-        Tensor next;
-        RingStep ring;
-        if (step < nn - 1) {
-          next = Tensor::empty_like(dy);
-          ring = ring_exchange(*tp, held, next, step);
-        }
-        dx_parts[static_cast<size_t>(q)] = dx_gemm(held);
-        const Tensor d = dw_gemm(held, ops::narrow(xl, 1, q * len, len));
+      Tensor dw;
+      ring_each(*tp, dy, [&](int q, const Tensor& chunk) {
+        dx_parts[static_cast<size_t>(q)] = dx_gemm(chunk);
+        const Tensor d = dw_gemm(chunk, ops::narrow(xl, 1, q * len, len));
         dw = dw.defined() ? ops::add(dw, d) : d;
-        if (step < nn - 1) {
-          ring.wait();
-          held = next;
-          q = (q + nn - 1) % nn;
-        }
-      }
+      });
       return std::vector<Tensor>{ops::cat(dx_parts, 1), dw};
     });
   }
