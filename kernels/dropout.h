@@ -8,12 +8,13 @@
 // Backward applies the same rule to dy, so forward and backward agree without a saved mask, and
 // every backend (the CUDA kernel included) must reproduce this rule bit for bit.
 //
-// Rows form (dropout_rows_*, for sequence and context parallelism): a tensor x (B, R, C) that
-// holds rows rows[0..R) of a (B, T, C) tensor (each 0 ≤ rows[j] < T) uses, for its element
-// (b, j, c), the draw of element i = (b·T + rows[j])·C + c of the full tensor at the same
-// (seed, offset), offset having come from Generator::reserve(B·T·C): each rank of a split
-// sequence drops exactly the elements one process drops in the whole tensor. Keep rule and
-// scale are those above, so rows = 0..T−1 (R = T) gives the plain kernel's result bit for bit.
+// Rows form (dropout_rows_*, for sequence, context and data parallelism): a tensor x (B, R, C)
+// that holds rows rows[0..R) (each 0 ≤ rows[j] < T) of batch elements [b0, b0 + B) of a
+// (B_total, T, C) tensor uses, for its element (b, j, c), the draw of element
+// i = ((b0 + b)·T + rows[j])·C + c of the full tensor at the same (seed, offset), offset having
+// come from Generator::reserve(B_total·T·C): each rank of a split sequence or batch drops
+// exactly the elements one process drops in the whole tensor. Keep rule and scale are those
+// above, so rows = 0..T−1 (R = T) and b0 = 0 give the plain kernel's result bit for bit.
 #pragma once
 
 #include <cstdint>
@@ -29,15 +30,17 @@ LOOM_DECLARE_KERNEL(dropout_backward, void(const loom::Tensor& dy,  // dy (n)
                                            double p, uint64_t seed, uint64_t offset,
                                            loom::Tensor& dx));  // dx (n)
 
-// y (B, R, C) = keep((b·T + rows[j])·C + c) ? x·scale : 0  (rows form of Note [Dropout mask]).
+// y (B, R, C) = keep(((b0 + b)·T + rows[j])·C + c) ? x·scale : 0  (rows form of Note [Dropout mask]).
 LOOM_DECLARE_KERNEL(dropout_rows_forward, void(const loom::Tensor& x,     // x (B, R, C)
                                                const loom::Tensor& rows,  // rows (R) i64 in [0, T)
                                                int64_t total_rows,        // T
+                                               int64_t batch_offset,      // b0 ≥ 0
                                                double p, uint64_t seed, uint64_t offset,
                                                loom::Tensor& y));  // y (B, R, C)
-// dx (B, R, C) += keep((b·T + rows[j])·C + c) ? dy·scale : 0
+// dx (B, R, C) += keep(((b0 + b)·T + rows[j])·C + c) ? dy·scale : 0
 LOOM_DECLARE_KERNEL(dropout_rows_backward, void(const loom::Tensor& dy,    // dy (B, R, C)
                                                 const loom::Tensor& rows,  // rows (R) i64 in [0, T)
                                                 int64_t total_rows,        // T
+                                                int64_t batch_offset,      // b0 ≥ 0
                                                 double p, uint64_t seed, uint64_t offset,
                                                 loom::Tensor& dx));  // dx (B, R, C)

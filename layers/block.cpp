@@ -5,6 +5,7 @@
 #include "core/checkpoint.h"
 #include "core/ops/dropout.h"
 #include "core/ops/elementwise.h"
+#include "core/ops/view.h"
 
 namespace loom {
 
@@ -38,19 +39,21 @@ Block::Block(const ModelConfig& config, DType dtype, Device device, const ModelP
   register_module("mlp", *mlp_);
 }
 
-Tensor Block::residual_dropout(const Tensor& branch, const Tensor& rows, int64_t local_len,
+Tensor Block::residual_dropout(const Tensor& branch, const Tensor& rows, int64_t seq_len,
                                Generator* gen, bool drop) const {
   if (!drop) return branch;
   if (!rows.defined()) return ops::dropout(branch, dropout_, *gen, true);
-  return ops::dropout_rows(branch, dropout_, *gen, true, rows, mp_->sequence_length(local_len));
+  return ops::dropout_rows(branch, dropout_, *gen, true, rows, seq_len, batch_.offset, batch_.total);
 }
 
 Tensor Block::forward_region(const Tensor& x, const Tensor& positions, Generator* gen,
                              bool drop) const {
-  // Under sequence/context parallelism x holds some rows of the sequence: they draw the masks
-  // of those rows in the whole (B, T, C) tensor (Note [Dropout mask], rows form).
-  const Tensor rows = drop && mp_ ? mp_->activation_rows(positions) : Tensor();
-  const int64_t len = positions.size(0);
+  // Under sequence/context parallelism x holds some rows of the sequence, under data
+  // parallelism some elements of the batch: they draw the masks of those rows and elements in
+  // the whole (B, T, C) tensor (Note [Dropout mask], rows form).
+  Tensor rows = drop && mp_ ? mp_->activation_rows(positions) : Tensor();
+  if (drop && batch_.total > 0 && !rows.defined()) rows = ops::to_dtype(positions.detach(), DType::kI64);
+  const int64_t len = mp_ ? mp_->sequence_length(positions.size(0)) : positions.size(0);
   Tensor h = ops::add(
       x, residual_dropout(attn_.forward(norm1_->forward(x), positions), rows, len, gen, drop));
   return ops::add(h, residual_dropout(mlp_->forward(norm2_->forward(h)), rows, len, gen, drop));

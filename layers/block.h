@@ -33,6 +33,13 @@ class Block : public Module {
   // Dropout draws per forward while active: one per residual branch, each reserving the
   // numbers of one (B, T, C) activation of the whole sequence (Note [Pipeline dropout]).
   static constexpr int kDropoutDraws = 2;
+  // Under data parallelism: this replica's micro-batch is batch elements [offset, offset + B)
+  // of the single-process micro-batch of `total` elements (data/loader.h), and dropout draws
+  // that batch's masks for them (Note [Dropout mask], rows form). total 0: the whole batch.
+  struct BatchSlice {
+    int64_t offset = 0, total = 0;
+  };
+  void set_batch_slice(BatchSlice slice) { batch_ = slice; }
   // Input projections ← N(0, std²), residual output projections ← N(0, proj_std²), norms reset.
   void init(Generator& gen, double std, double proj_std);
 
@@ -41,14 +48,16 @@ class Block : public Module {
  private:
   // `drop`: whether dropout is active (fixed at forward time, so a recomputation matches).
   Tensor forward_region(const Tensor& x, const Tensor& positions, Generator* gen, bool drop) const;
-  // rows: the global rows this rank's activations hold (ModelParallel::activation_rows), or
-  // undefined for the whole sequence; local_len: the length of the positions.
-  Tensor residual_dropout(const Tensor& branch, const Tensor& rows, int64_t local_len,
+  // rows: the global rows this rank's activations hold (ModelParallel::activation_rows, or all
+  // positions under data parallelism), undefined for the plain mask; seq_len: the whole
+  // sequence's length.
+  Tensor residual_dropout(const Tensor& branch, const Tensor& rows, int64_t seq_len,
                           Generator* gen, bool drop) const;
 
   double dropout_;
   bool checkpointing_;
   const ModelParallel* mp_;
+  BatchSlice batch_;
   std::unique_ptr<Norm> norm1_;
   CausalSelfAttention attn_;
   std::unique_ptr<Norm> norm2_;

@@ -100,6 +100,10 @@ class Transformer : public Module {
   DType dtype() const { return dtype_; }
   Device device() const { return device_; }
   int64_t num_blocks() const { return static_cast<int64_t>(blocks_.size()); }
+  // Every block's Block::set_batch_slice (data parallelism's dropout masks).
+  void set_batch_slice(Block::BatchSlice slice) {
+    for (auto& b : blocks_) b->set_batch_slice(slice);
+  }
   const Block& block(int64_t i) const { return *blocks_.at(static_cast<size_t>(i)); }
   const Tensor& wte_weight() const { return wte_->weight(); }
   // The (Vp, C) matrix the logits are computed against: wte.weight when tied, else lm_head.weight.

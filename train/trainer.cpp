@@ -199,6 +199,9 @@ void Trainer::State::build() {
   if (cfg.train.precision != cfg.train.dtype) model->set_compute_dtype(parse_dtype(cfg.train.precision));
   if (cfg.train.precision == "f16") scaler = std::make_unique<optim::LossScaler>();
   model->init_weights(init_gen);
+  if (cfg.parallel.dp > 1 && ctx != nullptr) {  // dropout draws the single-process batch's masks for this replica's rows
+    model->set_batch_slice({ctx->dp_rank() * cfg.data.batch_size, cfg.parallel.dp * cfg.data.batch_size});
+  }
   if (!cfg.train.init_from.empty()) load_initial_weights(cfg.train.init_from);
 
   int64_t released = 0;
@@ -212,7 +215,8 @@ void Trainer::State::build() {
     po.layout = cfg.parallel.pp_layout;
     // Under tp/cp each micro-batch is this cp rank's chunks (Note [Model-parallel step]).
     const int64_t local_seq = cfg.data.seq_len / cfg.parallel.cp;
-    po.dropout_numel = cfg.data.batch_size * cfg.data.seq_len * mc.n_embd;  // Note [Pipeline dropout]
+    // Note [Pipeline dropout]: the single-process micro-batch (dp replicas' rows together).
+    po.dropout_numel = cfg.data.batch_size * cfg.parallel.dp * cfg.data.seq_len * mc.n_embd;
     if (mp) {
       po.positions = parallel::cp::cp_positions(cfg.data.seq_len, ctx->cp_rank(), ctx->cp_size()).to(device);
       po.activation_rows = cfg.parallel.sequence_parallel ? local_seq / cfg.parallel.tp : local_seq;

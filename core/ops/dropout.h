@@ -14,14 +14,16 @@ namespace loom::ops {
 // zeroing the rest. 0 ≤ p ≤ 1 (p = 1 gives zeros). The same rule holds on every device.
 Tensor dropout(const Tensor& x, double p, Generator& gen, bool training);
 
-// Dropout of x (B, R, C), the rows `rows` (R) (integer, each in [0, total_rows)) of a
-// (B, total_rows, C) tensor, with that whole tensor's mask (the rows form of Note [Dropout mask]):
-// reserves gen.reserve(B·total_rows·C) counters, as ops::dropout of the whole tensor would, and
-// element (b, j, c) gets the fate of whole-tensor element (b·total_rows + rows[j])·C + c. So the
-// ranks of a sequence- or context-parallel split drop what one process drops and advance the
-// generator alike. Returns x itself when !training or p == 0 (nothing reserved). Differentiable
-// in x; the mask is regenerated in backward.
+// Dropout of x (B, R, C), the rows `rows` (R) (integer, each in [0, total_rows)) of batch
+// elements [batch_offset, batch_offset + B) of a (total_batch, total_rows, C) tensor, with that
+// whole tensor's mask (the rows form of Note [Dropout mask]): reserves
+// gen.reserve(total_batch·total_rows·C) counters, as ops::dropout of the whole tensor would, and
+// element (b, j, c) gets the fate of whole-tensor element
+// ((batch_offset + b)·total_rows + rows[j])·C + c. So the ranks of a sequence-, context- or
+// data-parallel split drop what one process drops and advance the generator alike.
+// total_batch 0 means B. Returns x itself when !training or p == 0 (nothing reserved).
+// Differentiable in x; the mask is regenerated in backward.
 Tensor dropout_rows(const Tensor& x, double p, Generator& gen, bool training, const Tensor& rows,
-                    int64_t total_rows);
+                    int64_t total_rows, int64_t batch_offset = 0, int64_t total_batch = 0);
 
 }  // namespace loom::ops

@@ -62,10 +62,10 @@ LOOM_SIMD
 }
 
 // Rows form: out (B, R, C) (=, or += when Accumulate) keep(g + c) ? in·scale : 0 for row (b, j),
-// g = (b·T + rows[j])·C. Same products and masking as apply_mask, so the same bits.
+// g = ((b0 + b)·T + rows[j])·C. Same products and masking as apply_mask, so the same bits.
 template <bool Accumulate, typename T>
 void apply_rows_mask(const T* in, T* out, const int64_t* rows, const Shape& s, int64_t total,
-                     double p, uint64_t seed, uint64_t offset) {
+                     int64_t b0, double p, uint64_t seed, uint64_t offset) {
   const int64_t R = s[1], C = s[2];
   const float pf = static_cast<float>(p);
   const T scale = static_cast<T>(1.0 / (1.0 - p));
@@ -73,7 +73,7 @@ void apply_rows_mask(const T* in, T* out, const int64_t* rows, const Shape& s, i
   parallel_for(s[0] * R, grain, [&](int64_t lo, int64_t hi) {
     float u[kDropBuffer + 4];  // a run may start up to 3 lanes into its first Philox block
     for (int64_t r = lo; r < hi; ++r) {
-      const int64_t g = (r / R * total + rows[r % R]) * C;
+      const int64_t g = ((b0 + r / R) * total + rows[r % R]) * C;
       const T* src = in + r * C;
       T* dst = out + r * C;
       for (int64_t c0 = 0; c0 < C; c0 += kDropBuffer) {
@@ -95,7 +95,8 @@ LOOM_SIMD
 
 // x, out (B, R, C) contiguous, same shape and dtype; rows (R) contiguous i64 in [0, total).
 void check_rows_args(const char* op, const Tensor& x, const Tensor& rows, int64_t total,
-                     const Tensor& out) {
+                     int64_t batch_offset, const Tensor& out) {
+  LOOM_CHECK(batch_offset >= 0, op, ": batch offset must be non-negative, got ", batch_offset);
   LOOM_CHECK(x.dim() == 3 && out.shape() == x.shape() && out.dtype() == x.dtype(), op,
              ": x and out must be one (B, R, C) shape and dtype, got ", shape_str(x.shape()),
              " and ", shape_str(out.shape()));
@@ -110,21 +111,21 @@ void check_rows_args(const char* op, const Tensor& x, const Tensor& rows, int64_
   }
 }
 
-void dropout_rows_forward_cpu(const Tensor& x, const Tensor& rows, int64_t total, double p,
+void dropout_rows_forward_cpu(const Tensor& x, const Tensor& rows, int64_t total, int64_t b0, double p,
                               uint64_t seed, uint64_t offset, Tensor& y) {
-  check_rows_args("dropout_rows_forward", x, rows, total, y);
+  check_rows_args("dropout_rows_forward", x, rows, total, b0, y);
   LOOM_DISPATCH_FLOAT(x.dtype(), "dropout_rows_forward", [&] {
     apply_rows_mask<false>(x.data<scalar_t>(), y.data<scalar_t>(), rows.data<int64_t>(), x.shape(),
-                           total, p, seed, offset);
+                           total, b0, p, seed, offset);
   });
 }
 
-void dropout_rows_backward_cpu(const Tensor& dy, const Tensor& rows, int64_t total, double p,
+void dropout_rows_backward_cpu(const Tensor& dy, const Tensor& rows, int64_t total, int64_t b0, double p,
                                uint64_t seed, uint64_t offset, Tensor& dx) {
-  check_rows_args("dropout_rows_backward", dy, rows, total, dx);
+  check_rows_args("dropout_rows_backward", dy, rows, total, b0, dx);
   LOOM_DISPATCH_FLOAT(dy.dtype(), "dropout_rows_backward", [&] {
     apply_rows_mask<true>(dy.data<scalar_t>(), dx.data<scalar_t>(), rows.data<int64_t>(),
-                          dy.shape(), total, p, seed, offset);
+                          dy.shape(), total, b0, p, seed, offset);
   });
 }
 

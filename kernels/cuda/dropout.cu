@@ -48,18 +48,18 @@ struct DropoutFn {
 };
 
 // The rows form: element e = first + l of the local (B, R, C) tensor is element
-// (b·T + rows[j])·C + c of the full one (Note [Dropout mask], rows form).
+// ((b0 + b)·T + rows[j])·C + c of the full one (Note [Dropout mask], rows form).
 template <bool Accumulate, typename C>
 struct DropoutRowsFn {
   static constexpr bool kReadsOut = Accumulate;
   const int64_t* rows;
-  int64_t R, Cn, T;
+  int64_t R, Cn, T, b0;
   uint64_t seed, offset;
   float p;
   C scale;
   __device__ uint64_t global_index(int64_t e) const {
     const int64_t c = e % Cn, r = e / Cn;
-    return static_cast<uint64_t>((r / R * T + rows[r % R]) * Cn + c);
+    return static_cast<uint64_t>(((b0 + r / R) * T + rows[r % R]) * Cn + c);
   }
   template <int V>
   __device__ void apply(int64_t first, C (&x)[1][V], C (&y)[1][V]) const {
@@ -114,7 +114,7 @@ void dropout_apply(const char* op, const Tensor& in, double p, uint64_t seed, ui
 
 template <bool Accumulate>
 void dropout_rows_apply(const char* op, const Tensor& in, const Tensor& rows, int64_t total,
-                        double p, uint64_t seed, uint64_t offset, Tensor& out) {
+                        int64_t b0, double p, uint64_t seed, uint64_t offset, Tensor& out) {
   check_same_contiguous(op, in, {&out});
   LOOM_CHECK(p >= 0 && p <= 1, op, ": p must be in [0, 1], got ", p);
   LOOM_CHECK(in.dim() == 3, op, ": x must be (B, R, C), got ", shape_str(in.shape()));
@@ -122,7 +122,8 @@ void dropout_rows_apply(const char* op, const Tensor& in, const Tensor& rows, in
                  rows.is_contiguous() && rows.device() == in.device(),
              op, ": rows must be (", in.size(1), ") contiguous i64 on ", in.device().str(),
              ", got ", shape_str(rows.shape()), " ", dtype_name(rows.dtype()));
-  LOOM_CHECK(total > 0, op, ": total rows must be positive, got ", total);
+  LOOM_CHECK(total > 0 && b0 >= 0, op, ": total rows must be positive and the batch offset non-negative, got ",
+             total, " and ", b0);
   if (in.numel() == 0) return;
   CudaDeviceGuard guard(out.device().index);
   LOOM_CUDA_DISPATCH_FLOAT(in.dtype(), op, [&] {
@@ -135,6 +136,7 @@ void dropout_rows_apply(const char* op, const Tensor& in, const Tensor& rows, in
                                          in.size(1),
                                          in.size(2),
                                          total,
+                                         b0,
                                          seed,
                                          offset,
                                          static_cast<float>(p),
@@ -151,14 +153,14 @@ void dropout_backward_cuda(const Tensor& dy, double p, uint64_t seed, uint64_t o
   dropout_apply<true>("dropout_backward", dy, p, seed, offset, dx);
 }
 
-void dropout_rows_forward_cuda(const Tensor& x, const Tensor& rows, int64_t total, double p,
+void dropout_rows_forward_cuda(const Tensor& x, const Tensor& rows, int64_t total, int64_t b0, double p,
                                uint64_t seed, uint64_t offset, Tensor& y) {
-  dropout_rows_apply<false>("dropout_rows_forward", x, rows, total, p, seed, offset, y);
+  dropout_rows_apply<false>("dropout_rows_forward", x, rows, total, b0, p, seed, offset, y);
 }
 
-void dropout_rows_backward_cuda(const Tensor& dy, const Tensor& rows, int64_t total, double p,
+void dropout_rows_backward_cuda(const Tensor& dy, const Tensor& rows, int64_t total, int64_t b0, double p,
                                 uint64_t seed, uint64_t offset, Tensor& dx) {
-  dropout_rows_apply<true>("dropout_rows_backward", dy, rows, total, p, seed, offset, dx);
+  dropout_rows_apply<true>("dropout_rows_backward", dy, rows, total, b0, p, seed, offset, dx);
 }
 
 }  // namespace

@@ -121,16 +121,16 @@ TEST_F(CudaDropoutTest, RowsForwardAndBackwardMatchCpu) {
                                  shape_str(c.shape) + " p=" + std::to_string(d.p);
         const Pair x = random_pair(c.shape, dt, gen);
         Tensor y = poisoned_cuda(c.shape, dt);
-        kernels::call_kernel<kernels::dropout_rows_forward_k>(x.gpu, rows_gpu, c.total, d.p,
+        kernels::call_kernel<kernels::dropout_rows_forward_k>(x.gpu, rows_gpu, c.total, 0, d.p,
                                                               d.seed, d.offset, y);
         Tensor want = Tensor::empty(c.shape, x.cpu.dtype());
-        kernels::call_kernel<kernels::dropout_rows_forward_k>(x.cpu, rows_cpu, c.total, d.p,
+        kernels::call_kernel<kernels::dropout_rows_forward_k>(x.cpu, rows_cpu, c.total, 0, d.p,
                                                               d.seed, d.offset, want);
         const Pair dy = random_pair(c.shape, dt, gen), dx = random_pair(c.shape, dt, gen);
         Tensor got_dx = dx.gpu.clone(), want_dx = dx.cpu.clone();
-        kernels::call_kernel<kernels::dropout_rows_backward_k>(dy.gpu, rows_gpu, c.total, d.p,
+        kernels::call_kernel<kernels::dropout_rows_backward_k>(dy.gpu, rows_gpu, c.total, 0, d.p,
                                                                d.seed, d.offset, got_dx);
-        kernels::call_kernel<kernels::dropout_rows_backward_k>(dy.cpu, rows_cpu, c.total, d.p,
+        kernels::call_kernel<kernels::dropout_rows_backward_k>(dy.cpu, rows_cpu, c.total, 0, d.p,
                                                                d.seed, d.offset, want_dx);
         if (reference_dtype(dt) == dt) {
           expect_same_bits(want, y, what);

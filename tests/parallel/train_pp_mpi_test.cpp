@@ -244,6 +244,13 @@ TEST(TrainPipeline4, DataAndPipelineMatchesSingleProcess) {
   k.zero_stage = 1;
   expect_matches_single(k);
 }
+TEST(TrainPipeline4, DataAndPipelineWithDropoutMatchesSingleProcess) {
+  Case k = pipeline_case("1f1b");
+  k.dp = 2;
+  k.zero_stage = 1;
+  k.dropout = 0.1;
+  expect_matches_single(k);
+}
 TEST(TrainPipeline4, DataAndPipelineResumesExactly) {
   Case k = pipeline_case("1f1b");
   k.dp = 2;

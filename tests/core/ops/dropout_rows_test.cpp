@@ -1,7 +1,8 @@
 // tests/core/ops/dropout_rows_test.cpp — the rows form of dropout (Note [Dropout mask],
 // kernels/dropout.h) used under sequence and context parallelism: with rows = 0..T−1 the rows
 // kernels equal the plain kernels bit for bit; with a permuted subset of rows each element gets
-// the fate (and value) of its element in the whole tensor; the op reserves the whole tensor's
+// the fate (and value) of its element in the whole tensor, also for a batch offset (data
+// parallelism); the op reserves the whole tensor's
 // counters, regenerates the mask in backward and passes a finite-difference gradient check.
 #include <numeric>
 
@@ -50,14 +51,14 @@ TEST(DropoutRows, AllRowsEqualThePlainKernelBitForBit) {
         const Tensor rows = rows_of(iota_rows(s[1]));
         Tensor want = Tensor::empty(s, dt), got = Tensor::empty(s, dt);
         kernels::call_kernel<kernels::dropout_forward_k>(x, d.p, d.seed, d.offset, want);
-        kernels::call_kernel<kernels::dropout_rows_forward_k>(x, rows, s[1], d.p, d.seed, d.offset,
+        kernels::call_kernel<kernels::dropout_rows_forward_k>(x, rows, s[1], 0, d.p, d.seed, d.offset,
                                                               got);
         EXPECT_EQ(got.to_vector(), want.to_vector()) << shape_str(s) << " p=" << d.p;
         // Backward accumulates into a random gradient with the same mask.
         const Tensor dy = random(s, gen, dt, false), dx = random(s, gen, dt, false);
         Tensor want_dx = dx.clone(), got_dx = dx.clone();
         kernels::call_kernel<kernels::dropout_backward_k>(dy, d.p, d.seed, d.offset, want_dx);
-        kernels::call_kernel<kernels::dropout_rows_backward_k>(dy, rows, s[1], d.p, d.seed,
+        kernels::call_kernel<kernels::dropout_rows_backward_k>(dy, rows, s[1], 0, d.p, d.seed,
                                                                d.offset, got_dx);
         EXPECT_EQ(got_dx.to_vector(), want_dx.to_vector()) << shape_str(s) << " p=" << d.p;
       }
@@ -78,13 +79,13 @@ TEST(DropoutRows, SubsetOfRowsGetsTheWholeTensorsMask) {
         kernels::call_kernel<kernels::dropout_forward_k>(x, d.p, d.seed, d.offset, full);
         const Tensor xs = take_rows(x, picks);
         Tensor got = Tensor::empty(xs.shape(), dt);
-        kernels::call_kernel<kernels::dropout_rows_forward_k>(xs, rows_of(picks), T, d.p, d.seed,
+        kernels::call_kernel<kernels::dropout_rows_forward_k>(xs, rows_of(picks), T, 0, d.p, d.seed,
                                                               d.offset, got);
         EXPECT_EQ(got.to_vector(), take_rows(full, picks).to_vector())
             << shape_str(s) << " p=" << d.p;
         const Tensor dys = take_rows(random(s, gen, dt, false), picks);
         Tensor got_dx = Tensor::zeros(xs.shape(), dt);
-        kernels::call_kernel<kernels::dropout_rows_backward_k>(dys, rows_of(picks), T, d.p, d.seed,
+        kernels::call_kernel<kernels::dropout_rows_backward_k>(dys, rows_of(picks), T, 0, d.p, d.seed,
                                                                d.offset, got_dx);
         // The plain mask of the whole tensor, applied to the picked rows of dy.
         Tensor dy_full = Tensor::zeros(s, dt);
@@ -117,6 +118,28 @@ TEST(DropoutRows, OpReservesTheWholeTensorAndMatchesItsSlice) {
   // A second draw continues from the same offset, as the whole tensor's would.
   EXPECT_EQ(ops::dropout_rows(take_rows(x, picks), 0.3, split, true, rows, 8).to_vector(),
             take_rows(ops::dropout(x, 0.3, whole, true), picks).to_vector());
+}
+
+// Data parallelism: a rank holding batch elements [b0, b0 + B) of the (B_total, T, C) batch
+// (and, with sequence parallelism, some rows) draws the whole batch's mask for them, and the
+// generator advances by the whole batch's count.
+TEST(DropoutRows, BatchOffsetGetsTheWholeBatchsMask) {
+  Generator data(506);
+  const Shape s{4, 6, 7};  // the whole batch
+  const Tensor x = random(s, data, DType::kF32, false);
+  Generator whole(78), split(78);
+  const Tensor full = ops::dropout(x, 0.4, whole, true);
+  const std::vector<int64_t> picks = {3, 4, 5};
+  for (int64_t b0 : {0, 1, 2}) {
+    Generator g = split;
+    const Tensor part = ops::narrow(x, 0, b0, 2);
+    const Tensor y = ops::dropout_rows(take_rows(part, picks), 0.4, g, true, rows_of(picks), 6, b0, 4);
+    EXPECT_EQ(y.to_vector(), take_rows(ops::narrow(full, 0, b0, 2), picks).to_vector()) << "b0 " << b0;
+    EXPECT_EQ(g.state().offset, whole.state().offset);
+  }
+  Generator g = split;
+  EXPECT_THROW(ops::dropout_rows(take_rows(ops::narrow(x, 0, 2, 2), picks), 0.4, g, true, rows_of(picks), 6, 3, 4),
+               Error);  // [3, 5) is outside the 4 batch elements
 }
 
 TEST(DropoutRows, BackwardUsesTheForwardMask) {
