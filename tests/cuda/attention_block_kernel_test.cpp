@@ -224,7 +224,7 @@ void check_backward(const Case& c, Generator& gen) {
   expect_close_with_inf(ref.dv, gpu.dv, result_tol(c.dtype), "dv");
 }
 
-class SeededTest : public CudaAttentionBlockTest {
+class CudaAttentionBlockSeededTest : public CudaAttentionBlockTest {
  protected:
   const uint64_t seed_ = fresh_seed();
   Generator gen_{seed_};
@@ -235,14 +235,14 @@ class SeededTest : public CudaAttentionBlockTest {
   std::string seed_str() const { return "seed " + std::to_string(seed_); }
 };
 
-TEST_F(SeededTest, ForwardMatchesCpu) {
+TEST_F(CudaAttentionBlockSeededTest, ForwardMatchesCpu) {
   SCOPED_TRACE(seed_str());
   for (DType dt : {DType::kF32, DType::kBF16, DType::kF16}) {
     for (const Case& c : cases(dt)) check_forward(c, gen_);
   }
 }
 
-TEST_F(SeededTest, MergeMatchesCpu) {
+TEST_F(CudaAttentionBlockSeededTest, MergeMatchesCpu) {
   SCOPED_TRACE(seed_str());
   for (DType dt : {DType::kF32, DType::kBF16, DType::kF16}) {
     for (const Geometry& g : {kGeometries[0], kGeometries[5], kGeometries[6]}) {
@@ -251,7 +251,7 @@ TEST_F(SeededTest, MergeMatchesCpu) {
   }
 }
 
-TEST_F(SeededTest, BackwardMatchesCpu) {
+TEST_F(CudaAttentionBlockSeededTest, BackwardMatchesCpu) {
   SCOPED_TRACE(seed_str());
   for (DType dt : {DType::kF32, DType::kBF16, DType::kF16}) {
     for (const Case& c : cases(dt)) check_backward(c, gen_);
@@ -260,7 +260,7 @@ TEST_F(SeededTest, BackwardMatchesCpu) {
 
 // Forward, merge and backward on a fully masked block leave everything as the contract says:
 // out 0 and lse −inf, the running result untouched, the gradients unchanged bit for bit.
-TEST_F(SeededTest, FullyMaskedBlockChangesNothing) {
+TEST_F(CudaAttentionBlockSeededTest, FullyMaskedBlockChangesNothing) {
   SCOPED_TRACE(seed_str());
   const Case c{DType::kBF16, 1, 4, 2, 40, {21, 19, 0, 30, "future"}};
   const Inputs in = make_inputs(c, gen_);
@@ -294,7 +294,7 @@ TEST_F(SeededTest, FullyMaskedBlockChangesNothing) {
 
 // The same calls twice give the same bits: no atomics, no order-dependent sums (dk, dv sum
 // the query heads of a kv group).
-TEST_F(SeededTest, ResultsAreBitwiseReproducible) {
+TEST_F(CudaAttentionBlockSeededTest, ResultsAreBitwiseReproducible) {
   SCOPED_TRACE(seed_str());
   for (const Case& c : {Case{DType::kBF16, 2, 4, 1, 64, kGeometries[1]},
                         Case{DType::kF32, 2, 4, 2, 40, kGeometries[5]}}) {
