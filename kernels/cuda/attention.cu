@@ -5,7 +5,8 @@
 // path computes in f32 with FMAs on tiles staged in shared memory; no T×T buffer exists
 // anywhere. Every output element has exactly one writer and a fixed summation order, so
 // results do not depend on the launch order (no atomics). Work runs on the compute stream;
-// nothing here synchronises the host. See docs/cuda_attention.md.
+// nothing here synchronises the host. See docs/cuda_attention.md. The tile constants and device
+// helpers live in attention_tile.cuh, shared with attention_block.cu (ring attention's blocks).
 #include <cuda_runtime.h>
 
 #include <cmath>
@@ -14,69 +15,18 @@
 
 #include "kernels/attention.h"
 #include "kernels/cuda/attention.cuh"
+#include "kernels/cuda/attention_tile.cuh"
 #include "kernels/cuda/cuda_check.cuh"
 #include "kernels/cuda/cuda_device.cuh"
-#include "kernels/cuda/dtype_convert.cuh"
 
 namespace loom::kernels::cuda {
 namespace {
 
-constexpr int kWarpSize = 32;
-constexpr int kThreads = 128;  // every kernel here runs 4 warps per block
-constexpr int kWarps = kThreads / kWarpSize;
-constexpr int kMaxD = 128;
-constexpr int kChunks = kMaxD / kWarpSize;  // a lane owns columns lane + 32·c, c < kChunks
-constexpr int kKeyTile = 32;                // rows spread one per lane (keys, or queries in dk/dv)
-constexpr int kFwdRowsPerWarp = 4;          // forward: query rows per warp
-constexpr int kBwdRowsPerWarp = 2;          // backward: key rows (dk, dv) or query rows (dq)
+constexpr int kFwdRowsPerWarp = 4;  // forward: query rows per warp
+constexpr int kBwdRowsPerWarp = 2;  // backward: key rows (dk, dv) or query rows (dq)
 constexpr int kFwdRows = kWarps * kFwdRowsPerWarp;  // query rows per forward block
 constexpr int kBwdRows = kWarps * kBwdRowsPerWarp;  // rows per backward block
-constexpr unsigned kFullMask = 0xffffffffu;
 static_assert(kKeyTile % kBwdRows == 0, "a dk/dv block's keys must sit inside one query tile");
-
-__device__ __forceinline__ int64_t min64(int64_t a, int64_t b) { return a < b ? a : b; }
-
-__device__ __forceinline__ float warp_max(float x) {
-#pragma unroll
-  for (int o = kWarpSize / 2; o > 0; o >>= 1) x = fmaxf(x, __shfl_xor_sync(kFullMask, x, o));
-  return x;
-}
-
-__device__ __forceinline__ float warp_sum(float x) {
-#pragma unroll
-  for (int o = kWarpSize / 2; o > 0; o >>= 1) x += __shfl_xor_sync(kFullMask, x, o);
-  return x;
-}
-
-// Σ_c a[c]·b[c] over n floats (shared memory).
-__device__ __forceinline__ float dot_smem(const float* a, const float* b, int n) {
-  float acc = 0.f;
-  for (int c = 0; c < n; ++c) acc = fmaf(a[c], b[c], acc);
-  return acc;
-}
-
-// Stages rows [r0, r0 + rows) of a (T, d) matrix in shared memory as f32 with row stride
-// `stride`; rows at or past T become zeros (so masked products never meet garbage).
-template <typename T>
-__device__ void load_rows(float* dst, int stride, const T* src, int64_t r0, int rows, int64_t t,
-                          int d) {
-  for (int idx = threadIdx.x; idx < rows * d; idx += blockDim.x) {
-    const int r = idx / d, c = idx % d;
-    const int64_t row = r0 + r;
-    dst[r * stride + c] = row < t ? convert<float>(src[row * d + c]) : 0.f;
-  }
-}
-
-// dst (d) += scale · acc, a lane's columns only; dst's old value widened to f32 and rounded back.
-template <typename T>
-__device__ __forceinline__ void accumulate_row(T* dst, const float (&acc)[kChunks], float scale,
-                                               int d, int lane) {
-#pragma unroll
-  for (int c = 0; c < kChunks; ++c) {
-    const int col = lane + kWarpSize * c;
-    if (col < d) dst[col] = convert<T>(convert<float>(dst[col]) + scale * acc[c]);
-  }
-}
 
 // Forward: one block per (b, h, tile of kFwdRows query rows), heaviest (last) tiles first; warp w
 // owns rows w·kFwdRowsPerWarp… of the tile. Per key tile of 32 keys staged in shared memory,
@@ -336,24 +286,13 @@ void check_like(const Tensor& t, const Shape& shape, DType dtype, const char* na
              shape_str(t.shape()), " ", dtype_name(t.dtype()));
 }
 
-// Blocks for `tiles` tiles of each of `groups` (batch, head) pairs, as a 1-d grid.
-unsigned grid_of(int64_t groups, int64_t tiles, const char* name) {
-  const int64_t blocks = groups * tiles;
-  LOOM_CHECK(blocks <= std::numeric_limits<int32_t>::max(), name, ": ", blocks,
-             " blocks exceed the grid limit");
-  return static_cast<unsigned>(blocks);
-}
-
-size_t smem_bytes(int64_t wide_rows, int64_t narrow_rows, int64_t d) {
-  return static_cast<size_t>(wide_rows * (d + 1) + narrow_rows * d) * sizeof(float);
-}
-
 template <typename T>
 void forward_general(const Tensor& q, const Tensor& k, const Tensor& v, const AttnShape& s,
                      float scale, Tensor& out, Tensor& lse) {
   const int64_t q_tiles = (s.t + kFwdRows - 1) / kFwdRows;
-  attention_forward_kernel<T><<<grid_of(s.b * s.hq, q_tiles, "attention_forward"), kThreads,
-                                smem_bytes(2 * kKeyTile, kFwdRows, s.d), compute_stream()>>>(
+  const unsigned grid = attention_grid(s.b * s.hq, q_tiles, "attention_forward");
+  const size_t smem = attention_smem_bytes(2 * kKeyTile, kFwdRows, s.d);
+  attention_forward_kernel<T><<<grid, kThreads, smem, compute_stream()>>>(
       q.data<T>(), k.data<T>(), v.data<T>(), out.data<T>(), lse.data<float>(), s, scale, q_tiles);
   LOOM_CUDA_LAUNCH_CHECK();
 }
@@ -372,15 +311,15 @@ void backward_typed(const Tensor& q, const Tensor& k, const Tensor& v, const Ten
     attention_backward_mma(q, k, v, dout, lse, dvec, s, scale, dq, dk, dv);
     return;
   }
-  const size_t smem = smem_bytes(2 * kKeyTile, 2 * kBwdRows, s.d);
+  const size_t smem = attention_smem_bytes(2 * kKeyTile, 2 * kBwdRows, s.d);
   const int64_t tiles = (s.t + kBwdRows - 1) / kBwdRows;
-  attention_backward_dkv_kernel<T>
-      <<<grid_of(s.b * s.hkv, tiles, "attention_backward"), kThreads, smem, compute_stream()>>>(
+  const unsigned dkv_grid = attention_grid(s.b * s.hkv, tiles, "attention_backward");
+  attention_backward_dkv_kernel<T><<<dkv_grid, kThreads, smem, compute_stream()>>>(
           q.data<T>(), k.data<T>(), v.data<T>(), dout.data<T>(), lse.data<float>(),
           dvec.data<float>(), dk.data<T>(), dv.data<T>(), s, scale, tiles);
   LOOM_CUDA_LAUNCH_CHECK();
-  attention_backward_dq_kernel<T>
-      <<<grid_of(s.b * s.hq, tiles, "attention_backward"), kThreads, smem, compute_stream()>>>(
+  const unsigned dq_grid = attention_grid(s.b * s.hq, tiles, "attention_backward");
+  attention_backward_dq_kernel<T><<<dq_grid, kThreads, smem, compute_stream()>>>(
           q.data<T>(), k.data<T>(), v.data<T>(), dout.data<T>(), lse.data<float>(),
           dvec.data<float>(), dq.data<T>(), s, scale, tiles);
   LOOM_CUDA_LAUNCH_CHECK();

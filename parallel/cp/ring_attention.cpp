@@ -45,10 +45,24 @@ struct RingHop {
   }
 };
 
+// Even ranks post the send first, odd ranks the receive: a communicator that runs its
+// operations in issue order and matches a send only with a posted receive (NCCL) would
+// deadlock if every rank sent first (Note in parallel/comm/nccl_communicator.h).
 RingHop ring_hop(Communicator& g, const Tensor& out, const Tensor& in, int tag) {
   const int p = g.size(), r = g.rank();
-  return {g.send_async(out, (r + 1) % p, tag), g.recv_async(in, (r + p - 1) % p, tag)};
+  RingHop hop;
+  if (r % 2 == 0) {
+    hop.send = g.send_async(out, (r + 1) % p, tag);
+    hop.recv = g.recv_async(in, (r + p - 1) % p, tag);
+  } else {
+    hop.recv = g.recv_async(in, (r + p - 1) % p, tag);
+    hop.send = g.send_async(out, (r + 1) % p, tag);
+  }
+  return hop;
 }
+
+// The dtype of lse and delta (Note [Attention block kernel contract]): f32 for 16-bit inputs.
+DType stats_dtype(DType dt) { return dt == DType::kF64 ? DType::kF64 : DType::kF32; }
 
 struct Geometry {
   int p, r;
@@ -99,13 +113,14 @@ Tensor ring_attention(const Tensor& q, const Tensor& k, const Tensor& v, double 
   const Tensor qc = split_chunks(q.detach());  // (2, B, Hq, c, D)
   Tensor kv = ops::contiguous(ops::cat({split_chunks(k.detach()), split_chunks(v.detach())}, 0));
   const Shape row_shape{q.size(0), q.size(1), geo.c};
+  const DType stats = stats_dtype(q.dtype());
   std::array<Tensor, 2> out, lse;
   for (int w = 0; w < 2; ++w) {
     out[w] = Tensor::zeros(slot(qc, w).shape(), q.dtype(), q.device());
-    lse[w] = Tensor::full(row_shape, -INFINITY, q.dtype(), q.device());
+    lse[w] = Tensor::full(row_shape, -INFINITY, stats, q.device());
   }
   Tensor block_out = Tensor::empty(slot(qc, 0).shape(), q.dtype(), q.device());
-  Tensor block_lse = Tensor::empty(row_shape, q.dtype(), q.device());
+  Tensor block_lse = Tensor::empty(row_shape, stats, q.device());
   for (int step = 0; step < p; ++step) {
     const int src = (geo.r - step + p) % p;
     Tensor next = step + 1 < p ? Tensor::empty(kv.shape(), kv.dtype(), kv.device()) : Tensor();
@@ -136,7 +151,8 @@ Tensor ring_attention(const Tensor& q, const Tensor& k, const Tensor& v, double 
       const Tensor dout = split_chunks(dres);  // (2, B, Hq, c, D)
       std::array<Tensor, 2> delta;
       for (int w = 0; w < 2; ++w) {
-        delta[w] = ops::contiguous(ops::sum(ops::mul(slot(dout, w), saved_out[w]), -1));
+        delta[w] = ops::contiguous(ops::sum(
+            ops::mul(ops::to_dtype(slot(dout, w), stats), ops::to_dtype(saved_out[w], stats)), -1));
       }
       Tensor dq = Tensor::zeros(qc.shape(), qc.dtype(), qc.device());
       Tensor kv_cur = kv_own;
