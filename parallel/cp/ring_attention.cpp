@@ -17,6 +17,7 @@
 #include "core/ops/reduce.h"
 #include "core/ops/view.h"
 #include "kernels/attention_block.h"
+#include "parallel/comm/ring.h"
 
 namespace loom::parallel::cp {
 namespace {
@@ -34,31 +35,6 @@ Tensor split_chunks(const Tensor& x) {
   return ops::contiguous(ops::cat({ops::unsqueeze(ops::narrow(x, 2, 0, c), 0),
                                    ops::unsqueeze(ops::narrow(x, 2, c, c), 0)},
                                   0));
-}
-
-// A pending ring transfer: send `out` to the next rank, receive into `in` from the previous.
-struct RingHop {
-  WorkPtr send, recv;
-  void wait() {
-    if (send) send->wait();
-    if (recv) recv->wait();
-  }
-};
-
-// Even ranks post the send first, odd ranks the receive: a communicator that runs its
-// operations in issue order and matches a send only with a posted receive (NCCL) would
-// deadlock if every rank sent first (Note in parallel/comm/nccl_communicator.h).
-RingHop ring_hop(Communicator& g, const Tensor& out, const Tensor& in, int tag) {
-  const int p = g.size(), r = g.rank();
-  RingHop hop;
-  if (r % 2 == 0) {
-    hop.send = g.send_async(out, (r + 1) % p, tag);
-    hop.recv = g.recv_async(in, (r + p - 1) % p, tag);
-  } else {
-    hop.recv = g.recv_async(in, (r + p - 1) % p, tag);
-    hop.send = g.send_async(out, (r + 1) % p, tag);
-  }
-  return hop;
 }
 
 // The dtype of lse and delta (Note [Attention block kernel contract]): f32 for 16-bit inputs.
@@ -124,8 +100,8 @@ Tensor ring_attention(const Tensor& q, const Tensor& k, const Tensor& v, double 
   for (int step = 0; step < p; ++step) {
     const int src = (geo.r - step + p) % p;
     Tensor next = step + 1 < p ? Tensor::empty(kv.shape(), kv.dtype(), kv.device()) : Tensor();
-    RingHop hop;
-    if (next.defined()) hop = ring_hop(group, kv, next, kTagKv);
+    RingStep hop;
+    if (next.defined()) hop = ring_step(group, kv, next, kTagKv);
     for (int qw = 0; qw < 2; ++qw) {
       for (int kw = 0; kw < 2; ++kw) {
         if (!geo.any_visible(src, qw, kw)) continue;
@@ -162,8 +138,8 @@ Tensor ring_attention(const Tensor& q, const Tensor& k, const Tensor& v, double 
         // The next key/value chunk can travel while this step computes; the gradient
         // accumulator only once this step has added to it.
         Tensor kv_next = step + 1 < p ? Tensor::empty(kv_cur.shape(), kv_cur.dtype(), kv_cur.device()) : Tensor();
-        RingHop kv_hop;
-        if (kv_next.defined()) kv_hop = ring_hop(*g, kv_cur, kv_next, kTagKv);
+        RingStep kv_hop;
+        if (kv_next.defined()) kv_hop = ring_step(*g, kv_cur, kv_next, kTagKv);
         for (int qw = 0; qw < 2; ++qw) {
           for (int kw = 0; kw < 2; ++kw) {
             if (!geo.any_visible(src, qw, kw)) continue;
@@ -175,7 +151,7 @@ Tensor ring_attention(const Tensor& q, const Tensor& k, const Tensor& v, double 
         }
         if (p > 1) {
           Tensor dkv_next = Tensor::empty(dkv.shape(), dkv.dtype(), dkv.device());
-          RingHop grad_hop = ring_hop(*g, dkv, dkv_next, kTagDkv);
+          RingStep grad_hop = ring_step(*g, dkv, dkv_next, kTagDkv);
           grad_hop.wait();
           dkv = dkv_next;
         }

@@ -13,6 +13,7 @@
 #include "core/ops/reduce.h"
 #include "core/ops/view.h"
 #include "core/rng.h"
+#include "parallel/comm/ring.h"
 #include "parallel/tp/comm_ops.h"
 
 namespace loom::parallel::tp {
@@ -66,19 +67,10 @@ Tensor weight_grad(const Tensor& dy, const Tensor& x) {
                      ops::reshape(ops::contiguous(x), {rows, x.size(-1)}), true, false);
 }
 
-// One ring step (Note [TP communication overlap]): send `out` to the next rank of the group,
-// receive `in` from the previous one. Tags from kRingTag up are the TP layers' own.
+// Ring transfers of the TP layers (Note [TP communication overlap]): tags from kRingTag up.
 constexpr int kRingTag = 7000;
-struct RingStep {
-  WorkPtr send, recv;
-  void wait() {
-    send->wait();
-    recv->wait();
-  }
-};
 RingStep ring_exchange(Communicator& tp, const Tensor& out, const Tensor& in, int step) {
-  const int r = tp.rank(), n = tp.size();
-  return {tp.send_async(out, (r + 1) % n, kRingTag + step), tp.recv_async(in, (r + n - 1) % n, kRingTag + step)};
+  return ring_step(tp, out, in, kRingTag + step);
 }
 
 // A ring all-gather that works on each chunk as it passes: every rank starts with its own
