@@ -215,17 +215,17 @@ void vocab_parallel_ce_backward_cpu(const Tensor& logits, const Tensor& targets,
 // Note [Vocab-parallel lse combine] in kernels/cross_entropy.h: rows in parallel (one writer
 // each), then the mean serially in row order, as the op's host loop did before this kernel.
 void vocab_parallel_lse_combine_cpu(const Tensor& lses, const Tensor& target_logit,
-                                    const Tensor& targets, int64_t ignore_index,
-                                    int64_t vocab_size, Tensor& lse, Tensor& row_loss,
-                                    Tensor& loss, Tensor& inv_count) {
+                                    const Tensor& targets, int64_t ignore_index, int64_t vocab_size,
+                                    Tensor& lse, Tensor& row_loss, Tensor& loss,
+                                    Tensor& inv_count) {
   const char* name = "vocab_parallel_lse_combine";
   LOOM_CHECK(lses.dim() == 2 && lses.size(0) >= 1 && lses.is_contiguous(), name,
              ": lses must be contiguous (g, N) with g >= 1, got ", shape_str(lses.shape()));
   const int64_t g = lses.size(0), n = lses.size(1);
   const DType dt = lses.dtype();
   auto check_rows = [&](const Tensor& t, DType want, const char* what) {
-    LOOM_CHECK(t.dim() == 1 && t.size(0) == n && t.is_contiguous() && t.dtype() == want, name,
-               ": ", what, " must be contiguous (", n, ") ", dtype_name(want), ", got ",
+    LOOM_CHECK(t.dim() == 1 && t.size(0) == n && t.is_contiguous() && t.dtype() == want, name, ": ",
+               what, " must be contiguous (", n, ") ", dtype_name(want), ", got ",
                shape_str(t.shape()), " ", dtype_name(t.dtype()));
   };
   check_rows(target_logit, dt, "target_logit");
@@ -233,8 +233,8 @@ void vocab_parallel_lse_combine_cpu(const Tensor& lses, const Tensor& target_log
   check_rows(row_loss, DType::kF64, "row_loss");
   LOOM_CHECK(targets.dim() == 1 && targets.size(0) == n && targets.is_contiguous(), name,
              ": targets must be contiguous (", n, "), got ", shape_str(targets.shape()));
-  LOOM_CHECK(loss.numel() == 1 && loss.dtype() == dt, name, ": loss must be one ",
-             dtype_name(dt), " element");
+  LOOM_CHECK(loss.numel() == 1 && loss.dtype() == dt, name, ": loss must be one ", dtype_name(dt),
+             " element");
   LOOM_CHECK(inv_count.numel() == 1 && inv_count.dtype() == DType::kF64, name,
              ": inv_count must be one f64 element");
   LOOM_CHECK(vocab_size > 0, name, ": vocab_size ", vocab_size, " must be positive");

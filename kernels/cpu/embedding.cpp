@@ -96,8 +96,8 @@ LOOM_SIMD
 }
 
 // kernels/embedding.h: this rank's shard rows of each id, and a 0/1 mask of the ids it holds.
-void vocab_parallel_ids_cpu(const Tensor& ids, int64_t vocab_start, int64_t rows,
-                            Tensor& local_ids, Tensor& mask) {
+void vocab_parallel_ids_cpu(const Tensor& ids, int64_t vocab_start, int64_t rows, Tensor& local_ids,
+                            Tensor& mask) {
   const char* name = "vocab_parallel_ids";
   const int64_t n = ids.numel();
   LOOM_CHECK(ids.is_contiguous() && local_ids.is_contiguous() && mask.is_contiguous() &&

@@ -2,10 +2,11 @@
 // contract] in kernels/cross_entropy.h), its vocab-parallel form (Note [Vocab-parallel
 // cross-entropy kernels]) and the combine of the group's statistics (Note [Vocab-parallel lse
 // combine]). One block per row (the combine: one thread per row, in double, then one block for
-// the mean); the forward makes one pass over the row with an online max/sum (never storing probabilities), the backward one pass that
-// recomputes each probability from the saved lse. Rows are read in 16-byte vectors where the
-// row's alignment allows. Math in f32 (f64 for f64 logits); every reduction has a fixed order,
-// so results are deterministic. Must not synchronise the host or allocate.
+// the mean); the forward makes one pass over the row with an online max/sum (never storing
+// probabilities), the backward one pass that recomputes each probability from the saved lse.
+// Rows are read in 16-byte vectors where the row's alignment allows. Math in f32 (f64 for f64
+// logits); every reduction has a fixed order, so results are deterministic. Must not synchronise
+// the host or allocate.
 //
 // Targets are validated on the host by the ops when they are there (core/ops/cross_entropy.cpp,
 // parallel/tp/cross_entropy.cpp); a kernel cannot throw, so a row whose target is neither
@@ -252,8 +253,7 @@ __global__ void vocab_parallel_ce_forward_kernel(const T* logits, const I* targe
 // drow[j] += (exp(row[j] − l) − [j == t]) · g for j < n; t may lie outside [0, n) (no one-hot
 // term then). The block's threads share the row.
 template <typename T>
-__device__ void add_row_grad(const T* row, T* drow, int64_t n, int64_t t, acc_t<T> l,
-                             acc_t<T> g) {
+__device__ void add_row_grad(const T* row, T* drow, int64_t n, int64_t t, acc_t<T> l, acc_t<T> g) {
   using A = acc_t<T>;
   auto grad = [&](int64_t j, A x, A d) { return d + exp_acc(x - l) * g - (j == t ? g : A(0)); };
   // Vectorise only when both rows share their alignment within 16 bytes.
@@ -321,11 +321,10 @@ __global__ void vocab_parallel_ce_backward_kernel(const T* logits, const I* targ
 // arithmetic; exp and log may differ from glibc's in the last bit).
 template <typename S, typename I>
 __global__ void lse_combine_rows_kernel(const S* lses, const S* target_logit, const I* targets,
-                                        int64_t g, int64_t n, int64_t ignore_index,
-                                        int64_t vocab, S* lse, double* row_loss) {
+                                        int64_t g, int64_t n, int64_t ignore_index, int64_t vocab,
+                                        S* lse, double* row_loss) {
   const int64_t step = static_cast<int64_t>(gridDim.x) * blockDim.x;
-  for (int64_t r = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; r < n;
-       r += step) {
+  for (int64_t r = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; r < n; r += step) {
     const int64_t t = static_cast<int64_t>(targets[r]);
     if (t == ignore_index) {
       lse[r] = S(0);
@@ -500,10 +499,9 @@ void vocab_parallel_ce_forward_cuda(const Tensor& logits, const Tensor& targets,
   LOOM_CUDA_LAUNCH_CHECK();
 }
 
-void vocab_parallel_ce_backward_cuda(const Tensor& logits, const Tensor& targets,
-                                     const Tensor& lse, const Tensor& dloss, double grad_scale,
-                                     int64_t ignore_index, int64_t vocab_start,
-                                     int64_t vocab_valid, Tensor& dlogits) {
+void vocab_parallel_ce_backward_cuda(const Tensor& logits, const Tensor& targets, const Tensor& lse,
+                                     const Tensor& dloss, double grad_scale, int64_t ignore_index,
+                                     int64_t vocab_start, int64_t vocab_valid, Tensor& dlogits) {
   const char* name = "vocab_parallel_ce_backward";
   check_common(logits, targets, vocab_valid, name);
   check_shard(logits, vocab_start, vocab_valid, name);
@@ -546,8 +544,8 @@ void vocab_parallel_lse_combine_cuda(const Tensor& lses, const Tensor& target_lo
   LOOM_CHECK(dt == DType::kF32 || dt == DType::kF64, name, ": lses dtype ", dtype_name(dt),
              " not supported (f32, f64)");
   auto check_rows = [&](const Tensor& t, DType want, const char* what) {
-    LOOM_CHECK(t.dim() == 1 && t.size(0) == n && t.is_contiguous() && t.dtype() == want, name,
-               ": ", what, " must be contiguous (", n, ") ", dtype_name(want), ", got ",
+    LOOM_CHECK(t.dim() == 1 && t.size(0) == n && t.is_contiguous() && t.dtype() == want, name, ": ",
+               what, " must be contiguous (", n, ") ", dtype_name(want), ", got ",
                shape_str(t.shape()), " ", dtype_name(t.dtype()));
   };
   check_rows(target_logit, dt, "target_logit");
@@ -555,8 +553,8 @@ void vocab_parallel_lse_combine_cuda(const Tensor& lses, const Tensor& target_lo
   check_rows(row_loss, DType::kF64, "row_loss");
   LOOM_CHECK(targets.dim() == 1 && targets.size(0) == n && targets.is_contiguous(), name,
              ": targets must be contiguous (", n, "), got ", shape_str(targets.shape()));
-  LOOM_CHECK(loss.numel() == 1 && loss.dtype() == dt, name, ": loss must be one ",
-             dtype_name(dt), " element");
+  LOOM_CHECK(loss.numel() == 1 && loss.dtype() == dt, name, ": loss must be one ", dtype_name(dt),
+             " element");
   LOOM_CHECK(inv_count.numel() == 1 && inv_count.dtype() == DType::kF64, name,
              ": inv_count must be one f64 element");
   LOOM_CHECK(vocab_size > 0, name, ": vocab_size ", vocab_size, " must be positive");
@@ -570,9 +568,8 @@ void vocab_parallel_lse_combine_cuda(const Tensor& lses, const Tensor& target_lo
         lse_combine_rows_kernel<S, index_t>
             <<<grid_for(n, kRowThreads), kRowThreads, 0, compute_stream()>>>(
                 static_cast<const S*>(lses.raw_data()),
-                static_cast<const S*>(target_logit.raw_data()), pt, g, n, ignore_index,
-                vocab_size, static_cast<S*>(lse.raw_data()),
-                static_cast<double*>(row_loss.raw_data()));
+                static_cast<const S*>(target_logit.raw_data()), pt, g, n, ignore_index, vocab_size,
+                static_cast<S*>(lse.raw_data()), static_cast<double*>(row_loss.raw_data()));
         LOOM_CUDA_LAUNCH_CHECK();
       }
       lse_combine_mean_kernel<S, index_t><<<1, kMeanThreads, 0, compute_stream()>>>(

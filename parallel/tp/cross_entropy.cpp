@@ -82,8 +82,8 @@ Tensor vocab_parallel_cross_entropy(const Tensor& logits_local, const Tensor& ta
         // dloss · (1/count) in f64, rounded once (Note [Vocab-parallel lse]).
         const Tensor d64 = ops::to_dtype(ops::reshape(ops::contiguous(gr[0]), {}), DType::kF64);
         const Tensor dloss = ops::contiguous(ops::to_dtype(ops::mul(d64, inv_count), stat));
-        kernels::call_kernel<kernels::vocab_parallel_ce_backward_k>(
-            x, t, lse, dloss, 1.0, ignore_index, start, valid, dx);
+        kernels::call_kernel<kernels::vocab_parallel_ce_backward_k>(x, t, lse, dloss, 1.0,
+                                                                    ignore_index, start, valid, dx);
       }
       return std::vector<Tensor>{ops::reshape(dx, shape)};
     });

@@ -78,11 +78,11 @@ void check_case(const VpCase& c, Generator& gen, std::mt19937_64& rng) {
 
   // Forward.
   Tensor want_lse = Tensor::empty({c.rows}, rowd), want_tl = Tensor::empty({c.rows}, rowd);
-  kernels::call_kernel<kernels::vocab_parallel_ce_forward_k>(
-      ref_logits, targets, c.ignore_index, c.start, c.valid, want_lse, want_tl);
+  kernels::call_kernel<kernels::vocab_parallel_ce_forward_k>(ref_logits, targets, c.ignore_index,
+                                                             c.start, c.valid, want_lse, want_tl);
   Tensor got_lse = poisoned_cuda({c.rows}, rowd), got_tl = poisoned_cuda({c.rows}, rowd);
-  kernels::call_kernel<kernels::vocab_parallel_ce_forward_k>(
-      g_logits, g_targets, c.ignore_index, c.start, c.valid, got_lse, got_tl);
+  kernels::call_kernel<kernels::vocab_parallel_ce_forward_k>(g_logits, g_targets, c.ignore_index,
+                                                             c.start, c.valid, got_lse, got_tl);
   const double row_tol = c.logits == DType::kF64 ? 1e-12 : 1e-5;
   EXPECT_LT(rel_error(want_lse, got_lse), row_tol) << "lse_local " << what;
   // The target logit is a copy of one stored logit: exact.
@@ -139,12 +139,13 @@ TEST_F(CudaVocabParallelTest, LseCombineMatchesCpu) {
     for (int64_t g : {1, 2, 3, 8}) {
       for (int64_t n : {1, 37, 1029}) {
         const int64_t vocab = 50257, ignore = -100;
-        const std::string what = std::string(dtype_name(dt)) + " g " + std::to_string(g) +
-                                 " n " + std::to_string(n);
+        const std::string what =
+            std::string(dtype_name(dt)) + " g " + std::to_string(g) + " n " + std::to_string(n);
         std::vector<int64_t> t(static_cast<size_t>(n));
         for (int64_t r = 0; r < n; ++r) {
           const bool ig = r > 0 && rng() % 4 == 0;
-          t[static_cast<size_t>(r)] = ig ? ignore : static_cast<int64_t>(rng() % static_cast<uint64_t>(vocab));
+          t[static_cast<size_t>(r)] =
+              ig ? ignore : static_cast<int64_t>(rng() % static_cast<uint64_t>(vocab));
         }
         const Tensor targets = Tensor::from_vector(t, {n}).to(DType::kI32);
         const Tensor lses = randn({g, n}, gen, dt, 8.0, 4.0), tl = randn({n}, gen, dt, 0.0, 3.0);
@@ -207,11 +208,11 @@ TEST_F(CudaVocabParallelTest, IdsMatchCpu) {
       Tensor w_local = Tensor::empty({n}, DType::kI64), w_mask = Tensor::empty({n, 1});
       kernels::call_kernel<kernels::vocab_parallel_ids_k>(h_ids, start, rows, w_local, w_mask);
       for (DType mdt : kFloatDTypes) {
-        const std::string what = std::string(dtype_name(idt)) + " mask " + dtype_name(mdt) +
-                                 " n " + std::to_string(n);
+        const std::string what =
+            std::string(dtype_name(idt)) + " mask " + dtype_name(mdt) + " n " + std::to_string(n);
         Tensor g_local = poisoned_cuda({n}, DType::kI64), g_mask = poisoned_cuda({n, 1}, mdt);
-        kernels::call_kernel<kernels::vocab_parallel_ids_k>(h_ids.to(Device::cuda()), start,
-                                                            rows, g_local, g_mask);
+        kernels::call_kernel<kernels::vocab_parallel_ids_k>(h_ids.to(Device::cuda()), start, rows,
+                                                            g_local, g_mask);
         expect_same_bits(w_local, g_local, "local ids " + what);
         expect_same_bits(w_mask.to(mdt), g_mask, "mask " + what);  // 0 and 1 are exact
       }

@@ -29,9 +29,8 @@ Combined combine(const Tensor& lses, const Tensor& tl, const Tensor& targets, in
   const int64_t n = lses.size(1);
   Combined c{Tensor::full({n}, NAN, lses.dtype()), Tensor::full({n}, NAN, DType::kF64),
              Tensor::full({}, NAN, lses.dtype()), Tensor::full({}, NAN, DType::kF64)};
-  kernels::call_kernel<kernels::vocab_parallel_lse_combine_k>(lses, tl, targets, ignore, vocab,
-                                                              c.lse, c.row_loss, c.loss,
-                                                              c.inv_count);
+  kernels::call_kernel<kernels::vocab_parallel_lse_combine_k>(
+      lses, tl, targets, ignore, vocab, c.lse, c.row_loss, c.loss, c.inv_count);
   return c;
 }
 
@@ -40,7 +39,8 @@ std::vector<int64_t> draw_targets(int64_t n, int64_t vocab, int64_t ignore, std:
   std::vector<int64_t> t(static_cast<size_t>(n));
   for (int64_t r = 0; r < n; ++r) {
     const bool ignored = r > 0 && rng() % 3 == 0;
-    t[static_cast<size_t>(r)] = ignored ? ignore : static_cast<int64_t>(rng() % static_cast<uint64_t>(vocab));
+    t[static_cast<size_t>(r)] =
+        ignored ? ignore : static_cast<int64_t>(rng() % static_cast<uint64_t>(vocab));
   }
   return t;
 }
@@ -97,8 +97,8 @@ TEST(VocabParallelLseCombine, ShardsThenCombineEqualTheGatheredCrossEntropy) {
     const int64_t start = q * vl, valid = std::min(vl, vocab - start);
     const Tensor x = ops::contiguous(logits.narrow(1, start, vl));
     Tensor l = Tensor::empty({n}, DType::kF64), t = Tensor::empty({n}, DType::kF64);
-    kernels::call_kernel<kernels::vocab_parallel_ce_forward_k>(x, targets, ignore, start, valid,
-                                                               l, t);
+    kernels::call_kernel<kernels::vocab_parallel_ce_forward_k>(x, targets, ignore, start, valid, l,
+                                                               t);
     Tensor row = lses.narrow(0, q, 1).view({n});
     ops::copy_(row, l);
     const std::vector<double> a = tl.to_vector(), b = t.to_vector();
@@ -108,8 +108,8 @@ TEST(VocabParallelLseCombine, ShardsThenCombineEqualTheGatheredCrossEntropy) {
   }
   const Combined c = combine(lses, tl, targets, ignore, vocab);
   Tensor want_loss = Tensor::empty({n}, DType::kF64), want_lse = Tensor::empty({n}, DType::kF64);
-  kernels::call_kernel<kernels::cross_entropy_forward_k>(logits, targets, ignore, vocab,
-                                                         want_loss, want_lse);
+  kernels::call_kernel<kernels::cross_entropy_forward_k>(logits, targets, ignore, vocab, want_loss,
+                                                         want_lse);
   const std::vector<double> wl = want_lse.to_vector(), gl = c.lse.to_vector();
   const std::vector<double> wr = want_loss.to_vector(), gr = c.row_loss.to_vector();
   double sum = 0.0;
@@ -169,9 +169,10 @@ TEST(VocabParallelIds, LocalIdsAndMaskOfTheShard) {
       ids[1] = start + rows - 1;
       ids[2] = start + rows;
       ids[3] = start - 1;
-      Tensor local = Tensor::full({3, 7}, 77, DType::kI64), mask = Tensor::full({3, 7, 1}, NAN, mdt);
-      kernels::call_kernel<kernels::vocab_parallel_ids_k>(
-          Tensor::from_vector(ids, {3, 7}).to(idt), start, rows, local, mask);
+      Tensor local = Tensor::full({3, 7}, 77, DType::kI64),
+             mask = Tensor::full({3, 7, 1}, NAN, mdt);
+      kernels::call_kernel<kernels::vocab_parallel_ids_k>(Tensor::from_vector(ids, {3, 7}).to(idt),
+                                                          start, rows, local, mask);
       const std::vector<double> l = local.to_vector(), m = mask.to_vector();
       for (size_t i = 0; i < ids.size(); ++i) {
         const bool mine = ids[i] >= start && ids[i] < start + rows;
