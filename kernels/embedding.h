@@ -16,9 +16,9 @@ LOOM_DECLARE_KERNEL(embedding_backward, void(const loom::Tensor& ids,   // ids (
                                              const loom::Tensor& dout,  // dout (N, C)
                                              loom::Tensor& dweight));   // dweight (V, C)
 
-// The rows of a vocab-parallel embedding shard (parallel/tp/layers.cpp): for every id,
-//   local_ids[n] = ids[n] − vocab_start and mask[n] = 1   if vocab_start ≤ ids[n] < vocab_start +
-//   rows local_ids[n] = 0                    and mask[n] = 0   otherwise
+// The rows of a vocab-parallel embedding shard (parallel/tp/layers.cpp), for every id n:
+//   local_ids[n] = ids[n] − vocab_start, mask[n] = 1  if ids[n] ∈ [vocab_start, vocab_start + rows)
+//   local_ids[n] = 0,                    mask[n] = 0  otherwise
 // so that embedding(local_ids, shard) · mask holds this rank's part of the lookup. ids (N) and
 // local_ids (N, i64) and mask (N, any float dtype the backend takes) are contiguous; no id is an
 // error (ids outside the shard are simply masked).
