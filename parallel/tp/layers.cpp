@@ -397,7 +397,8 @@ VocabParallelEmbedding::VocabParallelEmbedding(int64_t num_embeddings, int64_t d
 
 // Ids outside this rank's rows look up row 0 and are then zeroed by a mask, so the sum over
 // the group holds exactly one real row per token. The local ids and the mask are computed where
-// the ids live (vocab_parallel_ids), on the weight's device: no host read.
+// the ids live (vocab_parallel_ids), on the weight's device: no host read of the ids (the CUDA
+// lookup's own id check still reads back one flag, kernels/cuda/embedding.cu).
 Tensor VocabParallelEmbedding::forward(const Tensor& ids) const {
   const int64_t start = tp_->rank() * rows_;
   const Tensor dev_ids = ops::contiguous(ids.detach().to(weight_.device()));
