@@ -36,8 +36,9 @@ LOOM_DECLARE_KERNEL(cross_entropy_backward,
 //   lse_local_r    = log Σ_{j<vocab_valid} exp(logits_rj)       (in double, stored as lse dtype)
 //   target_logit_r = logits_{r, t_r − vocab_start} if t_r falls in this rank's real columns, else 0
 // and 0 to both on ignored rows; dtypes as lse in Note [Cross-entropy kernel contract]. The op
-// combines the ranks' lse_local into the global lse and sums target_logit over the group
-// (exactly one rank holds each target). The backward, with that global lse (N):
+// sums target_logit over the group (exactly one rank holds each target) and combines the ranks'
+// lse_local into the global lse (vocab_parallel_lse_combine below). The backward, with that
+// global lse (N):
 //   dlogits_rj += (exp(logits_rj − lse_r) − [vocab_start + j == t_r]) · dloss · grad_scale
 // for non-ignored rows and j < vocab_valid; other entries are untouched (ACCUMULATED, like
 // cross_entropy_backward).
