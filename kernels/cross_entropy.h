@@ -36,8 +36,9 @@ LOOM_DECLARE_KERNEL(cross_entropy_backward,
 //   lse_local_r    = log Σ_{j<vocab_valid} exp(logits_rj)       (in double, stored as lse dtype)
 //   target_logit_r = logits_{r, t_r − vocab_start} if t_r falls in this rank's real columns, else 0
 // and 0 to both on ignored rows; dtypes as lse in Note [Cross-entropy kernel contract]. The op
-// combines the ranks' lse_local into the global lse and sums target_logit over the group
-// (exactly one rank holds each target). The backward, with that global lse (N):
+// sums target_logit over the group (exactly one rank holds each target) and combines the ranks'
+// lse_local into the global lse (vocab_parallel_lse_combine below). The backward, with that
+// global lse (N):
 //   dlogits_rj += (exp(logits_rj − lse_r) − [vocab_start + j == t_r]) · dloss · grad_scale
 // for non-ignored rows and j < vocab_valid; other entries are untouched (ACCUMULATED, like
 // cross_entropy_backward).
@@ -50,3 +51,22 @@ LOOM_DECLARE_KERNEL(vocab_parallel_ce_backward,
                          const loom::Tensor& lse, const loom::Tensor& dloss, double grad_scale,
                          int64_t ignore_index, int64_t vocab_start, int64_t vocab_valid,
                          loom::Tensor& dlogits));
+
+// Note [Vocab-parallel lse combine]: the step after the all-gather of the group's lse_local and
+// the all-reduce of target_logit, on the device that holds them (no host read):
+//   lses (g, N)       the group's lse_local in rank order (contiguous, lse dtype)
+//   target_logit (N)  summed over the group (lse dtype); targets (N) as above
+// per row r whose target is not ignore_index, in double with the ranks in order:
+//   m = max_q lses_qr,  lse_r = m + log Σ_q exp(lses_qr − m),  row_loss_r = lse_r − target_logit_r
+// and lse_r = row_loss_r = 0 on ignored rows. lse (N) has lses' dtype, row_loss (N) is f64.
+// Then, over the non-ignored rows (count of them), in row order on the CPU and in a fixed order
+// on a device: loss () = Σ row_loss / count (computed in double, stored in lses' dtype; 0 when
+// count is 0) and inv_count () f64 = 1/count (0 when count is 0), the factor the backward
+// applies to dloss. The CPU kernel rejects a target outside [0, vocab_size) that is not
+// ignore_index; a device kernel cannot throw, so there such a row gets NaN lse and row_loss
+// (the loss is NaN) and still counts.
+LOOM_DECLARE_KERNEL(vocab_parallel_lse_combine,
+                    void(const loom::Tensor& lses, const loom::Tensor& target_logit,
+                         const loom::Tensor& targets, int64_t ignore_index, int64_t vocab_size,
+                         loom::Tensor& lse, loom::Tensor& row_loss, loom::Tensor& loss,
+                         loom::Tensor& inv_count));

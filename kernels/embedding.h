@@ -15,3 +15,13 @@ LOOM_DECLARE_KERNEL(embedding_forward, void(const loom::Tensor& ids,     // ids 
 LOOM_DECLARE_KERNEL(embedding_backward, void(const loom::Tensor& ids,   // ids (N)
                                              const loom::Tensor& dout,  // dout (N, C)
                                              loom::Tensor& dweight));   // dweight (V, C)
+
+// The rows of a vocab-parallel embedding shard (parallel/tp/layers.cpp), for every id n:
+//   local_ids[n] = ids[n] − vocab_start, mask[n] = 1  if ids[n] ∈ [vocab_start, vocab_start + rows)
+//   local_ids[n] = 0,                    mask[n] = 0  otherwise
+// so that embedding(local_ids, shard) · mask holds this rank's part of the lookup. ids (N) and
+// local_ids (N, i64) and mask (N, any float dtype the backend takes) are contiguous; no id is an
+// error (ids outside the shard are simply masked).
+LOOM_DECLARE_KERNEL(vocab_parallel_ids,
+                    void(const loom::Tensor& ids, int64_t vocab_start, int64_t rows,
+                         loom::Tensor& local_ids, loom::Tensor& mask));

@@ -34,6 +34,7 @@
   X(dropout_rows_backward)      \
   X(embedding_forward)          \
   X(embedding_backward)         \
+  X(vocab_parallel_ids)         \
   X(rope_forward)               \
   X(rope_backward)              \
   X(attention_forward)          \
@@ -45,6 +46,7 @@
   X(cross_entropy_backward)     \
   X(vocab_parallel_ce_forward)  \
   X(vocab_parallel_ce_backward) \
+  X(vocab_parallel_lse_combine) \
   X(adamw_step)                 \
   X(adamw_multi_step)
 

@@ -74,6 +74,9 @@ Tensor MeshModelParallel::loss(const Tensor& logits, const Tensor& targets, int6
                                int64_t vocab_size) const {
   Tensor l = tp::vocab_parallel_cross_entropy(logits, targets, ignore_index, vocab_size, *tp_);
   if (cp_->size() == 1) return l;
+  // The count is read from the targets on the host. The trainer always passes host targets
+  // (Batch is CPU, data/loader.h, also through the pipeline), so this reads host memory and
+  // never waits for a device; a caller passing device targets pays a copy to the host here.
   const std::vector<double> t = targets.to(Device::cpu()).contiguous().to_vector();
   double mine = 0;
   for (double id : t) mine += static_cast<int64_t>(id) != ignore_index ? 1.0 : 0.0;

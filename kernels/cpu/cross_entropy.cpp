@@ -3,6 +3,7 @@
 // first (threads must not throw); then rows are processed in parallel, one writer per row.
 #include "kernels/cross_entropy.h"
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 #include <vector>
@@ -211,8 +212,70 @@ void vocab_parallel_ce_backward_cpu(const Tensor& logits, const Tensor& targets,
   });
 }
 
+// Note [Vocab-parallel lse combine] in kernels/cross_entropy.h: rows in parallel (one writer
+// each), then the mean serially in row order, as the op's host loop did before this kernel.
+void vocab_parallel_lse_combine_cpu(const Tensor& lses, const Tensor& target_logit,
+                                    const Tensor& targets, int64_t ignore_index, int64_t vocab_size,
+                                    Tensor& lse, Tensor& row_loss, Tensor& loss,
+                                    Tensor& inv_count) {
+  const char* name = "vocab_parallel_lse_combine";
+  LOOM_CHECK(lses.dim() == 2 && lses.size(0) >= 1 && lses.is_contiguous(), name,
+             ": lses must be contiguous (g, N) with g >= 1, got ", shape_str(lses.shape()));
+  const int64_t g = lses.size(0), n = lses.size(1);
+  const DType dt = lses.dtype();
+  auto check_rows = [&](const Tensor& t, DType want, const char* what) {
+    LOOM_CHECK(t.dim() == 1 && t.size(0) == n && t.is_contiguous() && t.dtype() == want, name, ": ",
+               what, " must be contiguous (", n, ") ", dtype_name(want), ", got ",
+               shape_str(t.shape()), " ", dtype_name(t.dtype()));
+  };
+  check_rows(target_logit, dt, "target_logit");
+  check_rows(lse, dt, "lse");
+  check_rows(row_loss, DType::kF64, "row_loss");
+  LOOM_CHECK(targets.dim() == 1 && targets.size(0) == n && targets.is_contiguous(), name,
+             ": targets must be contiguous (", n, "), got ", shape_str(targets.shape()));
+  LOOM_CHECK(loss.numel() == 1 && loss.dtype() == dt, name, ": loss must be one ", dtype_name(dt),
+             " element");
+  LOOM_CHECK(inv_count.numel() == 1 && inv_count.dtype() == DType::kF64, name,
+             ": inv_count must be one f64 element");
+  LOOM_CHECK(vocab_size > 0, name, ": vocab_size ", vocab_size, " must be positive");
+  const std::vector<int64_t> tgt = checked_targets(targets, ignore_index, vocab_size, name);
+  LOOM_DISPATCH_FLOAT(dt, name, [&] {
+    const scalar_t* ls = lses.data<scalar_t>();
+    const scalar_t* tl = target_logit.data<scalar_t>();
+    scalar_t* out = lse.data<scalar_t>();
+    double* rl = row_loss.data<double>();
+    parallel_for(n, std::max<int64_t>(1, kElementGrain / g), [&](int64_t lo, int64_t hi) {
+      for (int64_t r = lo; r < hi; ++r) {
+        if (tgt[static_cast<size_t>(r)] == ignore_index) {
+          out[r] = scalar_t(0);
+          rl[r] = 0.0;
+          continue;
+        }
+        double m = -INFINITY;
+        for (int64_t q = 0; q < g; ++q) m = std::max(m, static_cast<double>(ls[q * n + r]));
+        double s = 0.0;
+        for (int64_t q = 0; q < g; ++q) s += std::exp(static_cast<double>(ls[q * n + r]) - m);
+        const double l = m + std::log(s);
+        out[r] = static_cast<scalar_t>(l);
+        rl[r] = l - static_cast<double>(tl[r]);
+      }
+    });
+    double total = 0.0;
+    int64_t count = 0;
+    for (int64_t r = 0; r < n; ++r) {
+      if (tgt[static_cast<size_t>(r)] == ignore_index) continue;
+      total += rl[r];
+      ++count;
+    }
+    loss.data<scalar_t>()[0] =
+        static_cast<scalar_t>(count > 0 ? total / static_cast<double>(count) : 0.0);
+    inv_count.data<double>()[0] = count > 0 ? 1.0 / static_cast<double>(count) : 0.0;
+  });
+}
+
 }  // namespace
 
+LOOM_REGISTER_KERNEL(vocab_parallel_lse_combine, kCpu, vocab_parallel_lse_combine_cpu);
 LOOM_REGISTER_KERNEL(vocab_parallel_ce_forward, kCpu, vocab_parallel_ce_forward_cpu);
 LOOM_REGISTER_KERNEL(vocab_parallel_ce_backward, kCpu, vocab_parallel_ce_backward_cpu);
 LOOM_REGISTER_KERNEL(cross_entropy_forward, kCpu, cross_entropy_forward_cpu);

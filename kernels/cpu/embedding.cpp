@@ -1,4 +1,5 @@
-// kernels/cpu/embedding.cpp — CPU embedding gather (forward) and scatter-add (backward). Ids are
+// kernels/cpu/embedding.cpp — CPU embedding gather (forward) and scatter-add (backward), and the
+// shard-local ids of a vocab-parallel lookup (vocab_parallel_ids). Ids are
 // validated serially before any parallel region (an exception must not leave an OpenMP region).
 // Backward groups token positions by id (a sort of (id, position) pairs, so order is fixed) and
 // gives each weight row to one thread, summing its tokens in position order: deterministic with
@@ -94,9 +95,38 @@ LOOM_SIMD
   });
 }
 
+// kernels/embedding.h: this rank's shard rows of each id, and a 0/1 mask of the ids it holds.
+void vocab_parallel_ids_cpu(const Tensor& ids, int64_t vocab_start, int64_t rows, Tensor& local_ids,
+                            Tensor& mask) {
+  const char* name = "vocab_parallel_ids";
+  const int64_t n = ids.numel();
+  LOOM_CHECK(ids.is_contiguous() && local_ids.is_contiguous() && mask.is_contiguous() &&
+                 local_ids.numel() == n && mask.numel() == n && local_ids.dtype() == DType::kI64,
+             name, ": ids (", n, "), local_ids (", n, ", i64) and mask (", n,
+             ") must be contiguous, got ", shape_str(ids.shape()), ", ",
+             shape_str(local_ids.shape()), " ", dtype_name(local_ids.dtype()), ", ",
+             shape_str(mask.shape()));
+  LOOM_DISPATCH_FLOAT(mask.dtype(), name, [&] {
+    LOOM_DISPATCH_INDEX(ids.dtype(), name, [&] {
+      const index_t* pi = ids.data<index_t>();
+      int64_t* pl = local_ids.data<int64_t>();
+      scalar_t* pm = mask.data<scalar_t>();
+      parallel_for(n, kElementGrain, [&](int64_t lo, int64_t hi) {
+        for (int64_t t = lo; t < hi; ++t) {
+          const auto id = static_cast<int64_t>(pi[t]);
+          const bool mine = id >= vocab_start && id < vocab_start + rows;
+          pl[t] = mine ? id - vocab_start : 0;
+          pm[t] = mine ? scalar_t(1) : scalar_t(0);
+        }
+      });
+    });
+  });
+}
+
 }  // namespace
 
 LOOM_REGISTER_KERNEL(embedding_forward, kCpu, embedding_forward_cpu);
 LOOM_REGISTER_KERNEL(embedding_backward, kCpu, embedding_backward_cpu);
+LOOM_REGISTER_KERNEL(vocab_parallel_ids, kCpu, vocab_parallel_ids_cpu);
 
 }  // namespace loom::kernels::cpu

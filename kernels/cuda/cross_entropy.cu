@@ -1,13 +1,18 @@
 // kernels/cuda/cross_entropy.cu — CUDA fused softmax cross-entropy (Note [Cross-entropy kernel
-// contract] in kernels/cross_entropy.h). One block per row; the forward makes one pass over the
-// row with an online max/sum (never storing probabilities), the backward one pass that
-// recomputes each probability from the saved lse. Rows are read in 16-byte vectors where the
-// row's alignment allows. Math in f32 (f64 for f64 logits); every reduction has a fixed order,
-// so results are deterministic. Must not synchronise the host or allocate.
+// contract] in kernels/cross_entropy.h), its vocab-parallel form (Note [Vocab-parallel
+// cross-entropy kernels]) and the combine of the group's statistics (Note [Vocab-parallel lse
+// combine]). One block per row (the combine: one thread per row, in double, then one block for
+// the mean); the forward makes one pass over the row with an online max/sum (never storing
+// probabilities), the backward one pass that recomputes each probability from the saved lse.
+// Rows are read in 16-byte vectors where the row's alignment allows. Math in f32 (f64 for f64
+// logits); every reduction has a fixed order, so results are deterministic. Must not synchronise
+// the host or allocate.
 //
-// Targets are validated on the host by the op (core/ops/cross_entropy.cpp); a kernel cannot
-// throw, so a row whose target is neither ignore_index nor in [0, vocab) gets NaN loss and lse
-// in the forward and NaN gradients in the backward, never an out-of-bounds read.
+// Targets are validated on the host by the ops when they are there (core/ops/cross_entropy.cpp,
+// parallel/tp/cross_entropy.cpp); a kernel cannot throw, so a row whose target is neither
+// ignore_index nor in range gets NaN loss and lse in the forward and NaN gradients in the
+// backward, never an out-of-bounds read (vocab-parallel: a negative target in the per-rank
+// kernels, one outside [0, vocab_size) in the combine).
 #include <cuda_runtime.h>
 
 #include <cmath>
@@ -16,6 +21,7 @@
 #include <type_traits>
 
 #include "kernels/cross_entropy.h"
+#include "kernels/cuda/block_reduce.cuh"
 #include "kernels/cuda/cuda_check.cuh"
 #include "kernels/cuda/cuda_device.cuh"
 #include "kernels/cuda/dtype_convert.cuh"
@@ -150,23 +156,15 @@ __device__ MaxSum<A> block_merge(MaxSum<A> v) {
   return result;
 }
 
-// logits (N, Vp), targets (N) → loss (N), lse (N). Grid: one block of kThreads per row.
-template <typename T, typename I>
-__global__ void cross_entropy_forward_kernel(const T* logits, const I* targets, int64_t vp,
-                                             int64_t vocab, int64_t ignore_index, acc_t<T>* loss,
-                                             acc_t<T>* lse) {
+// The online max/sum of row[0, n), merged over the block; every thread gets it. Every thread of
+// the block must call it (it contains barriers).
+template <typename T>
+__device__ MaxSum<acc_t<T>> row_max_sum(const T* row, int64_t n) {
   using A = acc_t<T>;
-  const int64_t r = blockIdx.x;
-  const int64_t t = static_cast<int64_t>(targets[r]);
-  if (t == ignore_index) {  // uniform over the block: no thread reaches a barrier
-    if (threadIdx.x == 0) loss[r] = lse[r] = A(0);
-    return;
-  }
-  const T* row = logits + r * vp;
   MaxSum<A> acc{-std::numeric_limits<A>::infinity(), A(0)};
-  const int64_t head = head_elements(row, vocab);
+  const int64_t head = head_elements(row, n);
   for (int64_t j = threadIdx.x; j < head; j += blockDim.x) add(acc, convert<A>(row[j]));
-  const int64_t nvec = (vocab - head) / kVec<T>;
+  const int64_t nvec = (n - head) / kVec<T>;
   const uint4* packs = reinterpret_cast<const uint4*>(row + head);
   for (int64_t v = threadIdx.x; v < nvec; v += blockDim.x) {
     const uint4 p = packs[v];
@@ -188,50 +186,84 @@ __global__ void cross_entropy_forward_kernel(const T* logits, const I* targets, 
       }
     }
   }
-  for (int64_t j = head + nvec * kVec<T> + threadIdx.x; j < vocab; j += blockDim.x) {
+  for (int64_t j = head + nvec * kVec<T> + threadIdx.x; j < n; j += blockDim.x) {
     add(acc, convert<A>(row[j]));
   }
-  const MaxSum<A> total = block_merge(acc);
+  return block_merge(acc);
+}
+
+template <typename A>
+__device__ __forceinline__ A lse_of(MaxSum<A> total) {
+  return isinf(total.m) ? total.m : total.m + log_acc(total.s);
+}
+
+// logits (N, Vp), targets (N) → loss (N), lse (N). Grid: one block of kThreads per row.
+template <typename T, typename I>
+__global__ void cross_entropy_forward_kernel(const T* logits, const I* targets, int64_t vp,
+                                             int64_t vocab, int64_t ignore_index, acc_t<T>* loss,
+                                             acc_t<T>* lse) {
+  using A = acc_t<T>;
+  const int64_t r = blockIdx.x;
+  const int64_t t = static_cast<int64_t>(targets[r]);
+  if (t == ignore_index) {  // uniform over the block: no thread reaches a barrier
+    if (threadIdx.x == 0) loss[r] = lse[r] = A(0);
+    return;
+  }
+  const T* row = logits + r * vp;
+  const MaxSum<A> total = row_max_sum(row, vocab);
   if (threadIdx.x == 0) {
     if (t < 0 || t >= vocab) {
       loss[r] = lse[r] = std::numeric_limits<A>::quiet_NaN();
       return;
     }
-    const A l = isinf(total.m) ? total.m : total.m + log_acc(total.s);
+    const A l = lse_of(total);
     lse[r] = l;
     loss[r] = l - convert<A>(row[t]);
   }
 }
 
-// dlogits (N, Vp) += (exp(logits − lse) − onehot(t)) · dloss · grad_scale over j < vocab.
+// Note [Vocab-parallel cross-entropy kernels]: lse over this rank's first `valid` columns, and
+// the target's logit where this rank holds it. Targets are global ids: only a negative one
+// (not ignore_index) is detectably wrong here; it gets NaN (the CPU kernel throws).
 template <typename T, typename I>
-__global__ void cross_entropy_backward_kernel(const T* logits, const I* targets,
-                                              const acc_t<T>* lse, const acc_t<T>* dloss,
-                                              acc_t<T> grad_scale, int64_t vp, int64_t vocab,
-                                              int64_t ignore_index, T* dlogits) {
+__global__ void vocab_parallel_ce_forward_kernel(const T* logits, const I* targets, int64_t vp,
+                                                 int64_t valid, int64_t vocab_start,
+                                                 int64_t ignore_index, acc_t<T>* lse_local,
+                                                 acc_t<T>* target_logit) {
   using A = acc_t<T>;
   const int64_t r = blockIdx.x;
   const int64_t t = static_cast<int64_t>(targets[r]);
-  if (t == ignore_index) return;
-  const T* row = logits + r * vp;
-  T* drow = dlogits + r * vp;
-  if (t < 0 || t >= vocab) {
-    for (int64_t j = threadIdx.x; j < vocab; j += blockDim.x) {
-      drow[j] = convert<T>(std::numeric_limits<A>::quiet_NaN());
-    }
+  if (t == ignore_index) {  // uniform over the block
+    if (threadIdx.x == 0) lse_local[r] = target_logit[r] = A(0);
     return;
   }
-  const A g = dloss[0] * grad_scale;
-  const A l = lse[r];
+  const T* row = logits + r * vp;
+  const MaxSum<A> total = row_max_sum(row, valid);
+  if (threadIdx.x == 0) {
+    if (t < 0) {
+      lse_local[r] = target_logit[r] = std::numeric_limits<A>::quiet_NaN();
+      return;
+    }
+    lse_local[r] = lse_of(total);
+    const int64_t j = t - vocab_start;
+    target_logit[r] = j >= 0 && j < valid ? convert<A>(row[j]) : A(0);
+  }
+}
+
+// drow[j] += (exp(row[j] − l) − [j == t]) · g for j < n; t may lie outside [0, n) (no one-hot
+// term then). The block's threads share the row.
+template <typename T>
+__device__ void add_row_grad(const T* row, T* drow, int64_t n, int64_t t, acc_t<T> l, acc_t<T> g) {
+  using A = acc_t<T>;
   auto grad = [&](int64_t j, A x, A d) { return d + exp_acc(x - l) * g - (j == t ? g : A(0)); };
   // Vectorise only when both rows share their alignment within 16 bytes.
   const bool same_phase =
       reinterpret_cast<uintptr_t>(row) % 16 == reinterpret_cast<uintptr_t>(drow) % 16;
-  const int64_t head = same_phase ? head_elements(row, vocab) : vocab;
+  const int64_t head = same_phase ? head_elements(row, n) : n;
   for (int64_t j = threadIdx.x; j < head; j += blockDim.x) {
     drow[j] = convert<T>(grad(j, convert<A>(row[j]), convert<A>(drow[j])));
   }
-  const int64_t nvec = (vocab - head) / kVec<T>;
+  const int64_t nvec = (n - head) / kVec<T>;
   const uint4* xp = reinterpret_cast<const uint4*>(row + head);
   uint4* dp = reinterpret_cast<uint4*>(drow + head);
   for (int64_t v = threadIdx.x; v < nvec; v += blockDim.x) {
@@ -242,8 +274,100 @@ __global__ void cross_entropy_backward_kernel(const T* logits, const I* targets,
     for (int e = 0; e < kVec<T>; ++e) set<T>(d, e, grad(j0 + e, get<T>(x, e), get<T>(d, e)));
     dp[v] = d;
   }
-  for (int64_t j = head + nvec * kVec<T> + threadIdx.x; j < vocab; j += blockDim.x) {
+  for (int64_t j = head + nvec * kVec<T> + threadIdx.x; j < n; j += blockDim.x) {
     drow[j] = convert<T>(grad(j, convert<A>(row[j]), convert<A>(drow[j])));
+  }
+}
+
+// A row whose target cannot be right gets NaN gradients over its first n columns.
+template <typename T>
+__device__ void poison_row(T* drow, int64_t n) {
+  using A = acc_t<T>;
+  for (int64_t j = threadIdx.x; j < n; j += blockDim.x) {
+    drow[j] = convert<T>(std::numeric_limits<A>::quiet_NaN());
+  }
+}
+
+// dlogits (N, Vp) += (exp(logits − lse) − onehot(t)) · dloss · grad_scale over j < vocab.
+template <typename T, typename I>
+__global__ void cross_entropy_backward_kernel(const T* logits, const I* targets,
+                                              const acc_t<T>* lse, const acc_t<T>* dloss,
+                                              acc_t<T> grad_scale, int64_t vp, int64_t vocab,
+                                              int64_t ignore_index, T* dlogits) {
+  const int64_t r = blockIdx.x;
+  const int64_t t = static_cast<int64_t>(targets[r]);
+  if (t == ignore_index) return;
+  if (t < 0 || t >= vocab) return poison_row(dlogits + r * vp, vocab);
+  add_row_grad(logits + r * vp, dlogits + r * vp, vocab, t, lse[r], dloss[0] * grad_scale);
+}
+
+// The same over this rank's first `valid` columns, the one-hot at the global target's local
+// column when this rank holds it (Note [Vocab-parallel cross-entropy kernels]).
+template <typename T, typename I>
+__global__ void vocab_parallel_ce_backward_kernel(const T* logits, const I* targets,
+                                                  const acc_t<T>* lse, const acc_t<T>* dloss,
+                                                  acc_t<T> grad_scale, int64_t vp, int64_t valid,
+                                                  int64_t vocab_start, int64_t ignore_index,
+                                                  T* dlogits) {
+  const int64_t r = blockIdx.x;
+  const int64_t t = static_cast<int64_t>(targets[r]);
+  if (t == ignore_index) return;
+  if (t < 0) return poison_row(dlogits + r * vp, valid);
+  add_row_grad(logits + r * vp, dlogits + r * vp, valid, t - vocab_start, lse[r],
+               dloss[0] * grad_scale);
+}
+
+// Note [Vocab-parallel lse combine]: one thread per row, in double, ranks in order (the CPU's
+// arithmetic; exp and log may differ from glibc's in the last bit).
+template <typename S, typename I>
+__global__ void lse_combine_rows_kernel(const S* lses, const S* target_logit, const I* targets,
+                                        int64_t g, int64_t n, int64_t ignore_index, int64_t vocab,
+                                        S* lse, double* row_loss) {
+  const int64_t step = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  for (int64_t r = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; r < n; r += step) {
+    const int64_t t = static_cast<int64_t>(targets[r]);
+    if (t == ignore_index) {
+      lse[r] = S(0);
+      row_loss[r] = 0.0;
+      continue;
+    }
+    if (t < 0 || t >= vocab) {
+      lse[r] = static_cast<S>(std::numeric_limits<double>::quiet_NaN());
+      row_loss[r] = std::numeric_limits<double>::quiet_NaN();
+      continue;
+    }
+    double m = -std::numeric_limits<double>::infinity();
+    for (int64_t q = 0; q < g; ++q) {
+      const auto x = static_cast<double>(lses[q * n + r]);
+      m = m < x ? x : m;
+    }
+    double sum = 0.0;
+    for (int64_t q = 0; q < g; ++q) sum += ::exp(static_cast<double>(lses[q * n + r]) - m);
+    const double l = m + ::log(sum);
+    lse[r] = static_cast<S>(l);
+    row_loss[r] = l - static_cast<double>(target_logit[r]);
+  }
+}
+
+// One block: Σ row_loss and the count over non-ignored rows, in a fixed order (each thread its
+// strided rows, then block_sum), then loss = Σ / count and inv_count = 1 / count (0 and 0 when
+// no row counts).
+constexpr unsigned kMeanThreads = 512;
+
+template <typename S, typename I>
+__global__ void lse_combine_mean_kernel(const double* row_loss, const I* targets, int64_t n,
+                                        int64_t ignore_index, S* loss, double* inv_count) {
+  __shared__ double scratch[2 * kWarpSize];
+  double v[2] = {0.0, 0.0};
+  for (int64_t r = threadIdx.x; r < n; r += blockDim.x) {
+    if (static_cast<int64_t>(targets[r]) == ignore_index) continue;
+    v[0] += row_loss[r];
+    v[1] += 1.0;
+  }
+  block_sum<2>(v, scratch);
+  if (threadIdx.x == 0) {
+    loss[0] = static_cast<S>(v[1] > 0.0 ? v[0] / v[1] : 0.0);
+    inv_count[0] = v[1] > 0.0 ? 1.0 / v[1] : 0.0;
   }
 }
 
@@ -342,8 +466,130 @@ void cross_entropy_backward_cuda(const Tensor& logits, const Tensor& targets, co
   LOOM_CUDA_LAUNCH_CHECK();
 }
 
+void check_shard(const Tensor& logits, int64_t vocab_start, int64_t vocab_valid, const char* name) {
+  LOOM_CHECK(vocab_start >= 0 && vocab_valid >= 1 && vocab_valid <= logits.size(1), name,
+             ": vocab_start ", vocab_start, " / vocab_valid ", vocab_valid,
+             " do not describe a shard of ", logits.size(1), " columns");
+}
+
+void vocab_parallel_ce_forward_cuda(const Tensor& logits, const Tensor& targets,
+                                    int64_t ignore_index, int64_t vocab_start, int64_t vocab_valid,
+                                    Tensor& lse_local, Tensor& target_logit) {
+  const char* name = "vocab_parallel_ce_forward";
+  check_common(logits, targets, vocab_valid, name);
+  check_shard(logits, vocab_start, vocab_valid, name);
+  check_row_buffer(lse_local, logits, name, "lse_local");
+  check_row_buffer(target_logit, logits, name, "target_logit");
+  const int64_t n = logits.size(0);
+  if (n == 0) return;
+  LOOM_CHECK(n <= std::numeric_limits<int32_t>::max(), name, ": too many rows (", n, ")");
+  CudaDeviceGuard guard(logits.device().index);
+  dispatch_logits(logits.dtype(), name, [&](auto tag) {
+    using T = decltype(tag);
+    using A = acc_t<T>;
+    LOOM_DISPATCH_INDEX(targets.dtype(), name, [&] {
+      vocab_parallel_ce_forward_kernel<T, index_t>
+          <<<static_cast<unsigned>(n), kThreads, 0, compute_stream()>>>(
+              static_cast<const T*>(logits.raw_data()),
+              static_cast<const index_t*>(targets.raw_data()), logits.size(1), vocab_valid,
+              vocab_start, ignore_index, static_cast<A*>(lse_local.raw_data()),
+              static_cast<A*>(target_logit.raw_data()));
+    });
+  });
+  LOOM_CUDA_LAUNCH_CHECK();
+}
+
+void vocab_parallel_ce_backward_cuda(const Tensor& logits, const Tensor& targets, const Tensor& lse,
+                                     const Tensor& dloss, double grad_scale, int64_t ignore_index,
+                                     int64_t vocab_start, int64_t vocab_valid, Tensor& dlogits) {
+  const char* name = "vocab_parallel_ce_backward";
+  check_common(logits, targets, vocab_valid, name);
+  check_shard(logits, vocab_start, vocab_valid, name);
+  check_row_buffer(lse, logits, name, "lse");
+  LOOM_CHECK(dloss.numel() == 1 && dloss.dtype() == lse.dtype(), name, ": dloss must be one ",
+             dtype_name(lse.dtype()), " element, got ", shape_str(dloss.shape()), " ",
+             dtype_name(dloss.dtype()));
+  LOOM_CHECK(dlogits.shape() == logits.shape() && dlogits.dtype() == logits.dtype() &&
+                 dlogits.is_contiguous(),
+             name, ": dlogits must be contiguous like logits ", shape_str(logits.shape()));
+  const int64_t n = logits.size(0);
+  if (n == 0) return;
+  LOOM_CHECK(n <= std::numeric_limits<int32_t>::max(), name, ": too many rows (", n, ")");
+  CudaDeviceGuard guard(logits.device().index);
+  dispatch_logits(logits.dtype(), name, [&](auto tag) {
+    using T = decltype(tag);
+    using A = acc_t<T>;
+    LOOM_DISPATCH_INDEX(targets.dtype(), name, [&] {
+      vocab_parallel_ce_backward_kernel<T, index_t>
+          <<<static_cast<unsigned>(n), kThreads, 0, compute_stream()>>>(
+              static_cast<const T*>(logits.raw_data()),
+              static_cast<const index_t*>(targets.raw_data()),
+              static_cast<const A*>(lse.raw_data()), static_cast<const A*>(dloss.raw_data()),
+              static_cast<A>(grad_scale), logits.size(1), vocab_valid, vocab_start, ignore_index,
+              static_cast<T*>(dlogits.raw_data()));
+    });
+  });
+  LOOM_CUDA_LAUNCH_CHECK();
+}
+
+void vocab_parallel_lse_combine_cuda(const Tensor& lses, const Tensor& target_logit,
+                                     const Tensor& targets, int64_t ignore_index,
+                                     int64_t vocab_size, Tensor& lse, Tensor& row_loss,
+                                     Tensor& loss, Tensor& inv_count) {
+  const char* name = "vocab_parallel_lse_combine";
+  LOOM_CHECK(lses.dim() == 2 && lses.size(0) >= 1 && lses.is_contiguous(), name,
+             ": lses must be contiguous (g, N) with g >= 1, got ", shape_str(lses.shape()));
+  const int64_t g = lses.size(0), n = lses.size(1);
+  const DType dt = lses.dtype();
+  LOOM_CHECK(dt == DType::kF32 || dt == DType::kF64, name, ": lses dtype ", dtype_name(dt),
+             " not supported (f32, f64)");
+  auto check_rows = [&](const Tensor& t, DType want, const char* what) {
+    LOOM_CHECK(t.dim() == 1 && t.size(0) == n && t.is_contiguous() && t.dtype() == want, name, ": ",
+               what, " must be contiguous (", n, ") ", dtype_name(want), ", got ",
+               shape_str(t.shape()), " ", dtype_name(t.dtype()));
+  };
+  check_rows(target_logit, dt, "target_logit");
+  check_rows(lse, dt, "lse");
+  check_rows(row_loss, DType::kF64, "row_loss");
+  LOOM_CHECK(targets.dim() == 1 && targets.size(0) == n && targets.is_contiguous(), name,
+             ": targets must be contiguous (", n, "), got ", shape_str(targets.shape()));
+  LOOM_CHECK(loss.numel() == 1 && loss.dtype() == dt, name, ": loss must be one ", dtype_name(dt),
+             " element");
+  LOOM_CHECK(inv_count.numel() == 1 && inv_count.dtype() == DType::kF64, name,
+             ": inv_count must be one f64 element");
+  LOOM_CHECK(vocab_size > 0, name, ": vocab_size ", vocab_size, " must be positive");
+  CudaDeviceGuard guard(lses.device().index);
+  auto launch = [&](auto tag) {
+    using S = decltype(tag);
+    LOOM_DISPATCH_INDEX(targets.dtype(), name, [&] {
+      const auto* pt = static_cast<const index_t*>(targets.raw_data());
+      if (n > 0) {
+        constexpr unsigned kRowThreads = 256;
+        lse_combine_rows_kernel<S, index_t>
+            <<<grid_for(n, kRowThreads), kRowThreads, 0, compute_stream()>>>(
+                static_cast<const S*>(lses.raw_data()),
+                static_cast<const S*>(target_logit.raw_data()), pt, g, n, ignore_index, vocab_size,
+                static_cast<S*>(lse.raw_data()), static_cast<double*>(row_loss.raw_data()));
+        LOOM_CUDA_LAUNCH_CHECK();
+      }
+      lse_combine_mean_kernel<S, index_t><<<1, kMeanThreads, 0, compute_stream()>>>(
+          static_cast<const double*>(row_loss.raw_data()), pt, n, ignore_index,
+          static_cast<S*>(loss.raw_data()), static_cast<double*>(inv_count.raw_data()));
+      LOOM_CUDA_LAUNCH_CHECK();
+    });
+  };
+  if (dt == DType::kF64) {
+    launch(double{});
+  } else {
+    launch(float{});
+  }
+}
+
 }  // namespace
 
+LOOM_REGISTER_KERNEL(vocab_parallel_ce_forward, kCuda, vocab_parallel_ce_forward_cuda);
+LOOM_REGISTER_KERNEL(vocab_parallel_ce_backward, kCuda, vocab_parallel_ce_backward_cuda);
+LOOM_REGISTER_KERNEL(vocab_parallel_lse_combine, kCuda, vocab_parallel_lse_combine_cuda);
 LOOM_REGISTER_KERNEL(cross_entropy_forward, kCuda, cross_entropy_forward_cuda);
 LOOM_REGISTER_KERNEL(cross_entropy_backward, kCuda, cross_entropy_backward_cuda);
 

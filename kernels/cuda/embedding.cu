@@ -1,5 +1,6 @@
 // kernels/cuda/embedding.cu — CUDA embedding gather (forward) and deterministic scatter-add
-// (backward), the contracts of kernels/embedding.h, for f32/f64 and bf16/f16 storage.
+// (backward), the contracts of kernels/embedding.h, for f32/f64 and bf16/f16 storage; and the
+// shard-local ids and mask of a vocab-parallel lookup (vocab_parallel_ids, no host sync).
 //
 // Note [CUDA embedding backward]: token positions are grouped by id with a stable radix sort of
 // (id, position) pairs (CUB), so each id's positions stay in token order. The block of a run's
@@ -201,8 +202,47 @@ void embedding_backward_cuda(const Tensor& ids, const Tensor& dout, Tensor& dwei
   });
 }
 
+// kernels/embedding.h vocab_parallel_ids: one thread per id (grid-stride), no checks needed
+// (ids outside the shard are masked, never read).
+template <typename T, typename I>
+__global__ void vocab_parallel_ids_kernel(const I* ids, int64_t n, int64_t start, int64_t rows,
+                                          int64_t* local_ids, T* mask) {
+  const int64_t step = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += step) {
+    const auto id = static_cast<int64_t>(ids[i]);
+    const bool mine = id >= start && id < start + rows;
+    local_ids[i] = mine ? id - start : 0;
+    mask[i] = convert<T>(mine ? 1.0f : 0.0f);
+  }
+}
+
+void vocab_parallel_ids_cuda(const Tensor& ids, int64_t vocab_start, int64_t rows,
+                             Tensor& local_ids, Tensor& mask) {
+  const char* name = "vocab_parallel_ids";
+  const int64_t n = ids.numel();
+  LOOM_CHECK(ids.is_contiguous() && local_ids.is_contiguous() && mask.is_contiguous() &&
+                 local_ids.numel() == n && mask.numel() == n && local_ids.dtype() == DType::kI64,
+             name, ": ids (", n, "), local_ids (", n, ", i64) and mask (", n,
+             ") must be contiguous, got ", shape_str(ids.shape()), ", ",
+             shape_str(local_ids.shape()), " ", dtype_name(local_ids.dtype()), ", ",
+             shape_str(mask.shape()));
+  if (n == 0) return;
+  CudaDeviceGuard guard(ids.device().index);
+  LOOM_CUDA_DISPATCH_FLOAT(mask.dtype(), name, [&] {
+    using T = scalar_t;
+    LOOM_DISPATCH_INDEX(ids.dtype(), name, [&] {
+      vocab_parallel_ids_kernel<T, index_t>
+          <<<blocks_for(n, kThreads), kThreads, 0, compute_stream()>>>(
+              static_cast<const index_t*>(ids.raw_data()), n, vocab_start, rows,
+              static_cast<int64_t*>(local_ids.raw_data()), static_cast<T*>(mask.raw_data()));
+    });
+  });
+  LOOM_CUDA_LAUNCH_CHECK();
+}
+
 }  // namespace
 
+LOOM_REGISTER_KERNEL(vocab_parallel_ids, kCuda, vocab_parallel_ids_cuda);
 LOOM_REGISTER_KERNEL(embedding_forward, kCuda, embedding_forward_cuda);
 LOOM_REGISTER_KERNEL(embedding_backward, kCuda, embedding_backward_cuda);
 

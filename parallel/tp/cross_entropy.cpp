@@ -1,17 +1,29 @@
 // parallel/tp/cross_entropy.cpp — vocab-parallel cross-entropy (see the header).
 //
-// Note [Vocab-parallel lse]: every rank all-gathers the group's local log-sum-exps (N each)
-// and combines them in rank order in double, lse = m + log Σ_r exp(lse_r − m) with m the
-// largest, so every rank computes the same bits; the target logit is an all-reduce sum (one
-// rank contributes each row). The (N)-vectors are combined on the host: for device tensors
-// this reads 2·N values per step (a synchronisation the CUDA path may later move into a kernel).
+// Note [Vocab-parallel lse]: every rank all-gathers the group's local log-sum-exps (N each) and
+// all-reduces the target logits (one rank contributes each row); vocab_parallel_lse_combine
+// (Note [Vocab-parallel lse combine] in kernels/cross_entropy.h) then combines them where they
+// live, in rank order in double, lse = m + log Σ_r exp(lse_r − m) with m the largest, so every
+// rank computes the same bits, and reduces the row losses to the mean. Nothing (N)-sized is read
+// on the host, so a CUDA step does not wait for the device here:
+//   - count: the combine kernel counts the non-ignored rows on the device (it reads the targets
+//     anyway) and writes 1/count as a 0-d f64 tensor. The backward multiplies dloss by it in
+//     f64 and rounds once to the statistics dtype, then calls the backward kernel with
+//     grad_scale 1: the bits the former host factor gave (dloss · (1/count), rounded once).
+//     Counting host targets on the host would save nothing and need a second code path.
+//   - range checks: targets the caller holds on the host (the trainer's batches always are,
+//     data/loader.h) are checked here, before any collective, with the error naming the row;
+//     they are then copied to the logits' device. Targets already on a device are not read
+//     back: an out-of-range target there gives that row, and so the loss, NaN (the CUDA
+//     kernels' rule) instead of an error.
+// On the CPU every step is the former host loop's arithmetic in the same order (the mean in row
+// order, lse rounded once to its dtype), so results are bit-identical to it.
 #include "parallel/tp/cross_entropy.h"
 
 #include <algorithm>
-#include <cmath>
-#include <vector>
 
 #include "core/autograd.h"
+#include "core/ops/elementwise.h"
 #include "core/ops/view.h"
 #include "kernels/cross_entropy.h"
 #include "parallel/tp/comm_ops.h"
@@ -36,43 +48,42 @@ Tensor vocab_parallel_cross_entropy(const Tensor& logits_local, const Tensor& ta
              shape_str(targets.shape()), " do not match logits ", shape_str(logits_local.shape()));
 
   const Tensor x = ops::contiguous(ops::reshape(logits_local.detach(), {n, vl}));
-  const Tensor t = ops::contiguous(ops::reshape(targets.detach(), {n}));
+  const Tensor t_in = ops::contiguous(ops::reshape(targets.detach(), {n}));
+  if (t_in.device().is_cpu()) {  // Note [Vocab-parallel lse]: host targets are checked here
+    LOOM_DISPATCH_INDEX(t_in.dtype(), op, [&] {
+      const index_t* p = t_in.data<index_t>();
+      for (int64_t r = 0; r < n; ++r) {
+        const auto id = static_cast<int64_t>(p[r]);
+        LOOM_CHECK(id == ignore_index || (id >= 0 && id < vocab_size), op, ": target ", id,
+                   " at row ", r, " is outside [0, ", vocab_size, ") and is not ignore_index (",
+                   ignore_index, ")");
+      }
+    });
+  }
+  const Tensor t = t_in.to(x.device());
   const DType stat = is_floating(x.dtype()) && dtype_size(x.dtype()) < 4 ? DType::kF32 : x.dtype();
   Tensor lse_local = Tensor::empty({n}, stat, x.device()), tl = Tensor::empty({n}, stat, x.device());
   kernels::call_kernel<kernels::vocab_parallel_ce_forward_k>(x, t, ignore_index, start, valid,
                                                              lse_local, tl);
-  const std::vector<double> lses = all_gather_dim(lse_local, group, 0).to(Device::cpu()).to_vector();
-  const std::vector<double> tls = all_reduce_sum(tl, group).to(Device::cpu()).to_vector();
-  const std::vector<double> ids = t.to(Device::cpu()).to_vector();
-
-  const int g = group.size();
-  std::vector<double> lse(static_cast<size_t>(n), 0.0);
-  double total = 0.0;
-  int64_t count = 0;
-  for (int64_t r = 0; r < n; ++r) {
-    const auto id = static_cast<int64_t>(ids[static_cast<size_t>(r)]);
-    if (id == ignore_index) continue;
-    LOOM_CHECK(id >= 0 && id < vocab_size, op, ": target ", id, " at row ", r, " is outside [0, ",
-               vocab_size, ") and is not ignore_index (", ignore_index, ")");
-    double m = -INFINITY;
-    for (int q = 0; q < g; ++q) m = std::max(m, lses[static_cast<size_t>(q * n + r)]);
-    double s = 0.0;
-    for (int q = 0; q < g; ++q) s += std::exp(lses[static_cast<size_t>(q * n + r)] - m);
-    lse[static_cast<size_t>(r)] = m + std::log(s);
-    total += lse[static_cast<size_t>(r)] - tls[static_cast<size_t>(r)];
-    ++count;
-  }
-  const double mean = count > 0 ? total / static_cast<double>(count) : 0.0;
-  Tensor loss = Tensor::full({}, mean, stat, x.device());
+  const Tensor lses = ops::reshape(all_gather_dim(lse_local, group, 0), {group.size(), n});
+  const Tensor tl_sum = all_reduce_sum(tl, group);
+  Tensor lse = Tensor::empty({n}, stat, x.device());
+  Tensor row_loss = Tensor::empty({n}, DType::kF64, x.device());
+  Tensor loss = Tensor::empty({}, stat, x.device());
+  Tensor inv_count = Tensor::empty({}, DType::kF64, x.device());
+  kernels::call_kernel<kernels::vocab_parallel_lse_combine_k>(
+      lses, tl_sum, t, ignore_index, vocab_size, lse, row_loss, loss, inv_count);
   if (autograd::needs_grad({&logits_local})) {
-    const Tensor lse_t = Tensor::from_vector(lse, {n}).to(stat).to(x.device());
     const Shape shape = logits_local.shape();
-    const double scale = count > 0 ? 1.0 / static_cast<double>(count) : 0.0;
     autograd::record_function(op, {logits_local}, {&loss}, [=](const std::vector<Tensor>& gr) {
       Tensor dx = Tensor::zeros({n, vl}, x.dtype(), x.device());
-      if (gr[0].defined() && count > 0) {
-        kernels::call_kernel<kernels::vocab_parallel_ce_backward_k>(
-            x, t, lse_t, ops::contiguous(gr[0]), scale, ignore_index, start, valid, dx);
+      if (gr[0].defined()) {
+        autograd::NoGradGuard no_grad;
+        // dloss · (1/count) in f64, rounded once (Note [Vocab-parallel lse]).
+        const Tensor d64 = ops::to_dtype(ops::reshape(ops::contiguous(gr[0]), {}), DType::kF64);
+        const Tensor dloss = ops::contiguous(ops::to_dtype(ops::mul(d64, inv_count), stat));
+        kernels::call_kernel<kernels::vocab_parallel_ce_backward_k>(x, t, lse, dloss, 1.0,
+                                                                    ignore_index, start, valid, dx);
       }
       return std::vector<Tensor>{ops::reshape(dx, shape)};
     });

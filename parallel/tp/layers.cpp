@@ -13,6 +13,7 @@
 #include "core/ops/reduce.h"
 #include "core/ops/view.h"
 #include "core/rng.h"
+#include "kernels/embedding.h"
 #include "parallel/comm/ring.h"
 #include "parallel/tp/comm_ops.h"
 
@@ -385,22 +386,17 @@ VocabParallelEmbedding::VocabParallelEmbedding(int64_t num_embeddings, int64_t d
 }
 
 // Ids outside this rank's rows look up row 0 and are then zeroed by a mask, so the sum over
-// the group holds exactly one real row per token.
+// the group holds exactly one real row per token. The local ids and the mask are computed where
+// the ids live (vocab_parallel_ids), on the weight's device: no host read of the ids (the CUDA
+// lookup's own id check still reads back one flag, kernels/cuda/embedding.cu).
 Tensor VocabParallelEmbedding::forward(const Tensor& ids) const {
   const int64_t start = tp_->rank() * rows_;
-  const std::vector<double> host = ids.to(Device::cpu()).contiguous().to_vector();
-  std::vector<int64_t> local(host.size());
-  std::vector<float> keep(host.size());
-  for (size_t i = 0; i < host.size(); ++i) {
-    const auto id = static_cast<int64_t>(host[i]);
-    const bool mine = id >= start && id < start + rows_;
-    local[i] = mine ? id - start : 0;
-    keep[i] = mine ? 1.0f : 0.0f;
-  }
+  const Tensor dev_ids = ops::contiguous(ids.detach().to(weight_.device()));
+  Tensor local_ids = Tensor::empty(ids.shape(), DType::kI64, weight_.device());
   Shape mask_shape = ids.shape();
   mask_shape.push_back(1);
-  const Tensor local_ids = Tensor::from_vector(local, ids.shape()).to(weight_.device());
-  const Tensor mask = Tensor::from_vector(keep, mask_shape).to(weight_.dtype()).to(weight_.device());
+  Tensor mask = Tensor::empty(mask_shape, weight_.dtype(), weight_.device());
+  kernels::call_kernel<kernels::vocab_parallel_ids_k>(dev_ids, start, rows_, local_ids, mask);
   // In the compute dtype (Note [Compute dtype]); each token's sum over the group has one
   // non-zero term, so reducing in a narrow dtype loses nothing.
   const Tensor partial = compute(ops::mul(ops::embedding(local_ids, weight_), mask));
