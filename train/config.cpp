@@ -64,6 +64,8 @@ void visit_fields(Config& c, V&& v) {
   v("train", "dtype", t.dtype);
   v("train", "precision", t.precision);
   v("train", "allow_tf32", t.allow_tf32);
+  v("train", "loss_scaling", t.loss_scaling);
+  v("train", "initial_loss_scale", t.initial_loss_scale);
   v("train", "peak_flops", t.peak_flops);
   v("train", "log_every", t.log_every);
   v("train", "val_every", t.val_every);
@@ -259,6 +261,12 @@ void validate_precision(const TrainConfig& t) {
   require((p != "bf16" && p != "f16") || t.device == "cuda",
           "train.precision: " + p + " needs train.device: cuda (the CPU kernels compute in f32 and f64 only)");
   require(!t.allow_tf32 || t.device == "cuda", "train.allow_tf32: TF32 is a CUDA feature; set train.device: cuda");
+  require(t.loss_scaling == "auto" || t.loss_scaling == "dynamic" || t.loss_scaling == "none",
+          "train.loss_scaling: unknown value '" + t.loss_scaling + "' (auto, dynamic, none)");
+  require(t.loss_scaling != "none" || p != "f16",
+          "train.loss_scaling: none with train.precision f16 would lose small gradients (use auto or dynamic)");
+  require(std::isfinite(t.initial_loss_scale) && t.initial_loss_scale >= 1.0,
+          "train.initial_loss_scale: must be finite and at least 1, got " + str(t.initial_loss_scale));
 }
 
 }  // namespace
@@ -320,8 +328,6 @@ void validate_config(const Config& c) {
           "parallel.mics_partition_size: MiCS shards optimizer state; set parallel.zero_stage to 1, 2 or 3");
   require(p.bucket_mb > 0, "parallel.bucket_mb: must be positive, got " + str(p.bucket_mb));
   require(p.comm_timeout_s > 0, "parallel.comm_timeout_s: must be positive, got " + str(p.comm_timeout_s));
-  require(p.dp == 1 || t.precision != "f16",
-          "train.precision: f16 (dynamic loss scaling) is not supported with parallel.dp > 1 yet; use bf16");
   require(p.dp == 1 || o.name == "adamw", "optim.name: sgd is not supported with parallel.dp > 1 (the data-parallel engine shards AdamW)");
   validate_pipeline_config(c);
   validate_model_parallel_config(c);

@@ -47,6 +47,10 @@ struct TrainConfig {
   std::string dtype = "f32";       // parameters (master weights) and optimizer state: f32 | f64
   std::string precision = "f32";   // forward/backward compute dtype, Note [Precision]
   bool allow_tf32 = false;         // cuda: f32 GEMMs may use TF32 tensor cores
+  // Dynamic loss scaling (optim/loss_scaler.h): auto (on for f16 only) | dynamic (any precision)
+  // | none (not with f16); the first scale, rounded down to a power of two.
+  std::string loss_scaling = "auto";
+  double initial_loss_scale = 65536.0;
   double peak_flops = 0;     // FLOP/s for MFU; 0 = measure with a short SGEMM at start
   int64_t log_every = 1;
   int64_t val_every = 50;    // 0 disables

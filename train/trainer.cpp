@@ -119,7 +119,7 @@ struct Trainer::State {
   std::ostream* log;
   std::unique_ptr<Transformer> model;
   Device device;                              // train.device, resolved
-  std::unique_ptr<optim::LossScaler> scaler;  // train.precision f16 only
+  std::unique_ptr<optim::LossScaler> scaler;  // train.loss_scaling (f16 by default)
   Generator dropout_gen{0};
   Generator sample_gen{0};
   std::unique_ptr<optim::Optimizer> optimizer;       // single process
@@ -170,6 +170,8 @@ struct Trainer::State {
   void resume(const std::string& which);
   StepRecord train_step();
   StepRecord pipeline_step(StepRecord r);
+  // Note [Loss scaling across ranks]: unscales and decides the step from the scaled norm.
+  double unscale_and_update(double scaled_norm, const std::function<void(double)>& scale_grads, bool* skipped);
   void log_step(const StepRecord& r, double dt);
   void save();
   std::vector<Tensor> grads() const;
@@ -197,7 +199,9 @@ void Trainer::State::build() {
   model = std::make_unique<Transformer>(mc, parse_dtype(cfg.train.dtype), device, mp.get());
   if (mp && cfg.parallel.tp > 1) tp_shards = parallel::tensor_parallel_shard_names(*model);
   if (cfg.train.precision != cfg.train.dtype) model->set_compute_dtype(parse_dtype(cfg.train.precision));
-  if (cfg.train.precision == "f16") scaler = std::make_unique<optim::LossScaler>();
+  if (cfg.train.loss_scaling == "dynamic" || (cfg.train.loss_scaling == "auto" && cfg.train.precision == "f16")) {
+    scaler = std::make_unique<optim::LossScaler>(cfg.train.initial_loss_scale);
+  }
   model->init_weights(init_gen);
   if (cfg.parallel.dp > 1 && ctx != nullptr) {  // dropout draws the single-process batch's masks for this replica's rows
     model->set_batch_slice({ctx->dp_rank() * cfg.data.batch_size, cfg.parallel.dp * cfg.data.batch_size});
@@ -503,8 +507,14 @@ StepRecord Trainer::State::train_step() {
     r.loss = loss_sum.item();
     dp->finish_gradient_sync();
     const auto t_opt = Clock::now();
-    r.grad_norm = dp->clip_grad_norm(cfg.optim.grad_clip > 0 ? cfg.optim.grad_clip : INFINITY);
-    dp->step(r.lr);
+    if (scaler) {  // Note [Loss scaling across ranks]
+      r.grad_norm = unscale_and_update(std::sqrt(dp->grad_sq_sum()), [this](double f) { dp->scale_grads(f); },
+                                       &r.skipped);
+      if (!r.skipped && cfg.optim.grad_clip > 0) dp->scale_grads(optim::clip_scale(r.grad_norm, cfg.optim.grad_clip));
+    } else {
+      r.grad_norm = dp->clip_grad_norm(cfg.optim.grad_clip > 0 ? cfg.optim.grad_clip : INFINITY);
+    }
+    if (!r.skipped) dp->step(r.lr);
     if (trace) {
       trace->span("compute", "wait for gradient sync", t_sync, t_opt);
       trace->span("compute", "clip + optimizer + parameter gather", t_opt, Clock::now());
@@ -550,9 +560,10 @@ StepRecord Trainer::State::pipeline_step(StepRecord r) {
     targets.push_back(cn > 1 ? parallel::cp::shard_sequence(b.targets, 1, cr, cn) : b.targets);
   }
   const auto t0 = Clock::now();
-  r.loss = pipe->forward_backward(inputs, targets, &dropout_gen, [this](bool last) {
-    if (dp) dp->set_sync(last);
-  }) / static_cast<double>(cp_size());  // this cp rank's share (the loss carried the ×cp)
+  r.loss = pipe->forward_backward(
+               inputs, targets, &dropout_gen, [this](bool last) { if (dp) dp->set_sync(last); },
+               scaler ? scaler->scale() : 1.0) /
+           static_cast<double>(cp_size());  // this cp rank's share (the loss carried the ×cp)
   if (cp_size() > 1) {
     Tensor share = Tensor::full({1}, r.loss, DType::kF64);
     ctx->cp().all_reduce(share, parallel::ReduceOp::kSum);
@@ -565,23 +576,27 @@ StepRecord Trainer::State::pipeline_step(StepRecord r) {
     Tensor sq = Tensor::full({1}, dp->grad_sq_sum([this](const std::string& n) { return pipe->is_tied_copy(n); }),
                              DType::kF64);
     ctx->pp().all_reduce(sq, parallel::ReduceOp::kSum);
-    r.grad_norm = std::sqrt(sq.item());
-    if (cfg.optim.grad_clip > 0) dp->scale_grads(optim::clip_scale(r.grad_norm, cfg.optim.grad_clip));
+    const auto scale = [this](double f) { dp->scale_grads(f); };
+    r.grad_norm = scaler ? unscale_and_update(std::sqrt(sq.item()), scale, &r.skipped) : std::sqrt(sq.item());
+    if (!r.skipped && cfg.optim.grad_clip > 0) scale(optim::clip_scale(r.grad_norm, cfg.optim.grad_clip));
   } else {
     pipe->sync_tied_gradients();
     double sq = pipe->grad_sq_sum();
     if (!tp_shards.empty()) sq += other_tp_parts_sq(pipe->named_parameters(), &ctx->pp());
-    r.grad_norm = std::sqrt(sq);
-    if (cfg.optim.grad_clip > 0) {
+    const auto scale = [this](double f) {
       std::vector<Tensor> g;
       for (const auto& [name, p] : pipe->named_parameters()) {
         if (p.grad().defined()) g.push_back(p.grad());
       }
-      optim::scale_grads(g, optim::clip_scale(r.grad_norm, cfg.optim.grad_clip));
-    }
+      optim::scale_grads(g, f);
+    };
+    r.grad_norm = scaler ? unscale_and_update(std::sqrt(sq), scale, &r.skipped) : std::sqrt(sq);
+    if (!r.skipped && cfg.optim.grad_clip > 0) scale(optim::clip_scale(r.grad_norm, cfg.optim.grad_clip));
   }
-  if (dp) dp->step(r.lr);
-  else optimizer->step(r.lr);
+  if (!r.skipped) {
+    if (dp) dp->step(r.lr);
+    else optimizer->step(r.lr);
+  }
   if (trace) {
     trace->span("compute", "pipeline forward + backward", t0, t_sync);
     trace->span("compute", "sync + clip + optimizer", t_sync, Clock::now());
@@ -593,6 +608,23 @@ StepRecord Trainer::State::pipeline_step(StepRecord r) {
   }
   r.step = ++step;
   return r;
+}
+
+// Note [Loss scaling across ranks]: under dynamic loss scaling (train.loss_scaling) every rank
+// holds the same global norm of the scaled gradients (summed over the data-parallel shards, the
+// TP parts and the pipeline stages before this is called), so every rank takes the same
+// decision: a finite norm divides this rank's gradients by the scale (a power of two: exact) and
+// the norm with them; inf/NaN skips the optimizer step on every rank and halves the scale. The
+// single-process step does the same through LossScaler::unscale_.
+double Trainer::State::unscale_and_update(double scaled_norm, const std::function<void(double)>& scale_grads,
+                                          bool* skipped) {
+  double norm = scaled_norm;
+  if (std::isfinite(norm)) {
+    scale_grads(1.0 / scaler->scale());
+    norm /= scaler->scale();
+  }
+  *skipped = !scaler->update(norm);
+  return norm;
 }
 
 void Trainer::State::log_step(const StepRecord& r, double dt) {

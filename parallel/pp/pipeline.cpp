@@ -72,7 +72,8 @@ int64_t TransformerPipeline::release_other_stages(Transformer& model) const {
 }
 
 double TransformerPipeline::forward_backward(const std::vector<Tensor>& inputs, const std::vector<Tensor>& targets,
-                                             Generator* dropout_gen, const std::function<void(bool)>& before_backward) {
+                                             Generator* dropout_gen, const std::function<void(bool)>& before_backward,
+                                             double grad_scale) {
   const int m = shape_.microbatches, last = shape_.num_global_stages() - 1;
   LOOM_CHECK(static_cast<int>(inputs.size()) == m && static_cast<int>(targets.size()) == m, "pipeline: ",
              inputs.size(), " input and ", targets.size(), " target micro-batches, expected ", m);
@@ -98,14 +99,15 @@ double TransformerPipeline::forward_backward(const std::vector<Tensor>& inputs, 
                           dropout_gen);
     if (g != last) return x;
     Tensor loss = model_.head_loss(x, targets[static_cast<size_t>(mb)]);
-    const double factor = options_.loss_scale / static_cast<double>(m);  // as gradient accumulation does
+    // As gradient accumulation does; grad_scale is taken out of the returned loss again.
+    const double factor = options_.loss_scale * grad_scale / static_cast<double>(m);
     if (factor != 1.0) loss = ops::scale(loss, factor);
     return loss;
   };
   cb.before_backward = before_backward;
   stats_ = executor_.run(list_, cb);
   if (drop) dropout_gen->set_state(block_offset(m, 0));  // where one process ends the step
-  Tensor loss = Tensor::full({1}, stats_.loss_sum, DType::kF64);
+  Tensor loss = Tensor::full({1}, stats_.loss_sum / grad_scale, DType::kF64);
   pp_.broadcast(loss, last % shape_.stages);
   return loss.item();
 }

@@ -104,8 +104,10 @@ class TransformerPipeline {
   // Forward and backward of the step's micro-batches (inputs[i], targets[i] of shape (B, T));
   // gradients accumulate into the parameters' .grad. Returns Σ_i loss_i / m, the same on every
   // pp rank (broadcast from the last stage). before_backward: see ChunkCallbacks.
+  // grad_scale multiplies each micro-batch's loss for backward only (dynamic loss scaling).
   double forward_backward(const std::vector<Tensor>& inputs, const std::vector<Tensor>& targets,
-                          Generator* dropout_gen, const std::function<void(bool last)>& before_backward = {});
+                          Generator* dropout_gen, const std::function<void(bool last)>& before_backward = {},
+                          double grad_scale = 1.0);
   // Validation: a forward-only pass (no autograd graph, no dropout) of each micro-batch
   // (inputs[i], targets[i] of shape (B, T), any count >= 1) through the stages in global stage
   // order (Note [Pipeline evaluation]). Returns the mean of the last stage's losses (unscaled:

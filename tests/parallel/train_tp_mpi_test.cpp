@@ -48,13 +48,14 @@ struct Case {
   std::string precision = "f32";  // train.precision (f64: f32 masters, f64 compute)
   int mics = 0;  // parallel.mics_partition_size
   bool checkpointing = false;  // model.activation_checkpointing
+  double loss_scale = 0;       // > 0: train.loss_scaling dynamic from this initial scale
 };
 
 std::string tag_of(const Case& k) {
   return k.arch + "_dp" + std::to_string(k.dp) + "_cp" + std::to_string(k.cp) + "_tp" + std::to_string(k.tp) +
          "_pp" + std::to_string(k.pp) +
          (k.sp ? "_sp" : "") + "_z" + std::to_string(k.zero_stage) + (k.dropout > 0 ? "_drop" : "") +
-         (k.mics > 0 ? "_mics" + std::to_string(k.mics) : "") + "_" + k.precision + (k.checkpointing ? "_ckpt" : "");
+         (k.mics > 0 ? "_mics" + std::to_string(k.mics) : "") + "_" + k.precision + (k.checkpointing ? "_ckpt" : "") + (k.loss_scale > 0 ? "_ls" + std::to_string(static_cast<int>(std::log2(k.loss_scale))) : "");
 }
 
 Config config_for(const Case& k, const std::string& dir, const std::string& out, bool parallel) {
@@ -71,7 +72,8 @@ Config config_for(const Case& k, const std::string& dir, const std::string& out,
     << (parallel ? 4 : 4 * k.dp) << ", seq_len: 16}\n"
     << "optim: {lr: 1.0e-2, min_lr: 1.0e-3, warmup_steps: 2, eps: 1.0e-6, grad_clip: 0.5, grad_accum: 2}\n"
     << "train: {steps: 6, peak_flops: 1.0e10, log_every: 100, val_every: 0, val_steps: 2, sample_every: 0, precision: "
-    << k.precision << ", out_dir: " << out << "}\n"
+    << k.precision << ", loss_scaling: " << (k.loss_scale > 0 ? "dynamic" : "auto")
+    << ", initial_loss_scale: " << (k.loss_scale > 0 ? k.loss_scale : 65536.0) << ", out_dir: " << out << "}\n"
     << "checkpoint: {every: 0, keep: 0}\n"
     << "logging: {jsonl: false, tensorboard: false}\n";
   if (parallel) {
@@ -117,6 +119,7 @@ void expect_matches_single(const Case& k) {
   for (size_t i = 0; i < s.size(); ++i) {
     EXPECT_NEAR(a[i].loss, s[i].loss, kLossRelTol * std::abs(s[i].loss)) << "step " << i + 1;
     EXPECT_NEAR(a[i].grad_norm, s[i].grad_norm, kLossRelTol * s[i].grad_norm) << "step " << i + 1;
+    EXPECT_EQ(a[i].skipped, s[i].skipped) << "step " << i + 1;
   }
   if (k.dp == 1) {  // validation (same val batches only at dp 1; collective under cp and pp)
     const double v = split.evaluate(), want = single.evaluate();
@@ -181,6 +184,15 @@ TEST(TrainModelParallel2, Tp2SequenceParallelWithDropoutAndCheckpointingMatchesS
 TEST(TrainModelParallel2, Dp2Zero2WithDropoutMatchesSingleProcess) {
   expect_matches_single({.dp = 2, .zero_stage = 2, .dropout = 0.1});
 }
+// Dynamic loss scaling across ranks (Note [Loss scaling across ranks]): the scaled gradients'
+// global norm is unscaled on every rank as in the single process. (f32 gradients do not
+// overflow on the CPU even at 2^127, so the skip path is exercised by the f16 GPU tests only.)
+TEST(TrainModelParallel2, Dp2Zero1DynamicLossScalingMatchesSingleProcess) {
+  expect_matches_single({.dp = 2, .zero_stage = 1, .loss_scale = 1024});
+}
+TEST(TrainModelParallel2, Tp2SequenceParallelDynamicLossScalingMatchesSingleProcess) {
+  expect_matches_single({.tp = 2, .sp = true, .loss_scale = 0x1p100});
+}
 TEST(TrainModelParallel2, Cp2WithDropoutMatchesSingleProcess) { expect_matches_single({.cp = 2, .dropout = 0.1}); }
 TEST(TrainModelParallel2, Cp2MatchesSingleProcess) { expect_matches_single({.cp = 2}); }
 TEST(TrainModelParallel2, Tp2ResumeIsExact) { expect_resume_exact({.tp = 2}); }
@@ -220,6 +232,12 @@ TEST(TrainModelParallel4, Dp2Cp2Zero1ResumeIsExact) { expect_resume_exact({.dp =
 
 TEST(TrainModelParallel4, Cp4MatchesSingleProcess) { expect_matches_single({.cp = 4}); }
 TEST(TrainModelParallel4, Tp2Pp2MatchesSingleProcess) { expect_matches_single({.tp = 2, .pp = 2}); }
+TEST(TrainModelParallel4, Dp2Pp2Zero2DynamicLossScalingMatchesSingleProcess) {
+  expect_matches_single({.dp = 2, .pp = 2, .zero_stage = 2, .loss_scale = 0x1p100});
+}
+TEST(TrainModelParallel4, Tp2Pp2DynamicLossScalingMatchesSingleProcess) {
+  expect_matches_single({.tp = 2, .pp = 2, .loss_scale = 4096});
+}
 TEST(TrainModelParallel4, Cp2Pp2WithDropoutMatchesSingleProcess) {
   expect_matches_single({.cp = 2, .pp = 2, .dropout = 0.1});
 }

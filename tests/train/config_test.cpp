@@ -187,8 +187,13 @@ TEST(Config, PrecisionAndDeviceKeys) {
             "train.dtype: unsupported parameter dtype 'bf16' (f32, f64; for bf16/f16 compute set train.precision)");
   EXPECT_EQ(error_of("train: {allow_tf32: true}\n"), "train.allow_tf32: TF32 is a CUDA feature; set train.device: cuda");
   EXPECT_EQ(error_of("train: {device: tpu}\n"), "train.device: unknown device 'tpu' (cpu, cuda)");
-  EXPECT_EQ(error_of("train: {device: cuda, precision: f16}\nparallel: {dp: 2}\n"),
-            "train.precision: f16 (dynamic loss scaling) is not supported with parallel.dp > 1 yet; use bf16");
+  EXPECT_EQ(error_of("train: {device: cuda, precision: f16}\nparallel: {dp: 2}\n"), "");  // scaled across ranks
+  EXPECT_EQ(error_of("train: {loss_scaling: dynamic, initial_loss_scale: 1024}\n"), "");
+  EXPECT_EQ(error_of("train: {loss_scaling: sometimes}\n"),
+            "train.loss_scaling: unknown value 'sometimes' (auto, dynamic, none)");
+  EXPECT_EQ(error_of("train: {device: cuda, precision: f16, loss_scaling: none}\n"),
+            "train.loss_scaling: none with train.precision f16 would lose small gradients (use auto or dynamic)");
+  EXPECT_EQ(error_of("train: {initial_loss_scale: 0.5}\n"), "train.initial_loss_scale: must be finite and at least 1, got 0.5");
 }
 
 TEST(Config, MalformedYamlAndMissingFile) {
