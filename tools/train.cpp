@@ -66,6 +66,8 @@ int main(int argc, char** argv) {
       p.shape.tp = static_cast<int>(config.parallel.tp);
       p.mics_partition_size = static_cast<int>(config.parallel.mics_partition_size);
       p.comm_timeout_s = config.parallel.comm_timeout_s;
+      // parallel.backend: NCCL communicators on GPUs, or MPI ones staging CUDA tensors.
+      p.device = loom::uses_nccl(config) ? loom::DeviceType::kCuda : loom::DeviceType::kCpu;
       ctx = std::make_unique<loom::parallel::ParallelContext>(loom::parallel::ParallelContext::create(p));
       options.parallel = ctx.get();
     }

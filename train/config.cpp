@@ -89,6 +89,7 @@ void visit_fields(Config& c, V&& v) {
   v("parallel", "bucket_mb", p.bucket_mb);
   v("parallel", "overlap", p.overlap);
   v("parallel", "comm_timeout_s", p.comm_timeout_s);
+  v("parallel", "backend", p.backend);
   v("parallel", "pp", p.pp);
   v("parallel", "vpp", p.vpp);
   v("parallel", "microbatches", p.microbatches);
@@ -328,6 +329,10 @@ void validate_config(const Config& c) {
           "parallel.mics_partition_size: MiCS shards optimizer state; set parallel.zero_stage to 1, 2 or 3");
   require(p.bucket_mb > 0, "parallel.bucket_mb: must be positive, got " + str(p.bucket_mb));
   require(p.comm_timeout_s > 0, "parallel.comm_timeout_s: must be positive, got " + str(p.comm_timeout_s));
+  require(p.backend == "auto" || p.backend == "nccl" || p.backend == "mpi",
+          "parallel.backend: unknown backend '" + p.backend + "' (auto, nccl, mpi)");
+  require(p.backend != "nccl" || t.device == "cuda",
+          "parallel.backend: nccl moves GPU tensors; set train.device: cuda (or parallel.backend: mpi)");
   require(p.dp == 1 || o.name == "adamw", "optim.name: sgd is not supported with parallel.dp > 1 (the data-parallel engine shards AdamW)");
   validate_pipeline_config(c);
   validate_model_parallel_config(c);
@@ -335,6 +340,10 @@ void validate_config(const Config& c) {
 
 int64_t pipeline_microbatches(const Config& c) {
   return c.parallel.microbatches > 0 ? c.parallel.microbatches : c.optim.grad_accum;
+}
+
+bool uses_nccl(const Config& c) {
+  return c.parallel.backend == "nccl" || (c.parallel.backend == "auto" && c.train.device == "cuda");
 }
 
 Config parse_config_text(const std::string& text, const std::vector<std::string>& overrides) {

@@ -82,6 +82,10 @@ struct ParallelConfig {
   double bucket_mb = 25;            // gradient bucket size
   bool overlap = true;              // false: reduce only after backward (to measure overlap)
   double comm_timeout_s = 300;      // a collective slower than this reports op and group
+  // Communicators: nccl (one GPU per rank; CPU tensors still go over MPI), mpi (CUDA tensors
+  // staged through pinned host memory: several ranks may share a GPU), auto = nccl when
+  // train.device is cuda, else mpi.
+  std::string backend = "auto";
   // Pipeline parallelism (parallel/pp; docs/parallel.md): world = dp·pp.
   int64_t pp = 1;                   // pipeline stages
   int64_t vpp = 1;                  // virtual stages (chunks) per pp rank; > 1 needs interleaved
@@ -118,6 +122,8 @@ Config parse_config_text(const std::string& yaml_text, const std::vector<std::st
 // are the gradient-accumulation micro-batches (data.batch_size rows each), so a pipelined run
 // sees the same global batch as the single-process run with grad_accum = m.
 int64_t pipeline_microbatches(const Config& c);
+// parallel.backend resolved: true when the communicators are NCCL's (nccl, or auto on cuda).
+bool uses_nccl(const Config& c);
 // Impossible values and combinations, each naming its key(s).
 void validate_config(const Config& c);
 // The effective configuration as YAML (every key, defaults included).

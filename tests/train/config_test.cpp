@@ -196,6 +196,18 @@ TEST(Config, PrecisionAndDeviceKeys) {
   EXPECT_EQ(error_of("train: {initial_loss_scale: 0.5}\n"), "train.initial_loss_scale: must be finite and at least 1, got 0.5");
 }
 
+TEST(Config, CommunicatorBackend) {
+  EXPECT_FALSE(uses_nccl(parse_config_text("")));
+  EXPECT_FALSE(uses_nccl(parse_config_text("parallel: {backend: mpi}\n")));
+  EXPECT_EQ(error_of("parallel: {backend: gloo}\n"), "parallel.backend: unknown backend 'gloo' (auto, nccl, mpi)");
+  EXPECT_EQ(error_of("parallel: {backend: nccl}\n"),
+            "parallel.backend: nccl moves GPU tensors; set train.device: cuda (or parallel.backend: mpi)");
+  // On cuda (validated without a GPU: the device is looked for when training starts).
+  EXPECT_TRUE(uses_nccl(parse_config_text("train: {device: cuda}\n")));
+  EXPECT_TRUE(uses_nccl(parse_config_text("train: {device: cuda}\nparallel: {backend: nccl}\n")));
+  EXPECT_FALSE(uses_nccl(parse_config_text("train: {device: cuda}\nparallel: {backend: mpi}\n")));
+}
+
 TEST(Config, MalformedYamlAndMissingFile) {
   EXPECT_NE(error_of("model: [unclosed\n").find("malformed YAML at line"), std::string::npos);
   try {
