@@ -333,6 +333,9 @@ void validate_config(const Config& c) {
           "parallel.backend: unknown backend '" + p.backend + "' (auto, nccl, mpi)");
   require(p.backend != "nccl" || t.device == "cuda",
           "parallel.backend: nccl moves GPU tensors; set train.device: cuda (or parallel.backend: mpi)");
+  require(p.backend != "nccl" || p.pp == 1,
+          "parallel.backend: nccl with parallel.pp > 1 is not supported yet (the pipeline posts receives ahead "
+          "of sends; NCCL would need them grouped): use parallel.backend: mpi");
   require(p.dp == 1 || o.name == "adamw", "optim.name: sgd is not supported with parallel.dp > 1 (the data-parallel engine shards AdamW)");
   validate_pipeline_config(c);
   validate_model_parallel_config(c);
@@ -343,7 +346,8 @@ int64_t pipeline_microbatches(const Config& c) {
 }
 
 bool uses_nccl(const Config& c) {
-  return c.parallel.backend == "nccl" || (c.parallel.backend == "auto" && c.train.device == "cuda");
+  return c.parallel.backend == "nccl" ||
+         (c.parallel.backend == "auto" && c.train.device == "cuda" && c.parallel.pp == 1);
 }
 
 Config parse_config_text(const std::string& text, const std::vector<std::string>& overrides) {

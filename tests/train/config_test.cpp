@@ -206,6 +206,12 @@ TEST(Config, CommunicatorBackend) {
   EXPECT_TRUE(uses_nccl(parse_config_text("train: {device: cuda}\n")));
   EXPECT_TRUE(uses_nccl(parse_config_text("train: {device: cuda}\nparallel: {backend: nccl}\n")));
   EXPECT_FALSE(uses_nccl(parse_config_text("train: {device: cuda}\nparallel: {backend: mpi}\n")));
+  // The pipeline stays on MPI (its receives are posted ahead of its sends).
+  const std::string pp2 = "model: {n_layer: 2}\noptim: {grad_accum: 2}\ntrain: {device: cuda}\nparallel: {pp: 2";
+  EXPECT_FALSE(uses_nccl(parse_config_text(pp2 + "}\n")));
+  EXPECT_EQ(error_of(pp2 + ", backend: nccl}\n"),
+            "parallel.backend: nccl with parallel.pp > 1 is not supported yet (the pipeline posts receives ahead "
+            "of sends; NCCL would need them grouped): use parallel.backend: mpi");
 }
 
 TEST(Config, MalformedYamlAndMissingFile) {
