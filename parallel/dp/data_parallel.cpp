@@ -488,7 +488,7 @@ std::vector<std::string> DataParallel::bucket_param_names(int b) const {
 }
 
 std::string DataParallel::describe() const {
-  std::string s = "data parallel: dp " + std::to_string(dp_.size()) + ", zero stage " +
+  std::string s = "data parallel: " + dp_.name() + " " + std::to_string(dp_.size()) + ", zero stage " +
                   std::to_string(config_.zero_stage) + ", shards over " + shard_comm_->name() +
                   " (" + std::to_string(shard_count()) + ")";
   if (replica_comm_ != nullptr) s += ", replicas over " + replica_comm_->name();
