@@ -30,8 +30,8 @@ struct Slot {
 }  // namespace
 
 PipelineExecutor::PipelineExecutor(Communicator& pp, const ScheduleShape& shape,
-                                   std::vector<int64_t> activation_shape, DType dtype)
-    : pp_(pp), shape_(shape), act_shape_(std::move(activation_shape)), dtype_(dtype) {
+                                   std::vector<int64_t> activation_shape, DType dtype, Device device)
+    : pp_(pp), shape_(shape), act_shape_(std::move(activation_shape)), dtype_(dtype), device_(device) {
   LOOM_CHECK(pp_.size() == shape_.stages, "pipeline: the pp group has ", pp_.size(),
              " ranks but the schedule has ", shape_.stages, " stages");
 }
@@ -56,7 +56,7 @@ PipelineStats PipelineExecutor::run(const std::vector<Instruction>& list, const 
     const bool grad = ins.op == Op::kRecvGrad;
     const int g = shape_.global_stage(rank, ins.chunk);
     Slot& s = slots[{ins.mb, ins.chunk}];
-    Tensor buf = Tensor::empty(act_shape_, dtype_);
+    Tensor buf = Tensor::empty(act_shape_, dtype_, device_);
     WorkPtr w = pp_.recv_async(buf, ins.peer, message_tag(shape_, grad, ins.mb, g));
     (grad ? s.grad_buf : s.act_buf) = buf;
     (grad ? s.grad_recv : s.act_recv) = std::move(w);

@@ -49,9 +49,10 @@ struct PipelineStats {
 class PipelineExecutor {
  public:
   // pp: this rank's pp group (rank = pp coordinate); activation_shape: the (B, T, C) shape of
-  // every activation and gradient crossing a stage boundary, of dtype `dtype`.
+  // every activation and gradient crossing a stage boundary, of dtype `dtype`, received on
+  // `device` (the model's).
   PipelineExecutor(Communicator& pp, const ScheduleShape& shape, std::vector<int64_t> activation_shape,
-                   DType dtype);
+                   DType dtype, Device device = Device::cpu());
 
   // Runs the list (made for this rank and shape); gradients accumulate into the parameters.
   PipelineStats run(const std::vector<Instruction>& list, const ChunkCallbacks& callbacks);
@@ -61,6 +62,7 @@ class PipelineExecutor {
   ScheduleShape shape_;
   std::vector<int64_t> act_shape_;
   DType dtype_;
+  Device device_;
 };
 
 }  // namespace loom::parallel::pp

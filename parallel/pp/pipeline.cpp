@@ -32,7 +32,7 @@ TransformerPipeline::TransformerPipeline(const Transformer& model, Communicator&
       list_(make_schedule(options.schedule, shape_, pp.rank())),
       executor_(pp, shape_,
                 {batch, options.activation_rows > 0 ? options.activation_rows : seq_len, model.config().n_embd},
-                model.compute_dtype().value_or(model.dtype())) {  // what crosses stages
+                model.compute_dtype().value_or(model.dtype()), model.device()) {  // what crosses stages
   const bool tied = model.config().tie_embeddings;
   for (auto& [name, t] : model.named_parameters()) {
     for (int g : stages_of_parameter(name, boundaries_, tied)) {
