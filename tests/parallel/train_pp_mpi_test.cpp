@@ -29,6 +29,7 @@
 #include "parallel/parallel_context.h"
 #include "tests/parallel/mpi_test_util.h"
 #include "tests/parallel/train_test_util.h"
+#include "train/checkpoint.h"
 #include "train/trainer.h"
 
 namespace loom::parallel {
@@ -232,6 +233,14 @@ void expect_resumes_exactly(const Case& k) {
   const auto pb = k.zero_stage == 3 ? second.parameters() : second.trained_parameters();
   ASSERT_EQ(pa.size(), pb.size());
   for (size_t i = 0; i < pa.size(); ++i) EXPECT_TRUE(testing::same_bits(pa[i].second, pb[i].second)) << pa[i].first;
+  if (k.zero_stage == 3) {  // one process starts from the stages' parameter shards (init_from)
+    Config init = config_for(k, dir, dir + "/init_" + std::to_string(ctx.rank()), false, 4 * k.dp);
+    init.train.init_from = latest_checkpoint(dir + "/resume_full_dp" + std::to_string(k.dp) + "/checkpoints");
+    Trainer from_shards(init, testing::trainer_options(log, nullptr));
+    std::map<std::string, Tensor> loaded;
+    for (auto& [name, t] : from_shards.parameters()) loaded.emplace(name, t);
+    for (const auto& [name, t] : pa) EXPECT_TRUE(testing::same_bits(t, loaded.at(name))) << name;
+  }
   ctx.world().barrier();
 }
 
