@@ -2,6 +2,7 @@
 // contract] in kernels/cross_entropy.h). Targets are widened to int64 and checked serially
 // first (threads must not throw); then rows are processed in parallel, one writer per row.
 #include "kernels/cross_entropy.h"
+#include "kernels/cross_entropy_checks.h"
 
 #include <algorithm>
 #include <cmath>
@@ -12,25 +13,6 @@
 
 namespace loom::kernels::cpu {
 namespace {
-
-void check_shapes(const Tensor& logits, const Tensor& targets, int64_t vocab_size,
-                  const char* name) {
-  LOOM_CHECK(logits.dim() == 2 && logits.is_contiguous(), name,
-             ": logits must be contiguous (N, Vp), got ", shape_str(logits.shape()));
-  LOOM_CHECK(targets.dim() == 1 && targets.size(0) == logits.size(0) && targets.is_contiguous(),
-             name, ": targets must be contiguous (", logits.size(0), "), got ",
-             shape_str(targets.shape()));
-  LOOM_CHECK(vocab_size > 0 && vocab_size <= logits.size(1), name, ": vocab_size ", vocab_size,
-             " must be in [1, ", logits.size(1), "]");
-}
-
-void check_row_buffer(const Tensor& t, const Tensor& logits, const char* name, const char* what) {
-  LOOM_CHECK(t.dim() == 1 && t.size(0) == logits.size(0) && t.is_contiguous() &&
-                 t.dtype() == logits.dtype(),
-             name, ": ", what, " must be contiguous (", logits.size(0), ") ",
-             dtype_name(logits.dtype()), ", got ", shape_str(t.shape()), " ",
-             dtype_name(t.dtype()));
-}
 
 // targets (N) widened to int64; errors name the first row whose target is out of range.
 std::vector<int64_t> checked_targets(const Tensor& targets, int64_t ignore_index, int64_t vocab,
@@ -85,9 +67,9 @@ void forward_typed(const T* x, const std::vector<int64_t>& tgt, int64_t ignore_i
 void cross_entropy_forward_cpu(const Tensor& logits, const Tensor& targets, int64_t ignore_index,
                                int64_t vocab_size, Tensor& loss, Tensor& lse) {
   const char* name = "cross_entropy_forward";
-  check_shapes(logits, targets, vocab_size, name);
-  check_row_buffer(loss, logits, name, "loss");
-  check_row_buffer(lse, logits, name, "lse");
+  check_logits_targets(logits, targets, vocab_size, name);
+  check_row_buffer(loss, logits.size(0), logits.dtype(), name, "loss");
+  check_row_buffer(lse, logits.size(0), logits.dtype(), name, "lse");
   const std::vector<int64_t> tgt = checked_targets(targets, ignore_index, vocab_size, name);
   LOOM_DISPATCH_FLOAT(logits.dtype(), name, [&] {
     forward_typed<scalar_t>(logits.data<scalar_t>(), tgt, ignore_index, logits.size(1), vocab_size,
@@ -121,8 +103,8 @@ void cross_entropy_backward_cpu(const Tensor& logits, const Tensor& targets, con
                                 const Tensor& dloss, double grad_scale, int64_t ignore_index,
                                 int64_t vocab_size, Tensor& dlogits) {
   const char* name = "cross_entropy_backward";
-  check_shapes(logits, targets, vocab_size, name);
-  check_row_buffer(lse, logits, name, "lse");
+  check_logits_targets(logits, targets, vocab_size, name);
+  check_row_buffer(lse, logits.size(0), logits.dtype(), name, "lse");
   LOOM_CHECK(dloss.numel() == 1 && dloss.dtype() == lse.dtype(), name, ": dloss must be one ",
              dtype_name(lse.dtype()), " element, got ", shape_str(dloss.shape()), " ",
              dtype_name(dloss.dtype()));
@@ -145,20 +127,14 @@ std::vector<int64_t> global_targets(const Tensor& targets, int64_t ignore_index,
   return checked_targets(targets, ignore_index, std::numeric_limits<int64_t>::max(), name);
 }
 
-void check_shard(const Tensor& logits, int64_t vocab_start, int64_t vocab_valid, const char* name) {
-  LOOM_CHECK(vocab_start >= 0 && vocab_valid >= 1 && vocab_valid <= logits.size(1), name,
-             ": vocab_start ", vocab_start, " / vocab_valid ", vocab_valid,
-             " do not describe a shard of ", logits.size(1), " columns");
-}
-
 void vocab_parallel_ce_forward_cpu(const Tensor& logits, const Tensor& targets,
                                    int64_t ignore_index, int64_t vocab_start, int64_t vocab_valid,
                                    Tensor& lse_local, Tensor& target_logit) {
   const char* name = "vocab_parallel_ce_forward";
-  check_shapes(logits, targets, vocab_valid, name);
+  check_logits_targets(logits, targets, vocab_valid, name);
   check_shard(logits, vocab_start, vocab_valid, name);
-  check_row_buffer(lse_local, logits, name, "lse_local");
-  check_row_buffer(target_logit, logits, name, "target_logit");
+  check_row_buffer(lse_local, logits.size(0), logits.dtype(), name, "lse_local");
+  check_row_buffer(target_logit, logits.size(0), logits.dtype(), name, "target_logit");
   const std::vector<int64_t> tgt = global_targets(targets, ignore_index, name);
   const int64_t vp = logits.size(1);
   LOOM_DISPATCH_FLOAT(logits.dtype(), name, [&] {
@@ -184,9 +160,9 @@ void vocab_parallel_ce_backward_cpu(const Tensor& logits, const Tensor& targets,
                                     int64_t ignore_index, int64_t vocab_start,
                                     int64_t vocab_valid, Tensor& dlogits) {
   const char* name = "vocab_parallel_ce_backward";
-  check_shapes(logits, targets, vocab_valid, name);
+  check_logits_targets(logits, targets, vocab_valid, name);
   check_shard(logits, vocab_start, vocab_valid, name);
-  check_row_buffer(lse, logits, name, "lse");
+  check_row_buffer(lse, logits.size(0), logits.dtype(), name, "lse");
   LOOM_CHECK(dloss.numel() == 1 && dloss.dtype() == lse.dtype(), name, ": dloss must be one ",
              dtype_name(lse.dtype()), " element");
   LOOM_CHECK(dlogits.shape() == logits.shape() && dlogits.dtype() == logits.dtype() &&
@@ -219,25 +195,9 @@ void vocab_parallel_lse_combine_cpu(const Tensor& lses, const Tensor& target_log
                                     Tensor& lse, Tensor& row_loss, Tensor& loss,
                                     Tensor& inv_count) {
   const char* name = "vocab_parallel_lse_combine";
-  LOOM_CHECK(lses.dim() == 2 && lses.size(0) >= 1 && lses.is_contiguous(), name,
-             ": lses must be contiguous (g, N) with g >= 1, got ", shape_str(lses.shape()));
+  check_lse_combine_args(lses, target_logit, targets, vocab_size, lse, row_loss, loss, inv_count, name);
   const int64_t g = lses.size(0), n = lses.size(1);
   const DType dt = lses.dtype();
-  auto check_rows = [&](const Tensor& t, DType want, const char* what) {
-    LOOM_CHECK(t.dim() == 1 && t.size(0) == n && t.is_contiguous() && t.dtype() == want, name, ": ",
-               what, " must be contiguous (", n, ") ", dtype_name(want), ", got ",
-               shape_str(t.shape()), " ", dtype_name(t.dtype()));
-  };
-  check_rows(target_logit, dt, "target_logit");
-  check_rows(lse, dt, "lse");
-  check_rows(row_loss, DType::kF64, "row_loss");
-  LOOM_CHECK(targets.dim() == 1 && targets.size(0) == n && targets.is_contiguous(), name,
-             ": targets must be contiguous (", n, "), got ", shape_str(targets.shape()));
-  LOOM_CHECK(loss.numel() == 1 && loss.dtype() == dt, name, ": loss must be one ", dtype_name(dt),
-             " element");
-  LOOM_CHECK(inv_count.numel() == 1 && inv_count.dtype() == DType::kF64, name,
-             ": inv_count must be one f64 element");
-  LOOM_CHECK(vocab_size > 0, name, ": vocab_size ", vocab_size, " must be positive");
   const std::vector<int64_t> tgt = checked_targets(targets, ignore_index, vocab_size, name);
   LOOM_DISPATCH_FLOAT(dt, name, [&] {
     const scalar_t* ls = lses.data<scalar_t>();

@@ -21,6 +21,7 @@
 #include <type_traits>
 
 #include "kernels/cross_entropy.h"
+#include "kernels/cross_entropy_checks.h"
 #include "kernels/cuda/block_reduce.cuh"
 #include "kernels/cuda/cuda_check.cuh"
 #include "kernels/cuda/cuda_device.cuh"
@@ -375,24 +376,6 @@ __global__ void lse_combine_mean_kernel(const double* row_loss, const I* targets
 
 DType row_dtype(DType logits) { return logits == DType::kF64 ? DType::kF64 : DType::kF32; }
 
-void check_common(const Tensor& logits, const Tensor& targets, int64_t vocab_size,
-                  const char* name) {
-  LOOM_CHECK(logits.dim() == 2 && logits.is_contiguous(), name,
-             ": logits must be contiguous (N, Vp), got ", shape_str(logits.shape()));
-  LOOM_CHECK(targets.dim() == 1 && targets.size(0) == logits.size(0) && targets.is_contiguous(),
-             name, ": targets must be contiguous (", logits.size(0), "), got ",
-             shape_str(targets.shape()));
-  LOOM_CHECK(vocab_size > 0 && vocab_size <= logits.size(1), name, ": vocab_size ", vocab_size,
-             " must be in [1, ", logits.size(1), "]");
-}
-
-void check_row_buffer(const Tensor& t, const Tensor& logits, const char* name, const char* what) {
-  const DType want = row_dtype(logits.dtype());
-  LOOM_CHECK(t.dim() == 1 && t.size(0) == logits.size(0) && t.is_contiguous() && t.dtype() == want,
-             name, ": ", what, " must be contiguous (", logits.size(0), ") ", dtype_name(want),
-             ", got ", shape_str(t.shape()), " ", dtype_name(t.dtype()));
-}
-
 // Binds T to the logits' storage type (f32, f64, bf16, f16).
 template <typename F>
 void dispatch_logits(DType dt, const char* name, F&& f) {
@@ -413,9 +396,9 @@ void dispatch_logits(DType dt, const char* name, F&& f) {
 void cross_entropy_forward_cuda(const Tensor& logits, const Tensor& targets, int64_t ignore_index,
                                 int64_t vocab_size, Tensor& loss, Tensor& lse) {
   const char* name = "cross_entropy_forward";
-  check_common(logits, targets, vocab_size, name);
-  check_row_buffer(loss, logits, name, "loss");
-  check_row_buffer(lse, logits, name, "lse");
+  check_logits_targets(logits, targets, vocab_size, name);
+  check_row_buffer(loss, logits.size(0), row_dtype(logits.dtype()), name, "loss");
+  check_row_buffer(lse, logits.size(0), row_dtype(logits.dtype()), name, "lse");
   const int64_t n = logits.size(0);
   if (n == 0) return;
   LOOM_CHECK(n <= std::numeric_limits<int32_t>::max(), name, ": too many rows (", n, ")");
@@ -438,8 +421,8 @@ void cross_entropy_backward_cuda(const Tensor& logits, const Tensor& targets, co
                                  const Tensor& dloss, double grad_scale, int64_t ignore_index,
                                  int64_t vocab_size, Tensor& dlogits) {
   const char* name = "cross_entropy_backward";
-  check_common(logits, targets, vocab_size, name);
-  check_row_buffer(lse, logits, name, "lse");
+  check_logits_targets(logits, targets, vocab_size, name);
+  check_row_buffer(lse, logits.size(0), row_dtype(logits.dtype()), name, "lse");
   LOOM_CHECK(dloss.numel() == 1 && dloss.dtype() == lse.dtype(), name, ": dloss must be one ",
              dtype_name(lse.dtype()), " element, got ", shape_str(dloss.shape()), " ",
              dtype_name(dloss.dtype()));
@@ -466,20 +449,14 @@ void cross_entropy_backward_cuda(const Tensor& logits, const Tensor& targets, co
   LOOM_CUDA_LAUNCH_CHECK();
 }
 
-void check_shard(const Tensor& logits, int64_t vocab_start, int64_t vocab_valid, const char* name) {
-  LOOM_CHECK(vocab_start >= 0 && vocab_valid >= 1 && vocab_valid <= logits.size(1), name,
-             ": vocab_start ", vocab_start, " / vocab_valid ", vocab_valid,
-             " do not describe a shard of ", logits.size(1), " columns");
-}
-
 void vocab_parallel_ce_forward_cuda(const Tensor& logits, const Tensor& targets,
                                     int64_t ignore_index, int64_t vocab_start, int64_t vocab_valid,
                                     Tensor& lse_local, Tensor& target_logit) {
   const char* name = "vocab_parallel_ce_forward";
-  check_common(logits, targets, vocab_valid, name);
+  check_logits_targets(logits, targets, vocab_valid, name);
   check_shard(logits, vocab_start, vocab_valid, name);
-  check_row_buffer(lse_local, logits, name, "lse_local");
-  check_row_buffer(target_logit, logits, name, "target_logit");
+  check_row_buffer(lse_local, logits.size(0), row_dtype(logits.dtype()), name, "lse_local");
+  check_row_buffer(target_logit, logits.size(0), row_dtype(logits.dtype()), name, "target_logit");
   const int64_t n = logits.size(0);
   if (n == 0) return;
   LOOM_CHECK(n <= std::numeric_limits<int32_t>::max(), name, ": too many rows (", n, ")");
@@ -503,9 +480,9 @@ void vocab_parallel_ce_backward_cuda(const Tensor& logits, const Tensor& targets
                                      const Tensor& dloss, double grad_scale, int64_t ignore_index,
                                      int64_t vocab_start, int64_t vocab_valid, Tensor& dlogits) {
   const char* name = "vocab_parallel_ce_backward";
-  check_common(logits, targets, vocab_valid, name);
+  check_logits_targets(logits, targets, vocab_valid, name);
   check_shard(logits, vocab_start, vocab_valid, name);
-  check_row_buffer(lse, logits, name, "lse");
+  check_row_buffer(lse, logits.size(0), row_dtype(logits.dtype()), name, "lse");
   LOOM_CHECK(dloss.numel() == 1 && dloss.dtype() == lse.dtype(), name, ": dloss must be one ",
              dtype_name(lse.dtype()), " element, got ", shape_str(dloss.shape()), " ",
              dtype_name(dloss.dtype()));
@@ -537,27 +514,11 @@ void vocab_parallel_lse_combine_cuda(const Tensor& lses, const Tensor& target_lo
                                      int64_t vocab_size, Tensor& lse, Tensor& row_loss,
                                      Tensor& loss, Tensor& inv_count) {
   const char* name = "vocab_parallel_lse_combine";
-  LOOM_CHECK(lses.dim() == 2 && lses.size(0) >= 1 && lses.is_contiguous(), name,
-             ": lses must be contiguous (g, N) with g >= 1, got ", shape_str(lses.shape()));
+  check_lse_combine_args(lses, target_logit, targets, vocab_size, lse, row_loss, loss, inv_count, name);
   const int64_t g = lses.size(0), n = lses.size(1);
   const DType dt = lses.dtype();
   LOOM_CHECK(dt == DType::kF32 || dt == DType::kF64, name, ": lses dtype ", dtype_name(dt),
              " not supported (f32, f64)");
-  auto check_rows = [&](const Tensor& t, DType want, const char* what) {
-    LOOM_CHECK(t.dim() == 1 && t.size(0) == n && t.is_contiguous() && t.dtype() == want, name, ": ",
-               what, " must be contiguous (", n, ") ", dtype_name(want), ", got ",
-               shape_str(t.shape()), " ", dtype_name(t.dtype()));
-  };
-  check_rows(target_logit, dt, "target_logit");
-  check_rows(lse, dt, "lse");
-  check_rows(row_loss, DType::kF64, "row_loss");
-  LOOM_CHECK(targets.dim() == 1 && targets.size(0) == n && targets.is_contiguous(), name,
-             ": targets must be contiguous (", n, "), got ", shape_str(targets.shape()));
-  LOOM_CHECK(loss.numel() == 1 && loss.dtype() == dt, name, ": loss must be one ", dtype_name(dt),
-             " element");
-  LOOM_CHECK(inv_count.numel() == 1 && inv_count.dtype() == DType::kF64, name,
-             ": inv_count must be one f64 element");
-  LOOM_CHECK(vocab_size > 0, name, ": vocab_size ", vocab_size, " must be positive");
   CudaDeviceGuard guard(lses.device().index);
   auto launch = [&](auto tag) {
     using S = decltype(tag);
