@@ -29,6 +29,15 @@ inline void check_row_buffer(const Tensor& t, int64_t rows, DType want, const ch
              dtype_name(t.dtype()));
 }
 
+// Backward: dloss one element in lse's dtype; dlogits contiguous, shaped and typed like logits.
+inline void check_backward_args(const Tensor& logits, const Tensor& lse, const Tensor& dloss, const Tensor& dlogits,
+                                const char* name) {
+  LOOM_CHECK(dloss.numel() == 1 && dloss.dtype() == lse.dtype(), name, ": dloss must be one ",
+             dtype_name(lse.dtype()), " element, got ", shape_str(dloss.shape()), " ", dtype_name(dloss.dtype()));
+  LOOM_CHECK(dlogits.shape() == logits.shape() && dlogits.dtype() == logits.dtype() && dlogits.is_contiguous(),
+             name, ": dlogits must be contiguous like logits ", shape_str(logits.shape()));
+}
+
 // [vocab_start, vocab_start + vocab_valid) real columns of a shard of logits.size(1) columns.
 inline void check_shard(const Tensor& logits, int64_t vocab_start, int64_t vocab_valid, const char* name) {
   LOOM_CHECK(vocab_start >= 0 && vocab_valid >= 1 && vocab_valid <= logits.size(1), name,

@@ -148,7 +148,9 @@ struct Trainer::State {
   int tp_size() const { return ctx ? ctx->tp_size() : 1; }
   int cp_size() const { return ctx ? ctx->cp_size() : 1; }
   Tensor micro_batch_loss(const Batch& b, Generator* gen);
-  double pipeline_val_loss();
+  // The next `count` batches of `loader` as the pipeline takes them: under cp this rank's chunks
+  // of each sequence (Note [Model-parallel step]).
+  std::pair<std::vector<Tensor>, std::vector<Tensor>> pipeline_batches(DataLoader& loader, int64_t count);
   double other_tp_parts_sq(const std::vector<std::pair<std::string, Tensor>>& params, parallel::Communicator* stages);
   // Checkpoint names: under parallel.tp > 1 a parameter part and all optimizer state carry
   // "@tp<rank>" (every TP rank holds different values under the same name); replicated
@@ -361,18 +363,16 @@ Tensor Trainer::State::micro_batch_loss(const Batch& b, Generator* gen) {
                      parallel::cp::cp_positions(b.inputs.size(1), r, n), gen);
 }
 
-// The mean validation loss over train.val_steps batches under parallel.pp > 1 (under cp this
-// rank's share), the same on every pp rank: a forward-only pass through the stages (Note
-// [Pipeline evaluation] in parallel/pp/pipeline.cpp) on this cp rank's chunks of each batch.
-double Trainer::State::pipeline_val_loss() {
+std::pair<std::vector<Tensor>, std::vector<Tensor>> Trainer::State::pipeline_batches(DataLoader& loader,
+                                                                                   int64_t count) {
   std::vector<Tensor> inputs, targets;
   const int r = ctx->cp_rank(), n = ctx->cp_size();
-  for (int64_t i = 0; i < cfg.train.val_steps; ++i) {
-    Batch b = val_loader->next();
+  for (int64_t i = 0; i < count; ++i) {
+    Batch b = loader.next();
     inputs.push_back(n > 1 ? parallel::cp::shard_sequence(b.inputs, 1, r, n) : b.inputs);
     targets.push_back(n > 1 ? parallel::cp::shard_sequence(b.targets, 1, r, n) : b.targets);
   }
-  return pipe->evaluate(inputs, targets);
+  return {std::move(inputs), std::move(targets)};
 }
 
 bool Trainer::State::writes_param(const std::string& name) const {
@@ -551,14 +551,7 @@ StepRecord Trainer::State::train_step() {
 // as train_step(), with the gradient norm summed over the stages (Note [Tied embeddings across
 // stages] in parallel/pp/partition.h).
 StepRecord Trainer::State::pipeline_step(StepRecord r) {
-  const int64_t m = micro_batches();
-  std::vector<Tensor> inputs, targets;
-  for (int64_t i = 0; i < m; ++i) {
-    Batch b = train_loader->next();
-    const int cr = ctx->cp_rank(), cn = ctx->cp_size();
-    inputs.push_back(cn > 1 ? parallel::cp::shard_sequence(b.inputs, 1, cr, cn) : b.inputs);
-    targets.push_back(cn > 1 ? parallel::cp::shard_sequence(b.targets, 1, cr, cn) : b.targets);
-  }
+  const auto [inputs, targets] = pipeline_batches(*train_loader, micro_batches());
   const auto t0 = Clock::now();
   r.loss = pipe->forward_backward(
                inputs, targets, &dropout_gen, [this](bool last) { if (dp) dp->set_sync(last); },
@@ -779,22 +772,25 @@ double Trainer::evaluate() {
   kernels::AllowTf32Guard tf32(s.cfg.train.allow_tf32);
   s.model->eval();
   s.val_loader->set_state({0, 0});
-  double total = 0;
-  if (s.pipe) {
-    total = s.pipeline_val_loss() * static_cast<double>(s.cfg.train.val_steps);
+  // The mean over the val batches; under cp this rank's share of it.
+  double mean = 0;
+  if (s.pipe) {  // a forward-only pass through the stages (Note [Pipeline evaluation])
+    const auto [inputs, targets] = s.pipeline_batches(*s.val_loader, s.cfg.train.val_steps);
+    mean = s.pipe->evaluate(inputs, targets);
   } else {
     for (int64_t i = 0; i < s.cfg.train.val_steps; ++i) {
       Batch b = s.val_loader->next();
-      total += s.micro_batch_loss(b, nullptr).item();  // under cp: this rank's share
+      mean += s.micro_batch_loss(b, nullptr).item();
     }
+    mean /= static_cast<double>(s.cfg.train.val_steps);
   }
   if (s.cp_size() > 1) {  // the shares sum to each batch's mean (Note [Context-parallel loss])
-    Tensor t = Tensor::full({1}, total, DType::kF64);
+    Tensor t = Tensor::full({1}, mean, DType::kF64);
     s.ctx->cp().all_reduce(t, parallel::ReduceOp::kSum);
-    total = t.item();
+    mean = t.item();
   }
   s.model->train();
-  return total / static_cast<double>(s.cfg.train.val_steps);
+  return mean;
 }
 
 // Note [Sampling across ranks]: under tp/cp/pp a forward is collective and its logits are

@@ -105,12 +105,7 @@ void cross_entropy_backward_cpu(const Tensor& logits, const Tensor& targets, con
   const char* name = "cross_entropy_backward";
   check_logits_targets(logits, targets, vocab_size, name);
   check_row_buffer(lse, logits.size(0), logits.dtype(), name, "lse");
-  LOOM_CHECK(dloss.numel() == 1 && dloss.dtype() == lse.dtype(), name, ": dloss must be one ",
-             dtype_name(lse.dtype()), " element, got ", shape_str(dloss.shape()), " ",
-             dtype_name(dloss.dtype()));
-  LOOM_CHECK(dlogits.shape() == logits.shape() && dlogits.dtype() == logits.dtype() &&
-                 dlogits.is_contiguous(),
-             name, ": dlogits must be contiguous like logits ", shape_str(logits.shape()));
+  check_backward_args(logits, lse, dloss, dlogits, name);
   const std::vector<int64_t> tgt = checked_targets(targets, ignore_index, vocab_size, name);
   LOOM_DISPATCH_FLOAT(logits.dtype(), name, [&] {
     const scalar_t g =
@@ -163,11 +158,7 @@ void vocab_parallel_ce_backward_cpu(const Tensor& logits, const Tensor& targets,
   check_logits_targets(logits, targets, vocab_valid, name);
   check_shard(logits, vocab_start, vocab_valid, name);
   check_row_buffer(lse, logits.size(0), logits.dtype(), name, "lse");
-  LOOM_CHECK(dloss.numel() == 1 && dloss.dtype() == lse.dtype(), name, ": dloss must be one ",
-             dtype_name(lse.dtype()), " element");
-  LOOM_CHECK(dlogits.shape() == logits.shape() && dlogits.dtype() == logits.dtype() &&
-                 dlogits.is_contiguous(),
-             name, ": dlogits must be contiguous like logits ", shape_str(logits.shape()));
+  check_backward_args(logits, lse, dloss, dlogits, name);
   const std::vector<int64_t> tgt = global_targets(targets, ignore_index, name);
   const int64_t vp = logits.size(1);
   LOOM_DISPATCH_FLOAT(logits.dtype(), name, [&] {

@@ -393,28 +393,36 @@ void dispatch_logits(DType dt, const char* name, F&& f) {
   }
 }
 
+// One block per row of logits (N, Vp): returns at N = 0, and otherwise calls
+// launch(T{}, I{}, grid) with T the logits' storage type and I the targets' index type, then
+// checks the launch. The four cross-entropy launches below differ only in their kernel.
+template <typename F>
+void launch_per_row(const Tensor& logits, const Tensor& targets, const char* name, F&& launch) {
+  const int64_t n = logits.size(0);
+  if (n == 0) return;
+  LOOM_CHECK(n <= std::numeric_limits<int32_t>::max(), name, ": too many rows (", n, ")");
+  CudaDeviceGuard guard(logits.device().index);
+  dispatch_logits(logits.dtype(), name, [&](auto tag) {
+    LOOM_DISPATCH_INDEX(targets.dtype(), name, [&] { launch(tag, index_t{}, static_cast<unsigned>(n)); });
+  });
+  LOOM_CUDA_LAUNCH_CHECK();
+}
+
 void cross_entropy_forward_cuda(const Tensor& logits, const Tensor& targets, int64_t ignore_index,
                                 int64_t vocab_size, Tensor& loss, Tensor& lse) {
   const char* name = "cross_entropy_forward";
   check_logits_targets(logits, targets, vocab_size, name);
   check_row_buffer(loss, logits.size(0), row_dtype(logits.dtype()), name, "loss");
   check_row_buffer(lse, logits.size(0), row_dtype(logits.dtype()), name, "lse");
-  const int64_t n = logits.size(0);
-  if (n == 0) return;
-  LOOM_CHECK(n <= std::numeric_limits<int32_t>::max(), name, ": too many rows (", n, ")");
-  CudaDeviceGuard guard(logits.device().index);
-  dispatch_logits(logits.dtype(), name, [&](auto tag) {
+  launch_per_row(logits, targets, name, [&](auto tag, auto itag, unsigned grid) {
     using T = decltype(tag);
     using A = acc_t<T>;
-    LOOM_DISPATCH_INDEX(targets.dtype(), name, [&] {
-      cross_entropy_forward_kernel<T, index_t>
-          <<<static_cast<unsigned>(n), kThreads, 0, compute_stream()>>>(
-              static_cast<const T*>(logits.raw_data()),
-              static_cast<const index_t*>(targets.raw_data()), logits.size(1), vocab_size,
-              ignore_index, static_cast<A*>(loss.raw_data()), static_cast<A*>(lse.raw_data()));
-    });
+    using index_t = decltype(itag);
+    cross_entropy_forward_kernel<T, index_t><<<grid, kThreads, 0, compute_stream()>>>(
+          static_cast<const T*>(logits.raw_data()),
+          static_cast<const index_t*>(targets.raw_data()), logits.size(1), vocab_size,
+          ignore_index, static_cast<A*>(loss.raw_data()), static_cast<A*>(lse.raw_data()));
   });
-  LOOM_CUDA_LAUNCH_CHECK();
 }
 
 void cross_entropy_backward_cuda(const Tensor& logits, const Tensor& targets, const Tensor& lse,
@@ -423,30 +431,18 @@ void cross_entropy_backward_cuda(const Tensor& logits, const Tensor& targets, co
   const char* name = "cross_entropy_backward";
   check_logits_targets(logits, targets, vocab_size, name);
   check_row_buffer(lse, logits.size(0), row_dtype(logits.dtype()), name, "lse");
-  LOOM_CHECK(dloss.numel() == 1 && dloss.dtype() == lse.dtype(), name, ": dloss must be one ",
-             dtype_name(lse.dtype()), " element, got ", shape_str(dloss.shape()), " ",
-             dtype_name(dloss.dtype()));
-  LOOM_CHECK(dlogits.shape() == logits.shape() && dlogits.dtype() == logits.dtype() &&
-                 dlogits.is_contiguous(),
-             name, ": dlogits must be contiguous like logits ", shape_str(logits.shape()));
-  const int64_t n = logits.size(0);
-  if (n == 0) return;
-  LOOM_CHECK(n <= std::numeric_limits<int32_t>::max(), name, ": too many rows (", n, ")");
-  CudaDeviceGuard guard(logits.device().index);
-  dispatch_logits(logits.dtype(), name, [&](auto tag) {
+  check_backward_args(logits, lse, dloss, dlogits, name);
+  launch_per_row(logits, targets, name, [&](auto tag, auto itag, unsigned grid) {
     using T = decltype(tag);
     using A = acc_t<T>;
-    LOOM_DISPATCH_INDEX(targets.dtype(), name, [&] {
-      cross_entropy_backward_kernel<T, index_t>
-          <<<static_cast<unsigned>(n), kThreads, 0, compute_stream()>>>(
-              static_cast<const T*>(logits.raw_data()),
-              static_cast<const index_t*>(targets.raw_data()),
-              static_cast<const A*>(lse.raw_data()), static_cast<const A*>(dloss.raw_data()),
-              static_cast<A>(grad_scale), logits.size(1), vocab_size, ignore_index,
-              static_cast<T*>(dlogits.raw_data()));
-    });
+    using index_t = decltype(itag);
+    cross_entropy_backward_kernel<T, index_t><<<grid, kThreads, 0, compute_stream()>>>(
+          static_cast<const T*>(logits.raw_data()),
+          static_cast<const index_t*>(targets.raw_data()),
+          static_cast<const A*>(lse.raw_data()), static_cast<const A*>(dloss.raw_data()),
+          static_cast<A>(grad_scale), logits.size(1), vocab_size, ignore_index,
+          static_cast<T*>(dlogits.raw_data()));
   });
-  LOOM_CUDA_LAUNCH_CHECK();
 }
 
 void vocab_parallel_ce_forward_cuda(const Tensor& logits, const Tensor& targets,
@@ -457,23 +453,16 @@ void vocab_parallel_ce_forward_cuda(const Tensor& logits, const Tensor& targets,
   check_shard(logits, vocab_start, vocab_valid, name);
   check_row_buffer(lse_local, logits.size(0), row_dtype(logits.dtype()), name, "lse_local");
   check_row_buffer(target_logit, logits.size(0), row_dtype(logits.dtype()), name, "target_logit");
-  const int64_t n = logits.size(0);
-  if (n == 0) return;
-  LOOM_CHECK(n <= std::numeric_limits<int32_t>::max(), name, ": too many rows (", n, ")");
-  CudaDeviceGuard guard(logits.device().index);
-  dispatch_logits(logits.dtype(), name, [&](auto tag) {
+  launch_per_row(logits, targets, name, [&](auto tag, auto itag, unsigned grid) {
     using T = decltype(tag);
     using A = acc_t<T>;
-    LOOM_DISPATCH_INDEX(targets.dtype(), name, [&] {
-      vocab_parallel_ce_forward_kernel<T, index_t>
-          <<<static_cast<unsigned>(n), kThreads, 0, compute_stream()>>>(
-              static_cast<const T*>(logits.raw_data()),
-              static_cast<const index_t*>(targets.raw_data()), logits.size(1), vocab_valid,
-              vocab_start, ignore_index, static_cast<A*>(lse_local.raw_data()),
-              static_cast<A*>(target_logit.raw_data()));
-    });
+    using index_t = decltype(itag);
+    vocab_parallel_ce_forward_kernel<T, index_t><<<grid, kThreads, 0, compute_stream()>>>(
+          static_cast<const T*>(logits.raw_data()),
+          static_cast<const index_t*>(targets.raw_data()), logits.size(1), vocab_valid,
+          vocab_start, ignore_index, static_cast<A*>(lse_local.raw_data()),
+          static_cast<A*>(target_logit.raw_data()));
   });
-  LOOM_CUDA_LAUNCH_CHECK();
 }
 
 void vocab_parallel_ce_backward_cuda(const Tensor& logits, const Tensor& targets, const Tensor& lse,
@@ -483,30 +472,18 @@ void vocab_parallel_ce_backward_cuda(const Tensor& logits, const Tensor& targets
   check_logits_targets(logits, targets, vocab_valid, name);
   check_shard(logits, vocab_start, vocab_valid, name);
   check_row_buffer(lse, logits.size(0), row_dtype(logits.dtype()), name, "lse");
-  LOOM_CHECK(dloss.numel() == 1 && dloss.dtype() == lse.dtype(), name, ": dloss must be one ",
-             dtype_name(lse.dtype()), " element, got ", shape_str(dloss.shape()), " ",
-             dtype_name(dloss.dtype()));
-  LOOM_CHECK(dlogits.shape() == logits.shape() && dlogits.dtype() == logits.dtype() &&
-                 dlogits.is_contiguous(),
-             name, ": dlogits must be contiguous like logits ", shape_str(logits.shape()));
-  const int64_t n = logits.size(0);
-  if (n == 0) return;
-  LOOM_CHECK(n <= std::numeric_limits<int32_t>::max(), name, ": too many rows (", n, ")");
-  CudaDeviceGuard guard(logits.device().index);
-  dispatch_logits(logits.dtype(), name, [&](auto tag) {
+  check_backward_args(logits, lse, dloss, dlogits, name);
+  launch_per_row(logits, targets, name, [&](auto tag, auto itag, unsigned grid) {
     using T = decltype(tag);
     using A = acc_t<T>;
-    LOOM_DISPATCH_INDEX(targets.dtype(), name, [&] {
-      vocab_parallel_ce_backward_kernel<T, index_t>
-          <<<static_cast<unsigned>(n), kThreads, 0, compute_stream()>>>(
-              static_cast<const T*>(logits.raw_data()),
-              static_cast<const index_t*>(targets.raw_data()),
-              static_cast<const A*>(lse.raw_data()), static_cast<const A*>(dloss.raw_data()),
-              static_cast<A>(grad_scale), logits.size(1), vocab_valid, vocab_start, ignore_index,
-              static_cast<T*>(dlogits.raw_data()));
-    });
+    using index_t = decltype(itag);
+    vocab_parallel_ce_backward_kernel<T, index_t><<<grid, kThreads, 0, compute_stream()>>>(
+          static_cast<const T*>(logits.raw_data()),
+          static_cast<const index_t*>(targets.raw_data()),
+          static_cast<const A*>(lse.raw_data()), static_cast<const A*>(dloss.raw_data()),
+          static_cast<A>(grad_scale), logits.size(1), vocab_valid, vocab_start, ignore_index,
+          static_cast<T*>(dlogits.raw_data()));
   });
-  LOOM_CUDA_LAUNCH_CHECK();
 }
 
 void vocab_parallel_lse_combine_cuda(const Tensor& lses, const Tensor& target_logit,

@@ -16,6 +16,14 @@ namespace loom::parallel::pp {
 namespace {
 
 constexpr int kTiedTag = 32767;  // above every message_tag() of a step
+
+// Sends `mine` to `peer` and receives `theirs` from it, both posted before either is waited for.
+void exchange(Communicator& g, const Tensor& mine, const Tensor& theirs, int peer) {
+  WorkPtr s = g.send_async(mine, peer, kTiedTag);
+  WorkPtr r = g.recv_async(theirs, peer, kTiedTag);
+  s->wait();
+  r->wait();
+}
 constexpr int kEvalTag = 32766;  // validation activations; no step message is in flight then
 
 }  // namespace
@@ -122,10 +130,7 @@ void TransformerPipeline::sync_tied_gradients() {
   const int peer = pp_.rank() == first ? last : first;
   Tensor mine = g.contiguous();
   Tensor theirs = Tensor::empty_like(mine);
-  WorkPtr s = pp_.send_async(mine, peer, kTiedTag);
-  WorkPtr r = pp_.recv_async(theirs, peer, kTiedTag);
-  s->wait();
-  r->wait();
+  exchange(pp_, mine, theirs, peer);
   autograd::NoGradGuard no_grad;
   // first + last on both ranks: the same bits (Note [Tied embeddings across stages]).
   const Tensor sum = pp_.rank() == first ? ops::add(mine, theirs) : ops::add(theirs, mine);
@@ -188,33 +193,27 @@ void TransformerPipeline::sync_tied_gradient_pieces(const std::vector<std::pair<
     ranges.push_back(std::stod(name.substr(colon + 1)));
   }
   const int peer = pp_.rank() == first ? last : first;
-  Tensor my_ranges = Tensor::from_vector(ranges.empty() ? std::vector<double>{-1.0} : ranges,
-                                         {static_cast<int64_t>(std::max<size_t>(1, ranges.size()))});
-  Tensor count = Tensor::full({1}, static_cast<double>(my_ranges.numel()), DType::kF64);
-  Tensor peer_count = Tensor::empty_like(count);
-  WorkPtr s = pp_.send_async(count, peer, kTiedTag);
-  WorkPtr r = pp_.recv_async(peer_count, peer, kTiedTag);
-  s->wait();
-  r->wait();
-  LOOM_CHECK(peer_count.item() == count.item(), "pipeline: the tied embedding's owned pieces differ between the "
-             "first and the last stage (", count.item(), " vs ", peer_count.item(), " values)");
-  Tensor peer_ranges = Tensor::empty_like(my_ranges);
-  s = pp_.send_async(my_ranges, peer, kTiedTag);
-  r = pp_.recv_async(peer_ranges, peer, kTiedTag);
-  s->wait();
-  r->wait();
-  LOOM_CHECK(peer_ranges.to_vector() == my_ranges.to_vector(), "pipeline: the first and the last stage own "
-             "different ranges of the tied wte.weight (Note [Sharded stages])");
+  if (!tied_ranges_checked_) {  // the layout never changes: checked on the first step only
+    const Tensor mine = Tensor::from_vector(ranges.empty() ? std::vector<double>{-1.0} : ranges,
+                                            {static_cast<int64_t>(std::max<size_t>(1, ranges.size()))});
+    const Tensor count = Tensor::full({1}, static_cast<double>(mine.numel()), DType::kF64);
+    const Tensor peer_count = Tensor::empty_like(count);
+    exchange(pp_, count, peer_count, peer);
+    LOOM_CHECK(peer_count.item() == count.item(), "pipeline: the tied embedding's owned pieces differ between "
+               "the first and the last stage (", count.item(), " vs ", peer_count.item(), " values)");
+    const Tensor theirs = Tensor::empty_like(mine);
+    exchange(pp_, mine, theirs, peer);
+    LOOM_CHECK(theirs.to_vector() == mine.to_vector(), "pipeline: the first and the last stage own "
+               "different ranges of the tied wte.weight (Note [Sharded stages])");
+    tied_ranges_checked_ = true;
+  }
   if (views.empty()) return;
   autograd::NoGradGuard no_grad;
   std::vector<Tensor> flat;
   for (const Tensor& v : views) flat.push_back(ops::reshape(v, {v.numel()}));
   Tensor mine = ops::cat(flat, 0);
   Tensor theirs = Tensor::empty_like(mine);
-  s = pp_.send_async(mine, peer, kTiedTag);
-  r = pp_.recv_async(theirs, peer, kTiedTag);
-  s->wait();
-  r->wait();
+  exchange(pp_, mine, theirs, peer);
   // first + last on both ranks: the same bits (Note [Tied embeddings across stages]).
   const Tensor sum = pp_.rank() == first ? ops::add(mine, theirs) : ops::add(theirs, mine);
   int64_t at = 0;

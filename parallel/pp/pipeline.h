@@ -140,7 +140,8 @@ class TransformerPipeline {
   // The tied-embedding exchange of sync_tied_gradients() on sharded gradients: `pieces` are
   // this rank's owned gradient pieces ("<param>[<begin>:<end>]" views, DataParallel::
   // owned_grad_pieces()); those of wte.weight are exchanged with the other stage's rank of
-  // the same data-parallel index, which owns the same ranges, and both keep the sum.
+  // the same data-parallel index, which owns the same ranges (checked on the first call), and
+  // both keep the sum.
   void sync_tied_gradient_pieces(const std::vector<std::pair<std::string, Tensor>>& pieces);
 
   const PipelineStats& last_stats() const { return stats_; }
@@ -160,6 +161,7 @@ class TransformerPipeline {
   std::vector<std::pair<std::string, Tensor>> params_;
   PipelineExecutor executor_;
   PipelineStats stats_;
+  bool tied_ranges_checked_ = false;  // sync_tied_gradient_pieces: shard ranges verified once
 };
 
 }  // namespace loom::parallel::pp

@@ -44,7 +44,7 @@ struct Case {
   std::string arch = "gpt2";
   int dp = 1, pp = 2, vpp = 1;
   std::string schedule = "1f1b";
-  std::string layout;
+  std::string layout = "";
   int zero_stage = 0;
   int64_t accum = 4;
   std::string precision = "f32";  // train.precision (f64: f32 masters, f64 compute)
@@ -161,53 +161,23 @@ void expect_matches_single(const Case& k, bool exact = false) {
   ctx.world().barrier();
 }
 
-// A case on `pp` stages with `schedule` (the other fields as in Case).
-Case pipeline_case(const std::string& schedule, int pp = 2) {
-  Case k;
-  k.schedule = schedule;
-  k.pp = pp;
-  return k;
-}
-
-TEST(TrainPipeline2, GpipeMatchesSingleProcess) { expect_matches_single(pipeline_case("gpipe")); }
-TEST(TrainPipeline2, OneFOneBMatchesSingleProcess) { expect_matches_single(pipeline_case("1f1b")); }
-TEST(TrainPipeline2, InterleavedMatchesSingleProcess) { expect_matches_single(pipeline_case("interleaved")); }
+TEST(TrainPipeline2, GpipeMatchesSingleProcess) { expect_matches_single({.schedule = "gpipe"}); }
+TEST(TrainPipeline2, OneFOneBMatchesSingleProcess) { expect_matches_single({}); }
+TEST(TrainPipeline2, InterleavedMatchesSingleProcess) { expect_matches_single({.schedule = "interleaved"}); }
 TEST(TrainPipeline2, InterleavedVpp2MatchesSingleProcess) {
-  Case k = pipeline_case("interleaved");
-  k.vpp = 2;
-  expect_matches_single(k);
+  expect_matches_single({.vpp = 2, .schedule = "interleaved"});
 }
-TEST(TrainPipeline2, ExplicitLayoutMatchesSingleProcess) {
-  Case k = pipeline_case("1f1b");
-  k.layout = "3,1";
-  expect_matches_single(k);
-}
-TEST(TrainPipeline2, LlamaMatchesSingleProcessExactly) {
-  Case k = pipeline_case("1f1b");
-  k.arch = "llama";
-  expect_matches_single(k, true);
-}
+TEST(TrainPipeline2, ExplicitLayoutMatchesSingleProcess) { expect_matches_single({.layout = "3,1"}); }
+TEST(TrainPipeline2, LlamaMatchesSingleProcessExactly) { expect_matches_single({.arch = "llama"}, true); }
 
 // Dropout (Note [Pipeline dropout]): every stage draws the single-process masks of its blocks.
-TEST(TrainPipeline2, DropoutMatchesSingleProcess) {
-  Case k = pipeline_case("1f1b");
-  k.dropout = 0.1;
-  expect_matches_single(k);
-}
+TEST(TrainPipeline2, DropoutMatchesSingleProcess) { expect_matches_single({.dropout = 0.1}); }
 TEST(TrainPipeline2, InterleavedVpp2DropoutWithCheckpointingMatchesSingleProcess) {
-  Case k = pipeline_case("interleaved");
-  k.vpp = 2;
-  k.dropout = 0.1;
-  k.checkpointing = true;
-  expect_matches_single(k);
+  expect_matches_single({.vpp = 2, .schedule = "interleaved", .dropout = 0.1, .checkpointing = true});
 }
 
 // Mixed precision (f32 masters, f64 compute): the activations crossing stages are f64.
-TEST(TrainPipeline2, MixedPrecisionMatchesSingleProcess) {
-  Case k = pipeline_case("1f1b");
-  k.precision = "f64";
-  expect_matches_single(k);
-}
+TEST(TrainPipeline2, MixedPrecisionMatchesSingleProcess) { expect_matches_single({.precision = "f64"}); }
 
 // 3 steps, a checkpoint, a resume and 3 more equal 6 uninterrupted steps bit for bit.
 void expect_resumes_exactly(const Case& k) {
@@ -244,62 +214,25 @@ void expect_resumes_exactly(const Case& k) {
   ctx.world().barrier();
 }
 
-TEST(TrainPipeline2, ResumesExactly) { expect_resumes_exactly(pipeline_case("1f1b")); }
+TEST(TrainPipeline2, ResumesExactly) { expect_resumes_exactly({}); }
 
-TEST(TrainPipeline4, OneFOneBMatchesSingleProcess) { expect_matches_single(pipeline_case("1f1b", 4)); }
-TEST(TrainPipeline4, DataAndPipelineMatchesSingleProcess) {
-  Case k = pipeline_case("1f1b");
-  k.dp = 2;
-  k.zero_stage = 1;
-  expect_matches_single(k);
-}
+TEST(TrainPipeline4, OneFOneBMatchesSingleProcess) { expect_matches_single({.pp = 4}); }
+TEST(TrainPipeline4, DataAndPipelineMatchesSingleProcess) { expect_matches_single({.dp = 2, .zero_stage = 1}); }
 TEST(TrainPipeline4, DataAndPipelineWithDropoutMatchesSingleProcess) {
-  Case k = pipeline_case("1f1b");
-  k.dp = 2;
-  k.zero_stage = 1;
-  k.dropout = 0.1;
-  expect_matches_single(k);
+  expect_matches_single({.dp = 2, .zero_stage = 1, .dropout = 0.1});
 }
-TEST(TrainPipeline4, DataAndPipelineResumesExactly) {
-  Case k = pipeline_case("1f1b");
-  k.dp = 2;
-  k.zero_stage = 1;
-  expect_resumes_exactly(k);
-}
+TEST(TrainPipeline4, DataAndPipelineResumesExactly) { expect_resumes_exactly({.dp = 2, .zero_stage = 1}); }
 // Sharded gradients (and parameters) under the pipeline, Note [Sharded stages]: the tied
 // embedding is synchronised shard by shard and the norm summed from the owned shards.
-TEST(TrainPipeline4, DataAndPipelineZero2MatchesSingleProcess) {
-  Case k = pipeline_case("1f1b");
-  k.dp = 2;
-  k.zero_stage = 2;
-  expect_matches_single(k);
-}
-TEST(TrainPipeline4, DataAndPipelineZero3MatchesSingleProcess) {
-  Case k = pipeline_case("1f1b");
-  k.dp = 2;
-  k.zero_stage = 3;
-  expect_matches_single(k);
-}
+TEST(TrainPipeline4, DataAndPipelineZero2MatchesSingleProcess) { expect_matches_single({.dp = 2, .zero_stage = 2}); }
+TEST(TrainPipeline4, DataAndPipelineZero3MatchesSingleProcess) { expect_matches_single({.dp = 2, .zero_stage = 3}); }
 TEST(TrainPipeline4, DataAndInterleavedPipelineZero3MatchesSingleProcess) {
-  Case k = pipeline_case("interleaved");
-  k.dp = 2;
-  k.vpp = 2;
-  k.zero_stage = 3;
-  expect_matches_single(k);
+  expect_matches_single({.dp = 2, .vpp = 2, .schedule = "interleaved", .zero_stage = 3});
 }
 TEST(TrainPipeline4, DataAndPipelineZero2LlamaMatchesSingleProcess) {
-  Case k = pipeline_case("gpipe");
-  k.arch = "llama";
-  k.dp = 2;
-  k.zero_stage = 2;
-  expect_matches_single(k);
+  expect_matches_single({.arch = "llama", .dp = 2, .schedule = "gpipe", .zero_stage = 2});
 }
-TEST(TrainPipeline4, DataAndPipelineZero3ResumesExactly) {
-  Case k = pipeline_case("1f1b");
-  k.dp = 2;
-  k.zero_stage = 3;
-  expect_resumes_exactly(k);
-}
+TEST(TrainPipeline4, DataAndPipelineZero3ResumesExactly) { expect_resumes_exactly({.dp = 2, .zero_stage = 3}); }
 
 }  // namespace
 }  // namespace loom::parallel
