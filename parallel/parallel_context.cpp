@@ -179,6 +179,13 @@ ParallelContext ParallelContext::create(const ParallelOptions& options) {
   ctx.mics_replica_ = MpiCommunicator::create(parent, ctx.mesh_.mics_replica_group(rank, partition),
                                               "mics_replica", timeout, tag++);
   ctx.dp_cp_ = MpiCommunicator::create(parent, ctx.mesh_.dp_cp_group(rank), "dp_cp", timeout, tag++);
+  if (options.nccl_rules) {
+    world->follow_nccl_rules();
+    for (auto& c : ctx.dims_) static_cast<MpiCommunicator&>(*c).follow_nccl_rules();
+    for (auto* c : {&ctx.mics_partition_, &ctx.mics_replica_, &ctx.dp_cp_}) {
+      static_cast<MpiCommunicator&>(**c).follow_nccl_rules();
+    }
+  }
   ctx.world_ = on_device(std::move(world), device, timeout);
   for (auto& c : ctx.dims_) c = on_device(std::move(c), device, timeout);
   ctx.mics_partition_ = on_device(std::move(ctx.mics_partition_), device, timeout);

@@ -28,6 +28,9 @@ struct ParallelOptions {
   // group's communicator is an NcclCommunicator (CPU tensors still go over MPI through it);
   // needs a CUDA build and one GPU per rank on each node. kCpu: MpiCommunicators.
   DeviceType device = DeviceType::kCpu;
+  // Every MPI communicator follows NCCL's point-to-point rules (Note [NCCL rules on MPI] in
+  // parallel/comm/mpi_communicator.h): checks a layout's NCCL safety on CPUs.
+  bool nccl_rules = false;
 };
 
 class ParallelContext {

@@ -68,6 +68,7 @@ int main(int argc, char** argv) {
       p.comm_timeout_s = config.parallel.comm_timeout_s;
       // parallel.backend: NCCL communicators on GPUs, or MPI ones staging CUDA tensors.
       p.device = loom::uses_nccl(config) ? loom::DeviceType::kCuda : loom::DeviceType::kCpu;
+      p.nccl_rules = config.parallel.backend == "mpi_nccl_rules";
       ctx = std::make_unique<loom::parallel::ParallelContext>(loom::parallel::ParallelContext::create(p));
       options.parallel = ctx.get();
     }

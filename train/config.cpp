@@ -329,13 +329,10 @@ void validate_config(const Config& c) {
           "parallel.mics_partition_size: MiCS shards optimizer state; set parallel.zero_stage to 1, 2 or 3");
   require(p.bucket_mb > 0, "parallel.bucket_mb: must be positive, got " + str(p.bucket_mb));
   require(p.comm_timeout_s > 0, "parallel.comm_timeout_s: must be positive, got " + str(p.comm_timeout_s));
-  require(p.backend == "auto" || p.backend == "nccl" || p.backend == "mpi",
-          "parallel.backend: unknown backend '" + p.backend + "' (auto, nccl, mpi)");
+  require(p.backend == "auto" || p.backend == "nccl" || p.backend == "mpi" || p.backend == "mpi_nccl_rules",
+          "parallel.backend: unknown backend '" + p.backend + "' (auto, nccl, mpi, mpi_nccl_rules)");
   require(p.backend != "nccl" || t.device == "cuda",
           "parallel.backend: nccl moves GPU tensors; set train.device: cuda (or parallel.backend: mpi)");
-  require(p.backend != "nccl" || p.pp == 1,
-          "parallel.backend: nccl with parallel.pp > 1 is not supported yet (the pipeline posts receives ahead "
-          "of sends; NCCL would need them grouped): use parallel.backend: mpi");
   require(p.dp == 1 || o.name == "adamw", "optim.name: sgd is not supported with parallel.dp > 1 (the data-parallel engine shards AdamW)");
   validate_pipeline_config(c);
   validate_model_parallel_config(c);
@@ -346,8 +343,7 @@ int64_t pipeline_microbatches(const Config& c) {
 }
 
 bool uses_nccl(const Config& c) {
-  return c.parallel.backend == "nccl" ||
-         (c.parallel.backend == "auto" && c.train.device == "cuda" && c.parallel.pp == 1);
+  return c.parallel.backend == "nccl" || (c.parallel.backend == "auto" && c.train.device == "cuda");
 }
 
 Config parse_config_text(const std::string& text, const std::vector<std::string>& overrides) {

@@ -83,10 +83,9 @@ struct ParallelConfig {
   bool overlap = true;              // false: reduce only after backward (to measure overlap)
   double comm_timeout_s = 300;      // a collective slower than this reports op and group
   // Communicators: nccl (one GPU per rank; CPU tensors still go over MPI), mpi (CUDA tensors
-  // staged through pinned host memory: several ranks may share a GPU), auto = nccl when
-  // train.device is cuda and pp is 1, else mpi. The pipeline executor posts receives ahead of
-  // sends, which NCCL's in-order point-to-point would deadlock on (it needs grouped
-  // send/recv, not built yet), so nccl with pp > 1 is refused.
+  // staged through pinned host memory: several ranks may share a GPU), mpi_nccl_rules (MPI
+  // following NCCL's point-to-point rules, to check NCCL safety on CPUs), auto = nccl when
+  // train.device is cuda, else mpi.
   std::string backend = "auto";
   // Pipeline parallelism (parallel/pp; docs/parallel.md): world = dp·pp.
   int64_t pp = 1;                   // pipeline stages

@@ -53,6 +53,17 @@ struct CommEvent {
 // shortly after the GPU finished it): keep it short and thread-safe.
 using CommObserver = std::function<void(const CommEvent&)>;
 
+// One transfer of a point-to-point group (Communicator::send_recv_async).
+struct P2P {
+  enum class Kind { kSend, kRecv };
+  Kind kind = Kind::kSend;
+  Tensor tensor;  // sent from, or received into (preallocated)
+  int peer = -1;
+  int tag = 0;
+  static P2P send(Tensor t, int dst, int tag) { return {Kind::kSend, std::move(t), dst, tag}; }
+  static P2P recv(Tensor t, int src, int tag) { return {Kind::kRecv, std::move(t), src, tag}; }
+};
+
 class Communicator {
  public:
   virtual ~Communicator() = default;
@@ -79,6 +90,21 @@ class Communicator {
   virtual WorkPtr send_async(Tensor t, int dst, int tag) = 0;
   virtual WorkPtr recv_async(Tensor t, int src, int tag) = 0;
   virtual WorkPtr barrier_async() = 0;
+  // Issues the transfers as one group: they progress together, so a group may send to and
+  // receive from the same peers in any order without deadlocking, also on a backend that runs
+  // point-to-point operations one after another in issue order (NCCL: one
+  // ncclGroupStart/End). Between two members, messages still match in issue order. Returns
+  // one Work per transfer, in order (on NCCL they complete together). This default posts each
+  // with send_async / recv_async: a group for backends whose posted transfers never wait for
+  // one another (MPI).
+  virtual std::vector<WorkPtr> send_recv_async(std::vector<P2P> ops) {
+    std::vector<WorkPtr> works;
+    for (P2P& op : ops) {
+      works.push_back(op.kind == P2P::Kind::kSend ? send_async(std::move(op.tensor), op.peer, op.tag)
+                                                  : recv_async(std::move(op.tensor), op.peer, op.tag));
+    }
+    return works;
+  }
 
   void all_reduce(Tensor t, ReduceOp op) { all_reduce_async(std::move(t), op)->wait(); }
   void reduce_scatter(Tensor in, Tensor out, ReduceOp op) { reduce_scatter_async(std::move(in), std::move(out), op)->wait(); }

@@ -270,11 +270,15 @@ class MpiOp {
   std::function<void()> on_complete;
   int64_t expect_recv_count = -1;  // recv: the message must hold exactly this many elements
   MPI_Datatype type = MPI_BYTE;
+  // A group (send_recv_async under NCCL rules): these ops progress together, instead of phases;
+  // the group is done when all are.
+  std::vector<std::shared_ptr<MpiOp>> parts;
 
   std::string where() const { return state->what + " on group " + state->event.group; }
 
   // Posts the next phase, or tests the one in flight. Called by the worker thread only.
   Step progress(MPI_Comm comm) {
+    if (!parts.empty()) return progress_parts(comm);
     if (next_phase_ == 0) return post(comm);
     int flag = 0;
     MPI_Status status;
@@ -293,6 +297,19 @@ class MpiOp {
     return kAdvanced;
   }
 
+  Step progress_parts(MPI_Comm comm) {
+    parts_done_.resize(parts.size(), false);
+    bool all = true, advanced = false;
+    for (size_t i = 0; i < parts.size(); ++i) {
+      if (parts_done_[i]) continue;
+      const Step step = parts[i]->progress(comm);
+      parts_done_[i] = step == kDone;
+      all = all && parts_done_[i];
+      advanced = advanced || step != kPending;
+    }
+    return all ? kDone : advanced ? kAdvanced : kPending;
+  }
+
   void check_received(MPI_Status& status) const {
     int count = 0;
     MPI_Get_count(&status, type, &count);
@@ -302,6 +319,7 @@ class MpiOp {
 
   size_t next_phase_ = 0;
   MPI_Request req_ = MPI_REQUEST_NULL;
+  std::vector<bool> parts_done_;
 };
 
 MpiCommunicator::MpiCommunicator(MPI_Comm comm, std::string name, double timeout_s)
@@ -535,38 +553,67 @@ WorkPtr MpiCommunicator::broadcast_async(Tensor t, int root) {
   return enqueue(std::move(m));
 }
 
-WorkPtr MpiCommunicator::send_async(Tensor t, int dst, int tag) {
-  const std::string what = detail::str("send to rank ", dst, " (tag ", tag, ")");
+// Under NCCL rules (Note [NCCL rules on MPI]) a transfer occupies the group like a collective
+// and a send is synchronous (MPI_Issend: complete only once the receive has matched it).
+std::shared_ptr<MpiOp> MpiCommunicator::make_p2p(const P2P& op) {
+  const bool send = op.kind == P2P::Kind::kSend;
+  const std::string what = send ? detail::str("send to rank ", op.peer, " (tag ", op.tag, ")")
+                                : detail::str("recv from rank ", op.peer, " (tag ", op.tag, ")");
   const std::string where = what + " on group " + name_;
+  const Tensor& t = op.tensor;
   check_tensor(t, where, "t");
-  LOOM_CHECK(dst >= 0 && dst < size_, where, ": rank out of range [0, ", size_, ")");
-  LOOM_CHECK(tag >= 0 && tag <= 32767, where, ": tag must be in [0, 32767]");
+  LOOM_CHECK(op.peer >= 0 && op.peer < size_, where, ": rank out of range [0, ", size_, ")");
+  LOOM_CHECK(op.tag >= 0 && op.tag <= 32767, where, ": tag must be in [0, 32767]");
   const int n = mpi_count(t.numel(), where);
-  auto m = new_op(name_, size_, timeout_s_, "send", what, static_cast<int64_t>(t.nbytes()), false);
+  auto m = new_op(name_, size_, timeout_s_, send ? "send" : "recv", what, static_cast<int64_t>(t.nbytes()),
+                  nccl_rules_);
   const MPI_Datatype type = m->type = mpi_word_type(t.dtype());
-  const Staged st = stage(t, true, *pinned_);
-  m->phases.push_back({"MPI_Isend", [st, n, type, dst, tag](MPI_Comm c, MPI_Request* r) {
-                         return MPI_Isend(st.data(), n, type, dst, tag, c, r);
-                       }});
-  return enqueue(std::move(m));
+  const int peer = op.peer, tag = op.tag;
+  const Staged st = stage(t, send, *pinned_);
+  if (send && nccl_rules_) {
+    m->phases.push_back({"MPI_Issend", [st, n, type, peer, tag](MPI_Comm c, MPI_Request* r) {
+                           return MPI_Issend(st.data(), n, type, peer, tag, c, r);
+                         }});
+  } else if (send) {
+    m->phases.push_back({"MPI_Isend", [st, n, type, peer, tag](MPI_Comm c, MPI_Request* r) {
+                           return MPI_Isend(st.data(), n, type, peer, tag, c, r);
+                         }});
+  } else {
+    m->expect_recv_count = n;
+    m->phases.push_back({"MPI_Irecv", [st, n, type, peer, tag](MPI_Comm c, MPI_Request* r) {
+                           return MPI_Irecv(st.data(), n, type, peer, tag, c, r);
+                         }});
+    m->on_complete = [st] { st.unstage(); };
+  }
+  return m;
+}
+
+WorkPtr MpiCommunicator::send_async(Tensor t, int dst, int tag) {
+  return enqueue(make_p2p(P2P::send(std::move(t), dst, tag)));
 }
 
 WorkPtr MpiCommunicator::recv_async(Tensor t, int src, int tag) {
-  const std::string what = detail::str("recv from rank ", src, " (tag ", tag, ")");
-  const std::string where = what + " on group " + name_;
-  check_tensor(t, where, "t");
-  LOOM_CHECK(src >= 0 && src < size_, where, ": rank out of range [0, ", size_, ")");
-  LOOM_CHECK(tag >= 0 && tag <= 32767, where, ": tag must be in [0, 32767]");
-  const int n = mpi_count(t.numel(), where);
-  auto m = new_op(name_, size_, timeout_s_, "recv", what, static_cast<int64_t>(t.nbytes()), false);
-  const MPI_Datatype type = m->type = mpi_word_type(t.dtype());
-  m->expect_recv_count = n;
-  const Staged st = stage(t, false, *pinned_);
-  m->phases.push_back({"MPI_Irecv", [st, n, type, src, tag](MPI_Comm c, MPI_Request* r) {
-                         return MPI_Irecv(st.data(), n, type, src, tag, c, r);
-                       }});
-  m->on_complete = [st] { st.unstage(); };
-  return enqueue(std::move(m));
+  return enqueue(make_p2p(P2P::recv(std::move(t), src, tag)));
+}
+
+std::vector<WorkPtr> MpiCommunicator::send_recv_async(std::vector<P2P> ops) {
+  if (!nccl_rules_ || ops.size() <= 1) return Communicator::send_recv_async(std::move(ops));
+  int64_t bytes = 0;
+  std::vector<std::shared_ptr<MpiOp>> parts;
+  for (const P2P& op : ops) {
+    parts.push_back(make_p2p(op));
+    bytes += static_cast<int64_t>(op.tensor.nbytes());
+  }
+  auto m = new_op(name_, size_, timeout_s_, "send_recv", detail::str("send/recv group of ", ops.size(), " transfers"),
+                  bytes, true);
+  m->parts = std::move(parts);
+  return std::vector<WorkPtr>(ops.size(), enqueue(std::move(m)));
+}
+
+void MpiCommunicator::follow_nccl_rules() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  LOOM_CHECK(!worker_.joinable(), "communicator ", name_, ": follow_nccl_rules() after the first operation");
+  nccl_rules_ = true;
 }
 
 WorkPtr MpiCommunicator::barrier_async() {

@@ -14,6 +14,15 @@
 // has nothing in flight and backs off (yield, then short sleeps) while polling MPI_Test.
 // MPI must be initialised with MPI_THREAD_MULTIPLE (MpiRuntime does), since every
 // communicator's thread calls MPI concurrently.
+//
+// Note [NCCL rules on MPI]: after follow_nccl_rules(), the communicator runs point-to-point
+// transfers the way NcclCommunicator does on a GPU: every operation occupies the group until it
+// completes (one at a time, in issue order), a send completes only once the peer's receive
+// matched it (MPI_Issend), and a send_recv_async group is one operation whose transfers
+// progress together. Code whose transfers would deadlock under NCCL (a send issued before a
+// receive the peer needs first) then deadlocks here too — and fails with the timeout error
+// naming the stuck operation — so the parallel layouts can be checked for NCCL safety on CPUs
+// (`parallel.backend: mpi_nccl_rules`; ParallelOptions::nccl_rules). Results are unchanged.
 #pragma once
 
 #include <mpi.h>
@@ -75,8 +84,14 @@ class MpiCommunicator final : public Communicator {
   WorkPtr send_async(Tensor t, int dst, int tag) override;
   WorkPtr recv_async(Tensor t, int src, int tag) override;
   WorkPtr barrier_async() override;
+  // One MpiOp whose transfers progress together under NCCL rules; otherwise each transfer
+  // posted on its own (Communicator's default).
+  std::vector<WorkPtr> send_recv_async(std::vector<P2P> ops) override;
+  // Note [NCCL rules on MPI]. Before the first operation only.
+  void follow_nccl_rules();
 
  private:
+  std::shared_ptr<MpiOp> make_p2p(const P2P& op);
   WorkPtr enqueue(std::shared_ptr<MpiOp> op);
   void worker_loop();
   bool take_startable(std::vector<std::shared_ptr<MpiOp>>& active,
@@ -98,6 +113,7 @@ class MpiCommunicator final : public Communicator {
   bool stop_ = false;
   bool abandon_now_ = false;  // destroyed while unwinding: do not wait for pending ops
   bool leaked_ = false;       // an op was abandoned: do not free comm_
+  bool nccl_rules_ = false;   // Note [NCCL rules on MPI]
   std::thread worker_;        // started on the first operation
 };
 

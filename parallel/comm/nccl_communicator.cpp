@@ -200,6 +200,7 @@ struct NcclCommunicator::Impl {
     LOOM_CHECK(t.is_contiguous(), where(op), ": ", arg, " must be contiguous");
   }
   // Both tensors on the host (→ true) or both on this GPU (→ false).
+  void check_p2p(const P2P& op) const;
   bool both_on_host(const Tensor& in, const Tensor& out, const char* op) const {
     LOOM_CHECK(in.defined() && out.defined(), where(op), ": in and out must be defined");
     const bool cpu = in.device().is_cpu();
@@ -579,40 +580,80 @@ WorkPtr NcclCommunicator::broadcast_async(Tensor t, int root) {
                   });
 }
 
+namespace {
+
+// "send to rank 3 (tag 5)" / "recv from rank 3 (tag 5)".
+std::string p2p_what(const P2P& op) {
+  return op.kind == P2P::Kind::kSend ? detail::str("send to rank ", op.peer, " (tag ", op.tag, ")")
+                                     : detail::str("recv from rank ", op.peer, " (tag ", op.tag, ")");
+}
+
+// Enqueues one transfer (inside or outside a group) on communicator c, stream s.
+void enqueue_p2p(const P2P& op, ncclComm_t c, cudaStream_t s) {
+  const size_t nbytes = bytes_of(op.tensor);
+  if (nbytes == 0) return;
+  if (op.kind == P2P::Kind::kSend) {
+    NCCL_CHECK(ncclSend(op.tensor.raw_data(), nbytes, ncclUint8, op.peer, c, s));
+  } else {
+    NCCL_CHECK(ncclRecv(op.tensor.raw_data(), nbytes, ncclUint8, op.peer, c, s));
+  }
+}
+
+}  // namespace
+
+// The checks of one CUDA transfer, at issue time.
+void NcclCommunicator::Impl::check_p2p(const P2P& op) const {
+  const std::string where = p2p_what(op) + " on group " + name;
+  check_cuda(op.tensor, op.kind == P2P::Kind::kSend ? "send" : "recv", "t");
+  LOOM_CHECK(op.peer >= 0 && op.peer < size && op.peer != rank, where,
+             ": peer must be another rank in [0, ", size, ")");
+  LOOM_CHECK(op.tag >= 0 && op.tag <= 32767, where, ": tag must be in [0, 32767]");
+}
+
 WorkPtr NcclCommunicator::send_async(Tensor t, int dst, int tag) {
-  Impl& m = *impl_;
-  const std::string what = detail::str("send to rank ", dst, " (tag ", tag, ")");
-  const std::string where = what + " on group " + m.name;
-  LOOM_CHECK(t.defined(), where, ": t is undefined");
-  if (t.device().is_cpu()) return m.host_comm("send").send_async(std::move(t), dst, tag);
-  m.check_cuda(t, "send", "t");
-  LOOM_CHECK(dst >= 0 && dst < m.size && dst != m.rank, where, ": peer must be another rank in [0, ",
-             m.size, ")");
-  LOOM_CHECK(tag >= 0 && tag <= 32767, where, ": tag must be in [0, 32767]");
-  const size_t nbytes = bytes_of(t);
-  const void* p = t.raw_data();
-  return m.launch("send", what, static_cast<int64_t>(t.nbytes()), {t},
-                  [=](ncclComm_t c, cudaStream_t s) {
-                    if (nbytes > 0) NCCL_CHECK(ncclSend(p, nbytes, ncclUint8, dst, c, s));
-                  });
+  return std::move(send_recv_async({P2P::send(std::move(t), dst, tag)}).front());
 }
 
 WorkPtr NcclCommunicator::recv_async(Tensor t, int src, int tag) {
+  return std::move(send_recv_async({P2P::recv(std::move(t), src, tag)}).front());
+}
+
+std::vector<WorkPtr> NcclCommunicator::send_recv_async(std::vector<P2P> ops) {
   Impl& m = *impl_;
-  const std::string what = detail::str("recv from rank ", src, " (tag ", tag, ")");
-  const std::string where = what + " on group " + m.name;
-  LOOM_CHECK(t.defined(), where, ": t is undefined");
-  if (t.device().is_cpu()) return m.host_comm("recv").recv_async(std::move(t), src, tag);
-  m.check_cuda(t, "recv", "t");
-  LOOM_CHECK(src >= 0 && src < m.size && src != m.rank, where, ": peer must be another rank in [0, ",
-             m.size, ")");
-  LOOM_CHECK(tag >= 0 && tag <= 32767, where, ": tag must be in [0, 32767]");
-  const size_t nbytes = bytes_of(t);
-  void* p = t.raw_data();
-  return m.launch("recv", what, static_cast<int64_t>(t.nbytes()), {t},
-                  [=](ncclComm_t c, cudaStream_t s) {
-                    if (nbytes > 0) NCCL_CHECK(ncclRecv(p, nbytes, ncclUint8, src, c, s));
-                  });
+  if (ops.empty()) return {};
+  size_t on_host = 0;
+  for (const P2P& op : ops) {
+    LOOM_CHECK(op.tensor.defined(), p2p_what(op), " on group ", m.name, ": t is undefined");
+    on_host += op.tensor.device().is_cpu() ? 1 : 0;
+  }
+  if (on_host == ops.size()) return m.host_comm("send/recv").send_recv_async(std::move(ops));
+  LOOM_CHECK(on_host == 0, m.where("send/recv"), ": a group mixes CPU and CUDA tensors");
+  for (const P2P& op : ops) m.check_p2p(op);
+  if (ops.size() == 1) {
+    const P2P& op = ops.front();
+    WorkPtr w = m.launch(op.kind == P2P::Kind::kSend ? "send" : "recv", p2p_what(op),
+                         static_cast<int64_t>(op.tensor.nbytes()), {op.tensor},
+                         [op](ncclComm_t c, cudaStream_t s) { enqueue_p2p(op, c, s); });
+    return {w};
+  }
+  int64_t bytes = 0;
+  std::vector<Tensor> tensors;
+  for (const P2P& op : ops) {
+    bytes += static_cast<int64_t>(op.tensor.nbytes());
+    tensors.push_back(op.tensor);
+  }
+  WorkPtr w = m.launch("send_recv", detail::str("send/recv group of ", ops.size(), " transfers"), bytes,
+                       std::move(tensors), [&ops](ncclComm_t c, cudaStream_t s) {
+                         NCCL_CHECK(ncclGroupStart());
+                         try {
+                           for (const P2P& op : ops) enqueue_p2p(op, c, s);
+                         } catch (...) {
+                           (void)ncclGroupEnd();
+                           throw;
+                         }
+                         NCCL_CHECK(ncclGroupEnd());
+                       });
+  return std::vector<WorkPtr>(ops.size(), w);
 }
 
 WorkPtr NcclCommunicator::barrier_async() {

@@ -41,8 +41,10 @@
 // send/recv: NCCL matches a send with the peer's recv on the GPU, and one communicator's
 // operations run in issue order on its stream. Unlike MpiCommunicator, a cycle of sends each
 // issued before the matching recv (e.g. every rank of a ring calling send_async then
-// recv_async) therefore deadlocks unless NCCL can buffer the messages: break the cycle by
-// ordering (even ranks send first, odd ranks receive first) or use all_to_all.
+// recv_async) therefore deadlocks unless NCCL can buffer the messages: issue the transfers
+// that must progress together as one send_recv_async group (a ring step, an exchange), and
+// order the groups the same way on every member (the pipeline: Note [Communication order] in
+// parallel/pp/schedule.h).
 #pragma once
 
 #include <memory>
@@ -98,6 +100,9 @@ class NcclCommunicator final : public Communicator {
   WorkPtr broadcast_async(Tensor t, int root) override;
   WorkPtr send_async(Tensor t, int dst, int tag) override;
   WorkPtr recv_async(Tensor t, int src, int tag) override;
+  // One ncclGroupStart/End around the transfers; all CUDA tensors or all CPU tensors (the
+  // host communicator's group). One Work, shared by every transfer.
+  std::vector<WorkPtr> send_recv_async(std::vector<P2P> ops) override;
   // The host communicator's barrier (a host-level barrier, as MpiCommunicator's); it does not
   // order GPU work. A group of one without a host completes at once.
   WorkPtr barrier_async() override;

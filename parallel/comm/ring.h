@@ -19,21 +19,13 @@ struct RingStep {
 };
 
 // Posts the send of `out` to member (rank + 1) mod n and the receive of `in` from member
-// (rank − 1) mod n, with `tag`. Even members post the send first and odd members the receive:
-// a communicator that runs its operations in issue order and matches a send only with a
-// posted receive (NCCL) would deadlock if every member sent first (Note in
-// parallel/comm/nccl_communicator.h).
+// (rank − 1) mod n, with `tag`, as one group (Communicator::send_recv_async): every member
+// sends and receives at once, which a backend that runs point-to-point in issue order (NCCL)
+// needs — with separate calls, every member's send would wait for a receive not yet posted.
 inline RingStep ring_step(Communicator& g, const Tensor& out, const Tensor& in, int tag) {
   const int n = g.size(), r = g.rank();
-  RingStep step;
-  if (r % 2 == 0) {
-    step.send = g.send_async(out, (r + 1) % n, tag);
-    step.recv = g.recv_async(in, (r + n - 1) % n, tag);
-  } else {
-    step.recv = g.recv_async(in, (r + n - 1) % n, tag);
-    step.send = g.send_async(out, (r + 1) % n, tag);
-  }
-  return step;
+  std::vector<WorkPtr> w = g.send_recv_async({P2P::send(out, (r + 1) % n, tag), P2P::recv(in, (r + n - 1) % n, tag)});
+  return RingStep{w[0], w[1]};
 }
 
 }  // namespace loom::parallel

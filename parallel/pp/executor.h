@@ -1,21 +1,26 @@
-// parallel/pp/executor.h — PipelineExecutor: runs any instruction list (parallel/pp/schedule.h)
-// on one pp rank: forward of a chunk on the received activation, backward seeded with the
-// received output gradient, asynchronous sends overlapping compute, receives posted ahead. It
-// knows nothing about the model (the chunk forward is a callback), the optimiser or data
-// parallelism, and keeps no state between steps beyond its statistics.
+// parallel/pp/executor.h — PipelineExecutor: runs a schedule's instruction list
+// (parallel/pp/schedule.h) on one pp rank: forward of a chunk on the received activation,
+// backward seeded with the received output gradient, transfers issued in the order of Note
+// [Communication order] (asynchronous, overlapping compute, safe on NCCL). It knows nothing
+// about the model (the chunk forward is a callback), the optimiser or data parallelism, and
+// keeps no state between steps beyond its statistics.
 //
 // Note [Pipeline executor]: per (micro-batch, chunk) the executor keeps the chunk's input (the
 // received activation, a leaf with requires_grad so backward leaves its gradient there) and its
 // output (the activation sent on, or the last stage's loss) with its autograd graph, from FWD
 // until BWD, then drops both (freeing the graph's saved activations).
-//   RECV_*: posted with recv_async into a fresh buffer the moment the compute op before it
-//           starts (one compute op ahead of the list's place, never blocking); the op that needs
-//           the data waits on it (that wait is the rank's exposed pipeline wait).
-//   SEND_*: send_async of the output (or of the input's gradient); the Work handle keeps the
-//           tensor alive and is waited at the end of the step, so no buffer is reused early.
+// The executor walks the rank's IssuePlan (communication_order()): each group of transfers
+// is one send_recv_async call, each FWD/BWD runs where the plan places it.
+//   RECV_*: into a fresh buffer; the compute op that needs the data waits on it (that wait is
+//           the rank's exposed pipeline wait). The plan issues a receive before the compute op
+//           during which the data arrives in the schedule's cost model, so it is in flight then.
+//   SEND_*: of the output (or of the input's gradient); the Work handle keeps the tensor alive
+//           and is waited at the end of the step, so no buffer is reused early.
 //   FWD:    output = forward(mb, chunk, input); on the last stage the output is the loss.
 //   BWD:    backward(loss) on the last stage, else backward({output}, {received gradient}).
-// Messages carry message_tag(), so a receive matches its send whatever else is in flight.
+// Messages carry message_tag(), which MPI matches; NCCL matches messages between two ranks in
+// issue order, which the plan keeps the same on both ends. The last stage's losses are read
+// (a device-to-host copy, a synchronisation on a GPU) once, after the step's last compute.
 #pragma once
 
 #include <functional>
@@ -48,18 +53,23 @@ struct PipelineStats {
 
 class PipelineExecutor {
  public:
-  // pp: this rank's pp group (rank = pp coordinate); activation_shape: the (B, T, C) shape of
-  // every activation and gradient crossing a stage boundary, of dtype `dtype`, received on
-  // `device` (the model's).
-  PipelineExecutor(Communicator& pp, const ScheduleShape& shape, std::vector<int64_t> activation_shape,
-                   DType dtype, Device device = Device::cpu());
+  // pp: this rank's pp group (rank = pp coordinate); the schedule `kind` of `shape`
+  // (validated: ConfigError); activation_shape: the (B, T, C) shape of every activation and
+  // gradient crossing a stage boundary, of dtype `dtype`, received on `device` (the model's).
+  PipelineExecutor(Communicator& pp, ScheduleKind kind, const ScheduleShape& shape,
+                   std::vector<int64_t> activation_shape, DType dtype, Device device = Device::cpu());
 
-  // Runs the list (made for this rank and shape); gradients accumulate into the parameters.
-  PipelineStats run(const std::vector<Instruction>& list, const ChunkCallbacks& callbacks);
+  // Runs one step of the schedule; gradients accumulate into the parameters.
+  PipelineStats run(const ChunkCallbacks& callbacks);
+
+  const std::vector<Instruction>& list() const { return list_; }  // this rank's
+  const IssuePlan& plan() const { return plan_; }                  // this rank's
 
  private:
   Communicator& pp_;
   ScheduleShape shape_;
+  std::vector<Instruction> list_;
+  IssuePlan plan_;
   std::vector<int64_t> act_shape_;
   DType dtype_;
   Device device_;

@@ -17,12 +17,11 @@ namespace {
 
 constexpr int kTiedTag = 32767;  // above every message_tag() of a step
 
-// Sends `mine` to `peer` and receives `theirs` from it, both posted before either is waited for.
+// Sends `mine` to `peer` and receives `theirs` from it, as one group (both ranks send first).
 void exchange(Communicator& g, const Tensor& mine, const Tensor& theirs, int peer) {
-  WorkPtr s = g.send_async(mine, peer, kTiedTag);
-  WorkPtr r = g.recv_async(theirs, peer, kTiedTag);
-  s->wait();
-  r->wait();
+  for (WorkPtr& w : g.send_recv_async({P2P::send(mine, peer, kTiedTag), P2P::recv(theirs, peer, kTiedTag)})) {
+    w->wait();
+  }
 }
 constexpr int kEvalTag = 32766;  // validation activations; no step message is in flight then
 
@@ -37,8 +36,7 @@ TransformerPipeline::TransformerPipeline(const Transformer& model, Communicator&
       batch_(batch),
       seq_len_(seq_len),
       boundaries_(partition_layers(model.num_blocks(), pp.size() * options.vpp, options.layout)),
-      list_(make_schedule(options.schedule, shape_, pp.rank())),
-      executor_(pp, shape_,
+      executor_(pp, options.schedule, shape_,
                 {batch, options.activation_rows > 0 ? options.activation_rows : seq_len, model.config().n_embd},
                 model.compute_dtype().value_or(model.dtype()), model.device()) {  // what crosses stages
   const bool tied = model.config().tie_embeddings;
@@ -113,7 +111,7 @@ double TransformerPipeline::forward_backward(const std::vector<Tensor>& inputs, 
     return loss;
   };
   cb.before_backward = before_backward;
-  stats_ = executor_.run(list_, cb);
+  stats_ = executor_.run(cb);
   if (drop) dropout_gen->set_state(block_offset(m, 0));  // where one process ends the step
   Tensor loss = Tensor::full({1}, stats_.loss_sum / grad_scale, DType::kF64);
   pp_.broadcast(loss, last % shape_.stages);

@@ -157,7 +157,6 @@ class TransformerPipeline {
   ScheduleShape shape_;
   int64_t batch_, seq_len_;
   std::vector<int64_t> boundaries_;
-  std::vector<Instruction> list_;
   std::vector<std::pair<std::string, Tensor>> params_;
   PipelineExecutor executor_;
   PipelineStats stats_;

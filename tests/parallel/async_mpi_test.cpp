@@ -1,9 +1,12 @@
 // tests/parallel/async_mpi_test.cpp — asynchronous behaviour of MpiCommunicator: operations
 // progress on the communicator's thread while the caller computes (is_done turns true with
 // no wait), many queued operations complete correctly and in issue order, the observer sees
-// every operation, and send/recv rings (including large, rendezvous-sized messages) work.
+// every operation, and send/recv rings (including large, rendezvous-sized messages) work —
+// also as send_recv_async groups under NCCL's rules (Note [NCCL rules on MPI]), where separate
+// crossed sends deadlock.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <mutex>
@@ -160,6 +163,64 @@ TEST(SendRecv, RingOfAsyncSendsAndReceives) {
   EXPECT_TRUE(same_bits(ga, member_input(next, 400, {33}, DType::kF32)));
   EXPECT_TRUE(same_bits(gb, member_input(next, 401, {33}, DType::kF32)));
   comm->barrier();
+}
+
+std::unique_ptr<MpiCommunicator> nccl_rules_comm(double timeout_s = testing::kTestCommTimeoutS) {
+  auto comm = MpiCommunicator::duplicate(MPI_COMM_WORLD, "pp", timeout_s);
+  comm->follow_nccl_rules();
+  return comm;
+}
+
+TEST(SendRecv, GroupsUnderNcclRules) {
+  auto comm = nccl_rules_comm();
+  const int k = comm->size(), r = comm->rank();
+  if (k < 2) GTEST_SKIP() << "needs two ranks";
+  const int next = (r + 1) % k, prev = (r + k - 1) % k;
+  for (int64_t n : {int64_t{1}, int64_t{17}, int64_t{1} << 20}) {
+    // Both directions at once, in a different order on odd ranks.
+    Tensor to_next = member_input(r, 600 + static_cast<uint64_t>(n), {n}, DType::kF64);
+    Tensor to_prev = member_input(r, 700 + static_cast<uint64_t>(n), {n}, DType::kF64);
+    Tensor from_prev = Tensor::empty({n}, DType::kF64), from_next = Tensor::empty({n}, DType::kF64);
+    std::vector<P2P> ops = {P2P::send(to_next, next, 1), P2P::recv(from_prev, prev, 1),
+                            P2P::send(to_prev, prev, 2), P2P::recv(from_next, next, 2)};
+    if (r % 2 == 1) std::reverse(ops.begin(), ops.end());
+    std::vector<WorkPtr> works = comm->send_recv_async(ops);
+    ASSERT_EQ(works.size(), 4u);
+    for (WorkPtr& w : works) w->wait();
+    EXPECT_TRUE(same_bits(from_prev, member_input(prev, 600 + static_cast<uint64_t>(n), {n}, DType::kF64))) << n;
+    EXPECT_TRUE(same_bits(from_next, member_input(next, 700 + static_cast<uint64_t>(n), {n}, DType::kF64))) << n;
+  }
+  comm->barrier();
+}
+
+TEST(SendRecv, CrossedSendsDeadlockUnderNcclRules) {
+  // Every rank sends to the next before receiving from the previous, as separate operations:
+  // fine on MPI (above), a deadlock under NCCL's rules — which must show as the timeout.
+  auto comm = nccl_rules_comm(1.0);
+  const int k = comm->size(), r = comm->rank();
+  if (k < 2) GTEST_SKIP() << "needs two ranks";
+  const int next = (r + 1) % k, prev = (r + k - 1) % k;
+  Tensor out = member_input(r, 800, {64}, DType::kF64), in = Tensor::empty({64}, DType::kF64);
+  WorkPtr s = comm->send_async(out, next, 5);
+  WorkPtr v = comm->recv_async(in, prev, 5);
+  try {
+    s->wait();
+    ADD_FAILURE() << "the crossed send completed";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("did not complete"), std::string::npos) << e.what();
+  }
+  EXPECT_FALSE(v->is_done());
+  // Unblock by hand on the same MPI communicator: take the previous rank's pending send, then
+  // answer the next rank's receive, which starts once its own send is gone.
+  std::vector<double> got(64), mine = out.to_vector();
+  MPI_Recv(got.data(), 64, MPI_DOUBLE, prev, 5, comm->mpi_comm(), MPI_STATUS_IGNORE);
+  MPI_Send(mine.data(), 64, MPI_DOUBLE, next, 5, comm->mpi_comm());
+  // Past their deadline, wait() would throw at once: poll instead.
+  const auto limit = Clock::now() + std::chrono::seconds(30);
+  while (!(s->is_done() && v->is_done()) && Clock::now() < limit) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  ASSERT_TRUE(s->is_done() && v->is_done());
+  EXPECT_EQ(got, member_input(prev, 800, {64}, DType::kF64).to_vector());
+  EXPECT_TRUE(same_bits(in, member_input(prev, 800, {64}, DType::kF64)));
 }
 
 TEST(SendRecv, ShortMessageIsAnError) {

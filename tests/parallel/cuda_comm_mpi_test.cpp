@@ -245,6 +245,26 @@ TEST_F(NcclMpi, SendRecvRing) {
   c.barrier();
 }
 
+// Both directions of a ring at once, as one group (ncclGroupStart/End): every rank sends to
+// both neighbours before either receive, which separate NCCL calls would deadlock on.
+TEST_F(NcclMpi, SendRecvGroupBothDirections) {
+  Communicator& c = ctx_->world();
+  const int n = c.size(), me = c.rank();
+  if (n < 2) GTEST_SKIP() << "needs 2 ranks";
+  const int64_t len = (1 << 20) + 3;
+  const int next = (me + 1) % n, prev = (me + n - 1) % n;
+  const Tensor a = member_input(me, 960, {len}, DType::kBF16), b = member_input(me, 961, {len}, DType::kBF16);
+  Tensor from_prev = poisoned({len}, DType::kBF16, ctx_->device());
+  Tensor from_next = poisoned({len}, DType::kBF16, ctx_->device());
+  std::vector<WorkPtr> w = c.send_recv_async({P2P::send(a.to(ctx_->device()), next, 0), P2P::send(b.to(ctx_->device()), prev, 0),
+                                              P2P::recv(from_prev, prev, 0), P2P::recv(from_next, next, 0)});
+  ASSERT_EQ(w.size(), 4u);
+  for (WorkPtr& x : w) x->wait();
+  EXPECT_TRUE(same_bits(member_input(prev, 960, {len}, DType::kBF16), from_prev.to(Device::cpu())));
+  EXPECT_TRUE(same_bits(member_input(next, 961, {len}, DType::kBF16), from_next.to(Device::cpu())));
+  c.barrier();
+}
+
 // CPU tensors given to an NCCL group go over MPI, with MPI's rank-order sum.
 TEST_F(NcclMpi, CpuTensorsUseTheHostCommunicator) {
   Communicator& c = ctx_->dp();

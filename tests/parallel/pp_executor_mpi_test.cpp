@@ -68,8 +68,8 @@ void check(ScheduleKind kind, int v, int m) {
     ++backwards;
     last_flags += last ? 1 : 0;
   };
-  PipelineExecutor ex(ctx.pp(), shape, kAct, DType::kF64);
-  const PipelineStats st = ex.run(make_schedule(kind, shape, ctx.pp_rank()), cb);
+  PipelineExecutor ex(ctx.pp(), kind, shape, kAct, DType::kF64);
+  const PipelineStats st = ex.run(cb);
 
   EXPECT_EQ(backwards, v * m);
   EXPECT_EQ(last_flags, 1);

@@ -1,8 +1,10 @@
 // tests/parallel/pp_schedule_test.cpp — the pipeline schedules' lists alone (no MPI): for many
 // (p, v, m) every rank's list simulates without deadlock, forwards precede backwards, sends
 // match receives, and the makespan, bubble and peak in-flight activations equal the formulas of
-// Note [Pipeline cost model] (parallel/pp/schedule.h). Also: broken lists are caught, and bad
-// shapes give errors naming the config key.
+// Note [Pipeline cost model] (parallel/pp/schedule.h). Also: broken lists are caught, bad
+// shapes give errors naming the config key, and the communication order the executor issues
+// (Note [Communication order]) runs under NCCL's in-order rules where the naive order
+// deadlocks.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -119,6 +121,154 @@ TEST(PipelineSchedule, SimulatorCatchesBrokenLists) {
   auto extra = lists;
   extra[0].push_back({Op::kSendAct, 1, 0, 1});
   EXPECT_FALSE(simulate(s, extra).ok);
+}
+
+namespace {
+
+bool is_compute(const Instruction& ins) { return ins.op == Op::kFwd || ins.op == Op::kBwd; }
+
+// The order the executor used before Note [Communication order]: each transfer on its own,
+// the receives of the gap after a compute op posted before it, the sends after it.
+std::vector<IssuePlan> receive_ahead_plans(const std::vector<std::vector<Instruction>>& lists) {
+  std::vector<IssuePlan> plans;
+  for (const auto& list : lists) {
+    IssuePlan plan;
+    std::vector<bool> issued(list.size(), false);
+    auto issue = [&](size_t i) {
+      if (!issued[i]) plan.push_back({is_compute(list[i]), {static_cast<int>(i)}});
+      issued[i] = true;
+    };
+    for (size_t i = 0; i < list.size(); ++i) {
+      if (!is_compute(list[i])) {
+        if (list[i].op == Op::kRecvAct || list[i].op == Op::kRecvGrad) issue(i);
+        continue;
+      }
+      for (size_t j = i + 1; j < list.size() && !is_compute(list[j]); ++j) {
+        if (list[j].op == Op::kRecvAct || list[j].op == Op::kRecvGrad) issue(j);
+      }
+      issue(i);
+      for (size_t j = i + 1; j < list.size() && !is_compute(list[j]); ++j) {
+        if (list[j].op == Op::kSendAct || list[j].op == Op::kSendGrad) issue(j);
+      }
+    }
+    plans.push_back(plan);
+  }
+  return plans;
+}
+
+void check_order(ScheduleKind kind, const ScheduleShape& s) {
+  SCOPED_TRACE(std::string(schedule_name(kind)) + " p=" + std::to_string(s.stages) + " v=" +
+               std::to_string(s.virtual_stages) + " m=" + std::to_string(s.microbatches));
+  const auto lists = all_lists(kind, s);
+  const std::vector<IssuePlan> plans = communication_order(s, lists);
+  const SimulationResult r = simulate_in_order(s, lists, plans);
+  EXPECT_TRUE(r.ok) << r.error;
+  for (size_t rank = 0; rank < lists.size(); ++rank) {  // compute ops keep the schedule's order
+    std::vector<int> computes;
+    for (const IssueStep& step : plans[rank]) {
+      if (step.compute) computes.push_back(step.ops.front());
+    }
+    EXPECT_TRUE(std::is_sorted(computes.begin(), computes.end())) << "rank " << rank;
+  }
+}
+
+}  // namespace
+
+TEST(PipelineSchedule, CommunicationOrderRunsUnderNcclRules) {
+  for (int p = 2; p <= 5; ++p) {
+    for (int m = 1; m <= 8; ++m) {
+      check_order(ScheduleKind::kGpipe, {p, 1, m});
+      check_order(ScheduleKind::k1F1B, {p, 1, m});
+    }
+    for (int v = 2; v <= 3; ++v) {
+      for (int m = p; m <= 3 * p; m += p) check_order(ScheduleKind::kInterleaved, {p, v, m});
+    }
+  }
+}
+
+TEST(PipelineSchedule, CommunicationOrderGroupsBothDirectionsAndReceivesAhead) {
+  // 1F1B, 4 stages, 8 micro-batches: in the steady state a middle rank sends its activation
+  // and receives the next gradient in one group, and some receive is issued before the compute
+  // op that precedes it in the list (it travels during that compute).
+  const ScheduleShape s{4, 1, 8};
+  const auto lists = all_lists(ScheduleKind::k1F1B, s);
+  const std::vector<IssuePlan> plans = communication_order(s, lists);
+  const auto& list = lists[1];
+  bool both = false, ahead = false;
+  int computes_seen = 0;
+  for (const IssueStep& step : plans[1]) {
+    if (step.compute) {
+      ++computes_seen;
+      continue;
+    }
+    bool send = false, recv = false;
+    for (int i : step.ops) {
+      const Op op = list[static_cast<size_t>(i)].op;
+      send |= op == Op::kSendAct || op == Op::kSendGrad;
+      recv |= op == Op::kRecvAct || op == Op::kRecvGrad;
+      if (recv) {  // computes before it in the list vs. computes issued so far
+        const int before = static_cast<int>(std::count_if(list.begin(), list.begin() + i, is_compute));
+        ahead |= computes_seen < before;
+      }
+    }
+    both |= send && recv;
+  }
+  EXPECT_TRUE(both);
+  EXPECT_TRUE(ahead);
+}
+
+TEST(PipelineSchedule, InOrderSimulatorCatchesUnsafePlans) {
+  const ScheduleShape s{2, 1, 2};
+  const auto lists = all_lists(ScheduleKind::kGpipe, s);
+  const std::vector<IssuePlan> good = communication_order(s, lists);
+  ASSERT_TRUE(simulate_in_order(s, lists, good).ok);
+
+  // What MPI tolerates and NCCL does not: receives posted ahead of the sends the peer waits on.
+  SimulationResult r = simulate_in_order(s, lists, receive_ahead_plans(lists));
+  EXPECT_FALSE(r.ok);
+  EXPECT_NE(r.error.find("deadlock"), std::string::npos) << r.error;
+  // The same for interleaved 1F1B on 2 ranks, where both directions share each pair of ranks.
+  const ScheduleShape il{2, 2, 4};
+  const auto il_lists = all_lists(ScheduleKind::kInterleaved, il);
+  EXPECT_FALSE(simulate_in_order(il, il_lists, receive_ahead_plans(il_lists)).ok);
+
+  // Rank 1 receives mb 1's activation first (in the group that receives mb 0's): NCCL would
+  // deliver mb 0's data into mb 1's buffer.
+  auto swapped = good;
+  auto recv_step = [&](int mb) {
+    for (size_t k = 0; k < swapped[1].size(); ++k) {
+      for (int i : swapped[1][k].ops) {
+        if (lists[1][static_cast<size_t>(i)] == Instruction{Op::kRecvAct, mb, 0, 0}) return k;
+      }
+    }
+    return swapped[1].size();
+  };
+  const size_t k0 = recv_step(0), k1 = recv_step(1);
+  ASSERT_TRUE(k0 < k1 && k1 < swapped[1].size() && swapped[1][k1].ops.size() == 1);
+  swapped[1][k0].ops.insert(swapped[1][k0].ops.begin(), swapped[1][k1].ops.front());
+  swapped[1].erase(swapped[1].begin() + static_cast<std::ptrdiff_t>(k1));
+  r = simulate_in_order(s, lists, swapped);
+  EXPECT_FALSE(r.ok);
+  EXPECT_NE(r.error.find("received as"), std::string::npos) << r.error;
+
+  // A receive issued after the compute op that needs it.
+  auto late = good;
+  for (size_t k = 0; k + 1 < late[1].size(); ++k) {
+    if (!late[1][k].compute && late[1][k + 1].compute) {
+      std::swap(late[1][k], late[1][k + 1]);
+      break;
+    }
+  }
+  r = simulate_in_order(s, lists, late);
+  EXPECT_FALSE(r.ok);
+  EXPECT_NE(r.error.find("after the compute that needs it"), std::string::npos) << r.error;
+
+  // An instruction never issued.
+  auto missing = good;
+  missing[0].pop_back();
+  r = simulate_in_order(s, lists, missing);
+  EXPECT_FALSE(r.ok);
+  EXPECT_NE(r.error.find("never issued"), std::string::npos) << r.error;
 }
 
 TEST(PipelineSchedule, BadShapesNameTheKey) {

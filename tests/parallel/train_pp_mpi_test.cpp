@@ -81,6 +81,7 @@ ParallelContext context_for(const Case& k) {
   po.shape.dp = k.dp;
   po.shape.pp = k.pp;
   po.comm_timeout_s = testing::kTestCommTimeoutS;
+  po.nccl_rules = true;  // every transfer as NCCL runs it (Note [NCCL rules on MPI])
   return ParallelContext::create(po);
 }
 

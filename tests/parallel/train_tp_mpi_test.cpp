@@ -90,6 +90,7 @@ ParallelContext context_for(const Case& k) {
   po.shape = {.dp = k.dp, .pp = k.pp, .cp = k.cp, .tp = k.tp};
   po.mics_partition_size = k.mics;
   po.comm_timeout_s = testing::kTestCommTimeoutS;
+  po.nccl_rules = true;  // every transfer as NCCL runs it (Note [NCCL rules on MPI])
   return ParallelContext::create(po);
 }
 

@@ -199,19 +199,20 @@ TEST(Config, PrecisionAndDeviceKeys) {
 TEST(Config, CommunicatorBackend) {
   EXPECT_FALSE(uses_nccl(parse_config_text("")));
   EXPECT_FALSE(uses_nccl(parse_config_text("parallel: {backend: mpi}\n")));
-  EXPECT_EQ(error_of("parallel: {backend: gloo}\n"), "parallel.backend: unknown backend 'gloo' (auto, nccl, mpi)");
+  EXPECT_EQ(error_of("parallel: {backend: gloo}\n"), "parallel.backend: unknown backend 'gloo' (auto, nccl, mpi, mpi_nccl_rules)");
   EXPECT_EQ(error_of("parallel: {backend: nccl}\n"),
             "parallel.backend: nccl moves GPU tensors; set train.device: cuda (or parallel.backend: mpi)");
   // On cuda (validated without a GPU: the device is looked for when training starts).
   EXPECT_TRUE(uses_nccl(parse_config_text("train: {device: cuda}\n")));
   EXPECT_TRUE(uses_nccl(parse_config_text("train: {device: cuda}\nparallel: {backend: nccl}\n")));
   EXPECT_FALSE(uses_nccl(parse_config_text("train: {device: cuda}\nparallel: {backend: mpi}\n")));
-  // The pipeline stays on MPI (its receives are posted ahead of its sends).
+  // The pipeline too (its transfers are issued in NCCL-safe groups: Note [Communication order]).
   const std::string pp2 = "model: {n_layer: 2}\noptim: {grad_accum: 2}\ntrain: {device: cuda}\nparallel: {pp: 2";
-  EXPECT_FALSE(uses_nccl(parse_config_text(pp2 + "}\n")));
-  EXPECT_EQ(error_of(pp2 + ", backend: nccl}\n"),
-            "parallel.backend: nccl with parallel.pp > 1 is not supported yet (the pipeline posts receives ahead "
-            "of sends; NCCL would need them grouped): use parallel.backend: mpi");
+  EXPECT_TRUE(uses_nccl(parse_config_text(pp2 + "}\n")));
+  EXPECT_EQ(error_of(pp2 + ", backend: nccl}\n"), "");
+  // MPI following NCCL's rules, on CPUs.
+  EXPECT_EQ(error_of("parallel: {backend: mpi_nccl_rules}\n"), "");
+  EXPECT_FALSE(uses_nccl(parse_config_text("parallel: {backend: mpi_nccl_rules}\n")));
 }
 
 TEST(Config, MalformedYamlAndMissingFile) {
