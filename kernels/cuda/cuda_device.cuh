@@ -45,7 +45,6 @@ inline cudaStream_t compute_stream() { return cudaStreamPerThread; }
 // cudaFuncSetAttribute(…, cudaFuncAttributeMaxDynamicSharedMemorySize, …) before each launch, and
 // a size fixed at compile time is static_assert-ed against kMaxOptinSmem (sizes found at run time
 // are bounded by the device's own opt-in limit, row_io.cuh).
-constexpr int kMaxBlockThreads = 1024;
 constexpr size_t kDefaultDynamicSmem = 48 * 1024;  // usable without the opt-in
 constexpr size_t kMaxOptinSmem = 163 * 1024;  // per block after the opt-in: sm_80 (sm_90: 227 KiB)
 
