@@ -320,7 +320,7 @@ __global__ void __launch_bounds__(kThreads)
 
 // Note [Vocab-parallel lse combine]: one thread per row, in double, ranks in order (the CPU's
 // arithmetic; exp and log may differ from glibc's in the last bit).
-constexpr unsigned kRowThreads = 256;
+constexpr unsigned kRowThreads = 256;  // the rows kernel's block (its __launch_bounds__)
 
 template <typename S, typename I>
 __global__ void __launch_bounds__(kRowThreads)
