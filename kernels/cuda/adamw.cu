@@ -24,7 +24,7 @@ namespace loom::kernels::cuda {
 namespace {
 
 constexpr int64_t kChunk = 16384;  // elements of one block task; a multiple of every pack and 4
-constexpr unsigned kThreads = 256;
+constexpr unsigned kThreads = 256;  // the kernel's block (its __launch_bounds__)
 
 template <typename T>
 struct AdamWSlot {
@@ -92,8 +92,8 @@ __device__ __forceinline__ int find_slot(const AdamWBatch<T>& b, int64_t c) {
 }
 
 template <typename T>
-__global__ void adamw_multi_kernel(__grid_constant__ const AdamWBatch<T> batch,
-                                   const AdamWScalars<T> s) {
+__global__ void __launch_bounds__(kThreads)
+    adamw_multi_kernel(__grid_constant__ const AdamWBatch<T> batch, const AdamWScalars<T> s) {
   constexpr int V = kPackOf<T>;
   using P = Pack<T, V>;
   for (int64_t c = blockIdx.x; c < batch.chunks; c += gridDim.x) {

@@ -26,6 +26,9 @@ constexpr int kFwdRowsPerWarp = 4;  // forward: query rows per warp
 constexpr int kBwdRowsPerWarp = 2;  // backward: key rows (dk, dv) or query rows (dq)
 constexpr int kFwdRows = kWarps * kFwdRowsPerWarp;  // query rows per forward block
 constexpr int kBwdRows = kWarps * kBwdRowsPerWarp;  // rows per backward block
+static_assert(attention_smem_bytes(2 * kKeyTile, kFwdRows, kMaxD) <= kDefaultDynamicSmem &&
+                  attention_smem_bytes(2 * kKeyTile, 2 * kBwdRows, kMaxD) <= kDefaultDynamicSmem,
+              "the general kernels' shared memory must fit 48 KiB at d = kMaxD (no opt-in)");
 static_assert(kKeyTile % kBwdRows == 0, "a dk/dv block's keys must sit inside one query tile");
 
 // Forward: one block per (b, h, tile of kFwdRows query rows), heaviest (last) tiles first; warp w

@@ -24,6 +24,9 @@ constexpr int kFwdRowsPerWarp = 4;  // forward: query rows per warp
 constexpr int kBwdRowsPerWarp = 2;  // backward: key rows (dk, dv) or query rows (dq)
 constexpr int kFwdRows = kWarps * kFwdRowsPerWarp;  // query rows per forward block
 constexpr int kBwdRows = kWarps * kBwdRowsPerWarp;  // rows per backward block
+static_assert(attention_smem_bytes(2 * kKeyTile, kFwdRows, kMaxD) <= kDefaultDynamicSmem &&
+                  attention_smem_bytes(2 * kKeyTile, 2 * kBwdRows, kMaxD) <= kDefaultDynamicSmem,
+              "the general kernels' shared memory must fit 48 KiB at d = kMaxD (no opt-in)");
 
 // q (B, Hq, Tq, D); k, v (B, Hkv, Tk, D); query head h reads kv head h / group. Query row i sees
 // key row j iff j ≤ i + shift, shift = q_offset − k_offset (global positions).

@@ -33,6 +33,10 @@ constexpr int kQRows = 4 * 16 * kMTiles<D>;  // query rows per block (4 warps)
 template <int D>
 constexpr size_t kSmemBytes =
     (kQRows<D> * kStride<D> + 4 * kTileElems<D>) * sizeof(uint16_t);
+// 54 KiB at D = 64, 85 KiB at D = 128: above the default 48 KiB (the launcher opts in), within
+// every built architecture's per-block limit.
+static_assert(kSmemBytes<64> <= kMaxOptinSmem && kSmemBytes<128> <= kMaxOptinSmem,
+              "the forward's shared memory must fit sm_80's per-block limit");
 
 // acc[mt] (16 × 64) = A[mt] (16 rows × D) · tileᵀ for the warp's M m tiles; tile is (64 rows,
 // D), the (n rows, k columns) B operand, each fragment loaded once for all m tiles.

@@ -14,6 +14,7 @@
 
 #include "core/error.h"
 #include "kernels/cuda/block_reduce.cuh"
+#include "kernels/cuda/cuda_device.cuh"
 #include "kernels/cuda/dtype_convert.cuh"
 
 namespace loom::kernels::cuda {
@@ -65,8 +66,9 @@ inline unsigned attention_grid(int64_t groups, int64_t tiles, const char* name) 
 }
 
 // Shared memory of `wide_rows` rows of stride d + 1 (lane-strided rows hit distinct banks) and
-// `narrow_rows` rows of stride d, all f32.
-inline size_t attention_smem_bytes(int64_t wide_rows, int64_t narrow_rows, int64_t d) {
+// `narrow_rows` rows of stride d, all f32. Each kernel file static_asserts that its launches fit
+// kDefaultDynamicSmem at d = kMaxD (the launchers refuse larger heads), so none needs the opt-in.
+constexpr size_t attention_smem_bytes(int64_t wide_rows, int64_t narrow_rows, int64_t d) {
   return static_cast<size_t>(wide_rows * (d + 1) + narrow_rows * d) * sizeof(float);
 }
 

@@ -17,7 +17,7 @@ namespace loom::kernels::cuda {
 namespace {
 
 constexpr int kMaxDims = 8;
-constexpr unsigned kThreads = 256;
+constexpr unsigned kThreads = 256;  // the kernels' block (their __launch_bounds__)
 
 // A strided walk over up to kMaxDims dims, passed to kernels by value. Dims are coalesced
 // first, so only layouts with more than kMaxDims truly separate dims are refused.
@@ -75,7 +75,8 @@ __device__ __forceinline__ void strided_offsets(int64_t i, const StridedGeometry
 }
 
 template <typename S, typename D>
-__global__ void copy_kernel(const S* src, D* dst, int64_t n, StridedGeometry g) {
+__global__ void __launch_bounds__(kThreads)
+    copy_kernel(const S* src, D* dst, int64_t n, StridedGeometry g) {
   const int64_t step = static_cast<int64_t>(gridDim.x) * blockDim.x;
   for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += step) {
     int64_t os, od;
@@ -85,7 +86,8 @@ __global__ void copy_kernel(const S* src, D* dst, int64_t n, StridedGeometry g) 
 }
 
 template <typename T>
-__global__ void fill_kernel(T* dst, int64_t n, T value, StridedGeometry g) {
+__global__ void __launch_bounds__(kThreads)
+    fill_kernel(T* dst, int64_t n, T value, StridedGeometry g) {
   const int64_t step = static_cast<int64_t>(gridDim.x) * blockDim.x;
   const bool dense = g.ndim == 1 && g.dst_stride[0] == 1;
   for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += step) {

@@ -30,7 +30,7 @@
 namespace loom::kernels::cuda {
 namespace {
 
-constexpr unsigned kThreads = 512;
+constexpr unsigned kThreads = 512;  // the per-row kernels' block (their __launch_bounds__)
 constexpr unsigned kWarps = kThreads / 32;
 
 template <typename T>
@@ -200,9 +200,9 @@ __device__ __forceinline__ A lse_of(MaxSum<A> total) {
 
 // logits (N, Vp), targets (N) → loss (N), lse (N). Grid: one block of kThreads per row.
 template <typename T, typename I>
-__global__ void cross_entropy_forward_kernel(const T* logits, const I* targets, int64_t vp,
-                                             int64_t vocab, int64_t ignore_index, acc_t<T>* loss,
-                                             acc_t<T>* lse) {
+__global__ void __launch_bounds__(kThreads)
+    cross_entropy_forward_kernel(const T* logits, const I* targets, int64_t vp, int64_t vocab,
+                                 int64_t ignore_index, acc_t<T>* loss, acc_t<T>* lse) {
   using A = acc_t<T>;
   const int64_t r = blockIdx.x;
   const int64_t t = static_cast<int64_t>(targets[r]);
@@ -227,10 +227,10 @@ __global__ void cross_entropy_forward_kernel(const T* logits, const I* targets, 
 // the target's logit where this rank holds it. Targets are global ids: only a negative one
 // (not ignore_index) is detectably wrong here; it gets NaN (the CPU kernel throws).
 template <typename T, typename I>
-__global__ void vocab_parallel_ce_forward_kernel(const T* logits, const I* targets, int64_t vp,
-                                                 int64_t valid, int64_t vocab_start,
-                                                 int64_t ignore_index, acc_t<T>* lse_local,
-                                                 acc_t<T>* target_logit) {
+__global__ void __launch_bounds__(kThreads)
+    vocab_parallel_ce_forward_kernel(const T* logits, const I* targets, int64_t vp, int64_t valid,
+                                     int64_t vocab_start, int64_t ignore_index, acc_t<T>* lse_local,
+                                     acc_t<T>* target_logit) {
   using A = acc_t<T>;
   const int64_t r = blockIdx.x;
   const int64_t t = static_cast<int64_t>(targets[r]);
@@ -291,10 +291,10 @@ __device__ void poison_row(T* drow, int64_t n) {
 
 // dlogits (N, Vp) += (exp(logits − lse) − onehot(t)) · dloss · grad_scale over j < vocab.
 template <typename T, typename I>
-__global__ void cross_entropy_backward_kernel(const T* logits, const I* targets,
-                                              const acc_t<T>* lse, const acc_t<T>* dloss,
-                                              acc_t<T> grad_scale, int64_t vp, int64_t vocab,
-                                              int64_t ignore_index, T* dlogits) {
+__global__ void __launch_bounds__(kThreads)
+    cross_entropy_backward_kernel(const T* logits, const I* targets, const acc_t<T>* lse,
+                                  const acc_t<T>* dloss, acc_t<T> grad_scale, int64_t vp,
+                                  int64_t vocab, int64_t ignore_index, T* dlogits) {
   const int64_t r = blockIdx.x;
   const int64_t t = static_cast<int64_t>(targets[r]);
   if (t == ignore_index) return;
@@ -305,11 +305,11 @@ __global__ void cross_entropy_backward_kernel(const T* logits, const I* targets,
 // The same over this rank's first `valid` columns, the one-hot at the global target's local
 // column when this rank holds it (Note [Vocab-parallel cross-entropy kernels]).
 template <typename T, typename I>
-__global__ void vocab_parallel_ce_backward_kernel(const T* logits, const I* targets,
-                                                  const acc_t<T>* lse, const acc_t<T>* dloss,
-                                                  acc_t<T> grad_scale, int64_t vp, int64_t valid,
-                                                  int64_t vocab_start, int64_t ignore_index,
-                                                  T* dlogits) {
+__global__ void __launch_bounds__(kThreads)
+    vocab_parallel_ce_backward_kernel(const T* logits, const I* targets, const acc_t<T>* lse,
+                                      const acc_t<T>* dloss, acc_t<T> grad_scale, int64_t vp,
+                                      int64_t valid, int64_t vocab_start, int64_t ignore_index,
+                                      T* dlogits) {
   const int64_t r = blockIdx.x;
   const int64_t t = static_cast<int64_t>(targets[r]);
   if (t == ignore_index) return;
@@ -320,10 +320,13 @@ __global__ void vocab_parallel_ce_backward_kernel(const T* logits, const I* targ
 
 // Note [Vocab-parallel lse combine]: one thread per row, in double, ranks in order (the CPU's
 // arithmetic; exp and log may differ from glibc's in the last bit).
+constexpr unsigned kRowThreads = 256;  // the rows kernel's block (its __launch_bounds__)
+
 template <typename S, typename I>
-__global__ void lse_combine_rows_kernel(const S* lses, const S* target_logit, const I* targets,
-                                        int64_t g, int64_t n, int64_t ignore_index, int64_t vocab,
-                                        S* lse, double* row_loss) {
+__global__ void __launch_bounds__(kRowThreads)
+    lse_combine_rows_kernel(const S* lses, const S* target_logit, const I* targets, int64_t g,
+                            int64_t n, int64_t ignore_index, int64_t vocab, S* lse,
+                            double* row_loss) {
   const int64_t step = static_cast<int64_t>(gridDim.x) * blockDim.x;
   for (int64_t r = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; r < n; r += step) {
     const int64_t t = static_cast<int64_t>(targets[r]);
@@ -356,8 +359,9 @@ __global__ void lse_combine_rows_kernel(const S* lses, const S* target_logit, co
 constexpr unsigned kMeanThreads = 512;
 
 template <typename S, typename I>
-__global__ void lse_combine_mean_kernel(const double* row_loss, const I* targets, int64_t n,
-                                        int64_t ignore_index, S* loss, double* inv_count) {
+__global__ void __launch_bounds__(kMeanThreads)
+    lse_combine_mean_kernel(const double* row_loss, const I* targets, int64_t n,
+                            int64_t ignore_index, S* loss, double* inv_count) {
   __shared__ double scratch[2 * kWarpSize];
   double v[2] = {0.0, 0.0};
   for (int64_t r = threadIdx.x; r < n; r += blockDim.x) {
@@ -502,7 +506,6 @@ void vocab_parallel_lse_combine_cuda(const Tensor& lses, const Tensor& target_lo
     LOOM_DISPATCH_INDEX(targets.dtype(), name, [&] {
       const auto* pt = static_cast<const index_t*>(targets.raw_data());
       if (n > 0) {
-        constexpr unsigned kRowThreads = 256;
         lse_combine_rows_kernel<S, index_t>
             <<<grid_for(n, kRowThreads), kRowThreads, 0, compute_stream()>>>(
                 static_cast<const S*>(lses.raw_data()),

@@ -21,7 +21,7 @@
 namespace loom::kernels::cuda {
 namespace {
 
-constexpr unsigned kThreads = 256;
+constexpr unsigned kThreads = 256;  // every kernel's block (their __launch_bounds__)
 constexpr unsigned long long kNoBadId = ULLONG_MAX;
 
 template <typename I>
@@ -33,8 +33,9 @@ __device__ __forceinline__ bool id_ok(I id, int64_t vocab) {
 // Records the first position whose id is outside [0, vocab); with keys/pos set, also writes
 // the sort input (id, position) pairs.
 template <typename I>
-__global__ void check_ids_kernel(const I* ids, int64_t n, int64_t vocab, unsigned long long* bad,
-                                 uint32_t* keys, uint32_t* pos) {
+__global__ void __launch_bounds__(kThreads)
+    check_ids_kernel(const I* ids, int64_t n, int64_t vocab, unsigned long long* bad,
+                     uint32_t* keys, uint32_t* pos) {
   const int64_t step = static_cast<int64_t>(gridDim.x) * blockDim.x;
   for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += step) {
     const I id = ids[i];
@@ -49,8 +50,8 @@ __global__ void check_ids_kernel(const I* ids, int64_t n, int64_t vocab, unsigne
 
 // out[t, :] = weight[ids[t], :], in packs of V elements (V > 1 needs cols % V == 0, aligned rows).
 template <typename T, typename I, int V>
-__global__ void gather_kernel(const I* ids, const T* weight, T* out, int64_t n, int64_t vocab,
-                              int64_t cols) {
+__global__ void __launch_bounds__(kThreads)
+    gather_kernel(const I* ids, const T* weight, T* out, int64_t n, int64_t vocab, int64_t cols) {
   using P = Pack<T, V>;
   const int64_t per_row = cols / V;
   const int64_t total = n * per_row;
@@ -67,8 +68,9 @@ __global__ void gather_kernel(const I* ids, const T* weight, T* out, int64_t n, 
 
 // Note [CUDA embedding backward]: the block of each run's first sorted entry sums the run.
 template <typename T>
-__global__ void accumulate_runs_kernel(const uint32_t* keys, const uint32_t* pos, int64_t n,
-                                       const T* dout, T* dweight, int64_t cols) {
+__global__ void __launch_bounds__(kThreads)
+    accumulate_runs_kernel(const uint32_t* keys, const uint32_t* pos, int64_t n, const T* dout,
+                           T* dweight, int64_t cols) {
   using C = compute_t<T>;
   for (int64_t j = blockIdx.x; j < n; j += gridDim.x) {
     const uint32_t key = keys[j];
@@ -205,8 +207,9 @@ void embedding_backward_cuda(const Tensor& ids, const Tensor& dout, Tensor& dwei
 // kernels/embedding.h vocab_parallel_ids: one thread per id (grid-stride), no checks needed
 // (ids outside the shard are masked, never read).
 template <typename T, typename I>
-__global__ void vocab_parallel_ids_kernel(const I* ids, int64_t n, int64_t start, int64_t rows,
-                                          int64_t* local_ids, T* mask) {
+__global__ void __launch_bounds__(kThreads)
+    vocab_parallel_ids_kernel(const I* ids, int64_t n, int64_t start, int64_t rows,
+                              int64_t* local_ids, T* mask) {
   const int64_t step = static_cast<int64_t>(gridDim.x) * blockDim.x;
   for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += step) {
     const auto id = static_cast<int64_t>(ids[i]);

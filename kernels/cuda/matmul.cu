@@ -262,9 +262,11 @@ void gemm_cublas(BlasContext& ctx, const LtGemm& g, double alpha, double beta) {
 template <typename T>
 using acc_t = std::conditional_t<std::is_same_v<T, double>, double, float>;
 
+constexpr unsigned kThreads = 256;  // the helpers' block (their __launch_bounds__)
+
 // c (n) ← beta·c, with beta == 0 writing zeros (c is not read, as in BLAS).
 template <typename T>
-__global__ void gemm_scale_kernel(T* c, int64_t n, double beta) {
+__global__ void __launch_bounds__(kThreads) gemm_scale_kernel(T* c, int64_t n, double beta) {
   using A = acc_t<T>;
   const int64_t step = static_cast<int64_t>(gridDim.x) * blockDim.x;
   for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += step) {
@@ -288,7 +290,8 @@ __device__ __forceinline__ A gelu_value(A x) {
 
 // pre (m, n) += bias (n) per row; with kGelu also out (m, n) = gelu(pre) of the stored pre.
 template <typename T, bool kGelu>
-__global__ void bias_epilogue_kernel(T* pre, T* out, const T* bias, int64_t m, int64_t n) {
+__global__ void __launch_bounds__(kThreads)
+    bias_epilogue_kernel(T* pre, T* out, const T* bias, int64_t m, int64_t n) {
   using A = acc_t<T>;
   const int64_t total = m * n;
   const int64_t step = static_cast<int64_t>(gridDim.x) * blockDim.x;
@@ -299,8 +302,6 @@ __global__ void bias_epilogue_kernel(T* pre, T* out, const T* bias, int64_t m, i
     if constexpr (kGelu) out[i] = convert<T>(gelu_value<A>(convert<A>(v)));
   }
 }
-
-constexpr unsigned kThreads = 256;
 
 // The library-side description of c = op(a)·op(b) (Note [Row-major through cuBLASLt]).
 LtGemm describe(const Tensor& a, const Tensor& b, Tensor& c, bool trans_a, bool trans_b,

@@ -9,7 +9,7 @@
 namespace loom::kernels::cuda {
 namespace {
 
-constexpr int kReduceThreads = 256;    // fixed: the tree's shape depends on it
+constexpr int kReduceThreads = 256;    // fixed: the tree's shape depends on it (launch bounds)
 constexpr int64_t kRowChunk = 8192;    // elements of one row reduced by one block (pass 1)
 constexpr int64_t kColChunkRows = 64;  // rows of one column chunk (pass 1, inner > 1)
 static_assert(kReduceThreads % 32 == 0 && kReduceThreads <= 32 * 32, "block_sum's shape");
@@ -49,8 +49,8 @@ __device__ __forceinline__ Out from_double(double v) {
 // Pass 1 over rows: x (rows, n) contiguous. Block task t = (row, chunk) sums chunk `chunk` of
 // row `row`; with one chunk per row the sum goes straight to out[row], else to partial[t].
 template <bool Square, typename T, typename Out>
-__global__ void row_sum_kernel(const T* x, int64_t rows, int64_t n, int64_t chunks, Out* out,
-                               double* partial) {
+__global__ void __launch_bounds__(kReduceThreads)
+    row_sum_kernel(const T* x, int64_t rows, int64_t n, int64_t chunks, Out* out, double* partial) {
   __shared__ double scratch[kReduceThreads / 32];
   for (int64_t t = blockIdx.x; t < rows * chunks; t += gridDim.x) {
     const int64_t row = t / chunks, chunk = t % chunks;
@@ -72,8 +72,8 @@ __global__ void row_sum_kernel(const T* x, int64_t rows, int64_t n, int64_t chun
 
 // Pass 2 over rows: out[row] = Σ_chunk partial[row, chunk], one block per row.
 template <typename Out>
-__global__ void row_partial_sum_kernel(const double* partial, int64_t rows, int64_t chunks,
-                                       Out* out) {
+__global__ void __launch_bounds__(kReduceThreads)
+    row_partial_sum_kernel(const double* partial, int64_t rows, int64_t chunks, Out* out) {
   __shared__ double scratch[kReduceThreads / 32];
   for (int64_t row = blockIdx.x; row < rows; row += gridDim.x) {
     double acc = 0.0;
@@ -85,8 +85,9 @@ __global__ void row_partial_sum_kernel(const double* partial, int64_t rows, int6
 
 // Pass 1 over columns: x (outer, n, inner). Thread (o, chunk, c) sums rows of its chunk in order.
 template <typename T>
-__global__ void col_sum_kernel(const T* x, int64_t outer, int64_t n, int64_t inner, int64_t chunks,
-                               T* out, double* partial) {
+__global__ void __launch_bounds__(kReduceThreads)
+    col_sum_kernel(const T* x, int64_t outer, int64_t n, int64_t inner, int64_t chunks, T* out,
+                   double* partial) {
   const int64_t total = outer * chunks * inner;
   const int64_t step = static_cast<int64_t>(gridDim.x) * blockDim.x;
   for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < total;
@@ -108,8 +109,9 @@ __global__ void col_sum_kernel(const T* x, int64_t outer, int64_t n, int64_t inn
 
 // Pass 2 over columns: out[o, c] = Σ_chunk partial[o, chunk, c] in chunk order.
 template <typename T>
-__global__ void col_partial_sum_kernel(const double* partial, int64_t outer, int64_t inner,
-                                       int64_t chunks, T* out) {
+__global__ void __launch_bounds__(kReduceThreads)
+    col_partial_sum_kernel(const double* partial, int64_t outer, int64_t inner, int64_t chunks,
+                           T* out) {
   const int64_t step = static_cast<int64_t>(gridDim.x) * blockDim.x;
   for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < outer * inner;
        i += step) {

@@ -15,10 +15,13 @@
 namespace loom::kernels::cuda {
 namespace {
 
+constexpr unsigned kThreads = 256;  // both kernels' block (their __launch_bounds__)
+
 // cs, sn (t_len, half): cos and sign·sin of positions[t] · theta^(−2i/d).
 template <typename I, typename A>
-__global__ void rope_table_kernel(const I* positions, int64_t t_len, int64_t half, int64_t d,
-                                  double theta, double sign, A* cs, A* sn) {
+__global__ void __launch_bounds__(kThreads)
+    rope_table_kernel(const I* positions, int64_t t_len, int64_t half, int64_t d, double theta,
+                      double sign, A* cs, A* sn) {
   const int64_t n = t_len * half;
   const int64_t step = static_cast<int64_t>(gridDim.x) * blockDim.x;
   for (int64_t idx = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; idx < n;
@@ -34,9 +37,9 @@ __global__ void rope_table_kernel(const I* positions, int64_t t_len, int64_t hal
 // out (B, T, H, D) = (or +=) in (B, T, H, D) turned by the table's angles; W consecutive pairs
 // per step (W = 1, or a 16-byte pack when half % W == 0 and the buffers are aligned).
 template <typename T, int W>
-__global__ void rope_apply_kernel(const T* in, const AccT<T>* cs, const AccT<T>* sn, T* out,
-                                  int64_t t_len, int64_t heads, int64_t half, int64_t total,
-                                  bool accumulate) {
+__global__ void __launch_bounds__(kThreads)
+    rope_apply_kernel(const T* in, const AccT<T>* cs, const AccT<T>* sn, T* out, int64_t t_len,
+                      int64_t heads, int64_t half, int64_t total, bool accumulate) {
   using A = AccT<T>;
   const int64_t hp = half / W;  // packs per half row
   const int64_t step = static_cast<int64_t>(gridDim.x) * blockDim.x;
@@ -90,7 +93,6 @@ void rope_apply_launch(const T* in, const AccT<T>* cs, const AccT<T>* sn, T* out
                        bool accumulate) {
   const int64_t half = s[3] / 2;
   const int64_t total = s[0] * s[1] * s[2] * (half / W);
-  constexpr unsigned kThreads = 256;
   rope_apply_kernel<T, W><<<grid_for(total, kThreads), kThreads, 0, compute_stream()>>>(
       in, cs, sn, out, s[1], s[2], half, total, accumulate);
   LOOM_CUDA_LAUNCH_CHECK();
@@ -110,7 +112,6 @@ void rope_cuda(const char* op, const Tensor& in, const Tensor& positions, double
     Tensor table = Tensor::empty({2, s[1], half}, DTypeOf<A>::value, in.device());
     A* cs = table.data<A>();
     A* sn = cs + s[1] * half;
-    constexpr unsigned kThreads = 256;
     LOOM_DISPATCH_INDEX(positions.dtype(), op, [&] {
       rope_table_kernel<index_t, A><<<grid_for(s[1] * half, kThreads), kThreads, 0,
                                       compute_stream()>>>(

@@ -19,6 +19,7 @@
 #include <type_traits>
 
 #include "kernels/cuda/cuda_check.cuh"
+#include "kernels/cuda/cuda_device.cuh"
 #include "kernels/cuda/dtype_convert.cuh"
 
 namespace loom::kernels::cuda {
@@ -115,7 +116,7 @@ inline size_t row_cache_budget() {
 // only after this opt-in).
 template <typename Kernel>
 void allow_dynamic_smem(Kernel kernel, size_t bytes) {
-  if (bytes > 48 * 1024) {
+  if (bytes > kDefaultDynamicSmem) {
     CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                     static_cast<int>(bytes)));
   }

@@ -48,7 +48,7 @@
 
 namespace loom::kernels::cuda {
 
-constexpr unsigned kMapThreads = 256;
+constexpr unsigned kMapThreads = 256;  // map kernels' block (their __launch_bounds__)
 
 // Arithmetic type for a storage type: 16-bit floats compute in f32.
 template <typename T>
@@ -83,7 +83,8 @@ struct MapPtrs {
 // (its current value when F::kReadsOut, else 0). Lanes at or past n hold 0 and are not stored.
 // `first` is a multiple of V.
 template <typename T, int V, int NIn, int NOut, typename F>
-__global__ void map_kernel(MapPtrs<NIn, NOut, T> p, int64_t n, bool aligned, F f) {
+__global__ void __launch_bounds__(kMapThreads)
+    map_kernel(MapPtrs<NIn, NOut, T> p, int64_t n, bool aligned, F f) {
   using C = compute_t<T>;
   using P = Pack<T, V>;
   const int64_t packs = (n + V - 1) / V;
@@ -227,8 +228,8 @@ __device__ __forceinline__ void strided_offsets(int64_t i, const StridedWalk<N>&
 
 // map_kernel's contract (V = 1) over strided tensors: walk strides are inputs first, then outputs.
 template <typename T, int NIn, int NOut, typename F>
-__global__ void strided_map_kernel(MapPtrs<NIn, NOut, T> p, int64_t n, StridedWalk<NIn + NOut> w,
-                                   F f) {
+__global__ void __launch_bounds__(kMapThreads)
+    strided_map_kernel(MapPtrs<NIn, NOut, T> p, int64_t n, StridedWalk<NIn + NOut> w, F f) {
   using C = compute_t<T>;
   const int64_t step = static_cast<int64_t>(gridDim.x) * blockDim.x;
   for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += step) {
