@@ -14,6 +14,7 @@
   X(gemm)                       \
   X(gemm_bias)                  \
   X(gemm_bias_gelu)             \
+  X(gemm_dgelu_bgrad)           \
   X(gelu_forward)               \
   X(gelu_backward)              \
   X(silu_forward)               \

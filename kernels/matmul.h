@@ -25,6 +25,15 @@ LOOM_DECLARE_KERNEL(gemm_bias,
 LOOM_DECLARE_KERNEL(gemm_bias_gelu,
                     void(const loom::Tensor& a, const loom::Tensor& b, const loom::Tensor& bias,
                          loom::Tensor& pre, loom::Tensor& c, bool trans_a, bool trans_b));
+// The backward of gemm_bias_gelu fused into the GEMM that brings its output's gradient (the
+// next Linear's input gradient), 2-d only, operands as for gemm:
+//   dpre (M, N) = (op(a) · op(b)) ⊙ gelu'(pre);   dbias (N) = Σ over the M rows of dpre
+// pre (M, N) is gemm_bias_gelu's saved pre-activation. dpre and dbias are overwritten (never
+// read); pre, dpre, dbias contiguous, of a's dtype. CUDA: cuBLASLt's DGELU_BGRAD epilogue for
+// bf16/f16 when the library has an algorithm, else GEMM, gelu_backward and a column sum.
+LOOM_DECLARE_KERNEL(gemm_dgelu_bgrad,
+                    void(const loom::Tensor& a, const loom::Tensor& b, const loom::Tensor& pre,
+                         loom::Tensor& dpre, loom::Tensor& dbias, bool trans_a, bool trans_b));
 
 namespace loom::kernels {
 

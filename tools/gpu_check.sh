@@ -64,6 +64,13 @@ else
 fi
 missing=$(ldd "$bin/cuda_tests" "$bin/train" 2>&1 | grep "not found" | sort -u)
 [[ -n "$missing" ]] && note "missing libraries: $missing"
+# Registers, shared memory and launch bounds of every kernel as built (docs/cuda.md).
+libloom=$(ldd "$bin/train" 2>/dev/null | sed -n 's/.*libloom.so => \([^ ]*\).*/\1/p')
+if [[ -n "$libloom" ]] && timeout 60 tools/cuda_resources.sh "$libloom" >"$OUT/resources.txt" 2>&1; then
+  note "launch resources: ok (resources.txt)"
+else
+  note "launch resources: see resources.txt"
+fi
 
 # --- 1. CUDA tests -----------------------------------------------------------------------------
 stamp "CUDA tests"

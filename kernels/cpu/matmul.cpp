@@ -2,13 +2,16 @@
 // measurement: see docs/performance.md). Batched GEMMs loop over the batch; each call is
 // multi-threaded by OpenBLAS (OpenMP build, sharing Loom's thread pool). The fused bias and
 // bias+GELU forms are the reference for the CUDA epilogues: bias rows written first, then one
-// GEMM with beta = 1, then the CPU gelu_forward kernel.
+// GEMM with beta = 1, then the CPU gelu_forward kernel; the GELU backward form is one GEMM,
+// then the CPU gelu_backward and sum_dim_forward kernels.
 #include <cblas.h>
 
 #include <algorithm>
 
 #include "kernels/activation.h"
+#include "kernels/copy.h"
 #include "kernels/matmul.h"
+#include "kernels/reduce.h"
 
 namespace loom::kernels::cpu {
 namespace {
@@ -78,10 +81,28 @@ void gemm_bias_gelu_cpu(const Tensor& a, const Tensor& b, const Tensor& bias, Te
   find_kernel<gelu_forward_k>(DeviceType::kCpu)(pre, c);
 }
 
+void gemm_dgelu_bgrad_cpu(const Tensor& a, const Tensor& b, const Tensor& pre, Tensor& dpre,
+                          Tensor& dbias, bool trans_a, bool trans_b) {
+  LOOM_CHECK(a.dim() == 2 && b.dim() == 2 && dpre.dim() == 2, "gemm_dgelu_bgrad: operands must be 2-d");
+  LOOM_CHECK(pre.shape() == dpre.shape() && pre.dtype() == dpre.dtype() && pre.is_contiguous() &&
+                 dpre.is_contiguous(),
+             "gemm_dgelu_bgrad: pre and dpre must be contiguous ", shape_str(dpre.shape()), " of one dtype");
+  LOOM_CHECK(dbias.dim() == 1 && dbias.size(0) == dpre.size(1) && dbias.is_contiguous() &&
+                 dbias.dtype() == dpre.dtype(),
+             "gemm_dgelu_bgrad: dbias must be contiguous (", dpre.size(1), ") ", dtype_name(dpre.dtype()),
+             ", got ", shape_str(dbias.shape()), " ", dtype_name(dbias.dtype()));
+  Tensor dy = Tensor::empty(dpre.shape(), dpre.dtype());
+  gemm_cpu(a, b, dy, trans_a, trans_b, 1.0, 0.0);
+  find_kernel<fill_k>(DeviceType::kCpu)(dpre, 0.0);
+  find_kernel<gelu_backward_k>(DeviceType::kCpu)(pre, dy, dpre);
+  find_kernel<sum_dim_forward_k>(DeviceType::kCpu)(dpre, 1, dpre.size(0), dpre.size(1), dbias);
+}
+
 }  // namespace
 
 LOOM_REGISTER_KERNEL(gemm, kCpu, gemm_cpu);
 LOOM_REGISTER_KERNEL(gemm_bias, kCpu, gemm_bias_cpu);
 LOOM_REGISTER_KERNEL(gemm_bias_gelu, kCpu, gemm_bias_gelu_cpu);
+LOOM_REGISTER_KERNEL(gemm_dgelu_bgrad, kCpu, gemm_dgelu_bgrad_cpu);
 
 }  // namespace loom::kernels::cpu
