@@ -1,7 +1,6 @@
 // layers/linear.cpp — Linear (see layers/linear.h).
 #include "layers/linear.h"
 
-#include "core/ops/elementwise.h"
 #include "core/ops/matmul.h"
 #include "layers/init.h"
 
@@ -18,8 +17,8 @@ Linear::Linear(int64_t in_features, int64_t out_features, bool bias, DType dtype
 Tensor Linear::forward(const Tensor& x) const {
   LOOM_CHECK(x.dim() >= 1 && x.size(-1) == in_features_, "Linear: input ", shape_str(x.shape()),
              " does not end in in_features ", in_features_);
-  Tensor y = ops::matmul(x, compute(weight_), false, true);  // Note [Compute dtype]
-  return bias_.defined() ? ops::add(y, compute(bias_)) : y;
+  // Note [Compute dtype]; with a bias, one GEMM with the bias epilogue (ops::linear).
+  return ops::linear(x, compute(weight_), bias_.defined() ? compute(bias_) : Tensor());
 }
 
 void Linear::zero_rows_from(int64_t row) { init::zero_rows_from_(weight_, row); }

@@ -16,7 +16,7 @@ class Linear : public LinearLayer {
   // weight (out_features, in_features); bias (out_features) when `bias`.
   Linear(int64_t in_features, int64_t out_features, bool bias, DType dtype = DType::kF32,
          Device device = {});
-  // x (…, in) → (…, out), one GEMM: matmul(x, weight, false, true) (+ bias).
+  // x (…, in) → (…, out), one GEMM: ops::linear (the bias fused into the GEMM's epilogue).
   Tensor forward(const Tensor& x) const override;
   // weight ← N(0, std²), bias ← 0.
   void init(Generator& gen, double std) override;

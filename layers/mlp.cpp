@@ -2,6 +2,7 @@
 #include "layers/mlp.h"
 
 #include "core/ops/activation.h"
+#include "core/ops/matmul.h"
 
 namespace loom {
 
@@ -24,12 +25,19 @@ std::unique_ptr<LinearLayer> out_proj(int64_t in, int64_t out, bool bias, DType 
 
 Mlp::Mlp(int64_t dim, int64_t hidden, bool bias, DType dtype, Device device, const ModelParallel* mp)
     : fc_(in_proj(dim, hidden, bias, dtype, device, mp)),
-      proj_(out_proj(hidden, dim, bias, dtype, device, mp)) {
+      proj_(out_proj(hidden, dim, bias, dtype, device, mp)),
+      fused_(bias && mp == nullptr) {
   register_module("fc", *fc_);
   register_module("proj", *proj_);
 }
 
-Tensor Mlp::forward(const Tensor& x) const { return proj_->forward(ops::gelu(fc_->forward(x))); }
+Tensor Mlp::forward(const Tensor& x) const {
+  if (fused_) {  // Note [Compute dtype]: the parameters pass through compute() as in Linear
+    return ops::gelu_mlp(x, compute(fc_->weight()), compute(fc_->bias()), compute(proj_->weight()),
+                         compute(proj_->bias()));
+  }
+  return proj_->forward(ops::gelu(fc_->forward(x)));
+}
 
 void Mlp::init(Generator& gen, double std, double out_std) {
   fc_->init(gen, std);

@@ -1,6 +1,6 @@
 // layers/mlp.h — the position-wise feed-forward layers behind one FeedForward interface:
-// Mlp (GPT-2: fc → GELU-tanh → proj, with biases) and SwiGluMlp (Llama: down(silu(gate·x) ⊙
-// up·x), no biases).
+// Mlp (GPT-2: fc → GELU-tanh → proj, with biases; one fused op, ops::gelu_mlp, on one device)
+// and SwiGluMlp (Llama: down(silu(gate·x) ⊙ up·x), no biases).
 #pragma once
 
 #include <cstdint>
@@ -33,6 +33,9 @@ class Mlp final : public FeedForward {
  private:
   std::unique_ptr<LinearLayer> fc_;    // hidden × dim
   std::unique_ptr<LinearLayer> proj_;  // dim × hidden
+  // Plain Linear layers with biases: forward runs as one ops::gelu_mlp (fused epilogues in both
+  // directions). Under a ModelParallel the projections communicate, so they run one by one.
+  bool fused_;
 };
 
 class SwiGluMlp final : public FeedForward {

@@ -20,5 +20,13 @@ Tensor linear(const Tensor& x, const Tensor& w, const Tensor& bias);
 // gelu(x·wᵀ + bias) (tanh form, as ops::gelu) as one GEMM with a bias+GELU epilogue (kernel
 // gemm_bias_gelu), saving the pre-activation for the backward. bias is required.
 Tensor linear_gelu(const Tensor& x, const Tensor& w, const Tensor& bias);
+// GPT-2's feed-forward block as one op: linear(gelu(linear(x, w_fc, b_fc)), w_proj, b_proj),
+// x (…, C), w_fc (H, C), b_fc (H), w_proj (C, H), b_proj (C) → (…, C). Forward: the
+// bias+GELU and bias epilogues (gemm_bias_gelu, gemm_bias); backward: the GELU derivative and
+// the fc bias gradient fused into the GEMM that brings the hidden gradient (gemm_dgelu_bgrad,
+// as llm.c does), then the weight GEMMs. Saves what the unfused layers would (x, pre, gelu(pre)).
+// Differentiable in all five.
+Tensor gelu_mlp(const Tensor& x, const Tensor& w_fc, const Tensor& b_fc, const Tensor& w_proj,
+                const Tensor& b_proj);
 
 }  // namespace loom::ops

@@ -1,7 +1,7 @@
-// tests/core/ops/linear_test.cpp — the fused Linear ops (ops::linear, ops::linear_gelu) and
-// their kernels (gemm_bias, gemm_bias_gelu) on the CPU: gradients against central differences
-// in f64, f32 against f64, and equality with the unfused composition
-// (matmul + add [+ gelu]) in value and gradient.
+// tests/core/ops/linear_test.cpp — the fused Linear ops (ops::linear, ops::linear_gelu,
+// ops::gelu_mlp) and their kernels (gemm_bias, gemm_bias_gelu, gemm_dgelu_bgrad) on the CPU:
+// gradients against central differences in f64, f32 against f64, and equality with the
+// unfused composition (matmul + add [+ gelu] [+ matmul + add]) in value and gradient.
 #include <gtest/gtest.h>
 
 #include "core/ops/activation.h"
@@ -112,12 +112,102 @@ TEST(LinearKernels, GemmBiasIsGemmThenBiasRows) {
   }
 }
 
+// x (…, C), hidden H.
+struct MlpCase {
+  Shape x;
+  int64_t hidden;
+};
+const std::vector<MlpCase> kMlpCases = {{{1, 1}, 1}, {{3, 5}, 7}, {{2, 3, 4}, 16}, {{9, 6}, 2}};
+
+std::vector<Tensor> mlp_inputs(const MlpCase& c, Generator& gen, DType dt = DType::kF64) {
+  const int64_t C = c.x.back(), H = c.hidden;
+  return {random(c.x, gen, dt), random({H, C}, gen, dt), random({H}, gen, dt), random({C, H}, gen, dt),
+          random({C}, gen, dt)};
+}
+
+Tensor fused_mlp(const std::vector<Tensor>& in) { return ops::gelu_mlp(in[0], in[1], in[2], in[3], in[4]); }
+Tensor unfused_mlp(const std::vector<Tensor>& in) {
+  const Tensor h = ops::gelu(ops::add(ops::matmul(in[0], in[1], false, true), in[2]));
+  return ops::add(ops::matmul(h, in[3], false, true), in[4]);
+}
+
+TEST(GeluMlp, Gradcheck) {
+  Generator gen(25);
+  for (const MlpCase& c : kMlpCases) {
+    const std::vector<Tensor> in = mlp_inputs(c, gen);
+    expect_gradcheck(fused_mlp, in);
+    expect_f32_matches_f64(fused_mlp, in, 1e-5);
+  }
+}
+
+TEST(GeluMlp, EqualsTheUnfusedLayers) {
+  Generator gen(26);
+  for (DType dt : {DType::kF64, DType::kF32}) {
+    for (const MlpCase& c : kMlpCases) {
+      std::vector<Tensor> a = mlp_inputs(c, gen, dt), b;
+      for (const Tensor& t : a) b.push_back(t.detach().clone().set_requires_grad(true));
+      const Tensor ya = fused_mlp(a), yb = unfused_mlp(b);
+      ASSERT_EQ(ya.shape(), yb.shape());
+      const double tol = dt == DType::kF64 ? 1e-13 : 2e-6;
+      EXPECT_LT(rel_error(ya, yb), tol) << shape_str(c.x);
+      const Tensor w = randn(ya.shape(), gen, dt);
+      autograd::backward(testing::weighted_sum(ya, w));
+      autograd::backward(testing::weighted_sum(yb, w));
+      for (size_t i = 0; i < a.size(); ++i) {
+        EXPECT_LT(rel_error(a[i].grad(), b[i].grad()), tol) << "gradient " << i << " " << shape_str(c.x);
+      }
+    }
+  }
+}
+
+TEST(GeluMlp, GradientOfSomeInputsOnly) {
+  // Frozen fc layer: only the projection and the input get gradients.
+  Generator gen(27);
+  std::vector<Tensor> in = mlp_inputs({{4, 3}, 5}, gen);
+  in[1] = in[1].detach();
+  in[2] = in[2].detach();
+  autograd::backward(ops::sum(fused_mlp(in)));
+  EXPECT_TRUE(in[0].grad().defined() && in[3].grad().defined() && in[4].grad().defined());
+  EXPECT_FALSE(in[1].grad().defined() || in[2].grad().defined());
+}
+
+TEST(LinearKernels, GemmDgeluBgradIsGemmThenGeluBackwardThenColumnSum) {
+  // dpre = (op(a)·op(b)) ⊙ gelu'(pre), dbias = Σ_rows dpre, in every transpose form; outputs
+  // start as NaN so an element left unwritten fails.
+  Generator gen(28);
+  const int64_t m = 6, n = 5, k = 4;
+  for (bool ta : {false, true}) {
+    for (bool tb : {false, true}) {
+      const Tensor a = random(ta ? Shape{k, m} : Shape{m, k}, gen, DType::kF64, false);
+      const Tensor b = random(tb ? Shape{n, k} : Shape{k, n}, gen, DType::kF64, false);
+      Tensor pre = random({m, n}, gen, DType::kF64, true);
+      Tensor dpre = Tensor::full({m, n}, NAN, DType::kF64), dbias = Tensor::full({n}, NAN, DType::kF64);
+      kernels::call_kernel<kernels::gemm_dgelu_bgrad_k>(a, b, pre, dpre, dbias, ta, tb);
+      const Tensor dy = ops::matmul(a, b, ta, tb);
+      autograd::backward({ops::gelu(pre)}, {dy});
+      EXPECT_LT(rel_error(dpre, pre.grad()), 1e-14);
+      EXPECT_LT(rel_error(dbias, ops::sum(pre.grad(), 0)), 1e-14);
+      pre.set_grad(Tensor());
+    }
+  }
+  Tensor dpre = Tensor::zeros({2, 4}, DType::kF64), short_bias = Tensor::zeros({3}, DType::kF64);
+  EXPECT_THROW(kernels::call_kernel<kernels::gemm_dgelu_bgrad_k>(Tensor::zeros({2, 3}, DType::kF64),
+                                                                 Tensor::zeros({3, 4}, DType::kF64),
+                                                                 Tensor::zeros({2, 4}, DType::kF64), dpre,
+                                                                 short_bias, false, false),
+               Error);
+}
+
 TEST(Linear, ShapeErrors) {
   EXPECT_THROW(ops::linear(Tensor::zeros({3, 4}), Tensor::zeros({5, 6}), Tensor::zeros({5})),
                Error);
   EXPECT_THROW(ops::linear(Tensor::zeros({3, 4}), Tensor::zeros({5, 4}), Tensor::zeros({4})),
                Error);
   EXPECT_THROW(ops::linear_gelu(Tensor::zeros({3, 4}), Tensor::zeros({5, 4}), Tensor()), Error);
+  const Tensor x = Tensor::zeros({3, 4}), w1 = Tensor::zeros({6, 4}), b1 = Tensor::zeros({6});
+  EXPECT_THROW(ops::gelu_mlp(x, w1, b1, Tensor::zeros({4, 5}), Tensor::zeros({4})), Error);  // w_proj not (4, 6)
+  EXPECT_THROW(ops::gelu_mlp(x, w1, b1, Tensor::zeros({4, 6}), Tensor::zeros({6})), Error);  // b_proj not (4)
+  EXPECT_THROW(ops::gelu_mlp(x, w1, b1, Tensor::zeros({4, 6}), Tensor()), Error);
 }
 
 TEST(Tf32Guard, ScopedAndOffByDefault) {
