@@ -429,8 +429,8 @@ void gemm_bias_gelu_cuda(const Tensor& a, const Tensor& b, const Tensor& bias, T
              "gemm_bias_gelu: pre must be contiguous like c ", shape_str(c.shape()));
   LOOM_CHECK(pre.device() == c.device(), "gemm_bias_gelu: pre and c on different devices");
   const LtGemm g = describe(a, b, c, trans_a, trans_b, "gemm_bias_gelu");
-  if (try_fused(g, device, CUBLASLT_EPILOGUE_GELU_AUX_BIAS, bias.raw_data(),
-                pre.raw_data())) return;
+  if (try_fused(g, device, CUBLASLT_EPILOGUE_GELU_AUX_BIAS, bias.raw_data(), pre.raw_data()))
+    return;
   LtGemm into_pre = g;
   into_pre.d = pre.raw_data();
   run_gemm(into_pre, device, 1.0, 0.0, "gemm_bias_gelu");
