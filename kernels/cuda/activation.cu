@@ -4,28 +4,11 @@
 // contiguous tensors of one shape and dtype; backward kernels accumulate. Vectorised through
 // vec_map.cuh on the compute stream; must not synchronise the host or allocate.
 #include "kernels/activation.h"
+#include "kernels/cuda/gelu.cuh"
 #include "kernels/cuda/vec_map.cuh"
 
 namespace loom::kernels::cuda {
 namespace {
-
-__device__ __forceinline__ float sigmoid(float x) { return 1.0f / (1.0f + expf(-x)); }
-__device__ __forceinline__ double sigmoid(double x) { return 1.0 / (1.0 + exp(-x)); }
-
-template <typename C>
-__device__ __forceinline__ C gelu_value(C x) {
-  const C k2 = C(2 * 0.7978845608028654);  // 2·√(2/π)
-  const C c = C(0.044715);
-  return x * sigmoid(k2 * (x + c * x * x * x));
-}
-
-template <typename C>
-__device__ __forceinline__ C gelu_grad(C x) {
-  const C k2 = C(2 * 0.7978845608028654);
-  const C c = C(0.044715);
-  const C s = sigmoid(k2 * (x + c * x * x * x));
-  return s + x * s * (C(1) - s) * k2 * (C(1) + C(3) * c * x * x);
-}
 
 template <typename C>
 __device__ __forceinline__ C silu_grad(C x) {

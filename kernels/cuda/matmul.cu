@@ -1,5 +1,6 @@
 // kernels/cuda/matmul.cu — CUDA GEMM (kernels/matmul.h) through cuBLASLt, and the fused
-// bias / bias+GELU forms through its epilogues. Row-major Loom matrices are handed to the
+// bias / bias+GELU forward and GELU+bias-gradient backward forms through its epilogues (each with
+// an unfused fallback). Row-major Loom matrices are handed to the
 // column-major library as their transposes (Note [Row-major through cuBLASLt]). f64, and
 // layouts cuBLASLt has no algorithm for, go through cuBLAS (GemmStridedBatchedEx). Everything
 // runs on compute_stream(); nothing here synchronises the host or allocates device memory after
@@ -26,7 +27,10 @@
 #include "kernels/cuda/cuda_check.cuh"
 #include "kernels/cuda/cuda_device.cuh"
 #include "kernels/cuda/dtype_convert.cuh"
+#include "kernels/cuda/gelu.cuh"
+#include "kernels/cuda/vec_map.cuh"
 #include "kernels/matmul.h"
+#include "kernels/reduce.h"
 
 namespace loom::kernels::cuda {
 namespace {
@@ -88,8 +92,11 @@ struct LtGemm {
   DType in_dtype, out_dtype;
   cublasComputeType_t compute;
   cublasLtEpilogue_t epilogue = CUBLASLT_EPILOGUE_DEFAULT;
+  // The bias (BIAS, GELU_AUX_BIAS: read) or the bias gradient (DGELU_BGRAD: written), length m.
   const void* bias = nullptr;
-  void* aux = nullptr;  // GELU input (pre-activation), ld m
+  // The GELU input (pre-activation), ld m, of out_dtype: written by GELU_AUX_BIAS, read by
+  // DGELU_BGRAD.
+  const void* aux = nullptr;
 
   uint32_t align_a() const { return alignment_of(a.ptr, batch_bytes(a.batch_stride, in_dtype)); }
   uint32_t align_b() const { return alignment_of(b.ptr, batch_bytes(b.batch_stride, in_dtype)); }
@@ -274,20 +281,6 @@ __global__ void __launch_bounds__(kThreads) gemm_scale_kernel(T* c, int64_t n, d
   }
 }
 
-// GELU (tanh form) as x·σ(2u), the CPU kernels' formula (Note [GELU through the sigmoid] in
-// kernels/cpu/activation.cpp), with accurate exp.
-template <typename A>
-__device__ __forceinline__ A gelu_value(A x) {
-  const A k2 = A(2 * 0.7978845608028654);
-  const A c = A(0.044715);
-  const A z = k2 * (x + c * x * x * x);
-  if constexpr (std::is_same_v<A, double>) {
-    return x / (1.0 + ::exp(-z));
-  } else {
-    return x / (1.0f + ::expf(-z));
-  }
-}
-
 // pre (m, n) += bias (n) per row; with kGelu also out (m, n) = gelu(pre) of the stored pre.
 template <typename T, bool kGelu>
 __global__ void __launch_bounds__(kThreads)
@@ -299,7 +292,7 @@ __global__ void __launch_bounds__(kThreads)
        i += step) {
     const T v = convert<T>(convert<A>(pre[i]) + convert<A>(bias[i % n]));
     pre[i] = v;
-    if constexpr (kGelu) out[i] = convert<T>(gelu_value<A>(convert<A>(v)));
+    if constexpr (kGelu) out[i] = convert<T>(gelu_value(convert<A>(v)));  // gelu.cuh
   }
 }
 
@@ -368,13 +361,15 @@ void gemm_cuda(const Tensor& a, const Tensor& b, Tensor& c, bool trans_a, bool t
 }
 
 // Tries the fused epilogue (16-bit inputs only: for f32/f64 the unfused path keeps the CPU's
-// accuracy); true when it ran.
-bool try_fused(LtGemm g, int device, cublasLtEpilogue_t epilogue, const Tensor& bias, void* aux) {
+// accuracy); true when it ran. bias is the bias (or, for DGELU_BGRAD, the bias gradient) vector
+// of length g.m, of g.out_dtype; aux the GELU input matrix (ld g.m, g.out_dtype) or null.
+bool try_fused(LtGemm g, int device, cublasLtEpilogue_t epilogue, const void* bias,
+               const void* aux) {
   if (g.in_dtype != DType::kBF16 && g.in_dtype != DType::kF16) return false;
   if (g.k == 0 || g.m * g.n == 0) return false;
   if (aux != nullptr && g.m % 8 != 0) return false;  // the aux ld must be a multiple of 8
   g.epilogue = epilogue;
-  g.bias = bias.raw_data();
+  g.bias = bias;
   g.aux = aux;
   BlasContext& ctx = blas_context(device);
   Plan* plan = find_plan(g, device, ctx);
@@ -420,7 +415,7 @@ void gemm_bias_cuda(const Tensor& a, const Tensor& b, const Tensor& bias, Tensor
   const int device = c.device().index;
   check_bias(bias, c, "gemm_bias");
   const LtGemm g = describe(a, b, c, trans_a, trans_b, "gemm_bias");
-  if (try_fused(g, device, CUBLASLT_EPILOGUE_BIAS, bias, nullptr)) return;
+  if (try_fused(g, device, CUBLASLT_EPILOGUE_BIAS, bias.raw_data(), nullptr)) return;
   run_gemm(g, device, 1.0, 0.0, "gemm_bias");
   launch_bias_epilogue(c, nullptr, bias, "gemm_bias");
 }
@@ -434,11 +429,70 @@ void gemm_bias_gelu_cuda(const Tensor& a, const Tensor& b, const Tensor& bias, T
              "gemm_bias_gelu: pre must be contiguous like c ", shape_str(c.shape()));
   LOOM_CHECK(pre.device() == c.device(), "gemm_bias_gelu: pre and c on different devices");
   const LtGemm g = describe(a, b, c, trans_a, trans_b, "gemm_bias_gelu");
-  if (try_fused(g, device, CUBLASLT_EPILOGUE_GELU_AUX_BIAS, bias, pre.raw_data())) return;
+  if (try_fused(g, device, CUBLASLT_EPILOGUE_GELU_AUX_BIAS, bias.raw_data(), pre.raw_data()))
+    return;
   LtGemm into_pre = g;
   into_pre.d = pre.raw_data();
   run_gemm(into_pre, device, 1.0, 0.0, "gemm_bias_gelu");
   launch_bias_epilogue(pre, &c, bias, "gemm_bias_gelu");
+}
+
+// dpre ← dpre · gelu'(pre)   (input pre; output dpre, read): the unfused DGELU, the derivative
+// of gelu.cuh as in gelu_backward (activation.cu), which accumulates instead.
+struct DgeluInPlaceFn {
+  static constexpr bool kReadsOut = true;
+  template <int V, typename C>
+  __device__ void apply(int64_t, C (&x)[1][V], C (&y)[1][V]) const {
+#pragma unroll
+    for (int j = 0; j < V; ++j) y[0][j] *= gelu_grad(x[0][j]);
+  }
+};
+
+// Note [DGELU_BGRAD through cuBLASLt]: with the library's D = dpreᵀ (m = our N rows, n = our M
+// columns; Note [Row-major through cuBLASLt]), CUBLASLT_EPILOGUE_DGELU_BGRAD computes
+// D = (A·B) ⊙ gelu'(aux) and writes the bias gradient, one value per row of D (length m = N),
+// reduced over D's columns: Σ over our M rows, our dbias. What cublasLt.h (CUDA 13.0) documents
+// and this relies on: the aux pointer is the GELU input matrix, read in the backward, of the
+// output matrix's type, its ld (EPILOGUE_AUX_LD) a multiple of 8 and ≥ D's rows; the bias
+// gradient vector is of the output type (Ctype) and its pointer's alignment is part of the
+// heuristic's choice (so it is in the plan key). Transposes and dtypes the library lacks show up
+// as no algorithm from the heuristic (or NOT_SUPPORTED), and the unfused path runs.
+void gemm_dgelu_bgrad_cuda(const Tensor& a, const Tensor& b, const Tensor& pre, Tensor& dpre,
+                           Tensor& dbias, bool trans_a, bool trans_b) {
+  CudaDeviceGuard guard(dpre.device().index);
+  const int device = dpre.device().index;
+  LOOM_CHECK(a.dim() == 2 && b.dim() == 2 && dpre.dim() == 2,
+             "gemm_dgelu_bgrad: operands must be 2-d");
+  LOOM_CHECK(pre.shape() == dpre.shape() && pre.dtype() == dpre.dtype() && pre.is_contiguous() &&
+                 dpre.is_contiguous(),
+             "gemm_dgelu_bgrad: pre and dpre must be contiguous ", shape_str(dpre.shape()),
+             " of one dtype");
+  LOOM_CHECK(dbias.dim() == 1 && dbias.size(0) == dpre.size(1) && dbias.is_contiguous() &&
+                 dbias.dtype() == dpre.dtype(),
+             "gemm_dgelu_bgrad: dbias must be contiguous (", dpre.size(1), ") ",
+             dtype_name(dpre.dtype()), ", got ", shape_str(dbias.shape()), " ",
+             dtype_name(dbias.dtype()));
+  LOOM_CHECK(dpre.dtype() == a.dtype(), "gemm_dgelu_bgrad: dpre dtype ", dtype_name(dpre.dtype()),
+             " differs from the inputs' ", dtype_name(a.dtype()));
+  LOOM_CHECK(pre.device() == dpre.device() && dbias.device() == dpre.device(),
+             "gemm_dgelu_bgrad: pre, dpre and dbias on different devices");
+  const LtGemm g = describe(a, b, dpre, trans_a, trans_b, "gemm_dgelu_bgrad");
+  if (try_fused(g, device, CUBLASLT_EPILOGUE_DGELU_BGRAD, dbias.raw_data(), pre.raw_data())) {
+    return;
+  }
+  run_gemm(g, device, 1.0, 0.0, "gemm_dgelu_bgrad");
+  const int64_t m = dpre.size(0), n = dpre.size(1);
+  if (m * n > 0) {
+    LOOM_CUDA_DISPATCH_FLOAT(dpre.dtype(), "gemm_dgelu_bgrad", [&] {
+      using T = scalar_t;
+      MapPtrs<1, 1, T> p;
+      p.in[0] = static_cast<const T*>(pre.raw_data());
+      p.out[0] = static_cast<T*>(dpre.raw_data());
+      launch_map<T>(p, m * n, DgeluInPlaceFn{});
+    });
+  }
+  // dbias = Σ over the rows (zeros when M == 0).
+  find_kernel<sum_dim_forward_k>(DeviceType::kCuda)(dpre, 1, m, n, dbias);
 }
 
 }  // namespace
@@ -446,5 +500,6 @@ void gemm_bias_gelu_cuda(const Tensor& a, const Tensor& b, const Tensor& bias, T
 LOOM_REGISTER_KERNEL(gemm, kCuda, gemm_cuda);
 LOOM_REGISTER_KERNEL(gemm_bias, kCuda, gemm_bias_cuda);
 LOOM_REGISTER_KERNEL(gemm_bias_gelu, kCuda, gemm_bias_gelu_cuda);
+LOOM_REGISTER_KERNEL(gemm_dgelu_bgrad, kCuda, gemm_dgelu_bgrad_cuda);
 
 }  // namespace loom::kernels::cuda

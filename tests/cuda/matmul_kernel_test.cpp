@@ -1,7 +1,8 @@
 // tests/cuda/matmul_kernel_test.cpp — the CUDA GEMM kernels (kernels/cuda/matmul.cu) against the
 // CPU kernels on fresh random inputs (the seed is printed on failure): every transpose form,
 // 2-d and batched, odd sizes and GPT-2 shapes, strided and misaligned operands, alpha/beta with
-// a random c, and the fused bias / bias+GELU epilogues. The CPU reference for bf16/f16 runs in
+// a random c, the fused bias / bias+GELU epilogues and the GELU-backward + bias-gradient one
+// (gemm_dgelu_bgrad: dpre and dbias both checked). The CPU reference for bf16/f16 runs in
 // f32 on the 16-bit values upcast. Tolerances (relative error ‖got − want‖/‖want‖, NaN never
 // passes): f64 1e-12, f32 1e-5 (exact FP32: TF32 would fail it), TF32 5e-3, bf16/f16 1e-2.
 // Uses only Loom's API, so it builds without CUDA; each test skips itself with the reason when
@@ -216,6 +217,50 @@ TEST_F(CudaGemmTest, BiasAndBiasGeluEpiloguesMatchCpu) {
     }
     check_epilogue(dt, {17, 64, 33}, true, false, gen);
     check_epilogue(dt, {33, 24, 17}, false, false, gen);
+  }
+}
+
+// gemm_dgelu_bgrad on one case: dpre and dbias against the CPU kernel, both outputs poisoned.
+void check_dgelu_bgrad(DType dt, const Dims& d, bool ta, bool tb, Generator& gen) {
+  const std::string what = label(dt, d, 0, ta, tb);
+  const DType rd = ref_dtype(dt);
+  const Tensor a = random_tensor(ta ? Shape{d.k, d.m} : Shape{d.m, d.k}, dt, gen);
+  const Tensor b = random_tensor(tb ? Shape{d.n, d.k} : Shape{d.k, d.n}, dt, gen);
+  const Tensor pre = random_tensor({d.m, d.n}, dt, gen);  // N(0, 3): both tails of gelu'
+  Tensor want_dpre = Tensor::empty({d.m, d.n}, rd);
+  Tensor want_dbias = Tensor::empty({d.n}, rd);
+  kernels::call_kernel<kernels::gemm_dgelu_bgrad_k>(a.to(rd), b.to(rd), pre.to(rd), want_dpre,
+                                                    want_dbias, ta, tb);
+  Tensor got_dpre = poisoned_cuda({d.m, d.n}, dt);
+  Tensor got_dbias = poisoned_cuda({d.n}, dt);
+  kernels::call_kernel<kernels::gemm_dgelu_bgrad_k>(a.to(Device::cuda()), b.to(Device::cuda()),
+                                                    pre.to(Device::cuda()), got_dpre, got_dbias, ta,
+                                                    tb);
+  const double tol = tolerance(dt, false);
+  EXPECT_LT(rel_error(want_dpre, got_dpre), tol) << "gemm_dgelu_bgrad dpre " << what;
+  EXPECT_LT(rel_error(want_dbias, got_dbias), tol) << "gemm_dgelu_bgrad dbias " << what;
+}
+
+TEST_F(CudaGemmTest, DgeluBgradEpilogueMatchesCpu) {
+  // Tolerances as above: f64 1e-12, f32 1e-5, bf16/f16 1e-2 (the reference in f32 on the
+  // upcast values), for dpre and for dbias alike.
+  SCOPED_TRACE("seed " + std::to_string(seed_));
+  Generator gen(seed_);
+  // N = 17 and 1 cannot take the fused epilogue (aux ld % 8); 24, 1000 and 3072 can. K = 0:
+  // dpre and dbias are zeros.
+  const std::vector<Dims> dims = {{3, 17, 65},   {65, 1000, 129}, {1, 1, 1},
+                                  {1000, 1, 17}, {33, 24, 17},    {5, 16, 0}};
+  for (DType dt : {DType::kF64, DType::kF32, DType::kBF16, DType::kF16}) {
+    for (const Dims& d : dims) {
+      for (bool ta : {false, true}) {
+        for (bool tb : {false, true}) check_dgelu_bgrad(dt, d, ta, tb, gen);
+      }
+    }
+  }
+  // The GPT-2 MLP: dh (B·T, 4C) = dy (B·T, C) · w_proj (C, 4C), as the fc Linear's backward
+  // uses it, at B·T = 2048, C = 768.
+  for (DType dt : {DType::kF32, DType::kBF16, DType::kF16}) {
+    check_dgelu_bgrad(dt, {2048, 3072, 768}, false, false, gen);
   }
 }
 

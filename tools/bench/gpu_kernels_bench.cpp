@@ -218,6 +218,17 @@ std::vector<Case> make_cases(Generator& gen) {
     add(std::string("gemm ") + what + " dW bf16", 0, f,
         [=]() mutable { call_kernel<kernels::gemm_k>(dy, x, dw, true, false, 1.0, 0.0); });
   }
+  // The MLP's GELU backward fused into the GEMM bringing its gradient (the proj dX form above):
+  // dh = (dy · w_proj) ⊙ gelu'(pre), dbias = Σ over rows of dh; the GEMM's FLOPs.
+  {
+    const int64_t H = 4 * C;
+    auto dy = rand_gpu({N, C}, kBF16, gen), w = rand_gpu({C, H}, kBF16, gen);
+    auto pre = rand_gpu({N, H}, kBF16, gen), dpre = Tensor::empty({N, H}, kBF16, gpu());
+    auto dbias = Tensor::empty({H}, kBF16, gpu());
+    add("gemm_dgelu_bgrad proj dX bf16", 0, 2.0 * N * C * H, [=]() mutable {
+      call_kernel<kernels::gemm_dgelu_bgrad_k>(dy, w, pre, dpre, dbias, false, false);
+    });
+  }
   // Flash attention, causal, bf16: 16 heads of D = 64 or 128, T = 1024 / 2048 / 4096.
   for (int64_t D : {64, 128}) {
     for (int64_t T : {1024, 2048, 4096}) {
