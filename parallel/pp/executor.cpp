@@ -25,9 +25,12 @@ struct Slot {
   Tensor act_buf, grad_buf;
 };
 
-}  // namespace
-
-namespace {
+// This rank's pp coordinate, once the group is known to match the schedule.
+int checked_rank(const Communicator& pp, const ScheduleShape& shape) {
+  LOOM_CHECK(pp.size() == shape.stages, "pipeline: the pp group has ", pp.size(), " ranks but the schedule has ",
+             shape.stages, " stages");
+  return pp.rank();
+}
 
 std::vector<IssuePlan> all_plans(ScheduleKind kind, const ScheduleShape& shape) {
   std::vector<std::vector<Instruction>> lists;
@@ -41,14 +44,11 @@ PipelineExecutor::PipelineExecutor(Communicator& pp, ScheduleKind kind, const Sc
                                    std::vector<int64_t> activation_shape, DType dtype, Device device)
     : pp_(pp),
       shape_(shape),
-      list_(make_schedule(kind, shape, pp.rank())),
+      list_(make_schedule(kind, shape, checked_rank(pp, shape))),
       plan_(all_plans(kind, shape).at(static_cast<size_t>(pp.rank()))),
       act_shape_(std::move(activation_shape)),
       dtype_(dtype),
-      device_(device) {
-  LOOM_CHECK(pp_.size() == shape_.stages, "pipeline: the pp group has ", pp_.size(),
-             " ranks but the schedule has ", shape_.stages, " stages");
-}
+      device_(device) {}
 
 PipelineStats PipelineExecutor::run(const ChunkCallbacks& cb) {
   const auto t_start = Clock::now();
@@ -76,21 +76,21 @@ PipelineStats PipelineExecutor::run(const ChunkCallbacks& cb) {
     for (int i : ops) {
       const Instruction& ins = list_[static_cast<size_t>(i)];
       const int g = shape_.global_stage(rank, ins.chunk);
-      Slot& s = slots[{ins.mb, ins.chunk}];
+      const std::pair<int, int> key{ins.mb, ins.chunk};
       switch (ins.op) {
         case Op::kRecvAct:
         case Op::kRecvGrad: {
           const bool grad = ins.op == Op::kRecvGrad;
           Tensor buf = Tensor::empty(act_shape_, dtype_, device_);
-          (grad ? s.grad_buf : s.act_buf) = buf;
+          (grad ? slots[key].grad_buf : slots[key].act_buf) = buf;
           group.push_back(P2P::recv(buf, ins.peer, message_tag(shape_, grad, ins.mb, g)));
           break;
         }
         case Op::kSendAct:
-          group.push_back(P2P::send(s.output.detach(), ins.peer, message_tag(shape_, false, ins.mb, g + 1)));
+          group.push_back(P2P::send(slots.at(key).output.detach(), ins.peer, message_tag(shape_, false, ins.mb, g + 1)));
           break;
         case Op::kSendGrad: {
-          const Tensor gin = s.input.grad();
+          const Tensor gin = slots.at(key).input.grad();
           LOOM_CHECK(gin.defined(), "pipeline: no gradient reached the input of mb ", ins.mb, " chunk ", ins.chunk);
           group.push_back(P2P::send(gin.contiguous(), ins.peer, message_tag(shape_, true, ins.mb, g - 1)));
           break;

@@ -42,6 +42,7 @@ struct ChunkCallbacks {
   std::function<void(bool last)> before_backward;
 };
 
+// Host times: on a GPU they measure issue, not kernels (an NCCL wait does not block the host).
 struct PipelineStats {
   double total_s = 0;    // the step's wall time in run()
   double compute_s = 0;  // inside FWD and BWD
