@@ -6,7 +6,8 @@
 //   dpre = dy (linear) or dy·gelu'(pre) (linear_gelu);  dx = dpre·w;  dw = dpreᵀ·x;
 //   dbias = Σ_rows dpre.
 // gelu_mlp chains the two with h = gelu(pre); its backward starts with
-//   dpre, db_fc = gemm_dgelu_bgrad(dy, w_proj, pre);  dw_proj = dyᵀ·h;  db_proj = Σ_rows dy.
+//   dpre, db_fc = gemm_dgelu_bgrad(dy, w_proj, pre);  dw_proj = dyᵀ·h;  db_proj = Σ_rows dy,
+// with h recomputed from pre (one element-wise pass) instead of saved, as llm.c does.
 #include "core/ops/matmul.h"
 
 #include "core/autograd.h"
@@ -150,12 +151,14 @@ Tensor gelu_mlp(const Tensor& x, const Tensor& w_fc, const Tensor& b_fc, const T
   const Tensor w1 = contiguous(w_fc.detach()), w2 = contiguous(w_proj.detach());
   const int64_t rows = x2.size(0), hidden = w1.size(0), dim = w2.size(0);
   Tensor pre = Tensor::empty({rows, hidden}, x.dtype(), x.device());
-  Tensor h = Tensor::empty({rows, hidden}, x.dtype(), x.device());
   Tensor y2 = Tensor::empty({rows, dim}, x.dtype(), x.device());
-  if (pre.numel() > 0) {
-    kernels::call_kernel<kernels::gemm_bias_gelu_k>(x2, w1, contiguous(b_fc.detach()), pre, h, false, true);
+  {
+    Tensor h = Tensor::empty({rows, hidden}, x.dtype(), x.device());  // freed after the forward
+    if (pre.numel() > 0) {
+      kernels::call_kernel<kernels::gemm_bias_gelu_k>(x2, w1, contiguous(b_fc.detach()), pre, h, false, true);
+    }
+    if (y2.numel() > 0) kernels::call_kernel<kernels::gemm_bias_k>(h, w2, contiguous(b_proj.detach()), y2, false, true);
   }
-  if (y2.numel() > 0) kernels::call_kernel<kernels::gemm_bias_k>(h, w2, contiguous(b_proj.detach()), y2, false, true);
   if (autograd::needs_grad({&x, &w_fc, &b_fc, &w_proj, &b_proj})) {
     const bool need_x = x.requires_grad(), need_w1 = w_fc.requires_grad(), need_b1 = b_fc.requires_grad();
     const bool need_w2 = w_proj.requires_grad(), need_b2 = b_proj.requires_grad();
@@ -174,7 +177,11 @@ Tensor gelu_mlp(const Tensor& x, const Tensor& w_fc, const Tensor& b_fc, const T
         if (need_w1) dw1 = mm(dpre, x2, true, false);
         if (!need_b1) db1 = Tensor();
       }
-      if (need_w2) dw2 = mm(d, h, true, false);
+      if (need_w2) {  // gelu(pre) again rather than kept: (R, H) less memory per layer
+        Tensor h = Tensor::empty({rows, hidden}, d.dtype(), d.device());
+        if (h.numel() > 0) kernels::call_kernel<kernels::gelu_forward_k>(pre, h);
+        dw2 = mm(d, h, true, false);
+      }
       if (need_b2) db2 = sum(d, 0);
       return std::vector<Tensor>{dx, dw1, db1, dw2, db2};
     });

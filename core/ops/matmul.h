@@ -24,8 +24,9 @@ Tensor linear_gelu(const Tensor& x, const Tensor& w, const Tensor& bias);
 // x (…, C), w_fc (H, C), b_fc (H), w_proj (C, H), b_proj (C) → (…, C). Forward: the
 // bias+GELU and bias epilogues (gemm_bias_gelu, gemm_bias); backward: the GELU derivative and
 // the fc bias gradient fused into the GEMM that brings the hidden gradient (gemm_dgelu_bgrad,
-// as llm.c does), then the weight GEMMs. Saves what the unfused layers would (x, pre, gelu(pre)).
-// Differentiable in all five.
+// as llm.c does), then the weight GEMMs. Saves x and pre only: gelu(pre) is recomputed in the
+// backward (one element-wise pass) — an (…, H) activation less per layer than the unfused
+// layers keep. Differentiable in all five.
 Tensor gelu_mlp(const Tensor& x, const Tensor& w_fc, const Tensor& b_fc, const Tensor& w_proj,
                 const Tensor& b_proj);
 

@@ -4,6 +4,7 @@
 // unfused composition (matmul + add [+ gelu] [+ matmul + add]) in value and gradient.
 #include <gtest/gtest.h>
 
+#include "core/allocator.h"
 #include "core/ops/activation.h"
 #include "core/ops/elementwise.h"
 #include "core/ops/matmul.h"
@@ -169,6 +170,23 @@ TEST(GeluMlp, GradientOfSomeInputsOnly) {
   autograd::backward(ops::sum(fused_mlp(in)));
   EXPECT_TRUE(in[0].grad().defined() && in[3].grad().defined() && in[4].grad().defined());
   EXPECT_FALSE(in[1].grad().defined() || in[2].grad().defined());
+}
+
+TEST(GeluMlp, KeepsOneHiddenActivationLessThanTheUnfusedLayers) {
+  // After the forward, the unfused layers hold pre and gelu(pre) for their backward; gelu_mlp
+  // holds pre only (it recomputes gelu(pre) in the backward).
+  Generator gen(29);
+  const MlpCase c{{64, 32}, 128};
+  const int64_t hidden_bytes = 64 * 128 * 8;  // one (R, H) f64 activation
+  Allocator& alloc = allocator_for(DeviceType::kCpu);
+  auto held_after_forward = [&](const testing::OpFn& fn) {
+    const std::vector<Tensor> in = mlp_inputs(c, gen);
+    const int64_t before = alloc.stats().current_bytes;
+    const Tensor y = fn(in);
+    return alloc.stats().current_bytes - before;
+  };
+  const int64_t fused = held_after_forward(fused_mlp), unfused = held_after_forward(unfused_mlp);
+  EXPECT_GE(unfused - fused, hidden_bytes) << "fused " << fused << " B, unfused " << unfused << " B";
 }
 
 TEST(LinearKernels, GemmDgeluBgradIsGemmThenGeluBackwardThenColumnSum) {
