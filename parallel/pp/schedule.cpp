@@ -355,9 +355,6 @@ class InOrderSimulator {
     std::vector<int> step_of;              // list index → plan step
     std::vector<bool> step_done;           // per plan step
   };
-  // The transfer (rank, list index) at the other end of each transfer.
-  std::map<std::pair<int, int>, std::pair<int, int>> peer_;
-
   SimulationResult fail(const std::string& why) {
     res_.ok = false;
     res_.error = why;
@@ -495,6 +492,7 @@ class InOrderSimulator {
   const std::vector<std::vector<Instruction>>& lists_;
   const std::vector<IssuePlan>& plans_;
   std::vector<Rank> ranks_;
+  std::map<std::pair<int, int>, std::pair<int, int>> peer_;  // (rank, list index) of each transfer's other end
   SimulationResult res_;
 };
 

@@ -90,27 +90,35 @@ TEST(LinearGelu, EqualsGeluOfMatmulPlusBias) {
   expect_same_as_unfused(fused, unfused, DType::kF32, 1e-6);
 }
 
+// fn(ta, tb, a, b) for every transpose form, with random f64 a, b of op(a) (m, k), op(b) (k, n).
+template <typename Fn>
+void for_each_transpose(Generator& gen, int64_t m, int64_t n, int64_t k, Fn fn) {
+  for (bool ta : {false, true}) {
+    for (bool tb : {false, true}) {
+      const Tensor a = random(ta ? Shape{k, m} : Shape{m, k}, gen, DType::kF64, false);
+      const Tensor b = random(tb ? Shape{n, k} : Shape{k, n}, gen, DType::kF64, false);
+      fn(ta, tb, a, b);
+    }
+  }
+}
+
 TEST(LinearKernels, GemmBiasIsGemmThenBiasRows) {
   // The kernels directly, in every transpose form: c = op(a)·op(b) + bias, pre likewise and
   // out = gelu(pre); c, pre and out start as NaN, so an element left unwritten fails.
   Generator gen(24);
   const int64_t m = 5, n = 7, k = 3;
-  for (bool ta : {false, true}) {
-    for (bool tb : {false, true}) {
-      const Tensor a = random(ta ? Shape{k, m} : Shape{m, k}, gen, DType::kF64, false);
-      const Tensor b = random(tb ? Shape{n, k} : Shape{k, n}, gen, DType::kF64, false);
-      const Tensor bias = random({n}, gen, DType::kF64, false);
-      Tensor c = Tensor::full({m, n}, NAN, DType::kF64);
-      Tensor pre = Tensor::full({m, n}, NAN, DType::kF64);
-      Tensor out = Tensor::full({m, n}, NAN, DType::kF64);
-      kernels::call_kernel<kernels::gemm_bias_k>(a, b, bias, c, ta, tb);
-      kernels::call_kernel<kernels::gemm_bias_gelu_k>(a, b, bias, pre, out, ta, tb);
-      const Tensor want = ops::add(ops::matmul(a, b, ta, tb), bias);
-      EXPECT_LT(rel_error(c, want), 1e-14);
-      EXPECT_LT(rel_error(pre, want), 1e-14);
-      EXPECT_LT(rel_error(out, ops::gelu(want)), 1e-14);
-    }
-  }
+  for_each_transpose(gen, m, n, k, [&](bool ta, bool tb, const Tensor& a, const Tensor& b) {
+    const Tensor bias = random({n}, gen, DType::kF64, false);
+    Tensor c = Tensor::full({m, n}, NAN, DType::kF64);
+    Tensor pre = Tensor::full({m, n}, NAN, DType::kF64);
+    Tensor out = Tensor::full({m, n}, NAN, DType::kF64);
+    kernels::call_kernel<kernels::gemm_bias_k>(a, b, bias, c, ta, tb);
+    kernels::call_kernel<kernels::gemm_bias_gelu_k>(a, b, bias, pre, out, ta, tb);
+    const Tensor want = ops::add(ops::matmul(a, b, ta, tb), bias);
+    EXPECT_LT(rel_error(c, want), 1e-14);
+    EXPECT_LT(rel_error(pre, want), 1e-14);
+    EXPECT_LT(rel_error(out, ops::gelu(want)), 1e-14);
+  });
 }
 
 // x (…, C), hidden H.
@@ -194,20 +202,15 @@ TEST(LinearKernels, GemmDgeluBgradIsGemmThenGeluBackwardThenColumnSum) {
   // start as NaN so an element left unwritten fails.
   Generator gen(28);
   const int64_t m = 6, n = 5, k = 4;
-  for (bool ta : {false, true}) {
-    for (bool tb : {false, true}) {
-      const Tensor a = random(ta ? Shape{k, m} : Shape{m, k}, gen, DType::kF64, false);
-      const Tensor b = random(tb ? Shape{n, k} : Shape{k, n}, gen, DType::kF64, false);
-      Tensor pre = random({m, n}, gen, DType::kF64, true);
-      Tensor dpre = Tensor::full({m, n}, NAN, DType::kF64), dbias = Tensor::full({n}, NAN, DType::kF64);
-      kernels::call_kernel<kernels::gemm_dgelu_bgrad_k>(a, b, pre, dpre, dbias, ta, tb);
-      const Tensor dy = ops::matmul(a, b, ta, tb);
-      autograd::backward({ops::gelu(pre)}, {dy});
-      EXPECT_LT(rel_error(dpre, pre.grad()), 1e-14);
-      EXPECT_LT(rel_error(dbias, ops::sum(pre.grad(), 0)), 1e-14);
-      pre.set_grad(Tensor());
-    }
-  }
+  for_each_transpose(gen, m, n, k, [&](bool ta, bool tb, const Tensor& a, const Tensor& b) {
+    Tensor pre = random({m, n}, gen, DType::kF64, true);
+    Tensor dpre = Tensor::full({m, n}, NAN, DType::kF64), dbias = Tensor::full({n}, NAN, DType::kF64);
+    kernels::call_kernel<kernels::gemm_dgelu_bgrad_k>(a, b, pre, dpre, dbias, ta, tb);
+    const Tensor dy = ops::matmul(a, b, ta, tb);
+    autograd::backward({ops::gelu(pre)}, {dy});
+    EXPECT_LT(rel_error(dpre, pre.grad()), 1e-14);
+    EXPECT_LT(rel_error(dbias, ops::sum(pre.grad(), 0)), 1e-14);
+  });
   Tensor dpre = Tensor::zeros({2, 4}, DType::kF64), short_bias = Tensor::zeros({3}, DType::kF64);
   EXPECT_THROW(kernels::call_kernel<kernels::gemm_dgelu_bgrad_k>(Tensor::zeros({2, 3}, DType::kF64),
                                                                  Tensor::zeros({3, 4}, DType::kF64),
