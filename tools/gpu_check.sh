@@ -10,18 +10,21 @@
 # ./gpu_check_out). Each stage has its own time limit so that one hang cannot eat the lease;
 # the whole script is sized to finish in about 8 minutes on an H200.
 #
-#   tools/gpu_check.sh [--skip-train] [--only-tests]
+#   tools/gpu_check.sh [--skip-train] [--only-tests] [--suites=A,B,...]
+# --suites runs only those CUDA test suites (e.g. to rerun the failed ones after a fix).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-$PWD/gpu_check_out}
 mkdir -p "$OUT"
 skip_train=0
 only_tests=0
+only_suites=""
 for a in "$@"; do
   case "$a" in
     --skip-train) skip_train=1 ;;
     --only-tests) only_tests=1 ;;
-    *) echo "usage: tools/gpu_check.sh [--skip-train] [--only-tests]" >&2; exit 2 ;;
+    --suites=*) only_suites=${a#--suites=} ;;
+    *) echo "usage: tools/gpu_check.sh [--skip-train] [--only-tests] [--suites=A,B,...]" >&2; exit 2 ;;
   esac
 done
 summary="$OUT/summary.txt"
@@ -78,6 +81,7 @@ fi
 stamp "CUDA tests"
 : >"$OUT/cuda_tests.log"
 suites=$("$bin/cuda_tests" --gtest_list_tests 2>>"$OUT/cuda_tests.log" | awk '/^[^ ]/ {sub(/\.$/, "", $1); print $1}')
+[[ -n "$only_suites" ]] && suites=$(echo "$suites" | grep -Fx -f <(tr ',' '\n' <<<"$only_suites"))
 crashed=""
 tests_deadline=$((SECONDS + 300))
 for suite in $suites; do
