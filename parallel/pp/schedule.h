@@ -13,9 +13,9 @@
 // start the pipeline, SEND_ACT right after a FWD that does not end it, RECV_GRAD right before a
 // BWD that does not end the pipeline, SEND_GRAD right after a BWD that does not start it. Sends
 // are asynchronous (never block); a RECV names the message the next compute op needs. The
-// executor posts a receive one compute op ahead of where the list places it (it cannot block
-// there, since posting is non-blocking), and the simulator checks the stricter reading, that
-// the list is deadlock-free when every RECV blocks where it stands.
+// simulator checks the strict reading, that the list is deadlock-free when every RECV blocks
+// where it stands; the executor issues the transfers in the order of Note [Communication
+// order] (below), which simulate_in_order() checks under NCCL's rules.
 //
 // Schedules (compute order on rank r, n = v·m units):
 //   GPipe:       FWD mb 0..m-1, then BWD mb 0..m-1 (v = 1).

@@ -223,8 +223,9 @@ TEST_F(NcclMpi, CollectivesMatchTheirDefinitions) {
   }
 }
 
-// A ring: even ranks send first, odd ranks receive first (NCCL p2p needs the cycle broken,
-// see nccl_communicator.h); with 1 rank nothing to do.
+// A ring of separate calls: even ranks send first, odd ranks receive first (NCCL p2p needs the
+// cycle broken, see nccl_communicator.h; the grouped form is the next test); with 1 rank
+// nothing to do.
 TEST_F(NcclMpi, SendRecvRing) {
   Communicator& c = ctx_->world();
   const int n = c.size(), me = c.rank();
