@@ -40,6 +40,19 @@ template <typename T>
   return std::bit_cast<T>(std::bit_cast<U>(v) & vec_detail::mask<U>(u > pf));
 }
 
+// dst[i] (=, or += when Accumulate) u[i] > pf ? src[i]·scale : 0 for i < n: one run of elements
+// whose uniforms are drawn.
+template <bool Accumulate, typename T>
+[[gnu::always_inline]] inline void apply_run(const T* src, T* dst, const float* u, int64_t n, float pf, T scale) {
+  if constexpr (Accumulate) {
+LOOM_SIMD
+    for (int64_t i = 0; i < n; ++i) dst[i] += keep_or_zero(u[i], pf, src[i] * scale);
+  } else {
+LOOM_SIMD
+    for (int64_t i = 0; i < n; ++i) dst[i] = keep_or_zero(u[i], pf, src[i] * scale);
+  }
+}
+
 // out[i] (=, or += when Accumulate) keep(i) ? in[i]·scale : 0.  in, out (n)
 template <bool Accumulate, typename T>
 void apply_mask(const T* in, T* out, int64_t n, double p, uint64_t seed, uint64_t offset) {
@@ -50,13 +63,7 @@ void apply_mask(const T* in, T* out, int64_t n, double p, uint64_t seed, uint64_
     for (int64_t s = lo; s < hi; s += kDropBuffer) {
       const int64_t e = std::min(hi, s + kDropBuffer);
       draw_uniforms(seed, offset, s, e - s, u);
-      if constexpr (Accumulate) {
-LOOM_SIMD
-        for (int64_t i = s; i < e; ++i) out[i] += keep_or_zero(u[i - s], pf, in[i] * scale);
-      } else {
-LOOM_SIMD
-        for (int64_t i = s; i < e; ++i) out[i] = keep_or_zero(u[i - s], pf, in[i] * scale);
-      }
+      apply_run<Accumulate>(in + s, out + s, u, e - s, pf, scale);
     }
   });
 }
@@ -80,14 +87,7 @@ void apply_rows_mask(const T* in, T* out, const int64_t* rows, const Shape& s, i
         const int64_t c1 = std::min(C, c0 + kDropBuffer);
         const int64_t lead = (g + c0) % 4;
         draw_uniforms(seed, offset, g + c0 - lead, lead + c1 - c0, u);
-        const float* uc = u + lead;  // uc[c − c0]: uniform of column c
-        if constexpr (Accumulate) {
-LOOM_SIMD
-          for (int64_t c = c0; c < c1; ++c) dst[c] += keep_or_zero(uc[c - c0], pf, src[c] * scale);
-        } else {
-LOOM_SIMD
-          for (int64_t c = c0; c < c1; ++c) dst[c] = keep_or_zero(uc[c - c0], pf, src[c] * scale);
-        }
+        apply_run<Accumulate>(src + c0, dst + c0, u + lead, c1 - c0, pf, scale);  // u[lead]: column c0
       }
     }
   });

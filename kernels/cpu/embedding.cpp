@@ -100,12 +100,7 @@ void vocab_parallel_ids_cpu(const Tensor& ids, int64_t vocab_start, int64_t rows
                             Tensor& mask) {
   const char* name = "vocab_parallel_ids";
   const int64_t n = ids.numel();
-  LOOM_CHECK(ids.is_contiguous() && local_ids.is_contiguous() && mask.is_contiguous() &&
-                 local_ids.numel() == n && mask.numel() == n && local_ids.dtype() == DType::kI64,
-             name, ": ids (", n, "), local_ids (", n, ", i64) and mask (", n,
-             ") must be contiguous, got ", shape_str(ids.shape()), ", ",
-             shape_str(local_ids.shape()), " ", dtype_name(local_ids.dtype()), ", ",
-             shape_str(mask.shape()));
+  check_vocab_parallel_ids_args(ids, local_ids, mask);
   LOOM_DISPATCH_FLOAT(mask.dtype(), name, [&] {
     LOOM_DISPATCH_INDEX(ids.dtype(), name, [&] {
       const index_t* pi = ids.data<index_t>();

@@ -1,5 +1,7 @@
-// kernels/cuda/attention.cuh — what the CUDA attention files share: the problem shape and the
-// tensor-core (mma.sync) paths' entry points, called by the launchers in attention.cu.
+// kernels/cuda/attention.cuh — what the CUDA attention files share: the problem shapes, the
+// general (CUDA-core) block kernels' entry points (attention_block.cu; causal self-attention is
+// the block case Tq = Tk, shift 0), and the tensor-core (mma.sync) paths' entry points, called
+// by the launchers in attention.cu.
 // Included only by kernels/cuda/attention*.cu; declares no kernels of its own and holds no
 // state. The kernel contract is Note [Attention kernel contract] in kernels/attention.h; the
 // algorithm and tiles are described in docs/cuda_attention.md.
@@ -15,6 +17,34 @@ namespace loom::kernels::cuda {
 struct AttnShape {
   int64_t b, hq, hkv, t, d, group;
 };
+
+// q (B, Hq, Tq, D); k, v (B, Hkv, Tk, D); query head h reads kv head h / group. Query row i sees
+// key row j iff j ≤ i + shift, shift = q_offset − k_offset (global positions).
+struct BlockShape {
+  int64_t b, hq, hkv, tq, tk, d, group, shift;
+};
+
+// Causal self-attention as a block: Tq = Tk = T, shift 0.
+inline BlockShape self_block(const AttnShape& s) { return {s.b, s.hq, s.hkv, s.t, s.t, s.d, s.group, 0}; }
+
+// t must be contiguous `shape` of `dtype` (the launchers' output and buffer checks).
+inline void check_like(const Tensor& t, const Shape& shape, DType dtype, const char* name, const char* what) {
+  LOOM_CHECK(t.shape() == shape && t.dtype() == dtype && t.is_contiguous(), name, ": ", what,
+             " must be contiguous ", shape_str(shape), " ", dtype_name(dtype), ", got ",
+             shape_str(t.shape()), " ", dtype_name(t.dtype()));
+}
+
+// The general kernels (attention_block.cu), f32 math for f32/bf16/f16 storage, D ≤ kMaxD, tensors
+// checked by the caller, inside its CudaDeviceGuard, Tq > 0 and Tk > 0:
+//   forward: out (B,Hq,Tq,D), lse (B,Hq,Tq) f32 of the block (a row that sees no key: out 0,
+//            lse −inf);
+//   backward: accumulates the block pair's share into dq, dk, dv from the full rows' lse and
+//            delta = Σ_d dout·out (B,Hq,Tq) f32.
+void block_attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, const BlockShape& s,
+                             float scale, Tensor& out, Tensor& lse);
+void block_attention_backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& lse,
+                              const Tensor& delta, const Tensor& dout, const BlockShape& s, float scale,
+                              Tensor& dq, Tensor& dk, Tensor& dv);
 
 // True when the tensor-core forward takes this call: bf16 or f16, D ∈ {64, 128}, and every
 // buffer 16-byte aligned (cp.async copies 16 bytes at a time).

@@ -2,9 +2,10 @@
 // block kernel contract] in kernels/attention_block.h): one block of queries against one block
 // of keys/values at arbitrary global offsets, causal by global position; the online-softmax
 // merge of partial results; and the backward share of one block pair, accumulated into dq, dk,
-// dv. f32, bf16 and f16 storage, f32 math, lse and delta in f32. The kernels are the general
-// path of kernels/cuda/attention.cu (same tiles and helpers, attention_tile.cuh) with separate
-// query and key lengths and the mask shifted by q_offset − k_offset; no Tq×Tk buffer exists.
+// dv. f32, bf16 and f16 storage, f32 math, lse and delta in f32. These are also the general
+// path of causal self-attention (kernels/cuda/attention.cu calls them with Tq = Tk, shift 0:
+// block_attention_forward/backward in attention.cuh); the tiles and device helpers are
+// attention_tile.cuh's. No Tq×Tk buffer exists.
 // Every output element has one writer and a fixed summation order (no atomics), so results
 // are bitwise reproducible. Work runs on the compute stream; nothing synchronises the host.
 #include <cuda_runtime.h>
@@ -13,6 +14,7 @@
 #include <cstdint>
 
 #include "kernels/attention_block.h"
+#include "kernels/cuda/attention.cuh"
 #include "kernels/cuda/attention_tile.cuh"
 #include "kernels/cuda/cuda_check.cuh"
 #include "kernels/cuda/cuda_device.cuh"
@@ -27,12 +29,6 @@ constexpr int kBwdRows = kWarps * kBwdRowsPerWarp;  // rows per backward block
 static_assert(attention_smem_bytes(2 * kKeyTile, kFwdRows, kMaxD) <= kDefaultDynamicSmem &&
                   attention_smem_bytes(2 * kKeyTile, 2 * kBwdRows, kMaxD) <= kDefaultDynamicSmem,
               "the general kernels' shared memory must fit 48 KiB at d = kMaxD (no opt-in)");
-
-// q (B, Hq, Tq, D); k, v (B, Hkv, Tk, D); query head h reads kv head h / group. Query row i sees
-// key row j iff j ≤ i + shift, shift = q_offset − k_offset (global positions).
-struct BlockShape {
-  int64_t b, hq, hkv, tq, tk, d, group, shift;
-};
 
 // Keys visible to query row i: rows [0, n) of the key block.
 __device__ __forceinline__ int64_t visible_keys(int64_t i, const BlockShape& s) {
@@ -314,13 +310,6 @@ BlockShape block_shape(const Tensor& q, const Tensor& k, const Tensor& v, int64_
   return s;
 }
 
-void check_like(const Tensor& t, const Shape& shape, DType dtype, const char* name,
-                const char* what) {
-  LOOM_CHECK(t.shape() == shape && t.dtype() == dtype && t.is_contiguous(), name, ": ", what,
-             " must be contiguous ", shape_str(shape), " ", dtype_name(dtype), ", got ",
-             shape_str(t.shape()), " ", dtype_name(t.dtype()));
-}
-
 template <typename T>
 void forward_typed(const Tensor& q, const Tensor& k, const Tensor& v, const BlockShape& s,
                    float scale, Tensor& out, Tensor& lse) {
@@ -342,15 +331,7 @@ void attention_block_forward_cuda(const Tensor& q, const Tensor& k, const Tensor
   LOOM_CHECK(scale > 0, name, ": scale must be positive, got ", scale);
   if (q.numel() == 0) return;  // a key block of length 0 still writes out 0 and lse −inf
   CudaDeviceGuard guard(q.device().index);
-  const float sc = static_cast<float>(scale);
-  switch (q.dtype()) {
-    case DType::kBF16:
-      return forward_typed<BFloat16>(q, k, v, s, sc, out, lse);
-    case DType::kF16:
-      return forward_typed<Float16>(q, k, v, s, sc, out, lse);
-    default:
-      return forward_typed<float>(q, k, v, s, sc, out, lse);
-  }
+  block_attention_forward(q, k, v, s, static_cast<float>(scale), out, lse);
 }
 
 template <typename T>
@@ -423,19 +404,36 @@ void attention_block_backward_cuda(const Tensor& q, const Tensor& k, const Tenso
   // q_offset + Tq − 1, precedes the first key).
   if (q.numel() == 0 || k.numel() == 0 || s.tq - 1 + s.shift < 0) return;
   CudaDeviceGuard guard(q.device().index);
-  const float sc = static_cast<float>(scale);
-  const BlockGrads g{q, k, v, lse, delta, dout, dq, dk, dv};
-  switch (q.dtype()) {
-    case DType::kBF16:
-      return backward_typed<BFloat16>(g, s, sc);
-    case DType::kF16:
-      return backward_typed<Float16>(g, s, sc);
-    default:
-      return backward_typed<float>(g, s, sc);
-  }
+  block_attention_backward(q, k, v, lse, delta, dout, s, static_cast<float>(scale), dq, dk, dv);
 }
 
 }  // namespace
+
+void block_attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, const BlockShape& s,
+                             float scale, Tensor& out, Tensor& lse) {
+  switch (q.dtype()) {
+    case DType::kBF16:
+      return forward_typed<BFloat16>(q, k, v, s, scale, out, lse);
+    case DType::kF16:
+      return forward_typed<Float16>(q, k, v, s, scale, out, lse);
+    default:
+      return forward_typed<float>(q, k, v, s, scale, out, lse);
+  }
+}
+
+void block_attention_backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& lse,
+                              const Tensor& delta, const Tensor& dout, const BlockShape& s, float scale,
+                              Tensor& dq, Tensor& dk, Tensor& dv) {
+  const BlockGrads g{q, k, v, lse, delta, dout, dq, dk, dv};
+  switch (q.dtype()) {
+    case DType::kBF16:
+      return backward_typed<BFloat16>(g, s, scale);
+    case DType::kF16:
+      return backward_typed<Float16>(g, s, scale);
+    default:
+      return backward_typed<float>(g, s, scale);
+  }
+}
 
 LOOM_REGISTER_KERNEL(attention_block_forward, kCuda, attention_block_forward_cuda);
 LOOM_REGISTER_KERNEL(attention_block_merge, kCuda, attention_block_merge_cuda);

@@ -19,6 +19,23 @@ namespace {
 template <typename T>
 inline constexpr int kDropoutPack = kPackOf<T> > 4 ? kPackOf<T> : 4;
 
+// y[b + l] (=, or += when Accumulate) keep ? x[b + l]·scale : 0 for l < 4, from the four draws
+// `bits` (one Philox block's, or four elements' own).
+template <bool Accumulate, typename C, int V>
+__device__ __forceinline__ void apply_four(const uint32_t (&bits)[4], float p, C scale, const C (&x)[V],
+                                           C (&y)[V], int b) {
+#pragma unroll
+  for (int l = 0; l < 4; ++l) {
+    const bool keep = uint_to_unit_float(bits[l]) > p;
+    const C v = keep ? mul_rn(x[b + l], scale) : C(0);
+    if constexpr (Accumulate) {
+      y[b + l] = add_rn(y[b + l], v);
+    } else {
+      y[b + l] = v;
+    }
+  }
+}
+
 // y (=, or += when Accumulate) keep(i) ? x·scale : 0
 template <bool Accumulate, typename C>
 struct DropoutFn {
@@ -33,16 +50,7 @@ struct DropoutFn {
     for (int b = 0; b < V; b += 4) {
       // first is a multiple of V, so element first + b is lane 0 of its Philox block.
       const Philox4 r = philox4x32(offset + static_cast<uint64_t>(first + b) / 4, seed);
-#pragma unroll
-      for (int l = 0; l < 4; ++l) {
-        const bool keep = uint_to_unit_float(r.v[l]) > p;
-        const C v = keep ? mul_rn(x[0][b + l], scale) : C(0);
-        if constexpr (Accumulate) {
-          y[0][b + l] = add_rn(y[0][b + l], v);
-        } else {
-          y[0][b + l] = v;
-        }
-      }
+      apply_four<Accumulate>(r.v, p, scale, x[0], y[0], b);
     }
   }
 };
@@ -79,44 +87,40 @@ struct DropoutRowsFn {
           bits[l] = philox4x32(offset + g / 4, seed).v[g % 4];
         }
       }
-#pragma unroll
-      for (int l = 0; l < 4; ++l) {
-        const bool keep = uint_to_unit_float(bits[l]) > p;
-        const C v = keep ? mul_rn(x[0][b + l], scale) : C(0);
-        if constexpr (Accumulate) {
-          y[0][b + l] = add_rn(y[0][b + l], v);
-        } else {
-          y[0][b + l] = v;
-        }
-      }
+      apply_four<Accumulate>(bits, p, scale, x[0], y[0], b);
     }
   }
 };
 
-template <bool Accumulate>
-void dropout_apply(const char* op, const Tensor& in, double p, uint64_t seed, uint64_t offset,
-                   Tensor& out) {
+// in → out (contiguous, one shape) through the functor make(C{}) builds for the compute type C,
+// after the checks every form shares.
+template <typename Make>
+void launch_dropout(const char* op, const Tensor& in, double p, Tensor& out, Make make) {
   check_same_contiguous(op, in, {&out});
   LOOM_CHECK(p >= 0 && p <= 1, op, ": p must be in [0, 1], got ", p);
   if (in.numel() == 0) return;
   CudaDeviceGuard guard(out.device().index);
   LOOM_CUDA_DISPATCH_FLOAT(in.dtype(), op, [&] {
     using T = scalar_t;
-    using C = compute_t<T>;
     MapPtrs<1, 1, T> ptrs;
     ptrs.in[0] = static_cast<const T*>(in.raw_data());
     ptrs.out[0] = static_cast<T*>(out.raw_data());
-    const DropoutFn<Accumulate, C> f{seed, offset, static_cast<float>(p),
-                                     static_cast<C>(1.0 / (1.0 - p))};
-    launch_map<T, kDropoutPack<T>>(ptrs, in.numel(), f);
+    launch_map<T, kDropoutPack<T>>(ptrs, in.numel(), make(compute_t<T>{}));
+  });
+}
+
+template <bool Accumulate>
+void dropout_apply(const char* op, const Tensor& in, double p, uint64_t seed, uint64_t offset,
+                   Tensor& out) {
+  launch_dropout(op, in, p, out, [&](auto c) {
+    using C = decltype(c);
+    return DropoutFn<Accumulate, C>{seed, offset, static_cast<float>(p), static_cast<C>(1.0 / (1.0 - p))};
   });
 }
 
 template <bool Accumulate>
 void dropout_rows_apply(const char* op, const Tensor& in, const Tensor& rows, int64_t total,
                         int64_t b0, double p, uint64_t seed, uint64_t offset, Tensor& out) {
-  check_same_contiguous(op, in, {&out});
-  LOOM_CHECK(p >= 0 && p <= 1, op, ": p must be in [0, 1], got ", p);
   LOOM_CHECK(in.dim() == 3, op, ": x must be (B, R, C), got ", shape_str(in.shape()));
   LOOM_CHECK(rows.dtype() == DType::kI64 && rows.dim() == 1 && rows.size(0) == in.size(1) &&
                  rows.is_contiguous() && rows.device() == in.device(),
@@ -124,24 +128,17 @@ void dropout_rows_apply(const char* op, const Tensor& in, const Tensor& rows, in
              ", got ", shape_str(rows.shape()), " ", dtype_name(rows.dtype()));
   LOOM_CHECK(total > 0 && b0 >= 0, op, ": total rows must be positive and the batch offset non-negative, got ",
              total, " and ", b0);
-  if (in.numel() == 0) return;
-  CudaDeviceGuard guard(out.device().index);
-  LOOM_CUDA_DISPATCH_FLOAT(in.dtype(), op, [&] {
-    using T = scalar_t;
-    using C = compute_t<T>;
-    MapPtrs<1, 1, T> ptrs;
-    ptrs.in[0] = static_cast<const T*>(in.raw_data());
-    ptrs.out[0] = static_cast<T*>(out.raw_data());
-    const DropoutRowsFn<Accumulate, C> f{static_cast<const int64_t*>(rows.raw_data()),
-                                         in.size(1),
-                                         in.size(2),
-                                         total,
-                                         b0,
-                                         seed,
-                                         offset,
-                                         static_cast<float>(p),
-                                         static_cast<C>(1.0 / (1.0 - p))};
-    launch_map<T, kDropoutPack<T>>(ptrs, in.numel(), f);
+  launch_dropout(op, in, p, out, [&](auto c) {
+    using C = decltype(c);
+    return DropoutRowsFn<Accumulate, C>{static_cast<const int64_t*>(rows.raw_data()),
+                                        in.size(1),
+                                        in.size(2),
+                                        total,
+                                        b0,
+                                        seed,
+                                        offset,
+                                        static_cast<float>(p),
+                                        static_cast<C>(1.0 / (1.0 - p))};
   });
 }
 
