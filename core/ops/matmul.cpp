@@ -169,9 +169,11 @@ Tensor gelu_mlp(const Tensor& x, const Tensor& w_fc, const Tensor& b_fc, const T
       Tensor dx, dw1, db1, dw2, db2;
       if (need_pre) {
         Tensor dpre = Tensor::empty({rows, hidden}, d.dtype(), d.device());
-        db1 = Tensor::zeros({hidden}, d.dtype(), d.device());
-        if (dpre.numel() > 0) {
+        if (dpre.numel() > 0) {  // the kernel writes db1 whole
+          db1 = Tensor::empty({hidden}, d.dtype(), d.device());
           kernels::call_kernel<kernels::gemm_dgelu_bgrad_k>(d, w2, pre, dpre, db1, false, false);
+        } else {
+          db1 = Tensor::zeros({hidden}, d.dtype(), d.device());
         }
         if (need_x) dx = reshape(mm(dpre, w1, false, false), x_shape);
         if (need_w1) dw1 = mm(dpre, x2, true, false);
