@@ -197,6 +197,7 @@ TEST(SendRecv, CrossedSendsDeadlockUnderNcclRules) {
   // Every rank sends to the next before receiving from the previous, as separate operations:
   // fine on MPI (above), a deadlock under NCCL's rules — which must show as the timeout.
   auto comm = nccl_rules_comm(1.0);
+  auto sync = MpiCommunicator::duplicate(MPI_COMM_WORLD, "sync", testing::kTestCommTimeoutS);
   const int k = comm->size(), r = comm->rank();
   if (k < 2) GTEST_SKIP() << "needs two ranks";
   const int next = (r + 1) % k, prev = (r + k - 1) % k;
@@ -210,6 +211,9 @@ TEST(SendRecv, CrossedSendsDeadlockUnderNcclRules) {
     EXPECT_NE(std::string(e.what()).find("did not complete"), std::string::npos) << e.what();
   }
   EXPECT_FALSE(v->is_done());
+  // Every rank has seen its timeout before any rank unblocks its neighbour (without this a rank
+  // that started late would see its send taken by the hand-written receive below in time).
+  sync->barrier();
   // Unblock by hand on the same MPI communicator: take the previous rank's pending send, then
   // answer the next rank's receive, which starts once its own send is gone.
   std::vector<double> got(64), mine = out.to_vector();
