@@ -29,3 +29,46 @@ LOOM_DECLARE_KERNEL(attention_backward,
                     void(const loom::Tensor& q, const loom::Tensor& k, const loom::Tensor& v,
                          const loom::Tensor& out, const loom::Tensor& lse, const loom::Tensor& dout,
                          double scale, loom::Tensor& dq, loom::Tensor& dk, loom::Tensor& dv));
+
+namespace loom::kernels {
+
+// Note [cuDNN attention]: on CUDA the attention kernels above are Loom's own flash kernels
+// (kernels/cuda/attention*.cu) unless the calling thread holds a CudnnAttentionGuard, when the
+// cases cuDNN's fused flash attention supports (cudnn_attention_handles: bf16/f16, T > 1, head
+// size a multiple of 8 up to 128, 16-byte aligned buffers) run through cuDNN's graph API instead
+// (kernels/cuda/attention_cudnn.cpp, one cached graph per shape); every other case still runs
+// Loom's kernels. Both keep the contract above: cuDNN's softmax statistics are the natural-log
+// lse, so either backward accepts either forward's lse; cuDNN's gradients, which it writes, are
+// added into dq, dk, dv. A cuDNN failure on a case it should handle is an error, never a
+// silent fallback. The trainer sets the guard from `train.attention_kernel` (docs/config.md);
+// like AllowTf32Guard the flag is thread_local and changed only by the guard. The CPU ignores it.
+class CudnnAttentionGuard {
+ public:
+  explicit CudnnAttentionGuard(bool use = true);
+  ~CudnnAttentionGuard();
+  CudnnAttentionGuard(const CudnnAttentionGuard&) = delete;
+  CudnnAttentionGuard& operator=(const CudnnAttentionGuard&) = delete;
+
+ private:
+  bool previous_;
+};
+
+// Whether this thread asked for cuDNN attention (Note [cuDNN attention]).
+bool cudnn_attention_requested();
+
+// Whether this build has the cuDNN attention path (a CUDA build that found cuDNN's C++
+// frontend headers, tools/install_deps.sh).
+bool cudnn_attention_built();
+
+// Whether cuDNN's attention takes this dtype, sequence length (cuDNN refuses T = 1) and head
+// size in this build (alignment is checked per call by the launcher).
+bool cudnn_attention_handles(DType dtype, int64_t seq_len, int64_t head_dim);
+
+// Builds the forward and backward graphs cuDNN's attention would run for q (B, Hq, T, D) and
+// k, v (B, Hkv, T, D) on a GPU of compute capability `sm_version` (e.g. 90), and runs the cuDNN
+// frontend's validation on them — no GPU needed. Returns "" when both are valid, else the
+// frontend's message. Throws when the build has no cuDNN path or libcudnn cannot be loaded.
+std::string cudnn_attention_graph_check(DType dtype, const Shape& q_shape, const Shape& kv_shape,
+                                        int sm_version);
+
+}  // namespace loom::kernels

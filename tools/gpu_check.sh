@@ -2,9 +2,10 @@
 # tools/gpu_check.sh — the one call on a GPU machine (issue 6): gets the CUDA programs (from
 # .gpu/bundle.tar.xz made by tools/gpu_bundle.sh, else builds them here for sm_90), then
 #   1. runs the CUDA tests (every kernel against the CPU kernel, GPU training against the CPU run),
-#   2. measures the device's ceilings (copy GB/s, bf16 GEMM TFLOP/s) and every kernel against them,
-#   3. trains GPT-2 124M, 350M, 1.5B and Llama ~1B for a few steps on synthetic tokens
-#      (tokens/s, MFU against the measured GEMM ceiling, peak memory),
+#   2. measures the device's ceilings (copy GB/s, bf16 GEMM TFLOP/s) and every kernel against them
+#      (attention both as Loom's kernels and through cuDNN, to keep the faster as the default),
+#   3. trains GPT-2 124M, 350M (also with cuDNN's attention), 1.5B and Llama ~1B for a few steps
+#      on synthetic tokens (tokens/s, MFU against the measured GEMM ceiling, peak memory),
 #   4. compares GPT-2 124M forward logits with PyTorch/transformers on the same weights,
 # and prints a short table last. Full logs go under $OUT (the device tool's folder; default
 # ./gpu_check_out). Each stage has its own time limit so that one hang cannot eat the lease;
@@ -121,16 +122,19 @@ for name, n in (("train_000.bin", 4_000_000), ("val_000.bin", 200_000)):
         f.write(struct.pack(f"<{n}H", *(rng.randrange(50257) for _ in range(n))))
 PY
   : >"$OUT/train.log"
-  # model config, micro-batch, sequence length, steps
-  for run in "gpt2-124m 32 1024 20" "gpt2-350m 32 1024 15" "gpt2-1.5b 16 1024 10" "llama-1b 8 2048 10"; do
-    read -r cfg b t steps <<<"$run"
-    echo "=== $cfg B=$b T=$t" >>"$OUT/train.log"
+  # model config, micro-batch, sequence length, steps, attention kernel (train.attention_kernel:
+  # the 350M model once more with cuDNN's attention, to compare end to end)
+  for run in "gpt2-124m 32 1024 20 loom" "gpt2-350m 32 1024 15 loom" "gpt2-350m 32 1024 10 cudnn" \
+             "gpt2-1.5b 16 1024 10 loom" "llama-1b 8 2048 10 loom"; do
+    read -r cfg b t steps attn <<<"$run"
+    echo "=== $cfg B=$b T=$t attention=$attn" >>"$OUT/train.log"
     timeout 150 "$bin/train" --config "configs/$cfg.yaml" \
       --set "data.train=$synth/train_*.bin" --set "data.val=$synth/val_*.bin" \
       --set data.batch_size="$b" --set data.seq_len="$t" --set optim.grad_accum=1 \
       --set train.steps="$steps" --set train.device=cuda --set train.precision=bf16 \
       --set train.peak_flops="$peak_flops" --set train.val_every=0 --set train.sample_every=0 \
-      --set train.out_dir="/tmp/loom_runs/$cfg" --set checkpoint.at_end=false \
+      --set train.attention_kernel="$attn" \
+      --set train.out_dir="/tmp/loom_runs/$cfg-$attn" --set checkpoint.at_end=false \
       >>"$OUT/train.log" 2>&1
     echo "=== exit $?" >>"$OUT/train.log"
   done

@@ -2,7 +2,8 @@
 # tools/install_deps.sh — installs the Debian 12 packages Loom builds and tests with. Idempotent:
 # packages already present are skipped, and apt is not touched when nothing is missing.
 # Run as root (or with sudo available). The CUDA toolkit is not installed here: when
-# /usr/local/cuda exists the build uses it, otherwise Loom builds CPU-only.
+# /usr/local/cuda exists the build uses it (and cuDNN's frontend headers are fetched, below),
+# otherwise Loom builds CPU-only.
 set -euo pipefail
 
 packages=(
@@ -22,12 +23,45 @@ done
 
 if [ ${#missing[@]} -eq 0 ]; then
   echo "install_deps: all ${#packages[@]} packages present"
-  exit 0
+else
+  echo "install_deps: installing ${missing[*]}"
+  SUDO=""
+  if [ "$(id -u)" -ne 0 ]; then SUDO="sudo"; fi
+  export DEBIAN_FRONTEND=noninteractive
+  $SUDO apt-get update -qq
+  $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}"
 fi
 
-echo "install_deps: installing ${missing[*]}"
-SUDO=""
-if [ "$(id -u)" -ne 0 ]; then SUDO="sudo"; fi
-export DEBIAN_FRONTEND=noninteractive
-$SUDO apt-get update -qq
-$SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}"
+# cuDNN's C++ frontend, header-only (MIT), for the cuDNN attention path of CUDA builds (Note
+# [cuDNN attention] in kernels/attention.h). NVIDIA publishes it on PyPI as a wheel whose
+# include/ folder holds the headers: downloaded once, unpacked with its licence under
+# $frontend, where CMake looks. Without it (no CUDA toolkit, no network) Loom builds without
+# that path and says so.
+frontend=/usr/local/share/loom/cudnn_frontend
+frontend_version=1.32.0
+if [ -x /usr/local/cuda/bin/nvcc ] && [ ! -f "$frontend/include/cudnn_frontend.h" ]; then
+  wheels=$(mktemp -d)
+  if python3 -m pip download --quiet --no-deps --only-binary=:all: -d "$wheels" \
+       "nvidia-cudnn-frontend==$frontend_version"; then
+    SUDO=""
+    if [ "$(id -u)" -ne 0 ]; then SUDO="sudo"; fi
+    $SUDO python3 - "$wheels" "$frontend" <<'PY'
+import glob, os, sys, zipfile
+wheels, dest = sys.argv[1], sys.argv[2]
+wheel = zipfile.ZipFile(glob.glob(os.path.join(wheels, "*.whl"))[0])
+for name in wheel.namelist():
+    if name.startswith("include/") or "/licenses/" in name:
+        target = name if name.startswith("include/") else "licenses/" + os.path.basename(name)
+        path = os.path.join(dest, target)
+        if name.endswith("/"):
+            continue
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        with open(path, "wb") as out:
+            out.write(wheel.read(name))
+PY
+    echo "install_deps: cuDNN frontend $frontend_version headers in $frontend"
+  else
+    echo "install_deps: could not download nvidia-cudnn-frontend; the cuDNN attention path will not be built"
+  fi
+  rm -rf "$wheels"
+fi

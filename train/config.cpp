@@ -1,6 +1,7 @@
 // train/config.cpp — YAML ↔ Config through one field list (visit_fields), plus validation.
 #include "train/config.h"
 
+#include "kernels/attention.h"
 #include "layers/transformer.h"
 #include "parallel/pp/partition.h"
 #include "parallel/pp/schedule.h"
@@ -64,6 +65,7 @@ void visit_fields(Config& c, V&& v) {
   v("train", "dtype", t.dtype);
   v("train", "precision", t.precision);
   v("train", "allow_tf32", t.allow_tf32);
+  v("train", "attention_kernel", t.attention_kernel);
   v("train", "loss_scaling", t.loss_scaling);
   v("train", "initial_loss_scale", t.initial_loss_scale);
   v("train", "peak_flops", t.peak_flops);
@@ -262,6 +264,13 @@ void validate_precision(const TrainConfig& t) {
   require((p != "bf16" && p != "f16") || t.device == "cuda",
           "train.precision: " + p + " needs train.device: cuda (the CPU kernels compute in f32 and f64 only)");
   require(!t.allow_tf32 || t.device == "cuda", "train.allow_tf32: TF32 is a CUDA feature; set train.device: cuda");
+  require(t.attention_kernel == "loom" || t.attention_kernel == "cudnn",
+          "train.attention_kernel: unknown value '" + t.attention_kernel + "' (loom, cudnn)");
+  require(t.attention_kernel != "cudnn" || t.device == "cuda",
+          "train.attention_kernel: cudnn is a CUDA feature; set train.device: cuda");
+  require(t.attention_kernel != "cudnn" || kernels::cudnn_attention_built(),
+          "train.attention_kernel: cudnn, but this build has no cuDNN attention (CMake did not find "
+          "cuDNN's frontend headers; tools/install_deps.sh fetches them)");
   require(t.loss_scaling == "auto" || t.loss_scaling == "dynamic" || t.loss_scaling == "none",
           "train.loss_scaling: unknown value '" + t.loss_scaling + "' (auto, dynamic, none)");
   require(t.loss_scaling != "none" || p != "f16",

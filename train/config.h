@@ -47,6 +47,9 @@ struct TrainConfig {
   std::string dtype = "f32";       // parameters (master weights) and optimizer state: f32 | f64
   std::string precision = "f32";   // forward/backward compute dtype, Note [Precision]
   bool allow_tf32 = false;         // cuda: f32 GEMMs may use TF32 tensor cores
+  // cuda: loom (Loom's flash kernels) | cudnn (cuDNN's fused attention where it handles the
+  // case, Note [cuDNN attention] in kernels/attention.h)
+  std::string attention_kernel = "loom";
   // Dynamic loss scaling (optim/loss_scaler.h): auto (on for f16 only) | dynamic (any precision)
   // | none (not with f16); the first scale, rounded down to a power of two.
   std::string loss_scaling = "auto";

@@ -18,6 +18,7 @@
 #include "core/rng.h"
 #include "data/loader.h"
 #include "data/tokenizer.h"
+#include "kernels/attention.h"
 #include "kernels/copy.h"
 #include "kernels/matmul.h"
 #include "layers/transformer.h"
@@ -44,6 +45,16 @@ namespace fs = std::filesystem;
 namespace {
 
 using Clock = std::chrono::steady_clock;
+
+// The config's kernel choices for the calling thread, for a scope: TF32 for f32 GEMMs (Note
+// [TF32]) and cuDNN's attention (Note [cuDNN attention]). Held around every step, evaluation
+// and sampling.
+struct KernelChoices {
+  kernels::AllowTf32Guard tf32;
+  kernels::CudnnAttentionGuard attention;
+  explicit KernelChoices(const TrainConfig& t)
+      : tf32(t.allow_tf32), attention(t.attention_kernel == "cudnn") {}
+};
 
 double seconds_since(Clock::time_point t0) {
   return std::chrono::duration<double>(Clock::now() - t0).count();
@@ -481,7 +492,7 @@ StepRecord Trainer::State::train_step() {
   r.lr = schedule.lr_at(step);
   if (dp) dp->zero_grad();
   else optimizer->zero_grad();
-  kernels::AllowTf32Guard tf32(cfg.train.allow_tf32);
+  KernelChoices kernel_choices(cfg.train);
   if (pipe) return pipeline_step(r);
   const int64_t accum = cfg.optim.grad_accum;
   Tensor loss_sum;  // Σ micro-batch losses, f64, on the device
@@ -769,7 +780,7 @@ double Trainer::evaluate() {
   State& s = *s_;
   LOOM_CHECK(s.val_loader != nullptr, "evaluate: no validation data (data.val is empty)");
   autograd::NoGradGuard no_grad;
-  kernels::AllowTf32Guard tf32(s.cfg.train.allow_tf32);
+  KernelChoices kernel_choices(s.cfg.train);
   s.model->eval();
   s.val_loader->set_state({0, 0});
   // The mean over the val batches; under cp this rank's share of it.
@@ -805,7 +816,7 @@ std::vector<double> Trainer::next_token_logits(const std::vector<int32_t>& conte
   State& s = *s_;
   const ModelConfig& mc = s.cfg.model;
   autograd::NoGradGuard no_grad;
-  kernels::AllowTf32Guard tf32(s.cfg.train.allow_tf32);
+  KernelChoices kernel_choices(s.cfg.train);
   const bool was_training = s.model->training();
   s.model->eval();
   const int cp = s.cp_size(), tp = s.tp_size();

@@ -7,7 +7,8 @@
 // results do not depend on the launch order (no atomics). Work runs on the compute stream;
 // nothing here synchronises the host. See docs/cuda_attention.md. The general path is ring
 // attention's block kernels (attention_block.cu) with Tq = Tk and no shift: one kernel family
-// for both.
+// for both. A thread that asked for cuDNN's attention gets it where cuDNN handles the case
+// (attention_cudnn.cpp, Note [cuDNN attention] in kernels/attention.h).
 #include <cuda_runtime.h>
 
 #include <cmath>
@@ -88,6 +89,10 @@ void attention_forward_cuda(const Tensor& q, const Tensor& k, const Tensor& v, d
   if (q.numel() == 0) return;
   CudaDeviceGuard guard(q.device().index);
   const float sc = static_cast<float>(scale);
+  if (cudnn_attention_takes({&q, &k, &v, &out, &lse}, s, q.dtype())) {
+    cudnn_attention_forward(q, k, v, s, sc, out, lse);
+    return;
+  }
   if (attention_forward_mma_supported(q, k, v, out, s)) {
     attention_forward_mma(q, k, v, s, sc, out, lse);
     return;
@@ -110,6 +115,10 @@ void attention_backward_cuda(const Tensor& q, const Tensor& k, const Tensor& v, 
   if (q.numel() == 0) return;
   CudaDeviceGuard guard(q.device().index);
   const float sc = static_cast<float>(scale);
+  if (cudnn_attention_takes({&q, &k, &v, &out, &lse, &dout, &dq, &dk, &dv}, s, q.dtype())) {
+    cudnn_attention_backward(q, k, v, out, lse, dout, s, sc, dq, dk, dv);
+    return;
+  }
   switch (q.dtype()) {
     case DType::kBF16: return backward_typed<BFloat16>(q, k, v, out, lse, dout, s, sc, dq, dk, dv);
     case DType::kF16: return backward_typed<Float16>(q, k, v, out, lse, dout, s, sc, dq, dk, dv);

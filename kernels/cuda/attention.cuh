@@ -1,13 +1,14 @@
 // kernels/cuda/attention.cuh — what the CUDA attention files share: the problem shapes, the
 // general (CUDA-core) block kernels' entry points (attention_block.cu; causal self-attention is
 // the block case Tq = Tk, shift 0), and the tensor-core (mma.sync) paths' entry points, called
-// by the launchers in attention.cu.
-// Included only by kernels/cuda/attention*.cu; declares no kernels of its own and holds no
+// by the launchers in attention.cu, and cuDNN's fused attention (attention_cudnn.cpp).
+// Included only by kernels/cuda/attention*; declares no kernels of its own and holds no
 // state. The kernel contract is Note [Attention kernel contract] in kernels/attention.h; the
 // algorithm and tiles are described in docs/cuda_attention.md.
 #pragma once
 
 #include <cstdint>
+#include <initializer_list>
 
 #include "core/tensor.h"
 
@@ -68,5 +69,19 @@ bool attention_backward_mma_supported(const Tensor& q, const Tensor& k, const Te
 void attention_backward_mma(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& dout,
                             const Tensor& lse, const Tensor& dvec, const AttnShape& s, float scale,
                             Tensor& dq, Tensor& dk, Tensor& dv);
+
+// cuDNN's fused attention (attention_cudnn.cpp, Note [cuDNN attention] in kernels/attention.h).
+// True when it takes this call: the thread asked for it, this build has it, it handles the dtype,
+// T and head size, and every buffer is 16-byte aligned.
+bool cudnn_attention_takes(std::initializer_list<const Tensor*> buffers, const AttnShape& s,
+                           DType dtype);
+
+// The two passes with the contract's semantics (lse written; dq, dk, dv accumulated into). Call
+// only when cudnn_attention_takes() holds, inside the caller's CudaDeviceGuard.
+void cudnn_attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, const AttnShape& s,
+                             float scale, Tensor& out, Tensor& lse);
+void cudnn_attention_backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
+                              const Tensor& lse, const Tensor& dout, const AttnShape& s,
+                              float scale, Tensor& dq, Tensor& dk, Tensor& dv);
 
 }  // namespace loom::kernels::cuda

@@ -8,6 +8,8 @@
 // accumulates into them. Uses only Loom's API (no CUDA headers); every test skips itself, with
 // the reason, when the process sees no CUDA device.
 //
+// cuDNN's fused attention (Note [cuDNN attention]) is checked the same way, under its guard.
+//
 // Reference: the CPU kernel in f64 on the very values the GPU reads (16-bit inputs upcast), so
 // only the GPU's own rounding is measured. Tolerances, relative L2 error (DESIGN §3):
 //   out, dq, dk, dv: f32 1e-5; bf16, f16 1e-2 (results are rounded to 16 bits, and the
@@ -15,6 +17,7 @@
 //   lse (always f32): 1e-5 for f32 inputs, 1e-4 for 16-bit inputs (computed in f32 from exact
 //                    products of the 16-bit values).
 #include <cmath>
+#include <cstring>
 #include <string>
 #include <vector>
 
@@ -234,6 +237,101 @@ TEST_F(CudaAttentionTest, ResultsAreBitwiseReproducible) {
     for (size_t i = 0; i < 5; ++i) expect_same_bits(runs[i], runs[i + 5], names[i]);
     EXPECT_GT(rms(runs[3]), 0.0) << "dk must not be all zeros";
   }
+}
+
+// ---- cuDNN's fused attention (Note [cuDNN attention]) ------------------------------------
+// The same references and tolerances, under CudnnAttentionGuard, on the cases cuDNN handles:
+// bf16/f16, D 64, 128 and 40 (a multiple of 8 that Loom's tensor-core kernels do not take),
+// grouped-query heads, odd and long T. lse and gradients come from the CPU reference, so each
+// cuDNN pass is checked on its own (its lse is Loom's contract, natural log).
+class CudnnAttentionTest : public CudaTest {
+ protected:
+  void SetUp() override {
+    CudaTest::SetUp();
+    if (IsSkipped()) return;
+    if (!kernels::cudnn_attention_built()) {
+      GTEST_SKIP() << "this build has no cuDNN attention (cuDNN's frontend headers not found)";
+    }
+  }
+};
+
+std::vector<Case> cudnn_cases(DType dt) {
+  std::vector<Case> cases;
+  for (int64_t d : {40, 64, 128}) {
+    for (int64_t t : {2, 17, 100, 257}) {  // cuDNN refuses T = 1 (Loom's kernels take it)
+      for (int64_t hkv : {4, 2, 1}) cases.push_back({dt, 2, 4, hkv, t, d});
+    }
+  }
+  for (const Case& c : long_cases(dt)) cases.push_back(c);
+  return cases;
+}
+
+TEST_F(CudnnAttentionTest, ForwardAndBackwardMatchCpu) {
+  Generator gen(601);
+  kernels::CudnnAttentionGuard cudnn;
+  for (DType dt : {DType::kBF16, DType::kF16}) {
+    for (const Case& c : cudnn_cases(dt)) {
+      ASSERT_TRUE(kernels::cudnn_attention_handles(c.dtype, c.t, c.d)) << c.str();
+      check_forward(c, gen);
+      check_backward(c, gen);
+    }
+  }
+}
+
+// The guard really changes the implementation: on the same inputs Loom's and cuDNN's lse
+// (f32) differ in some bits (both within the tolerance of the reference, above), and the
+// cuDNN results repeat bit for bit.
+bool bits_equal(const Tensor& a_cpu, const Tensor& b_cpu) {
+  const Tensor a = a_cpu.contiguous(), b = b_cpu.contiguous();
+  return a.shape() == b.shape() && a.dtype() == b.dtype() &&
+         std::memcmp(a.raw_data(), b.raw_data(), a.numel() * dtype_size(a.dtype())) == 0;
+}
+
+TEST_F(CudnnAttentionTest, GuardSelectsCudnnAndRepeats) {
+  Generator gen(602);
+  bool some_bits_differ = false;
+  for (const Case& c : {Case{DType::kBF16, 2, 4, 2, 257, 64}, Case{DType::kF16, 1, 4, 1, 1000, 128}}) {
+    SCOPED_TRACE(c.str());
+    const Inputs in = make_inputs(c, gen);
+    const Tensor q = in.q.to(Device::cuda()), k = in.k.to(Device::cuda()), v = in.v.to(Device::cuda());
+    std::vector<Tensor> lses;
+    for (int run = 0; run < 3; ++run) {
+      kernels::CudnnAttentionGuard choice(run > 0);  // Loom, cuDNN, cuDNN
+      Tensor out = poisoned_cuda(c.q_shape(), c.dtype);
+      Tensor lse = poisoned_cuda({c.b, c.hq, c.t}, DType::kF32);
+      kernels::call_kernel<kernels::attention_forward_k>(q, k, v, c.scale(), out, lse);
+      lses.push_back(lse.to(Device::cpu()));
+    }
+    some_bits_differ = some_bits_differ || !bits_equal(lses[0], lses[1]);
+    expect_same_bits(lses[1], lses[2], "cuDNN lse");
+  }
+  EXPECT_TRUE(some_bits_differ) << "cuDNN's results are Loom's bit for bit: was cuDNN called?";
+}
+
+// Without a GPU: the graphs cuDNN's attention builds for every shape above pass the cuDNN
+// frontend's own validation for Ampere (sm_80) and Hopper (sm_90) — dims, strides, dtypes,
+// statistics layout, grouped-query heads. Needs only libcudnn (loaded, not run on a device).
+// An impossible grouping (4 query heads over 3 kv heads) and T = 1 (which cuDNN refuses, so
+// cudnn_attention_handles excludes it) are refused, so the check can fail.
+TEST(CudnnAttentionGraph, ValidOnSm80AndSm90ForTheTestedShapes) {
+  if (!kernels::cudnn_attention_built()) GTEST_SKIP() << "this build has no cuDNN attention";
+  try {
+    (void)kernels::cudnn_attention_graph_check(DType::kBF16, {1, 1, 8, 64}, {1, 1, 8, 64}, 90);
+  } catch (const Error& e) {
+    GTEST_SKIP() << e.what();  // libcudnn.so.9 not on this machine
+  }
+  for (int sm : {80, 90}) {
+    for (DType dt : {DType::kBF16, DType::kF16}) {
+      for (const Case& c : cudnn_cases(dt)) {
+        EXPECT_EQ(kernels::cudnn_attention_graph_check(dt, c.q_shape(), c.kv_shape(), sm), "")
+            << c.str() << " sm_" << sm;
+      }
+    }
+  }
+  const std::string refusal =
+      kernels::cudnn_attention_graph_check(DType::kBF16, {2, 4, 64, 64}, {2, 3, 64, 64}, 90);
+  EXPECT_NE(refusal.find("number of heads"), std::string::npos) << refusal;
+  EXPECT_NE(kernels::cudnn_attention_graph_check(DType::kBF16, {2, 4, 1, 64}, {2, 4, 1, 64}, 90), "");
 }
 
 TEST_F(CudaAttentionTest, RejectsUnsupportedInput) {

@@ -2,6 +2,7 @@
 // each must be a one-line ConfigError naming the key.
 #include "train/config.h"
 
+#include "kernels/attention.h"
 #include "layers/transformer.h"
 
 #include <gtest/gtest.h>
@@ -194,6 +195,23 @@ TEST(Config, PrecisionAndDeviceKeys) {
   EXPECT_EQ(error_of("train: {device: cuda, precision: f16, loss_scaling: none}\n"),
             "train.loss_scaling: none with train.precision f16 would lose small gradients (use auto or dynamic)");
   EXPECT_EQ(error_of("train: {initial_loss_scale: 0.5}\n"), "train.initial_loss_scale: must be finite and at least 1, got 0.5");
+}
+
+TEST(Config, AttentionKernel) {
+  EXPECT_EQ(parse_config_text("").train.attention_kernel, "loom");
+  EXPECT_EQ(error_of("train: {device: cuda, attention_kernel: flash}\n"),
+            "train.attention_kernel: unknown value 'flash' (loom, cudnn)");
+  EXPECT_EQ(error_of("train: {attention_kernel: cudnn}\n"),
+            "train.attention_kernel: cudnn is a CUDA feature; set train.device: cuda");
+  // Accepted on cuda exactly when this build has the cuDNN path.
+  const std::string on_cuda = error_of("train: {device: cuda, precision: bf16, attention_kernel: cudnn}\n");
+  if (kernels::cudnn_attention_built()) {
+    EXPECT_EQ(on_cuda, "");
+  } else {
+    EXPECT_EQ(on_cuda,
+              "train.attention_kernel: cudnn, but this build has no cuDNN attention (CMake did not "
+              "find cuDNN's frontend headers; tools/install_deps.sh fetches them)");
+  }
 }
 
 TEST(Config, CommunicatorBackend) {

@@ -248,6 +248,18 @@ std::vector<Case> make_cases(Generator& gen) {
       add("attention_backward" + tag, 0, 2.5 * f, [=]() mutable {
         call_kernel<kernels::attention_backward_k>(q, k, v, out, lse, dout, scale, dq, dk, dv);
       });
+      // The same through cuDNN's fused attention (Note [cuDNN attention]), when built; the
+      // first launch builds the graph, before the timing.
+      if (!kernels::cudnn_attention_built()) continue;
+      add("attention_forward cudnn" + tag, 0, f, [=]() mutable {
+        kernels::CudnnAttentionGuard cudnn;
+        call_kernel<kernels::attention_forward_k>(q, k, v, scale, out, lse);
+      });
+      prime(cases.back().launch);
+      add("attention_backward cudnn" + tag, 0, 2.5 * f, [=]() mutable {
+        kernels::CudnnAttentionGuard cudnn;
+        call_kernel<kernels::attention_backward_k>(q, k, v, out, lse, dout, scale, dq, dk, dv);
+      });
     }
   }
   return cases;

@@ -1,6 +1,7 @@
 // tests/core/ops/attention_test.cpp — causal_attention (multi-head and grouped-query):
 // gradients against finite differences in f64, f32 against f64, values against an explicit
-// T×T masked-softmax loop, strided inputs, and identical bits for 1, 2 and 3 threads.
+// T×T masked-softmax loop, strided inputs, and identical bits for 1, 2 and 3 threads; the
+// cuDNN attention guard.
 #include "core/ops/attention.h"
 
 #include <omp.h>
@@ -8,6 +9,7 @@
 #include <cmath>
 
 #include "core/ops/view.h"
+#include "kernels/attention.h"
 #include "tests/gradcheck.h"
 
 namespace loom {
@@ -133,6 +135,30 @@ TEST(Attention, RejectsMismatchedHeads) {
   }
   EXPECT_THROW(ops::causal_attention(q, Tensor::zeros({1, 3, 5, 8}), Tensor::zeros({1, 3, 5, 8})),
                Error);
+}
+
+// Note [cuDNN attention]: the choice is scoped and off by default; what cuDNN takes does not
+// depend on it, and nothing is taken by a build without the cuDNN path.
+TEST(CudnnAttentionGuard, ScopedAndOffByDefault) {
+  EXPECT_FALSE(kernels::cudnn_attention_requested());
+  {
+    kernels::CudnnAttentionGuard on;
+    EXPECT_TRUE(kernels::cudnn_attention_requested());
+    {
+      kernels::CudnnAttentionGuard off(false);
+      EXPECT_FALSE(kernels::cudnn_attention_requested());
+    }
+    EXPECT_TRUE(kernels::cudnn_attention_requested());
+  }
+  EXPECT_FALSE(kernels::cudnn_attention_requested());
+  const bool built = kernels::cudnn_attention_built();
+  EXPECT_EQ(kernels::cudnn_attention_handles(DType::kBF16, 1024, 64), built);
+  EXPECT_EQ(kernels::cudnn_attention_handles(DType::kF16, 2, 128), built);
+  EXPECT_EQ(kernels::cudnn_attention_handles(DType::kBF16, 17, 40), built);
+  EXPECT_FALSE(kernels::cudnn_attention_handles(DType::kF32, 1024, 64));
+  EXPECT_FALSE(kernels::cudnn_attention_handles(DType::kBF16, 1, 64));  // cuDNN refuses T = 1
+  EXPECT_FALSE(kernels::cudnn_attention_handles(DType::kBF16, 1024, 24 + 2));
+  EXPECT_FALSE(kernels::cudnn_attention_handles(DType::kF16, 1024, 136));
 }
 
 }  // namespace
