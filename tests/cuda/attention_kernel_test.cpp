@@ -322,7 +322,14 @@ TEST(CudnnAttentionGraph, ValidOnSm80AndSm90ForTheTestedShapes) {
   }
   for (int sm : {80, 90}) {
     for (DType dt : {DType::kBF16, DType::kF16}) {
-      for (const Case& c : cudnn_cases(dt)) {
+      std::vector<Case> cases = cudnn_cases(dt);
+      // The models' shapes: TrainGpuTest's tiny GPT-2, and gpu_check.sh's GPT-2 350M and 1.5B
+      // and Llama 1B (grouped-query).
+      cases.push_back({dt, 4, 4, 4, 32, 16});
+      cases.push_back({dt, 32, 16, 16, 1024, 64});
+      cases.push_back({dt, 16, 25, 25, 1024, 64});
+      cases.push_back({dt, 8, 32, 8, 2048, 64});
+      for (const Case& c : cases) {
         EXPECT_EQ(kernels::cudnn_attention_graph_check(dt, c.q_shape(), c.kv_shape(), sm), "")
             << c.str() << " sm_" << sm;
       }

@@ -1,10 +1,11 @@
 // tests/cuda/train_gpu_test.cpp — training on the GPU end to end (issue 6): a gpt2-tiny-like
 // model (2 layers, C 64, 4 heads, vocab 512, T 32, B 4, no dropout) trained for 20 steps on the
 // GPU tracks the same run on the CPU step by step — f32 with TF32 off within 1e-4 relative,
-// bf16 mixed precision within 1e-2, f16 with dynamic loss scaling close to it — and a
-// checkpoint written on the GPU resumes there. Also: after the first step, a step makes the
-// CUDA caching allocator reserve nothing more (no cudaMalloc in the steady state). Uses only
-// Loom's API; each test skips itself, with the reason, when the process sees no CUDA device.
+// bf16 mixed precision within 1e-2 (also with cuDNN's attention), f16 with dynamic loss
+// scaling close to it — and a checkpoint written on the GPU resumes there. Also: after the
+// first step, a step makes the CUDA caching allocator reserve nothing more (no cudaMalloc in
+// the steady state). Uses only Loom's API; each test skips itself, with the reason, when the
+// process sees no CUDA device.
 #include <unistd.h>
 
 #include <cmath>
@@ -15,6 +16,7 @@
 
 #include "core/allocator.h"
 #include "data/shard.h"
+#include "kernels/attention.h"
 #include "tests/cuda/cuda_test_util.h"
 #include "train/config.h"
 #include "train/trainer.h"
@@ -106,6 +108,17 @@ TEST_F(TrainGpuTest, F32WithoutTf32TracksTheCpuRun) {
 TEST_F(TrainGpuTest, Bf16MixedPrecisionTracksTheCpuRun) {
   const std::string dir = make_data("bf16");
   expect_tracks(train(gpu_config(dir, "cuda", "bf16", "run")), 1e-2, "bf16");
+}
+
+// The bf16 run with cuDNN's fused attention (train.attention_kernel: cudnn; head size 16 and
+// T 32 are a case cuDNN takes), same tolerance.
+TEST_F(TrainGpuTest, Bf16WithCudnnAttentionTracksTheCpuRun) {
+  if (!kernels::cudnn_attention_built()) GTEST_SKIP() << "this build has no cuDNN attention";
+  ASSERT_TRUE(kernels::cudnn_attention_handles(DType::kBF16, 32, 16));
+  const std::string dir = make_data("bf16_cudnn");
+  Config cfg = gpu_config(dir, "cuda", "bf16", "run");
+  cfg.train.attention_kernel = "cudnn";
+  expect_tracks(train(cfg), 1e-2, "bf16, cuDNN attention");
 }
 
 // f16 with dynamic loss scaling (initial scale 2^16): an overflowed step is skipped, which
