@@ -11,8 +11,10 @@
 # ./gpu_check_out). Each stage has its own time limit so that one hang cannot eat the lease;
 # the whole script is sized to finish in about 8 minutes on an H200.
 #
-#   tools/gpu_check.sh [--skip-train] [--only-tests] [--suites=A,B,...]
-# --suites runs only those CUDA test suites (e.g. to rerun the failed ones after a fix).
+#   tools/gpu_check.sh [--skip-train] [--only-tests] [--suites=A,B,...] [--memcheck]
+# --suites runs only those CUDA test suites (e.g. to rerun the failed ones after a fix);
+# --memcheck runs each suite under compute-sanitizer's memcheck (much slower: pair it with
+# --only-tests and --suites; it needs a machine where the sanitizer sees the GPU, KINDS.md).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-$PWD/gpu_check_out}
@@ -20,12 +22,14 @@ mkdir -p "$OUT"
 skip_train=0
 only_tests=0
 only_suites=""
+memcheck=()
 for a in "$@"; do
   case "$a" in
     --skip-train) skip_train=1 ;;
     --only-tests) only_tests=1 ;;
     --suites=*) only_suites=${a#--suites=} ;;
-    *) echo "usage: tools/gpu_check.sh [--skip-train] [--only-tests] [--suites=A,B,...]" >&2; exit 2 ;;
+    --memcheck) memcheck=(compute-sanitizer --tool memcheck --error-exitcode 99 --print-limit 20) ;;
+    *) echo "usage: tools/gpu_check.sh [--skip-train] [--only-tests] [--suites=A,B,...] [--memcheck]" >&2; exit 2 ;;
   esac
 done
 summary="$OUT/summary.txt"
@@ -88,11 +92,13 @@ tests_deadline=$((SECONDS + 300))
 for suite in $suites; do
   left=$((tests_deadline - SECONDS))
   if ((left < 5)); then crashed="$crashed $suite(no time left)"; continue; fi
-  timeout $((left < 120 ? left : 120)) "$bin/cuda_tests" --gtest_filter="$suite.*" --gtest_color=no \
-    >>"$OUT/cuda_tests.log" 2>&1
+  timeout $((left < 120 ? left : 120)) "${memcheck[@]}" "$bin/cuda_tests" --gtest_filter="$suite.*" \
+    --gtest_color=no >>"$OUT/cuda_tests.log" 2>&1
   rc=$?
-  # gtest exits 1 when a test failed; anything else is a crash or the time limit.
-  ((rc != 0 && rc != 1)) && crashed="$crashed $suite(exit $rc)"
+  # gtest exits 1 when a test failed; 99 is a memcheck finding; anything else is a crash or the
+  # time limit.
+  ((rc == 99)) && crashed="$crashed $suite(memcheck: see cuda_tests.log)"
+  ((rc != 0 && rc != 1 && rc != 99)) && crashed="$crashed $suite(exit $rc)"
 done
 passed=$(grep -c "^\[       OK \]" "$OUT/cuda_tests.log")
 failed=$(grep "^\[  FAILED  \] [A-Za-z0-9_/]*\.[A-Za-z0-9_/]* (" "$OUT/cuda_tests.log" | sed 's/ (.*//' | sort -u)
