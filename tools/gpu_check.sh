@@ -8,8 +8,9 @@
 #      on synthetic tokens (tokens/s, MFU against the measured GEMM ceiling, peak memory),
 #   4. compares GPT-2 124M forward logits with PyTorch/transformers on the same weights,
 # and prints a short table last. Full logs go under $OUT (the device tool's folder; default
-# ./gpu_check_out). Each stage has its own time limit so that one hang cannot eat the lease;
-# the whole script is sized to finish in about 8 minutes on an H200.
+# ./gpu_check_out). Each stage has its own time limit so that one hang cannot eat the lease,
+# and the later stages fit a budget for the whole script (GPU_CHECK_BUDGET_S, below); it is
+# sized to finish in about 8 minutes on an H200.
 #
 #   tools/gpu_check.sh [--skip-train] [--only-tests] [--suites=A,B,...] [--memcheck]
 # --suites runs only those CUDA test suites (e.g. to rerun the failed ones after a fix);
