@@ -40,7 +40,8 @@ namespace loom::kernels {
 // Loom's kernels. Both keep the contract above: cuDNN's softmax statistics are the natural-log
 // lse, so either backward accepts either forward's lse; cuDNN's gradients, which it writes, are
 // added into dq, dk, dv. A cuDNN failure on a case it should handle is an error, never a
-// silent fallback. The trainer sets the guard from `train.attention_kernel` (docs/config.md);
+// silent fallback. The trainer sets the guard from `train.attention_kernel` (docs/config.md)
+// for steps and evaluation, not for sampling (a new graph for every context length);
 // like AllowTf32Guard the flag is thread_local and changed only by the guard. The CPU ignores it.
 class CudnnAttentionGuard {
  public:

@@ -48,12 +48,14 @@ using Clock = std::chrono::steady_clock;
 
 // The config's kernel choices for the calling thread, for a scope: TF32 for f32 GEMMs (Note
 // [TF32]) and cuDNN's attention (Note [cuDNN attention]). Held around every step, evaluation
-// and sampling.
+// and sampling. Sampling grows the context one token at a time, and cuDNN would build (and
+// keep) a graph for every new length, so sampling keeps Loom's attention kernels.
 struct KernelChoices {
+  enum class Use { kStep, kSampling };
   kernels::AllowTf32Guard tf32;
   kernels::CudnnAttentionGuard attention;
-  explicit KernelChoices(const TrainConfig& t)
-      : tf32(t.allow_tf32), attention(t.attention_kernel == "cudnn") {}
+  explicit KernelChoices(const TrainConfig& t, Use use = Use::kStep)
+      : tf32(t.allow_tf32), attention(t.attention_kernel == "cudnn" && use == Use::kStep) {}
 };
 
 double seconds_since(Clock::time_point t0) {
@@ -816,7 +818,7 @@ std::vector<double> Trainer::next_token_logits(const std::vector<int32_t>& conte
   State& s = *s_;
   const ModelConfig& mc = s.cfg.model;
   autograd::NoGradGuard no_grad;
-  KernelChoices kernel_choices(s.cfg.train);
+  KernelChoices kernel_choices(s.cfg.train, KernelChoices::Use::kSampling);
   const bool was_training = s.model->training();
   s.model->eval();
   const int cp = s.cp_size(), tp = s.tp_size();
