@@ -28,6 +28,10 @@ struct BlockShape {
 // Causal self-attention as a block: Tq = Tk = T, shift 0.
 inline BlockShape self_block(const AttnShape& s) { return {s.b, s.hq, s.hkv, s.t, s.t, s.d, s.group, 0}; }
 
+// Whether x's data starts on a 16-byte boundary (the tensor-core paths copy 16 bytes at a time;
+// cuDNN asks for it too).
+inline bool aligned16(const Tensor& x) { return reinterpret_cast<uintptr_t>(x.raw_data()) % 16 == 0; }
+
 // t must be contiguous `shape` of `dtype` (the launchers' output and buffer checks).
 inline void check_like(const Tensor& t, const Shape& shape, DType dtype, const char* name, const char* what) {
   LOOM_CHECK(t.shape() == shape && t.dtype() == dtype && t.is_contiguous(), name, ": ", what,

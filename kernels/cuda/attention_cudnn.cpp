@@ -52,7 +52,7 @@ bool cudnn_attention_takes(std::initializer_list<const Tensor*> buffers, const A
                            DType dtype) {
   if (!cudnn_attention_requested() || !cudnn_attention_handles(dtype, s.t, s.d)) return false;
   for (const Tensor* t : buffers) {
-    if (reinterpret_cast<uintptr_t>(t->raw_data()) % 16 != 0) return false;
+    if (!aligned16(*t)) return false;
   }
   return true;
 }
@@ -79,9 +79,9 @@ void load_cudnn() {
              "); put cuDNN 9 on the library path or set train.attention_kernel: loom");
 }
 
-// CUDNN_CHECK(fe::detail::create_handle(&h)): throws loom::Error naming the call, cuDNN's status and the call
-// site. FE_CHECK(graph.validate()): the same for the frontend's error_t (not const: its
-// get_message() is not).
+// CUDNN_CHECK(fe::detail::create_handle(&h)): throws loom::Error naming the call, cuDNN's
+// status and the call site. FE_CHECK(graph.validate()): the same for the frontend's error_t
+// (not const: its get_message() is not).
 #define CUDNN_CHECK(call)                                                                    \
   do {                                                                                       \
     const cudnnStatus_t loom_cudnn_st_ = (call);                                             \
@@ -115,13 +115,18 @@ GraphKey graph_key(Pass pass, DType dtype, const AttnShape& s, float scale) {
   return {pass, dtype, s.b, s.hq, s.hkv, s.t, s.d, bits};
 }
 
-// The description of a (B, H, T, D) tensor in Loom's contiguous layout.
-fe::graph::Tensor_attributes bhtd(const char* name, Uid uid, const AttnShape& s, int64_t heads) {
-  return fe::graph::Tensor_attributes()
-      .set_name(name)
-      .set_uid(uid)
-      .set_dim({s.b, heads, s.t, s.d})
-      .set_stride({heads * s.t * s.d, s.t * s.d, s.d, 1});
+// A (B, H, T, D) tensor in Loom's contiguous layout: named, numbered, dims and strides set.
+fe::graph::Tensor_attributes& describe_bhtd(fe::graph::Tensor_attributes& t, const char* name,
+                                            Uid uid, const AttnShape& s, int64_t heads) {
+  return t.set_name(name).set_uid(uid).set_dim({s.b, heads, s.t, s.d}).set_stride(
+      {heads * s.t * s.d, s.t * s.d, s.d, 1});
+}
+
+// A graph input of that layout.
+std::shared_ptr<fe::graph::Tensor_attributes> input(fe::graph::Graph& g, const char* name, Uid uid,
+                                                    const AttnShape& s, int64_t heads) {
+  fe::graph::Tensor_attributes t;
+  return g.tensor(describe_bhtd(t, name, uid, s, heads));
 }
 
 // The statistics: lse (B, Hq, T) seen as (B, Hq, T, 1), f32.
@@ -132,10 +137,10 @@ void describe_stats(fe::graph::Tensor_attributes& t, const AttnShape& s) {
       .set_stride({s.hq * s.t, s.t, 1, 1});
 }
 
+// A graph output of that layout.
 void describe_output(fe::graph::Tensor_attributes& t, const char* name, Uid uid, const AttnShape& s,
                      int64_t heads) {
-  t.set_output(true).set_name(name).set_uid(uid).set_dim({s.b, heads, s.t, s.d}).set_stride(
-      {heads * s.t * s.d, s.t * s.d, s.d, 1});
+  describe_bhtd(t, name, uid, s, heads).set_output(true);
 }
 
 // A graph of 16-bit inputs computing in f32. sm_version > 0 describes a GPU instead of reading
@@ -153,12 +158,10 @@ std::unique_ptr<fe::graph::Graph> new_graph(DType dtype, int sm_version) {
 
 // out, stats = causal flash attention of q, k, v (grouped-query when Hkv < Hq).
 std::unique_ptr<fe::graph::Graph> forward_graph(DType dtype, const AttnShape& s, float scale,
-                                             int sm_version) {
+                                              int sm_version) {
   auto g = new_graph(dtype, sm_version);
-  auto q = g->tensor(bhtd("q", kQ, s, s.hq));
-  auto k = g->tensor(bhtd("k", kK, s, s.hkv));
-  auto v = g->tensor(bhtd("v", kV, s, s.hkv));
-  auto [o, stats] = g->sdpa(q, k, v,
+  auto [o, stats] = g->sdpa(input(*g, "q", kQ, s, s.hq), input(*g, "k", kK, s, s.hkv),
+                            input(*g, "v", kV, s, s.hkv),
                             fe::graph::SDPA_attributes()
                                 .set_name("loom_attention_forward")
                                 .set_generate_stats(true)
@@ -172,18 +175,14 @@ std::unique_ptr<fe::graph::Graph> forward_graph(DType dtype, const AttnShape& s,
 
 // dq, dk, dv of the causal attention, from q, k, v, out, dout and the statistics.
 std::unique_ptr<fe::graph::Graph> backward_graph(DType dtype, const AttnShape& s, float scale,
-                                             int sm_version) {
+                                              int sm_version) {
   auto g = new_graph(dtype, sm_version);
-  auto q = g->tensor(bhtd("q", kQ, s, s.hq));
-  auto k = g->tensor(bhtd("k", kK, s, s.hkv));
-  auto v = g->tensor(bhtd("v", kV, s, s.hkv));
-  auto o = g->tensor(bhtd("out", kO, s, s.hq));
-  auto dout = g->tensor(bhtd("dout", kDO, s, s.hq));
   fe::graph::Tensor_attributes stats_desc;
   stats_desc.set_name("lse");
   describe_stats(stats_desc, s);
-  auto stats = g->tensor(stats_desc);
-  auto [dq, dk, dv] = g->sdpa_backward(q, k, v, o, dout, stats,
+  auto [dq, dk, dv] = g->sdpa_backward(input(*g, "q", kQ, s, s.hq), input(*g, "k", kK, s, s.hkv),
+                                       input(*g, "v", kV, s, s.hkv), input(*g, "out", kO, s, s.hq),
+                                       input(*g, "dout", kDO, s, s.hq), g->tensor(stats_desc),
                                        fe::graph::SDPA_backward_attributes()
                                            .set_name("loom_attention_backward")
                                            .set_causal_mask(true)

@@ -244,8 +244,6 @@ __global__ void __launch_bounds__(kMmaThreads)
   }
 }
 
-bool aligned16(const Tensor& x) { return reinterpret_cast<uintptr_t>(x.raw_data()) % 16 == 0; }
-
 template <typename T, int D>
 void launch_forward_mma(const Tensor& q, const Tensor& k, const Tensor& v, const AttnShape& s,
                         float scale, Tensor& out, Tensor& lse) {

@@ -238,8 +238,6 @@ __global__ void __launch_bounds__(kMmaThreads) attention_backward_dq_mma_kernel(
   }
 }
 
-bool aligned16(const Tensor& x) { return reinterpret_cast<uintptr_t>(x.raw_data()) % 16 == 0; }
-
 const uint16_t* bits(const Tensor& x) { return static_cast<const uint16_t*>(x.raw_data()); }
 uint16_t* bits_mut(Tensor& x) { return static_cast<uint16_t*>(x.raw_data()); }
 

@@ -199,8 +199,9 @@ struct NcclCommunicator::Impl {
                t.device().str(), "; this communicator serves cuda:", device);
     LOOM_CHECK(t.is_contiguous(), where(op), ": ", arg, " must be contiguous");
   }
-  // Both tensors on the host (→ true) or both on this GPU (→ false).
+  // The checks of one CUDA transfer, at issue time (defined below).
   void check_p2p(const P2P& op) const;
+  // Both tensors on the host (→ true) or both on this GPU (→ false).
   bool both_on_host(const Tensor& in, const Tensor& out, const char* op) const {
     LOOM_CHECK(in.defined() && out.defined(), where(op), ": in and out must be defined");
     const bool cpu = in.device().is_cpu();
