@@ -38,6 +38,11 @@ struct AdamWOptions {
   // bf16 copies: round to nearest even, or stochastically (Note [bf16 stochastic rounding]).
   bool stochastic_rounding = false;
   uint64_t seed = 0, offset = 0;
+  // Optional (undefined: none): a 0-d f64 tensor on the parameters' device whose value g_s
+  // multiplies every gradient before the update, read where it lies — clipping by a factor the
+  // host never reads (Note [Device step] in train/trainer.cpp). Each grad[i] becomes
+  // dtype(g_s) · grad[i], as scale_forward computes it; the gradient tensors are not written.
+  Tensor grad_scale;
 };
 
 // Note [bf16 stochastic rounding]: element i of the k-th list entry (list order, counting every
@@ -58,8 +63,8 @@ LOOM_HD uint16_t bf16_bits_stochastic(uint32_t f32_bits, uint32_t random) {
 
 }  // namespace loom::kernels
 
-// adamw_step on every entry, all with the same options; entries must share one device (CUDA:
-// one dtype, f32 or f64). Where param_bf16 is defined (f32 params only), it then receives the
+// adamw_step on every entry (its gradient scaled by options.grad_scale where defined), all with
+// the same options; entries must share one device (CUDA: one dtype, f32 or f64). Where param_bf16 is defined (f32 params only), it then receives the
 // updated param rounded to bf16. Bit-identical to one adamw_step per entry for the f32/f64
 // update. There is no tensor argument to dispatch on: callers use
 // find_kernel<adamw_multi_step_k>(device.type).

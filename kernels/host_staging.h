@@ -1,11 +1,13 @@
 // kernels/host_staging.h — page-locked ("pinned") host buffers and transfers between a device
 // tensor and such a buffer, for code that must move device tensors through host memory without
 // including a device runtime (the MPI communicator stages CUDA tensors this way, Note [Staging
-// CUDA tensors] in parallel/comm/mpi_communicator.cpp). Registered by the CUDA backend only;
-// nothing here is needed for CPU tensors.
+// CUDA tensors] in parallel/comm/mpi_communicator.cpp; the trainer reads its step's numbers
+// without waiting for the step, train/readback.h). Registered by the CUDA backend only; nothing
+// here is needed for CPU tensors.
 #pragma once
 
 #include <cstddef>
+#include <memory>
 
 #include "kernels/registry.h"
 
@@ -20,3 +22,23 @@ LOOM_DECLARE_KERNEL(copy_device_to_pinned, void(const loom::Tensor& src, void* d
 // The contiguous device tensor dst ← src_host[0, dst.nbytes()), complete when it returns (so
 // the host buffer may be reused at once), ordered as copy_device_to_pinned.
 LOOM_DECLARE_KERNEL(copy_pinned_to_device, void(const void* src_host, loom::Tensor& dst));
+
+namespace loom::kernels {
+
+// A transfer started by copy_device_to_pinned_async. wait() blocks until the bytes are in the
+// host buffer (it may be called more than once); destroying it without waiting is allowed (the
+// copy still completes, the buffer must outlive it: wait first when in doubt).
+class HostCopy {
+ public:
+  virtual ~HostCopy() = default;
+  virtual void wait() = 0;
+};
+
+}  // namespace loom::kernels
+
+// Starts dst_host[0, src.nbytes()) ← the contiguous device tensor src on this thread's compute
+// stream, behind the work already issued there, and returns without waiting. dst_host must be
+// pinned (pinned_host_alloc) and stay alive, and src's memory unreused, until the copy is done:
+// the caching allocator's stream order guarantees the latter for tensors freed after the call.
+LOOM_DECLARE_KERNEL(copy_device_to_pinned_async,
+                    std::unique_ptr<loom::kernels::HostCopy>(const loom::Tensor& src, void* dst_host));

@@ -11,6 +11,7 @@
   X(axpy)                       \
   X(sum_dim_forward)            \
   X(sum_squares_forward)        \
+  X(clip_factor_forward)        \
   X(gemm)                       \
   X(gemm_bias)                  \
   X(gemm_bias_gelu)             \
@@ -52,7 +53,7 @@
   X(adamw_multi_step)
 
 // Kernels a device backend registers that have no CPU form (host↔device transfers, pinned host
-// buffers for staging communication).
+// buffers for staging communication and for reading a step's numbers without waiting).
 #define LOOM_FOR_EACH_DEVICE_ONLY_KERNEL(X) \
   X(copy_device_to_host)                    \
   X(copy_host_to_device)                    \
@@ -60,4 +61,5 @@
   X(pinned_host_alloc)                      \
   X(pinned_host_free)                       \
   X(copy_device_to_pinned)                  \
-  X(copy_pinned_to_device)
+  X(copy_pinned_to_device)                  \
+  X(copy_device_to_pinned_async)

@@ -1,11 +1,13 @@
 // optim/adamw.cpp — AdamW: argument checks, eager state allocation, and the update: one
 // adamw_multi_step call over every parameter with a gradient when they share a device and a
-// dtype (one launch on CUDA), else one adamw_step call per parameter. Both give the same bits.
+// dtype (one launch on CUDA; a gradient scale applied inside it), else one adamw_step call per
+// parameter (a gradient scale read and applied first). Both give the same bits.
 #include "optim/adamw.h"
 
 #include <cmath>
 
 #include "kernels/adamw.h"
+#include "optim/clip.h"
 #include "optim/grad_input.h"
 
 namespace loom::optim {
@@ -28,7 +30,7 @@ AdamW::AdamW(std::vector<ParamRef> params, double beta1, double beta2, double ep
   }
 }
 
-void AdamW::step(double lr) {
+void AdamW::step_scaled(double lr, const Tensor& grad_scale) {
   LOOM_CHECK(std::isfinite(lr) && lr >= 0, "adamw: learning rate must be finite and >= 0, got ",
              lr);
   ++step_count_;
@@ -51,8 +53,14 @@ void AdamW::step(double lr) {
     o.beta2 = beta2_;
     o.eps = eps_;
     o.step = step_count_;
+    o.grad_scale = grad_scale;
     kernels::find_kernel<kernels::adamw_multi_step_k>(list.front().param.device().type)(list, o);
     return;
+  }
+  if (grad_scale.defined()) {
+    std::vector<Tensor> grads;
+    for (const kernels::AdamWParam& e : list) grads.push_back(e.grad);
+    scale_grads(grads, grad_scale.item());
   }
   for (kernels::AdamWParam& e : list) {
     kernels::call_kernel<kernels::adamw_step_k>(e.param, e.grad, e.exp_avg, e.exp_avg_sq, lr,

@@ -16,7 +16,10 @@ class AdamW : public Optimizer {
   AdamW(std::vector<ParamRef> params, double beta1, double beta2, double eps,
         double weight_decay);
 
-  void step(double lr) override;
+  void step(double lr) override { step_scaled(lr, Tensor()); }
+  // The factor goes into the multi-tensor update (no host read, .grad not written) when all
+  // parameters share a device and a dtype; otherwise the default's host read.
+  void step_scaled(double lr, const Tensor& grad_scale) override;
   // "exp_avg.<name>" and "exp_avg_sq.<name>" per parameter, in parameter order. See
   // Note [Optimizer state contract] in optim/optimizer.h.
   std::vector<std::pair<std::string, Tensor>> state_tensors() override;

@@ -1,4 +1,5 @@
-// optim/clip.cpp — gradient norm (ops::sum_squares, one fused pass per tensor) and clipping.
+// optim/clip.cpp — gradient norm (ops::sum_squares, one fused pass per tensor) and clipping, by
+// a factor on the host or one left on the gradients' device.
 #include "optim/clip.h"
 
 #include <cmath>
@@ -8,6 +9,7 @@
 #include "core/ops/reduce.h"
 #include "core/ops/view.h"
 #include "kernels/elementwise.h"
+#include "kernels/reduce.h"
 
 namespace loom::optim {
 
@@ -30,8 +32,16 @@ double global_grad_norm(const std::vector<Tensor>& grads) { return std::sqrt(gra
 
 double clip_scale(double norm, double max_norm) {
   LOOM_CHECK(max_norm > 0, "clip_grad_norm: max_norm must be > 0, got ", max_norm);
-  if (!std::isfinite(norm) || norm <= max_norm) return 1.0;
-  return max_norm / norm;
+  return kernels::clip_factor(norm, max_norm);
+}
+
+Tensor clip_scale_tensor(const Tensor& sq_sum, double max_norm) {
+  LOOM_CHECK(max_norm > 0, "clip_grad_norm: max_norm must be > 0, got ", max_norm);
+  LOOM_CHECK(sq_sum.numel() == 1 && sq_sum.dtype() == DType::kF64, "clip_scale_tensor: the sum of squares must be one f64 element, got ",
+             shape_str(sq_sum.shape()), " ", dtype_name(sq_sum.dtype()));
+  Tensor out = Tensor::empty({}, DType::kF64, sq_sum.device());
+  kernels::call_kernel<kernels::clip_factor_forward_k>(sq_sum.contiguous(), max_norm, out);
+  return out;
 }
 
 void scale_grads(const std::vector<Tensor>& grads, double factor) {

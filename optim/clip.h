@@ -31,6 +31,9 @@ double global_grad_norm(const std::vector<Tensor>& grads);
 // A non-finite norm gives 1 (the gradients are left as they are for the caller to inspect or
 // skip the step). max_norm must be > 0.
 double clip_scale(double norm, double max_norm);
+// clip_scale(sqrt(sq_sum), max_norm) computed where sq_sum (a 0-d f64 tensor, e.g. from
+// grad_sq_sum_tensor) lies, as a 0-d f64 tensor there: nothing is read back.
+Tensor clip_scale_tensor(const Tensor& sq_sum, double max_norm);
 // g *= factor in place for every defined tensor (the handles are shared, so the callers'
 // gradients change).
 void scale_grads(const std::vector<Tensor>& grads, double factor);

@@ -1,8 +1,10 @@
 // optim/optimizer.cpp — the parts of the optimiser interface shared by every optimiser:
-// parameter validation, zero_grad and the step counter.
+// parameter validation, zero_grad, the step counter and the default scaled step.
 #include "optim/optimizer.h"
 
 #include <set>
+
+#include "optim/clip.h"
 
 namespace loom::optim {
 
@@ -22,6 +24,17 @@ Optimizer::Optimizer(std::vector<ParamRef> params) : params_(std::move(params)) 
 
 void Optimizer::zero_grad() {
   for (ParamRef& p : params_) p.param.zero_grad();
+}
+
+void Optimizer::step_scaled(double lr, const Tensor& grad_scale) {
+  if (grad_scale.defined()) {
+    std::vector<Tensor> grads;
+    for (const ParamRef& p : params_) {
+      if (p.param.grad().defined()) grads.push_back(p.param.grad());
+    }
+    scale_grads(grads, grad_scale.item());
+  }
+  step(lr);
 }
 
 void Optimizer::set_step_count(int64_t step) {

@@ -42,6 +42,12 @@ class Optimizer {
   // Updates every parameter that has a gradient, with learning rate lr, and advances
   // step_count(). Parameters whose .grad is undefined are left unchanged (their state too).
   virtual void step(double lr) = 0;
+  // step(lr) with every gradient multiplied by grad_scale first: a 0-d f64 tensor on the
+  // parameters' device (undefined: plain step(lr)). How a device step clips without reading the
+  // norm back (Note [Device step] in train/trainer.cpp). This default reads the factor and
+  // scales .grad in place (one host read); AdamW applies it inside its multi-tensor update where
+  // the factor lies. Either way .grad's contents afterwards are unspecified.
+  virtual void step_scaled(double lr, const Tensor& grad_scale);
   // Clears the .grad of every parameter (the next backward starts from nothing).
   virtual void zero_grad();
 

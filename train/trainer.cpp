@@ -8,6 +8,7 @@
 #include <filesystem>
 #include <iomanip>
 #include <iostream>
+#include <optional>
 #include <set>
 #include <sstream>
 
@@ -38,6 +39,7 @@
 #include "train/llmc_format.h"
 #include "train/metrics.h"
 #include "train/profiler.h"
+#include "train/readback.h"
 
 namespace loom {
 namespace fs = std::filesystem;
@@ -56,6 +58,15 @@ struct KernelChoices {
   kernels::CudnnAttentionGuard attention;
   explicit KernelChoices(const TrainConfig& t, Use use = Use::kStep)
       : tf32(t.allow_tf32), attention(t.attention_kernel == "cudnn" && use == Use::kStep) {}
+};
+
+// A step as train_step() leaves it: its record, and, when the step left its loss and gradient
+// sum of squares on the device, the read of those two (Note [Device step]).
+struct PendingStep {
+  StepRecord r;
+  Readback::Pending numbers;  // [loss, Σ g²], or nothing when r is complete
+  Clock::time_point done;     // when r was complete (no pending read)
+  bool deferred() const { return numbers.valid(); }
 };
 
 double seconds_since(Clock::time_point t0) {
@@ -183,8 +194,12 @@ struct Trainer::State {
   int64_t optimizer_steps() const { return dp ? dp->step_count() : optimizer->step_count(); }
   void load_initial_weights(const std::string& from);
   void resume(const std::string& which);
-  StepRecord train_step();
+  Readback readback;  // the device step's numbers (Note [Device step])
+  PendingStep train_step();
   StepRecord pipeline_step(StepRecord r);
+  // p's record with its numbers read (waiting for them if they are still on their way), and
+  // when they were known on the host.
+  std::pair<StepRecord, Clock::time_point> finish(PendingStep& p);
   // Note [Loss scaling across ranks]: unscales and decides the step from the scaled norm.
   double unscale_and_update(double scaled_norm, const std::function<void(double)>& scale_grads, bool* skipped);
   void log_step(const StepRecord& r, double dt);
@@ -484,18 +499,31 @@ std::vector<Tensor> Trainer::State::grads() const {
   return g;
 }
 
-// Note [Device step]: on a device, a single-process step reads back one thing: the step's loss
-// and its gradients' sum of squares, in one two-element copy once backward is done, since
-// clipping and loss scaling need the norm on the host. Everything else stays where it is:
-// batches are copied to the device by the model (which counts the targets on the host), the
-// micro-batch losses are summed on the device, and so are the per-parameter sums of squares.
-StepRecord Trainer::State::train_step() {
-  StepRecord r;
+// Note [Device step]: a single-process step without loss scaling never waits for the device.
+// The micro-batch losses are summed and the gradients' squares are summed where they lie; the
+// clipping factor is computed there too (clip_scale_tensor) and AdamW's multi-tensor update
+// multiplies the gradients by it as it reads them (AdamWOptions::grad_scale); the two numbers
+// the log needs, loss and Σ g², are copied into pinned host memory behind the step's work
+// (train/readback.h) and read when the step is reported: Trainer::run() reports step N after it
+// has launched step N + 1, so the host prepares the next step while the device finishes this
+// one. A step after which something reads the model (validation, sampling, a checkpoint, the
+// end or a stop) is reported at once. The step's time is the interval between the moments its
+// numbers and its predecessor's reached the host. Batches are copied to the device by the model
+// (which counts the targets on the host). Loss scaling (f16) and tensor parallelism still read
+// the norm on the host at the end of the step: the first decides whether to skip the update
+// there (as PyTorch's GradScaler does), the second adds the other ranks' parts over MPI.
+PendingStep Trainer::State::train_step() {
+  PendingStep pending;
+  StepRecord& r = pending.r;
   r.lr = schedule.lr_at(step);
   if (dp) dp->zero_grad();
   else optimizer->zero_grad();
   KernelChoices kernel_choices(cfg.train);
-  if (pipe) return pipeline_step(r);
+  if (pipe) {
+    r = pipeline_step(r);
+    pending.done = Clock::now();
+    return pending;
+  }
   const int64_t accum = cfg.optim.grad_accum;
   Tensor loss_sum;  // Σ micro-batch losses, f64, on the device
   for (int64_t m = 0; m < accum; ++m) {
@@ -536,7 +564,12 @@ StepRecord Trainer::State::train_step() {
     if (cp_size() > 1) ctx->cp().all_reduce(mean_loss, parallel::ReduceOp::kSum);  // shares
     ctx->dp().all_reduce(mean_loss, parallel::ReduceOp::kAvg);
     r.loss = mean_loss.item();
-  } else {
+  } else if (!scaler && tp_shards.empty()) {  // Note [Device step]
+    const Tensor sq_sum = optim::grad_sq_sum_tensor(grads()).to(loss_sum.device());
+    pending.numbers = readback.start(ops::cat({ops::reshape(loss_sum, {1}), ops::reshape(sq_sum, {1})}, 0));
+    optimizer->step_scaled(r.lr, cfg.optim.grad_clip > 0 ? optim::clip_scale_tensor(sq_sum, cfg.optim.grad_clip) : Tensor());
+    if (trace) trace->span("compute", "clip + optimizer", t_sync, Clock::now());
+  } else {  // f16 loss scaling or tp: the norm read here
     const std::vector<Tensor> g = grads();
     Tensor sq_sum = optim::grad_sq_sum_tensor(g);
     if (!tp_shards.empty()) {
@@ -545,7 +578,7 @@ StepRecord Trainer::State::train_step() {
     }
     const std::vector<double> host = ops::cat({ops::reshape(loss_sum, {1}), ops::reshape(sq_sum.to(loss_sum.device()), {1})}, 0)
                                          .to(Device::cpu())
-                                         .to_vector();  // the step's one read (Note [Device step])
+                                         .to_vector();
     r.loss = host[0];
     r.grad_norm = std::sqrt(host[1]);
     if (scaler) r.grad_norm = scaler->unscale_(g, r.grad_norm);  // the true gradients' norm
@@ -557,7 +590,16 @@ StepRecord Trainer::State::train_step() {
     if (trace) trace->span("compute", "clip + optimizer", t_sync, Clock::now());
   }
   r.step = ++step;
-  return r;
+  pending.done = Clock::now();
+  return pending;
+}
+
+std::pair<StepRecord, Clock::time_point> Trainer::State::finish(PendingStep& p) {
+  if (!p.deferred()) return {p.r, p.done};
+  const std::vector<double>& v = p.numbers.get();
+  p.r.loss = v[0];
+  p.r.grad_norm = std::sqrt(v[1]);
+  return {p.r, p.numbers.ready_at()};
 }
 
 // One step of the pipeline (parallel.pp > 1): the same global batch, loss scaling and clipping
@@ -740,34 +782,53 @@ std::vector<StepRecord> Trainer::run() {
   State& s = *s_;
   const TrainConfig& t = s.cfg.train;
   std::vector<StepRecord> records;
-  while (s.step < t.steps) {
-    const auto t0 = Clock::now();
-    StepRecord r = s.train_step();
-    s.log_step(r, seconds_since(t0));
+  Clock::time_point since = Clock::now();  // the start of the interval the next report times
+  auto report = [&](PendingStep& p) {
+    const auto [r, ready] = s.finish(p);
+    s.log_step(r, std::chrono::duration<double>(ready - since).count());
+    since = ready;
     records.push_back(r);
-    if (s.val_loader && t.val_every > 0 && (r.step % t.val_every == 0 || r.step == t.steps)) {
-      const double v = evaluate();
-      *s.log << "step " << r.step << " | val loss " << fmt(v, 4) << "\n";
-      if (s.metrics) s.metrics->write(r.step, {{"val/loss", v}});
+    return r;
+  };
+  std::optional<PendingStep> prev;  // launched, reported once its successor is launched
+  while (s.step < t.steps) {
+    PendingStep p = s.train_step();
+    if (prev) {  // the device is busy with p while the host waits for prev's numbers
+      report(*prev);
+      prev.reset();
     }
-    if ((s.is_main() || s.collective_forward()) && t.sample_every > 0 &&
-        (r.step % t.sample_every == 0 || r.step == t.steps)) {
-      const std::string text = sample(t.sample_tokens);  // every rank when collective
-      *s.log << "sample at step " << r.step << ":\n" << text << "\n---\n";
-    }
-    bool stop = (s.opt.stop && s.opt.stop->load()) || (s.opt.stop_at_step > 0 && r.step >= s.opt.stop_at_step);
+    const int64_t n = p.r.step;
+    const bool validate = s.val_loader && t.val_every > 0 && (n % t.val_every == 0 || n == t.steps);
+    const bool sample_now = (s.is_main() || s.collective_forward()) && t.sample_every > 0 &&
+                            (n % t.sample_every == 0 || n == t.steps);
+    bool stop = (s.opt.stop && s.opt.stop->load()) || (s.opt.stop_at_step > 0 && n >= s.opt.stop_at_step);
     if (s.ctx) {  // every rank must agree, since checkpointing is collective
       Tensor flag = Tensor::full({1}, stop ? 1.0 : 0.0, DType::kF64);
       s.ctx->world().all_reduce(flag, parallel::ReduceOp::kMax);
       stop = flag.item() > 0;
     }
-    const bool periodic = s.cfg.checkpoint.every > 0 && r.step % s.cfg.checkpoint.every == 0;
-    const bool last = r.step == t.steps && s.cfg.checkpoint.at_end;
-    if (stop || periodic || last) s.save();
+    const bool periodic = s.cfg.checkpoint.every > 0 && n % s.cfg.checkpoint.every == 0;
+    const bool save = stop || periodic || (n == t.steps && s.cfg.checkpoint.at_end);
+    if (p.deferred() && n < t.steps && !validate && !sample_now && !save) {  // Note [Device step]
+      prev.emplace(std::move(p));
+      continue;
+    }
+    report(p);
+    if (validate) {
+      const double v = evaluate();
+      *s.log << "step " << n << " | val loss " << fmt(v, 4) << "\n";
+      if (s.metrics) s.metrics->write(n, {{"val/loss", v}});
+    }
+    if (sample_now) {
+      const std::string text = sample(t.sample_tokens);  // every rank when collective
+      *s.log << "sample at step " << n << ":\n" << text << "\n---\n";
+    }
+    if (save) s.save();
     if (stop) {
-      *s.log << "stopped after step " << r.step << "; resume with --resume latest\n";
+      *s.log << "stopped after step " << n << "; resume with --resume latest\n";
       break;
     }
+    since = Clock::now();  // validation, sampling and checkpoints are not the next step's time
   }
   if (s.dp) *s.log << "end of run, " << s.dp->describe() << "\n";  // with transient peaks (ZeRO-3)
   if (s.trace) {

@@ -1,5 +1,6 @@
 // kernels/cpu/adamw.cpp — CPU fused AdamW update (f32, f64), per parameter and over a list of
-// parameters (adamw_multi_step: the same update per entry, then the optional bf16 copy): OpenMP
+// parameters (adamw_multi_step: the same update per entry, its gradients optionally scaled by a
+// factor read from a tensor, then the optional bf16 copy): OpenMP
 // over fixed chunks, the inner loop vectorised. Purely element-wise: bits do not depend on the
 // number of threads.
 #include <bit>
@@ -26,9 +27,10 @@ void check_adamw_args(const Tensor& param, const Tensor& grad, const Tensor& exp
 }
 
 // The update of one parameter (see kernels/adamw.h); scalars computed in double first.
+// grad_scale multiplies each gradient first (1 for adamw_step: exact).
 template <typename T>
 void update(T* p, const T* g, T* m, T* v, int64_t n, double lr, double beta1, double beta2,
-            double eps, double weight_decay, int64_t step) {
+            double eps, double weight_decay, int64_t step, double grad_scale) {
   const double t = static_cast<double>(step);
   const double bc1 = 1.0 - std::pow(beta1, t);
   const double bc2 = 1.0 - std::pow(beta2, t);
@@ -38,10 +40,11 @@ void update(T* p, const T* g, T* m, T* v, int64_t n, double lr, double beta1, do
   const T step_size = static_cast<T>(lr / bc1);
   const T inv_sqrt_bc2 = static_cast<T>(1.0 / std::sqrt(bc2));
   const T e = static_cast<T>(eps);
+  const T gs = static_cast<T>(grad_scale);
   parallel_for(n, kElementGrain, [&](int64_t lo, int64_t hi) {
 LOOM_SIMD
     for (int64_t i = lo; i < hi; ++i) {
-      const T gi = g[i];
+      const T gi = gs * g[i];
       const T mi = b1 * m[i] + one_minus_b1 * gi;
       const T vi = b2 * v[i] + one_minus_b2 * gi * gi;
       m[i] = mi;
@@ -51,14 +54,21 @@ LOOM_SIMD
   });
 }
 
-void adamw_step_cpu(Tensor& param, const Tensor& grad, Tensor& exp_avg, Tensor& exp_avg_sq,
-                    double lr, double beta1, double beta2, double eps, double weight_decay,
-                    int64_t step) {
+void scaled_step(Tensor& param, const Tensor& grad, Tensor& exp_avg, Tensor& exp_avg_sq,
+                 double lr, double beta1, double beta2, double eps, double weight_decay,
+                 int64_t step, double grad_scale) {
   check_adamw_args(param, grad, exp_avg, exp_avg_sq, step);
   LOOM_DISPATCH_FLOAT(param.dtype(), "adamw_step", [&] {
     update(param.data<scalar_t>(), grad.data<scalar_t>(), exp_avg.data<scalar_t>(),
-           exp_avg_sq.data<scalar_t>(), param.numel(), lr, beta1, beta2, eps, weight_decay, step);
+           exp_avg_sq.data<scalar_t>(), param.numel(), lr, beta1, beta2, eps, weight_decay, step,
+           grad_scale);
   });
+}
+
+void adamw_step_cpu(Tensor& param, const Tensor& grad, Tensor& exp_avg, Tensor& exp_avg_sq,
+                    double lr, double beta1, double beta2, double eps, double weight_decay,
+                    int64_t step) {
+  scaled_step(param, grad, exp_avg, exp_avg_sq, lr, beta1, beta2, eps, weight_decay, step, 1.0);
 }
 
 // copy (n) = bf16(param), to nearest or stochastically (Note [bf16 stochastic rounding]), the
@@ -78,14 +88,21 @@ void write_bf16_copy(const float* param, BFloat16* copy, int64_t n, bool stochas
 }
 
 void adamw_multi_step_cpu(const std::vector<AdamWParam>& params, const AdamWOptions& o) {
+  double grad_scale = 1.0;
+  if (o.grad_scale.defined()) {
+    LOOM_CHECK(o.grad_scale.numel() == 1 && o.grad_scale.dtype() == DType::kF64 &&
+                   o.grad_scale.device().is_cpu(),
+               "adamw_multi_step: grad_scale must be one f64 element on the cpu");
+    grad_scale = *o.grad_scale.data<double>();
+  }
   uint64_t counter = o.offset;
   for (const AdamWParam& e : params) {
     LOOM_CHECK(e.param.device() == params.front().param.device(),
                "adamw_multi_step: parameters on ", e.param.device().str(), " and ",
                params.front().param.device().str());
     Tensor param = e.param, exp_avg = e.exp_avg, exp_avg_sq = e.exp_avg_sq;
-    adamw_step_cpu(param, e.grad, exp_avg, exp_avg_sq, o.lr, o.beta1, o.beta2, o.eps,
-                   e.weight_decay, o.step);
+    scaled_step(param, e.grad, exp_avg, exp_avg_sq, o.lr, o.beta1, o.beta2, o.eps, e.weight_decay,
+                o.step, grad_scale);
     if (e.param_bf16.defined()) {
       LOOM_CHECK(e.param.dtype() == DType::kF32 && e.param_bf16.dtype() == DType::kBF16 &&
                      e.param_bf16.shape() == e.param.shape() && e.param_bf16.is_contiguous(),

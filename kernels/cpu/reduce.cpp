@@ -1,5 +1,6 @@
 // kernels/cpu/reduce.cpp — CPU sum over one dimension (rows reduced in double for f32) and the
-// sum of squares used by gradient norms.
+// sum of squares used by gradient norms, and the clipping factor from it.
+#include <cmath>
 #include <vector>
 
 #include "kernels/cpu/parallel.h"
@@ -63,9 +64,17 @@ void sum_squares_forward_cpu(const Tensor& x, Tensor& out) {
   });
 }
 
+void clip_factor_forward_cpu(const Tensor& sq_sum, double max_norm, Tensor& out) {
+  LOOM_CHECK(sq_sum.numel() == 1 && sq_sum.dtype() == DType::kF64 && out.numel() == 1 &&
+                 out.dtype() == DType::kF64,
+             "clip_factor_forward: sq_sum and out must be one f64 element each");
+  *out.data<double>() = clip_factor(std::sqrt(*sq_sum.data<double>()), max_norm);
+}
+
 }  // namespace
 
 LOOM_REGISTER_KERNEL(sum_dim_forward, kCpu, sum_dim_forward_cpu);
 LOOM_REGISTER_KERNEL(sum_squares_forward, kCpu, sum_squares_forward_cpu);
+LOOM_REGISTER_KERNEL(clip_factor_forward, kCpu, clip_factor_forward_cpu);
 
 }  // namespace loom::kernels::cpu

@@ -1,5 +1,6 @@
 // kernels/cuda/adamw.cu — CUDA AdamW (kernels/adamw.h): adamw_multi_step updates a list of
-// parameters with one launch per kSlotsPerLaunch of them, and adamw_step is the list of one.
+// parameters with one launch per kSlotsPerLaunch of them (gradients optionally scaled by a
+// device scalar each thread reads once), and adamw_step is the list of one.
 // f32 or f64 parameters and state (one dtype per call); optional bf16 copies of f32 parameters,
 // rounded to nearest or stochastically (Note [bf16 stochastic rounding], Philox from
 // core/philox.h).
@@ -54,6 +55,7 @@ struct AdamWScalars {
   T b1, one_minus_b1, b2, one_minus_b2, step_size, inv_sqrt_bc2, eps;
   uint64_t seed;
   int stochastic;
+  const double* grad_scale;  // a device scalar multiplying every gradient, or null
 };
 
 __device__ __forceinline__ float div_rn(float a, float b) { return __fdiv_rn(a, b); }
@@ -96,6 +98,7 @@ __global__ void __launch_bounds__(kThreads)
     adamw_multi_kernel(__grid_constant__ const AdamWBatch<T> batch, const AdamWScalars<T> s) {
   constexpr int V = kPackOf<T>;
   using P = Pack<T, V>;
+  const T gs = s.grad_scale != nullptr ? static_cast<T>(*s.grad_scale) : T(1);  // as scale_forward
   for (int64_t c = blockIdx.x; c < batch.chunks; c += gridDim.x) {
     const AdamWSlot<T> sl = batch.slot[find_slot(batch, c)];
     const int64_t begin = (c - sl.first_chunk) * kChunk;
@@ -127,7 +130,7 @@ __global__ void __launch_bounds__(kThreads)
         }
       }
 #pragma unroll
-      for (int j = 0; j < V; ++j) update(p[j], g[j], m[j], v[j], sl.decay, s);
+      for (int j = 0; j < V; ++j) update(p[j], mul_rn(gs, g[j]), m[j], v[j], sl.decay, s);
       if (full) {
         P pp, pm, pv;
 #pragma unroll
@@ -203,6 +206,7 @@ AdamWScalars<T> scalars_for(const AdamWOptions& o) {
   s.eps = static_cast<T>(o.eps);
   s.seed = o.seed;
   s.stochastic = o.stochastic_rounding ? 1 : 0;
+  s.grad_scale = o.grad_scale.defined() ? o.grad_scale.data<double>() : nullptr;
   return s;
 }
 
@@ -247,6 +251,10 @@ void launch_multi(const std::vector<AdamWParam>& params, const AdamWOptions& o) 
 void adamw_multi_step_cuda(const std::vector<AdamWParam>& params, const AdamWOptions& o) {
   if (params.empty()) return;
   for (const AdamWParam& e : params) check_entry(e, params.front(), o.step);
+  LOOM_CHECK(!o.grad_scale.defined() ||
+                 (o.grad_scale.numel() == 1 && o.grad_scale.dtype() == DType::kF64 &&
+                  o.grad_scale.device() == params.front().param.device()),
+             "adamw_multi_step: grad_scale must be one f64 element on the parameters' device");
   CudaDeviceGuard guard(params.front().param.device().index);
   switch (params.front().param.dtype()) {
     case DType::kF32:

@@ -1,10 +1,13 @@
 // kernels/cuda/host_staging.cu — the CUDA side of kernels/host_staging.h: cudaMallocHost /
-// cudaFreeHost and blocking cudaMemcpy between a device tensor and a pinned host buffer. Holds
-// no buffers itself (callers own and cache them) and launches no kernels.
+// cudaFreeHost, blocking cudaMemcpy between a device tensor and a pinned host buffer, and the
+// asynchronous device→pinned copy on the compute stream with an event to wait on. Holds no
+// buffers itself (callers own and cache them) and launches no kernels.
 //
-// The copies use cudaMemcpy, i.e. the legacy default stream: it waits for earlier work on every
-// blocking stream of the device (the per-thread compute streams included), and later work on
-// those streams waits for it, so no event is needed around a staged transfer.
+// The blocking copies use cudaMemcpy, i.e. the legacy default stream: it waits for earlier work
+// on every blocking stream of the device (the per-thread compute streams included), and later
+// work on those streams waits for it, so no event is needed around a staged transfer. The
+// asynchronous copy runs on the calling thread's compute stream, so it follows the kernels that
+// wrote src, and memory freed after it is reused only by work ordered after it.
 #include <cuda_runtime.h>
 
 #include "kernels/cuda/cuda_check.cuh"
@@ -46,11 +49,46 @@ void copy_pinned_to_device_cuda(const void* src_host, Tensor& dst) {
   CUDA_CHECK(cudaMemcpy(dst.raw_data(), src_host, dst.nbytes(), cudaMemcpyHostToDevice));
 }
 
+// The event recorded behind the copy; destroyed with the handle (never throws).
+class CudaHostCopy final : public HostCopy {
+ public:
+  explicit CudaHostCopy(int device) : device_(device) {
+    CUDA_CHECK(cudaEventCreateWithFlags(&done_, cudaEventDisableTiming));
+  }
+  ~CudaHostCopy() override {
+    if (cudaEventDestroy(done_) != cudaSuccess) (void)cudaGetLastError();
+  }
+  CudaHostCopy(const CudaHostCopy&) = delete;
+  CudaHostCopy& operator=(const CudaHostCopy&) = delete;
+  cudaEvent_t event() const { return done_; }
+  void wait() override {
+    CudaDeviceGuard guard(device_);
+    CUDA_CHECK(cudaEventSynchronize(done_));
+  }
+
+ private:
+  int device_;
+  cudaEvent_t done_ = nullptr;
+};
+
+std::unique_ptr<HostCopy> copy_device_to_pinned_async_cuda(const Tensor& src, void* dst_host) {
+  check_staged(src, dst_host, "copy_device_to_pinned_async");
+  CudaDeviceGuard guard(src.device().index);
+  auto copy = std::make_unique<CudaHostCopy>(src.device().index);
+  if (src.numel() > 0) {
+    CUDA_CHECK(cudaMemcpyAsync(dst_host, src.raw_data(), src.nbytes(), cudaMemcpyDeviceToHost,
+                               compute_stream()));
+  }
+  CUDA_CHECK(cudaEventRecord(copy->event(), compute_stream()));
+  return copy;
+}
+
 }  // namespace
 
 LOOM_REGISTER_KERNEL(pinned_host_alloc, kCuda, pinned_host_alloc_cuda);
 LOOM_REGISTER_KERNEL(pinned_host_free, kCuda, pinned_host_free_cuda);
 LOOM_REGISTER_KERNEL(copy_device_to_pinned, kCuda, copy_device_to_pinned_cuda);
 LOOM_REGISTER_KERNEL(copy_pinned_to_device, kCuda, copy_pinned_to_device_cuda);
+LOOM_REGISTER_KERNEL(copy_device_to_pinned_async, kCuda, copy_device_to_pinned_async_cuda);
 
 }  // namespace loom::kernels::cuda

@@ -1,7 +1,7 @@
-// kernels/cuda/reduce.cu — CUDA sum over one dimension and the sum of squares (kernels/reduce.h),
-// both deterministic: no float atomics, every sum in double over chunks whose size is fixed
-// here (not by the GPU), each chunk reduced by a fixed-shape tree, chunk partials summed in chunk
-// order by a second pass. The result depends on the shapes only, not on the device or the run.
+// kernels/cuda/reduce.cu — CUDA sum over one dimension, the sum of squares and the clipping
+// factor (kernels/reduce.h). The sums are deterministic: no float atomics, every sum in double
+// over chunks whose size is fixed here (not by the GPU), each chunk reduced by a fixed-shape
+// tree, chunk partials summed in chunk order by a second pass. The result depends on the shapes only, not on the device or the run.
 // Runs on the compute stream; must not synchronise the host.
 #include "kernels/cuda/vec_map.cuh"
 #include "kernels/reduce.h"
@@ -200,9 +200,23 @@ void sum_squares_forward_cuda(const Tensor& x, Tensor& out) {
   });
 }
 
+__global__ void __launch_bounds__(32) clip_factor_kernel(const double* sq_sum, double max_norm, double* out) {
+  if (threadIdx.x == 0) *out = clip_factor(__dsqrt_rn(*sq_sum), max_norm);
+}
+
+void clip_factor_forward_cuda(const Tensor& sq_sum, double max_norm, Tensor& out) {
+  LOOM_CHECK(sq_sum.numel() == 1 && sq_sum.dtype() == DType::kF64 && out.numel() == 1 &&
+                 out.dtype() == DType::kF64 && sq_sum.device() == out.device(),
+             "clip_factor_forward: sq_sum and out must be one f64 element each, on one device");
+  CudaDeviceGuard guard(out.device().index);
+  clip_factor_kernel<<<1, 32, 0, compute_stream()>>>(sq_sum.data<double>(), max_norm, out.data<double>());
+  LOOM_CUDA_LAUNCH_CHECK();
+}
+
 }  // namespace
 
 LOOM_REGISTER_KERNEL(sum_dim_forward, kCuda, sum_dim_forward_cuda);
 LOOM_REGISTER_KERNEL(sum_squares_forward, kCuda, sum_squares_forward_cuda);
+LOOM_REGISTER_KERNEL(clip_factor_forward, kCuda, clip_factor_forward_cuda);
 
 }  // namespace loom::kernels::cuda

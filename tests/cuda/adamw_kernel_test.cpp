@@ -3,7 +3,8 @@
 // (f32, f64, odd sizes, a misaligned view), adamw_multi_step over a list mixing sizes that cross
 // chunk boundaries and per-parameter decays, and its bf16 copies (to nearest: exactly the
 // device's rounding of the updated f32 param; stochastic: the floor or ceiling of it, rounded
-// with the Philox bits of Note [bf16 stochastic rounding]). Tolerances: f32 1e-6, f64 1e-12
+// with the Philox bits of Note [bf16 stochastic rounding]), and the gradient factor read on the
+// device. Tolerances: f32 1e-6, f64 1e-12
 // relative (tests/cuda/cpu_reference.h). Skips without a GPU.
 #include <bit>
 
@@ -100,6 +101,38 @@ TEST_F(CudaAdamWTest, MultiStepMatchesCpu) {
       expect_state_close(states[i], dt, label("adamw_multi_step", dt, states[i].p.cpu.numel()));
     }
   }
+}
+
+// A gradient factor read on the device (AdamWOptions::grad_scale, the device step's clipping):
+// the same update as the CPU kernel given the factor, a different factor at each step (Adam is
+// invariant to a constant one up to eps), and the gradients left as they were.
+TEST_F(CudaAdamWTest, MultiStepWithGradScaleMatchesCpu) {
+  Generator gen(605);
+  for (DType dt : {DType::kF32, DType::kF64}) {
+    std::vector<State> states = random_list(dt, gen);
+    std::vector<Tensor> grads_before;
+    for (const State& s : states) grads_before.push_back(s.g.gpu.to(Device::cpu()));
+    int64_t step = 0;
+    for (const double factor : {0.37, 1.0, 0.05}) {
+      kernels::AdamWOptions o;
+      o.lr = 2e-3;
+      o.step = ++step;
+      o.grad_scale = Tensor::scalar(factor, DType::kF64, Device::cuda());
+      kernels::find_kernel<kernels::adamw_multi_step_k>(DeviceType::kCuda)(entries(states, true, {}), o);
+      o.grad_scale = Tensor::scalar(factor, DType::kF64);
+      kernels::find_kernel<kernels::adamw_multi_step_k>(DeviceType::kCpu)(entries(states, false, {}), o);
+    }
+    for (size_t i = 0; i < states.size(); ++i) {
+      const std::string what = label("adamw_multi_step grad_scale", dt, states[i].p.cpu.numel());
+      expect_state_close(states[i], dt, what);
+      expect_same_bits(grads_before[i], states[i].g.gpu, what + " gradient untouched");
+    }
+  }
+  kernels::AdamWOptions o;
+  o.grad_scale = Tensor::scalar(0.5, DType::kF64);  // on the host: refused
+  std::vector<State> states = {random_state({5}, DType::kF32, gen)};
+  EXPECT_THROW(kernels::find_kernel<kernels::adamw_multi_step_k>(DeviceType::kCuda)(entries(states, true, {}), o),
+               Error);
 }
 
 // copy's bits are param rounded down or up (in magnitude) to bf16.

@@ -1,10 +1,12 @@
-// tests/cuda/reduce_kernel_test.cpp — the CUDA sum_dim_forward and sum_squares_forward kernels
-// against the CPU kernels on fresh random inputs (every float dtype; row sums, column sums, odd
-// sizes, sizes spanning several chunks), outputs poisoned first, and run twice to check that the
-// bits repeat (the kernels use no float atomics). Tolerances: sum_dim per dtype as in
-// tests/cuda/cpu_reference.h; sum_squares 1e-12 (both sum in double, in different orders).
-// Skips without a GPU.
+// tests/cuda/reduce_kernel_test.cpp — the CUDA sum_dim_forward, sum_squares_forward and
+// clip_factor_forward kernels against the CPU kernels on fresh random inputs (every float dtype;
+// row sums, column sums, odd sizes, sizes spanning several chunks), outputs poisoned first, and
+// run twice to check that the bits repeat (the kernels use no float atomics); the clipping factor
+// bit for bit. Tolerances: sum_dim per dtype as in tests/cuda/cpu_reference.h; sum_squares 1e-12
+// (both sum in double, in different orders). Skips without a GPU.
 #include <array>
+#include <cmath>
+#include <limits>
 
 #include "kernels/reduce.h"
 #include "tests/cuda/cpu_reference.h"
@@ -64,6 +66,24 @@ TEST_F(CudaReduceTest, SumSquaresMatchesCpuAndRepeats) {
     Tensor want = Tensor::empty({}, DType::kF64);
     kernels::call_kernel<kernels::sum_squares_forward_k>(m.cpu.narrow(0, 1, 64), want);
     EXPECT_LE(rel_error(want, got), 1e-12) << "sum_squares narrowed " << dtype_name(dt);
+  }
+}
+
+// The clipping factor from a sum of squares (kernels::clip_factor on the device): the CPU
+// kernel's bits (both take a correctly rounded sqrt and division), for norms below, at and above
+// max_norm, 0, inf and NaN; the output poisoned first.
+TEST_F(CudaReduceTest, ClipFactorMatchesCpu) {
+  Generator gen(203);
+  std::vector<double> sums = {0.0, 2.25, 1e300, std::numeric_limits<double>::infinity(), std::nan("")};
+  const Tensor r = rand({6}, gen, DType::kF64, 0.0, 10.0);
+  for (double v : r.to_vector()) sums.push_back(v);
+  for (const double sq : sums) {
+    const Tensor sum_cpu = Tensor::scalar(sq, DType::kF64);
+    Tensor got = poisoned_cuda({}, DType::kF64);
+    kernels::call_kernel<kernels::clip_factor_forward_k>(sum_cpu.to(Device::cuda()), 1.5, got);
+    Tensor want = Tensor::empty({}, DType::kF64);
+    kernels::call_kernel<kernels::clip_factor_forward_k>(sum_cpu, 1.5, want);
+    expect_same_bits(want, got, "clip_factor of " + std::to_string(sq));
   }
 }
 

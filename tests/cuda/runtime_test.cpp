@@ -1,12 +1,18 @@
 // tests/cuda/runtime_test.cpp — the minimal CUDA runtime (kernels/cuda/): host↔device round
-// trips, fill, strided and dtype-converting device copies, and the caching allocator's
-// statistics. Every GPU result is compared bit for bit with the CPU kernels' result. Uses only
-// Loom's API (no CUDA headers), so it builds in CPU-only builds too; each test skips itself,
-// with the reason, when the process sees no CUDA device.
+// trips, fill, strided and dtype-converting device copies, the caching allocator's statistics,
+// and the trainer's asynchronous Readback (against the blocking read). Every other GPU result is
+// compared bit for bit with the CPU kernels' result. Uses only Loom's API (no CUDA headers), so
+// it builds in CPU-only builds too; each test skips itself, with the reason, when the process
+// sees no CUDA device.
 #include <string>
 #include <vector>
 
+#include "core/ops/elementwise.h"
+#include "core/ops/matmul.h"
+#include "core/ops/reduce.h"
+#include "core/ops/view.h"
 #include "tests/cuda/cuda_test_util.h"
+#include "train/readback.h"
 
 namespace loom {
 namespace {
@@ -158,6 +164,32 @@ TEST_F(CudaRuntimeTest, BadDeviceIndexIsALoomError) {
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("cuda"), std::string::npos) << e.what();
   }
+}
+
+// Readback (train/readback.h) on the GPU: a read started right behind a long GEMM and a sum of
+// its result returns the sum (the copy waits for the compute stream's work); four reads may be
+// pending at once, each with its own values, a fifth is refused until one is released.
+TEST_F(CudaRuntimeTest, ReadbackFollowsTheComputeStream) {
+  Generator gen(17);
+  const Tensor a = randn({2048, 2048}, gen), b = randn({2048, 2048}, gen);
+  Readback rb;
+  std::vector<Readback::Pending> pending;
+  std::vector<double> want;
+  for (int i = 0; i < Readback::kSlots; ++i) {
+    const Tensor c = ops::matmul(a.to(Device::cuda()), ops::scale(b, 1.0 + i).to(Device::cuda()));
+    const Tensor values = ops::reshape(ops::sum_squares(c), {1});  // f64 on the GPU
+    pending.push_back(rb.start(values));
+    want.push_back(ops::sum_squares(c).to(Device::cpu()).item());  // the blocking read
+  }
+  EXPECT_THROW(rb.start(Tensor::zeros({1}, DType::kF64, Device::cuda())), Error);
+  for (int i = 0; i < Readback::kSlots; ++i) {
+    const std::vector<double>& got = pending[static_cast<size_t>(i)].get();
+    ASSERT_EQ(got.size(), 1u);
+    EXPECT_EQ(got[0], want[static_cast<size_t>(i)]) << "read " << i;
+  }
+  pending.pop_back();  // a slot released: reads start again
+  Readback::Pending more = rb.start(Tensor::full({3}, 2.5, DType::kF64, Device::cuda()));
+  EXPECT_EQ(more.get(), std::vector<double>({2.5, 2.5, 2.5}));
 }
 
 }  // namespace

@@ -1,7 +1,8 @@
 // tests/optim/adamw_test.cpp — AdamW against a hand-written double reference (bias correction,
 // decoupled decay on decay=true parameters only), the fused kernel's thread-count
 // determinism, the state_tensors save/restore contract, and the multi-tensor kernel (the same bits
-// as one adamw_step per parameter; its bf16 copies, to nearest and stochastic).
+// as one adamw_step per parameter; its bf16 copies, to nearest and stochastic), and the step
+// with a gradient factor read from a tensor (device clipping).
 #include "optim/adamw.h"
 
 #include <gtest/gtest.h>
@@ -11,6 +12,7 @@
 #include <bit>
 #include <cmath>
 
+#include "core/ops/elementwise.h"
 #include "core/ops/view.h"
 #include "core/rng.h"
 #include "kernels/adamw.h"
@@ -104,6 +106,48 @@ TEST(AdamW, KernelSameBitsWithOneAndTwoThreads) {
   }
   omp_set_num_threads(saved);
   EXPECT_EQ(results[0], results[1]);
+}
+
+// step_scaled(lr, g_s) is step(lr) after multiplying the gradients by g_s, bit for bit: on the
+// multi-tensor path (one dtype: the factor read inside the update, .grad not written) and on the
+// per-parameter path (mixed dtypes: the factor applied to the gradients first).
+TEST(AdamW, ScaledStepIsTheStepOfScaledGradients) {
+  for (const bool mixed : {false, true}) {
+    Generator gen(21);
+    const Tensor w0 = randn({37, 5}, gen), b0 = randn({5}, gen, mixed ? DType::kF64 : DType::kF32);
+    const Tensor gw = randn(w0.shape(), gen), gb = randn(b0.shape(), gen, b0.dtype());
+    Tensor w1 = w0.clone(), b1 = b0.clone(), w2 = w0.clone(), b2 = b0.clone();
+    optim::AdamW by_hand({{"w", w1, true}, {"b", b1, false}}, 0.9, 0.95, 1e-8, 0.1);
+    optim::AdamW scaled({{"w", w2, true}, {"b", b2, false}}, 0.9, 0.95, 1e-8, 0.1);
+    for (const double factor : {0.3127, 0.9}) {
+      w1.set_grad(ops::scale(gw, factor));  // scale_forward: dtype(factor) · g
+      b1.set_grad(ops::scale(gb, factor));
+      by_hand.step(1e-2);
+      w2.set_grad(gw.clone());
+      b2.set_grad(gb.clone());
+      scaled.step_scaled(1e-2, Tensor::scalar(factor, DType::kF64));
+      if (!mixed) {
+        EXPECT_EQ(w2.grad().to_vector(), gw.to_vector()) << "the multi-tensor path wrote .grad";
+      }
+    }
+    EXPECT_EQ(w2.to_vector(), w1.to_vector()) << (mixed ? "per-parameter" : "multi-tensor");
+    EXPECT_EQ(b2.to_vector(), b1.to_vector()) << (mixed ? "per-parameter" : "multi-tensor");
+    EXPECT_EQ(scaled.state_tensors()[1].second.to_vector(), by_hand.state_tensors()[1].second.to_vector());
+    EXPECT_NE(w2.to_vector(), w0.to_vector());
+  }
+  // An unscaled step differs (the factor was applied; Adam is invariant to a constant factor up
+  // to eps, so the factor changes between the steps).
+  Generator gen(22);
+  Tensor w = randn({9}, gen), v = w.clone();
+  const Tensor g = randn({9}, gen);
+  optim::AdamW a({{"w", w, false}}, 0.9, 0.95, 1e-8, 0.0), b({{"w", v, false}}, 0.9, 0.95, 1e-8, 0.0);
+  for (int t = 0; t < 2; ++t) {
+    w.set_grad(g.clone());
+    v.set_grad(g.clone());
+    a.step(1e-2);
+    b.step_scaled(1e-2, Tensor::scalar(t == 0 ? 0.25 : 1.0, DType::kF64));
+  }
+  EXPECT_NE(w.to_vector(), v.to_vector());
 }
 
 TEST(AdamW, StateNamesAndValidation) {

@@ -1,11 +1,13 @@
 // tests/optim/clip_test.cpp — global gradient norm in double, clipping to exactly max_norm,
-// untouched gradients below the threshold, non-contiguous and undefined gradients.
+// untouched gradients below the threshold, non-contiguous and undefined gradients, and the
+// factor computed from a sum of squares where it lies.
 #include "optim/clip.h"
 
 #include <gtest/gtest.h>
 #include <omp.h>
 
 #include <cmath>
+#include <limits>
 
 #include "core/rng.h"
 
@@ -71,6 +73,22 @@ TEST(Clip, BelowThresholdLeavesBitsUnchanged) {
   EXPECT_THROW(optim::clip_grad_norm({a}, 0.0), Error);
   EXPECT_EQ(optim::clip_scale(INFINITY, 1.0), 1.0);
   EXPECT_EQ(optim::clip_scale(4.0, 1.0), 0.25);
+}
+
+
+// The factor computed where the sum of squares lies (the device step's clipping) is the host's
+// clip_scale of its square root, for norms below, at and above max_norm, zero, inf and NaN.
+TEST(Clip, FactorTensorIsTheHostFactor) {
+  const double max_norm = 1.5;
+  const double inf = std::numeric_limits<double>::infinity(), nan = std::nan("");
+  for (const double sq : {0.0, 0.25, 2.25, 2.2500001, 9.0, 1e300, inf, nan}) {
+    const double got = optim::clip_scale_tensor(Tensor::scalar(sq, DType::kF64), max_norm).item();
+    EXPECT_EQ(got, optim::clip_scale(std::sqrt(sq), max_norm)) << "sum of squares " << sq;
+  }
+  EXPECT_DOUBLE_EQ(optim::clip_scale_tensor(Tensor::scalar(9.0, DType::kF64), max_norm).item(), 0.5);
+  EXPECT_EQ(optim::clip_scale_tensor(Tensor::scalar(nan, DType::kF64), max_norm).item(), 1.0);
+  EXPECT_THROW(optim::clip_scale_tensor(Tensor::scalar(1.0, DType::kF64), 0.0), Error);
+  EXPECT_THROW(optim::clip_scale_tensor(Tensor::scalar(1.0, DType::kF32), 1.0), Error);
 }
 
 }  // namespace

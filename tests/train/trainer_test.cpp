@@ -111,6 +111,48 @@ TEST(Trainer, ResumeIsBitIdentical) {
   for (size_t i = 0; i < pa.size(); ++i) EXPECT_EQ(pa[i].second.to_vector(), pb[i].second.to_vector()) << pa[i].first;
 }
 
+// Note [Device step]: a step is reported once its successor is launched, unless something reads
+// the model after it (here the checkpoints of steps 3 and 6 and the end). Every step is still
+// logged once, in order, with its record's numbers, and a checkpoint taken after a step whose
+// predecessor was reported late holds that step's state: resuming from step 3 gives steps 4–7
+// bit for bit. grad_clip 0.05 keeps the clipping factor (computed where the gradients lie)
+// below 1 at every step.
+TEST(Trainer, LateReportsKeepOrderAndCheckpointsHoldTheirStep) {
+  const std::string dir = make_data("late_reports");
+  std::ostringstream log;
+  Config cfg = tiny_config(dir, 7);
+  cfg.train.log_every = 1;
+  cfg.checkpoint.every = 3;
+  cfg.optim.grad_clip = 0.05;
+  Trainer a(cfg, quiet(log));
+  const auto full = a.run();
+  ASSERT_EQ(full.size(), 7u);
+  std::istringstream lines(log.str());
+  std::string line;
+  int64_t next = 1;
+  while (std::getline(lines, line)) {
+    if (line.rfind("step ", 0) != 0 || line.find("/7 | loss ") == std::string::npos) continue;
+    ASSERT_EQ(std::stoll(line.substr(5)), next) << log.str();
+    const double logged = std::stod(line.substr(line.find("| loss ") + 7));
+    const double norm = std::stod(line.substr(line.find("| norm ") + 7));
+    EXPECT_NEAR(logged, full[static_cast<size_t>(next - 1)].loss, 1e-4) << line;
+    EXPECT_NEAR(norm, full[static_cast<size_t>(next - 1)].grad_norm, 1e-3) << line;
+    EXPECT_GT(full[static_cast<size_t>(next - 1)].grad_norm, 0.05) << "clipping was not engaged";
+    ++next;
+  }
+  EXPECT_EQ(next, 8) << log.str();
+  for (size_t i = 0; i < full.size(); ++i) EXPECT_EQ(full[i].step, static_cast<int64_t>(i) + 1);
+
+  Trainer resumed(cfg, quiet(log, dir + "/run/checkpoints/step_00000003"));
+  ASSERT_EQ(resumed.step(), 3);
+  const auto rest = resumed.run();
+  ASSERT_EQ(rest.size(), 4u);
+  for (size_t i = 0; i < rest.size(); ++i) {
+    EXPECT_EQ(rest[i].loss, full[i + 3].loss) << "step " << i + 4;
+    EXPECT_EQ(rest[i].grad_norm, full[i + 3].grad_norm) << "step " << i + 4;
+  }
+}
+
 // train.precision f64 with train.dtype f32: the trainer's mixed-precision path (compute dtype
 // set on the model, f32 masters, f32 optimizer state) on the CPU. f64 compute is more accurate
 // than the plain f32 run, so the two agree to f32 rounding: the step losses within 1e-4
