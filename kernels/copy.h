@@ -8,7 +8,10 @@
 LOOM_DECLARE_KERNEL(copy, void(const loom::Tensor& src, loom::Tensor& dst));
 // dst[i] = value for every logical index (any strides).
 LOOM_DECLARE_KERNEL(fill, void(loom::Tensor& dst, double value));
-// Contiguous, same dtype and shape; registered for the device type that is not the host.
+// Contiguous, same dtype and shape; registered for the device type that is not the host. The
+// download is complete when it returns. The upload may return before the device has the data
+// (CUDA: Note [Asynchronous uploads] in kernels/cuda/copy.cu); src_host may be reused or freed
+// at once, and work issued afterwards by the same thread, and communication, sees the data.
 LOOM_DECLARE_KERNEL(copy_device_to_host, void(const loom::Tensor& src, loom::Tensor& dst_host));
 LOOM_DECLARE_KERNEL(copy_host_to_device, void(const loom::Tensor& src_host, loom::Tensor& dst));
 // Number of devices of the registering type visible to this process (0 when none).

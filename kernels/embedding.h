@@ -1,20 +1,43 @@
 // kernels/embedding.h — embedding lookup (gather rows) and its backward (scatter-add rows).
 // ids are contiguous, of an integer dtype (i32, i64, u16, u32), read as (N); weight/dweight are
 // contiguous (V, C); out/dout are contiguous (N, C). Both kernels reject an id outside [0, V)
-// with an error naming the id, its position and V. The backward kernel accumulates.
+// with an error naming the id, its position and V — unless ids_checked says the caller has
+// already checked them (on the host before uploading them, or in the forward of the same ids):
+// then a device kernel skips its check, whose error needs a host synchronisation per call, and
+// an id outside [0, V) is undefined (memory-safe: no row is read or written out of bounds). The
+// CPU kernels always check (it costs nothing there). The backward kernel accumulates.
 #pragma once
 
+#include <cstdint>
+
 #include "kernels/registry.h"
+
+namespace loom::kernels {
+
+// The check both CPU kernels make, and ops::embedding makes on host ids before uploading them:
+// every id in [0, vocab), else the error naming the first bad id, its position and V.
+template <typename I>
+void check_embedding_ids(const I* ids, int64_t n, int64_t vocab) {
+  for (int64_t i = 0; i < n; ++i) {
+    const int64_t id = static_cast<int64_t>(ids[i]);
+    LOOM_CHECK(id >= 0 && id < vocab, "embedding: id ", id, " at position ", i,
+               " is out of range for a vocabulary of V=", vocab);
+  }
+}
+
+}  // namespace loom::kernels
 
 // out[n, :] = weight[ids[n], :]
 LOOM_DECLARE_KERNEL(embedding_forward, void(const loom::Tensor& ids,     // ids (N)
                                             const loom::Tensor& weight,  // weight (V, C)
-                                            loom::Tensor& out));         // out (N, C)
+                                            loom::Tensor& out,           // out (N, C)
+                                            bool ids_checked));
 // dweight[v, :] += Σ_{n : ids[n] = v} dout[n, :], each row summed in token order (deterministic,
 // no atomics).
 LOOM_DECLARE_KERNEL(embedding_backward, void(const loom::Tensor& ids,   // ids (N)
                                              const loom::Tensor& dout,  // dout (N, C)
-                                             loom::Tensor& dweight));   // dweight (V, C)
+                                             loom::Tensor& dweight,     // dweight (V, C)
+                                             bool ids_checked));
 
 // The rows of a vocab-parallel embedding shard (parallel/tp/layers.cpp), for every id n:
 //   local_ids[n] = ids[n] − vocab_start, mask[n] = 1  if ids[n] ∈ [vocab_start, vocab_start + rows)

@@ -125,12 +125,18 @@ const Tensor& Transformer::head_weight() const {
   return lm_head_ ? lm_head_->weight() : wte_->weight();
 }
 
-Tensor Transformer::positions(int64_t T) const {
+Tensor Transformer::positions(int64_t T) const { return host_positions(T).to(device_); }
+
+Tensor Transformer::host_positions(int64_t T) {
   std::vector<int32_t> p(static_cast<size_t>(T));
   for (int64_t t = 0; t < T; ++t) p[static_cast<size_t>(t)] = static_cast<int32_t>(t);
-  return Tensor::from_vector(p, {T}).to(device_);
+  return Tensor::from_vector(p, {T});
 }
 
+// Note [Host ids]: token ids and positions that arrive on the host go to the embedding lookups
+// as they are: ops::embedding checks them on the host and uploads them, so the device lookups
+// skip their own id check and the host synchronisation it costs (core/ops/embedding.h). The
+// blocks get the positions uploaded.
 Tensor Transformer::embed(const Tensor& ids, const Tensor& pos) const {
   enter(0);
   Tensor x = wte_->forward(ids);  // (B, T, C), or (B, T/tp, C) under sequence parallelism
@@ -147,7 +153,7 @@ Tensor Transformer::forward(const Tensor& ids, Generator* dropout_gen) const {
              shape_str(ids.shape()));
   LOOM_CHECK(ids.size(1) <= config_.max_seq_len, "Transformer.forward: sequence length ",
              ids.size(1), " exceeds model.max_seq_len ", config_.max_seq_len);
-  return forward(ids.to(device_), positions(ids.size(1)), dropout_gen);
+  return forward(ids, host_positions(ids.size(1)), dropout_gen);  // Note [Host ids]
 }
 
 Tensor Transformer::forward(const Tensor& ids, const Tensor& pos, Generator* dropout_gen) const {
@@ -155,7 +161,7 @@ Tensor Transformer::forward(const Tensor& ids, const Tensor& pos, Generator* dro
              shape_str(ids.shape()));
   LOOM_CHECK(pos.dim() == 1 && pos.size(0) == ids.size(1), "Transformer.forward: positions ",
              shape_str(pos.shape()), " do not match T = ", ids.size(1));
-  return head_logits(run_blocks(embed(ids, pos), pos, 0, num_blocks(), dropout_gen));
+  return head_logits(run_blocks(embed(ids, pos), pos.to(device_), 0, num_blocks(), dropout_gen));
 }
 
 Tensor Transformer::run_blocks(Tensor x, const Tensor& pos, int64_t begin, int64_t end,
@@ -224,15 +230,14 @@ std::vector<std::vector<std::pair<std::string, Tensor>>> Transformer::parameter_
 Tensor Transformer::loss(const Tensor& ids, const Tensor& targets, Generator* dropout_gen) const {
   LOOM_CHECK(targets.shape() == ids.shape(), "Transformer.loss: targets ",
              shape_str(targets.shape()), " do not match ids ", shape_str(ids.shape()));
-  return loss(ids, targets, positions(ids.size(1)), dropout_gen);
+  return loss(ids, targets, host_positions(ids.size(1)), dropout_gen);
 }
 
 Tensor Transformer::loss(const Tensor& ids, const Tensor& targets, const Tensor& pos,
                          Generator* dropout_gen) const {
   LOOM_CHECK(targets.shape() == ids.shape(), "Transformer.loss: targets ",
              shape_str(targets.shape()), " do not match ids ", shape_str(ids.shape()));
-  const Tensor p = pos.to(device_);
-  return head_loss(run_blocks(embed(ids.to(device_), p), p, 0, num_blocks(), dropout_gen), targets);
+  return head_loss(run_blocks(embed(ids, pos), pos.to(device_), 0, num_blocks(), dropout_gen), targets);
 }
 
 int64_t Transformer::num_parameters(bool exclude_padding) const {

@@ -14,27 +14,20 @@
 namespace loom::kernels::cpu {
 namespace {
 
-template <typename I>
-void check_ids(const I* ids, int64_t n, int64_t vocab) {
-  for (int64_t i = 0; i < n; ++i) {
-    const int64_t id = static_cast<int64_t>(ids[i]);
-    LOOM_CHECK(id >= 0 && id < vocab, "embedding: id ", id, " at position ", i,
-               " is out of range for a vocabulary of V=", vocab);
-  }
-}
 
 int64_t row_grain(int64_t cols) {
   return std::max<int64_t>(1, kElementGrain / std::max<int64_t>(cols, 1));
 }
 
-void embedding_forward_cpu(const Tensor& ids, const Tensor& weight, Tensor& out) {
+// ids_checked is ignored by both: the CPU kernels always check (kernels/embedding.h).
+void embedding_forward_cpu(const Tensor& ids, const Tensor& weight, Tensor& out, bool /*ids_checked*/) {
   const int64_t n = ids.numel(), vocab = weight.size(0), cols = weight.size(1);
   LOOM_DISPATCH_FLOAT(weight.dtype(), "embedding_forward", [&] {
     LOOM_DISPATCH_INDEX(ids.dtype(), "embedding_forward", [&] {
       const index_t* pi = ids.data<index_t>();
       const scalar_t* pw = weight.data<scalar_t>();
       scalar_t* po = out.data<scalar_t>();
-      check_ids(pi, n, vocab);
+      check_embedding_ids(pi, n, vocab);
       parallel_for(n, row_grain(cols), [&](int64_t lo, int64_t hi) {
         for (int64_t t = lo; t < hi; ++t) {
           const scalar_t* src = pw + static_cast<int64_t>(pi[t]) * cols;
@@ -65,12 +58,12 @@ std::vector<std::pair<int64_t, int64_t>> group_by_id(const I* ids, int64_t n,
   return order;
 }
 
-void embedding_backward_cpu(const Tensor& ids, const Tensor& dout, Tensor& dweight) {
+void embedding_backward_cpu(const Tensor& ids, const Tensor& dout, Tensor& dweight, bool /*ids_checked*/) {
   const int64_t n = ids.numel(), vocab = dweight.size(0), cols = dweight.size(1);
   LOOM_DISPATCH_FLOAT(dweight.dtype(), "embedding_backward", [&] {
     LOOM_DISPATCH_INDEX(ids.dtype(), "embedding_backward", [&] {
       const index_t* pi = ids.data<index_t>();
-      check_ids(pi, n, vocab);
+      check_embedding_ids(pi, n, vocab);
       const scalar_t* pd = dout.data<scalar_t>();
       scalar_t* pw = dweight.data<scalar_t>();
       std::vector<int64_t> starts;

@@ -1,11 +1,17 @@
 // kernels/cuda/copy.cu — CUDA data movement: host↔device transfers, device_count, fill and the
 // strided, dtype-converting device copy. Device-side work runs on the compute stream
-// (kernels/cuda/cuda_device.cuh); host↔device transfers are blocking cudaMemcpy calls, which
-// order themselves after all earlier work. Conversions give the CPU kernels' bits
-// (kernels/cuda/dtype_convert.cuh). Must not synchronise the host except in those transfers.
+// (kernels/cuda/cuda_device.cuh). Uploads up to kMaxStagedBytes go through pinned staging blocks
+// and return without waiting (Note [Asynchronous uploads]); larger uploads and every download
+// are blocking cudaMemcpy calls, which order themselves after all earlier work. Conversions give
+// the CPU kernels' bits (kernels/cuda/dtype_convert.cuh). Must not synchronise the host except
+// in the blocking transfers.
 #include <cuda_runtime.h>
 
+#include <algorithm>
+#include <bit>
 #include <cstdint>
+#include <cstring>
+#include <mutex>
 #include <vector>
 
 #include "kernels/copy.h"
@@ -150,13 +156,80 @@ void check_transfer(const Tensor& src, const Tensor& dst, const char* op) {
   LOOM_CHECK(src.is_contiguous() && dst.is_contiguous(), op, ": tensors must be contiguous");
 }
 
+// Note [Asynchronous uploads]: a host→device copy of at most kMaxStagedBytes is copied by the
+// host into a pinned staging block, then from the block into the tensor by cudaMemcpyAsync on
+// the calling thread's compute stream, with an event recorded behind it; the call returns
+// without waiting for the device. (A cudaMemcpy from pageable memory first waits for the legacy
+// stream, i.e. for all work issued before it: uploading a batch would drain the queue of the
+// previous step's work, Note [Device step] in train/trainer.cpp.) Work issued afterwards on the
+// compute stream sees the data; communication is ordered against the compute stream by events
+// and the staged MPI transfers run on the legacy stream, so both see it too. A block is reused
+// once its event has completed. Blocks are kept per device in a process-wide cache, like the
+// caching allocator's memory (never freed: statics may be destroyed after the runtime); at most
+// kMaxStagingBlocks exist, and when none is free and no more may be made the upload falls back
+// to the blocking copy.
+class StagingBlocks {
+ public:
+  static constexpr size_t kMaxStagedBytes = size_t{16} << 20;
+  static constexpr size_t kMinBlockBytes = size_t{64} << 10;
+  static constexpr size_t kMaxStagingBlocks = 32;
+
+  static StagingBlocks& instance() {
+    static StagingBlocks* blocks = new StagingBlocks();  // see the Note: never destroyed
+    return *blocks;
+  }
+
+  // Starts dst ← src (bytes ≤ kMaxStagedBytes) on the current device's compute stream; false
+  // when no block could take it (the caller copies synchronously instead).
+  bool upload(void* dst, const void* src, size_t bytes, int device) {
+    std::lock_guard<std::mutex> lock(mu_);
+    Block* use = nullptr;  // the smallest free block that fits
+    for (Block& b : blocks_) {
+      if (b.device != device || b.bytes < bytes || (use != nullptr && b.bytes >= use->bytes)) continue;
+      const cudaError_t state = cudaEventQuery(b.done);
+      if (state == cudaErrorNotReady) continue;
+      CUDA_CHECK(state);
+      use = &b;
+    }
+    if (use == nullptr) {
+      if (blocks_.size() >= kMaxStagingBlocks) return false;
+      Block b;
+      b.device = device;
+      b.bytes = std::max(kMinBlockBytes, std::bit_ceil(bytes));
+      CUDA_CHECK(cudaMallocHost(&b.ptr, b.bytes));
+      CUDA_CHECK(cudaEventCreateWithFlags(&b.done, cudaEventDisableTiming));
+      blocks_.push_back(b);
+      use = &blocks_.back();
+    }
+    std::memcpy(use->ptr, src, bytes);
+    CUDA_CHECK(cudaMemcpyAsync(dst, use->ptr, bytes, cudaMemcpyHostToDevice, compute_stream()));
+    CUDA_CHECK(cudaEventRecord(use->done, compute_stream()));
+    return true;
+  }
+
+ private:
+  struct Block {
+    void* ptr = nullptr;
+    size_t bytes = 0;
+    cudaEvent_t done = nullptr;  // recorded behind the block's last copy
+    int device = 0;
+  };
+  std::mutex mu_;
+  std::vector<Block> blocks_;
+};
+
 void copy_host_to_device_cuda(const Tensor& src_host, Tensor& dst) {
   check_transfer(src_host, dst, "copy_host_to_device");
   LOOM_CHECK(src_host.device().is_cpu() && dst.device().type == DeviceType::kCuda,
              "copy_host_to_device: ", src_host.device().str(), " → ", dst.device().str());
   if (dst.numel() == 0) return;
   CudaDeviceGuard guard(dst.device().index);
-  CUDA_CHECK(cudaMemcpy(dst.raw_data(), src_host.raw_data(), dst.nbytes(), cudaMemcpyHostToDevice));
+  const size_t bytes = dst.nbytes();
+  if (bytes <= StagingBlocks::kMaxStagedBytes &&
+      StagingBlocks::instance().upload(dst.raw_data(), src_host.raw_data(), bytes, dst.device().index)) {
+    return;
+  }
+  CUDA_CHECK(cudaMemcpy(dst.raw_data(), src_host.raw_data(), bytes, cudaMemcpyHostToDevice));
 }
 
 void copy_device_to_host_cuda(const Tensor& src, Tensor& dst_host) {

@@ -10,7 +10,10 @@
 //
 // Both kernels validate ids on the device (an integer atomicMin keeps the first bad position)
 // and read that flag back, synchronising the compute stream once per call: the one host sync
-// here, needed to raise the CPU kernel's error (id, position, V) at the call that sees it.
+// here, needed to raise the CPU kernel's error (id, position, V) at the call that sees it. With
+// ids_checked (the caller checked them: ops::embedding does on the host before uploading host
+// ids, and its backward passes it for ids its forward checked) neither check nor sync runs; an
+// id outside [0, V) is then skipped by the gather and summed into row 0 by the backward.
 #include <climits>
 #include <cstdint>
 #include <cub/device/device_radix_sort.cuh>
@@ -30,8 +33,8 @@ __device__ __forceinline__ bool id_ok(I id, int64_t vocab) {
   return v >= 0 && v < vocab;
 }
 
-// Records the first position whose id is outside [0, vocab); with keys/pos set, also writes
-// the sort input (id, position) pairs.
+// Records the first position whose id is outside [0, vocab) (unless bad is null); with keys/pos
+// set, also writes the sort input (id, position) pairs.
 template <typename I>
 __global__ void __launch_bounds__(kThreads)
     check_ids_kernel(const I* ids, int64_t n, int64_t vocab, unsigned long long* bad,
@@ -40,7 +43,7 @@ __global__ void __launch_bounds__(kThreads)
   for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += step) {
     const I id = ids[i];
     const bool ok = id_ok(id, vocab);
-    if (!ok) atomicMin(bad, static_cast<unsigned long long>(i));
+    if (!ok && bad != nullptr) atomicMin(bad, static_cast<unsigned long long>(i));
     if (keys != nullptr) {
       keys[i] = ok ? static_cast<uint32_t>(id) : 0u;
       pos[i] = static_cast<uint32_t>(i);
@@ -121,7 +124,7 @@ void check_embedding_args(const char* op, const Tensor& ids, const Tensor& table
              ": cuda kernel needs contiguous tensors");
 }
 
-void embedding_forward_cuda(const Tensor& ids, const Tensor& weight, Tensor& out) {
+void embedding_forward_cuda(const Tensor& ids, const Tensor& weight, Tensor& out, bool ids_checked) {
   check_embedding_args("embedding_forward", ids, weight, out);
   const int64_t n = ids.numel(), vocab = weight.size(0), cols = weight.size(1);
   if (n == 0) return;
@@ -130,12 +133,14 @@ void embedding_forward_cuda(const Tensor& ids, const Tensor& weight, Tensor& out
     using T = scalar_t;
     LOOM_DISPATCH_INDEX(ids.dtype(), "embedding_forward", [&] {
       const index_t* pi = static_cast<const index_t*>(ids.raw_data());
-      Tensor flag = make_flag(out.device());
-      auto* bad = static_cast<unsigned long long*>(flag.raw_data());
-      check_ids_kernel<index_t><<<blocks_for(n, kThreads), kThreads, 0, compute_stream()>>>(
-          pi, n, vocab, bad, nullptr, nullptr);
-      LOOM_CUDA_LAUNCH_CHECK();
-      throw_if_bad(pi, bad, vocab);
+      if (!ids_checked) {
+        Tensor flag = make_flag(out.device());
+        auto* bad = static_cast<unsigned long long*>(flag.raw_data());
+        check_ids_kernel<index_t><<<blocks_for(n, kThreads), kThreads, 0, compute_stream()>>>(
+            pi, n, vocab, bad, nullptr, nullptr);
+        LOOM_CUDA_LAUNCH_CHECK();
+        throw_if_bad(pi, bad, vocab);
+      }
       if (cols == 0) return;
       const T* pw = static_cast<const T*>(weight.raw_data());
       T* po = static_cast<T*>(out.raw_data());
@@ -163,7 +168,7 @@ int key_bits(int64_t vocab) {
   return bits;
 }
 
-void embedding_backward_cuda(const Tensor& ids, const Tensor& dout, Tensor& dweight) {
+void embedding_backward_cuda(const Tensor& ids, const Tensor& dout, Tensor& dweight, bool ids_checked) {
   check_embedding_args("embedding_backward", ids, dweight, dout);
   const int64_t n = ids.numel(), vocab = dweight.size(0), cols = dweight.size(1);
   if (n == 0) return;
@@ -176,12 +181,12 @@ void embedding_backward_cuda(const Tensor& ids, const Tensor& dout, Tensor& dwei
   Tensor pos_in = Tensor::empty({n}, DType::kU32, dev), pos = Tensor::empty({n}, DType::kU32, dev);
   LOOM_DISPATCH_INDEX(ids.dtype(), "embedding_backward", [&] {
     const index_t* pi = static_cast<const index_t*>(ids.raw_data());
-    Tensor flag = make_flag(dev);
-    auto* bad = static_cast<unsigned long long*>(flag.raw_data());
+    Tensor flag = ids_checked ? Tensor() : make_flag(dev);
+    auto* bad = ids_checked ? nullptr : static_cast<unsigned long long*>(flag.raw_data());
     check_ids_kernel<index_t><<<blocks_for(n, kThreads), kThreads, 0, compute_stream()>>>(
         pi, n, vocab, bad, keys_in.data<uint32_t>(), pos_in.data<uint32_t>());
     LOOM_CUDA_LAUNCH_CHECK();
-    throw_if_bad(pi, bad, vocab);
+    if (!ids_checked) throw_if_bad(pi, bad, vocab);
   });
   if (cols == 0) return;
   const int end_bit = key_bits(vocab);

@@ -177,9 +177,9 @@ std::vector<Case> make_cases(Generator& gen) {
     auto table = rand_gpu({Vp, C}, kBF16, gen), out = Tensor::empty({N, C}, kBF16, gpu());
     auto dtable = rand_gpu({Vp, C}, kBF16, gen), dout = rand_gpu({N, C}, kBF16, gen);
     add("embedding_forward bf16", 4.0 * N * C, 0,
-        [=]() mutable { call_kernel<kernels::embedding_forward_k>(ids, table, out); });
+        [=]() mutable { call_kernel<kernels::embedding_forward_k>(ids, table, out, true); });
     add("embedding_backward bf16", 6.0 * N * C, 0,
-        [=]() mutable { call_kernel<kernels::embedding_backward_k>(ids, dout, dtable); });
+        [=]() mutable { call_kernel<kernels::embedding_backward_k>(ids, dout, dtable, true); });
   }
   {  // cross-entropy over the padded GPT-2 vocabulary
     auto logits = rand_gpu({N, Vp}, kBF16, gen, 2.0), dlogits = rand_gpu({N, Vp}, kBF16, gen);
