@@ -2,8 +2,9 @@
 // tensor and such a buffer, for code that must move device tensors through host memory without
 // including a device runtime (the MPI communicator stages CUDA tensors this way, Note [Staging
 // CUDA tensors] in parallel/comm/mpi_communicator.cpp; the trainer reads its step's numbers
-// without waiting for the step, train/readback.h). Registered by the CUDA backend only; nothing
-// here is needed for CPU tensors.
+// without waiting for the step, train/readback.h); and a gate that holds a device's compute
+// stream until the host opens it, with which tests prove that a code path never waits for the
+// device. Registered by the CUDA backend only; nothing here is needed for CPU tensors.
 #pragma once
 
 #include <cstddef>
@@ -42,3 +43,21 @@ class HostCopy {
 // the caching allocator's stream order guarantees the latter for tensors freed after the call.
 LOOM_DECLARE_KERNEL(copy_device_to_pinned_async,
                     std::unique_ptr<loom::kernels::HostCopy>(const loom::Tensor& src, void* dst_host));
+
+namespace loom::kernels {
+
+// Returned by hold_compute_stream: open() lets the held stream go on (idempotent). Destroying it
+// opens it and waits until the held kernel has finished.
+class StreamGate {
+ public:
+  virtual ~StreamGate() = default;
+  virtual void open() = 0;
+};
+
+}  // namespace loom::kernels
+
+// Queues on this thread's compute stream of `device` a kernel that waits until the returned gate
+// is opened from the host: the work queued after it cannot run before then. A host thread that
+// waits for that work (a read-back, a synchronisation) therefore blocks until the gate is opened,
+// which is how tests show that a code path does not wait for the device (tests/cuda/train_gpu_test.cpp).
+LOOM_DECLARE_KERNEL(hold_compute_stream, std::unique_ptr<loom::kernels::StreamGate>(int device));

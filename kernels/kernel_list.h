@@ -62,4 +62,5 @@
   X(pinned_host_free)                       \
   X(copy_device_to_pinned)                  \
   X(copy_pinned_to_device)                  \
-  X(copy_device_to_pinned_async)
+  X(copy_device_to_pinned_async)            \
+  X(hold_compute_stream)

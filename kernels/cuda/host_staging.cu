@@ -1,7 +1,8 @@
 // kernels/cuda/host_staging.cu — the CUDA side of kernels/host_staging.h: cudaMallocHost /
 // cudaFreeHost, blocking cudaMemcpy between a device tensor and a pinned host buffer, and the
-// asynchronous device→pinned copy on the compute stream with an event to wait on. Holds no
-// buffers itself (callers own and cache them) and launches no kernels.
+// asynchronous device→pinned copy on the compute stream with an event to wait on, and the test
+// gate (a kernel spinning on a mapped pinned flag). Holds no buffers itself (callers own and
+// cache them); the gate's kernel is its only launch.
 //
 // The blocking copies use cudaMemcpy, i.e. the legacy default stream: it waits for earlier work
 // on every blocking stream of the device (the per-thread compute streams included), and later
@@ -83,6 +84,46 @@ std::unique_ptr<HostCopy> copy_device_to_pinned_async_cuda(const Tensor& src, vo
   return copy;
 }
 
+// Spins (sleeping between reads) until the host sets *open through the mapped page.
+__global__ void __launch_bounds__(32) wait_for_gate_kernel(const volatile int* open) {
+  if (threadIdx.x != 0) return;
+  while (*open == 0) __nanosleep(10000);
+}
+
+class CudaStreamGate final : public StreamGate {
+ public:
+  explicit CudaStreamGate(int device) : device_(device) {
+    CudaDeviceGuard guard(device);
+    CUDA_CHECK(cudaHostAlloc(reinterpret_cast<void**>(&flag_), sizeof(int), cudaHostAllocMapped));
+    __atomic_store_n(flag_, 0, __ATOMIC_SEQ_CST);
+    int* on_device = nullptr;
+    CUDA_CHECK(cudaHostGetDevicePointer(reinterpret_cast<void**>(&on_device), flag_, 0));
+    CUDA_CHECK(cudaEventCreateWithFlags(&passed_, cudaEventDisableTiming));
+    wait_for_gate_kernel<<<1, 32, 0, compute_stream()>>>(on_device);
+    CUDA_CHECK(cudaGetLastError());  // not LOOM_CUDA_LAUNCH_CHECK: a debug build would wait here
+    CUDA_CHECK(cudaEventRecord(passed_, compute_stream()));
+  }
+  ~CudaStreamGate() override {  // never throws: the flag is freed only once the kernel is done
+    open();
+    CudaDeviceGuard guard(device_);
+    if (cudaEventSynchronize(passed_) == cudaSuccess) (void)cudaFreeHost(flag_);
+    (void)cudaEventDestroy(passed_);
+    (void)cudaGetLastError();
+  }
+  CudaStreamGate(const CudaStreamGate&) = delete;
+  CudaStreamGate& operator=(const CudaStreamGate&) = delete;
+  void open() override { __atomic_store_n(flag_, 1, __ATOMIC_SEQ_CST); }
+
+ private:
+  int device_;
+  int* flag_ = nullptr;
+  cudaEvent_t passed_ = nullptr;
+};
+
+std::unique_ptr<StreamGate> hold_compute_stream_cuda(int device) {
+  return std::make_unique<CudaStreamGate>(device);
+}
+
 }  // namespace
 
 LOOM_REGISTER_KERNEL(pinned_host_alloc, kCuda, pinned_host_alloc_cuda);
@@ -90,5 +131,6 @@ LOOM_REGISTER_KERNEL(pinned_host_free, kCuda, pinned_host_free_cuda);
 LOOM_REGISTER_KERNEL(copy_device_to_pinned, kCuda, copy_device_to_pinned_cuda);
 LOOM_REGISTER_KERNEL(copy_pinned_to_device, kCuda, copy_pinned_to_device_cuda);
 LOOM_REGISTER_KERNEL(copy_device_to_pinned_async, kCuda, copy_device_to_pinned_async_cuda);
+LOOM_REGISTER_KERNEL(hold_compute_stream, kCuda, hold_compute_stream_cuda);
 
 }  // namespace loom::kernels::cuda

@@ -1,9 +1,9 @@
 // tests/cuda/runtime_test.cpp — the minimal CUDA runtime (kernels/cuda/): host↔device round
 // trips, fill, strided and dtype-converting device copies, the caching allocator's statistics,
-// and the trainer's asynchronous Readback (against the blocking read). Every other GPU result is
-// compared bit for bit with the CPU kernels' result. Uses only Loom's API (no CUDA headers), so
-// it builds in CPU-only builds too; each test skips itself, with the reason, when the process
-// sees no CUDA device.
+// the staged uploads, and the trainer's asynchronous Readback (against the blocking read). Every
+// other GPU result is compared bit for bit with the CPU kernels' result. Uses only Loom's API (no
+// CUDA headers), so it builds in CPU-only builds too; each test skips itself, with the reason,
+// when the process sees no CUDA device.
 #include <string>
 #include <vector>
 
@@ -164,6 +164,31 @@ TEST_F(CudaRuntimeTest, BadDeviceIndexIsALoomError) {
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("cuda"), std::string::npos) << e.what();
   }
+}
+
+// Note [Asynchronous uploads]: behind a long GEMM, 40 uploads (more than the staging blocks, so
+// some take the blocking path) each followed by overwriting the host source, and one upload
+// above the staging limit: every device tensor holds the bytes it was given. An upload into a
+// tensor that a queued GEMM still reads does not overtake it.
+TEST_F(CudaRuntimeTest, StagedUploadsKeepTheirBytesAndStreamOrder) {
+  Generator gen(19);
+  const Tensor a = randn({2048, 2048}, gen).to(Device::cuda()), b = randn({2048, 2048}, gen);
+  Tensor b_gpu = b.to(Device::cuda());
+  const Tensor c = ops::matmul(a, b_gpu);  // queued: reads b_gpu
+  ops::copy_(b_gpu, Tensor::zeros({2048, 2048}));  // the upload must wait for the GEMM
+  std::vector<Tensor> want, got;
+  for (int i = 0; i < 40; ++i) {
+    Tensor h = randn({1000 + 37 * i}, gen);
+    want.push_back(h.clone());
+    got.push_back(h.to(Device::cuda()));
+    ops::copy_(h, Tensor::zeros(h.shape()));  // the host bytes may change at once
+  }
+  Tensor big = randn({5 << 20}, gen);  // 20 MiB: the blocking path
+  want.push_back(big.clone());
+  got.push_back(big.to(Device::cuda()));
+  for (size_t i = 0; i < want.size(); ++i) expect_same_bits(want[i], got[i], "upload " + std::to_string(i));
+  expect_same_bits(ops::matmul(a, b.to(Device::cuda())).to(Device::cpu()), c, "GEMM queued before the upload");
+  expect_same_bits(Tensor::zeros({2048, 2048}), b_gpu, "the upload itself");
 }
 
 // Readback (train/readback.h) on the GPU: a read started right behind a long GEMM and a sum of

@@ -4,12 +4,18 @@
 // bf16 mixed precision within 1e-2 (also with cuDNN's attention), f16 with dynamic loss
 // scaling close to it — and a checkpoint written on the GPU resumes there. Also: after the
 // first step, a step makes the CUDA caching allocator reserve nothing more (no cudaMalloc in
-// the steady state). Uses only Loom's API; each test skips itself, with the reason, when the
-// process sees no CUDA device.
+// the steady state), and steps are launched without waiting for the GPU (a gate holds the
+// stream while the trainer launches a step). Uses only Loom's API; each test skips itself, with
+// the reason, when the process sees no CUDA device.
 #include <unistd.h>
 
+#include <atomic>
+#include <chrono>
 #include <cmath>
+#include <condition_variable>
 #include <filesystem>
+#include <mutex>
+#include <thread>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -17,6 +23,7 @@
 #include "core/allocator.h"
 #include "data/shard.h"
 #include "kernels/attention.h"
+#include "kernels/host_staging.h"
 #include "tests/cuda/cuda_test_util.h"
 #include "train/config.h"
 #include "train/trainer.h"
@@ -189,6 +196,81 @@ TEST_F(TrainGpuTest, StepsAfterTheFirstMakeNoCudaMalloc) {
           << precision << ": step " << i + 1
           << " reserved more device memory; reserved after each step: " << seen.str();
     }
+  }
+}
+
+// Note [Device step]: a single-process step never waits for the GPU. The log sink holds the
+// compute stream (kernels::hold_compute_stream) when step 1 is reported — step 2 is launched by
+// then — so step 3's work queues behind the gate, and opens it when step 2 is reported, which
+// the trainer does only after launching step 3. A wait for the device while step 3 is launched
+// (a read-back, a blocking copy, an id check) would block the trainer behind the gate for good;
+// a watchdog then opens it after 60 s (a deadlock breaker, not a timing) and the test fails.
+class GateAtSteps : public std::streambuf {
+ public:
+  std::unique_ptr<kernels::StreamGate> gate;
+  std::atomic<kernels::StreamGate*> held{nullptr};  // gate, for the watchdog thread
+  std::atomic<bool> opened_by_trainer{false};
+  std::string text;
+
+ protected:
+  int overflow(int c) override {
+    if (c == EOF) return 0;
+    line_.push_back(static_cast<char>(c));
+    if (c == '\n') {
+      if (line_.rfind("step 1/", 0) == 0) {
+        gate = kernels::find_kernel<kernels::hold_compute_stream_k>(DeviceType::kCuda)(0);
+        held = gate.get();
+      }
+      if (line_.rfind("step 2/", 0) == 0 && gate) {
+        gate->open();
+        opened_by_trainer = true;
+      }
+      text += line_;
+      line_.clear();
+    }
+    return c;
+  }
+
+ private:
+  std::string line_;
+};
+
+TEST_F(TrainGpuTest, StepsAreLaunchedWithoutWaitingForTheGpu) {
+#ifndef NDEBUG
+  GTEST_SKIP() << "debug builds synchronise after every kernel launch (LOOM_CUDA_LAUNCH_CHECK)";
+#endif
+  const std::string dir = make_data("no_wait");
+  for (const std::string precision : {"f32", "bf16"}) {
+    Config cfg = gpu_config(dir, "cuda", precision, "run_" + precision);
+    cfg.train.steps = 4;
+    cfg.train.log_every = 1;
+    GateAtSteps sink;
+    std::ostream log(&sink);
+    std::mutex mu;
+    std::condition_variable cv;
+    bool done = false, watchdog_opened = false;
+    std::thread watchdog([&] {
+      std::unique_lock<std::mutex> lock(mu);
+      if (!cv.wait_for(lock, std::chrono::seconds(60), [&] { return done; })) {
+        watchdog_opened = true;
+        if (kernels::StreamGate* g = sink.held.load()) g->open();
+      }
+    });
+    std::vector<StepRecord> records;
+    {
+      Trainer t(cfg, quiet(log));
+      records = t.run();
+    }
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      done = true;
+    }
+    cv.notify_one();
+    watchdog.join();
+    EXPECT_FALSE(watchdog_opened) << precision << ": launching step 3 waited for the GPU\n" << sink.text;
+    EXPECT_TRUE(sink.opened_by_trainer) << precision << "\n" << sink.text;
+    ASSERT_EQ(records.size(), 4u);
+    for (const StepRecord& r : records) EXPECT_TRUE(std::isfinite(r.loss)) << precision;
   }
 }
 
