@@ -66,6 +66,7 @@ struct PendingStep {
   StepRecord r;
   Readback::Pending numbers;  // [loss, Σ g²], or nothing when r is complete
   Clock::time_point done;     // when r was complete (no pending read)
+  parallel::DpStepStats dp_stats;  // data parallelism: this step's communication
   bool deferred() const { return numbers.valid(); }
 };
 
@@ -197,12 +198,12 @@ struct Trainer::State {
   Readback readback;  // the device step's numbers (Note [Device step])
   PendingStep train_step();
   StepRecord pipeline_step(StepRecord r);
-  // p's record with its numbers read (waiting for them if they are still on their way), and
-  // when they were known on the host.
-  std::pair<StepRecord, Clock::time_point> finish(PendingStep& p);
+  // Completes p's record (waiting for its numbers if they are still on their way) and logs it,
+  // timed from `since`, which becomes the moment its numbers reached the host.
+  void report(PendingStep& p, Clock::time_point& since);
   // Note [Loss scaling across ranks]: unscales and decides the step from the scaled norm.
   double unscale_and_update(double scaled_norm, const std::function<void(double)>& scale_grads, bool* skipped);
-  void log_step(const StepRecord& r, double dt);
+  void log_step(const StepRecord& r, double dt, const parallel::DpStepStats& dp_stats);
   void save();
   std::vector<Tensor> grads() const;
 };
@@ -499,19 +500,22 @@ std::vector<Tensor> Trainer::State::grads() const {
   return g;
 }
 
-// Note [Device step]: a single-process step without loss scaling never waits for the device.
-// The micro-batch losses are summed and the gradients' squares are summed where they lie; the
-// clipping factor is computed there too (clip_scale_tensor) and AdamW's multi-tensor update
-// multiplies the gradients by it as it reads them (AdamWOptions::grad_scale); the two numbers
+// Note [Device step]: a step without f16 loss scaling — single-process, or data-parallel (any
+// ZeRO stage, with or without cp and tp) — never waits for the device. The micro-batch losses
+// are summed and the gradients' squares are summed where they lie (data parallelism: the loss
+// averaged and Σ g² reduced over the ranks by the communicators, on the device too); the
+// clipping factor is computed there (clip_scale_tensor) and AdamW's multi-tensor update
+// multiplies the gradients by it as it reads them (AdamWOptions::grad_scale). The two numbers
 // the log needs, loss and Σ g², are copied into pinned host memory behind the step's work
 // (train/readback.h) and read when the step is reported: Trainer::run() reports step N after it
 // has launched step N + 1, so the host prepares the next step while the device finishes this
 // one. A step after which something reads the model (validation, sampling, a checkpoint, the
 // end or a stop) is reported at once. The step's time is the interval between the moments its
-// numbers and its predecessor's reached the host. Batches are copied to the device by the model
-// (which counts the targets on the host). Loss scaling (f16) and tensor parallelism still read
-// the norm on the host at the end of the step: the first decides whether to skip the update
-// there (as PyTorch's GradScaler does), the second adds the other ranks' parts over MPI.
+// numbers and its predecessor's reached the host. Batches reach the device by asynchronous
+// uploads, their ids checked on the host (Note [Host ids] in layers/transformer.cpp). Still read
+// on the host at the end of the step: f16 loss scaling's norm (whether to skip the update is
+// decided there, as PyTorch's GradScaler does), the norm under tensor parallelism without data
+// parallelism (the other ranks' parts are added over the host), and the pipeline's loss.
 PendingStep Trainer::State::train_step() {
   PendingStep pending;
   StepRecord& r = pending.r;
@@ -521,6 +525,7 @@ PendingStep Trainer::State::train_step() {
   KernelChoices kernel_choices(cfg.train);
   if (pipe) {
     r = pipeline_step(r);
+    if (dp) pending.dp_stats = dp->last_step_stats();
     pending.done = Clock::now();
     return pending;
   }
@@ -544,17 +549,26 @@ PendingStep Trainer::State::train_step() {
     loss_sum = loss_sum.defined() ? ops::add(loss_sum, l) : l;
   }
   const auto t_sync = Clock::now();
-  if (dp) {
+  if (dp && !scaler) {  // Note [Device step], over the data-parallel ranks
+    dp->finish_gradient_sync();
+    Tensor mean_loss = ops::reshape(loss_sum, {1});  // the global batch's loss, on the device
+    if (cp_size() > 1) ctx->cp().all_reduce(mean_loss, parallel::ReduceOp::kSum);  // shares
+    ctx->dp().all_reduce(mean_loss, parallel::ReduceOp::kAvg);
+    const Tensor sq_sum = dp->grad_sq_sum_tensor();
+    pending.numbers = readback.start(ops::cat({mean_loss, ops::reshape(sq_sum, {1})}, 0));
+    const auto t_opt = Clock::now();
+    dp->step_scaled(r.lr, cfg.optim.grad_clip > 0 ? optim::clip_scale_tensor(sq_sum, cfg.optim.grad_clip) : Tensor());
+    if (trace) {
+      trace->span("compute", "wait for gradient sync", t_sync, t_opt);
+      trace->span("compute", "clip + optimizer + parameter gather", t_opt, Clock::now());
+    }
+  } else if (dp) {  // f16 loss scaling: the norm read here (Note [Loss scaling across ranks])
     r.loss = loss_sum.item();
     dp->finish_gradient_sync();
     const auto t_opt = Clock::now();
-    if (scaler) {  // Note [Loss scaling across ranks]
-      r.grad_norm = unscale_and_update(std::sqrt(dp->grad_sq_sum()), [this](double f) { dp->scale_grads(f); },
-                                       &r.skipped);
-      if (!r.skipped && cfg.optim.grad_clip > 0) dp->scale_grads(optim::clip_scale(r.grad_norm, cfg.optim.grad_clip));
-    } else {
-      r.grad_norm = dp->clip_grad_norm(cfg.optim.grad_clip > 0 ? cfg.optim.grad_clip : INFINITY);
-    }
+    r.grad_norm = unscale_and_update(std::sqrt(dp->grad_sq_sum()), [this](double f) { dp->scale_grads(f); },
+                                     &r.skipped);
+    if (!r.skipped && cfg.optim.grad_clip > 0) dp->scale_grads(optim::clip_scale(r.grad_norm, cfg.optim.grad_clip));
     if (!r.skipped) dp->step(r.lr);
     if (trace) {
       trace->span("compute", "wait for gradient sync", t_sync, t_opt);
@@ -590,16 +604,21 @@ PendingStep Trainer::State::train_step() {
     if (trace) trace->span("compute", "clip + optimizer", t_sync, Clock::now());
   }
   r.step = ++step;
+  if (dp) pending.dp_stats = dp->last_step_stats();
   pending.done = Clock::now();
   return pending;
 }
 
-std::pair<StepRecord, Clock::time_point> Trainer::State::finish(PendingStep& p) {
-  if (!p.deferred()) return {p.r, p.done};
-  const std::vector<double>& v = p.numbers.get();
-  p.r.loss = v[0];
-  p.r.grad_norm = std::sqrt(v[1]);
-  return {p.r, p.numbers.ready_at()};
+void Trainer::State::report(PendingStep& p, Clock::time_point& since) {
+  Clock::time_point ready = p.done;
+  if (p.deferred()) {
+    const std::vector<double>& v = p.numbers.get();
+    p.r.loss = v[0];
+    p.r.grad_norm = std::sqrt(v[1]);
+    ready = p.numbers.ready_at();
+  }
+  log_step(p.r, std::chrono::duration<double>(ready - since).count(), p.dp_stats);
+  since = ready;
 }
 
 // One step of the pipeline (parallel.pp > 1): the same global batch, loss scaling and clipping
@@ -675,7 +694,7 @@ double Trainer::State::unscale_and_update(double scaled_norm, const std::functio
   return norm;
 }
 
-void Trainer::State::log_step(const StepRecord& r, double dt) {
+void Trainer::State::log_step(const StepRecord& r, double dt, const parallel::DpStepStats& dp_stats) {
   const double tokens = static_cast<double>(cfg.data.batch_size * cfg.data.seq_len * micro_batches());  // this rank
   // Under pp each rank computes about 1/pp of the model's FLOPs per token.
   const double stages = pipe ? static_cast<double>(cfg.parallel.pp) : 1.0;
@@ -688,9 +707,8 @@ void Trainer::State::log_step(const StepRecord& r, double dt) {
          << fmt(static_cast<double>(mem.peak_bytes) / (1 << 20), 1) << " MiB";
     if (scaler) *log << " | loss scale " << scaler->scale() << (r.skipped ? " (overflow: step skipped)" : "");
     if (dp) {
-      const parallel::DpStepStats& st = dp->last_step_stats();
-      *log << " | comm exposed " << fmt(st.exposed_wait_s * 1e3, 1) << " ms, launched in backward "
-           << fmt(100 * st.overlap_fraction(), 0) << "%";
+      *log << " | comm exposed " << fmt(dp_stats.exposed_wait_s * 1e3, 1) << " ms, launched in backward "
+           << fmt(100 * dp_stats.overlap_fraction(), 0) << "%";
     }
     if (pipe) {
       const parallel::pp::PipelineStats& st = pipe->last_stats();
@@ -705,8 +723,8 @@ void Trainer::State::log_step(const StepRecord& r, double dt) {
                             {"perf/mfu", mfu}, {"mem/peak_bytes", static_cast<double>(mem.peak_bytes)}});
     if (scaler) metrics->write(r.step, {{"train/loss_scale", scaler->scale()}, {"train/skipped", r.skipped ? 1.0 : 0.0}});
     if (dp) {
-      const parallel::DpStepStats& st = dp->last_step_stats();
-      metrics->write(r.step, {{"comm/exposed_s", st.exposed_wait_s}, {"comm/overlap_fraction", st.overlap_fraction()}});
+      metrics->write(r.step, {{"comm/exposed_s", dp_stats.exposed_wait_s},
+                              {"comm/overlap_fraction", dp_stats.overlap_fraction()}});
     }
   }
 }
@@ -784,11 +802,8 @@ std::vector<StepRecord> Trainer::run() {
   std::vector<StepRecord> records;
   Clock::time_point since = Clock::now();  // the start of the interval the next report times
   auto report = [&](PendingStep& p) {
-    const auto [r, ready] = s.finish(p);
-    s.log_step(r, std::chrono::duration<double>(ready - since).count());
-    since = ready;
-    records.push_back(r);
-    return r;
+    s.report(p, since);
+    records.push_back(p.r);
   };
   std::optional<PendingStep> prev;  // launched, reported once its successor is launched
   while (s.step < t.steps) {

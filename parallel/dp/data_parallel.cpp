@@ -10,6 +10,7 @@
 #include <unordered_set>
 
 #include "core/autograd.h"
+#include "core/ops/elementwise.h"
 #include "core/ops/view.h"
 #include "kernels/copy.h"
 #include "optim/clip.h"
@@ -377,7 +378,7 @@ NamedTensors DataParallel::owned_grad_pieces() const {
   return out;
 }
 
-double DataParallel::grad_sq_sum(const std::function<bool(const std::string&)>& skip) {
+Tensor DataParallel::grad_sq_sum_tensor(const std::function<bool(const std::string&)>& skip) {
   if (!synced_) finish_gradient_sync();
   std::vector<Tensor> counted, tp_parts;  // the tensor-parallel parts among them
   for (const auto& [name, g] : owned_grad_pieces()) {
@@ -386,16 +387,24 @@ double DataParallel::grad_sq_sum(const std::function<bool(const std::string&)>& 
     counted.push_back(g);
     if (config_.tp && config_.tp_shard(param)) tp_parts.push_back(g);
   }
-  Tensor sq = Tensor::from_vector(std::vector<double>{optim::grad_sq_sum(counted), optim::grad_sq_sum(tp_parts)}, {2});
+  const Device dev = optimizer_->params().front().param.device();
+  auto sum_of = [&](const std::vector<Tensor>& gs) {
+    return ops::reshape(optim::grad_sq_sum_tensor(gs).to(dev), {1});
+  };
+  Tensor sq = ops::cat({sum_of(counted), sum_of(tp_parts)}, 0);
   if (config_.zero_stage >= 1) shard_comm_->all_reduce(sq, ReduceOp::kSum);  // one owner each
-  const std::vector<double> s = sq.to_vector();
-  double total = s[0];
+  Tensor total = ops::narrow(sq, 0, 0, 1);
   if (config_.tp && config_.tp->size() > 1) {  // add the other TP ranks' parts
-    Tensor parts = Tensor::full({1}, s[1], DType::kF64);
+    const Tensor mine = ops::narrow(sq, 0, 1, 1);
+    Tensor parts = mine.clone();
     config_.tp->all_reduce(parts, ReduceOp::kSum);
-    total += parts.item() - s[1];
+    total = ops::add(total, ops::sub(parts, mine));
   }
-  return total;
+  return ops::reshape(total, {});
+}
+
+double DataParallel::grad_sq_sum(const std::function<bool(const std::string&)>& skip) {
+  return grad_sq_sum_tensor(skip).item();
 }
 
 void DataParallel::scale_grads(double factor) {
@@ -409,7 +418,9 @@ double DataParallel::clip_grad_norm(double max_norm) {
   return norm;
 }
 
-void DataParallel::step(double lr) {
+void DataParallel::step(double lr) { step_scaled(lr, Tensor()); }
+
+void DataParallel::step_scaled(double lr, const Tensor& grad_scale) {
   if (!synced_) finish_gradient_sync();
   if (config_.zero_stage >= 1) {
     const std::vector<optim::ParamRef>& refs = optimizer_->params();
@@ -418,7 +429,7 @@ void DataParallel::step(double lr) {
       param.set_grad(piece_grad(k));
     }
   }
-  optimizer_->step(lr);
+  optimizer_->step_scaled(lr, grad_scale);
   if (config_.zero_stage == 1 || config_.zero_stage == 2) gather_parameters();
   // Stage 3: nothing is gathered now (finish_gradient_sync released every unit); the next
   // forward gathers the updated shards.

@@ -134,12 +134,18 @@ class DataParallel final : public UnitHooks {
   // group, with the TP parts summed over config.tp; parameters for which skip(name) is true
   // are left out (a tied copy another stage counts). Collective over the shard group (and tp).
   double grad_sq_sum(const std::function<bool(const std::string& name)>& skip = {});
+  // The same sum left on the gradients' device as a 0-d f64 tensor, reduced there (nothing is
+  // read back: Note [Device step] in train/trainer.cpp). grad_sq_sum() is this, read.
+  Tensor grad_sq_sum_tensor(const std::function<bool(const std::string& name)>& skip = {});
   // Multiplies every owned gradient element by factor.
   void scale_grads(double factor);
   // The owned gradients as views, named like the optimiser state's pieces
   // ("<param>[<begin>:<end>]", stages 1-3) or by parameter (stage 0, whole gradients). Valid
   // after finish_gradient_sync() until step(); writing them changes what step() applies.
   NamedTensors owned_grad_pieces() const;
+  // step(lr) with every owned gradient multiplied by grad_scale (a 0-d f64 tensor on the
+  // gradients' device, read there: optim::Optimizer::step_scaled).
+  void step_scaled(double lr, const Tensor& grad_scale);
   // AdamW step on the owned shard with learning rate lr, then all-gathers the parameters
   // (stages 1/2; at stage 3 the next forward gathers them unit by unit).
   void step(double lr);
