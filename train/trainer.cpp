@@ -176,7 +176,9 @@ struct Trainer::State {
   // The next `count` batches of `loader` as the pipeline takes them: under cp this rank's chunks
   // of each sequence (Note [Model-parallel step]).
   std::pair<std::vector<Tensor>, std::vector<Tensor>> pipeline_batches(DataLoader& loader, int64_t count);
-  double other_tp_parts_sq(const std::vector<std::pair<std::string, Tensor>>& params, parallel::Communicator* stages);
+  // Σ g² of the other TP ranks' parts of the tensor-parallel parameters (summed over `stages`
+  // first when given), as a 0-d f64 tensor on the model's device: nothing is read back.
+  Tensor other_tp_parts_sq(const std::vector<std::pair<std::string, Tensor>>& params, parallel::Communicator* stages);
   // Checkpoint names: under parallel.tp > 1 a parameter part and all optimizer state carry
   // "@tp<rank>" (every TP rank holds different values under the same name); replicated
   // parameters are written by TP rank 0 alone.
@@ -372,17 +374,17 @@ void Trainer::State::build_parallel(const std::vector<optim::ParamRef>& refs) {
 // TP parts among `params` (the tied pipeline copy left out; summed over `stages` too when
 // given), all-reduced over the TP group, minus this rank's own. Replicated parameters are
 // counted once, by the caller's local sum.
-double Trainer::State::other_tp_parts_sq(const std::vector<std::pair<std::string, Tensor>>& params,
+Tensor Trainer::State::other_tp_parts_sq(const std::vector<std::pair<std::string, Tensor>>& params,
                                          parallel::Communicator* stages) {
   std::vector<Tensor> parts;
   for (const auto& [name, p] : params) {
     if (tp_shards.count(name) && (!pipe || !pipe->is_tied_copy(name)) && p.grad().defined()) parts.push_back(p.grad());
   }
-  Tensor s = Tensor::full({1}, optim::grad_sq_sum(parts), DType::kF64);
+  Tensor s = ops::reshape(optim::grad_sq_sum_tensor(parts).to(device), {1});
   if (stages) stages->all_reduce(s, parallel::ReduceOp::kSum);
-  const double mine = s.item();
+  const Tensor mine = s.clone();
   ctx->tp().all_reduce(s, parallel::ReduceOp::kSum);
-  return s.item() - mine;
+  return ops::reshape(ops::sub(s, mine), {});
 }
 
 Tensor Trainer::State::micro_batch_loss(const Batch& b, Generator* gen) {
@@ -500,8 +502,9 @@ std::vector<Tensor> Trainer::State::grads() const {
   return g;
 }
 
-// Note [Device step]: a step without f16 loss scaling — single-process, or data-parallel (any
-// ZeRO stage, with or without cp and tp) — never waits for the device. The micro-batch losses
+// Note [Device step]: a step without f16 loss scaling and without pipeline parallelism — one
+// process, or data, tensor and context parallelism with any ZeRO stage — never waits for the
+// device. The micro-batch losses
 // are summed and the gradients' squares are summed where they lie (data parallelism: the loss
 // averaged and Σ g² reduced over the ranks by the communicators, on the device too); the
 // clipping factor is computed there (clip_scale_tensor) and AdamW's multi-tensor update
@@ -514,8 +517,7 @@ std::vector<Tensor> Trainer::State::grads() const {
 // numbers and its predecessor's reached the host. Batches reach the device by asynchronous
 // uploads, their ids checked on the host (Note [Host ids] in layers/transformer.cpp). Still read
 // on the host at the end of the step: f16 loss scaling's norm (whether to skip the update is
-// decided there, as PyTorch's GradScaler does), the norm under tensor parallelism without data
-// parallelism (the other ranks' parts are added over the host), and the pipeline's loss.
+// decided there, as PyTorch's GradScaler does) and the pipeline's loss and norm.
 PendingStep Trainer::State::train_step() {
   PendingStep pending;
   StepRecord& r = pending.r;
@@ -578,18 +580,16 @@ PendingStep Trainer::State::train_step() {
     if (cp_size() > 1) ctx->cp().all_reduce(mean_loss, parallel::ReduceOp::kSum);  // shares
     ctx->dp().all_reduce(mean_loss, parallel::ReduceOp::kAvg);
     r.loss = mean_loss.item();
-  } else if (!scaler && tp_shards.empty()) {  // Note [Device step]
-    const Tensor sq_sum = optim::grad_sq_sum_tensor(grads()).to(loss_sum.device());
+  } else if (!scaler) {  // Note [Device step]
+    Tensor sq_sum = optim::grad_sq_sum_tensor(grads()).to(loss_sum.device());
+    if (!tp_shards.empty()) sq_sum = ops::add(sq_sum, other_tp_parts_sq(model->named_parameters(), nullptr));
     pending.numbers = readback.start(ops::cat({ops::reshape(loss_sum, {1}), ops::reshape(sq_sum, {1})}, 0));
     optimizer->step_scaled(r.lr, cfg.optim.grad_clip > 0 ? optim::clip_scale_tensor(sq_sum, cfg.optim.grad_clip) : Tensor());
     if (trace) trace->span("compute", "clip + optimizer", t_sync, Clock::now());
-  } else {  // f16 loss scaling or tp: the norm read here
+  } else {  // f16 loss scaling: the norm read here (whether to skip the update)
     const std::vector<Tensor> g = grads();
     Tensor sq_sum = optim::grad_sq_sum_tensor(g);
-    if (!tp_shards.empty()) {
-      sq_sum = ops::add(sq_sum, Tensor::full({}, other_tp_parts_sq(model->named_parameters(), nullptr),
-                                             sq_sum.dtype(), sq_sum.device()));
-    }
+    if (!tp_shards.empty()) sq_sum = ops::add(sq_sum, other_tp_parts_sq(model->named_parameters(), nullptr));
     const std::vector<double> host = ops::cat({ops::reshape(loss_sum, {1}), ops::reshape(sq_sum.to(loss_sum.device()), {1})}, 0)
                                          .to(Device::cpu())
                                          .to_vector();
@@ -649,7 +649,7 @@ StepRecord Trainer::State::pipeline_step(StepRecord r) {
   } else {
     pipe->sync_tied_gradients();
     double sq = pipe->grad_sq_sum();
-    if (!tp_shards.empty()) sq += other_tp_parts_sq(pipe->named_parameters(), &ctx->pp());
+    if (!tp_shards.empty()) sq += other_tp_parts_sq(pipe->named_parameters(), &ctx->pp()).item();
     const auto scale = [this](double f) {
       std::vector<Tensor> g;
       for (const auto& [name, p] : pipe->named_parameters()) {
