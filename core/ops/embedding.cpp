@@ -9,7 +9,7 @@
 
 namespace loom::ops {
 
-Tensor embedding(const Tensor& ids, const Tensor& weight) {
+Tensor embedding(const Tensor& ids, const Tensor& weight, bool ids_checked) {
   LOOM_CHECK(!is_floating(ids.dtype()), "embedding: ids must have an integer dtype, got ",
              dtype_name(ids.dtype()));
   LOOM_CHECK(weight.dim() == 2, "embedding: weight must be (V, C), got ",
@@ -26,7 +26,9 @@ Tensor embedding(const Tensor& ids, const Tensor& weight) {
     idc = idc.to(weight.device());
   }
   Tensor out = Tensor::empty(out_shape, weight.dtype(), weight.device());
-  if (ids.numel() > 0) kernels::call_kernel<kernels::embedding_forward_k>(idc, wc, out, checked_here);
+  if (ids.numel() > 0) {
+    kernels::call_kernel<kernels::embedding_forward_k>(idc, wc, out, ids_checked || checked_here);
+  }
   if (autograd::needs_grad({&weight})) {
     const Shape w_shape = weight.shape();
     const DType dtype = weight.dtype();

@@ -10,8 +10,9 @@ namespace loom::ops {
 // Backward sums the output gradient into the rows of weight, repeated ids accumulating.
 // ids may live on the host while weight is on a device: they are then checked on the host and
 // uploaded, so the device kernels skip their own check and the host synchronisation it costs
-// (kernels/embedding.h); ids on the device are checked there, one synchronisation per call.
-// The backward never checks again (the forward has).
-Tensor embedding(const Tensor& ids, const Tensor& weight);
+// (kernels/embedding.h); ids on the device are checked there, one synchronisation per call,
+// unless ids_checked says the caller guarantees them in [0, V) (ids it computed itself). The
+// backward never checks again (the forward has).
+Tensor embedding(const Tensor& ids, const Tensor& weight, bool ids_checked = false);
 
 }  // namespace loom::ops

@@ -387,10 +387,19 @@ VocabParallelEmbedding::VocabParallelEmbedding(int64_t num_embeddings, int64_t d
 
 // Ids outside this rank's rows look up row 0 and are then zeroed by a mask, so the sum over
 // the group holds exactly one real row per token. The local ids and the mask are computed where
-// the ids live (vocab_parallel_ids), on the weight's device: no host read of the ids (the CUDA
-// lookup's own id check still reads back one flag, kernels/cuda/embedding.cu).
+// the ids live (vocab_parallel_ids), on the weight's device: no host read of the ids, and the
+// lookup skips its device check (local ids are in range by construction). Ids on the host are
+// checked against the whole (padded) vocabulary there first, as the single-process lookup's are
+// (Note [Host ids] in layers/transformer.cpp); ids already on the device are not checked
+// against it (an id past the vocabulary would be masked on every rank).
 Tensor VocabParallelEmbedding::forward(const Tensor& ids) const {
   const int64_t start = tp_->rank() * rows_;
+  if (ids.device().is_cpu()) {
+    const Tensor host = ops::contiguous(ids.detach());
+    LOOM_DISPATCH_INDEX(host.dtype(), "embedding", [&] {
+      kernels::check_embedding_ids(host.data<index_t>(), host.numel(), rows_ * tp_->size());
+    });
+  }
   const Tensor dev_ids = ops::contiguous(ids.detach().to(weight_.device()));
   Tensor local_ids = Tensor::empty(ids.shape(), DType::kI64, weight_.device());
   Shape mask_shape = ids.shape();
@@ -399,7 +408,7 @@ Tensor VocabParallelEmbedding::forward(const Tensor& ids) const {
   kernels::call_kernel<kernels::vocab_parallel_ids_k>(dev_ids, start, rows_, local_ids, mask);
   // In the compute dtype (Note [Compute dtype]); each token's sum over the group has one
   // non-zero term, so reducing in a narrow dtype loses nothing.
-  const Tensor partial = compute(ops::mul(ops::embedding(local_ids, weight_), mask));
+  const Tensor partial = compute(ops::mul(ops::embedding(local_ids, weight_, /*ids_checked=*/true), mask));
   return sequence_parallel_ ? reduce_scatter_to_sequence(partial, *tp_, 1)
                             : reduce_from_region(partial, *tp_);
 }

@@ -327,6 +327,26 @@ TEST(TensorParallelLayers, VocabParallelEmbeddingMatchesTheFullTable) {
   }
 }
 
+// An id past the whole vocabulary, given on the host, is the single-process lookup's error on
+// every rank (each checks the same ids before any communication); before this check it was
+// masked on every rank and looked up as a zero row.
+TEST(TensorParallelLayers, VocabParallelEmbeddingRejectsHostIdsPastTheVocabulary) {
+  ParallelContext ctx = tp_world();
+  Communicator& tp = ctx.tp();
+  const int64_t V = 16 * tp.size();
+  tp::VocabParallelEmbedding emb(V, 4, tp, false);
+  const Tensor ids = Tensor::from_vector(std::vector<int64_t>{0, V - 1, V, 1}, {1, 4});
+  try {
+    emb.forward(ids);
+    ADD_FAILURE() << "expected an error for id " << V;
+  } catch (const Error& e) {
+    const std::string want = "embedding: id " + std::to_string(V) + " at position 2 is out of range for a vocabulary of V=" +
+                             std::to_string(V);
+    EXPECT_NE(std::string(e.what()).find(want), std::string::npos) << e.what();
+  }
+  EXPECT_EQ(emb.forward(ops::narrow(ids, 1, 0, 2)).size(1), 2);  // in range: still collective and fine
+}
+
 TEST(TensorParallelLayers, VocabParallelCrossEntropyMatchesTheGatheredLoss) {
   ParallelContext ctx = tp_world();
   Communicator& tp = ctx.tp();
