@@ -66,7 +66,8 @@ struct PendingStep {
   StepRecord r;
   Readback::Pending numbers;  // [loss, Σ g²], or nothing when r is complete
   Clock::time_point done;     // when r was complete (no pending read)
-  parallel::DpStepStats dp_stats;  // data parallelism: this step's communication
+  parallel::DpStepStats dp_stats;            // data parallelism: this step's communication
+  parallel::pp::PipelineStats pipe_stats;    // pipeline parallelism: this step's schedule
   bool deferred() const { return numbers.valid(); }
 };
 
@@ -199,13 +200,14 @@ struct Trainer::State {
   void resume(const std::string& which);
   Readback readback;  // the device step's numbers (Note [Device step])
   PendingStep train_step();
-  StepRecord pipeline_step(StepRecord r);
+  void pipeline_step(PendingStep& pending);  // r.step advanced, as train_step()
   // Completes p's record (waiting for its numbers if they are still on their way) and logs it,
   // timed from `since`, which becomes the moment its numbers reached the host.
   void report(PendingStep& p, Clock::time_point& since);
   // Note [Loss scaling across ranks]: unscales and decides the step from the scaled norm.
   double unscale_and_update(double scaled_norm, const std::function<void(double)>& scale_grads, bool* skipped);
-  void log_step(const StepRecord& r, double dt, const parallel::DpStepStats& dp_stats);
+  // dt: the step's seconds; the step's communication and schedule statistics (Note [Device step]).
+  void log_step(const PendingStep& p, double dt);
   void save();
   std::vector<Tensor> grads() const;
 };
@@ -502,9 +504,8 @@ std::vector<Tensor> Trainer::State::grads() const {
   return g;
 }
 
-// Note [Device step]: a step without f16 loss scaling and without pipeline parallelism — one
-// process, or data, tensor and context parallelism with any ZeRO stage — never waits for the
-// device. The micro-batch losses
+// Note [Device step]: a step without f16 loss scaling — one process, or any layout of data,
+// tensor, context and pipeline parallelism, any ZeRO stage — never waits for the device. The micro-batch losses
 // are summed and the gradients' squares are summed where they lie (data parallelism: the loss
 // averaged and Σ g² reduced over the ranks by the communicators, on the device too); the
 // clipping factor is computed there (clip_scale_tensor) and AdamW's multi-tensor update
@@ -517,7 +518,7 @@ std::vector<Tensor> Trainer::State::grads() const {
 // numbers and its predecessor's reached the host. Batches reach the device by asynchronous
 // uploads, their ids checked on the host (Note [Host ids] in layers/transformer.cpp). Still read
 // on the host at the end of the step: f16 loss scaling's norm (whether to skip the update is
-// decided there, as PyTorch's GradScaler does) and the pipeline's loss and norm.
+// decided there, as PyTorch's GradScaler does).
 PendingStep Trainer::State::train_step() {
   PendingStep pending;
   StepRecord& r = pending.r;
@@ -526,8 +527,9 @@ PendingStep Trainer::State::train_step() {
   else optimizer->zero_grad();
   KernelChoices kernel_choices(cfg.train);
   if (pipe) {
-    r = pipeline_step(r);
+    pipeline_step(pending);
     if (dp) pending.dp_stats = dp->last_step_stats();
+    pending.pipe_stats = pipe->last_stats();
     pending.done = Clock::now();
     return pending;
   }
@@ -617,64 +619,68 @@ void Trainer::State::report(PendingStep& p, Clock::time_point& since) {
     p.r.grad_norm = std::sqrt(v[1]);
     ready = p.numbers.ready_at();
   }
-  log_step(p.r, std::chrono::duration<double>(ready - since).count(), p.dp_stats);
+  log_step(p, std::chrono::duration<double>(ready - since).count());
   since = ready;
 }
 
 // One step of the pipeline (parallel.pp > 1): the same global batch, loss scaling and clipping
 // as train_step(), with the gradient norm summed over the stages (Note [Tied embeddings across
 // stages] in parallel/pp/partition.h).
-StepRecord Trainer::State::pipeline_step(StepRecord r) {
+void Trainer::State::pipeline_step(PendingStep& pending) {
+  StepRecord& r = pending.r;
   const auto [inputs, targets] = pipeline_batches(*train_loader, micro_batches());
   const auto t0 = Clock::now();
-  r.loss = pipe->forward_backward(
-               inputs, targets, &dropout_gen, [this](bool last) { if (dp) dp->set_sync(last); },
-               scaler ? scaler->scale() : 1.0) /
-           static_cast<double>(cp_size());  // this cp rank's share (the loss carried the ×cp)
-  if (cp_size() > 1) {
-    Tensor share = Tensor::full({1}, r.loss, DType::kF64);
-    ctx->cp().all_reduce(share, parallel::ReduceOp::kSum);
-    r.loss = share.item();
+  Tensor loss = ops::reshape(pipe->forward_backward(inputs, targets, &dropout_gen,
+                                                    [this](bool last) { if (dp) dp->set_sync(last); },
+                                                    scaler ? scaler->scale() : 1.0),
+                             {1});
+  if (cp_size() > 1) {  // this cp rank's share (the loss carried the ×cp), summed over cp
+    loss = ops::div(loss, Tensor::full({1}, static_cast<double>(cp_size()), DType::kF64, loss.device()));
+    ctx->cp().all_reduce(loss, parallel::ReduceOp::kSum);
   }
   const auto t_sync = Clock::now();
   if (dp) dp->finish_gradient_sync();
+  Tensor sq;                                 // Σ g² over every stage, on the device
+  std::function<void(double)> scale_grads;  // on the host, for f16 loss scaling
   if (dp && dp->zero_stage() >= 2) {  // sharded gradients (Note [Sharded stages] in parallel/pp)
     pipe->sync_tied_gradient_pieces(dp->owned_grad_pieces());
-    Tensor sq = Tensor::full({1}, dp->grad_sq_sum([this](const std::string& n) { return pipe->is_tied_copy(n); }),
-                             DType::kF64);
+    sq = ops::reshape(dp->grad_sq_sum_tensor([this](const std::string& n) { return pipe->is_tied_copy(n); }), {1});
     ctx->pp().all_reduce(sq, parallel::ReduceOp::kSum);
-    const auto scale = [this](double f) { dp->scale_grads(f); };
-    r.grad_norm = scaler ? unscale_and_update(std::sqrt(sq.item()), scale, &r.skipped) : std::sqrt(sq.item());
-    if (!r.skipped && cfg.optim.grad_clip > 0) scale(optim::clip_scale(r.grad_norm, cfg.optim.grad_clip));
+    scale_grads = [this](double f) { dp->scale_grads(f); };
   } else {
     pipe->sync_tied_gradients();
-    double sq = pipe->grad_sq_sum();
-    if (!tp_shards.empty()) sq += other_tp_parts_sq(pipe->named_parameters(), &ctx->pp()).item();
-    const auto scale = [this](double f) {
+    sq = ops::reshape(pipe->grad_sq_sum(), {1});
+    if (!tp_shards.empty()) sq = ops::add(sq, ops::reshape(other_tp_parts_sq(pipe->named_parameters(), &ctx->pp()), {1}));
+    scale_grads = [this](double f) {
       std::vector<Tensor> g;
       for (const auto& [name, p] : pipe->named_parameters()) {
         if (p.grad().defined()) g.push_back(p.grad());
       }
       optim::scale_grads(g, f);
     };
-    r.grad_norm = scaler ? unscale_and_update(std::sqrt(sq), scale, &r.skipped) : std::sqrt(sq);
-    if (!r.skipped && cfg.optim.grad_clip > 0) scale(optim::clip_scale(r.grad_norm, cfg.optim.grad_clip));
   }
-  if (!r.skipped) {
-    if (dp) dp->step(r.lr);
-    else optimizer->step(r.lr);
+  if (!scaler) {  // Note [Device step]
+    if (dp) ctx->dp().all_reduce(loss, parallel::ReduceOp::kAvg);  // the global batch's loss
+    pending.numbers = readback.start(ops::cat({loss, sq}, 0));
+    const Tensor factor =
+        cfg.optim.grad_clip > 0 ? optim::clip_scale_tensor(ops::reshape(sq, {}), cfg.optim.grad_clip) : Tensor();
+    if (dp) dp->step_scaled(r.lr, factor);
+    else optimizer->step_scaled(r.lr, factor);
+  } else {  // f16: the norm read here (Note [Loss scaling across ranks])
+    r.grad_norm = unscale_and_update(std::sqrt(sq.item()), scale_grads, &r.skipped);
+    if (!r.skipped && cfg.optim.grad_clip > 0) scale_grads(optim::clip_scale(r.grad_norm, cfg.optim.grad_clip));
+    if (!r.skipped) {
+      if (dp) dp->step(r.lr);
+      else optimizer->step(r.lr);
+    }
+    if (dp) ctx->dp().all_reduce(loss, parallel::ReduceOp::kAvg);
+    r.loss = loss.item();
   }
   if (trace) {
     trace->span("compute", "pipeline forward + backward", t0, t_sync);
     trace->span("compute", "sync + clip + optimizer", t_sync, Clock::now());
   }
-  if (dp) {
-    Tensor mean_loss = Tensor::full({1}, r.loss, DType::kF64);  // the global batch's loss
-    ctx->dp().all_reduce(mean_loss, parallel::ReduceOp::kAvg);
-    r.loss = mean_loss.item();
-  }
   r.step = ++step;
-  return r;
 }
 
 // Note [Loss scaling across ranks]: under dynamic loss scaling (train.loss_scaling) every rank
@@ -694,7 +700,9 @@ double Trainer::State::unscale_and_update(double scaled_norm, const std::functio
   return norm;
 }
 
-void Trainer::State::log_step(const StepRecord& r, double dt, const parallel::DpStepStats& dp_stats) {
+void Trainer::State::log_step(const PendingStep& p, double dt) {
+  const StepRecord& r = p.r;
+  const parallel::DpStepStats& dp_stats = p.dp_stats;
   const double tokens = static_cast<double>(cfg.data.batch_size * cfg.data.seq_len * micro_batches());  // this rank
   // Under pp each rank computes about 1/pp of the model's FLOPs per token.
   const double stages = pipe ? static_cast<double>(cfg.parallel.pp) : 1.0;
@@ -710,10 +718,7 @@ void Trainer::State::log_step(const StepRecord& r, double dt, const parallel::Dp
       *log << " | comm exposed " << fmt(dp_stats.exposed_wait_s * 1e3, 1) << " ms, launched in backward "
            << fmt(100 * dp_stats.overlap_fraction(), 0) << "%";
     }
-    if (pipe) {
-      const parallel::pp::PipelineStats& st = pipe->last_stats();
-      *log << " | pipeline idle " << fmt(100 * st.idle_fraction(), 0) << "% (rank " << ctx->rank() << ")";
-    }
+    if (pipe) *log << " | pipeline idle " << fmt(100 * p.pipe_stats.idle_fraction(), 0) << "% (rank " << ctx->rank() << ")";
     *log << "\n";
     log->flush();
   }

@@ -8,6 +8,8 @@
 #include <utility>
 
 #include "core/autograd.h"
+#include "core/ops/elementwise.h"
+#include "core/ops/view.h"
 
 namespace loom::parallel::pp {
 
@@ -56,7 +58,7 @@ PipelineStats PipelineExecutor::run(const ChunkCallbacks& cb) {
   PipelineStats st;
   std::map<std::pair<int, int>, Slot> slots;  // (mb, chunk)
   std::vector<WorkPtr> sends;
-  std::vector<Tensor> losses;  // the last stage's, read after the last compute op
+  std::vector<Tensor> losses;  // the last stage's, summed after the last compute op
   int in_flight = 0;
   size_t last_bwd = list_.size();
   for (size_t i = 0; i < list_.size(); ++i) {
@@ -160,7 +162,10 @@ PipelineStats PipelineExecutor::run(const ChunkCallbacks& cb) {
       if (g == 0) slots.erase(key);  // nothing to send back; otherwise SEND_GRAD erases it
     }
   }
-  for (const Tensor& l : losses) st.loss_sum += l.item();
+  for (const Tensor& l : losses) {  // in order, in f64, where the losses are (nothing is read)
+    const Tensor l64 = ops::to_dtype(l, DType::kF64);
+    st.loss_sum = st.loss_sum.defined() ? ops::add(st.loss_sum, l64) : l64;
+  }
   for (WorkPtr& w : sends) wait(w);
   st.total_s = since(t_start);
   return st;

@@ -47,7 +47,7 @@ struct PipelineStats {
   double total_s = 0;    // the step's wall time in run()
   double compute_s = 0;  // inside FWD and BWD
   double wait_s = 0;     // blocked on receives and, at the end, on sends
-  double loss_sum = 0;   // Σ of the last stage's losses (0 on other ranks)
+  Tensor loss_sum;       // Σ of the last stage's losses, f64 where they are (undefined on other ranks)
   int peak_in_flight = 0;
   double idle_fraction() const { return total_s > 0 ? 1.0 - compute_s / total_s : 0.0; }
 };

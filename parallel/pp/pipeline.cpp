@@ -77,7 +77,7 @@ int64_t TransformerPipeline::release_other_stages(Transformer& model) const {
   return freed;
 }
 
-double TransformerPipeline::forward_backward(const std::vector<Tensor>& inputs, const std::vector<Tensor>& targets,
+Tensor TransformerPipeline::forward_backward(const std::vector<Tensor>& inputs, const std::vector<Tensor>& targets,
                                              Generator* dropout_gen, const std::function<void(bool)>& before_backward,
                                              double grad_scale) {
   const int m = shape_.microbatches, last = shape_.num_global_stages() - 1;
@@ -113,9 +113,11 @@ double TransformerPipeline::forward_backward(const std::vector<Tensor>& inputs, 
   cb.before_backward = before_backward;
   stats_ = executor_.run(cb);
   if (drop) dropout_gen->set_state(block_offset(m, 0));  // where one process ends the step
-  Tensor loss = Tensor::full({1}, stats_.loss_sum / grad_scale, DType::kF64);
+  // grad_scale is a power of two (or 1): dividing is the same as scaling by its inverse.
+  Tensor loss = stats_.loss_sum.defined() ? ops::reshape(ops::scale(stats_.loss_sum, 1.0 / grad_scale), {1})
+                                          : Tensor::zeros({1}, DType::kF64, model_.device());
   pp_.broadcast(loss, last % shape_.stages);
-  return loss.item();
+  return ops::reshape(loss, {});
 }
 
 void TransformerPipeline::sync_tied_gradients() {
@@ -135,14 +137,14 @@ void TransformerPipeline::sync_tied_gradients() {
   ops::copy_(g, sum);
 }
 
-double TransformerPipeline::grad_sq_sum() {
+Tensor TransformerPipeline::grad_sq_sum() {
   std::vector<Tensor> grads;
   for (const auto& [name, t] : params_) {
     if (!is_tied_copy(name) && t.grad().defined()) grads.push_back(t.grad());
   }
-  Tensor sq = Tensor::full({1}, optim::grad_sq_sum(grads), DType::kF64);
+  Tensor sq = ops::reshape(optim::grad_sq_sum_tensor(grads).to(model_.device()), {1});
   pp_.all_reduce(sq, ReduceOp::kSum);
-  return sq.item();
+  return ops::reshape(sq, {});
 }
 
 TransformerPipeline::StageUnits TransformerPipeline::parameter_units() const {

@@ -8,7 +8,8 @@
 // Use, per optimiser step with m micro-batches (the single-process run's grad_accum):
 //   zero the gradients; loss = pipe.forward_backward(inputs, targets, dropout_gen);
 //   (data parallel: finish the dp gradient sync); pipe.sync_tied_gradients();
-//   norm = sqrt(pipe.grad_sq_sum()); clip; optimiser step over pipe.named_parameters().
+//   norm = sqrt(pipe.grad_sq_sum().item()); clip; optimiser step over pipe.named_parameters()
+//   (or, as the trainer, clip on the device: Note [Device step] in train/trainer.cpp).
 //
 // Note [Pipeline model memory]: every pp rank builds and initialises the whole Transformer, so
 // the initial weights are the single-process run's bit for bit (init draws in parameter
@@ -103,9 +104,10 @@ class TransformerPipeline {
 
   // Forward and backward of the step's micro-batches (inputs[i], targets[i] of shape (B, T));
   // gradients accumulate into the parameters' .grad. Returns Σ_i loss_i / m, the same on every
-  // pp rank (broadcast from the last stage). before_backward: see ChunkCallbacks.
-  // grad_scale multiplies each micro-batch's loss for backward only (dynamic loss scaling).
-  double forward_backward(const std::vector<Tensor>& inputs, const std::vector<Tensor>& targets,
+  // pp rank (broadcast from the last stage), as a 0-d f64 tensor on the model's device (nothing
+  // is read back). before_backward: see ChunkCallbacks. grad_scale (a power of two) multiplies
+  // each micro-batch's loss for backward only (dynamic loss scaling).
+  Tensor forward_backward(const std::vector<Tensor>& inputs, const std::vector<Tensor>& targets,
                           Generator* dropout_gen, const std::function<void(bool last)>& before_backward = {},
                           double grad_scale = 1.0);
   // Validation: a forward-only pass (no autograd graph, no dropout) of each micro-batch
@@ -125,8 +127,9 @@ class TransformerPipeline {
   // Exchanges the tied embedding's gradient between the first and last stage and leaves the
   // sum on both (no-op when untied or pp = 1). Call once gradients are final.
   void sync_tied_gradients();
-  // Σ g² over this rank's gradients (tied copy left out), summed over the pp group.
-  double grad_sq_sum();
+  // Σ g² over this rank's gradients (tied copy left out), summed over the pp group: a 0-d f64
+  // tensor on the model's device.
+  Tensor grad_sq_sum();
 
   // Sharded data parallelism (ZeRO-2/3) under the pipeline, Note [Sharded stages]: this rank's
   // parameters in units, one data-parallel bucket each.
