@@ -112,7 +112,8 @@ TEST(Trainer, ResumeIsBitIdentical) {
 }
 
 // Note [Device step]: a step is reported once its successor is launched, unless something reads
-// the model after it (here the checkpoints of steps 3 and 6 and the end). Every step is still
+// the model after it (here the checkpoints of steps 3 and 6, validation at 5, and the end).
+// Validation lines follow their step's line. Every step is still
 // logged once, in order, with its record's numbers, and a checkpoint taken after a step whose
 // predecessor was reported late holds that step's state: resuming from step 3 gives steps 4–7
 // bit for bit. grad_clip 0.05 keeps the clipping factor (computed where the gradients lie)
@@ -122,6 +123,8 @@ TEST(Trainer, LateReportsKeepOrderAndCheckpointsHoldTheirStep) {
   std::ostringstream log;
   Config cfg = tiny_config(dir, 7);
   cfg.train.log_every = 1;
+  cfg.train.val_every = 5;  // step 5 reported at once, its validation right after its line
+  cfg.train.val_steps = 2;
   cfg.checkpoint.every = 3;
   cfg.optim.grad_clip = 0.05;
   Trainer a(cfg, quiet(log));
@@ -130,7 +133,16 @@ TEST(Trainer, LateReportsKeepOrderAndCheckpointsHoldTheirStep) {
   std::istringstream lines(log.str());
   std::string line;
   int64_t next = 1;
+  std::string previous;
+  int validations = 0;
   while (std::getline(lines, line)) {
+    if (line.find("val loss") != std::string::npos) {  // steps 5 and 7 (the last)
+      const std::string k = line.substr(5, line.find(' ', 5) - 5);
+      EXPECT_TRUE(k == "5" || k == "7") << line;
+      EXPECT_EQ(previous.rfind("step " + k + "/7 | loss", 0), 0u) << line << " after: " << previous;
+      ++validations;
+    }
+    previous = line;
     if (line.rfind("step ", 0) != 0 || line.find("/7 | loss ") == std::string::npos) continue;
     ASSERT_EQ(std::stoll(line.substr(5)), next) << log.str();
     const double logged = std::stod(line.substr(line.find("| loss ") + 7));
@@ -141,6 +153,7 @@ TEST(Trainer, LateReportsKeepOrderAndCheckpointsHoldTheirStep) {
     ++next;
   }
   EXPECT_EQ(next, 8) << log.str();
+  EXPECT_EQ(validations, 2) << log.str();
   for (size_t i = 0; i < full.size(); ++i) EXPECT_EQ(full[i].step, static_cast<int64_t>(i) + 1);
 
   Trainer resumed(cfg, quiet(log, dir + "/run/checkpoints/step_00000003"));
