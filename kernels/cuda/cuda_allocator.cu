@@ -10,10 +10,11 @@
 // runs out of memory, the device's cached blocks are released and the call is retried once.
 // The statistics count requested bytes of live blocks; cached bytes are not "current".
 //
-// Not yet stream-aware: a freed block is handed out again at once. That is safe while every
-// kernel and copy runs on the default stream (work on one stream runs in order, so the next user
-// of a block cannot overtake the last one). The stream layer (a later issue) must record, per
-// block, the streams that used it and delay reuse until their events complete.
+// Not stream-aware: a freed block is handed out again at once. That is safe because one thread
+// issues all compute, on its compute stream, where work runs in order (kernels, device copies,
+// the asynchronous uploads and read-backs: the next user of a block cannot overtake the last
+// one), and communication keeps its tensors alive until its completion event (Note [Streams] in
+// docs/cuda.md). Compute issued from several threads would need per-block stream records.
 //
 // Cached blocks are not freed at exit: the CUDA context owns them and goes away with the
 // process; calling cudaFree from a static destructor may run after the runtime is torn down.
