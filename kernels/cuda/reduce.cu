@@ -1,7 +1,8 @@
 // kernels/cuda/reduce.cu — CUDA sum over one dimension, the sum of squares and the clipping
 // factor (kernels/reduce.h). The sums are deterministic: no float atomics, every sum in double
 // over chunks whose size is fixed here (not by the GPU), each chunk reduced by a fixed-shape
-// tree, chunk partials summed in chunk order by a second pass. The result depends on the shapes only, not on the device or the run.
+// tree, chunk partials summed in chunk order by a second pass. The result depends on the shapes
+// only, not on the device or the run.
 // Runs on the compute stream; must not synchronise the host.
 #include "kernels/cuda/vec_map.cuh"
 #include "kernels/reduce.h"
@@ -200,7 +201,9 @@ void sum_squares_forward_cuda(const Tensor& x, Tensor& out) {
   });
 }
 
-__global__ void __launch_bounds__(32) clip_factor_kernel(const double* sq_sum, double max_norm, double* out) {
+// One thread: out = clip_factor(sqrt(sq_sum), max_norm), the host's formula (kernels/reduce.h).
+__global__ void __launch_bounds__(32) clip_factor_kernel(const double* sq_sum, double max_norm,
+                                                         double* out) {
   if (threadIdx.x == 0) *out = clip_factor(__dsqrt_rn(*sq_sum), max_norm);
 }
 
