@@ -64,10 +64,10 @@ LOOM_HD uint16_t bf16_bits_stochastic(uint32_t f32_bits, uint32_t random) {
 }  // namespace loom::kernels
 
 // adamw_step on every entry (its gradient scaled by options.grad_scale where defined), all with
-// the same options; entries must share one device (CUDA: one dtype, f32 or f64). Where param_bf16 is defined (f32 params only), it then receives the
-// updated param rounded to bf16. Bit-identical to one adamw_step per entry for the f32/f64
-// update. There is no tensor argument to dispatch on: callers use
-// find_kernel<adamw_multi_step_k>(device.type).
+// the same options; entries must share one device (CUDA: one dtype, f32 or f64). Where param_bf16
+// is defined (f32 params only), it then receives the updated param rounded to bf16. Bit-identical
+// to one adamw_step per entry for the f32/f64 update. There is no tensor argument to dispatch on:
+// callers use find_kernel<adamw_multi_step_k>(device.type).
 LOOM_DECLARE_KERNEL(adamw_multi_step,
                     void(const std::vector<loom::kernels::AdamWParam>& params,
                          const loom::kernels::AdamWOptions& options));

@@ -204,6 +204,11 @@ struct Trainer::State {
   // Completes p's record (waiting for its numbers if they are still on their way) and logs it,
   // timed from `since`, which becomes the moment its numbers reached the host.
   void report(PendingStep& p, Clock::time_point& since);
+  // The factor clipping multiplies the gradients by, from their global Σ g² (one element, on the
+  // device), left there; undefined when optim.grad_clip is off (Note [Device step]).
+  Tensor device_clip_factor(const Tensor& sq_sum) const {
+    return cfg.optim.grad_clip > 0 ? optim::clip_scale_tensor(ops::reshape(sq_sum, {}), cfg.optim.grad_clip) : Tensor();
+  }
   // Note [Loss scaling across ranks]: unscales and decides the step from the scaled norm.
   double unscale_and_update(double scaled_norm, const std::function<void(double)>& scale_grads, bool* skipped);
   // dt: the step's seconds; the step's communication and schedule statistics (Note [Device step]).
@@ -561,7 +566,7 @@ PendingStep Trainer::State::train_step() {
     const Tensor sq_sum = dp->grad_sq_sum_tensor();
     pending.numbers = readback.start(ops::cat({mean_loss, ops::reshape(sq_sum, {1})}, 0));
     const auto t_opt = Clock::now();
-    dp->step_scaled(r.lr, cfg.optim.grad_clip > 0 ? optim::clip_scale_tensor(sq_sum, cfg.optim.grad_clip) : Tensor());
+    dp->step_scaled(r.lr, device_clip_factor(sq_sum));
     if (trace) {
       trace->span("compute", "wait for gradient sync", t_sync, t_opt);
       trace->span("compute", "clip + optimizer + parameter gather", t_opt, Clock::now());
@@ -586,7 +591,7 @@ PendingStep Trainer::State::train_step() {
     Tensor sq_sum = optim::grad_sq_sum_tensor(grads()).to(loss_sum.device());
     if (!tp_shards.empty()) sq_sum = ops::add(sq_sum, other_tp_parts_sq(model->named_parameters(), nullptr));
     pending.numbers = readback.start(ops::cat({ops::reshape(loss_sum, {1}), ops::reshape(sq_sum, {1})}, 0));
-    optimizer->step_scaled(r.lr, cfg.optim.grad_clip > 0 ? optim::clip_scale_tensor(sq_sum, cfg.optim.grad_clip) : Tensor());
+    optimizer->step_scaled(r.lr, device_clip_factor(sq_sum));
     if (trace) trace->span("compute", "clip + optimizer", t_sync, Clock::now());
   } else {  // f16 loss scaling: the norm read here (whether to skip the update)
     const std::vector<Tensor> g = grads();
@@ -650,7 +655,9 @@ void Trainer::State::pipeline_step(PendingStep& pending) {
   } else {
     pipe->sync_tied_gradients();
     sq = ops::reshape(pipe->grad_sq_sum(), {1});
-    if (!tp_shards.empty()) sq = ops::add(sq, ops::reshape(other_tp_parts_sq(pipe->named_parameters(), &ctx->pp()), {1}));
+    if (!tp_shards.empty()) {
+      sq = ops::add(sq, ops::reshape(other_tp_parts_sq(pipe->named_parameters(), &ctx->pp()), {1}));
+    }
     scale_grads = [this](double f) {
       std::vector<Tensor> g;
       for (const auto& [name, p] : pipe->named_parameters()) {
@@ -662,10 +669,8 @@ void Trainer::State::pipeline_step(PendingStep& pending) {
   if (!scaler) {  // Note [Device step]
     if (dp) ctx->dp().all_reduce(loss, parallel::ReduceOp::kAvg);  // the global batch's loss
     pending.numbers = readback.start(ops::cat({loss, sq}, 0));
-    const Tensor factor =
-        cfg.optim.grad_clip > 0 ? optim::clip_scale_tensor(ops::reshape(sq, {}), cfg.optim.grad_clip) : Tensor();
-    if (dp) dp->step_scaled(r.lr, factor);
-    else optimizer->step_scaled(r.lr, factor);
+    if (dp) dp->step_scaled(r.lr, device_clip_factor(sq));
+    else optimizer->step_scaled(r.lr, device_clip_factor(sq));
   } else {  // f16: the norm read here (Note [Loss scaling across ranks])
     r.grad_norm = unscale_and_update(std::sqrt(sq.item()), scale_grads, &r.skipped);
     if (!r.skipped && cfg.optim.grad_clip > 0) scale_grads(optim::clip_scale(r.grad_norm, cfg.optim.grad_clip));
@@ -718,7 +723,9 @@ void Trainer::State::log_step(const PendingStep& p, double dt) {
       *log << " | comm exposed " << fmt(dp_stats.exposed_wait_s * 1e3, 1) << " ms, launched in backward "
            << fmt(100 * dp_stats.overlap_fraction(), 0) << "%";
     }
-    if (pipe) *log << " | pipeline idle " << fmt(100 * p.pipe_stats.idle_fraction(), 0) << "% (rank " << ctx->rank() << ")";
+    if (pipe) {
+      *log << " | pipeline idle " << fmt(100 * p.pipe_stats.idle_fraction(), 0) << "% (rank " << ctx->rank() << ")";
+    }
     *log << "\n";
     log->flush();
   }

@@ -340,8 +340,8 @@ TEST(TensorParallelLayers, VocabParallelEmbeddingRejectsHostIdsPastTheVocabulary
     emb.forward(ids);
     ADD_FAILURE() << "expected an error for id " << V;
   } catch (const Error& e) {
-    const std::string want = "embedding: id " + std::to_string(V) + " at position 2 is out of range for a vocabulary of V=" +
-                             std::to_string(V);
+    const std::string want =
+        "embedding: id " + std::to_string(V) + " at position 2 is out of range for a vocabulary of V=" + std::to_string(V);
     EXPECT_NE(std::string(e.what()).find(want), std::string::npos) << e.what();
   }
   EXPECT_EQ(emb.forward(ops::narrow(ids, 1, 0, 2)).size(1), 2);  // in range: still collective and fine
