@@ -11,6 +11,7 @@
 #include <bit>
 #include <cstdint>
 #include <cstring>
+#include <deque>
 #include <mutex>
 #include <vector>
 
@@ -167,12 +168,15 @@ void check_transfer(const Tensor& src, const Tensor& dst, const char* op) {
 // once its event has completed. Blocks are kept per device in a process-wide cache, like the
 // caching allocator's memory (never freed: statics may be destroyed after the runtime); at most
 // kMaxStagingBlocks exist, and when none is free and no more may be made the upload falls back
-// to the blocking copy.
+// to the blocking copy. Blocks are made as uploads need them, in the first steps, and reused
+// after: cudaMallocHost is no part of the steady state.
 class StagingBlocks {
  public:
   static constexpr size_t kMaxStagedBytes = size_t{16} << 20;
   static constexpr size_t kMinBlockBytes = size_t{64} << 10;
-  static constexpr size_t kMaxStagingBlocks = 32;
+  // Enough for every upload of a step launched while the device finishes the previous one (a
+  // micro-batch uploads its ids, targets and positions) at any gradient accumulation in use.
+  static constexpr size_t kMaxStagingBlocks = 1024;
 
   static StagingBlocks& instance() {
     static StagingBlocks* blocks = new StagingBlocks();  // see the Note: never destroyed
@@ -183,27 +187,35 @@ class StagingBlocks {
   // when no block could take it (the caller copies synchronously instead).
   bool upload(void* dst, const void* src, size_t bytes, int device) {
     std::lock_guard<std::mutex> lock(mu_);
-    Block* use = nullptr;  // the smallest free block that fits
-    for (Block& b : blocks_) {
-      if (b.device != device || b.bytes < bytes || (use != nullptr && b.bytes >= use->bytes)) continue;
-      const cudaError_t state = cudaEventQuery(b.done);
-      if (state == cudaErrorNotReady) continue;
+    // Blocks whose copies are done, oldest first; the first one still in flight stops the scan
+    // (later ones usually are too: one stream completes in order).
+    while (!in_flight_.empty()) {
+      const cudaError_t state = cudaEventQuery(in_flight_.front().done);
+      if (state == cudaErrorNotReady) break;
       CUDA_CHECK(state);
-      use = &b;
+      free_.push_back(in_flight_.front());
+      in_flight_.pop_front();
     }
-    if (use == nullptr) {
-      if (blocks_.size() >= kMaxStagingBlocks) return false;
-      Block b;
+    auto best = free_.end();  // the smallest free block of this device that fits
+    for (auto it = free_.begin(); it != free_.end(); ++it) {
+      const bool fits = it->device == device && it->bytes >= bytes;
+      if (fits && (best == free_.end() || it->bytes < best->bytes)) best = it;
+    }
+    Block b;
+    if (best != free_.end()) {
+      b = *best;
+      free_.erase(best);
+    } else {
+      if (free_.size() + in_flight_.size() >= kMaxStagingBlocks) return false;
       b.device = device;
       b.bytes = std::max(kMinBlockBytes, std::bit_ceil(bytes));
       CUDA_CHECK(cudaMallocHost(&b.ptr, b.bytes));
       CUDA_CHECK(cudaEventCreateWithFlags(&b.done, cudaEventDisableTiming));
-      blocks_.push_back(b);
-      use = &blocks_.back();
     }
-    std::memcpy(use->ptr, src, bytes);
-    CUDA_CHECK(cudaMemcpyAsync(dst, use->ptr, bytes, cudaMemcpyHostToDevice, compute_stream()));
-    CUDA_CHECK(cudaEventRecord(use->done, compute_stream()));
+    in_flight_.push_back(b);  // before the calls that may throw: the block is never lost
+    std::memcpy(b.ptr, src, bytes);
+    CUDA_CHECK(cudaMemcpyAsync(dst, b.ptr, bytes, cudaMemcpyHostToDevice, compute_stream()));
+    CUDA_CHECK(cudaEventRecord(b.done, compute_stream()));
     return true;
   }
 
@@ -215,7 +227,8 @@ class StagingBlocks {
     int device = 0;
   };
   std::mutex mu_;
-  std::vector<Block> blocks_;
+  std::deque<Block> in_flight_;  // in the order their copies were issued
+  std::vector<Block> free_;      // copies done: reusable
 };
 
 void copy_host_to_device_cuda(const Tensor& src_host, Tensor& dst) {

@@ -166,10 +166,10 @@ TEST_F(CudaRuntimeTest, BadDeviceIndexIsALoomError) {
   }
 }
 
-// Note [Asynchronous uploads]: behind a long GEMM, 40 uploads (more than the staging blocks, so
-// some take the blocking path) each followed by overwriting the host source, and one upload
-// above the staging limit: every device tensor holds the bytes it was given. An upload into a
-// tensor that a queued GEMM still reads does not overtake it.
+// Note [Asynchronous uploads]: behind a long GEMM, 40 staged uploads each followed by
+// overwriting the host source, and one upload above the staging limit (the blocking path): every
+// device tensor holds the bytes it was given. An upload into a tensor that a queued GEMM still
+// reads does not overtake it.
 TEST_F(CudaRuntimeTest, StagedUploadsKeepTheirBytesAndStreamOrder) {
   Generator gen(19);
   const Tensor a = randn({2048, 2048}, gen).to(Device::cuda()), b = randn({2048, 2048}, gen);
