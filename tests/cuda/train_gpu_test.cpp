@@ -204,7 +204,8 @@ TEST_F(TrainGpuTest, StepsAfterTheFirstMakeNoCudaMalloc) {
 // then — so step 3's work queues behind the gate, and opens it when step 2 is reported, which
 // the trainer does only after launching step 3. A wait for the device while step 3 is launched
 // (a read-back, a blocking copy, an id check) would block the trainer behind the gate for good;
-// a watchdog then opens it after 60 s (a deadlock breaker, not a timing) and the test fails.
+// a watchdog then opens it after 20 s (a deadlock breaker, not a timing: the 4 steps take well
+// under a second) and the test fails.
 class GateAtSteps : public std::streambuf {
  public:
   std::unique_ptr<kernels::StreamGate> gate;
@@ -251,7 +252,7 @@ TEST_F(TrainGpuTest, StepsAreLaunchedWithoutWaitingForTheGpu) {
     bool done = false, watchdog_opened = false;
     std::thread watchdog([&] {
       std::unique_lock<std::mutex> lock(mu);
-      if (!cv.wait_for(lock, std::chrono::seconds(60), [&] { return done; })) {
+      if (!cv.wait_for(lock, std::chrono::seconds(20), [&] { return done; })) {
         watchdog_opened = true;
         if (kernels::StreamGate* g = sink.held.load()) g->open();
       }
