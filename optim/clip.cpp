@@ -13,17 +13,17 @@
 
 namespace loom::optim {
 
-Tensor grad_sq_sum_tensor(const std::vector<Tensor>& grads) {
+Tensor grad_sq_sum_tensor(const std::vector<Tensor>& grads, std::optional<Device> device) {
   autograd::NoGradGuard no_grad;
   Tensor total;  // per-tensor sums (the fused thread-count-independent kernel), added in order
   for (const Tensor& g : grads) {
     if (!g.defined() || g.numel() == 0) continue;
-    LOOM_CHECK(!total.defined() || g.device() == total.device(), "grad_sq_sum: gradients on ",
-               total.device().str(), " and ", g.device().str());
+    if (!device) device = g.device();
+    LOOM_CHECK(g.device() == *device, "grad_sq_sum: gradients on ", device->str(), " and ", g.device().str());
     const Tensor s = ops::sum_squares(g.detach());
     total = total.defined() ? ops::add(total, s) : s;
   }
-  return total.defined() ? total : Tensor::zeros({}, DType::kF64);
+  return total.defined() ? total : Tensor::zeros({}, DType::kF64, device.value_or(Device::cpu()));
 }
 
 double grad_sq_sum(const std::vector<Tensor>& grads) { return grad_sq_sum_tensor(grads).item(); }

@@ -3,6 +3,7 @@
 // cross-shard reduction is the caller's, see Note [Clipping under parallelism].
 #pragma once
 
+#include <optional>
 #include <vector>
 
 #include "core/tensor.h"
@@ -21,10 +22,11 @@ namespace loom::optim {
 // Σ g² over every element of every defined tensor, accumulated in double: each tensor summed in
 // index order, tensors added in list order. Undefined tensors are skipped.
 double grad_sq_sum(const std::vector<Tensor>& grads);
-// The same sum left where the gradients live: a 0-d f64 tensor on their device (all defined
-// gradients must share one), computed without reading anything back, so a device step can read
-// it with its other numbers in one transfer. grad_sq_sum() is this, read.
-Tensor grad_sq_sum_tensor(const std::vector<Tensor>& grads);
+// The same sum left where the gradients live: a 0-d f64 tensor on `device`, where every defined
+// gradient must be (default: the gradients' device; the CPU when there are none, or the given
+// device, so an empty list still gives a zero there), computed without reading anything back.
+// grad_sq_sum() is this, read.
+Tensor grad_sq_sum_tensor(const std::vector<Tensor>& grads, std::optional<Device> device = std::nullopt);
 // sqrt(grad_sq_sum(grads)).
 double global_grad_norm(const std::vector<Tensor>& grads);
 // The factor clipping multiplies gradients by: max_norm / norm when norm > max_norm, else 1.

@@ -201,6 +201,13 @@ struct Trainer::State {
   Readback readback;  // the device step's numbers (Note [Device step])
   PendingStep train_step();
   void pipeline_step(PendingStep& pending);  // r.step advanced, as train_step()
+  // The end of every step, after the gradients are final: loss (the global batch's, one element)
+  // and Σ g² (every rank's parts summed) on the device. Without loss scaling, starts reading both
+  // and runs the optimizer clipped on the device (Note [Device step]); with f16 loss scaling,
+  // reads both, unscales through scale_grads (Note [Loss scaling across ranks]), clips and steps
+  // unless the gradients overflowed.
+  void finish_step(PendingStep& pending, const Tensor& loss, const Tensor& sq_sum,
+                   const std::function<void(double)>& scale_grads);
   // Completes p's record (waiting for its numbers if they are still on their way) and logs it,
   // timed from `since`, which becomes the moment its numbers reached the host.
   void report(PendingStep& p, Clock::time_point& since);
@@ -387,7 +394,7 @@ Tensor Trainer::State::other_tp_parts_sq(const std::vector<std::pair<std::string
   for (const auto& [name, p] : params) {
     if (tp_shards.count(name) && (!pipe || !pipe->is_tied_copy(name)) && p.grad().defined()) parts.push_back(p.grad());
   }
-  Tensor s = ops::reshape(optim::grad_sq_sum_tensor(parts).to(device), {1});
+  Tensor s = ops::reshape(optim::grad_sq_sum_tensor(parts, device), {1});
   if (stages) stages->all_reduce(s, parallel::ReduceOp::kSum);
   const Tensor mine = s.clone();
   ctx->tp().all_reduce(s, parallel::ReduceOp::kSum);
@@ -558,62 +565,55 @@ PendingStep Trainer::State::train_step() {
     loss_sum = loss_sum.defined() ? ops::add(loss_sum, l) : l;
   }
   const auto t_sync = Clock::now();
-  if (dp && !scaler) {  // Note [Device step], over the data-parallel ranks
-    dp->finish_gradient_sync();
-    Tensor mean_loss = ops::reshape(loss_sum, {1});  // the global batch's loss, on the device
-    if (cp_size() > 1) ctx->cp().all_reduce(mean_loss, parallel::ReduceOp::kSum);  // shares
-    ctx->dp().all_reduce(mean_loss, parallel::ReduceOp::kAvg);
-    const Tensor sq_sum = dp->grad_sq_sum_tensor();
-    pending.numbers = readback.start(ops::cat({mean_loss, ops::reshape(sq_sum, {1})}, 0));
-    const auto t_opt = Clock::now();
-    dp->step_scaled(r.lr, device_clip_factor(sq_sum));
-    if (trace) {
-      trace->span("compute", "wait for gradient sync", t_sync, t_opt);
-      trace->span("compute", "clip + optimizer + parameter gather", t_opt, Clock::now());
-    }
-  } else if (dp) {  // f16 loss scaling: the norm read here (Note [Loss scaling across ranks])
-    r.loss = loss_sum.item();
-    dp->finish_gradient_sync();
-    const auto t_opt = Clock::now();
-    r.grad_norm = unscale_and_update(std::sqrt(dp->grad_sq_sum()), [this](double f) { dp->scale_grads(f); },
-                                     &r.skipped);
-    if (!r.skipped && cfg.optim.grad_clip > 0) dp->scale_grads(optim::clip_scale(r.grad_norm, cfg.optim.grad_clip));
-    if (!r.skipped) dp->step(r.lr);
-    if (trace) {
-      trace->span("compute", "wait for gradient sync", t_sync, t_opt);
-      trace->span("compute", "clip + optimizer + parameter gather", t_opt, Clock::now());
-    }
-    Tensor mean_loss = Tensor::full({1}, r.loss, DType::kF64);  // the global batch's loss
-    if (cp_size() > 1) ctx->cp().all_reduce(mean_loss, parallel::ReduceOp::kSum);  // shares
-    ctx->dp().all_reduce(mean_loss, parallel::ReduceOp::kAvg);
-    r.loss = mean_loss.item();
-  } else if (!scaler) {  // Note [Device step]
-    Tensor sq_sum = optim::grad_sq_sum_tensor(grads()).to(loss_sum.device());
+  if (dp) dp->finish_gradient_sync();
+  Tensor loss = ops::reshape(loss_sum, {1});  // the global batch's loss, on the device
+  if (dp) {
+    if (cp_size() > 1) ctx->cp().all_reduce(loss, parallel::ReduceOp::kSum);  // shares
+    ctx->dp().all_reduce(loss, parallel::ReduceOp::kAvg);
+  }
+  std::vector<Tensor> g;  // one process: the gradients (f16 unscales them)
+  Tensor sq_sum;
+  if (dp) {
+    sq_sum = dp->grad_sq_sum_tensor();
+  } else {
+    g = grads();
+    sq_sum = optim::grad_sq_sum_tensor(g, device);
     if (!tp_shards.empty()) sq_sum = ops::add(sq_sum, other_tp_parts_sq(model->named_parameters(), nullptr));
-    pending.numbers = readback.start(ops::cat({ops::reshape(loss_sum, {1}), ops::reshape(sq_sum, {1})}, 0));
-    optimizer->step_scaled(r.lr, device_clip_factor(sq_sum));
-    if (trace) trace->span("compute", "clip + optimizer", t_sync, Clock::now());
-  } else {  // f16 loss scaling: the norm read here (whether to skip the update)
-    const std::vector<Tensor> g = grads();
-    Tensor sq_sum = optim::grad_sq_sum_tensor(g);
-    if (!tp_shards.empty()) sq_sum = ops::add(sq_sum, other_tp_parts_sq(model->named_parameters(), nullptr));
-    const std::vector<double> host = ops::cat({ops::reshape(loss_sum, {1}), ops::reshape(sq_sum.to(loss_sum.device()), {1})}, 0)
-                                         .to(Device::cpu())
-                                         .to_vector();
-    r.loss = host[0];
-    r.grad_norm = std::sqrt(host[1]);
-    if (scaler) r.grad_norm = scaler->unscale_(g, r.grad_norm);  // the true gradients' norm
-    r.skipped = scaler && !scaler->update(r.grad_norm);           // f16 overflow: no update
-    if (!r.skipped) {
-      if (cfg.optim.grad_clip > 0) optim::scale_grads(g, optim::clip_scale(r.grad_norm, cfg.optim.grad_clip));
-      optimizer->step(r.lr);
-    }
-    if (trace) trace->span("compute", "clip + optimizer", t_sync, Clock::now());
+  }
+  const auto t_opt = Clock::now();
+  finish_step(pending, loss, sq_sum,
+              dp ? std::function<void(double)>([this](double f) { dp->scale_grads(f); })
+                 : std::function<void(double)>([&g](double f) { optim::scale_grads(g, f); }));
+  if (trace && dp) {
+    trace->span("compute", "wait for gradient sync", t_sync, t_opt);
+    trace->span("compute", "clip + optimizer + parameter gather", t_opt, Clock::now());
+  } else if (trace) {
+    trace->span("compute", "clip + optimizer", t_sync, Clock::now());
   }
   r.step = ++step;
   if (dp) pending.dp_stats = dp->last_step_stats();
   pending.done = Clock::now();
   return pending;
+}
+
+void Trainer::State::finish_step(PendingStep& pending, const Tensor& loss, const Tensor& sq_sum,
+                                 const std::function<void(double)>& scale_grads) {
+  StepRecord& r = pending.r;
+  const Tensor numbers = ops::cat({ops::reshape(loss, {1}), ops::reshape(sq_sum, {1})}, 0);
+  if (!scaler) {  // Note [Device step]
+    pending.numbers = readback.start(numbers);
+    const Tensor factor = device_clip_factor(sq_sum);
+    if (dp) dp->step_scaled(r.lr, factor);
+    else optimizer->step_scaled(r.lr, factor);
+    return;
+  }
+  const std::vector<double> host = numbers.to(Device::cpu()).to_vector();  // f16: read here
+  r.loss = host[0];
+  r.grad_norm = unscale_and_update(std::sqrt(host[1]), scale_grads, &r.skipped);
+  if (r.skipped) return;
+  if (cfg.optim.grad_clip > 0) scale_grads(optim::clip_scale(r.grad_norm, cfg.optim.grad_clip));
+  if (dp) dp->step(r.lr);
+  else optimizer->step(r.lr);
 }
 
 void Trainer::State::report(PendingStep& p, Clock::time_point& since) {
@@ -666,21 +666,8 @@ void Trainer::State::pipeline_step(PendingStep& pending) {
       optim::scale_grads(g, f);
     };
   }
-  if (!scaler) {  // Note [Device step]
-    if (dp) ctx->dp().all_reduce(loss, parallel::ReduceOp::kAvg);  // the global batch's loss
-    pending.numbers = readback.start(ops::cat({loss, sq}, 0));
-    if (dp) dp->step_scaled(r.lr, device_clip_factor(sq));
-    else optimizer->step_scaled(r.lr, device_clip_factor(sq));
-  } else {  // f16: the norm read here (Note [Loss scaling across ranks])
-    r.grad_norm = unscale_and_update(std::sqrt(sq.item()), scale_grads, &r.skipped);
-    if (!r.skipped && cfg.optim.grad_clip > 0) scale_grads(optim::clip_scale(r.grad_norm, cfg.optim.grad_clip));
-    if (!r.skipped) {
-      if (dp) dp->step(r.lr);
-      else optimizer->step(r.lr);
-    }
-    if (dp) ctx->dp().all_reduce(loss, parallel::ReduceOp::kAvg);
-    r.loss = loss.item();
-  }
+  if (dp) ctx->dp().all_reduce(loss, parallel::ReduceOp::kAvg);  // the global batch's loss
+  finish_step(pending, loss, sq, scale_grads);
   if (trace) {
     trace->span("compute", "pipeline forward + backward", t0, t_sync);
     trace->span("compute", "sync + clip + optimizer", t_sync, Clock::now());
@@ -692,8 +679,8 @@ void Trainer::State::pipeline_step(PendingStep& pending) {
 // holds the same global norm of the scaled gradients (summed over the data-parallel shards, the
 // TP parts and the pipeline stages before this is called), so every rank takes the same
 // decision: a finite norm divides this rank's gradients by the scale (a power of two: exact) and
-// the norm with them; inf/NaN skips the optimizer step on every rank and halves the scale. The
-// single-process step does the same through LossScaler::unscale_.
+// the norm with them; inf/NaN skips the optimizer step on every rank and halves the scale. One
+// process is the case of one rank (finish_step).
 double Trainer::State::unscale_and_update(double scaled_norm, const std::function<void(double)>& scale_grads,
                                           bool* skipped) {
   double norm = scaled_norm;

@@ -389,7 +389,7 @@ Tensor DataParallel::grad_sq_sum_tensor(const std::function<bool(const std::stri
   }
   const Device dev = optimizer_->params().front().param.device();
   auto sum_of = [&](const std::vector<Tensor>& gs) {
-    return ops::reshape(optim::grad_sq_sum_tensor(gs).to(dev), {1});
+    return ops::reshape(optim::grad_sq_sum_tensor(gs, dev), {1});
   };
   Tensor sq = ops::cat({sum_of(counted), sum_of(tp_parts)}, 0);
   if (config_.zero_stage >= 1) shard_comm_->all_reduce(sq, ReduceOp::kSum);  // one owner each

@@ -142,7 +142,7 @@ Tensor TransformerPipeline::grad_sq_sum() {
   for (const auto& [name, t] : params_) {
     if (!is_tied_copy(name) && t.grad().defined()) grads.push_back(t.grad());
   }
-  Tensor sq = ops::reshape(optim::grad_sq_sum_tensor(grads).to(model_.device()), {1});
+  Tensor sq = ops::reshape(optim::grad_sq_sum_tensor(grads, model_.device()), {1});
   pp_.all_reduce(sq, ReduceOp::kSum);
   return ops::reshape(sq, {});
 }
