@@ -4,6 +4,7 @@
 // terms, which parameters decay): the optimiser in optim/adamw.cpp decides those.
 #pragma once
 
+#include <cmath>
 #include <cstdint>
 #include <vector>
 
@@ -35,6 +36,12 @@ struct AdamWParam {
 struct AdamWOptions {
   double lr = 0.0, beta1 = 0.9, beta2 = 0.999, eps = 1e-8;
   int64_t step = 1;
+  // Optional (undefined: use `step`): a 0-d f64 tensor on the parameters' device holding the
+  // number of updates made before this one, so that t = its value + 1 is read where it lies
+  // (Note [Device step] in train/trainer.cpp). With it, a grad_scale that is not finite (an f16
+  // overflow: kernels/reduce.h loss_scale_step) skips the update — nothing is written — and the
+  // call advances the count by one only when the update was made.
+  Tensor step_count;
   // bf16 copies: round to nearest even, or stochastically (Note [bf16 stochastic rounding]).
   bool stochastic_rounding = false;
   uint64_t seed = 0, offset = 0;
@@ -44,6 +51,15 @@ struct AdamWOptions {
   // dtype(g_s) · grad[i], as scale_forward computes it; the gradient tensors are not written.
   Tensor grad_scale;
 };
+
+// The step's scalars, computed in double from t = step: lr / (1 - beta1^t) and
+// 1 / sqrt(1 - beta2^t). The one definition: the host for `step`, each thread for step_count.
+struct AdamWStepScalars {
+  double step_size, inv_sqrt_bc2;
+};
+LOOM_HD AdamWStepScalars adamw_step_scalars(double lr, double beta1, double beta2, double t) {
+  return {lr / (1.0 - pow(beta1, t)), 1.0 / sqrt(1.0 - pow(beta2, t))};
+}
 
 // Note [bf16 stochastic rounding]: element i of the k-th list entry (list order, counting every
 // entry) draws r = philox_bits(seed, offset + base_k, i) with base_k = Σ_{j<k} ⌈n_j / 4⌉, so a
@@ -66,7 +82,9 @@ LOOM_HD uint16_t bf16_bits_stochastic(uint32_t f32_bits, uint32_t random) {
 // adamw_step on every entry (its gradient scaled by options.grad_scale where defined), all with
 // the same options; entries must share one device (CUDA: one dtype, f32 or f64). Where param_bf16
 // is defined (f32 params only), it then receives the updated param rounded to bf16. Bit-identical
-// to one adamw_step per entry for the f32/f64 update. There is no tensor argument to dispatch on:
+// to one adamw_step per entry for the f32/f64 update (with options.step_count, to the same step
+// at t = count + 1 on the CPU; CUDA's pow may differ from the host's in the last bit of the step's
+// scalars). There is no tensor argument to dispatch on:
 // callers use find_kernel<adamw_multi_step_k>(device.type).
 LOOM_DECLARE_KERNEL(adamw_multi_step,
                     void(const std::vector<loom::kernels::AdamWParam>& params,

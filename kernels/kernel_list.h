@@ -12,6 +12,7 @@
   X(sum_dim_forward)            \
   X(sum_squares_forward)        \
   X(clip_factor_forward)        \
+  X(loss_scale_step)            \
   X(gemm)                       \
   X(gemm_bias)                  \
   X(gemm_bias_gelu)             \

@@ -1,7 +1,8 @@
 // optim/adamw.cpp — AdamW: argument checks, eager state allocation, and the update: one
 // adamw_multi_step call over every parameter with a gradient when they share a device and a
-// dtype (one launch on CUDA; a gradient scale applied inside it), else one adamw_step call per
-// parameter (a gradient scale read and applied first). Both give the same bits.
+// dtype (one launch on CUDA; a gradient scale and the step count read inside it), else one
+// adamw_step call per parameter (a gradient scale and the count read on the host first). Both
+// give the same bits on the CPU.
 #include "optim/adamw.h"
 
 #include <cmath>
@@ -28,12 +29,19 @@ AdamW::AdamW(std::vector<ParamRef> params, double beta1, double beta2, double ep
     exp_avg_.push_back(Tensor::zeros_like(p.param));
     exp_avg_sq_.push_back(Tensor::zeros_like(p.param));
   }
+  steps_ = Tensor::zeros({}, DType::kF64, params_.empty() ? Device::cpu() : params_.front().param.device());
+}
+
+int64_t AdamW::step_count() const { return static_cast<int64_t>(steps_.item()); }
+
+void AdamW::set_step_count(int64_t step) {
+  LOOM_CHECK(step >= 0, "optimizer: step count must be >= 0, got ", step);
+  steps_ = Tensor::full({}, static_cast<double>(step), DType::kF64, steps_.device());
 }
 
 void AdamW::step_scaled(double lr, const Tensor& grad_scale) {
   LOOM_CHECK(std::isfinite(lr) && lr >= 0, "adamw: learning rate must be finite and >= 0, got ",
              lr);
-  ++step_count_;
   std::vector<kernels::AdamWParam> list;
   bool one_kind = true;  // one device and one dtype: a single multi-tensor call
   for (size_t i = 0; i < params_.size(); ++i) {
@@ -45,27 +53,34 @@ void AdamW::step_scaled(double lr, const Tensor& grad_scale) {
     one_kind = one_kind && p.param.device() == list.front().param.device() &&
                p.param.dtype() == list.front().param.dtype();
   }
-  if (list.empty()) return;
-  if (one_kind) {
+  if (list.empty()) {  // nothing to update; the step still counts unless it overflowed
+    if (!grad_scale.defined() || std::isfinite(grad_scale.item())) set_step_count(step_count() + 1);
+    return;
+  }
+  if (one_kind && list.front().param.device() == steps_.device()) {
     kernels::AdamWOptions o;
     o.lr = lr;
     o.beta1 = beta1_;
     o.beta2 = beta2_;
     o.eps = eps_;
-    o.step = step_count_;
+    o.step_count = steps_;
     o.grad_scale = grad_scale;
     kernels::find_kernel<kernels::adamw_multi_step_k>(list.front().param.device().type)(list, o);
     return;
   }
   if (grad_scale.defined()) {
+    const double factor = grad_scale.item();
+    if (!std::isfinite(factor)) return;  // skipped, not counted
     std::vector<Tensor> grads;
     for (const kernels::AdamWParam& e : list) grads.push_back(e.grad);
-    scale_grads(grads, grad_scale.item());
+    scale_grads(grads, factor);
   }
+  const int64_t step = step_count() + 1;
   for (kernels::AdamWParam& e : list) {
     kernels::call_kernel<kernels::adamw_step_k>(e.param, e.grad, e.exp_avg, e.exp_avg_sq, lr,
-                                                beta1_, beta2_, eps_, e.weight_decay, step_count_);
+                                                beta1_, beta2_, eps_, e.weight_decay, step);
   }
+  set_step_count(step);
 }
 
 std::vector<std::pair<std::string, Tensor>> AdamW::state_tensors() {

@@ -17,9 +17,13 @@ class AdamW : public Optimizer {
         double weight_decay);
 
   void step(double lr) override { step_scaled(lr, Tensor()); }
-  // The factor goes into the multi-tensor update (no host read, .grad not written) when all
-  // parameters share a device and a dtype; otherwise the default's host read.
+  // The factor and the step count go into the multi-tensor update (no host read, .grad not
+  // written; a non-finite factor skips it there) when all parameters share a device and a
+  // dtype; otherwise the factor is read on the host as the default does.
   void step_scaled(double lr, const Tensor& grad_scale) override;
+  // The count lives on the first parameter's device (steps_): reading it is a host read.
+  int64_t step_count() const override;
+  void set_step_count(int64_t step) override;
   // "exp_avg.<name>" and "exp_avg_sq.<name>" per parameter, in parameter order. See
   // Note [Optimizer state contract] in optim/optimizer.h.
   std::vector<std::pair<std::string, Tensor>> state_tensors() override;
@@ -33,6 +37,10 @@ class AdamW : public Optimizer {
   double beta1_, beta2_, eps_, weight_decay_;
   std::vector<Tensor> exp_avg_;     // one per parameter, its shape/dtype/device
   std::vector<Tensor> exp_avg_sq_;  // one per parameter, its shape/dtype/device
+  // Updates made, a 0-d f64 tensor on the first parameter's device (the CPU without parameters):
+  // read and advanced by the update where it runs, so a step skipped on the device is not counted
+  // (kernels::AdamWOptions::step_count). Replaces Optimizer::step_count_.
+  Tensor steps_;
 };
 
 }  // namespace loom::optim

@@ -2,6 +2,7 @@
 // parameter validation, zero_grad, the step counter and the default scaled step.
 #include "optim/optimizer.h"
 
+#include <cmath>
 #include <set>
 
 #include "optim/clip.h"
@@ -28,11 +29,13 @@ void Optimizer::zero_grad() {
 
 void Optimizer::step_scaled(double lr, const Tensor& grad_scale) {
   if (grad_scale.defined()) {
+    const double factor = grad_scale.item();
+    if (!std::isfinite(factor)) return;  // an overflowed step: skipped, not counted
     std::vector<Tensor> grads;
     for (const ParamRef& p : params_) {
       if (p.param.grad().defined()) grads.push_back(p.param.grad());
     }
-    scale_grads(grads, grad_scale.item());
+    scale_grads(grads, factor);
   }
   step(lr);
 }

@@ -43,17 +43,20 @@ class Optimizer {
   // step_count(). Parameters whose .grad is undefined are left unchanged (their state too).
   virtual void step(double lr) = 0;
   // step(lr) with every gradient multiplied by grad_scale first: a 0-d f64 tensor on the
-  // parameters' device (undefined: plain step(lr)). How a device step clips without reading the
-  // norm back (Note [Device step] in train/trainer.cpp). This default reads the factor and
-  // scales .grad in place (one host read); AdamW applies it inside its multi-tensor update where
-  // the factor lies. Either way .grad's contents afterwards are unspecified.
+  // parameters' device (undefined: plain step(lr)). How a device step clips and unscales without
+  // reading the norm back (Note [Device step] in train/trainer.cpp). A factor that is not finite
+  // (kernels/reduce.h loss_scale_step after an f16 overflow) skips the step: nothing changes and
+  // step_count() does not advance. This default reads the factor and scales .grad in place (one
+  // host read); AdamW applies it inside its multi-tensor update where the factor lies, its step
+  // count held on the device too. Either way .grad's contents afterwards are unspecified.
   virtual void step_scaled(double lr, const Tensor& grad_scale);
   // Clears the .grad of every parameter (the next backward starts from nothing).
   virtual void zero_grad();
 
   // See Note [Optimizer state contract].
   virtual std::vector<std::pair<std::string, Tensor>> state_tensors() { return {}; }
-  // Number of step() calls made (AdamW's bias correction uses it).
+  // Number of updates made (AdamW's bias correction uses it); skipped steps do not count. AdamW
+  // keeps it on the parameters' device, so reading it waits for the device's queued work.
   virtual int64_t step_count() const { return step_count_; }
   virtual void set_step_count(int64_t step);
 

@@ -64,7 +64,9 @@ struct KernelChoices {
 // sum of squares on the device, the read of those two (Note [Device step]).
 struct PendingStep {
   StepRecord r;
-  Readback::Pending numbers;  // [loss, Σ g²], or nothing when r is complete
+  // [loss, Σ g²] (under loss scaling: of the scaled gradients, then the scale the step used and
+  // the loss scaler's state after it), or nothing when r is complete
+  Readback::Pending numbers;
   Clock::time_point done;     // when r was complete (no pending read)
   parallel::DpStepStats dp_stats;            // data parallelism: this step's communication
   parallel::pp::PipelineStats pipe_stats;    // pipeline parallelism: this step's schedule
@@ -202,12 +204,10 @@ struct Trainer::State {
   PendingStep train_step();
   void pipeline_step(PendingStep& pending);  // r.step advanced, as train_step()
   // The end of every step, after the gradients are final: loss (the global batch's, one element)
-  // and Σ g² (every rank's parts summed) on the device. Without loss scaling, starts reading both
-  // and runs the optimizer clipped on the device (Note [Device step]); with f16 loss scaling,
-  // reads both, unscales through scale_grads (Note [Loss scaling across ranks]), clips and steps
-  // unless the gradients overflowed.
-  void finish_step(PendingStep& pending, const Tensor& loss, const Tensor& sq_sum,
-                   const std::function<void(double)>& scale_grads);
+  // and Σ g² (every rank's parts summed) on the device. Starts reading both and runs the
+  // optimizer with the factor computed on the device: clipping, and under loss scaling the
+  // unscaling and the skip of an overflowed step (Note [Device step]).
+  void finish_step(PendingStep& pending, const Tensor& loss, const Tensor& sq_sum);
   // Completes p's record (waiting for its numbers if they are still on their way) and logs it,
   // timed from `since`, which becomes the moment its numbers reached the host.
   void report(PendingStep& p, Clock::time_point& since);
@@ -216,8 +216,6 @@ struct Trainer::State {
   Tensor device_clip_factor(const Tensor& sq_sum) const {
     return cfg.optim.grad_clip > 0 ? optim::clip_scale_tensor(ops::reshape(sq_sum, {}), cfg.optim.grad_clip) : Tensor();
   }
-  // Note [Loss scaling across ranks]: unscales and decides the step from the scaled norm.
-  double unscale_and_update(double scaled_norm, const std::function<void(double)>& scale_grads, bool* skipped);
   // dt: the step's seconds; the step's communication and schedule statistics (Note [Device step]).
   void log_step(const PendingStep& p, double dt);
   void save();
@@ -248,6 +246,7 @@ void Trainer::State::build() {
   if (cfg.train.precision != cfg.train.dtype) model->set_compute_dtype(parse_dtype(cfg.train.precision));
   if (cfg.train.loss_scaling == "dynamic" || (cfg.train.loss_scaling == "auto" && cfg.train.precision == "f16")) {
     scaler = std::make_unique<optim::LossScaler>(cfg.train.initial_loss_scale);
+    scaler->to(device);  // decided there (Note [Device step])
   }
   model->init_weights(init_gen);
   if (cfg.parallel.dp > 1 && ctx != nullptr) {  // dropout draws the single-process batch's masks for this replica's rows
@@ -516,21 +515,24 @@ std::vector<Tensor> Trainer::State::grads() const {
   return g;
 }
 
-// Note [Device step]: a step without f16 loss scaling — one process, or any layout of data,
-// tensor, context and pipeline parallelism, any ZeRO stage — never waits for the device. The micro-batch losses
-// are summed and the gradients' squares are summed where they lie (data parallelism: the loss
-// averaged and Σ g² reduced over the ranks by the communicators, on the device too); the
-// clipping factor is computed there (clip_scale_tensor) and AdamW's multi-tensor update
-// multiplies the gradients by it as it reads them (AdamWOptions::grad_scale). The two numbers
-// the log needs, loss and Σ g², are copied into pinned host memory behind the step's work
-// (train/readback.h) and read when the step is reported: Trainer::run() reports step N after it
-// has launched step N + 1, so the host prepares the next step while the device finishes this
-// one. A step after which something reads the model (validation, sampling, a checkpoint, the
-// end or a stop) is reported at once. The step's time is the interval between the moments its
-// numbers and its predecessor's reached the host. Batches reach the device by asynchronous
-// uploads, their ids checked on the host (Note [Host ids] in layers/transformer.cpp). Still read
-// on the host at the end of the step: f16 loss scaling's norm (whether to skip the update is
-// decided there, as PyTorch's GradScaler does).
+// Note [Device step]: a step — one process, or any layout of data, tensor, context and pipeline
+// parallelism, any ZeRO stage, with or without loss scaling — never waits for the device. The
+// micro-batch losses are summed and the gradients' squares are summed where they lie (data
+// parallelism: the loss averaged and Σ g² reduced over the ranks by the communicators, on the
+// device too); the factor the update multiplies the gradients by is computed there — the
+// clipping factor (clip_scale_tensor), or under dynamic loss scaling the unscale-and-clip factor
+// with the scale's update (optim::LossScaler::step_factor, Note [Loss scaling across ranks]) —
+// and AdamW's multi-tensor update applies it as it reads the gradients (AdamWOptions::grad_scale),
+// skipping an overflowed step on the device with its step count there (AdamWOptions::step_count).
+// The numbers the log needs (loss, Σ g², and under loss scaling the scale used and the scaler's
+// new state) are copied into pinned host memory behind the step's work (train/readback.h) and
+// read when the step is reported: Trainer::run() reports step N after it has launched step
+// N + 1, so the host prepares the next step while the device finishes this one. A step after
+// which something reads the model (validation, sampling, a checkpoint, the end or a stop) is
+// reported at once, so the host's copy of the scaler's state is current whenever a checkpoint
+// is written. The step's time is the interval between the moments its numbers and its
+// predecessor's reached the host. Batches reach the device by asynchronous uploads, their ids
+// checked on the host (Note [Host ids] in layers/transformer.cpp).
 PendingStep Trainer::State::train_step() {
   PendingStep pending;
   StepRecord& r = pending.r;
@@ -571,19 +573,15 @@ PendingStep Trainer::State::train_step() {
     if (cp_size() > 1) ctx->cp().all_reduce(loss, parallel::ReduceOp::kSum);  // shares
     ctx->dp().all_reduce(loss, parallel::ReduceOp::kAvg);
   }
-  std::vector<Tensor> g;  // one process: the gradients (f16 unscales them)
   Tensor sq_sum;
   if (dp) {
     sq_sum = dp->grad_sq_sum_tensor();
   } else {
-    g = grads();
-    sq_sum = optim::grad_sq_sum_tensor(g, device);
+    sq_sum = optim::grad_sq_sum_tensor(grads(), device);
     if (!tp_shards.empty()) sq_sum = ops::add(sq_sum, other_tp_parts_sq(model->named_parameters(), nullptr));
   }
   const auto t_opt = Clock::now();
-  finish_step(pending, loss, sq_sum,
-              dp ? std::function<void(double)>([this](double f) { dp->scale_grads(f); })
-                 : std::function<void(double)>([&g](double f) { optim::scale_grads(g, f); }));
+  finish_step(pending, loss, sq_sum);
   if (trace && dp) {
     trace->span("compute", "wait for gradient sync", t_sync, t_opt);
     trace->span("compute", "clip + optimizer + parameter gather", t_opt, Clock::now());
@@ -596,24 +594,28 @@ PendingStep Trainer::State::train_step() {
   return pending;
 }
 
-void Trainer::State::finish_step(PendingStep& pending, const Tensor& loss, const Tensor& sq_sum,
-                                 const std::function<void(double)>& scale_grads) {
+// Note [Loss scaling across ranks]: under dynamic loss scaling (train.loss_scaling) every rank
+// holds the same Σ g² of the scaled gradients (reduced over the data-parallel shards, the TP
+// parts and the pipeline stages before finish_step) and the same scaler state, so every rank's
+// device takes the same decision (optim::LossScaler::step_factor): a finite norm gives the
+// factor 1/scale (a power of two: exact) times the clipping factor of the unscaled norm; inf/NaN
+// gives NaN, which skips the optimizer step on every rank without counting it, and halves the
+// scale. One process is the case of one rank. The host learns the outcome when it reports the
+// step (the scale used, the new state), as it learns the loss.
+void Trainer::State::finish_step(PendingStep& pending, const Tensor& loss, const Tensor& sq_sum) {
   StepRecord& r = pending.r;
-  const Tensor numbers = ops::cat({ops::reshape(loss, {1}), ops::reshape(sq_sum, {1})}, 0);
-  if (!scaler) {  // Note [Device step]
-    pending.numbers = readback.start(numbers);
-    const Tensor factor = device_clip_factor(sq_sum);
-    if (dp) dp->step_scaled(r.lr, factor);
-    else optimizer->step_scaled(r.lr, factor);
-    return;
+  std::vector<Tensor> numbers = {ops::reshape(loss, {1}), ops::reshape(sq_sum, {1})};
+  Tensor factor;
+  if (scaler) {  // Note [Loss scaling across ranks]
+    numbers.push_back(ops::reshape(ops::clone(scaler->device_scale()), {1}));  // before the update
+    factor = scaler->step_factor(sq_sum, cfg.optim.grad_clip);
+    numbers.push_back(scaler->device_state());
+  } else {
+    factor = device_clip_factor(sq_sum);
   }
-  const std::vector<double> host = numbers.to(Device::cpu()).to_vector();  // f16: read here
-  r.loss = host[0];
-  r.grad_norm = unscale_and_update(std::sqrt(host[1]), scale_grads, &r.skipped);
-  if (r.skipped) return;
-  if (cfg.optim.grad_clip > 0) scale_grads(optim::clip_scale(r.grad_norm, cfg.optim.grad_clip));
-  if (dp) dp->step(r.lr);
-  else optimizer->step(r.lr);
+  pending.numbers = readback.start(ops::cat(numbers, 0));  // Note [Device step]
+  if (dp) dp->step_scaled(r.lr, factor);
+  else optimizer->step_scaled(r.lr, factor);
 }
 
 void Trainer::State::report(PendingStep& p, Clock::time_point& since) {
@@ -622,6 +624,11 @@ void Trainer::State::report(PendingStep& p, Clock::time_point& since) {
     const std::vector<double>& v = p.numbers.get();
     p.r.loss = v[0];
     p.r.grad_norm = std::sqrt(v[1]);
+    if (scaler) {  // the norm of the unscaled gradients; an overflow's is left as it is
+      p.r.skipped = !std::isfinite(p.r.grad_norm);
+      if (!p.r.skipped) p.r.grad_norm /= v[2];
+      scaler->mirror({v[3], v[4], v[5]});
+    }
     ready = p.numbers.ready_at();
   }
   log_step(p, std::chrono::duration<double>(ready - since).count());
@@ -637,7 +644,7 @@ void Trainer::State::pipeline_step(PendingStep& pending) {
   const auto t0 = Clock::now();
   Tensor loss = ops::reshape(pipe->forward_backward(inputs, targets, &dropout_gen,
                                                     [this](bool last) { if (dp) dp->set_sync(last); },
-                                                    scaler ? scaler->scale() : 1.0),
+                                                    scaler ? scaler->device_scale() : Tensor()),
                              {1});
   if (cp_size() > 1) {  // this cp rank's share (the loss carried the ×cp), summed over cp
     loss = ops::div(loss, Tensor::full({1}, static_cast<double>(cp_size()), DType::kF64, loss.device()));
@@ -645,51 +652,25 @@ void Trainer::State::pipeline_step(PendingStep& pending) {
   }
   const auto t_sync = Clock::now();
   if (dp) dp->finish_gradient_sync();
-  Tensor sq;                                 // Σ g² over every stage, on the device
-  std::function<void(double)> scale_grads;  // on the host, for f16 loss scaling
+  Tensor sq;  // Σ g² over every stage, on the device
   if (dp && dp->zero_stage() >= 2) {  // sharded gradients (Note [Sharded stages] in parallel/pp)
     pipe->sync_tied_gradient_pieces(dp->owned_grad_pieces());
     sq = ops::reshape(dp->grad_sq_sum_tensor([this](const std::string& n) { return pipe->is_tied_copy(n); }), {1});
     ctx->pp().all_reduce(sq, parallel::ReduceOp::kSum);
-    scale_grads = [this](double f) { dp->scale_grads(f); };
   } else {
     pipe->sync_tied_gradients();
     sq = ops::reshape(pipe->grad_sq_sum(), {1});
     if (!tp_shards.empty()) {
       sq = ops::add(sq, ops::reshape(other_tp_parts_sq(pipe->named_parameters(), &ctx->pp()), {1}));
     }
-    scale_grads = [this](double f) {
-      std::vector<Tensor> g;
-      for (const auto& [name, p] : pipe->named_parameters()) {
-        if (p.grad().defined()) g.push_back(p.grad());
-      }
-      optim::scale_grads(g, f);
-    };
   }
   if (dp) ctx->dp().all_reduce(loss, parallel::ReduceOp::kAvg);  // the global batch's loss
-  finish_step(pending, loss, sq, scale_grads);
+  finish_step(pending, loss, sq);
   if (trace) {
     trace->span("compute", "pipeline forward + backward", t0, t_sync);
     trace->span("compute", "sync + clip + optimizer", t_sync, Clock::now());
   }
   r.step = ++step;
-}
-
-// Note [Loss scaling across ranks]: under dynamic loss scaling (train.loss_scaling) every rank
-// holds the same global norm of the scaled gradients (summed over the data-parallel shards, the
-// TP parts and the pipeline stages before this is called), so every rank takes the same
-// decision: a finite norm divides this rank's gradients by the scale (a power of two: exact) and
-// the norm with them; inf/NaN skips the optimizer step on every rank and halves the scale. One
-// process is the case of one rank (finish_step).
-double Trainer::State::unscale_and_update(double scaled_norm, const std::function<void(double)>& scale_grads,
-                                          bool* skipped) {
-  double norm = scaled_norm;
-  if (std::isfinite(norm)) {
-    scale_grads(1.0 / scaler->scale());
-    norm /= scaler->scale();
-  }
-  *skipped = !scaler->update(norm);
-  return norm;
 }
 
 void Trainer::State::log_step(const PendingStep& p, double dt) {

@@ -1,6 +1,6 @@
 // kernels/cpu/adamw.cpp — CPU fused AdamW update (f32, f64), per parameter and over a list of
 // parameters (adamw_multi_step: the same update per entry, its gradients optionally scaled by a
-// factor read from a tensor, then the optional bf16 copy): OpenMP
+// factor read from a tensor, its step count optionally too, then the optional bf16 copy): OpenMP
 // over fixed chunks, the inner loop vectorised. Purely element-wise: bits do not depend on the
 // number of threads.
 #include <bit>
@@ -31,14 +31,12 @@ void check_adamw_args(const Tensor& param, const Tensor& grad, const Tensor& exp
 template <typename T>
 void update(T* p, const T* g, T* m, T* v, int64_t n, double lr, double beta1, double beta2,
             double eps, double weight_decay, int64_t step, double grad_scale) {
-  const double t = static_cast<double>(step);
-  const double bc1 = 1.0 - std::pow(beta1, t);
-  const double bc2 = 1.0 - std::pow(beta2, t);
+  const AdamWStepScalars sc = adamw_step_scalars(lr, beta1, beta2, static_cast<double>(step));
   const T decay = static_cast<T>(1.0 - lr * weight_decay);
   const T b1 = static_cast<T>(beta1), one_minus_b1 = static_cast<T>(1.0 - beta1);
   const T b2 = static_cast<T>(beta2), one_minus_b2 = static_cast<T>(1.0 - beta2);
-  const T step_size = static_cast<T>(lr / bc1);
-  const T inv_sqrt_bc2 = static_cast<T>(1.0 / std::sqrt(bc2));
+  const T step_size = static_cast<T>(sc.step_size);
+  const T inv_sqrt_bc2 = static_cast<T>(sc.inv_sqrt_bc2);
   const T e = static_cast<T>(eps);
   const T gs = static_cast<T>(grad_scale);
   parallel_for(n, kElementGrain, [&](int64_t lo, int64_t hi) {
@@ -95,6 +93,15 @@ void adamw_multi_step_cpu(const std::vector<AdamWParam>& params, const AdamWOpti
                "adamw_multi_step: grad_scale must be one f64 element on the cpu");
     grad_scale = *o.grad_scale.data<double>();
   }
+  int64_t step = o.step;
+  double* count = nullptr;
+  if (o.step_count.defined()) {
+    LOOM_CHECK(o.step_count.numel() == 1 && o.step_count.dtype() == DType::kF64 && o.step_count.device().is_cpu(),
+               "adamw_multi_step: step_count must be one f64 element on the cpu");
+    count = o.step_count.data<double>();
+    if (!std::isfinite(grad_scale)) return;  // skipped: nothing written, the count kept
+    step = static_cast<int64_t>(*count) + 1;
+  }
   uint64_t counter = o.offset;
   for (const AdamWParam& e : params) {
     LOOM_CHECK(e.param.device() == params.front().param.device(),
@@ -102,7 +109,7 @@ void adamw_multi_step_cpu(const std::vector<AdamWParam>& params, const AdamWOpti
                params.front().param.device().str());
     Tensor param = e.param, exp_avg = e.exp_avg, exp_avg_sq = e.exp_avg_sq;
     scaled_step(param, e.grad, exp_avg, exp_avg_sq, o.lr, o.beta1, o.beta2, o.eps, e.weight_decay,
-                o.step, grad_scale);
+                step, grad_scale);
     if (e.param_bf16.defined()) {
       LOOM_CHECK(e.param.dtype() == DType::kF32 && e.param_bf16.dtype() == DType::kBF16 &&
                      e.param_bf16.shape() == e.param.shape() && e.param_bf16.is_contiguous(),
@@ -113,6 +120,7 @@ void adamw_multi_step_cpu(const std::vector<AdamWParam>& params, const AdamWOpti
     }
     counter += static_cast<uint64_t>((e.param.numel() + 3) / 4);
   }
+  if (count != nullptr) *count += 1;
 }
 
 }  // namespace

@@ -1,5 +1,5 @@
 // kernels/cpu/reduce.cpp — CPU sum over one dimension (rows reduced in double for f32) and the
-// sum of squares used by gradient norms, and the clipping factor from it.
+// sum of squares used by gradient norms, and the clipping and loss-scaling factors from it.
 #include <cmath>
 #include <vector>
 
@@ -71,10 +71,18 @@ void clip_factor_forward_cpu(const Tensor& sq_sum, double max_norm, Tensor& out)
   *out.data<double>() = clip_factor(std::sqrt(*sq_sum.data<double>()), max_norm);
 }
 
+void loss_scale_step_cpu(const Tensor& sq_sum, Tensor& state, double max_norm, int64_t growth_interval,
+                         Tensor& factor) {
+  check_loss_scale_step_args(sq_sum, state, growth_interval, factor);
+  *factor.data<double>() = loss_scale_step_values(std::sqrt(*sq_sum.data<double>()), max_norm,
+                                                  static_cast<double>(growth_interval), state.data<double>());
+}
+
 }  // namespace
 
 LOOM_REGISTER_KERNEL(sum_dim_forward, kCpu, sum_dim_forward_cpu);
 LOOM_REGISTER_KERNEL(sum_squares_forward, kCpu, sum_squares_forward_cpu);
 LOOM_REGISTER_KERNEL(clip_factor_forward, kCpu, clip_factor_forward_cpu);
+LOOM_REGISTER_KERNEL(loss_scale_step, kCpu, loss_scale_step_cpu);
 
 }  // namespace loom::kernels::cpu

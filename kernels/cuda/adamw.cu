@@ -1,6 +1,8 @@
 // kernels/cuda/adamw.cu — CUDA AdamW (kernels/adamw.h): adamw_multi_step updates a list of
 // parameters with one launch per kSlotsPerLaunch of them (gradients optionally scaled by a
-// device scalar each thread reads once), and adamw_step is the list of one.
+// device scalar each thread reads once; with a device step count, the step's scalars derived
+// from it by each thread and the count advanced by one more launch), and adamw_step is the
+// list of one.
 // f32 or f64 parameters and state (one dtype per call); optional bf16 copies of f32 parameters,
 // rounded to nearest or stochastically (Note [bf16 stochastic rounding], Philox from
 // core/philox.h).
@@ -56,6 +58,11 @@ struct AdamWScalars {
   uint64_t seed;
   int stochastic;
   const double* grad_scale;  // a device scalar multiplying every gradient, or null
+  // A device count of the updates made before (AdamWOptions::step_count), or null: each thread
+  // then derives step_size and inv_sqrt_bc2 from it (lr, beta1, beta2) and skips the update when
+  // grad_scale is not finite.
+  const double* step_count;
+  double lr, beta1, beta2;
 };
 
 __device__ __forceinline__ float div_rn(float a, float b) { return __fdiv_rn(a, b); }
@@ -95,10 +102,18 @@ __device__ __forceinline__ int find_slot(const AdamWBatch<T>& b, int64_t c) {
 
 template <typename T>
 __global__ void __launch_bounds__(kThreads)
-    adamw_multi_kernel(__grid_constant__ const AdamWBatch<T> batch, const AdamWScalars<T> s) {
+    adamw_multi_kernel(__grid_constant__ const AdamWBatch<T> batch, const AdamWScalars<T> scalars) {
   constexpr int V = kPackOf<T>;
   using P = Pack<T, V>;
-  const T gs = s.grad_scale != nullptr ? static_cast<T>(*s.grad_scale) : T(1);  // as scale_forward
+  const double factor = scalars.grad_scale != nullptr ? *scalars.grad_scale : 1.0;
+  const T gs = static_cast<T>(factor);  // as scale_forward
+  AdamWScalars<T> s = scalars;
+  if (s.step_count != nullptr) {
+    if (!isfinite(factor)) return;  // an overflowed step: skipped
+    const AdamWStepScalars sc = adamw_step_scalars(s.lr, s.beta1, s.beta2, *s.step_count + 1.0);
+    s.step_size = static_cast<T>(sc.step_size);
+    s.inv_sqrt_bc2 = static_cast<T>(sc.inv_sqrt_bc2);
+  }
   for (int64_t c = blockIdx.x; c < batch.chunks; c += gridDim.x) {
     const AdamWSlot<T> sl = batch.slot[find_slot(batch, c)];
     const int64_t begin = (c - sl.first_chunk) * kChunk;
@@ -192,21 +207,29 @@ bool slot_aligned(const AdamWSlot<T>& s) {
   return true;
 }
 
+// Advances AdamWOptions::step_count after the update, when it was made.
+__global__ void __launch_bounds__(32) advance_step_count_kernel(double* count, const double* grad_scale) {
+  if (threadIdx.x == 0 && (grad_scale == nullptr || isfinite(*grad_scale))) *count += 1.0;
+}
+
 template <typename T>
 AdamWScalars<T> scalars_for(const AdamWOptions& o) {
-  const double t = static_cast<double>(o.step);
-  const double bc1 = 1.0 - std::pow(o.beta1, t), bc2 = 1.0 - std::pow(o.beta2, t);
+  const AdamWStepScalars sc = adamw_step_scalars(o.lr, o.beta1, o.beta2, static_cast<double>(o.step));
   AdamWScalars<T> s{};
   s.b1 = static_cast<T>(o.beta1);
   s.one_minus_b1 = static_cast<T>(1.0 - o.beta1);
   s.b2 = static_cast<T>(o.beta2);
   s.one_minus_b2 = static_cast<T>(1.0 - o.beta2);
-  s.step_size = static_cast<T>(o.lr / bc1);
-  s.inv_sqrt_bc2 = static_cast<T>(1.0 / std::sqrt(bc2));
+  s.step_size = static_cast<T>(sc.step_size);
+  s.inv_sqrt_bc2 = static_cast<T>(sc.inv_sqrt_bc2);
   s.eps = static_cast<T>(o.eps);
   s.seed = o.seed;
   s.stochastic = o.stochastic_rounding ? 1 : 0;
   s.grad_scale = o.grad_scale.defined() ? o.grad_scale.data<double>() : nullptr;
+  s.step_count = o.step_count.defined() ? o.step_count.data<double>() : nullptr;
+  s.lr = o.lr;
+  s.beta1 = o.beta1;
+  s.beta2 = o.beta2;
   return s;
 }
 
@@ -255,15 +278,26 @@ void adamw_multi_step_cuda(const std::vector<AdamWParam>& params, const AdamWOpt
                  (o.grad_scale.numel() == 1 && o.grad_scale.dtype() == DType::kF64 &&
                   o.grad_scale.device() == params.front().param.device()),
              "adamw_multi_step: grad_scale must be one f64 element on the parameters' device");
+  LOOM_CHECK(!o.step_count.defined() ||
+                 (o.step_count.numel() == 1 && o.step_count.dtype() == DType::kF64 &&
+                  o.step_count.device() == params.front().param.device()),
+             "adamw_multi_step: step_count must be one f64 element on the parameters' device");
   CudaDeviceGuard guard(params.front().param.device().index);
   switch (params.front().param.dtype()) {
     case DType::kF32:
-      return launch_multi<float>(params, o);
+      launch_multi<float>(params, o);
+      break;
     case DType::kF64:
-      return launch_multi<double>(params, o);
+      launch_multi<double>(params, o);
+      break;
     default:
       LOOM_FAIL("adamw_multi_step: dtype ", dtype_name(params.front().param.dtype()),
                 " not supported on cuda (f32, f64)");
+  }
+  if (o.step_count.defined()) {  // after every batch has read the count
+    advance_step_count_kernel<<<1, 32, 0, compute_stream()>>>(
+        o.step_count.data<double>(), o.grad_scale.defined() ? o.grad_scale.data<double>() : nullptr);
+    LOOM_CUDA_LAUNCH_CHECK();
   }
 }
 

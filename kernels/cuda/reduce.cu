@@ -1,5 +1,5 @@
-// kernels/cuda/reduce.cu — CUDA sum over one dimension, the sum of squares and the clipping
-// factor (kernels/reduce.h). The sums are deterministic: no float atomics, every sum in double
+// kernels/cuda/reduce.cu — CUDA sum over one dimension, the sum of squares, the clipping factor
+// and the loss-scaling step (kernels/reduce.h). The sums are deterministic: no float atomics, every sum in double
 // over chunks whose size is fixed here (not by the GPU), each chunk reduced by a fixed-shape
 // tree, chunk partials summed in chunk order by a second pass. The result depends on the shapes
 // only, not on the device or the run.
@@ -216,10 +216,27 @@ void clip_factor_forward_cuda(const Tensor& sq_sum, double max_norm, Tensor& out
   LOOM_CUDA_LAUNCH_CHECK();
 }
 
+// One thread: the factor and the updated state (kernels/reduce.h, Note [Loss scale rule]).
+__global__ void __launch_bounds__(32) loss_scale_kernel(const double* sq_sum, double max_norm,
+                                                        double growth_interval, double* state, double* factor) {
+  if (threadIdx.x == 0) *factor = loss_scale_step_values(__dsqrt_rn(*sq_sum), max_norm, growth_interval, state);
+}
+
+void loss_scale_step_cuda(const Tensor& sq_sum, Tensor& state, double max_norm, int64_t growth_interval,
+                          Tensor& factor) {
+  check_loss_scale_step_args(sq_sum, state, growth_interval, factor);
+  CudaDeviceGuard guard(state.device().index);
+  loss_scale_kernel<<<1, 32, 0, compute_stream()>>>(sq_sum.data<double>(), max_norm,
+                                                   static_cast<double>(growth_interval), state.data<double>(),
+                                                   factor.data<double>());
+  LOOM_CUDA_LAUNCH_CHECK();
+}
+
 }  // namespace
 
 LOOM_REGISTER_KERNEL(sum_dim_forward, kCuda, sum_dim_forward_cuda);
 LOOM_REGISTER_KERNEL(sum_squares_forward, kCuda, sum_squares_forward_cuda);
 LOOM_REGISTER_KERNEL(clip_factor_forward, kCuda, clip_factor_forward_cuda);
+LOOM_REGISTER_KERNEL(loss_scale_step, kCuda, loss_scale_step_cuda);
 
 }  // namespace loom::kernels::cuda

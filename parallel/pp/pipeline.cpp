@@ -79,7 +79,7 @@ int64_t TransformerPipeline::release_other_stages(Transformer& model) const {
 
 Tensor TransformerPipeline::forward_backward(const std::vector<Tensor>& inputs, const std::vector<Tensor>& targets,
                                              Generator* dropout_gen, const std::function<void(bool)>& before_backward,
-                                             double grad_scale) {
+                                             const Tensor& grad_scale) {
   const int m = shape_.microbatches, last = shape_.num_global_stages() - 1;
   LOOM_CHECK(static_cast<int>(inputs.size()) == m && static_cast<int>(targets.size()) == m, "pipeline: ",
              inputs.size(), " input and ", targets.size(), " target micro-batches, expected ", m);
@@ -106,16 +106,20 @@ Tensor TransformerPipeline::forward_backward(const std::vector<Tensor>& inputs, 
     if (g != last) return x;
     Tensor loss = model_.head_loss(x, targets[static_cast<size_t>(mb)]);
     // As gradient accumulation does; grad_scale is taken out of the returned loss again.
-    const double factor = options_.loss_scale * grad_scale / static_cast<double>(m);
+    const double factor = options_.loss_scale / static_cast<double>(m);
     if (factor != 1.0) loss = ops::scale(loss, factor);
+    if (grad_scale.defined()) loss = ops::mul(loss, ops::to_dtype(grad_scale, loss.dtype()));
     return loss;
   };
   cb.before_backward = before_backward;
   stats_ = executor_.run(cb);
   if (drop) dropout_gen->set_state(block_offset(m, 0));  // where one process ends the step
-  // grad_scale is a power of two (or 1): dividing is the same as scaling by its inverse.
-  Tensor loss = stats_.loss_sum.defined() ? ops::reshape(ops::scale(stats_.loss_sum, 1.0 / grad_scale), {1})
-                                          : Tensor::zeros({1}, DType::kF64, model_.device());
+  // grad_scale is a power of two: dividing by it is exact.
+  Tensor loss = Tensor::zeros({1}, DType::kF64, model_.device());
+  if (stats_.loss_sum.defined()) {
+    loss = ops::reshape(grad_scale.defined() ? ops::div(ops::reshape(stats_.loss_sum, {}), grad_scale) : stats_.loss_sum,
+                        {1});
+  }
   pp_.broadcast(loss, last % shape_.stages);
   return ops::reshape(loss, {});
 }

@@ -105,11 +105,12 @@ class TransformerPipeline {
   // Forward and backward of the step's micro-batches (inputs[i], targets[i] of shape (B, T));
   // gradients accumulate into the parameters' .grad. Returns Σ_i loss_i / m, the same on every
   // pp rank (broadcast from the last stage), as a 0-d f64 tensor on the model's device (nothing
-  // is read back). before_backward: see ChunkCallbacks. grad_scale (a power of two) multiplies
-  // each micro-batch's loss for backward only (dynamic loss scaling).
+  // is read back). before_backward: see ChunkCallbacks. grad_scale (undefined: 1; else a 0-d f64
+  // tensor on the model's device holding a power of two, optim::LossScaler::device_scale)
+  // multiplies each micro-batch's loss for backward only (dynamic loss scaling).
   Tensor forward_backward(const std::vector<Tensor>& inputs, const std::vector<Tensor>& targets,
                           Generator* dropout_gen, const std::function<void(bool last)>& before_backward = {},
-                          double grad_scale = 1.0);
+                          const Tensor& grad_scale = Tensor());
   // Validation: a forward-only pass (no autograd graph, no dropout) of each micro-batch
   // (inputs[i], targets[i] of shape (B, T), any count >= 1) through the stages in global stage
   // order (Note [Pipeline evaluation]). Returns the mean of the last stage's losses (unscaled:
