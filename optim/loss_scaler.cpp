@@ -6,7 +6,6 @@
 #include "core/ops/elementwise.h"
 #include "core/ops/view.h"
 #include "kernels/reduce.h"
-#include "optim/clip.h"
 
 namespace loom::optim {
 namespace {
@@ -38,12 +37,6 @@ Tensor LossScaler::scale_loss(const Tensor& loss) const {
 Tensor LossScaler::device_scale() const {
   LOOM_CHECK(device_state_.defined(), "LossScaler::device_scale: call to(device) first");
   return ops::reshape(ops::narrow(device_state_, 0, 0, 1), {});
-}
-
-double LossScaler::unscale_(const std::vector<Tensor>& grads, double scaled_norm) const {
-  if (!std::isfinite(scaled_norm)) return scaled_norm;
-  scale_grads(grads, 1.0 / state_.scale);
-  return scaled_norm / state_.scale;
 }
 
 bool LossScaler::update(double norm) {

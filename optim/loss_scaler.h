@@ -35,10 +35,6 @@ class LossScaler {
   // loss · scale, differentiable (its backward multiplies the incoming gradient by the scale);
   // after to(device), the scale is the device's (loss on that device).
   Tensor scale_loss(const Tensor& loss) const;
-  // Given the global norm of the scaled gradients (optim::global_grad_norm): when it is finite,
-  // divides every gradient by the scale in place and returns the true gradients' norm; when it
-  // is inf/NaN (an overflow), leaves the gradients as they are and returns it unchanged.
-  double unscale_(const std::vector<Tensor>& grads, double scaled_norm) const;
   // Ends a step on the host: a finite norm counts a good step (doubling the scale once
   // growth_interval are in a row) and returns true (run the optimizer); a non-finite one halves
   // the scale, resets the count, counts a skipped step and returns false (skip the step).

@@ -151,7 +151,8 @@ PipelineStats PipelineExecutor::run(const ChunkCallbacks& cb) {
       if (cb.before_backward) cb.before_backward(i == last_bwd);
       const auto t0 = Clock::now();
       if (g == last_stage) {
-        autograd::backward(s.output);
+        autograd::backward(cb.loss_scale.defined() ? ops::mul(s.output, ops::to_dtype(cb.loss_scale, s.output.dtype()))
+                                                   : s.output);
       } else {
         autograd::backward({s.output}, {s.grad_buf});
       }

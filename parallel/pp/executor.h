@@ -40,6 +40,10 @@ struct ChunkCallbacks {
   // Optional: called before each BWD; `last` is true for the step's final BWD on this rank
   // (data parallelism launches its reductions from that backward's hooks).
   std::function<void(bool last)> before_backward;
+  // Optional (undefined: 1): a 0-d f64 tensor on the losses' device (dynamic loss scaling,
+  // optim::LossScaler::device_scale). The last stage backpropagates loss × loss_scale and sums
+  // the losses as forward returned them, so an overflow of the scaled loss stays out of the sum.
+  Tensor loss_scale;
 };
 
 // Host times: on a GPU they measure issue, not kernels (an NCCL wait does not block the host).

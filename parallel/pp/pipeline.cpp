@@ -105,21 +105,16 @@ Tensor TransformerPipeline::forward_backward(const std::vector<Tensor>& inputs, 
                           dropout_gen);
     if (g != last) return x;
     Tensor loss = model_.head_loss(x, targets[static_cast<size_t>(mb)]);
-    // As gradient accumulation does; grad_scale is taken out of the returned loss again.
+    // As gradient accumulation does (grad_scale is applied by the executor before backward).
     const double factor = options_.loss_scale / static_cast<double>(m);
     if (factor != 1.0) loss = ops::scale(loss, factor);
-    if (grad_scale.defined()) loss = ops::mul(loss, ops::to_dtype(grad_scale, loss.dtype()));
     return loss;
   };
   cb.before_backward = before_backward;
+  cb.loss_scale = grad_scale;
   stats_ = executor_.run(cb);
   if (drop) dropout_gen->set_state(block_offset(m, 0));  // where one process ends the step
-  // grad_scale is a power of two: dividing by it is exact.
-  Tensor loss = Tensor::zeros({1}, DType::kF64, model_.device());
-  if (stats_.loss_sum.defined()) {
-    loss = ops::reshape(grad_scale.defined() ? ops::div(ops::reshape(stats_.loss_sum, {}), grad_scale) : stats_.loss_sum,
-                        {1});
-  }
+  Tensor loss = stats_.loss_sum.defined() ? ops::reshape(stats_.loss_sum, {1}) : Tensor::zeros({1}, DType::kF64, model_.device());
   pp_.broadcast(loss, last % shape_.stages);
   return ops::reshape(loss, {});
 }

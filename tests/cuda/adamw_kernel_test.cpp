@@ -7,6 +7,8 @@
 // device. Tolerances: f32 1e-6, f64 1e-12
 // relative (tests/cuda/cpu_reference.h). Skips without a GPU.
 #include <bit>
+#include <cmath>
+#include <limits>
 
 #include "kernels/adamw.h"
 #include "tests/cuda/cpu_reference.h"
@@ -133,6 +135,40 @@ TEST_F(CudaAdamWTest, MultiStepWithGradScaleMatchesCpu) {
   std::vector<State> states = {random_state({5}, DType::kF32, gen)};
   EXPECT_THROW(kernels::find_kernel<kernels::adamw_multi_step_k>(DeviceType::kCuda)(entries(states, true, {}), o),
                Error);
+}
+
+// The step count on the device (AdamWOptions::step_count, f16 loss scaling): t read where it
+// lies (its scalars derived by each thread with the device's pow: within the tolerance of the
+// CPU's), a NaN or infinite factor skipping the update (the GPU state keeps its bits) without
+// advancing the count, and the count advanced once per made update — after every launch of a
+// list longer than one launch's slots (50 entries plus random_list's) has read it.
+TEST_F(CudaAdamWTest, DeviceStepCountAndSkipsMatchCpu) {
+  Generator gen(606);
+  for (DType dt : {DType::kF32, DType::kF64}) {
+    std::vector<State> states = random_list(dt, gen);
+    for (int k = 0; k < 50; ++k) states.push_back(random_state({3 + k}, dt, gen));
+    Tensor count_gpu = Tensor::scalar(3.0, DType::kF64, Device::cuda()), count_cpu = Tensor::scalar(3.0, DType::kF64);
+    for (const double factor : {0.5, std::nan(""), std::numeric_limits<double>::infinity(), 0.8, 1.0}) {
+      const std::vector<double> before = states[2].p.gpu.to(Device::cpu()).to_vector();
+      kernels::AdamWOptions o;
+      o.lr = 2e-3;
+      o.step = 1;  // ignored: the counts rule
+      o.step_count = count_gpu;
+      o.grad_scale = Tensor::scalar(factor, DType::kF64, Device::cuda());
+      kernels::find_kernel<kernels::adamw_multi_step_k>(DeviceType::kCuda)(entries(states, true, {}), o);
+      o.step_count = count_cpu;
+      o.grad_scale = Tensor::scalar(factor, DType::kF64);
+      kernels::find_kernel<kernels::adamw_multi_step_k>(DeviceType::kCpu)(entries(states, false, {}), o);
+      if (!std::isfinite(factor)) {
+        EXPECT_EQ(states[2].p.gpu.to(Device::cpu()).to_vector(), before) << "factor " << factor;
+      }
+      EXPECT_EQ(count_gpu.item(), count_cpu.item()) << "factor " << factor;
+    }
+    EXPECT_EQ(count_gpu.item(), 6.0);
+    for (size_t i = 0; i < states.size(); ++i) {
+      expect_state_close(states[i], dt, label("adamw_multi_step step_count", dt, states[i].p.cpu.numel()));
+    }
+  }
 }
 
 // copy's bits are param rounded down or up (in magnitude) to bf16.

@@ -199,7 +199,8 @@ TEST_F(TrainGpuTest, StepsAfterTheFirstMakeNoCudaMalloc) {
   }
 }
 
-// Note [Device step]: a single-process step never waits for the GPU. The log sink holds the
+// Note [Device step]: a single-process step never waits for the GPU, in f32, bf16 and f16 with
+// dynamic loss scaling (its skip decided on the device). The log sink holds the
 // compute stream (kernels::hold_compute_stream) when step 1 is reported — step 2 is launched by
 // then — so step 3's work queues behind the gate, and opens it when step 2 is reported, which
 // the trainer does only after launching step 3. A wait for the device while step 3 is launched
@@ -241,7 +242,7 @@ TEST_F(TrainGpuTest, StepsAreLaunchedWithoutWaitingForTheGpu) {
   GTEST_SKIP() << "debug builds synchronise after every kernel launch (LOOM_CUDA_LAUNCH_CHECK)";
 #endif
   const std::string dir = make_data("no_wait");
-  for (const std::string precision : {"f32", "bf16"}) {
+  for (const std::string precision : {"f32", "bf16", "f16"}) {  // f16: dynamic loss scaling
     Config cfg = gpu_config(dir, "cuda", precision, "run_" + precision);
     cfg.train.steps = 4;
     cfg.train.log_every = 1;

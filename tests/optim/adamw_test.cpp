@@ -1,9 +1,11 @@
 // tests/optim/adamw_test.cpp — AdamW against a hand-written double reference (bias correction,
 // decoupled decay on decay=true parameters only), the fused kernel's thread-count
 // determinism, the state_tensors save/restore contract, and the multi-tensor kernel (the same bits
-// as one adamw_step per parameter; its bf16 copies, to nearest and stochastic), and the step
-// with a gradient factor read from a tensor (device clipping).
+// as one adamw_step per parameter; its bf16 copies, to nearest and stochastic), the step
+// with a gradient factor read from a tensor (device clipping), a non-finite factor skipping the
+// step uncounted (f16 overflow), and the step count's bias correction after set_step_count.
 #include "optim/adamw.h"
+#include "optim/sgd.h"
 
 #include <gtest/gtest.h>
 #include <omp.h>
@@ -11,6 +13,7 @@
 #include <array>
 #include <bit>
 #include <cmath>
+#include <limits>
 
 #include "core/ops/elementwise.h"
 #include "core/ops/view.h"
@@ -148,6 +151,78 @@ TEST(AdamW, ScaledStepIsTheStepOfScaledGradients) {
     b.step_scaled(1e-2, Tensor::scalar(t == 0 ? 0.25 : 1.0, DType::kF64));
   }
   EXPECT_NE(w.to_vector(), v.to_vector());
+}
+
+// An f16 overflow's factor (NaN, or an infinite one) skips the step where it is applied: the
+// parameters and moments keep their bits, the step count does not advance, and the next step is
+// the one an optimizer that never saw the overflow takes (the same bias correction), on the
+// multi-tensor path (the count read and advanced by the kernel) and the per-parameter one.
+// SGD (the default step_scaled) skips too.
+TEST(AdamW, NonFiniteFactorSkipsTheStepUncounted) {
+  for (const bool mixed : {false, true}) {
+    for (const double bad : {std::nan(""), std::numeric_limits<double>::infinity()}) {
+      Generator gen(23);
+      const Tensor w0 = randn({37, 5}, gen), b0 = randn({5}, gen, mixed ? DType::kF64 : DType::kF32);
+      Tensor w1 = w0.clone(), b1 = b0.clone(), w2 = w0.clone(), b2 = b0.clone();
+      optim::AdamW plain({{"w", w1, true}, {"b", b1, false}}, 0.9, 0.95, 1e-8, 0.1);
+      optim::AdamW skipping({{"w", w2, true}, {"b", b2, false}}, 0.9, 0.95, 1e-8, 0.1);
+      const std::string what = std::string(mixed ? "per-parameter" : "multi-tensor") + " factor " + std::to_string(bad);
+      for (int t = 0; t < 3; ++t) {
+        const Tensor gw = randn(w0.shape(), gen), gb = randn(b0.shape(), gen, b0.dtype());
+        w1.set_grad(gw.clone());
+        b1.set_grad(gb.clone());
+        plain.step_scaled(1e-2, Tensor::scalar(0.5, DType::kF64));
+        w2.set_grad(gw.clone());
+        b2.set_grad(gb.clone());
+        skipping.step_scaled(1e-2, Tensor::scalar(0.5, DType::kF64));
+        if (t == 0) {  // an overflowed step between the first and the second
+          const std::vector<double> w_before = w2.to_vector(), m_before = skipping.state_tensors()[0].second.to_vector();
+          w2.set_grad(randn(w0.shape(), gen));
+          b2.set_grad(randn(b0.shape(), gen, b0.dtype()));
+          skipping.step_scaled(1e-2, Tensor::scalar(bad, DType::kF64));
+          EXPECT_EQ(w2.to_vector(), w_before) << what;
+          EXPECT_EQ(skipping.state_tensors()[0].second.to_vector(), m_before) << what;
+          EXPECT_EQ(skipping.step_count(), 1) << what;
+        }
+      }
+      EXPECT_EQ(skipping.step_count(), 3) << what;
+      EXPECT_EQ(w2.to_vector(), w1.to_vector()) << what;
+      EXPECT_EQ(b2.to_vector(), b1.to_vector()) << what;
+      for (size_t k = 0; k < 4; ++k) {
+        EXPECT_EQ(skipping.state_tensors()[k].second.to_vector(), plain.state_tensors()[k].second.to_vector()) << what;
+      }
+    }
+  }
+  Tensor w = Tensor::ones({3});
+  optim::SGD sgd({{"w", w, false}}, 0.0, 0.0);
+  w.set_grad(Tensor::ones({3}));
+  sgd.step_scaled(0.1, Tensor::scalar(std::nan(""), DType::kF64));
+  EXPECT_EQ(w.to_vector(), std::vector<double>(3, 1.0));
+  EXPECT_EQ(sgd.step_count(), 0);
+  sgd.step_scaled(0.1, Tensor::scalar(0.5, DType::kF64));
+  for (const double x : w.to_vector()) EXPECT_NEAR(x, 1.0 - 0.1 * 0.5, 1e-7);
+  EXPECT_EQ(sgd.step_count(), 1);
+}
+
+// The step count survives set_step_count (a resume) and feeds the bias correction: an
+// optimizer set to count 4 takes the fifth step's update.
+TEST(AdamW, SetStepCountSetsTheBiasCorrection) {
+  Generator gen(24);
+  const Tensor w0 = randn({11}, gen), g = randn({11}, gen);
+  Tensor a = w0.clone(), b = w0.clone();
+  optim::AdamW fifth({{"w", a, false}}, 0.9, 0.95, 1e-8, 0.0), first({{"w", b, false}}, 0.9, 0.95, 1e-8, 0.0);
+  fifth.set_step_count(4);
+  EXPECT_EQ(fifth.step_count(), 4);
+  a.set_grad(g.clone());
+  b.set_grad(g.clone());
+  fifth.step(1e-2);
+  first.step(1e-2);
+  EXPECT_EQ(fifth.step_count(), 5);
+  RefAdamW ref{w0.to_vector(), std::vector<double>(11), std::vector<double>(11)};
+  ref.step(g.to_vector(), 1e-2, 0.9, 0.95, 1e-8, 0.0, 5);
+  expect_close(a.to_vector(), ref.p, 1e-6);
+  EXPECT_NE(a.to_vector(), b.to_vector());
+  EXPECT_THROW(fifth.set_step_count(-1), Error);
 }
 
 TEST(AdamW, StateNamesAndValidation) {

@@ -8,6 +8,8 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <bit>
 #include <cmath>
 #include <filesystem>
 #include <fstream>
@@ -163,6 +165,76 @@ TEST(Trainer, LateReportsKeepOrderAndCheckpointsHoldTheirStep) {
   for (size_t i = 0; i < rest.size(); ++i) {
     EXPECT_EQ(rest[i].loss, full[i + 3].loss) << "step " << i + 4;
     EXPECT_EQ(rest[i].grad_norm, full[i + 3].grad_norm) << "step " << i + 4;
+  }
+}
+
+// Dynamic loss scaling decided on the device (Note [Device step]), on the CPU with f32: an
+// initial scale of 2^140 overflows f32 (the scaled loss itself is inf), so the first steps are
+// skipped — no update, not counted, the scale halved each time — until the scaled backward
+// fits; then training proceeds with the gradients unscaled exactly. Every checkpoint holds the
+// device's outcome (optimizer step count = steps − skipped, the scale, the skip count: the host
+// copy is current when a checkpoint is written), a skipped step leaves the parameters as they
+// were, and resuming inside the skipped run or after it gives the rest bit for bit.
+TEST(Trainer, DynamicLossScalingSkipsOverflowsOnTheDeviceAndResumesExactly) {
+  const std::string dir = make_data("loss_scaling"), dir_init = make_data("loss_scaling_init");
+  std::ostringstream log;
+  Config cfg = tiny_config(dir, 24);
+  cfg.train.loss_scaling = "dynamic";
+  cfg.train.initial_loss_scale = 0x1p140;
+  cfg.train.log_every = 1;
+  cfg.optim.grad_clip = 1.0;
+  cfg.checkpoint.every = 1;
+  Trainer a(cfg, quiet(log));
+  const auto full = a.run();
+  ASSERT_EQ(full.size(), 24u);
+  size_t skipped = 0;
+  while (skipped < full.size() && full[skipped].skipped) ++skipped;
+  ASSERT_GE(skipped, 13u) << "2^140 down to 2^128 overflows f32\n" << log.str();
+  ASSERT_LE(skipped, 20u) << log.str();
+  for (size_t i = skipped; i < full.size(); ++i) {
+    EXPECT_FALSE(full[i].skipped) << "step " << i + 1;
+    EXPECT_TRUE(std::isfinite(full[i].grad_norm) && std::isfinite(full[i].loss)) << "step " << i + 1;
+  }
+  EXPECT_LT(full.back().loss, full[skipped].loss) << "training did not proceed after the overflows";
+  size_t overflow_lines = 0;
+  for (size_t at = 0; (at = log.str().find("(overflow: step skipped)", at)) != std::string::npos; ++at) ++overflow_lines;
+  EXPECT_EQ(overflow_lines, skipped);
+
+  auto ckpt = [&](size_t step) { return load_checkpoint(dir + "/run/checkpoints/" + checkpoint_dir_name(static_cast<int64_t>(step))); };
+  for (const size_t j : {size_t{1}, skipped - 1, skipped, skipped + 1, size_t{24}}) {
+    const CheckpointContents c = ckpt(j);
+    const size_t s = std::min(j, skipped);
+    EXPECT_EQ(std::stoll(c.state.at("optim.step_count")), static_cast<long long>(j - s)) << "step " << j;
+    EXPECT_EQ(std::stoll(c.state.at("loss_scale.skipped_steps")), static_cast<long long>(s)) << "step " << j;
+    EXPECT_EQ(std::stod(c.state.at("loss_scale.scale")), std::ldexp(1.0, 140 - static_cast<int>(s))) << "step " << j;
+  }
+  const Trainer fresh(tiny_config(dir_init, 24), quiet(log));  // the same seed: the initial weights
+  auto weights = [](const CheckpointContents& c) {
+    for (const auto& [name, t] : c.tensors) {
+      if (name == "model.blocks.0.mlp.fc.weight") return t.to_vector();
+    }
+    return std::vector<double>{};
+  };
+  std::vector<double> init;
+  for (const auto& [name, p] : fresh.parameters()) {
+    if (name == "blocks.0.mlp.fc.weight") init = p.to_vector();
+  }
+  ASSERT_FALSE(init.empty());
+  EXPECT_EQ(weights(ckpt(skipped)), init) << "a skipped step changed the parameters";
+  EXPECT_NE(weights(ckpt(skipped + 1)), init);
+
+  for (const size_t from : {skipped - 2, skipped + 2}) {
+    Trainer resumed(cfg, quiet(log, dir + "/run/checkpoints/" + checkpoint_dir_name(static_cast<int64_t>(from))));
+    const auto rest = resumed.run();
+    ASSERT_EQ(rest.size(), full.size() - from);
+    for (size_t i = 0; i < rest.size(); ++i) {
+      EXPECT_EQ(rest[i].skipped, full[from + i].skipped) << "from " << from << ", step " << from + i + 1;
+      // Bit for bit; an overflowed step's loss or norm may be NaN on both sides.
+      EXPECT_EQ(std::bit_cast<uint64_t>(rest[i].loss), std::bit_cast<uint64_t>(full[from + i].loss))
+          << "from " << from << ", step " << from + i + 1;
+      EXPECT_EQ(std::bit_cast<uint64_t>(rest[i].grad_norm), std::bit_cast<uint64_t>(full[from + i].grad_norm))
+          << "from " << from << ", step " << from + i + 1;
+    }
   }
 }
 
