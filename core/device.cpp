@@ -12,4 +12,9 @@ int device_count(DeviceType type) {
   return kernels::find_kernel<kernels::device_count_k>(type)();
 }
 
+void set_current_device(Device device) {
+  if (device.is_cpu()) return;
+  kernels::find_kernel<kernels::set_current_device_k>(device.type)(device.index);
+}
+
 }  // namespace loom

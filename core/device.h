@@ -27,5 +27,8 @@ const char* device_type_name(DeviceType t);
 // Devices of this type visible to the process: 1 for the CPU; 0 when the build has no backend
 // for the type or the machine has no such device.
 int device_count(DeviceType type);
+// Makes `device` the calling thread's current device of its type (nothing for the CPU); the
+// process picks its GPU once with it (train/trainer.cpp, parallel/parallel_context.cpp).
+void set_current_device(Device device);
 
 }  // namespace loom

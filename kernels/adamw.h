@@ -40,7 +40,7 @@ struct AdamWOptions {
   // number of updates made before this one, so that t = its value + 1 is read where it lies
   // (Note [Device step] in train/trainer.cpp). With it, a grad_scale that is not finite (an f16
   // overflow: kernels/reduce.h loss_scale_step) skips the update — nothing is written — and the
-  // call advances the count by one only when the update was made.
+  // call advances the count by one only when the update was made (an empty list: not at all).
   Tensor step_count;
   // bf16 copies: round to nearest even, or stochastically (Note [bf16 stochastic rounding]).
   bool stochastic_rounding = false;

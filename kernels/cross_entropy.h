@@ -11,8 +11,10 @@
 //                   padding: left out of the softmax, and given no gradient.
 //   targets (N)     contiguous integer (i32, i64, u16, u32), compared with ignore_index as
 //                   int64. A target that is not ignore_index must lie in [0, vocab_size).
-//   lse (N)         log Σ_{j<vocab_size} exp(logits_rj), computed in double; 0 on ignored rows.
-//                   Its dtype is the logits' for f32/f64 and f32 for 16-bit logits.
+//   lse (N)         log Σ_{j<vocab_size} exp(logits_rj); 0 on ignored rows. Its dtype is the
+//                   logits' for f32/f64 and f32 for 16-bit logits. The CPU computes it in double;
+//                   CUDA takes the row's max and Σ exp in lse's dtype and forms lse and loss from
+//                   them in double.
 //   loss (N)        lse_r − logits_{r,t_r}; 0 on ignored rows. Same dtype as lse.
 // Backward, per row r whose target is not ignored, over columns j < vocab_size:
 //   dlogits_rj += (exp(logits_rj − lse_r) − [j == t_r]) · dloss · grad_scale

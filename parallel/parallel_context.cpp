@@ -162,6 +162,7 @@ ParallelContext ParallelContext::create(const ParallelOptions& options) {
                " on its node, but only ", gpus,
                " GPUs are visible (a CUDA run needs one GPU per rank)");
     device = Device::cuda(local_rank);
+    set_current_device(device);  // before any CUDA call of this rank makes a context elsewhere
   }
 
   ParallelContext ctx(std::move(mesh), rank, device);

@@ -99,7 +99,8 @@ DType parse_dtype(const std::string& s) {
 }
 
 // train.device → the device this process trains on: the CPU, or the GPU numbered by the
-// launcher's node-local rank modulo the GPUs this process sees.
+// launcher's node-local rank modulo the GPUs this process sees (a parallel context with NCCL
+// communicators overrides it with the GPU it picked: Trainer::State::build).
 Device resolve_device(const TrainConfig& t) {
   if (t.device == "cpu") return Device::cpu();
   if (!kernels::Registry::instance().has(kernels::device_count_k::kName, DeviceType::kCuda)) {
@@ -228,6 +229,9 @@ void Trainer::State::build() {
   dropout_gen = Generator(cfg.train.seed + 1);
   sample_gen = Generator(cfg.train.seed + 2);
   device = resolve_device(cfg.train);
+  // A context with NCCL communicators has picked this rank's GPU already: train there.
+  if (!device.is_cpu() && ctx && !ctx->device().is_cpu()) device = ctx->device();
+  set_current_device(device);  // before this rank's first CUDA call (no context on GPU 0)
   // Parameters are built on the device (drawn on the host, so every device starts from the same
   // values); with train.precision ≠ train.dtype the forward casts them (Note [Precision]).
   if (cfg.parallel.tp > 1 || cfg.parallel.cp > 1) {

@@ -86,6 +86,7 @@ void write_bf16_copy(const float* param, BFloat16* copy, int64_t n, bool stochas
 }
 
 void adamw_multi_step_cpu(const std::vector<AdamWParam>& params, const AdamWOptions& o) {
+  if (params.empty()) return;  // nothing, the count included (as on CUDA)
   double grad_scale = 1.0;
   if (o.grad_scale.defined()) {
     LOOM_CHECK(o.grad_scale.numel() == 1 && o.grad_scale.dtype() == DType::kF64 &&

@@ -10,7 +10,8 @@
 //   q, out, dout, dq (B, Hq, T, D), k, v, dk, dv (B, Hkv, T, D), strides (H·T·D, T·D, D, 1);
 //   lse (B, Hq, T) as cuDNN's softmax statistics (B, Hq, T, 1), f32, natural log.
 // cuDNN writes dq, dk, dv; the contract accumulates, so they land in temporaries first and are
-// added (axpy) into the caller's. The workspace comes from the caching allocator. Built only
+// added (axpy) into the caller's. The backward asks for cuDNN's deterministic algorithm (the
+// contract's run-to-run bits; otherwise dq is summed with atomics for large shapes). The workspace comes from the caching allocator. Built only
 // when CMake found the frontend headers (LOOM_HAS_CUDNN_FRONTEND); otherwise no call reaches
 // the two passes, which then say how to get them.
 //
@@ -186,7 +187,10 @@ std::unique_ptr<fe::graph::Graph> backward_graph(DType dtype, const AttnShape& s
                                        fe::graph::SDPA_backward_attributes()
                                            .set_name("loom_attention_backward")
                                            .set_causal_mask(true)
-                                           .set_attn_scale(scale));
+                                           .set_attn_scale(scale)
+                                           // Without it, large shapes (and every shape on
+                                           // sm_80) sum dq with atomics: bits would vary by run.
+                                           .set_deterministic_algorithm(true));
   describe_output(*dq, "dq", kDQ, s, s.hq);
   describe_output(*dk, "dk", kDK, s, s.hkv);
   describe_output(*dv, "dv", kDV, s, s.hkv);
@@ -202,7 +206,10 @@ class CudnnContext {
     CUDNN_CHECK(fe::detail::create_handle(&handle_));
   }
   // At exit the runtime may be unloading: errors are ignored.
-  ~CudnnContext() { (void)fe::detail::destroy_handle(handle_); }
+  ~CudnnContext() {
+    graphs_.clear();  // their plans were built on the handle
+    (void)fe::detail::destroy_handle(handle_);
+  }
   CudnnContext(const CudnnContext&) = delete;
   CudnnContext& operator=(const CudnnContext&) = delete;
 

@@ -284,6 +284,12 @@ int device_count_cuda() {
   return 0;
 }
 
+void set_current_device_cuda(int index) {
+  LOOM_CHECK(index >= 0 && index < device_count_cuda(), "cuda: no device ", index, " (", device_count_cuda(),
+             " visible)");
+  CUDA_CHECK(cudaSetDevice(index));
+}
+
 }  // namespace
 
 LOOM_REGISTER_KERNEL(copy, kCuda, copy_cuda);
@@ -291,5 +297,6 @@ LOOM_REGISTER_KERNEL(fill, kCuda, fill_cuda);
 LOOM_REGISTER_KERNEL(copy_host_to_device, kCuda, copy_host_to_device_cuda);
 LOOM_REGISTER_KERNEL(copy_device_to_host, kCuda, copy_device_to_host_cuda);
 LOOM_REGISTER_KERNEL(device_count, kCuda, device_count_cuda);
+LOOM_REGISTER_KERNEL(set_current_device, kCuda, set_current_device_cuda);
 
 }  // namespace loom::kernels::cuda

@@ -180,11 +180,11 @@ __device__ MaxSum<acc_t<T>> row_max_sum(const T* row, int64_t n) {
       acc.s *= exp_acc(acc.m - pm);
       acc.m = pm;
     }
-    if (acc.m != -std::numeric_limits<A>::infinity()) {
+    // -inf terms add nothing (and would give NaN against acc.m = -inf); a NaN anywhere in the
+    // pack — even as pm, which then skipped the rescale — reaches acc.s, as on the CPU.
 #pragma unroll
-      for (int e = 0; e < kVec<T>; ++e) {
-        if (x[e] != -std::numeric_limits<A>::infinity()) acc.s += exp_acc(x[e] - acc.m);
-      }
+    for (int e = 0; e < kVec<T>; ++e) {
+      if (x[e] != -std::numeric_limits<A>::infinity()) acc.s += exp_acc(x[e] - acc.m);
     }
   }
   for (int64_t j = head + nvec * kVec<T> + threadIdx.x; j < n; j += blockDim.x) {
@@ -217,9 +217,12 @@ __global__ void __launch_bounds__(kThreads)
       loss[r] = lse[r] = std::numeric_limits<A>::quiet_NaN();
       return;
     }
-    const A l = lse_of(total);
-    lse[r] = l;
-    loss[r] = l - convert<A>(row[t]);
+    // The max and the sum in A; lse and loss formed in double (a confident row's loss is a small
+    // difference of two large numbers).
+    const double l = isinf(total.m) ? static_cast<double>(total.m)
+                                    : static_cast<double>(total.m) + log(static_cast<double>(total.s));
+    lse[r] = static_cast<A>(l);
+    loss[r] = static_cast<A>(l - static_cast<double>(convert<A>(row[t])));
   }
 }
 

@@ -50,14 +50,17 @@ namespace loom::kernels::cuda::detail {
   } while (0)
 
 // LOOM_CUDA_LAUNCH_CHECK(): after every kernel launch. Catches launch errors (bad grid, too
-// many resources) at once; debug builds (NDEBUG undefined) also synchronise so that a fault
-// inside the kernel is reported at its launch site rather than at some later call.
+// many resources) at once; debug builds (NDEBUG undefined) also synchronise the compute stream
+// (every kernel is launched there) so that a fault inside the kernel is reported at its launch
+// site rather than at some later call. Not the whole device: an NCCL kernel waiting for a peer
+// on a communication stream would hold the host here, and a schedule that overlaps
+// communication could deadlock.
 #ifdef NDEBUG
 #define LOOM_CUDA_LAUNCH_CHECK() CUDA_CHECK(cudaGetLastError())
 #else
-#define LOOM_CUDA_LAUNCH_CHECK()         \
-  do {                                   \
-    CUDA_CHECK(cudaGetLastError());      \
-    CUDA_CHECK(cudaDeviceSynchronize()); \
+#define LOOM_CUDA_LAUNCH_CHECK()                         \
+  do {                                                   \
+    CUDA_CHECK(cudaGetLastError());                      \
+    CUDA_CHECK(cudaStreamSynchronize(cudaStreamPerThread)); \
   } while (0)
 #endif

@@ -50,11 +50,13 @@ void copy_pinned_to_device_cuda(const void* src_host, Tensor& dst) {
   CUDA_CHECK(cudaMemcpy(dst.raw_data(), src_host, dst.nbytes(), cudaMemcpyHostToDevice));
 }
 
-// The event recorded behind the copy; destroyed with the handle (never throws).
+// The event recorded behind the copy; destroyed with the handle (never throws). A blocking-sync
+// event: the trainer may wait on it for most of a step, and a spinning wait would take a core
+// from the other ranks' launch threads on a shared node.
 class CudaHostCopy final : public HostCopy {
  public:
   explicit CudaHostCopy(int device) : device_(device) {
-    CUDA_CHECK(cudaEventCreateWithFlags(&done_, cudaEventDisableTiming));
+    CUDA_CHECK(cudaEventCreateWithFlags(&done_, cudaEventDisableTiming | cudaEventBlockingSync));
   }
   ~CudaHostCopy() override {
     if (cudaEventDestroy(done_) != cudaSuccess) (void)cudaGetLastError();

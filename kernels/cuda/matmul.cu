@@ -198,13 +198,22 @@ class Plan {
     return true;
   }
 
-  // Runs the plan on g's pointers (same key as at build time).
-  void run(const LtGemm& g, BlasContext& ctx, float alpha, float beta) {
+  // Runs the plan on g's pointers (same key as at build time); false (nothing launched, the
+  // plan unusable from then on) when the library refuses the algorithm the heuristic gave
+  // (NOT_SUPPORTED or INVALID_VALUE at run time): the caller then takes another path.
+  bool run(const LtGemm& g, BlasContext& ctx, float alpha, float beta) {
     set_pointers(g);
-    CUBLAS_CHECK(cublasLtMatmul(ctx.lt(), desc_, &alpha, g.a.ptr, a_, g.b.ptr, b_, &beta, g.d, d_,
-                                g.d, d_, &algo_, ctx.workspace(), BlasContext::kWorkspaceBytes,
-                                compute_stream()));
+    const cublasStatus_t st =
+        cublasLtMatmul(ctx.lt(), desc_, &alpha, g.a.ptr, a_, g.b.ptr, b_, &beta, g.d, d_, g.d, d_, &algo_,
+                       ctx.workspace(), BlasContext::kWorkspaceBytes, compute_stream());
+    if (st == CUBLAS_STATUS_NOT_SUPPORTED || st == CUBLAS_STATUS_INVALID_VALUE) {
+      usable_ = false;
+      return false;
+    }
+    CUBLAS_CHECK(st);
+    return true;
   }
+  bool usable() const { return usable_; }
 
  private:
   void set_desc(cublasLtMatmulDescAttributes_t attr, const void* value, size_t size) {
@@ -233,9 +242,11 @@ class Plan {
   cublasLtMatmulDesc_t desc_ = nullptr;
   cublasLtMatrixLayout_t a_ = nullptr, b_ = nullptr, d_ = nullptr;
   cublasLtMatmulAlgo_t algo_{};
+  bool usable_ = true;  // false once the library refused algo_ at run time
 };
 
-// The plan for g, built on first use; null when the library has no algorithm for it.
+// The plan for g, built on first use; null when the library has no algorithm for it (or
+// refused the one it gave when run).
 Plan* find_plan(const LtGemm& g, int device, BlasContext& ctx) {
   constexpr size_t kMaxPlans = 512;  // a model has a few dozen shapes; this only bounds misuse
   thread_local std::map<PlanKey, std::unique_ptr<Plan>> plans;
@@ -247,7 +258,7 @@ Plan* find_plan(const LtGemm& g, int device, BlasContext& ctx) {
     if (!plan->build(g, ctx)) plan.reset();
     it = plans.emplace(key, std::move(plan)).first;
   }
-  return it->second.get();
+  return it->second && it->second->usable() ? it->second.get() : nullptr;
 }
 
 // g through cuBLAS (cublasGemmStridedBatchedEx): f64 always, other dtypes when cuBLASLt has no
@@ -346,9 +357,7 @@ void run_gemm(const LtGemm& g, int device, double alpha, double beta, const char
   }
   BlasContext& ctx = blas_context(device);
   Plan* plan = g.in_dtype == DType::kF64 ? nullptr : find_plan(g, device, ctx);
-  if (plan != nullptr) {
-    plan->run(g, ctx, static_cast<float>(alpha), static_cast<float>(beta));
-  } else {
+  if (plan == nullptr || !plan->run(g, ctx, static_cast<float>(alpha), static_cast<float>(beta))) {
     gemm_cublas(ctx, g, alpha, beta);
   }
 }
@@ -373,9 +382,7 @@ bool try_fused(LtGemm g, int device, cublasLtEpilogue_t epilogue, const void* bi
   g.aux = aux;
   BlasContext& ctx = blas_context(device);
   Plan* plan = find_plan(g, device, ctx);
-  if (plan == nullptr) return false;
-  plan->run(g, ctx, 1.0f, 0.0f);
-  return true;
+  return plan != nullptr && plan->run(g, ctx, 1.0f, 0.0f);
 }
 
 void check_bias(const Tensor& bias, const Tensor& c, const char* name) {
@@ -456,7 +463,8 @@ struct DgeluInPlaceFn {
 // output matrix's type, its ld (EPILOGUE_AUX_LD) a multiple of 8 and ≥ D's rows; the bias
 // gradient vector is of the output type (Ctype) and its pointer's alignment is part of the
 // heuristic's choice (so it is in the plan key). Transposes and dtypes the library lacks show up
-// as no algorithm from the heuristic (or NOT_SUPPORTED), and the unfused path runs.
+// as no algorithm from the heuristic (or NOT_SUPPORTED, from the heuristic or when the plan
+// runs), and the unfused path runs.
 void gemm_dgelu_bgrad_cuda(const Tensor& a, const Tensor& b, const Tensor& pre, Tensor& dpre,
                            Tensor& dbias, bool trans_a, bool trans_b) {
   CudaDeviceGuard guard(dpre.device().index);

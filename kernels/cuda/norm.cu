@@ -9,12 +9,13 @@
 //
 // Note [Deterministic CUDA norm gradients]: dweight and dbias sum over rows without atomics.
 // Rows are split into chunks of max(kMinChunkRows, ⌈N / target⌉) rows, target = the number of
-// blocks that gives about kTargetThreads threads in all (a function of C through the block size):
-// a function of N and C only. One block walks its chunk's rows in order, each thread adding the
-// terms of the columns it owns (always the same ones) into per-block partial sums, which are
+// blocks that gives about kTargetThreads threads in all (a function of C through the block
+// size). One block walks its chunk's rows in order, each thread adding the terms of the
+// columns it owns (always the same ones) into per-block partial sums, which are
 // written to a scratch (chunks, parts, C). A second kernel adds each column's partials: thread
 // group g of kReduceGroups sums chunks g, g + kReduceGroups, … in order, then the group sums are
-// added in group order. The result bits depend on N and C only, not on the GPU or on timing.
+// added in group order. The result bits depend on N, C and whether the rows are 16-byte aligned
+// (the block size follows the pack width), not on the GPU or on timing.
 #include <cuda_runtime.h>
 
 #include <algorithm>

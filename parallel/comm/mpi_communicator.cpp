@@ -5,7 +5,8 @@
 //
 // Note [All-reduce as reduce-scatter + all-gather]: the tensor is cut into `size` chunks (the
 // first numel % size one element longer). MPI_Ialltoallv sends chunk j to member j; member j
-// then sums the `size` copies of its chunk in rank order in the tensor's dtype and
+// then sums the `size` copies of its chunk in rank order in the tensor's dtype (bf16/f16: in
+// f32, rounded once) and
 // MPI_Iallgatherv returns every reduced chunk to everyone. Each chunk is reduced by exactly
 // one member, so every member ends with the same bits, equal to a rank-order sum.
 //
@@ -80,10 +81,10 @@ void check_tensor(const Tensor& t, const std::string& where, const char* arg) {
 }
 
 void check_reduce_dtype(DType t, ReduceOp op, const std::string& where) {
-  const bool floating = t == DType::kF32 || t == DType::kF64;
+  const bool floating = t == DType::kF32 || t == DType::kF64 || t == DType::kBF16 || t == DType::kF16;
   const bool integer = t == DType::kI32 || t == DType::kI64;
   LOOM_CHECK(floating || integer, where, ": dtype ", dtype_name(t),
-             " not supported for reductions (f32, f64, i32, i64)");
+             " not supported for reductions (f32, f64, bf16, f16, i32, i64)");
   LOOM_CHECK(floating || op != ReduceOp::kAvg, where, ": kAvg needs a floating dtype, got ",
              dtype_name(t));
 }
@@ -117,8 +118,21 @@ void reduce_rows_typed(const T* rows, int nrows, int64_t n, ReduceOp op, T* out)
   }
 }
 
+// bf16/f16 rows: widened to f32, reduced there in row order, rounded once to the dtype.
+template <typename H>
+void reduce_rows_16(const H* rows, int nrows, int64_t n, ReduceOp op, H* out) {
+  std::vector<float> wide(static_cast<size_t>(nrows) * static_cast<size_t>(n)), sum(static_cast<size_t>(n));
+  for (size_t i = 0; i < wide.size(); ++i) wide[i] = static_cast<float>(rows[i]);
+  reduce_rows_typed(wide.data(), nrows, n, op, sum.data());
+  for (int64_t i = 0; i < n; ++i) out[i] = H(sum[static_cast<size_t>(i)]);
+}
+
 void reduce_rows(DType t, const void* rows, int nrows, int64_t n, ReduceOp op, void* out) {
   switch (t) {
+    case DType::kBF16:
+      return reduce_rows_16(static_cast<const BFloat16*>(rows), nrows, n, op, static_cast<BFloat16*>(out));
+    case DType::kF16:
+      return reduce_rows_16(static_cast<const Float16*>(rows), nrows, n, op, static_cast<Float16*>(out));
     case DType::kF32:
       return reduce_rows_typed(static_cast<const float*>(rows), nrows, n, op,
                                static_cast<float*>(out));

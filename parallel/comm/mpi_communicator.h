@@ -72,8 +72,8 @@ class MpiCommunicator final : public Communicator {
   double timeout_s() const { return timeout_s_; }
   MPI_Comm mpi_comm() const { return comm_; }
 
-  // Supported dtypes: reductions (all_reduce, reduce_scatter) f32, f64, i32, i64 (kAvg:
-  // f32, f64 only); data movement (all_gather, all_to_all, broadcast, send, recv) any dtype.
+  // Supported dtypes: reductions (all_reduce, reduce_scatter) f32, f64, bf16, f16, i32, i64
+  // (kAvg: the floating ones; bf16/f16 reduced in f32 and rounded once); data movement (all_gather, all_to_all, broadcast, send, recv) any dtype.
   // Tensors must be contiguous, on the CPU or (in a CUDA build) a GPU; a CUDA input is copied
   // to the host before the call returns. Argument errors throw here, at issue time.
   WorkPtr all_reduce_async(Tensor t, ReduceOp op) override;

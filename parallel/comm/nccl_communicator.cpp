@@ -65,6 +65,7 @@ struct OpRecord {
   cudaEvent_t start = nullptr, end = nullptr;  // on the communicator's stream
   std::vector<Tensor> tensors;                 // alive until `end` is reached
   std::atomic<bool> done{false};               // completed, or failed
+  std::atomic<bool> issued{false};             // the call returned and `end` is recorded
   std::mutex mu;                               // guards error
   std::exception_ptr error;
 
@@ -270,20 +271,35 @@ struct NcclCommunicator::Impl {
     CUDA_CHECK(cudaEventRecord(ready, compute_stream()));
     CUDA_CHECK(cudaStreamWaitEvent(stream, ready, 0));
     CUDA_CHECK(cudaEventRecord(rec->start, stream));
-    call(comm, stream);
-    CUDA_CHECK(cudaEventRecord(rec->end, stream));
     {
+      // Pending before the call: an NCCL call can block the host until its peers reach it (the
+      // first transfer between two ranks connects them), so a peer that never comes is timed
+      // out by the watchdog like a kernel that never ends.
       std::lock_guard<std::mutex> lock(mu);
       pending.push_back(rec);
       if (!watchdog.joinable()) watchdog = std::thread([this] { watchdog_loop(); });
     }
     cv.notify_all();
+    try {
+      call(comm, stream);
+    } catch (const std::exception& e) {
+      // Part of the work may be queued (a copy, one side of a group): the record stays pending,
+      // holding its tensors until `end`, and the group is failed, since the ranks' sequences of
+      // operations no longer match.
+      if (cudaEventRecord(rec->end, stream) != cudaSuccess) (void)cudaGetLastError();
+      rec->issued.store(true, std::memory_order_release);
+      fail(detail::str(rec->what, " on group ", name, " failed when issued: ", e.what()), true);
+      throw;
+    }
+    CUDA_CHECK(cudaEventRecord(rec->end, stream));
+    rec->issued.store(true, std::memory_order_release);
     return std::make_shared<NcclWork>(std::move(rec));
   }
 
   void watchdog_loop();
   void complete(OpRecord& op);
-  void fail(const std::string& message);
+  // holding_issue: the caller is the issuing thread, inside launch() (it holds issue_mu).
+  void fail(const std::string& message, bool holding_issue = false);
 };
 
 // ---- the watchdog -------------------------------------------------------------------------
@@ -315,7 +331,7 @@ void NcclCommunicator::Impl::complete(OpRecord& op) {
 
 // Fails every pending operation with `message` (the first) or as aborted behind it, makes the
 // communicator unusable and aborts the NCCL communicator, which ends its stuck kernels.
-void NcclCommunicator::Impl::fail(const std::string& message) {
+void NcclCommunicator::Impl::fail(const std::string& message, bool holding_issue) {
   {
     std::lock_guard<std::mutex> lock(mu);
     if (aborted) return;
@@ -335,10 +351,12 @@ void NcclCommunicator::Impl::fail(const std::string& message) {
   std::fprintf(stderr, "NcclCommunicator: %s\n", message.c_str());
   std::fflush(stderr);
   // An issuing thread stuck inside NCCL would hold issue_mu: abort anyway after a second.
-  const bool locked = issue_mu.try_lock_for(std::chrono::seconds(1));
+  const bool locked = holding_issue || issue_mu.try_lock_for(std::chrono::seconds(1));
   if (comm != nullptr) (void)ncclCommAbort(comm);
-  comm = nullptr;
-  if (locked) issue_mu.unlock();
+  if (locked) {  // otherwise an issuing thread may still read `comm`: `aborted` marks it dead
+    comm = nullptr;
+    if (!holding_issue) issue_mu.unlock();
+  }
   done_cv.notify_all();
 }
 
@@ -357,7 +375,8 @@ void NcclCommunicator::Impl::watchdog_loop() {
     std::string failure;
     bool finished = false;
     try {
-      const cudaError_t e = cudaEventQuery(op->end);
+      // Not yet issued: still inside its NCCL call (only the timeout applies).
+      const cudaError_t e = op->issued.load(std::memory_order_acquire) ? cudaEventQuery(op->end) : cudaErrorNotReady;
       if (e == cudaSuccess) {
         complete(*op);
         finished = true;
@@ -428,11 +447,11 @@ NcclCommunicator::~NcclCommunicator() {
   if (!m.pending.empty()) {
     // Unwinding, or aborted with operations whose kernels never ended: the GPU may still use
     // their tensors, so leak them rather than let the allocator reuse the memory.
-    if (m.comm != nullptr) (void)ncclCommAbort(m.comm);
+    if (m.comm != nullptr && !m.aborted) (void)ncclCommAbort(m.comm);
     m.comm = nullptr;
     static_cast<void>(new std::deque<std::shared_ptr<OpRecord>>(std::move(m.pending)));
   }
-  if (m.comm != nullptr) (void)ncclCommDestroy(m.comm);
+  if (m.comm != nullptr && !m.aborted) (void)ncclCommDestroy(m.comm);  // an aborted one is gone
   if (m.ready != nullptr) (void)cudaEventDestroy(m.ready);
   if (m.stream != nullptr) (void)cudaStreamDestroy(m.stream);
   (void)cudaGetLastError();

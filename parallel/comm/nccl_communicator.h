@@ -26,7 +26,8 @@
 // layout NCCL chooses for the topology, message size and NCCL_* environment. For a fixed
 // machine, world size, message size and environment that choice — and so the summation order —
 // is fixed, so results are reproducible run to run, but they differ in rounding from the MPI
-// backend and between topologies. kAvg is ncclAvg (sum then divide, on the device).
+// backend and between topologies. kAvg is ncclAvg (for floating types NCCL multiplies each
+// contribution by 1/n and sums — a premultiplied sum, not sum-then-divide — on the device).
 //
 // Timeouts: a watchdog thread per communicator polls the pending operations' events and
 // ncclCommGetAsyncError. When an operation has been pending for longer than the timeout since it

@@ -304,6 +304,20 @@ TEST_F(CudnnAttentionTest, GuardSelectsCudnnAndRepeats) {
     }
     some_bits_differ = some_bits_differ || !bits_equal(lses[0], lses[1]);
     expect_same_bits(lses[1], lses[2], "cuDNN lse");
+    // The backward repeats bit for bit too (cuDNN's deterministic algorithm).
+    kernels::CudnnAttentionGuard choice(true);
+    Tensor out = poisoned_cuda(c.q_shape(), c.dtype);
+    Tensor lse = poisoned_cuda({c.b, c.hq, c.t}, DType::kF32);
+    kernels::call_kernel<kernels::attention_forward_k>(q, k, v, c.scale(), out, lse);
+    const Tensor dout = randn(c.q_shape(), gen, c.dtype).to(Device::cuda());
+    std::vector<Tensor> dqs;
+    for (int run = 0; run < 2; ++run) {
+      Tensor dq = Tensor::zeros(c.q_shape(), c.dtype, Device::cuda());
+      Tensor dk = Tensor::zeros(in.k.shape(), c.dtype, Device::cuda()), dv = Tensor::zeros(in.v.shape(), c.dtype, Device::cuda());
+      kernels::call_kernel<kernels::attention_backward_k>(q, k, v, out, lse, dout, c.scale(), dq, dk, dv);
+      dqs.push_back(dq.to(Device::cpu()));
+    }
+    expect_same_bits(dqs[0], dqs[1], "cuDNN dq");
   }
   EXPECT_TRUE(some_bits_differ) << "cuDNN's results are Loom's bit for bit: was cuDNN called?";
 }

@@ -6,6 +6,7 @@
 // passes): loss and lse 1e-5 (f32 math against the CPU's double; 1e-12 for f64 logits);
 // dlogits 1e-5 for f32, 1e-12 for f64, 1e-2 for bf16/f16 (stored rounding). Padding columns and
 // ignored rows must keep their previous gradient bit for bit (the backward accumulates).
+#include <cmath>
 #include <random>
 #include <string>
 #include <vector>
@@ -193,6 +194,35 @@ TEST_F(CudaCrossEntropyTest, AllRowsIgnored) {
   kernels::call_kernel<kernels::cross_entropy_backward_k>(
       logits, targets, lse, Tensor::scalar(1.0, DType::kF32, Device::cuda()), 0.0, -100, vp, d);
   expect_same_bits(d0, d, "dlogits untouched");
+}
+
+// A NaN logit gives a NaN loss and lse as on the CPU wherever it sits — in particular as the
+// first element of a thread's first 16-byte pack (row r's NaN at column 4·r·512 + … reaches
+// each case: column 0, inside a pack, a later pack, the scalar tail).
+TEST_F(CudaCrossEntropyTest, NanLogitGivesNanLoss) {
+  Generator gen(std::random_device{}());
+  const int64_t vp = 4099;
+  const std::vector<int64_t> nan_cols = {0, 1, 2048, 4 * 512, 4 * 513 + 3, vp - 1};
+  const int64_t rows = static_cast<int64_t>(nan_cols.size());
+  for (DType dt : {DType::kF32, DType::kBF16}) {
+    Tensor logits = randn({rows, vp}, gen, DType::kF32, 0.0, 2.0);
+    for (int64_t r = 0; r < rows; ++r) logits.data<float>()[r * vp + nan_cols[static_cast<size_t>(r)]] = std::nanf("");
+    logits = logits.to(dt);
+    const Tensor targets = Tensor::full({rows}, 5, DType::kI64);
+    Tensor loss = poisoned_cuda({rows}, DType::kF32), lse = poisoned_cuda({rows}, DType::kF32);
+    kernels::call_kernel<kernels::cross_entropy_forward_k>(logits.to(Device::cuda()), targets.to(Device::cuda()), -100,
+                                                           vp, loss, lse);
+    Tensor want_loss = Tensor::empty({rows}, DType::kF32), want_lse = Tensor::empty({rows}, DType::kF32);
+    kernels::call_kernel<kernels::cross_entropy_forward_k>(logits.to(DType::kF32), targets, -100, vp, want_loss,
+                                                           want_lse);
+    const std::vector<double> got = lse.to(Device::cpu()).to_vector(), want = want_lse.to_vector();
+    const std::vector<double> got_loss = loss.to(Device::cpu()).to_vector();
+    for (int64_t r = 0; r < rows; ++r) {
+      EXPECT_TRUE(std::isnan(want[static_cast<size_t>(r)])) << "the CPU reference, row " << r;
+      EXPECT_TRUE(std::isnan(got[static_cast<size_t>(r)])) << dtype_name(dt) << " lse, NaN at column " << nan_cols[static_cast<size_t>(r)];
+      EXPECT_TRUE(std::isnan(got_loss[static_cast<size_t>(r)])) << dtype_name(dt) << " loss, NaN at column " << nan_cols[static_cast<size_t>(r)];
+    }
+  }
 }
 
 }  // namespace

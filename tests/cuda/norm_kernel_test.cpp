@@ -180,7 +180,7 @@ TEST_F(CudaNormTest, RmsNormMatchesCpu) { run_grid(Kind::kRmsNorm); }
 TEST_F(CudaNormTest, ResidualLayerNormMatchesCpu) { run_grid(Kind::kResidual); }
 TEST_F(CudaNormTest, ResidualLayerNormWithoutBiasMatchesCpu) { run_grid(Kind::kResidualNoBias); }
 
-// Wide rows (Llama-8B's 4096 and beyond), many rows (many gradient chunks), rows too long for
+// Wide rows (Llama-8B's 4096, widths at the shared-memory opt-in's edge, and beyond), many rows (many gradient chunks), rows too long for
 // the shared-memory row cache (f32 C = 30001: the forward re-reads global memory, the backward
 // also keeps its partial sums in global memory; f64 C = 13000: cache off, sums in shared).
 TEST_F(CudaNormTest, LargeRowsAndUncachedPathsMatchCpu) {
@@ -190,10 +190,15 @@ TEST_F(CudaNormTest, LargeRowsAndUncachedPathsMatchCpu) {
   for (Kind kind : {Kind::kLayerNorm, Kind::kRmsNorm, Kind::kResidual}) {
     for (DType dt : {DType::kF32, DType::kBF16}) {
       run_case(kind, dt, 2, 8192, gen);
+      // Dynamic shared memory just under 48 KiB beside the static scratch (the opt-in's edge,
+      // kernels/cuda/row_io.cuh): backward at 4096 (RMSNorm) and 3072 (with bias), forward at
+      // 12288.
+      for (int64_t c : {int64_t{3072}, int64_t{4096}, int64_t{12288}}) run_case(kind, dt, 2, c, gen);
       run_case(kind, dt, 4099, 769, gen);
       run_case(kind, dt, 5, 30001, gen);
     }
     run_case(kind, DType::kF64, 3, 13000, gen);
+    for (int64_t c : {int64_t{1536}, int64_t{2048}, int64_t{6144}}) run_case(kind, DType::kF64, 2, c, gen);
   }
 }
 

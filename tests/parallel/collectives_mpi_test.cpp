@@ -213,6 +213,37 @@ TEST(Collectives, BarrierAndTwoDimensionalTensors) {
   });
 }
 
+// bf16 and f16 reductions (tensor-parallel activations' gradients in 16-bit precision): the
+// members' values widened to f32, reduced there in rank order and rounded once, on every rank.
+TEST(Collectives, SixteenBitReductionsRoundTheF32RankOrderResultOnce) {
+  ParallelOptions opts = testing::test_layouts()[0];
+  ParallelContext ctx = ParallelContext::create(opts);
+  Communicator& w = ctx.world();
+  const int k = w.size();
+  const int64_t n = 7 * k + 3;
+  auto value = [](int r, int64_t i) { return 1.0f + 0.37f * static_cast<float>(r) + 0.011f * static_cast<float>(i); };
+  for (const DType dt : {DType::kBF16, DType::kF16}) {
+    for (const ReduceOp op : {ReduceOp::kSum, ReduceOp::kAvg, ReduceOp::kMax}) {
+      std::vector<float> mine(static_cast<size_t>(n));
+      for (int64_t i = 0; i < n; ++i) mine[static_cast<size_t>(i)] = value(w.rank(), i);
+      Tensor t = Tensor::from_vector(mine, {n}).to(dt);
+      w.all_reduce(t, op);
+      std::vector<float> want(static_cast<size_t>(n));
+      for (int64_t i = 0; i < n; ++i) {
+        float acc = 0;
+        for (int r = 0; r < k; ++r) {  // each member's value as its 16-bit tensor holds it
+          const float x = Tensor::from_vector(std::vector<float>{value(r, i)}, {1}).to(dt).to_vector()[0];
+          acc = r == 0 ? x : op == ReduceOp::kMax ? std::max(acc, x) : acc + x;
+        }
+        if (op == ReduceOp::kAvg) acc /= static_cast<float>(k);
+        want[static_cast<size_t>(i)] = acc;
+      }
+      const Tensor expected = Tensor::from_vector(want, {n}).to(dt);
+      EXPECT_TRUE(same_bits(t, expected)) << dtype_name(dt) << " " << op_name(op);
+    }
+  }
+}
+
 TEST(Collectives, BadArgumentsThrowAtIssue) {
   ParallelOptions opts = testing::test_layouts()[0];
   ParallelContext ctx = ParallelContext::create(opts);
@@ -222,7 +253,7 @@ TEST(Collectives, BadArgumentsThrowAtIssue) {
   Tensor out = Tensor::zeros({2});
   EXPECT_THROW(w.reduce_scatter_async(in, out, ReduceOp::kSum), Error);
   EXPECT_THROW(w.all_reduce_async(Tensor::zeros({3}, DType::kI32), ReduceOp::kAvg), Error);
-  EXPECT_THROW(w.all_reduce_async(Tensor::zeros({3}, DType::kBF16), ReduceOp::kSum), Error);
+  EXPECT_THROW(w.all_reduce_async(Tensor::zeros({3}, DType::kU16), ReduceOp::kSum), Error);
   EXPECT_THROW(w.all_gather_async(Tensor::zeros({2}), Tensor::zeros({2 * k + 1})), Error);
   EXPECT_THROW(w.broadcast_async(Tensor::zeros({2}), k), Error);
   EXPECT_THROW(w.send_async(Tensor::zeros({2}), -1, 0), Error);
