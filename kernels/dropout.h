@@ -4,7 +4,9 @@
 // offset came from Generator::reserve(n), element i (row-major, 0 ≤ i < n) is KEPT iff
 //     uint_to_unit_float(philox_bits(seed, offset, i)) > static_cast<float>(p)
 // (both from core/philox.h; the comparison is in f32). Kept elements are multiplied by
-// scale = 1/(1 − p), computed in f64 and rounded once to the tensor's dtype; dropped ones are 0.
+// scale = 1/(1 − p), computed in f64 and rounded once to the tensor's compute type (its dtype
+// for f32/f64; f32 for bf16/f16 on CUDA, whose product is then rounded once to the dtype);
+// dropped ones are 0.
 // Backward applies the same rule to dy, so forward and backward agree without a saved mask, and
 // every backend (the CUDA kernel included) must reproduce this rule bit for bit.
 //
