@@ -248,10 +248,13 @@ struct Staged {
   Tensor tensor;                 // the caller's tensor, kept alive until the op completes
   std::shared_ptr<void> pinned;  // the host copy of a CUDA tensor; null for a CPU tensor
   void* data() const { return pinned ? pinned.get() : tensor.raw_data(); }
-  // After MPI has completed: an output's host copy back into the device tensor.
+  // After MPI has completed (on the worker thread): an output's host copy back into the device
+  // tensor. The worker makes the tensor's device its own current device first, so its device
+  // guards restore to it rather than to (a new context on) device 0.
   void unstage() const {
     if (!pinned) return;
     Tensor t = tensor;
+    set_current_device(t.device());
     kernels::find_kernel<kernels::copy_pinned_to_device_k>(t.device().type)(pinned.get(), t);
   }
 };
