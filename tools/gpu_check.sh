@@ -62,12 +62,21 @@ for pkg in cublas nccl cudnn cuda_runtime; do
   d=$(python3 -c "import nvidia.$pkg as m, os; print(os.path.join(list(m.__path__)[0], 'lib'))" 2>/dev/null) &&
     cuda_libs="$cuda_libs:$d"
 done
+# CUDA 13 wheels put cuBLAS and the runtime under nvidia/cu13/lib instead.
+d=$(python3 -c "import nvidia, os; print(os.path.join(list(nvidia.__path__)[0], 'cu13', 'lib'))" 2>/dev/null) &&
+  [[ -d "$d" ]] && cuda_libs="$cuda_libs:$d"
 
 # --- programs ----------------------------------------------------------------------------------
 if [[ -f .gpu/bundle.tar.xz ]]; then
   stamp "using the prebuilt bundle"
-  rm -rf /tmp/loom_bundle && mkdir -p /tmp/loom_bundle && tar -C /tmp/loom_bundle -xJf .gpu/bundle.tar.xz
+  rm -rf /tmp/loom_bundle && mkdir -p /tmp/loom_bundle
+  # tar needs an xz binary; Python's tarfile does not.
+  tar -C /tmp/loom_bundle -xJf .gpu/bundle.tar.xz 2>"$OUT/unpack.log" ||
+    python3 -c "import sys, tarfile; tarfile.open(sys.argv[1]).extractall(sys.argv[2])" \
+      .gpu/bundle.tar.xz /tmp/loom_bundle 2>>"$OUT/unpack.log"
   bin=/tmp/loom_bundle/bundle/bin
+  [[ -x $bin/train && -x $bin/cuda_tests ]] || { note "bundle unpack failed (unpack.log)"; exit 1; }
+  [[ -f /tmp/loom_bundle/bundle/REVISION ]] && note "bundle: $(cat /tmp/loom_bundle/bundle/REVISION)"
   export LD_LIBRARY_PATH=/tmp/loom_bundle/bundle/lib:$cuda_libs:${LD_LIBRARY_PATH:-}
 else
   stamp "building for sm_90"
@@ -94,14 +103,15 @@ fi
 # sticky) then fails only its own suite, not every test after it. 300 s for all, 120 s per suite.
 stamp "CUDA tests"
 : >"$OUT/cuda_tests.log"
-suites=$("$bin/cuda_tests" --gtest_list_tests 2>>"$OUT/cuda_tests.log" | awk '/^[^ ]/ {sub(/\.$/, "", $1); print $1}')
+# (Suite lines end with "."; gtest_main's "Running main() from …" does not.)
+suites=$("$bin/cuda_tests" --gtest_list_tests 2>>"$OUT/cuda_tests.log" | awk '/^[^ ].*\.$/ {sub(/\.$/, "", $1); print $1}')
 [[ -n "$only_suites" ]] && suites=$(echo "$suites" | grep -Fx -f <(tr ',' '\n' <<<"$only_suites"))
 crashed=""
 tests_deadline=$((SECONDS + 300))
 for suite in $suites; do
   left=$((tests_deadline - SECONDS))
   if ((left < 5)); then crashed="$crashed $suite(no time left)"; continue; fi
-  timeout $((left < 120 ? left : 120)) "${memcheck[@]}" "$bin/cuda_tests" --gtest_filter="$suite.*" \
+  timeout -k 10 $((left < 120 ? left : 120)) "${memcheck[@]}" "$bin/cuda_tests" --gtest_filter="$suite.*" \
     --gtest_color=no >>"$OUT/cuda_tests.log" 2>&1
   rc=$?
   # gtest exits 1 when a test failed; 99 is a memcheck finding; anything else is a crash or the
@@ -119,11 +129,16 @@ note "cuda_tests: $(echo "$suites" | grep -c .) suites, $passed passed, $(echo -
 # --- 2. ceilings and kernels -------------------------------------------------------------------
 stamp "kernel benchmark"
 if (($(limit 180) >= 30)); then
-  timeout "$(limit 180)" "$bin/gpu_kernels_bench" --benchmark_color=false >"$OUT/kernels.log" 2>&1
+  # Line-buffered: what was measured survives a timeout.
+  timeout -k 10 "$(limit 180)" stdbuf -oL "$bin/gpu_kernels_bench" --benchmark_color=false >"$OUT/kernels.log" 2>&1
 else
   note "kernel benchmark: not run: out of time"; : >"$OUT/kernels.log"
 fi
 gemm_tflops=$(sed -n 's/^ceilings: copy .* bf16 GEMM \([0-9.]*\) TFLOP\/s/\1/p' "$OUT/kernels.log" | tail -1)
+# The bench prints the ceilings first too: enough when it was stopped before the end.
+[[ -z "$gemm_tflops" ]] &&
+  gemm_tflops=$(sed -n 's/^ceilings: device-to-device copy .* bf16 GEMM 8192^3 \([0-9.]*\) TFLOP\/s.*/\1/p' \
+    "$OUT/kernels.log" | head -1)
 peak_flops=$(python3 -c "print(float('${gemm_tflops:-0}') * 1e12)")
 
 # --- 3. training steps -------------------------------------------------------------------------
@@ -148,9 +163,12 @@ PY
     read -r cfg b t steps attn <<<"$run"
     if (($(limit 150) < 30)); then note "training: $cfg ($attn) not run: out of time"; continue; fi
     echo "=== $cfg B=$b T=$t attention=$attn" >>"$OUT/train.log"
-    timeout "$(limit 150)" "$bin/train" --config "configs/$cfg.yaml" \
+    # KILL: train stops gracefully on SIGTERM, finishing its step and writing a checkpoint.
+    # warmup_steps 0: the configs' warmup is longer than these runs (a config error otherwise).
+    timeout -s KILL "$(limit 150)" "$bin/train" --config "configs/$cfg.yaml" \
       --set "data.train=$synth/train_*.bin" --set "data.val=$synth/val_*.bin" \
       --set data.batch_size="$b" --set data.seq_len="$t" --set optim.grad_accum=1 \
+      --set optim.warmup_steps=0 --set train.log_every=1 \
       --set train.steps="$steps" --set train.device=cuda --set train.precision=bf16 \
       --set train.peak_flops="$peak_flops" --set train.val_every=0 --set train.sample_every=0 \
       --set train.attention_kernel="$attn" \
@@ -162,10 +180,16 @@ fi
 
 # --- 4. logits against PyTorch -----------------------------------------------------------------
 stamp "logits against PyTorch"
-if timeout 120 "$bin/dump_logits" --config configs/gpt2-124m.yaml --device cuda --batch 2 --seq 256 \
-     --out /tmp/loom_gpt2_logits.safetensors >"$OUT/logits.log" 2>&1; then
-  timeout 120 python3 tools/compare_logits_torch.py /tmp/loom_gpt2_logits.safetensors --tol 1e-4 \
-    >>"$OUT/logits.log" 2>&1
+# What is left of the budget, at most 120 s and at least 5 s, per command.
+logits_limit() { local l=$(($(left) - 10)); ((l > 120)) && l=120; ((l < 5)) && l=5; echo "$l"; }
+timeout -k 5 "$(logits_limit)" "$bin/dump_logits" --config configs/gpt2-124m.yaml --device cuda --batch 2 \
+  --seq 256 --out /tmp/loom_gpt2_logits.safetensors >"$OUT/logits.log" 2>&1
+dump_rc=$?
+echo "=== dump_logits exit $dump_rc" >>"$OUT/logits.log"
+if ((dump_rc == 0)); then
+  timeout -k 5 "$(logits_limit)" python3 tools/compare_logits_torch.py /tmp/loom_gpt2_logits.safetensors \
+    --tol 1e-4 >>"$OUT/logits.log" 2>&1
+  echo "=== compare_logits_torch exit $?" >>"$OUT/logits.log"
 fi
 
 # --- the table ---------------------------------------------------------------------------------
@@ -179,12 +203,16 @@ stamp "done"
     echo "== training (bf16, one GPU; median of the step lines after the first 3)"
     python3 - "$OUT/train.log" <<'PY'
 import re, statistics, sys
-runs, cur = {}, None
+runs, cur, status = {}, None, {}
 for line in open(sys.argv[1]):
-    if line.startswith("=== ") and "exit" not in line:
+    if line.startswith("=== exit "):
+        status[cur] = line.split()[2]
+    elif line.startswith("=== "):
         cur = line[4:].strip(); runs[cur] = []
     elif cur and re.search(r"\bstep\s+\d+", line) and "tok/s" in line:
         runs[cur].append(line)
+    elif cur and "error" in line.lower() and cur not in status:
+        status.setdefault(cur + " error", line.strip()[:160])
 for name, lines in runs.items():
     rows = lines[3:] or lines
     def med(pat):
@@ -192,9 +220,11 @@ for name, lines in runs.items():
         return statistics.median(v) if v else float("nan")
     peak = re.search(r"peak ([0-9.]+ \w+)", rows[-1]) if rows else None
     print(f"{name:28s} {med(r'([0-9.,]+) tok/s'):>10.0f} tok/s  MFU {med(r'MFU ([0-9.]+)%'):5.1f}%  "
-          f"peak mem {peak.group(1) if peak else '?'}  ({len(lines)} steps)")
+          f"peak mem {peak.group(1) if peak else '?'}  ({len(lines)} steps, exit {status.get(name, '?')})")
+    if name + " error" in status:
+        print(f"    {status[name + ' error']}")
 PY
   fi
   echo
-  grep "compare_logits_torch\|error\|Error" "$OUT/logits.log" | head -3
+  grep "compare_logits_torch\|error\|Error\|^=== " "$OUT/logits.log" | head -5
 } | tee -a "$summary"
