@@ -25,7 +25,8 @@ inline DType norm_stat_dtype(DType x) {
 }  // namespace loom::kernels
 
 // mean = Σx/C; rstd = 1/√(Σ(x−mean)²/C + eps); y = (x − mean)·rstd·weight + bias.
-// bias may be undefined (no bias). Statistics are accumulated in f64.
+// bias may be undefined (no bias). Statistics are accumulated in f64 on the CPU (a device
+// backend may use f32 for f32 and 16-bit x: kernels/cuda/norm.cu).
 LOOM_DECLARE_KERNEL(layer_norm_forward, void(const loom::Tensor& x,       // x (N, C)
                                              const loom::Tensor& weight,  // weight (C)
                                              const loom::Tensor& bias,    // bias (C) or undefined
@@ -45,7 +46,7 @@ LOOM_DECLARE_KERNEL(layer_norm_backward, void(const loom::Tensor& dy,      // dy
                                               loom::Tensor& dweight,       // dweight (C)
                                               loom::Tensor& dbias));       // dbias (C) or undefined
 
-// rstd = 1/√(Σx²/C + eps); y = x·rstd·weight. Statistics are accumulated in f64.
+// rstd = 1/√(Σx²/C + eps); y = x·rstd·weight. Statistics are accumulated as for LayerNorm.
 LOOM_DECLARE_KERNEL(rms_norm_forward, void(const loom::Tensor& x,       // x (N, C)
                                            const loom::Tensor& weight,  // weight (C)
                                            double eps,

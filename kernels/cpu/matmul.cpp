@@ -44,8 +44,10 @@ void gemm_cpu(const Tensor& a, const Tensor& b, Tensor& c, bool trans_a, bool tr
     scalar_t* pc = c.data<scalar_t>();
     const int64_t sa = batched ? a.stride(0) : 0, sb = batched ? b.stride(0) : 0;
     for (int64_t i = 0; i < batch; ++i) {
-      if (k == 0) {
-        for (int64_t j = 0; j < m * n; ++j) pc[i * m * n + j] *= static_cast<scalar_t>(beta);
+      if (k == 0) {  // c = beta · c; with beta 0, c is not read (it may hold NaN)
+        for (int64_t j = 0; j < m * n; ++j) {
+          pc[i * m * n + j] = beta == 0.0 ? scalar_t(0) : pc[i * m * n + j] * static_cast<scalar_t>(beta);
+        }
         continue;
       }
       gemm_one<scalar_t>(trans_a, trans_b, m, n, k, static_cast<scalar_t>(alpha), pa + i * sa,

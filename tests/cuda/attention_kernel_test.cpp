@@ -255,13 +255,16 @@ class CudnnAttentionTest : public CudaTest {
   }
 };
 
+// Fewer than Loom's own grid: each new shape costs cuDNN a graph build (plans compiled, a few
+// hundred ms each), and the suite must stay well inside gpu_check.sh's 120 s per suite.
 std::vector<Case> cudnn_cases(DType dt) {
   std::vector<Case> cases;
   for (int64_t d : {40, 64, 128}) {
-    for (int64_t t : {2, 17, 100, 257}) {  // cuDNN refuses T = 1 (Loom's kernels take it)
-      for (int64_t hkv : {4, 2, 1}) cases.push_back({dt, 2, 4, hkv, t, d});
+    for (int64_t t : {2, 17, 257}) {  // cuDNN refuses T = 1 (Loom's kernels take it)
+      for (int64_t hkv : {4, 1}) cases.push_back({dt, 2, 4, hkv, t, d});
     }
   }
+  cases.push_back({dt, 2, 4, 2, 100, 64});  // a group of 2
   for (const Case& c : long_cases(dt)) cases.push_back(c);
   return cases;
 }

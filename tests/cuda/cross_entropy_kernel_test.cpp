@@ -149,10 +149,12 @@ TEST_F(CudaCrossEntropyTest, MaskedLogitsAtMinusInfinity) {
                                                          got_lse);
   EXPECT_LT(rel_error(want_loss, got_loss), 1e-5);
   EXPECT_LT(rel_error(want_lse, got_lse), 1e-5);
-  Tensor want_d = Tensor::zeros({rows, vp});
+  // The backward accumulates: both start from the same random values.
+  const Tensor d0 = randn({rows, vp}, gen, DType::kF32, 0.0, 0.1);
+  Tensor want_d = d0.clone();
   kernels::call_kernel<kernels::cross_entropy_backward_k>(
       logits, targets, want_lse, Tensor::scalar(1.0), 1.0 / rows, -100, vp, want_d);
-  Tensor got_d = Tensor::zeros({rows, vp}, DType::kF32, Device::cuda());
+  Tensor got_d = d0.to(Device::cuda());
   kernels::call_kernel<kernels::cross_entropy_backward_k>(
       g_logits, g_targets, got_lse, Tensor::scalar(1.0, DType::kF32, Device::cuda()), 1.0 / rows,
       -100, vp, got_d);

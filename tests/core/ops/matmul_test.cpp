@@ -2,7 +2,10 @@
 // finite differences (f64) and an explicit triple loop; f32 against f64.
 #include "core/ops/matmul.h"
 
+#include <cmath>
+
 #include "core/ops/view.h"
+#include "kernels/matmul.h"
 #include "tests/gradcheck.h"
 
 namespace loom {
@@ -78,6 +81,20 @@ TEST(Matmul, StridedAndTransposedViewOperands) {
     return ops::matmul(in[0].transpose(1, 2), in[0]);  // (4, 5, 3) · (4, 3, 5)
   };
   expect_gradcheck(fb, {batched});
+}
+
+// The gemm kernel's contract (kernels/matmul.h): with beta == 0, c is not read — also when the
+// inner dimension is 0 (c = beta · c then), so NaN left in c does not survive.
+TEST(Matmul, GemmWithBetaZeroDoesNotReadC) {
+  for (const int64_t k : {int64_t{0}, int64_t{3}}) {
+    const Tensor a = Tensor::ones({4, k}), b = Tensor::ones({k, 5});
+    Tensor c = Tensor::full({4, 5}, std::nan(""));
+    kernels::call_kernel<kernels::gemm_k>(a, b, c, false, false, 1.0, 0.0);
+    EXPECT_EQ(c.to_vector(), std::vector<double>(20, static_cast<double>(k))) << "k " << k;
+  }
+  Tensor c = Tensor::full({2, 2}, 3.0);  // beta != 0 with k == 0: c scaled
+  kernels::call_kernel<kernels::gemm_k>(Tensor::ones({2, 0}), Tensor::ones({0, 2}), c, false, false, 1.0, 0.5);
+  EXPECT_EQ(c.to_vector(), std::vector<double>(4, 1.5));
 }
 
 TEST(Matmul, ShapeErrorsNameTheDims) {
