@@ -62,13 +62,9 @@ Tensor LossScaler::step_factor(const Tensor& sq_sum, double max_norm) {
   return factor;
 }
 
-LossScalerState LossScaler::from_values(const std::vector<double>& v) {
-  LOOM_CHECK(v.size() == 3, "LossScaler: a state has 3 values, got ", v.size());
-  return {v[0], static_cast<int64_t>(v[1]), static_cast<int64_t>(v[2])};
-}
-
-void LossScaler::mirror(const std::vector<double>& device_state_values) {
-  state_ = from_values(device_state_values);
+void LossScaler::mirror(const std::vector<double>& v) {
+  LOOM_CHECK(v.size() == 3, "LossScaler::mirror: a state has 3 values, got ", v.size());
+  state_ = {v[0], static_cast<int64_t>(v[1]), static_cast<int64_t>(v[2])};
 }
 
 void LossScaler::set_state(const LossScalerState& s) {

@@ -57,7 +57,6 @@ class LossScaler {
   void set_state(const LossScalerState& s);  // the device copy too, after to()
 
  private:
-  static LossScalerState from_values(const std::vector<double>& v);
   LossScalerState state_;
   int64_t growth_interval_;
   Tensor device_state_;

@@ -30,7 +30,6 @@ class Readback {
     Pending(const Pending&) = delete;
     Pending& operator=(const Pending&) = delete;
     ~Pending();
-    bool valid() const { return owner_ != nullptr || !values_.empty(); }
     const std::vector<double>& get();
     // When the values were known to be on the host: at start() for CPU tensors, when get()'s wait
     // returned for device tensors (the device's progress as the host sees it). Valid after get().

@@ -60,17 +60,15 @@ struct KernelChoices {
       : tf32(t.allow_tf32), attention(t.attention_kernel == "cudnn" && use == Use::kStep) {}
 };
 
-// A step as train_step() leaves it: its record, and, when the step left its loss and gradient
-// sum of squares on the device, the read of those two (Note [Device step]).
+// A step as train_step() leaves it: its record, still without the numbers the device computed,
+// and the read of those numbers (Note [Device step]).
 struct PendingStep {
   StepRecord r;
   // [loss, Σ g²] (under loss scaling: of the scaled gradients, then the scale the step used and
-  // the loss scaler's state after it), or nothing when r is complete
+  // the loss scaler's state after it)
   Readback::Pending numbers;
-  Clock::time_point done;     // when r was complete (no pending read)
   parallel::DpStepStats dp_stats;            // data parallelism: this step's communication
   parallel::pp::PipelineStats pipe_stats;    // pipeline parallelism: this step's schedule
-  bool deferred() const { return numbers.valid(); }
 };
 
 double seconds_since(Clock::time_point t0) {
@@ -548,7 +546,6 @@ PendingStep Trainer::State::train_step() {
     pipeline_step(pending);
     if (dp) pending.dp_stats = dp->last_step_stats();
     pending.pipe_stats = pipe->last_stats();
-    pending.done = Clock::now();
     return pending;
   }
   const int64_t accum = cfg.optim.grad_accum;
@@ -594,7 +591,6 @@ PendingStep Trainer::State::train_step() {
   }
   r.step = ++step;
   if (dp) pending.dp_stats = dp->last_step_stats();
-  pending.done = Clock::now();
   return pending;
 }
 
@@ -623,18 +619,15 @@ void Trainer::State::finish_step(PendingStep& pending, const Tensor& loss, const
 }
 
 void Trainer::State::report(PendingStep& p, Clock::time_point& since) {
-  Clock::time_point ready = p.done;
-  if (p.deferred()) {
-    const std::vector<double>& v = p.numbers.get();
-    p.r.loss = v[0];
-    p.r.grad_norm = std::sqrt(v[1]);
-    if (scaler) {  // the norm of the unscaled gradients; an overflow's is left as it is
-      p.r.skipped = !std::isfinite(p.r.grad_norm);
-      if (!p.r.skipped) p.r.grad_norm /= v[2];
-      scaler->mirror({v[3], v[4], v[5]});
-    }
-    ready = p.numbers.ready_at();
+  const std::vector<double>& v = p.numbers.get();
+  p.r.loss = v[0];
+  p.r.grad_norm = std::sqrt(v[1]);
+  if (scaler) {  // the norm of the unscaled gradients; an overflow's is left as it is
+    p.r.skipped = !std::isfinite(p.r.grad_norm);
+    if (!p.r.skipped) p.r.grad_norm /= v[2];
+    scaler->mirror({v[3], v[4], v[5]});
   }
+  const Clock::time_point ready = p.numbers.ready_at();
   log_step(p, std::chrono::duration<double>(ready - since).count());
   since = ready;
 }
@@ -808,7 +801,7 @@ std::vector<StepRecord> Trainer::run() {
     }
     const bool periodic = s.cfg.checkpoint.every > 0 && n % s.cfg.checkpoint.every == 0;
     const bool save = stop || periodic || (n == t.steps && s.cfg.checkpoint.at_end);
-    if (p.deferred() && n < t.steps && !validate && !sample_now && !save) {  // Note [Device step]
+    if (n < t.steps && !validate && !sample_now && !save) {  // Note [Device step]
       prev.emplace(std::move(p));
       continue;
     }

@@ -403,18 +403,9 @@ Tensor DataParallel::grad_sq_sum_tensor(const std::function<bool(const std::stri
   return ops::reshape(total, {});
 }
 
-double DataParallel::grad_sq_sum(const std::function<bool(const std::string&)>& skip) {
-  return grad_sq_sum_tensor(skip).item();
-}
-
-void DataParallel::scale_grads(double factor) {
-  if (!synced_) finish_gradient_sync();
-  optim::scale_grads(owned_grads(), factor);
-}
-
 double DataParallel::clip_grad_norm(double max_norm) {
-  const double norm = std::sqrt(grad_sq_sum());
-  scale_grads(optim::clip_scale(norm, max_norm));
+  const double norm = std::sqrt(grad_sq_sum_tensor().item());  // synchronises the gradients first
+  optim::scale_grads(owned_grads(), optim::clip_scale(norm, max_norm));
   return norm;
 }
 

@@ -129,16 +129,13 @@ class DataParallel final : public UnitHooks {
   // element counted once), then scales the owned gradients so the norm is at most max_norm.
   // Returns the norm before clipping. Calls finish_gradient_sync() first when needed.
   double clip_grad_norm(double max_norm);
-  // The two halves of clip_grad_norm, for callers that sum the norm over more groups (the
-  // pipeline's stages): Σ g² over the owned gradient elements, all-reduced over the shard
-  // group, with the TP parts summed over config.tp; parameters for which skip(name) is true
-  // are left out (a tied copy another stage counts). Collective over the shard group (and tp).
-  double grad_sq_sum(const std::function<bool(const std::string& name)>& skip = {});
-  // The same sum left on the gradients' device as a 0-d f64 tensor, reduced there (nothing is
-  // read back: Note [Device step] in train/trainer.cpp). grad_sq_sum() is this, read.
+  // Σ g² over the owned gradient elements, all-reduced over the shard group, with the TP parts
+  // summed over config.tp, left on the gradients' device as a 0-d f64 tensor (nothing is read
+  // back: Note [Device step] in train/trainer.cpp); parameters for which skip(name) is true are
+  // left out (a tied copy another stage counts). For callers that sum the norm over more groups
+  // (the pipeline's stages) and clip on the device (step_scaled). Collective over the shard
+  // group (and tp); calls finish_gradient_sync() first when needed.
   Tensor grad_sq_sum_tensor(const std::function<bool(const std::string& name)>& skip = {});
-  // Multiplies every owned gradient element by factor.
-  void scale_grads(double factor);
   // The owned gradients as views, named like the optimiser state's pieces
   // ("<param>[<begin>:<end>]", stages 1-3) or by parameter (stage 0, whole gradients). Valid
   // after finish_gradient_sync() until step(); writing them changes what step() applies.

@@ -17,13 +17,10 @@ TEST(Readback, CpuValuesAreReadAtStart) {
   Tensor t = randn({5}, gen, DType::kF64);
   const std::vector<double> want = t.to_vector();
   Readback::Pending p = rb.start(t);
-  ASSERT_TRUE(p.valid());
   ops::copy_(t, Tensor::zeros({5}, DType::kF64));  // read already: later writes do not reach it
   Readback::Pending moved = std::move(p);
-  EXPECT_FALSE(p.valid());
   EXPECT_EQ(moved.get(), want);
   EXPECT_EQ(moved.get(), want);  // again: the same values
-  EXPECT_FALSE(Readback::Pending().valid());
 }
 
 TEST(Readback, RejectsWhatASlotCannotHold) {
