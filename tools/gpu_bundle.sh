@@ -5,7 +5,7 @@
 # tools/gpu_check.sh on the bundle instead of building; one that has them can build there.
 # The CUDA libraries themselves (cudart, cuBLAS/cuBLASLt, NCCL, cuDNN) are the GPU machine's
 # (its toolkit or PyTorch's CUDA 13 wheels: tools/gpu_check.sh finds them). Host code is built
-# for the baseline x86-64 ISA (LOOM_NATIVE=OFF), not this machine's. bundle/REVISION names the
+# for the baseline x86-64 ISA (LOOM_ARCH empty), not this machine's. bundle/REVISION names the
 # commit (and "-dirty" for uncommitted changes); gpu_check.sh prints it.
 #
 #   tools/gpu_bundle.sh [BUILD_DIR]     (default build-gpu; sm_90, no MPI, Release, -Werror)
@@ -13,7 +13,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 build=${1:-build-gpu}
 cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DLOOM_CUDA=ON \
-  -DLOOM_CUDA_ARCHITECTURES=90 -DLOOM_MPI=OFF -DLOOM_WERROR=ON -DLOOM_NATIVE=OFF >/dev/null
+  -DLOOM_CUDA_ARCHITECTURES=90 -DLOOM_MPI=OFF -DLOOM_WERROR=ON -DLOOM_ARCH= >/dev/null
 ninja -C "$build" -j"$(nproc)" cuda_tests gpu_kernels_bench train dump_logits
 stage=$(mktemp -d)
 mkdir -p "$stage/bundle/bin" "$stage/bundle/lib"

@@ -3,7 +3,8 @@
 # packages already present are skipped, and apt is not touched when nothing is missing.
 # Run as root (or with sudo available). The CUDA toolkit is not installed here: when
 # /usr/local/cuda exists the build uses it (and cuDNN's frontend headers are fetched, below),
-# otherwise Loom builds CPU-only.
+# otherwise Loom builds CPU-only. apt's and pip's output go to logs/install_deps.log
+# ($LOOM_LOG_DIR), printed in full only when the install fails.
 set -euo pipefail
 
 packages=(
@@ -21,15 +22,28 @@ for p in "${packages[@]}"; do
   fi
 done
 
+# The package manager's output (hundreds of lines) goes to $log; it is printed in full only
+# when the install fails.
+log_dir=${LOOM_LOG_DIR:-logs}
+mkdir -p "$log_dir"
+log="$log_dir/install_deps.log"
+: >"$log"
+SUDO=""
+if [ "$(id -u)" -ne 0 ]; then SUDO="sudo"; fi
+
 if [ ${#missing[@]} -eq 0 ]; then
   echo "install_deps: all ${#packages[@]} packages present"
 else
-  echo "install_deps: installing ${missing[*]}"
-  SUDO=""
-  if [ "$(id -u)" -ne 0 ]; then SUDO="sudo"; fi
+  echo "install_deps: installing ${#missing[@]} packages (${missing[*]}); apt's output in $log"
+  start=$SECONDS
   export DEBIAN_FRONTEND=noninteractive
-  $SUDO apt-get update -qq
-  $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}"
+  if ! { $SUDO apt-get update && $SUDO apt-get install -y --no-install-recommends "${missing[@]}"; } \
+       >>"$log" 2>&1; then
+    cat "$log"
+    echo "install_deps: apt-get failed (its output is above and in $log)" >&2
+    exit 1
+  fi
+  echo "install_deps: installed in $((SECONDS - start)) s"
 fi
 
 # cuDNN's C++ frontend, header-only (MIT), for the cuDNN attention path of CUDA builds (Note
@@ -41,10 +55,8 @@ frontend=/usr/local/share/loom/cudnn_frontend
 frontend_version=1.32.0
 if [ -x /usr/local/cuda/bin/nvcc ] && [ ! -f "$frontend/include/cudnn_frontend.h" ]; then
   wheels=$(mktemp -d)
-  if python3 -m pip download --quiet --no-deps --only-binary=:all: -d "$wheels" \
-       "nvidia-cudnn-frontend==$frontend_version"; then
-    SUDO=""
-    if [ "$(id -u)" -ne 0 ]; then SUDO="sudo"; fi
+  if python3 -m pip download --no-deps --only-binary=:all: -d "$wheels" \
+       "nvidia-cudnn-frontend==$frontend_version" >>"$log" 2>&1; then
     $SUDO python3 - "$wheels" "$frontend" <<'PY'
 import glob, os, sys, zipfile
 wheels, dest = sys.argv[1], sys.argv[2]
@@ -61,7 +73,7 @@ for name in wheel.namelist():
 PY
     echo "install_deps: cuDNN frontend $frontend_version headers in $frontend"
   else
-    echo "install_deps: could not download nvidia-cudnn-frontend; the cuDNN attention path will not be built"
+    echo "install_deps: could not download nvidia-cudnn-frontend (pip's output in $log); the cuDNN attention path will not be built"
   fi
   rm -rf "$wheels"
 fi

@@ -1,9 +1,15 @@
 #!/usr/bin/env bash
 # tools/test.sh — the README's test command: install dependencies, configure (CUDA on when
-# nvcc is present, so CUDA code is compiled even without a GPU; warnings are errors), build,
-# and run the whole suite with ctest. GPU tests skip themselves when no GPU is present.
+# nvcc is present, so CUDA code is compiled even without a GPU; warnings are errors; the ISA is
+# this machine's, -march=native), build, and run the whole suite with ctest. GPU tests skip
+# themselves when no GPU is present. What a person needs is on the first screen: the package
+# manager's and CMake's lines go to logs/ (printed only when they fail), then the build's
+# progress, then one progress line for the tests and their summary; ctest's full output is in
+# logs/test.log, a failing test's output is printed in full.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+log_dir=${LOOM_LOG_DIR:-logs}
+export LOOM_LOG_DIR=$log_dir
 
 ./tools/install_deps.sh
 
@@ -16,7 +22,52 @@ if [ -n "$nvcc" ]; then
 fi
 
 jobs=$(nproc)
-cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DLOOM_WERROR=ON "${cuda_args[@]}"
+./tools/configure.sh "$build" -DLOOM_WERROR=ON "${cuda_args[@]}"
+echo "test.sh: building $build"
 cmake --build "$build" -j "$jobs"
-python3 -c "import tensorboard" 2>/dev/null || python3 -m pip install --quiet tensorboard || echo "test.sh: tensorboard not installed; its test will skip"
-ctest --test-dir "$build" --output-on-failure -j "$jobs"
+if ! python3 -c "import tensorboard" 2>/dev/null; then
+  python3 -m pip install tensorboard >>"$log_dir/install_deps.log" 2>&1 ||
+    echo "test.sh: tensorboard not installed (see $log_dir/install_deps.log); its test will skip"
+fi
+
+echo "test.sh: running the tests (ctest -j $jobs; full output in $log_dir/test.log)"
+tty=0
+if [ -t 1 ]; then tty=1; fi
+set +e
+ctest --test-dir "$build" --output-on-failure -j "$jobs" --output-log "$log_dir/test.log" |
+  awk -v tty="$tty" -v logfile="$log_dir/test.log" '
+    # tty: one progress line, redrawn in place and cleared before any other line is printed.
+    function progress() {
+      if (tty) { printf "\r  %d/%d tests: %d passed, %d skipped, %d failed ", done, total, pass, skip, fail; drawn = 1 }
+      else if (done == total || done * 10 >= next_mark * total) {
+        printf "  %d/%d tests: %d passed, %d skipped, %d failed\n", done, total, pass, skip, fail
+        next_mark = int(done * 10 / total) + 1
+      }
+    }
+    function show(line) {
+      if (drawn) { printf "\r\033[K"; drawn = 0 }
+      print line
+    }
+    BEGIN { next_mark = 1 }
+    /^Test project / { print; next }
+    /^ *Start +[0-9]+: / { next }
+    /^ *[0-9]+\/[0-9]+ Test +#[0-9]+: / {
+      split($1, a, "/"); done++; total = a[2]; in_fail = 0
+      if ($0 ~ / Passed /) pass++
+      else if ($0 ~ /\*\*\*Skipped /) skip++
+      else { fail++; in_fail = 1; show($0); next }  # its output follows; progress after it
+      progress(); next
+    }
+    /tests passed, [0-9]+ tests failed out of/ { if (drawn) { printf "\n"; drawn = 0 }; summary = 1 }
+    summary && /^The following tests did not run:/ {
+      not_run = 1
+      printf "%d tests skipped themselves (GPU tests where there is no GPU, each with its reason; list in %s)\n", skip, logfile
+      next
+    }
+    summary && not_run && /^[ \t]+[0-9]+ - / { next }
+    summary { not_run = 0; print; next }
+    in_fail { show($0) }
+  '
+status=${PIPESTATUS[0]}
+set -e
+exit "$status"

@@ -25,7 +25,7 @@ extern "C" void on_signal(int) {
 
 int usage() {
   std::cerr << "usage: train --config FILE [--set section.key=value]... [--resume latest|DIR]"
-               " [--stop-at STEP] [--profile]\n";
+               " [--stop-at STEP] [--profile] [--print-config]\n";
   return 2;
 }
 
@@ -43,6 +43,7 @@ int main(int argc, char** argv) {
     else if (a == "--resume") options.resume = argv[++i];
     else if (a == "--stop-at") options.stop_at_step = std::stoll(argv[++i]);
     else if (a == "--profile") options.profile_path = "profile";  // resolved per rank below
+    else if (a == "--print-config") options.print_config = true;
     else if (a == "-h" || a == "--help") return usage(), 0;
     else return usage();
   }

@@ -6,6 +6,7 @@
 #include <chrono>
 #include <cmath>
 #include <filesystem>
+#include <fstream>
 #include <iomanip>
 #include <iostream>
 #include <optional>
@@ -297,6 +298,15 @@ void Trainer::State::build() {
     val_loader = std::make_unique<DataLoader>(expand_shards(d.val, "data.val"), d.batch_size, d.seq_len, 0, 1, d.seed);
   }
   fs::create_directories(cfg.train.out_dir);
+  if (is_main()) {
+    // The effective config (every key, defaults included) beside the run's checkpoints and
+    // metrics; printed in full only with --print-config, so the first screen shows training.
+    const fs::path path = fs::path(cfg.train.out_dir) / "config.yaml";
+    std::ofstream out(path);
+    out << config_to_yaml(cfg);
+    if (!out.flush()) throw std::runtime_error("cannot write the effective config to " + path.string());
+    *log << "effective config: " << path.string() << " (--print-config prints it)\n";
+  }
   if (is_main() && (cfg.logging.jsonl || cfg.logging.tensorboard)) {
     metrics = std::make_unique<MetricsWriter>(cfg.train.out_dir, cfg.logging.jsonl, cfg.logging.tensorboard);
   }

@@ -13,6 +13,7 @@
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <sstream>
 
 #include "data/shard.h"
@@ -111,6 +112,31 @@ TEST(Trainer, ResumeIsBitIdentical) {
   const auto pa = a.parameters(), pb = second.parameters();
   ASSERT_EQ(pa.size(), pb.size());
   for (size_t i = 0; i < pa.size(); ++i) EXPECT_EQ(pa[i].second.to_vector(), pb[i].second.to_vector()) << pa[i].first;
+}
+
+// The effective config goes to <out_dir>/config.yaml (named on the log, not printed in full
+// unless asked), and reading that file back gives the same config: every key, overrides included.
+TEST(Trainer, WritesTheEffectiveConfigBesideTheRun) {
+  const std::string dir = make_data("config_file");
+  std::ostringstream log;
+  Config cfg = tiny_config(dir, 10);
+  cfg.optim.lr = 3.25e-3;  // not the default, not the file's: must survive the round trip
+  Trainer t(cfg, quiet(log));
+  const std::string path = dir + "/run/config.yaml";
+  ASSERT_TRUE(fs::exists(path));
+  EXPECT_NE(log.str().find("effective config: " + path), std::string::npos) << log.str();
+  EXPECT_EQ(log.str().find("model:\n"), std::string::npos) << "printed without print_config";
+  std::ifstream in(path);
+  const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  EXPECT_EQ(text, config_to_yaml(cfg));
+  EXPECT_EQ(config_to_yaml(parse_config_text(text)), text);
+  EXPECT_EQ(parse_config_text(text).optim.lr, 3.25e-3);
+
+  std::ostringstream printed;
+  TrainerOptions o = quiet(printed);
+  o.print_config = true;
+  Trainer u(cfg, o);
+  EXPECT_NE(printed.str().find("effective config:\n" + text), std::string::npos) << printed.str();
 }
 
 // Note [Device step]: a step is reported once its successor is launched, unless something reads

@@ -11,7 +11,6 @@
 #include <unistd.h>
 
 #include <cstdio>
-#include <Eigen/Dense>
 #include <map>
 #include <memory>
 #include <string>
@@ -20,6 +19,8 @@
 #include "core/autograd.h"
 #include "core/ops/matmul.h"
 #include "core/rng.h"
+#include "tools/bench/cpu_isa.h"
+#include "tools/bench/eigen.h"
 
 namespace loom {
 namespace {
@@ -197,6 +198,7 @@ void register_all(const std::vector<LinearShape>& shapes,
 int main(int argc, char** argv) {
   benchmark::Initialize(&argc, argv);
   if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;
+  loom::bench::add_isa_context();
   // GPT-2 124M at batch·seq = 256 rows: qkv, mlp up, mlp down, lm head (vocab padded to 50304).
   const std::vector<loom::LinearShape> shapes = {
       {256, 768, 2304}, {256, 768, 3072}, {256, 3072, 768}, {256, 768, 50304}};

@@ -10,6 +10,7 @@
 #include <string>
 
 #include "data/tokenizer.h"
+#include "tools/bench/cpu_isa.h"
 
 namespace {
 
@@ -65,4 +66,4 @@ BENCHMARK(BM_Pretokenize)->Unit(benchmark::kMillisecond);
 
 }  // namespace
 
-BENCHMARK_MAIN();
+int main(int argc, char** argv) { return loom::bench::benchmark_main(argc, argv); }

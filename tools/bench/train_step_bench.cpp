@@ -18,6 +18,7 @@
 #include "layers/transformer.h"
 #include "optim/adamw.h"
 #include "optim/decay_rule.h"
+#include "tools/bench/cpu_isa.h"
 
 namespace loom {
 namespace {
@@ -109,4 +110,4 @@ BENCHMARK(BM_Gpt2TrainStep)->Iterations(3)->Unit(benchmark::kMillisecond)->UseRe
 }  // namespace
 }  // namespace loom
 
-BENCHMARK_MAIN();
+int main(int argc, char** argv) { return loom::bench::benchmark_main(argc, argv); }
