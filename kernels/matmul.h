@@ -1,6 +1,9 @@
 // kernels/matmul.h — GEMM: c = alpha · op(a) · op(b) + beta · c, plain or batched; the fused
-// bias and bias+GELU forms used by Linear layers; and the TF32 switch read by the CUDA GEMM.
+// bias and bias+GELU forms used by Linear layers; the TF32 switch read by the CUDA GEMM; and which
+// OpenBLAS kernel set the CPU GEMM runs on.
 #pragma once
+
+#include <string>
 
 #include "kernels/registry.h"
 
@@ -57,5 +60,12 @@ class AllowTf32Guard {
 
 // Whether f32 GEMMs issued by this thread may use TF32 (Note [TF32]).
 bool tf32_allowed();
+
+// The kernel set OpenBLAS runs the CPU GEMMs on in this process (openblas_get_corename(), e.g.
+// "Cooperlake" or "Haswell"). OpenBLAS picks it from the CPU when it loads, unless the
+// environment forces one with OPENBLAS_CORETYPE; on an AVX-512 CPU an AVX2 set (Haswell, Zen)
+// runs SGEMM at about half speed, so the trainer's start line and the CPU benchmarks print it
+// (docs/performance.md, "Where the CPU figures come from").
+std::string cpu_blas_core();
 
 }  // namespace loom::kernels

@@ -319,7 +319,11 @@ void Trainer::State::build() {
   *log << "model: " << mc.arch << ", " << model->num_parameters(true) << " parameters ("
        << model->num_parameters() << " with vocab padding) on " << device.str() << ", "
        << cfg.train.precision << " compute; peak " << fmt(peak_flops / 1e9, 1) << " GFLOP/s ("
-       << (cfg.train.peak_flops > 0 ? "config" : "measured " + cfg.train.precision + " GEMM") << ")\n";
+       << (cfg.train.peak_flops > 0 ? "config" : "measured " + cfg.train.precision + " GEMM")
+       << ")";
+  // Which OpenBLAS kernel set the CPU GEMMs (and so the peak above) ran on.
+  if (device.is_cpu()) *log << "; OpenBLAS " << kernels::cpu_blas_core() << " kernels";
+  *log << "\n";
   if (dp) *log << dp->describe() << "\n";
   if (pipe) {
     *log << pipe->describe() << "; " << released << " parameters of other stages released\n";

@@ -13,6 +13,15 @@
 #include "kernels/matmul.h"
 #include "kernels/reduce.h"
 
+namespace loom::kernels {
+
+std::string cpu_blas_core() {
+  const char* name = openblas_get_corename();
+  return name ? name : "";
+}
+
+}  // namespace loom::kernels
+
 namespace loom::kernels::cpu {
 namespace {
 

@@ -1,7 +1,8 @@
 // tools/bench/cpu_isa.h — records, in a benchmark's context header, which ISA the program was
-// compiled for (LOOM_ARCH, read from the compiler's predefined macros) and which the CPU it runs
-// on offers (/proc/cpuinfo), so every CPU figure says where it was measured
-// (docs/performance.md). Reporting only: nothing here changes what a benchmark runs.
+// compiled for (LOOM_ARCH, read from the compiler's predefined macros), which the CPU it runs
+// on offers (/proc/cpuinfo) and which OpenBLAS kernels its GEMMs use, so every CPU figure says
+// where it was measured (docs/performance.md). Reporting only: nothing here changes what a
+// benchmark runs.
 #pragma once
 
 #include <benchmark/benchmark.h>
@@ -9,6 +10,8 @@
 #include <fstream>
 #include <sstream>
 #include <string>
+
+#include "kernels/matmul.h"
 
 namespace loom::bench {
 
@@ -66,6 +69,7 @@ inline std::string cpu_isa() {
 inline void add_isa_context() {
   benchmark::AddCustomContext("compiled_for", compiled_isa());
   benchmark::AddCustomContext("cpu", cpu_isa());
+  benchmark::AddCustomContext("openblas_core", loom::kernels::cpu_blas_core());
 }
 
 // main() of a benchmark with no setup of its own: Google Benchmark's, with the ISA context.

@@ -2,7 +2,11 @@
 // finite differences (f64) and an explicit triple loop; f32 against f64.
 #include "core/ops/matmul.h"
 
+#include <strings.h>
+
 #include <cmath>
+#include <cstdlib>
+#include <string>
 
 #include "core/ops/view.h"
 #include "kernels/matmul.h"
@@ -95,6 +99,17 @@ TEST(Matmul, GemmWithBetaZeroDoesNotReadC) {
   Tensor c = Tensor::full({2, 2}, 3.0);  // beta != 0 with k == 0: c scaled
   kernels::call_kernel<kernels::gemm_k>(Tensor::ones({2, 0}), Tensor::ones({0, 2}), c, false, false, 1.0, 0.5);
   EXPECT_EQ(c.to_vector(), std::vector<double>(4, 1.5));
+}
+
+// The OpenBLAS kernel set reported for the start line is the one OpenBLAS runs: named, and the
+// forced one when the environment forces it (OPENBLAS_CORETYPE, compared without case).
+TEST(Matmul, ReportsTheOpenBlasCoreItRuns) {
+  const std::string core = kernels::cpu_blas_core();
+  EXPECT_FALSE(core.empty());
+  EXPECT_NE(core, "Unknown");
+  if (const char* forced = std::getenv("OPENBLAS_CORETYPE"); forced && *forced) {
+    EXPECT_EQ(strcasecmp(core.c_str(), forced), 0) << core << " vs OPENBLAS_CORETYPE=" << forced;
+  }
 }
 
 TEST(Matmul, ShapeErrorsNameTheDims) {
