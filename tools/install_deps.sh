@@ -37,8 +37,8 @@ else
   echo "install_deps: installing ${#missing[@]} packages (${missing[*]}); apt's output in $log"
   start=$SECONDS
   export DEBIAN_FRONTEND=noninteractive
-  if ! { $SUDO apt-get update && $SUDO apt-get install -y --no-install-recommends "${missing[@]}"; } \
-       >>"$log" 2>&1; then
+  if ! { $SUDO apt-get update &&
+         $SUDO apt-get install -y --no-install-recommends "${missing[@]}"; } >>"$log" 2>&1; then
     cat "$log"
     echo "install_deps: apt-get failed (its output is above and in $log)" >&2
     exit 1
@@ -73,7 +73,8 @@ for name in wheel.namelist():
 PY
     echo "install_deps: cuDNN frontend $frontend_version headers in $frontend"
   else
-    echo "install_deps: could not download nvidia-cudnn-frontend (pip's output in $log); the cuDNN attention path will not be built"
+    echo "install_deps: could not download nvidia-cudnn-frontend (pip's output in $log);" \
+      "the cuDNN attention path will not be built"
   fi
   rm -rf "$wheels"
 fi

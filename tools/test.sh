@@ -17,6 +17,8 @@ build=${LOOM_BUILD_DIR:-build}
 cuda_args=(-DLOOM_CUDA=OFF)
 nvcc=$(command -v nvcc || true)
 if [ -z "$nvcc" ] && [ -x /usr/local/cuda/bin/nvcc ]; then nvcc=/usr/local/cuda/bin/nvcc; fi
+# LOOM_CUDA=OFF ./tools/test.sh: build and test as on a machine without the CUDA toolkit.
+if [ "${LOOM_CUDA:-}" = OFF ]; then nvcc=""; fi
 if [ -n "$nvcc" ]; then
   cuda_args=(-DLOOM_CUDA=ON -DCMAKE_CUDA_COMPILER="$nvcc")
 fi
@@ -38,9 +40,10 @@ ctest --test-dir "$build" --output-on-failure -j "$jobs" --output-log "$log_dir/
   awk -v tty="$tty" -v logfile="$log_dir/test.log" '
     # tty: one progress line, redrawn in place and cleared before any other line is printed.
     function progress() {
-      if (tty) { printf "\r  %d/%d tests: %d passed, %d skipped, %d failed ", done, total, pass, skip, fail; drawn = 1 }
+      line = sprintf("  %d/%d tests: %d passed, %d skipped, %d failed", done, total, pass, skip, fail)
+      if (tty) { printf "\r%s ", line; drawn = 1 }
       else if (done == total || done * 10 >= next_mark * total) {
-        printf "  %d/%d tests: %d passed, %d skipped, %d failed\n", done, total, pass, skip, fail
+        print line
         next_mark = int(done * 10 / total) + 1
       }
     }
@@ -58,10 +61,14 @@ ctest --test-dir "$build" --output-on-failure -j "$jobs" --output-log "$log_dir/
       else { fail++; in_fail = 1; show($0); next }  # its output follows; progress after it
       progress(); next
     }
-    /tests passed, [0-9]+ tests failed out of/ { if (drawn) { printf "\n"; drawn = 0 }; summary = 1 }
+    /tests passed, [0-9]+ tests failed out of/ {
+      if (drawn) { printf "\n"; drawn = 0 }
+      summary = 1
+    }
     summary && /^The following tests did not run:/ {
       not_run = 1
-      printf "%d tests skipped themselves (GPU tests where there is no GPU, each with its reason; list in %s)\n", skip, logfile
+      printf "%d tests skipped themselves (GPU tests where there is no GPU, each with its reason;", skip
+      printf " list in %s)\n", logfile
       next
     }
     summary && not_run && /^[ \t]+[0-9]+ - / { next }
