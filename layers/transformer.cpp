@@ -250,9 +250,11 @@ int64_t Transformer::num_parameters(bool exclude_padding) const {
 }
 
 double Transformer::flops_per_token(int64_t T) const {
-  int64_t n = num_parameters();
-  if (wpe_) n -= wpe_->weight().numel();
-  if (lm_head_) n -= wte_->weight().numel();
+  // From the config, not this rank's tensors: the whole model's FLOPs however tp, pp or cp shard
+  // it (Note [Throughput] in train/trainer.cpp divides the job's FLOPs by its ranks).
+  int64_t n = count_parameters(config_);
+  if (!config_.is_llama()) n -= config_.max_seq_len * config_.n_embd;         // wpe
+  if (!config_.tie_embeddings) n -= config_.padded_vocab() * config_.n_embd;  // untied wte
   const double L = static_cast<double>(config_.n_layer), C = static_cast<double>(config_.n_embd);
   return 6.0 * static_cast<double>(n) + 12.0 * L * C * static_cast<double>(T);
 }

@@ -14,6 +14,8 @@
 // 4·L·C·T counted over the full T×T square, i.e. not halved for causality, times 3 for
 // backward). N is every parameter except lookup-only tables: wpe, and wte when the head is
 // untied (a tied wte counts once, as the head). Padding rows are counted: the GEMMs do them.
+// It is the whole model's, computed from the config: a tensor-parallel rank holding part of the
+// weights reports the same figure as one process.
 #pragma once
 
 #include <cstdint>
@@ -90,7 +92,8 @@ class Transformer : public Module {
   using Module::num_parameters;
   // With exclude_padding, the padded vocab rows of wte (and of an untied lm_head) are left out.
   int64_t num_parameters(bool exclude_padding) const;
-  // Model FLOPs per token for forward + backward at sequence length T (Note [Model FLOPs]).
+  // Model FLOPs per token for forward + backward at sequence length T, the whole model's
+  // whatever this rank holds (Note [Model FLOPs]).
   double flops_per_token(int64_t T) const;
 
   // Note [Parameter units]. Hooks are not owned and must outlive every forward that uses them

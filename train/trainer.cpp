@@ -687,10 +687,16 @@ void Trainer::State::pipeline_step(PendingStep& pending) {
 void Trainer::State::log_step(const PendingStep& p, double dt) {
   const StepRecord& r = p.r;
   const parallel::DpStepStats& dp_stats = p.dp_stats;
-  const double tokens = static_cast<double>(cfg.data.batch_size * cfg.data.seq_len * micro_batches());  // this rank
-  // Under pp each rank computes about 1/pp of the model's FLOPs per token.
-  const double stages = pipe ? static_cast<double>(cfg.parallel.pp) : 1.0;
-  const double mfu = model->flops_per_token(cfg.data.seq_len) * tokens / dt / peak_flops / stages;
+  // Note [Throughput]: tok/s is the whole job's — the tokens of one global batch (every dp
+  // replica's micro-batches; a sequence counted once however cp, tp or pp split it) per second
+  // of step time — and MFU is those tokens' model FLOPs over the peak of every rank in the job
+  // (world size × the per-rank peak). One definition for every layout; with even work it equals
+  // each rank's own MFU.
+  const double replicas = ctx ? static_cast<double>(ctx->dp_size()) : 1.0;
+  const double ranks = ctx ? static_cast<double>(ctx->world_size()) : 1.0;
+  const double tokens =
+      static_cast<double>(cfg.data.batch_size * cfg.data.seq_len * micro_batches()) * replicas;
+  const double mfu = model->flops_per_token(cfg.data.seq_len) * tokens / dt / (peak_flops * ranks);
   const AllocatorStats mem = allocator_for(device.type).stats();
   if (r.step % cfg.train.log_every == 0 || r.step == cfg.train.steps) {
     *log << "step " << r.step << "/" << cfg.train.steps << " | loss " << fmt(r.loss, 4) << " | lr "

@@ -19,6 +19,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <filesystem>
 #include <map>
@@ -85,6 +86,39 @@ Config config_for(const Case& k, const std::string& dir, const std::string& out,
 }
 
 
+// The last step line's "| <ms> ms | <n> tok/s | MFU <m>% |" as {ms, tok/s, MFU %}.
+std::array<double, 3> step_line_rates(const std::string& log) {
+  const size_t at = log.rfind("\nstep ") == std::string::npos ? 0 : log.rfind("\nstep ") + 1;
+  const std::string line = log.substr(at, log.find('\n', at) - at);
+  std::array<double, 3> r{};
+  const size_t tok = line.find(" tok/s"), mfu = line.find("| MFU ");
+  const size_t ms = line.rfind(" ms |", tok);
+  if (tok == std::string::npos || mfu == std::string::npos || ms == std::string::npos) return r;
+  r[0] = std::stod(line.substr(line.rfind("| ", ms) + 2));
+  r[1] = std::stod(line.substr(line.rfind("| ", tok) + 2));
+  r[2] = std::stod(line.substr(mfu + 6));
+  return r;
+}
+
+// Note [Throughput] (train/trainer.cpp): the step line's tok/s counts the whole job's tokens and
+// its MFU divides by every rank's peak, so tok/s · step time is the global batch (the single
+// process's batch) and MFU · ranks · step time is the single process's MFU · its step time.
+void expect_same_throughput_definition(const std::string& split_log, int ranks,
+                                       const std::string& single_log) {
+  const auto [ms, tok, mfu] = step_line_rates(split_log);
+  const auto [ms1, tok1, mfu1] = step_line_rates(single_log);
+  ASSERT_GT(ms * tok * mfu * ms1 * tok1 * mfu1, 0) << split_log << single_log;
+  // Printed to 0.1 ms, 1 tok/s and 0.1 %: each product is known to within its rounding, so the
+  // bound is the two roundings' worst case (a layout that counted tokens or peak per rank would
+  // be off by its cp, tp or pp factor, far outside it).
+  const auto slack = [](double a, double da, double b, double db) { return a * db + b * da + da * db; };
+  EXPECT_NEAR(tok * ms, tok1 * ms1, slack(tok, 0.5, ms, 0.05) + slack(tok1, 0.5, ms1, 0.05))
+      << split_log << single_log;
+  EXPECT_NEAR(mfu * ranks * ms, mfu1 * ms1,
+              ranks * slack(mfu, 0.05, ms, 0.05) + slack(mfu1, 0.05, ms1, 0.05))
+      << split_log << single_log;
+}
+
 ParallelContext context_for(const Case& k) {
   ParallelOptions po;
   po.shape = {.dp = k.dp, .pp = k.pp, .cp = k.cp, .tp = k.tp};
@@ -131,6 +165,7 @@ void expect_matches_single(const Case& k) {
     const double v = split.evaluate(), want = single.evaluate();
     EXPECT_NEAR(v, want, kLossRelTol * std::abs(want));
   }
+  if (ctx.rank() == 0) expect_same_throughput_definition(log.str(), ranks, slog.str());
   testing::expect_same_sampling(split, single);
   const ModelConfig mc = config_for(k, dir, "unused", false).model;
   std::map<std::string, Tensor> ref;

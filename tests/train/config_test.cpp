@@ -153,6 +153,18 @@ TEST(Config, MicsWithContextParallelism) {
   EXPECT_EQ(error_of("", o), "parallel.mics_partition_size: 8 does not divide parallel.dp 2 × parallel.cp 2 = 4");
 }
 
+// SGD runs only where the trainer owns the optimizer: the data-parallel engine (dp > 1, and cp > 1,
+// whose gradients it reduces too) runs AdamW, so SGD there is refused by name instead of being
+// replaced by AdamW silently.
+TEST(Config, SgdOnlyWithoutTheDataParallelEngine) {
+  const std::string refused = "optim.name: sgd is not supported with parallel.dp > 1 or parallel.cp > 1 (the "
+                              "data-parallel engine, which also reduces context-parallel gradients, runs AdamW)";
+  EXPECT_EQ(error_of("", {"optim.name=sgd"}), "");
+  EXPECT_EQ(error_of("", {"optim.name=sgd", "parallel.dp=2"}), refused);
+  EXPECT_EQ(error_of("", {"optim.name=sgd", "parallel.cp=2"}), refused);
+  EXPECT_EQ(error_of("", {"optim.name=adamw", "parallel.cp=2"}), "");
+}
+
 // Dropout was refused with sequence or context parallelism until each rank could draw the masks
 // of its own rows (the rows form of Note [Dropout mask]); now every layout accepts it.
 TEST(Config, DropoutCombinesWithSequenceAndContextParallelism) {
