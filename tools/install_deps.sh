@@ -12,6 +12,7 @@ packages=(
   libopenblas-openmp-dev libeigen3-dev libyaml-cpp-dev
   libopenmpi-dev openmpi-bin
   libgtest-dev googletest libbenchmark-dev nlohmann-json3-dev
+  clang-format-14  # tools/check_format.sh (CI checks formatting with this version)
   fortunes  # the default training corpus (English text under /usr/share/games/fortunes)
 )
 
