@@ -6,7 +6,6 @@
 #include <unordered_map>
 
 #include "core/block_cache.h"
-
 #include "core/error.h"
 
 namespace loom {
@@ -113,9 +112,7 @@ void register_allocator(DeviceType type, Allocator* allocator) {
   table().by_type[static_cast<int>(type)] = allocator;
 }
 
-const char* device_type_name(DeviceType t) {
-  return t == DeviceType::kCpu ? "cpu" : "cuda";
-}
+const char* device_type_name(DeviceType t) { return t == DeviceType::kCpu ? "cpu" : "cuda"; }
 
 std::string Device::str() const {
   return type == DeviceType::kCpu ? "cpu" : "cuda:" + std::to_string(index);

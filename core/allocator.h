@@ -1,6 +1,7 @@
 // core/allocator.h — the one allocator interface per device type, with byte statistics.
-// The CPU allocator is built in (64-byte aligned; large blocks cached, Note [Block cache]); the CUDA build registers its own from
-// kernels/cuda/. Statistics (current and peak bytes) are what memory figures and ZeRO tests read.
+// The CPU allocator is built in (64-byte aligned; large blocks cached, Note [Block cache]); the
+// CUDA build registers its own from kernels/cuda/. Statistics (current and peak bytes) are what
+// memory figures and ZeRO tests read.
 #pragma once
 
 #include <atomic>

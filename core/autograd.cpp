@@ -39,7 +39,8 @@ std::vector<Tensor> AccumulateGrad::apply(std::vector<Tensor>&& grad_outputs) {
     // later in-place accumulation cannot write into another tensor.
     const bool exclusive = g.impl_ptr().use_count() == 1 && g.storage().use_count() == 1 &&
                            g.is_contiguous() && g.offset() == 0 && g.dtype() == self.dtype();
-    impl->grad = exclusive ? g.impl_ptr() : ops::to_dtype(g, self.dtype()).contiguous().clone().impl_ptr();
+    impl->grad =
+        exclusive ? g.impl_ptr() : ops::to_dtype(g, self.dtype()).contiguous().clone().impl_ptr();
   } else {
     Tensor acc(impl->grad);
     ops::add_(acc, g);
@@ -76,7 +77,8 @@ Edge edge_of(const Tensor& t) {
   if (!t.defined() || !t.requires_grad()) return {};
   TensorImpl* impl = t.impl();
   if (impl->grad_fn) return {impl->grad_fn, impl->output_nr};
-  if (!impl->grad_accumulator) impl->grad_accumulator = std::make_shared<AccumulateGrad>(t.impl_ptr());
+  if (!impl->grad_accumulator)
+    impl->grad_accumulator = std::make_shared<AccumulateGrad>(t.impl_ptr());
   return {impl->grad_accumulator, 0};
 }
 
@@ -149,7 +151,8 @@ void run_backward(const std::vector<Tensor>& outputs, const std::vector<Tensor>&
       buf[input_nr] = ops::add(buf[input_nr], g);
     }
   };
-  for (size_t i = 0; i < roots.size(); ++i) deliver(roots[i].node.get(), roots[i].input_nr, grads[i]);
+  for (size_t i = 0; i < roots.size(); ++i)
+    deliver(roots[i].node.get(), roots[i].input_nr, grads[i]);
 
   std::priority_queue<Node*, std::vector<Node*>, ReadyOrder> ready;
   for (const Edge& r : roots) {
@@ -167,7 +170,8 @@ void run_backward(const std::vector<Tensor>& outputs, const std::vector<Tensor>&
     std::vector<Tensor> out;
     auto cap = capture ? capture->find(n) : GradCapture::iterator{};
     if (capture && cap != capture->end()) {
-      if (in[0].defined()) cap->second = cap->second.defined() ? ops::add(cap->second, in[0]) : in[0];
+      if (in[0].defined())
+        cap->second = cap->second.defined() ? ops::add(cap->second, in[0]) : in[0];
     } else {
       out = n->apply(std::move(in));
       n->release();

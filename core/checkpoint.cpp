@@ -13,7 +13,8 @@ using autograd::Edge;
 using autograd::Node;
 
 // Fresh leaves over the inputs' data; those whose input needs a gradient require grad.
-std::vector<Tensor> detached_inputs(const std::vector<Tensor>& inputs, const std::vector<bool>& needs) {
+std::vector<Tensor> detached_inputs(const std::vector<Tensor>& inputs,
+                                    const std::vector<bool>& needs) {
   std::vector<Tensor> out;
   for (size_t i = 0; i < inputs.size(); ++i) {
     Tensor d = inputs[i].detach();
@@ -46,8 +47,9 @@ std::vector<std::shared_ptr<Node>> region_parameters(const std::vector<Tensor>& 
       if (!own.count(n.get())) params.push_back(n);
       continue;
     }
-    LOOM_CHECK(n->sequence_nr() >= region_start, "checkpoint: the region used a tensor produced by ",
-               n->name(), " outside it; pass such tensors in `inputs`");
+    LOOM_CHECK(n->sequence_nr() >= region_start,
+               "checkpoint: the region used a tensor produced by ", n->name(),
+               " outside it; pass such tensors in `inputs`");
     for (const Edge& e : n->next_edges) {
       if (e.node) stack.push_back(e.node);
     }
@@ -130,7 +132,8 @@ std::vector<Tensor> checkpoint(const CheckpointFn& fn, const std::vector<Tensor>
   std::vector<Tensor> region_inputs = detached_inputs(inputs, needs);
   const uint64_t region_start = autograd::next_sequence_nr();
   std::vector<Tensor> graph_outputs = fn(region_inputs);
-  std::vector<std::shared_ptr<Node>> params = region_parameters(graph_outputs, region_inputs, region_start);
+  std::vector<std::shared_ptr<Node>> params =
+      region_parameters(graph_outputs, region_inputs, region_start);
 
   std::vector<Tensor> outputs;
   bool any = false;
@@ -143,8 +146,9 @@ std::vector<Tensor> checkpoint(const CheckpointFn& fn, const std::vector<Tensor>
 
   std::vector<Tensor> saved;
   for (const Tensor& t : inputs) saved.push_back(t.detach());
-  auto node = std::make_shared<CheckpointNode>(fn, std::move(saved), std::move(needs), params,
-                                               generators, states, static_cast<int>(outputs.size()));
+  auto node =
+      std::make_shared<CheckpointNode>(fn, std::move(saved), std::move(needs), params, generators,
+                                       states, static_cast<int>(outputs.size()));
   std::vector<Tensor*> out_ptrs;
   for (Tensor& o : outputs) out_ptrs.push_back(&o);
   // Edges: the region's inputs first, then its parameters' accumulators.

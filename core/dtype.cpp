@@ -7,23 +7,39 @@ namespace loom {
 
 size_t dtype_size(DType t) {
   switch (t) {
-    case DType::kF32: case DType::kI32: case DType::kU32: return 4;
-    case DType::kF64: case DType::kI64: return 8;
-    case DType::kBF16: case DType::kF16: case DType::kU16: return 2;
+    case DType::kF32:
+    case DType::kI32:
+    case DType::kU32:
+      return 4;
+    case DType::kF64:
+    case DType::kI64:
+      return 8;
+    case DType::kBF16:
+    case DType::kF16:
+    case DType::kU16:
+      return 2;
   }
   LOOM_FAIL("dtype_size: unknown dtype");
 }
 
 const char* dtype_name(DType t) {
   switch (t) {
-    case DType::kF32: return "f32";
-    case DType::kF64: return "f64";
-    case DType::kBF16: return "bf16";
-    case DType::kF16: return "f16";
-    case DType::kI32: return "i32";
-    case DType::kI64: return "i64";
-    case DType::kU16: return "u16";
-    case DType::kU32: return "u32";
+    case DType::kF32:
+      return "f32";
+    case DType::kF64:
+      return "f64";
+    case DType::kBF16:
+      return "bf16";
+    case DType::kF16:
+      return "f16";
+    case DType::kI32:
+      return "i32";
+    case DType::kI64:
+      return "i64";
+    case DType::kU16:
+      return "u16";
+    case DType::kU32:
+      return "u32";
   }
   return "?";
 }
@@ -37,8 +53,14 @@ Float16::Float16(float f) {
   std::memcpy(&x, &f, 4);
   const uint32_t sign = (x >> 16) & 0x8000u;
   const uint32_t absx = x & 0x7fffffffu;
-  if (absx > 0x7f800000u) { bits = static_cast<uint16_t>(sign | 0x7e00u); return; }  // NaN
-  if (absx >= 0x477ff000u) { bits = static_cast<uint16_t>(sign | 0x7c00u); return; } // overflow → inf
+  if (absx > 0x7f800000u) {
+    bits = static_cast<uint16_t>(sign | 0x7e00u);
+    return;
+  }  // NaN
+  if (absx >= 0x477ff000u) {
+    bits = static_cast<uint16_t>(sign | 0x7c00u);
+    return;
+  }                          // overflow → inf
   if (absx < 0x38800000u) {  // result is subnormal (or zero): scale into the subnormal grid
     float a;
     std::memcpy(&a, &absx, 4);

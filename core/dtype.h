@@ -44,6 +44,8 @@ struct Float16 {
   explicit operator float() const;
 };
 
+// clang-format off
+// (tables: one line per dtype, here and in the dispatch macros below)
 // Maps a C++ scalar type to its DType.
 template <typename T> struct DTypeOf;
 template <> struct DTypeOf<float> { static constexpr DType value = DType::kF32; };
@@ -97,3 +99,4 @@ template <> struct DTypeOf<uint32_t> { static constexpr DType value = DType::kU3
     }                                                                                     \
     LOOM_FAIL(opname, ": unknown dtype");                                                 \
   }()
+// clang-format on

@@ -35,17 +35,17 @@ std::string str(const Args&... args) {
 }  // namespace loom
 
 // LOOM_CHECK(cond, msg...): throws loom::Error with the message and the call site when cond fails.
-#define LOOM_CHECK(cond, ...)                                                        \
-  do {                                                                               \
-    if (!(cond)) {                                                                   \
-      throw ::loom::Error(::loom::detail::str(__VA_ARGS__), __FILE__, __LINE__);     \
-    }                                                                                \
+#define LOOM_CHECK(cond, ...)                                                    \
+  do {                                                                           \
+    if (!(cond)) {                                                               \
+      throw ::loom::Error(::loom::detail::str(__VA_ARGS__), __FILE__, __LINE__); \
+    }                                                                            \
   } while (0)
 
 // LOOM_CONFIG_CHECK(cond, msg...): throws loom::ConfigError with the message when cond fails.
-#define LOOM_CONFIG_CHECK(cond, ...)                                              \
-  do {                                                                            \
-    if (!(cond)) throw ::loom::ConfigError(::loom::detail::str(__VA_ARGS__));     \
+#define LOOM_CONFIG_CHECK(cond, ...)                                          \
+  do {                                                                        \
+    if (!(cond)) throw ::loom::ConfigError(::loom::detail::str(__VA_ARGS__)); \
   } while (0)
 
 #define LOOM_FAIL(...) throw ::loom::Error(::loom::detail::str(__VA_ARGS__), __FILE__, __LINE__)

@@ -20,7 +20,8 @@ Tensor generate(const Shape& shape, DType dtype, Device device, F value_at) {
 }
 }  // namespace
 
-Tensor randn(const Shape& shape, Generator& gen, DType dtype, double mean, double std, Device device) {
+Tensor randn(const Shape& shape, Generator& gen, DType dtype, double mean, double std,
+             Device device) {
   LOOM_CHECK(is_floating(dtype), "randn: dtype ", dtype_name(dtype), " is not floating");
   const uint64_t seed = gen.seed(), offset = gen.reserve(shape_numel(shape));
   return generate(shape, dtype, device, [=](int64_t i) {
@@ -33,11 +34,13 @@ Tensor rand(const Shape& shape, Generator& gen, DType dtype, double lo, double h
   const uint64_t seed = gen.seed(), offset = gen.reserve(shape_numel(shape));
   return generate(shape, dtype, device, [=](int64_t i) {
     // uint_to_unit_double is in (0, 1]; 1 − u is in [0, 1).
-    return lo + (hi - lo) * (1.0 - uint_to_unit_double(philox_bits(seed, offset, static_cast<uint64_t>(i))));
+    return lo + (hi - lo) * (1.0 - uint_to_unit_double(
+                                       philox_bits(seed, offset, static_cast<uint64_t>(i))));
   });
 }
 
-Tensor randint(const Shape& shape, int64_t lo, int64_t hi, Generator& gen, DType dtype, Device device) {
+Tensor randint(const Shape& shape, int64_t lo, int64_t hi, Generator& gen, DType dtype,
+               Device device) {
   LOOM_CHECK(hi > lo, "randint: empty range [", lo, ", ", hi, ")");
   const uint64_t seed = gen.seed(), offset = gen.reserve(shape_numel(shape));
   const uint64_t span = static_cast<uint64_t>(hi - lo);

@@ -37,7 +37,7 @@ Tensor randn(const Shape& shape, Generator& gen, DType dtype = DType::kF32, doub
 Tensor rand(const Shape& shape, Generator& gen, DType dtype = DType::kF32, double lo = 0.0,
             double hi = 1.0, Device device = {});
 // Integers uniform in [lo, hi) (token ids, indices).
-Tensor randint(const Shape& shape, int64_t lo, int64_t hi, Generator& gen, DType dtype = DType::kI64,
-               Device device = {});
+Tensor randint(const Shape& shape, int64_t lo, int64_t hi, Generator& gen,
+               DType dtype = DType::kI64, Device device = {});
 
 }  // namespace loom

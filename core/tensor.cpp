@@ -71,8 +71,8 @@ Tensor Tensor::scalar(double value, DType dtype, Device device) {
 
 template <typename T>
 Tensor Tensor::from_vector(const std::vector<T>& values, const Shape& shape) {
-  LOOM_CHECK(static_cast<int64_t>(values.size()) == shape_numel(shape), "from_vector: ",
-             values.size(), " values for shape ", shape_str(shape));
+  LOOM_CHECK(static_cast<int64_t>(values.size()) == shape_numel(shape),
+             "from_vector: ", values.size(), " values for shape ", shape_str(shape));
   Tensor t = empty(shape, DTypeOf<T>::value);
   std::copy(values.begin(), values.end(), t.data<T>());
   return t;
@@ -118,8 +118,8 @@ double Tensor::item() const {
 }
 
 double Tensor::at(const std::vector<int64_t>& index) const {
-  LOOM_CHECK(static_cast<int64_t>(index.size()) == dim(), "at: ", index.size(),
-             " indices for a ", dim(), "-d tensor");
+  LOOM_CHECK(static_cast<int64_t>(index.size()) == dim(), "at: ", index.size(), " indices for a ",
+             dim(), "-d tensor");
   int64_t off = 0;
   for (size_t i = 0; i < index.size(); ++i) {
     LOOM_CHECK(index[i] >= 0 && index[i] < impl_->shape[i], "at: index out of range");
@@ -138,7 +138,8 @@ Tensor& Tensor::set_requires_grad(bool r) {
 Tensor Tensor::detach() const { return make_view(*this, shape(), strides(), offset()); }
 
 void Tensor::register_grad_ready_hook(GradReadyHook hook) {
-  LOOM_CHECK(is_leaf() && requires_grad(), "register_grad_ready_hook: only on leaves that require grad");
+  LOOM_CHECK(is_leaf() && requires_grad(),
+             "register_grad_ready_hook: only on leaves that require grad");
   impl_->hooks.push_back(std::move(hook));
 }
 

@@ -34,7 +34,7 @@ using GradReadyHook = std::function<void(Tensor& leaf)>;
 struct TensorImpl {
   std::shared_ptr<Storage> storage;
   Shape shape;
-  Shape strides;  // in elements
+  Shape strides;       // in elements
   int64_t offset = 0;  // in elements
   DType dtype = DType::kF32;
   Device device;
@@ -42,8 +42,8 @@ struct TensorImpl {
   // Autograd.
   bool requires_grad = false;
   std::shared_ptr<TensorImpl> grad;
-  std::shared_ptr<autograd::Node> grad_fn;  // null for leaves
-  int output_nr = 0;                        // which output of grad_fn this is
+  std::shared_ptr<autograd::Node> grad_fn;           // null for leaves
+  int output_nr = 0;                                 // which output of grad_fn this is
   std::shared_ptr<autograd::Node> grad_accumulator;  // leaves only, created on first use
   std::vector<GradReadyHook> hooks;                  // leaves only
 };
@@ -57,7 +57,8 @@ class Tensor {
   static Tensor empty(const Shape& shape, DType dtype = DType::kF32, Device device = {});
   static Tensor zeros(const Shape& shape, DType dtype = DType::kF32, Device device = {});
   static Tensor ones(const Shape& shape, DType dtype = DType::kF32, Device device = {});
-  static Tensor full(const Shape& shape, double value, DType dtype = DType::kF32, Device device = {});
+  static Tensor full(const Shape& shape, double value, DType dtype = DType::kF32,
+                     Device device = {});
   static Tensor scalar(double value, DType dtype = DType::kF32, Device device = {});
   template <typename T>
   static Tensor from_vector(const std::vector<T>& values, const Shape& shape);
@@ -85,8 +86,8 @@ class Tensor {
   void* raw_data() const;
   template <typename T>
   T* data() const {
-    LOOM_CHECK(DTypeOf<T>::value == dtype(), "data<", dtype_name(DTypeOf<T>::value),
-               ">() on a ", dtype_name(dtype()), " tensor");
+    LOOM_CHECK(DTypeOf<T>::value == dtype(), "data<", dtype_name(DTypeOf<T>::value), ">() on a ",
+               dtype_name(dtype()), " tensor");
     return static_cast<T*>(raw_data());
   }
   // Reads one element as double (CPU only; for tests and logging, not hot paths).

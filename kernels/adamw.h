@@ -86,6 +86,5 @@ LOOM_HD uint16_t bf16_bits_stochastic(uint32_t f32_bits, uint32_t random) {
 // at t = count + 1 on the CPU; CUDA's pow may differ from the host's in the last bit of the step's
 // scalars). There is no tensor argument to dispatch on:
 // callers use find_kernel<adamw_multi_step_k>(device.type).
-LOOM_DECLARE_KERNEL(adamw_multi_step,
-                    void(const std::vector<loom::kernels::AdamWParam>& params,
-                         const loom::kernels::AdamWOptions& options));
+LOOM_DECLARE_KERNEL(adamw_multi_step, void(const std::vector<loom::kernels::AdamWParam>& params,
+                                           const loom::kernels::AdamWOptions& options));

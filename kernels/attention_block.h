@@ -38,5 +38,5 @@ LOOM_DECLARE_KERNEL(attention_block_merge,
 LOOM_DECLARE_KERNEL(attention_block_backward,
                     void(const loom::Tensor& q, const loom::Tensor& k, const loom::Tensor& v,
                          const loom::Tensor& lse, const loom::Tensor& delta,
-                         const loom::Tensor& dout, int64_t q_offset, int64_t k_offset,
-                         double scale, loom::Tensor& dq, loom::Tensor& dk, loom::Tensor& dv));
+                         const loom::Tensor& dout, int64_t q_offset, int64_t k_offset, double scale,
+                         loom::Tensor& dq, loom::Tensor& dk, loom::Tensor& dv));

@@ -32,7 +32,8 @@ LOOM_DECLARE_KERNEL(dropout_backward, void(const loom::Tensor& dy,  // dy (n)
                                            double p, uint64_t seed, uint64_t offset,
                                            loom::Tensor& dx));  // dx (n)
 
-// y (B, R, C) = keep(((b0 + b)·T + rows[j])·C + c) ? x·scale : 0  (rows form of Note [Dropout mask]).
+// y (B, R, C) = keep(((b0 + b)·T + rows[j])·C + c) ? x·scale : 0  (rows form of Note [Dropout
+// mask]).
 LOOM_DECLARE_KERNEL(dropout_rows_forward, void(const loom::Tensor& x,     // x (B, R, C)
                                                const loom::Tensor& rows,  // rows (R) i64 in [0, T)
                                                int64_t total_rows,        // T

@@ -52,13 +52,15 @@ LOOM_DECLARE_KERNEL(vocab_parallel_ids,
 namespace loom::kernels {
 
 // vocab_parallel_ids' argument checks, shared by every backend (host only, reads no data).
-inline void check_vocab_parallel_ids_args(const Tensor& ids, const Tensor& local_ids, const Tensor& mask) {
+inline void check_vocab_parallel_ids_args(const Tensor& ids, const Tensor& local_ids,
+                                          const Tensor& mask) {
   const int64_t n = ids.numel();
   LOOM_CHECK(ids.is_contiguous() && local_ids.is_contiguous() && mask.is_contiguous() &&
                  local_ids.numel() == n && mask.numel() == n && local_ids.dtype() == DType::kI64,
              "vocab_parallel_ids: ids (", n, "), local_ids (", n, ", i64) and mask (", n,
-             ") must be contiguous, got ", shape_str(ids.shape()), ", ", shape_str(local_ids.shape()), " ",
-             dtype_name(local_ids.dtype()), ", ", shape_str(mask.shape()));
+             ") must be contiguous, got ", shape_str(ids.shape()), ", ",
+             shape_str(local_ids.shape()), " ", dtype_name(local_ids.dtype()), ", ",
+             shape_str(mask.shape()));
 }
 
 }  // namespace loom::kernels

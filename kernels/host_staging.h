@@ -42,7 +42,8 @@ class HostCopy {
 // pinned (pinned_host_alloc) and stay alive, and src's memory unreused, until the copy is done:
 // the caching allocator's stream order guarantees the latter for tensors freed after the call.
 LOOM_DECLARE_KERNEL(copy_device_to_pinned_async,
-                    std::unique_ptr<loom::kernels::HostCopy>(const loom::Tensor& src, void* dst_host));
+                    std::unique_ptr<loom::kernels::HostCopy>(const loom::Tensor& src,
+                                                             void* dst_host));
 
 namespace loom::kernels {
 
@@ -59,5 +60,6 @@ class StreamGate {
 // Queues on this thread's compute stream of `device` a kernel that waits until the returned gate
 // is opened from the host: the work queued after it cannot run before then. A host thread that
 // waits for that work (a read-back, a synchronisation) therefore blocks until the gate is opened,
-// which is how tests show that a code path does not wait for the device (tests/cuda/train_gpu_test.cpp).
+// which is how tests show that a code path does not wait for the device
+// (tests/cuda/train_gpu_test.cpp).
 LOOM_DECLARE_KERNEL(hold_compute_stream, std::unique_ptr<loom::kernels::StreamGate>(int device));

@@ -33,8 +33,8 @@ LOOM_HD double clip_factor(double norm, double max_norm) {
 // halves the scale, never below 1, restarts the count and counts a skipped step. Returns whether
 // the optimizer step is taken. The one definition: optim::LossScaler::update on the host,
 // loss_scale_step on every device. Counts are held in doubles (exact below 2^53).
-LOOM_HD bool loss_scale_update(double norm, double growth_interval, double& scale, double& good_steps,
-                               double& skipped_steps) {
+LOOM_HD bool loss_scale_update(double norm, double growth_interval, double& scale,
+                               double& good_steps, double& skipped_steps) {
   if (!(norm < std::numeric_limits<double>::infinity())) {  // inf or NaN
     scale = scale * 0.5 < 1.0 ? 1.0 : scale * 0.5;
     good_steps = 0;
@@ -64,24 +64,29 @@ LOOM_DECLARE_KERNEL(clip_factor_forward,
 // optimizer multiplies the gradients by: clip_factor(sqrt(sq_sum) / scale, max_norm) / scale
 // (max_norm <= 0: no clipping, 1 / scale) when the norm is finite, else NaN — which skips the
 // update (optim::Optimizer::step_scaled). The scale is a power of two, so unscaling is exact.
-LOOM_DECLARE_KERNEL(loss_scale_step, void(const loom::Tensor& sq_sum, loom::Tensor& state, double max_norm,
-                                          int64_t growth_interval, loom::Tensor& factor));
+LOOM_DECLARE_KERNEL(loss_scale_step,
+                    void(const loom::Tensor& sq_sum, loom::Tensor& state, double max_norm,
+                         int64_t growth_interval, loom::Tensor& factor));
 
 namespace loom::kernels {
 
-inline void check_loss_scale_step_args(const Tensor& sq_sum, const Tensor& state, int64_t growth_interval,
-                                       const Tensor& factor) {
-  LOOM_CHECK(sq_sum.numel() == 1 && sq_sum.dtype() == DType::kF64 && factor.numel() == 1 &&
-                 factor.dtype() == DType::kF64 && state.numel() == 3 && state.dtype() == DType::kF64 &&
-                 state.is_contiguous() && sq_sum.device() == state.device() && factor.device() == state.device(),
-             "loss_scale_step: sq_sum and factor must be one f64 element and state three contiguous f64 "
-             "elements, on one device");
-  LOOM_CHECK(growth_interval > 0, "loss_scale_step: growth_interval must be positive, got ", growth_interval);
+inline void check_loss_scale_step_args(const Tensor& sq_sum, const Tensor& state,
+                                       int64_t growth_interval, const Tensor& factor) {
+  LOOM_CHECK(
+      sq_sum.numel() == 1 && sq_sum.dtype() == DType::kF64 && factor.numel() == 1 &&
+          factor.dtype() == DType::kF64 && state.numel() == 3 && state.dtype() == DType::kF64 &&
+          state.is_contiguous() && sq_sum.device() == state.device() &&
+          factor.device() == state.device(),
+      "loss_scale_step: sq_sum and factor must be one f64 element and state three contiguous f64 "
+      "elements, on one device");
+  LOOM_CHECK(growth_interval > 0, "loss_scale_step: growth_interval must be positive, got ",
+             growth_interval);
 }
 
 // loss_scale_step's arithmetic, the kernels' shared body: scaled_norm = sqrt(sq_sum) (each
 // kernel's correctly rounded square root), state as the kernel's; returns the factor.
-LOOM_HD double loss_scale_step_values(double scaled_norm, double max_norm, double growth_interval, double* state) {
+LOOM_HD double loss_scale_step_values(double scaled_norm, double max_norm, double growth_interval,
+                                      double* state) {
   const double scale = state[0];
   const double norm = scaled_norm / scale;  // exact: scale is a power of two
   const bool take = loss_scale_update(norm, growth_interval, state[0], state[1], state[2]);

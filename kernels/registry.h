@@ -59,7 +59,8 @@ void collect(std::vector<const Tensor*>& out, const A& a, const Rest&... rest) {
 }
 }  // namespace detail
 
-// Dispatches on the device of the first defined tensor argument; all tensor arguments must share it.
+// Dispatches on the device of the first defined tensor argument; all tensor arguments must share
+// it.
 template <typename K, typename... Args>
 void call_kernel(Args&&... args) {
   std::vector<const Tensor*> ts;
@@ -67,23 +68,23 @@ void call_kernel(Args&&... args) {
   LOOM_CHECK(!ts.empty(), K::kName, ": no tensor argument");
   const Device dev = ts[0]->device();
   for (const Tensor* t : ts) {
-    LOOM_CHECK(t->device() == dev, K::kName, ": tensors on different devices (", dev.str(),
-               " and ", t->device().str(), ")");
+    LOOM_CHECK(t->device() == dev, K::kName, ": tensors on different devices (", dev.str(), " and ",
+               t->device().str(), ")");
   }
   find_kernel<K>(dev.type)(std::forward<Args>(args)...);
 }
 
 }  // namespace loom::kernels
 
-#define LOOM_DECLARE_KERNEL(name, ...)                                    \
-  namespace loom::kernels {                                               \
-  struct name##_k {                                                       \
-    using Fn = __VA_ARGS__;                                               \
-    static constexpr const char* kName = #name;                           \
-  };                                                                      \
+#define LOOM_DECLARE_KERNEL(name, ...)          \
+  namespace loom::kernels {                     \
+  struct name##_k {                             \
+    using Fn = __VA_ARGS__;                     \
+    static constexpr const char* kName = #name; \
+  };                                            \
   }
 
-#define LOOM_REGISTER_KERNEL(name, device, fn)                                          \
-  static ::loom::kernels::Registrar loom_registrar_##name##_##device(                   \
-      #name, ::loom::DeviceType::device, typeid(::loom::kernels::name##_k::Fn),         \
+#define LOOM_REGISTER_KERNEL(name, device, fn)                                  \
+  static ::loom::kernels::Registrar loom_registrar_##name##_##device(           \
+      #name, ::loom::DeviceType::device, typeid(::loom::kernels::name##_k::Fn), \
       reinterpret_cast<void*>(static_cast<::loom::kernels::name##_k::Fn*>(&fn)))

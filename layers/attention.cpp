@@ -21,7 +21,8 @@ CausalSelfAttention::CausalSelfAttention(const ModelConfig& config, DType dtype,
   if (mp) {
     const int tp = mp->tp_size();
     LOOM_CHECK(n_head_ % tp == 0 && n_kv_head_ % tp == 0, "CausalSelfAttention: ", n_head_,
-               " query and ", n_kv_head_, " kv heads do not divide by the tensor-parallel size ", tp);
+               " query and ", n_kv_head_, " kv heads do not divide by the tensor-parallel size ",
+               tp);
     qkv_ = mp->column_linear(C, {q, kv, kv}, bias, dtype, device);
     proj_ = mp->row_linear(q, C, bias, dtype, device);
     n_head_ /= tp;
@@ -38,7 +39,7 @@ Tensor CausalSelfAttention::forward(const Tensor& x, const Tensor& positions) co
   LOOM_CHECK(x.dim() == 3, "CausalSelfAttention: x must be (B, T, C), got ", shape_str(x.shape()));
   const int64_t B = x.size(0), D = head_dim_;
   const Tensor qkv = qkv_->forward(x);  // (B, T, (Hq + 2·Hkv)·D); T is the full local sequence
-  const int64_t T = qkv.size(1);         // (x is sequence-sharded under sequence parallelism)
+  const int64_t T = qkv.size(1);        // (x is sequence-sharded under sequence parallelism)
   std::vector<Tensor> parts = ops::split(qkv, {n_head_ * D, n_kv_head_ * D, n_kv_head_ * D}, 2);
   Tensor q = ops::reshape(parts[0], {B, T, n_head_, D});
   Tensor k = ops::reshape(parts[1], {B, T, n_kv_head_, D});
@@ -48,7 +49,8 @@ Tensor CausalSelfAttention::forward(const Tensor& x, const Tensor& positions) co
     k = ops::rope(k, positions, rope_theta_);
   }
   // (B, T, H, D) → (B, H, T, D) for the attention op, and back.
-  const Tensor qh = ops::transpose(q, 1, 2), kh = ops::transpose(k, 1, 2), vh = ops::transpose(v, 1, 2);
+  const Tensor qh = ops::transpose(q, 1, 2), kh = ops::transpose(k, 1, 2),
+               vh = ops::transpose(v, 1, 2);
   const Tensor y = mp_ ? mp_->attention(qh, kh, vh) : ops::causal_attention(qh, kh, vh);
   return proj_->forward(ops::reshape(ops::transpose(y, 1, 2), {B, T, n_head_ * D}));
 }

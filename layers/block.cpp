@@ -43,7 +43,8 @@ Tensor Block::residual_dropout(const Tensor& branch, const Tensor& rows, int64_t
                                Generator* gen, bool drop) const {
   if (!drop) return branch;
   if (!rows.defined()) return ops::dropout(branch, dropout_, *gen, true);
-  return ops::dropout_rows(branch, dropout_, *gen, true, rows, seq_len, batch_.offset, batch_.total);
+  return ops::dropout_rows(branch, dropout_, *gen, true, rows, seq_len, batch_.offset,
+                           batch_.total);
 }
 
 Tensor Block::forward_region(const Tensor& x, const Tensor& positions, Generator* gen,
@@ -52,7 +53,8 @@ Tensor Block::forward_region(const Tensor& x, const Tensor& positions, Generator
   // parallelism some elements of the batch: they draw the masks of those rows and elements in
   // the whole (B, T, C) tensor (Note [Dropout mask], rows form).
   Tensor rows = drop && mp_ ? mp_->activation_rows(positions) : Tensor();
-  if (drop && batch_.total > 0 && !rows.defined()) rows = ops::to_dtype(positions.detach(), DType::kI64);
+  if (drop && batch_.total > 0 && !rows.defined())
+    rows = ops::to_dtype(positions.detach(), DType::kI64);
   const int64_t len = mp_ ? mp_->sequence_length(positions.size(0)) : positions.size(0);
   Tensor h = ops::add(
       x, residual_dropout(attn_.forward(norm1_->forward(x), positions), rows, len, gen, drop));

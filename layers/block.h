@@ -51,8 +51,8 @@ class Block : public Module {
   // rows: the global rows this rank's activations hold (ModelParallel::activation_rows, or all
   // positions under data parallelism), undefined for the plain mask; seq_len: the whole
   // sequence's length.
-  Tensor residual_dropout(const Tensor& branch, const Tensor& rows, int64_t seq_len,
-                          Generator* gen, bool drop) const;
+  Tensor residual_dropout(const Tensor& branch, const Tensor& rows, int64_t seq_len, Generator* gen,
+                          bool drop) const;
 
   double dropout_;
   bool checkpointing_;

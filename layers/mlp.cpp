@@ -15,15 +15,16 @@ std::unique_ptr<LinearLayer> in_proj(int64_t in, int64_t out, bool bias, DType d
   return std::make_unique<Linear>(in, out, bias, dtype, device);
 }
 
-std::unique_ptr<LinearLayer> out_proj(int64_t in, int64_t out, bool bias, DType dtype, Device device,
-                                      const ModelParallel* mp) {
+std::unique_ptr<LinearLayer> out_proj(int64_t in, int64_t out, bool bias, DType dtype,
+                                      Device device, const ModelParallel* mp) {
   if (mp) return mp->row_linear(in, out, bias, dtype, device);
   return std::make_unique<Linear>(in, out, bias, dtype, device);
 }
 
 }  // namespace
 
-Mlp::Mlp(int64_t dim, int64_t hidden, bool bias, DType dtype, Device device, const ModelParallel* mp)
+Mlp::Mlp(int64_t dim, int64_t hidden, bool bias, DType dtype, Device device,
+         const ModelParallel* mp)
     : fc_(in_proj(dim, hidden, bias, dtype, device, mp)),
       proj_(out_proj(hidden, dim, bias, dtype, device, mp)),
       fused_(bias && mp == nullptr) {
@@ -44,7 +45,8 @@ void Mlp::init(Generator& gen, double std, double out_std) {
   proj_->init(gen, out_std);
 }
 
-SwiGluMlp::SwiGluMlp(int64_t dim, int64_t hidden, DType dtype, Device device, const ModelParallel* mp)
+SwiGluMlp::SwiGluMlp(int64_t dim, int64_t hidden, DType dtype, Device device,
+                     const ModelParallel* mp)
     : gate_(in_proj(dim, hidden, false, dtype, device, mp)),
       up_(in_proj(dim, hidden, false, dtype, device, mp)),
       down_(out_proj(hidden, dim, false, dtype, device, mp)) {

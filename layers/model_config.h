@@ -17,7 +17,7 @@ struct ModelConfig {
   int64_t n_kv_head = 0;  // 0: same as n_head (multi-head); fewer: grouped-query
   int64_t n_embd = 768;
   int64_t max_seq_len = 1024;
-  int64_t ffn_hidden = 0;  // 0: 4·n_embd (gpt2) or Llama's rule (see ffn_hidden_size())
+  int64_t ffn_hidden = 0;      // 0: 4·n_embd (gpt2) or Llama's rule (see ffn_hidden_size())
   int64_t ffn_multiple = 256;  // llama: hidden rounded up to a multiple of this
   double rope_theta = 10000.0;
   double norm_eps = 1e-5;
@@ -26,7 +26,9 @@ struct ModelConfig {
   bool tie_embeddings = true;  // gpt2: true; llama: false
   bool activation_checkpointing = false;
 
-  int64_t padded_vocab() const { return (vocab_size + vocab_multiple - 1) / vocab_multiple * vocab_multiple; }
+  int64_t padded_vocab() const {
+    return (vocab_size + vocab_multiple - 1) / vocab_multiple * vocab_multiple;
+  }
   int64_t kv_heads() const { return n_kv_head > 0 ? n_kv_head : n_head; }
   int64_t head_dim() const { return n_embd / n_head; }
   bool is_llama() const { return arch == "llama"; }

@@ -51,8 +51,10 @@ class ModelParallel {
   // Column-parallel: the out features come in `segments` (e.g. {q, k, v} rows), each split
   // evenly over the TP ranks; the output holds this rank's part of each, in segment order.
   // Its input is replicated, or sequence-sharded under sequence parallelism (gathered inside).
-  virtual std::unique_ptr<LinearLayer> column_linear(int64_t in, const std::vector<int64_t>& segments,
-                                                     bool bias, DType dtype, Device device) const = 0;
+  virtual std::unique_ptr<LinearLayer> column_linear(int64_t in,
+                                                     const std::vector<int64_t>& segments,
+                                                     bool bias, DType dtype,
+                                                     Device device) const = 0;
   // Row-parallel: in features split; the output is complete (summed over the TP ranks), or
   // this rank's sequence chunk of it under sequence parallelism.
   virtual std::unique_ptr<LinearLayer> row_linear(int64_t in, int64_t out, bool bias, DType dtype,

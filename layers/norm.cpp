@@ -22,7 +22,8 @@ LayerNorm::LayerNorm(int64_t dim, double eps, bool bias, DType dtype, Device dev
 }
 
 Tensor LayerNorm::forward(const Tensor& x) const {
-  return ops::layer_norm(x, used(compute(weight_), mp_), used(compute(bias_), mp_), eps_);  // Note [Compute dtype]
+  return ops::layer_norm(x, used(compute(weight_), mp_), used(compute(bias_), mp_),
+                         eps_);  // Note [Compute dtype]
 }
 
 void LayerNorm::reset() {

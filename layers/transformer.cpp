@@ -28,8 +28,8 @@ const ModelConfig& validated(const ModelConfig& config) {
 }  // namespace
 
 void validate(const ModelConfig& c) {
-  LOOM_CONFIG_CHECK(c.arch == "gpt2" || c.arch == "llama", "model.arch: unknown architecture '", c.arch,
-             "' (expected gpt2 or llama)");
+  LOOM_CONFIG_CHECK(c.arch == "gpt2" || c.arch == "llama", "model.arch: unknown architecture '",
+                    c.arch, "' (expected gpt2 or llama)");
   require_positive("vocab_size", static_cast<double>(c.vocab_size));
   require_positive("vocab_multiple", static_cast<double>(c.vocab_multiple));
   require_positive("n_layer", static_cast<double>(c.n_layer));
@@ -37,23 +37,23 @@ void validate(const ModelConfig& c) {
   require_positive("n_embd", static_cast<double>(c.n_embd));
   require_positive("max_seq_len", static_cast<double>(c.max_seq_len));
   LOOM_CONFIG_CHECK(c.n_kv_head >= 0, "model.n_kv_head: must be 0 (= n_head) or positive, got ",
-             c.n_kv_head);
+                    c.n_kv_head);
   LOOM_CONFIG_CHECK(c.ffn_hidden >= 0, "model.ffn_hidden: must be 0 (default) or positive, got ",
-             c.ffn_hidden);
+                    c.ffn_hidden);
   if (c.is_llama() && c.ffn_hidden == 0)
     require_positive("ffn_multiple", static_cast<double>(c.ffn_multiple));
   LOOM_CONFIG_CHECK(c.n_embd % c.n_head == 0, "model.n_embd: ", c.n_embd,
-             " is not divisible by model.n_head ", c.n_head);
+                    " is not divisible by model.n_head ", c.n_head);
   LOOM_CONFIG_CHECK(c.n_head % c.kv_heads() == 0, "model.n_kv_head: ", c.n_kv_head,
-             " does not divide model.n_head ", c.n_head);
+                    " does not divide model.n_head ", c.n_head);
   LOOM_CONFIG_CHECK(!c.is_llama() || c.head_dim() % 2 == 0,
-             "model.n_embd: head dim n_embd/n_head = ", c.head_dim(),
-             " must be even for RoPE (llama)");
+                    "model.n_embd: head dim n_embd/n_head = ", c.head_dim(),
+                    " must be even for RoPE (llama)");
   if (c.is_llama()) require_positive("rope_theta", c.rope_theta);
   require_positive("norm_eps", c.norm_eps);
   require_positive("init_std", c.init_std);
   LOOM_CONFIG_CHECK(c.dropout >= 0.0 && c.dropout < 1.0, "model.dropout: must be in [0, 1), got ",
-             c.dropout);
+                    c.dropout);
 }
 
 int64_t count_parameters(const ModelConfig& c, bool exclude_padding) {
@@ -95,7 +95,8 @@ Transformer::Transformer(const ModelConfig& config, DType dtype, Device device,
   if (llama) {
     norm_f_ = std::make_unique<RMSNorm>(config_.n_embd, config_.norm_eps, dtype, device, mp);
   } else {
-    norm_f_ = std::make_unique<LayerNorm>(config_.n_embd, config_.norm_eps, true, dtype, device, mp);
+    norm_f_ =
+        std::make_unique<LayerNorm>(config_.n_embd, config_.norm_eps, true, dtype, device, mp);
   }
   register_module(llama ? "norm_f" : "ln_f", *norm_f_);
   if (!config_.tie_embeddings) {
@@ -141,7 +142,8 @@ Tensor Transformer::embed(const Tensor& ids, const Tensor& pos) const {
   enter(0);
   Tensor x = wte_->forward(ids);  // (B, T, C), or (B, T/tp, C) under sequence parallelism
   if (wpe_ && mp_ && mp_->sequence_parallel()) {  // this rank's positions, complete gradient
-    x = ops::add(x, compute(ops::embedding(mp_->sequence_chunk(pos, 0), mp_->sequence_region_param(wpe_->weight()))));
+    x = ops::add(x, compute(ops::embedding(mp_->sequence_chunk(pos, 0),
+                                           mp_->sequence_region_param(wpe_->weight()))));
   } else if (wpe_) {
     x = ops::add(x, wpe_->forward(pos));  // + (T, C)
   }
@@ -190,12 +192,13 @@ Tensor Transformer::head_logits(const Tensor& x) const {
 
 Tensor Transformer::head_loss(const Tensor& x, const Tensor& targets) const {
   // Under sequence parallelism x holds this rank's chunk of the sequence (B, T/tp, C).
-  const int64_t T = x.dim() == 3 && mp_ && mp_->sequence_parallel() ? x.size(1) * mp_->tp_size()
-                                                                    : (x.dim() == 3 ? x.size(1) : -1);
-  LOOM_CHECK(targets.dim() == 2 && x.dim() == 3 && targets.size(0) == x.size(0) &&
-                 targets.size(1) == T,
-             "Transformer.head_loss: targets ", shape_str(targets.shape()),
-             " do not match the activation ", shape_str(x.shape()));
+  const int64_t T = x.dim() == 3 && mp_ && mp_->sequence_parallel()
+                        ? x.size(1) * mp_->tp_size()
+                        : (x.dim() == 3 ? x.size(1) : -1);
+  LOOM_CHECK(
+      targets.dim() == 2 && x.dim() == 3 && targets.size(0) == x.size(0) && targets.size(1) == T,
+      "Transformer.head_loss: targets ", shape_str(targets.shape()),
+      " do not match the activation ", shape_str(x.shape()));
   const Tensor logits = head_logits(x);
   if (mp_) return mp_->loss(logits, targets, -100, config_.vocab_size);
   // Host targets are counted where they are, so a device step reads nothing back.
@@ -237,7 +240,8 @@ Tensor Transformer::loss(const Tensor& ids, const Tensor& targets, const Tensor&
                          Generator* dropout_gen) const {
   LOOM_CHECK(targets.shape() == ids.shape(), "Transformer.loss: targets ",
              shape_str(targets.shape()), " do not match ids ", shape_str(ids.shape()));
-  return head_loss(run_blocks(embed(ids, pos), pos.to(device_), 0, num_blocks(), dropout_gen), targets);
+  return head_loss(run_blocks(embed(ids, pos), pos.to(device_), 0, num_blocks(), dropout_gen),
+                   targets);
 }
 
 int64_t Transformer::num_parameters(bool exclude_padding) const {

@@ -76,7 +76,7 @@ class Transformer : public Module {
   // The pieces forward() and loss() are made of, for pipeline stages (parallel/pp) that run a
   // slice of the model: forward(ids, pos) = head_logits(run_blocks(embed(ids, pos), pos, 0,
   // n_layer)), and loss() = head_loss(…) on the same activation, with identical results.
-  Tensor positions(int64_t T) const;  // arange(T), i32, on the model's device
+  Tensor positions(int64_t T) const;        // arange(T), i32, on the model's device
   static Tensor host_positions(int64_t T);  // the same on the host
   // ids (B, T) → x (B, T, C): token (+ learned position) embeddings. ids and positions may be
   // on the host (checked there and uploaded: Note [Host ids] in layers/transformer.cpp).

@@ -29,7 +29,8 @@ AdamW::AdamW(std::vector<ParamRef> params, double beta1, double beta2, double ep
     exp_avg_.push_back(Tensor::zeros_like(p.param));
     exp_avg_sq_.push_back(Tensor::zeros_like(p.param));
   }
-  steps_ = Tensor::zeros({}, DType::kF64, params_.empty() ? Device::cpu() : params_.front().param.device());
+  steps_ = Tensor::zeros({}, DType::kF64,
+                         params_.empty() ? Device::cpu() : params_.front().param.device());
 }
 
 int64_t AdamW::step_count() const { return static_cast<int64_t>(steps_.item()); }

@@ -13,8 +13,7 @@ class AdamW : public Optimizer {
  public:
   // beta1, beta2 in [0, 1); eps > 0; weight_decay >= 0 (the decoupled factor: each step
   // multiplies a decaying parameter by 1 - lr · weight_decay).
-  AdamW(std::vector<ParamRef> params, double beta1, double beta2, double eps,
-        double weight_decay);
+  AdamW(std::vector<ParamRef> params, double beta1, double beta2, double eps, double weight_decay);
 
   void step(double lr) override { step_scaled(lr, Tensor()); }
   // The factor and the step count go into the multi-tensor update (no host read, .grad not

@@ -19,7 +19,8 @@ Tensor grad_sq_sum_tensor(const std::vector<Tensor>& grads, std::optional<Device
   for (const Tensor& g : grads) {
     if (!g.defined() || g.numel() == 0) continue;
     if (!device) device = g.device();
-    LOOM_CHECK(g.device() == *device, "grad_sq_sum: gradients on ", device->str(), " and ", g.device().str());
+    LOOM_CHECK(g.device() == *device, "grad_sq_sum: gradients on ", device->str(), " and ",
+               g.device().str());
     const Tensor s = ops::sum_squares(g.detach());
     total = total.defined() ? ops::add(total, s) : s;
   }
@@ -38,8 +39,8 @@ double clip_scale(double norm, double max_norm) {
 Tensor clip_scale_tensor(const Tensor& sq_sum, double max_norm) {
   LOOM_CHECK(max_norm > 0, "clip_grad_norm: max_norm must be > 0, got ", max_norm);
   LOOM_CHECK(sq_sum.numel() == 1 && sq_sum.dtype() == DType::kF64,
-             "clip_scale_tensor: the sum of squares must be one f64 element, got ", shape_str(sq_sum.shape()), " ",
-             dtype_name(sq_sum.dtype()));
+             "clip_scale_tensor: the sum of squares must be one f64 element, got ",
+             shape_str(sq_sum.shape()), " ", dtype_name(sq_sum.dtype()));
   Tensor out = Tensor::empty({}, DType::kF64, sq_sum.device());
   kernels::call_kernel<kernels::clip_factor_forward_k>(sq_sum.contiguous(), max_norm, out);
   return out;

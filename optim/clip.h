@@ -26,7 +26,8 @@ double grad_sq_sum(const std::vector<Tensor>& grads);
 // gradient must be (default: the gradients' device; the CPU when there are none, or the given
 // device, so an empty list still gives a zero there), computed without reading anything back.
 // grad_sq_sum() is this, read.
-Tensor grad_sq_sum_tensor(const std::vector<Tensor>& grads, std::optional<Device> device = std::nullopt);
+Tensor grad_sq_sum_tensor(const std::vector<Tensor>& grads,
+                          std::optional<Device> device = std::nullopt);
 // sqrt(grad_sq_sum(grads)).
 double global_grad_norm(const std::vector<Tensor>& grads);
 // The factor clipping multiplies gradients by: max_norm / norm when norm > max_norm, else 1.

@@ -38,18 +38,24 @@ DecayRule parse_decay_rule(const std::string& s) {
 
 const char* decay_rule_name(DecayRule rule) {
   switch (rule) {
-    case DecayRule::kDefault: return "default";
-    case DecayRule::kAll: return "all";
-    case DecayRule::kMatricesOnly: return "matrices";
+    case DecayRule::kDefault:
+      return "default";
+    case DecayRule::kAll:
+      return "all";
+    case DecayRule::kMatricesOnly:
+      return "matrices";
   }
   return "?";
 }
 
 bool decays(DecayRule rule, const std::string& name, const Shape& shape) {
   switch (rule) {
-    case DecayRule::kAll: return true;
-    case DecayRule::kMatricesOnly: return shape.size() >= 2;
-    case DecayRule::kDefault: return shape.size() >= 2 && !excluded_by_name(name);
+    case DecayRule::kAll:
+      return true;
+    case DecayRule::kMatricesOnly:
+      return shape.size() >= 2;
+    case DecayRule::kDefault:
+      return shape.size() >= 2 && !excluded_by_name(name);
   }
   return false;
 }

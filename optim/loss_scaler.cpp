@@ -40,25 +40,28 @@ Tensor LossScaler::device_scale() const {
 }
 
 bool LossScaler::update(double norm) {
-  double good = static_cast<double>(state_.good_steps), skipped = static_cast<double>(state_.skipped_steps);
-  const bool take = kernels::loss_scale_update(norm, static_cast<double>(growth_interval_), state_.scale, good, skipped);
+  double good = static_cast<double>(state_.good_steps),
+         skipped = static_cast<double>(state_.skipped_steps);
+  const bool take = kernels::loss_scale_update(norm, static_cast<double>(growth_interval_),
+                                               state_.scale, good, skipped);
   state_.good_steps = static_cast<int64_t>(good);
   state_.skipped_steps = static_cast<int64_t>(skipped);
   return take;
 }
 
 void LossScaler::to(Device device) {
-  device_state_ = Tensor::from_vector(std::vector<double>{state_.scale, static_cast<double>(state_.good_steps),
-                                       static_cast<double>(state_.skipped_steps)},
-                                      {3})
-                      .to(device);
+  device_state_ =
+      Tensor::from_vector(std::vector<double>{state_.scale, static_cast<double>(state_.good_steps),
+                                              static_cast<double>(state_.skipped_steps)},
+                          {3})
+          .to(device);
 }
 
 Tensor LossScaler::step_factor(const Tensor& sq_sum, double max_norm) {
   LOOM_CHECK(device_state_.defined(), "LossScaler::step_factor: call to(device) first");
   Tensor factor = Tensor::empty({}, DType::kF64, device_state_.device());
-  kernels::call_kernel<kernels::loss_scale_step_k>(ops::reshape(sq_sum, {}).contiguous(), device_state_, max_norm,
-                                                   growth_interval_, factor);
+  kernels::call_kernel<kernels::loss_scale_step_k>(
+      ops::reshape(sq_sum, {}).contiguous(), device_state_, max_norm, growth_interval_, factor);
   return factor;
 }
 

@@ -52,10 +52,9 @@ void LrSchedule::validate() const {
   if (kind != "wsd") return;
   LOOM_CHECK(decay_fraction >= 0 && decay_fraction <= 1, kWhere,
              ": decay_fraction must be in [0, 1], got ", decay_fraction);
-  LOOM_CHECK(total_steps - wsd_decay_steps(*this) >= warmup_steps, kWhere,
-             ": wsd decay phase (", wsd_decay_steps(*this), " steps = decay_fraction ",
-             decay_fraction, " of total_steps ", total_steps, ") overlaps warmup_steps (",
-             warmup_steps, ")");
+  LOOM_CHECK(total_steps - wsd_decay_steps(*this) >= warmup_steps, kWhere, ": wsd decay phase (",
+             wsd_decay_steps(*this), " steps = decay_fraction ", decay_fraction, " of total_steps ",
+             total_steps, ") overlaps warmup_steps (", warmup_steps, ")");
 }
 
 double LrSchedule::lr_at(int64_t step) const {

@@ -15,8 +15,7 @@ Optimizer::Optimizer(std::vector<ParamRef> params) : params_(std::move(params)) 
     LOOM_CHECK(p.param.defined(), "optimizer: parameter '", p.name, "' is undefined");
     LOOM_CHECK(seen.insert(p.name).second, "optimizer: parameter name '", p.name,
                "' appears twice");
-    LOOM_CHECK(p.param.is_contiguous(), "optimizer: parameter '", p.name,
-               "' must be contiguous");
+    LOOM_CHECK(p.param.is_contiguous(), "optimizer: parameter '", p.name, "' must be contiguous");
     LOOM_CHECK(p.param.dtype() == DType::kF32 || p.param.dtype() == DType::kF64,
                "optimizer: parameter '", p.name, "' is ", dtype_name(p.param.dtype()),
                "; optimisers update f32 (master) or f64 parameters");

@@ -23,8 +23,7 @@ SGD::SGD(std::vector<ParamRef> params, double momentum, double weight_decay, boo
 }
 
 void SGD::step(double lr) {
-  LOOM_CHECK(std::isfinite(lr) && lr >= 0, "sgd: learning rate must be finite and >= 0, got ",
-             lr);
+  LOOM_CHECK(std::isfinite(lr) && lr >= 0, "sgd: learning rate must be finite and >= 0, got ", lr);
   ++step_count_;
   for (size_t i = 0; i < params_.size(); ++i) {
     ParamRef& p = params_[i];

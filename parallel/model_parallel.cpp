@@ -31,7 +31,8 @@ std::unique_ptr<LinearLayer> MeshModelParallel::row_linear(int64_t in, int64_t o
 }
 
 std::unique_ptr<EmbeddingLayer> MeshModelParallel::vocab_embedding(int64_t rows, int64_t dim,
-                                                                   DType dtype, Device device) const {
+                                                                   DType dtype,
+                                                                   Device device) const {
   return std::make_unique<tp::VocabParallelEmbedding>(rows, dim, *tp_, sequence_parallel_, dtype,
                                                       device);
 }

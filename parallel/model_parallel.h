@@ -54,7 +54,8 @@ class MeshModelParallel final : public ModelParallel {
   Communicator* tp_;
   Communicator* cp_;
   bool sequence_parallel_;
-  std::shared_ptr<tp::SpanSink> spans_ = std::make_shared<tp::SpanSink>();  // shared with the layers
+  std::shared_ptr<tp::SpanSink> spans_ =
+      std::make_shared<tp::SpanSink>();  // shared with the layers
 };
 
 // The dotted names of the parameters of `model` (built with a MeshModelParallel) that live in a

@@ -179,7 +179,8 @@ ParallelContext ParallelContext::create(const ParallelOptions& options) {
       parent, ctx.mesh_.mics_partition_group(rank, partition), "mics_partition", timeout, tag++);
   ctx.mics_replica_ = MpiCommunicator::create(parent, ctx.mesh_.mics_replica_group(rank, partition),
                                               "mics_replica", timeout, tag++);
-  ctx.dp_cp_ = MpiCommunicator::create(parent, ctx.mesh_.dp_cp_group(rank), "dp_cp", timeout, tag++);
+  ctx.dp_cp_ =
+      MpiCommunicator::create(parent, ctx.mesh_.dp_cp_group(rank), "dp_cp", timeout, tag++);
   if (options.nccl_rules) {
     world->follow_nccl_rules();
     for (auto& c : ctx.dims_) static_cast<MpiCommunicator&>(*c).follow_nccl_rules();

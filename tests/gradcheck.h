@@ -19,8 +19,8 @@ namespace loom::testing {
 using OpFn = std::function<Tensor(const std::vector<Tensor>&)>;
 
 // Random normal tensor (never all zeros), optionally a leaf requiring grad.
-inline Tensor random(const Shape& shape, Generator& gen, DType dtype = DType::kF64, bool grad = true,
-                     double std = 1.0) {
+inline Tensor random(const Shape& shape, Generator& gen, DType dtype = DType::kF64,
+                     bool grad = true, double std = 1.0) {
   Tensor t = randn(shape, gen, dtype, 0.0, std);
   if (grad) t.set_requires_grad(true);
   return t;
@@ -37,7 +37,9 @@ inline double rel_error(const std::vector<double>& a, const std::vector<double>&
   }
   return std::sqrt(num) / std::max(std::sqrt(den), 1e-30);
 }
-inline double rel_error(const Tensor& a, const Tensor& b) { return rel_error(a.to_vector(), b.to_vector()); }
+inline double rel_error(const Tensor& a, const Tensor& b) {
+  return rel_error(a.to_vector(), b.to_vector());
+}
 
 // The scalar whose gradient is checked: Σ out ⊙ w with fixed random weights w (so every output
 // element's gradient matters and no symmetry hides an error).

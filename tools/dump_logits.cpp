@@ -11,8 +11,8 @@
 // and a CUDA dump with the same seed hold the same weights. Thin: no logic beyond the forward.
 #include <iomanip>
 #include <iostream>
-#include <sstream>
 #include <map>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -49,14 +49,22 @@ int main(int argc, char** argv) {
     const std::string a = argv[i];
     if (i + 1 >= argc) return usage();
     const std::string v = argv[++i];
-    if (a == "--config") config_path = v;
-    else if (a == "--set") overrides.push_back(v);
-    else if (a == "--device") device_name = v;
-    else if (a == "--batch") batch = std::stoll(v);
-    else if (a == "--seq") seq = std::stoll(v);
-    else if (a == "--seed") seed = std::stoull(v);
-    else if (a == "--out") out_path = v;
-    else return usage();
+    if (a == "--config")
+      config_path = v;
+    else if (a == "--set")
+      overrides.push_back(v);
+    else if (a == "--device")
+      device_name = v;
+    else if (a == "--batch")
+      batch = std::stoll(v);
+    else if (a == "--seq")
+      seq = std::stoll(v);
+    else if (a == "--seed")
+      seed = std::stoull(v);
+    else if (a == "--out")
+      out_path = v;
+    else
+      return usage();
   }
   if (config_path.empty() || out_path.empty() || (device_name != "cpu" && device_name != "cuda")) {
     return usage();
@@ -65,8 +73,7 @@ int main(int argc, char** argv) {
     const loom::Config config = loom::load_config(config_path, overrides);
     const loom::ModelConfig& mc = config.model;
     if (seq <= 0) seq = mc.max_seq_len;
-    const loom::Device device =
-        device_name == "cuda" ? loom::Device::cuda(0) : loom::Device::cpu();
+    const loom::Device device = device_name == "cuda" ? loom::Device::cuda(0) : loom::Device::cpu();
 
     loom::autograd::NoGradGuard no_grad;
     loom::Transformer host_model(mc);
@@ -75,7 +82,8 @@ int main(int argc, char** argv) {
     loom::Transformer model(mc, loom::DType::kF32, device);
     const auto src = host_model.named_parameters();
     auto dst = model.named_parameters();
-    for (size_t i = 0; i < dst.size(); ++i) loom::ops::copy_(dst[i].second, src[i].second.to(device));
+    for (size_t i = 0; i < dst.size(); ++i)
+      loom::ops::copy_(dst[i].second, src[i].second.to(device));
 
     const loom::Tensor ids = loom::randint({batch, seq}, 0, mc.vocab_size, gen, loom::DType::kI64);
     const loom::Tensor logits = model.forward(ids.to(device)).to(loom::Device::cpu());

@@ -5,9 +5,9 @@
 // Trainer. Config errors print one line naming the key and exit with code 2; any other error
 // on any rank ends the whole job with the message and the rank (exit code 1).
 #include <csignal>
-#include <memory>
 #include <cstring>
 #include <iostream>
+#include <memory>
 
 #include "core/error.h"
 #include "parallel/launcher.h"
@@ -37,15 +37,24 @@ int main(int argc, char** argv) {
   loom::TrainerOptions options;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
-    if ((a == "--config" || a == "--set" || a == "--resume" || a == "--stop-at") && i + 1 >= argc) return usage();
-    if (a == "--config") config_path = argv[++i];
-    else if (a == "--set") overrides.push_back(argv[++i]);
-    else if (a == "--resume") options.resume = argv[++i];
-    else if (a == "--stop-at") options.stop_at_step = std::stoll(argv[++i]);
-    else if (a == "--profile") options.profile_path = "profile";  // resolved per rank below
-    else if (a == "--print-config") options.print_config = true;
-    else if (a == "-h" || a == "--help") return usage(), 0;
-    else return usage();
+    if ((a == "--config" || a == "--set" || a == "--resume" || a == "--stop-at") && i + 1 >= argc)
+      return usage();
+    if (a == "--config")
+      config_path = argv[++i];
+    else if (a == "--set")
+      overrides.push_back(argv[++i]);
+    else if (a == "--resume")
+      options.resume = argv[++i];
+    else if (a == "--stop-at")
+      options.stop_at_step = std::stoll(argv[++i]);
+    else if (a == "--profile")
+      options.profile_path = "profile";  // resolved per rank below
+    else if (a == "--print-config")
+      options.print_config = true;
+    else if (a == "-h" || a == "--help")
+      return usage(), 0;
+    else
+      return usage();
   }
   if (config_path.empty()) return usage();
 
@@ -58,8 +67,8 @@ int main(int argc, char** argv) {
   try {
     loom::Config config = loom::load_config(config_path, overrides);
     std::unique_ptr<loom::parallel::ParallelContext> ctx;
-    if (mpi.size() > 1 || config.parallel.dp > 1 || config.parallel.pp > 1 || config.parallel.tp > 1 ||
-        config.parallel.cp > 1) {
+    if (mpi.size() > 1 || config.parallel.dp > 1 || config.parallel.pp > 1 ||
+        config.parallel.tp > 1 || config.parallel.cp > 1) {
       loom::parallel::ParallelOptions p;
       p.shape.dp = static_cast<int>(config.parallel.dp);
       p.shape.pp = static_cast<int>(config.parallel.pp);
@@ -70,11 +79,13 @@ int main(int argc, char** argv) {
       // parallel.backend: NCCL communicators on GPUs, or MPI ones staging CUDA tensors.
       p.device = loom::uses_nccl(config) ? loom::DeviceType::kCuda : loom::DeviceType::kCpu;
       p.nccl_rules = config.parallel.backend == "mpi_nccl_rules";
-      ctx = std::make_unique<loom::parallel::ParallelContext>(loom::parallel::ParallelContext::create(p));
+      ctx = std::make_unique<loom::parallel::ParallelContext>(
+          loom::parallel::ParallelContext::create(p));
       options.parallel = ctx.get();
     }
     if (!options.profile_path.empty()) {
-      options.profile_path = config.train.out_dir + "/trace_rank" + std::to_string(mpi.rank()) + ".json";
+      options.profile_path =
+          config.train.out_dir + "/trace_rank" + std::to_string(mpi.rank()) + ".json";
     }
     loom::Trainer trainer(std::move(config), options);
     trainer.run();

@@ -11,8 +11,8 @@
 #include <sstream>
 
 #include "core/error.h"
-#include "train/crc32c.h"
 #include "parallel/comm/communicator.h"
+#include "train/crc32c.h"
 #include "train/safetensors.h"
 
 namespace loom {
@@ -40,9 +40,11 @@ void write_meta(const std::string& path, const CheckpointContents& c, int num_sh
   out << YAML::Key << "step" << YAML::Value << c.step;
   out << YAML::Key << "num_shards" << YAML::Value << num_shards;
   out << YAML::Key << "state" << YAML::Value << YAML::BeginMap;
-  for (const auto& [k, v] : c.state) out << YAML::Key << k << YAML::Value << YAML::DoubleQuoted << v;
+  for (const auto& [k, v] : c.state)
+    out << YAML::Key << k << YAML::Value << YAML::DoubleQuoted << v;
   out << YAML::EndMap;
-  out << YAML::Key << "config" << YAML::Value << YAML::Load(c.config_yaml.empty() ? "{}" : c.config_yaml);
+  out << YAML::Key << "config" << YAML::Value
+      << YAML::Load(c.config_yaml.empty() ? "{}" : c.config_yaml);
   out << YAML::EndMap;
   std::ofstream f(path, std::ios::trunc);
   LOOM_CHECK(f, path, ": cannot open for writing");
@@ -65,9 +67,11 @@ std::vector<fs::path> complete_checkpoints(const std::string& root) {
   std::vector<fs::path> out;
   if (!fs::is_directory(root)) return out;
   for (const auto& e : fs::directory_iterator(root)) {
-    if (e.is_directory() && step_of(e.path()) >= 0 && fs::exists(e.path() / kMetaFile)) out.push_back(e.path());
+    if (e.is_directory() && step_of(e.path()) >= 0 && fs::exists(e.path() / kMetaFile))
+      out.push_back(e.path());
   }
-  std::sort(out.begin(), out.end(), [](const fs::path& a, const fs::path& b) { return step_of(a) < step_of(b); });
+  std::sort(out.begin(), out.end(),
+            [](const fs::path& a, const fs::path& b) { return step_of(a) < step_of(b); });
   return out;
 }
 
@@ -95,7 +99,8 @@ bool all_ok(bool ok, parallel::Communicator* comm) {
 }
 
 // Renames the complete temporary directory into place and prunes older checkpoints.
-void publish(const std::string& root, const fs::path& tmp, const fs::path& final_dir, int64_t keep) {
+void publish(const std::string& root, const fs::path& tmp, const fs::path& final_dir,
+             int64_t keep) {
   fsync_path((tmp / kMetaFile).string());
   fsync_path(tmp.string());
   // Move an existing checkpoint of the same step aside before renaming the new one in.
@@ -144,7 +149,8 @@ std::string save_checkpoint(const std::string& root, const CheckpointContents& c
   if (!all_ok(error.empty(), comm)) {
     if (rank == 0) fs::remove_all(tmp);  // the previous checkpoints are untouched
     if (comm) comm->barrier();
-    LOOM_FAIL("checkpoint ", final_dir.string(), " not written: ", error.empty() ? "another rank failed" : error);
+    LOOM_FAIL("checkpoint ", final_dir.string(),
+              " not written: ", error.empty() ? "another rank failed" : error);
   }
   if (rank == 0) publish(root, tmp, final_dir, keep);
   if (comm) comm->barrier();
@@ -166,7 +172,8 @@ CheckpointContents load_checkpoint(const std::string& dir) {
              " is not supported (this Loom reads version ", kCheckpointFormatVersion, ")");
   CheckpointContents c;
   c.step = meta["step"].as<int64_t>();
-  for (const auto& kv : meta["state"]) c.state[kv.first.as<std::string>()] = kv.second.as<std::string>();
+  for (const auto& kv : meta["state"])
+    c.state[kv.first.as<std::string>()] = kv.second.as<std::string>();
   YAML::Emitter cfg;
   cfg << meta["config"];
   c.config_yaml = cfg.c_str();
@@ -174,7 +181,8 @@ CheckpointContents load_checkpoint(const std::string& dir) {
   const int shards = meta["num_shards"] ? meta["num_shards"].as<int>() : 1;
   for (int r = 0; r < shards; ++r) {
     const std::string tensor_path = (fs::path(dir) / tensor_file(r)).string();
-    LOOM_CHECK(fs::exists(tensor_path), dir, ": missing tensor file ", tensor_file(r), " (of ", shards, ")");
+    LOOM_CHECK(fs::exists(tensor_path), dir, ": missing tensor file ", tensor_file(r), " (of ",
+               shards, ")");
     SafetensorsFile f = read_safetensors(tensor_path);
     for (auto& [name, t] : f.tensors) {
       auto it = f.metadata.find(name + ".crc32c");

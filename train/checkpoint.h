@@ -1,7 +1,8 @@
 // train/checkpoint.h — native checkpoints: a directory `step_00000123/` holding `meta.yaml`
 // (format version, step, the run's state as key/value pairs, the effective config) and
-// `tensors_<rank>.safetensors` (one per writing rank; named tensors, each with its global shape, shard offsets and a
-// CRC-32C in the file's metadata, so a later parallel layout can read any shard it needs).
+// `tensors_<rank>.safetensors` (one per writing rank; named tensors, each with its global shape,
+// shard offsets and a CRC-32C in the file's metadata, so a later parallel layout can read any shard
+// it needs).
 //
 // Note [Atomic checkpoints]: a checkpoint is written into a hidden temporary directory, every
 // file and the directory are fsync'ed, and only then is it renamed to its final name (and the
@@ -29,7 +30,8 @@ struct CheckpointContents {
   int64_t step = 0;
   std::map<std::string, std::string> state;  // e.g. "loader.position" → "1234"
   std::string config_yaml;                   // the effective config of the run
-  std::vector<std::pair<std::string, Tensor>> tensors;  // e.g. "model.wte.weight", "optim.exp_avg.…"
+  std::vector<std::pair<std::string, Tensor>>
+      tensors;  // e.g. "model.wte.weight", "optim.exp_avg.…"
 };
 
 // Writes <root>/step_<step>/ atomically and keeps the newest `keep` checkpoints (0 = all).

@@ -1,16 +1,16 @@
 // train/config.cpp — YAML ↔ Config through one field list (visit_fields), plus validation.
 #include "train/config.h"
 
-#include "kernels/attention.h"
-#include "layers/transformer.h"
-#include "parallel/pp/partition.h"
-#include "parallel/pp/schedule.h"
-
 #include <yaml-cpp/yaml.h>
 
 #include <cmath>
 #include <set>
 #include <sstream>
+
+#include "kernels/attention.h"
+#include "layers/transformer.h"
+#include "parallel/pp/partition.h"
+#include "parallel/pp/schedule.h"
 
 namespace loom {
 namespace {
@@ -124,7 +124,8 @@ struct Reader {
     if (!s || !s[key]) return;
     const YAML::Node n = s[key];
     const std::string where = std::string(section) + "." + key;
-    if (!n.IsScalar()) throw ConfigError(where + ": expected " + type_word<T>() + ", got " + node_text(n));
+    if (!n.IsScalar())
+      throw ConfigError(where + ": expected " + type_word<T>() + ", got " + node_text(n));
     try {
       field = n.as<T>();  // integers must be written as integers: "1e3" is not one
     } catch (const YAML::Exception&) {
@@ -212,17 +213,22 @@ void validate_pipeline_config(const Config& c) {
   const ParallelConfig& p = c.parallel;
   require(p.pp >= 1, "parallel.pp: must be positive, got " + str(p.pp));
   require(p.vpp >= 1, "parallel.vpp: must be positive, got " + str(p.vpp));
-  require(p.microbatches >= 0, "parallel.microbatches: must be non-negative (0 = optim.grad_accum), got " + str(p.microbatches));
+  require(p.microbatches >= 0,
+          "parallel.microbatches: must be non-negative (0 = optim.grad_accum), got " +
+              str(p.microbatches));
   require(p.microbatches == 0 || c.optim.grad_accum == 1 || p.microbatches == c.optim.grad_accum,
-          "parallel.microbatches: " + str(p.microbatches) + " conflicts with optim.grad_accum " + str(c.optim.grad_accum) +
+          "parallel.microbatches: " + str(p.microbatches) + " conflicts with optim.grad_accum " +
+              str(c.optim.grad_accum) +
               " (the pipeline's micro-batches are the accumulation steps; set one of them)");
   const parallel::pp::ScheduleKind kind = parallel::pp::parse_schedule(p.schedule);
   require(p.pp > 1 || p.vpp == 1, "parallel.vpp: virtual stages need parallel.pp > 1");
   if (p.pp == 1) return;
   const int64_t m = pipeline_microbatches(c);
-  parallel::pp::validate_schedule(kind, {static_cast<int>(p.pp), static_cast<int>(p.vpp), static_cast<int>(m)});
+  parallel::pp::validate_schedule(
+      kind, {static_cast<int>(p.pp), static_cast<int>(p.vpp), static_cast<int>(m)});
   require(kind != parallel::pp::ScheduleKind::k1F1B || m >= p.pp,
-          "parallel.microbatches: " + str(m) + " micro-batches (optim.grad_accum when 0) are fewer than parallel.pp " + str(p.pp) +
+          "parallel.microbatches: " + str(m) +
+              " micro-batches (optim.grad_accum when 0) are fewer than parallel.pp " + str(p.pp) +
               " stages; 1f1b needs at least one per stage");
   parallel::pp::partition_layers(c.model.n_layer, static_cast<int>(p.pp * p.vpp), p.pp_layout);
 }
@@ -235,16 +241,18 @@ void validate_model_parallel_config(const Config& c) {
   require(p.tp >= 1, "parallel.tp: must be positive, got " + str(p.tp));
   require(p.cp >= 1, "parallel.cp: must be positive, got " + str(p.cp));
   require(m.n_head % p.tp == 0 && m.kv_heads() % p.tp == 0,
-          "parallel.tp: " + str(p.tp) + " does not divide model.n_head " + str(m.n_head) + " and its " +
-              str(m.kv_heads()) + " kv heads");
-  require(m.ffn_hidden_size() % p.tp == 0,
-          "parallel.tp: " + str(p.tp) + " does not divide the MLP hidden size " + str(m.ffn_hidden_size()));
+          "parallel.tp: " + str(p.tp) + " does not divide model.n_head " + str(m.n_head) +
+              " and its " + str(m.kv_heads()) + " kv heads");
+  require(m.ffn_hidden_size() % p.tp == 0, "parallel.tp: " + str(p.tp) +
+                                               " does not divide the MLP hidden size " +
+                                               str(m.ffn_hidden_size()));
   require(m.padded_vocab() % p.tp == 0 && m.vocab_size > (p.tp - 1) * (m.padded_vocab() / p.tp),
-          "parallel.tp: " + str(p.tp) + " does not split the padded vocabulary " + str(m.padded_vocab()) +
-              " into parts that each hold real tokens (model.vocab_size " + str(m.vocab_size) + ")");
-  require(c.data.seq_len % (2 * p.cp) == 0,
-          "parallel.cp: data.seq_len " + str(c.data.seq_len) + " does not divide into 2·cp = " + str(2 * p.cp) +
-              " chunks (causal load balancing)");
+          "parallel.tp: " + str(p.tp) + " does not split the padded vocabulary " +
+              str(m.padded_vocab()) + " into parts that each hold real tokens (model.vocab_size " +
+              str(m.vocab_size) + ")");
+  require(c.data.seq_len % (2 * p.cp) == 0, "parallel.cp: data.seq_len " + str(c.data.seq_len) +
+                                                " does not divide into 2·cp = " + str(2 * p.cp) +
+                                                " chunks (causal load balancing)");
   require(!p.sequence_parallel || p.tp > 1, "parallel.sequence_parallel: needs parallel.tp > 1");
   require(!p.sequence_parallel || c.data.seq_len / p.cp % p.tp == 0,
           "parallel.sequence_parallel: the " + str(c.data.seq_len / p.cp) +
@@ -258,25 +266,32 @@ void validate_precision(const TrainConfig& t) {
   const std::string& p = t.precision;
   require(p == "f32" || p == "f64" || p == "bf16" || p == "f16",
           "train.precision: unknown precision '" + p + "' (f32, bf16, f16; f64 for CPU checks)");
-  require(p == t.dtype || t.dtype == "f32",
-          "train.precision: " + p + " with train.dtype " + t.dtype +
-              ": mixed precision keeps f32 master weights (set train.dtype: f32, or train.precision: " + t.dtype + ")");
+  require(
+      p == t.dtype || t.dtype == "f32",
+      "train.precision: " + p + " with train.dtype " + t.dtype +
+          ": mixed precision keeps f32 master weights (set train.dtype: f32, or train.precision: " +
+          t.dtype + ")");
   require((p != "bf16" && p != "f16") || t.device == "cuda",
-          "train.precision: " + p + " needs train.device: cuda (the CPU kernels compute in f32 and f64 only)");
-  require(!t.allow_tf32 || t.device == "cuda", "train.allow_tf32: TF32 is a CUDA feature; set train.device: cuda");
+          "train.precision: " + p +
+              " needs train.device: cuda (the CPU kernels compute in f32 and f64 only)");
+  require(!t.allow_tf32 || t.device == "cuda",
+          "train.allow_tf32: TF32 is a CUDA feature; set train.device: cuda");
   require(t.attention_kernel == "loom" || t.attention_kernel == "cudnn",
           "train.attention_kernel: unknown value '" + t.attention_kernel + "' (loom, cudnn)");
   require(t.attention_kernel != "cudnn" || t.device == "cuda",
           "train.attention_kernel: cudnn is a CUDA feature; set train.device: cuda");
-  require(t.attention_kernel != "cudnn" || kernels::cudnn_attention_built(),
-          "train.attention_kernel: cudnn, but this build has no cuDNN attention (CMake did not find "
-          "cuDNN's frontend headers; tools/install_deps.sh fetches them)");
+  require(
+      t.attention_kernel != "cudnn" || kernels::cudnn_attention_built(),
+      "train.attention_kernel: cudnn, but this build has no cuDNN attention (CMake did not find "
+      "cuDNN's frontend headers; tools/install_deps.sh fetches them)");
   require(t.loss_scaling == "auto" || t.loss_scaling == "dynamic" || t.loss_scaling == "none",
           "train.loss_scaling: unknown value '" + t.loss_scaling + "' (auto, dynamic, none)");
   require(t.loss_scaling != "none" || p != "f16",
-          "train.loss_scaling: none with train.precision f16 would lose small gradients (use auto or dynamic)");
-  require(std::isfinite(t.initial_loss_scale) && t.initial_loss_scale >= 1.0,
-          "train.initial_loss_scale: must be finite and at least 1, got " + str(t.initial_loss_scale));
+          "train.loss_scaling: none with train.precision f16 would lose small gradients (use auto "
+          "or dynamic)");
+  require(
+      std::isfinite(t.initial_loss_scale) && t.initial_loss_scale >= 1.0,
+      "train.initial_loss_scale: must be finite and at least 1, got " + str(t.initial_loss_scale));
 }
 
 }  // namespace
@@ -286,62 +301,83 @@ void validate_config(const Config& c) {
   const DataConfig& d = c.data;
   require(d.batch_size > 0, "data.batch_size: must be positive, got " + str(d.batch_size));
   require(d.seq_len > 0, "data.seq_len: must be positive, got " + str(d.seq_len));
-  require(d.seq_len <= c.model.max_seq_len, "data.seq_len: " + str(d.seq_len) +
-                                                " exceeds model.max_seq_len " + str(c.model.max_seq_len));
+  require(
+      d.seq_len <= c.model.max_seq_len,
+      "data.seq_len: " + str(d.seq_len) + " exceeds model.max_seq_len " + str(c.model.max_seq_len));
   const OptimConfig& o = c.optim;
-  require(o.name == "adamw" || o.name == "sgd", "optim.name: unknown optimizer '" + o.name + "' (adamw, sgd)");
+  require(o.name == "adamw" || o.name == "sgd",
+          "optim.name: unknown optimizer '" + o.name + "' (adamw, sgd)");
   require(o.lr > 0, "optim.lr: must be positive, got " + str(o.lr));
-  require(o.min_lr >= 0 && o.min_lr <= o.lr, "optim.min_lr: must be in [0, optim.lr], got " + str(o.min_lr));
-  require(o.schedule == "cosine" || o.schedule == "linear" || o.schedule == "constant" || o.schedule == "wsd",
+  require(o.min_lr >= 0 && o.min_lr <= o.lr,
+          "optim.min_lr: must be in [0, optim.lr], got " + str(o.min_lr));
+  require(o.schedule == "cosine" || o.schedule == "linear" || o.schedule == "constant" ||
+              o.schedule == "wsd",
           "optim.schedule: unknown schedule '" + o.schedule + "' (cosine, linear, constant, wsd)");
-  require(o.warmup_steps >= 0, "optim.warmup_steps: must be non-negative, got " + str(o.warmup_steps));
-  require(o.decay_fraction > 0 && o.decay_fraction <= 1, "optim.decay_fraction: must be in (0, 1], got " + str(o.decay_fraction));
+  require(o.warmup_steps >= 0,
+          "optim.warmup_steps: must be non-negative, got " + str(o.warmup_steps));
+  require(o.decay_fraction > 0 && o.decay_fraction <= 1,
+          "optim.decay_fraction: must be in (0, 1], got " + str(o.decay_fraction));
   require(o.beta1 >= 0 && o.beta1 < 1, "optim.beta1: must be in [0, 1), got " + str(o.beta1));
   require(o.beta2 >= 0 && o.beta2 < 1, "optim.beta2: must be in [0, 1), got " + str(o.beta2));
   require(o.eps > 0, "optim.eps: must be positive, got " + str(o.eps));
-  require(o.weight_decay >= 0, "optim.weight_decay: must be non-negative, got " + str(o.weight_decay));
+  require(o.weight_decay >= 0,
+          "optim.weight_decay: must be non-negative, got " + str(o.weight_decay));
   require(o.decay_rule == "default" || o.decay_rule == "all" || o.decay_rule == "matrices",
           "optim.decay_rule: unknown rule '" + o.decay_rule + "' (default, all, matrices)");
   require(o.grad_clip >= 0, "optim.grad_clip: must be non-negative, got " + str(o.grad_clip));
   require(o.grad_accum > 0, "optim.grad_accum: must be positive, got " + str(o.grad_accum));
   const TrainConfig& t = c.train;
   require(t.steps > 0, "train.steps: must be positive, got " + str(t.steps));
-  require(o.warmup_steps <= t.steps, "optim.warmup_steps: " + str(o.warmup_steps) + " exceeds train.steps " + str(t.steps));
+  require(o.warmup_steps <= t.steps,
+          "optim.warmup_steps: " + str(o.warmup_steps) + " exceeds train.steps " + str(t.steps));
   const int64_t wsd_decay = std::llround(o.decay_fraction * static_cast<double>(t.steps));
   require(o.schedule != "wsd" || t.steps - wsd_decay >= o.warmup_steps,
-          "optim.decay_fraction: the wsd decay (" + str(wsd_decay) + " of train.steps " + str(t.steps) +
-              ") overlaps optim.warmup_steps " + str(o.warmup_steps));
-  require(t.device == "cpu" || t.device == "cuda", "train.device: unknown device '" + t.device + "' (cpu, cuda)");
+          "optim.decay_fraction: the wsd decay (" + str(wsd_decay) + " of train.steps " +
+              str(t.steps) + ") overlaps optim.warmup_steps " + str(o.warmup_steps));
+  require(t.device == "cpu" || t.device == "cuda",
+          "train.device: unknown device '" + t.device + "' (cpu, cuda)");
   require(t.dtype == "f32" || t.dtype == "f64",
-          "train.dtype: unsupported parameter dtype '" + t.dtype + "' (f32, f64; for bf16/f16 compute set train.precision)");
+          "train.dtype: unsupported parameter dtype '" + t.dtype +
+              "' (f32, f64; for bf16/f16 compute set train.precision)");
   validate_precision(t);
   require(t.log_every > 0, "train.log_every: must be positive, got " + str(t.log_every));
   require(t.val_every >= 0, "train.val_every: must be non-negative, got " + str(t.val_every));
   require(t.val_steps > 0, "train.val_steps: must be positive, got " + str(t.val_steps));
-  require(t.sample_every >= 0, "train.sample_every: must be non-negative, got " + str(t.sample_every));
+  require(t.sample_every >= 0,
+          "train.sample_every: must be non-negative, got " + str(t.sample_every));
   require(t.temperature > 0, "train.temperature: must be positive, got " + str(t.temperature));
   require(t.top_k >= 0, "train.top_k: must be non-negative, got " + str(t.top_k));
   require(t.peak_flops >= 0, "train.peak_flops: must be non-negative, got " + str(t.peak_flops));
   require(!t.out_dir.empty(), "train.out_dir: must not be empty");
-  require(c.checkpoint.every >= 0, "checkpoint.every: must be non-negative, got " + str(c.checkpoint.every));
-  require(c.checkpoint.keep >= 0, "checkpoint.keep: must be non-negative, got " + str(c.checkpoint.keep));
+  require(c.checkpoint.every >= 0,
+          "checkpoint.every: must be non-negative, got " + str(c.checkpoint.every));
+  require(c.checkpoint.keep >= 0,
+          "checkpoint.keep: must be non-negative, got " + str(c.checkpoint.keep));
   const ParallelConfig& p = c.parallel;
   require(p.dp >= 1, "parallel.dp: must be positive, got " + str(p.dp));
   require(p.zero_stage >= 0 && p.zero_stage <= 3,
           "parallel.zero_stage: " + str(p.zero_stage) + " is not supported (0, 1, 2 or 3)");
-  require(p.mics_partition_size >= 0, "parallel.mics_partition_size: must be non-negative, got " + str(p.mics_partition_size));
+  require(p.mics_partition_size >= 0,
+          "parallel.mics_partition_size: must be non-negative, got " + str(p.mics_partition_size));
   // MiCS partitions the dp·cp reduction group (Note [MiCS groups] in parallel/mesh.h).
-  require(p.mics_partition_size == 0 || (p.dp * p.cp) % p.mics_partition_size == 0,
-          "parallel.mics_partition_size: " + str(p.mics_partition_size) + " does not divide parallel.dp " + str(p.dp) +
-              (p.cp > 1 ? " × parallel.cp " + str(p.cp) + " = " + str(p.dp * p.cp) : std::string()));
+  require(
+      p.mics_partition_size == 0 || (p.dp * p.cp) % p.mics_partition_size == 0,
+      "parallel.mics_partition_size: " + str(p.mics_partition_size) +
+          " does not divide parallel.dp " + str(p.dp) +
+          (p.cp > 1 ? " × parallel.cp " + str(p.cp) + " = " + str(p.dp * p.cp) : std::string()));
   require(p.mics_partition_size == 0 || p.zero_stage >= 1,
-          "parallel.mics_partition_size: MiCS shards optimizer state; set parallel.zero_stage to 1, 2 or 3");
+          "parallel.mics_partition_size: MiCS shards optimizer state; set parallel.zero_stage to "
+          "1, 2 or 3");
   require(p.bucket_mb > 0, "parallel.bucket_mb: must be positive, got " + str(p.bucket_mb));
-  require(p.comm_timeout_s > 0, "parallel.comm_timeout_s: must be positive, got " + str(p.comm_timeout_s));
-  require(p.backend == "auto" || p.backend == "nccl" || p.backend == "mpi" || p.backend == "mpi_nccl_rules",
-          "parallel.backend: unknown backend '" + p.backend + "' (auto, nccl, mpi, mpi_nccl_rules)");
+  require(p.comm_timeout_s > 0,
+          "parallel.comm_timeout_s: must be positive, got " + str(p.comm_timeout_s));
+  require(
+      p.backend == "auto" || p.backend == "nccl" || p.backend == "mpi" ||
+          p.backend == "mpi_nccl_rules",
+      "parallel.backend: unknown backend '" + p.backend + "' (auto, nccl, mpi, mpi_nccl_rules)");
   require(p.backend != "nccl" || t.device == "cuda",
-          "parallel.backend: nccl moves GPU tensors; set train.device: cuda (or parallel.backend: mpi)");
+          "parallel.backend: nccl moves GPU tensors; set train.device: cuda (or parallel.backend: "
+          "mpi)");
   // The data-parallel engine also reduces context-parallel gradients, and it shards AdamW only.
   require((p.dp == 1 && p.cp == 1) || o.name == "adamw",
           "optim.name: sgd is not supported with parallel.dp > 1 or parallel.cp > 1 (the "

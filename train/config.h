@@ -1,8 +1,8 @@
 // train/config.h — the run configuration: one YAML file parsed once into plain structs per
 // subsystem, with `--set section.key=value` overrides, validated at start-up. Every field is
 // listed once, in visit_fields(), which drives parsing, printing and the unknown-key check.
-// Errors are ConfigError (core/error.h) with a one-line message naming the key ("optim.lr: expected a number,
-// got 'fast'"); the train tool exits with code 2 on them.
+// Errors are ConfigError (core/error.h) with a one-line message naming the key ("optim.lr: expected
+// a number, got 'fast'"); the train tool exits with code 2 on them.
 #pragma once
 
 #include <cstdint>
@@ -16,11 +16,11 @@
 namespace loom {
 
 struct DataConfig {
-  std::string train = "";      // shard glob, e.g. data/fortunes/train_*.bin
-  std::string val = "";        // shard glob for validation ("" = none)
-  int64_t batch_size = 8;      // micro-batch B per rank
-  int64_t seq_len = 64;        // T
-  uint64_t seed = 1337;        // data order
+  std::string train = "";  // shard glob, e.g. data/fortunes/train_*.bin
+  std::string val = "";    // shard glob for validation ("" = none)
+  int64_t batch_size = 8;  // micro-batch B per rank
+  int64_t seq_len = 64;    // T
+  uint64_t seed = 1337;    // data order
 };
 
 struct OptimConfig {
@@ -42,11 +42,11 @@ struct OptimConfig {
 
 struct TrainConfig {
   int64_t steps = 100;
-  uint64_t seed = 1337;      // parameter init and dropout
-  std::string device = "cpu";      // cpu | cuda (GPU = launcher's local rank mod visible GPUs)
-  std::string dtype = "f32";       // parameters (master weights) and optimizer state: f32 | f64
-  std::string precision = "f32";   // forward/backward compute dtype, Note [Precision]
-  bool allow_tf32 = false;         // cuda: f32 GEMMs may use TF32 tensor cores
+  uint64_t seed = 1337;           // parameter init and dropout
+  std::string device = "cpu";     // cpu | cuda (GPU = launcher's local rank mod visible GPUs)
+  std::string dtype = "f32";      // parameters (master weights) and optimizer state: f32 | f64
+  std::string precision = "f32";  // forward/backward compute dtype, Note [Precision]
+  bool allow_tf32 = false;        // cuda: f32 GEMMs may use TF32 tensor cores
   // cuda: loom (Loom's flash kernels) | cudnn (cuDNN's fused attention where it handles the
   // case, Note [cuDNN attention] in kernels/attention.h)
   std::string attention_kernel = "loom";
@@ -54,9 +54,9 @@ struct TrainConfig {
   // | none (not with f16); the first scale, rounded down to a power of two.
   std::string loss_scaling = "auto";
   double initial_loss_scale = 65536.0;
-  double peak_flops = 0;     // FLOP/s for MFU; 0 = measure with a short SGEMM at start
+  double peak_flops = 0;  // FLOP/s for MFU; 0 = measure with a short SGEMM at start
   int64_t log_every = 1;
-  int64_t val_every = 50;    // 0 disables
+  int64_t val_every = 50;  // 0 disables
   int64_t val_steps = 10;
   int64_t sample_every = 100;  // 0 disables
   int64_t sample_tokens = 64;
@@ -73,14 +73,14 @@ struct TrainConfig {
 // optim/loss_scaler.h) — both need train.device cuda, since the CPU kernels compute in f32/f64
 // only — or f64 (a CPU check of the mixed-precision plumbing).
 struct CheckpointConfig {
-  int64_t every = 0;   // steps between checkpoints; 0 = only at the end
-  int64_t keep = 3;    // newest checkpoints kept (0 = all)
+  int64_t every = 0;  // steps between checkpoints; 0 = only at the end
+  int64_t keep = 3;   // newest checkpoints kept (0 = all)
   bool at_end = true;
 };
 
 struct ParallelConfig {
-  int64_t dp = 1;                   // data-parallel ranks; must equal the MPI world size
-  int64_t zero_stage = 0;           // 0 DDP, 1 optimizer state sharded, 2 + gradients, 3 + parameters
+  int64_t dp = 1;          // data-parallel ranks; must equal the MPI world size
+  int64_t zero_stage = 0;  // 0 DDP, 1 optimizer state sharded, 2 + gradients, 3 + parameters
   int64_t mics_partition_size = 0;  // > 0: MiCS, shard inside groups of this many dp·cp ranks
   double bucket_mb = 25;            // gradient bucket size
   bool overlap = true;              // false: reduce only after backward (to measure overlap)
@@ -91,16 +91,16 @@ struct ParallelConfig {
   // train.device is cuda, else mpi.
   std::string backend = "auto";
   // Pipeline parallelism (parallel/pp; docs/parallel.md): world = dp·pp.
-  int64_t pp = 1;                   // pipeline stages
-  int64_t vpp = 1;                  // virtual stages (chunks) per pp rank; > 1 needs interleaved
-  int64_t microbatches = 0;         // per step; 0 = optim.grad_accum (see pipeline_microbatches)
-  std::string schedule = "1f1b";    // gpipe | 1f1b | interleaved
-  std::string pp_layout = "";       // blocks per stage, e.g. "3,3,2,2"; "" = even split
+  int64_t pp = 1;                 // pipeline stages
+  int64_t vpp = 1;                // virtual stages (chunks) per pp rank; > 1 needs interleaved
+  int64_t microbatches = 0;       // per step; 0 = optim.grad_accum (see pipeline_microbatches)
+  std::string schedule = "1f1b";  // gpipe | 1f1b | interleaved
+  std::string pp_layout = "";     // blocks per stage, e.g. "3,3,2,2"; "" = even split
   // Tensor, sequence and context parallelism (parallel/tp, parallel/cp; docs/parallel.md):
   // world = dp·pp·cp·tp.
-  int64_t tp = 1;                   // tensor-parallel ranks (heads, MLP hidden, vocabulary split)
-  int64_t cp = 1;                   // context-parallel ranks (the sequence split, ring attention)
-  bool sequence_parallel = false;   // with tp > 1: norms/dropout/residual on sequence chunks
+  int64_t tp = 1;                  // tensor-parallel ranks (heads, MLP hidden, vocabulary split)
+  int64_t cp = 1;                  // context-parallel ranks (the sequence split, ring attention)
+  bool sequence_parallel = false;  // with tp > 1: norms/dropout/residual on sequence chunks
 };
 
 struct LoggingConfig {
@@ -121,7 +121,8 @@ struct Config {
 // Reads `path`, applies overrides ("section.key=value", value parsed as YAML), rejects unknown
 // keys and wrong types, and validates values (validate_config).
 Config load_config(const std::string& path, const std::vector<std::string>& overrides = {});
-Config parse_config_text(const std::string& yaml_text, const std::vector<std::string>& overrides = {});
+Config parse_config_text(const std::string& yaml_text,
+                         const std::vector<std::string>& overrides = {});
 // The pipeline's micro-batches per step: parallel.microbatches, or optim.grad_accum when 0. They
 // are the gradient-accumulation micro-batches (data.batch_size rows each), so a pipelined run
 // sees the same global batch as the single-process run with grad_accum = m.

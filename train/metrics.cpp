@@ -150,10 +150,9 @@ MetricsWriter::MetricsWriter(const std::string& dir, bool jsonl, bool tensorboar
   if (tensorboard) {
     events_path_ = new_events_path(dir);
     events_.open(events_path_, std::ios::binary | std::ios::trunc);
-    LOOM_CHECK(events_.good(), "metrics: cannot open '", events_path_, "': ",
-               std::strerror(errno));
-    events_ << tfevents::tf_record(tfevents::encode_file_version_event(unix_seconds(),
-                                                                      "brain.Event:2"));
+    LOOM_CHECK(events_.good(), "metrics: cannot open '", events_path_, "': ", std::strerror(errno));
+    events_ << tfevents::tf_record(
+        tfevents::encode_file_version_event(unix_seconds(), "brain.Event:2"));
     events_.flush();
   }
 }

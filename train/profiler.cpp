@@ -23,7 +23,8 @@ void TraceRecorder::span(const std::string& track, const std::string& name, Cloc
 
 void TraceRecorder::comm(const parallel::CommEvent& e) {
   span("comm:" + e.group, e.op, e.started, e.finished,
-       "{\"bytes\": " + std::to_string(e.bytes) + ", \"queued_us\": " + std::to_string(us(e.queued)) + "}");
+       "{\"bytes\": " + std::to_string(e.bytes) +
+           ", \"queued_us\": " + std::to_string(us(e.queued)) + "}");
 }
 
 size_t TraceRecorder::num_events() const {
@@ -38,14 +39,22 @@ void TraceRecorder::write(const std::string& path) const {
   json events = json::array();
   for (const Event& e : events_) {
     auto it = tids.emplace(e.track, static_cast<int>(tids.size())).first;
-    json ev = {{"name", e.name}, {"ph", "X"}, {"pid", rank_}, {"tid", it->second}, {"ts", e.ts_us}, {"dur", e.dur_us}};
+    json ev = {{"name", e.name},    {"ph", "X"},     {"pid", rank_},
+               {"tid", it->second}, {"ts", e.ts_us}, {"dur", e.dur_us}};
     if (!e.args.empty()) ev["args"] = json::parse(e.args);
     events.push_back(ev);
   }
   for (const auto& [track, tid] : tids) {
-    events.push_back({{"name", "thread_name"}, {"ph", "M"}, {"pid", rank_}, {"tid", tid}, {"args", {{"name", track}}}});
+    events.push_back({{"name", "thread_name"},
+                      {"ph", "M"},
+                      {"pid", rank_},
+                      {"tid", tid},
+                      {"args", {{"name", track}}}});
   }
-  events.push_back({{"name", "process_name"}, {"ph", "M"}, {"pid", rank_}, {"args", {{"name", "rank " + std::to_string(rank_)}}}});
+  events.push_back({{"name", "process_name"},
+                    {"ph", "M"},
+                    {"pid", rank_},
+                    {"args", {{"name", "rank " + std::to_string(rank_)}}}});
   const std::string tmp = path + ".tmp";
   {
     std::ofstream out(tmp, std::ios::trunc);

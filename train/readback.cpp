@@ -11,8 +11,9 @@ Readback::~Readback() {
 }
 
 Readback::Pending Readback::start(const Tensor& values) {
-  LOOM_CHECK(values.dtype() == DType::kF64 && values.is_contiguous() && values.numel() <= kSlotValues,
-             "readback: expected a contiguous f64 tensor of at most ", kSlotValues, " elements");
+  LOOM_CHECK(
+      values.dtype() == DType::kF64 && values.is_contiguous() && values.numel() <= kSlotValues,
+      "readback: expected a contiguous f64 tensor of at most ", kSlotValues, " elements");
   Pending p;
   if (values.device().is_cpu()) {
     p.values_ = values.to_vector();
@@ -21,15 +22,16 @@ Readback::Pending Readback::start(const Tensor& values) {
   }
   if (pinned_ == nullptr) {
     type_ = values.device().type;
-    pinned_ = static_cast<double*>(
-        kernels::find_kernel<kernels::pinned_host_alloc_k>(type_)(sizeof(double) * kSlots * kSlotValues));
+    pinned_ = static_cast<double*>(kernels::find_kernel<kernels::pinned_host_alloc_k>(type_)(
+        sizeof(double) * kSlots * kSlotValues));
   }
-  LOOM_CHECK(values.device().type == type_, "readback: reads from ", device_type_name(values.device().type),
-             " after ", device_type_name(type_));
+  LOOM_CHECK(values.device().type == type_, "readback: reads from ",
+             device_type_name(values.device().type), " after ", device_type_name(type_));
   int slot = 0;
   while (slot < kSlots && busy_[static_cast<size_t>(slot)]) ++slot;
   LOOM_CHECK(slot < kSlots, "readback: ", kSlots, " reads are already pending");
-  p.copy_ = kernels::find_kernel<kernels::copy_device_to_pinned_async_k>(type_)(values, pinned_ + slot * kSlotValues);
+  p.copy_ = kernels::find_kernel<kernels::copy_device_to_pinned_async_k>(type_)(
+      values, pinned_ + slot * kSlotValues);
   busy_[static_cast<size_t>(slot)] = true;
   p.owner_ = this;
   p.slot_ = slot;

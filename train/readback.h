@@ -18,7 +18,7 @@ namespace loom {
 
 class Readback {
  public:
-  static constexpr int kSlots = 4;         // reads that may be pending at once
+  static constexpr int kSlots = 4;           // reads that may be pending at once
   static constexpr int64_t kSlotValues = 8;  // f64 values per read, at most
 
   // One started read; get() waits for it (the first time) and returns the values.
@@ -57,7 +57,7 @@ class Readback {
 
  private:
   DeviceType type_ = DeviceType::kCpu;  // of the pinned buffer's allocator
-  double* pinned_ = nullptr;             // kSlots × kSlotValues doubles, allocated at first use
+  double* pinned_ = nullptr;            // kSlots × kSlotValues doubles, allocated at first use
   std::array<bool, kSlots> busy_{};
 };
 

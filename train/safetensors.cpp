@@ -17,14 +17,22 @@ using nlohmann::json;
 
 const char* st_dtype(DType t) {
   switch (t) {
-    case DType::kF32: return "F32";
-    case DType::kF64: return "F64";
-    case DType::kBF16: return "BF16";
-    case DType::kF16: return "F16";
-    case DType::kI32: return "I32";
-    case DType::kI64: return "I64";
-    case DType::kU16: return "U16";
-    case DType::kU32: return "U32";
+    case DType::kF32:
+      return "F32";
+    case DType::kF64:
+      return "F64";
+    case DType::kBF16:
+      return "BF16";
+    case DType::kF16:
+      return "F16";
+    case DType::kI32:
+      return "I32";
+    case DType::kI64:
+      return "I64";
+    case DType::kU16:
+      return "U16";
+    case DType::kU32:
+      return "U32";
   }
   return "?";
 }
@@ -50,16 +58,20 @@ void fsync_path(const std::string& path) {
   LOOM_CHECK(rc == 0, path, ": fsync failed");
 }
 
-void write_safetensors(const std::string& path, const std::vector<std::pair<std::string, Tensor>>& tensors,
+void write_safetensors(const std::string& path,
+                       const std::vector<std::pair<std::string, Tensor>>& tensors,
                        const std::map<std::string, std::string>& metadata) {
   json header = json::object();
   if (!metadata.empty()) header["__metadata__"] = metadata;
   std::vector<Tensor> host;
   size_t offset = 0;
   for (const auto& [name, t] : tensors) {
-    LOOM_CHECK(name != "__metadata__" && !header.contains(name), path, ": duplicate or reserved tensor name '", name, "'");
+    LOOM_CHECK(name != "__metadata__" && !header.contains(name), path,
+               ": duplicate or reserved tensor name '", name, "'");
     Tensor h = t.detach().to(Device::cpu()).contiguous();
-    header[name] = {{"dtype", st_dtype(h.dtype())}, {"shape", h.shape()}, {"data_offsets", {offset, offset + h.nbytes()}}};
+    header[name] = {{"dtype", st_dtype(h.dtype())},
+                    {"shape", h.shape()},
+                    {"data_offsets", {offset, offset + h.nbytes()}}};
     offset += h.nbytes();
     host.push_back(h);
   }
@@ -72,12 +84,14 @@ void write_safetensors(const std::string& path, const std::vector<std::pair<std:
     const uint64_t n = text.size();
     out.write(reinterpret_cast<const char*>(&n), 8);
     out.write(text.data(), static_cast<std::streamsize>(text.size()));
-    for (const Tensor& h : host) out.write(static_cast<const char*>(h.raw_data()), static_cast<std::streamsize>(h.nbytes()));
+    for (const Tensor& h : host)
+      out.write(static_cast<const char*>(h.raw_data()), static_cast<std::streamsize>(h.nbytes()));
     out.flush();
     LOOM_CHECK(out, tmp, ": write failed (disk full?)");
   }
   fsync_path(tmp);
-  LOOM_CHECK(std::rename(tmp.c_str(), path.c_str()) == 0, path, ": cannot rename ", tmp, " into place");
+  LOOM_CHECK(std::rename(tmp.c_str(), path.c_str()) == 0, path, ": cannot rename ", tmp,
+             " into place");
 }
 
 SafetensorsFile read_safetensors(const std::string& path) {
@@ -85,11 +99,12 @@ SafetensorsFile read_safetensors(const std::string& path) {
   LOOM_CHECK(in, path, ": cannot open");
   const uint64_t file_size = static_cast<uint64_t>(in.tellg());
   in.seekg(0);
-  LOOM_CHECK(file_size >= 8, path, ": truncated: ", file_size, " bytes, smaller than the 8-byte header length");
+  LOOM_CHECK(file_size >= 8, path, ": truncated: ", file_size,
+             " bytes, smaller than the 8-byte header length");
   uint64_t header_len = 0;
   in.read(reinterpret_cast<char*>(&header_len), 8);
-  LOOM_CHECK(header_len <= file_size - 8, path, ": truncated or corrupt: header length ", header_len,
-             " exceeds the file (", file_size, " bytes)");
+  LOOM_CHECK(header_len <= file_size - 8, path, ": truncated or corrupt: header length ",
+             header_len, " exceeds the file (", file_size, " bytes)");
   std::string text(header_len, '\0');
   in.read(text.data(), static_cast<std::streamsize>(header_len));
   json header;
@@ -105,22 +120,25 @@ SafetensorsFile read_safetensors(const std::string& path) {
   std::vector<std::tuple<uint64_t, std::string, json>> entries;
   for (auto it = header.begin(); it != header.end(); ++it) {
     if (it.key() == "__metadata__") {
-      for (auto m = it.value().begin(); m != it.value().end(); ++m) f.metadata[m.key()] = m.value().get<std::string>();
+      for (auto m = it.value().begin(); m != it.value().end(); ++m)
+        f.metadata[m.key()] = m.value().get<std::string>();
       continue;
     }
     entries.emplace_back(it.value().at("data_offsets").at(0).get<uint64_t>(), it.key(), it.value());
   }
-  std::sort(entries.begin(), entries.end(), [](const auto& a, const auto& b) { return std::get<0>(a) < std::get<0>(b); });
+  std::sort(entries.begin(), entries.end(),
+            [](const auto& a, const auto& b) { return std::get<0>(a) < std::get<0>(b); });
   for (const auto& [begin, name, e] : entries) {
     DType dt;
-    LOOM_CHECK(parse_dtype(e.at("dtype").get<std::string>(), &dt), path, ": tensor '", name, "' has unknown dtype ",
-               e.at("dtype").dump());
+    LOOM_CHECK(parse_dtype(e.at("dtype").get<std::string>(), &dt), path, ": tensor '", name,
+               "' has unknown dtype ", e.at("dtype").dump());
     const Shape shape = e.at("shape").get<Shape>();
     const uint64_t end = e.at("data_offsets").at(1).get<uint64_t>();
-    LOOM_CHECK(end >= begin && end - begin == shape_numel(shape) * dtype_size(dt), path, ": tensor '", name,
-               "' has ", end - begin, " bytes for shape ", shape_str(shape), " ", dtype_name(dt));
-    LOOM_CHECK(end <= data_size, path, ": truncated: tensor '", name, "' ends at byte ", data_start + end,
-               " but the file has ", file_size);
+    LOOM_CHECK(end >= begin && end - begin == shape_numel(shape) * dtype_size(dt), path,
+               ": tensor '", name, "' has ", end - begin, " bytes for shape ", shape_str(shape),
+               " ", dtype_name(dt));
+    LOOM_CHECK(end <= data_size, path, ": truncated: tensor '", name, "' ends at byte ",
+               data_start + end, " but the file has ", file_size);
     Tensor t = Tensor::empty(shape, dt);
     in.seekg(static_cast<std::streamoff>(data_start + begin));
     in.read(static_cast<char*>(t.raw_data()), static_cast<std::streamsize>(end - begin));

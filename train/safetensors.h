@@ -21,7 +21,8 @@ struct SafetensorsFile {
 
 // Writes `path` (through a .tmp file, fsync'ed, then renamed, so a crash leaves either the old
 // file or the new one). Tensors may live on any device and in any layout.
-void write_safetensors(const std::string& path, const std::vector<std::pair<std::string, Tensor>>& tensors,
+void write_safetensors(const std::string& path,
+                       const std::vector<std::pair<std::string, Tensor>>& tensors,
                        const std::map<std::string, std::string>& metadata = {});
 SafetensorsFile read_safetensors(const std::string& path);
 

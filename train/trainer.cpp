@@ -68,8 +68,8 @@ struct PendingStep {
   // [loss, Σ g²] (under loss scaling: of the scaled gradients, then the scale the step used and
   // the loss scaler's state after it)
   Readback::Pending numbers;
-  parallel::DpStepStats dp_stats;            // data parallelism: this step's communication
-  parallel::pp::PipelineStats pipe_stats;    // pipeline parallelism: this step's schedule
+  parallel::DpStepStats dp_stats;          // data parallelism: this step's communication
+  parallel::pp::PipelineStats pipe_stats;  // pipeline parallelism: this step's schedule
 };
 
 double seconds_since(Clock::time_point t0) {
@@ -85,7 +85,8 @@ std::vector<std::string> expand_shards(const std::string& pattern, const char* k
     for (size_t i = 0; i < g.gl_pathc; ++i) out.emplace_back(g.gl_pathv[i]);
   }
   globfree(&g);
-  if (out.empty()) throw ConfigError(std::string(key) + ": no shard file matches '" + pattern + "'");
+  if (out.empty())
+    throw ConfigError(std::string(key) + ": no shard file matches '" + pattern + "'");
   return out;
 }
 
@@ -103,18 +104,22 @@ DType parse_dtype(const std::string& s) {
 Device resolve_device(const TrainConfig& t) {
   if (t.device == "cpu") return Device::cpu();
   if (!kernels::Registry::instance().has(kernels::device_count_k::kName, DeviceType::kCuda)) {
-    throw ConfigError("train.device: cuda, but this build has no CUDA backend (configure with -DLOOM_CUDA=ON)");
+    throw ConfigError(
+        "train.device: cuda, but this build has no CUDA backend (configure with -DLOOM_CUDA=ON)");
   }
   const int visible = device_count(DeviceType::kCuda);
-  if (visible == 0) throw ConfigError("train.device: cuda, but no CUDA device is visible to this process");
+  if (visible == 0)
+    throw ConfigError("train.device: cuda, but no CUDA device is visible to this process");
   const int local_rank = std::max(0, parallel::local_rank_from_env());
   return Device::cuda(local_rank % visible);
 }
 
 std::string fmt(double v, int precision, bool sci = false) {
   std::ostringstream os;
-  if (sci) os << std::scientific;
-  else os << std::fixed;
+  if (sci)
+    os << std::scientific;
+  else
+    os << std::fixed;
   os << std::setprecision(precision) << v;
   return os.str();
 }
@@ -129,14 +134,17 @@ double measure_gemm_flops(Device device, DType dtype) {
   Tensor b = randn({n, n}, gen, DType::kF32, 0.0, 1.0, device).to(dtype);
   // Reading one element waits for the device, so each timing covers the whole GEMM (the first
   // call also waits for the copies above and is a warm-up).
-  auto wait = [](const Tensor& c) { return c.narrow(0, 0, 1).narrow(1, 0, 1).to(Device::cpu()).item(); };
+  auto wait = [](const Tensor& c) {
+    return c.narrow(0, 0, 1).narrow(1, 0, 1).to(Device::cpu()).item();
+  };
   wait(ops::matmul(a, b));
   double best = 0;
   for (int i = 0; i < 5; ++i) {
     const auto t0 = Clock::now();
     wait(ops::matmul(a, b));
     const double dt = seconds_since(t0);
-    best = std::max(best, 2.0 * static_cast<double>(n) * static_cast<double>(n) * static_cast<double>(n) / dt);
+    best = std::max(
+        best, 2.0 * static_cast<double>(n) * static_cast<double>(n) * static_cast<double>(n) / dt);
   }
   return best;
 }
@@ -150,15 +158,15 @@ struct Trainer::State {
   std::unique_ptr<optim::LossScaler> scaler;  // train.loss_scaling (f16 by default)
   Generator dropout_gen{0};
   Generator sample_gen{0};
-  std::unique_ptr<optim::Optimizer> optimizer;       // single process
-  std::unique_ptr<parallel::DataParallel> dp;         // parallel.dp > 1: owns the optimizer
+  std::unique_ptr<optim::Optimizer> optimizer;              // single process
+  std::unique_ptr<parallel::DataParallel> dp;               // parallel.dp > 1: owns the optimizer
   std::unique_ptr<parallel::pp::TransformerPipeline> pipe;  // parallel.pp > 1
-  std::unique_ptr<parallel::MeshModelParallel> mp;    // parallel.tp or cp > 1 (outlives model)
+  std::unique_ptr<parallel::MeshModelParallel> mp;  // parallel.tp or cp > 1 (outlives model)
   std::unique_ptr<parallel::pp::StageUnitHooks> stage_hooks;  // ZeRO-3 under pp: unit → bucket
   std::set<std::string> tp_shards;  // names of the parameters that are this rank's TP part
   parallel::ParallelContext* ctx = nullptr;
-  std::unique_ptr<TraceRecorder> trace;               // --profile
-  std::ostream discard{nullptr};                       // the log of ranks other than 0
+  std::unique_ptr<TraceRecorder> trace;  // --profile
+  std::ostream discard{nullptr};         // the log of ranks other than 0
   optim::LrSchedule schedule;
   std::unique_ptr<DataLoader> train_loader;
   std::unique_ptr<DataLoader> val_loader;
@@ -178,14 +186,18 @@ struct Trainer::State {
   Tensor micro_batch_loss(const Batch& b, Generator* gen);
   // The next `count` batches of `loader` as the pipeline takes them: under cp this rank's chunks
   // of each sequence (Note [Model-parallel step]).
-  std::pair<std::vector<Tensor>, std::vector<Tensor>> pipeline_batches(DataLoader& loader, int64_t count);
+  std::pair<std::vector<Tensor>, std::vector<Tensor>> pipeline_batches(DataLoader& loader,
+                                                                       int64_t count);
   // Σ g² of the other TP ranks' parts of the tensor-parallel parameters (summed over `stages`
   // first when given), as a 0-d f64 tensor on the model's device: nothing is read back.
-  Tensor other_tp_parts_sq(const std::vector<std::pair<std::string, Tensor>>& params, parallel::Communicator* stages);
+  Tensor other_tp_parts_sq(const std::vector<std::pair<std::string, Tensor>>& params,
+                           parallel::Communicator* stages);
   // Checkpoint names: under parallel.tp > 1 a parameter part and all optimizer state carry
   // "@tp<rank>" (every TP rank holds different values under the same name); replicated
   // parameters are written by TP rank 0 alone.
-  std::string tp_suffix() const { return tp_size() > 1 ? "@tp" + std::to_string(ctx->tp_rank()) : ""; }
+  std::string tp_suffix() const {
+    return tp_size() > 1 ? "@tp" + std::to_string(ctx->tp_rank()) : "";
+  }
   bool writes_param(const std::string& name) const;
   std::string param_key(const std::string& name) const;
   int64_t micro_batches() const { return pipe ? pipeline_microbatches(cfg) : cfg.optim.grad_accum; }
@@ -214,7 +226,9 @@ struct Trainer::State {
   // The factor clipping multiplies the gradients by, from their global Σ g² (one element, on the
   // device), left there; undefined when optim.grad_clip is off (Note [Device step]).
   Tensor device_clip_factor(const Tensor& sq_sum) const {
-    return cfg.optim.grad_clip > 0 ? optim::clip_scale_tensor(ops::reshape(sq_sum, {}), cfg.optim.grad_clip) : Tensor();
+    return cfg.optim.grad_clip > 0
+               ? optim::clip_scale_tensor(ops::reshape(sq_sum, {}), cfg.optim.grad_clip)
+               : Tensor();
   }
   // dt: the step's seconds; the step's communication and schedule statistics (Note [Device step]).
   void log_step(const PendingStep& p, double dt);
@@ -234,33 +248,39 @@ void Trainer::State::build() {
   // Parameters are built on the device (drawn on the host, so every device starts from the same
   // values); with train.precision ≠ train.dtype the forward casts them (Note [Precision]).
   if (cfg.parallel.tp > 1 || cfg.parallel.cp > 1) {
-    LOOM_CONFIG_CHECK(ctx != nullptr && ctx->tp_size() == cfg.parallel.tp && ctx->cp_size() == cfg.parallel.cp,
-                      "parallel.tp: ", cfg.parallel.tp, " × parallel.cp ", cfg.parallel.cp,
-                      " need a parallel context with those sizes (mpirun -np dp·pp·cp·tp)");
-    mp = std::make_unique<parallel::MeshModelParallel>(ctx->tp(), ctx->cp(), cfg.parallel.sequence_parallel);
+    LOOM_CONFIG_CHECK(
+        ctx != nullptr && ctx->tp_size() == cfg.parallel.tp && ctx->cp_size() == cfg.parallel.cp,
+        "parallel.tp: ", cfg.parallel.tp, " × parallel.cp ", cfg.parallel.cp,
+        " need a parallel context with those sizes (mpirun -np dp·pp·cp·tp)");
+    mp = std::make_unique<parallel::MeshModelParallel>(ctx->tp(), ctx->cp(),
+                                                       cfg.parallel.sequence_parallel);
     if (trace) {  // the TP layers' GEMMs beside the communicators' events (--profile)
-      mp->set_span_sink([t = trace.get()](const std::string& what, Clock::time_point b, Clock::time_point e) {
-        t->span("compute", what, b, e);
-      });
+      mp->set_span_sink([t = trace.get()](const std::string& what, Clock::time_point b,
+                                          Clock::time_point e) { t->span("compute", what, b, e); });
     }
   }
   model = std::make_unique<Transformer>(mc, parse_dtype(cfg.train.dtype), device, mp.get());
   if (mp && cfg.parallel.tp > 1) tp_shards = parallel::tensor_parallel_shard_names(*model);
-  if (cfg.train.precision != cfg.train.dtype) model->set_compute_dtype(parse_dtype(cfg.train.precision));
-  if (cfg.train.loss_scaling == "dynamic" || (cfg.train.loss_scaling == "auto" && cfg.train.precision == "f16")) {
+  if (cfg.train.precision != cfg.train.dtype)
+    model->set_compute_dtype(parse_dtype(cfg.train.precision));
+  if (cfg.train.loss_scaling == "dynamic" ||
+      (cfg.train.loss_scaling == "auto" && cfg.train.precision == "f16")) {
     scaler = std::make_unique<optim::LossScaler>(cfg.train.initial_loss_scale);
     scaler->to(device);  // decided there (Note [Device step])
   }
   model->init_weights(init_gen);
-  if (cfg.parallel.dp > 1 && ctx != nullptr) {  // dropout draws the single-process batch's masks for this replica's rows
-    model->set_batch_slice({ctx->dp_rank() * cfg.data.batch_size, cfg.parallel.dp * cfg.data.batch_size});
+  if (cfg.parallel.dp > 1 &&
+      ctx != nullptr) {  // dropout draws the single-process batch's masks for this replica's rows
+    model->set_batch_slice(
+        {ctx->dp_rank() * cfg.data.batch_size, cfg.parallel.dp * cfg.data.batch_size});
   }
   if (!cfg.train.init_from.empty()) load_initial_weights(cfg.train.init_from);
 
   int64_t released = 0;
   if (cfg.parallel.pp > 1) {
-    LOOM_CONFIG_CHECK(ctx != nullptr && ctx->pp_size() == cfg.parallel.pp, "parallel.pp: ", cfg.parallel.pp,
-                      " stages need a parallel context with pp = ", cfg.parallel.pp, " (mpirun -np dp·pp)");
+    LOOM_CONFIG_CHECK(
+        ctx != nullptr && ctx->pp_size() == cfg.parallel.pp, "parallel.pp: ", cfg.parallel.pp,
+        " stages need a parallel context with pp = ", cfg.parallel.pp, " (mpirun -np dp·pp)");
     parallel::pp::PipelineOptions po;
     po.schedule = parallel::pp::parse_schedule(cfg.parallel.schedule);
     po.vpp = static_cast<int>(cfg.parallel.vpp);
@@ -271,11 +291,13 @@ void Trainer::State::build() {
     // Note [Pipeline dropout]: the single-process micro-batch (dp replicas' rows together).
     po.dropout_numel = cfg.data.batch_size * cfg.parallel.dp * cfg.data.seq_len * mc.n_embd;
     if (mp) {
-      po.positions = parallel::cp::cp_positions(cfg.data.seq_len, ctx->cp_rank(), ctx->cp_size()).to(device);
+      po.positions =
+          parallel::cp::cp_positions(cfg.data.seq_len, ctx->cp_rank(), ctx->cp_size()).to(device);
       po.activation_rows = cfg.parallel.sequence_parallel ? local_seq / cfg.parallel.tp : local_seq;
       po.loss_scale = static_cast<double>(cfg.parallel.cp);
     }
-    pipe = std::make_unique<parallel::pp::TransformerPipeline>(*model, ctx->pp(), po, cfg.data.batch_size, local_seq);
+    pipe = std::make_unique<parallel::pp::TransformerPipeline>(*model, ctx->pp(), po,
+                                                               cfg.data.batch_size, local_seq);
     released = pipe->release_other_stages(*model);
   }
   const optim::DecayRule rule = optim::parse_decay_rule(cfg.optim.decay_rule);
@@ -292,10 +314,11 @@ void Trainer::State::build() {
 
   const DataConfig& d = cfg.data;
   const int dp_rank = dp ? ctx->dp_rank() : 0, dp_size = dp ? ctx->dp_size() : 1;
-  train_loader = std::make_unique<DataLoader>(expand_shards(d.train, "data.train"), d.batch_size, d.seq_len,
-                                              dp_rank, dp_size, d.seed);
+  train_loader = std::make_unique<DataLoader>(expand_shards(d.train, "data.train"), d.batch_size,
+                                              d.seq_len, dp_rank, dp_size, d.seed);
   if (!d.val.empty()) {
-    val_loader = std::make_unique<DataLoader>(expand_shards(d.val, "data.val"), d.batch_size, d.seq_len, 0, 1, d.seed);
+    val_loader = std::make_unique<DataLoader>(expand_shards(d.val, "data.val"), d.batch_size,
+                                              d.seq_len, 0, 1, d.seed);
   }
   fs::create_directories(cfg.train.out_dir);
   if (is_main()) {
@@ -304,11 +327,13 @@ void Trainer::State::build() {
     const fs::path path = fs::path(cfg.train.out_dir) / "config.yaml";
     std::ofstream out(path);
     out << config_to_yaml(cfg);
-    if (!out.flush()) throw std::runtime_error("cannot write the effective config to " + path.string());
+    if (!out.flush())
+      throw std::runtime_error("cannot write the effective config to " + path.string());
     *log << "effective config: " << path.string() << " (--print-config prints it)\n";
   }
   if (is_main() && (cfg.logging.jsonl || cfg.logging.tensorboard)) {
-    metrics = std::make_unique<MetricsWriter>(cfg.train.out_dir, cfg.logging.jsonl, cfg.logging.tensorboard);
+    metrics = std::make_unique<MetricsWriter>(cfg.train.out_dir, cfg.logging.jsonl,
+                                              cfg.logging.tensorboard);
   }
   if (cfg.train.peak_flops > 0) {
     peak_flops = cfg.train.peak_flops;
@@ -329,8 +354,9 @@ void Trainer::State::build() {
     *log << pipe->describe() << "; " << released << " parameters of other stages released\n";
   }
   if (mp) {
-    *log << "model parallel: tp " << tp_size() << (cfg.parallel.sequence_parallel ? " (sequence parallel)" : "")
-         << ", cp " << cp_size() << "\n";
+    *log << "model parallel: tp " << tp_size()
+         << (cfg.parallel.sequence_parallel ? " (sequence parallel)" : "") << ", cp " << cp_size()
+         << "\n";
   }
 }
 
@@ -351,9 +377,10 @@ void Trainer::State::build_parallel(const std::vector<optim::ParamRef>& refs) {
   const ParallelConfig& pc = cfg.parallel;
   const int64_t ranks = pc.dp * pc.pp * pc.cp * pc.tp;
   if (world != ranks) {
-    throw ConfigError("parallel.dp: " + std::to_string(pc.dp) + " × pp " + std::to_string(pc.pp) + " × cp " +
-                      std::to_string(pc.cp) + " × tp " + std::to_string(pc.tp) + " does not match the world size " +
-                      std::to_string(world) + " (start with mpirun -np " + std::to_string(ranks) + ")");
+    throw ConfigError("parallel.dp: " + std::to_string(pc.dp) + " × pp " + std::to_string(pc.pp) +
+                      " × cp " + std::to_string(pc.cp) + " × tp " + std::to_string(pc.tp) +
+                      " does not match the world size " + std::to_string(world) +
+                      " (start with mpirun -np " + std::to_string(ranks) + ")");
   }
   parallel::DataParallelConfig c;
   c.zero_stage = static_cast<int>(cfg.parallel.zero_stage);
@@ -407,7 +434,8 @@ Tensor Trainer::State::other_tp_parts_sq(const std::vector<std::pair<std::string
                                          parallel::Communicator* stages) {
   std::vector<Tensor> parts;
   for (const auto& [name, p] : params) {
-    if (tp_shards.count(name) && (!pipe || !pipe->is_tied_copy(name)) && p.grad().defined()) parts.push_back(p.grad());
+    if (tp_shards.count(name) && (!pipe || !pipe->is_tied_copy(name)) && p.grad().defined())
+      parts.push_back(p.grad());
   }
   Tensor s = ops::reshape(optim::grad_sq_sum_tensor(parts, device), {1});
   if (stages) stages->all_reduce(s, parallel::ReduceOp::kSum);
@@ -419,12 +447,13 @@ Tensor Trainer::State::other_tp_parts_sq(const std::vector<std::pair<std::string
 Tensor Trainer::State::micro_batch_loss(const Batch& b, Generator* gen) {
   if (!mp) return model->loss(b.inputs, b.targets, gen);
   const int r = ctx->cp_rank(), n = ctx->cp_size();
-  return model->loss(parallel::cp::shard_sequence(b.inputs, 1, r, n), parallel::cp::shard_sequence(b.targets, 1, r, n),
+  return model->loss(parallel::cp::shard_sequence(b.inputs, 1, r, n),
+                     parallel::cp::shard_sequence(b.targets, 1, r, n),
                      parallel::cp::cp_positions(b.inputs.size(1), r, n), gen);
 }
 
-std::pair<std::vector<Tensor>, std::vector<Tensor>> Trainer::State::pipeline_batches(DataLoader& loader,
-                                                                                   int64_t count) {
+std::pair<std::vector<Tensor>, std::vector<Tensor>> Trainer::State::pipeline_batches(
+    DataLoader& loader, int64_t count) {
   std::vector<Tensor> inputs, targets;
   const int r = ctx->cp_rank(), n = ctx->cp_size();
   for (int64_t i = 0; i < count; ++i) {
@@ -491,12 +520,13 @@ void Trainer::State::resume(const std::string& which) {
   auto restore = [&](const std::string& name, Tensor& into) {
     auto it = by_name.find(name);
     LOOM_CHECK(it != by_name.end(), dir, ": checkpoint has no tensor '", name, "'");
-    LOOM_CHECK(it->second.shape() == into.shape(), dir, ": '", name, "' has shape ", shape_str(it->second.shape()),
-               " but the run expects ", shape_str(into.shape()));
+    LOOM_CHECK(it->second.shape() == into.shape(), dir, ": '", name, "' has shape ",
+               shape_str(it->second.shape()), " but the run expects ", shape_str(into.shape()));
     ops::copy_(into, it->second.to(into.device()));
   };
   // ZeRO-3: each rank restores the parameter pieces it owns (saved by the same layout).
-  for (auto& [name, p] : zero3() ? dp->parameter_shards() : trained()) restore("model." + param_key(name), p);
+  for (auto& [name, p] : zero3() ? dp->parameter_shards() : trained())
+    restore("model." + param_key(name), p);
   for (auto& [name, t] : dp ? dp->state_tensors() : optimizer->state_tensors()) {
     restore("optim." + state_name(name) + tp_suffix(), t);
   }
@@ -505,15 +535,19 @@ void Trainer::State::resume(const std::string& which) {
     LOOM_CHECK(it != c.state.end(), dir, ": checkpoint state has no '", key, "'");
     return std::stoull(it->second);
   };
-  if (dp) dp->set_step_count(static_cast<int64_t>(num("optim.step_count")));
-  else optimizer->set_step_count(static_cast<int64_t>(num("optim.step_count")));
-  train_loader->set_state({static_cast<int64_t>(num("loader.epoch")), static_cast<int64_t>(num("loader.position"))});
+  if (dp)
+    dp->set_step_count(static_cast<int64_t>(num("optim.step_count")));
+  else
+    optimizer->set_step_count(static_cast<int64_t>(num("optim.step_count")));
+  train_loader->set_state(
+      {static_cast<int64_t>(num("loader.epoch")), static_cast<int64_t>(num("loader.position"))});
   dropout_gen.set_state({num("rng.dropout.seed"), num("rng.dropout.offset")});
   sample_gen.set_state({num("rng.sample.seed"), num("rng.sample.offset")});
   if (scaler) {
     auto real = [&](const std::string& key) {
       auto it = c.state.find(key);
-      LOOM_CHECK(it != c.state.end(), dir, ": checkpoint state has no '", key, "' (saved by a run without f16)");
+      LOOM_CHECK(it != c.state.end(), dir, ": checkpoint state has no '", key,
+                 "' (saved by a run without f16)");
       return std::stod(it->second);
     };
     scaler->set_state({real("loss_scale.scale"), static_cast<int64_t>(num("loss_scale.good_steps")),
@@ -553,8 +587,10 @@ PendingStep Trainer::State::train_step() {
   PendingStep pending;
   StepRecord& r = pending.r;
   r.lr = schedule.lr_at(step);
-  if (dp) dp->zero_grad();
-  else optimizer->zero_grad();
+  if (dp)
+    dp->zero_grad();
+  else
+    optimizer->zero_grad();
   KernelChoices kernel_choices(cfg.train);
   if (pipe) {
     pipeline_step(pending);
@@ -593,7 +629,8 @@ PendingStep Trainer::State::train_step() {
     sq_sum = dp->grad_sq_sum_tensor();
   } else {
     sq_sum = optim::grad_sq_sum_tensor(grads(), device);
-    if (!tp_shards.empty()) sq_sum = ops::add(sq_sum, other_tp_parts_sq(model->named_parameters(), nullptr));
+    if (!tp_shards.empty())
+      sq_sum = ops::add(sq_sum, other_tp_parts_sq(model->named_parameters(), nullptr));
   }
   const auto t_opt = Clock::now();
   finish_step(pending, loss, sq_sum);
@@ -628,8 +665,10 @@ void Trainer::State::finish_step(PendingStep& pending, const Tensor& loss, const
     factor = device_clip_factor(sq_sum);
   }
   pending.numbers = readback.start(ops::cat(numbers, 0));  // Note [Device step]
-  if (dp) dp->step_scaled(r.lr, factor);
-  else optimizer->step_scaled(r.lr, factor);
+  if (dp)
+    dp->step_scaled(r.lr, factor);
+  else
+    optimizer->step_scaled(r.lr, factor);
 }
 
 void Trainer::State::report(PendingStep& p, Clock::time_point& since) {
@@ -653,20 +692,26 @@ void Trainer::State::pipeline_step(PendingStep& pending) {
   StepRecord& r = pending.r;
   const auto [inputs, targets] = pipeline_batches(*train_loader, micro_batches());
   const auto t0 = Clock::now();
-  Tensor loss = ops::reshape(pipe->forward_backward(inputs, targets, &dropout_gen,
-                                                    [this](bool last) { if (dp) dp->set_sync(last); },
-                                                    scaler ? scaler->device_scale() : Tensor()),
+  Tensor loss = ops::reshape(pipe->forward_backward(
+                                 inputs, targets, &dropout_gen,
+                                 [this](bool last) {
+                                   if (dp) dp->set_sync(last);
+                                 },
+                                 scaler ? scaler->device_scale() : Tensor()),
                              {1});
   if (cp_size() > 1) {  // this cp rank's share (the loss carried the ×cp), summed over cp
-    loss = ops::div(loss, Tensor::full({1}, static_cast<double>(cp_size()), DType::kF64, loss.device()));
+    loss = ops::div(loss,
+                    Tensor::full({1}, static_cast<double>(cp_size()), DType::kF64, loss.device()));
     ctx->cp().all_reduce(loss, parallel::ReduceOp::kSum);
   }
   const auto t_sync = Clock::now();
   if (dp) dp->finish_gradient_sync();
-  Tensor sq;  // Σ g² over every stage, on the device
+  Tensor sq;                          // Σ g² over every stage, on the device
   if (dp && dp->zero_stage() >= 2) {  // sharded gradients (Note [Sharded stages] in parallel/pp)
     pipe->sync_tied_gradient_pieces(dp->owned_grad_pieces());
-    sq = ops::reshape(dp->grad_sq_sum_tensor([this](const std::string& n) { return pipe->is_tied_copy(n); }), {1});
+    sq = ops::reshape(
+        dp->grad_sq_sum_tensor([this](const std::string& n) { return pipe->is_tied_copy(n); }),
+        {1});
     ctx->pp().all_reduce(sq, parallel::ReduceOp::kSum);
   } else {
     pipe->sync_tied_gradients();
@@ -703,22 +748,30 @@ void Trainer::State::log_step(const PendingStep& p, double dt) {
          << fmt(r.lr, 2, true) << " | norm " << fmt(r.grad_norm, 3) << " | " << fmt(dt * 1e3, 1)
          << " ms | " << fmt(tokens / dt, 0) << " tok/s | MFU " << fmt(100 * mfu, 1) << "% | peak "
          << fmt(static_cast<double>(mem.peak_bytes) / (1 << 20), 1) << " MiB";
-    if (scaler) *log << " | loss scale " << scaler->scale() << (r.skipped ? " (overflow: step skipped)" : "");
+    if (scaler)
+      *log << " | loss scale " << scaler->scale() << (r.skipped ? " (overflow: step skipped)" : "");
     if (dp) {
-      *log << " | comm exposed " << fmt(dp_stats.exposed_wait_s * 1e3, 1) << " ms, launched in backward "
-           << fmt(100 * dp_stats.overlap_fraction(), 0) << "%";
+      *log << " | comm exposed " << fmt(dp_stats.exposed_wait_s * 1e3, 1)
+           << " ms, launched in backward " << fmt(100 * dp_stats.overlap_fraction(), 0) << "%";
     }
     if (pipe) {
-      *log << " | pipeline idle " << fmt(100 * p.pipe_stats.idle_fraction(), 0) << "% (rank " << ctx->rank() << ")";
+      *log << " | pipeline idle " << fmt(100 * p.pipe_stats.idle_fraction(), 0) << "% (rank "
+           << ctx->rank() << ")";
     }
     *log << "\n";
     log->flush();
   }
   if (metrics) {
-    metrics->write(r.step, {{"train/loss", r.loss}, {"train/lr", r.lr}, {"train/grad_norm", r.grad_norm},
-                            {"perf/ms_per_step", dt * 1e3}, {"perf/tokens_per_s", tokens / dt},
-                            {"perf/mfu", mfu}, {"mem/peak_bytes", static_cast<double>(mem.peak_bytes)}});
-    if (scaler) metrics->write(r.step, {{"train/loss_scale", scaler->scale()}, {"train/skipped", r.skipped ? 1.0 : 0.0}});
+    metrics->write(r.step, {{"train/loss", r.loss},
+                            {"train/lr", r.lr},
+                            {"train/grad_norm", r.grad_norm},
+                            {"perf/ms_per_step", dt * 1e3},
+                            {"perf/tokens_per_s", tokens / dt},
+                            {"perf/mfu", mfu},
+                            {"mem/peak_bytes", static_cast<double>(mem.peak_bytes)}});
+    if (scaler)
+      metrics->write(r.step, {{"train/loss_scale", scaler->scale()},
+                              {"train/skipped", r.skipped ? 1.0 : 0.0}});
     if (dp) {
       metrics->write(r.step, {{"comm/exposed_s", dp_stats.exposed_wait_s},
                               {"comm/overlap_fraction", dp_stats.overlap_fraction()}});
@@ -738,10 +791,12 @@ void Trainer::State::save() {
     }
   } else if (is_stage_writer()) {  // parameters are replicated across data-parallel ranks
     for (auto& [name, p] : trained()) {
-      if ((!pipe || !pipe->is_tied_copy(name)) && writes_param(name)) c.tensors.emplace_back("model." + param_key(name), p);
+      if ((!pipe || !pipe->is_tied_copy(name)) && writes_param(name))
+        c.tensors.emplace_back("model." + param_key(name), p);
     }
   }
-  for (auto& [name, t] : optimizer_state()) c.tensors.emplace_back("optim." + state_name(name) + tp_suffix(), t);
+  for (auto& [name, t] : optimizer_state())
+    c.tensors.emplace_back("optim." + state_name(name) + tp_suffix(), t);
   const LoaderState ls = train_loader->state();
   c.state = {{"optim.step_count", std::to_string(optimizer_steps())},
              {"loader.epoch", std::to_string(ls.epoch)},
@@ -773,7 +828,8 @@ Trainer::Trainer(Config config, TrainerOptions options) : s_(std::make_unique<St
   if (options.print_config) *s_->log << "effective config:\n" << config_to_yaml(s_->cfg) << "\n";
   if (!options.profile_path.empty()) {
     s_->trace = std::make_unique<TraceRecorder>(s_->ctx ? s_->ctx->rank() : 0);
-    if (s_->ctx) s_->ctx->set_observer([t = s_->trace.get()](const parallel::CommEvent& e) { t->comm(e); });
+    if (s_->ctx)
+      s_->ctx->set_observer([t = s_->trace.get()](const parallel::CommEvent& e) { t->comm(e); });
   }
   s_->build();
   if (!options.resume.empty()) s_->resume(options.resume);
@@ -791,7 +847,9 @@ std::vector<std::pair<std::string, Tensor>> Trainer::parameters() const {
   return s_->zero3() ? s_->dp->full_parameters() : s_->model->named_parameters();
 }
 
-std::vector<std::pair<std::string, Tensor>> Trainer::trained_parameters() const { return s_->trained(); }
+std::vector<std::pair<std::string, Tensor>> Trainer::trained_parameters() const {
+  return s_->trained();
+}
 
 std::vector<StepRecord> Trainer::run() {
   State& s = *s_;
@@ -813,7 +871,8 @@ std::vector<StepRecord> Trainer::run() {
     const bool validate = s.val_loader && t.val_every > 0 && (n % t.val_every == 0 || n == t.steps);
     const bool sample_now = (s.is_main() || s.collective_forward()) && t.sample_every > 0 &&
                             (n % t.sample_every == 0 || n == t.steps);
-    bool stop = (s.opt.stop && s.opt.stop->load()) || (s.opt.stop_at_step > 0 && n >= s.opt.stop_at_step);
+    bool stop =
+        (s.opt.stop && s.opt.stop->load()) || (s.opt.stop_at_step > 0 && n >= s.opt.stop_at_step);
     if (s.ctx) {  // every rank must agree, since checkpointing is collective
       Tensor flag = Tensor::full({1}, stop ? 1.0 : 0.0, DType::kF64);
       s.ctx->world().all_reduce(flag, parallel::ReduceOp::kMax);
@@ -897,12 +956,14 @@ std::vector<double> Trainer::next_token_logits(const std::vector<int32_t>& conte
   const int cp = s.cp_size(), tp = s.tp_size();
   const int64_t multiple = (cp > 1 ? 2 * cp : 1) * (s.cfg.parallel.sequence_parallel ? tp : 1);
   const int64_t window = mc.max_seq_len / multiple * multiple;
-  LOOM_CHECK(!context.empty() && window > 0, "next_token_logits: empty context, or model.max_seq_len ",
-             mc.max_seq_len, " is below the layout's sequence multiple ", multiple);
+  LOOM_CHECK(!context.empty() && window > 0,
+             "next_token_logits: empty context, or model.max_seq_len ", mc.max_seq_len,
+             " is below the layout's sequence multiple ", multiple);
   const int64_t len = std::min<int64_t>(static_cast<int64_t>(context.size()), window);
   const int64_t padded = (len + multiple - 1) / multiple * multiple;
   std::vector<int32_t> ids(context.end() - len, context.end());
-  ids.resize(static_cast<size_t>(padded), static_cast<int32_t>(std::min<int64_t>(mc.vocab_size - 1, 50256)));
+  ids.resize(static_cast<size_t>(padded),
+             static_cast<int32_t>(std::min<int64_t>(mc.vocab_size - 1, 50256)));
   Tensor input = Tensor::from_vector(ids, {1, padded});
   Tensor pos = s.model->positions(padded).to(Device::cpu());
   if (cp > 1) {
@@ -926,7 +987,8 @@ std::vector<double> Trainer::next_token_logits(const std::vector<int32_t>& conte
     const std::vector<double> p = pos.to(Device::cpu()).to_vector();
     for (size_t j = 0; j < p.size(); ++j) {
       if (static_cast<int64_t>(p[j]) != len - 1) continue;
-      row = ops::contiguous(ops::to_dtype(logits.narrow(1, static_cast<int64_t>(j), 1).reshape({vp / tp}), DType::kF64));
+      row = ops::contiguous(ops::to_dtype(
+          logits.narrow(1, static_cast<int64_t>(j), 1).reshape({vp / tp}), DType::kF64));
     }
     if (tp > 1) {  // the vocabulary parts, in rank order
       Tensor all = Tensor::empty({vp}, DType::kF64, s.device);
@@ -955,9 +1017,13 @@ std::string Trainer::sample(int64_t n) {
     const std::vector<double> row = next_token_logits(ids);
     // Temperature, then keep the top-k logits, then sample from the softmax of what is left.
     std::vector<std::pair<double, int32_t>> cand;
-    for (size_t v = 0; v < row.size(); ++v) cand.emplace_back(row[v] / s.cfg.train.temperature, static_cast<int32_t>(v));
-    const size_t k = s.cfg.train.top_k > 0 ? std::min<size_t>(cand.size(), static_cast<size_t>(s.cfg.train.top_k)) : cand.size();
-    std::partial_sort(cand.begin(), cand.begin() + static_cast<int64_t>(k), cand.end(), std::greater<>());
+    for (size_t v = 0; v < row.size(); ++v)
+      cand.emplace_back(row[v] / s.cfg.train.temperature, static_cast<int32_t>(v));
+    const size_t k = s.cfg.train.top_k > 0
+                         ? std::min<size_t>(cand.size(), static_cast<size_t>(s.cfg.train.top_k))
+                         : cand.size();
+    std::partial_sort(cand.begin(), cand.begin() + static_cast<int64_t>(k), cand.end(),
+                      std::greater<>());
     double z = 0;
     for (size_t j = 0; j < k; ++j) z += std::exp(cand[j].first - cand[0].first);
     double u = rand({1}, s.sample_gen, DType::kF64).item() * z;

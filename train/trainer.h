@@ -32,14 +32,14 @@ struct StepRecord {
 };
 
 struct TrainerOptions {
-  std::string resume;                      // "", "latest" or a checkpoint directory
+  std::string resume;                       // "", "latest" or a checkpoint directory
   const std::atomic<bool>* stop = nullptr;  // set by a signal handler: checkpoint and stop
   int64_t stop_at_step = 0;  // > 0: checkpoint and stop once this step is done (time-limited jobs)
-  std::ostream* log = nullptr;              // step lines and messages (null: std::cout)
-  bool print_config = false;  // the effective config in full on the log (it is always written
-                              // to <train.out_dir>/config.yaml)
-  // Data or pipeline parallelism (parallel.dp or parallel.pp > 1): this rank's context, built by the caller from the
-  // config's parallel section (tools/train.cpp). Null: a single process.
+  std::ostream* log = nullptr;  // step lines and messages (null: std::cout)
+  bool print_config = false;    // the effective config in full on the log (it is always written
+                                // to <train.out_dir>/config.yaml)
+  // Data or pipeline parallelism (parallel.dp or parallel.pp > 1): this rank's context, built by
+  // the caller from the config's parallel section (tools/train.cpp). Null: a single process.
   parallel::ParallelContext* parallel = nullptr;
   // Non-empty: write a Chrome/Perfetto trace of this rank here at the end (train/profiler.h).
   std::string profile_path;

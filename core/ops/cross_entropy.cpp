@@ -60,7 +60,8 @@ Tensor softmax_cross_entropy(const Tensor& logits, const Tensor& targets, int64_
                "softmax_cross_entropy: host_targets must be a CPU tensor of ", n, " targets, got ",
                shape_str(host_targets.shape()), " on ", host_targets.device().str());
   }
-  const int64_t count = count_targets(host_targets.defined() ? host_targets : t, ignore_index, vocab_size);
+  const int64_t count =
+      count_targets(host_targets.defined() ? host_targets : t, ignore_index, vocab_size);
   const double inv_count = count > 0 ? 1.0 / static_cast<double>(count) : 0.0;
   // lse and per-row loss: f32 for 16-bit logits (Note [Cross-entropy kernel contract]).
   const DType row_dtype = logits.dtype() == DType::kF64 ? DType::kF64 : DType::kF32;

@@ -42,8 +42,9 @@ Tensor dropout_rows(const Tensor& x, double p, Generator& gen, bool training, co
   LOOM_CHECK(total_rows >= x.size(1), "dropout_rows: total_rows ", total_rows, " is less than the ",
              x.size(1), " rows held");
   const int64_t batches = total_batch > 0 ? total_batch : x.size(0);
-  LOOM_CHECK(batch_offset >= 0 && batch_offset + x.size(0) <= batches, "dropout_rows: batch elements [",
-             batch_offset, ", ", batch_offset + x.size(0), ") are not within the ", batches, " of the whole tensor");
+  LOOM_CHECK(batch_offset >= 0 && batch_offset + x.size(0) <= batches,
+             "dropout_rows: batch elements [", batch_offset, ", ", batch_offset + x.size(0),
+             ") are not within the ", batches, " of the whole tensor");
   if (!training || p == 0.0) return x;
   const uint64_t seed = gen.seed();
   const uint64_t offset = gen.reserve(batches * total_rows * x.size(2));
@@ -51,7 +52,8 @@ Tensor dropout_rows(const Tensor& x, double p, Generator& gen, bool training, co
   const Tensor xc = contiguous(x.detach());
   Tensor y = Tensor::empty(x.shape(), x.dtype(), x.device());
   if (y.numel() > 0) {
-    kernels::call_kernel<kernels::dropout_rows_forward_k>(xc, r, total_rows, batch_offset, p, seed, offset, y);
+    kernels::call_kernel<kernels::dropout_rows_forward_k>(xc, r, total_rows, batch_offset, p, seed,
+                                                          offset, y);
   }
   if (autograd::needs_grad({&x})) {
     const Shape shape = x.shape();
@@ -60,8 +62,8 @@ Tensor dropout_rows(const Tensor& x, double p, Generator& gen, bool training, co
     autograd::record_function("dropout_rows", {x}, {&y}, [=](const std::vector<Tensor>& g) {
       Tensor dx = Tensor::zeros(shape, dtype, device);
       if (g[0].defined() && dx.numel() > 0) {
-        kernels::call_kernel<kernels::dropout_rows_backward_k>(contiguous(g[0]), r, total_rows, batch_offset, p,
-                                                               seed, offset, dx);
+        kernels::call_kernel<kernels::dropout_rows_backward_k>(contiguous(g[0]), r, total_rows,
+                                                               batch_offset, p, seed, offset, dx);
       }
       return std::vector<Tensor>{dx};
     });

@@ -36,7 +36,8 @@ Tensor embedding(const Tensor& ids, const Tensor& weight, bool ids_checked) {
     autograd::record_function("embedding", {weight}, {&out}, [=](const std::vector<Tensor>& g) {
       Tensor dw = Tensor::zeros(w_shape, dtype, device);
       if (g[0].defined() && idc.numel() > 0) {
-        kernels::call_kernel<kernels::embedding_backward_k>(idc, contiguous(g[0]), dw, /*ids_checked=*/true);
+        kernels::call_kernel<kernels::embedding_backward_k>(idc, contiguous(g[0]), dw,
+                                                            /*ids_checked=*/true);
       }
       return std::vector<Tensor>{dw};
     });

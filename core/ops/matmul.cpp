@@ -27,7 +27,8 @@ Tensor gemm_operand(const Tensor& x, bool& trans) {
   if (batch_ok && (x.stride(-1) == 1 || c == 1) && x.stride(-2) >= std::max<int64_t>(c, 1)) {
     return (x.stride(-1) == 1) ? x : contiguous(x);
   }
-  if (batch_ok && (x.stride(-2) == 1 || r == 1) && x.stride(-1) >= std::max<int64_t>(r, 1) && r > 1) {
+  if (batch_ok && (x.stride(-2) == 1 || r == 1) && x.stride(-1) >= std::max<int64_t>(r, 1) &&
+      r > 1) {
     trans = !trans;
     return transpose(x, -1, -2);
   }
@@ -144,9 +145,10 @@ Tensor gelu_mlp(const Tensor& x, const Tensor& w_fc, const Tensor& b_fc, const T
   LOOM_CHECK(b_fc.defined() && b_proj.defined(), "gelu_mlp: both biases are required");
   const Tensor x2 = linear_input("gelu_mlp", x, w_fc, b_fc);
   LOOM_CHECK(w_proj.dim() == 2 && w_proj.size(1) == w_fc.size(0) && w_proj.size(0) == w_fc.size(1),
-             "gelu_mlp: w_proj must be (", w_fc.size(1), ", ", w_fc.size(0), "), got ", shape_str(w_proj.shape()));
-  LOOM_CHECK(b_proj.dim() == 1 && b_proj.size(0) == w_proj.size(0), "gelu_mlp: b_proj must be (", w_proj.size(0),
-             "), got ", shape_str(b_proj.shape()));
+             "gelu_mlp: w_proj must be (", w_fc.size(1), ", ", w_fc.size(0), "), got ",
+             shape_str(w_proj.shape()));
+  LOOM_CHECK(b_proj.dim() == 1 && b_proj.size(0) == w_proj.size(0), "gelu_mlp: b_proj must be (",
+             w_proj.size(0), "), got ", shape_str(b_proj.shape()));
   LOOM_CHECK(w_proj.dtype() == x.dtype() && b_proj.dtype() == x.dtype(), "gelu_mlp: dtypes differ");
   const Tensor w1 = contiguous(w_fc.detach()), w2 = contiguous(w_proj.detach());
   const int64_t rows = x2.size(0), hidden = w1.size(0), dim = w2.size(0);
@@ -155,38 +157,44 @@ Tensor gelu_mlp(const Tensor& x, const Tensor& w_fc, const Tensor& b_fc, const T
   {
     Tensor h = Tensor::empty({rows, hidden}, x.dtype(), x.device());  // freed after the forward
     if (pre.numel() > 0) {
-      kernels::call_kernel<kernels::gemm_bias_gelu_k>(x2, w1, contiguous(b_fc.detach()), pre, h, false, true);
+      kernels::call_kernel<kernels::gemm_bias_gelu_k>(x2, w1, contiguous(b_fc.detach()), pre, h,
+                                                      false, true);
     }
-    if (y2.numel() > 0) kernels::call_kernel<kernels::gemm_bias_k>(h, w2, contiguous(b_proj.detach()), y2, false, true);
+    if (y2.numel() > 0)
+      kernels::call_kernel<kernels::gemm_bias_k>(h, w2, contiguous(b_proj.detach()), y2, false,
+                                                 true);
   }
   if (autograd::needs_grad({&x, &w_fc, &b_fc, &w_proj, &b_proj})) {
-    const bool need_x = x.requires_grad(), need_w1 = w_fc.requires_grad(), need_b1 = b_fc.requires_grad();
+    const bool need_x = x.requires_grad(), need_w1 = w_fc.requires_grad(),
+               need_b1 = b_fc.requires_grad();
     const bool need_w2 = w_proj.requires_grad(), need_b2 = b_proj.requires_grad();
     const bool need_pre = need_x || need_w1 || need_b1;
     const Shape x_shape = x.shape();
-    autograd::record_function("gelu_mlp", {x, w_fc, b_fc, w_proj, b_proj}, {&y2}, [=](const std::vector<Tensor>& g) {
-      const Tensor d = contiguous(reshape(g[0], {-1, dim}));
-      Tensor dx, dw1, db1, dw2, db2;
-      if (need_pre) {
-        Tensor dpre = Tensor::empty({rows, hidden}, d.dtype(), d.device());
-        if (dpre.numel() > 0) {  // the kernel writes db1 whole
-          db1 = Tensor::empty({hidden}, d.dtype(), d.device());
-          kernels::call_kernel<kernels::gemm_dgelu_bgrad_k>(d, w2, pre, dpre, db1, false, false);
-        } else {
-          db1 = Tensor::zeros({hidden}, d.dtype(), d.device());
-        }
-        if (need_x) dx = reshape(mm(dpre, w1, false, false), x_shape);
-        if (need_w1) dw1 = mm(dpre, x2, true, false);
-        if (!need_b1) db1 = Tensor();
-      }
-      if (need_w2) {  // gelu(pre) again rather than kept: (R, H) less memory per layer
-        Tensor h = Tensor::empty({rows, hidden}, d.dtype(), d.device());
-        if (h.numel() > 0) kernels::call_kernel<kernels::gelu_forward_k>(pre, h);
-        dw2 = mm(d, h, true, false);
-      }
-      if (need_b2) db2 = sum(d, 0);
-      return std::vector<Tensor>{dx, dw1, db1, dw2, db2};
-    });
+    autograd::record_function(
+        "gelu_mlp", {x, w_fc, b_fc, w_proj, b_proj}, {&y2}, [=](const std::vector<Tensor>& g) {
+          const Tensor d = contiguous(reshape(g[0], {-1, dim}));
+          Tensor dx, dw1, db1, dw2, db2;
+          if (need_pre) {
+            Tensor dpre = Tensor::empty({rows, hidden}, d.dtype(), d.device());
+            if (dpre.numel() > 0) {  // the kernel writes db1 whole
+              db1 = Tensor::empty({hidden}, d.dtype(), d.device());
+              kernels::call_kernel<kernels::gemm_dgelu_bgrad_k>(d, w2, pre, dpre, db1, false,
+                                                                false);
+            } else {
+              db1 = Tensor::zeros({hidden}, d.dtype(), d.device());
+            }
+            if (need_x) dx = reshape(mm(dpre, w1, false, false), x_shape);
+            if (need_w1) dw1 = mm(dpre, x2, true, false);
+            if (!need_b1) db1 = Tensor();
+          }
+          if (need_w2) {  // gelu(pre) again rather than kept: (R, H) less memory per layer
+            Tensor h = Tensor::empty({rows, hidden}, d.dtype(), d.device());
+            if (h.numel() > 0) kernels::call_kernel<kernels::gelu_forward_k>(pre, h);
+            dw2 = mm(d, h, true, false);
+          }
+          if (need_b2) db2 = sum(d, 0);
+          return std::vector<Tensor>{dx, dw1, db1, dw2, db2};
+        });
   }
   return reshape(y2, linear_shape(x, w2));
 }

@@ -97,23 +97,24 @@ ResidualLayerNorm residual_layer_norm(const Tensor& x, const Tensor& r, const Te
   if (autograd::needs_grad({&x, &r, &weight, &bias})) {
     // The saved sum is a detached alias of the output (no reference cycle through the node).
     const Tensor ss = out.sum.detach();
-    autograd::record_function(
-        "residual_layer_norm", {x, r, weight, bias}, {&out.sum, &out.normalized},
-        [ss, wc, bc, mean, rstd](const std::vector<Tensor>& g) {
-          // g[0]: gradient of the sum, g[1]: of the normalized output; x and r get the same one.
-          Tensor dw = Tensor::zeros_like(wc);
-          Tensor db = bc.defined() ? Tensor::zeros_like(bc) : Tensor();
-          Tensor dx = g[0];
-          if (g[1].defined()) {
-            dx = Tensor::zeros_like(ss);
-            if (dx.numel() > 0) {
-              const Tensor ds = g[0].defined() ? contiguous(g[0]) : Tensor();
-              kernels::call_kernel<kernels::residual_layer_norm_backward_k>(
-                  contiguous(g[1]), ds, ss, wc, mean, rstd, dx, dw, db);
-            }
-          }
-          return std::vector<Tensor>{dx, dx, dw, db};
-        });
+    autograd::record_function("residual_layer_norm", {x, r, weight, bias},
+                              {&out.sum, &out.normalized},
+                              [ss, wc, bc, mean, rstd](const std::vector<Tensor>& g) {
+                                // g[0]: gradient of the sum, g[1]: of the normalized output; x and
+                                // r get the same one.
+                                Tensor dw = Tensor::zeros_like(wc);
+                                Tensor db = bc.defined() ? Tensor::zeros_like(bc) : Tensor();
+                                Tensor dx = g[0];
+                                if (g[1].defined()) {
+                                  dx = Tensor::zeros_like(ss);
+                                  if (dx.numel() > 0) {
+                                    const Tensor ds = g[0].defined() ? contiguous(g[0]) : Tensor();
+                                    kernels::call_kernel<kernels::residual_layer_norm_backward_k>(
+                                        contiguous(g[1]), ds, ss, wc, mean, rstd, dx, dw, db);
+                                  }
+                                }
+                                return std::vector<Tensor>{dx, dx, dw, db};
+                              });
   }
   return out;
 }

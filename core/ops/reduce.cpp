@@ -40,7 +40,8 @@ Tensor mean(const Tensor& x) { return scale(sum(x), 1.0 / static_cast<double>(x.
 
 Tensor sum_squares(const Tensor& x) {
   Tensor out = Tensor::zeros({}, DType::kF64, x.device());
-  if (x.numel() > 0) kernels::call_kernel<kernels::sum_squares_forward_k>(contiguous(x.detach()), out);
+  if (x.numel() > 0)
+    kernels::call_kernel<kernels::sum_squares_forward_k>(contiguous(x.detach()), out);
   if (autograd::needs_grad({&x})) {
     const Tensor saved = x.detach();
     autograd::record_function("sum_squares", {x}, {&out}, [saved](const std::vector<Tensor>& g) {
@@ -63,7 +64,8 @@ Tensor sum_to_shape(const Tensor& x, const Shape& shape) {
     r = sum(reshape(r, s), 0, false);
   }
   for (size_t d = 0; d < shape.size(); ++d) {
-    if (shape[d] == 1 && r.size(static_cast<int64_t>(d)) != 1) r = sum(r, static_cast<int64_t>(d), true);
+    if (shape[d] == 1 && r.size(static_cast<int64_t>(d)) != 1)
+      r = sum(r, static_cast<int64_t>(d), true);
   }
   LOOM_CHECK(r.shape() == shape, "sum_to_shape: ", shape_str(x.shape()), " does not broadcast to ",
              shape_str(shape));

@@ -79,8 +79,8 @@ bool view_strides(const Tensor& x, const Shape& shape, Shape& out) {
 Tensor view(const Tensor& x, Shape shape) {
   shape = infer_shape(x, std::move(shape));
   Shape strides;
-  LOOM_CHECK(view_strides(x, shape, strides), "view: ", shape_str(x.shape()),
-             " with strides ", shape_str(x.strides()), " cannot be viewed as ", shape_str(shape),
+  LOOM_CHECK(view_strides(x, shape, strides), "view: ", shape_str(x.shape()), " with strides ",
+             shape_str(x.strides()), " cannot be viewed as ", shape_str(shape),
              " without a copy (use reshape)");
   Tensor y = make_view(x, shape, strides, x.offset());
   if (autograd::needs_grad({&x})) {
@@ -100,8 +100,8 @@ Tensor reshape(const Tensor& x, Shape shape) {
 }
 
 Tensor permute(const Tensor& x, const std::vector<int64_t>& dims) {
-  LOOM_CHECK(static_cast<int64_t>(dims.size()) == x.dim(), "permute: ", dims.size(),
-             " dims for a ", x.dim(), "-d tensor");
+  LOOM_CHECK(static_cast<int64_t>(dims.size()) == x.dim(), "permute: ", dims.size(), " dims for a ",
+             x.dim(), "-d tensor");
   Shape shape(dims.size()), strides(dims.size());
   std::vector<int64_t> inverse(dims.size(), -1);
   for (size_t i = 0; i < dims.size(); ++i) {
@@ -193,9 +193,8 @@ Tensor clone(const Tensor& x) {
   Tensor y = Tensor::empty(x.shape(), x.dtype(), x.device());
   copy_(y, x);
   if (autograd::needs_grad({&x})) {
-    record_function("clone", {x}, {&y}, [](const std::vector<Tensor>& g) {
-      return std::vector<Tensor>{g[0]};
-    });
+    record_function("clone", {x}, {&y},
+                    [](const std::vector<Tensor>& g) { return std::vector<Tensor>{g[0]}; });
   }
   return y;
 }
@@ -250,7 +249,8 @@ Tensor cat(const std::vector<Tensor>& xs, int64_t dim) {
   std::vector<int64_t> sizes;
   int64_t total = 0;
   for (const Tensor& x : xs) {
-    LOOM_CHECK(x.dim() == xs[0].dim() && x.dtype() == xs[0].dtype(), "cat: tensors differ in rank or dtype");
+    LOOM_CHECK(x.dim() == xs[0].dim() && x.dtype() == xs[0].dtype(),
+               "cat: tensors differ in rank or dtype");
     for (int64_t d = 0; d < x.dim(); ++d) {
       LOOM_CHECK(d == dim || x.size(d) == shape[d], "cat: ", shape_str(x.shape()), " and ",
                  shape_str(shape), " differ outside dim ", dim);
@@ -267,9 +267,8 @@ Tensor cat(const std::vector<Tensor>& xs, int64_t dim) {
     at += x.size(dim);
   }
   if (autograd::needs_grad(xs)) {
-    record_function("cat", xs, {&y}, [sizes, dim](const std::vector<Tensor>& g) {
-      return split(g[0], sizes, dim);
-    });
+    record_function("cat", xs, {&y},
+                    [sizes, dim](const std::vector<Tensor>& g) { return split(g[0], sizes, dim); });
   }
   return y;
 }
@@ -277,7 +276,8 @@ Tensor cat(const std::vector<Tensor>& xs, int64_t dim) {
 std::vector<Tensor> split(const Tensor& x, const std::vector<int64_t>& sizes, int64_t dim) {
   dim = wrap_dim(dim, x.dim(), "split");
   const int64_t total = std::accumulate(sizes.begin(), sizes.end(), int64_t{0});
-  LOOM_CHECK(total == x.size(dim), "split: sizes sum to ", total, " but dim ", dim, " has ", x.size(dim));
+  LOOM_CHECK(total == x.size(dim), "split: sizes sum to ", total, " but dim ", dim, " has ",
+             x.size(dim));
   std::vector<Tensor> outs;
   int64_t at = 0;
   for (int64_t s : sizes) {

@@ -3,6 +3,7 @@
 // fixed chunks. The math is done in the tensor's own type (f32 or f64). Outputs come from the
 // caller.
 #include "kernels/activation.h"
+
 #include "kernels/cpu/parallel.h"
 #include "kernels/cpu/vec_math.h"
 
@@ -37,7 +38,7 @@ template <typename T>
 template <typename T, typename F>
 void map1(const T* x, T* y, int64_t n, F f) {
   parallel_for(n, kElementGrain, [&](int64_t lo, int64_t hi) {
-LOOM_SIMD
+    LOOM_SIMD
     for (int64_t i = lo; i < hi; ++i) y[i] = f(x[i]);
   });
 }
@@ -46,7 +47,7 @@ LOOM_SIMD
 template <typename T, typename F>
 void accumulate_grad(const T* x, const T* dy, T* dx, int64_t n, F fprime) {
   parallel_for(n, kElementGrain, [&](int64_t lo, int64_t hi) {
-LOOM_SIMD
+    LOOM_SIMD
     for (int64_t i = lo; i < hi; ++i) dx[i] += dy[i] * fprime(x[i]);
   });
 }
@@ -85,7 +86,7 @@ void swiglu_forward_cpu(const Tensor& gate, const Tensor& up, Tensor& y) {
     const scalar_t* pu = up.data<scalar_t>();
     scalar_t* py = y.data<scalar_t>();
     parallel_for(gate.numel(), kElementGrain, [&](int64_t lo, int64_t hi) {
-LOOM_SIMD
+      LOOM_SIMD
       for (int64_t i = lo; i < hi; ++i) py[i] = pg[i] * vsigmoid(pg[i]) * pu[i];
     });
   });
@@ -100,7 +101,7 @@ void swiglu_backward_cpu(const Tensor& gate, const Tensor& up, const Tensor& dy,
     scalar_t* pdg = dgate.data<scalar_t>();
     scalar_t* pdu = dup.data<scalar_t>();
     parallel_for(gate.numel(), kElementGrain, [&](int64_t lo, int64_t hi) {
-LOOM_SIMD
+      LOOM_SIMD
       for (int64_t i = lo; i < hi; ++i) {
         const scalar_t g = pg[i];
         const scalar_t s = vsigmoid(g);

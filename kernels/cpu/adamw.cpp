@@ -3,10 +3,11 @@
 // factor read from a tensor, its step count optionally too, then the optional bf16 copy): OpenMP
 // over fixed chunks, the inner loop vectorised. Purely element-wise: bits do not depend on the
 // number of threads.
+#include "kernels/adamw.h"
+
 #include <bit>
 #include <cmath>
 
-#include "kernels/adamw.h"
 #include "kernels/cpu/parallel.h"
 
 namespace loom::kernels::cpu {
@@ -40,7 +41,7 @@ void update(T* p, const T* g, T* m, T* v, int64_t n, double lr, double beta1, do
   const T e = static_cast<T>(eps);
   const T gs = static_cast<T>(grad_scale);
   parallel_for(n, kElementGrain, [&](int64_t lo, int64_t hi) {
-LOOM_SIMD
+    LOOM_SIMD
     for (int64_t i = lo; i < hi; ++i) {
       const T gi = gs * g[i];
       const T mi = b1 * m[i] + one_minus_b1 * gi;
@@ -52,9 +53,9 @@ LOOM_SIMD
   });
 }
 
-void scaled_step(Tensor& param, const Tensor& grad, Tensor& exp_avg, Tensor& exp_avg_sq,
-                 double lr, double beta1, double beta2, double eps, double weight_decay,
-                 int64_t step, double grad_scale) {
+void scaled_step(Tensor& param, const Tensor& grad, Tensor& exp_avg, Tensor& exp_avg_sq, double lr,
+                 double beta1, double beta2, double eps, double weight_decay, int64_t step,
+                 double grad_scale) {
   check_adamw_args(param, grad, exp_avg, exp_avg_sq, step);
   LOOM_DISPATCH_FLOAT(param.dtype(), "adamw_step", [&] {
     update(param.data<scalar_t>(), grad.data<scalar_t>(), exp_avg.data<scalar_t>(),
@@ -71,8 +72,8 @@ void adamw_step_cpu(Tensor& param, const Tensor& grad, Tensor& exp_avg, Tensor& 
 
 // copy (n) = bf16(param), to nearest or stochastically (Note [bf16 stochastic rounding]), the
 // element i drawing its bits from counter `counter + i / 4`.
-void write_bf16_copy(const float* param, BFloat16* copy, int64_t n, bool stochastic,
-                     uint64_t seed, uint64_t counter) {
+void write_bf16_copy(const float* param, BFloat16* copy, int64_t n, bool stochastic, uint64_t seed,
+                     uint64_t counter) {
   parallel_for(n, kElementGrain, [&](int64_t lo, int64_t hi) {
     for (int64_t i = lo; i < hi; ++i) {
       if (stochastic) {
@@ -97,7 +98,8 @@ void adamw_multi_step_cpu(const std::vector<AdamWParam>& params, const AdamWOpti
   int64_t step = o.step;
   double* count = nullptr;
   if (o.step_count.defined()) {
-    LOOM_CHECK(o.step_count.numel() == 1 && o.step_count.dtype() == DType::kF64 && o.step_count.device().is_cpu(),
+    LOOM_CHECK(o.step_count.numel() == 1 && o.step_count.dtype() == DType::kF64 &&
+                   o.step_count.device().is_cpu(),
                "adamw_multi_step: step_count must be one f64 element on the cpu");
     count = o.step_count.data<double>();
     if (!std::isfinite(grad_scale)) return;  // skipped: nothing written, the count kept

@@ -21,8 +21,8 @@ struct BlockDims {
 
 BlockDims block_dims(const Tensor& q, const Tensor& k, const Tensor& v, const char* name) {
   LOOM_CHECK(q.dim() == 4 && k.dim() == 4 && k.shape() == v.shape(), name,
-             ": q must be (B, Hq, Tq, D) and k, v (B, Hkv, Tk, D), got ", shape_str(q.shape()), ", ",
-             shape_str(k.shape()), ", ", shape_str(v.shape()));
+             ": q must be (B, Hq, Tq, D) and k, v (B, Hkv, Tk, D), got ", shape_str(q.shape()),
+             ", ", shape_str(k.shape()), ", ", shape_str(v.shape()));
   const BlockDims s{q.size(0), q.size(1), k.size(1), q.size(2), k.size(2), q.size(3)};
   LOOM_CHECK(k.size(0) == s.b && k.size(3) == s.d && s.hkv > 0 && s.hq % s.hkv == 0, name, ": q ",
              shape_str(q.shape()), " and k ", shape_str(k.shape()), " do not match");
@@ -32,7 +32,8 @@ BlockDims block_dims(const Tensor& q, const Tensor& k, const Tensor& v, const ch
   return s;
 }
 
-void check_like(const Tensor& t, const Shape& shape, DType dtype, const char* name, const char* what) {
+void check_like(const Tensor& t, const Shape& shape, DType dtype, const char* name,
+                const char* what) {
   LOOM_CHECK(t.shape() == shape && t.dtype() == dtype && t.is_contiguous(), name, ": ", what,
              " must be contiguous ", shape_str(shape), " ", dtype_name(dtype), ", got ",
              shape_str(t.shape()), " ", dtype_name(t.dtype()));
@@ -103,9 +104,9 @@ void attention_block_forward_cpu(const Tensor& q, const Tensor& k, const Tensor&
   check_like(lse, {s.b, s.hq, s.tq}, q.dtype(), name, "lse");
   LOOM_CHECK(scale > 0, name, ": scale must be positive, got ", scale);
   LOOM_DISPATCH_FLOAT(q.dtype(), name, [&] {
-    forward_typed<scalar_t>(q.data<scalar_t>(), k.data<scalar_t>(), v.data<scalar_t>(), s,
-                            q_offset, k_offset, static_cast<scalar_t>(scale),
-                            out.data<scalar_t>(), lse.data<scalar_t>());
+    forward_typed<scalar_t>(q.data<scalar_t>(), k.data<scalar_t>(), v.data<scalar_t>(), s, q_offset,
+                            k_offset, static_cast<scalar_t>(scale), out.data<scalar_t>(),
+                            lse.data<scalar_t>());
   });
 }
 
@@ -118,7 +119,8 @@ void merge_typed(T* out, T* lse, const T* bout, const T* blse, int64_t rows, int
                    const double a = lse[r], b = blse[r];
                    const double m = std::max(a, b);
                    const double l = m + std::log(std::exp(a - m) + std::exp(b - m));
-                   const T wa = static_cast<T>(std::exp(a - l)), wb = static_cast<T>(std::exp(b - l));
+                   const T wa = static_cast<T>(std::exp(a - l)),
+                           wb = static_cast<T>(std::exp(b - l));
                    T* o = out + r * d;
                    const T* bo = bout + r * d;
                    LOOM_SIMD
@@ -131,8 +133,8 @@ void merge_typed(T* out, T* lse, const T* bout, const T* blse, int64_t rows, int
 void attention_block_merge_cpu(Tensor& out, Tensor& lse, const Tensor& block_out,
                                const Tensor& block_lse) {
   const char* name = "attention_block_merge";
-  LOOM_CHECK(out.dim() == 4 && out.is_contiguous(), name, ": out must be contiguous (B, H, T, D), got ",
-             shape_str(out.shape()));
+  LOOM_CHECK(out.dim() == 4 && out.is_contiguous(), name,
+             ": out must be contiguous (B, H, T, D), got ", shape_str(out.shape()));
   const Shape rows_shape{out.size(0), out.size(1), out.size(2)};
   check_like(lse, rows_shape, out.dtype(), name, "lse");
   check_like(block_out, out.shape(), out.dtype(), name, "block_out");
@@ -200,8 +202,9 @@ void attention_block_backward_cpu(const Tensor& q, const Tensor& k, const Tensor
   LOOM_CHECK(scale > 0, name, ": scale must be positive, got ", scale);
   LOOM_DISPATCH_FLOAT(q.dtype(), name, [&] {
     using T = scalar_t;
-    const BlockGrads<T> g{q.data<T>(),    k.data<T>(),  v.data<T>(),  lse.data<T>(), delta.data<T>(),
-                          dout.data<T>(), dq.data<T>(), dk.data<T>(), dv.data<T>()};
+    const BlockGrads<T> g{q.data<T>(),   k.data<T>(),     v.data<T>(),
+                          lse.data<T>(), delta.data<T>(), dout.data<T>(),
+                          dq.data<T>(),  dk.data<T>(),    dv.data<T>()};
     backward_typed<T>(g, s, q_offset, k_offset, static_cast<T>(scale));
   });
 }

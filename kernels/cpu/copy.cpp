@@ -1,7 +1,8 @@
 // kernels/cpu/copy.cpp — CPU strided copy with dtype conversion, and fill.
+#include "kernels/copy.h"
+
 #include <cstring>
 
-#include "kernels/copy.h"
 #include "kernels/cpu/parallel.h"
 
 namespace loom::kernels::cpu {

@@ -2,7 +2,6 @@
 // contract] in kernels/cross_entropy.h). Targets are widened to int64 and checked serially
 // first (threads must not throw); then rows are processed in parallel, one writer per row.
 #include "kernels/cross_entropy.h"
-#include "kernels/cross_entropy_checks.h"
 
 #include <algorithm>
 #include <cmath>
@@ -10,6 +9,7 @@
 #include <vector>
 
 #include "kernels/cpu/parallel.h"
+#include "kernels/cross_entropy_checks.h"
 
 namespace loom::kernels::cpu {
 namespace {
@@ -150,10 +150,9 @@ void vocab_parallel_ce_forward_cpu(const Tensor& logits, const Tensor& targets,
   });
 }
 
-void vocab_parallel_ce_backward_cpu(const Tensor& logits, const Tensor& targets,
-                                    const Tensor& lse, const Tensor& dloss, double grad_scale,
-                                    int64_t ignore_index, int64_t vocab_start,
-                                    int64_t vocab_valid, Tensor& dlogits) {
+void vocab_parallel_ce_backward_cpu(const Tensor& logits, const Tensor& targets, const Tensor& lse,
+                                    const Tensor& dloss, double grad_scale, int64_t ignore_index,
+                                    int64_t vocab_start, int64_t vocab_valid, Tensor& dlogits) {
   const char* name = "vocab_parallel_ce_backward";
   check_logits_targets(logits, targets, vocab_valid, name);
   check_shard(logits, vocab_start, vocab_valid, name);
@@ -186,7 +185,8 @@ void vocab_parallel_lse_combine_cpu(const Tensor& lses, const Tensor& target_log
                                     Tensor& lse, Tensor& row_loss, Tensor& loss,
                                     Tensor& inv_count) {
   const char* name = "vocab_parallel_lse_combine";
-  check_lse_combine_args(lses, target_logit, targets, vocab_size, lse, row_loss, loss, inv_count, name);
+  check_lse_combine_args(lses, target_logit, targets, vocab_size, lse, row_loss, loss, inv_count,
+                         name);
   const int64_t g = lses.size(0), n = lses.size(1);
   const DType dt = lses.dtype();
   const std::vector<int64_t> tgt = checked_targets(targets, ignore_index, vocab_size, name);

@@ -3,6 +3,8 @@
 // Uniforms are drawn one Philox block (4 lanes) at a time into a small stack buffer, then applied.
 // The rows form walks rows (b, j) of x (B, R, C), each a run of C consecutive elements of the
 // full (B, T, C) tensor's mask, drawn from the Philox block that holds its first element.
+#include "kernels/dropout.h"
+
 #include <algorithm>
 #include <bit>
 #include <type_traits>
@@ -10,7 +12,6 @@
 #include "core/philox.h"
 #include "kernels/cpu/parallel.h"
 #include "kernels/cpu/vec_math.h"
-#include "kernels/dropout.h"
 
 namespace loom::kernels::cpu {
 namespace {
@@ -23,7 +24,7 @@ static_assert(kElementGrain % 4 == 0 && kDropBuffer % 4 == 0, "chunks must align
 inline void draw_uniforms(uint64_t seed, uint64_t offset, int64_t begin, int64_t count, float* u) {
   const int64_t blocks = (count + 3) / 4;
   const uint64_t first = offset + static_cast<uint64_t>(begin) / 4;
-LOOM_SIMD
+  LOOM_SIMD
   for (int64_t b = 0; b < blocks; ++b) {
     const Philox4 r = philox4x32(first + static_cast<uint64_t>(b), seed);
     u[4 * b + 0] = uint_to_unit_float(r.v[0]);
@@ -43,12 +44,13 @@ template <typename T>
 // dst[i] (=, or += when Accumulate) u[i] > pf ? src[i]·scale : 0 for i < n: one run of elements
 // whose uniforms are drawn.
 template <bool Accumulate, typename T>
-[[gnu::always_inline]] inline void apply_run(const T* src, T* dst, const float* u, int64_t n, float pf, T scale) {
+[[gnu::always_inline]] inline void apply_run(const T* src, T* dst, const float* u, int64_t n,
+                                             float pf, T scale) {
   if constexpr (Accumulate) {
-LOOM_SIMD
+    LOOM_SIMD
     for (int64_t i = 0; i < n; ++i) dst[i] += keep_or_zero(u[i], pf, src[i] * scale);
   } else {
-LOOM_SIMD
+    LOOM_SIMD
     for (int64_t i = 0; i < n; ++i) dst[i] = keep_or_zero(u[i], pf, src[i] * scale);
   }
 }
@@ -87,7 +89,8 @@ void apply_rows_mask(const T* in, T* out, const int64_t* rows, const Shape& s, i
         const int64_t c1 = std::min(C, c0 + kDropBuffer);
         const int64_t lead = (g + c0) % 4;
         draw_uniforms(seed, offset, g + c0 - lead, lead + c1 - c0, u);
-        apply_run<Accumulate>(src + c0, dst + c0, u + lead, c1 - c0, pf, scale);  // u[lead]: column c0
+        apply_run<Accumulate>(src + c0, dst + c0, u + lead, c1 - c0, pf,
+                              scale);  // u[lead]: column c0
       }
     }
   });
@@ -111,8 +114,8 @@ void check_rows_args(const char* op, const Tensor& x, const Tensor& rows, int64_
   }
 }
 
-void dropout_rows_forward_cpu(const Tensor& x, const Tensor& rows, int64_t total, int64_t b0, double p,
-                              uint64_t seed, uint64_t offset, Tensor& y) {
+void dropout_rows_forward_cpu(const Tensor& x, const Tensor& rows, int64_t total, int64_t b0,
+                              double p, uint64_t seed, uint64_t offset, Tensor& y) {
   check_rows_args("dropout_rows_forward", x, rows, total, b0, y);
   LOOM_DISPATCH_FLOAT(x.dtype(), "dropout_rows_forward", [&] {
     apply_rows_mask<false>(x.data<scalar_t>(), y.data<scalar_t>(), rows.data<int64_t>(), x.shape(),
@@ -120,8 +123,8 @@ void dropout_rows_forward_cpu(const Tensor& x, const Tensor& rows, int64_t total
   });
 }
 
-void dropout_rows_backward_cpu(const Tensor& dy, const Tensor& rows, int64_t total, int64_t b0, double p,
-                               uint64_t seed, uint64_t offset, Tensor& dx) {
+void dropout_rows_backward_cpu(const Tensor& dy, const Tensor& rows, int64_t total, int64_t b0,
+                               double p, uint64_t seed, uint64_t offset, Tensor& dx) {
   check_rows_args("dropout_rows_backward", dy, rows, total, b0, dx);
   LOOM_DISPATCH_FLOAT(dy.dtype(), "dropout_rows_backward", [&] {
     apply_rows_mask<true>(dy.data<scalar_t>(), dx.data<scalar_t>(), rows.data<int64_t>(),

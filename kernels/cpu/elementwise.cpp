@@ -1,7 +1,8 @@
 // kernels/cpu/elementwise.cpp — CPU binary arithmetic (with a row-broadcast fast path),
 // scaling and axpy. Vectorised by the compiler (omp simd), parallel over fixed chunks.
-#include "kernels/cpu/parallel.h"
 #include "kernels/elementwise.h"
+
+#include "kernels/cpu/parallel.h"
 
 namespace loom::kernels::cpu {
 namespace {
@@ -9,10 +10,14 @@ namespace {
 template <typename T>
 inline T apply(BinaryOp op, T a, T b) {
   switch (op) {
-    case BinaryOp::kAdd: return a + b;
-    case BinaryOp::kSub: return a - b;
-    case BinaryOp::kMul: return a * b;
-    case BinaryOp::kDiv: return a / b;
+    case BinaryOp::kAdd:
+      return a + b;
+    case BinaryOp::kSub:
+      return a - b;
+    case BinaryOp::kMul:
+      return a * b;
+    case BinaryOp::kDiv:
+      return a / b;
   }
   return a;
 }
@@ -20,7 +25,7 @@ inline T apply(BinaryOp op, T a, T b) {
 template <typename T, BinaryOp Op>
 void contiguous_loop(const T* a, const T* b, T* o, int64_t n) {
   parallel_for(n, kElementGrain, [&](int64_t lo, int64_t hi) {
-LOOM_SIMD
+    LOOM_SIMD
     for (int64_t i = lo; i < hi; ++i) o[i] = apply(Op, a[i], b[i]);
   });
 }
@@ -33,7 +38,7 @@ void row_broadcast_loop(const T* a, const T* b, T* o, int64_t rows, int64_t cols
                  for (int64_t r = lo; r < hi; ++r) {
                    const T* ar = a + r * cols;
                    T* orow = o + r * cols;
-LOOM_SIMD
+                   LOOM_SIMD
                    for (int64_t c = 0; c < cols; ++c) orow[c] = apply(Op, ar[c], b[c]);
                  }
                });
@@ -60,8 +65,9 @@ void binary_typed(const Tensor& a, const Tensor& b, Tensor& out) {
       const int64_t cols = out.size(-1);
       row_broadcast_loop<scalar_t, Op>(pa, pb, po, n / cols, cols);
     } else {
-      strided_for<3>(out.shape(), {&a.strides(), &b.strides(), &out.strides()},
-                     [&](int64_t oa, int64_t ob, int64_t oo) { po[oo] = apply(Op, pa[oa], pb[ob]); });
+      strided_for<3>(
+          out.shape(), {&a.strides(), &b.strides(), &out.strides()},
+          [&](int64_t oa, int64_t ob, int64_t oo) { po[oo] = apply(Op, pa[oa], pb[ob]); });
     }
   });
 }
@@ -69,10 +75,14 @@ void binary_typed(const Tensor& a, const Tensor& b, Tensor& out) {
 void binary_forward_cpu(BinaryOp op, const Tensor& a, const Tensor& b, Tensor& out) {
   if (out.numel() == 0) return;
   switch (op) {
-    case BinaryOp::kAdd: return binary_typed<BinaryOp::kAdd>(a, b, out);
-    case BinaryOp::kSub: return binary_typed<BinaryOp::kSub>(a, b, out);
-    case BinaryOp::kMul: return binary_typed<BinaryOp::kMul>(a, b, out);
-    case BinaryOp::kDiv: return binary_typed<BinaryOp::kDiv>(a, b, out);
+    case BinaryOp::kAdd:
+      return binary_typed<BinaryOp::kAdd>(a, b, out);
+    case BinaryOp::kSub:
+      return binary_typed<BinaryOp::kSub>(a, b, out);
+    case BinaryOp::kMul:
+      return binary_typed<BinaryOp::kMul>(a, b, out);
+    case BinaryOp::kDiv:
+      return binary_typed<BinaryOp::kDiv>(a, b, out);
   }
 }
 
@@ -83,7 +93,7 @@ void scale_forward_cpu(const Tensor& x, double alpha, Tensor& out) {
     const scalar_t s = static_cast<scalar_t>(alpha);
     if (x.is_contiguous()) {
       parallel_for(x.numel(), kElementGrain, [&](int64_t lo, int64_t hi) {
-LOOM_SIMD
+        LOOM_SIMD
         for (int64_t i = lo; i < hi; ++i) po[i] = s * px[i];
       });
     } else {
@@ -94,14 +104,15 @@ LOOM_SIMD
 }
 
 void axpy_cpu(double alpha, const Tensor& x, Tensor& y) {
-  LOOM_CHECK(x.shape() == y.shape() && y.is_contiguous(), "axpy: y must be contiguous with x's shape");
+  LOOM_CHECK(x.shape() == y.shape() && y.is_contiguous(),
+             "axpy: y must be contiguous with x's shape");
   LOOM_DISPATCH_FLOAT(y.dtype(), "axpy", [&] {
     const scalar_t* px = x.data<scalar_t>();
     scalar_t* py = y.data<scalar_t>();
     const scalar_t a = static_cast<scalar_t>(alpha);
     if (x.is_contiguous()) {
       parallel_for(x.numel(), kElementGrain, [&](int64_t lo, int64_t hi) {
-LOOM_SIMD
+        LOOM_SIMD
         for (int64_t i = lo; i < hi; ++i) py[i] += a * px[i];
       });
     } else {

@@ -4,23 +4,24 @@
 // Backward groups token positions by id (a sort of (id, position) pairs, so order is fixed) and
 // gives each weight row to one thread, summing its tokens in position order: deterministic with
 // any thread count, no atomics.
+#include "kernels/embedding.h"
+
 #include <algorithm>
 #include <utility>
 #include <vector>
 
 #include "kernels/cpu/parallel.h"
-#include "kernels/embedding.h"
 
 namespace loom::kernels::cpu {
 namespace {
-
 
 int64_t row_grain(int64_t cols) {
   return std::max<int64_t>(1, kElementGrain / std::max<int64_t>(cols, 1));
 }
 
 // ids_checked is ignored by both: the CPU kernels always check (kernels/embedding.h).
-void embedding_forward_cpu(const Tensor& ids, const Tensor& weight, Tensor& out, bool /*ids_checked*/) {
+void embedding_forward_cpu(const Tensor& ids, const Tensor& weight, Tensor& out,
+                           bool /*ids_checked*/) {
   const int64_t n = ids.numel(), vocab = weight.size(0), cols = weight.size(1);
   LOOM_DISPATCH_FLOAT(weight.dtype(), "embedding_forward", [&] {
     LOOM_DISPATCH_INDEX(ids.dtype(), "embedding_forward", [&] {
@@ -32,7 +33,7 @@ void embedding_forward_cpu(const Tensor& ids, const Tensor& weight, Tensor& out,
         for (int64_t t = lo; t < hi; ++t) {
           const scalar_t* src = pw + static_cast<int64_t>(pi[t]) * cols;
           scalar_t* dst = po + t * cols;
-LOOM_SIMD
+          LOOM_SIMD
           for (int64_t c = 0; c < cols; ++c) dst[c] = src[c];
         }
       });
@@ -58,7 +59,8 @@ std::vector<std::pair<int64_t, int64_t>> group_by_id(const I* ids, int64_t n,
   return order;
 }
 
-void embedding_backward_cpu(const Tensor& ids, const Tensor& dout, Tensor& dweight, bool /*ids_checked*/) {
+void embedding_backward_cpu(const Tensor& ids, const Tensor& dout, Tensor& dweight,
+                            bool /*ids_checked*/) {
   const int64_t n = ids.numel(), vocab = dweight.size(0), cols = dweight.size(1);
   LOOM_DISPATCH_FLOAT(dweight.dtype(), "embedding_backward", [&] {
     LOOM_DISPATCH_INDEX(ids.dtype(), "embedding_backward", [&] {
@@ -76,11 +78,11 @@ void embedding_backward_cpu(const Tensor& ids, const Tensor& dout, Tensor& dweig
           std::fill(buf.begin(), buf.end(), 0.0);
           for (int64_t j = starts[r]; j < starts[r + 1]; ++j) {
             const scalar_t* src = pd + order[static_cast<size_t>(j)].second * cols;
-LOOM_SIMD
+            LOOM_SIMD
             for (int64_t c = 0; c < cols; ++c) acc[c] += src[c];
           }
           scalar_t* dst = pw + order[static_cast<size_t>(starts[r])].first * cols;
-LOOM_SIMD
+          LOOM_SIMD
           for (int64_t c = 0; c < cols; ++c) dst[c] += static_cast<scalar_t>(acc[c]);
         }
       });

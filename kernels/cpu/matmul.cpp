@@ -4,13 +4,14 @@
 // bias+GELU forms are the reference for the CUDA epilogues: bias rows written first, then one
 // GEMM with beta = 1, then the CPU gelu_forward kernel; the GELU backward form is one GEMM,
 // then the CPU gelu_backward and sum_dim_forward kernels.
+#include "kernels/matmul.h"
+
 #include <cblas.h>
 
 #include <algorithm>
 
 #include "kernels/activation.h"
 #include "kernels/copy.h"
-#include "kernels/matmul.h"
 #include "kernels/reduce.h"
 
 namespace loom::kernels {
@@ -31,11 +32,13 @@ void gemm_one(bool ta, bool tb, int64_t m, int64_t n, int64_t k, T alpha, const 
   const CBLAS_TRANSPOSE opa = ta ? CblasTrans : CblasNoTrans;
   const CBLAS_TRANSPOSE opb = tb ? CblasTrans : CblasNoTrans;
   if constexpr (std::is_same_v<T, float>) {
-    cblas_sgemm(CblasRowMajor, opa, opb, static_cast<int>(m), static_cast<int>(n), static_cast<int>(k),
-                alpha, a, static_cast<int>(lda), b, static_cast<int>(ldb), beta, c, static_cast<int>(ldc));
+    cblas_sgemm(CblasRowMajor, opa, opb, static_cast<int>(m), static_cast<int>(n),
+                static_cast<int>(k), alpha, a, static_cast<int>(lda), b, static_cast<int>(ldb),
+                beta, c, static_cast<int>(ldc));
   } else {
-    cblas_dgemm(CblasRowMajor, opa, opb, static_cast<int>(m), static_cast<int>(n), static_cast<int>(k),
-                alpha, a, static_cast<int>(lda), b, static_cast<int>(ldb), beta, c, static_cast<int>(ldc));
+    cblas_dgemm(CblasRowMajor, opa, opb, static_cast<int>(m), static_cast<int>(n),
+                static_cast<int>(k), alpha, a, static_cast<int>(lda), b, static_cast<int>(ldb),
+                beta, c, static_cast<int>(ldc));
   }
 }
 
@@ -55,7 +58,8 @@ void gemm_cpu(const Tensor& a, const Tensor& b, Tensor& c, bool trans_a, bool tr
     for (int64_t i = 0; i < batch; ++i) {
       if (k == 0) {  // c = beta · c; with beta 0, c is not read (it may hold NaN)
         for (int64_t j = 0; j < m * n; ++j) {
-          pc[i * m * n + j] = beta == 0.0 ? scalar_t(0) : pc[i * m * n + j] * static_cast<scalar_t>(beta);
+          pc[i * m * n + j] =
+              beta == 0.0 ? scalar_t(0) : pc[i * m * n + j] * static_cast<scalar_t>(beta);
         }
         continue;
       }
@@ -71,10 +75,10 @@ void gemm_bias_cpu(const Tensor& a, const Tensor& b, const Tensor& bias, Tensor&
                    bool trans_b) {
   LOOM_CHECK(a.dim() == 2 && b.dim() == 2 && c.dim() == 2, "gemm_bias: operands must be 2-d");
   const int64_t m = c.size(0), n = c.size(1);
-  LOOM_CHECK(bias.dim() == 1 && bias.size(0) == n && bias.is_contiguous() &&
-                 bias.dtype() == c.dtype(),
-             "gemm_bias: bias must be contiguous (", n, ") ", dtype_name(c.dtype()), ", got ",
-             shape_str(bias.shape()), " ", dtype_name(bias.dtype()));
+  LOOM_CHECK(
+      bias.dim() == 1 && bias.size(0) == n && bias.is_contiguous() && bias.dtype() == c.dtype(),
+      "gemm_bias: bias must be contiguous (", n, ") ", dtype_name(c.dtype()), ", got ",
+      shape_str(bias.shape()), " ", dtype_name(bias.dtype()));
   LOOM_CHECK(c.is_contiguous(), "gemm_bias: c must be contiguous");
   LOOM_DISPATCH_FLOAT(c.dtype(), "gemm_bias", [&] {
     const scalar_t* pb = bias.data<scalar_t>();
@@ -94,14 +98,17 @@ void gemm_bias_gelu_cpu(const Tensor& a, const Tensor& b, const Tensor& bias, Te
 
 void gemm_dgelu_bgrad_cpu(const Tensor& a, const Tensor& b, const Tensor& pre, Tensor& dpre,
                           Tensor& dbias, bool trans_a, bool trans_b) {
-  LOOM_CHECK(a.dim() == 2 && b.dim() == 2 && dpre.dim() == 2, "gemm_dgelu_bgrad: operands must be 2-d");
+  LOOM_CHECK(a.dim() == 2 && b.dim() == 2 && dpre.dim() == 2,
+             "gemm_dgelu_bgrad: operands must be 2-d");
   LOOM_CHECK(pre.shape() == dpre.shape() && pre.dtype() == dpre.dtype() && pre.is_contiguous() &&
                  dpre.is_contiguous(),
-             "gemm_dgelu_bgrad: pre and dpre must be contiguous ", shape_str(dpre.shape()), " of one dtype");
+             "gemm_dgelu_bgrad: pre and dpre must be contiguous ", shape_str(dpre.shape()),
+             " of one dtype");
   LOOM_CHECK(dbias.dim() == 1 && dbias.size(0) == dpre.size(1) && dbias.is_contiguous() &&
                  dbias.dtype() == dpre.dtype(),
-             "gemm_dgelu_bgrad: dbias must be contiguous (", dpre.size(1), ") ", dtype_name(dpre.dtype()),
-             ", got ", shape_str(dbias.shape()), " ", dtype_name(dbias.dtype()));
+             "gemm_dgelu_bgrad: dbias must be contiguous (", dpre.size(1), ") ",
+             dtype_name(dpre.dtype()), ", got ", shape_str(dbias.shape()), " ",
+             dtype_name(dbias.dtype()));
   Tensor dy = Tensor::empty(dpre.shape(), dpre.dtype());
   gemm_cpu(a, b, dy, trans_a, trans_b, 1.0, 0.0);
   find_kernel<fill_k>(DeviceType::kCpu)(dpre, 0.0);

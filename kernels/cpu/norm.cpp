@@ -2,11 +2,12 @@
 // LayerNorm pair (the sum, then LayerNorm of it). Rows are independent and split across threads;
 // row statistics accumulate in f64. dweight/dbias are summed over rows per Note [Deterministic
 // row reductions] in kernels/norm.h. Outputs come from the caller.
+#include "kernels/norm.h"
+
 #include <cmath>
 #include <vector>
 
 #include "kernels/cpu/parallel.h"
-#include "kernels/norm.h"
 
 namespace loom::kernels::cpu {
 namespace {
@@ -22,7 +23,9 @@ struct RowChunks {
   int64_t rows, cols, parts, chunk, count;
   std::vector<double> partial;  // (count, parts, cols)
   RowChunks(int64_t r, int64_t c, int64_t p)
-      : rows(r), cols(c), parts(p),
+      : rows(r),
+        cols(c),
+        parts(p),
         chunk(std::max<int64_t>(kNormRowChunk, (r + kNormMaxChunks - 1) / kNormMaxChunks)),
         count((r + chunk - 1) / chunk),
         partial(static_cast<size_t>(count * parts * cols), 0.0) {}
@@ -36,7 +39,7 @@ struct RowChunks {
       double acc[kBlock] = {};
       for (int64_t k = 0; k < count; ++k) {
         const double* p = at(k, part);
-LOOM_SIMD
+        LOOM_SIMD
         for (int64_t c = lo; c < hi; ++c) acc[c - lo] += p[c];
       }
       for (int64_t c = lo; c < hi; ++c) out[c] += static_cast<T>(acc[c - lo]);
@@ -59,19 +62,19 @@ void layer_norm_forward_typed(const Tensor& x, const Tensor& w, const Tensor& b,
       const T* xr = px + r * cols;
       T* yr = py + r * cols;
       double s = 0, v = 0;
-LOOM_SIMD_SUM(s)
+      LOOM_SIMD_SUM(s)
       for (int64_t c = 0; c < cols; ++c) s += static_cast<double>(xr[c]);
       const double mu = s / static_cast<double>(cols);
-LOOM_SIMD_SUM(v)
+      LOOM_SIMD_SUM(v)
       for (int64_t c = 0; c < cols; ++c) v += (xr[c] - mu) * (xr[c] - mu);
       pm[r] = static_cast<T>(mu);
       pr[r] = static_cast<T>(1.0 / std::sqrt(v / static_cast<double>(cols) + eps));
       const T m = pm[r], q = pr[r];
       if (pb != nullptr) {
-LOOM_SIMD
+        LOOM_SIMD
         for (int64_t c = 0; c < cols; ++c) yr[c] = (xr[c] - m) * q * pw[c] + pb[c];
       } else {
-LOOM_SIMD
+        LOOM_SIMD
         for (int64_t c = 0; c < cols; ++c) yr[c] = (xr[c] - m) * q * pw[c];
       }
     }
@@ -84,22 +87,21 @@ template <typename T>
 void layer_norm_backward_row(const T* dy, const T* x, const T* w, T m, T q, int64_t cols, T* dx,
                              double* pdw, double* pdb) {
   double sg = 0, sgx = 0;
-  _Pragma("omp simd reduction(+ : sg, sgx)")
-  for (int64_t c = 0; c < cols; ++c) {
+  _Pragma("omp simd reduction(+ : sg, sgx)") for (int64_t c = 0; c < cols; ++c) {
     const T g = dy[c] * w[c];
     sg += g;
     sgx += g * ((x[c] - m) * q);
   }
   const T a = static_cast<T>(sg / static_cast<double>(cols));
   const T bq = static_cast<T>(sgx / static_cast<double>(cols));
-LOOM_SIMD
+  LOOM_SIMD
   for (int64_t c = 0; c < cols; ++c) {
     const T xh = (x[c] - m) * q;
     dx[c] += q * (dy[c] * w[c] - a - xh * bq);
     pdw[c] += dy[c] * xh;
   }
   if (pdb != nullptr) {
-LOOM_SIMD
+    LOOM_SIMD
     for (int64_t c = 0; c < cols; ++c) pdb[c] += dy[c];
   }
 }
@@ -143,11 +145,11 @@ void rms_norm_forward_typed(const Tensor& x, const Tensor& w, double eps, Tensor
       const T* xr = px + r * cols;
       T* yr = py + r * cols;
       double ss = 0;
-LOOM_SIMD_SUM(ss)
+      LOOM_SIMD_SUM(ss)
       for (int64_t c = 0; c < cols; ++c) ss += static_cast<double>(xr[c]) * xr[c];
       pr[r] = static_cast<T>(1.0 / std::sqrt(ss / static_cast<double>(cols) + eps));
       const T q = pr[r];
-LOOM_SIMD
+      LOOM_SIMD
       for (int64_t c = 0; c < cols; ++c) yr[c] = xr[c] * q * pw[c];
     }
   });
@@ -158,10 +160,10 @@ template <typename T>
 void rms_norm_backward_row(const T* dy, const T* x, const T* w, T q, int64_t cols, T* dx,
                            double* pdw) {
   double sgx = 0;
-LOOM_SIMD_SUM(sgx)
+  LOOM_SIMD_SUM(sgx)
   for (int64_t c = 0; c < cols; ++c) sgx += dy[c] * w[c] * (x[c] * q);
   const T bq = static_cast<T>(sgx / static_cast<double>(cols));
-LOOM_SIMD
+  LOOM_SIMD
   for (int64_t c = 0; c < cols; ++c) {
     const T xh = x[c] * q;
     dx[c] += q * (dy[c] * w[c] - xh * bq);
@@ -170,8 +172,8 @@ LOOM_SIMD
 }
 
 template <typename T>
-void rms_norm_backward_typed(const Tensor& dy, const Tensor& x, const Tensor& w,
-                             const Tensor& rstd, Tensor& dx, Tensor& dw) {
+void rms_norm_backward_typed(const Tensor& dy, const Tensor& x, const Tensor& w, const Tensor& rstd,
+                             Tensor& dx, Tensor& dw) {
   const int64_t cols = x.size(-1), rows = x.numel() / cols;
   const T* pdy = dy.data<T>();
   const T* px = x.data<T>();
@@ -208,16 +210,14 @@ void layer_norm_backward_cpu(const Tensor& dy, const Tensor& x, const Tensor& we
 
 void rms_norm_forward_cpu(const Tensor& x, const Tensor& weight, double eps, Tensor& y,
                           Tensor& rstd) {
-  LOOM_DISPATCH_FLOAT(x.dtype(), "rms_norm_forward", [&] {
-    rms_norm_forward_typed<scalar_t>(x, weight, eps, y, rstd);
-  });
+  LOOM_DISPATCH_FLOAT(x.dtype(), "rms_norm_forward",
+                      [&] { rms_norm_forward_typed<scalar_t>(x, weight, eps, y, rstd); });
 }
 
 void rms_norm_backward_cpu(const Tensor& dy, const Tensor& x, const Tensor& weight,
                            const Tensor& rstd, Tensor& dx, Tensor& dweight) {
-  LOOM_DISPATCH_FLOAT(x.dtype(), "rms_norm_backward", [&] {
-    rms_norm_backward_typed<scalar_t>(dy, x, weight, rstd, dx, dweight);
-  });
+  LOOM_DISPATCH_FLOAT(x.dtype(), "rms_norm_backward",
+                      [&] { rms_norm_backward_typed<scalar_t>(dy, x, weight, rstd, dx, dweight); });
 }
 
 // out[i] = a[i] + b[i], or out[i] += a[i] when b is null; n elements.
@@ -225,10 +225,10 @@ template <typename T>
 void add_elements(const T* a, const T* b, T* out, int64_t n) {
   parallel_for(n, kElementGrain, [&](int64_t lo, int64_t hi) {
     if (b != nullptr) {
-LOOM_SIMD
+      LOOM_SIMD
       for (int64_t i = lo; i < hi; ++i) out[i] = a[i] + b[i];
     } else {
-LOOM_SIMD
+      LOOM_SIMD
       for (int64_t i = lo; i < hi; ++i) out[i] += a[i];
     }
   });
@@ -247,9 +247,8 @@ void residual_layer_norm_forward_cpu(const Tensor& x, const Tensor& r, const Ten
 }
 
 void residual_layer_norm_backward_cpu(const Tensor& dy, const Tensor& ds, const Tensor& s,
-                                      const Tensor& weight, const Tensor& mean,
-                                      const Tensor& rstd, Tensor& dx, Tensor& dweight,
-                                      Tensor& dbias) {
+                                      const Tensor& weight, const Tensor& mean, const Tensor& rstd,
+                                      Tensor& dx, Tensor& dweight, Tensor& dbias) {
   LOOM_CHECK(!ds.defined() || (ds.shape() == dx.shape() && ds.dtype() == dx.dtype()),
              "residual_layer_norm_backward: ds must match dx");
   LOOM_DISPATCH_FLOAT(s.dtype(), "residual_layer_norm_backward", [&] {

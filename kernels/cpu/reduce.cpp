@@ -1,10 +1,11 @@
 // kernels/cpu/reduce.cpp — CPU sum over one dimension (rows reduced in double for f32) and the
 // sum of squares used by gradient norms, and the clipping and loss-scaling factors from it.
+#include "kernels/reduce.h"
+
 #include <cmath>
 #include <vector>
 
 #include "kernels/cpu/parallel.h"
-#include "kernels/reduce.h"
 
 namespace loom::kernels::cpu {
 namespace {
@@ -19,7 +20,7 @@ void sum_dim_forward_cpu(const Tensor& x, int64_t outer, int64_t n, int64_t inne
                      for (int64_t o = lo; o < hi; ++o) {
                        double acc = 0;
                        const scalar_t* row = px + o * n;
-LOOM_SIMD_SUM(acc)
+                       LOOM_SIMD_SUM(acc)
                        for (int64_t j = 0; j < n; ++j) acc += row[j];
                        po[o] = static_cast<scalar_t>(acc);
                      }
@@ -37,7 +38,7 @@ LOOM_SIMD_SUM(acc)
         double acc[kBlock] = {};
         for (int64_t j = 0; j < n; ++j) {
           const scalar_t* row = px + (o * n + j) * inner;
-LOOM_SIMD
+          LOOM_SIMD
           for (int64_t c = c0; c < c1; ++c) acc[c - c0] += row[c];
         }
         for (int64_t c = c0; c < c1; ++c) po[o * inner + c] = static_cast<scalar_t>(acc[c - c0]);
@@ -55,7 +56,8 @@ void sum_squares_forward_cpu(const Tensor& x, Tensor& out) {
     parallel_for(n, kElementGrain, [&](int64_t lo, int64_t hi) {
       double acc = 0;
       LOOM_SIMD_SUM(acc)
-      for (int64_t i = lo; i < hi; ++i) acc += static_cast<double>(px[i]) * static_cast<double>(px[i]);
+      for (int64_t i = lo; i < hi; ++i)
+        acc += static_cast<double>(px[i]) * static_cast<double>(px[i]);
       partial[static_cast<size_t>(lo / kElementGrain)] = acc;
     });
     double total = 0;
@@ -71,11 +73,12 @@ void clip_factor_forward_cpu(const Tensor& sq_sum, double max_norm, Tensor& out)
   *out.data<double>() = clip_factor(std::sqrt(*sq_sum.data<double>()), max_norm);
 }
 
-void loss_scale_step_cpu(const Tensor& sq_sum, Tensor& state, double max_norm, int64_t growth_interval,
-                         Tensor& factor) {
+void loss_scale_step_cpu(const Tensor& sq_sum, Tensor& state, double max_norm,
+                         int64_t growth_interval, Tensor& factor) {
   check_loss_scale_step_args(sq_sum, state, growth_interval, factor);
-  *factor.data<double>() = loss_scale_step_values(std::sqrt(*sq_sum.data<double>()), max_norm,
-                                                  static_cast<double>(growth_interval), state.data<double>());
+  *factor.data<double>() =
+      loss_scale_step_values(std::sqrt(*sq_sum.data<double>()), max_norm,
+                             static_cast<double>(growth_interval), state.data<double>());
 }
 
 }  // namespace

@@ -1,8 +1,9 @@
 // kernels/cpu/softmax.cpp — CPU softmax over the last dimension, forward and backward. Each row
 // is done by one thread (row sums in f64), so results do not depend on the thread count.
+#include "kernels/softmax.h"
+
 #include "kernels/cpu/parallel.h"
 #include "kernels/cpu/vec_math.h"
-#include "kernels/softmax.h"
 
 #ifndef LOOM_SIMD_MAX
 #define LOOM_SIMD_MAX(var) _Pragma(LOOM_STRINGIFY(omp simd reduction(max : var)))
@@ -19,17 +20,17 @@ int64_t row_grain(int64_t cols) {
 template <typename T>
 void softmax_row(const T* x, T* y, int64_t cols) {
   T mx = x[0];
-LOOM_SIMD_MAX(mx)
+  LOOM_SIMD_MAX(mx)
   for (int64_t c = 0; c < cols; ++c) mx = x[c] > mx ? x[c] : mx;
   double s = 0;
-LOOM_SIMD_SUM(s)
+  LOOM_SIMD_SUM(s)
   for (int64_t c = 0; c < cols; ++c) {
     const T e = vexp(x[c] - mx);
     y[c] = e;
     s += e;
   }
   const T inv = static_cast<T>(1.0 / s);
-LOOM_SIMD
+  LOOM_SIMD
   for (int64_t c = 0; c < cols; ++c) y[c] *= inv;
 }
 
@@ -56,10 +57,10 @@ void softmax_backward_cpu(const Tensor& y, const Tensor& dy, Tensor& dx) {
         const scalar_t* dyr = pdy + r * cols;
         scalar_t* dxr = pdx + r * cols;
         double dot = 0;
-LOOM_SIMD_SUM(dot)
+        LOOM_SIMD_SUM(dot)
         for (int64_t c = 0; c < cols; ++c) dot += dyr[c] * yr[c];
         const scalar_t d = static_cast<scalar_t>(dot);
-LOOM_SIMD
+        LOOM_SIMD
         for (int64_t c = 0; c < cols; ++c) dxr[c] += yr[c] * (dyr[c] - d);
       }
     });

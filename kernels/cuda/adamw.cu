@@ -26,7 +26,7 @@
 namespace loom::kernels::cuda {
 namespace {
 
-constexpr int64_t kChunk = 16384;  // elements of one block task; a multiple of every pack and 4
+constexpr int64_t kChunk = 16384;   // elements of one block task; a multiple of every pack and 4
 constexpr unsigned kThreads = 256;  // the kernel's block (its __launch_bounds__)
 
 template <typename T>
@@ -208,13 +208,15 @@ bool slot_aligned(const AdamWSlot<T>& s) {
 }
 
 // Advances AdamWOptions::step_count after the update, when it was made.
-__global__ void __launch_bounds__(32) advance_step_count_kernel(double* count, const double* grad_scale) {
+__global__ void __launch_bounds__(32)
+    advance_step_count_kernel(double* count, const double* grad_scale) {
   if (threadIdx.x == 0 && (grad_scale == nullptr || isfinite(*grad_scale))) *count += 1.0;
 }
 
 template <typename T>
 AdamWScalars<T> scalars_for(const AdamWOptions& o) {
-  const AdamWStepScalars sc = adamw_step_scalars(o.lr, o.beta1, o.beta2, static_cast<double>(o.step));
+  const AdamWStepScalars sc =
+      adamw_step_scalars(o.lr, o.beta1, o.beta2, static_cast<double>(o.step));
   AdamWScalars<T> s{};
   s.b1 = static_cast<T>(o.beta1);
   s.one_minus_b1 = static_cast<T>(1.0 - o.beta1);
@@ -296,7 +298,8 @@ void adamw_multi_step_cuda(const std::vector<AdamWParam>& params, const AdamWOpt
   }
   if (o.step_count.defined()) {  // after every batch has read the count
     advance_step_count_kernel<<<1, 32, 0, compute_stream()>>>(
-        o.step_count.data<double>(), o.grad_scale.defined() ? o.grad_scale.data<double>() : nullptr);
+        o.step_count.data<double>(),
+        o.grad_scale.defined() ? o.grad_scale.data<double>() : nullptr);
     LOOM_CUDA_LAUNCH_CHECK();
   }
 }

@@ -64,8 +64,8 @@ AttnShape attn_shape(const Tensor& q, const Tensor& k, const Tensor& v, const ch
 
 template <typename T>
 void backward_typed(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
-                      const Tensor& lse, const Tensor& dout, const AttnShape& s, float scale,
-                      Tensor& dq, Tensor& dk, Tensor& dv) {
+                    const Tensor& lse, const Tensor& dout, const AttnShape& s, float scale,
+                    Tensor& dq, Tensor& dk, Tensor& dv) {
   const int64_t rows = s.b * s.hq * s.t;
   Tensor dvec = Tensor::empty({s.b, s.hq, s.t}, DType::kF32, q.device());  // Σ dout·out per row
   attention_backward_dot_kernel<T>
@@ -120,9 +120,12 @@ void attention_backward_cuda(const Tensor& q, const Tensor& k, const Tensor& v, 
     return;
   }
   switch (q.dtype()) {
-    case DType::kBF16: return backward_typed<BFloat16>(q, k, v, out, lse, dout, s, sc, dq, dk, dv);
-    case DType::kF16: return backward_typed<Float16>(q, k, v, out, lse, dout, s, sc, dq, dk, dv);
-    default: return backward_typed<float>(q, k, v, out, lse, dout, s, sc, dq, dk, dv);
+    case DType::kBF16:
+      return backward_typed<BFloat16>(q, k, v, out, lse, dout, s, sc, dq, dk, dv);
+    case DType::kF16:
+      return backward_typed<Float16>(q, k, v, out, lse, dout, s, sc, dq, dk, dv);
+    default:
+      return backward_typed<float>(q, k, v, out, lse, dout, s, sc, dq, dk, dv);
   }
 }
 

@@ -26,14 +26,19 @@ struct BlockShape {
 };
 
 // Causal self-attention as a block: Tq = Tk = T, shift 0.
-inline BlockShape self_block(const AttnShape& s) { return {s.b, s.hq, s.hkv, s.t, s.t, s.d, s.group, 0}; }
+inline BlockShape self_block(const AttnShape& s) {
+  return {s.b, s.hq, s.hkv, s.t, s.t, s.d, s.group, 0};
+}
 
 // Whether x's data starts on a 16-byte boundary (the tensor-core paths copy 16 bytes at a time;
 // cuDNN asks for it too).
-inline bool aligned16(const Tensor& x) { return reinterpret_cast<uintptr_t>(x.raw_data()) % 16 == 0; }
+inline bool aligned16(const Tensor& x) {
+  return reinterpret_cast<uintptr_t>(x.raw_data()) % 16 == 0;
+}
 
 // t must be contiguous `shape` of `dtype` (the launchers' output and buffer checks).
-inline void check_like(const Tensor& t, const Shape& shape, DType dtype, const char* name, const char* what) {
+inline void check_like(const Tensor& t, const Shape& shape, DType dtype, const char* name,
+                       const char* what) {
   LOOM_CHECK(t.shape() == shape && t.dtype() == dtype && t.is_contiguous(), name, ": ", what,
              " must be contiguous ", shape_str(shape), " ", dtype_name(dtype), ", got ",
              shape_str(t.shape()), " ", dtype_name(t.dtype()));
@@ -48,8 +53,8 @@ inline void check_like(const Tensor& t, const Shape& shape, DType dtype, const c
 void block_attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, const BlockShape& s,
                              float scale, Tensor& out, Tensor& lse);
 void block_attention_backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& lse,
-                              const Tensor& delta, const Tensor& dout, const BlockShape& s, float scale,
-                              Tensor& dq, Tensor& dk, Tensor& dv);
+                              const Tensor& delta, const Tensor& dout, const BlockShape& s,
+                              float scale, Tensor& dq, Tensor& dk, Tensor& dv);
 
 // True when the tensor-core forward takes this call: bf16 or f16, D ∈ {64, 128}, and every
 // buffer 16-byte aligned (cp.async copies 16 bytes at a time).

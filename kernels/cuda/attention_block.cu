@@ -422,8 +422,8 @@ void block_attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, 
 }
 
 void block_attention_backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& lse,
-                              const Tensor& delta, const Tensor& dout, const BlockShape& s, float scale,
-                              Tensor& dq, Tensor& dk, Tensor& dv) {
+                              const Tensor& delta, const Tensor& dout, const BlockShape& s,
+                              float scale, Tensor& dq, Tensor& dk, Tensor& dv) {
   const BlockGrads g{q, k, v, lse, delta, dout, dq, dk, dv};
   switch (q.dtype()) {
     case DType::kBF16:

@@ -11,9 +11,10 @@
 //   lse (B, Hq, T) as cuDNN's softmax statistics (B, Hq, T, 1), f32, natural log.
 // cuDNN writes dq, dk, dv; the contract accumulates, so they land in temporaries first and are
 // added (axpy) into the caller's. The backward asks for cuDNN's deterministic algorithm (the
-// contract's run-to-run bits; otherwise dq is summed with atomics for large shapes). The workspace comes from the caching allocator. Built only
-// when CMake found the frontend headers (LOOM_HAS_CUDNN_FRONTEND); otherwise no call reaches
-// the two passes, which then say how to get them.
+// contract's run-to-run bits; otherwise dq is summed with atomics for large shapes). The workspace
+// comes from the caching allocator. Built only when CMake found the frontend headers
+// (LOOM_HAS_CUDNN_FRONTEND); otherwise no call reaches the two passes, which then say how to get
+// them.
 //
 // libcudnn is loaded at first use (dlopen, the frontend's NV_CUDNN_FRONTEND_USE_DYNAMIC_LOADING
 // mode), not linked: a machine without cuDNN 9 runs everything else, and asking for cuDNN
@@ -83,23 +84,23 @@ void load_cudnn() {
 // CUDNN_CHECK(fe::detail::create_handle(&h)): throws loom::Error naming the call, cuDNN's
 // status and the call site. FE_CHECK(graph.validate()): the same for the frontend's error_t
 // (not const: its get_message() is not).
-#define CUDNN_CHECK(call)                                                                    \
-  do {                                                                                       \
-    const cudnnStatus_t loom_cudnn_st_ = (call);                                             \
-    if (loom_cudnn_st_ != CUDNN_STATUS_SUCCESS) {                                            \
-      throw ::loom::Error(::loom::detail::str(#call, " failed: ",                            \
-                                              fe::detail::get_error_string(loom_cudnn_st_)), \
-                          __FILE__, __LINE__);                                               \
-    }                                                                                        \
+#define CUDNN_CHECK(call)                                                                        \
+  do {                                                                                           \
+    const cudnnStatus_t loom_cudnn_st_ = (call);                                                 \
+    if (loom_cudnn_st_ != CUDNN_STATUS_SUCCESS) {                                                \
+      throw ::loom::Error(                                                                       \
+          ::loom::detail::str(#call, " failed: ", fe::detail::get_error_string(loom_cudnn_st_)), \
+          __FILE__, __LINE__);                                                                   \
+    }                                                                                            \
   } while (0)
-#define FE_CHECK(call)                                                                       \
-  do {                                                                                       \
-    fe::error_t loom_fe_err_ = (call);                                                       \
-    if (!loom_fe_err_.is_good()) {                                                           \
-      throw ::loom::Error(::loom::detail::str("cuDNN attention: ", #call, " failed: ",       \
-                                              loom_fe_err_.get_message()),                   \
-                          __FILE__, __LINE__);                                               \
-    }                                                                                        \
+#define FE_CHECK(call)                                                                  \
+  do {                                                                                  \
+    fe::error_t loom_fe_err_ = (call);                                                  \
+    if (!loom_fe_err_.is_good()) {                                                      \
+      throw ::loom::Error(::loom::detail::str("cuDNN attention: ", #call,               \
+                                              " failed: ", loom_fe_err_.get_message()), \
+                          __FILE__, __LINE__);                                          \
+    }                                                                                   \
   } while (0)
 
 // Tensor uids in the graphs' variant packs.
@@ -119,8 +120,10 @@ GraphKey graph_key(Pass pass, DType dtype, const AttnShape& s, float scale) {
 // A (B, H, T, D) tensor in Loom's contiguous layout: named, numbered, dims and strides set.
 fe::graph::Tensor_attributes& describe_bhtd(fe::graph::Tensor_attributes& t, const char* name,
                                             Uid uid, const AttnShape& s, int64_t heads) {
-  return t.set_name(name).set_uid(uid).set_dim({s.b, heads, s.t, s.d}).set_stride(
-      {heads * s.t * s.d, s.t * s.d, s.d, 1});
+  return t.set_name(name)
+      .set_uid(uid)
+      .set_dim({s.b, heads, s.t, s.d})
+      .set_stride({heads * s.t * s.d, s.t * s.d, s.d, 1});
 }
 
 // A graph input of that layout.
@@ -159,7 +162,7 @@ std::unique_ptr<fe::graph::Graph> new_graph(DType dtype, int sm_version) {
 
 // out, stats = causal flash attention of q, k, v (grouped-query when Hkv < Hq).
 std::unique_ptr<fe::graph::Graph> forward_graph(DType dtype, const AttnShape& s, float scale,
-                                              int sm_version) {
+                                                int sm_version) {
   auto g = new_graph(dtype, sm_version);
   auto [o, stats] = g->sdpa(input(*g, "q", kQ, s, s.hq), input(*g, "k", kK, s, s.hkv),
                             input(*g, "v", kV, s, s.hkv),
@@ -176,7 +179,7 @@ std::unique_ptr<fe::graph::Graph> forward_graph(DType dtype, const AttnShape& s,
 
 // dq, dk, dv of the causal attention, from q, k, v, out, dout and the statistics.
 std::unique_ptr<fe::graph::Graph> backward_graph(DType dtype, const AttnShape& s, float scale,
-                                              int sm_version) {
+                                                 int sm_version) {
   auto g = new_graph(dtype, sm_version);
   fe::graph::Tensor_attributes stats_desc;
   stats_desc.set_name("lse");
@@ -307,10 +310,15 @@ void cudnn_attention_backward(const Tensor& q, const Tensor& k, const Tensor& v,
   Tensor dq_new = Tensor::empty(dq.shape(), dq.dtype(), dq.device());
   Tensor dk_new = Tensor::empty(dk.shape(), dk.dtype(), dk.device());
   Tensor dv_new = Tensor::empty(dv.shape(), dv.dtype(), dv.device());
-  std::unordered_map<int64_t, void*> pack = {
-      {kQ, ptr(q)},         {kK, ptr(k)},           {kV, ptr(v)},
-      {kO, ptr(out)},       {kStats, ptr(lse)},     {kDO, ptr(dout)},
-      {kDQ, dq_new.raw_data()}, {kDK, dk_new.raw_data()}, {kDV, dv_new.raw_data()}};
+  std::unordered_map<int64_t, void*> pack = {{kQ, ptr(q)},
+                                             {kK, ptr(k)},
+                                             {kV, ptr(v)},
+                                             {kO, ptr(out)},
+                                             {kStats, ptr(lse)},
+                                             {kDO, ptr(dout)},
+                                             {kDQ, dq_new.raw_data()},
+                                             {kDK, dk_new.raw_data()},
+                                             {kDV, dv_new.raw_data()}};
   execute(ctx, g, pack, q.device());
   call_kernel<axpy_k>(1.0, dq_new, dq);
   call_kernel<axpy_k>(1.0, dk_new, dk);

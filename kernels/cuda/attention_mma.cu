@@ -2,10 +2,11 @@
 // with D = 64 or 128 (Note [Attention kernel contract] in kernels/attention.h), FA2-style:
 // a block owns 128 query rows at D = 64 (32 per warp) or 64 at D = 128 (16 per warp), keeps
 // them in registers as mma A fragments, and walks the 64-key tiles of K and V up to the
-// diagonal, double-buffered in shared memory with cp.async. Scores and the output accumulate in f32 through mma.sync m16n8k16; the online
-// softmax (running max and sum per row) runs in f32 in the log2 domain. Nothing T×T is stored.
-// The launcher (attention.cu) calls this only when attention_forward_mma_supported() holds;
-// this file registers nothing and must not synchronise the host. See docs/cuda_attention.md.
+// diagonal, double-buffered in shared memory with cp.async. Scores and the output accumulate in f32
+// through mma.sync m16n8k16; the online softmax (running max and sum per row) runs in f32 in the
+// log2 domain. Nothing T×T is stored. The launcher (attention.cu) calls this only when
+// attention_forward_mma_supported() holds; this file registers nothing and must not synchronise the
+// host. See docs/cuda_attention.md.
 #include <cuda_runtime.h>
 
 #include <cmath>
@@ -31,8 +32,7 @@ template <int D>
 constexpr int kQRows = 4 * 16 * kMTiles<D>;  // query rows per block (4 warps)
 // Q, two K buffers, two V buffers.
 template <int D>
-constexpr size_t kSmemBytes =
-    (kQRows<D> * kStride<D> + 4 * kTileElems<D>) * sizeof(uint16_t);
+constexpr size_t kSmemBytes = (kQRows<D> * kStride<D> + 4 * kTileElems<D>)*sizeof(uint16_t);
 // 54 KiB at D = 64, 85 KiB at D = 128: above the default 48 KiB (the launcher opts in), within
 // every built architecture's per-block limit.
 static_assert(kSmemBytes<64> <= kMaxOptinSmem && kSmemBytes<128> <= kMaxOptinSmem,
@@ -86,9 +86,9 @@ __device__ __forceinline__ void mma_pb_m(float (&out)[M][D / 8][4], const float 
 #pragma unroll
     for (int dp = 0; dp < D / 16; ++dp) {
       uint32_t bf[4];
-      ldmatrix_x4_trans(bf, smem_addr(tile + (kk * 16 + (lane & 7) + ((lane >> 3) & 1) * 8) *
-                                                 kStride<D> +
-                                      dp * 16 + (lane >> 4) * 8));
+      ldmatrix_x4_trans(
+          bf, smem_addr(tile + (kk * 16 + (lane & 7) + ((lane >> 3) & 1) * 8) * kStride<D> +
+                        dp * 16 + (lane >> 4) * 8));
 #pragma unroll
       for (int mt = 0; mt < M; ++mt) {
         mma_16816<T>(out[mt][2 * dp], pa[mt], bf[0], bf[1]);
@@ -164,8 +164,8 @@ __global__ void __launch_bounds__(kMmaThreads)
   constexpr int M = kMTiles<D>;
   extern __shared__ __align__(16) unsigned char mma_smem[];
   uint16_t* qs = reinterpret_cast<uint16_t*>(mma_smem);  // (kQRows, kStride)
-  uint16_t* ks = qs + kQRows<D> * kStride<D>;             // 2 × (64, kStride)
-  uint16_t* vs = ks + 2 * kTileElems<D>;                  // 2 × (64, kStride)
+  uint16_t* ks = qs + kQRows<D> * kStride<D>;            // 2 × (64, kStride)
+  uint16_t* vs = ks + 2 * kTileElems<D>;                 // 2 × (64, kStride)
 
   const int64_t tile = q_tiles - 1 - static_cast<int64_t>(blockIdx.x) % q_tiles;
   const int64_t bh = static_cast<int64_t>(blockIdx.x) / q_tiles;  // b·Hq + h
@@ -199,8 +199,10 @@ __global__ void __launch_bounds__(kMmaThreads)
     const int buf = static_cast<int>(kt & 1);
     if (kt + 1 < n_key_tiles) {  // prefetch the next tile into the other buffer
       const int64_t next = (kt + 1) * kBlockRows;
-      load_tile_async<D>(ks + (buf ^ 1) * kTileElems<D>, kb + next * D, min64(kBlockRows, t - next));
-      load_tile_async<D>(vs + (buf ^ 1) * kTileElems<D>, vb + next * D, min64(kBlockRows, t - next));
+      load_tile_async<D>(ks + (buf ^ 1) * kTileElems<D>, kb + next * D,
+                         min64(kBlockRows, t - next));
+      load_tile_async<D>(vs + (buf ^ 1) * kTileElems<D>, vb + next * D,
+                         min64(kBlockRows, t - next));
       cp_async_commit();
       cp_async_wait<1>();
     } else {

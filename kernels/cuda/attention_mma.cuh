@@ -32,7 +32,7 @@ constexpr float kLn2 = 0.6931471805599453f;
 template <int D>
 constexpr int kStride = D + 8;
 template <int D>
-constexpr int kTileElems = kBlockRows * kStride<D>;
+constexpr int kTileElems = kBlockRows* kStride<D>;
 constexpr int kNTiles = kBlockRows / 8;  // 8-wide column tiles of a 64-wide score tile
 
 __device__ __forceinline__ int64_t min64(int64_t a, int64_t b) { return a < b ? a : b; }
@@ -110,8 +110,7 @@ __device__ __forceinline__ uint32_t pack2(float lo, float hi) {
 // (row stride kStride<D>); rows from `valid` on become zeros, so masked keys never multiply
 // garbage (src itself is then passed but not read).
 template <int D, int Rows = kBlockRows>
-__device__ __forceinline__ void load_tile_async(uint16_t* dst, const uint16_t* src,
-                                                int64_t valid) {
+__device__ __forceinline__ void load_tile_async(uint16_t* dst, const uint16_t* src, int64_t valid) {
   constexpr int kVecsPerRow = D / 8;  // 16-byte pieces
   constexpr int kIters = Rows * kVecsPerRow / kMmaThreads;
   static_assert(Rows * kVecsPerRow % kMmaThreads == 0, "tile must split evenly");
@@ -130,9 +129,9 @@ __device__ __forceinline__ void load_a_fragments(uint32_t (&f)[D / 16][4], const
                                                  int warp, int lane) {
 #pragma unroll
   for (int kc = 0; kc < D / 16; ++kc) {
-    ldmatrix_x4(f[kc], smem_addr(tile + (warp * 16 + (lane & 7) + ((lane >> 3) & 1) * 8) *
-                                            kStride<D> +
-                                 kc * 16 + (lane >> 4) * 8));
+    ldmatrix_x4(f[kc],
+                smem_addr(tile + (warp * 16 + (lane & 7) + ((lane >> 3) & 1) * 8) * kStride<D> +
+                          kc * 16 + (lane >> 4) * 8));
   }
 }
 
@@ -166,16 +165,15 @@ __device__ __forceinline__ void mma_pb(float (&out)[D / 8][4], const float (&p)[
                                        const uint16_t* tile, int lane) {
 #pragma unroll
   for (int kk = 0; kk < kBlockRows / 16; ++kk) {
-    const uint32_t pa[4] = {pack2<T>(p[2 * kk][0], p[2 * kk][1]),
-                            pack2<T>(p[2 * kk][2], p[2 * kk][3]),
-                            pack2<T>(p[2 * kk + 1][0], p[2 * kk + 1][1]),
-                            pack2<T>(p[2 * kk + 1][2], p[2 * kk + 1][3])};
+    const uint32_t pa[4] = {
+        pack2<T>(p[2 * kk][0], p[2 * kk][1]), pack2<T>(p[2 * kk][2], p[2 * kk][3]),
+        pack2<T>(p[2 * kk + 1][0], p[2 * kk + 1][1]), pack2<T>(p[2 * kk + 1][2], p[2 * kk + 1][3])};
 #pragma unroll
     for (int dp = 0; dp < D / 16; ++dp) {
       uint32_t bf[4];
-      ldmatrix_x4_trans(bf, smem_addr(tile + (kk * 16 + (lane & 7) + ((lane >> 3) & 1) * 8) *
-                                                 kStride<D> +
-                                      dp * 16 + (lane >> 4) * 8));
+      ldmatrix_x4_trans(
+          bf, smem_addr(tile + (kk * 16 + (lane & 7) + ((lane >> 3) & 1) * 8) * kStride<D> +
+                        dp * 16 + (lane >> 4) * 8));
       mma_16816<T>(out[2 * dp], pa, bf[0], bf[1]);
       mma_16816<T>(out[2 * dp + 1], pa, bf[2], bf[3]);
     }

@@ -26,7 +26,7 @@ namespace {
 
 using namespace mma;  // NOLINT(build/namespaces): the tensor-core building blocks
 
-constexpr int kD = 64;                   // the head size this backward handles
+constexpr int kD = 64;  // the head size this backward handles
 constexpr int kTile = kTileElems<kD>;
 // dk/dv: K, V; Q and dout double-buffered; lse and D of the query tile double-buffered.
 constexpr size_t kDkvSmemBytes = 6 * kTile * sizeof(uint16_t) + 4 * kBlockRows * sizeof(float);
@@ -51,18 +51,21 @@ __device__ __forceinline__ void accumulate_pair(uint16_t* dst, float a, float b)
 // tile). Warp w holds keys 16w + g and 16w + g + 8 of the tile (lane = 4g + t); the block
 // walks the items (query head of the group, query tile) in a fixed order.
 template <typename T>
-__global__ void __launch_bounds__(kMmaThreads) attention_backward_dkv_mma_kernel(
-    const uint16_t* __restrict__ q, const uint16_t* __restrict__ k,
-    const uint16_t* __restrict__ v, const uint16_t* __restrict__ dout,
-    const float* __restrict__ lse, const float* __restrict__ dvec, uint16_t* __restrict__ dk,
-    uint16_t* __restrict__ dv, AttnShape s, float scale, int64_t k_tiles) {
+__global__ void __launch_bounds__(kMmaThreads)
+    attention_backward_dkv_mma_kernel(const uint16_t* __restrict__ q,
+                                      const uint16_t* __restrict__ k,
+                                      const uint16_t* __restrict__ v,
+                                      const uint16_t* __restrict__ dout,
+                                      const float* __restrict__ lse, const float* __restrict__ dvec,
+                                      uint16_t* __restrict__ dk, uint16_t* __restrict__ dv,
+                                      AttnShape s, float scale, int64_t k_tiles) {
   extern __shared__ __align__(16) unsigned char mma_smem[];
-  uint16_t* ks = reinterpret_cast<uint16_t*>(mma_smem);              // (64, kStride)
-  uint16_t* vs = ks + kTile;                                          // (64, kStride)
-  uint16_t* qs = vs + kTile;                                          // 2 × (64, kStride)
-  uint16_t* dos = qs + 2 * kTile;                                     // 2 × (64, kStride)
-  float* lse_s = reinterpret_cast<float*>(dos + 2 * kTile);           // 2 × 64
-  float* dvec_s = lse_s + 2 * kBlockRows;                             // 2 × 64
+  uint16_t* ks = reinterpret_cast<uint16_t*>(mma_smem);      // (64, kStride)
+  uint16_t* vs = ks + kTile;                                 // (64, kStride)
+  uint16_t* qs = vs + kTile;                                 // 2 × (64, kStride)
+  uint16_t* dos = qs + 2 * kTile;                            // 2 × (64, kStride)
+  float* lse_s = reinterpret_cast<float*>(dos + 2 * kTile);  // 2 × 64
+  float* dvec_s = lse_s + 2 * kBlockRows;                    // 2 × 64
 
   const int64_t kt = static_cast<int64_t>(blockIdx.x) % k_tiles;
   const int64_t bkv = static_cast<int64_t>(blockIdx.x) / k_tiles;  // b·Hkv + kv head
@@ -127,7 +130,7 @@ __global__ void __launch_bounds__(kMmaThreads) attention_backward_dkv_mma_kernel
         const int64_t i = q0 + col, j = keys[e >> 1];
         float p = 0.f;
         if (i >= j && i < t && j < t) p = exp2f(st[nt][e] * scale_log2 - lse_t[col] * kLog2e);
-        st[nt][e] = p;                                 // Pᵀ
+        st[nt][e] = p;                                // Pᵀ
         dpt[nt][e] = p * (dpt[nt][e] - dvec_t[col]);  // dSᵀ
       }
     }
@@ -153,16 +156,18 @@ __global__ void __launch_bounds__(kMmaThreads) attention_backward_dkv_mma_kernel
 // dq: one block per (b, h, 64-row query tile), heaviest (last) tiles first. Warp w holds query
 // rows 16w + g and 16w + g + 8 of the tile.
 template <typename T>
-__global__ void __launch_bounds__(kMmaThreads) attention_backward_dq_mma_kernel(
-    const uint16_t* __restrict__ q, const uint16_t* __restrict__ k,
-    const uint16_t* __restrict__ v, const uint16_t* __restrict__ dout,
-    const float* __restrict__ lse, const float* __restrict__ dvec, uint16_t* __restrict__ dq,
-    AttnShape s, float scale, int64_t q_tiles) {
+__global__ void __launch_bounds__(kMmaThreads)
+    attention_backward_dq_mma_kernel(const uint16_t* __restrict__ q, const uint16_t* __restrict__ k,
+                                     const uint16_t* __restrict__ v,
+                                     const uint16_t* __restrict__ dout,
+                                     const float* __restrict__ lse, const float* __restrict__ dvec,
+                                     uint16_t* __restrict__ dq, AttnShape s, float scale,
+                                     int64_t q_tiles) {
   extern __shared__ __align__(16) unsigned char mma_smem[];
   uint16_t* qs = reinterpret_cast<uint16_t*>(mma_smem);  // (64, kStride)
-  uint16_t* dos = qs + kTile;                             // (64, kStride)
-  uint16_t* ks = dos + kTile;                             // 2 × (64, kStride)
-  uint16_t* vs = ks + 2 * kTile;                          // 2 × (64, kStride)
+  uint16_t* dos = qs + kTile;                            // (64, kStride)
+  uint16_t* ks = dos + kTile;                            // 2 × (64, kStride)
+  uint16_t* vs = ks + 2 * kTile;                         // 2 × (64, kStride)
 
   const int64_t tile = q_tiles - 1 - static_cast<int64_t>(blockIdx.x) % q_tiles;
   const int64_t bh = static_cast<int64_t>(blockIdx.x) / q_tiles;  // b·Hq + h
@@ -263,8 +268,8 @@ void launch_backward_mma(const Tensor& q, const Tensor& k, const Tensor& v, cons
   CUDA_CHECK(cudaFuncSetAttribute(dq_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                   static_cast<int>(kDqSmemBytes)));
   dq_kernel<<<grid_blocks(s.b * s.hq * tiles), kMmaThreads, kDqSmemBytes, compute_stream()>>>(
-      bits(q), bits(k), bits(v), bits(dout), lse.data<float>(), dvec.data<float>(), bits_mut(dq),
-      s, scale, tiles);
+      bits(q), bits(k), bits(v), bits(dout), lse.data<float>(), dvec.data<float>(), bits_mut(dq), s,
+      scale, tiles);
   LOOM_CUDA_LAUNCH_CHECK();
 }
 

@@ -131,7 +131,8 @@ void copy_cuda(const Tensor& src, Tensor& dst) {
     const src_t* s = static_cast<const src_t*>(src.raw_data());
     LOOM_DISPATCH_ALL(dst.dtype(), "copy", [&] {
       scalar_t* d = static_cast<scalar_t*>(dst.raw_data());
-      copy_kernel<src_t, scalar_t><<<grid_for(n, kThreads), kThreads, 0, compute_stream()>>>(s, d, n, g);
+      copy_kernel<src_t, scalar_t>
+          <<<grid_for(n, kThreads), kThreads, 0, compute_stream()>>>(s, d, n, g);
     });
   });
   LOOM_CUDA_LAUNCH_CHECK();
@@ -144,8 +145,8 @@ void fill_cuda(Tensor& dst, double value) {
   const StridedGeometry g = make_geometry(dst.shape(), nullptr, dst.strides(), "fill");
   LOOM_DISPATCH_ALL(dst.dtype(), "fill", [&] {
     scalar_t* d = static_cast<scalar_t*>(dst.raw_data());
-    fill_kernel<scalar_t>
-        <<<grid_for(n, kThreads), kThreads, 0, compute_stream()>>>(d, n, host_value<scalar_t>(value), g);
+    fill_kernel<scalar_t><<<grid_for(n, kThreads), kThreads, 0, compute_stream()>>>(
+        d, n, host_value<scalar_t>(value), g);
   });
   LOOM_CUDA_LAUNCH_CHECK();
 }
@@ -239,7 +240,8 @@ void copy_host_to_device_cuda(const Tensor& src_host, Tensor& dst) {
   CudaDeviceGuard guard(dst.device().index);
   const size_t bytes = dst.nbytes();
   if (bytes <= StagingBlocks::kMaxStagedBytes &&
-      StagingBlocks::instance().upload(dst.raw_data(), src_host.raw_data(), bytes, dst.device().index)) {
+      StagingBlocks::instance().upload(dst.raw_data(), src_host.raw_data(), bytes,
+                                       dst.device().index)) {
     return;
   }
   CUDA_CHECK(cudaMemcpy(dst.raw_data(), src_host.raw_data(), bytes, cudaMemcpyHostToDevice));
@@ -285,8 +287,8 @@ int device_count_cuda() {
 }
 
 void set_current_device_cuda(int index) {
-  LOOM_CHECK(index >= 0 && index < device_count_cuda(), "cuda: no device ", index, " (", device_count_cuda(),
-             " visible)");
+  LOOM_CHECK(index >= 0 && index < device_count_cuda(), "cuda: no device ", index, " (",
+             device_count_cuda(), " visible)");
   CUDA_CHECK(cudaSetDevice(index));
 }
 

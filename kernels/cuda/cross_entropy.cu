@@ -219,8 +219,9 @@ __global__ void __launch_bounds__(kThreads)
     }
     // The max and the sum in A; lse and loss formed in double (a confident row's loss is a small
     // difference of two large numbers).
-    const double l = isinf(total.m) ? static_cast<double>(total.m)
-                                    : static_cast<double>(total.m) + log(static_cast<double>(total.s));
+    const double l = isinf(total.m)
+                         ? static_cast<double>(total.m)
+                         : static_cast<double>(total.m) + log(static_cast<double>(total.s));
     lse[r] = static_cast<A>(l);
     loss[r] = static_cast<A>(l - static_cast<double>(convert<A>(row[t])));
   }
@@ -410,7 +411,8 @@ void launch_per_row(const Tensor& logits, const Tensor& targets, const char* nam
   LOOM_CHECK(n <= std::numeric_limits<int32_t>::max(), name, ": too many rows (", n, ")");
   CudaDeviceGuard guard(logits.device().index);
   dispatch_logits(logits.dtype(), name, [&](auto tag) {
-    LOOM_DISPATCH_INDEX(targets.dtype(), name, [&] { launch(tag, index_t{}, static_cast<unsigned>(n)); });
+    LOOM_DISPATCH_INDEX(targets.dtype(), name,
+                        [&] { launch(tag, index_t{}, static_cast<unsigned>(n)); });
   });
   LOOM_CUDA_LAUNCH_CHECK();
 }
@@ -426,9 +428,9 @@ void cross_entropy_forward_cuda(const Tensor& logits, const Tensor& targets, int
     using A = acc_t<T>;
     using index_t = decltype(itag);
     cross_entropy_forward_kernel<T, index_t><<<grid, kThreads, 0, compute_stream()>>>(
-          static_cast<const T*>(logits.raw_data()),
-          static_cast<const index_t*>(targets.raw_data()), logits.size(1), vocab_size,
-          ignore_index, static_cast<A*>(loss.raw_data()), static_cast<A*>(lse.raw_data()));
+        static_cast<const T*>(logits.raw_data()), static_cast<const index_t*>(targets.raw_data()),
+        logits.size(1), vocab_size, ignore_index, static_cast<A*>(loss.raw_data()),
+        static_cast<A*>(lse.raw_data()));
   });
 }
 
@@ -444,11 +446,10 @@ void cross_entropy_backward_cuda(const Tensor& logits, const Tensor& targets, co
     using A = acc_t<T>;
     using index_t = decltype(itag);
     cross_entropy_backward_kernel<T, index_t><<<grid, kThreads, 0, compute_stream()>>>(
-          static_cast<const T*>(logits.raw_data()),
-          static_cast<const index_t*>(targets.raw_data()),
-          static_cast<const A*>(lse.raw_data()), static_cast<const A*>(dloss.raw_data()),
-          static_cast<A>(grad_scale), logits.size(1), vocab_size, ignore_index,
-          static_cast<T*>(dlogits.raw_data()));
+        static_cast<const T*>(logits.raw_data()), static_cast<const index_t*>(targets.raw_data()),
+        static_cast<const A*>(lse.raw_data()), static_cast<const A*>(dloss.raw_data()),
+        static_cast<A>(grad_scale), logits.size(1), vocab_size, ignore_index,
+        static_cast<T*>(dlogits.raw_data()));
   });
 }
 
@@ -465,10 +466,9 @@ void vocab_parallel_ce_forward_cuda(const Tensor& logits, const Tensor& targets,
     using A = acc_t<T>;
     using index_t = decltype(itag);
     vocab_parallel_ce_forward_kernel<T, index_t><<<grid, kThreads, 0, compute_stream()>>>(
-          static_cast<const T*>(logits.raw_data()),
-          static_cast<const index_t*>(targets.raw_data()), logits.size(1), vocab_valid,
-          vocab_start, ignore_index, static_cast<A*>(lse_local.raw_data()),
-          static_cast<A*>(target_logit.raw_data()));
+        static_cast<const T*>(logits.raw_data()), static_cast<const index_t*>(targets.raw_data()),
+        logits.size(1), vocab_valid, vocab_start, ignore_index,
+        static_cast<A*>(lse_local.raw_data()), static_cast<A*>(target_logit.raw_data()));
   });
 }
 
@@ -485,11 +485,10 @@ void vocab_parallel_ce_backward_cuda(const Tensor& logits, const Tensor& targets
     using A = acc_t<T>;
     using index_t = decltype(itag);
     vocab_parallel_ce_backward_kernel<T, index_t><<<grid, kThreads, 0, compute_stream()>>>(
-          static_cast<const T*>(logits.raw_data()),
-          static_cast<const index_t*>(targets.raw_data()),
-          static_cast<const A*>(lse.raw_data()), static_cast<const A*>(dloss.raw_data()),
-          static_cast<A>(grad_scale), logits.size(1), vocab_valid, vocab_start, ignore_index,
-          static_cast<T*>(dlogits.raw_data()));
+        static_cast<const T*>(logits.raw_data()), static_cast<const index_t*>(targets.raw_data()),
+        static_cast<const A*>(lse.raw_data()), static_cast<const A*>(dloss.raw_data()),
+        static_cast<A>(grad_scale), logits.size(1), vocab_valid, vocab_start, ignore_index,
+        static_cast<T*>(dlogits.raw_data()));
   });
 }
 
@@ -498,7 +497,8 @@ void vocab_parallel_lse_combine_cuda(const Tensor& lses, const Tensor& target_lo
                                      int64_t vocab_size, Tensor& lse, Tensor& row_loss,
                                      Tensor& loss, Tensor& inv_count) {
   const char* name = "vocab_parallel_lse_combine";
-  check_lse_combine_args(lses, target_logit, targets, vocab_size, lse, row_loss, loss, inv_count, name);
+  check_lse_combine_args(lses, target_logit, targets, vocab_size, lse, row_loss, loss, inv_count,
+                         name);
   const int64_t g = lses.size(0), n = lses.size(1);
   const DType dt = lses.dtype();
   LOOM_CHECK(dt == DType::kF32 || dt == DType::kF64, name, ": lses dtype ", dtype_name(dt),

@@ -68,7 +68,8 @@ class CudaCachingAllocator final : public Allocator {
   AllocatorStats stats() const override {
     AllocatorStats s = counter_.stats();
     std::lock_guard<std::mutex> lock(mu_);
-    for (const DeviceCache& d : devices_) s.reserved_bytes += static_cast<int64_t>(d.reserved_bytes);
+    for (const DeviceCache& d : devices_)
+      s.reserved_bytes += static_cast<int64_t>(d.reserved_bytes);
     return s;
   }
   void reset_peak() override { counter_.reset_peak(); }

@@ -58,9 +58,9 @@ namespace loom::kernels::cuda::detail {
 #ifdef NDEBUG
 #define LOOM_CUDA_LAUNCH_CHECK() CUDA_CHECK(cudaGetLastError())
 #else
-#define LOOM_CUDA_LAUNCH_CHECK()                         \
-  do {                                                   \
-    CUDA_CHECK(cudaGetLastError());                      \
+#define LOOM_CUDA_LAUNCH_CHECK()                            \
+  do {                                                      \
+    CUDA_CHECK(cudaGetLastError());                         \
     CUDA_CHECK(cudaStreamSynchronize(cudaStreamPerThread)); \
   } while (0)
 #endif

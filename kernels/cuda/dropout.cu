@@ -22,8 +22,8 @@ inline constexpr int kDropoutPack = kPackOf<T> > 4 ? kPackOf<T> : 4;
 // y[b + l] (=, or += when Accumulate) keep ? x[b + l]·scale : 0 for l < 4, from the four draws
 // `bits` (one Philox block's, or four elements' own).
 template <bool Accumulate, typename C, int V>
-__device__ __forceinline__ void apply_four(const uint32_t (&bits)[4], float p, C scale, const C (&x)[V],
-                                           C (&y)[V], int b) {
+__device__ __forceinline__ void apply_four(const uint32_t (&bits)[4], float p, C scale,
+                                           const C (&x)[V], C (&y)[V], int b) {
 #pragma unroll
   for (int l = 0; l < 4; ++l) {
     const bool keep = uint_to_unit_float(bits[l]) > p;
@@ -114,7 +114,8 @@ void dropout_apply(const char* op, const Tensor& in, double p, uint64_t seed, ui
                    Tensor& out) {
   launch_dropout(op, in, p, out, [&](auto c) {
     using C = decltype(c);
-    return DropoutFn<Accumulate, C>{seed, offset, static_cast<float>(p), static_cast<C>(1.0 / (1.0 - p))};
+    return DropoutFn<Accumulate, C>{seed, offset, static_cast<float>(p),
+                                    static_cast<C>(1.0 / (1.0 - p))};
   });
 }
 
@@ -126,8 +127,9 @@ void dropout_rows_apply(const char* op, const Tensor& in, const Tensor& rows, in
                  rows.is_contiguous() && rows.device() == in.device(),
              op, ": rows must be (", in.size(1), ") contiguous i64 on ", in.device().str(),
              ", got ", shape_str(rows.shape()), " ", dtype_name(rows.dtype()));
-  LOOM_CHECK(total > 0 && b0 >= 0, op, ": total rows must be positive and the batch offset non-negative, got ",
-             total, " and ", b0);
+  LOOM_CHECK(total > 0 && b0 >= 0, op,
+             ": total rows must be positive and the batch offset non-negative, got ", total,
+             " and ", b0);
   launch_dropout(op, in, p, out, [&](auto c) {
     using C = decltype(c);
     return DropoutRowsFn<Accumulate, C>{static_cast<const int64_t*>(rows.raw_data()),
@@ -150,13 +152,13 @@ void dropout_backward_cuda(const Tensor& dy, double p, uint64_t seed, uint64_t o
   dropout_apply<true>("dropout_backward", dy, p, seed, offset, dx);
 }
 
-void dropout_rows_forward_cuda(const Tensor& x, const Tensor& rows, int64_t total, int64_t b0, double p,
-                               uint64_t seed, uint64_t offset, Tensor& y) {
+void dropout_rows_forward_cuda(const Tensor& x, const Tensor& rows, int64_t total, int64_t b0,
+                               double p, uint64_t seed, uint64_t offset, Tensor& y) {
   dropout_rows_apply<false>("dropout_rows_forward", x, rows, total, b0, p, seed, offset, y);
 }
 
-void dropout_rows_backward_cuda(const Tensor& dy, const Tensor& rows, int64_t total, int64_t b0, double p,
-                                uint64_t seed, uint64_t offset, Tensor& dx) {
+void dropout_rows_backward_cuda(const Tensor& dy, const Tensor& rows, int64_t total, int64_t b0,
+                                double p, uint64_t seed, uint64_t offset, Tensor& dx) {
   dropout_rows_apply<true>("dropout_rows_backward", dy, rows, total, b0, p, seed, offset, dx);
 }
 

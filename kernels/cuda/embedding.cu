@@ -124,7 +124,8 @@ void check_embedding_args(const char* op, const Tensor& ids, const Tensor& table
              ": cuda kernel needs contiguous tensors");
 }
 
-void embedding_forward_cuda(const Tensor& ids, const Tensor& weight, Tensor& out, bool ids_checked) {
+void embedding_forward_cuda(const Tensor& ids, const Tensor& weight, Tensor& out,
+                            bool ids_checked) {
   check_embedding_args("embedding_forward", ids, weight, out);
   const int64_t n = ids.numel(), vocab = weight.size(0), cols = weight.size(1);
   if (n == 0) return;
@@ -168,7 +169,8 @@ int key_bits(int64_t vocab) {
   return bits;
 }
 
-void embedding_backward_cuda(const Tensor& ids, const Tensor& dout, Tensor& dweight, bool ids_checked) {
+void embedding_backward_cuda(const Tensor& ids, const Tensor& dout, Tensor& dweight,
+                             bool ids_checked) {
   check_embedding_args("embedding_backward", ids, dweight, dout);
   const int64_t n = ids.numel(), vocab = dweight.size(0), cols = dweight.size(1);
   if (n == 0) return;

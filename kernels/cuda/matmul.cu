@@ -204,8 +204,8 @@ class Plan {
   bool run(const LtGemm& g, BlasContext& ctx, float alpha, float beta) {
     set_pointers(g);
     const cublasStatus_t st =
-        cublasLtMatmul(ctx.lt(), desc_, &alpha, g.a.ptr, a_, g.b.ptr, b_, &beta, g.d, d_, g.d, d_, &algo_,
-                       ctx.workspace(), BlasContext::kWorkspaceBytes, compute_stream());
+        cublasLtMatmul(ctx.lt(), desc_, &alpha, g.a.ptr, a_, g.b.ptr, b_, &beta, g.d, d_, g.d, d_,
+                       &algo_, ctx.workspace(), BlasContext::kWorkspaceBytes, compute_stream());
     if (st == CUBLAS_STATUS_NOT_SUPPORTED || st == CUBLAS_STATUS_INVALID_VALUE) {
       usable_ = false;
       return false;

@@ -139,19 +139,19 @@ __global__ void __launch_bounds__(kRowMaxThreads) norm_forward_kernel(NormForwar
 
 template <typename T>
 struct NormBackwardArgs {
-  const T* dy;            // dy (rows, cols)
-  const T* ds;            // ds (rows, cols): added to dx (residual form), or null
-  const T* x;             // x (rows, cols): the normalised input (s for the residual form)
-  const T* w;             // weight (cols)
-  const StatT<T>* mean;   // mean (rows), or null (RMSNorm)
-  const StatT<T>* rstd;   // rstd (rows)
-  T* dx;                  // dx (rows, cols), accumulated
-  AccT<T>* partial;       // partial (chunks, parts, cols): Σ dy·x̂ (part 0), Σ dy (part 1)
+  const T* dy;           // dy (rows, cols)
+  const T* ds;           // ds (rows, cols): added to dx (residual form), or null
+  const T* x;            // x (rows, cols): the normalised input (s for the residual form)
+  const T* w;            // weight (cols)
+  const StatT<T>* mean;  // mean (rows), or null (RMSNorm)
+  const StatT<T>* rstd;  // rstd (rows)
+  T* dx;                 // dx (rows, cols), accumulated
+  AccT<T>* partial;      // partial (chunks, parts, cols): Σ dy·x̂ (part 0), Σ dy (part 1)
   int64_t rows, cols, chunk;
-  int parts;              // 1 (dweight) or 2 (dweight and dbias)
-  bool center;            // LayerNorm rather than RMSNorm
-  bool acc_in_smem;       // the block's partial sums live in shared memory (else in `partial`)
-  bool use_cache;         // shared memory also holds the row's dy and x̂ (Note [Row cache])
+  int parts;         // 1 (dweight) or 2 (dweight and dbias)
+  bool center;       // LayerNorm rather than RMSNorm
+  bool acc_in_smem;  // the block's partial sums live in shared memory (else in `partial`)
+  bool use_cache;    // shared memory also holds the row's dy and x̂ (Note [Row cache])
 };
 
 // One block per chunk of rows (Note [Deterministic CUDA norm gradients]). Shared memory:
@@ -248,8 +248,8 @@ __global__ void __launch_bounds__(kRowMaxThreads) norm_backward_kernel(NormBackw
 // blockIdx.x picks kReduceCols consecutive entries of the flattened (parts, cols).
 template <typename T>
 __global__ void __launch_bounds__(kReduceCols* kReduceGroups)
-    norm_param_reduce_kernel(const AccT<T>* partial, int64_t chunks, int64_t cols, int parts,
-                             T* dw, T* db) {
+    norm_param_reduce_kernel(const AccT<T>* partial, int64_t chunks, int64_t cols, int parts, T* dw,
+                             T* db) {
   using A = AccT<T>;
   __shared__ A group_sums[kReduceGroups][kReduceCols];
   const int64_t total = parts * cols;
@@ -309,13 +309,13 @@ void norm_backward_launch(NormBackwardArgs<T> a, int device, T* dw, T* db) {
   a.acc_in_smem = a.use_cache || acc_bytes <= dynamic_smem_limit();
   const size_t smem = (a.acc_in_smem ? acc_bytes : 0) + (a.use_cache ? cache_bytes : 0);
   allow_dynamic_smem(norm_backward_kernel<T, W>, smem);
-  norm_backward_kernel<T, W>
-      <<<static_cast<unsigned>(chunks), threads, smem, compute_stream()>>>(a);
+  norm_backward_kernel<T, W><<<static_cast<unsigned>(chunks), threads, smem, compute_stream()>>>(a);
   LOOM_CUDA_LAUNCH_CHECK();
   const int64_t total = a.parts * a.cols;
   const auto reduce_blocks = static_cast<unsigned>((total + kReduceCols - 1) / kReduceCols);
-  norm_param_reduce_kernel<T><<<reduce_blocks, dim3(kReduceCols, kReduceGroups), 0,
-                                compute_stream()>>>(a.partial, chunks, a.cols, a.parts, dw, db);
+  norm_param_reduce_kernel<T>
+      <<<reduce_blocks, dim3(kReduceCols, kReduceGroups), 0, compute_stream()>>>(
+          a.partial, chunks, a.cols, a.parts, dw, db);
   LOOM_CUDA_LAUNCH_CHECK();
 }
 
@@ -341,8 +341,8 @@ void check_norm(const char* op, const Tensor& x, std::initializer_list<const Ten
   rows = x.numel() / cols;
   for (const Tensor* t : rowwise) {
     if (!t->defined()) continue;
-    LOOM_CHECK(t->shape() == x.shape() && t->dtype() == x.dtype() && t->is_contiguous(), op,
-               ": ", shape_str(t->shape()), " ", dtype_name(t->dtype()),
+    LOOM_CHECK(t->shape() == x.shape() && t->dtype() == x.dtype() && t->is_contiguous(), op, ": ",
+               shape_str(t->shape()), " ", dtype_name(t->dtype()),
                " tensor must be contiguous and match the input ", shape_str(x.shape()), " ",
                dtype_name(x.dtype()));
   }
@@ -355,9 +355,9 @@ void check_norm(const char* op, const Tensor& x, std::initializer_list<const Ten
   const DType sd = norm_stat_dtype(x.dtype());
   for (const Tensor* t : stats) {
     if (!t->defined()) continue;
-    LOOM_CHECK(t->numel() == rows && t->dtype() == sd && t->is_contiguous(), op,
-               ": statistics ", shape_str(t->shape()), " ", dtype_name(t->dtype()),
-               " must be contiguous (", rows, ") ", dtype_name(sd));
+    LOOM_CHECK(t->numel() == rows && t->dtype() == sd && t->is_contiguous(), op, ": statistics ",
+               shape_str(t->shape()), " ", dtype_name(t->dtype()), " must be contiguous (", rows,
+               ") ", dtype_name(sd));
   }
 }
 
@@ -376,8 +376,8 @@ void norm_forward_any(const char* op, const Tensor& x, const Tensor& r, const Te
                       Tensor& rstd, bool center) {
   int64_t rows = 0, cols = 0;
   check_norm(op, x, {&r, &s, &y}, {&weight, &bias}, {&mean, &rstd}, rows, cols);
-  LOOM_CHECK(weight.defined() && y.defined() && rstd.defined() && (!center || mean.defined()),
-             op, ": missing weight or output");
+  LOOM_CHECK(weight.defined() && y.defined() && rstd.defined() && (!center || mean.defined()), op,
+             ": missing weight or output");
   if (rows == 0) return;
   CudaDeviceGuard guard(x.device().index);
   LOOM_CUDA_DISPATCH_FLOAT(x.dtype(), op, [&] {
@@ -431,8 +431,7 @@ void norm_backward_any(const char* op, const Tensor& dy, const Tensor& ds, const
 void layer_norm_forward_cuda(const Tensor& x, const Tensor& weight, const Tensor& bias, double eps,
                              Tensor& y, Tensor& mean, Tensor& rstd) {
   Tensor none;
-  norm_forward_any("layer_norm_forward", x, Tensor(), weight, bias, eps, none, y, mean, rstd,
-                   true);
+  norm_forward_any("layer_norm_forward", x, Tensor(), weight, bias, eps, none, y, mean, rstd, true);
 }
 
 void layer_norm_backward_cuda(const Tensor& dy, const Tensor& x, const Tensor& weight,
@@ -464,9 +463,8 @@ void residual_layer_norm_forward_cuda(const Tensor& x, const Tensor& r, const Te
 }
 
 void residual_layer_norm_backward_cuda(const Tensor& dy, const Tensor& ds, const Tensor& s,
-                                       const Tensor& weight, const Tensor& mean,
-                                       const Tensor& rstd, Tensor& dx, Tensor& dweight,
-                                       Tensor& dbias) {
+                                       const Tensor& weight, const Tensor& mean, const Tensor& rstd,
+                                       Tensor& dx, Tensor& dweight, Tensor& dbias) {
   norm_backward_any("residual_layer_norm_backward", dy, ds, s, weight, mean, rstd, dx, dweight,
                     dbias, true);
 }

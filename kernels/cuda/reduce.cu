@@ -1,9 +1,9 @@
 // kernels/cuda/reduce.cu — CUDA sum over one dimension, the sum of squares, the clipping factor
-// and the loss-scaling step (kernels/reduce.h). The sums are deterministic: no float atomics, every sum in double
-// over chunks whose size is fixed here (not by the GPU), each chunk reduced by a fixed-shape
-// tree, chunk partials summed in chunk order by a second pass. The result depends on the shapes
-// only, not on the device or the run.
-// Runs on the compute stream; must not synchronise the host.
+// and the loss-scaling step (kernels/reduce.h). The sums are deterministic: no float atomics, every
+// sum in double over chunks whose size is fixed here (not by the GPU), each chunk reduced by a
+// fixed-shape tree, chunk partials summed in chunk order by a second pass. The result depends on
+// the shapes only, not on the device or the run. Runs on the compute stream; must not synchronise
+// the host.
 #include "kernels/cuda/vec_map.cuh"
 #include "kernels/reduce.h"
 
@@ -202,8 +202,8 @@ void sum_squares_forward_cuda(const Tensor& x, Tensor& out) {
 }
 
 // One thread: out = clip_factor(sqrt(sq_sum), max_norm), the host's formula (kernels/reduce.h).
-__global__ void __launch_bounds__(32) clip_factor_kernel(const double* sq_sum, double max_norm,
-                                                         double* out) {
+__global__ void __launch_bounds__(32)
+    clip_factor_kernel(const double* sq_sum, double max_norm, double* out) {
   if (threadIdx.x == 0) *out = clip_factor(__dsqrt_rn(*sq_sum), max_norm);
 }
 
@@ -212,23 +212,26 @@ void clip_factor_forward_cuda(const Tensor& sq_sum, double max_norm, Tensor& out
                  out.dtype() == DType::kF64 && sq_sum.device() == out.device(),
              "clip_factor_forward: sq_sum and out must be one f64 element each, on one device");
   CudaDeviceGuard guard(out.device().index);
-  clip_factor_kernel<<<1, 32, 0, compute_stream()>>>(sq_sum.data<double>(), max_norm, out.data<double>());
+  clip_factor_kernel<<<1, 32, 0, compute_stream()>>>(sq_sum.data<double>(), max_norm,
+                                                     out.data<double>());
   LOOM_CUDA_LAUNCH_CHECK();
 }
 
 // One thread: the factor and the updated state (kernels/reduce.h, Note [Loss scale rule]).
-__global__ void __launch_bounds__(32) loss_scale_kernel(const double* sq_sum, double max_norm,
-                                                        double growth_interval, double* state, double* factor) {
-  if (threadIdx.x == 0) *factor = loss_scale_step_values(__dsqrt_rn(*sq_sum), max_norm, growth_interval, state);
+__global__ void __launch_bounds__(32)
+    loss_scale_kernel(const double* sq_sum, double max_norm, double growth_interval, double* state,
+                      double* factor) {
+  if (threadIdx.x == 0)
+    *factor = loss_scale_step_values(__dsqrt_rn(*sq_sum), max_norm, growth_interval, state);
 }
 
-void loss_scale_step_cuda(const Tensor& sq_sum, Tensor& state, double max_norm, int64_t growth_interval,
-                          Tensor& factor) {
+void loss_scale_step_cuda(const Tensor& sq_sum, Tensor& state, double max_norm,
+                          int64_t growth_interval, Tensor& factor) {
   check_loss_scale_step_args(sq_sum, state, growth_interval, factor);
   CudaDeviceGuard guard(state.device().index);
   loss_scale_kernel<<<1, 32, 0, compute_stream()>>>(sq_sum.data<double>(), max_norm,
-                                                   static_cast<double>(growth_interval), state.data<double>(),
-                                                   factor.data<double>());
+                                                    static_cast<double>(growth_interval),
+                                                    state.data<double>(), factor.data<double>());
   LOOM_CUDA_LAUNCH_CHECK();
 }
 

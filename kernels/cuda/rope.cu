@@ -99,8 +99,8 @@ void rope_apply_launch(const T* in, const AccT<T>* cs, const AccT<T>* sn, T* out
 }
 
 // Turns `in` by the angles of `positions` (sign +1) or back (sign −1) into `out`.
-void rope_cuda(const char* op, const Tensor& in, const Tensor& positions, double theta,
-               double sign, Tensor& out, bool accumulate) {
+void rope_cuda(const char* op, const Tensor& in, const Tensor& positions, double theta, double sign,
+               Tensor& out, bool accumulate) {
   check_rope(op, in, positions, out);
   const Shape& s = in.shape();
   const int64_t half = s[3] / 2;
@@ -113,10 +113,10 @@ void rope_cuda(const char* op, const Tensor& in, const Tensor& positions, double
     A* cs = table.data<A>();
     A* sn = cs + s[1] * half;
     LOOM_DISPATCH_INDEX(positions.dtype(), op, [&] {
-      rope_table_kernel<index_t, A><<<grid_for(s[1] * half, kThreads), kThreads, 0,
-                                      compute_stream()>>>(
-          static_cast<const index_t*>(positions.raw_data()), s[1], half, s[3], theta, sign, cs,
-          sn);
+      rope_table_kernel<index_t, A>
+          <<<grid_for(s[1] * half, kThreads), kThreads, 0, compute_stream()>>>(
+              static_cast<const index_t*>(positions.raw_data()), s[1], half, s[3], theta, sign, cs,
+              sn);
     });
     LOOM_CUDA_LAUNCH_CHECK();
     constexpr int kW = kPackWidth<T>;

@@ -134,6 +134,8 @@ inline unsigned row_grid(int64_t rows) {
 
 }  // namespace loom::kernels::cuda
 
+// clang-format off
+// (a table: one line per dtype case)
 // LOOM_CUDA_DISPATCH_FLOAT(dtype, name, body): `scalar_t` bound to the storage type of f32, f64,
 // bf16 or f16 (the float dtypes the CUDA row kernels take); any other dtype is an error naming
 // the op.
@@ -149,3 +151,4 @@ inline unsigned row_grid(int64_t rows) {
                   " not supported on cuda (f32, f64, bf16, f16)");                              \
     }                                                                                           \
   }()
+// clang-format on

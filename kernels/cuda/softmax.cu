@@ -152,8 +152,9 @@ void softmax_forward_launch(const T* x, T* y, int64_t rows, int64_t cols) {
   const bool cache = bytes <= row_cache_budget();
   const size_t smem = cache ? bytes : 0;
   allow_dynamic_smem(softmax_forward_kernel<T, W>, smem);
-  softmax_forward_kernel<T, W><<<row_grid(rows), row_threads(cols / W, 2), smem, compute_stream()>>>(
-      x, y, rows, cols, cache);
+  softmax_forward_kernel<T, W>
+      <<<row_grid(rows), row_threads(cols / W, 2), smem, compute_stream()>>>(x, y, rows, cols,
+                                                                             cache);
   LOOM_CUDA_LAUNCH_CHECK();
 }
 
@@ -163,8 +164,9 @@ void softmax_backward_launch(const T* y, const T* dy, T* dx, int64_t rows, int64
   const bool cache = bytes <= row_cache_budget();
   const size_t smem = cache ? bytes : 0;
   allow_dynamic_smem(softmax_backward_kernel<T, W>, smem);
-  softmax_backward_kernel<T, W><<<row_grid(rows), row_threads(cols / W, 2), smem, compute_stream()>>>(
-      y, dy, dx, rows, cols, cache);
+  softmax_backward_kernel<T, W>
+      <<<row_grid(rows), row_threads(cols / W, 2), smem, compute_stream()>>>(y, dy, dx, rows, cols,
+                                                                             cache);
   LOOM_CUDA_LAUNCH_CHECK();
 }
 

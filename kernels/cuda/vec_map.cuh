@@ -19,6 +19,8 @@
 #include "kernels/cuda/cuda_device.cuh"
 #include "kernels/cuda/dtype_convert.cuh"
 
+// clang-format off
+// (a table: one line per dtype case)
 // LOOM_CUDA_DISPATCH_FLOAT(dtype, name, body): body with `scalar_t` bound to float, double,
 // loom::BFloat16 or loom::Float16; any other dtype is an error naming the op.
 #define LOOM_CUDA_DISPATCH_FLOAT(dtype, opname, ...)               \
@@ -45,6 +47,7 @@
                   " not supported on cuda (f32, f64, bf16, f16)"); \
     }                                                              \
   }()
+// clang-format on
 
 namespace loom::kernels::cuda {
 

@@ -3,7 +3,8 @@
 // asynchronous form returning a Work handle; the blocking form waits on it. Backends:
 // MpiCommunicator (CPU tensors, and CUDA tensors staged through the host,
 // parallel/comm/mpi_communicator.h) and, with the CUDA build, NcclCommunicator (CUDA tensors,
-// parallel/comm/nccl_communicator.h). Ops on one communicator must be issued in the same order on every member.
+// parallel/comm/nccl_communicator.h). Ops on one communicator must be issued in the same order on
+// every member.
 //
 // Note [Deterministic reductions]: reductions combine the members' contributions in rank
 // order, never in arrival order, so a run is bit-reproducible for a given world size. (NCCL
@@ -101,16 +102,23 @@ class Communicator {
   virtual std::vector<WorkPtr> send_recv_async(std::vector<P2P> ops) {
     std::vector<WorkPtr> works;
     for (P2P& op : ops) {
-      works.push_back(op.kind == P2P::Kind::kSend ? send_async(std::move(op.tensor), op.peer, op.tag)
-                                                  : recv_async(std::move(op.tensor), op.peer, op.tag));
+      works.push_back(op.kind == P2P::Kind::kSend
+                          ? send_async(std::move(op.tensor), op.peer, op.tag)
+                          : recv_async(std::move(op.tensor), op.peer, op.tag));
     }
     return works;
   }
 
   void all_reduce(Tensor t, ReduceOp op) { all_reduce_async(std::move(t), op)->wait(); }
-  void reduce_scatter(Tensor in, Tensor out, ReduceOp op) { reduce_scatter_async(std::move(in), std::move(out), op)->wait(); }
-  void all_gather(Tensor in, Tensor out) { all_gather_async(std::move(in), std::move(out))->wait(); }
-  void all_to_all(Tensor in, Tensor out) { all_to_all_async(std::move(in), std::move(out))->wait(); }
+  void reduce_scatter(Tensor in, Tensor out, ReduceOp op) {
+    reduce_scatter_async(std::move(in), std::move(out), op)->wait();
+  }
+  void all_gather(Tensor in, Tensor out) {
+    all_gather_async(std::move(in), std::move(out))->wait();
+  }
+  void all_to_all(Tensor in, Tensor out) {
+    all_to_all_async(std::move(in), std::move(out))->wait();
+  }
   void broadcast(Tensor t, int root) { broadcast_async(std::move(t), root)->wait(); }
   void send(Tensor t, int dst, int tag = 0) { send_async(std::move(t), dst, tag)->wait(); }
   void recv(Tensor t, int src, int tag = 0) { recv_async(std::move(t), src, tag)->wait(); }

@@ -81,7 +81,8 @@ void check_tensor(const Tensor& t, const std::string& where, const char* arg) {
 }
 
 void check_reduce_dtype(DType t, ReduceOp op, const std::string& where) {
-  const bool floating = t == DType::kF32 || t == DType::kF64 || t == DType::kBF16 || t == DType::kF16;
+  const bool floating =
+      t == DType::kF32 || t == DType::kF64 || t == DType::kBF16 || t == DType::kF16;
   const bool integer = t == DType::kI32 || t == DType::kI64;
   LOOM_CHECK(floating || integer, where, ": dtype ", dtype_name(t),
              " not supported for reductions (f32, f64, bf16, f16, i32, i64)");
@@ -121,7 +122,8 @@ void reduce_rows_typed(const T* rows, int nrows, int64_t n, ReduceOp op, T* out)
 // bf16/f16 rows: widened to f32, reduced there in row order, rounded once to the dtype.
 template <typename H>
 void reduce_rows_16(const H* rows, int nrows, int64_t n, ReduceOp op, H* out) {
-  std::vector<float> wide(static_cast<size_t>(nrows) * static_cast<size_t>(n)), sum(static_cast<size_t>(n));
+  std::vector<float> wide(static_cast<size_t>(nrows) * static_cast<size_t>(n)),
+      sum(static_cast<size_t>(n));
   for (size_t i = 0; i < wide.size(); ++i) wide[i] = static_cast<float>(rows[i]);
   reduce_rows_typed(wide.data(), nrows, n, op, sum.data());
   for (int64_t i = 0; i < n; ++i) out[i] = H(sum[static_cast<size_t>(i)]);
@@ -130,9 +132,11 @@ void reduce_rows_16(const H* rows, int nrows, int64_t n, ReduceOp op, H* out) {
 void reduce_rows(DType t, const void* rows, int nrows, int64_t n, ReduceOp op, void* out) {
   switch (t) {
     case DType::kBF16:
-      return reduce_rows_16(static_cast<const BFloat16*>(rows), nrows, n, op, static_cast<BFloat16*>(out));
+      return reduce_rows_16(static_cast<const BFloat16*>(rows), nrows, n, op,
+                            static_cast<BFloat16*>(out));
     case DType::kF16:
-      return reduce_rows_16(static_cast<const Float16*>(rows), nrows, n, op, static_cast<Float16*>(out));
+      return reduce_rows_16(static_cast<const Float16*>(rows), nrows, n, op,
+                            static_cast<Float16*>(out));
     case DType::kF32:
       return reduce_rows_typed(static_cast<const float*>(rows), nrows, n, op,
                                static_cast<float*>(out));
@@ -197,7 +201,8 @@ class PinnedPool : public std::enable_shared_from_this<PinnedPool> {
   PinnedPool(const PinnedPool&) = delete;
   PinnedPool& operator=(const PinnedPool&) = delete;
   ~PinnedPool() {
-    for (const Buffer& b : free_) kernels::find_kernel<kernels::pinned_host_free_k>(b.device)(b.ptr);
+    for (const Buffer& b : free_)
+      kernels::find_kernel<kernels::pinned_host_free_k>(b.device)(b.ptr);
   }
 
   // A buffer of at least `bytes` for tensors of `device`'s type.
@@ -460,22 +465,23 @@ WorkPtr MpiCommunicator::all_reduce_async(Tensor t, ReduceOp op) {
   const MPI_Datatype type = m->type;
   const size_t esize = dtype_size(t.dtype());
   const int rank = rank_, size = size_;
-  m->phases.push_back(
-      {"MPI_Ialltoallv", [plan, st, type, esize, rank](MPI_Comm c, MPI_Request* r) {
-         const int mine = plan->counts[static_cast<size_t>(rank)];
-         plan->scratch.resize(plan->recv_counts.size() * static_cast<size_t>(mine) * esize);
-         return MPI_Ialltoallv(st.data(), plan->counts.data(), plan->offsets.data(), type,
-                               plan->scratch.data(), plan->recv_counts.data(),
-                               plan->recv_offsets.data(), type, c, r);
-       }});
+  m->phases.push_back({"MPI_Ialltoallv", [plan, st, type, esize, rank](MPI_Comm c, MPI_Request* r) {
+                         const int mine = plan->counts[static_cast<size_t>(rank)];
+                         plan->scratch.resize(plan->recv_counts.size() * static_cast<size_t>(mine) *
+                                              esize);
+                         return MPI_Ialltoallv(st.data(), plan->counts.data(), plan->offsets.data(),
+                                               type, plan->scratch.data(), plan->recv_counts.data(),
+                                               plan->recv_offsets.data(), type, c, r);
+                       }});
   m->phases.push_back(
       {"MPI_Iallgatherv", [plan, st, type, esize, rank, size, op](MPI_Comm c, MPI_Request* r) {
          const size_t me = static_cast<size_t>(rank);
-         char* chunk = static_cast<char*>(st.data()) + static_cast<size_t>(plan->offsets[me]) * esize;
+         char* chunk =
+             static_cast<char*>(st.data()) + static_cast<size_t>(plan->offsets[me]) * esize;
          reduce_rows(st.tensor.dtype(), plan->scratch.data(), size, plan->counts[me], op, chunk);
          plan->scratch = {};
-         return MPI_Iallgatherv(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, st.data(),
-                                plan->counts.data(), plan->offsets.data(), type, c, r);
+         return MPI_Iallgatherv(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, st.data(), plan->counts.data(),
+                                plan->offsets.data(), type, c, r);
        }});
   m->on_complete = [st] { st.unstage(); };
   return enqueue(std::move(m));
@@ -582,8 +588,8 @@ std::shared_ptr<MpiOp> MpiCommunicator::make_p2p(const P2P& op) {
   LOOM_CHECK(op.peer >= 0 && op.peer < size_, where, ": rank out of range [0, ", size_, ")");
   LOOM_CHECK(op.tag >= 0 && op.tag <= 32767, where, ": tag must be in [0, 32767]");
   const int n = mpi_count(t.numel(), where);
-  auto m = new_op(name_, size_, timeout_s_, send ? "send" : "recv", what, static_cast<int64_t>(t.nbytes()),
-                  nccl_rules_);
+  auto m = new_op(name_, size_, timeout_s_, send ? "send" : "recv", what,
+                  static_cast<int64_t>(t.nbytes()), nccl_rules_);
   const MPI_Datatype type = m->type = mpi_word_type(t.dtype());
   const int peer = op.peer, tag = op.tag;
   const Staged st = stage(t, send, *pinned_);
@@ -621,15 +627,16 @@ std::vector<WorkPtr> MpiCommunicator::send_recv_async(std::vector<P2P> ops) {
     parts.push_back(make_p2p(op));
     bytes += static_cast<int64_t>(op.tensor.nbytes());
   }
-  auto m = new_op(name_, size_, timeout_s_, "send_recv", detail::str("send/recv group of ", ops.size(), " transfers"),
-                  bytes, true);
+  auto m = new_op(name_, size_, timeout_s_, "send_recv",
+                  detail::str("send/recv group of ", ops.size(), " transfers"), bytes, true);
   m->parts = std::move(parts);
   return std::vector<WorkPtr>(ops.size(), enqueue(std::move(m)));
 }
 
 void MpiCommunicator::follow_nccl_rules() {
   std::lock_guard<std::mutex> lock(mutex_);
-  LOOM_CHECK(!worker_.joinable(), "communicator ", name_, ": follow_nccl_rules() after the first operation");
+  LOOM_CHECK(!worker_.joinable(), "communicator ", name_,
+             ": follow_nccl_rules() after the first operation");
   nccl_rules_ = true;
 }
 

@@ -73,9 +73,10 @@ class MpiCommunicator final : public Communicator {
   MPI_Comm mpi_comm() const { return comm_; }
 
   // Supported dtypes: reductions (all_reduce, reduce_scatter) f32, f64, bf16, f16, i32, i64
-  // (kAvg: the floating ones; bf16/f16 reduced in f32 and rounded once); data movement (all_gather, all_to_all, broadcast, send, recv) any dtype.
-  // Tensors must be contiguous, on the CPU or (in a CUDA build) a GPU; a CUDA input is copied
-  // to the host before the call returns. Argument errors throw here, at issue time.
+  // (kAvg: the floating ones; bf16/f16 reduced in f32 and rounded once); data movement (all_gather,
+  // all_to_all, broadcast, send, recv) any dtype. Tensors must be contiguous, on the CPU or (in a
+  // CUDA build) a GPU; a CUDA input is copied to the host before the call returns. Argument errors
+  // throw here, at issue time.
   WorkPtr all_reduce_async(Tensor t, ReduceOp op) override;
   WorkPtr reduce_scatter_async(Tensor in, Tensor out, ReduceOp op) override;
   WorkPtr all_gather_async(Tensor in, Tensor out) override;

@@ -47,12 +47,12 @@ constexpr auto kPollInterval = std::chrono::milliseconds(1);  // watchdog, while
 
 // NCCL_CHECK(ncclAllReduce(...)): throws loom::Error naming the call, NCCL's error string and
 // file:line when the call does not return ncclSuccess.
-#define NCCL_CHECK(call)                                                           \
-  do {                                                                             \
-    const ncclResult_t loom_nccl_res_ = (call);                                    \
-    if (loom_nccl_res_ != ncclSuccess) {                                           \
+#define NCCL_CHECK(call)                                                             \
+  do {                                                                               \
+    const ncclResult_t loom_nccl_res_ = (call);                                      \
+    if (loom_nccl_res_ != ncclSuccess) {                                             \
       ::loom::parallel::throw_nccl_error(loom_nccl_res_, #call, __FILE__, __LINE__); \
-    }                                                                              \
+    }                                                                                \
   } while (0)
 
 namespace {
@@ -120,7 +120,8 @@ class DoneWork final : public Work {
 size_t bytes_of(const Tensor& t) { return t.nbytes(); }
 
 ncclDataType_t reduce_type(DType t, ReduceOp op, const std::string& where) {
-  const bool floating = t == DType::kF32 || t == DType::kF64 || t == DType::kBF16 || t == DType::kF16;
+  const bool floating =
+      t == DType::kF32 || t == DType::kF64 || t == DType::kBF16 || t == DType::kF16;
   LOOM_CHECK(floating || op != ReduceOp::kAvg, where, ": kAvg needs a floating dtype, got ",
              dtype_name(t));
   switch (t) {
@@ -176,10 +177,10 @@ struct NcclCommunicator::Impl {
   cudaStream_t stream = nullptr;  // non-blocking: ordered against compute by events only
   cudaEvent_t ready = nullptr;    // compute-stream marker, re-recorded at every issue
 
-  std::timed_mutex issue_mu;  // serialises NCCL calls: issuing threads and the watchdog's abort
-  std::mutex mu;              // guards everything below
-  std::condition_variable cv;       // wakes the watchdog
-  std::condition_variable done_cv;  // wakes synchronize()
+  std::timed_mutex issue_mu;   // serialises NCCL calls: issuing threads and the watchdog's abort
+  std::mutex mu;               // guards everything below
+  std::condition_variable cv;  // wakes the watchdog
+  std::condition_variable done_cv;                // wakes synchronize()
   std::deque<std::shared_ptr<OpRecord>> pending;  // issued, completion not yet seen (in order)
   CommObserver observer;
   std::exception_ptr failed;  // set when the communicator was aborted
@@ -340,10 +341,10 @@ void NcclCommunicator::Impl::fail(const std::string& message, bool holding_issue
     bool first = true;
     for (auto& op : pending) {
       op->set_error(first ? failed
-                          : std::make_exception_ptr(Error(
-                                detail::str(op->what, " on group ", name,
-                                            " was aborted with the communicator: ", message),
-                                __FILE__, __LINE__)));
+                          : std::make_exception_ptr(
+                                Error(detail::str(op->what, " on group ", name,
+                                                  " was aborted with the communicator: ", message),
+                                      __FILE__, __LINE__)));
       op->done.store(true, std::memory_order_release);
       first = false;
     }
@@ -376,22 +377,24 @@ void NcclCommunicator::Impl::watchdog_loop() {
     bool finished = false;
     try {
       // Not yet issued: still inside its NCCL call (only the timeout applies).
-      const cudaError_t e = op->issued.load(std::memory_order_acquire) ? cudaEventQuery(op->end) : cudaErrorNotReady;
+      const cudaError_t e =
+          op->issued.load(std::memory_order_acquire) ? cudaEventQuery(op->end) : cudaErrorNotReady;
       if (e == cudaSuccess) {
         complete(*op);
         finished = true;
       } else if (e != cudaErrorNotReady) {
         (void)cudaGetLastError();
-        failure = detail::str(op->what, " on group ", name, " (", size, " ranks) failed: ",
-                              cudaGetErrorName(e), ": ", cudaGetErrorString(e));
+        failure = detail::str(op->what, " on group ", name, " (", size,
+                              " ranks) failed: ", cudaGetErrorName(e), ": ", cudaGetErrorString(e));
       } else if (!was_aborted) {
         ncclResult_t async = ncclSuccess;
         NCCL_CHECK(ncclCommGetAsyncError(comm, &async));
-        const double waited = std::chrono::duration<double>(Clock::now() - op->event.queued).count();
+        const double waited =
+            std::chrono::duration<double>(Clock::now() - op->event.queued).count();
         if (async != ncclSuccess && async != ncclInProgress) {
-          failure = detail::str(op->what, " on group ", name, " (", size,
-                                " ranks): NCCL reported an asynchronous error: ",
-                                ncclGetErrorString(async));
+          failure = detail::str(
+              op->what, " on group ", name, " (", size,
+              " ranks): NCCL reported an asynchronous error: ", ncclGetErrorString(async));
         } else if (waited > timeout_s) {
           failure = detail::str(op->what, " on group ", name, " (", size,
                                 " ranks) did not complete within ", timeout_s,
@@ -430,8 +433,8 @@ NcclCommunicator::NcclCommunicator(std::string name, int device_index,
   }
   int count = 0;
   CUDA_CHECK(cudaGetDeviceCount(&count));
-  LOOM_CHECK(device_index >= 0 && device_index < count, "NcclCommunicator ", m.name, ": cuda:",
-             device_index, " does not exist (", count, " GPUs visible)");
+  LOOM_CHECK(device_index >= 0 && device_index < count, "NcclCommunicator ", m.name,
+             ": cuda:", device_index, " does not exist (", count, " GPUs visible)");
   if (m.size > 1) m.bootstrap();
 }
 
@@ -510,10 +513,10 @@ WorkPtr NcclCommunicator::reduce_scatter_async(Tensor in, Tensor out, ReduceOp o
              " elements, expected size ", m.size, " x out ", out.numel());
   const ncclDataType_t type = reduce_type(in.dtype(), op, where);
   // In place only as NCCL allows it: out is this rank's chunk of in.
-  LOOM_CHECK(!overlaps(in, out) ||
-                 static_cast<const char*>(out.raw_data()) ==
-                     static_cast<const char*>(in.raw_data()) + m.rank * out.nbytes(),
-             where, ": out overlaps in other than as this rank's chunk");
+  LOOM_CHECK(
+      !overlaps(in, out) || static_cast<const char*>(out.raw_data()) ==
+                                static_cast<const char*>(in.raw_data()) + m.rank * out.nbytes(),
+      where, ": out overlaps in other than as this rank's chunk");
   const size_t n = static_cast<size_t>(out.numel());
   const void* src = in.raw_data();
   void* dst = out.raw_data();
@@ -533,10 +536,10 @@ WorkPtr NcclCommunicator::all_gather_async(Tensor in, Tensor out) {
              dtype_name(out.dtype()));
   LOOM_CHECK(out.numel() == m.size * in.numel(), where, ": out has ", out.numel(),
              " elements, expected size ", m.size, " x in ", in.numel());
-  LOOM_CHECK(!overlaps(in, out) ||
-                 static_cast<const char*>(in.raw_data()) ==
-                     static_cast<const char*>(out.raw_data()) + m.rank * in.nbytes(),
-             where, ": in overlaps out other than as this rank's chunk");
+  LOOM_CHECK(
+      !overlaps(in, out) || static_cast<const char*>(in.raw_data()) ==
+                                static_cast<const char*>(out.raw_data()) + m.rank * in.nbytes(),
+      where, ": in overlaps out other than as this rank's chunk");
   const size_t nbytes = bytes_of(in);
   const void* src = in.raw_data();
   void* dst = out.raw_data();
@@ -562,27 +565,27 @@ WorkPtr NcclCommunicator::all_to_all_async(Tensor in, Tensor out) {
   const char* src = static_cast<const char*>(in.raw_data());
   char* dst = static_cast<char*>(out.raw_data());
   const int size = m.size, rank = m.rank;
-  return m.launch("all_to_all", "collective all_to_all", static_cast<int64_t>(in.nbytes()),
-                  {in, out}, [=](ncclComm_t c, cudaStream_t s) {
-                    if (chunk == 0) return;
-                    const size_t me = static_cast<size_t>(rank) * chunk;
-                    CUDA_CHECK(cudaMemcpyAsync(dst + me, src + me, chunk,
-                                               cudaMemcpyDeviceToDevice, s));
-                    if (size == 1) return;
-                    NCCL_CHECK(ncclGroupStart());
-                    try {
-                      for (int j = 0; j < size; ++j) {
-                        if (j == rank) continue;
-                        const size_t off = static_cast<size_t>(j) * chunk;
-                        NCCL_CHECK(ncclSend(src + off, chunk, ncclUint8, j, c, s));
-                        NCCL_CHECK(ncclRecv(dst + off, chunk, ncclUint8, j, c, s));
-                      }
-                    } catch (...) {
-                      (void)ncclGroupEnd();
-                      throw;
-                    }
-                    NCCL_CHECK(ncclGroupEnd());
-                  });
+  return m.launch(
+      "all_to_all", "collective all_to_all", static_cast<int64_t>(in.nbytes()), {in, out},
+      [=](ncclComm_t c, cudaStream_t s) {
+        if (chunk == 0) return;
+        const size_t me = static_cast<size_t>(rank) * chunk;
+        CUDA_CHECK(cudaMemcpyAsync(dst + me, src + me, chunk, cudaMemcpyDeviceToDevice, s));
+        if (size == 1) return;
+        NCCL_CHECK(ncclGroupStart());
+        try {
+          for (int j = 0; j < size; ++j) {
+            if (j == rank) continue;
+            const size_t off = static_cast<size_t>(j) * chunk;
+            NCCL_CHECK(ncclSend(src + off, chunk, ncclUint8, j, c, s));
+            NCCL_CHECK(ncclRecv(dst + off, chunk, ncclUint8, j, c, s));
+          }
+        } catch (...) {
+          (void)ncclGroupEnd();
+          throw;
+        }
+        NCCL_CHECK(ncclGroupEnd());
+      });
 }
 
 WorkPtr NcclCommunicator::broadcast_async(Tensor t, int root) {
@@ -604,8 +607,9 @@ namespace {
 
 // "send to rank 3 (tag 5)" / "recv from rank 3 (tag 5)".
 std::string p2p_what(const P2P& op) {
-  return op.kind == P2P::Kind::kSend ? detail::str("send to rank ", op.peer, " (tag ", op.tag, ")")
-                                     : detail::str("recv from rank ", op.peer, " (tag ", op.tag, ")");
+  return op.kind == P2P::Kind::kSend
+             ? detail::str("send to rank ", op.peer, " (tag ", op.tag, ")")
+             : detail::str("recv from rank ", op.peer, " (tag ", op.tag, ")");
 }
 
 // Enqueues one transfer (inside or outside a group) on communicator c, stream s.
@@ -662,8 +666,8 @@ std::vector<WorkPtr> NcclCommunicator::send_recv_async(std::vector<P2P> ops) {
     bytes += static_cast<int64_t>(op.tensor.nbytes());
     tensors.push_back(op.tensor);
   }
-  WorkPtr w = m.launch("send_recv", detail::str("send/recv group of ", ops.size(), " transfers"), bytes,
-                       std::move(tensors), [&ops](ncclComm_t c, cudaStream_t s) {
+  WorkPtr w = m.launch("send_recv", detail::str("send/recv group of ", ops.size(), " transfers"),
+                       bytes, std::move(tensors), [&ops](ncclComm_t c, cudaStream_t s) {
                          NCCL_CHECK(ncclGroupStart());
                          try {
                            for (const P2P& op : ops) enqueue_p2p(op, c, s);

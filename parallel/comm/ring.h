@@ -24,7 +24,8 @@ struct RingStep {
 // needs — with separate calls, every member's send would wait for a receive not yet posted.
 inline RingStep ring_step(Communicator& g, const Tensor& out, const Tensor& in, int tag) {
   const int n = g.size(), r = g.rank();
-  std::vector<WorkPtr> w = g.send_recv_async({P2P::send(out, (r + 1) % n, tag), P2P::recv(in, (r + n - 1) % n, tag)});
+  std::vector<WorkPtr> w =
+      g.send_recv_async({P2P::send(out, (r + 1) % n, tag), P2P::recv(in, (r + n - 1) % n, tag)});
   return RingStep{w[0], w[1]};
 }
 

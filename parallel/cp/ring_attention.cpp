@@ -27,14 +27,15 @@ constexpr int kTagKv = 1, kTagDkv = 2;
 // Global chunk index of local chunk `which` (0 front, 1 back) on cp rank r of P.
 int64_t chunk_index(int r, int p, int which) { return which == 0 ? r : 2 * p - 1 - r; }
 
-Tensor slot(const Tensor& packed, int64_t i) { return ops::squeeze(ops::narrow(packed, 0, i, 1), 0); }
+Tensor slot(const Tensor& packed, int64_t i) {
+  return ops::squeeze(ops::narrow(packed, 0, i, 1), 0);
+}
 
 // x (B, H, 2c, D) → packed (2, B, H, c, D) of its two chunks.
 Tensor split_chunks(const Tensor& x) {
   const int64_t c = x.size(2) / 2;
-  return ops::contiguous(ops::cat({ops::unsqueeze(ops::narrow(x, 2, 0, c), 0),
-                                   ops::unsqueeze(ops::narrow(x, 2, c, c), 0)},
-                                  0));
+  return ops::contiguous(ops::cat(
+      {ops::unsqueeze(ops::narrow(x, 2, 0, c), 0), ops::unsqueeze(ops::narrow(x, 2, c, c), 0)}, 0));
 }
 
 // The dtype of lse and delta (Note [Attention block kernel contract]): f32 for 16-bit inputs.
@@ -47,7 +48,9 @@ struct Geometry {
   int64_t q_offset(int which) const { return chunk_index(r, p, which) * c; }
   int64_t k_offset(int src, int which) const { return chunk_index(src, p, which) * c; }
   // Any key of the kv chunk visible to any query of the q chunk?
-  bool any_visible(int src, int qw, int kw) const { return k_offset(src, kw) <= q_offset(qw) + c - 1; }
+  bool any_visible(int src, int qw, int kw) const {
+    return k_offset(src, kw) <= q_offset(qw) + c - 1;
+  }
 };
 
 }  // namespace
@@ -69,7 +72,8 @@ Tensor cp_positions(int64_t seq_len, int rank, int size) {
   const int64_t c = seq_len / (2 * size);
   std::vector<int32_t> pos;
   for (int which = 0; which < 2; ++which) {
-    for (int64_t i = 0; i < c; ++i) pos.push_back(static_cast<int32_t>(chunk_index(rank, size, which) * c + i));
+    for (int64_t i = 0; i < c; ++i)
+      pos.push_back(static_cast<int32_t>(chunk_index(rank, size, which) * c + i));
   }
   return Tensor::from_vector(pos, {2 * c});
 }
@@ -86,7 +90,7 @@ Tensor ring_attention(const Tensor& q, const Tensor& k, const Tensor& v, double 
   const int p = geo.p;
 
   std::optional<autograd::NoGradGuard> no_grad(std::in_place);  // until the node is recorded
-  const Tensor qc = split_chunks(q.detach());  // (2, B, Hq, c, D)
+  const Tensor qc = split_chunks(q.detach());                   // (2, B, Hq, c, D)
   Tensor kv = ops::contiguous(ops::cat({split_chunks(k.detach()), split_chunks(v.detach())}, 0));
   const Shape row_shape{q.size(0), q.size(1), geo.c};
   const DType stats = stats_dtype(q.dtype());
@@ -108,7 +112,8 @@ Tensor ring_attention(const Tensor& q, const Tensor& k, const Tensor& v, double 
         kernels::call_kernel<kernels::attention_block_forward_k>(
             slot(qc, qw), slot(kv, kw), slot(kv, 2 + kw), geo.q_offset(qw), geo.k_offset(src, kw),
             scale, block_out, block_lse);
-        kernels::call_kernel<kernels::attention_block_merge_k>(out[qw], lse[qw], block_out, block_lse);
+        kernels::call_kernel<kernels::attention_block_merge_k>(out[qw], lse[qw], block_out,
+                                                               block_lse);
       }
     }
     hop.wait();
@@ -118,7 +123,8 @@ Tensor ring_attention(const Tensor& q, const Tensor& k, const Tensor& v, double 
   no_grad.reset();
 
   if (autograd::needs_grad({&q, &k, &v})) {
-    const Tensor kv_own = ops::contiguous(ops::cat({split_chunks(k.detach()), split_chunks(v.detach())}, 0));
+    const Tensor kv_own =
+        ops::contiguous(ops::cat({split_chunks(k.detach()), split_chunks(v.detach())}, 0));
     const std::array<Tensor, 2> saved_out = out, saved_lse = lse;
     Communicator* g = &group;
     autograd::record_function(op, {q, k, v}, {&result}, [=](const std::vector<Tensor>& grads) {
@@ -137,7 +143,9 @@ Tensor ring_attention(const Tensor& q, const Tensor& k, const Tensor& v, double 
         const int src = (geo.r - step + p) % p;
         // The next key/value chunk can travel while this step computes; the gradient
         // accumulator only once this step has added to it.
-        Tensor kv_next = step + 1 < p ? Tensor::empty(kv_cur.shape(), kv_cur.dtype(), kv_cur.device()) : Tensor();
+        Tensor kv_next = step + 1 < p
+                             ? Tensor::empty(kv_cur.shape(), kv_cur.dtype(), kv_cur.device())
+                             : Tensor();
         RingStep kv_hop;
         if (kv_next.defined()) kv_hop = ring_step(*g, kv_cur, kv_next, kTagKv);
         for (int qw = 0; qw < 2; ++qw) {

@@ -361,15 +361,17 @@ Tensor DataParallel::piece_grad(size_t k) const {
   const Piece& pc = pieces_[k];
   const Bucket& b = buckets_[static_cast<size_t>(pc.bucket)];
   const int64_t len = pc.end - pc.begin;
-  return config_.zero_stage == 1 ? flat_view(b.grad_flat, {len}, pc.begin)
-                                 : flat_view(b.grad_shard, {len}, pc.begin - shard_rank() * b.plan.shard_numel);
+  return config_.zero_stage == 1
+             ? flat_view(b.grad_flat, {len}, pc.begin)
+             : flat_view(b.grad_shard, {len}, pc.begin - shard_rank() * b.plan.shard_numel);
 }
 
 NamedTensors DataParallel::owned_grad_pieces() const {
   NamedTensors out;
   if (config_.zero_stage == 0) {
     for (const Param& p : params_) {
-      out.emplace_back(p.name, flat_view(buckets_[static_cast<size_t>(p.bucket)].grad_flat, {p.tensor.numel()}, p.offset));
+      out.emplace_back(p.name, flat_view(buckets_[static_cast<size_t>(p.bucket)].grad_flat,
+                                         {p.tensor.numel()}, p.offset));
     }
     return out;
   }
@@ -490,9 +492,9 @@ std::vector<std::string> DataParallel::bucket_param_names(int b) const {
 }
 
 std::string DataParallel::describe() const {
-  std::string s = "data parallel: " + dp_.name() + " " + std::to_string(dp_.size()) + ", zero stage " +
-                  std::to_string(config_.zero_stage) + ", shards over " + shard_comm_->name() +
-                  " (" + std::to_string(shard_count()) + ")";
+  std::string s = "data parallel: " + dp_.name() + " " + std::to_string(dp_.size()) +
+                  ", zero stage " + std::to_string(config_.zero_stage) + ", shards over " +
+                  shard_comm_->name() + " (" + std::to_string(shard_count()) + ")";
   if (replica_comm_ != nullptr) s += ", replicas over " + replica_comm_->name();
   s += ", " + std::to_string(buckets_.size()) +
        (config_.zero_stage == 3 ? " units, " : " buckets, ") + std::to_string(num_parameters()) +

@@ -205,7 +205,7 @@ class DataParallel final : public UnitHooks {
     bool launched = false;
     WorkPtr first, second;
     // Stage 3 (Note [ZeRO-3]).
-    Tensor param_shard;  // (shard_numel) the owned parameter values
+    Tensor param_shard;     // (shard_numel) the owned parameter values
     bool gathered = false;  // param_flat materialised (its gather may still be in flight)
     WorkPtr gather;
     int forward_uses = 0;
@@ -267,7 +267,7 @@ class DataParallel final : public UnitHooks {
   bool synced_ = false;  // reductions complete, step not yet taken
   uint64_t next_seq_ = 0;
   DpStepStats current_, last_stats_;
-  int64_t gathered_bytes_ = 0, peak_gathered_bytes_ = 0;  // stage 3 parameter buffers
+  int64_t gathered_bytes_ = 0, peak_gathered_bytes_ = 0;    // stage 3 parameter buffers
   int64_t unit_grad_bytes_ = 0, peak_unit_grad_bytes_ = 0;  // stage 3 full gradient buffers
 };
 

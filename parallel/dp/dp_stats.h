@@ -28,11 +28,11 @@ enum class DpEventKind {
                    // or when a unit is needed and was not prefetched (stage 3)
   kMarker,         // DataParallel::mark(): the caller's own event (e.g. a backward node ran)
   // Stage 3 (Note [ZeRO-3] in parallel/dp/data_parallel.h); `bucket` is the unit.
-  kPrefetch,       // a unit's all_gather issued ahead of its use (next unit in compute order)
-  kRelease,        // a unit's gathered parameters freed
-  kUnitForward,    // a unit's forward begins (its parameters are gathered)
-  kUnitForwardEnd, // a unit's forward has produced its output
-  kUnitBackward,   // a unit's backward begins (its parameters are gathered)
+  kPrefetch,        // a unit's all_gather issued ahead of its use (next unit in compute order)
+  kRelease,         // a unit's gathered parameters freed
+  kUnitForward,     // a unit's forward begins (its parameters are gathered)
+  kUnitForwardEnd,  // a unit's forward has produced its output
+  kUnitBackward,    // a unit's backward begins (its parameters are gathered)
 };
 const char* dp_event_kind_name(DpEventKind kind);
 
@@ -62,12 +62,12 @@ struct DpStepStats {
 
 // Bytes this rank holds, read from the engine's buffers.
 struct DpMemory {
-  int64_t param_bytes = 0;           // parameters kept between steps (full at stages 0–2)
-  int64_t grad_bytes = 0;            // gradient memory kept between steps (stages 2, 3: shards)
-  int64_t transient_grad_bytes = 0;  // stage 2: full buckets, alive from zero_grad to the sync;
-                                     // stage 3: most full unit gradient bytes alive at once
-  int64_t transient_param_bytes = 0; // stage 3: most gathered unit bytes alive at once
-  int64_t optimizer_bytes = 0;       // AdamW exp_avg + exp_avg_sq of the owned shard
+  int64_t param_bytes = 0;            // parameters kept between steps (full at stages 0–2)
+  int64_t grad_bytes = 0;             // gradient memory kept between steps (stages 2, 3: shards)
+  int64_t transient_grad_bytes = 0;   // stage 2: full buckets, alive from zero_grad to the sync;
+                                      // stage 3: most full unit gradient bytes alive at once
+  int64_t transient_param_bytes = 0;  // stage 3: most gathered unit bytes alive at once
+  int64_t optimizer_bytes = 0;        // AdamW exp_avg + exp_avg_sq of the owned shard
   int64_t total() const { return param_bytes + grad_bytes + optimizer_bytes; }
 };
 

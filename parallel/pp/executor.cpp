@@ -17,7 +17,9 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-double since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
+double since(Clock::time_point t0) {
+  return std::chrono::duration<double>(Clock::now() - t0).count();
+}
 
 // What the executor holds for one (micro-batch, chunk) between its FWD and BWD.
 struct Slot {
@@ -29,8 +31,8 @@ struct Slot {
 
 // This rank's pp coordinate, once the group is known to match the schedule.
 int checked_rank(const Communicator& pp, const ScheduleShape& shape) {
-  LOOM_CHECK(pp.size() == shape.stages, "pipeline: the pp group has ", pp.size(), " ranks but the schedule has ",
-             shape.stages, " stages");
+  LOOM_CHECK(pp.size() == shape.stages, "pipeline: the pp group has ", pp.size(),
+             " ranks but the schedule has ", shape.stages, " stages");
   return pp.rank();
 }
 
@@ -43,7 +45,8 @@ std::vector<IssuePlan> all_plans(ScheduleKind kind, const ScheduleShape& shape) 
 }  // namespace
 
 PipelineExecutor::PipelineExecutor(Communicator& pp, ScheduleKind kind, const ScheduleShape& shape,
-                                   std::vector<int64_t> activation_shape, DType dtype, Device device)
+                                   std::vector<int64_t> activation_shape, DType dtype,
+                                   Device device)
     : pp_(pp),
       shape_(shape),
       list_(make_schedule(kind, shape, checked_rank(pp, shape))),
@@ -89,15 +92,19 @@ PipelineStats PipelineExecutor::run(const ChunkCallbacks& cb) {
           break;
         }
         case Op::kSendAct:
-          group.push_back(P2P::send(slots.at(key).output.detach(), ins.peer, message_tag(shape_, false, ins.mb, g + 1)));
+          group.push_back(P2P::send(slots.at(key).output.detach(), ins.peer,
+                                    message_tag(shape_, false, ins.mb, g + 1)));
           break;
         case Op::kSendGrad: {
           const Tensor gin = slots.at(key).input.grad();
-          LOOM_CHECK(gin.defined(), "pipeline: no gradient reached the input of mb ", ins.mb, " chunk ", ins.chunk);
-          group.push_back(P2P::send(gin.contiguous(), ins.peer, message_tag(shape_, true, ins.mb, g - 1)));
+          LOOM_CHECK(gin.defined(), "pipeline: no gradient reached the input of mb ", ins.mb,
+                     " chunk ", ins.chunk);
+          group.push_back(
+              P2P::send(gin.contiguous(), ins.peer, message_tag(shape_, true, ins.mb, g - 1)));
           break;
         }
-        default: LOOM_FAIL("pipeline: ", to_string(ins), " in a group of transfers");
+        default:
+          LOOM_FAIL("pipeline: ", to_string(ins), " in a group of transfers");
       }
     }
     std::vector<WorkPtr> works = pp_.send_recv_async(std::move(group));
@@ -105,14 +112,21 @@ PipelineStats PipelineExecutor::run(const ChunkCallbacks& cb) {
       const Instruction& ins = list_[static_cast<size_t>(ops[k])];
       const std::pair<int, int> key{ins.mb, ins.chunk};
       switch (ins.op) {
-        case Op::kRecvAct: slots[key].act_recv = std::move(works[k]); break;
-        case Op::kRecvGrad: slots[key].grad_recv = std::move(works[k]); break;
-        case Op::kSendAct: sends.push_back(std::move(works[k])); break;
+        case Op::kRecvAct:
+          slots[key].act_recv = std::move(works[k]);
+          break;
+        case Op::kRecvGrad:
+          slots[key].grad_recv = std::move(works[k]);
+          break;
+        case Op::kSendAct:
+          sends.push_back(std::move(works[k]));
+          break;
         case Op::kSendGrad:
           sends.push_back(std::move(works[k]));
           slots.erase(key);  // the send holds the gradient; the graph is gone
           break;
-        default: break;
+        default:
+          break;
       }
     }
   };
@@ -151,8 +165,9 @@ PipelineStats PipelineExecutor::run(const ChunkCallbacks& cb) {
       if (cb.before_backward) cb.before_backward(i == last_bwd);
       const auto t0 = Clock::now();
       if (g == last_stage) {
-        autograd::backward(cb.loss_scale.defined() ? ops::mul(s.output, ops::to_dtype(cb.loss_scale, s.output.dtype()))
-                                                   : s.output);
+        autograd::backward(cb.loss_scale.defined()
+                               ? ops::mul(s.output, ops::to_dtype(cb.loss_scale, s.output.dtype()))
+                               : s.output);
       } else {
         autograd::backward({s.output}, {s.grad_buf});
       }

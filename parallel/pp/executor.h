@@ -51,7 +51,7 @@ struct PipelineStats {
   double total_s = 0;    // the step's wall time in run()
   double compute_s = 0;  // inside FWD and BWD
   double wait_s = 0;     // blocked on receives and, at the end, on sends
-  Tensor loss_sum;       // Σ of the last stage's losses, f64 where they are (undefined on other ranks)
+  Tensor loss_sum;  // Σ of the last stage's losses, f64 where they are (undefined on other ranks)
   int peak_in_flight = 0;
   double idle_fraction() const { return total_s > 0 ? 1.0 - compute_s / total_s : 0.0; }
 };
@@ -62,13 +62,14 @@ class PipelineExecutor {
   // (validated: ConfigError); activation_shape: the (B, T, C) shape of every activation and
   // gradient crossing a stage boundary, of dtype `dtype`, received on `device` (the model's).
   PipelineExecutor(Communicator& pp, ScheduleKind kind, const ScheduleShape& shape,
-                   std::vector<int64_t> activation_shape, DType dtype, Device device = Device::cpu());
+                   std::vector<int64_t> activation_shape, DType dtype,
+                   Device device = Device::cpu());
 
   // Runs one step of the schedule; gradients accumulate into the parameters.
   PipelineStats run(const ChunkCallbacks& callbacks);
 
   const std::vector<Instruction>& list() const { return list_; }  // this rank's
-  const IssuePlan& plan() const { return plan_; }                  // this rank's
+  const IssuePlan& plan() const { return plan_; }                 // this rank's
 
  private:
   Communicator& pp_;

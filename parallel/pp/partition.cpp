@@ -28,11 +28,13 @@ std::vector<int64_t> partition_layers(int64_t n_layer, int num_stages, const std
       used = 0;
     }
     LOOM_CONFIG_CHECK(used > 0 && item.find_first_not_of(" ", used) == std::string::npos,
-                      "parallel.pp_layout: '", item, "' is not a number (expected e.g. \"3,3,2,2\")");
+                      "parallel.pp_layout: '", item,
+                      "' is not a number (expected e.g. \"3,3,2,2\")");
     LOOM_CONFIG_CHECK(n >= 1, "parallel.pp_layout: every stage needs at least one layer, got ", n);
     b.push_back(b.back() + n);
   }
-  LOOM_CONFIG_CHECK(static_cast<int>(b.size()) - 1 == num_stages, "parallel.pp_layout: ", b.size() - 1,
+  LOOM_CONFIG_CHECK(static_cast<int>(b.size()) - 1 == num_stages,
+                    "parallel.pp_layout: ", b.size() - 1,
                     " entries, expected pp·vpp = ", num_stages);
   LOOM_CONFIG_CHECK(b.back() == n_layer, "parallel.pp_layout: the entries sum to ", b.back(),
                     ", expected model.n_layer ", n_layer);

@@ -26,11 +26,12 @@ namespace loom::parallel::pp {
 
 // Boundaries b (S+1 entries, b[0] = 0, b[S] = n_layer): stage s runs blocks [b[s], b[s+1]).
 // Throws ConfigError naming parallel.pp / parallel.vpp / parallel.pp_layout / model.n_layer.
-std::vector<int64_t> partition_layers(int64_t n_layer, int num_stages, const std::string& layout = "");
+std::vector<int64_t> partition_layers(int64_t n_layer, int num_stages,
+                                      const std::string& layout = "");
 
 // The global stages holding parameter `name` (a Transformer::named_parameters() name): one,
 // or two for the tied wte.weight (first and last) when tied and S > 1.
-std::vector<int> stages_of_parameter(const std::string& name, const std::vector<int64_t>& boundaries,
-                                     bool tied_embeddings);
+std::vector<int> stages_of_parameter(const std::string& name,
+                                     const std::vector<int64_t>& boundaries, bool tied_embeddings);
 
 }  // namespace loom::parallel::pp

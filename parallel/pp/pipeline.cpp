@@ -19,7 +19,8 @@ constexpr int kTiedTag = 32767;  // above every message_tag() of a step
 
 // Sends `mine` to `peer` and receives `theirs` from it, as one group (both ranks send first).
 void exchange(Communicator& g, const Tensor& mine, const Tensor& theirs, int peer) {
-  for (WorkPtr& w : g.send_recv_async({P2P::send(mine, peer, kTiedTag), P2P::recv(theirs, peer, kTiedTag)})) {
+  for (WorkPtr& w :
+       g.send_recv_async({P2P::send(mine, peer, kTiedTag), P2P::recv(theirs, peer, kTiedTag)})) {
     w->wait();
   }
 }
@@ -28,7 +29,8 @@ constexpr int kEvalTag = 32766;  // validation activations; no step message is i
 }  // namespace
 
 TransformerPipeline::TransformerPipeline(const Transformer& model, Communicator& pp,
-                                         const PipelineOptions& options, int64_t batch, int64_t seq_len)
+                                         const PipelineOptions& options, int64_t batch,
+                                         int64_t seq_len)
     : model_(model),
       pp_(pp),
       options_(options),
@@ -37,8 +39,10 @@ TransformerPipeline::TransformerPipeline(const Transformer& model, Communicator&
       seq_len_(seq_len),
       boundaries_(partition_layers(model.num_blocks(), pp.size() * options.vpp, options.layout)),
       executor_(pp, options.schedule, shape_,
-                {batch, options.activation_rows > 0 ? options.activation_rows : seq_len, model.config().n_embd},
-                model.compute_dtype().value_or(model.dtype()), model.device()) {  // what crosses stages
+                {batch, options.activation_rows > 0 ? options.activation_rows : seq_len,
+                 model.config().n_embd},
+                model.compute_dtype().value_or(model.dtype()),
+                model.device()) {  // what crosses stages
   const bool tied = model.config().tie_embeddings;
   for (auto& [name, t] : model.named_parameters()) {
     for (int g : stages_of_parameter(name, boundaries_, tied)) {
@@ -56,7 +60,8 @@ bool TransformerPipeline::tied_shared() const {
 
 bool TransformerPipeline::is_tied_copy(const std::string& name) const {
   // The last stage is on rank p−1; with p = 1 and v > 1 the copy is the same tensor.
-  return tied_shared() && shape_.stages > 1 && pp_.rank() == shape_.stages - 1 && name == "wte.weight";
+  return tied_shared() && shape_.stages > 1 && pp_.rank() == shape_.stages - 1 &&
+         name == "wte.weight";
 }
 
 int64_t TransformerPipeline::release_other_stages(Transformer& model) const {
@@ -77,32 +82,39 @@ int64_t TransformerPipeline::release_other_stages(Transformer& model) const {
   return freed;
 }
 
-Tensor TransformerPipeline::forward_backward(const std::vector<Tensor>& inputs, const std::vector<Tensor>& targets,
-                                             Generator* dropout_gen, const std::function<void(bool)>& before_backward,
+Tensor TransformerPipeline::forward_backward(const std::vector<Tensor>& inputs,
+                                             const std::vector<Tensor>& targets,
+                                             Generator* dropout_gen,
+                                             const std::function<void(bool)>& before_backward,
                                              const Tensor& grad_scale) {
   const int m = shape_.microbatches, last = shape_.num_global_stages() - 1;
-  LOOM_CHECK(static_cast<int>(inputs.size()) == m && static_cast<int>(targets.size()) == m, "pipeline: ",
-             inputs.size(), " input and ", targets.size(), " target micro-batches, expected ", m);
+  LOOM_CHECK(static_cast<int>(inputs.size()) == m && static_cast<int>(targets.size()) == m,
+             "pipeline: ", inputs.size(), " input and ", targets.size(),
+             " target micro-batches, expected ", m);
   const Tensor pos = options_.positions.defined() ? options_.positions : model_.positions(seq_len_);
   // Note [Pipeline dropout]: the generator offsets one process would be at.
   const bool drop = dropout_gen != nullptr && model_.training() && model_.config().dropout > 0.0;
   const GeneratorState base = drop ? dropout_gen->state() : GeneratorState{};
   const int64_t numel = options_.dropout_numel > 0 ? options_.dropout_numel
                                                    : batch_ * seq_len_ * model_.config().n_embd;
-  const uint64_t per_block = static_cast<uint64_t>(Block::kDropoutDraws) * ((static_cast<uint64_t>(numel) + 3) / 4);
+  const uint64_t per_block =
+      static_cast<uint64_t>(Block::kDropoutDraws) * ((static_cast<uint64_t>(numel) + 3) / 4);
   auto block_offset = [&](int64_t mb, int64_t block) {
-    return GeneratorState{base.seed, base.offset + static_cast<uint64_t>(mb * model_.num_blocks() + block) * per_block};
+    return GeneratorState{
+        base.seed,
+        base.offset + static_cast<uint64_t>(mb * model_.num_blocks() + block) * per_block};
   };
   ChunkCallbacks cb;
   cb.forward = [&](int mb, int chunk, const Tensor& input) {
     const int g = shape_.global_stage(pp_.rank(), chunk);
     const Tensor& ids = inputs[static_cast<size_t>(mb)];
-    LOOM_CHECK(ids.dim() == 2 && ids.size(0) == batch_ && ids.size(1) == seq_len_, "pipeline: micro-batch ",
-               shape_str(ids.shape()), " is not (", batch_, ", ", seq_len_, ")");
+    LOOM_CHECK(ids.dim() == 2 && ids.size(0) == batch_ && ids.size(1) == seq_len_,
+               "pipeline: micro-batch ", shape_str(ids.shape()), " is not (", batch_, ", ",
+               seq_len_, ")");
     if (drop) dropout_gen->set_state(block_offset(mb, boundaries_[static_cast<size_t>(g)]));
     Tensor x = g == 0 ? model_.embed(ids, pos) : input;
-    x = model_.run_blocks(x, pos, boundaries_[static_cast<size_t>(g)], boundaries_[static_cast<size_t>(g) + 1],
-                          dropout_gen);
+    x = model_.run_blocks(x, pos, boundaries_[static_cast<size_t>(g)],
+                          boundaries_[static_cast<size_t>(g) + 1], dropout_gen);
     if (g != last) return x;
     Tensor loss = model_.head_loss(x, targets[static_cast<size_t>(mb)]);
     // As gradient accumulation does (grad_scale is applied by the executor before backward).
@@ -114,7 +126,8 @@ Tensor TransformerPipeline::forward_backward(const std::vector<Tensor>& inputs, 
   cb.loss_scale = grad_scale;
   stats_ = executor_.run(cb);
   if (drop) dropout_gen->set_state(block_offset(m, 0));  // where one process ends the step
-  Tensor loss = stats_.loss_sum.defined() ? ops::reshape(stats_.loss_sum, {1}) : Tensor::zeros({1}, DType::kF64, model_.device());
+  Tensor loss = stats_.loss_sum.defined() ? ops::reshape(stats_.loss_sum, {1})
+                                          : Tensor::zeros({1}, DType::kF64, model_.device());
   pp_.broadcast(loss, last % shape_.stages);
   return ops::reshape(loss, {});
 }
@@ -178,7 +191,8 @@ TransformerPipeline::StageUnits TransformerPipeline::parameter_units() const {
   return out;
 }
 
-void TransformerPipeline::sync_tied_gradient_pieces(const std::vector<std::pair<std::string, Tensor>>& pieces) {
+void TransformerPipeline::sync_tied_gradient_pieces(
+    const std::vector<std::pair<std::string, Tensor>>& pieces) {
   if (!tied_shared() || shape_.stages == 1) return;
   const int first = 0, last = shape_.stages - 1;
   if (pp_.rank() != first && pp_.rank() != last) return;
@@ -193,16 +207,20 @@ void TransformerPipeline::sync_tied_gradient_pieces(const std::vector<std::pair<
   }
   const int peer = pp_.rank() == first ? last : first;
   if (!tied_ranges_checked_) {  // the layout never changes: checked on the first step only
-    const Tensor mine = Tensor::from_vector(ranges.empty() ? std::vector<double>{-1.0} : ranges,
-                                            {static_cast<int64_t>(std::max<size_t>(1, ranges.size()))});
+    const Tensor mine =
+        Tensor::from_vector(ranges.empty() ? std::vector<double>{-1.0} : ranges,
+                            {static_cast<int64_t>(std::max<size_t>(1, ranges.size()))});
     const Tensor count = Tensor::full({1}, static_cast<double>(mine.numel()), DType::kF64);
     const Tensor peer_count = Tensor::empty_like(count);
     exchange(pp_, count, peer_count, peer);
-    LOOM_CHECK(peer_count.item() == count.item(), "pipeline: the tied embedding's owned pieces differ between "
-               "the first and the last stage (", count.item(), " vs ", peer_count.item(), " values)");
+    LOOM_CHECK(peer_count.item() == count.item(),
+               "pipeline: the tied embedding's owned pieces differ between "
+               "the first and the last stage (",
+               count.item(), " vs ", peer_count.item(), " values)");
     const Tensor theirs = Tensor::empty_like(mine);
     exchange(pp_, mine, theirs, peer);
-    LOOM_CHECK(theirs.to_vector() == mine.to_vector(), "pipeline: the first and the last stage own "
+    LOOM_CHECK(theirs.to_vector() == mine.to_vector(),
+               "pipeline: the first and the last stage own "
                "different ranges of the tied wte.weight (Note [Sharded stages])");
     tied_ranges_checked_ = true;
   }
@@ -223,7 +241,8 @@ void TransformerPipeline::sync_tied_gradient_pieces(const std::vector<std::pair<
 }
 
 const std::vector<int>& StageUnitHooks::of(int unit) const {
-  LOOM_CHECK(unit >= 0 && static_cast<size_t>(unit) < buckets_.size() && !buckets_[static_cast<size_t>(unit)].empty(),
+  LOOM_CHECK(unit >= 0 && static_cast<size_t>(unit) < buckets_.size() &&
+                 !buckets_[static_cast<size_t>(unit)].empty(),
              "pipeline: model unit ", unit, " is not run by this stage");
   return buckets_[static_cast<size_t>(unit)];
 }
@@ -235,7 +254,8 @@ void StageUnitHooks::before_forward(int unit) {
 Tensor StageUnitHooks::after_forward(int unit, const Tensor& out) {
   const std::vector<int>& b = of(unit);
   Tensor y = out;
-  for (auto it = b.rbegin(); it != b.rend(); ++it) y = inner_.after_forward(*it, y);  // innermost first
+  for (auto it = b.rbegin(); it != b.rend(); ++it)
+    y = inner_.after_forward(*it, y);  // innermost first
   return y;
 }
 
@@ -261,8 +281,8 @@ Tensor TransformerPipeline::forward_only(const Tensor& ids, const Tensor& pos, i
       x = Tensor::empty(act, model_.compute_dtype().value_or(model_.dtype()), model_.device());
       pp_.recv(x, (g - 1) % p, kEvalTag);
     }
-    x = model_.run_blocks(x, pos, boundaries_[static_cast<size_t>(g)], boundaries_[static_cast<size_t>(g) + 1],
-                          nullptr);
+    x = model_.run_blocks(x, pos, boundaries_[static_cast<size_t>(g)],
+                          boundaries_[static_cast<size_t>(g) + 1], nullptr);
     if (g == last) {
       out = at_last(x);
     } else if ((g + 1) % p != me) {
@@ -272,17 +292,20 @@ Tensor TransformerPipeline::forward_only(const Tensor& ids, const Tensor& pos, i
   return out;
 }
 
-double TransformerPipeline::evaluate(const std::vector<Tensor>& inputs, const std::vector<Tensor>& targets) {
-  LOOM_CHECK(!inputs.empty() && inputs.size() == targets.size(), "pipeline: evaluate got ", inputs.size(),
-             " input and ", targets.size(), " target micro-batches");
+double TransformerPipeline::evaluate(const std::vector<Tensor>& inputs,
+                                     const std::vector<Tensor>& targets) {
+  LOOM_CHECK(!inputs.empty() && inputs.size() == targets.size(), "pipeline: evaluate got ",
+             inputs.size(), " input and ", targets.size(), " target micro-batches");
   const Tensor pos = options_.positions.defined() ? options_.positions : model_.positions(seq_len_);
   const int64_t rows = options_.activation_rows > 0 ? options_.activation_rows : seq_len_;
   double loss_sum = 0;
   for (size_t i = 0; i < inputs.size(); ++i) {
     const Tensor& ids = inputs[i];
-    LOOM_CHECK(ids.dim() == 2 && ids.size(0) == batch_ && ids.size(1) == seq_len_, "pipeline: validation batch ",
-               shape_str(ids.shape()), " is not (", batch_, ", ", seq_len_, ")");
-    const Tensor l = forward_only(ids, pos, rows, [&](const Tensor& x) { return model_.head_loss(x, targets[i]); });
+    LOOM_CHECK(ids.dim() == 2 && ids.size(0) == batch_ && ids.size(1) == seq_len_,
+               "pipeline: validation batch ", shape_str(ids.shape()), " is not (", batch_, ", ",
+               seq_len_, ")");
+    const Tensor l = forward_only(ids, pos, rows,
+                                  [&](const Tensor& x) { return model_.head_loss(x, targets[i]); });
     if (l.defined()) loss_sum += l.item();
   }
   Tensor loss = Tensor::full({1}, loss_sum / static_cast<double>(inputs.size()), DType::kF64);
@@ -293,7 +316,8 @@ double TransformerPipeline::evaluate(const std::vector<Tensor>& inputs, const st
 std::string TransformerPipeline::describe() const {
   std::ostringstream os;
   os << "pipeline: " << schedule_name(options_.schedule) << ", pp " << shape_.stages << " × vpp "
-     << shape_.virtual_stages << ", " << shape_.microbatches << " micro-batches; rank " << pp_.rank() << " runs blocks";
+     << shape_.virtual_stages << ", " << shape_.microbatches << " micro-batches; rank "
+     << pp_.rank() << " runs blocks";
   for (int c = 0; c < shape_.virtual_stages; ++c) {
     const size_t g = static_cast<size_t>(shape_.global_stage(pp_.rank(), c));
     os << " [" << boundaries_[g] << ", " << boundaries_[g + 1] << ")";

@@ -37,9 +37,9 @@ namespace loom::parallel::pp {
 
 struct PipelineOptions {
   ScheduleKind schedule = ScheduleKind::k1F1B;  // parallel.schedule
-  int vpp = 1;                                   // parallel.vpp
-  int microbatches = 1;                          // m; the loss of each is scaled by 1/m
-  std::string layout;                            // parallel.pp_layout ("" = even)
+  int vpp = 1;                                  // parallel.vpp
+  int microbatches = 1;                         // m; the loss of each is scaled by 1/m
+  std::string layout;                           // parallel.pp_layout ("" = even)
   // With tensor/context parallelism (train/trainer.cpp, Note [Model-parallel step]): the rows of
   // the activation passed between stages when it is not seq_len (sequence parallelism holds
   // seq_len/tp), the token positions when they are not arange(seq_len) (context parallelism),
@@ -109,7 +109,8 @@ class TransformerPipeline {
   // tensor on the model's device holding a power of two, optim::LossScaler::device_scale)
   // multiplies each micro-batch's loss for backward only (dynamic loss scaling).
   Tensor forward_backward(const std::vector<Tensor>& inputs, const std::vector<Tensor>& targets,
-                          Generator* dropout_gen, const std::function<void(bool last)>& before_backward = {},
+                          Generator* dropout_gen,
+                          const std::function<void(bool last)>& before_backward = {},
                           const Tensor& grad_scale = Tensor());
   // Validation: a forward-only pass (no autograd graph, no dropout) of each micro-batch
   // (inputs[i], targets[i] of shape (B, T), any count >= 1) through the stages in global stage

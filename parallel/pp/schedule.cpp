@@ -15,21 +15,30 @@ namespace loom::parallel::pp {
 
 const char* op_name(Op op) {
   switch (op) {
-    case Op::kFwd: return "FWD";
-    case Op::kBwd: return "BWD";
-    case Op::kSendAct: return "SEND_ACT";
-    case Op::kRecvAct: return "RECV_ACT";
-    case Op::kSendGrad: return "SEND_GRAD";
-    case Op::kRecvGrad: return "RECV_GRAD";
+    case Op::kFwd:
+      return "FWD";
+    case Op::kBwd:
+      return "BWD";
+    case Op::kSendAct:
+      return "SEND_ACT";
+    case Op::kRecvAct:
+      return "RECV_ACT";
+    case Op::kSendGrad:
+      return "SEND_GRAD";
+    case Op::kRecvGrad:
+      return "RECV_GRAD";
   }
   return "?";
 }
 
 const char* schedule_name(ScheduleKind kind) {
   switch (kind) {
-    case ScheduleKind::kGpipe: return "gpipe";
-    case ScheduleKind::k1F1B: return "1f1b";
-    case ScheduleKind::kInterleaved: return "interleaved";
+    case ScheduleKind::kGpipe:
+      return "gpipe";
+    case ScheduleKind::k1F1B:
+      return "1f1b";
+    case ScheduleKind::kInterleaved:
+      return "interleaved";
   }
   return "?";
 }
@@ -38,7 +47,8 @@ ScheduleKind parse_schedule(const std::string& name) {
   if (name == "gpipe") return ScheduleKind::kGpipe;
   if (name == "1f1b") return ScheduleKind::k1F1B;
   if (name == "interleaved") return ScheduleKind::kInterleaved;
-  throw ConfigError("parallel.schedule: unknown schedule '" + name + "' (expected gpipe, 1f1b or interleaved)");
+  throw ConfigError("parallel.schedule: unknown schedule '" + name +
+                    "' (expected gpipe, 1f1b or interleaved)");
 }
 
 std::string to_string(const Instruction& ins) {
@@ -52,13 +62,16 @@ std::string to_string(const Instruction& ins) {
 void validate_schedule(ScheduleKind kind, const ScheduleShape& s) {
   LOOM_CONFIG_CHECK(s.stages >= 1, "parallel.pp: must be >= 1, got ", s.stages);
   LOOM_CONFIG_CHECK(s.virtual_stages >= 1, "parallel.vpp: must be >= 1, got ", s.virtual_stages);
-  LOOM_CONFIG_CHECK(s.microbatches >= 1, "parallel.microbatches: must be >= 1, got ", s.microbatches);
+  LOOM_CONFIG_CHECK(s.microbatches >= 1, "parallel.microbatches: must be >= 1, got ",
+                    s.microbatches);
   if (kind != ScheduleKind::kInterleaved) {
-    LOOM_CONFIG_CHECK(s.virtual_stages == 1, "parallel.vpp: ", s.virtual_stages, " virtual stages need parallel.schedule: interleaved (",
-                      schedule_name(kind), " runs one chunk per rank)");
+    LOOM_CONFIG_CHECK(s.virtual_stages == 1, "parallel.vpp: ", s.virtual_stages,
+                      " virtual stages need parallel.schedule: interleaved (", schedule_name(kind),
+                      " runs one chunk per rank)");
   } else {
     LOOM_CONFIG_CHECK(s.microbatches % s.stages == 0, "parallel.microbatches: ", s.microbatches,
-                      " is not a multiple of parallel.pp ", s.stages, " (the interleaved schedule needs m % pp == 0)");
+                      " is not a multiple of parallel.pp ", s.stages,
+                      " (the interleaved schedule needs m % pp == 0)");
   }
 }
 
@@ -97,7 +110,8 @@ std::vector<Unit> compute_order(ScheduleKind kind, const ScheduleShape& s, int r
 
 std::vector<Instruction> make_schedule(ScheduleKind kind, const ScheduleShape& s, int rank) {
   validate_schedule(kind, s);
-  LOOM_CHECK(rank >= 0 && rank < s.stages, "make_schedule: rank ", rank, " outside [0, ", s.stages, ")");
+  LOOM_CHECK(rank >= 0 && rank < s.stages, "make_schedule: rank ", rank, " outside [0, ", s.stages,
+             ")");
   const int p = s.stages, last = s.num_global_stages() - 1;
   std::vector<Instruction> out;
   for (const Unit& u : compute_order(kind, s, rank)) {
@@ -125,7 +139,8 @@ int message_tag(const ScheduleShape& s, bool grad, int mb, int recv_stage) {
 
 double SimulationResult::bubble_fraction(int rank) const {
   if (makespan == 0) return 0;
-  return static_cast<double>(makespan - busy.at(static_cast<size_t>(rank))) / static_cast<double>(makespan);
+  return static_cast<double>(makespan - busy.at(static_cast<size_t>(rank))) /
+         static_cast<double>(makespan);
 }
 
 namespace {
@@ -159,24 +174,29 @@ class Simulator {
     while (progress && res_.error.empty()) {
       progress = false;
       for (size_t r = 0; r < lists_.size() && res_.error.empty(); ++r) {
-        while (ranks_[r].pc < lists_[r].size() && res_.error.empty() && step(static_cast<int>(r))) progress = true;
+        while (ranks_[r].pc < lists_[r].size() && res_.error.empty() && step(static_cast<int>(r)))
+          progress = true;
       }
     }
     if (!res_.error.empty()) return res_;
     std::ostringstream blocked;
     for (size_t r = 0; r < lists_.size(); ++r) {
-      if (ranks_[r].pc < lists_[r].size()) blocked << " rank " << r << " at " << to_string(lists_[r][ranks_[r].pc]) << ";";
+      if (ranks_[r].pc < lists_[r].size())
+        blocked << " rank " << r << " at " << to_string(lists_[r][ranks_[r].pc]) << ";";
     }
     if (!blocked.str().empty()) return fail("deadlock:" + blocked.str());
     const size_t units = static_cast<size_t>(s_.virtual_stages * s_.microbatches);
     for (size_t r = 0; r < lists_.size(); ++r) {
       if (ranks_[r].fwd_done.size() != units || ranks_[r].bwd_done.size() != units) {
-        return fail("rank " + std::to_string(r) + " does not run every (micro-batch, chunk) forward and backward once");
+        return fail("rank " + std::to_string(r) +
+                    " does not run every (micro-batch, chunk) forward and backward once");
       }
       res_.makespan = std::max(res_.makespan, ranks_[r].clock);
     }
     for (const auto& [key, q] : channels_) {
-      if (!q.empty()) return fail("a message from rank " + std::to_string(std::get<0>(key)) + " to rank " + std::to_string(std::get<1>(key)) + " is never received");
+      if (!q.empty())
+        return fail("a message from rank " + std::to_string(std::get<0>(key)) + " to rank " +
+                    std::to_string(std::get<1>(key)) + " is never received");
     }
     res_.ok = true;
     return res_;
@@ -196,7 +216,8 @@ class Simulator {
     SimRank& st = ranks_[static_cast<size_t>(r)];
     const Instruction& ins = lists_[static_cast<size_t>(r)][st.pc];
     const std::string where = "rank " + std::to_string(r) + " " + to_string(ins) + ": ";
-    if (ins.mb < 0 || ins.mb >= s_.microbatches || ins.chunk < 0 || ins.chunk >= s_.virtual_stages) {
+    if (ins.mb < 0 || ins.mb >= s_.microbatches || ins.chunk < 0 ||
+        ins.chunk >= s_.virtual_stages) {
       fail(where + "micro-batch or chunk out of range");
       return false;
     }
@@ -215,7 +236,8 @@ class Simulator {
         st.clock = start + 1;
         res_.busy[static_cast<size_t>(r)] += 1;
         st.fwd_done.insert(key);
-        res_.peak_in_flight[static_cast<size_t>(r)] = std::max(res_.peak_in_flight[static_cast<size_t>(r)], ++st.in_flight);
+        res_.peak_in_flight[static_cast<size_t>(r)] =
+            std::max(res_.peak_in_flight[static_cast<size_t>(r)], ++st.in_flight);
         break;
       }
       case Op::kBwd: {
@@ -239,8 +261,12 @@ class Simulator {
         const bool grad = ins.op == Op::kSendGrad;
         const int to = grad ? g - 1 : g + 1;
         if (to < 0 || to > last) return fail(where + "no stage to send to"), false;
-        if (ins.peer != to % s_.stages) return fail(where + "wrong peer (stage " + std::to_string(to) + " is on rank " + std::to_string(to % s_.stages) + ")"), false;
-        if (!(grad ? st.bwd_done : st.fwd_done).count(key)) return fail(where + "sends before computing"), false;
+        if (ins.peer != to % s_.stages)
+          return fail(where + "wrong peer (stage " + std::to_string(to) + " is on rank " +
+                      std::to_string(to % s_.stages) + ")"),
+                 false;
+        if (!(grad ? st.bwd_done : st.fwd_done).count(key))
+          return fail(where + "sends before computing"), false;
         channels_[{r, ins.peer, grad}].push_back({ins.mb, to, st.clock});
         res_.time[static_cast<size_t>(r)][st.pc] = st.clock;
         break;
@@ -255,7 +281,10 @@ class Simulator {
         if (q.empty()) return false;  // blocks until the peer sends
         const Message msg = q.front();
         if (msg.mb != ins.mb || msg.recv_stage != g) {
-          return fail(where + "out of order: the next message from rank " + std::to_string(ins.peer) + " is for mb " + std::to_string(msg.mb) + " stage " + std::to_string(msg.recv_stage)), false;
+          return fail(where + "out of order: the next message from rank " +
+                      std::to_string(ins.peer) + " is for mb " + std::to_string(msg.mb) +
+                      " stage " + std::to_string(msg.recv_stage)),
+                 false;
         }
         q.pop_front();
         (grad ? st.grad_arrival : st.act_arrival)[key] = msg.time;
@@ -276,7 +305,8 @@ class Simulator {
 
 }  // namespace
 
-SimulationResult simulate(const ScheduleShape& shape, const std::vector<std::vector<Instruction>>& lists) {
+SimulationResult simulate(const ScheduleShape& shape,
+                          const std::vector<std::vector<Instruction>>& lists) {
   return Simulator(shape, lists).run();
 }
 
@@ -292,13 +322,15 @@ std::vector<IssuePlan> communication_order(const ScheduleShape& shape,
     for (size_t i = 0; i < order.size(); ++i) order[i] = i;
     // By time; at equal times transfers before compute; then list order.
     std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) {
-      return std::make_pair(sim.time[r][a], is_compute(a)) < std::make_pair(sim.time[r][b], is_compute(b));
+      return std::make_pair(sim.time[r][a], is_compute(a)) <
+             std::make_pair(sim.time[r][b], is_compute(b));
     });
     IssuePlan& plan = plans[r];
     for (size_t k = 0; k < order.size(); ++k) {
       const size_t i = order[k];
-      const bool group_continues = !plan.empty() && !plan.back().compute && !is_compute(i) &&
-                                   sim.time[r][static_cast<size_t>(plan.back().ops.front())] == sim.time[r][i];
+      const bool group_continues =
+          !plan.empty() && !plan.back().compute && !is_compute(i) &&
+          sim.time[r][static_cast<size_t>(plan.back().ops.front())] == sim.time[r][i];
       if (!group_continues) plan.push_back({is_compute(i), {}});
       plan.back().ops.push_back(static_cast<int>(i));
     }
@@ -317,7 +349,8 @@ class InOrderSimulator {
 
   SimulationResult run() {
     const size_t p = lists_.size();
-    if (static_cast<int>(p) != s_.stages || plans_.size() != p) return fail("expected one list and one plan per stage");
+    if (static_cast<int>(p) != s_.stages || plans_.size() != p)
+      return fail("expected one list and one plan per stage");
     ranks_.resize(p);
     for (size_t r = 0; r < p && res_.error.empty(); ++r) index(static_cast<int>(r));
     if (!res_.error.empty()) return res_;
@@ -335,7 +368,8 @@ class InOrderSimulator {
     for (size_t r = 0; r < p; ++r) {
       const Rank& st = ranks_[r];
       if (st.next_compute < st.computes.size()) {
-        blocked << " rank " << r << " compute " << to_string(lists_[r][op_of(r, st.computes[st.next_compute])]) << ";";
+        blocked << " rank " << r << " compute "
+                << to_string(lists_[r][op_of(r, st.computes[st.next_compute])]) << ";";
       }
       if (st.next_group < st.groups.size()) {
         blocked << " rank " << r << (st.started ? " in" : " before") << " the group of "
@@ -351,9 +385,9 @@ class InOrderSimulator {
   struct Rank {
     std::vector<size_t> computes, groups;  // plan step indices, in plan order
     size_t next_compute = 0, next_group = 0;
-    bool started = false;                  // groups[next_group] is running
-    std::vector<int> step_of;              // list index → plan step
-    std::vector<bool> step_done;           // per plan step
+    bool started = false;         // groups[next_group] is running
+    std::vector<int> step_of;     // list index → plan step
+    std::vector<bool> step_done;  // per plan step
   };
   SimulationResult fail(const std::string& why) {
     res_.ok = false;
@@ -361,7 +395,9 @@ class InOrderSimulator {
     return res_;
   }
   bool is_compute(Op op) const { return op == Op::kFwd || op == Op::kBwd; }
-  size_t op_of(size_t r, size_t step) const { return static_cast<size_t>(plans_[r][step].ops.front()); }
+  size_t op_of(size_t r, size_t step) const {
+    return static_cast<size_t>(plans_[r][step].ops.front());
+  }
 
   // Checks the plan's shape and where each instruction sits.
   void index(int r) {
@@ -373,12 +409,16 @@ class InOrderSimulator {
     const std::string who = "rank " + std::to_string(r) + ": ";
     for (size_t k = 0; k < plan.size(); ++k) {
       const IssueStep& step = plan[k];
-      if (step.ops.empty() || (step.compute && step.ops.size() != 1)) return (void)fail(who + "a compute step holds one op, a group at least one");
+      if (step.ops.empty() || (step.compute && step.ops.size() != 1))
+        return (void)fail(who + "a compute step holds one op, a group at least one");
       for (int i : step.ops) {
-        if (i < 0 || static_cast<size_t>(i) >= list.size() || st.step_of[static_cast<size_t>(i)] != -1) {
+        if (i < 0 || static_cast<size_t>(i) >= list.size() ||
+            st.step_of[static_cast<size_t>(i)] != -1) {
           return (void)fail(who + "the plan names an instruction twice or out of range");
         }
-        if (is_compute(list[static_cast<size_t>(i)].op) != step.compute) return (void)fail(who + to_string(list[static_cast<size_t>(i)]) + " in the wrong kind of step");
+        if (is_compute(list[static_cast<size_t>(i)].op) != step.compute)
+          return (void)fail(who + to_string(list[static_cast<size_t>(i)]) +
+                            " in the wrong kind of step");
         st.step_of[static_cast<size_t>(i)] = static_cast<int>(k);
       }
       (step.compute ? st.computes : st.groups).push_back(k);
@@ -392,9 +432,13 @@ class InOrderSimulator {
       const bool send = ins.op == Op::kSendAct || ins.op == Op::kSendGrad;
       const Op compute = (ins.op == Op::kSendAct || ins.op == Op::kRecvAct) ? Op::kFwd : Op::kBwd;
       const int c = compute_step(r, compute, ins.mb, ins.chunk);
-      if (c < 0) return (void)fail(who + to_string(ins) + " has no " + op_name(compute) + " of its micro-batch and chunk");
+      if (c < 0)
+        return (void)fail(who + to_string(ins) + " has no " + op_name(compute) +
+                          " of its micro-batch and chunk");
       if (send ? st.step_of[i] < c : st.step_of[i] > c) {
-        return (void)fail(who + to_string(ins) + (send ? " is issued before the compute that produces it" : " is issued after the compute that needs it"));
+        return (void)fail(who + to_string(ins) +
+                          (send ? " is issued before the compute that produces it"
+                                : " is issued after the compute that needs it"));
       }
     }
   }
@@ -402,7 +446,8 @@ class InOrderSimulator {
   int compute_step(int r, Op op, int mb, int chunk) const {
     const auto& list = lists_[static_cast<size_t>(r)];
     for (size_t i = 0; i < list.size(); ++i) {
-      if (list[i].op == op && list[i].mb == mb && list[i].chunk == chunk) return ranks_[static_cast<size_t>(r)].step_of[i];
+      if (list[i].op == op && list[i].mb == mb && list[i].chunk == chunk)
+        return ranks_[static_cast<size_t>(r)].step_of[i];
     }
     return -1;
   }
@@ -411,34 +456,49 @@ class InOrderSimulator {
   // the same message.
   bool match() {
     using Pair = std::pair<int, int>;
-    std::map<Pair, std::vector<Pair>> sends, recvs;  // (from, to) → (rank, list index) in issue order
+    std::map<Pair, std::vector<Pair>> sends,
+        recvs;  // (from, to) → (rank, list index) in issue order
     for (size_t r = 0; r < lists_.size(); ++r) {
       for (const IssueStep& step : plans_[r]) {
         for (int i : step.ops) {
           const Instruction& ins = lists_[r][static_cast<size_t>(i)];
-          if (ins.op == Op::kSendAct || ins.op == Op::kSendGrad) sends[{static_cast<int>(r), ins.peer}].push_back({static_cast<int>(r), i});
-          if (ins.op == Op::kRecvAct || ins.op == Op::kRecvGrad) recvs[{ins.peer, static_cast<int>(r)}].push_back({static_cast<int>(r), i});
+          if (ins.op == Op::kSendAct || ins.op == Op::kSendGrad)
+            sends[{static_cast<int>(r), ins.peer}].push_back({static_cast<int>(r), i});
+          if (ins.op == Op::kRecvAct || ins.op == Op::kRecvGrad)
+            recvs[{ins.peer, static_cast<int>(r)}].push_back({static_cast<int>(r), i});
         }
       }
     }
     for (const auto& [pair, ss] : sends) {
       const std::vector<Pair>& rs = recvs[pair];
-      const std::string who = "messages from rank " + std::to_string(pair.first) + " to rank " + std::to_string(pair.second) + ": ";
-      if (rs.size() != ss.size()) return fail(who + std::to_string(ss.size()) + " sends but " + std::to_string(rs.size()) + " receives"), false;
+      const std::string who = "messages from rank " + std::to_string(pair.first) + " to rank " +
+                              std::to_string(pair.second) + ": ";
+      if (rs.size() != ss.size())
+        return fail(who + std::to_string(ss.size()) + " sends but " + std::to_string(rs.size()) +
+                    " receives"),
+               false;
       for (size_t k = 0; k < ss.size(); ++k) {
-        const Instruction& a = lists_[static_cast<size_t>(ss[k].first)][static_cast<size_t>(ss[k].second)];
-        const Instruction& b = lists_[static_cast<size_t>(rs[k].first)][static_cast<size_t>(rs[k].second)];
+        const Instruction& a =
+            lists_[static_cast<size_t>(ss[k].first)][static_cast<size_t>(ss[k].second)];
+        const Instruction& b =
+            lists_[static_cast<size_t>(rs[k].first)][static_cast<size_t>(rs[k].second)];
         const bool grad = a.op == Op::kSendGrad;
         const int to_stage = s_.global_stage(pair.first, a.chunk) + (grad ? -1 : 1);
         const bool same = (b.op == (grad ? Op::kRecvGrad : Op::kRecvAct)) && b.mb == a.mb &&
                           s_.global_stage(pair.second, b.chunk) == to_stage;
-        if (!same) return fail(who + "message " + std::to_string(k) + " is sent as " + to_string(a) + " but received as " + to_string(b)), false;
+        if (!same)
+          return fail(who + "message " + std::to_string(k) + " is sent as " + to_string(a) +
+                      " but received as " + to_string(b)),
+                 false;
         peer_[ss[k]] = rs[k];
         peer_[rs[k]] = ss[k];
       }
     }
     for (const auto& [pair, rs] : recvs) {
-      if (!rs.empty() && !sends.count(pair)) return fail("rank " + std::to_string(pair.second) + " receives from rank " + std::to_string(pair.first) + ", which sends it nothing"), false;
+      if (!rs.empty() && !sends.count(pair))
+        return fail("rank " + std::to_string(pair.second) + " receives from rank " +
+                    std::to_string(pair.first) + ", which sends it nothing"),
+               false;
     }
     return true;
   }
@@ -479,7 +539,8 @@ class InOrderSimulator {
       const auto [pr, pi] = peer_.at({r, i});
       const Rank& other = ranks_[static_cast<size_t>(pr)];
       const size_t peer_step = static_cast<size_t>(other.step_of[static_cast<size_t>(pi)]);
-      const bool peer_running = other.next_group < other.groups.size() && other.groups[other.next_group] == peer_step && other.started;
+      const bool peer_running = other.next_group < other.groups.size() &&
+                                other.groups[other.next_group] == peer_step && other.started;
       if (!other.step_done[peer_step] && !peer_running) return false;
     }
     st.step_done[step] = true;
@@ -492,13 +553,15 @@ class InOrderSimulator {
   const std::vector<std::vector<Instruction>>& lists_;
   const std::vector<IssuePlan>& plans_;
   std::vector<Rank> ranks_;
-  std::map<std::pair<int, int>, std::pair<int, int>> peer_;  // (rank, list index) of each transfer's other end
+  std::map<std::pair<int, int>, std::pair<int, int>>
+      peer_;  // (rank, list index) of each transfer's other end
   SimulationResult res_;
 };
 
 }  // namespace
 
-SimulationResult simulate_in_order(const ScheduleShape& shape, const std::vector<std::vector<Instruction>>& lists,
+SimulationResult simulate_in_order(const ScheduleShape& shape,
+                                   const std::vector<std::vector<Instruction>>& lists,
                                    const std::vector<IssuePlan>& plans) {
   return InOrderSimulator(shape, lists, plans).run();
 }

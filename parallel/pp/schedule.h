@@ -60,7 +60,7 @@ struct Instruction {
 std::string to_string(const Instruction& ins);  // "SEND_ACT mb 3 chunk 1 → 2"
 
 struct ScheduleShape {
-  int stages = 1;       // p, the pp group size
+  int stages = 1;          // p, the pp group size
   int virtual_stages = 1;  // v, chunks per rank
   int microbatches = 1;    // m
   int num_global_stages() const { return stages * virtual_stages; }
@@ -80,9 +80,9 @@ int message_tag(const ScheduleShape& shape, bool grad, int mb, int recv_stage);
 
 struct SimulationResult {
   bool ok = false;
-  std::string error;               // why not ok: deadlock (blocked ranks), order, unmatched
-  long makespan = 0;               // time units (Note [Pipeline cost model])
-  std::vector<long> busy;          // per rank
+  std::string error;                // why not ok: deadlock (blocked ranks), order, unmatched
+  long makespan = 0;                // time units (Note [Pipeline cost model])
+  std::vector<long> busy;           // per rank
   std::vector<int> peak_in_flight;  // per rank
   // Per rank, per instruction of its list: when it happens — a FWD/BWD's start, a SEND's
   // send time (its compute's end), a RECV's message time (when the peer sent it). simulate()
@@ -97,7 +97,8 @@ struct SimulationResult {
 // after its FWD; that each RECV receives, in order per (sender, receiver, kind), exactly what
 // the peer sent for it, and that no message is left unreceived; and that no rank blocks
 // forever (a deadlock names each blocked rank's instruction).
-SimulationResult simulate(const ScheduleShape& shape, const std::vector<std::vector<Instruction>>& lists);
+SimulationResult simulate(const ScheduleShape& shape,
+                          const std::vector<std::vector<Instruction>>& lists);
 
 // Note [Communication order]: NCCL runs one communicator's point-to-point operations one
 // after another in issue order, and a send completes only once the peer's matching receive
@@ -122,7 +123,8 @@ using IssuePlan = std::vector<IssueStep>;
 
 // Every rank's issue order (Note [Communication order]) for lists that simulate() accepts
 // (throws naming simulate()'s error otherwise).
-std::vector<IssuePlan> communication_order(const ScheduleShape& shape, const std::vector<std::vector<Instruction>>& lists);
+std::vector<IssuePlan> communication_order(const ScheduleShape& shape,
+                                           const std::vector<std::vector<Instruction>>& lists);
 
 // Runs every rank's plan under NCCL's rules: per rank, a compute stream (FWD/BWD in plan order,
 // each after the receives it needs) and a communication stream (groups in plan order, each
@@ -133,7 +135,8 @@ std::vector<IssuePlan> communication_order(const ScheduleShape& shape, const std
 // matched messages are the same message (micro-batch, kind, stage), and that no stream blocks
 // forever (a deadlock names each rank's blocked group or compute op). Times are not modelled:
 // only `ok` and `error` are set.
-SimulationResult simulate_in_order(const ScheduleShape& shape, const std::vector<std::vector<Instruction>>& lists,
+SimulationResult simulate_in_order(const ScheduleShape& shape,
+                                   const std::vector<std::vector<Instruction>>& lists,
                                    const std::vector<IssuePlan>& plans);
 
 }  // namespace loom::parallel::pp

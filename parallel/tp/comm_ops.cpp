@@ -70,7 +70,8 @@ Tensor reduce_scatter_dim(const Tensor& x, Communicator& group, int64_t dim) {
   const int64_t len = x.size(dim) / n;
   // Chunk r of the flat send buffer must be this rank's contribution to member r's chunk.
   std::vector<Tensor> parts;
-  for (int r = 0; r < n; ++r) parts.push_back(ops::unsqueeze(ops::narrow(x.detach(), dim, r * len, len), 0));
+  for (int r = 0; r < n; ++r)
+    parts.push_back(ops::unsqueeze(ops::narrow(x.detach(), dim, r * len, len), 0));
   const Tensor send = ops::contiguous(ops::cat(parts, 0));
   Shape s = x.shape();
   s[static_cast<size_t>(dim)] = len;

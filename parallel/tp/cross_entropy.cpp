@@ -62,7 +62,8 @@ Tensor vocab_parallel_cross_entropy(const Tensor& logits_local, const Tensor& ta
   }
   const Tensor t = t_in.to(x.device());
   const DType stat = is_floating(x.dtype()) && dtype_size(x.dtype()) < 4 ? DType::kF32 : x.dtype();
-  Tensor lse_local = Tensor::empty({n}, stat, x.device()), tl = Tensor::empty({n}, stat, x.device());
+  Tensor lse_local = Tensor::empty({n}, stat, x.device()),
+         tl = Tensor::empty({n}, stat, x.device());
   kernels::call_kernel<kernels::vocab_parallel_ce_forward_k>(x, t, ignore_index, start, valid,
                                                              lse_local, tl);
   const Tensor lses = ops::reshape(all_gather_dim(lse_local, group, 0), {group.size(), n});

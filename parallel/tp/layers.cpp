@@ -78,7 +78,8 @@ RingStep ring_exchange(Communicator& tp, const Tensor& out, const Tensor& in, in
 // chunk `local` (chunk index = its rank); at each step it posts the transfer of the chunk it
 // holds to the next rank, calls use(q, chunk q) while that travels, then takes the chunk
 // received from the previous rank. use() sees every chunk of the group once.
-void ring_each(Communicator& tp, const Tensor& local, const std::function<void(int q, const Tensor& chunk)>& use) {
+void ring_each(Communicator& tp, const Tensor& local,
+               const std::function<void(int q, const Tensor& chunk)>& use) {
   const int n = tp.size();
   Tensor held = local;
   int q = tp.rank();
@@ -123,8 +124,11 @@ void ring_each(Communicator& tp, const Tensor& local, const std::function<void(i
 ColumnParallelLinear::ColumnParallelLinear(int64_t in_features, std::vector<int64_t> segments,
                                            bool bias, Communicator& tp, bool sequence_parallel,
                                            DType dtype, Device device, SpanSinkPtr spans)
-    : tp_(&tp), sequence_parallel_(sequence_parallel), segments_(std::move(segments)),
-      in_features_(in_features), spans_(std::move(spans)) {
+    : tp_(&tp),
+      sequence_parallel_(sequence_parallel),
+      segments_(std::move(segments)),
+      in_features_(in_features),
+      spans_(std::move(spans)) {
   int64_t out = 0;
   for (int64_t s : segments_) out += shard_size(s, tp, "ColumnParallelLinear out features");
   weight_ = register_parameter("weight", Tensor::zeros({out, in_features}, dtype, device));
@@ -145,9 +149,11 @@ Tensor ColumnParallelLinear::part_of(const Tensor& full) const {
 
 void ColumnParallelLinear::init(Generator& gen, double std) {
   assign(weight_,
-         part_of(randn({sum_of(segments_), in_features_}, gen, weight_.dtype(), 0.0, std, weight_.device())),
+         part_of(randn({sum_of(segments_), in_features_}, gen, weight_.dtype(), 0.0, std,
+                       weight_.device())),
          "ColumnParallelLinear.init");
-  if (bias_.defined()) assign(bias_, Tensor::zeros(bias_.shape(), bias_.dtype()), "ColumnParallelLinear.init");
+  if (bias_.defined())
+    assign(bias_, Tensor::zeros(bias_.shape(), bias_.dtype()), "ColumnParallelLinear.init");
 }
 
 void ColumnParallelLinear::zero_rows_from(int64_t global_row) {
@@ -195,7 +201,9 @@ Tensor ColumnParallelLinear::forward(const Tensor& x) const {
       y = chunk_gemm(xl);
     } else {  // ring all-gather, chunk by chunk
       std::vector<Tensor> parts(static_cast<size_t>(n));
-      ring_each(*tp_, xl, [&](int q, const Tensor& chunk) { parts[static_cast<size_t>(q)] = chunk_gemm(chunk); });
+      ring_each(*tp_, xl, [&](int q, const Tensor& chunk) {
+        parts[static_cast<size_t>(q)] = chunk_gemm(chunk);
+      });
       y = ops::cat(parts, 1);
     }
   }
@@ -207,55 +215,61 @@ Tensor ColumnParallelLinear::forward(const Tensor& x) const {
   const Tensor w = wc.detach();
   const bool has_bias = bc.defined();
   const SpanSinkPtr spans = spans_;
-  autograd::record_function("column_parallel_linear", inputs, {&y}, [=](const std::vector<Tensor>& g) {
-    autograd::NoGradGuard no_grad;
-    const Tensor dy = ops::contiguous(g[0]);  // (B, T, out/tp)
-    const int n = tp->size();
-    // 1. the full input again (sequence parallel), in rank order: (n, B, T/n, C)
-    Tensor gathered;
-    WorkPtr gather;
-    if (sp && n > 1) {
-      Shape s = xl.shape();
-      s.insert(s.begin(), n);
-      gathered = Tensor::empty(s, xl.dtype(), xl.device());
-      gather = tp->all_gather_async(ops::view(xl, {xl.numel()}), ops::view(gathered, {gathered.numel()}));
-    }
-    // 2. dX = dY·W over the full local sequence
-    const Tensor dx_full = timed(spans, "tp column: dX GEMM", [&] { return ops::matmul(dy, w, false, false); });
-    // 3. its reduction over the group
-    Tensor dx, send;
-    WorkPtr reduce;
-    if (n == 1) {
-      dx = dx_full;
-    } else if (sp) {
-      const int64_t len = dx_full.size(1) / n;
-      std::vector<Tensor> parts;
-      for (int r = 0; r < n; ++r) parts.push_back(ops::unsqueeze(ops::narrow(dx_full, 1, r * len, len), 0));
-      send = ops::contiguous(ops::cat(parts, 0));
-      dx = Tensor::empty(xl.shape(), dx_full.dtype(), dx_full.device());
-      reduce = tp->reduce_scatter_async(ops::view(send, {send.numel()}), ops::view(dx, {dx.numel()}),
-                                        ReduceOp::kSum);
-    } else {
-      dx = dx_full;
-      reduce = tp->all_reduce_async(ops::view(dx, {dx.numel()}), ReduceOp::kSum);
-    }
-    // 4. dW = dYᵀ·X and db = Σ dY while the reduction runs
-    Tensor x_full = xl;
-    if (gather) {
-      gather->wait();
-      std::vector<Tensor> parts;
-      for (int r = 0; r < n; ++r) parts.push_back(ops::squeeze(ops::narrow(gathered, 0, r, 1), 0));
-      x_full = ops::cat(parts, 1);
-    }
-    const int64_t rows = dy.numel() / dy.size(-1);
-    const Tensor dw = timed(spans, "tp column: dW GEMM", [&] { return weight_grad(dy, x_full); });
-    std::vector<Tensor> out{Tensor(), dw};
-    if (has_bias) out.push_back(ops::sum(ops::reshape(dy, {rows, dy.size(-1)}), 0));
-    // 5.
-    if (reduce) reduce->wait();
-    out[0] = dx;
-    return out;
-  });
+  autograd::record_function(
+      "column_parallel_linear", inputs, {&y}, [=](const std::vector<Tensor>& g) {
+        autograd::NoGradGuard no_grad;
+        const Tensor dy = ops::contiguous(g[0]);  // (B, T, out/tp)
+        const int n = tp->size();
+        // 1. the full input again (sequence parallel), in rank order: (n, B, T/n, C)
+        Tensor gathered;
+        WorkPtr gather;
+        if (sp && n > 1) {
+          Shape s = xl.shape();
+          s.insert(s.begin(), n);
+          gathered = Tensor::empty(s, xl.dtype(), xl.device());
+          gather = tp->all_gather_async(ops::view(xl, {xl.numel()}),
+                                        ops::view(gathered, {gathered.numel()}));
+        }
+        // 2. dX = dY·W over the full local sequence
+        const Tensor dx_full =
+            timed(spans, "tp column: dX GEMM", [&] { return ops::matmul(dy, w, false, false); });
+        // 3. its reduction over the group
+        Tensor dx, send;
+        WorkPtr reduce;
+        if (n == 1) {
+          dx = dx_full;
+        } else if (sp) {
+          const int64_t len = dx_full.size(1) / n;
+          std::vector<Tensor> parts;
+          for (int r = 0; r < n; ++r)
+            parts.push_back(ops::unsqueeze(ops::narrow(dx_full, 1, r * len, len), 0));
+          send = ops::contiguous(ops::cat(parts, 0));
+          dx = Tensor::empty(xl.shape(), dx_full.dtype(), dx_full.device());
+          reduce = tp->reduce_scatter_async(ops::view(send, {send.numel()}),
+                                            ops::view(dx, {dx.numel()}), ReduceOp::kSum);
+        } else {
+          dx = dx_full;
+          reduce = tp->all_reduce_async(ops::view(dx, {dx.numel()}), ReduceOp::kSum);
+        }
+        // 4. dW = dYᵀ·X and db = Σ dY while the reduction runs
+        Tensor x_full = xl;
+        if (gather) {
+          gather->wait();
+          std::vector<Tensor> parts;
+          for (int r = 0; r < n; ++r)
+            parts.push_back(ops::squeeze(ops::narrow(gathered, 0, r, 1), 0));
+          x_full = ops::cat(parts, 1);
+        }
+        const int64_t rows = dy.numel() / dy.size(-1);
+        const Tensor dw =
+            timed(spans, "tp column: dW GEMM", [&] { return weight_grad(dy, x_full); });
+        std::vector<Tensor> out{Tensor(), dw};
+        if (has_bias) out.push_back(ops::sum(ops::reshape(dy, {rows, dy.size(-1)}), 0));
+        // 5.
+        if (reduce) reduce->wait();
+        out[0] = dx;
+        return out;
+      });
   return y;
 }
 
@@ -267,7 +281,10 @@ void ColumnParallelLinear::load_shard(const Tensor& full_weight, const Tensor& f
 RowParallelLinear::RowParallelLinear(int64_t in_features, int64_t out_features, bool bias,
                                      Communicator& tp, bool sequence_parallel, DType dtype,
                                      Device device, SpanSinkPtr spans)
-    : tp_(&tp), sequence_parallel_(sequence_parallel), in_features_(in_features), spans_(std::move(spans)) {
+    : tp_(&tp),
+      sequence_parallel_(sequence_parallel),
+      in_features_(in_features),
+      spans_(std::move(spans)) {
   const int64_t in = shard_size(in_features, tp, "RowParallelLinear in_features");
   weight_ = register_parameter("weight", Tensor::zeros({out_features, in}, dtype, device));
   if (bias) bias_ = register_parameter("bias", Tensor::zeros({out_features}, dtype, device));
@@ -283,7 +300,9 @@ Tensor RowParallelLinear::forward(const Tensor& x) const {
   const bool sp = sequence_parallel_ && n > 1;
   LOOM_CHECK(!sp || xl.size(1) % n == 0, "RowParallelLinear: sequence length ", xl.size(1),
              " does not divide by the tensor-parallel size ", n);
-  auto gemm = [&](const Tensor& in) { return timed(spans_, "tp row: GEMM", [&] { return gemm_nt(in, wc.detach()); }); };
+  auto gemm = [&](const Tensor& in) {
+    return timed(spans_, "tp row: GEMM", [&] { return gemm_nt(in, wc.detach()); });
+  };
   Tensor y;
   {
     autograd::NoGradGuard no_grad;
@@ -320,7 +339,8 @@ Tensor RowParallelLinear::forward(const Tensor& x) const {
       for (const auto& [begin, len] : {std::pair<int64_t, int64_t>{0, half}, {half, T - half}}) {
         if (len == 0) continue;
         parts.push_back(gemm(ops::contiguous(ops::narrow(xl, 1, begin, len))));
-        works.push_back(tp_->all_reduce_async(ops::view(parts.back(), {parts.back().numel()}), ReduceOp::kSum));
+        works.push_back(
+            tp_->all_reduce_async(ops::view(parts.back(), {parts.back().numel()}), ReduceOp::kSum));
       }
       for (WorkPtr& w : works) w->wait();
       y = parts.size() == 1 ? parts[0] : ops::cat(parts, 1);
@@ -330,28 +350,29 @@ Tensor RowParallelLinear::forward(const Tensor& x) const {
     Communicator* tp = tp_;
     const Tensor w = wc.detach();
     const SpanSinkPtr spans = spans_;
-    autograd::record_function("row_parallel_linear", {x, wc}, {&y}, [=](const std::vector<Tensor>& g) {
-      autograd::NoGradGuard no_grad;
-      const Tensor dy = ops::contiguous(g[0]);
-      auto dx_gemm = [&](const Tensor& d) {
-        return timed(spans, "tp row: dX GEMM", [&] { return ops::matmul(d, w, false, false); });
-      };
-      auto dw_gemm = [&](const Tensor& d, const Tensor& in) {
-        return timed(spans, "tp row: dW GEMM", [&] { return weight_grad(d, in); });
-      };
-      if (!sp) return std::vector<Tensor>{dx_gemm(dy), dw_gemm(dy, xl)};  // dY is replicated
-      // Ring all-gather of dY (B, T/n, C), each chunk's GEMMs while the next one travels.
-      const int nn = tp->size();
-      const int64_t len = dy.size(1);
-      std::vector<Tensor> dx_parts(static_cast<size_t>(nn));
-      Tensor dw;
-      ring_each(*tp, dy, [&](int q, const Tensor& chunk) {
-        dx_parts[static_cast<size_t>(q)] = dx_gemm(chunk);
-        const Tensor d = dw_gemm(chunk, ops::narrow(xl, 1, q * len, len));
-        dw = dw.defined() ? ops::add(dw, d) : d;
-      });
-      return std::vector<Tensor>{ops::cat(dx_parts, 1), dw};
-    });
+    autograd::record_function(
+        "row_parallel_linear", {x, wc}, {&y}, [=](const std::vector<Tensor>& g) {
+          autograd::NoGradGuard no_grad;
+          const Tensor dy = ops::contiguous(g[0]);
+          auto dx_gemm = [&](const Tensor& d) {
+            return timed(spans, "tp row: dX GEMM", [&] { return ops::matmul(d, w, false, false); });
+          };
+          auto dw_gemm = [&](const Tensor& d, const Tensor& in) {
+            return timed(spans, "tp row: dW GEMM", [&] { return weight_grad(d, in); });
+          };
+          if (!sp) return std::vector<Tensor>{dx_gemm(dy), dw_gemm(dy, xl)};  // dY is replicated
+          // Ring all-gather of dY (B, T/n, C), each chunk's GEMMs while the next one travels.
+          const int nn = tp->size();
+          const int64_t len = dy.size(1);
+          std::vector<Tensor> dx_parts(static_cast<size_t>(nn));
+          Tensor dw;
+          ring_each(*tp, dy, [&](int q, const Tensor& chunk) {
+            dx_parts[static_cast<size_t>(q)] = dx_gemm(chunk);
+            const Tensor d = dw_gemm(chunk, ops::narrow(xl, 1, q * len, len));
+            dw = dw.defined() ? ops::add(dw, d) : d;
+          });
+          return std::vector<Tensor>{ops::cat(dx_parts, 1), dw};
+        });
   }
   if (!bias_.defined()) return y;
   // Under SP the bias meets only this rank's chunk: its gradient is summed over the group.
@@ -366,9 +387,11 @@ void RowParallelLinear::load_shard(const Tensor& full_weight, const Tensor& full
 }
 
 void RowParallelLinear::init(Generator& gen, double std) {
-  const Tensor full = randn({weight_.size(0), in_features_}, gen, weight_.dtype(), 0.0, std, weight_.device());
+  const Tensor full =
+      randn({weight_.size(0), in_features_}, gen, weight_.dtype(), 0.0, std, weight_.device());
   copy_slice(weight_, full, 1, tp_->rank() * weight_.size(1), "RowParallelLinear.init");
-  if (bias_.defined()) assign(bias_, Tensor::zeros(bias_.shape(), bias_.dtype()), "RowParallelLinear.init");
+  if (bias_.defined())
+    assign(bias_, Tensor::zeros(bias_.shape(), bias_.dtype()), "RowParallelLinear.init");
 }
 
 void RowParallelLinear::zero_rows_from(int64_t global_row) {
@@ -378,8 +401,9 @@ void RowParallelLinear::zero_rows_from(int64_t global_row) {
   ops::copy_(rows, Tensor::zeros(rows.shape(), weight_.dtype(), weight_.device()));
 }
 
-VocabParallelEmbedding::VocabParallelEmbedding(int64_t num_embeddings, int64_t dim, Communicator& tp,
-                                               bool sequence_parallel, DType dtype, Device device)
+VocabParallelEmbedding::VocabParallelEmbedding(int64_t num_embeddings, int64_t dim,
+                                               Communicator& tp, bool sequence_parallel,
+                                               DType dtype, Device device)
     : tp_(&tp), sequence_parallel_(sequence_parallel) {
   rows_ = shard_size(num_embeddings, tp, "VocabParallelEmbedding num_embeddings");
   weight_ = register_parameter("weight", Tensor::zeros({rows_, dim}, dtype, device));
@@ -408,13 +432,15 @@ Tensor VocabParallelEmbedding::forward(const Tensor& ids) const {
   kernels::call_kernel<kernels::vocab_parallel_ids_k>(dev_ids, start, rows_, local_ids, mask);
   // In the compute dtype (Note [Compute dtype]); each token's sum over the group has one
   // non-zero term, so reducing in a narrow dtype loses nothing.
-  const Tensor partial = compute(ops::mul(ops::embedding(local_ids, weight_, /*ids_checked=*/true), mask));
+  const Tensor partial =
+      compute(ops::mul(ops::embedding(local_ids, weight_, /*ids_checked=*/true), mask));
   return sequence_parallel_ ? reduce_scatter_to_sequence(partial, *tp_, 1)
                             : reduce_from_region(partial, *tp_);
 }
 
 void VocabParallelEmbedding::init(Generator& gen, double std, int64_t zero_from) {
-  Tensor full = randn({rows_ * tp_->size(), weight_.size(1)}, gen, weight_.dtype(), 0.0, std, weight_.device());
+  Tensor full = randn({rows_ * tp_->size(), weight_.size(1)}, gen, weight_.dtype(), 0.0, std,
+                      weight_.device());
   if (zero_from < full.size(0)) {
     autograd::NoGradGuard no_grad;
     Tensor tail = ops::narrow(full, 0, zero_from, full.size(0) - zero_from);

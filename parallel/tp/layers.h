@@ -32,8 +32,9 @@ namespace loom::parallel::tp {
 
 // Receives a named compute span [begin, end) of a TP layer (e.g. "tp row: GEMM chunk"), on the
 // compute thread. An empty function (or a null pointer) reports nothing.
-using SpanSink = std::function<void(const std::string& what, std::chrono::steady_clock::time_point begin,
-                                    std::chrono::steady_clock::time_point end)>;
+using SpanSink =
+    std::function<void(const std::string& what, std::chrono::steady_clock::time_point begin,
+                       std::chrono::steady_clock::time_point end)>;
 using SpanSinkPtr = std::shared_ptr<const SpanSink>;
 
 class ColumnParallelLinear : public LinearLayer {

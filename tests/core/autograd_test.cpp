@@ -65,7 +65,8 @@ TEST(Autograd, BackwardWithExplicitOutputGradients) {
   Generator gen(4);
   Tensor x = random({3, 17}, gen);
   Tensor y1 = ops::scale(x, 2.0), y2 = ops::mul(x, x);
-  Tensor g1 = random({3, 17}, gen, DType::kF64, false), g2 = random({3, 17}, gen, DType::kF64, false);
+  Tensor g1 = random({3, 17}, gen, DType::kF64, false),
+         g2 = random({3, 17}, gen, DType::kF64, false);
   autograd::backward({y1, y2}, {g1, g2});
   const auto xv = x.to_vector(), a = g1.to_vector(), b = g2.to_vector(), g = x.grad().to_vector();
   for (size_t i = 0; i < xv.size(); ++i) EXPECT_NEAR(g[i], 2 * a[i] + 2 * xv[i] * b[i], 1e-12);
@@ -109,8 +110,8 @@ TEST(Checkpoint, SameGradientsFewerBytes) {
   Tensor x0 = random({n, n}, gen), r = random({n, n}, gen);
   Allocator& alloc = allocator_for(DeviceType::kCpu);
 
-  auto run = [&](bool ckpt, std::vector<double>& gw, std::vector<double>& gx, std::vector<double>& gr,
-                 int64_t& held) {
+  auto run = [&](bool ckpt, std::vector<double>& gw, std::vector<double>& gx,
+                 std::vector<double>& gr, int64_t& held) {
     w.zero_grad();
     x0.zero_grad();
     r.zero_grad();
@@ -172,7 +173,9 @@ TEST(Checkpoint, RejectsTensorsWithHistoryNotPassedAsInputs) {
   Generator gen(9);
   Tensor w = random({4, 4}, gen);
   Tensor hidden = ops::scale(w, 2.0);  // has history
-  auto fn = [&](const std::vector<Tensor>& in) { return std::vector<Tensor>{ops::mul(in[0], hidden)}; };
+  auto fn = [&](const std::vector<Tensor>& in) {
+    return std::vector<Tensor>{ops::mul(in[0], hidden)};
+  };
   EXPECT_THROW(checkpoint(fn, {random({4, 4}, gen)}), Error);
 }
 

@@ -27,7 +27,7 @@ TEST(Rng, SameSeedAndOffsetSameNumbersWhateverTheThreadCount) {
   for (int threads : {1, 2, 3}) {
     omp_set_num_threads(threads);
     Generator g(42);
-    g.reserve(1000);  // start at a non-zero offset
+    g.reserve(1000);                             // start at a non-zero offset
     Tensor t = randn({100003}, g, DType::kF32);  // large enough to be split across threads
     if (ref.empty()) {
       ref = t.to_vector();

@@ -48,7 +48,7 @@ TEST(Tensor, ContiguousCopiesOnlyWhenNeeded) {
 
 TEST(Tensor, ReshapeOfNonContiguousViewsWhenPossible) {
   Tensor x = iota({2, 3, 4});
-  Tensor p = x.permute({1, 0, 2});  // (3, 2, 4): last dim still contiguous
+  Tensor p = x.permute({1, 0, 2});     // (3, 2, 4): last dim still contiguous
   Tensor v = p.reshape({3, 2, 2, 2});  // splits the contiguous last dim: a view
   EXPECT_EQ(v.storage(), x.storage());
   EXPECT_EQ(v.at({2, 1, 1, 0}), x.at({1, 2, 2}));
@@ -82,7 +82,10 @@ TEST(Tensor, DTypeConversions) {
   Generator gen(5);
   Tensor x = randn({65}, gen, DType::kF64, 0.0, 100.0);
   // f64 → f32 → f64 keeps f32 precision; bf16 and f16 keep about 3 and 4 significant digits.
-  struct Case { DType t; double rel; };
+  struct Case {
+    DType t;
+    double rel;
+  };
   for (Case c : {Case{DType::kF32, 1e-7}, Case{DType::kBF16, 4e-3}, Case{DType::kF16, 5e-4}}) {
     const auto back = x.to(c.t).to(DType::kF64).to_vector();
     const auto ref = x.to_vector();
@@ -157,7 +160,8 @@ TEST(Allocator, MissingBackendIsAClearError) {
     Tensor::empty({3}, DType::kF32, Device::cuda());
     FAIL();
   } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("no allocator for device cuda"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("no allocator for device cuda"), std::string::npos)
+        << e.what();
   }
 }
 

@@ -120,9 +120,11 @@ TEST_F(CudaAdamWTest, MultiStepWithGradScaleMatchesCpu) {
       o.lr = 2e-3;
       o.step = ++step;
       o.grad_scale = Tensor::scalar(factor, DType::kF64, Device::cuda());
-      kernels::find_kernel<kernels::adamw_multi_step_k>(DeviceType::kCuda)(entries(states, true, {}), o);
+      kernels::find_kernel<kernels::adamw_multi_step_k>(DeviceType::kCuda)(
+          entries(states, true, {}), o);
       o.grad_scale = Tensor::scalar(factor, DType::kF64);
-      kernels::find_kernel<kernels::adamw_multi_step_k>(DeviceType::kCpu)(entries(states, false, {}), o);
+      kernels::find_kernel<kernels::adamw_multi_step_k>(DeviceType::kCpu)(
+          entries(states, false, {}), o);
     }
     for (size_t i = 0; i < states.size(); ++i) {
       const std::string what = label("adamw_multi_step grad_scale", dt, states[i].p.cpu.numel());
@@ -133,7 +135,8 @@ TEST_F(CudaAdamWTest, MultiStepWithGradScaleMatchesCpu) {
   kernels::AdamWOptions o;
   o.grad_scale = Tensor::scalar(0.5, DType::kF64);  // on the host: refused
   std::vector<State> states = {random_state({5}, DType::kF32, gen)};
-  EXPECT_THROW(kernels::find_kernel<kernels::adamw_multi_step_k>(DeviceType::kCuda)(entries(states, true, {}), o),
+  EXPECT_THROW(kernels::find_kernel<kernels::adamw_multi_step_k>(DeviceType::kCuda)(
+                   entries(states, true, {}), o),
                Error);
 }
 
@@ -147,18 +150,22 @@ TEST_F(CudaAdamWTest, DeviceStepCountAndSkipsMatchCpu) {
   for (DType dt : {DType::kF32, DType::kF64}) {
     std::vector<State> states = random_list(dt, gen);
     for (int k = 0; k < 50; ++k) states.push_back(random_state({3 + k}, dt, gen));
-    Tensor count_gpu = Tensor::scalar(3.0, DType::kF64, Device::cuda()), count_cpu = Tensor::scalar(3.0, DType::kF64);
-    for (const double factor : {0.5, std::nan(""), std::numeric_limits<double>::infinity(), 0.8, 1.0}) {
+    Tensor count_gpu = Tensor::scalar(3.0, DType::kF64, Device::cuda()),
+           count_cpu = Tensor::scalar(3.0, DType::kF64);
+    for (const double factor :
+         {0.5, std::nan(""), std::numeric_limits<double>::infinity(), 0.8, 1.0}) {
       const std::vector<double> before = states[2].p.gpu.to(Device::cpu()).to_vector();
       kernels::AdamWOptions o;
       o.lr = 2e-3;
       o.step = 1;  // ignored: the counts rule
       o.step_count = count_gpu;
       o.grad_scale = Tensor::scalar(factor, DType::kF64, Device::cuda());
-      kernels::find_kernel<kernels::adamw_multi_step_k>(DeviceType::kCuda)(entries(states, true, {}), o);
+      kernels::find_kernel<kernels::adamw_multi_step_k>(DeviceType::kCuda)(
+          entries(states, true, {}), o);
       o.step_count = count_cpu;
       o.grad_scale = Tensor::scalar(factor, DType::kF64);
-      kernels::find_kernel<kernels::adamw_multi_step_k>(DeviceType::kCpu)(entries(states, false, {}), o);
+      kernels::find_kernel<kernels::adamw_multi_step_k>(DeviceType::kCpu)(
+          entries(states, false, {}), o);
       if (!std::isfinite(factor)) {
         EXPECT_EQ(states[2].p.gpu.to(Device::cpu()).to_vector(), before) << "factor " << factor;
       }
@@ -166,7 +173,8 @@ TEST_F(CudaAdamWTest, DeviceStepCountAndSkipsMatchCpu) {
     }
     EXPECT_EQ(count_gpu.item(), 6.0);
     for (size_t i = 0; i < states.size(); ++i) {
-      expect_state_close(states[i], dt, label("adamw_multi_step step_count", dt, states[i].p.cpu.numel()));
+      expect_state_close(states[i], dt,
+                         label("adamw_multi_step step_count", dt, states[i].p.cpu.numel()));
     }
   }
 }

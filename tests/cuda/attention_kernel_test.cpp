@@ -38,8 +38,8 @@ struct Case {
   int64_t b, hq, hkv, t, d;
   bool misaligned = false;  // inputs and gradients start 2 bytes into their GPU buffers
   std::string str() const {
-    return std::string(dtype_name(dtype)) + " B=" + std::to_string(b) + " Hq=" +
-           std::to_string(hq) + " Hkv=" + std::to_string(hkv) + " T=" + std::to_string(t) +
+    return std::string(dtype_name(dtype)) + " B=" + std::to_string(b) +
+           " Hq=" + std::to_string(hq) + " Hkv=" + std::to_string(hkv) + " T=" + std::to_string(t) +
            " D=" + std::to_string(d) + (misaligned ? " misaligned" : "");
   }
   Shape q_shape() const { return {b, hq, t, d}; }
@@ -203,9 +203,9 @@ TEST_F(CudaAttentionTest, BackwardLongSequencesMatchCpu) {
 // path and still match the CPU.
 TEST_F(CudaAttentionTest, MisalignedBuffersMatchCpu) {
   Generator gen(501);
-  for (const Case& c : {Case{DType::kBF16, 2, 4, 2, 100, 64, true},
-                        Case{DType::kF16, 1, 4, 1, 257, 64, true},
-                        Case{DType::kBF16, 2, 4, 4, 70, 128, true}}) {
+  for (const Case& c :
+       {Case{DType::kBF16, 2, 4, 2, 100, 64, true}, Case{DType::kF16, 1, 4, 1, 257, 64, true},
+        Case{DType::kBF16, 2, 4, 4, 70, 128, true}}) {
     check_forward(c, gen);
     check_backward(c, gen);
   }
@@ -215,7 +215,8 @@ TEST_F(CudaAttentionTest, MisalignedBuffersMatchCpu) {
 // query heads of a kv group). Also for the forward, on both paths.
 TEST_F(CudaAttentionTest, ResultsAreBitwiseReproducible) {
   Generator gen(301);
-  for (const Case& c : {Case{DType::kBF16, 2, 4, 1, 257, 64}, Case{DType::kF32, 2, 4, 2, 100, 24}}) {
+  for (const Case& c :
+       {Case{DType::kBF16, 2, 4, 1, 257, 64}, Case{DType::kF32, 2, 4, 2, 100, 24}}) {
     SCOPED_TRACE(c.str());
     const Inputs in = make_inputs(c, gen);
     const Tensor q = in.q.to(Device::cuda()), k = in.k.to(Device::cuda()),
@@ -293,10 +294,12 @@ bool bits_equal(const Tensor& a_cpu, const Tensor& b_cpu) {
 TEST_F(CudnnAttentionTest, GuardSelectsCudnnAndRepeats) {
   Generator gen(602);
   bool some_bits_differ = false;
-  for (const Case& c : {Case{DType::kBF16, 2, 4, 2, 257, 64}, Case{DType::kF16, 1, 4, 1, 1000, 128}}) {
+  for (const Case& c :
+       {Case{DType::kBF16, 2, 4, 2, 257, 64}, Case{DType::kF16, 1, 4, 1, 1000, 128}}) {
     SCOPED_TRACE(c.str());
     const Inputs in = make_inputs(c, gen);
-    const Tensor q = in.q.to(Device::cuda()), k = in.k.to(Device::cuda()), v = in.v.to(Device::cuda());
+    const Tensor q = in.q.to(Device::cuda()), k = in.k.to(Device::cuda()),
+                 v = in.v.to(Device::cuda());
     std::vector<Tensor> lses;
     for (int run = 0; run < 3; ++run) {
       kernels::CudnnAttentionGuard choice(run > 0);  // Loom, cuDNN, cuDNN
@@ -316,8 +319,10 @@ TEST_F(CudnnAttentionTest, GuardSelectsCudnnAndRepeats) {
     std::vector<Tensor> dqs;
     for (int run = 0; run < 2; ++run) {
       Tensor dq = Tensor::zeros(c.q_shape(), c.dtype, Device::cuda());
-      Tensor dk = Tensor::zeros(in.k.shape(), c.dtype, Device::cuda()), dv = Tensor::zeros(in.v.shape(), c.dtype, Device::cuda());
-      kernels::call_kernel<kernels::attention_backward_k>(q, k, v, out, lse, dout, c.scale(), dq, dk, dv);
+      Tensor dk = Tensor::zeros(in.k.shape(), c.dtype, Device::cuda()),
+             dv = Tensor::zeros(in.v.shape(), c.dtype, Device::cuda());
+      kernels::call_kernel<kernels::attention_backward_k>(q, k, v, out, lse, dout, c.scale(), dq,
+                                                          dk, dv);
       dqs.push_back(dq.to(Device::cpu()));
     }
     expect_same_bits(dqs[0], dqs[1], "cuDNN dq");
@@ -355,7 +360,8 @@ TEST(CudnnAttentionGraph, ValidOnSm80AndSm90ForTheTestedShapes) {
   const std::string refusal =
       kernels::cudnn_attention_graph_check(DType::kBF16, {2, 4, 64, 64}, {2, 3, 64, 64}, 90);
   EXPECT_NE(refusal.find("number of heads"), std::string::npos) << refusal;
-  EXPECT_NE(kernels::cudnn_attention_graph_check(DType::kBF16, {2, 4, 1, 64}, {2, 4, 1, 64}, 90), "");
+  EXPECT_NE(kernels::cudnn_attention_graph_check(DType::kBF16, {2, 4, 1, 64}, {2, 4, 1, 64}, 90),
+            "");
 }
 
 TEST_F(CudaAttentionTest, RejectsUnsupportedInput) {

@@ -208,21 +208,25 @@ TEST_F(CudaCrossEntropyTest, NanLogitGivesNanLoss) {
   const int64_t rows = static_cast<int64_t>(nan_cols.size());
   for (DType dt : {DType::kF32, DType::kBF16}) {
     Tensor logits = randn({rows, vp}, gen, DType::kF32, 0.0, 2.0);
-    for (int64_t r = 0; r < rows; ++r) logits.data<float>()[r * vp + nan_cols[static_cast<size_t>(r)]] = std::nanf("");
+    for (int64_t r = 0; r < rows; ++r)
+      logits.data<float>()[r * vp + nan_cols[static_cast<size_t>(r)]] = std::nanf("");
     logits = logits.to(dt);
     const Tensor targets = Tensor::full({rows}, 5, DType::kI64);
     Tensor loss = poisoned_cuda({rows}, DType::kF32), lse = poisoned_cuda({rows}, DType::kF32);
-    kernels::call_kernel<kernels::cross_entropy_forward_k>(logits.to(Device::cuda()), targets.to(Device::cuda()), -100,
-                                                           vp, loss, lse);
-    Tensor want_loss = Tensor::empty({rows}, DType::kF32), want_lse = Tensor::empty({rows}, DType::kF32);
-    kernels::call_kernel<kernels::cross_entropy_forward_k>(logits.to(DType::kF32), targets, -100, vp, want_loss,
-                                                           want_lse);
+    kernels::call_kernel<kernels::cross_entropy_forward_k>(
+        logits.to(Device::cuda()), targets.to(Device::cuda()), -100, vp, loss, lse);
+    Tensor want_loss = Tensor::empty({rows}, DType::kF32),
+           want_lse = Tensor::empty({rows}, DType::kF32);
+    kernels::call_kernel<kernels::cross_entropy_forward_k>(logits.to(DType::kF32), targets, -100,
+                                                           vp, want_loss, want_lse);
     const std::vector<double> got = lse.to(Device::cpu()).to_vector(), want = want_lse.to_vector();
     const std::vector<double> got_loss = loss.to(Device::cpu()).to_vector();
     for (int64_t r = 0; r < rows; ++r) {
       EXPECT_TRUE(std::isnan(want[static_cast<size_t>(r)])) << "the CPU reference, row " << r;
-      EXPECT_TRUE(std::isnan(got[static_cast<size_t>(r)])) << dtype_name(dt) << " lse, NaN at column " << nan_cols[static_cast<size_t>(r)];
-      EXPECT_TRUE(std::isnan(got_loss[static_cast<size_t>(r)])) << dtype_name(dt) << " loss, NaN at column " << nan_cols[static_cast<size_t>(r)];
+      EXPECT_TRUE(std::isnan(got[static_cast<size_t>(r)]))
+          << dtype_name(dt) << " lse, NaN at column " << nan_cols[static_cast<size_t>(r)];
+      EXPECT_TRUE(std::isnan(got_loss[static_cast<size_t>(r)]))
+          << dtype_name(dt) << " loss, NaN at column " << nan_cols[static_cast<size_t>(r)];
     }
   }
 }

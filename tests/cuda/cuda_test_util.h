@@ -91,7 +91,6 @@ inline void expect_same_bits(const Tensor& want_cpu, const Tensor& got, const st
   }
 }
 
-
 // ‖got − want‖₂ / ‖want‖₂ over all elements, computed in double on the host; +inf when got holds
 // a NaN or an infinity that want does not (so NaN never passes a tolerance), 0 when both are 0.
 inline double rel_error(const Tensor& want, const Tensor& got) {
@@ -135,6 +134,8 @@ inline Tensor to_gpu(const Tensor& t, bool misalign = false) {
 }
 
 // A fresh seed per run (inputs differ every run; tests print it on failure).
-inline uint64_t fresh_seed() { return (uint64_t{std::random_device{}()} << 32) | std::random_device{}(); }
+inline uint64_t fresh_seed() {
+  return (uint64_t{std::random_device{}()} << 32) | std::random_device{}();
+}
 
 }  // namespace loom::cuda_test

@@ -41,7 +41,8 @@ TEST_F(CudaEmbeddingTest, ForwardGathersTheCpuRows) {
         kernels::call_kernel<kernels::embedding_forward_k>(ids, w.cpu, want, false);
         for (const bool checked : {false, true}) {  // the device's check, or the caller's
           Tensor out = poisoned_cuda({c.tokens, c.cols}, dt);
-          kernels::call_kernel<kernels::embedding_forward_k>(ids.to(Device::cuda()), w.gpu, out, checked);
+          kernels::call_kernel<kernels::embedding_forward_k>(ids.to(Device::cuda()), w.gpu, out,
+                                                             checked);
           expect_same_bits(want.to(dt), out, what + (checked ? " ids_checked" : ""));
         }
       }
@@ -107,18 +108,21 @@ TEST_F(CudaEmbeddingTest, OpChecksHostIdsAndMatchesCpu) {
   Generator gen(503);
   const Pair w = random_pair({50, 24}, DType::kF32, gen);
   const Tensor ids = randint({3, 17}, 0, 50, gen, DType::kI32);
-  const Tensor wg = w.gpu.clone().set_requires_grad(true), wc = w.cpu.clone().set_requires_grad(true);
+  const Tensor wg = w.gpu.clone().set_requires_grad(true),
+               wc = w.cpu.clone().set_requires_grad(true);
   const Tensor g = randn({3, 17, 24}, gen);
   autograd::backward(ops::sum(ops::mul(ops::embedding(ids, wg), g.to(Device::cuda()))));
   autograd::backward(ops::sum(ops::mul(ops::embedding(ids, wc), g)));
   expect_close(wc.grad(), wg.grad(), DType::kF32, "ops::embedding gradient, host ids");
-  expect_same_bits(ops::embedding(ids, w.cpu), ops::embedding(ids, w.gpu), "ops::embedding, host ids");
+  expect_same_bits(ops::embedding(ids, w.cpu), ops::embedding(ids, w.gpu),
+                   "ops::embedding, host ids");
   const Tensor bad = Tensor::from_vector(std::vector<int32_t>{1, 50, 2}, {3});
   try {
     ops::embedding(bad, w.gpu);
     ADD_FAILURE() << "expected an error for id 50";
   } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("embedding: id 50 at position 1 is out of range for a vocabulary of V=50"),
+    EXPECT_NE(std::string(e.what()).find(
+                  "embedding: id 50 at position 1 is out of range for a vocabulary of V=50"),
               std::string::npos)
         << e.what();
   }

@@ -25,8 +25,8 @@ using parallel::ReduceOp;
 using parallel::WorkPtr;
 
 const std::vector<int64_t> kSizes = {0, 1, 17, 4099, (int64_t{1} << 20) + 3};
-const std::vector<DType> kReduceDTypes = {DType::kF32, DType::kF64, DType::kBF16, DType::kF16,
-                                          DType::kI32, DType::kI64};
+const std::vector<DType> kReduceDTypes = {DType::kF32, DType::kF64, DType::kBF16,
+                                          DType::kF16, DType::kI32, DType::kI64};
 
 class NcclSelfTest : public CudaTest {
  protected:

@@ -26,11 +26,16 @@ enum class Kind { kLayerNorm, kLayerNormNoBias, kRmsNorm, kResidual, kResidualNo
 
 const char* kind_name(Kind k) {
   switch (k) {
-    case Kind::kLayerNorm: return "layer_norm";
-    case Kind::kLayerNormNoBias: return "layer_norm (no bias)";
-    case Kind::kRmsNorm: return "rms_norm";
-    case Kind::kResidual: return "residual_layer_norm";
-    case Kind::kResidualNoBias: return "residual_layer_norm (no bias)";
+    case Kind::kLayerNorm:
+      return "layer_norm";
+    case Kind::kLayerNormNoBias:
+      return "layer_norm (no bias)";
+    case Kind::kRmsNorm:
+      return "rms_norm";
+    case Kind::kResidual:
+      return "residual_layer_norm";
+    case Kind::kResidualNoBias:
+      return "residual_layer_norm (no bias)";
   }
   return "?";
 }
@@ -44,7 +49,8 @@ Tensor poisoned(const Shape& shape, DType dt, bool misalign) {
   return to_gpu(Tensor::full(shape, std::numeric_limits<double>::quiet_NaN(), dt), misalign);
 }
 
-void expect_close(const Tensor& want, const Tensor& got, double tolerance, const std::string& what) {
+void expect_close(const Tensor& want, const Tensor& got, double tolerance,
+                  const std::string& what) {
   const double err = rel_error(want, got);
   EXPECT_LT(err, tolerance) << what;
 }
@@ -63,13 +69,14 @@ double mean_error(const Tensor& want, const Tensor& got, const Tensor& x) {
   }
   for (double v : xs) sq += v * v;
   const double den = sq / static_cast<double>(xs.size()) * static_cast<double>(a.size());
-  return den > 0 ? std::sqrt(num / den) : (num == 0 ? 0.0 : std::numeric_limits<double>::infinity());
+  return den > 0 ? std::sqrt(num / den)
+                 : (num == 0 ? 0.0 : std::numeric_limits<double>::infinity());
 }
 
 // One forward and backward of `kind` at (n, c) in dtype dt, CUDA against CPU.
 void run_case(Kind kind, DType dt, int64_t n, int64_t c, Generator& gen, bool misalign = false) {
-  const std::string what = std::string(kind_name(kind)) + " " + dtype_name(dt) + " N=" +
-                           std::to_string(n) + " C=" + std::to_string(c) +
+  const std::string what = std::string(kind_name(kind)) + " " + dtype_name(dt) +
+                           " N=" + std::to_string(n) + " C=" + std::to_string(c) +
                            (misalign ? " misaligned" : "");
   SCOPED_TRACE(what);
   const Shape rows{n, c}, cols{c}, stats{n};
@@ -180,9 +187,10 @@ TEST_F(CudaNormTest, RmsNormMatchesCpu) { run_grid(Kind::kRmsNorm); }
 TEST_F(CudaNormTest, ResidualLayerNormMatchesCpu) { run_grid(Kind::kResidual); }
 TEST_F(CudaNormTest, ResidualLayerNormWithoutBiasMatchesCpu) { run_grid(Kind::kResidualNoBias); }
 
-// Wide rows (Llama-8B's 4096, widths at the shared-memory opt-in's edge, and beyond), many rows (many gradient chunks), rows too long for
-// the shared-memory row cache (f32 C = 30001: the forward re-reads global memory, the backward
-// also keeps its partial sums in global memory; f64 C = 13000: cache off, sums in shared).
+// Wide rows (Llama-8B's 4096, widths at the shared-memory opt-in's edge, and beyond), many rows
+// (many gradient chunks), rows too long for the shared-memory row cache (f32 C = 30001: the forward
+// re-reads global memory, the backward also keeps its partial sums in global memory; f64 C = 13000:
+// cache off, sums in shared).
 TEST_F(CudaNormTest, LargeRowsAndUncachedPathsMatchCpu) {
   const uint64_t seed = fresh_seed();
   SCOPED_TRACE("seed " + std::to_string(seed));
@@ -193,12 +201,14 @@ TEST_F(CudaNormTest, LargeRowsAndUncachedPathsMatchCpu) {
       // Dynamic shared memory just under 48 KiB beside the static scratch (the opt-in's edge,
       // kernels/cuda/row_io.cuh): backward at 4096 (RMSNorm) and 3072 (with bias), forward at
       // 12288.
-      for (int64_t c : {int64_t{3072}, int64_t{4096}, int64_t{12288}}) run_case(kind, dt, 2, c, gen);
+      for (int64_t c : {int64_t{3072}, int64_t{4096}, int64_t{12288}})
+        run_case(kind, dt, 2, c, gen);
       run_case(kind, dt, 4099, 769, gen);
       run_case(kind, dt, 5, 30001, gen);
     }
     run_case(kind, DType::kF64, 3, 13000, gen);
-    for (int64_t c : {int64_t{1536}, int64_t{2048}, int64_t{6144}}) run_case(kind, DType::kF64, 2, c, gen);
+    for (int64_t c : {int64_t{1536}, int64_t{2048}, int64_t{6144}})
+      run_case(kind, DType::kF64, 2, c, gen);
   }
 }
 
@@ -219,9 +229,9 @@ TEST_F(CudaNormTest, WrongStatisticsDTypeIsRefused) {
   Tensor y = Tensor::empty({2, 8}, DType::kBF16, Device::cuda());
   Tensor mean = Tensor::empty({2}, DType::kBF16, Device::cuda());
   Tensor rstd = Tensor::empty({2}, DType::kBF16, Device::cuda());
-  EXPECT_THROW(kernels::call_kernel<kernels::layer_norm_forward_k>(x, w, Tensor(), kEps, y, mean,
-                                                                   rstd),
-               Error);
+  EXPECT_THROW(
+      kernels::call_kernel<kernels::layer_norm_forward_k>(x, w, Tensor(), kEps, y, mean, rstd),
+      Error);
 }
 
 }  // namespace

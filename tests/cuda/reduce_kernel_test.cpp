@@ -74,7 +74,8 @@ TEST_F(CudaReduceTest, SumSquaresMatchesCpuAndRepeats) {
 // max_norm, 0, inf and NaN; the output poisoned first.
 TEST_F(CudaReduceTest, ClipFactorMatchesCpu) {
   Generator gen(203);
-  std::vector<double> sums = {0.0, 2.25, 1e300, std::numeric_limits<double>::infinity(), std::nan("")};
+  std::vector<double> sums = {0.0, 2.25, 1e300, std::numeric_limits<double>::infinity(),
+                              std::nan("")};
   const Tensor r = rand({6}, gen, DType::kF64, 0.0, 10.0);
   for (double v : r.to_vector()) sums.push_back(v);
   for (const double sq : sums) {
@@ -92,15 +93,17 @@ TEST_F(CudaReduceTest, ClipFactorMatchesCpu) {
 // not), inf, NaN and growth after the interval (3 here); the factor poisoned first.
 TEST_F(CudaReduceTest, LossScaleStepMatchesCpu) {
   Generator gen(204);
-  std::vector<double> sums = {4.0, 1e6, std::numeric_limits<double>::infinity(), std::nan(""), 2.0, 3.0, 5.0, 0.0};
+  std::vector<double> sums = {
+      4.0, 1e6, std::numeric_limits<double>::infinity(), std::nan(""), 2.0, 3.0, 5.0, 0.0};
   for (double v : rand({5}, gen, DType::kF64, 0.0, 1e4).to_vector()) sums.push_back(v);
   const Tensor init = Tensor::from_vector(std::vector<double>{1024.0, 0.0, 0.0}, {3});
   Tensor state_cpu = init.clone(), state_gpu = init.to(Device::cuda());
   for (const double sq : sums) {
     Tensor got = poisoned_cuda({}, DType::kF64), want = Tensor::empty({}, DType::kF64);
-    kernels::call_kernel<kernels::loss_scale_step_k>(Tensor::scalar(sq, DType::kF64, Device::cuda()), state_gpu, 1.5,
-                                                     int64_t{3}, got);
-    kernels::call_kernel<kernels::loss_scale_step_k>(Tensor::scalar(sq, DType::kF64), state_cpu, 1.5, int64_t{3}, want);
+    kernels::call_kernel<kernels::loss_scale_step_k>(
+        Tensor::scalar(sq, DType::kF64, Device::cuda()), state_gpu, 1.5, int64_t{3}, got);
+    kernels::call_kernel<kernels::loss_scale_step_k>(Tensor::scalar(sq, DType::kF64), state_cpu,
+                                                     1.5, int64_t{3}, want);
     expect_same_bits(want, got, "loss_scale_step factor of " + std::to_string(sq));
     expect_same_bits(state_cpu, state_gpu, "loss_scale_step state after " + std::to_string(sq));
   }

@@ -34,8 +34,8 @@ Tensor make_positions(int64_t t_len, int64_t first, bool scattered, DType pdt, G
 void run_case(DType dt, const Shape& shape, const Tensor& positions, double theta, Generator& gen) {
   const std::string what = std::string(dtype_name(dt)) + " " + shape_str(shape) + " positions " +
                            dtype_name(positions.dtype()) + " from " +
-                           std::to_string(positions.to(DType::kF64).to_vector().at(0)) +
-                           " theta " + std::to_string(theta);
+                           std::to_string(positions.to(DType::kF64).to_vector().at(0)) + " theta " +
+                           std::to_string(theta);
   SCOPED_TRACE(what);
   const Tensor x = random_tensor(shape, dt, gen), dy = random_tensor(shape, dt, gen);
   const Tensor dx0 = random_tensor(shape, dt, gen);

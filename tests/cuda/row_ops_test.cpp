@@ -78,16 +78,22 @@ TEST_F(CudaRowOpsTest, NormOpsMatchCpu) {
     const Tensor x = random_tensor({3, 5, c}, DType::kF32, gen);
     const Tensor r = random_tensor({3, 5, c}, DType::kF32, gen);
     const Tensor w = random_tensor({c}, DType::kF32, gen), b = random_tensor({c}, DType::kF32, gen);
-    compare_op([](const std::vector<Tensor>& in) {
-      return std::vector<Tensor>{ops::layer_norm(in[0], in[1], in[2])};
-    }, {x, w, b}, dt, gen, "layer_norm");
-    compare_op([](const std::vector<Tensor>& in) {
-      return std::vector<Tensor>{ops::rms_norm(in[0], in[1], 1e-6)};
-    }, {x, w}, dt, gen, "rms_norm");
-    compare_op([](const std::vector<Tensor>& in) {
-      const ops::ResidualLayerNorm out = ops::residual_layer_norm(in[0], in[1], in[2], in[3]);
-      return std::vector<Tensor>{out.sum, out.normalized};
-    }, {x, r, w, b}, dt, gen, "residual_layer_norm");
+    compare_op(
+        [](const std::vector<Tensor>& in) {
+          return std::vector<Tensor>{ops::layer_norm(in[0], in[1], in[2])};
+        },
+        {x, w, b}, dt, gen, "layer_norm");
+    compare_op(
+        [](const std::vector<Tensor>& in) {
+          return std::vector<Tensor>{ops::rms_norm(in[0], in[1], 1e-6)};
+        },
+        {x, w}, dt, gen, "rms_norm");
+    compare_op(
+        [](const std::vector<Tensor>& in) {
+          const ops::ResidualLayerNorm out = ops::residual_layer_norm(in[0], in[1], in[2], in[3]);
+          return std::vector<Tensor>{out.sum, out.normalized};
+        },
+        {x, r, w, b}, dt, gen, "residual_layer_norm");
   }
 }
 
@@ -97,14 +103,16 @@ TEST_F(CudaRowOpsTest, SoftmaxAndRopeOpsMatchCpu) {
   Generator gen(seed);
   for (DType dt : {DType::kF32, DType::kBF16}) {
     const Tensor x = random_tensor({4, 7, 129}, DType::kF32, gen);
-    compare_op([](const std::vector<Tensor>& in) {
-      return std::vector<Tensor>{ops::softmax(in[0])};
-    }, {x}, dt, gen, "softmax");
+    compare_op(
+        [](const std::vector<Tensor>& in) { return std::vector<Tensor>{ops::softmax(in[0])}; }, {x},
+        dt, gen, "softmax");
     const Tensor q = random_tensor({2, 9, 3, 64}, DType::kF32, gen);
     const Tensor pos = randint({9}, 100, 4000, gen, DType::kI64);
-    compare_op([](const std::vector<Tensor>& in) {
-      return std::vector<Tensor>{ops::rope(in[0], in[1], 10000.0)};
-    }, {q, pos}, dt, gen, "rope", {1});
+    compare_op(
+        [](const std::vector<Tensor>& in) {
+          return std::vector<Tensor>{ops::rope(in[0], in[1], 10000.0)};
+        },
+        {q, pos}, dt, gen, "rope", {1});
   }
 }
 

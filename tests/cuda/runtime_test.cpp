@@ -174,7 +174,7 @@ TEST_F(CudaRuntimeTest, StagedUploadsKeepTheirBytesAndStreamOrder) {
   Generator gen(19);
   const Tensor a = randn({2048, 2048}, gen).to(Device::cuda()), b = randn({2048, 2048}, gen);
   Tensor b_gpu = b.to(Device::cuda());
-  const Tensor c = ops::matmul(a, b_gpu);  // queued: reads b_gpu
+  const Tensor c = ops::matmul(a, b_gpu);          // queued: reads b_gpu
   ops::copy_(b_gpu, Tensor::zeros({2048, 2048}));  // the upload must wait for the GEMM
   std::vector<Tensor> want, got;
   for (int i = 0; i < 40; ++i) {
@@ -186,8 +186,10 @@ TEST_F(CudaRuntimeTest, StagedUploadsKeepTheirBytesAndStreamOrder) {
   Tensor big = randn({5 << 20}, gen);  // 20 MiB: the blocking path
   want.push_back(big.clone());
   got.push_back(big.to(Device::cuda()));
-  for (size_t i = 0; i < want.size(); ++i) expect_same_bits(want[i], got[i], "upload " + std::to_string(i));
-  expect_same_bits(ops::matmul(a, b.to(Device::cuda())).to(Device::cpu()), c, "GEMM queued before the upload");
+  for (size_t i = 0; i < want.size(); ++i)
+    expect_same_bits(want[i], got[i], "upload " + std::to_string(i));
+  expect_same_bits(ops::matmul(a, b.to(Device::cuda())).to(Device::cpu()), c,
+                   "GEMM queued before the upload");
   expect_same_bits(Tensor::zeros({2048, 2048}), b_gpu, "the upload itself");
 }
 

@@ -17,8 +17,8 @@ using namespace cuda_test;  // NOLINT(build/namespaces): the shared test helpers
 using CudaSoftmaxTest = CudaTest;
 
 void run_case(DType dt, const Shape& shape, Generator& gen, bool misalign = false) {
-  const std::string what = std::string(dtype_name(dt)) + " " + shape_str(shape) +
-                           (misalign ? " misaligned" : "");
+  const std::string what =
+      std::string(dtype_name(dt)) + " " + shape_str(shape) + (misalign ? " misaligned" : "");
   SCOPED_TRACE(what);
   const Tensor x = random_tensor(shape, dt, gen);
   const Tensor gx = to_gpu(x, misalign);
@@ -30,7 +30,8 @@ void run_case(DType dt, const Shape& shape, Generator& gen, bool misalign = fals
   EXPECT_LT(rel_error(ry, gy), tol(dt)) << "y";
 
   // Backward at the CPU's y (rounded to dt for the GPU), accumulating into a random dx.
-  const Tensor y = ry.to(dt), dy = random_tensor(shape, dt, gen), dx0 = random_tensor(shape, dt, gen);
+  const Tensor y = ry.to(dt), dy = random_tensor(shape, dt, gen),
+               dx0 = random_tensor(shape, dt, gen);
   const Tensor ref_y = to_ref(y);
   Tensor rdx = to_ref(dx0);
   kernels::call_kernel<kernels::softmax_backward_k>(ref_y, to_ref(dy), rdx);

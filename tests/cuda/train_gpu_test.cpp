@@ -15,9 +15,9 @@
 #include <condition_variable>
 #include <filesystem>
 #include <mutex>
-#include <thread>
 #include <sstream>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "core/allocator.h"
@@ -269,7 +269,8 @@ TEST_F(TrainGpuTest, StepsAreLaunchedWithoutWaitingForTheGpu) {
     }
     cv.notify_one();
     watchdog.join();
-    EXPECT_FALSE(watchdog_opened) << precision << ": launching step 3 waited for the GPU\n" << sink.text;
+    EXPECT_FALSE(watchdog_opened) << precision << ": launching step 3 waited for the GPU\n"
+                                  << sink.text;
     EXPECT_TRUE(sink.opened_by_trainer) << precision << "\n" << sink.text;
     ASSERT_EQ(records.size(), 4u);
     for (const StepRecord& r : records) EXPECT_TRUE(std::isfinite(r.loss)) << precision;

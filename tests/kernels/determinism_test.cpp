@@ -31,7 +31,8 @@ TEST(Determinism, ElementwiseAndReductions) {
   // Sizes chosen so every kernel splits into several chunks.
   Tensor a = randn({257, 1031}, gen), b = randn({257, 1031}, gen), bias = randn({1031}, gen);
   expect_same_bits_for_thread_counts([&] { return ops::add(ops::mul(a, b), bias); });
-  expect_same_bits_for_thread_counts([&] { return ops::div(a, ops::add(b, Tensor::full({1}, 3.0))); });
+  expect_same_bits_for_thread_counts(
+      [&] { return ops::div(a, ops::add(b, Tensor::full({1}, 3.0))); });
   expect_same_bits_for_thread_counts([&] { return ops::sum(a, 0); });  // column sums
   expect_same_bits_for_thread_counts([&] { return ops::sum(a, 1); });  // row sums
   expect_same_bits_for_thread_counts([&] { return ops::sum(a); });

@@ -46,7 +46,8 @@ TEST(Registry, MissNamesOpAndDevice) {
     kernels::Registry::instance().find("no_such_op", DeviceType::kCuda, typeid(void()));
     FAIL() << "expected an error";
   } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("no_such_op: no kernel for cuda"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("no_such_op: no kernel for cuda"), std::string::npos)
+        << e.what();
   }
 }
 

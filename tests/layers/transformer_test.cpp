@@ -441,9 +441,11 @@ TEST(Transformer, ParameterUnitsAndHookOrder) {
     const Tensor hooked = m.forward(ids);
     m.set_unit_hooks(nullptr);
     std::string expected = "+0 -0 ";
-    for (int64_t i = 1; i <= c.n_layer; ++i) expected += "+" + std::to_string(i) + " -" + std::to_string(i) + " ";
+    for (int64_t i = 1; i <= c.n_layer; ++i)
+      expected += "+" + std::to_string(i) + " -" + std::to_string(i) + " ";
     const std::string head = std::to_string(c.n_layer + 1);
-    expected += c.tie_embeddings ? "+" + head + " +0 -0 -" + head + " " : "+" + head + " -" + head + " ";
+    expected +=
+        c.tie_embeddings ? "+" + head + " +0 -0 -" + head + " " : "+" + head + " -" + head + " ";
     EXPECT_EQ(log.calls, expected) << c.arch;
     EXPECT_EQ(hooked.to_vector(), plain.to_vector()) << c.arch;
   }

@@ -5,7 +5,6 @@
 // with a gradient factor read from a tensor (device clipping), a non-finite factor skipping the
 // step uncounted (f16 overflow), and the step count's bias correction after set_step_count.
 #include "optim/adamw.h"
-#include "optim/sgd.h"
 
 #include <gtest/gtest.h>
 #include <omp.h>
@@ -19,6 +18,7 @@
 #include "core/ops/view.h"
 #include "core/rng.h"
 #include "kernels/adamw.h"
+#include "optim/sgd.h"
 
 namespace loom {
 namespace {
@@ -135,7 +135,8 @@ TEST(AdamW, ScaledStepIsTheStepOfScaledGradients) {
     }
     EXPECT_EQ(w2.to_vector(), w1.to_vector()) << (mixed ? "per-parameter" : "multi-tensor");
     EXPECT_EQ(b2.to_vector(), b1.to_vector()) << (mixed ? "per-parameter" : "multi-tensor");
-    EXPECT_EQ(scaled.state_tensors()[1].second.to_vector(), by_hand.state_tensors()[1].second.to_vector());
+    EXPECT_EQ(scaled.state_tensors()[1].second.to_vector(),
+              by_hand.state_tensors()[1].second.to_vector());
     EXPECT_NE(w2.to_vector(), w0.to_vector());
   }
   // An unscaled step differs (the factor was applied; Adam is invariant to a constant factor up
@@ -143,7 +144,8 @@ TEST(AdamW, ScaledStepIsTheStepOfScaledGradients) {
   Generator gen(22);
   Tensor w = randn({9}, gen), v = w.clone();
   const Tensor g = randn({9}, gen);
-  optim::AdamW a({{"w", w, false}}, 0.9, 0.95, 1e-8, 0.0), b({{"w", v, false}}, 0.9, 0.95, 1e-8, 0.0);
+  optim::AdamW a({{"w", w, false}}, 0.9, 0.95, 1e-8, 0.0),
+      b({{"w", v, false}}, 0.9, 0.95, 1e-8, 0.0);
   for (int t = 0; t < 2; ++t) {
     w.set_grad(g.clone());
     v.set_grad(g.clone());
@@ -162,11 +164,13 @@ TEST(AdamW, NonFiniteFactorSkipsTheStepUncounted) {
   for (const bool mixed : {false, true}) {
     for (const double bad : {std::nan(""), std::numeric_limits<double>::infinity()}) {
       Generator gen(23);
-      const Tensor w0 = randn({37, 5}, gen), b0 = randn({5}, gen, mixed ? DType::kF64 : DType::kF32);
+      const Tensor w0 = randn({37, 5}, gen),
+                   b0 = randn({5}, gen, mixed ? DType::kF64 : DType::kF32);
       Tensor w1 = w0.clone(), b1 = b0.clone(), w2 = w0.clone(), b2 = b0.clone();
       optim::AdamW plain({{"w", w1, true}, {"b", b1, false}}, 0.9, 0.95, 1e-8, 0.1);
       optim::AdamW skipping({{"w", w2, true}, {"b", b2, false}}, 0.9, 0.95, 1e-8, 0.1);
-      const std::string what = std::string(mixed ? "per-parameter" : "multi-tensor") + " factor " + std::to_string(bad);
+      const std::string what =
+          std::string(mixed ? "per-parameter" : "multi-tensor") + " factor " + std::to_string(bad);
       for (int t = 0; t < 3; ++t) {
         const Tensor gw = randn(w0.shape(), gen), gb = randn(b0.shape(), gen, b0.dtype());
         w1.set_grad(gw.clone());
@@ -176,7 +180,8 @@ TEST(AdamW, NonFiniteFactorSkipsTheStepUncounted) {
         b2.set_grad(gb.clone());
         skipping.step_scaled(1e-2, Tensor::scalar(0.5, DType::kF64));
         if (t == 0) {  // an overflowed step between the first and the second
-          const std::vector<double> w_before = w2.to_vector(), m_before = skipping.state_tensors()[0].second.to_vector();
+          const std::vector<double> w_before = w2.to_vector(),
+                                    m_before = skipping.state_tensors()[0].second.to_vector();
           w2.set_grad(randn(w0.shape(), gen));
           b2.set_grad(randn(b0.shape(), gen, b0.dtype()));
           skipping.step_scaled(1e-2, Tensor::scalar(bad, DType::kF64));
@@ -189,7 +194,9 @@ TEST(AdamW, NonFiniteFactorSkipsTheStepUncounted) {
       EXPECT_EQ(w2.to_vector(), w1.to_vector()) << what;
       EXPECT_EQ(b2.to_vector(), b1.to_vector()) << what;
       for (size_t k = 0; k < 4; ++k) {
-        EXPECT_EQ(skipping.state_tensors()[k].second.to_vector(), plain.state_tensors()[k].second.to_vector()) << what;
+        EXPECT_EQ(skipping.state_tensors()[k].second.to_vector(),
+                  plain.state_tensors()[k].second.to_vector())
+            << what;
       }
     }
   }
@@ -210,7 +217,8 @@ TEST(AdamW, SetStepCountSetsTheBiasCorrection) {
   Generator gen(24);
   const Tensor w0 = randn({11}, gen), g = randn({11}, gen);
   Tensor a = w0.clone(), b = w0.clone();
-  optim::AdamW fifth({{"w", a, false}}, 0.9, 0.95, 1e-8, 0.0), first({{"w", b, false}}, 0.9, 0.95, 1e-8, 0.0);
+  optim::AdamW fifth({{"w", a, false}}, 0.9, 0.95, 1e-8, 0.0),
+      first({{"w", b, false}}, 0.9, 0.95, 1e-8, 0.0);
   fifth.set_step_count(4);
   EXPECT_EQ(fifth.step_count(), 4);
   a.set_grad(g.clone());
@@ -301,8 +309,8 @@ TEST(AdamW, MultiStepKernelGivesTheBitsOfPerParameterSteps) {
       o.beta2 = 0.95;
       o.eps = 1e-8;
       o.step = step;
-      kernels::find_kernel<kernels::adamw_multi_step_k>(DeviceType::kCpu)(
-          multi_entries(multi, {}), o);
+      kernels::find_kernel<kernels::adamw_multi_step_k>(DeviceType::kCpu)(multi_entries(multi, {}),
+                                                                          o);
       for (size_t i = 0; i < single.size(); ++i) {
         kernels::call_kernel<kernels::adamw_step_k>(single[i][0], single[i][1], single[i][2],
                                                     single[i][3], o.lr, o.beta1, o.beta2, o.eps,

@@ -75,7 +75,6 @@ TEST(Clip, BelowThresholdLeavesBitsUnchanged) {
   EXPECT_EQ(optim::clip_scale(4.0, 1.0), 0.25);
 }
 
-
 // The factor computed where the sum of squares lies (the device step's clipping) is the host's
 // clip_scale of its square root, for norms below, at and above max_norm, zero, inf and NaN.
 TEST(Clip, FactorTensorIsTheHostFactor) {
@@ -85,7 +84,8 @@ TEST(Clip, FactorTensorIsTheHostFactor) {
     const double got = optim::clip_scale_tensor(Tensor::scalar(sq, DType::kF64), max_norm).item();
     EXPECT_EQ(got, optim::clip_scale(std::sqrt(sq), max_norm)) << "sum of squares " << sq;
   }
-  EXPECT_DOUBLE_EQ(optim::clip_scale_tensor(Tensor::scalar(9.0, DType::kF64), max_norm).item(), 0.5);
+  EXPECT_DOUBLE_EQ(optim::clip_scale_tensor(Tensor::scalar(9.0, DType::kF64), max_norm).item(),
+                   0.5);
   EXPECT_EQ(optim::clip_scale_tensor(Tensor::scalar(nan, DType::kF64), max_norm).item(), 1.0);
   EXPECT_THROW(optim::clip_scale_tensor(Tensor::scalar(1.0, DType::kF64), 0.0), Error);
   EXPECT_THROW(optim::clip_scale_tensor(Tensor::scalar(1.0, DType::kF32), 1.0), Error);

@@ -79,7 +79,8 @@ TEST(LossScaler, InjectedInfOrNanGivesANanFactorAndHalvesTheScale) {
     Generator gen(5);
     const std::vector<Tensor> good = {randn({40}, gen)};
     EXPECT_TRUE(std::isfinite(scaler.step_factor(optim::grad_sq_sum_tensor(good), 1.0).item()));
-    const std::vector<Tensor> g = {randn({40}, gen), Tensor::from_vector(std::vector<float>{1.5f, bad, -2.0f}, {3})};
+    const std::vector<Tensor> g = {randn({40}, gen),
+                                   Tensor::from_vector(std::vector<float>{1.5f, bad, -2.0f}, {3})};
     EXPECT_TRUE(std::isnan(scaler.step_factor(optim::grad_sq_sum_tensor(g), 1.0).item())) << bad;
     // One good step, then the overflow resets the count.
     EXPECT_EQ(scaler.device_state().to_vector(), (std::vector<double>{512.0, 0.0, 1.0})) << bad;
@@ -93,14 +94,17 @@ TEST(LossScaler, DeviceStepFollowsTheHostRule) {
   for (const double max_norm : {2.0, 0.0}) {
     optim::LossScaler host(8.0, 3), device(8.0, 3);
     device.to(Device::cpu());
-    std::vector<double> scaled_norms = {8.0, 80.0, kInf, std::nan(""), 4.0, 4.0, 4.0, 4.0, 0.0, 1e300};
+    std::vector<double> scaled_norms = {8.0, 80.0, kInf, std::nan(""), 4.0,
+                                        4.0, 4.0,  4.0,  0.0,          1e300};
     for (int i = 0; i < 6; ++i) scaled_norms.push_back(kInf);
     scaled_norms.push_back(3.0);
     for (size_t i = 0; i < scaled_norms.size(); ++i) {
       const double sq = scaled_norms[i] * scaled_norms[i];
       const double norm = std::sqrt(sq) / host.scale();
-      const double want = std::isfinite(norm) ? (max_norm > 0 ? optim::clip_scale(norm, max_norm) : 1.0) / host.scale()
-                                              : std::nan("");
+      const double want =
+          std::isfinite(norm)
+              ? (max_norm > 0 ? optim::clip_scale(norm, max_norm) : 1.0) / host.scale()
+              : std::nan("");
       const bool took = host.update(norm);
       const double got = device.step_factor(Tensor::scalar(sq, DType::kF64), max_norm).item();
       EXPECT_EQ(std::isfinite(got), took) << "step " << i;
@@ -109,7 +113,8 @@ TEST(LossScaler, DeviceStepFollowsTheHostRule) {
       }
       const optim::LossScalerState h = host.state();
       EXPECT_EQ(device.device_state().to_vector(),
-                (std::vector<double>{h.scale, static_cast<double>(h.good_steps), static_cast<double>(h.skipped_steps)}))
+                (std::vector<double>{h.scale, static_cast<double>(h.good_steps),
+                                     static_cast<double>(h.skipped_steps)}))
           << "step " << i;
     }
     EXPECT_EQ(host.scale(), optim::LossScaler::kMinScale);  // the sequence reached the floor
@@ -117,7 +122,8 @@ TEST(LossScaler, DeviceStepFollowsTheHostRule) {
   optim::LossScaler s(8.0, 3);
   s.to(Device::cpu());
   EXPECT_THROW(s.step_factor(Tensor::zeros({2}, DType::kF64), 1.0), Error);
-  EXPECT_THROW(optim::LossScaler(8.0).step_factor(Tensor::scalar(1.0, DType::kF64), 1.0), Error);  // no to()
+  EXPECT_THROW(optim::LossScaler(8.0).step_factor(Tensor::scalar(1.0, DType::kF64), 1.0),
+               Error);  // no to()
 }
 
 TEST(LossScaler, GrowsAfterTheIntervalAndStopsAtTheFloor) {

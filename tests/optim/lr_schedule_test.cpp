@@ -26,7 +26,7 @@ optim::LrSchedule make(const std::string& kind) {
 void expect_warmup(const optim::LrSchedule& s) {
   EXPECT_DOUBLE_EQ(s.lr_at(0), 1e-4);  // max_lr / warmup_steps
   EXPECT_DOUBLE_EQ(s.lr_at(4), 5e-4);
-  EXPECT_DOUBLE_EQ(s.lr_at(9), 1e-3);  // last warmup step reaches max_lr
+  EXPECT_DOUBLE_EQ(s.lr_at(9), 1e-3);   // last warmup step reaches max_lr
   EXPECT_DOUBLE_EQ(s.lr_at(10), 1e-3);  // first post-warmup step: progress 0
 }
 

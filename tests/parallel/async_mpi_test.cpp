@@ -187,8 +187,12 @@ TEST(SendRecv, GroupsUnderNcclRules) {
     std::vector<WorkPtr> works = comm->send_recv_async(ops);
     ASSERT_EQ(works.size(), 4u);
     for (WorkPtr& w : works) w->wait();
-    EXPECT_TRUE(same_bits(from_prev, member_input(prev, 600 + static_cast<uint64_t>(n), {n}, DType::kF64))) << n;
-    EXPECT_TRUE(same_bits(from_next, member_input(next, 700 + static_cast<uint64_t>(n), {n}, DType::kF64))) << n;
+    EXPECT_TRUE(
+        same_bits(from_prev, member_input(prev, 600 + static_cast<uint64_t>(n), {n}, DType::kF64)))
+        << n;
+    EXPECT_TRUE(
+        same_bits(from_next, member_input(next, 700 + static_cast<uint64_t>(n), {n}, DType::kF64)))
+        << n;
   }
   comm->barrier();
 }
@@ -221,7 +225,8 @@ TEST(SendRecv, CrossedSendsDeadlockUnderNcclRules) {
   MPI_Send(mine.data(), 64, MPI_DOUBLE, next, 5, comm->mpi_comm());
   // Past their deadline, wait() would throw at once: poll instead.
   const auto limit = Clock::now() + std::chrono::seconds(30);
-  while (!(s->is_done() && v->is_done()) && Clock::now() < limit) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  while (!(s->is_done() && v->is_done()) && Clock::now() < limit)
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
   ASSERT_TRUE(s->is_done() && v->is_done());
   EXPECT_EQ(got, member_input(prev, 800, {64}, DType::kF64).to_vector());
   EXPECT_TRUE(same_bits(in, member_input(prev, 800, {64}, DType::kF64)));

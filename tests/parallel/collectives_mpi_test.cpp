@@ -221,7 +221,9 @@ TEST(Collectives, SixteenBitReductionsRoundTheF32RankOrderResultOnce) {
   Communicator& w = ctx.world();
   const int k = w.size();
   const int64_t n = 7 * k + 3;
-  auto value = [](int r, int64_t i) { return 1.0f + 0.37f * static_cast<float>(r) + 0.011f * static_cast<float>(i); };
+  auto value = [](int r, int64_t i) {
+    return 1.0f + 0.37f * static_cast<float>(r) + 0.011f * static_cast<float>(i);
+  };
   for (const DType dt : {DType::kBF16, DType::kF16}) {
     for (const ReduceOp op : {ReduceOp::kSum, ReduceOp::kAvg, ReduceOp::kMax}) {
       std::vector<float> mine(static_cast<size_t>(n));
@@ -232,7 +234,8 @@ TEST(Collectives, SixteenBitReductionsRoundTheF32RankOrderResultOnce) {
       for (int64_t i = 0; i < n; ++i) {
         float acc = 0;
         for (int r = 0; r < k; ++r) {  // each member's value as its 16-bit tensor holds it
-          const float x = Tensor::from_vector(std::vector<float>{value(r, i)}, {1}).to(dt).to_vector()[0];
+          const float x =
+              Tensor::from_vector(std::vector<float>{value(r, i)}, {1}).to(dt).to_vector()[0];
           acc = r == 0 ? x : op == ReduceOp::kMax ? std::max(acc, x) : acc + x;
         }
         if (op == ReduceOp::kAvg) acc /= static_cast<float>(k);

@@ -87,12 +87,14 @@ TEST_F(CudaStaging, CollectivesMatchCpu) {
       c.reduce_scatter(big.to(gpu_), rs_gpu, ReduceOp::kMax);
       EXPECT_TRUE(same_bits(rs_cpu, rs_gpu.to(Device::cpu()))) << "reduce_scatter " << what;
 
-      Tensor ag_cpu = poisoned({len * n}, dt, Device::cpu()), ag_gpu = poisoned({len * n}, dt, gpu_);
+      Tensor ag_cpu = poisoned({len * n}, dt, Device::cpu()),
+             ag_gpu = poisoned({len * n}, dt, gpu_);
       c.all_gather(x, ag_cpu);
       c.all_gather(x.to(gpu_), ag_gpu);
       EXPECT_TRUE(same_bits(ag_cpu, ag_gpu.to(Device::cpu()))) << "all_gather " << what;
 
-      Tensor a2a_cpu = poisoned({len * n}, dt, Device::cpu()), a2a_gpu = poisoned({len * n}, dt, gpu_);
+      Tensor a2a_cpu = poisoned({len * n}, dt, Device::cpu()),
+             a2a_gpu = poisoned({len * n}, dt, gpu_);
       c.all_to_all(big, a2a_cpu);
       c.all_to_all(big.to(gpu_), a2a_gpu);
       EXPECT_TRUE(same_bits(a2a_cpu, a2a_gpu.to(Device::cpu()))) << "all_to_all " << what;
@@ -118,7 +120,8 @@ TEST_F(CudaStaging, SendRecvRing) {
   WorkPtr r = c.recv_async(got, (me + n - 1) % n, 3);
   s->wait();
   r->wait();
-  EXPECT_TRUE(same_bits(member_input((me + n - 1) % n, 900, {len}, DType::kF32), got.to(Device::cpu())));
+  EXPECT_TRUE(
+      same_bits(member_input((me + n - 1) % n, 900, {len}, DType::kF32), got.to(Device::cpu())));
 }
 
 // ---- NcclCommunicator under mpirun ------------------------------------------------------------
@@ -147,9 +150,7 @@ double rel_error(const Tensor& want, const Tensor& got) {
   return den == 0 ? (num == 0 ? 0 : std::numeric_limits<double>::infinity()) : std::sqrt(num / den);
 }
 
-TEST_F(NcclMpi, ContextUsesTheLocalGpu) {
-  EXPECT_EQ(ctx_->device(), Device::cuda(local_rank()));
-}
+TEST_F(NcclMpi, ContextUsesTheLocalGpu) { EXPECT_EQ(ctx_->device(), Device::cuda(local_rank())); }
 
 // f32 tolerance 1e-5 relative (DESIGN §3); max and data movement exact.
 TEST_F(NcclMpi, CollectivesMatchTheirDefinitions) {
@@ -189,7 +190,8 @@ TEST_F(NcclMpi, CollectivesMatchTheirDefinitions) {
     const Tensor ag_host = ag.to(Device::cpu());
     for (int r = 0; r < n; ++r) {
       const Tensor want = member_input(r, salt, {len}, dt);
-      EXPECT_EQ(std::memcmp(want.raw_data(), static_cast<const char*>(ag_host.raw_data()) + r * want.nbytes(),
+      EXPECT_EQ(std::memcmp(want.raw_data(),
+                            static_cast<const char*>(ag_host.raw_data()) + r * want.nbytes(),
                             want.nbytes()),
                 0)
           << "all_gather chunk " << r << " len=" << len;
@@ -202,7 +204,8 @@ TEST_F(NcclMpi, CollectivesMatchTheirDefinitions) {
       const std::vector<double> v = member_input(r, salt + 1, {len * n}, dt).to_vector();
       for (int64_t i = 0; i < len; ++i) rs_want[i] += v[me * len + i];
     }
-    EXPECT_LE(rel_error(Tensor::from_vector(rs_want, {len}), rs), 1e-5) << "reduce_scatter len=" << len;
+    EXPECT_LE(rel_error(Tensor::from_vector(rs_want, {len}), rs), 1e-5)
+        << "reduce_scatter len=" << len;
 
     Tensor a2a = poisoned({len * n}, dt, gpu);
     c.all_to_all(member_input(me, salt + 2, {len * n}, dt).to(gpu), a2a);
@@ -254,11 +257,13 @@ TEST_F(NcclMpi, SendRecvGroupBothDirections) {
   if (n < 2) GTEST_SKIP() << "needs 2 ranks";
   const int64_t len = (1 << 20) + 3;
   const int next = (me + 1) % n, prev = (me + n - 1) % n;
-  const Tensor a = member_input(me, 960, {len}, DType::kBF16), b = member_input(me, 961, {len}, DType::kBF16);
+  const Tensor a = member_input(me, 960, {len}, DType::kBF16),
+               b = member_input(me, 961, {len}, DType::kBF16);
   Tensor from_prev = poisoned({len}, DType::kBF16, ctx_->device());
   Tensor from_next = poisoned({len}, DType::kBF16, ctx_->device());
-  std::vector<WorkPtr> w = c.send_recv_async({P2P::send(a.to(ctx_->device()), next, 0), P2P::send(b.to(ctx_->device()), prev, 0),
-                                              P2P::recv(from_prev, prev, 0), P2P::recv(from_next, next, 0)});
+  std::vector<WorkPtr> w = c.send_recv_async(
+      {P2P::send(a.to(ctx_->device()), next, 0), P2P::send(b.to(ctx_->device()), prev, 0),
+       P2P::recv(from_prev, prev, 0), P2P::recv(from_next, next, 0)});
   ASSERT_EQ(w.size(), 4u);
   for (WorkPtr& x : w) x->wait();
   EXPECT_TRUE(same_bits(member_input(prev, 960, {len}, DType::kBF16), from_prev.to(Device::cpu())));

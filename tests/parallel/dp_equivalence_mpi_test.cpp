@@ -1,6 +1,7 @@
 // tests/parallel/dp_equivalence_mpi_test.cpp — DataParallel (DDP, ZeRO-1, ZeRO-2, ZeRO-3, MiCS,
-// gradient accumulation, activation checkpointing under ZeRO-3) trains the tiny GPT to the same losses, gradient norms and parameters as the
-// single-process run on the full batch, which every rank recomputes locally.
+// gradient accumulation, activation checkpointing under ZeRO-3) trains the tiny GPT to the same
+// losses, gradient norms and parameters as the single-process run on the full batch, which every
+// rank recomputes locally.
 //
 // Note [Equivalence tolerance]: not bitwise, because the single process sums each gradient
 // over all B rows inside one GEMM/reduction, while DP sums B/dp rows per rank and then averages
@@ -70,9 +71,9 @@ void expect_equivalent(const RunResult& ref, const RunResult& got) {
 void run_case(const Case& c) {
   const int world = testing::world_size();
   if (world % c.dp != 0) GTEST_SKIP() << "needs a world size divisible by " << c.dp;
-  SCOPED_TRACE(::testing::Message() << "dp " << c.dp << " zero " << c.zero_stage << " mics "
-                                    << c.mics_partition << " micro " << c.micro
-                                    << " checkpointing " << c.checkpointing);
+  SCOPED_TRACE(::testing::Message()
+               << "dp " << c.dp << " zero " << c.zero_stage << " mics " << c.mics_partition
+               << " micro " << c.micro << " checkpointing " << c.checkpointing);
   static const RunResult ref = testing::reference_run(kSteps);
   ParallelContext ctx =
       ParallelContext::create(dp_layout(world, c.dp, c.mics_partition, testing::kTestCommTimeoutS));

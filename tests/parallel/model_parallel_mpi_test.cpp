@@ -55,9 +55,10 @@ struct Layout {
 };
 
 void check(bool llama, Layout lay) {
-  if (testing::world_size() != lay.tp * lay.cp) GTEST_SKIP() << "needs " << lay.tp * lay.cp << " ranks";
-  SCOPED_TRACE(::testing::Message() << (llama ? "llama" : "gpt2") << " tp" << lay.tp << " cp" << lay.cp
-                                    << (lay.sp ? " sp" : ""));
+  if (testing::world_size() != lay.tp * lay.cp)
+    GTEST_SKIP() << "needs " << lay.tp * lay.cp << " ranks";
+  SCOPED_TRACE(::testing::Message() << (llama ? "llama" : "gpt2") << " tp" << lay.tp << " cp"
+                                    << lay.cp << (lay.sp ? " sp" : ""));
   const ModelConfig c = tiny(llama);
   Generator data(77);
   const Tensor ids = randint({kB, kT}, 0, c.vocab_size, data, DType::kI64);
@@ -111,7 +112,9 @@ void check(bool llama, Layout lay) {
   const auto params = model.named_parameters();
   ASSERT_EQ(ref_params.size(), params.size());
   for (size_t i = 0; i < params.size(); ++i) {
-    EXPECT_EQ(rel_err(expected_tp_part(params[i].first, ref_params[i].second, c, tr, tn), params[i].second), 0.0)
+    EXPECT_EQ(rel_err(expected_tp_part(params[i].first, ref_params[i].second, c, tr, tn),
+                      params[i].second),
+              0.0)
         << params[i].first;
   }
 }
@@ -173,7 +176,7 @@ TEST(ModelParallel, TensorParallelCommunicationMatchesTheAnalyticCount) {
       want[{"send", S / n}] += static_cast<int>(6 * L * (n - 1));
       want[{"recv", S / n}] += static_cast<int>(6 * L * (n - 1));
       want[{"all_reduce", c.n_embd * 4}] += static_cast<int>(6 * L + 2);  // norms, row biases
-      want[{"all_reduce", c.max_seq_len * c.n_embd * 4}] += 1;             // wpe
+      want[{"all_reduce", c.max_seq_len * c.n_embd * 4}] += 1;            // wpe
     } else {
       want[{"all_reduce", S}] += static_cast<int>(2 * L + 2);
       want[{"all_reduce", S / 2}] += static_cast<int>(4 * L);  // the row layers' halves

@@ -8,8 +8,8 @@
 
 #include <cmath>
 #include <cstdint>
-#include <limits>
 #include <cstring>
+#include <limits>
 #include <string>
 #include <vector>
 

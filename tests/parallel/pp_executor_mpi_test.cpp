@@ -34,7 +34,8 @@ Tensor micro_loss(const Tensor& y, int m) { return ops::scale(ops::sum(y), 1.0 /
 
 void check(ScheduleKind kind, int v, int m) {
   const int p = testing::world_size();
-  SCOPED_TRACE(std::string(schedule_name(kind)) + " v=" + std::to_string(v) + " m=" + std::to_string(m));
+  SCOPED_TRACE(std::string(schedule_name(kind)) + " v=" + std::to_string(v) +
+               " m=" + std::to_string(m));
   ParallelOptions po;
   po.shape.pp = p;
   po.comm_timeout_s = testing::kTestCommTimeoutS;
@@ -56,7 +57,8 @@ void check(ScheduleKind kind, int v, int m) {
 
   // Pipelined: this rank's chunks only.
   std::vector<Tensor> w(static_cast<size_t>(v));
-  for (int c = 0; c < v; ++c) w[static_cast<size_t>(c)] = weight_of(shape.global_stage(ctx.pp_rank(), c));
+  for (int c = 0; c < v; ++c)
+    w[static_cast<size_t>(c)] = weight_of(shape.global_stage(ctx.pp_rank(), c));
   ChunkCallbacks cb;
   cb.forward = [&](int mb, int chunk, const Tensor& input) {
     const int g = shape.global_stage(ctx.pp_rank(), chunk);
@@ -76,7 +78,9 @@ void check(ScheduleKind kind, int v, int m) {
   for (int c = 0; c < v; ++c) {
     const int g = shape.global_stage(ctx.pp_rank(), c);
     ASSERT_TRUE(w[static_cast<size_t>(c)].grad().defined()) << "stage " << g;
-    EXPECT_EQ(w[static_cast<size_t>(c)].grad().to_vector(), ref_w[static_cast<size_t>(g)].grad().to_vector()) << "stage " << g;
+    EXPECT_EQ(w[static_cast<size_t>(c)].grad().to_vector(),
+              ref_w[static_cast<size_t>(g)].grad().to_vector())
+        << "stage " << g;
   }
   if (ctx.pp_rank() == (S - 1) % p) {
     ASSERT_TRUE(st.loss_sum.defined());

@@ -24,8 +24,8 @@ std::vector<std::vector<Instruction>> all_lists(ScheduleKind kind, const Schedul
 // Checks the simulation and the formulas; returns the result for further checks.
 SimulationResult check(ScheduleKind kind, const ScheduleShape& s) {
   const int p = s.stages, v = s.virtual_stages, m = s.microbatches;
-  SCOPED_TRACE(std::string(schedule_name(kind)) + " p=" + std::to_string(p) + " v=" + std::to_string(v) +
-               " m=" + std::to_string(m));
+  SCOPED_TRACE(std::string(schedule_name(kind)) + " p=" + std::to_string(p) +
+               " v=" + std::to_string(v) + " m=" + std::to_string(m));
   const SimulationResult res = simulate(s, all_lists(kind, s));
   EXPECT_TRUE(res.ok) << res.error;
   if (!res.ok) return res;
@@ -34,11 +34,15 @@ SimulationResult check(ScheduleKind kind, const ScheduleShape& s) {
   for (int r = 0; r < p; ++r) {
     EXPECT_EQ(res.busy[static_cast<size_t>(r)], 3 * units) << "rank " << r;
     // bubble / makespan = (p−1)/(v·m+p−1), compared exactly as integers.
-    EXPECT_EQ((res.makespan - res.busy[static_cast<size_t>(r)]) * (units + p - 1), (p - 1) * res.makespan) << "rank " << r;
-    EXPECT_DOUBLE_EQ(res.bubble_fraction(r), static_cast<double>(p - 1) / static_cast<double>(units + p - 1));
+    EXPECT_EQ((res.makespan - res.busy[static_cast<size_t>(r)]) * (units + p - 1),
+              (p - 1) * res.makespan)
+        << "rank " << r;
+    EXPECT_DOUBLE_EQ(res.bubble_fraction(r),
+                     static_cast<double>(p - 1) / static_cast<double>(units + p - 1));
     int peak = m;
     if (kind == ScheduleKind::k1F1B) peak = std::min(m, p - r);
-    if (kind == ScheduleKind::kInterleaved) peak = static_cast<int>(std::min<long>(units, 2 * (p - r - 1) + (v - 1) * p + 1));
+    if (kind == ScheduleKind::kInterleaved)
+      peak = static_cast<int>(std::min<long>(units, 2 * (p - r - 1) + (v - 1) * p + 1));
     EXPECT_EQ(res.peak_in_flight[static_cast<size_t>(r)], peak) << "rank " << r;
   }
   return res;
@@ -72,13 +76,15 @@ TEST(PipelineSchedule, OneFOneBHoldsFewerActivationsThanGpipe) {
 
 TEST(PipelineSchedule, ListsArePureAndShaped) {
   const ScheduleShape s{4, 2, 8};
-  EXPECT_EQ(make_schedule(ScheduleKind::kInterleaved, s, 1), make_schedule(ScheduleKind::kInterleaved, s, 1));
+  EXPECT_EQ(make_schedule(ScheduleKind::kInterleaved, s, 1),
+            make_schedule(ScheduleKind::kInterleaved, s, 1));
   // 1F1B on the first of 2 stages, 3 micro-batches: one warm-up forward, then 1F1B, cool-down.
   const std::vector<Instruction> l = make_schedule(ScheduleKind::k1F1B, {2, 1, 3}, 0);
   const std::vector<Instruction> want = {
-      {Op::kFwd, 0, 0, -1},      {Op::kSendAct, 0, 0, 1}, {Op::kFwd, 1, 0, -1},      {Op::kSendAct, 1, 0, 1},
-      {Op::kRecvGrad, 0, 0, 1},  {Op::kBwd, 0, 0, -1},    {Op::kFwd, 2, 0, -1},      {Op::kSendAct, 2, 0, 1},
-      {Op::kRecvGrad, 1, 0, 1},  {Op::kBwd, 1, 0, -1},    {Op::kRecvGrad, 2, 0, 1},  {Op::kBwd, 2, 0, -1}};
+      {Op::kFwd, 0, 0, -1},    {Op::kSendAct, 0, 0, 1},  {Op::kFwd, 1, 0, -1},
+      {Op::kSendAct, 1, 0, 1}, {Op::kRecvGrad, 0, 0, 1}, {Op::kBwd, 0, 0, -1},
+      {Op::kFwd, 2, 0, -1},    {Op::kSendAct, 2, 0, 1},  {Op::kRecvGrad, 1, 0, 1},
+      {Op::kBwd, 1, 0, -1},    {Op::kRecvGrad, 2, 0, 1}, {Op::kBwd, 2, 0, -1}};
   EXPECT_EQ(l, want);
   // The last stage never sends activations nor receives gradients.
   for (const Instruction& ins : make_schedule(ScheduleKind::k1F1B, {2, 1, 3}, 1)) {
@@ -157,8 +163,8 @@ std::vector<IssuePlan> receive_ahead_plans(const std::vector<std::vector<Instruc
 }
 
 void check_order(ScheduleKind kind, const ScheduleShape& s) {
-  SCOPED_TRACE(std::string(schedule_name(kind)) + " p=" + std::to_string(s.stages) + " v=" +
-               std::to_string(s.virtual_stages) + " m=" + std::to_string(s.microbatches));
+  SCOPED_TRACE(std::string(schedule_name(kind)) + " p=" + std::to_string(s.stages) +
+               " v=" + std::to_string(s.virtual_stages) + " m=" + std::to_string(s.microbatches));
   const auto lists = all_lists(kind, s);
   const std::vector<IssuePlan> plans = communication_order(s, lists);
   const SimulationResult r = simulate_in_order(s, lists, plans);
@@ -207,7 +213,8 @@ TEST(PipelineSchedule, CommunicationOrderGroupsBothDirectionsAndReceivesAhead) {
       send |= op == Op::kSendAct || op == Op::kSendGrad;
       recv |= op == Op::kRecvAct || op == Op::kRecvGrad;
       if (recv) {  // computes before it in the list vs. computes issued so far
-        const int before = static_cast<int>(std::count_if(list.begin(), list.begin() + i, is_compute));
+        const int before =
+            static_cast<int>(std::count_if(list.begin(), list.begin() + i, is_compute));
         ahead |= computes_seen < before;
       }
     }
@@ -280,7 +287,8 @@ TEST(PipelineSchedule, BadShapesNameTheKey) {
     }
     return std::string("no error");
   };
-  EXPECT_NE(msg(ScheduleKind::kInterleaved, {4, 2, 6}).find("parallel.microbatches"), std::string::npos);
+  EXPECT_NE(msg(ScheduleKind::kInterleaved, {4, 2, 6}).find("parallel.microbatches"),
+            std::string::npos);
   EXPECT_NE(msg(ScheduleKind::k1F1B, {2, 2, 4}).find("parallel.vpp"), std::string::npos);
   EXPECT_NE(msg(ScheduleKind::kGpipe, {2, 1, 0}).find("parallel.microbatches"), std::string::npos);
   EXPECT_THROW(parse_schedule("zb"), ConfigError);

@@ -8,8 +8,8 @@
 
 #include "core/rng.h"
 #include "parallel/comm/communicator.h"
-#include "parallel/parallel_context.h"
 #include "parallel/launcher.h"
+#include "parallel/parallel_context.h"
 
 namespace loom::parallel {
 namespace {
@@ -79,7 +79,8 @@ TEST(SingleProcess, CollectivesAreTheIdentity) {
 
 // Without a usable GPU (or without CUDA in the build) a CUDA context is a clear error.
 TEST(SingleProcess, CudaContextNeedsAGpu) {
-  if (device_count(DeviceType::kCuda) > 0) GTEST_SKIP() << "a GPU is present (tests/cuda covers it)";
+  if (device_count(DeviceType::kCuda) > 0)
+    GTEST_SKIP() << "a GPU is present (tests/cuda covers it)";
   try {
     ParallelContext::single_process(Device::cuda(0));
     ADD_FAILURE() << "expected an error";

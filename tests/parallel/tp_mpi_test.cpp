@@ -69,9 +69,13 @@ TEST(TensorParallelOps, ForwardAndBackwardMatchTheirDefinitions) {
   Communicator& tp = ctx.tp();
   const int r = tp.rank(), n = tp.size();
   // Every rank's input (B=2, T=4n, C=2n) is rank-dependent; each rank can regenerate them all.
-  auto input = [&](int q) { return shared_rand(100 + static_cast<uint64_t>(q), {2, 4 * n, 2 * n}); };
+  auto input = [&](int q) {
+    return shared_rand(100 + static_cast<uint64_t>(q), {2, 4 * n, 2 * n});
+  };
   // Loss weights, also per rank: loss = Σ_q Σ out_q · w_q, so d out_q = w_q.
-  auto weight = [&](int q, const Shape& s) { return shared_rand(200 + static_cast<uint64_t>(q), s); };
+  auto weight = [&](int q, const Shape& s) {
+    return shared_rand(200 + static_cast<uint64_t>(q), s);
+  };
   Tensor sum_in = Tensor::zeros({2, 4 * n, 2 * n});
   Tensor sum_w_full = Tensor::zeros({2, 4 * n, 2 * n});
   for (int q = 0; q < n; ++q) {
@@ -140,9 +144,9 @@ void check_mlp(bool sequence_parallel) {
 
   // Reference: the whole MLP on every rank.
   Tensor rw1 = leaf(w1), rb1 = leaf(b1), rw2 = leaf(w2), rb2 = leaf(b2), rx = leaf(x_full);
-  Tensor ry = ops::add(ops::matmul(ops::gelu(ops::add(ops::matmul(rx, rw1, false, true), rb1)), rw2,
-                                   false, true),
-                       rb2);
+  Tensor ry = ops::add(
+      ops::matmul(ops::gelu(ops::add(ops::matmul(rx, rw1, false, true), rb1)), rw2, false, true),
+      rb2);
   autograd::backward(ops::sum(ops::mul(ry, dy_full)));
 
   tp::ColumnParallelLinear fc(C, {H}, true, tp, sequence_parallel);
@@ -185,8 +189,10 @@ void check_compute_dtype(bool sequence_parallel) {
   const Tensor ids = randint({B, T}, 0, V, gen, DType::kI64);
   const Tensor dy_full = f64(shared_rand(27, {B, T, C}));
 
-  Tensor rw1 = leaf(f64(w1)), rb1 = leaf(f64(b1)), rw2 = leaf(f64(w2)), rb2 = leaf(f64(b2)), rt = leaf(f64(table));
-  const Tensor rh = ops::gelu(ops::add(ops::matmul(ops::embedding(ids, rt), rw1, false, true), rb1));
+  Tensor rw1 = leaf(f64(w1)), rb1 = leaf(f64(b1)), rw2 = leaf(f64(w2)), rb2 = leaf(f64(b2)),
+         rt = leaf(f64(table));
+  const Tensor rh =
+      ops::gelu(ops::add(ops::matmul(ops::embedding(ids, rt), rw1, false, true), rb1));
   const Tensor ry = ops::add(ops::matmul(rh, rw2, false, true), rb2);
   autograd::backward(ops::sum(ops::mul(ry, dy_full)));
 
@@ -205,8 +211,8 @@ void check_compute_dtype(bool sequence_parallel) {
   EXPECT_EQ(y.dtype(), DType::kF64);
   EXPECT_LT(rel_err(sequence_parallel ? chunk(ry.detach(), 1, r, n) : ry.detach(), y), 1e-12);
   autograd::backward(ops::sum(ops::mul(y, sequence_parallel ? chunk(dy_full, 1, r, n) : dy_full)));
-  for (const Tensor& g : {emb.weight().grad(), fc.weight().grad(), fc.bias().grad(), proj.weight().grad(),
-                          proj.bias().grad()}) {
+  for (const Tensor& g : {emb.weight().grad(), fc.weight().grad(), fc.bias().grad(),
+                          proj.weight().grad(), proj.bias().grad()}) {
     EXPECT_EQ(g.dtype(), DType::kF32);
   }
   constexpr double kF32Rounding = 1e-7;  // one rounding of the f64 gradient
@@ -218,7 +224,9 @@ void check_compute_dtype(bool sequence_parallel) {
 }
 
 TEST(TensorParallelLayers, ComputeDtypeAppliesInsideTheLayers) { check_compute_dtype(false); }
-TEST(TensorParallelLayers, ComputeDtypeAppliesInsideTheLayersWithSequenceParallel) { check_compute_dtype(true); }
+TEST(TensorParallelLayers, ComputeDtypeAppliesInsideTheLayersWithSequenceParallel) {
+  check_compute_dtype(true);
+}
 
 // Note [TP communication overlap] (parallel/tp/layers.cpp): each transfer is issued before the
 // GEMM it hides behind. The order is read from the layer's own timeline, on the compute thread:
@@ -227,11 +235,14 @@ TEST(TensorParallelLayers, ComputeDtypeAppliesInsideTheLayersWithSequenceParalle
 class Timeline {
  public:
   explicit Timeline(Communicator& tp) : tp_(tp) {
-    sink_ = std::make_shared<tp::SpanSink>([this](const std::string& what, Clock::time_point b, Clock::time_point) {
-      std::lock_guard<std::mutex> lock(mu_);
-      const char letter = what.find("dX") != std::string::npos ? 'X' : what.find("dW") != std::string::npos ? 'W' : 'G';
-      events_.push_back({b, letter});
-    });
+    sink_ = std::make_shared<tp::SpanSink>(
+        [this](const std::string& what, Clock::time_point b, Clock::time_point) {
+          std::lock_guard<std::mutex> lock(mu_);
+          const char letter = what.find("dX") != std::string::npos   ? 'X'
+                              : what.find("dW") != std::string::npos ? 'W'
+                                                                     : 'G';
+          events_.push_back({b, letter});
+        });
     tp_.set_observer([this](const CommEvent& e) {
       std::lock_guard<std::mutex> lock(mu_);
       if (e.op == "send") events_.push_back({e.queued, 'S'});
@@ -245,7 +256,8 @@ class Timeline {
   std::string take() {
     tp_.barrier();  // every op this rank issued has finished and been reported
     std::lock_guard<std::mutex> lock(mu_);
-    std::stable_sort(events_.begin(), events_.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
+    std::stable_sort(events_.begin(), events_.end(),
+                     [](const auto& a, const auto& b) { return a.first < b.first; });
     std::string out;
     for (const auto& [t, c] : events_) out += c;
     events_.clear();
@@ -286,12 +298,14 @@ TEST(TensorParallelLayers, TransfersAreIssuedBeforeTheGemmsTheyHide) {
     const Tensor h = fc.forward(x);
     EXPECT_EQ(line.take(), sp ? ring_fwd : "G");
     const Tensor y = proj.forward(h);
-    EXPECT_EQ(line.take(), sp ? row_fwd : "GRGR");  // the first half's all-reduce runs under the second GEMM
+    EXPECT_EQ(line.take(),
+              sp ? row_fwd : "GRGR");  // the first half's all-reduce runs under the second GEMM
     Tensor h_leaf = leaf(h.detach());
     const Tensor y2 = proj.forward(h_leaf);
     line.take();
     autograd::backward(ops::sum(ops::mul(y2, shared_rand(36, y2.shape()))));
-    // (SP: first the replicated bias's gradient all-reduce, Note [Gradients of replicated parameters])
+    // (SP: first the replicated bias's gradient all-reduce, Note [Gradients of replicated
+    // parameters])
     EXPECT_EQ(line.take(), sp ? "R" + ring_bwd : "XW");
     const Tensor y3 = fc.forward(x);
     line.take();
@@ -341,10 +355,12 @@ TEST(TensorParallelLayers, VocabParallelEmbeddingRejectsHostIdsPastTheVocabulary
     ADD_FAILURE() << "expected an error for id " << V;
   } catch (const Error& e) {
     const std::string want =
-        "embedding: id " + std::to_string(V) + " at position 2 is out of range for a vocabulary of V=" + std::to_string(V);
+        "embedding: id " + std::to_string(V) +
+        " at position 2 is out of range for a vocabulary of V=" + std::to_string(V);
     EXPECT_NE(std::string(e.what()).find(want), std::string::npos) << e.what();
   }
-  EXPECT_EQ(emb.forward(ops::narrow(ids, 1, 0, 2)).size(1), 2);  // in range: still collective and fine
+  EXPECT_EQ(emb.forward(ops::narrow(ids, 1, 0, 2)).size(1),
+            2);  // in range: still collective and fine
 }
 
 TEST(TensorParallelLayers, VocabParallelCrossEntropyMatchesTheGatheredLoss) {
@@ -356,7 +372,9 @@ TEST(TensorParallelLayers, VocabParallelCrossEntropyMatchesTheGatheredLoss) {
   std::vector<int64_t> t(N);
   Generator gen(11);
   const std::vector<double> draws = randint({N}, 0, V, gen, DType::kI64).to_vector();
-  for (int64_t i = 0; i < N; ++i) t[static_cast<size_t>(i)] = i % 5 == 0 ? -100 : static_cast<int64_t>(draws[static_cast<size_t>(i)]);
+  for (int64_t i = 0; i < N; ++i)
+    t[static_cast<size_t>(i)] =
+        i % 5 == 0 ? -100 : static_cast<int64_t>(draws[static_cast<size_t>(i)]);
   const Tensor targets = Tensor::from_vector(t, {N});
 
   Tensor full = leaf(logits);

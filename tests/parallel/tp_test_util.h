@@ -11,22 +11,23 @@
 
 namespace loom::parallel::testing {
 
-inline Tensor expected_tp_part(const std::string& name, const Tensor& full, const ModelConfig& c, int r,
-                               int n) {
+inline Tensor expected_tp_part(const std::string& name, const Tensor& full, const ModelConfig& c,
+                               int r, int n) {
   auto chunk = [&](const Tensor& t, int64_t dim) {
     const int64_t len = t.size(dim) / n;
     return ops::contiguous(ops::narrow(t, dim, r * len, len));
   };
   auto ends = [&](const std::string& s) {
-    return name.size() >= s.size() && name.compare(name.size() - s.size(), std::string::npos, s) == 0;
+    return name.size() >= s.size() &&
+           name.compare(name.size() - s.size(), std::string::npos, s) == 0;
   };
   if (ends("attn.qkv.weight") || ends("attn.qkv.bias")) {  // q, k, v each split by heads
     const int64_t D = c.head_dim(), q = c.n_head * D, kv = c.kv_heads() * D;
     const std::vector<Tensor> segs = ops::split(full, {q, kv, kv}, 0);
     return ops::contiguous(ops::cat({chunk(segs[0], 0), chunk(segs[1], 0), chunk(segs[2], 0)}, 0));
   }
-  if (ends("mlp.fc.weight") || ends("mlp.fc.bias") || ends("mlp.gate.weight") || ends("mlp.up.weight") ||
-      name == "wte.weight" || name == "lm_head.weight") {
+  if (ends("mlp.fc.weight") || ends("mlp.fc.bias") || ends("mlp.gate.weight") ||
+      ends("mlp.up.weight") || name == "wte.weight" || name == "lm_head.weight") {
     return chunk(full, 0);  // column-parallel and vocab-parallel: rows
   }
   if (ends("attn.proj.weight") || ends("mlp.proj.weight") || ends("mlp.down.weight")) {

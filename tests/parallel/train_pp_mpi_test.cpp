@@ -5,8 +5,9 @@
 // validation loss (a forward-only pass through the stages, also run every 3 steps) matches the
 // single-process one.
 // TrainPipeline2.* runs on 2 ranks (pp2: each schedule, vpp2, an explicit layout, Llama, resume),
-// TrainPipeline4.* on 4 (pp4 1F1B, dp2·pp2 with ZeRO-1, 2 and 3 — GPT-2's tied embedding synchronised
-// shard by shard, vpp2 with ZeRO-3, Llama with ZeRO-2 — and the ZeRO-1 and ZeRO-3 resumes).
+// TrainPipeline4.* on 4 (pp4 1F1B, dp2·pp2 with ZeRO-1, 2 and 3 — GPT-2's tied embedding
+// synchronised shard by shard, vpp2 with ZeRO-3, Llama with ZeRO-2 — and the ZeRO-1 and ZeRO-3
+// resumes).
 //
 // Tolerance: the pipeline runs the same kernels on the same shapes in the same micro-batch
 // order as the single process, so untied models agree to the last bit except where summation
@@ -39,7 +40,6 @@ namespace fs = std::filesystem;
 constexpr double kLossRelTol = 1e-5;
 constexpr double kParamAbsTol = 5e-6;
 
-
 struct Case {
   std::string arch = "gpt2";
   int dp = 1, pp = 2, vpp = 1;
@@ -52,29 +52,37 @@ struct Case {
   bool checkpointing = false;     // model.activation_checkpointing
 };
 
-Config config_for(const Case& k, const std::string& dir, const std::string& out, bool parallel, int64_t batch) {
+Config config_for(const Case& k, const std::string& dir, const std::string& out, bool parallel,
+                  int64_t batch) {
   std::ostringstream y;
   if (k.arch == "gpt2") {
-    y << "model: {arch: gpt2, vocab_size: 64, vocab_multiple: 32, n_layer: 4, n_head: 2, n_embd: 32, max_seq_len: 16, "
-         "dropout: " << k.dropout << ", activation_checkpointing: " << (k.checkpointing ? "true" : "false") << "}\n";
+    y << "model: {arch: gpt2, vocab_size: 64, vocab_multiple: 32, n_layer: 4, n_head: 2, n_embd: "
+         "32, max_seq_len: 16, "
+         "dropout: "
+      << k.dropout << ", activation_checkpointing: " << (k.checkpointing ? "true" : "false")
+      << "}\n";
   } else {
-    y << "model: {arch: llama, vocab_size: 64, vocab_multiple: 32, n_layer: 4, n_head: 4, n_kv_head: 2, n_embd: 32, "
+    y << "model: {arch: llama, vocab_size: 64, vocab_multiple: 32, n_layer: 4, n_head: 4, "
+         "n_kv_head: 2, n_embd: 32, "
          "max_seq_len: 16, tie_embeddings: false}\n";
   }
-  y << "data: {train: " << dir << "/data/train_*.bin, val: " << dir << "/data/train_*.bin, batch_size: " << batch
-    << ", seq_len: 16}\n"
-    << "optim: {lr: 1.0e-2, min_lr: 1.0e-3, warmup_steps: 2, eps: 1.0e-6, grad_clip: 0.5, grad_accum: " << k.accum << "}\n"
-    << "train: {steps: 6, peak_flops: 1.0e10, log_every: 100, val_every: 3, val_steps: 3, sample_every: 0, precision: "
+  y << "data: {train: " << dir << "/data/train_*.bin, val: " << dir
+    << "/data/train_*.bin, batch_size: " << batch << ", seq_len: 16}\n"
+    << "optim: {lr: 1.0e-2, min_lr: 1.0e-3, warmup_steps: 2, eps: 1.0e-6, grad_clip: 0.5, "
+       "grad_accum: "
+    << k.accum << "}\n"
+    << "train: {steps: 6, peak_flops: 1.0e10, log_every: 100, val_every: 3, val_steps: 3, "
+       "sample_every: 0, precision: "
     << k.precision << ", out_dir: " << out << "}\n"
     << "checkpoint: {every: 0, keep: 0}\n"
     << "logging: {jsonl: false, tensorboard: false}\n";
   if (parallel) {
-    y << "parallel: {dp: " << k.dp << ", pp: " << k.pp << ", vpp: " << k.vpp << ", schedule: " << k.schedule
-      << ", zero_stage: " << k.zero_stage << ", bucket_mb: 0.01, pp_layout: '" << k.layout << "'}\n";
+    y << "parallel: {dp: " << k.dp << ", pp: " << k.pp << ", vpp: " << k.vpp
+      << ", schedule: " << k.schedule << ", zero_stage: " << k.zero_stage
+      << ", bucket_mb: 0.01, pp_layout: '" << k.layout << "'}\n";
   }
   return parse_config_text(y.str());
 }
-
 
 ParallelContext context_for(const Case& k) {
   ParallelOptions po;
@@ -89,14 +97,17 @@ ParallelContext context_for(const Case& k) {
 // parameters.
 void expect_matches_single(const Case& k, bool exact = false) {
   ParallelContext ctx = context_for(k);
-  const std::string dir = testing::shared_train_data(ctx, "loom_train_pp_" + std::to_string(ctx.world_size()));
+  const std::string dir =
+      testing::shared_train_data(ctx, "loom_train_pp_" + std::to_string(ctx.world_size()));
   std::string layout = k.layout;
   std::replace(layout.begin(), layout.end(), ',', '-');
-  const std::string tag = k.arch + "_" + k.schedule + "_pp" + std::to_string(k.pp) + "_v" + std::to_string(k.vpp) +
-                          "_dp" + std::to_string(k.dp) + "_z" + std::to_string(k.zero_stage) + "_" + k.precision +
-                          (k.dropout > 0 ? "_drop" : "") + (k.checkpointing ? "_ckpt" : "") + "_" + layout;
+  const std::string tag =
+      k.arch + "_" + k.schedule + "_pp" + std::to_string(k.pp) + "_v" + std::to_string(k.vpp) +
+      "_dp" + std::to_string(k.dp) + "_z" + std::to_string(k.zero_stage) + "_" + k.precision +
+      (k.dropout > 0 ? "_drop" : "") + (k.checkpointing ? "_ckpt" : "") + "_" + layout;
   std::ostringstream log;
-  Trainer piped(config_for(k, dir, dir + "/pp_" + tag, true, 4), testing::trainer_options(log, &ctx));
+  Trainer piped(config_for(k, dir, dir + "/pp_" + tag, true, 4),
+                testing::trainer_options(log, &ctx));
   const auto a = piped.run();
   if (ctx.rank() == 0) {
     EXPECT_NE(log.str().find("pipeline: " + k.schedule), std::string::npos) << log.str();
@@ -106,7 +117,8 @@ void expect_matches_single(const Case& k, bool exact = false) {
   const double piped_val = piped.evaluate();  // collective over the pp group
 
   std::ostringstream slog;
-  Trainer single(config_for(k, dir, dir + "/single_" + tag + "_" + std::to_string(ctx.rank()), false, 4 * k.dp),
+  Trainer single(config_for(k, dir, dir + "/single_" + tag + "_" + std::to_string(ctx.rank()),
+                            false, 4 * k.dp),
                  testing::trainer_options(slog, nullptr));
   const auto s = single.run();
   EXPECT_EQ(a.size(), s.size());
@@ -164,35 +176,48 @@ void expect_matches_single(const Case& k, bool exact = false) {
 
 TEST(TrainPipeline2, GpipeMatchesSingleProcess) { expect_matches_single({.schedule = "gpipe"}); }
 TEST(TrainPipeline2, OneFOneBMatchesSingleProcess) { expect_matches_single({}); }
-TEST(TrainPipeline2, InterleavedMatchesSingleProcess) { expect_matches_single({.schedule = "interleaved"}); }
+TEST(TrainPipeline2, InterleavedMatchesSingleProcess) {
+  expect_matches_single({.schedule = "interleaved"});
+}
 TEST(TrainPipeline2, InterleavedVpp2MatchesSingleProcess) {
   expect_matches_single({.vpp = 2, .schedule = "interleaved"});
 }
-TEST(TrainPipeline2, ExplicitLayoutMatchesSingleProcess) { expect_matches_single({.layout = "3,1"}); }
-TEST(TrainPipeline2, LlamaMatchesSingleProcessExactly) { expect_matches_single({.arch = "llama"}, true); }
+TEST(TrainPipeline2, ExplicitLayoutMatchesSingleProcess) {
+  expect_matches_single({.layout = "3,1"});
+}
+TEST(TrainPipeline2, LlamaMatchesSingleProcessExactly) {
+  expect_matches_single({.arch = "llama"}, true);
+}
 
 // Dropout (Note [Pipeline dropout]): every stage draws the single-process masks of its blocks.
 TEST(TrainPipeline2, DropoutMatchesSingleProcess) { expect_matches_single({.dropout = 0.1}); }
 TEST(TrainPipeline2, InterleavedVpp2DropoutWithCheckpointingMatchesSingleProcess) {
-  expect_matches_single({.vpp = 2, .schedule = "interleaved", .dropout = 0.1, .checkpointing = true});
+  expect_matches_single(
+      {.vpp = 2, .schedule = "interleaved", .dropout = 0.1, .checkpointing = true});
 }
 
 // Mixed precision (f32 masters, f64 compute): the activations crossing stages are f64.
-TEST(TrainPipeline2, MixedPrecisionMatchesSingleProcess) { expect_matches_single({.precision = "f64"}); }
+TEST(TrainPipeline2, MixedPrecisionMatchesSingleProcess) {
+  expect_matches_single({.precision = "f64"});
+}
 
 // 3 steps, a checkpoint, a resume and 3 more equal 6 uninterrupted steps bit for bit.
 void expect_resumes_exactly(const Case& k) {
   ParallelContext ctx = context_for(k);
-  const std::string dir = testing::shared_train_data(ctx, "loom_train_pp_" + std::to_string(ctx.world_size()));
+  const std::string dir =
+      testing::shared_train_data(ctx, "loom_train_pp_" + std::to_string(ctx.world_size()));
   std::ostringstream log;
-  Trainer full(config_for(k, dir, dir + "/resume_full_dp" + std::to_string(k.dp), true, 4), testing::trainer_options(log, &ctx));
+  Trainer full(config_for(k, dir, dir + "/resume_full_dp" + std::to_string(k.dp), true, 4),
+               testing::trainer_options(log, &ctx));
   const auto a = full.run();
   std::vector<StepRecord> b;
   {
-    Trainer first(config_for(k, dir, dir + "/resume_split_dp" + std::to_string(k.dp), true, 4), testing::trainer_options(log, &ctx, "", 3));
+    Trainer first(config_for(k, dir, dir + "/resume_split_dp" + std::to_string(k.dp), true, 4),
+                  testing::trainer_options(log, &ctx, "", 3));
     b = first.run();
   }
-  Trainer second(config_for(k, dir, dir + "/resume_split_dp" + std::to_string(k.dp), true, 4), testing::trainer_options(log, &ctx, "latest"));
+  Trainer second(config_for(k, dir, dir + "/resume_split_dp" + std::to_string(k.dp), true, 4),
+                 testing::trainer_options(log, &ctx, "latest"));
   const auto rest = second.run();
   b.insert(b.end(), rest.begin(), rest.end());
   ASSERT_EQ(a.size(), b.size());
@@ -203,10 +228,12 @@ void expect_resumes_exactly(const Case& k) {
   const auto pa = k.zero_stage == 3 ? full.parameters() : full.trained_parameters();
   const auto pb = k.zero_stage == 3 ? second.parameters() : second.trained_parameters();
   ASSERT_EQ(pa.size(), pb.size());
-  for (size_t i = 0; i < pa.size(); ++i) EXPECT_TRUE(testing::same_bits(pa[i].second, pb[i].second)) << pa[i].first;
+  for (size_t i = 0; i < pa.size(); ++i)
+    EXPECT_TRUE(testing::same_bits(pa[i].second, pb[i].second)) << pa[i].first;
   if (k.zero_stage == 3) {  // one process starts from the stages' parameter shards (init_from)
     Config init = config_for(k, dir, dir + "/init_" + std::to_string(ctx.rank()), false, 4 * k.dp);
-    init.train.init_from = latest_checkpoint(dir + "/resume_full_dp" + std::to_string(k.dp) + "/checkpoints");
+    init.train.init_from =
+        latest_checkpoint(dir + "/resume_full_dp" + std::to_string(k.dp) + "/checkpoints");
     Trainer from_shards(init, testing::trainer_options(log, nullptr));
     std::map<std::string, Tensor> loaded;
     for (auto& [name, t] : from_shards.parameters()) loaded.emplace(name, t);
@@ -218,22 +245,32 @@ void expect_resumes_exactly(const Case& k) {
 TEST(TrainPipeline2, ResumesExactly) { expect_resumes_exactly({}); }
 
 TEST(TrainPipeline4, OneFOneBMatchesSingleProcess) { expect_matches_single({.pp = 4}); }
-TEST(TrainPipeline4, DataAndPipelineMatchesSingleProcess) { expect_matches_single({.dp = 2, .zero_stage = 1}); }
+TEST(TrainPipeline4, DataAndPipelineMatchesSingleProcess) {
+  expect_matches_single({.dp = 2, .zero_stage = 1});
+}
 TEST(TrainPipeline4, DataAndPipelineWithDropoutMatchesSingleProcess) {
   expect_matches_single({.dp = 2, .zero_stage = 1, .dropout = 0.1});
 }
-TEST(TrainPipeline4, DataAndPipelineResumesExactly) { expect_resumes_exactly({.dp = 2, .zero_stage = 1}); }
+TEST(TrainPipeline4, DataAndPipelineResumesExactly) {
+  expect_resumes_exactly({.dp = 2, .zero_stage = 1});
+}
 // Sharded gradients (and parameters) under the pipeline, Note [Sharded stages]: the tied
 // embedding is synchronised shard by shard and the norm summed from the owned shards.
-TEST(TrainPipeline4, DataAndPipelineZero2MatchesSingleProcess) { expect_matches_single({.dp = 2, .zero_stage = 2}); }
-TEST(TrainPipeline4, DataAndPipelineZero3MatchesSingleProcess) { expect_matches_single({.dp = 2, .zero_stage = 3}); }
+TEST(TrainPipeline4, DataAndPipelineZero2MatchesSingleProcess) {
+  expect_matches_single({.dp = 2, .zero_stage = 2});
+}
+TEST(TrainPipeline4, DataAndPipelineZero3MatchesSingleProcess) {
+  expect_matches_single({.dp = 2, .zero_stage = 3});
+}
 TEST(TrainPipeline4, DataAndInterleavedPipelineZero3MatchesSingleProcess) {
   expect_matches_single({.dp = 2, .vpp = 2, .schedule = "interleaved", .zero_stage = 3});
 }
 TEST(TrainPipeline4, DataAndPipelineZero2LlamaMatchesSingleProcess) {
   expect_matches_single({.arch = "llama", .dp = 2, .schedule = "gpipe", .zero_stage = 2});
 }
-TEST(TrainPipeline4, DataAndPipelineZero3ResumesExactly) { expect_resumes_exactly({.dp = 2, .zero_stage = 3}); }
+TEST(TrainPipeline4, DataAndPipelineZero3ResumesExactly) {
+  expect_resumes_exactly({.dp = 2, .zero_stage = 3});
+}
 
 }  // namespace
 }  // namespace loom::parallel

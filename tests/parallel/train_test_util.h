@@ -31,7 +31,8 @@ inline std::string shared_train_data(ParallelContext& ctx, const std::string& na
     uint32_t x = 7;
     for (int i = 0; i < 8000; ++i) {
       x = x * 1103515245u + 12345u;
-      for (int32_t k = 0; k < 6; ++k) tokens.push_back(static_cast<int32_t>((x >> 16) % 4) * 10 + k);
+      for (int32_t k = 0; k < 6; ++k)
+        tokens.push_back(static_cast<int32_t>((x >> 16) % 4) * 10 + k);
     }
     write_shard(dir + "/data/train_000000.bin", std::span<const int32_t>(tokens));
   }
@@ -39,8 +40,8 @@ inline std::string shared_train_data(ParallelContext& ctx, const std::string& na
   return dir;
 }
 
-inline TrainerOptions trainer_options(std::ostream& log, ParallelContext* ctx, const std::string& resume = "",
-                                      int64_t stop_at = 0) {
+inline TrainerOptions trainer_options(std::ostream& log, ParallelContext* ctx,
+                                      const std::string& resume = "", int64_t stop_at = 0) {
   TrainerOptions o;
   o.log = &log;
   o.print_config = false;
@@ -56,7 +57,8 @@ inline TrainerOptions trainer_options(std::ostream& log, ParallelContext* ctx, c
 // tolerance covers the trained parameters' f32 differences (≤ 2e-5 absolute).
 inline void expect_same_sampling(Trainer& parallel, Trainer& single) {
   const std::vector<int32_t> context = {50256 % 61, 3, 14, 27, 5, 40, 41, 12, 9, 30, 1};
-  const std::vector<double> a = parallel.next_token_logits(context), b = single.next_token_logits(context);
+  const std::vector<double> a = parallel.next_token_logits(context),
+                            b = single.next_token_logits(context);
   ASSERT_EQ(a.size(), b.size());
   double num = 0, den = 0;
   for (size_t i = 0; i < a.size(); ++i) {

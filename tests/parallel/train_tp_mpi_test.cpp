@@ -28,8 +28,8 @@
 #include "data/shard.h"
 #include "parallel/parallel_context.h"
 #include "tests/parallel/mpi_test_util.h"
-#include "tests/parallel/train_test_util.h"
 #include "tests/parallel/tp_test_util.h"
+#include "tests/parallel/train_test_util.h"
 #include "train/trainer.h"
 
 namespace loom::parallel {
@@ -39,7 +39,6 @@ namespace fs = std::filesystem;
 constexpr double kLossRelTol = 1e-5;
 constexpr double kParamAbsTol = 2e-5;
 
-
 struct Case {
   std::string arch = "gpt2";
   int dp = 1, cp = 1, tp = 1, pp = 1;
@@ -47,34 +46,43 @@ struct Case {
   int zero_stage = 0;
   double dropout = 0.0;
   std::string precision = "f32";  // train.precision (f64: f32 masters, f64 compute)
-  int mics = 0;  // parallel.mics_partition_size
-  bool checkpointing = false;  // model.activation_checkpointing
-  double loss_scale = 0;       // > 0: train.loss_scaling dynamic from this initial scale
+  int mics = 0;                   // parallel.mics_partition_size
+  bool checkpointing = false;     // model.activation_checkpointing
+  double loss_scale = 0;          // > 0: train.loss_scaling dynamic from this initial scale
 };
 
 std::string tag_of(const Case& k) {
-  return k.arch + "_dp" + std::to_string(k.dp) + "_cp" + std::to_string(k.cp) + "_tp" + std::to_string(k.tp) +
-         "_pp" + std::to_string(k.pp) +
-         (k.sp ? "_sp" : "") + "_z" + std::to_string(k.zero_stage) + (k.dropout > 0 ? "_drop" : "") +
-         (k.mics > 0 ? "_mics" + std::to_string(k.mics) : "") + "_" + k.precision + (k.checkpointing ? "_ckpt" : "") + (k.loss_scale > 0 ? "_ls" + std::to_string(static_cast<int>(std::log2(k.loss_scale))) : "");
+  return k.arch + "_dp" + std::to_string(k.dp) + "_cp" + std::to_string(k.cp) + "_tp" +
+         std::to_string(k.tp) + "_pp" + std::to_string(k.pp) + (k.sp ? "_sp" : "") + "_z" +
+         std::to_string(k.zero_stage) + (k.dropout > 0 ? "_drop" : "") +
+         (k.mics > 0 ? "_mics" + std::to_string(k.mics) : "") + "_" + k.precision +
+         (k.checkpointing ? "_ckpt" : "") +
+         (k.loss_scale > 0 ? "_ls" + std::to_string(static_cast<int>(std::log2(k.loss_scale)))
+                           : "");
 }
 
 Config config_for(const Case& k, const std::string& dir, const std::string& out, bool parallel) {
   std::ostringstream y;
   if (k.arch == "gpt2") {
-    y << "model: {arch: gpt2, vocab_size: 61, vocab_multiple: 32, n_layer: 2, n_head: 4, n_embd: 32, max_seq_len: 16, "
-         "dropout: " << k.dropout << ", activation_checkpointing: " << (k.checkpointing ? "true" : "false")
+    y << "model: {arch: gpt2, vocab_size: 61, vocab_multiple: 32, n_layer: 2, n_head: 4, n_embd: "
+         "32, max_seq_len: 16, "
+         "dropout: "
+      << k.dropout << ", activation_checkpointing: " << (k.checkpointing ? "true" : "false")
       << "}\n";
   } else {
-    y << "model: {arch: llama, vocab_size: 61, vocab_multiple: 32, n_layer: 2, n_head: 4, n_kv_head: 2, n_embd: 32, "
+    y << "model: {arch: llama, vocab_size: 61, vocab_multiple: 32, n_layer: 2, n_head: 4, "
+         "n_kv_head: 2, n_embd: 32, "
          "max_seq_len: 16, tie_embeddings: false}\n";
   }
-  y << "data: {train: " << dir << "/data/train_*.bin, val: " << dir << "/data/train_*.bin, batch_size: "
-    << (parallel ? 4 : 4 * k.dp) << ", seq_len: 16}\n"
-    << "optim: {lr: 1.0e-2, min_lr: 1.0e-3, warmup_steps: 2, eps: 1.0e-6, grad_clip: 0.5, grad_accum: 2}\n"
-    << "train: {steps: 6, peak_flops: 1.0e10, log_every: 100, val_every: 0, val_steps: 2, sample_every: 0, precision: "
+  y << "data: {train: " << dir << "/data/train_*.bin, val: " << dir
+    << "/data/train_*.bin, batch_size: " << (parallel ? 4 : 4 * k.dp) << ", seq_len: 16}\n"
+    << "optim: {lr: 1.0e-2, min_lr: 1.0e-3, warmup_steps: 2, eps: 1.0e-6, grad_clip: 0.5, "
+       "grad_accum: 2}\n"
+    << "train: {steps: 6, peak_flops: 1.0e10, log_every: 100, val_every: 0, val_steps: 2, "
+       "sample_every: 0, precision: "
     << k.precision << ", loss_scaling: " << (k.loss_scale > 0 ? "dynamic" : "auto")
-    << ", initial_loss_scale: " << (k.loss_scale > 0 ? k.loss_scale : 65536.0) << ", out_dir: " << out << "}\n"
+    << ", initial_loss_scale: " << (k.loss_scale > 0 ? k.loss_scale : 65536.0)
+    << ", out_dir: " << out << "}\n"
     << "checkpoint: {every: 0, keep: 0}\n"
     << "logging: {jsonl: false, tensorboard: false}\n";
   if (parallel) {
@@ -84,7 +92,6 @@ Config config_for(const Case& k, const std::string& dir, const std::string& out,
   }
   return parse_config_text(y.str());
 }
-
 
 // The last step line's "| <ms> ms | <n> tok/s | MFU <m>% |" as {ms, tok/s, MFU %}.
 std::array<double, 3> step_line_rates(const std::string& log) {
@@ -111,7 +118,9 @@ void expect_same_throughput_definition(const std::string& split_log, int ranks,
   // Printed to 0.1 ms, 1 tok/s and 0.1 %: each product is known to within its rounding, so the
   // bound is the two roundings' worst case (a layout that counted tokens or peak per rank would
   // be off by its cp, tp or pp factor, far outside it).
-  const auto slack = [](double a, double da, double b, double db) { return a * db + b * da + da * db; };
+  const auto slack = [](double a, double da, double b, double db) {
+    return a * db + b * da + da * db;
+  };
   EXPECT_NEAR(tok * ms, tok1 * ms1, slack(tok, 0.5, ms, 0.05) + slack(tok1, 0.5, ms1, 0.05))
       << split_log << single_log;
   EXPECT_NEAR(mfu * ranks * ms, mfu1 * ms1,
@@ -132,23 +141,27 @@ void expect_matches_single(const Case& k) {
   const int ranks = k.dp * k.cp * k.tp * k.pp;
   if (testing::world_size() != ranks) GTEST_SKIP() << "needs " << ranks << " ranks";
   ParallelContext ctx = context_for(k);
-  const std::string dir = testing::shared_train_data(ctx, "loom_train_tp_" + std::to_string(ctx.world_size()));
+  const std::string dir =
+      testing::shared_train_data(ctx, "loom_train_tp_" + std::to_string(ctx.world_size()));
   const std::string tag = tag_of(k);
   std::ostringstream log;
   Trainer split(config_for(k, dir, dir + "/mp_" + tag, true), testing::trainer_options(log, &ctx));
   const auto a = split.run();
   if (ctx.rank() == 0 && (k.tp > 1 || k.cp > 1)) {
-    EXPECT_NE(log.str().find("model parallel: tp " + std::to_string(k.tp)), std::string::npos) << log.str();
+    EXPECT_NE(log.str().find("model parallel: tp " + std::to_string(k.tp)), std::string::npos)
+        << log.str();
     if (k.mics > 0) {  // sharded inside the partition, replicated across the rest of dp·cp
-      EXPECT_NE(log.str().find("shards over mics_partition (" + std::to_string(k.mics) + "), replicas over mics_replica"),
+      EXPECT_NE(log.str().find("shards over mics_partition (" + std::to_string(k.mics) +
+                               "), replicas over mics_replica"),
                 std::string::npos)
           << log.str();
     }
   }
 
   std::ostringstream slog;
-  Trainer single(config_for(k, dir, dir + "/single_" + tag + "_" + std::to_string(ctx.rank()), false),
-                 testing::trainer_options(slog, nullptr));
+  Trainer single(
+      config_for(k, dir, dir + "/single_" + tag + "_" + std::to_string(ctx.rank()), false),
+      testing::trainer_options(slog, nullptr));
   const auto s = single.run();
   ASSERT_EQ(a.size(), s.size());
   for (size_t i = 0; i < s.size(); ++i) {
@@ -171,8 +184,10 @@ void expect_matches_single(const Case& k) {
   std::map<std::string, Tensor> ref;
   for (auto& [name, t] : single.parameters()) ref.emplace(name, t);
   // This rank's trained parameters; under ZeRO-3 gathered copies (collective, every rank).
-  for (const auto& [name, t] : k.zero_stage == 3 ? split.parameters() : split.trained_parameters()) {
-    const Tensor want = testing::expected_tp_part(name, ref.at(name), mc, ctx.tp_rank(), ctx.tp_size());
+  for (const auto& [name, t] :
+       k.zero_stage == 3 ? split.parameters() : split.trained_parameters()) {
+    const Tensor want =
+        testing::expected_tp_part(name, ref.at(name), mc, ctx.tp_rank(), ctx.tp_size());
     const std::vector<double> x = t.to_vector(), y = want.to_vector();
     ASSERT_EQ(x.size(), y.size()) << name;
     double worst = 0;
@@ -187,10 +202,12 @@ void expect_resume_exact(const Case& k) {
   const int ranks = k.dp * k.cp * k.tp * k.pp;
   if (testing::world_size() != ranks) GTEST_SKIP() << "needs " << ranks << " ranks";
   ParallelContext ctx = context_for(k);
-  const std::string dir = testing::shared_train_data(ctx, "loom_train_tp_" + std::to_string(ctx.world_size()));
+  const std::string dir =
+      testing::shared_train_data(ctx, "loom_train_tp_" + std::to_string(ctx.world_size()));
   const std::string tag = tag_of(k);
   std::ostringstream l1, l2, l3;
-  Trainer whole(config_for(k, dir, dir + "/whole_" + tag, true), testing::trainer_options(l1, &ctx));
+  Trainer whole(config_for(k, dir, dir + "/whole_" + tag, true),
+                testing::trainer_options(l1, &ctx));
   const auto w = whole.run();
   const std::string out = dir + "/resumed_" + tag;
   Trainer first(config_for(k, dir, out, true), testing::trainer_options(l2, &ctx, "", 3));
@@ -201,7 +218,8 @@ void expect_resume_exact(const Case& k) {
   for (size_t i = 0; i < 3; ++i) EXPECT_EQ(r[i].loss, w[3 + i].loss) << "step " << 4 + i;
   const auto pw = whole.parameters(), pr = second.parameters();
   ASSERT_EQ(pw.size(), pr.size());
-  for (size_t i = 0; i < pw.size(); ++i) EXPECT_EQ(pw[i].second.to_vector(), pr[i].second.to_vector()) << pw[i].first;
+  for (size_t i = 0; i < pw.size(); ++i)
+    EXPECT_EQ(pw[i].second.to_vector(), pr[i].second.to_vector()) << pw[i].first;
   ctx.world().barrier();
 }
 
@@ -209,7 +227,9 @@ TEST(TrainModelParallel2, Tp2MatchesSingleProcess) { expect_matches_single({.tp 
 TEST(TrainModelParallel2, Tp2SequenceParallelLlamaMatchesSingleProcess) {
   expect_matches_single({.arch = "llama", .tp = 2, .sp = true});
 }
-TEST(TrainModelParallel2, Tp2WithDropoutMatchesSingleProcess) { expect_matches_single({.tp = 2, .dropout = 0.1}); }
+TEST(TrainModelParallel2, Tp2WithDropoutMatchesSingleProcess) {
+  expect_matches_single({.tp = 2, .dropout = 0.1});
+}
 // Mixed precision (f32 masters, f64 compute) applies inside the TP layers as in the model's.
 TEST(TrainModelParallel2, Tp2SequenceParallelMixedPrecisionMatchesSingleProcess) {
   expect_matches_single({.tp = 2, .sp = true, .precision = "f64"});
@@ -235,11 +255,15 @@ TEST(TrainModelParallel2, Dp2Zero1DynamicLossScalingMatchesSingleProcess) {
 TEST(TrainModelParallel2, Tp2SequenceParallelDynamicLossScalingMatchesSingleProcess) {
   expect_matches_single({.tp = 2, .sp = true, .loss_scale = 0x1p130});
 }
-TEST(TrainModelParallel2, Cp2WithDropoutMatchesSingleProcess) { expect_matches_single({.cp = 2, .dropout = 0.1}); }
+TEST(TrainModelParallel2, Cp2WithDropoutMatchesSingleProcess) {
+  expect_matches_single({.cp = 2, .dropout = 0.1});
+}
 TEST(TrainModelParallel2, Cp2MatchesSingleProcess) { expect_matches_single({.cp = 2}); }
 TEST(TrainModelParallel2, Tp2ResumeIsExact) { expect_resume_exact({.tp = 2}); }
 
-TEST(TrainModelParallel4, Dp2Tp2Zero1MatchesSingleProcess) { expect_matches_single({.dp = 2, .tp = 2, .zero_stage = 1}); }
+TEST(TrainModelParallel4, Dp2Tp2Zero1MatchesSingleProcess) {
+  expect_matches_single({.dp = 2, .tp = 2, .zero_stage = 1});
+}
 TEST(TrainModelParallel4, Dp2Cp2Zero1LlamaMatchesSingleProcess) {
   expect_matches_single({.arch = "llama", .dp = 2, .cp = 2, .zero_stage = 1});
 }
@@ -255,7 +279,9 @@ TEST(TrainModelParallel4, Dp2Tp2SequenceParallelZero1WithDropoutMatchesSinglePro
 TEST(TrainModelParallel4, Cp2Tp2SequenceParallelWithDropoutMatchesSingleProcess) {
   expect_matches_single({.cp = 2, .tp = 2, .sp = true, .dropout = 0.1});
 }
-TEST(TrainModelParallel4, Dp2Tp2Zero3MatchesSingleProcess) { expect_matches_single({.dp = 2, .tp = 2, .zero_stage = 3}); }
+TEST(TrainModelParallel4, Dp2Tp2Zero3MatchesSingleProcess) {
+  expect_matches_single({.dp = 2, .tp = 2, .zero_stage = 3});
+}
 // MiCS over the dp·cp group (Note [MiCS groups]): partitions of 2 of the 4 ranks (one cp group
 // each in the default order), replicas across dp.
 TEST(TrainModelParallel4, Dp2Cp2Zero1MicsMatchesSingleProcess) {
@@ -270,7 +296,9 @@ TEST(TrainModelParallel4, Dp2Cp2Zero3MicsMatchesSingleProcess) {
 TEST(TrainModelParallel4, Dp2Cp2Zero1MicsResumeIsExact) {
   expect_resume_exact({.dp = 2, .cp = 2, .zero_stage = 1, .mics = 2});
 }
-TEST(TrainModelParallel4, Dp2Cp2Zero1ResumeIsExact) { expect_resume_exact({.dp = 2, .cp = 2, .zero_stage = 1}); }
+TEST(TrainModelParallel4, Dp2Cp2Zero1ResumeIsExact) {
+  expect_resume_exact({.dp = 2, .cp = 2, .zero_stage = 1});
+}
 
 TEST(TrainModelParallel4, Cp4MatchesSingleProcess) { expect_matches_single({.cp = 4}); }
 TEST(TrainModelParallel4, Tp2Pp2MatchesSingleProcess) { expect_matches_single({.tp = 2, .pp = 2}); }
@@ -287,7 +315,9 @@ TEST(TrainModelParallel4, Cp2Pp2LlamaMatchesSingleProcess) {
   expect_matches_single({.arch = "llama", .cp = 2, .pp = 2});
 }
 
-TEST(TrainModelParallel8, Dp2Tp2Pp2MatchesSingleProcess) { expect_matches_single({.dp = 2, .tp = 2, .pp = 2}); }
+TEST(TrainModelParallel8, Dp2Tp2Pp2MatchesSingleProcess) {
+  expect_matches_single({.dp = 2, .tp = 2, .pp = 2});
+}
 TEST(TrainModelParallel8, Dp2Tp2Pp2Zero1MatchesSingleProcess) {
   expect_matches_single({.dp = 2, .tp = 2, .pp = 2, .zero_stage = 1});
 }
@@ -305,7 +335,9 @@ TEST(TrainModelParallel8, Dp2Tp2Pp2Zero3SequenceParallelMatchesSingleProcess) {
 TEST(TrainModelParallel8, Tp2Cp2Pp2Zero2MatchesSingleProcess) {
   expect_matches_single({.cp = 2, .tp = 2, .pp = 2, .zero_stage = 2});
 }
-TEST(TrainModelParallel8, Dp2Cp2Tp2MatchesSingleProcess) { expect_matches_single({.dp = 2, .cp = 2, .tp = 2}); }
+TEST(TrainModelParallel8, Dp2Cp2Tp2MatchesSingleProcess) {
+  expect_matches_single({.dp = 2, .cp = 2, .tp = 2});
+}
 TEST(TrainModelParallel8, Dp2Cp2Tp2Zero1SequenceParallelMatchesSingleProcess) {
   expect_matches_single({.dp = 2, .cp = 2, .tp = 2, .sp = true, .zero_stage = 1});
 }

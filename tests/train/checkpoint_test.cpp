@@ -118,7 +118,8 @@ TEST(Checkpoint, CorruptTensorIsDetected) {
   EXPECT_NE(msg.find(file + ": tensor 'optim.m' is corrupt"), std::string::npos) << msg;
   fs::resize_file(file, fs::file_size(file) / 2);
   EXPECT_NE(message_of([&] { load_checkpoint(dir); }).find("truncated"), std::string::npos);
-  EXPECT_NE(message_of([&] { load_checkpoint(root + "/nope"); }).find("not a checkpoint"), std::string::npos);
+  EXPECT_NE(message_of([&] { load_checkpoint(root + "/nope"); }).find("not a checkpoint"),
+            std::string::npos);
 }
 
 TEST(Checkpoint, FailedSaveLeavesTheLastGoodCheckpoint) {

@@ -2,12 +2,12 @@
 // each must be a one-line ConfigError naming the key.
 #include "train/config.h"
 
-#include "kernels/attention.h"
-#include "layers/transformer.h"
-
 #include <gtest/gtest.h>
 
 #include <fstream>
+
+#include "kernels/attention.h"
+#include "layers/transformer.h"
 
 namespace loom {
 namespace {
@@ -37,8 +37,9 @@ TEST(Config, ParsesSectionsAndKeepsDefaults) {
 }
 
 TEST(Config, OverridesApplyAfterTheFile) {
-  const Config c = parse_config_text("train:\n  steps: 7\n", {"train.steps=9", "model.arch=llama",
-                                                               "optim.lr=0.5", "model.init_from=gpt2.bin"});
+  const Config c = parse_config_text(
+      "train:\n  steps: 7\n",
+      {"train.steps=9", "model.arch=llama", "optim.lr=0.5", "model.init_from=gpt2.bin"});
   EXPECT_EQ(c.train.init_from, "gpt2.bin");
   EXPECT_EQ(c.train.steps, 9);
   EXPECT_EQ(c.model.arch, "llama");
@@ -63,9 +64,12 @@ TEST(Config, UnknownKeysAndSectionsAreErrors) {
 TEST(Config, WrongTypesNameTheKey) {
   EXPECT_EQ(error_of("optim:\n  lr: fast\n"), "optim.lr: expected a number, got 'fast'");
   EXPECT_EQ(error_of("model:\n  n_layer: 2.5\n"), "model.n_layer: expected an integer, got '2.5'");
-  EXPECT_EQ(error_of("logging:\n  jsonl: maybe\n"), "logging.jsonl: expected true or false, got 'maybe'");
-  EXPECT_EQ(error_of("model:\n  n_layer: [1, 2]\n"), "model.n_layer: expected an integer, got a list");
-  EXPECT_EQ(error_of("data:\n  seed: -1\n"), "data.seed: expected a non-negative integer, got '-1'");
+  EXPECT_EQ(error_of("logging:\n  jsonl: maybe\n"),
+            "logging.jsonl: expected true or false, got 'maybe'");
+  EXPECT_EQ(error_of("model:\n  n_layer: [1, 2]\n"),
+            "model.n_layer: expected an integer, got a list");
+  EXPECT_EQ(error_of("data:\n  seed: -1\n"),
+            "data.seed: expected a non-negative integer, got '-1'");
 }
 
 TEST(Config, ImpossibleValuesNameTheKeys) {
@@ -73,8 +77,10 @@ TEST(Config, ImpossibleValuesNameTheKeys) {
             "model.n_embd: 100 is not divisible by model.n_head 3");
   EXPECT_EQ(error_of("model:\n  n_head: 8\n  n_kv_head: 3\n  n_embd: 64\n"),
             "model.n_kv_head: 3 does not divide model.n_head 8");
-  EXPECT_EQ(error_of("model:\n  arch: gpt3\n"), "model.arch: unknown architecture 'gpt3' (expected gpt2 or llama)");
-  EXPECT_EQ(error_of("data:\n  seq_len: 2048\n"), "data.seq_len: 2048 exceeds model.max_seq_len 1024");
+  EXPECT_EQ(error_of("model:\n  arch: gpt3\n"),
+            "model.arch: unknown architecture 'gpt3' (expected gpt2 or llama)");
+  EXPECT_EQ(error_of("data:\n  seq_len: 2048\n"),
+            "data.seq_len: 2048 exceeds model.max_seq_len 1024");
   EXPECT_EQ(error_of("optim:\n  schedule: cosin\n"),
             "optim.schedule: unknown schedule 'cosin' (cosine, linear, constant, wsd)");
   EXPECT_EQ(error_of("optim:\n  grad_accum: 0\n"), "optim.grad_accum: must be positive, got 0");
@@ -84,29 +90,42 @@ TEST(Config, ImpossibleValuesNameTheKeys) {
   EXPECT_EQ(error_of("train:\n  steps: 0\n"), "train.steps: must be positive, got 0");
   EXPECT_EQ(error_of("train:\n  steps: 10\noptim:\n  warmup_steps: 20\n"),
             "optim.warmup_steps: 20 exceeds train.steps 10");
-  EXPECT_EQ(error_of("train:\n  steps: 10\noptim:\n  schedule: wsd\n  warmup_steps: 5\n  decay_fraction: 0.8\n"),
-            "optim.decay_fraction: the wsd decay (8 of train.steps 10) overlaps optim.warmup_steps 5");
+  EXPECT_EQ(
+      error_of("train:\n  steps: 10\noptim:\n  schedule: wsd\n  warmup_steps: 5\n  decay_fraction: "
+               "0.8\n"),
+      "optim.decay_fraction: the wsd decay (8 of train.steps 10) overlaps optim.warmup_steps 5");
   EXPECT_EQ(error_of("model:\n  arch: llama\n  n_embd: 30\n  n_head: 10\n"),
             "model.n_embd: head dim n_embd/n_head = 3 must be even for RoPE (llama)");
 }
 
 TEST(Config, PipelineKeysNameTheKeys) {
   auto err = [](const std::string& parallel, int64_t accum) {
-    return error_of("model:\n  n_layer: 12\noptim:\n  grad_accum: " + std::to_string(accum) + "\nparallel:\n" + parallel);
+    return error_of("model:\n  n_layer: 12\noptim:\n  grad_accum: " + std::to_string(accum) +
+                    "\nparallel:\n" + parallel);
   };
-  EXPECT_EQ(err("  pp: 5\n", 5), "parallel.pp: pp·vpp = 5 does not divide model.n_layer 12 (or give parallel.pp_layout)");
+  EXPECT_EQ(
+      err("  pp: 5\n", 5),
+      "parallel.pp: pp·vpp = 5 does not divide model.n_layer 12 (or give parallel.pp_layout)");
   EXPECT_EQ(err("  pp: 2\n  schedule: interleaved\n", 3),
-            "parallel.microbatches: 3 is not a multiple of parallel.pp 2 (the interleaved schedule needs m % pp == 0)");
-  EXPECT_NE(err("  pp: 2\n  vpp: 2\n", 2).find("parallel.vpp: 2 virtual stages need parallel.schedule: interleaved"),
+            "parallel.microbatches: 3 is not a multiple of parallel.pp 2 (the interleaved schedule "
+            "needs m % pp == 0)");
+  EXPECT_NE(err("  pp: 2\n  vpp: 2\n", 2)
+                .find("parallel.vpp: 2 virtual stages need parallel.schedule: interleaved"),
             std::string::npos);
-  EXPECT_EQ(err("  pp: 2\n  pp_layout: \"6,5\"\n", 2), "parallel.pp_layout: the entries sum to 11, expected model.n_layer 12");
-  EXPECT_EQ(err("  pp: 2\n  pp_layout: \"4,4,4\"\n", 2), "parallel.pp_layout: 3 entries, expected pp·vpp = 2");
+  EXPECT_EQ(err("  pp: 2\n  pp_layout: \"6,5\"\n", 2),
+            "parallel.pp_layout: the entries sum to 11, expected model.n_layer 12");
+  EXPECT_EQ(err("  pp: 2\n  pp_layout: \"4,4,4\"\n", 2),
+            "parallel.pp_layout: 3 entries, expected pp·vpp = 2");
   EXPECT_NE(err("  pp: 4\n", 2).find("parallel.microbatches: 2 micro-batches"), std::string::npos);
-  EXPECT_EQ(err("  pp: 2\n  dp: 2\n  zero_stage: 3\n", 2), "");  // any ZeRO stage with pp (Note [Sharded stages])
-  EXPECT_NE(err("  pp: 2\n  microbatches: 3\n", 2).find("parallel.microbatches: 3 conflicts with optim.grad_accum 2"),
+  EXPECT_EQ(err("  pp: 2\n  dp: 2\n  zero_stage: 3\n", 2),
+            "");  // any ZeRO stage with pp (Note [Sharded stages])
+  EXPECT_NE(err("  pp: 2\n  microbatches: 3\n", 2)
+                .find("parallel.microbatches: 3 conflicts with optim.grad_accum 2"),
             std::string::npos);
-  EXPECT_EQ(err("  schedule: zb\n", 1), "parallel.schedule: unknown schedule 'zb' (expected gpipe, 1f1b or interleaved)");
-  EXPECT_EQ(err("  vpp: 2\n  schedule: interleaved\n", 1), "parallel.vpp: virtual stages need parallel.pp > 1");
+  EXPECT_EQ(err("  schedule: zb\n", 1),
+            "parallel.schedule: unknown schedule 'zb' (expected gpipe, 1f1b or interleaved)");
+  EXPECT_EQ(err("  vpp: 2\n  schedule: interleaved\n", 1),
+            "parallel.vpp: virtual stages need parallel.pp > 1");
   // Valid: 4 stages of 3 blocks as 2 ranks × 2 chunks, 4 micro-batches from grad_accum.
   EXPECT_EQ(err("  pp: 2\n  vpp: 2\n  schedule: interleaved\n", 4), "");
   EXPECT_EQ(err("  pp: 2\n  pp_layout: \"5,7\"\n", 2), "");
@@ -121,8 +140,10 @@ TEST(Config, ZeroStagesAndMics) {
   for (int stage = 0; stage <= 3; ++stage) {
     const std::string z = "parallel.zero_stage=" + std::to_string(stage);
     EXPECT_EQ(error_of("", {"parallel.dp=4", z}), "") << z;
-    EXPECT_EQ(error_of("", {"parallel.dp=4", z, "parallel.mics_partition_size=2"}), stage >= 1 ? ""
-              : "parallel.mics_partition_size: MiCS shards optimizer state; set parallel.zero_stage to 1, 2 or 3")
+    EXPECT_EQ(error_of("", {"parallel.dp=4", z, "parallel.mics_partition_size=2"}),
+              stage >= 1 ? ""
+                         : "parallel.mics_partition_size: MiCS shards optimizer state; set "
+                           "parallel.zero_stage to 1, 2 or 3")
         << z;
   }
   EXPECT_EQ(parse_config_text("parallel:\n  dp: 4\n  zero_stage: 3\n").parallel.zero_stage, 3);
@@ -130,14 +151,16 @@ TEST(Config, ZeroStagesAndMics) {
             "parallel.zero_stage: 4 is not supported (0, 1, 2 or 3)");
   EXPECT_EQ(error_of("", {"parallel.dp=4", "parallel.zero_stage=-1"}),
             "parallel.zero_stage: -1 is not supported (0, 1, 2 or 3)");
-  EXPECT_EQ(error_of("", {"parallel.dp=4", "parallel.zero_stage=3", "parallel.mics_partition_size=3"}),
-            "parallel.mics_partition_size: 3 does not divide parallel.dp 4");
+  EXPECT_EQ(
+      error_of("", {"parallel.dp=4", "parallel.zero_stage=3", "parallel.mics_partition_size=3"}),
+      "parallel.mics_partition_size: 3 does not divide parallel.dp 4");
 }
 
 // MiCS partitions the dp·cp reduction group under context parallelism (Note [MiCS groups] in
 // parallel/mesh.h): the partition size must divide dp·cp, and the error names both.
 TEST(Config, MicsWithContextParallelism) {
-  const std::vector<std::string> dp2cp2 = {"parallel.dp=2", "parallel.cp=2", "parallel.zero_stage=1"};
+  const std::vector<std::string> dp2cp2 = {"parallel.dp=2", "parallel.cp=2",
+                                           "parallel.zero_stage=1"};
   for (const char* p : {"parallel.mics_partition_size=1", "parallel.mics_partition_size=2",
                         "parallel.mics_partition_size=4"}) {
     std::vector<std::string> o = dp2cp2;
@@ -145,20 +168,25 @@ TEST(Config, MicsWithContextParallelism) {
     EXPECT_EQ(error_of("", o), "") << p;
   }
   // cp alone: dp 1 × cp 2 ranks still form a partition of 2.
-  EXPECT_EQ(error_of("", {"parallel.cp=2", "parallel.zero_stage=1", "parallel.mics_partition_size=2"}), "");
+  EXPECT_EQ(
+      error_of("", {"parallel.cp=2", "parallel.zero_stage=1", "parallel.mics_partition_size=2"}),
+      "");
   std::vector<std::string> o = dp2cp2;
   o.emplace_back("parallel.mics_partition_size=3");
-  EXPECT_EQ(error_of("", o), "parallel.mics_partition_size: 3 does not divide parallel.dp 2 × parallel.cp 2 = 4");
+  EXPECT_EQ(error_of("", o),
+            "parallel.mics_partition_size: 3 does not divide parallel.dp 2 × parallel.cp 2 = 4");
   o.back() = "parallel.mics_partition_size=8";
-  EXPECT_EQ(error_of("", o), "parallel.mics_partition_size: 8 does not divide parallel.dp 2 × parallel.cp 2 = 4");
+  EXPECT_EQ(error_of("", o),
+            "parallel.mics_partition_size: 8 does not divide parallel.dp 2 × parallel.cp 2 = 4");
 }
 
 // SGD runs only where the trainer owns the optimizer: the data-parallel engine (dp > 1, and cp > 1,
 // whose gradients it reduces too) runs AdamW, so SGD there is refused by name instead of being
 // replaced by AdamW silently.
 TEST(Config, SgdOnlyWithoutTheDataParallelEngine) {
-  const std::string refused = "optim.name: sgd is not supported with parallel.dp > 1 or parallel.cp > 1 (the "
-                              "data-parallel engine, which also reduces context-parallel gradients, runs AdamW)";
+  const std::string refused =
+      "optim.name: sgd is not supported with parallel.dp > 1 or parallel.cp > 1 (the "
+      "data-parallel engine, which also reduces context-parallel gradients, runs AdamW)";
   EXPECT_EQ(error_of("", {"optim.name=sgd"}), "");
   EXPECT_EQ(error_of("", {"optim.name=sgd", "parallel.dp=2"}), refused);
   EXPECT_EQ(error_of("", {"optim.name=sgd", "parallel.cp=2"}), refused);
@@ -168,7 +196,8 @@ TEST(Config, SgdOnlyWithoutTheDataParallelEngine) {
 // Dropout was refused with sequence or context parallelism until each rank could draw the masks
 // of its own rows (the rows form of Note [Dropout mask]); now every layout accepts it.
 TEST(Config, DropoutCombinesWithSequenceAndContextParallelism) {
-  const std::string model = "model: {n_layer: 2, n_head: 4, n_embd: 32, dropout: 0.1}\ndata: {seq_len: 16}\n";
+  const std::string model =
+      "model: {n_layer: 2, n_head: 4, n_embd: 32, dropout: 0.1}\ndata: {seq_len: 16}\n";
   EXPECT_EQ(error_of(model + "parallel: {tp: 2, sequence_parallel: true}\n"), "");
   EXPECT_EQ(error_of(model + "parallel: {cp: 2}\n"), "");
   EXPECT_EQ(error_of(model + "parallel: {cp: 2, tp: 2, sequence_parallel: true}\n"), "");
@@ -184,29 +213,37 @@ TEST(Config, PrecisionAndDeviceKeys) {
   EXPECT_EQ(c.train.device, "cuda");  // availability is the trainer's check, not the parser's
   EXPECT_EQ(c.train.precision, "bf16");
   EXPECT_TRUE(c.train.allow_tf32);
-  EXPECT_EQ(parse_config_text("", {"train.precision=f64"}).train.precision, "f64");  // f32 masters, f64 compute
+  EXPECT_EQ(parse_config_text("", {"train.precision=f64"}).train.precision,
+            "f64");  // f32 masters, f64 compute
   EXPECT_EQ(parse_config_text("", {"train.dtype=f64", "train.precision=f64"}).train.dtype, "f64");
 
   EXPECT_EQ(error_of("train: {precision: f8}\n"),
             "train.precision: unknown precision 'f8' (f32, bf16, f16; f64 for CPU checks)");
   EXPECT_EQ(error_of("train: {precision: bf16}\n"),
-            "train.precision: bf16 needs train.device: cuda (the CPU kernels compute in f32 and f64 only)");
+            "train.precision: bf16 needs train.device: cuda (the CPU kernels compute in f32 and "
+            "f64 only)");
   EXPECT_EQ(error_of("train: {precision: f16}\n"),
-            "train.precision: f16 needs train.device: cuda (the CPU kernels compute in f32 and f64 only)");
+            "train.precision: f16 needs train.device: cuda (the CPU kernels compute in f32 and f64 "
+            "only)");
   EXPECT_EQ(error_of("train: {dtype: f64}\n"),
             "train.precision: f32 with train.dtype f64: mixed precision keeps f32 master weights "
             "(set train.dtype: f32, or train.precision: f64)");
   EXPECT_EQ(error_of("train: {dtype: bf16, device: cuda}\n"),
-            "train.dtype: unsupported parameter dtype 'bf16' (f32, f64; for bf16/f16 compute set train.precision)");
-  EXPECT_EQ(error_of("train: {allow_tf32: true}\n"), "train.allow_tf32: TF32 is a CUDA feature; set train.device: cuda");
+            "train.dtype: unsupported parameter dtype 'bf16' (f32, f64; for bf16/f16 compute set "
+            "train.precision)");
+  EXPECT_EQ(error_of("train: {allow_tf32: true}\n"),
+            "train.allow_tf32: TF32 is a CUDA feature; set train.device: cuda");
   EXPECT_EQ(error_of("train: {device: tpu}\n"), "train.device: unknown device 'tpu' (cpu, cuda)");
-  EXPECT_EQ(error_of("train: {device: cuda, precision: f16}\nparallel: {dp: 2}\n"), "");  // scaled across ranks
+  EXPECT_EQ(error_of("train: {device: cuda, precision: f16}\nparallel: {dp: 2}\n"),
+            "");  // scaled across ranks
   EXPECT_EQ(error_of("train: {loss_scaling: dynamic, initial_loss_scale: 1024}\n"), "");
   EXPECT_EQ(error_of("train: {loss_scaling: sometimes}\n"),
             "train.loss_scaling: unknown value 'sometimes' (auto, dynamic, none)");
   EXPECT_EQ(error_of("train: {device: cuda, precision: f16, loss_scaling: none}\n"),
-            "train.loss_scaling: none with train.precision f16 would lose small gradients (use auto or dynamic)");
-  EXPECT_EQ(error_of("train: {initial_loss_scale: 0.5}\n"), "train.initial_loss_scale: must be finite and at least 1, got 0.5");
+            "train.loss_scaling: none with train.precision f16 would lose small gradients (use "
+            "auto or dynamic)");
+  EXPECT_EQ(error_of("train: {initial_loss_scale: 0.5}\n"),
+            "train.initial_loss_scale: must be finite and at least 1, got 0.5");
 }
 
 TEST(Config, AttentionKernel) {
@@ -216,7 +253,8 @@ TEST(Config, AttentionKernel) {
   EXPECT_EQ(error_of("train: {attention_kernel: cudnn}\n"),
             "train.attention_kernel: cudnn is a CUDA feature; set train.device: cuda");
   // Accepted on cuda exactly when this build has the cuDNN path.
-  const std::string on_cuda = error_of("train: {device: cuda, precision: bf16, attention_kernel: cudnn}\n");
+  const std::string on_cuda =
+      error_of("train: {device: cuda, precision: bf16, attention_kernel: cudnn}\n");
   if (kernels::cudnn_attention_built()) {
     EXPECT_EQ(on_cuda, "");
   } else {
@@ -229,15 +267,18 @@ TEST(Config, AttentionKernel) {
 TEST(Config, CommunicatorBackend) {
   EXPECT_FALSE(uses_nccl(parse_config_text("")));
   EXPECT_FALSE(uses_nccl(parse_config_text("parallel: {backend: mpi}\n")));
-  EXPECT_EQ(error_of("parallel: {backend: gloo}\n"), "parallel.backend: unknown backend 'gloo' (auto, nccl, mpi, mpi_nccl_rules)");
+  EXPECT_EQ(error_of("parallel: {backend: gloo}\n"),
+            "parallel.backend: unknown backend 'gloo' (auto, nccl, mpi, mpi_nccl_rules)");
   EXPECT_EQ(error_of("parallel: {backend: nccl}\n"),
-            "parallel.backend: nccl moves GPU tensors; set train.device: cuda (or parallel.backend: mpi)");
+            "parallel.backend: nccl moves GPU tensors; set train.device: cuda (or "
+            "parallel.backend: mpi)");
   // On cuda (validated without a GPU: the device is looked for when training starts).
   EXPECT_TRUE(uses_nccl(parse_config_text("train: {device: cuda}\n")));
   EXPECT_TRUE(uses_nccl(parse_config_text("train: {device: cuda}\nparallel: {backend: nccl}\n")));
   EXPECT_FALSE(uses_nccl(parse_config_text("train: {device: cuda}\nparallel: {backend: mpi}\n")));
   // The pipeline too (its transfers are issued in NCCL-safe groups: Note [Communication order]).
-  const std::string pp2 = "model: {n_layer: 2}\noptim: {grad_accum: 2}\ntrain: {device: cuda}\nparallel: {pp: 2";
+  const std::string pp2 =
+      "model: {n_layer: 2}\noptim: {grad_accum: 2}\ntrain: {device: cuda}\nparallel: {pp: 2";
   EXPECT_TRUE(uses_nccl(parse_config_text(pp2 + "}\n")));
   EXPECT_EQ(error_of(pp2 + ", backend: nccl}\n"), "");
   // MPI following NCCL's rules, on CPUs.
@@ -275,9 +316,10 @@ TEST(Config, ShippedConfigsValidateWithPublishedSizes) {
     const char* file;
     int64_t params;  // without vocab padding
   };
-  for (Case c : {Case{"gpt2-124m", 124439808}, Case{"gpt2-350m", 354823168}, Case{"gpt2-774m", 774030080},
-                 Case{"gpt2-1.5b", 1557611200}, Case{"llama-1b", 1235814400}, Case{"llama3-8b", 8030261248},
-                 Case{"gpt2-tiny", 0}, Case{"llama-tiny", 0}}) {
+  for (Case c :
+       {Case{"gpt2-124m", 124439808}, Case{"gpt2-350m", 354823168}, Case{"gpt2-774m", 774030080},
+        Case{"gpt2-1.5b", 1557611200}, Case{"llama-1b", 1235814400}, Case{"llama3-8b", 8030261248},
+        Case{"gpt2-tiny", 0}, Case{"llama-tiny", 0}}) {
     const Config cfg = load_config(std::string(LOOM_SOURCE_DIR) + "/configs/" + c.file + ".yaml");
     if (c.params > 0) {
       EXPECT_EQ(count_parameters(cfg.model, true), c.params) << c.file;

@@ -67,7 +67,10 @@ TEST(Metrics, JsonLines) {
     EXPECT_THROW(w.write(12, {{"step", 1.0}}), Error);
     EXPECT_THROW(w.write(12, {{"a", 1.0}, {"a", 2.0}}), Error);
   }
-  { MetricsWriter again(dir.string(), true, false); again.write(12, {{"loss", 2.5}}); }  // appends
+  {
+    MetricsWriter again(dir.string(), true, false);
+    again.write(12, {{"loss", 2.5}});
+  }  // appends
   const auto lines = read_lines((dir / "metrics.jsonl").string());
   ASSERT_EQ(lines.size(), 3u);
   EXPECT_EQ(lines[0], R"({"step":10,"loss":3.25,"lr":0.0006})");

@@ -18,8 +18,8 @@
 
 #include "data/shard.h"
 #include "layers/transformer.h"
-#include "train/llmc_format.h"
 #include "train/checkpoint.h"
+#include "train/llmc_format.h"
 
 namespace loom {
 namespace {
@@ -28,7 +28,8 @@ namespace fs = std::filesystem;
 // A fresh directory with train/val shards of a learnable stream over a 64-token vocabulary:
 // short repeating phrases with a little noise.
 std::string make_data(const std::string& name) {
-  const std::string dir = ::testing::TempDir() + "/loom_trainer_" + name + "_" + std::to_string(::getpid());
+  const std::string dir =
+      ::testing::TempDir() + "/loom_trainer_" + name + "_" + std::to_string(::getpid());
   fs::remove_all(dir);
   fs::create_directories(dir + "/data");
   std::vector<int32_t> tokens;
@@ -38,8 +39,10 @@ std::string make_data(const std::string& name) {
     const int32_t phrase = static_cast<int32_t>((x >> 16) % 4);
     for (int32_t k = 0; k < 6; ++k) tokens.push_back(phrase * 10 + k);
   }
-  write_shard(dir + "/data/train_000000.bin", std::span<const int32_t>(tokens.data(), tokens.size() - 2000));
-  write_shard(dir + "/data/val_000000.bin", std::span<const int32_t>(tokens.data() + tokens.size() - 2000, 2000));
+  write_shard(dir + "/data/train_000000.bin",
+              std::span<const int32_t>(tokens.data(), tokens.size() - 2000));
+  write_shard(dir + "/data/val_000000.bin",
+              std::span<const int32_t>(tokens.data() + tokens.size() - 2000, 2000));
   return dir;
 }
 
@@ -54,11 +57,14 @@ TrainerOptions quiet(std::ostream& log, const std::string& resume = "", int64_t 
 
 Config tiny_config(const std::string& dir, int64_t steps) {
   std::ostringstream y;
-  y << "model: {arch: gpt2, vocab_size: 64, vocab_multiple: 32, n_layer: 2, n_head: 2, n_embd: 32, max_seq_len: 16}\n"
-    << "data: {train: " << dir << "/data/train_*.bin, val: " << dir << "/data/val_*.bin, batch_size: 4, seq_len: 16}\n"
+  y << "model: {arch: gpt2, vocab_size: 64, vocab_multiple: 32, n_layer: 2, n_head: 2, n_embd: 32, "
+       "max_seq_len: 16}\n"
+    << "data: {train: " << dir << "/data/train_*.bin, val: " << dir
+    << "/data/val_*.bin, batch_size: 4, seq_len: 16}\n"
     << "optim: {lr: 1.0e-2, min_lr: 1.0e-3, warmup_steps: 5, grad_accum: 2}\n"
-    << "train: {steps: " << steps << ", peak_flops: 1.0e10, log_every: 100, val_every: 0, sample_every: 0, out_dir: "
-    << dir << "/run}\n"
+    << "train: {steps: " << steps
+    << ", peak_flops: 1.0e10, log_every: 100, val_every: 0, sample_every: 0, out_dir: " << dir
+    << "/run}\n"
     << "checkpoint: {every: 0, keep: 0}\n";
   return parse_config_text(y.str());
 }
@@ -111,7 +117,8 @@ TEST(Trainer, ResumeIsBitIdentical) {
   }
   const auto pa = a.parameters(), pb = second.parameters();
   ASSERT_EQ(pa.size(), pb.size());
-  for (size_t i = 0; i < pa.size(); ++i) EXPECT_EQ(pa[i].second.to_vector(), pb[i].second.to_vector()) << pa[i].first;
+  for (size_t i = 0; i < pa.size(); ++i)
+    EXPECT_EQ(pa[i].second.to_vector(), pb[i].second.to_vector()) << pa[i].first;
 }
 
 // The effective config goes to <out_dir>/config.yaml (named on the log, not printed in full
@@ -219,20 +226,29 @@ TEST(Trainer, DynamicLossScalingSkipsOverflowsOnTheDeviceAndResumesExactly) {
   ASSERT_LE(skipped, 20u) << log.str();
   for (size_t i = skipped; i < full.size(); ++i) {
     EXPECT_FALSE(full[i].skipped) << "step " << i + 1;
-    EXPECT_TRUE(std::isfinite(full[i].grad_norm) && std::isfinite(full[i].loss)) << "step " << i + 1;
+    EXPECT_TRUE(std::isfinite(full[i].grad_norm) && std::isfinite(full[i].loss))
+        << "step " << i + 1;
   }
   EXPECT_LT(full.back().loss, full[skipped].loss) << "training did not proceed after the overflows";
   size_t overflow_lines = 0;
-  for (size_t at = 0; (at = log.str().find("(overflow: step skipped)", at)) != std::string::npos; ++at) ++overflow_lines;
+  for (size_t at = 0; (at = log.str().find("(overflow: step skipped)", at)) != std::string::npos;
+       ++at)
+    ++overflow_lines;
   EXPECT_EQ(overflow_lines, skipped);
 
-  auto ckpt = [&](size_t step) { return load_checkpoint(dir + "/run/checkpoints/" + checkpoint_dir_name(static_cast<int64_t>(step))); };
+  auto ckpt = [&](size_t step) {
+    return load_checkpoint(dir + "/run/checkpoints/" +
+                           checkpoint_dir_name(static_cast<int64_t>(step)));
+  };
   for (const size_t j : {size_t{1}, skipped - 1, skipped, skipped + 1, size_t{24}}) {
     const CheckpointContents c = ckpt(j);
     const size_t s = std::min(j, skipped);
-    EXPECT_EQ(std::stoll(c.state.at("optim.step_count")), static_cast<long long>(j - s)) << "step " << j;
-    EXPECT_EQ(std::stoll(c.state.at("loss_scale.skipped_steps")), static_cast<long long>(s)) << "step " << j;
-    EXPECT_EQ(std::stod(c.state.at("loss_scale.scale")), std::ldexp(1.0, 140 - static_cast<int>(s))) << "step " << j;
+    EXPECT_EQ(std::stoll(c.state.at("optim.step_count")), static_cast<long long>(j - s))
+        << "step " << j;
+    EXPECT_EQ(std::stoll(c.state.at("loss_scale.skipped_steps")), static_cast<long long>(s))
+        << "step " << j;
+    EXPECT_EQ(std::stod(c.state.at("loss_scale.scale")), std::ldexp(1.0, 140 - static_cast<int>(s)))
+        << "step " << j;
   }
   const Trainer fresh(tiny_config(dir_init, 24), quiet(log));  // the same seed: the initial weights
   auto weights = [](const CheckpointContents& c) {
@@ -250,15 +266,18 @@ TEST(Trainer, DynamicLossScalingSkipsOverflowsOnTheDeviceAndResumesExactly) {
   EXPECT_NE(weights(ckpt(skipped + 1)), init);
 
   for (const size_t from : {skipped - 2, skipped + 2}) {
-    Trainer resumed(cfg, quiet(log, dir + "/run/checkpoints/" + checkpoint_dir_name(static_cast<int64_t>(from))));
+    Trainer resumed(cfg, quiet(log, dir + "/run/checkpoints/" +
+                                        checkpoint_dir_name(static_cast<int64_t>(from))));
     const auto rest = resumed.run();
     ASSERT_EQ(rest.size(), full.size() - from);
     for (size_t i = 0; i < rest.size(); ++i) {
-      EXPECT_EQ(rest[i].skipped, full[from + i].skipped) << "from " << from << ", step " << from + i + 1;
+      EXPECT_EQ(rest[i].skipped, full[from + i].skipped)
+          << "from " << from << ", step " << from + i + 1;
       // Bit for bit; an overflowed step's loss or norm may be NaN on both sides.
       EXPECT_EQ(std::bit_cast<uint64_t>(rest[i].loss), std::bit_cast<uint64_t>(full[from + i].loss))
           << "from " << from << ", step " << from + i + 1;
-      EXPECT_EQ(std::bit_cast<uint64_t>(rest[i].grad_norm), std::bit_cast<uint64_t>(full[from + i].grad_norm))
+      EXPECT_EQ(std::bit_cast<uint64_t>(rest[i].grad_norm),
+                std::bit_cast<uint64_t>(full[from + i].grad_norm))
           << "from " << from << ", step " << from + i + 1;
     }
   }
@@ -281,19 +300,22 @@ TEST(Trainer, MixedPrecisionPathTracksThePlainRun) {
   for (size_t i = 0; i < want.size(); ++i) {
     EXPECT_NEAR(got[i].loss, want[i].loss, 1e-4 * want[i].loss) << "step " << i + 1;
     EXPECT_NEAR(got[i].grad_norm, want[i].grad_norm, 1e-3 * want[i].grad_norm) << "step " << i + 1;
-    EXPECT_NE(got[i].loss, want[i].loss) << "step " << i + 1 << ": the f64 compute path did not run";
+    EXPECT_NE(got[i].loss, want[i].loss)
+        << "step " << i + 1 << ": the f64 compute path did not run";
   }
   for (const auto& [name, p] : mixed.parameters()) EXPECT_EQ(p.dtype(), DType::kF32) << name;
   // The checkpoint holds the f32 masters; it resumes into a mixed run.
   Trainer resumed(cfg, quiet(log, "latest"));
   EXPECT_EQ(resumed.step(), 8);
   const auto pa = mixed.parameters(), pb = resumed.parameters();
-  for (size_t i = 0; i < pa.size(); ++i) EXPECT_EQ(pa[i].second.to_vector(), pb[i].second.to_vector()) << pa[i].first;
+  for (size_t i = 0; i < pa.size(); ++i)
+    EXPECT_EQ(pa[i].second.to_vector(), pb[i].second.to_vector()) << pa[i].first;
 }
 
 // Without a usable GPU, train.device cuda is a config error naming the key.
 TEST(Trainer, CudaDeviceWithoutGpuIsAConfigError) {
-  if (device_count(DeviceType::kCuda) > 0) GTEST_SKIP() << "a CUDA device is visible (tests/cuda covers it)";
+  if (device_count(DeviceType::kCuda) > 0)
+    GTEST_SKIP() << "a CUDA device is visible (tests/cuda covers it)";
   const std::string dir = make_data("no_gpu");
   std::ostringstream log;
   Config cfg = tiny_config(dir, 5);
@@ -320,7 +342,8 @@ TEST(Trainer, InitFromLlmcModelFileAndCheckpoint) {
   Trainer t(from_bin, quiet(log));
   const auto want = source.named_parameters(), got = t.parameters();
   ASSERT_EQ(want.size(), got.size());
-  for (size_t i = 0; i < want.size(); ++i) EXPECT_EQ(got[i].second.to_vector(), want[i].second.to_vector()) << want[i].first;
+  for (size_t i = 0; i < want.size(); ++i)
+    EXPECT_EQ(got[i].second.to_vector(), want[i].second.to_vector()) << want[i].first;
   // A native checkpoint works the same way.
   t.run();
   Config from_ckpt = cfg;
@@ -328,13 +351,15 @@ TEST(Trainer, InitFromLlmcModelFileAndCheckpoint) {
   from_ckpt.train.init_from = latest_checkpoint(dir + "/run/checkpoints");
   Trainer t2(from_ckpt, quiet(log));
   const auto p1 = t.parameters(), p2 = t2.parameters();
-  for (size_t i = 0; i < p1.size(); ++i) EXPECT_EQ(p1[i].second.to_vector(), p2[i].second.to_vector()) << p1[i].first;
+  for (size_t i = 0; i < p1.size(); ++i)
+    EXPECT_EQ(p1[i].second.to_vector(), p2[i].second.to_vector()) << p1[i].first;
 }
 
 // Runs the train tool; returns its exit code and stderr.
 std::pair<int, std::string> run_train_tool(const std::string& args, int signal_after_ms = 0) {
   // Unique per test process: ctest runs tests in parallel.
-  const std::string err = ::testing::TempDir() + "/loom_train_stderr_" + std::to_string(getpid()) + ".txt";
+  const std::string err =
+      ::testing::TempDir() + "/loom_train_stderr_" + std::to_string(getpid()) + ".txt";
   const std::string cmd = std::string(LOOM_BINARY_DIR) + "/train " + args + " >/dev/null 2>" + err;
   int status = 0;
   if (signal_after_ms == 0) {
@@ -360,8 +385,10 @@ TEST(TrainTool, ConfigErrorExitsTwoWithOneLine) {
   std::ofstream(path) << "model:\n  n_embd: 100\n  n_head: 3\n";
   const auto [code, err] = run_train_tool("--config " + path);
   EXPECT_EQ(code, 2);
-  EXPECT_EQ(err, "config error: " + path + ": model.n_embd: 100 is not divisible by model.n_head 3\n");
-  const auto [code2, err2] = run_train_tool("--config " + path + " --set model.n_head=4 --set optim.lrr=1");
+  EXPECT_EQ(err,
+            "config error: " + path + ": model.n_embd: 100 is not divisible by model.n_head 3\n");
+  const auto [code2, err2] =
+      run_train_tool("--config " + path + " --set model.n_head=4 --set optim.lrr=1");
   EXPECT_EQ(code2, 2);
   EXPECT_NE(err2.find("optim.lrr: unknown key"), std::string::npos) << err2;
 }
@@ -369,10 +396,12 @@ TEST(TrainTool, ConfigErrorExitsTwoWithOneLine) {
 TEST(TrainTool, SigintCheckpointsAndExitsCleanly) {
   const std::string dir = make_data("sigint");
   const std::string cfg = dir + "/cfg.yaml";
-  std::ofstream(cfg) << "model: {arch: gpt2, vocab_size: 64, vocab_multiple: 32, n_layer: 2, n_head: 2, n_embd: 32, max_seq_len: 16}\n"
-                     << "data: {train: " << dir << "/data/train_*.bin, batch_size: 4, seq_len: 16}\n"
-                     << "train: {steps: 1000000, peak_flops: 1.0e10, sample_every: 0, val_every: 0, out_dir: " << dir
-                     << "/run}\n";
+  std::ofstream(cfg)
+      << "model: {arch: gpt2, vocab_size: 64, vocab_multiple: 32, n_layer: 2, n_head: 2, n_embd: "
+         "32, max_seq_len: 16}\n"
+      << "data: {train: " << dir << "/data/train_*.bin, batch_size: 4, seq_len: 16}\n"
+      << "train: {steps: 1000000, peak_flops: 1.0e10, sample_every: 0, val_every: 0, out_dir: "
+      << dir << "/run}\n";
   const auto [code, err] = run_train_tool("--config " + cfg, 1500);
   EXPECT_EQ(code, 0) << err;
   const std::string latest = latest_checkpoint(dir + "/run/checkpoints");

@@ -44,21 +44,25 @@ Tensor gpu_random(const Shape& shape, DType dt, Generator& gen) {
 // Registers one benchmark: make() builds the operands and returns the call to time.
 void add(const std::string& name, int64_t bytes_per_call,
          std::function<std::function<void()>()> make) {
-  benchmark::RegisterBenchmark(name.c_str(), [bytes_per_call, make](benchmark::State& state) {
-    if (device_count(DeviceType::kCuda) == 0) {
-      state.SkipWithError("no CUDA device");
-      return;
-    }
-    Tensor probe = Tensor::empty({1}, DType::kF32, Device::cuda());
-    const std::function<void()> call = make();
-    call();
-    wait_for(probe);
-    for (auto _ : state) {
-      for (int i = 0; i < kCallsPerIteration; ++i) call();
-      wait_for(probe);
-    }
-    state.SetBytesProcessed(state.iterations() * kCallsPerIteration * bytes_per_call);
-  })->UseRealTime()->Unit(benchmark::kMicrosecond);
+  benchmark::RegisterBenchmark(
+      name.c_str(),
+      [bytes_per_call, make](benchmark::State& state) {
+        if (device_count(DeviceType::kCuda) == 0) {
+          state.SkipWithError("no CUDA device");
+          return;
+        }
+        Tensor probe = Tensor::empty({1}, DType::kF32, Device::cuda());
+        const std::function<void()> call = make();
+        call();
+        wait_for(probe);
+        for (auto _ : state) {
+          for (int i = 0; i < kCallsPerIteration; ++i) call();
+          wait_for(probe);
+        }
+        state.SetBytesProcessed(state.iterations() * kCallsPerIteration * bytes_per_call);
+      })
+      ->UseRealTime()
+      ->Unit(benchmark::kMicrosecond);
 }
 
 std::string shape_name(const char* op, DType dt, const Shape& s) {
@@ -71,7 +75,8 @@ void register_all() {
     const int64_t n = int64_t{1} << 28;  // 512 MiB of bf16
     add("copy_d2d/bf16(268435456)", 2 * n * 2, [n, gen] {
       Tensor a = gpu_random({n}, DType::kBF16, *gen), b = Tensor::empty_like(a);
-      return std::function<void()>([a, b]() mutable { kernels::call_kernel<kernels::copy_k>(a, b); });
+      return std::function<void()>(
+          [a, b]() mutable { kernels::call_kernel<kernels::copy_k>(a, b); });
     });
   }
   struct Rows {
@@ -105,9 +110,8 @@ void register_all() {
     add(shape_name("rms_norm_forward", r.dt, s), 2 * nc * es, [=] {
       Tensor x = gpu_random(s, r.dt, *gen), w = gpu_random({r.c}, r.dt, *gen);
       Tensor y = Tensor::empty_like(x), q = Tensor::empty({r.n}, sd, Device::cuda());
-      return std::function<void()>([=]() mutable {
-        kernels::call_kernel<kernels::rms_norm_forward_k>(x, w, 1e-5, y, q);
-      });
+      return std::function<void()>(
+          [=]() mutable { kernels::call_kernel<kernels::rms_norm_forward_k>(x, w, 1e-5, y, q); });
     });
     add(shape_name("rms_norm_backward", r.dt, s), 4 * nc * es, [=] {
       Tensor x = gpu_random(s, r.dt, *gen), w = gpu_random({r.c}, r.dt, *gen);

@@ -15,9 +15,9 @@
 #include <benchmark/benchmark.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstdint>
-#include <chrono>
 #include <cstdio>
 #include <functional>
 #include <memory>
@@ -94,7 +94,8 @@ Ceilings measure_ceilings(Generator& gen) {
   Tensor src = rand_gpu({n}, DType::kF32, gen), dst = Tensor::empty({n}, DType::kF32, gpu());
   double best = 1e30;
   for (int i = 0; i < 5; ++i) {
-    best = std::min(best, seconds_per_launch([&] { call_kernel<kernels::copy_k>(src, dst); }, dst, 10));
+    best = std::min(best,
+                    seconds_per_launch([&] { call_kernel<kernels::copy_k>(src, dst); }, dst, 10));
   }
   c.copy_bytes_per_s = 2.0 * static_cast<double>(n) * 4 / best;
   const int64_t m = 8192;
@@ -102,9 +103,10 @@ Ceilings measure_ceilings(Generator& gen) {
   Tensor out = Tensor::empty({m, m}, kBF16, gpu());
   best = 1e30;
   for (int i = 0; i < 5; ++i) {
-    best = std::min(best, seconds_per_launch(
-                              [&] { call_kernel<kernels::gemm_k>(a, b, out, false, false, 1.0, 0.0); },
-                              out, 10));
+    best = std::min(
+        best,
+        seconds_per_launch([&] { call_kernel<kernels::gemm_k>(a, b, out, false, false, 1.0, 0.0); },
+                           out, 10));
   }
   c.gemm_flops_per_s = 2.0 * static_cast<double>(m) * m * m / best;
   return c;
@@ -127,30 +129,39 @@ std::vector<Case> make_cases(Generator& gen) {
     cases.push_back({std::move(name), bytes, flops, std::move(f)});
   };
   {  // element-wise on the MLP hidden (N, 4C)
-    auto x = rand_gpu({n}, kBF16, gen), dy = rand_gpu({n}, kBF16, gen), y = Tensor::empty({n}, kBF16, gpu());
-    auto dx = rand_gpu({n}, kBF16, gen), u = rand_gpu({n}, kBF16, gen), du = rand_gpu({n}, kBF16, gen);
-    add("gelu_forward bf16", 4.0 * n, 0, [=]() mutable { call_kernel<kernels::gelu_forward_k>(x, y); });
-    add("gelu_backward bf16", 8.0 * n, 0, [=]() mutable { call_kernel<kernels::gelu_backward_k>(x, dy, dx); });
-    add("swiglu_forward bf16", 6.0 * n, 0, [=]() mutable { call_kernel<kernels::swiglu_forward_k>(x, u, y); });
+    auto x = rand_gpu({n}, kBF16, gen), dy = rand_gpu({n}, kBF16, gen),
+         y = Tensor::empty({n}, kBF16, gpu());
+    auto dx = rand_gpu({n}, kBF16, gen), u = rand_gpu({n}, kBF16, gen),
+         du = rand_gpu({n}, kBF16, gen);
+    add("gelu_forward bf16", 4.0 * n, 0,
+        [=]() mutable { call_kernel<kernels::gelu_forward_k>(x, y); });
+    add("gelu_backward bf16", 8.0 * n, 0,
+        [=]() mutable { call_kernel<kernels::gelu_backward_k>(x, dy, dx); });
+    add("swiglu_forward bf16", 6.0 * n, 0,
+        [=]() mutable { call_kernel<kernels::swiglu_forward_k>(x, u, y); });
     add("swiglu_backward bf16", 14.0 * n, 0,
         [=]() mutable { call_kernel<kernels::swiglu_backward_k>(x, u, dy, dx, du); });
-    add("add bf16", 6.0 * n, 0,
-        [=]() mutable { call_kernel<kernels::binary_forward_k>(kernels::BinaryOp::kAdd, x, u, y); });
+    add("add bf16", 6.0 * n, 0, [=]() mutable {
+      call_kernel<kernels::binary_forward_k>(kernels::BinaryOp::kAdd, x, u, y);
+    });
     add("axpy bf16", 6.0 * n, 0, [=]() mutable { call_kernel<kernels::axpy_k>(0.5, x, dx); });
     add("dropout_forward bf16", 4.0 * n, 0,
         [=]() mutable { call_kernel<kernels::dropout_forward_k>(x, 0.1, 7, 0, y); });
     auto xf = rand_gpu({n}, DType::kF32, gen), ss = Tensor::empty({}, DType::kF64, gpu());
-    add("sum_squares f32", 4.0 * n, 0, [=]() mutable { call_kernel<kernels::sum_squares_forward_k>(xf, ss); });
+    add("sum_squares f32", 4.0 * n, 0,
+        [=]() mutable { call_kernel<kernels::sum_squares_forward_k>(xf, ss); });
   }
   {  // norms and softmax on (N, C)
-    auto x = rand_gpu({N, C}, kBF16, gen), dy = rand_gpu({N, C}, kBF16, gen), dx = rand_gpu({N, C}, kBF16, gen);
+    auto x = rand_gpu({N, C}, kBF16, gen), dy = rand_gpu({N, C}, kBF16, gen),
+         dx = rand_gpu({N, C}, kBF16, gen);
     auto y = Tensor::empty({N, C}, kBF16, gpu());
     auto w = rand_gpu({C}, kBF16, gen), b = rand_gpu({C}, kBF16, gen);
     auto dw = rand_gpu({C}, kBF16, gen), db = rand_gpu({C}, kBF16, gen);
     auto mean = Tensor::empty({N}, kBF16, gpu()), rstd = Tensor::empty({N}, kBF16, gpu());
     const double nc = static_cast<double>(N) * C;
-    add("layer_norm_forward bf16", 4.0 * nc, 0,
-        [=]() mutable { call_kernel<kernels::layer_norm_forward_k>(x, w, b, 1e-5, y, mean, rstd); });
+    add("layer_norm_forward bf16", 4.0 * nc, 0, [=]() mutable {
+      call_kernel<kernels::layer_norm_forward_k>(x, w, b, 1e-5, y, mean, rstd);
+    });
     prime(cases.back().launch);
     add("layer_norm_backward bf16", 8.0 * nc, 0, [=]() mutable {
       call_kernel<kernels::layer_norm_backward_k>(dy, x, w, mean, rstd, dx, dw, db);
@@ -161,7 +172,8 @@ std::vector<Case> make_cases(Generator& gen) {
     prime(cases.back().launch);
     add("rms_norm_backward bf16", 8.0 * nc, 0,
         [=]() mutable { call_kernel<kernels::rms_norm_backward_k>(dy, x, w, rstd2, dx, dw); });
-    add("softmax_forward bf16", 4.0 * nc, 0, [=]() mutable { call_kernel<kernels::softmax_forward_k>(x, y); });
+    add("softmax_forward bf16", 4.0 * nc, 0,
+        [=]() mutable { call_kernel<kernels::softmax_forward_k>(x, y); });
     add("softmax_backward bf16", 8.0 * nc, 0,
         [=]() mutable { call_kernel<kernels::softmax_backward_k>(y, dy, dx); });
   }
@@ -184,7 +196,8 @@ std::vector<Case> make_cases(Generator& gen) {
   {  // cross-entropy over the padded GPT-2 vocabulary
     auto logits = rand_gpu({N, Vp}, kBF16, gen, 2.0), dlogits = rand_gpu({N, Vp}, kBF16, gen);
     auto targets = randint({N}, 0, 50257, gen, DType::kI32).to(gpu());
-    auto loss = Tensor::empty({N}, DType::kF32, gpu()), lse = Tensor::empty({N}, DType::kF32, gpu());
+    auto loss = Tensor::empty({N}, DType::kF32, gpu()),
+         lse = Tensor::empty({N}, DType::kF32, gpu());
     auto dloss = Tensor::full({}, 1.0, DType::kF32, gpu());
     const double nv = static_cast<double>(N) * Vp;
     add("cross_entropy_forward bf16", 2.0 * nv, 0, [=]() mutable {
@@ -192,8 +205,8 @@ std::vector<Case> make_cases(Generator& gen) {
     });
     prime(cases.back().launch);  // lse for the backward
     add("cross_entropy_backward bf16", 6.0 * nv, 0, [=]() mutable {
-      call_kernel<kernels::cross_entropy_backward_k>(logits, targets, lse, dloss, 1.0 / N, -100, 50257,
-                                                     dlogits);
+      call_kernel<kernels::cross_entropy_backward_k>(logits, targets, lse, dloss, 1.0 / N, -100,
+                                                     50257, dlogits);
     });
   }
   {  // AdamW over 100M f32 parameters
@@ -207,7 +220,8 @@ std::vector<Case> make_cases(Generator& gen) {
   // GEMMs of a GPT-2 1.5B layer (x (N, C) · Wᵀ), forward and both backward forms.
   for (const auto& [k, o, what] : std::vector<std::tuple<int64_t, int64_t, const char*>>{
            {C, 3 * C, "qkv"}, {C, 4 * C, "fc"}, {4 * C, C, "proj"}}) {
-    auto x = rand_gpu({N, k}, kBF16, gen), w = rand_gpu({o, k}, kBF16, gen), y = Tensor::empty({N, o}, kBF16, gpu());
+    auto x = rand_gpu({N, k}, kBF16, gen), w = rand_gpu({o, k}, kBF16, gen),
+         y = Tensor::empty({N, o}, kBF16, gpu());
     auto dy = rand_gpu({N, o}, kBF16, gen), dx = Tensor::empty({N, k}, kBF16, gpu());
     auto dw = Tensor::empty({o, k}, kBF16, gpu());
     const double f = 2.0 * N * k * o;
@@ -269,13 +283,15 @@ int run(int argc, char** argv) {
   benchmark::Initialize(&argc, argv);
   if (!kernels::Registry::instance().has("device_count", DeviceType::kCuda) ||
       kernels::find_kernel<kernels::device_count_k>(DeviceType::kCuda)() <= 0) {
-    std::printf("gpu_kernels_bench: no CUDA device (or a build without LOOM_CUDA): nothing to measure\n");
+    std::printf(
+        "gpu_kernels_bench: no CUDA device (or a build without LOOM_CUDA): nothing to measure\n");
     return 0;
   }
   Generator gen(2026);
   const Ceilings ceil = measure_ceilings(gen);
-  std::printf("ceilings: device-to-device copy %.0f GB/s (read + write), bf16 GEMM 8192^3 %.1f TFLOP/s\n",
-              ceil.copy_bytes_per_s / 1e9, ceil.gemm_flops_per_s / 1e12);
+  std::printf(
+      "ceilings: device-to-device copy %.0f GB/s (read + write), bf16 GEMM 8192^3 %.1f TFLOP/s\n",
+      ceil.copy_bytes_per_s / 1e9, ceil.gemm_flops_per_s / 1e12);
   std::vector<Case> cases = make_cases(gen);
   std::vector<Result> results(cases.size());
   for (size_t i = 0; i < cases.size(); ++i) {
@@ -283,27 +299,32 @@ int run(int argc, char** argv) {
     Result* r = &results[i];
     r->name = c->name;
     r->is_flops = c->flops > 0;
-    benchmark::RegisterBenchmark(c->name.c_str(), [c, r, ceil](benchmark::State& st) {
-      std::vector<double> times;
-      try {
-        const Tensor probe = Tensor::empty({1}, DType::kF32, gpu());
-        for (auto _ : st) {
-          const double s = seconds_per_launch(c->launch, probe, 10);
-          st.SetIterationTime(s);
-          times.push_back(s);
-        }
-      } catch (const std::exception& e) {
-        r->error = e.what();
-        st.SkipWithError(e.what());
-        return;
-      }
-      std::sort(times.begin(), times.end());
-      r->seconds = times[times.size() / 2];
-      r->rate = (r->is_flops ? c->flops : c->bytes) / r->seconds;
-      r->fraction = r->rate / (r->is_flops ? ceil.gemm_flops_per_s : ceil.copy_bytes_per_s);
-      st.counters[r->is_flops ? "TFLOP/s" : "GB/s"] = r->rate / (r->is_flops ? 1e12 : 1e9);
-      st.counters["of_ceiling"] = r->fraction;
-    })->UseManualTime()->Iterations(5)->Unit(benchmark::kMicrosecond);
+    benchmark::RegisterBenchmark(
+        c->name.c_str(),
+        [c, r, ceil](benchmark::State& st) {
+          std::vector<double> times;
+          try {
+            const Tensor probe = Tensor::empty({1}, DType::kF32, gpu());
+            for (auto _ : st) {
+              const double s = seconds_per_launch(c->launch, probe, 10);
+              st.SetIterationTime(s);
+              times.push_back(s);
+            }
+          } catch (const std::exception& e) {
+            r->error = e.what();
+            st.SkipWithError(e.what());
+            return;
+          }
+          std::sort(times.begin(), times.end());
+          r->seconds = times[times.size() / 2];
+          r->rate = (r->is_flops ? c->flops : c->bytes) / r->seconds;
+          r->fraction = r->rate / (r->is_flops ? ceil.gemm_flops_per_s : ceil.copy_bytes_per_s);
+          st.counters[r->is_flops ? "TFLOP/s" : "GB/s"] = r->rate / (r->is_flops ? 1e12 : 1e9);
+          st.counters["of_ceiling"] = r->fraction;
+        })
+        ->UseManualTime()
+        ->Iterations(5)
+        ->Unit(benchmark::kMicrosecond);
   }
   benchmark::RunSpecifiedBenchmarks();
   benchmark::Shutdown();
@@ -314,7 +335,8 @@ int run(int argc, char** argv) {
       std::printf("%-34s  error: %.60s\n", r.name.c_str(), r.error.c_str());
     } else if (r.seconds > 0) {
       std::printf("%-34s %10.1f %8.1f %s %9.0f%%\n", r.name.c_str(), r.seconds * 1e6,
-                  r.rate / (r.is_flops ? 1e12 : 1e9), r.is_flops ? "TF/s" : "GB/s", 100 * r.fraction);
+                  r.rate / (r.is_flops ? 1e12 : 1e9), r.is_flops ? "TF/s" : "GB/s",
+                  100 * r.fraction);
     }
   }
   std::printf("ceilings: copy %.0f GB/s, bf16 GEMM %.1f TFLOP/s\n", ceil.copy_bytes_per_s / 1e9,

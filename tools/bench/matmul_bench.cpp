@@ -84,14 +84,14 @@ void run_blas(const Operands& o, const LinearShape& s, Pass p) {
   const int M = static_cast<int>(s.m), K = static_cast<int>(s.k), N = static_cast<int>(s.n);
   const float *x = o.x.data<float>(), *w = o.w.data<float>(), *dy = o.dy.data<float>();
   if (p == Pass::kForward) {
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, M, N, K, 1.f, x, K, w, K, 0.f, o.y.data<float>(),
-          N);
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, M, N, K, 1.f, x, K, w, K, 0.f,
+                o.y.data<float>(), N);
   } else if (p == Pass::kGradInput) {
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, M, K, N, 1.f, dy, N, w, K, 0.f,
-          o.dx.data<float>(), K);
+                o.dx.data<float>(), K);
   } else {
     cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, N, K, M, 1.f, dy, N, x, K, 0.f,
-          o.dw.data<float>(), K);
+                o.dw.data<float>(), K);
   }
 }
 
@@ -112,7 +112,9 @@ struct Row {
   std::string label;
   double flops[3] = {0, 0, 0};    // summed over every repetition
   double seconds[3] = {0, 0, 0};  // wall-clock, summed likewise
-  double gflops(int impl) const { return seconds[impl] > 0 ? flops[impl] / seconds[impl] / 1e9 : 0; }
+  double gflops(int impl) const {
+    return seconds[impl] > 0 ? flops[impl] / seconds[impl] / 1e9 : 0;
+  }
 };
 
 // Console output as usual, plus GFLOP/s per (row, implementation) from wall-clock time.

@@ -34,18 +34,25 @@ Args parse(int argc, char** argv) {
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string k = argv[i];
     const long v = std::atol(argv[i + 1]);
-    if (k == "--layers") a.layers = v;
-    else if (k == "--embd") a.embd = v;
-    else if (k == "--batch") a.batch = v;
-    else if (k == "--seq") a.seq = v;
-    else if (k == "--steps") a.steps = static_cast<int>(v);
-    else LOOM_FAIL("pp_bench: unknown argument ", k, " (--layers --embd --batch --seq --steps)");
+    if (k == "--layers")
+      a.layers = v;
+    else if (k == "--embd")
+      a.embd = v;
+    else if (k == "--batch")
+      a.batch = v;
+    else if (k == "--seq")
+      a.seq = v;
+    else if (k == "--steps")
+      a.steps = static_cast<int>(v);
+    else
+      LOOM_FAIL("pp_bench: unknown argument ", k, " (--layers --embd --batch --seq --steps)");
   }
   return a;
 }
 
 // Mean idle fraction of this rank over `steps` measured steps (after one warm-up).
-double measure(const Transformer& model, Communicator& pp, const pp::PipelineOptions& po, const Args& a) {
+double measure(const Transformer& model, Communicator& pp, const pp::PipelineOptions& po,
+               const Args& a) {
   pp::TransformerPipeline pipe(model, pp, po, a.batch, a.seq);
   Generator gen(42);
   std::vector<Tensor> ids, tgt;
@@ -76,10 +83,12 @@ int bench(ParallelContext& ctx, const Args& a) {
   Generator init(1);
   model.init_weights(init);
   if (ctx.rank() == 0) {
-    std::printf("pp_bench: pp %d, GPT-2 %lld layers, C %lld, B %lld, T %lld, %d steps after 1 warm-up\n", p,
-                static_cast<long long>(a.layers), static_cast<long long>(a.embd), static_cast<long long>(a.batch),
-                static_cast<long long>(a.seq), a.steps);
-    std::printf("%-12s %3s %3s  %-24s %8s %8s\n", "schedule", "v", "m", "idle per rank", "mean", "formula");
+    std::printf(
+        "pp_bench: pp %d, GPT-2 %lld layers, C %lld, B %lld, T %lld, %d steps after 1 warm-up\n", p,
+        static_cast<long long>(a.layers), static_cast<long long>(a.embd),
+        static_cast<long long>(a.batch), static_cast<long long>(a.seq), a.steps);
+    std::printf("%-12s %3s %3s  %-24s %8s %8s\n", "schedule", "v", "m", "idle per rank", "mean",
+                "formula");
   }
   struct Row {
     pp::ScheduleKind kind;
@@ -109,7 +118,8 @@ int bench(ParallelContext& ctx, const Args& a) {
         mean += idle.data<double>()[i] / p;
       }
       const double formula = static_cast<double>(p - 1) / static_cast<double>(r.v * r.m + p - 1);
-      std::printf("%-12s %3d %3d  %-24s %8.3f %8.3f\n", pp::schedule_name(r.kind), r.v, r.m, per.c_str(), mean, formula);
+      std::printf("%-12s %3d %3d  %-24s %8.3f %8.3f\n", pp::schedule_name(r.kind), r.v, r.m,
+                  per.c_str(), mean, formula);
     }
   }
   return 0;
@@ -122,7 +132,8 @@ int main(int argc, char** argv) {
   return run_main(argc, argv, [&](MpiRuntime& mpi) {
     ParallelOptions po;
     po.shape.pp = mpi.size();
-    ParallelContext ctx = mpi.size() > 1 ? ParallelContext::create(po) : ParallelContext::single_process();
+    ParallelContext ctx =
+        mpi.size() > 1 ? ParallelContext::create(po) : ParallelContext::single_process();
     if (mpi.size() < 2) {
       std::printf("pp_bench: run under mpirun with 2 or more ranks (pp = world size)\n");
       return 0;

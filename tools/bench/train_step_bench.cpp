@@ -32,8 +32,8 @@ double sgemm_flops() {
   double best = 0;
   for (int i = 0; i < 5; ++i) {
     const auto t0 = std::chrono::steady_clock::now();
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, n, n, 1.f, a.data<float>(), n, b.data<float>(), n,
-                0.f, c.data<float>(), n);
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, n, n, 1.f, a.data<float>(), n,
+                b.data<float>(), n, 0.f, c.data<float>(), n);
     const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     best = std::max(best, 2.0 * n * n * n / dt);
   }
@@ -99,11 +99,12 @@ void BM_Gpt2TrainStep(benchmark::State& st) {
   st.counters["peak_MiB"] = peak / (1 << 20);
   st.counters["state_MiB"] = 16.0 * n / (1 << 20);  // 4Ψ params + 4Ψ grads + 8Ψ AdamW
   st.counters["activations_MiB"] = (peak - static_cast<double>(base) - 4.0 * n) / (1 << 20);
-  std::printf("\nGPT-2 124M step, B=%lld T=%lld: %.0f ms, %.1f GFLOP/s = %.2f of SGEMM (%.1f GFLOP/s); "
-              "peak %.0f MiB = params+grads+AdamW %.0f MiB + the rest %.0f MiB\n",
-              static_cast<long long>(kB), static_cast<long long>(kT), per_step * 1e3, flops / per_step / 1e9,
-              flops / per_step / gemm, gemm / 1e9, peak / (1 << 20), 16.0 * n / (1 << 20),
-              (peak - 16.0 * n) / (1 << 20));
+  std::printf(
+      "\nGPT-2 124M step, B=%lld T=%lld: %.0f ms, %.1f GFLOP/s = %.2f of SGEMM (%.1f GFLOP/s); "
+      "peak %.0f MiB = params+grads+AdamW %.0f MiB + the rest %.0f MiB\n",
+      static_cast<long long>(kB), static_cast<long long>(kT), per_step * 1e3,
+      flops / per_step / 1e9, flops / per_step / gemm, gemm / 1e9, peak / (1 << 20),
+      16.0 * n / (1 << 20), (peak - 16.0 * n) / (1 << 20));
 }
 BENCHMARK(BM_Gpt2TrainStep)->Iterations(3)->Unit(benchmark::kMillisecond)->UseRealTime();
 

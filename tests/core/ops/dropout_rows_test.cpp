@@ -51,8 +51,8 @@ TEST(DropoutRows, AllRowsEqualThePlainKernelBitForBit) {
         const Tensor rows = rows_of(iota_rows(s[1]));
         Tensor want = Tensor::empty(s, dt), got = Tensor::empty(s, dt);
         kernels::call_kernel<kernels::dropout_forward_k>(x, d.p, d.seed, d.offset, want);
-        kernels::call_kernel<kernels::dropout_rows_forward_k>(x, rows, s[1], 0, d.p, d.seed, d.offset,
-                                                              got);
+        kernels::call_kernel<kernels::dropout_rows_forward_k>(x, rows, s[1], 0, d.p, d.seed,
+                                                              d.offset, got);
         EXPECT_EQ(got.to_vector(), want.to_vector()) << shape_str(s) << " p=" << d.p;
         // Backward accumulates into a random gradient with the same mask.
         const Tensor dy = random(s, gen, dt, false), dx = random(s, gen, dt, false);
@@ -85,8 +85,8 @@ TEST(DropoutRows, SubsetOfRowsGetsTheWholeTensorsMask) {
             << shape_str(s) << " p=" << d.p;
         const Tensor dys = take_rows(random(s, gen, dt, false), picks);
         Tensor got_dx = Tensor::zeros(xs.shape(), dt);
-        kernels::call_kernel<kernels::dropout_rows_backward_k>(dys, rows_of(picks), T, 0, d.p, d.seed,
-                                                               d.offset, got_dx);
+        kernels::call_kernel<kernels::dropout_rows_backward_k>(dys, rows_of(picks), T, 0, d.p,
+                                                               d.seed, d.offset, got_dx);
         // The plain mask of the whole tensor, applied to the picked rows of dy.
         Tensor dy_full = Tensor::zeros(s, dt);
         for (size_t j = 0; j < picks.size(); ++j) {
@@ -133,12 +133,15 @@ TEST(DropoutRows, BatchOffsetGetsTheWholeBatchsMask) {
   for (int64_t b0 : {0, 1, 2}) {
     Generator g = split;
     const Tensor part = ops::narrow(x, 0, b0, 2);
-    const Tensor y = ops::dropout_rows(take_rows(part, picks), 0.4, g, true, rows_of(picks), 6, b0, 4);
-    EXPECT_EQ(y.to_vector(), take_rows(ops::narrow(full, 0, b0, 2), picks).to_vector()) << "b0 " << b0;
+    const Tensor y =
+        ops::dropout_rows(take_rows(part, picks), 0.4, g, true, rows_of(picks), 6, b0, 4);
+    EXPECT_EQ(y.to_vector(), take_rows(ops::narrow(full, 0, b0, 2), picks).to_vector())
+        << "b0 " << b0;
     EXPECT_EQ(g.state().offset, whole.state().offset);
   }
   Generator g = split;
-  EXPECT_THROW(ops::dropout_rows(take_rows(ops::narrow(x, 0, 2, 2), picks), 0.4, g, true, rows_of(picks), 6, 3, 4),
+  EXPECT_THROW(ops::dropout_rows(take_rows(ops::narrow(x, 0, 2, 2), picks), 0.4, g, true,
+                                 rows_of(picks), 6, 3, 4),
                Error);  // [3, 5) is outside the 4 batch elements
 }
 

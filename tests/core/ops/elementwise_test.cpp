@@ -24,7 +24,8 @@ TEST_P(BinaryOpTest, GradientsMatchFiniteDifferences) {
   for (auto op : {ops::add, ops::sub, ops::mul}) {
     Tensor a = random(c.a, gen), b = random(c.b, gen);
     expect_gradcheck([op](const std::vector<Tensor>& in) { return op(in[0], in[1]); }, {a, b});
-    expect_f32_matches_f64([op](const std::vector<Tensor>& in) { return op(in[0], in[1]); }, {a, b});
+    expect_f32_matches_f64([op](const std::vector<Tensor>& in) { return op(in[0], in[1]); },
+                           {a, b});
   }
   // div: keep the divisor away from zero.
   Tensor a = random(c.a, gen);
@@ -37,9 +38,9 @@ TEST_P(BinaryOpTest, GradientsMatchFiniteDifferences) {
 
 INSTANTIATE_TEST_SUITE_P(Shapes, BinaryOpTest,
                          ::testing::Values(BinCase{{3, 17}, {3, 17}}, BinCase{{1}, {1}},
-                                           BinCase{{3, 17}, {17}},          // bias
-                                           BinCase{{2, 3, 5}, {3, 1}},      // middle broadcast
-                                           BinCase{{65}, {1}},              // scalar-like
+                                           BinCase{{3, 17}, {17}},           // bias
+                                           BinCase{{2, 3, 5}, {3, 1}},       // middle broadcast
+                                           BinCase{{65}, {1}},               // scalar-like
                                            BinCase{{4, 1, 3}, {1, 5, 1}}));  // both broadcast
 
 TEST(Elementwise, ScaleAndInPlaceAdd) {
@@ -59,7 +60,8 @@ TEST(Elementwise, MismatchedShapesNameTheOp) {
     ops::add(a, b);
     FAIL() << "expected an error";
   } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("add: shapes (3, 4) and (5) do not broadcast"), std::string::npos)
+    EXPECT_NE(std::string(e.what()).find("add: shapes (3, 4) and (5) do not broadcast"),
+              std::string::npos)
         << e.what();
   }
 }
@@ -70,9 +72,12 @@ TEST(Reduce, SumAndMeanGradients) {
     for (int64_t d = 0; d < static_cast<int64_t>(s.size()); ++d) {
       Tensor x = random(s, gen);
       for (bool keep : {false, true}) {
-        expect_gradcheck([d, keep](const std::vector<Tensor>& in) { return ops::sum(in[0], d, keep); }, {x});
-        expect_gradcheck([d, keep](const std::vector<Tensor>& in) { return ops::mean(in[0], d, keep); }, {x});
-        expect_f32_matches_f64([d](const std::vector<Tensor>& in) { return ops::sum(in[0], d); }, {x});
+        expect_gradcheck(
+            [d, keep](const std::vector<Tensor>& in) { return ops::sum(in[0], d, keep); }, {x});
+        expect_gradcheck(
+            [d, keep](const std::vector<Tensor>& in) { return ops::mean(in[0], d, keep); }, {x});
+        expect_f32_matches_f64([d](const std::vector<Tensor>& in) { return ops::sum(in[0], d); },
+                               {x});
       }
     }
     Tensor x = random(s, gen);
@@ -87,7 +92,8 @@ TEST(Reduce, SumSquares) {
     double ref = 0;
     for (double v : x.to_vector()) ref += v * v;
     EXPECT_NEAR(ops::sum_squares(x).item(), ref, 1e-12 * ref);
-    if (x.numel() < 1000) expect_gradcheck([](const std::vector<Tensor>& in) { return ops::sum_squares(in[0]); }, {x});
+    if (x.numel() < 1000)
+      expect_gradcheck([](const std::vector<Tensor>& in) { return ops::sum_squares(in[0]); }, {x});
   }
 }
 

@@ -130,11 +130,13 @@ const std::vector<MlpCase> kMlpCases = {{{1, 1}, 1}, {{3, 5}, 7}, {{2, 3, 4}, 16
 
 std::vector<Tensor> mlp_inputs(const MlpCase& c, Generator& gen, DType dt = DType::kF64) {
   const int64_t C = c.x.back(), H = c.hidden;
-  return {random(c.x, gen, dt), random({H, C}, gen, dt), random({H}, gen, dt), random({C, H}, gen, dt),
-          random({C}, gen, dt)};
+  return {random(c.x, gen, dt), random({H, C}, gen, dt), random({H}, gen, dt),
+          random({C, H}, gen, dt), random({C}, gen, dt)};
 }
 
-Tensor fused_mlp(const std::vector<Tensor>& in) { return ops::gelu_mlp(in[0], in[1], in[2], in[3], in[4]); }
+Tensor fused_mlp(const std::vector<Tensor>& in) {
+  return ops::gelu_mlp(in[0], in[1], in[2], in[3], in[4]);
+}
 Tensor unfused_mlp(const std::vector<Tensor>& in) {
   const Tensor h = ops::gelu(ops::add(ops::matmul(in[0], in[1], false, true), in[2]));
   return ops::add(ops::matmul(h, in[3], false, true), in[4]);
@@ -163,7 +165,8 @@ TEST(GeluMlp, EqualsTheUnfusedLayers) {
       autograd::backward(testing::weighted_sum(ya, w));
       autograd::backward(testing::weighted_sum(yb, w));
       for (size_t i = 0; i < a.size(); ++i) {
-        EXPECT_LT(rel_error(a[i].grad(), b[i].grad()), tol) << "gradient " << i << " " << shape_str(c.x);
+        EXPECT_LT(rel_error(a[i].grad(), b[i].grad()), tol)
+            << "gradient " << i << " " << shape_str(c.x);
       }
     }
   }
@@ -194,7 +197,8 @@ TEST(GeluMlp, KeepsOneHiddenActivationLessThanTheUnfusedLayers) {
     return alloc.stats().current_bytes - before;
   };
   const int64_t fused = held_after_forward(fused_mlp), unfused = held_after_forward(unfused_mlp);
-  EXPECT_GE(unfused - fused, hidden_bytes) << "fused " << fused << " B, unfused " << unfused << " B";
+  EXPECT_GE(unfused - fused, hidden_bytes)
+      << "fused " << fused << " B, unfused " << unfused << " B";
 }
 
 TEST(LinearKernels, GemmDgeluBgradIsGemmThenGeluBackwardThenColumnSum) {
@@ -204,7 +208,8 @@ TEST(LinearKernels, GemmDgeluBgradIsGemmThenGeluBackwardThenColumnSum) {
   const int64_t m = 6, n = 5, k = 4;
   for_each_transpose(gen, m, n, k, [&](bool ta, bool tb, const Tensor& a, const Tensor& b) {
     Tensor pre = random({m, n}, gen, DType::kF64, true);
-    Tensor dpre = Tensor::full({m, n}, NAN, DType::kF64), dbias = Tensor::full({n}, NAN, DType::kF64);
+    Tensor dpre = Tensor::full({m, n}, NAN, DType::kF64),
+           dbias = Tensor::full({n}, NAN, DType::kF64);
     kernels::call_kernel<kernels::gemm_dgelu_bgrad_k>(a, b, pre, dpre, dbias, ta, tb);
     const Tensor dy = ops::matmul(a, b, ta, tb);
     autograd::backward({ops::gelu(pre)}, {dy});
@@ -212,10 +217,9 @@ TEST(LinearKernels, GemmDgeluBgradIsGemmThenGeluBackwardThenColumnSum) {
     EXPECT_LT(rel_error(dbias, ops::sum(pre.grad(), 0)), 1e-14);
   });
   Tensor dpre = Tensor::zeros({2, 4}, DType::kF64), short_bias = Tensor::zeros({3}, DType::kF64);
-  EXPECT_THROW(kernels::call_kernel<kernels::gemm_dgelu_bgrad_k>(Tensor::zeros({2, 3}, DType::kF64),
-                                                                 Tensor::zeros({3, 4}, DType::kF64),
-                                                                 Tensor::zeros({2, 4}, DType::kF64), dpre,
-                                                                 short_bias, false, false),
+  EXPECT_THROW(kernels::call_kernel<kernels::gemm_dgelu_bgrad_k>(
+                   Tensor::zeros({2, 3}, DType::kF64), Tensor::zeros({3, 4}, DType::kF64),
+                   Tensor::zeros({2, 4}, DType::kF64), dpre, short_bias, false, false),
                Error);
 }
 
@@ -226,8 +230,10 @@ TEST(Linear, ShapeErrors) {
                Error);
   EXPECT_THROW(ops::linear_gelu(Tensor::zeros({3, 4}), Tensor::zeros({5, 4}), Tensor()), Error);
   const Tensor x = Tensor::zeros({3, 4}), w1 = Tensor::zeros({6, 4}), b1 = Tensor::zeros({6});
-  EXPECT_THROW(ops::gelu_mlp(x, w1, b1, Tensor::zeros({4, 5}), Tensor::zeros({4})), Error);  // w_proj not (4, 6)
-  EXPECT_THROW(ops::gelu_mlp(x, w1, b1, Tensor::zeros({4, 6}), Tensor::zeros({6})), Error);  // b_proj not (4)
+  EXPECT_THROW(ops::gelu_mlp(x, w1, b1, Tensor::zeros({4, 5}), Tensor::zeros({4})),
+               Error);  // w_proj not (4, 6)
+  EXPECT_THROW(ops::gelu_mlp(x, w1, b1, Tensor::zeros({4, 6}), Tensor::zeros({6})),
+               Error);  // b_proj not (4)
   EXPECT_THROW(ops::gelu_mlp(x, w1, b1, Tensor::zeros({4, 6}), Tensor()), Error);
 }
 

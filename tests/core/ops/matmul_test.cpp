@@ -34,7 +34,9 @@ TEST_P(MatmulTest, AllTransposeFormsGradcheck) {
     for (bool tb : {false, true}) {
       Tensor a = random(ta ? dims(c.b, c.k, c.m) : dims(c.b, c.m, c.k), gen);
       Tensor b = random(tb ? dims(c.b, c.n, c.k) : dims(c.b, c.k, c.n), gen);
-      auto fn = [ta, tb](const std::vector<Tensor>& in) { return ops::matmul(in[0], in[1], ta, tb); };
+      auto fn = [ta, tb](const std::vector<Tensor>& in) {
+        return ops::matmul(in[0], in[1], ta, tb);
+      };
       expect_gradcheck(fn, {a, b});
       expect_f32_matches_f64(fn, {a, b}, 1e-5);
     }
@@ -42,8 +44,9 @@ TEST_P(MatmulTest, AllTransposeFormsGradcheck) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Shapes, MatmulTest,
-                         ::testing::Values(MmCase{0, 1, 1, 1}, MmCase{0, 3, 17, 5}, MmCase{0, 17, 3, 65},
-                                           MmCase{2, 3, 5, 7}, MmCase{3, 1, 17, 3}),
+                         ::testing::Values(MmCase{0, 1, 1, 1}, MmCase{0, 3, 17, 5},
+                                           MmCase{0, 17, 3, 65}, MmCase{2, 3, 5, 7},
+                                           MmCase{3, 1, 17, 3}),
                          [](const auto& info) {
                            const MmCase& c = info.param;
                            return "b" + std::to_string(c.b) + "_m" + std::to_string(c.m) + "_k" +
@@ -97,7 +100,8 @@ TEST(Matmul, GemmWithBetaZeroDoesNotReadC) {
     EXPECT_EQ(c.to_vector(), std::vector<double>(20, static_cast<double>(k))) << "k " << k;
   }
   Tensor c = Tensor::full({2, 2}, 3.0);  // beta != 0 with k == 0: c scaled
-  kernels::call_kernel<kernels::gemm_k>(Tensor::ones({2, 0}), Tensor::ones({0, 2}), c, false, false, 1.0, 0.5);
+  kernels::call_kernel<kernels::gemm_k>(Tensor::ones({2, 0}), Tensor::ones({0, 2}), c, false, false,
+                                        1.0, 0.5);
   EXPECT_EQ(c.to_vector(), std::vector<double>(4, 1.5));
 }
 

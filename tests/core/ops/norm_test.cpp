@@ -112,7 +112,8 @@ TEST(Norm, RmsNormValuesMatchReferenceLoop) {
 
 TEST(Norm, ResidualLayerNormIsAddThenLayerNorm) {
   Generator gen(27);
-  Tensor x = random({9, 33}, gen, DType::kF32, false, 2.0), r = random({9, 33}, gen, DType::kF32, false);
+  Tensor x = random({9, 33}, gen, DType::kF32, false, 2.0),
+         r = random({9, 33}, gen, DType::kF32, false);
   Tensor w = random({33}, gen, DType::kF32, false), b = random({33}, gen, DType::kF32, false);
   const ops::ResidualLayerNorm out = ops::residual_layer_norm(x, r, w, b, 1e-6);
   const Tensor sum = ops::add(x, r);

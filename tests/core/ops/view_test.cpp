@@ -16,7 +16,11 @@ TEST(ViewGrad, ReshapeTransposePermute) {
   Tensor x = random({3, 17, 2}, gen);
   expect_gradcheck([](const std::vector<Tensor>& in) { return in[0].reshape({17, 6}); }, {x});
   expect_gradcheck([](const std::vector<Tensor>& in) { return in[0].transpose(0, 2); }, {x});
-  expect_gradcheck([](const std::vector<Tensor>& in) { return in[0].permute({1, 2, 0}).reshape({-1}); }, {x});
+  expect_gradcheck(
+      [](const std::vector<Tensor>& in) {
+        return in[0].permute({1, 2, 0}).reshape({-1});
+      },
+      {x});
 }
 
 TEST(ViewGrad, NarrowAndExpand) {
@@ -24,7 +28,11 @@ TEST(ViewGrad, NarrowAndExpand) {
   Tensor x = random({5, 17}, gen);
   expect_gradcheck([](const std::vector<Tensor>& in) { return in[0].narrow(1, 3, 9); }, {x});
   Tensor b = random({1, 17}, gen);
-  expect_gradcheck([](const std::vector<Tensor>& in) { return in[0].expand({4, 1, 17}).contiguous(); }, {b});
+  expect_gradcheck(
+      [](const std::vector<Tensor>& in) {
+        return in[0].expand({4, 1, 17}).contiguous();
+      },
+      {b});
 }
 
 TEST(ViewGrad, CatAndSplit) {
