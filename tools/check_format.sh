@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # tools/check_format.sh [--fix] — checks that every tracked C++ and CUDA file is formatted as
 # .clang-format says (Google style, 100 columns), with clang-format 14 (Debian 12's; other
-# versions format some constructs differently). CI runs it (.ci/run); --fix rewrites the files.
+# versions format some constructs differently). Generated files are skipped. CI runs it
+# (.ci/run); --fix rewrites the files.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 fmt=$(command -v clang-format-14 || command -v clang-format || true)
@@ -9,7 +10,11 @@ if [ -z "$fmt" ]; then
   echo "check_format: clang-format not found (tools/install_deps.sh installs it)" >&2
   exit 1
 fi
-mapfile -t files < <(git ls-files '*.cpp' '*.h' '*.cu' '*.cuh')
+# Generated files (their first line says GENERATED) stay as their generator writes them.
+files=()
+while IFS= read -r f; do
+  head -n 1 "$f" | grep -q GENERATED || files+=("$f")
+done < <(git ls-files '*.cpp' '*.h' '*.cu' '*.cuh')
 if [ "${1:-}" = --fix ]; then
   "$fmt" -i "${files[@]}"
   echo "check_format: formatted ${#files[@]} files with $("$fmt" --version)"
