@@ -67,7 +67,7 @@ ctest --test-dir "$build" --output-on-failure -j "$jobs" --output-log "$log_dir/
     }
     summary && /^The following tests did not run:/ {
       not_run = 1
-      printf "%d tests skipped themselves (GPU tests where there is no GPU, each with its reason;", skip
+      printf "%d tests skipped themselves (GPU tests without a GPU, and by design; each says why;", skip
       printf " list in %s)\n", logfile
       next
     }

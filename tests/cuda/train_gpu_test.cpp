@@ -74,7 +74,6 @@ Config gpu_config(const std::string& dir, const std::string& device, const std::
 TrainerOptions quiet(std::ostream& log, const std::string& resume = "", int64_t stop_at = 0) {
   TrainerOptions o;
   o.log = &log;
-  o.print_config = false;
   o.resume = resume;
   o.stop_at_step = stop_at;
   return o;

@@ -44,7 +44,6 @@ inline TrainerOptions trainer_options(std::ostream& log, ParallelContext* ctx,
                                       const std::string& resume = "", int64_t stop_at = 0) {
   TrainerOptions o;
   o.log = &log;
-  o.print_config = false;
   o.parallel = ctx;
   o.resume = resume;
   o.stop_at_step = stop_at;

@@ -49,7 +49,6 @@ std::string make_data(const std::string& name) {
 TrainerOptions quiet(std::ostream& log, const std::string& resume = "", int64_t stop_at = 0) {
   TrainerOptions o;
   o.log = &log;
-  o.print_config = false;
   o.resume = resume;
   o.stop_at_step = stop_at;
   return o;

@@ -65,7 +65,7 @@ inline std::string cpu_isa() {
   return model + ":" + (flags.empty() ? " (no AVX)" : flags);
 }
 
-// Adds both to the context Google Benchmark prints before its table (and into JSON output).
+// Adds the three to the context Google Benchmark prints before its table (and to JSON output).
 inline void add_isa_context() {
   benchmark::AddCustomContext("compiled_for", compiled_isa());
   benchmark::AddCustomContext("cpu", cpu_isa());
