@@ -128,6 +128,40 @@ double Tensor::at(const std::vector<int64_t>& index) const {
   return make_view(*this, {}, {}, impl_->offset + off).item();
 }
 
+Placement Tensor::placement() const {
+  if (impl_->placement) return *impl_->placement;
+  Placement p;
+  p.global_shape = shape();
+  return p;
+}
+
+void Tensor::set_placement(Placement p) {
+  LOOM_CHECK(p.global_shape.size() == shape().size(), "set_placement: global shape ",
+             shape_str(p.global_shape), " has another rank than the tensor's ", shape_str(shape()));
+  for (const PlacementSplit& s : p.splits) {
+    LOOM_CHECK(s.dim >= 0 && s.dim < dim(), "set_placement: split dim ", s.dim, " of a ", dim(),
+               "-d tensor");
+    int64_t held = 0;
+    for (const PlacementRun& r : s.runs) {
+      LOOM_CHECK(r.local >= 0 && r.local + r.length <= size(s.dim) && r.global >= 0 &&
+                     r.global + r.length <= p.global_shape[static_cast<size_t>(s.dim)],
+                 "set_placement: run ", r.local, "→", r.global, " (", r.length, ") outside dim ",
+                 s.dim, " of ", shape_str(shape()), " / global ", shape_str(p.global_shape));
+      held += r.length;
+    }
+    LOOM_CHECK(held == size(s.dim), "set_placement: the runs of dim ", s.dim, " hold ", held,
+               " of its ", size(s.dim), " indices");
+  }
+  for (int64_t d = 0; d < dim(); ++d) {
+    bool split = false;
+    for (const PlacementSplit& s : p.splits) split = split || s.dim == d;
+    LOOM_CHECK(split || size(d) == p.global_shape[static_cast<size_t>(d)], "set_placement: dim ", d,
+               " is not split but ", shape_str(shape()), " differs from the global ",
+               shape_str(p.global_shape));
+  }
+  impl_->placement = std::make_shared<const Placement>(std::move(p));
+}
+
 Tensor& Tensor::set_requires_grad(bool r) {
   LOOM_CHECK(!r || is_floating(dtype()), "requires_grad on a ", dtype_name(dtype()), " tensor");
   LOOM_CHECK(is_leaf(), "set_requires_grad: only leaves (tensors with no history) can be set");

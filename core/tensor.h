@@ -13,6 +13,7 @@
 #include "core/device.h"
 #include "core/dtype.h"
 #include "core/error.h"
+#include "core/placement.h"
 #include "core/storage.h"
 
 namespace loom {
@@ -46,6 +47,9 @@ struct TensorImpl {
   int output_nr = 0;                                 // which output of grad_fn this is
   std::shared_ptr<autograd::Node> grad_accumulator;  // leaves only, created on first use
   std::vector<GradReadyHook> hooks;                  // leaves only
+
+  // Where these values sit in a parallel layout (core/placement.h); null: the whole tensor.
+  std::shared_ptr<const Placement> placement;
 };
 
 class Tensor {
@@ -103,6 +107,11 @@ class Tensor {
   void zero_grad() { impl_->grad.reset(); }
   const std::shared_ptr<autograd::Node>& grad_fn() const { return impl_->grad_fn; }
   bool is_leaf() const { return impl_->grad_fn == nullptr; }
+  // Note [Placement] in core/placement.h: set by whoever shards or copies a parameter, kept by
+  // this handle (not by views). Unset, the tensor is whole: global shape = shape, held once.
+  Placement placement() const;
+  void set_placement(Placement p);
+  bool has_placement() const { return impl_->placement != nullptr; }
   // A new handle to the same data with no autograd history (shares storage).
   Tensor detach() const;
   // Registers a hook that fires when this leaf's gradient is final in a backward pass.

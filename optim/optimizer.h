@@ -5,6 +5,8 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
+#include <memory>
 #include <string>
 #include <utility>
 #include <vector>
@@ -66,5 +68,9 @@ class Optimizer {
   std::vector<ParamRef> params_;
   int64_t step_count_ = 0;
 };
+
+// Makes an optimizer over the given parameters: how a wrapper (the sharded data-parallel
+// optimizer) builds its inner optimizer without knowing which one it is.
+using OptimizerFactory = std::function<std::unique_ptr<Optimizer>(std::vector<ParamRef>)>;
 
 }  // namespace loom::optim

@@ -1,5 +1,5 @@
 // parallel/mesh.cpp — DeviceMesh arithmetic (see Note [Mesh rank order] in parallel/mesh.h).
-// No communication and no state beyond the mesh's shape.
+// No communication and no state beyond the mesh's axes.
 #include "parallel/mesh.h"
 
 #include <algorithm>
@@ -12,11 +12,6 @@ namespace loom::parallel {
 
 namespace {
 
-constexpr std::array<MeshDim, kNumMeshDims> kAllDims = {MeshDim::kDp, MeshDim::kPp, MeshDim::kCp,
-                                                        MeshDim::kTp};
-
-int dim_index(MeshDim d) { return static_cast<int>(d); }
-
 // The position of `rank` in `group` (which holds it).
 size_t index_in(const std::vector<int>& group, int rank) {
   return static_cast<size_t>(std::find(group.begin(), group.end(), rank) - group.begin());
@@ -24,120 +19,81 @@ size_t index_in(const std::vector<int>& group, int rank) {
 
 }  // namespace
 
-const char* mesh_dim_name(MeshDim d) {
-  switch (d) {
-    case MeshDim::kDp:
-      return "dp";
-    case MeshDim::kPp:
-      return "pp";
-    case MeshDim::kCp:
-      return "cp";
-    case MeshDim::kTp:
-      return "tp";
+std::vector<MeshAxis> mesh_axes(const MeshShape& shape, const std::string& order) {
+  const std::vector<MeshAxis> known = {
+      {kAxisTp, shape.tp}, {kAxisCp, shape.cp}, {kAxisDp, shape.dp}, {kAxisPp, shape.pp}};
+  for (const MeshAxis& a : known) {
+    LOOM_CONFIG_CHECK(a.size >= 1, "parallel.", a.name, ": must be >= 1, got ", a.size);
   }
-  return "?";
-}
-
-int MeshShape::get(MeshDim d) const {
-  switch (d) {
-    case MeshDim::kDp:
-      return dp;
-    case MeshDim::kPp:
-      return pp;
-    case MeshDim::kCp:
-      return cp;
-    case MeshDim::kTp:
-      return tp;
-  }
-  LOOM_FAIL("MeshShape::get: unknown dimension");
-}
-
-int MeshCoords::get(MeshDim d) const {
-  switch (d) {
-    case MeshDim::kDp:
-      return dp;
-    case MeshDim::kPp:
-      return pp;
-    case MeshDim::kCp:
-      return cp;
-    case MeshDim::kTp:
-      return tp;
-  }
-  LOOM_FAIL("MeshCoords::get: unknown dimension");
-}
-
-void MeshCoords::set(MeshDim d, int value) {
-  switch (d) {
-    case MeshDim::kDp:
-      dp = value;
-      return;
-    case MeshDim::kPp:
-      pp = value;
-      return;
-    case MeshDim::kCp:
-      cp = value;
-      return;
-    case MeshDim::kTp:
-      tp = value;
-      return;
-  }
-  LOOM_FAIL("MeshCoords::set: unknown dimension");
-}
-
-std::array<MeshDim, kNumMeshDims> DeviceMesh::parse_order(const std::string& order) {
-  std::array<MeshDim, kNumMeshDims> out{};
-  std::array<bool, kNumMeshDims> seen{};
-  int n = 0;
+  std::vector<MeshAxis> out;
   std::stringstream ss(order);
   std::string name;
   while (std::getline(ss, name, '-')) {
-    int found = -1;
-    for (MeshDim d : kAllDims) {
-      if (name == mesh_dim_name(d)) found = dim_index(d);
-    }
+    auto it =
+        std::find_if(known.begin(), known.end(), [&](const MeshAxis& a) { return a.name == name; });
     LOOM_CONFIG_CHECK(
-        found >= 0, "parallel.order: unknown dimension '", name, "' in '", order,
+        it != known.end(), "parallel.order: unknown dimension '", name, "' in '", order,
         "' (expected the four names tp, cp, dp, pp separated by '-', innermost first)");
-    LOOM_CONFIG_CHECK(!seen[found], "parallel.order: dimension '", name, "' appears twice in '",
-                      order, "'");
-    seen[found] = true;
-    out[n++] = static_cast<MeshDim>(found);
+    for (const MeshAxis& a : out) {
+      LOOM_CONFIG_CHECK(a.name != name, "parallel.order: dimension '", name, "' appears twice in '",
+                        order, "'");
+    }
+    out.push_back(*it);
   }
-  LOOM_CONFIG_CHECK(n == kNumMeshDims, "parallel.order: '", order,
+  LOOM_CONFIG_CHECK(out.size() == known.size(), "parallel.order: '", order,
                     "' must name all four dimensions tp, cp, dp, pp (innermost first)");
   return out;
 }
 
-DeviceMesh::DeviceMesh(const MeshShape& shape, int world_size, const std::string& order)
-    : shape_(shape), world_size_(world_size), order_(parse_order(order)) {
-  for (MeshDim d : kAllDims) {
-    LOOM_CONFIG_CHECK(shape.get(d) >= 1, "parallel.", mesh_dim_name(d), ": must be >= 1, got ",
-                      shape.get(d));
-  }
+DeviceMesh::DeviceMesh(std::vector<MeshAxis> axes, int world_size)
+    : axes_(std::move(axes)), world_size_(world_size) {
   LOOM_CONFIG_CHECK(world_size >= 1, "parallel: world size must be >= 1, got ", world_size);
-  LOOM_CONFIG_CHECK(shape.product() == world_size, "parallel: parallel.dp ", shape.dp,
-                    " x parallel.pp ", shape.pp, " x parallel.cp ", shape.cp, " x parallel.tp ",
-                    shape.tp, " = ", shape.product(), " does not equal the world size ", world_size,
-                    " (ranks launched)");
-  int stride = 1;
-  for (MeshDim d : order_) {
-    stride_[dim_index(d)] = stride;
-    stride *= shape.get(d);
+  int product = 1;
+  std::string sizes;
+  for (size_t i = 0; i < axes_.size(); ++i) {
+    const MeshAxis& a = axes_[i];
+    LOOM_CHECK(!a.name.empty(), "DeviceMesh: axis ", i, " has no name");
+    LOOM_CONFIG_CHECK(a.size >= 1, "parallel.", a.name, ": must be >= 1, got ", a.size);
+    for (size_t j = 0; j < i; ++j) {
+      LOOM_CHECK(axes_[j].name != a.name, "DeviceMesh: axis '", a.name, "' listed twice");
+    }
+    strides_.push_back(product);
+    product *= a.size;
+    sizes += (sizes.empty() ? "parallel." : " x parallel.") + a.name + " " + std::to_string(a.size);
   }
+  LOOM_CONFIG_CHECK(product == world_size, "parallel: ", sizes, " = ", product,
+                    " does not equal the world size ", world_size, " (ranks launched)");
+}
+
+int DeviceMesh::index_of(const std::string& axis) const {
+  for (size_t i = 0; i < axes_.size(); ++i) {
+    if (axes_[i].name == axis) return static_cast<int>(i);
+  }
+  LOOM_FAIL("DeviceMesh: no axis '", axis, "' in ", str());
+}
+
+bool DeviceMesh::has_axis(const std::string& name) const {
+  return std::any_of(axes_.begin(), axes_.end(), [&](const MeshAxis& a) { return a.name == name; });
+}
+
+int DeviceMesh::size(const std::string& axis) const {
+  return axes_[static_cast<size_t>(index_of(axis))].size;
+}
+
+int DeviceMesh::stride(const std::string& axis) const {
+  return strides_[static_cast<size_t>(index_of(axis))];
 }
 
 std::string DeviceMesh::order_str() const {
   std::string s;
-  for (MeshDim d : order_) {
-    if (!s.empty()) s += "-";
-    s += mesh_dim_name(d);
-  }
+  for (const MeshAxis& a : axes_) s += (s.empty() ? "" : "-") + a.name;
   return s;
 }
 
 std::string DeviceMesh::str() const {
-  return detail::str("dp=", shape_.dp, " pp=", shape_.pp, " cp=", shape_.cp, " tp=", shape_.tp,
-                     " order=", order_str(), " (", world_size_, " ranks)");
+  std::string s;
+  for (const MeshAxis& a : axes_) s += a.name + "=" + std::to_string(a.size) + " ";
+  return s + "order=" + order_str() + " (" + std::to_string(world_size_) + " ranks)";
 }
 
 void DeviceMesh::check_rank(int rank) const {
@@ -145,82 +101,81 @@ void DeviceMesh::check_rank(int rank) const {
              str());
 }
 
-int DeviceMesh::stride(MeshDim d) const { return stride_[dim_index(d)]; }
-
-MeshCoords DeviceMesh::coords(int rank) const {
+std::vector<int> DeviceMesh::coords(int rank) const {
   check_rank(rank);
-  MeshCoords c;
-  for (MeshDim d : kAllDims) c.set(d, (rank / stride(d)) % size(d));
+  std::vector<int> c;
+  for (size_t i = 0; i < axes_.size(); ++i) c.push_back((rank / strides_[i]) % axes_[i].size);
   return c;
 }
 
-int DeviceMesh::rank_of(const MeshCoords& c) const {
+int DeviceMesh::coord(int rank, const std::string& axis) const {
+  check_rank(rank);
+  const size_t i = static_cast<size_t>(index_of(axis));
+  return (rank / strides_[i]) % axes_[i].size;
+}
+
+int DeviceMesh::rank_of(const std::vector<int>& c) const {
+  LOOM_CHECK(c.size() == axes_.size(), "DeviceMesh: ", c.size(), " coordinates for ", axes_.size(),
+             " axes");
   int rank = 0;
-  for (MeshDim d : kAllDims) {
-    const int x = c.get(d);
-    LOOM_CHECK(x >= 0 && x < size(d), "DeviceMesh: ", mesh_dim_name(d), " coordinate ", x,
-               " out of range [0, ", size(d), ") for ", str());
-    rank += x * stride(d);
+  for (size_t i = 0; i < axes_.size(); ++i) {
+    LOOM_CHECK(c[i] >= 0 && c[i] < axes_[i].size, "DeviceMesh: ", axes_[i].name, " coordinate ",
+               c[i], " out of range [0, ", axes_[i].size, ") for ", str());
+    rank += c[i] * strides_[i];
   }
   return rank;
 }
 
-std::vector<int> DeviceMesh::group_members(int rank, MeshDim d) const {
-  MeshCoords c = coords(rank);
-  std::vector<int> members;
-  members.reserve(static_cast<size_t>(size(d)));
-  for (int i = 0; i < size(d); ++i) {
-    c.set(d, i);
-    members.push_back(rank_of(c));
-  }
-  return members;
-}
-
-std::vector<std::vector<int>> DeviceMesh::groups(MeshDim d) const {
-  std::vector<std::vector<int>> out;
-  for (int r = 0; r < world_size_; ++r) {
-    if (coords(r).get(d) == 0) out.push_back(group_members(r, d));  // ascending first ranks
-  }
-  return out;
-}
-
-std::vector<int> DeviceMesh::dp_cp_group(int rank) const {
-  const MeshCoords me = coords(rank);
+std::vector<int> DeviceMesh::group_members(int rank, const Axes& axes) const {
+  std::vector<bool> varies(axes_.size(), false);
+  for (const std::string& a : axes) varies[static_cast<size_t>(index_of(a))] = true;
+  const std::vector<int> me = coords(rank);
   std::vector<int> out;
   for (int r = 0; r < world_size_; ++r) {
-    const MeshCoords c = coords(r);
-    if (c.tp == me.tp && c.pp == me.pp) out.push_back(r);
+    const std::vector<int> c = coords(r);
+    bool same = true;
+    for (size_t i = 0; i < c.size(); ++i) same = same && (varies[i] || c[i] == me[i]);
+    if (same) out.push_back(r);
   }
   return out;
 }
 
-void DeviceMesh::check_mics_partition_size(int partition_size) const {
+std::vector<std::vector<int>> DeviceMesh::groups(const Axes& axes) const {
+  std::vector<std::vector<int>> out;
+  for (int r = 0; r < world_size_; ++r) {
+    std::vector<int> g = group_members(r, axes);
+    if (g.front() == r) out.push_back(std::move(g));  // ascending first ranks
+  }
+  return out;
+}
+
+void DeviceMesh::check_partition_size(const Axes& axes, int partition_size) const {
   LOOM_CONFIG_CHECK(partition_size >= 1, "parallel.mics_partition_size: must be >= 1, got ",
                     partition_size);
-  const int n = shape_.dp * shape_.cp;
-  if (shape_.cp == 1) {
-    LOOM_CONFIG_CHECK(n % partition_size == 0, "parallel.mics_partition_size: ", partition_size,
-                      " does not divide parallel.dp ", shape_.dp);
-  } else {
-    LOOM_CONFIG_CHECK(n % partition_size == 0, "parallel.mics_partition_size: ", partition_size,
-                      " does not divide parallel.dp ", shape_.dp, " × parallel.cp ", shape_.cp,
-                      " = ", n);
+  int n = 1, named = 0;
+  std::string sizes;
+  for (const std::string& a : axes) {
+    n *= size(a);
+    if (size(a) == 1 && a != axes.front()) continue;  // "parallel.dp 4" when cp is 1
+    sizes += (sizes.empty() ? "parallel." : " × parallel.") + a + " " + std::to_string(size(a));
+    ++named;
   }
+  LOOM_CONFIG_CHECK(n % partition_size == 0, "parallel.mics_partition_size: ", partition_size,
+                    " does not divide ", sizes, named > 1 ? " = " + std::to_string(n) : "");
 }
 
-std::vector<int> DeviceMesh::mics_partition_group(int rank, int partition_size) const {
-  check_mics_partition_size(partition_size);
-  const std::vector<int> group = dp_cp_group(rank);
-  const size_t index = index_in(group, rank);
-  const size_t first =
-      index / static_cast<size_t>(partition_size) * static_cast<size_t>(partition_size);
+std::vector<int> DeviceMesh::partition_group(int rank, const Axes& axes, int partition_size) const {
+  check_partition_size(axes, partition_size);
+  const std::vector<int> group = group_members(rank, axes);
+  const size_t p = static_cast<size_t>(partition_size);
+  const size_t first = index_in(group, rank) / p * p;
   return {group.begin() + static_cast<std::ptrdiff_t>(first),
-          group.begin() + static_cast<std::ptrdiff_t>(first) + partition_size};
+          group.begin() + static_cast<std::ptrdiff_t>(first + p)};
 }
 
-std::vector<int> DeviceMesh::mics_replica_group(int rank, int partition_size) const {
-  check_mics_partition_size(partition_size);
-  const std::vector<int> group = dp_cp_group(rank);
+std::vector<int> DeviceMesh::replica_group(int rank, const Axes& axes, int partition_size) const {
+  check_partition_size(axes, partition_size);
+  const std::vector<int> group = group_members(rank, axes);
   const size_t p = static_cast<size_t>(partition_size);
   std::vector<int> members;
   for (size_t i = index_in(group, rank) % p; i < group.size(); i += p) members.push_back(group[i]);

@@ -1,101 +1,101 @@
-// parallel/mesh.h — DeviceMesh: the world's ranks laid out on four named dimensions (dp, pp, cp,
-// tp) in a configurable rank order, and the MiCS partition/replication groups inside dp·cp.
-// Pure arithmetic: rank ↔ coordinates ↔ group member lists. Nothing here communicates, touches
-// MPI or holds state beyond the shape, so every rule is unit-tested in one process.
+// parallel/mesh.h — DeviceMesh: the world's ranks laid out on a list of named axes (by default
+// tp, cp, dp, pp) in a configurable rank order, and the groups along any set of them, including
+// a two-hop split of one group (MiCS's partition and replica groups). Pure arithmetic: rank ↔
+// coordinates ↔ group member lists. Nothing here communicates, touches MPI or holds state beyond
+// the axes, so every rule is unit-tested in one process. A fork adds an axis (an outer local-SGD
+// axis, say) by listing it: nothing here or in ParallelContext gains a member.
 //
-// Note [Mesh rank order]: the order string lists the dimensions from innermost (fastest
-// varying) to outermost, e.g. "tp-cp-dp-pp" (the default): consecutive ranks differ in their
-// tp coordinate first, so a TP group is a block of consecutive ranks (one node), and pp, the
-// outermost, changes only every tp·cp·dp ranks. rank = Σ_i coord(order[i]) · Π_{j<i}
-// size(order[j]).
+// Note [Mesh rank order]: the axes are listed from innermost (fastest varying) to outermost,
+// e.g. "tp-cp-dp-pp" (the default): consecutive ranks differ in their tp coordinate first, so
+// a TP group is a block of consecutive ranks (one node), and pp, the outermost, changes only
+// every tp·cp·dp ranks. rank = Σ_i coord(axis i) · Π_{j<i} size(axis j).
 #pragma once
 
-#include <array>
 #include <string>
 #include <vector>
 
 namespace loom::parallel {
 
-enum class MeshDim : int { kDp = 0, kPp = 1, kCp = 2, kTp = 3 };
-constexpr int kNumMeshDims = 4;
+// The axes of the 4D engine (the parallel.* config keys) and the two MiCS axes, which split
+// the data-parallel group {dp, cp} (Note [MiCS groups]).
+inline constexpr const char* kAxisDp = "dp";
+inline constexpr const char* kAxisPp = "pp";
+inline constexpr const char* kAxisCp = "cp";
+inline constexpr const char* kAxisTp = "tp";
+inline constexpr const char* kAxisMicsPartition = "mics_partition";
+inline constexpr const char* kAxisMicsReplica = "mics_replica";
 constexpr const char* kDefaultMeshOrder = "tp-cp-dp-pp";
 
-const char* mesh_dim_name(MeshDim d);  // "dp", "pp", "cp", "tp"
+using Axes = std::vector<std::string>;
 
-// The size of each dimension (the parallel.dp/pp/cp/tp config keys).
+struct MeshAxis {
+  std::string name;
+  int size = 1;
+};
+
+// The sizes of the engine's four axes (parallel.dp, pp, cp, tp).
 struct MeshShape {
   int dp = 1;
   int pp = 1;
   int cp = 1;
   int tp = 1;
 
-  int get(MeshDim d) const;
   int product() const { return dp * pp * cp * tp; }
 };
 
-// A rank's position along each dimension.
-struct MeshCoords {
-  int dp = 0;
-  int pp = 0;
-  int cp = 0;
-  int tp = 0;
-
-  int get(MeshDim d) const;
-  void set(MeshDim d, int value);
-  bool operator==(const MeshCoords& o) const = default;
-};
+// The four axes of `shape` in the rank order `order` ("tp-cp-dp-pp", innermost first). Throws
+// ConfigError naming the key for a size < 1 ("parallel.tp: must be >= 1, got 0") or an order
+// that is not a permutation of tp, cp, dp, pp separated by '-' ("parallel.order").
+std::vector<MeshAxis> mesh_axes(const MeshShape& shape, const std::string& order);
 
 class DeviceMesh {
  public:
-  // Throws ConfigError naming the key when a size is < 1 ("parallel.tp: must be >= 1, got 0"),
-  // when dp·pp·cp·tp != world_size, or when `order` is not a permutation of tp, cp, dp, pp
-  // separated by '-' ("parallel.order").
-  DeviceMesh(const MeshShape& shape, int world_size, const std::string& order = kDefaultMeshOrder);
+  // axes: innermost first, names unique and non-empty, sizes >= 1; their product must be the
+  // world size (ConfigError naming the sizes otherwise).
+  DeviceMesh(std::vector<MeshAxis> axes, int world_size);
+  DeviceMesh(const MeshShape& shape, int world_size, const std::string& order = kDefaultMeshOrder)
+      : DeviceMesh(mesh_axes(shape, order), world_size) {}
 
   int world_size() const { return world_size_; }
-  const MeshShape& shape() const { return shape_; }
-  int size(MeshDim d) const { return shape_.get(d); }
-  const std::array<MeshDim, kNumMeshDims>& order() const { return order_; }  // innermost first
-  std::string order_str() const;                                             // "tp-cp-dp-pp"
-  std::string str() const;  // "dp=2 pp=1 cp=2 tp=2 order=tp-cp-dp-pp (8 ranks)"
+  const std::vector<MeshAxis>& axes() const { return axes_; }  // innermost first
+  bool has_axis(const std::string& name) const;
+  int size(const std::string& axis) const;    // throws naming an unknown axis
+  int stride(const std::string& axis) const;  // distance in ranks between neighbours along it
+  std::string order_str() const;              // "tp-cp-dp-pp"
+  std::string str() const;                    // "tp=2 cp=1 dp=2 pp=2 (8 ranks)", innermost first
 
-  // Rank ↔ coordinates (checked: rank in [0, world), each coordinate in [0, size)).
-  MeshCoords coords(int rank) const;
-  int rank_of(const MeshCoords& c) const;
-  // Distance in ranks between neighbours along d (1 for the innermost dimension).
-  int stride(MeshDim d) const;
+  // Rank ↔ coordinates (one per axis, in axes() order; checked).
+  std::vector<int> coords(int rank) const;
+  int coord(int rank, const std::string& axis) const;
+  int rank_of(const std::vector<int>& coords) const;
 
-  // The world ranks of the group along d that contains `rank` (same coordinates on every
-  // other dimension), ordered by their coordinate along d: the group's rank i is element i.
-  std::vector<int> group_members(int rank, MeshDim d) const;
-  // Every group along d (world_size / size(d) groups), ordered by their lowest rank.
-  std::vector<std::vector<int>> groups(MeshDim d) const;
+  // The world ranks that share `rank`'s coordinates on every axis not in `axes` (they vary
+  // along `axes`), in world-rank order; along one axis the group's rank i has coordinate i.
+  // Empty `axes`: the rank alone.
+  std::vector<int> group_members(int rank, const Axes& axes) const;
+  // Every group along `axes`, ordered by their lowest rank.
+  std::vector<std::vector<int>> groups(const Axes& axes) const;
 
-  // The ranks that share this rank's tp and pp coordinates (every dp and cp coordinate), in
-  // world-rank order: data parallelism reduces gradients over it when the sequence is split
-  // over cp (each cp rank holds part of the same samples' gradient). With cp = 1 it is the dp
-  // group (same members, same order).
-  std::vector<int> dp_cp_group(int rank) const;
-  // Note [MiCS groups]: MiCS (parallel.mics_partition_size = P, which must divide dp·cp) shards
-  // within partitions of the data-parallel reduction group G = dp_cp_group(rank) (the dp group
-  // when cp = 1) and replicates across them: a partition group is P consecutive members of G,
-  // [k·P, (k+1)·P) (the parameters are sharded inside it); the replication group holds the
-  // members with the same index inside each partition (G[i], G[i+P], G[i+2P], …). Both are
-  // ordered as in G, i.e. by world rank. With cp = 1 these are P consecutive dp coordinates;
-  // with cp > 1 and the default order (cp inside dp) a partition of P = k·cp ranks spans k
-  // whole cp groups. P = dp·cp gives one partition (all of G) and replicas of size 1.
-  void check_mics_partition_size(int partition_size) const;  // ConfigError if P ∤ dp·cp
-  std::vector<int> mics_partition_group(int rank, int partition_size) const;
-  std::vector<int> mics_replica_group(int rank, int partition_size) const;
+  // Note [MiCS groups]: MiCS (parallel.mics_partition_size = P, which must divide the size of
+  // the data-parallel reduction group G = group_members(rank, {dp, cp}), the dp group when
+  // cp = 1) shards within partitions of G and replicates across them: a partition is P
+  // consecutive members of G, [k·P, (k+1)·P) (the parameters are sharded inside it); the
+  // replica group holds the members with the same index inside each partition (G[i], G[i+P],
+  // …). Both are ordered as in G, by world rank. With cp = 1 these are P consecutive dp
+  // coordinates; with cp > 1 and the default order (cp inside dp) a partition of P = k·cp ranks
+  // spans k whole cp groups. P = |G| gives one partition and replicas of size 1. The same split
+  // serves any hierarchical (two-hop) data parallelism over any axes.
+  void check_partition_size(const Axes& axes, int partition_size) const;  // ConfigError if P ∤ |G|
+  std::vector<int> partition_group(int rank, const Axes& axes, int partition_size) const;
+  std::vector<int> replica_group(int rank, const Axes& axes, int partition_size) const;
 
  private:
+  int index_of(const std::string& axis) const;
   void check_rank(int rank) const;
-  static std::array<MeshDim, kNumMeshDims> parse_order(const std::string& order);
 
-  MeshShape shape_;
+  std::vector<MeshAxis> axes_;
+  std::vector<int> strides_;  // parallel to axes_
   int world_size_;
-  std::array<MeshDim, kNumMeshDims> order_;
-  std::array<int, kNumMeshDims> stride_{};  // indexed by MeshDim
 };
 
 }  // namespace loom::parallel

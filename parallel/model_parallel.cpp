@@ -85,24 +85,4 @@ Tensor MeshModelParallel::loss(const Tensor& logits, const Tensor& targets, int6
   return ops::scale(l, total > 0 ? mine / total : 0.0);
 }
 
-std::set<std::string> tensor_parallel_shard_names(const Module& model) {
-  // Parameters inside tensor-parallel layers, except a row-parallel layer's replicated bias;
-  // matched to their dotted names by storage.
-  std::unordered_set<const void*> sharded;
-  model.for_each_module([&](const Module& m) {
-    const bool row = dynamic_cast<const tp::RowParallelLinear*>(&m) != nullptr;
-    const bool tp_layer = row || dynamic_cast<const tp::ColumnParallelLinear*>(&m) != nullptr ||
-                          dynamic_cast<const tp::VocabParallelEmbedding*>(&m) != nullptr;
-    if (!tp_layer) return;
-    for (const auto& [name, p] : m.own_parameters()) {
-      if (!(row && name == "bias")) sharded.insert(p.raw_data());
-    }
-  });
-  std::set<std::string> out;
-  for (const auto& [name, p] : model.named_parameters()) {
-    if (sharded.count(p.raw_data())) out.insert(name);
-  }
-  return out;
-}
-
 }  // namespace loom::parallel

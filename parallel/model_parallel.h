@@ -58,10 +58,4 @@ class MeshModelParallel final : public ModelParallel {
       std::make_shared<tp::SpanSink>();  // shared with the layers
 };
 
-// The dotted names of the parameters of `model` (built with a MeshModelParallel) that live in a
-// tensor-parallel layer as this rank's part (so a norm over all parameters sums their squares
-// over the TP group) rather than replicated. With a TP group of one every part is the whole
-// tensor. Call it before anything re-homes or releases parameter storage.
-std::set<std::string> tensor_parallel_shard_names(const Module& model);
-
 }  // namespace loom::parallel

@@ -4,6 +4,7 @@
 // live in parallel/comm/.
 #include "parallel/parallel_context.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
@@ -110,10 +111,71 @@ std::unique_ptr<Communicator> on_device(std::unique_ptr<Communicator> host, Devi
 #endif
 }
 
+// The groups every context has beyond the world and the single axes (Note in the header), and
+// the MiCS split: (axes, name, member function) in creation order.
+struct GroupSpec {
+  Axes axes;
+  std::string name;
+  std::vector<int> members;
+};
+
+std::vector<GroupSpec> group_specs(const DeviceMesh& mesh, int rank,
+                                   const ParallelOptions& options) {
+  std::vector<GroupSpec> out;
+  for (const MeshAxis& a : mesh.axes())
+    out.push_back({{a.name}, a.name, mesh.group_members(rank, {a.name})});
+  const Axes dp_cp = {kAxisDp, kAxisCp};
+  out.push_back({dp_cp, "dp_cp", mesh.group_members(rank, dp_cp)});
+  int partition = 1;
+  for (const std::string& a : dp_cp) partition *= mesh.size(a);
+  if (options.mics_partition_size != 0) partition = options.mics_partition_size;
+  out.push_back(
+      {{kAxisMicsPartition}, kAxisMicsPartition, mesh.partition_group(rank, dp_cp, partition)});
+  out.push_back({{kAxisMicsReplica}, kAxisMicsReplica, mesh.replica_group(rank, dp_cp, partition)});
+  for (const Axes& axes : options.groups) {
+    std::string name;
+    for (const std::string& a : axes) name += (name.empty() ? "" : "_") + a;
+    out.push_back({axes, name, mesh.group_members(rank, axes)});
+  }
+  return out;
+}
+
+DeviceMesh mesh_of(const ParallelOptions& options, int world_size) {
+  if (options.axes.empty()) return DeviceMesh(options.shape, world_size, options.order);
+  DeviceMesh mesh(options.axes, world_size);
+  for (const char* a : {kAxisTp, kAxisCp, kAxisDp, kAxisPp}) {
+    LOOM_CHECK(mesh.has_axis(a), "ParallelOptions::axes: the engine's axis '", a,
+               "' is missing (give it size 1)");
+  }
+  return mesh;
+}
+
 }  // namespace
 
 ParallelContext::ParallelContext(DeviceMesh mesh, int rank, Device device)
-    : mesh_(std::move(mesh)), rank_(rank), coords_(mesh_.coords(rank)), device_(device) {}
+    : mesh_(std::move(mesh)), rank_(rank), device_(device) {}
+
+std::string ParallelContext::key(Axes axes) {
+  std::sort(axes.begin(), axes.end());
+  std::string k;
+  for (const std::string& a : axes) k += (k.empty() ? "" : "+") + a;
+  return k;
+}
+
+void ParallelContext::add(const Axes& axes, std::unique_ptr<Communicator> comm) {
+  groups_.emplace(key(axes), std::move(comm));  // a repeated set keeps its first communicator
+}
+
+Communicator& ParallelContext::group(const Axes& axes) const {
+  auto it = groups_.find(key(axes));
+  if (it == groups_.end()) {
+    std::string known;
+    for (const auto& [k, c] : groups_) known += (known.empty() ? "" : ", ") + k;
+    LOOM_FAIL("ParallelContext: no group along {", key(axes),
+              "} was created (ParallelOptions::groups adds one); groups: ", known);
+  }
+  return *it->second;
+}
 
 ParallelContext::ParallelContext(ParallelContext&&) noexcept = default;
 ParallelContext& ParallelContext::operator=(ParallelContext&&) noexcept = default;
@@ -141,10 +203,8 @@ ParallelContext ParallelContext::create(const ParallelOptions& options) {
   int rank = 0, world_size = 1;
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
   MPI_Comm_size(MPI_COMM_WORLD, &world_size);
-  DeviceMesh mesh(options.shape, world_size, options.order);
-  const int partition = options.mics_partition_size == 0 ? options.shape.dp * options.shape.cp
-                                                         : options.mics_partition_size;
-  mesh.check_mics_partition_size(partition);
+  DeviceMesh mesh = mesh_of(options, world_size);
+  const std::vector<GroupSpec> specs = group_specs(mesh, rank, options);
   const double timeout =
       options.comm_timeout_s > 0 ? options.comm_timeout_s : default_comm_timeout_s();
 
@@ -171,28 +231,15 @@ ParallelContext ParallelContext::create(const ParallelOptions& options) {
   // Every rank creates its groups in this same order; each kind has its own tag. The MPI
   // groups all exist before the first NCCL bootstrap.
   int tag = 1;
-  for (MeshDim d : {MeshDim::kTp, MeshDim::kCp, MeshDim::kDp, MeshDim::kPp}) {
-    ctx.dims_[static_cast<int>(d)] = MpiCommunicator::create(
-        parent, ctx.mesh_.group_members(rank, d), mesh_dim_name(d), timeout, tag++);
+  std::vector<std::pair<Axes, std::unique_ptr<Communicator> > > made;
+  for (const GroupSpec& g : specs) {
+    auto comm = MpiCommunicator::create(parent, g.members, g.name, timeout, tag++);
+    if (options.nccl_rules) comm->follow_nccl_rules();
+    made.emplace_back(g.axes, std::move(comm));
   }
-  ctx.mics_partition_ = MpiCommunicator::create(
-      parent, ctx.mesh_.mics_partition_group(rank, partition), "mics_partition", timeout, tag++);
-  ctx.mics_replica_ = MpiCommunicator::create(parent, ctx.mesh_.mics_replica_group(rank, partition),
-                                              "mics_replica", timeout, tag++);
-  ctx.dp_cp_ =
-      MpiCommunicator::create(parent, ctx.mesh_.dp_cp_group(rank), "dp_cp", timeout, tag++);
-  if (options.nccl_rules) {
-    world->follow_nccl_rules();
-    for (auto& c : ctx.dims_) static_cast<MpiCommunicator&>(*c).follow_nccl_rules();
-    for (auto* c : {&ctx.mics_partition_, &ctx.mics_replica_, &ctx.dp_cp_}) {
-      static_cast<MpiCommunicator&>(**c).follow_nccl_rules();
-    }
-  }
+  if (options.nccl_rules) world->follow_nccl_rules();
   ctx.world_ = on_device(std::move(world), device, timeout);
-  for (auto& c : ctx.dims_) c = on_device(std::move(c), device, timeout);
-  ctx.mics_partition_ = on_device(std::move(ctx.mics_partition_), device, timeout);
-  ctx.mics_replica_ = on_device(std::move(ctx.mics_replica_), device, timeout);
-  ctx.dp_cp_ = on_device(std::move(ctx.dp_cp_), device, timeout);
+  for (auto& [axes, comm] : made) ctx.add(axes, on_device(std::move(comm), device, timeout));
   return ctx;
 #endif
 }
@@ -200,32 +247,26 @@ ParallelContext ParallelContext::create(const ParallelOptions& options) {
 ParallelContext ParallelContext::single_process(Device device) {
   ParallelContext ctx(DeviceMesh(MeshShape{}, 1), 0, device);
   const double timeout = device.is_cpu() ? 0.0 : default_comm_timeout_s();
-  auto make = [&](const char* name) {
+  auto make = [&](const std::string& name) {
     return on_device(std::make_unique<SelfCommunicator>(name), device, timeout);
   };
   ctx.world_ = make("world");
-  for (MeshDim d : {MeshDim::kTp, MeshDim::kCp, MeshDim::kDp, MeshDim::kPp}) {
-    ctx.dims_[static_cast<int>(d)] = make(mesh_dim_name(d));
-  }
-  ctx.mics_partition_ = make("mics_partition");
-  ctx.mics_replica_ = make("mics_replica");
-  ctx.dp_cp_ = make("dp_cp");
+  for (const GroupSpec& g : group_specs(ctx.mesh_, 0, ParallelOptions{}))
+    ctx.add(g.axes, make(g.name));
   return ctx;
 }
 
-Communicator& ParallelContext::group(MeshDim d) const { return *dims_[static_cast<int>(d)]; }
-
 void ParallelContext::set_observer(const CommObserver& observer) {
   world_->set_observer(observer);
-  for (auto& c : dims_) c->set_observer(observer);
-  mics_partition_->set_observer(observer);
-  mics_replica_->set_observer(observer);
-  dp_cp_->set_observer(observer);
+  for (auto& [k, c] : groups_) c->set_observer(observer);
 }
 
 std::string ParallelContext::str() const {
-  return detail::str("rank ", rank_, " of ", world_size(), ": dp=", coords_.dp, " pp=", coords_.pp,
-                     " cp=", coords_.cp, " tp=", coords_.tp, " (mesh ", mesh_.str(), ")");
+  std::string coords;
+  for (const MeshAxis& a : mesh_.axes())
+    coords += " " + a.name + "=" + std::to_string(mesh_.coord(rank_, a.name));
+  return detail::str("rank ", rank_, " of ", world_size(), ":", coords, " (mesh ", mesh_.str(),
+                     ")");
 }
 
 }  // namespace loom::parallel

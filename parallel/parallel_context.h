@@ -1,15 +1,20 @@
 // parallel/parallel_context.h — ParallelContext: one rank's view of the parallel layout (the
-// mesh, its coordinates) and the communicators of every group it belongs to. It is created
-// once (after MPI is initialised, see parallel/launcher.h) and passed explicitly to whatever
-// communicates; Loom keeps no global context. It holds no training state.
+// mesh, its coordinates) and the communicators of every group it belongs to, asked for by axis
+// names: group({"dp", "cp"}). It is created once (after MPI is initialised, see
+// parallel/launcher.h) and passed explicitly to whatever communicates; Loom keeps no global
+// context. It holds no training state.
 //
-// Every communicator always exists, including those of size-1 dimensions (a size-1
-// communicator completes its collectives at once), so callers never test for absence: world,
-// tp, cp, dp, pp, mics_partition, mics_replica and dp_cp. Without MiCS (mics_partition_size 0)
-// the partition group is the whole dp·cp group (the dp group when cp = 1) and each replica
-// group is the rank alone.
+// Groups exist for: the world; every mesh axis alone; {dp, cp} (data parallelism's reduction
+// group under context parallelism); the MiCS axes mics_partition and mics_replica, which split
+// {dp, cp} (Note [MiCS groups] in parallel/mesh.h); and whatever ParallelOptions::groups adds.
+// Every one always exists, size-1 ones included (a size-1 communicator completes its
+// collectives at once), so callers never test for absence. Without MiCS (mics_partition_size 0)
+// the partition is the whole {dp, cp} group and each replica group is the rank alone. Asking for
+// a group that was not created is an error naming it: groups are created collectively, so they
+// cannot appear on first use.
 #pragma once
 
+#include <map>
 #include <memory>
 #include <string>
 
@@ -22,8 +27,12 @@ namespace loom::parallel {
 struct ParallelOptions {
   MeshShape shape;                        // parallel.dp, pp, cp, tp
   std::string order = kDefaultMeshOrder;  // parallel.order (Note [Mesh rank order])
-  int mics_partition_size = 0;            // parallel.mics_partition_size; 0 means dp·cp (no MiCS)
-  double comm_timeout_s = 0;              // 0: LOOM_COMM_TIMEOUT_S, else 300 s
+  // Empty: the four axes of `shape` in `order`. Else the mesh's axes, innermost first (a fork's
+  // own axes; `shape` and `order` are then unused) — they must include tp, cp, dp and pp.
+  std::vector<MeshAxis> axes;
+  std::vector<Axes> groups;     // groups beyond the standard ones (each a set of axis names)
+  int mics_partition_size = 0;  // parallel.mics_partition_size; 0 means dp·cp (no MiCS)
+  double comm_timeout_s = 0;    // 0: LOOM_COMM_TIMEOUT_S, else 300 s
   // Where the rank computes. kCuda: GPU `local_rank` (the rank's index on its node), and every
   // group's communicator is an NcclCommunicator (CPU tensors still go over MPI through it);
   // needs a CUDA build and one GPU per rank on each node. kCpu: MpiCommunicators.
@@ -50,56 +59,48 @@ class ParallelContext {
   ~ParallelContext();
 
   const DeviceMesh& mesh() const { return mesh_; }
-  const MeshCoords& coords() const { return coords_; }  // this rank's
-  int rank() const { return rank_; }                    // in the world
+  int rank() const { return rank_; }  // in the world
   int world_size() const { return mesh_.world_size(); }
   // The device this rank computes on: cpu, or cuda:<local rank> (ParallelOptions::device).
   Device device() const { return device_; }
   Communicator& world() const { return *world_; }
 
-  // The group along a mesh dimension; rank within it = this rank's coordinate there.
-  Communicator& group(MeshDim d) const;
-  Communicator& dp() const { return group(MeshDim::kDp); }
-  Communicator& pp() const { return group(MeshDim::kPp); }
-  Communicator& cp() const { return group(MeshDim::kCp); }
-  Communicator& tp() const { return group(MeshDim::kTp); }
-  int dp_rank() const { return coords_.dp; }
-  int pp_rank() const { return coords_.pp; }
-  int cp_rank() const { return coords_.cp; }
-  int tp_rank() const { return coords_.tp; }
-  int dp_size() const { return mesh_.shape().dp; }
-  int pp_size() const { return mesh_.shape().pp; }
-  int cp_size() const { return mesh_.shape().cp; }
-  int tp_size() const { return mesh_.shape().tp; }
+  // The group varying along `axes` (any order; a mesh axis or a MiCS axis each); the rank
+  // within a one-axis group is this rank's coordinate on that axis. Throws naming the axes
+  // when no such group was created.
+  Communicator& group(const Axes& axes) const;
+  // This rank's coordinate along one axis, and its size (MiCS axes included).
+  int axis_rank(const std::string& axis) const { return group({axis}).rank(); }
+  int axis_size(const std::string& axis) const { return group({axis}).size(); }
 
-  // MiCS (Note [MiCS groups] in parallel/mesh.h): shard inside the partition, replicate
-  // across the replica group; both inside dp_cp (dp when cp = 1).
-  Communicator& mics_partition() const { return *mics_partition_; }
-  Communicator& mics_replica() const { return *mics_replica_; }
-  // dp and cp together (DeviceMesh::dp_cp_group): the data-parallel reduction group under
-  // context parallelism.
-  Communicator& dp_cp() const { return *dp_cp_; }
-  int mics_partition_rank() const { return mics_partition_->rank(); }
-  int mics_partition_size() const { return mics_partition_->size(); }
-  int mics_replica_rank() const { return mics_replica_->rank(); }
-  int mics_replica_size() const { return mics_replica_->size(); }
+  // Shorthands for the engine's four axes.
+  Communicator& dp() const { return group({kAxisDp}); }
+  Communicator& pp() const { return group({kAxisPp}); }
+  Communicator& cp() const { return group({kAxisCp}); }
+  Communicator& tp() const { return group({kAxisTp}); }
+  int dp_rank() const { return axis_rank(kAxisDp); }
+  int pp_rank() const { return axis_rank(kAxisPp); }
+  int cp_rank() const { return axis_rank(kAxisCp); }
+  int tp_rank() const { return axis_rank(kAxisTp); }
+  int dp_size() const { return axis_size(kAxisDp); }
+  int pp_size() const { return axis_size(kAxisPp); }
+  int cp_size() const { return axis_size(kAxisCp); }
+  int tp_size() const { return axis_size(kAxisTp); }
 
   // Installs the observer on every communicator of this context.
   void set_observer(const CommObserver& observer);
-  std::string str() const;  // "rank 5 of 8: dp=1 pp=0 cp=0 tp=1 (mesh dp=2 …)"
+  std::string str() const;  // "rank 5 of 8: tp=1 cp=0 dp=0 pp=1 (mesh tp=2 …)"
 
  private:
   ParallelContext(DeviceMesh mesh, int rank, Device device);
+  static std::string key(Axes axes);  // the axes sorted and joined
+  void add(const Axes& axes, std::unique_ptr<Communicator> comm);
 
   DeviceMesh mesh_;
   int rank_;
-  MeshCoords coords_;
   Device device_;
   std::unique_ptr<Communicator> world_;
-  std::unique_ptr<Communicator> dims_[kNumMeshDims];  // indexed by MeshDim
-  std::unique_ptr<Communicator> mics_partition_;
-  std::unique_ptr<Communicator> mics_replica_;
-  std::unique_ptr<Communicator> dp_cp_;
+  std::map<std::string, std::unique_ptr<Communicator>> groups_;  // by key()
 };
 
 }  // namespace loom::parallel

@@ -84,8 +84,22 @@ void write_tensor_file(const fs::path& dir, const CheckpointContents& c, int ran
     char crc[16];
     std::snprintf(crc, sizeof(crc), "%08x", crc32c(h.raw_data(), h.nbytes()));
     meta[name + ".crc32c"] = crc;
-    meta[name + ".global_shape"] = shape_text(h.shape());
-    meta[name + ".offsets"] = shape_text(Shape(h.shape().size(), 0));
+    // Where the tensor sits in the global one (Note [Placement] in core/placement.h): a split
+    // held as one run has its offset; a part in several runs (a fused qkv's rows: a chunk of
+    // each of q, k, v) is recorded run by run in ".placement".
+    const Placement pl = t.placement();
+    Shape offsets(h.shape().size(), 0);
+    bool runs = false;
+    for (const PlacementSplit& s : pl.splits) {
+      if (s.runs.size() == 1 && s.runs[0].local == 0)
+        offsets[static_cast<size_t>(s.dim)] = s.runs[0].global;
+      else
+        runs = true;
+    }
+    meta[name + ".global_shape"] = shape_text(pl.global_shape);
+    meta[name + ".offsets"] = shape_text(offsets);
+    if (!pl.splits.empty()) meta[name + ".placement"] = placement_str(pl);
+    if (runs) meta[name + ".offsets"] = "runs";
   }
   write_safetensors((dir / tensor_file(rank)).string(), c.tensors, meta);
 }

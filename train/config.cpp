@@ -378,10 +378,6 @@ void validate_config(const Config& c) {
   require(p.backend != "nccl" || t.device == "cuda",
           "parallel.backend: nccl moves GPU tensors; set train.device: cuda (or parallel.backend: "
           "mpi)");
-  // The data-parallel engine also reduces context-parallel gradients, and it shards AdamW only.
-  require((p.dp == 1 && p.cp == 1) || o.name == "adamw",
-          "optim.name: sgd is not supported with parallel.dp > 1 or parallel.cp > 1 (the "
-          "data-parallel engine, which also reduces context-parallel gradients, runs AdamW)");
   validate_pipeline_config(c);
   validate_model_parallel_config(c);
 }

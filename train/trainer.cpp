@@ -32,6 +32,7 @@
 #include "optim/sgd.h"
 #include "parallel/cp/ring_attention.h"
 #include "parallel/dp/data_parallel.h"
+#include "parallel/gradients.h"
 #include "parallel/launcher.h"
 #include "parallel/model_parallel.h"
 #include "parallel/parallel_context.h"
@@ -163,7 +164,6 @@ struct Trainer::State {
   std::unique_ptr<parallel::pp::TransformerPipeline> pipe;  // parallel.pp > 1
   std::unique_ptr<parallel::MeshModelParallel> mp;  // parallel.tp or cp > 1 (outlives model)
   std::unique_ptr<parallel::pp::StageUnitHooks> stage_hooks;  // ZeRO-3 under pp: unit → bucket
-  std::set<std::string> tp_shards;  // names of the parameters that are this rank's TP part
   parallel::ParallelContext* ctx = nullptr;
   std::unique_ptr<TraceRecorder> trace;  // --profile
   std::ostream discard{nullptr};         // the log of ranks other than 0
@@ -188,18 +188,22 @@ struct Trainer::State {
   // of each sequence (Note [Model-parallel step]).
   std::pair<std::vector<Tensor>, std::vector<Tensor>> pipeline_batches(DataLoader& loader,
                                                                        int64_t count);
-  // Σ g² of the other TP ranks' parts of the tensor-parallel parameters (summed over `stages`
-  // first when given), as a 0-d f64 tensor on the model's device: nothing is read back.
-  Tensor other_tp_parts_sq(const std::vector<std::pair<std::string, Tensor>>& params,
-                           parallel::Communicator* stages);
+  // The optim.* optimizer over any parameters: the single process's, or the inner optimizer
+  // the sharded data-parallel one wraps.
+  optim::OptimizerFactory optimizer_factory() const;
+  // Σ g² of the whole model on every rank, on the device (Note [Global Σ g²] in
+  // parallel/gradients.h): the data-parallel engine's owned pieces, or the trained parameters'.
+  Tensor global_sq_sum();
   // Checkpoint names: under parallel.tp > 1 a parameter part and all optimizer state carry
   // "@tp<rank>" (every TP rank holds different values under the same name); replicated
   // parameters are written by TP rank 0 alone.
   std::string tp_suffix() const {
     return tp_size() > 1 ? "@tp" + std::to_string(ctx->tp_rank()) : "";
   }
-  bool writes_param(const std::string& name) const;
-  std::string param_key(const std::string& name) const;
+  // Whether this rank writes the parameter in checkpoints: the one copy counted in sums over
+  // ranks (Note [Placement]: not a tied copy, coordinate 0 of every axis it is replicated over).
+  bool writes_param(const Tensor& p) const { return parallel::counted_here(p.placement(), ctx); }
+  std::string param_key(const std::string& name, bool tp_split) const;
   int64_t micro_batches() const { return pipe ? pipeline_microbatches(cfg) : cfg.optim.grad_accum; }
   // Optimizer state names of the last stage's tied wte copy carry "pp_tied." (Note [Tied
   // embeddings across stages]): the first stage's state has the same names.
@@ -233,7 +237,6 @@ struct Trainer::State {
   // dt: the step's seconds; the step's communication and schedule statistics (Note [Device step]).
   void log_step(const PendingStep& p, double dt);
   void save();
-  std::vector<Tensor> grads() const;
 };
 
 void Trainer::State::build() {
@@ -260,7 +263,8 @@ void Trainer::State::build() {
     }
   }
   model = std::make_unique<Transformer>(mc, parse_dtype(cfg.train.dtype), device, mp.get());
-  if (mp && cfg.parallel.tp > 1) tp_shards = parallel::tensor_parallel_shard_names(*model);
+  // The TP layers placed their parts; every other parameter is whole on each TP rank.
+  if (mp) parallel::mark_replicated(model->parameters(), parallel::kAxisTp);
   if (cfg.train.precision != cfg.train.dtype)
     model->set_compute_dtype(parse_dtype(cfg.train.precision));
   if (cfg.train.loss_scaling == "dynamic" ||
@@ -305,10 +309,8 @@ void Trainer::State::build() {
   const OptimConfig& o = cfg.optim;
   if (cfg.parallel.dp > 1 || cfg.parallel.cp > 1) {
     build_parallel(refs);
-  } else if (o.name == "adamw") {
-    optimizer = std::make_unique<optim::AdamW>(refs, o.beta1, o.beta2, o.eps, o.weight_decay);
   } else {
-    optimizer = std::make_unique<optim::SGD>(refs, o.momentum, o.weight_decay);
+    optimizer = optimizer_factory()(refs);
   }
   schedule = {o.schedule, o.lr, o.min_lr, o.warmup_steps, cfg.train.steps, o.decay_fraction};
 
@@ -386,20 +388,16 @@ void Trainer::State::build_parallel(const std::vector<optim::ParamRef>& refs) {
   c.zero_stage = static_cast<int>(cfg.parallel.zero_stage);
   c.bucket_bytes = static_cast<size_t>(cfg.parallel.bucket_mb * (1 << 20));
   c.overlap = cfg.parallel.overlap;
-  c.beta1 = cfg.optim.beta1;
-  c.beta2 = cfg.optim.beta2;
-  c.eps = cfg.optim.eps;
-  c.weight_decay = cfg.optim.weight_decay;
+  c.optimizer = optimizer_factory();
   c.decay_rule = optim::parse_decay_rule(cfg.optim.decay_rule);
+  c.axes = {parallel::kAxisDp, parallel::kAxisCp};
   parallel::MicsGroups mics;
-  if (cfg.parallel.mics_partition_size > 0) mics = {&ctx->mics_partition(), &ctx->mics_replica()};
-  if (!tp_shards.empty()) {  // the gradient norm sums the TP parts over the TP group
-    c.tp = &ctx->tp();
-    c.tp_shard = [this](const std::string& name) { return tp_shards.count(name) > 0; };
+  if (cfg.parallel.mics_partition_size > 0) {
+    mics = {&ctx->group({parallel::kAxisMicsPartition}), &ctx->group({parallel::kAxisMicsReplica})};
   }
   // Under context parallelism each cp rank holds part of the same samples' gradients: they are
   // reduced over dp and cp together (Note [Model-parallel step]).
-  parallel::Communicator& group = pc.cp > 1 ? ctx->dp_cp() : ctx->dp();
+  parallel::Communicator& group = ctx->group({parallel::kAxisDp, parallel::kAxisCp});
   if (pipe && c.zero_stage >= 2) {  // this stage's units (Note [Sharded stages] in parallel/pp)
     parallel::pp::TransformerPipeline::StageUnits units = pipe->parameter_units();
     dp = std::make_unique<parallel::DataParallel>(units.units, group, c, mics);
@@ -424,24 +422,26 @@ void Trainer::State::build_parallel(const std::vector<optim::ParamRef>& refs) {
 // global positions (parallel/cp). The model's loss is this rank's share (the cp group's shares
 // sum to the replica's mean, Note [Context-parallel loss]); data parallelism averages gradients
 // over dp·cp ranks, so the loss is multiplied by cp for backward, which makes that average the
-// sum over cp of the replicas' mean. TP ranks hold the same loss; the gradient norm sums the TP
-// parts over the TP group and counts replicated parameters once.
-// What the other TP ranks add to Σ g² (Note [Model-parallel step]): the squares of this rank's
-// TP parts among `params` (the tied pipeline copy left out; summed over `stages` too when
-// given), all-reduced over the TP group, minus this rank's own. Replicated parameters are
-// counted once, by the caller's local sum.
-Tensor Trainer::State::other_tp_parts_sq(const std::vector<std::pair<std::string, Tensor>>& params,
-                                         parallel::Communicator* stages) {
-  std::vector<Tensor> parts;
-  for (const auto& [name, p] : params) {
-    if (tp_shards.count(name) && (!pipe || !pipe->is_tied_copy(name)) && p.grad().defined())
-      parts.push_back(p.grad());
+// sum over cp of the replicas' mean. TP ranks hold the same loss; the gradient norm is the one
+// of every layout (Note [Global Σ g²] in parallel/gradients.h).
+
+optim::OptimizerFactory Trainer::State::optimizer_factory() const {
+  const OptimConfig o = cfg.optim;
+  if (o.name == "sgd") {
+    return [o](std::vector<optim::ParamRef> refs) -> std::unique_ptr<optim::Optimizer> {
+      return std::make_unique<optim::SGD>(std::move(refs), o.momentum, o.weight_decay);
+    };
   }
-  Tensor s = ops::reshape(optim::grad_sq_sum_tensor(parts, device), {1});
-  if (stages) stages->all_reduce(s, parallel::ReduceOp::kSum);
-  const Tensor mine = s.clone();
-  ctx->tp().all_reduce(s, parallel::ReduceOp::kSum);
-  return ops::reshape(ops::sub(s, mine), {});
+  return [o](std::vector<optim::ParamRef> refs) -> std::unique_ptr<optim::Optimizer> {
+    return std::make_unique<optim::AdamW>(std::move(refs), o.beta1, o.beta2, o.eps, o.weight_decay);
+  };
+}
+
+Tensor Trainer::State::global_sq_sum() {
+  std::vector<Tensor> params;
+  for (const auto& [name, p] : trained()) params.push_back(p);
+  return parallel::global_grad_sq_sum(
+      dp ? dp->grad_pieces() : parallel::parameter_grad_pieces(params), ctx, device);
 }
 
 Tensor Trainer::State::micro_batch_loss(const Batch& b, Generator* gen) {
@@ -464,13 +464,9 @@ std::pair<std::vector<Tensor>, std::vector<Tensor>> Trainer::State::pipeline_bat
   return {std::move(inputs), std::move(targets)};
 }
 
-bool Trainer::State::writes_param(const std::string& name) const {
-  return tp_size() == 1 || ctx->tp_rank() == 0 || tp_shards.count(name) > 0;
-}
-
 // ZeRO-3 shard names ("<param>[b:e]") differ across TP ranks too: all carry the suffix.
-std::string Trainer::State::param_key(const std::string& name) const {
-  return tp_shards.count(name) > 0 || (zero3() && tp_size() > 1) ? name + tp_suffix() : name;
+std::string Trainer::State::param_key(const std::string& name, bool tp_split) const {
+  return tp_split || (zero3() && tp_size() > 1) ? name + tp_suffix() : name;
 }
 
 std::vector<std::pair<std::string, Tensor>> Trainer::State::optimizer_state() {
@@ -526,7 +522,7 @@ void Trainer::State::resume(const std::string& which) {
   };
   // ZeRO-3: each rank restores the parameter pieces it owns (saved by the same layout).
   for (auto& [name, p] : zero3() ? dp->parameter_shards() : trained())
-    restore("model." + param_key(name), p);
+    restore("model." + param_key(name, p.placement().split_over(parallel::kAxisTp) != nullptr), p);
   for (auto& [name, t] : dp ? dp->state_tensors() : optimizer->state_tensors()) {
     restore("optim." + state_name(name) + tp_suffix(), t);
   }
@@ -555,14 +551,6 @@ void Trainer::State::resume(const std::string& which) {
   }
   step = c.step;
   *log << "resumed from " << dir << " at step " << step << "\n";
-}
-
-std::vector<Tensor> Trainer::State::grads() const {
-  std::vector<Tensor> g;
-  for (const auto& [name, p] : model->named_parameters()) {
-    if (p.grad().defined()) g.push_back(p.grad());
-  }
-  return g;
 }
 
 // Note [Device step]: a step — one process, or any layout of data, tensor, context and pipeline
@@ -624,14 +612,7 @@ PendingStep Trainer::State::train_step() {
     if (cp_size() > 1) ctx->cp().all_reduce(loss, parallel::ReduceOp::kSum);  // shares
     ctx->dp().all_reduce(loss, parallel::ReduceOp::kAvg);
   }
-  Tensor sq_sum;
-  if (dp) {
-    sq_sum = dp->grad_sq_sum_tensor();
-  } else {
-    sq_sum = optim::grad_sq_sum_tensor(grads(), device);
-    if (!tp_shards.empty())
-      sq_sum = ops::add(sq_sum, other_tp_parts_sq(model->named_parameters(), nullptr));
-  }
+  const Tensor sq_sum = global_sq_sum();
   const auto t_opt = Clock::now();
   finish_step(pending, loss, sq_sum);
   if (trace && dp) {
@@ -706,20 +687,11 @@ void Trainer::State::pipeline_step(PendingStep& pending) {
   }
   const auto t_sync = Clock::now();
   if (dp) dp->finish_gradient_sync();
-  Tensor sq;                          // Σ g² over every stage, on the device
-  if (dp && dp->zero_stage() >= 2) {  // sharded gradients (Note [Sharded stages] in parallel/pp)
+  if (dp && dp->zero_stage() >= 2)  // sharded gradients (Note [Sharded stages] in parallel/pp)
     pipe->sync_tied_gradient_pieces(dp->owned_grad_pieces());
-    sq = ops::reshape(
-        dp->grad_sq_sum_tensor([this](const std::string& n) { return pipe->is_tied_copy(n); }),
-        {1});
-    ctx->pp().all_reduce(sq, parallel::ReduceOp::kSum);
-  } else {
+  else
     pipe->sync_tied_gradients();
-    sq = ops::reshape(pipe->grad_sq_sum(), {1});
-    if (!tp_shards.empty()) {
-      sq = ops::add(sq, ops::reshape(other_tp_parts_sq(pipe->named_parameters(), &ctx->pp()), {1}));
-    }
-  }
+  const Tensor sq = global_sq_sum();  // Σ g² over every stage, on the device
   if (dp) ctx->dp().all_reduce(loss, parallel::ReduceOp::kAvg);  // the global batch's loss
   finish_step(pending, loss, sq);
   if (trace) {
@@ -787,12 +759,13 @@ void Trainer::State::save() {
     for (auto& [name, p] : dp->parameter_shards()) {
       // The last stage's tied copy has the first stage's names and values (Note [Sharded stages]).
       if (pipe && pipe->is_tied_copy(name.substr(0, name.find('[')))) continue;
-      c.tensors.emplace_back("model." + param_key(name), p);
+      c.tensors.emplace_back("model." + param_key(name, false), p);
     }
-  } else if (is_stage_writer()) {  // parameters are replicated across data-parallel ranks
+  } else {  // one copy of each: Note [Placement] (replicas, TP-replicated and tied copies skip)
     for (auto& [name, p] : trained()) {
-      if ((!pipe || !pipe->is_tied_copy(name)) && writes_param(name))
-        c.tensors.emplace_back("model." + param_key(name), p);
+      if (writes_param(p))
+        c.tensors.emplace_back(
+            "model." + param_key(name, p.placement().split_over(parallel::kAxisTp) != nullptr), p);
     }
   }
   for (auto& [name, t] : optimizer_state())

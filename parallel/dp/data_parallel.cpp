@@ -13,6 +13,7 @@
 #include "core/ops/elementwise.h"
 #include "core/ops/view.h"
 #include "kernels/copy.h"
+#include "optim/adamw.h"
 #include "optim/clip.h"
 
 namespace loom::parallel {
@@ -43,6 +44,11 @@ DataParallel::DataParallel(const std::vector<NamedTensors>& units, Communicator&
       link_(std::make_shared<HookLink>()) {
   validate_groups(mics, per_unit);
   build_buckets(units, per_unit);
+  for (Param& p : params_) {  // every replica holds the same values (Note [Placement])
+    Placement pl = p.tensor.placement();
+    for (const std::string& axis : config_.axes) pl.add_replicated(axis);
+    p.tensor.set_placement(std::move(pl));
+  }
   if (config_.broadcast_parameters) broadcast_parameters();
   if (config_.zero_stage == 3) init_shards();
   zero_grad();
@@ -160,8 +166,10 @@ void DataParallel::build_optimizer() {
       pieces_.push_back({bucket, lo, hi});
     });
   }
-  optimizer_ = std::make_unique<optim::AdamW>(std::move(refs), config_.beta1, config_.beta2,
-                                              config_.eps, config_.weight_decay);
+  optimizer_ = config_.optimizer
+                   ? config_.optimizer(std::move(refs))
+                   : std::make_unique<optim::AdamW>(std::move(refs), 0.9, 0.95, 1e-8, 0.0);
+  LOOM_CHECK(optimizer_ != nullptr, "DataParallel: the optimizer factory made no optimizer");
 }
 
 NamedTensors DataParallel::parameter_shards() const {
@@ -380,35 +388,25 @@ NamedTensors DataParallel::owned_grad_pieces() const {
   return out;
 }
 
-Tensor DataParallel::grad_sq_sum_tensor(const std::function<bool(const std::string&)>& skip) {
+std::vector<GradPiece> DataParallel::grad_pieces() {
   if (!synced_) finish_gradient_sync();
-  std::vector<Tensor> counted, tp_parts;  // the tensor-parallel parts among them
-  for (const auto& [name, g] : owned_grad_pieces()) {
-    const std::string param = name.substr(0, name.find('['));
-    if (skip && skip(param)) continue;
-    counted.push_back(g);
-    if (config_.tp && config_.tp_shard(param)) tp_parts.push_back(g);
+  std::vector<GradPiece> out;
+  if (config_.zero_stage == 0) {
+    for (const auto& [name, g] : owned_grad_pieces()) out.push_back({g, {}});
+    for (size_t i = 0; i < params_.size(); ++i) out[i].placement = params_[i].tensor.placement();
+    return out;
   }
-  const Device dev = optimizer_->params().front().param.device();
-  auto sum_of = [&](const std::vector<Tensor>& gs) {
-    return ops::reshape(optim::grad_sq_sum_tensor(gs, dev), {1});
-  };
-  Tensor sq = ops::cat({sum_of(counted), sum_of(tp_parts)}, 0);
-  if (config_.zero_stage >= 1) shard_comm_->all_reduce(sq, ReduceOp::kSum);  // one owner each
-  Tensor total = ops::narrow(sq, 0, 0, 1);
-  if (config_.tp && config_.tp->size() > 1) {  // add the other TP ranks' parts
-    const Tensor mine = ops::narrow(sq, 0, 1, 1);
-    Tensor parts = mine.clone();
-    config_.tp->all_reduce(parts, ReduceOp::kSum);
-    total = ops::add(total, ops::sub(parts, mine));
-  }
-  return ops::reshape(total, {});
-}
-
-double DataParallel::clip_grad_norm(double max_norm) {
-  const double norm = std::sqrt(grad_sq_sum_tensor().item());  // synchronises the gradients first
-  optim::scale_grads(owned_grads(), optim::clip_scale(norm, max_norm));
-  return norm;
+  const NamedTensors grads = owned_grad_pieces();
+  size_t k = 0;
+  for_each_owned_piece([&](int, const Param& p, int64_t lo, int64_t hi) {
+    Placement pl = p.tensor.placement();  // of the whole parameter: replicated over config.axes
+    for (const std::string& axis : config_.axes) pl.remove_replicated(axis);
+    if (replica_comm_ != nullptr) pl.add_replicated(config_.replica_axis);
+    pl.global_shape = {hi - lo};  // a 1-d piece: only `replicated` and `tied_to` matter here
+    pl.splits.clear();
+    out.push_back({grads[k++].second, std::move(pl)});
+  });
+  return out;
 }
 
 void DataParallel::step(double lr) { step_scaled(lr, Tensor()); }

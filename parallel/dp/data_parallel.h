@@ -1,16 +1,21 @@
 // parallel/dp/data_parallel.h — DataParallel: gradient buckets reduced asynchronously from the
 // autograd hooks while backward runs (DDP), and the ZeRO stages that shard optimiser state
 // (stage 1), gradients (stage 2) and parameters (stage 3, FSDP) over the dp group, or over a MiCS
-// partition group with replicas synchronised in a second hop. Owns the optimiser (AdamW over the
-// owned shard). Does not own the model or the communicators, and never splits the batch: the
-// caller feeds each rank its rows and scales the loss for gradient accumulation.
+// partition group with replicas synchronised in a second hop. Owns the optimiser, any
+// optim::Optimizer made by the config's factory over the owned shard (AdamW, SGD, a fork's):
+// the sharded optimizer wraps the inner one, which sees only 1-d pieces of the parameters.
+// Does not own the model or the communicators, and never splits the batch: the caller feeds
+// each rank its rows and scales the loss for gradient accumulation. It writes the placement of
+// what it replicates and shards (Note [Placement] in core/placement.h): every parameter is
+// replicated over config.axes, and grad_pieces() says which pieces this rank owns, so the
+// global gradient norm is parallel/gradients.h's, as for every layout.
 //
 // Use, per optimiser step with M micro-batches:
 //   dp.zero_grad();
 //   for m in 0..M-1: dp.set_sync(m == M-1); loss_m = model.loss(rows_m) / M; backward(loss_m);
 //   dp.finish_gradient_sync();          // waits for the reductions; gradients are now averaged
-//   double norm = dp.clip_grad_norm(1.0);
-//   dp.step(lr);                        // updates the owned shard, all-gathers parameters
+//   sq = global_grad_sq_sum(dp.grad_pieces(), &ctx, device);   // parallel/gradients.h
+//   dp.step_scaled(lr, optim::clip_scale_tensor(sq, 1.0));     // owned shard, then all-gather
 //
 // Note [Data-parallel gradient flow]: each parameter is re-homed into its bucket's flat
 // parameter buffer (Note [Re-homed parameters] in parallel/dp/bucket.h) and its .grad is set to
@@ -28,7 +33,7 @@
 // (1-d views of the flat parameter buffer, named "<param>[<begin>:<end>]" with element offsets
 // in the flattened parameter), so optimiser state exists only for the owned shard; after the
 // update every bucket's shard is all-gathered over the shard group. Stage 0 keeps one plain
-// AdamW over the whole parameters on every rank.
+// optimizer over the whole parameters on every rank.
 //
 // Note [ZeRO-3]: built from parameter units (Note [Parameter units] in layers/transformer.h),
 // one bucket per unit, and installed as the model's UnitHooks. Between uses a rank holds only
@@ -61,29 +66,29 @@
 
 #include "core/tensor.h"
 #include "layers/unit_hooks.h"
-#include "optim/adamw.h"
 #include "optim/decay_rule.h"
+#include "optim/optimizer.h"
 #include "parallel/comm/communicator.h"
 #include "parallel/dp/bucket.h"
 #include "parallel/dp/dp_stats.h"
+#include "parallel/gradients.h"
+#include "parallel/mesh.h"
 
 namespace loom::parallel {
 
 struct DataParallelConfig {
   int zero_stage = 0;               // 0 (DDP), 1 (optimiser state), 2 (+ gradients), 3 (+ params)
   size_t bucket_bytes = 25u << 20;  // target bytes of gradient per bucket (not with units)
-  double beta1 = 0.9;               // AdamW hyper-parameters (optim/adamw.h)
-  double beta2 = 0.95;
-  double eps = 1e-8;
-  double weight_decay = 0.0;
+  // Makes the inner optimizer over the owned pieces (stage 0: the whole parameters), each with
+  // its decay flag from decay_rule. Empty: AdamW with its default hyper-parameters.
+  optim::OptimizerFactory optimizer;
   optim::DecayRule decay_rule = optim::DecayRule::kDefault;
+  // The mesh axes the data-parallel group spans ({dp}, or {dp, cp} under context parallelism)
+  // and, with MiCS, the replica group's axis: what the placements it writes name.
+  Axes axes = {kAxisDp};
+  std::string replica_axis = kAxisMicsReplica;
   bool broadcast_parameters = true;  // copy dp rank 0's parameters to every rank at start
   bool overlap = true;  // false: launch every reduction in finish_gradient_sync (for measuring)
-  // Tensor parallelism beside data parallelism: the TP group and which parameters (by name) are
-  // this rank's part of a split tensor. The gradient norm sums their squares over `tp` too;
-  // replicated parameters (identical on every TP rank) are counted once.
-  Communicator* tp = nullptr;
-  std::function<bool(const std::string& name)> tp_shard;
 };
 
 // MiCS groups: shard within `partition` (size P), replicate across `replica` (size dp / P).
@@ -125,17 +130,11 @@ class DataParallel final : public UnitHooks {
   // and closes the step's statistics. Gradients are then averaged over dp: whole buckets at
   // stages 0/1, the owned shard at stages 2/3 (stage 3 also releases every gathered unit).
   void finish_gradient_sync();
-  // Global gradient norm over the owned shards (Σ g² all-reduced over the shard group, each
-  // element counted once), then scales the owned gradients so the norm is at most max_norm.
-  // Returns the norm before clipping. Calls finish_gradient_sync() first when needed.
-  double clip_grad_norm(double max_norm);
-  // Σ g² over the owned gradient elements, all-reduced over the shard group, with the TP parts
-  // summed over config.tp, left on the gradients' device as a 0-d f64 tensor (nothing is read
-  // back: Note [Device step] in train/trainer.cpp); parameters for which skip(name) is true are
-  // left out (a tied copy another stage counts). For callers that sum the norm over more groups
-  // (the pipeline's stages) and clip on the device (step_scaled). Collective over the shard
-  // group (and tp); calls finish_gradient_sync() first when needed.
-  Tensor grad_sq_sum_tensor(const std::function<bool(const std::string& name)>& skip = {});
+  // The owned gradients with their placements (Note [Placement]): at stage 0 the whole
+  // gradients, replicated over config.axes; at stages 1-3 the owned pieces, which no other rank
+  // of the shard group holds (with MiCS, replicated over the replica axis). What the global
+  // gradient norm sums (parallel/gradients.h). Calls finish_gradient_sync() first when needed.
+  std::vector<GradPiece> grad_pieces();
   // The owned gradients as views, named like the optimiser state's pieces
   // ("<param>[<begin>:<end>]", stages 1-3) or by parameter (stage 0, whole gradients). Valid
   // after finish_gradient_sync() until step(); writing them changes what step() applies.
@@ -143,7 +142,7 @@ class DataParallel final : public UnitHooks {
   // step(lr) with every owned gradient multiplied by grad_scale (a 0-d f64 tensor on the
   // gradients' device, read there: optim::Optimizer::step_scaled).
   void step_scaled(double lr, const Tensor& grad_scale);
-  // AdamW step on the owned shard with learning rate lr, then all-gathers the parameters
+  // The optimizer's step on the owned shard with learning rate lr, then all-gathers the parameters
   // (stages 1/2; at stage 3 the next forward gathers them unit by unit).
   void step(double lr);
 
@@ -261,7 +260,7 @@ class DataParallel final : public UnitHooks {
   std::vector<Bucket> buckets_;
   std::vector<int> launch_order_;  // buckets in the order their first hop was issued
   std::vector<Piece> pieces_;      // parallel to optimizer_->params() at stages 1/2
-  std::unique_ptr<optim::AdamW> optimizer_;
+  std::unique_ptr<optim::Optimizer> optimizer_;
   std::shared_ptr<HookLink> link_;
   bool sync_ = true;
   bool synced_ = false;  // reductions complete, step not yet taken

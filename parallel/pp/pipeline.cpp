@@ -8,7 +8,6 @@
 #include "core/ops/elementwise.h"
 #include "core/ops/view.h"
 #include "layers/block.h"
-#include "optim/clip.h"
 #include "parallel/pp/partition.h"
 
 namespace loom::parallel::pp {
@@ -51,6 +50,12 @@ TransformerPipeline::TransformerPipeline(const Transformer& model, Communicator&
         break;
       }
     }
+  }
+  for (auto& [name, t] : params_) {  // Note [Placement]: the copy is neither counted nor saved
+    if (!is_tied_copy(name)) continue;
+    Placement p = t.placement();
+    p.tied_to = name;
+    t.set_placement(std::move(p));
   }
 }
 
@@ -147,16 +152,6 @@ void TransformerPipeline::sync_tied_gradients() {
   // first + last on both ranks: the same bits (Note [Tied embeddings across stages]).
   const Tensor sum = pp_.rank() == first ? ops::add(mine, theirs) : ops::add(theirs, mine);
   ops::copy_(g, sum);
-}
-
-Tensor TransformerPipeline::grad_sq_sum() {
-  std::vector<Tensor> grads;
-  for (const auto& [name, t] : params_) {
-    if (!is_tied_copy(name) && t.grad().defined()) grads.push_back(t.grad());
-  }
-  Tensor sq = ops::reshape(optim::grad_sq_sum_tensor(grads, model_.device()), {1});
-  pp_.all_reduce(sq, ReduceOp::kSum);
-  return ops::reshape(sq, {});
 }
 
 TransformerPipeline::StageUnits TransformerPipeline::parameter_units() const {

@@ -1,14 +1,16 @@
 // parallel/pp/pipeline.h — TransformerPipeline: one pp rank's part of a Transformer (its chunks
 // of layers, Note [Pipeline partition]) driven by a schedule through the PipelineExecutor,
-// plus what the optimiser step needs across stages: the tied-embedding gradient exchange and
-// the gradient norm summed over the pp group. It does not own the model, the optimiser or the
+// plus what the optimiser step needs across stages: the tied-embedding gradient exchange (the
+// last stage's copy carries Placement::tied_to, so the global gradient norm of
+// parallel/gradients.h leaves it out). It does not own the model, the optimiser or the
 // communicators, and it does not reduce over data parallelism (DataParallel on the dp group
 // does, on the parameters this class names).
 //
 // Use, per optimiser step with m micro-batches (the single-process run's grad_accum):
 //   zero the gradients; loss = pipe.forward_backward(inputs, targets, dropout_gen);
 //   (data parallel: finish the dp gradient sync); pipe.sync_tied_gradients();
-//   norm = sqrt(pipe.grad_sq_sum().item()); clip; optimiser step over pipe.named_parameters()
+//   sq = global_grad_sq_sum(parameter_grad_pieces(params), &ctx, device); clip; optimiser step
+//   over pipe.named_parameters()
 //   (or, as the trainer, clip on the device: Note [Device step] in train/trainer.cpp).
 //
 // Note [Pipeline model memory]: every pp rank builds and initialises the whole Transformer, so
@@ -129,9 +131,6 @@ class TransformerPipeline {
   // Exchanges the tied embedding's gradient between the first and last stage and leaves the
   // sum on both (no-op when untied or pp = 1). Call once gradients are final.
   void sync_tied_gradients();
-  // Σ g² over this rank's gradients (tied copy left out), summed over the pp group: a 0-d f64
-  // tensor on the model's device.
-  Tensor grad_sq_sum();
 
   // Sharded data parallelism (ZeRO-2/3) under the pipeline, Note [Sharded stages]: this rank's
   // parameters in units, one data-parallel bucket each.

@@ -15,6 +15,7 @@
 #include "core/rng.h"
 #include "kernels/embedding.h"
 #include "parallel/comm/ring.h"
+#include "parallel/mesh.h"
 #include "parallel/tp/comm_ops.h"
 
 namespace loom::parallel::tp {
@@ -46,6 +47,33 @@ int64_t sum_of(const std::vector<int64_t>& v) {
   int64_t s = 0;
   for (int64_t x : v) s += x;
   return s;
+}
+
+// Note [Placement] (core/placement.h) of this rank's part of a tensor split along `dim` over the
+// TP group: per segment s (sizes summing to the global dim) the rank holds the run
+// [rank·s/tp, (rank+1)·s/tp) of that segment, the runs concatenated in segment order.
+void place_split(Tensor& t, int64_t dim, const std::vector<int64_t>& segments,
+                 const Communicator& tp) {
+  Placement p;
+  p.global_shape = t.shape();
+  PlacementSplit split{dim, kAxisTp, {}};
+  int64_t local = 0, global = 0;
+  for (int64_t s : segments) {
+    const int64_t n = s / tp.size();
+    split.runs.push_back({local, global + tp.rank() * n, n});
+    local += n;
+    global += s;
+  }
+  p.global_shape[static_cast<size_t>(dim)] = global;
+  p.splits.push_back(std::move(split));
+  t.set_placement(std::move(p));
+}
+
+// A parameter every TP rank holds whole (a row-parallel layer's bias).
+void place_replicated(Tensor& t) {
+  Placement p = t.placement();
+  p.add_replicated(kAxisTp);
+  t.set_placement(std::move(p));
 }
 
 // fn(), reported to the sink as the span `what` when there is one.
@@ -132,7 +160,11 @@ ColumnParallelLinear::ColumnParallelLinear(int64_t in_features, std::vector<int6
   int64_t out = 0;
   for (int64_t s : segments_) out += shard_size(s, tp, "ColumnParallelLinear out features");
   weight_ = register_parameter("weight", Tensor::zeros({out, in_features}, dtype, device));
-  if (bias) bias_ = register_parameter("bias", Tensor::zeros({out}, dtype, device));
+  place_split(weight_, 0, segments_, tp);
+  if (bias) {
+    bias_ = register_parameter("bias", Tensor::zeros({out}, dtype, device));
+    place_split(bias_, 0, segments_, tp);
+  }
 }
 
 Tensor ColumnParallelLinear::part_of(const Tensor& full) const {
@@ -287,7 +319,11 @@ RowParallelLinear::RowParallelLinear(int64_t in_features, int64_t out_features, 
       spans_(std::move(spans)) {
   const int64_t in = shard_size(in_features, tp, "RowParallelLinear in_features");
   weight_ = register_parameter("weight", Tensor::zeros({out_features, in}, dtype, device));
-  if (bias) bias_ = register_parameter("bias", Tensor::zeros({out_features}, dtype, device));
+  place_split(weight_, 1, {in_features}, tp);
+  if (bias) {
+    bias_ = register_parameter("bias", Tensor::zeros({out_features}, dtype, device));
+    place_replicated(bias_);
+  }
 }
 
 // One autograd node: the GEMM and its reduction interleaved (Note [TP communication overlap]).
@@ -407,6 +443,7 @@ VocabParallelEmbedding::VocabParallelEmbedding(int64_t num_embeddings, int64_t d
     : tp_(&tp), sequence_parallel_(sequence_parallel) {
   rows_ = shard_size(num_embeddings, tp, "VocabParallelEmbedding num_embeddings");
   weight_ = register_parameter("weight", Tensor::zeros({rows_, dim}, dtype, device));
+  place_split(weight_, 0, {num_embeddings}, tp);
 }
 
 // Ids outside this rank's rows look up row 0 and are then zeroed by a mask, so the sum over

@@ -46,8 +46,9 @@ Tensor random_cuda(int64_t n, DType dtype, Generator& gen, Tensor* host_copy) {
 
 TEST_F(NcclSelfTest, ContextIsOnTheGpuWithGroupsOfOne) {
   EXPECT_EQ(ctx_->device(), Device::cuda(0));
-  for (Communicator* c : {&ctx_->world(), &ctx_->dp(), &ctx_->tp(), &ctx_->pp(), &ctx_->cp(),
-                          &ctx_->mics_partition(), &ctx_->mics_replica()}) {
+  for (Communicator* c :
+       {&ctx_->world(), &ctx_->dp(), &ctx_->tp(), &ctx_->pp(), &ctx_->cp(),
+        &ctx_->group({parallel::kAxisMicsPartition}), &ctx_->group({parallel::kAxisMicsReplica})}) {
     EXPECT_EQ(c->size(), 1) << c->name();
     EXPECT_EQ(c->rank(), 0) << c->name();
   }

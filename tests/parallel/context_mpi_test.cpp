@@ -22,14 +22,16 @@ TEST(Context, CommunicatorsHoldTheMeshGroups) {
     SCOPED_TRACE(ctx.str());
     EXPECT_EQ(ctx.rank(), world_rank());
     EXPECT_EQ(ctx.world_size(), world_size());
-    EXPECT_EQ(ctx.coords(), ctx.mesh().coords(world_rank()));
+    for (const MeshAxis& a : ctx.mesh().axes())
+      EXPECT_EQ(ctx.axis_rank(a.name), ctx.mesh().coord(world_rank(), a.name)) << a.name;
     EXPECT_EQ(ctx.dp().rank(), ctx.dp_rank());
     EXPECT_EQ(ctx.tp().rank(), ctx.tp_rank());
     EXPECT_EQ(ctx.cp().rank(), ctx.cp_rank());
     EXPECT_EQ(ctx.pp().rank(), ctx.pp_rank());
     EXPECT_EQ(ctx.dp().size(), ctx.dp_size());
     EXPECT_EQ(ctx.tp().size(), ctx.tp_size());
-    EXPECT_EQ(ctx.mics_partition_size() * ctx.mics_replica_size(), ctx.dp_size() * ctx.cp_size());
+    EXPECT_EQ(ctx.axis_size(kAxisMicsPartition) * ctx.axis_size(kAxisMicsReplica),
+              ctx.dp_size() * ctx.cp_size());
     for (const auto& g : testing::groups_of(ctx, opts.mics_partition_size)) {
       const int k = g.comm->size();
       ASSERT_EQ(k, static_cast<int>(g.members.size())) << g.comm->name();
@@ -54,7 +56,7 @@ TEST(Context, ObserverIsInstalledOnEveryCommunicator) {
     seen.push_back(e.group);
   });
   for (Communicator* c : {&ctx.world(), &ctx.tp(), &ctx.cp(), &ctx.dp(), &ctx.pp(),
-                          &ctx.mics_partition(), &ctx.mics_replica()}) {
+                          &ctx.group({kAxisMicsPartition}), &ctx.group({kAxisMicsReplica})}) {
     c->barrier();
   }
   const std::vector<std::string> want = {"world",          "tp",          "cp", "dp", "pp",

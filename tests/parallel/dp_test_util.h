@@ -4,6 +4,7 @@
 // (dp size, MiCS partition) that fit the world size. Tests only.
 #pragma once
 
+#include <cmath>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -41,16 +42,32 @@ inline ModelConfig dp_tiny_gpt() {
   return c;
 }
 
+// AdamW as every equivalence test runs it (eps 1e-6: Note [Equivalence tolerance] in
+// dp_equivalence_mpi_test.cpp).
+inline std::unique_ptr<optim::AdamW> make_adamw(std::vector<optim::ParamRef> refs) {
+  return std::make_unique<optim::AdamW>(std::move(refs), 0.9, 0.95, 1e-6, 0.1);
+}
+
 inline DataParallelConfig dp_config(int zero_stage, size_t bucket_bytes) {
   DataParallelConfig c;
   c.zero_stage = zero_stage;
   c.bucket_bytes = bucket_bytes;
-  c.beta1 = 0.9;
-  c.beta2 = 0.95;
-  c.eps = 1e-6;  // see Note [Equivalence tolerance] in dp_equivalence_mpi_test.cpp
-  c.weight_decay = 0.1;
+  c.optimizer = [](std::vector<optim::ParamRef> refs) -> std::unique_ptr<optim::Optimizer> {
+    return make_adamw(std::move(refs));
+  };
   c.decay_rule = optim::DecayRule::kDefault;
   return c;
+}
+
+// The global gradient norm of the engine's owned pieces (parallel/gradients.h), then the
+// optimizer step clipped to kMaxNorm on the device; returns the norm before clipping.
+inline double clip_and_step(DataParallel& dp, const ParallelContext& ctx, double lr) {
+  const std::vector<GradPiece> pieces = dp.grad_pieces();
+  const Device device = pieces.empty() ? Device::cpu() : pieces.front().grad.device();
+  const Tensor sq = global_grad_sq_sum(pieces, &ctx, device);
+  const double norm = std::sqrt(sq.item());
+  dp.step_scaled(lr, optim::clip_scale_tensor(sq, kMaxNorm));
+  return norm;
 }
 
 // The global batch of `step`: ids and targets (B, T) i32, identical on every rank.
@@ -73,8 +90,9 @@ inline RunResult reference_run(int steps) {
   Generator gen(kInitSeed);
   model.init_weights(gen);
   const DataParallelConfig c = dp_config(0, 1);
-  optim::AdamW opt(optim::make_param_refs(model.named_parameters(), c.decay_rule), c.beta1, c.beta2,
-                   c.eps, c.weight_decay);
+  std::unique_ptr<optim::AdamW> adamw =
+      make_adamw(optim::make_param_refs(model.named_parameters(), c.decay_rule));
+  optim::AdamW& opt = *adamw;
   RunResult r;
   for (int s = 0; s < steps; ++s) {
     auto [ids, targets] = global_batch(s);
@@ -96,6 +114,9 @@ inline RunResult reference_run(int steps) {
 inline std::unique_ptr<DataParallel> make_dp(Transformer& model, Communicator& comm,
                                              const DataParallelConfig& config,
                                              MicsGroups groups = {}) {
+  // dp_layout puts independent whole-model replicas along pp: say so (Note [Placement]), so
+  // the global gradient norm counts one of them.
+  mark_replicated(model.parameters(), kAxisPp);
   if (config.zero_stage < 3) {
     return std::make_unique<DataParallel>(model.named_parameters(), comm, config, groups);
   }
@@ -115,7 +136,7 @@ inline RunResult dp_run(const ParallelContext& ctx, const DataParallelConfig& co
   Generator gen(kInitSeed);
   model.init_weights(gen);
   MicsGroups groups;
-  if (mics) groups = {&ctx.mics_partition(), &ctx.mics_replica()};
+  if (mics) groups = {&ctx.group({kAxisMicsPartition}), &ctx.group({kAxisMicsReplica})};
   std::unique_ptr<DataParallel> engine = make_dp(model, ctx.dp(), config, groups);
   DataParallel& dp = *engine;
   const int64_t rows = kGlobalBatch / ctx.dp_size() / micro;
@@ -133,8 +154,7 @@ inline RunResult dp_run(const ParallelContext& ctx, const DataParallelConfig& co
       autograd::backward(ops::scale(loss, 1.0 / micro));
     }
     dp.finish_gradient_sync();
-    r.norms.push_back(dp.clip_grad_norm(kMaxNorm));
-    dp.step(kLr);
+    r.norms.push_back(clip_and_step(dp, ctx, kLr));
     Tensor l = Tensor::full({1}, local, DType::kF64);
     ctx.dp().all_reduce(l, ReduceOp::kAvg);
     r.losses.push_back(l.item());

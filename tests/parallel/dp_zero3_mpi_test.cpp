@@ -102,8 +102,7 @@ void check_zero3_overlap(int micro) {
           << "unit " << u;
       EXPECT_EQ(count(st, DpEventKind::kUnitForward, u), micro * (u == 0 ? 2 : 1));
     }
-    dp.clip_grad_norm(testing::kMaxNorm);
-    dp.step(testing::kLr);
+    testing::clip_and_step(dp, ctx, testing::kLr);
     EXPECT_EQ(dp.gathered_bytes(), 0);
     EXPECT_ANY_THROW(model.wte_weight().to_vector()) << "a released parameter must not be readable";
   }
@@ -197,10 +196,10 @@ TEST(DataParallelZero3Memory, PersistentBytesAreAQuarterOnFourRanks) {
     Generator gen(testing::kInitSeed);
     model.init_weights(gen);
     psi = model.num_parameters();
-    optim::AdamW opt(optim::make_param_refs(model.named_parameters(), cfg.decay_rule), cfg.beta1,
-                     cfg.beta2, cfg.eps, cfg.weight_decay);
+    auto opt =
+        testing::make_adamw(optim::make_param_refs(model.named_parameters(), cfg.decay_rule));
     autograd::backward(model.loss(ids, targets));
-    opt.step(testing::kLr);
+    opt->step(testing::kLr);
     single = alloc.stats().current_bytes - base;
   }
   int64_t persistent = 0, pad = 0, largest_unit = 0, unit0 = 0, base = 0;
@@ -228,8 +227,7 @@ TEST(DataParallelZero3Memory, PersistentBytesAreAQuarterOnFourRanks) {
       dp.zero_grad();
       autograd::backward(model.loss(ids, targets));
       dp.finish_gradient_sync();
-      dp.clip_grad_norm(testing::kMaxNorm);
-      dp.step(testing::kLr);
+      testing::clip_and_step(dp, ctx, testing::kLr);
     }
     EXPECT_EQ(dp.gathered_bytes(), 0);
     persistent = alloc.stats().current_bytes - base;

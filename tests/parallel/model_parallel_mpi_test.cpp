@@ -97,14 +97,19 @@ void check(bool llama, Layout lay) {
   EXPECT_NEAR(total, ref_loss.item(), 2e-5 * std::abs(ref_loss.item()));
 
   const int tr = ctx.tp().rank(), tn = ctx.tp().size();
-  const std::set<std::string> shards = tensor_parallel_shard_names(model);
   for (const auto& [name, p] : model.named_parameters()) {
     ASSERT_TRUE(p.grad().defined()) << name;
     const Tensor g = tp::all_reduce_sum(p.grad(), ctx.cp());
     const Tensor want = expected_tp_part(name, ref_grads.at(name), c, tr, tn);
+    // The placement the TP layers wrote (Note [Placement]) names exactly this part.
+    const Placement pl = p.placement();
+    EXPECT_EQ(pl.global_shape, ref_grads.at(name).shape()) << name;
     if (tn > 1) {
-      EXPECT_EQ(shards.count(name) > 0, want.numel() != ref_grads.at(name).numel()) << name;
+      EXPECT_EQ(pl.split_over(kAxisTp) != nullptr, want.numel() != ref_grads.at(name).numel())
+          << name;
     }
+    EXPECT_EQ(rel_err(want, testing::part_at(ref_grads.at(name), pl)), 0.0)
+        << name << ": " << placement_str(pl);
     EXPECT_LT(rel_err(want, g), 2e-5) << name;
   }
   // The parameters themselves start as parts of the single-process ones.

@@ -72,15 +72,19 @@ inline std::vector<GroupUnderTest> groups_of(const ParallelContext& ctx, int mic
   const int r = ctx.rank();
   std::vector<int> all;
   for (int i = 0; i < ctx.world_size(); ++i) all.push_back(i);
-  const int p = mics_partition_size == 0 ? mesh.shape().dp * mesh.shape().cp : mics_partition_size;
+  const Axes dp_cp = {kAxisDp, kAxisCp};
+  const int p =
+      mics_partition_size == 0 ? mesh.size(kAxisDp) * mesh.size(kAxisCp) : mics_partition_size;
   return {
       {&ctx.world(), all},
-      {&ctx.tp(), mesh.group_members(r, MeshDim::kTp)},
-      {&ctx.cp(), mesh.group_members(r, MeshDim::kCp)},
-      {&ctx.dp(), mesh.group_members(r, MeshDim::kDp)},
-      {&ctx.pp(), mesh.group_members(r, MeshDim::kPp)},
-      {&ctx.mics_partition(), mesh.mics_partition_group(r, p)},
-      {&ctx.mics_replica(), mesh.mics_replica_group(r, p)},
+      {&ctx.tp(), mesh.group_members(r, {kAxisTp})},
+      {&ctx.cp(), mesh.group_members(r, {kAxisCp})},
+      {&ctx.dp(), mesh.group_members(r, {kAxisDp})},
+      {&ctx.pp(), mesh.group_members(r, {kAxisPp})},
+      {&ctx.group(dp_cp), mesh.group_members(r, dp_cp)},
+      {&ctx.group({kAxisCp, kAxisDp}), mesh.group_members(r, dp_cp)},  // any order
+      {&ctx.group({kAxisMicsPartition}), mesh.partition_group(r, dp_cp, p)},
+      {&ctx.group({kAxisMicsReplica}), mesh.replica_group(r, dp_cp, p)},
   };
 }
 

@@ -43,12 +43,15 @@ TEST(SingleProcess, ContextHasEveryGroupOfSizeOne) {
   ParallelContext ctx = ParallelContext::single_process();
   EXPECT_EQ(ctx.world_size(), 1);
   EXPECT_EQ(ctx.rank(), 0);
-  for (Communicator* c : {&ctx.world(), &ctx.dp(), &ctx.tp(), &ctx.pp(), &ctx.cp(),
-                          &ctx.mics_partition(), &ctx.mics_replica()}) {
+  for (Communicator* c :
+       {&ctx.world(), &ctx.dp(), &ctx.tp(), &ctx.pp(), &ctx.cp(), &ctx.group({kAxisMicsPartition}),
+        &ctx.group({kAxisMicsReplica}), &ctx.group({kAxisDp, kAxisCp})}) {
     EXPECT_EQ(c->size(), 1) << c->name();
     EXPECT_EQ(c->rank(), 0) << c->name();
   }
   EXPECT_EQ(ctx.dp().name(), "dp");
+  EXPECT_EQ(ctx.group({kAxisCp, kAxisDp}).name(), "dp_cp");
+  EXPECT_THROW(ctx.group({"outer"}), Error);  // never created: named in the error
   EXPECT_EQ(ctx.dp_size() * ctx.tp_size() * ctx.pp_size() * ctx.cp_size(), 1);
 }
 

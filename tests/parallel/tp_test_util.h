@@ -11,6 +11,19 @@
 
 namespace loom::parallel::testing {
 
+// The values a placement (core/placement.h) names in the global tensor `full`: along each split
+// dim its runs, concatenated in order. Written from the placement alone, so comparing it with
+// expected_tp_part checks what the TP layers recorded.
+inline Tensor part_at(const Tensor& full, const Placement& p) {
+  Tensor t = full;
+  for (const PlacementSplit& s : p.splits) {
+    std::vector<Tensor> runs;
+    for (const PlacementRun& r : s.runs) runs.push_back(ops::narrow(t, s.dim, r.global, r.length));
+    t = ops::contiguous(ops::cat(runs, s.dim));
+  }
+  return t;
+}
+
 inline Tensor expected_tp_part(const std::string& name, const Tensor& full, const ModelConfig& c,
                                int r, int n) {
   auto chunk = [&](const Tensor& t, int64_t dim) {

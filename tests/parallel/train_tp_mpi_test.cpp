@@ -45,10 +45,11 @@ struct Case {
   bool sp = false;
   int zero_stage = 0;
   double dropout = 0.0;
-  std::string precision = "f32";  // train.precision (f64: f32 masters, f64 compute)
-  int mics = 0;                   // parallel.mics_partition_size
-  bool checkpointing = false;     // model.activation_checkpointing
-  double loss_scale = 0;          // > 0: train.loss_scaling dynamic from this initial scale
+  std::string precision = "f32";    // train.precision (f64: f32 masters, f64 compute)
+  int mics = 0;                     // parallel.mics_partition_size
+  bool checkpointing = false;       // model.activation_checkpointing
+  double loss_scale = 0;            // > 0: train.loss_scaling dynamic from this initial scale
+  std::string optimizer = "adamw";  // optim.name: the sharded optimizer wraps either
 };
 
 std::string tag_of(const Case& k) {
@@ -58,7 +59,8 @@ std::string tag_of(const Case& k) {
          (k.mics > 0 ? "_mics" + std::to_string(k.mics) : "") + "_" + k.precision +
          (k.checkpointing ? "_ckpt" : "") +
          (k.loss_scale > 0 ? "_ls" + std::to_string(static_cast<int>(std::log2(k.loss_scale)))
-                           : "");
+                           : "") +
+         (k.optimizer != "adamw" ? "_" + k.optimizer : "");
 }
 
 Config config_for(const Case& k, const std::string& dir, const std::string& out, bool parallel) {
@@ -76,7 +78,9 @@ Config config_for(const Case& k, const std::string& dir, const std::string& out,
   }
   y << "data: {train: " << dir << "/data/train_*.bin, val: " << dir
     << "/data/train_*.bin, batch_size: " << (parallel ? 4 : 4 * k.dp) << ", seq_len: 16}\n"
-    << "optim: {lr: 1.0e-2, min_lr: 1.0e-3, warmup_steps: 2, eps: 1.0e-6, grad_clip: 0.5, "
+    << "optim: {name: " << k.optimizer
+    << (k.optimizer == "sgd" ? ", momentum: 0.9, weight_decay: 0.1" : "")
+    << ", lr: 1.0e-2, min_lr: 1.0e-3, warmup_steps: 2, eps: 1.0e-6, grad_clip: 0.5, "
        "grad_accum: 2}\n"
     << "train: {steps: 6, peak_flops: 1.0e10, log_every: 100, val_every: 0, val_steps: 2, "
        "sample_every: 0, precision: "
@@ -259,6 +263,14 @@ TEST(TrainModelParallel2, Cp2WithDropoutMatchesSingleProcess) {
   expect_matches_single({.cp = 2, .dropout = 0.1});
 }
 TEST(TrainModelParallel2, Cp2MatchesSingleProcess) { expect_matches_single({.cp = 2}); }
+// SGD under the data-parallel engine (which also reduces the cp gradients): it used to run AdamW
+// whatever optim.name said; the sharded optimizer now wraps SGD as it wraps AdamW.
+TEST(TrainModelParallel2, Cp2WithSgdMatchesSingleProcess) {
+  expect_matches_single({.cp = 2, .optimizer = "sgd"});
+}
+TEST(TrainModelParallel2, Dp2Zero2WithSgdMatchesSingleProcess) {
+  expect_matches_single({.dp = 2, .zero_stage = 2, .optimizer = "sgd"});
+}
 TEST(TrainModelParallel2, Tp2ResumeIsExact) { expect_resume_exact({.tp = 2}); }
 
 TEST(TrainModelParallel4, Dp2Tp2Zero1MatchesSingleProcess) {
@@ -292,6 +304,18 @@ TEST(TrainModelParallel4, Dp2Cp2Zero2MicsMatchesSingleProcess) {
 }
 TEST(TrainModelParallel4, Dp2Cp2Zero3MicsMatchesSingleProcess) {
   expect_matches_single({.dp = 2, .cp = 2, .zero_stage = 3, .mics = 2});
+}
+TEST(TrainModelParallel4, Dp2Cp2Zero2MicsWithSgdMatchesSingleProcess) {
+  expect_matches_single({.dp = 2, .cp = 2, .zero_stage = 2, .mics = 2, .optimizer = "sgd"});
+}
+TEST(TrainModelParallel4, Dp2Tp2Zero3WithSgdMatchesSingleProcess) {
+  expect_matches_single({.dp = 2, .tp = 2, .zero_stage = 3, .optimizer = "sgd"});
+}
+TEST(TrainModelParallel4, Dp2Pp2Zero1WithSgdMatchesSingleProcess) {
+  expect_matches_single({.dp = 2, .pp = 2, .zero_stage = 1, .optimizer = "sgd"});
+}
+TEST(TrainModelParallel4, Dp2Cp2Zero2SgdResumeIsExact) {  // SGD's momentum shards resume
+  expect_resume_exact({.dp = 2, .cp = 2, .zero_stage = 2, .optimizer = "sgd"});
 }
 TEST(TrainModelParallel4, Dp2Cp2Zero1MicsResumeIsExact) {
   expect_resume_exact({.dp = 2, .cp = 2, .zero_stage = 1, .mics = 2});

@@ -93,6 +93,38 @@ TEST(Checkpoint, SaveLoadRoundTrip) {
   }
 }
 
+// Each tensor's file metadata records where it sits in the global tensor, from its placement
+// (core/placement.h): a one-run split by its offset, a part in several runs (a fused qkv's
+// rows) run by run; a tensor without a placement is whole.
+TEST(Checkpoint, RecordsGlobalShapesAndOffsetsFromPlacements) {
+  const std::string root = fresh_dir("placed");
+  Tensor row_part = Tensor::zeros({4, 3});  // columns [3, 6) of (4, 9), split over tp
+  Placement row;
+  row.global_shape = {4, 9};
+  row.splits.push_back({1, "tp", {{0, 3, 3}}});
+  row_part.set_placement(row);
+  Tensor qkv_part = Tensor::zeros({3, 2});  // one row of each of q, k, v: (9, 2) over 3 ranks
+  Placement qkv;
+  qkv.global_shape = {9, 2};
+  qkv.splits.push_back({0, "tp", {{0, 1, 1}, {1, 4, 1}, {2, 7, 1}}});
+  qkv_part.set_placement(qkv);
+  CheckpointContents c;
+  c.step = 1;
+  c.tensors = {{"row", row_part}, {"qkv", qkv_part}, {"whole", Tensor::zeros({2})}};
+  const std::string dir = save_checkpoint(root, c, 0);
+  const SafetensorsFile f =
+      read_safetensors((fs::path(dir) / "tensors_00000.safetensors").string());
+  EXPECT_EQ(f.metadata.at("row.global_shape"), "4,9");
+  EXPECT_EQ(f.metadata.at("row.offsets"), "0,3");
+  EXPECT_EQ(f.metadata.at("qkv.global_shape"), "9,2");
+  EXPECT_EQ(f.metadata.at("qkv.offsets"), "runs");
+  EXPECT_EQ(f.metadata.at("qkv.placement"),
+            "global (9, 2); dim 0 over tp: 0→1 (1), 1→4 (1), 2→7 (1)");
+  EXPECT_EQ(f.metadata.at("whole.global_shape"), "2");
+  EXPECT_EQ(f.metadata.at("whole.offsets"), "0");
+  EXPECT_EQ(f.metadata.count("whole.placement"), 0u);
+}
+
 TEST(Checkpoint, KeepsTheNewestAndFindsLatest) {
   Generator gen(4);
   const std::string root = fresh_dir("keep");

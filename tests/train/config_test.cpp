@@ -183,14 +183,16 @@ TEST(Config, MicsWithContextParallelism) {
 // SGD runs only where the trainer owns the optimizer: the data-parallel engine (dp > 1, and cp > 1,
 // whose gradients it reduces too) runs AdamW, so SGD there is refused by name instead of being
 // replaced by AdamW silently.
-TEST(Config, SgdOnlyWithoutTheDataParallelEngine) {
-  const std::string refused =
-      "optim.name: sgd is not supported with parallel.dp > 1 or parallel.cp > 1 (the "
-      "data-parallel engine, which also reduces context-parallel gradients, runs AdamW)";
-  EXPECT_EQ(error_of("", {"optim.name=sgd"}), "");
-  EXPECT_EQ(error_of("", {"optim.name=sgd", "parallel.dp=2"}), refused);
-  EXPECT_EQ(error_of("", {"optim.name=sgd", "parallel.cp=2"}), refused);
-  EXPECT_EQ(error_of("", {"optim.name=adamw", "parallel.cp=2"}), "");
+// The sharded data-parallel optimizer wraps either optimizer, so every layout takes both
+// (the MPI trainer tests run SGD under dp, cp and ZeRO against one process).
+TEST(Config, SgdAndAdamWInEveryLayout) {
+  for (const char* name : {"optim.name=sgd", "optim.name=adamw"}) {
+    EXPECT_EQ(error_of("", {name}), "");
+    EXPECT_EQ(error_of("", {name, "parallel.dp=2"}), "");
+    EXPECT_EQ(error_of("", {name, "parallel.cp=2"}), "");
+    EXPECT_EQ(error_of("", {name, "parallel.dp=2", "parallel.zero_stage=2"}), "");
+  }
+  EXPECT_EQ(error_of("", {"optim.name=lion"}), "optim.name: unknown optimizer 'lion' (adamw, sgd)");
 }
 
 // Dropout was refused with sequence or context parallelism until each rank could draw the masks
