@@ -1,6 +1,8 @@
-// train/trainer.h — the training loop: builds the model, optimiser, schedule and data loaders
-// from a Config, runs steps (micro-batch accumulation, clipping, AdamW/SGD), logs metrics,
-// evaluates, samples text, and writes checkpoints it can resume from exactly.
+// train/trainer.h — the training loop: builds the plan (model, step runner, gradient
+// finalisation, optimizer: train/plan.h), schedule and data loaders from a Config, runs steps
+// (micro-batch accumulation, clipping, AdamW/SGD, any parallel layout), logs metrics, evaluates,
+// samples text, and writes checkpoints it can resume from exactly. Step callbacks let a fork
+// add behaviour around each step without copying it (an outer optimizer every H steps, say).
 //
 // Note [Exact resume]: a checkpoint holds the parameters, the optimiser state and step count,
 // the data loader's position, and the dropout and sampling generators' states. Every kernel is
@@ -31,6 +33,21 @@ struct StepRecord {
   bool skipped = false;  // f16: the gradients overflowed, the optimizer step was skipped
 };
 
+class Trainer;
+
+// Called on every rank, in the loop's order (every field may be empty). A callback that changes
+// the parameters (through Trainer::trained_parameters(), in place, outside autograd) must do the
+// same on every rank of a replica and keep any collective it issues in the same order on all.
+struct StepCallbacks {
+  // Before step `step` (1-based: the one about to run) is launched.
+  std::function<void(Trainer&, int64_t step)> before_step;
+  // Once step `step`'s optimizer update is launched (reading a parameter waits for it). Runs
+  // before the step is reported: its numbers may still be on the device.
+  std::function<void(Trainer&, int64_t step)> after_update;
+  // Once the step's record is complete (loss, norm read back) and logged.
+  std::function<void(Trainer&, const StepRecord&)> after_report;
+};
+
 struct TrainerOptions {
   std::string resume;                       // "", "latest" or a checkpoint directory
   const std::atomic<bool>* stop = nullptr;  // set by a signal handler: checkpoint and stop
@@ -43,6 +60,7 @@ struct TrainerOptions {
   parallel::ParallelContext* parallel = nullptr;
   // Non-empty: write a Chrome/Perfetto trace of this rank here at the end (train/profiler.h).
   std::string profile_path;
+  StepCallbacks callbacks;
 };
 
 class Trainer {

@@ -49,9 +49,8 @@ void expect_global_sum(const Axes& data_axes) {
   pq.global_shape = {12, 3};
   pq.splits.push_back({0, kAxisTp, {{0, 2 * tp, 2}, {2, 4 + 2 * tp, 2}, {4, 8 + 2 * tp, 2}}});
   pq.add_replicated(data_axes.front());
-  const Tensor qkv_part = ops::cat({qkv.narrow(0, 2 * tp, 2), qkv.narrow(0, 4 + 2 * tp, 2),
-                                    qkv.narrow(0, 8 + 2 * tp, 2)},
-                                   0);
+  const Tensor qkv_part = ops::cat(
+      {qkv.narrow(0, 2 * tp, 2), qkv.narrow(0, 4 + 2 * tp, 2), qkv.narrow(0, 8 + 2 * tp, 2)}, 0);
   // norm: whole on every rank.
   Placement pn;
   pn.global_shape = {5};
@@ -69,9 +68,9 @@ void expect_global_sum(const Axes& data_axes) {
   Placement copy = pw;
   copy.tied_to = "wte.weight";
 
-  const std::vector<Tensor> params = {
-      with_grad(qkv_part, pq), with_grad(norm, pn), with_grad(flat.narrow(0, 4 * data, 4), pf),
-      with_grad(wte, pw), with_grad(wte, copy)};
+  const std::vector<Tensor> params = {with_grad(qkv_part, pq), with_grad(norm, pn),
+                                      with_grad(flat.narrow(0, 4 * data, 4), pf),
+                                      with_grad(wte, pw), with_grad(wte, copy)};
   const Tensor got = global_grad_sq_sum(parameter_grad_pieces(params), &ctx, Device::cpu());
   const double want = sq(qkv) + sq(norm) + sq(flat) + sq(wte);
   EXPECT_NEAR(got.item(), want, 1e-12 * want) << ctx.str();

@@ -16,6 +16,7 @@
 #include <iterator>
 #include <sstream>
 
+#include "core/ops/view.h"
 #include "data/shard.h"
 #include "layers/transformer.h"
 #include "train/checkpoint.h"
@@ -122,6 +123,47 @@ TEST(Trainer, ResumeIsBitIdentical) {
 
 // The effective config goes to <out_dir>/config.yaml (named on the log, not printed in full
 // unless asked), and reading that file back gives the same config: every key, overrides included.
+// Step callbacks (train/trainer.h) fire once per step in the loop's order, see the step count
+// they are documented to see, and can change the parameters between steps as a fork's outer
+// optimizer would: one that puts back the initial weights after every update leaves the model
+// at its initial values, while the reports still come from real steps.
+TEST(Trainer, StepCallbacksRunAroundEveryStepAndMayChangeTheParameters) {
+  const std::string dir = make_data("callbacks");
+  std::ostringstream log;
+  TrainerOptions o = quiet(log);
+  std::vector<std::string> events;
+  std::vector<StepRecord> reported;
+  std::vector<Tensor> initial;
+  o.callbacks.before_step = [&](Trainer& t, int64_t step) {
+    EXPECT_EQ(t.step(), step - 1);
+    if (initial.empty()) {
+      for (const auto& [name, p] : t.trained_parameters()) initial.push_back(p.clone());
+    }
+    events.push_back("b" + std::to_string(step));
+  };
+  o.callbacks.after_update = [&](Trainer& t, int64_t step) {
+    EXPECT_EQ(t.step(), step);
+    auto params = t.trained_parameters();
+    EXPECT_NE(params[0].second.to_vector(), initial[0].to_vector()) << "the update ran";
+    for (size_t i = 0; i < params.size(); ++i) ops::copy_(params[i].second, initial[i]);
+    events.push_back("u" + std::to_string(step));
+  };
+  o.callbacks.after_report = [&](Trainer&, const StepRecord& r) {
+    reported.push_back(r);
+    events.push_back("r" + std::to_string(r.step));
+  };
+  Trainer t(tiny_config(dir, 5), o);
+  const std::vector<StepRecord> records = t.run();
+  // Step N is reported once step N + 1 is launched (Note [Device step]); the last at once.
+  EXPECT_EQ(events, (std::vector<std::string>{"b1", "u1", "b2", "u2", "r1", "b3", "u3", "r2", "b4",
+                                              "u4", "r3", "b5", "u5", "r4", "r5"}));
+  ASSERT_EQ(reported.size(), records.size());
+  for (size_t i = 0; i < records.size(); ++i) EXPECT_EQ(reported[i].loss, records[i].loss);
+  const auto params = t.trained_parameters();
+  for (size_t i = 0; i < params.size(); ++i)
+    EXPECT_EQ(params[i].second.to_vector(), initial[i].to_vector()) << params[i].first;
+}
+
 TEST(Trainer, WritesTheEffectiveConfigBesideTheRun) {
   const std::string dir = make_data("config_file");
   std::ostringstream log;

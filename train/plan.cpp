@@ -1,0 +1,238 @@
+// train/plan.cpp — the plan builder (Note [Plan order] in train/plan.h) and the few operations
+// the trainer runs through the plan: gradient finalisation, the optimizer step, the loss
+// reductions, the optimizer state.
+#include "train/plan.h"
+
+#include <sstream>
+
+#include "core/ops/view.h"
+#include "optim/adamw.h"
+#include "optim/decay_rule.h"
+#include "optim/sgd.h"
+#include "parallel/cp/ring_attention.h"
+#include "parallel/gradients.h"
+#include "train/profiler.h"
+
+namespace loom {
+namespace {
+
+// train.dtype / train.precision values (validated in train/config.cpp).
+DType dtype_of(const std::string& s) {
+  if (s == "f64") return DType::kF64;
+  if (s == "bf16") return DType::kBF16;
+  if (s == "f16") return DType::kF16;
+  return DType::kF32;
+}
+
+// 1. Tensor, sequence and context parallelism: the model's layers built over the tp and cp
+// groups; the TP layers place their parts, every other parameter is whole on each TP rank.
+void apply_model_parallel(TrainPlan& plan, const Config& cfg, const PlanHooks& hooks) {
+  parallel::ParallelContext* ctx = plan.ctx;
+  if (cfg.parallel.tp > 1 || cfg.parallel.cp > 1) {
+    LOOM_CONFIG_CHECK(
+        ctx != nullptr && ctx->tp_size() == cfg.parallel.tp && ctx->cp_size() == cfg.parallel.cp,
+        "parallel.tp: ", cfg.parallel.tp, " × parallel.cp ", cfg.parallel.cp,
+        " need a parallel context with those sizes (mpirun -np dp·pp·cp·tp)");
+    plan.mp = std::make_unique<parallel::MeshModelParallel>(ctx->tp(), ctx->cp(),
+                                                            cfg.parallel.sequence_parallel);
+    if (hooks.trace) {  // the TP layers' GEMMs beside the communicators' events (--profile)
+      plan.mp->set_span_sink(
+          [t = hooks.trace](const std::string& what, std::chrono::steady_clock::time_point b,
+                            std::chrono::steady_clock::time_point e) {
+            t->span("compute", what, b, e);
+          });
+    }
+  }
+  // Parameters are built on the device (drawn on the host, so every device starts from the
+  // same values); with train.precision ≠ train.dtype the forward casts them (Note [Precision]).
+  plan.model = std::make_unique<Transformer>(cfg.model, dtype_of(cfg.train.dtype), plan.device,
+                                             plan.mp.get());
+  if (plan.mp) parallel::mark_replicated(plan.model->parameters(), parallel::kAxisTp);
+  if (cfg.train.precision != cfg.train.dtype)
+    plan.model->set_compute_dtype(dtype_of(cfg.train.precision));
+}
+
+// 2. Pipeline stages: this rank's chunks of layers; the other stages' weights are released.
+void apply_pipeline(TrainPlan& plan, const Config& cfg) {
+  if (cfg.parallel.pp == 1) return;
+  parallel::ParallelContext* ctx = plan.ctx;
+  LOOM_CONFIG_CHECK(
+      ctx != nullptr && ctx->pp_size() == cfg.parallel.pp, "parallel.pp: ", cfg.parallel.pp,
+      " stages need a parallel context with pp = ", cfg.parallel.pp, " (mpirun -np dp·pp)");
+  parallel::pp::PipelineOptions po;
+  po.schedule = parallel::pp::parse_schedule(cfg.parallel.schedule);
+  po.vpp = static_cast<int>(cfg.parallel.vpp);
+  po.microbatches = static_cast<int>(pipeline_microbatches(cfg));
+  po.layout = cfg.parallel.pp_layout;
+  // Under tp/cp each micro-batch is this cp rank's chunks (Note [Model-parallel step]).
+  const int64_t local_seq = cfg.data.seq_len / cfg.parallel.cp;
+  // Note [Pipeline dropout]: the single-process micro-batch (dp replicas' rows together).
+  po.dropout_numel = cfg.data.batch_size * cfg.parallel.dp * cfg.data.seq_len * cfg.model.n_embd;
+  if (plan.mp) {
+    po.positions = parallel::cp::cp_positions(cfg.data.seq_len, ctx->cp_rank(), ctx->cp_size())
+                       .to(plan.device);
+    po.activation_rows = cfg.parallel.sequence_parallel ? local_seq / cfg.parallel.tp : local_seq;
+    po.loss_scale = static_cast<double>(cfg.parallel.cp);
+  }
+  plan.pipe = std::make_unique<parallel::pp::TransformerPipeline>(*plan.model, ctx->pp(), po,
+                                                                  cfg.data.batch_size, local_seq);
+  plan.released = plan.pipe->release_other_stages(*plan.model);
+}
+
+// 3. Data parallelism and ZeRO over {dp, cp} (under context parallelism each cp rank holds part
+// of the same samples' gradients, Note [Model-parallel step]), wrapping the optim.* optimizer;
+// or, alone, that optimizer over the trained parameters.
+void apply_data_parallel(TrainPlan& plan, const Config& cfg) {
+  const ParallelConfig& pc = cfg.parallel;
+  const optim::DecayRule rule = optim::parse_decay_rule(cfg.optim.decay_rule);
+  if (pc.dp == 1 && pc.cp == 1) {
+    plan.optimizer = optimizer_factory(cfg.optim)(optim::make_param_refs(plan.trained(), rule));
+    return;
+  }
+  parallel::ParallelContext* ctx = plan.ctx;
+  const int world = ctx ? ctx->world_size() : 1;
+  const int64_t ranks = pc.dp * pc.pp * pc.cp * pc.tp;
+  if (world != ranks) {
+    throw ConfigError("parallel.dp: " + std::to_string(pc.dp) + " × pp " + std::to_string(pc.pp) +
+                      " × cp " + std::to_string(pc.cp) + " × tp " + std::to_string(pc.tp) +
+                      " does not match the world size " + std::to_string(world) +
+                      " (start with mpirun -np " + std::to_string(ranks) + ")");
+  }
+  if (pc.dp > 1) {  // dropout draws the single-process batch's masks for this replica's rows
+    plan.model->set_batch_slice({ctx->dp_rank() * cfg.data.batch_size, pc.dp * cfg.data.batch_size});
+  }
+  parallel::DataParallelConfig c;
+  c.zero_stage = static_cast<int>(pc.zero_stage);
+  c.bucket_bytes = static_cast<size_t>(pc.bucket_mb * (1 << 20));
+  c.overlap = pc.overlap;
+  c.optimizer = optimizer_factory(cfg.optim);
+  c.decay_rule = rule;
+  c.axes = {parallel::kAxisDp, parallel::kAxisCp};
+  parallel::MicsGroups mics;
+  if (pc.mics_partition_size > 0) {
+    mics = {&ctx->group({parallel::kAxisMicsPartition}),
+            &ctx->group({parallel::kAxisMicsReplica})};
+  }
+  parallel::Communicator& group = ctx->group(c.axes);
+  if (plan.pipe && c.zero_stage >= 2) {  // this stage's units (Note [Sharded stages])
+    parallel::pp::TransformerPipeline::StageUnits units = plan.pipe->parameter_units();
+    plan.dp = std::make_unique<parallel::DataParallel>(units.units, group, c, mics);
+    if (c.zero_stage == 3) {
+      plan.stage_hooks =
+          std::make_unique<parallel::pp::StageUnitHooks>(*plan.dp, std::move(units.buckets));
+      plan.model->set_unit_hooks(plan.stage_hooks.get());
+    }
+  } else if (c.zero_stage == 3) {  // parameters gathered per unit (Note [ZeRO-3])
+    plan.dp = std::make_unique<parallel::DataParallel>(plan.model->parameter_units(), group, c,
+                                                       mics);
+    plan.model->set_unit_hooks(plan.dp.get());
+  } else {
+    std::vector<std::pair<std::string, Tensor>> named;
+    for (const optim::ParamRef& r : optim::make_param_refs(plan.trained(), rule))
+      named.emplace_back(r.name, r.param);
+    plan.dp = std::make_unique<parallel::DataParallel>(named, group, c, mics);
+  }
+}
+
+}  // namespace
+
+optim::OptimizerFactory optimizer_factory(const OptimConfig& o) {
+  if (o.name == "sgd") {
+    return [o](std::vector<optim::ParamRef> refs) -> std::unique_ptr<optim::Optimizer> {
+      return std::make_unique<optim::SGD>(std::move(refs), o.momentum, o.weight_decay);
+    };
+  }
+  return [o](std::vector<optim::ParamRef> refs) -> std::unique_ptr<optim::Optimizer> {
+    return std::make_unique<optim::AdamW>(std::move(refs), o.beta1, o.beta2, o.eps,
+                                          o.weight_decay);
+  };
+}
+
+TrainPlan build_plan(const Config& cfg, parallel::ParallelContext* ctx, Device device,
+                     const PlanHooks& hooks) {
+  TrainPlan plan;
+  plan.ctx = ctx;
+  plan.device = device;
+  apply_model_parallel(plan, cfg, hooks);
+  if (hooks.init) hooks.init(*plan.model);
+  apply_pipeline(plan, cfg);
+  apply_data_parallel(plan, cfg);
+  StepRunnerParts parts;
+  parts.model = plan.model.get();
+  parts.pipe = plan.pipe.get();
+  parts.dp = plan.dp.get();
+  parts.ctx = ctx;
+  parts.device = device;
+  parts.model_parallel = plan.mp != nullptr;
+  parts.trace = hooks.trace;
+  parts.micro_batches = plan.pipe ? pipeline_microbatches(cfg) : cfg.optim.grad_accum;
+  plan.runner = plan.pipe ? make_pipeline_runner(parts) : make_plain_runner(parts);
+  return plan;
+}
+
+std::vector<std::pair<std::string, Tensor>> TrainPlan::trained() const {
+  return pipe ? pipe->named_parameters() : model->named_parameters();
+}
+
+void TrainPlan::zero_grad() {
+  if (dp)
+    dp->zero_grad();
+  else
+    optimizer->zero_grad();
+}
+
+Tensor TrainPlan::finalize_gradients() {
+  if (dp) dp->finish_gradient_sync();
+  if (pipe) {  // Note [Tied embeddings across stages]; shard by shard when sharded
+    if (dp && dp->zero_stage() >= 2)
+      pipe->sync_tied_gradient_pieces(dp->owned_grad_pieces());
+    else
+      pipe->sync_tied_gradients();
+  }
+  std::vector<Tensor> params;
+  for (const auto& [name, p] : trained()) params.push_back(p);
+  return parallel::global_grad_sq_sum(
+      dp ? dp->grad_pieces() : parallel::parameter_grad_pieces(params), ctx, device);
+}
+
+void TrainPlan::step(double lr, const Tensor& factor) {
+  if (dp)
+    dp->step_scaled(lr, factor);
+  else
+    optimizer->step_scaled(lr, factor);
+}
+
+Tensor TrainPlan::global_loss(Tensor share) const {
+  if (ctx == nullptr) return share;
+  if (ctx->cp_size() > 1) ctx->cp().all_reduce(share, parallel::ReduceOp::kSum);  // the shares
+  if (ctx->dp_size() > 1) ctx->dp().all_reduce(share, parallel::ReduceOp::kAvg);
+  return share;
+}
+
+int64_t TrainPlan::optimizer_steps() const {
+  return dp ? dp->step_count() : optimizer->step_count();
+}
+
+void TrainPlan::set_optimizer_steps(int64_t n) {
+  if (dp)
+    dp->set_step_count(n);
+  else
+    optimizer->set_step_count(n);
+}
+
+std::vector<std::pair<std::string, Tensor>> TrainPlan::optimizer_state() const {
+  return dp ? dp->state_tensors() : optimizer->state_tensors();
+}
+
+std::string TrainPlan::describe() const {
+  std::ostringstream os;
+  if (dp) os << dp->describe() << "\n";
+  if (pipe) os << pipe->describe() << "; " << released << " parameters of other stages released\n";
+  if (mp) {
+    os << "model parallel: tp " << ctx->tp_size() << (mp->sequence_parallel() ? " (sequence parallel)" : "")
+       << ", cp " << ctx->cp_size() << "\n";
+  }
+  return os.str();
+}
+
+}  // namespace loom

@@ -1,0 +1,87 @@
+// train/plan.h — the plan builder: from the config and this rank's context it applies the layout
+// to the model as a few ordered transforms — tensor/sequence/context parallelism (the layers'
+// build context), then pipeline stages, then data parallelism and ZeRO — and hands the trainer
+// one TrainPlan: the model, a step runner (plain or pipelined: the one branch on the layout), the
+// gradient finalisation and the optimizer. The training loop (train/trainer.cpp) only calls the
+// plan; it never asks which layout it runs. A new scheme is one folder under parallel/ plus one
+// transform here (docs/architecture.md walks through ODC, SDP and a DiLoCo outer loop).
+//
+// Note [Plan order]: tp/sp/cp decide the model's own shape (which parts of each weight a rank
+// holds), so they come first; the pipeline then picks this rank's stages of that model; data
+// parallelism last re-homes whatever parameters the rank trains into buckets and wraps the
+// optimizer around them. Each transform writes the placement of what it splits or replicates
+// (Note [Placement] in core/placement.h), which is all the finalisation reads.
+#pragma once
+
+#include <functional>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "core/tensor.h"
+#include "layers/transformer.h"
+#include "optim/optimizer.h"
+#include "parallel/dp/data_parallel.h"
+#include "parallel/model_parallel.h"
+#include "parallel/pp/pipeline.h"
+#include "train/config.h"
+#include "train/step_runner.h"
+
+namespace loom {
+
+class TraceRecorder;
+
+// What the caller does between building the model and sharding it (initial weights: the init
+// draw, train.init_from) and where the TP layers report their GEMM spans (--profile).
+struct PlanHooks {
+  std::function<void(Transformer& model)> init;
+  TraceRecorder* trace = nullptr;
+};
+
+struct TrainPlan {
+  std::unique_ptr<parallel::MeshModelParallel> mp;  // tp or cp > 1 (outlives the model)
+  std::unique_ptr<Transformer> model;
+  std::unique_ptr<parallel::pp::TransformerPipeline> pipe;    // pp > 1
+  std::unique_ptr<parallel::DataParallel> dp;                 // dp or cp > 1: owns the optimizer
+  std::unique_ptr<parallel::pp::StageUnitHooks> stage_hooks;  // ZeRO-3 under pp
+  std::unique_ptr<optim::Optimizer> optimizer;                // without data parallelism
+  std::unique_ptr<StepRunner> runner;
+  parallel::ParallelContext* ctx = nullptr;  // null: one process
+  Device device;
+  int64_t released = 0;  // parameters of other pipeline stages freed on this rank
+
+  // The parameters this rank trains (its stages' under pp).
+  std::vector<std::pair<std::string, Tensor>> trained() const;
+  void zero_grad();
+  // Note [Gradient finalisation]: the one place a step's gradients become final — the
+  // data-parallel sync (the wait for the reductions launched in backward), the tied embedding's
+  // exchange between pipeline stages, then the global Σ g² of parallel/gradients.h — returned
+  // as a 0-d f64 tensor on the device (nothing read back).
+  Tensor finalize_gradients();
+  // The optimizer step with every gradient multiplied by `factor` (0-d f64 on the device,
+  // undefined: 1; not finite: the step is skipped, Note [Device step] in train/trainer.cpp).
+  void step(double lr, const Tensor& factor);
+  // The loss of the global batch from this rank's share of its replica's (StepRunner): summed
+  // over cp, averaged over dp; the same on every rank.
+  Tensor global_loss(Tensor share) const;
+  // Under ZeRO-3 a forward gathers parameters: collective.
+  bool zero3() const { return dp && dp->zero_stage() == 3; }
+  // Whether a forward involves other ranks (ZeRO-3 gathers, tp/cp collectives, pp stages).
+  bool collective_forward() const { return zero3() || mp || pipe; }
+  int64_t optimizer_steps() const;
+  void set_optimizer_steps(int64_t n);
+  std::vector<std::pair<std::string, Tensor>> optimizer_state() const;
+  std::string describe() const;  // the layout's lines for the start of the log ("" alone)
+};
+
+// Note [Plan order]. Throws ConfigError naming the key when the context does not fit the
+// config's parallel section. ctx may be null for one process.
+TrainPlan build_plan(const Config& cfg, parallel::ParallelContext* ctx, Device device,
+                     const PlanHooks& hooks);
+
+// The optim.* optimizer over any parameters: the single process's, or the inner optimizer the
+// sharded data-parallel one wraps.
+optim::OptimizerFactory optimizer_factory(const OptimConfig& o);
+
+}  // namespace loom

@@ -1,0 +1,151 @@
+// train/step_runner.cpp — the plain and the pipelined step runners (see train/step_runner.h).
+#include "train/step_runner.h"
+
+#include <chrono>
+#include <utility>
+#include <vector>
+
+#include "core/autograd.h"
+#include "core/ops/elementwise.h"
+#include "core/ops/view.h"
+#include "parallel/cp/ring_attention.h"
+#include "train/profiler.h"
+
+namespace loom {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+// This rank's context-parallel part of one batch (the whole batch without cp).
+struct LocalBatch {
+  Tensor inputs, targets, positions;  // positions undefined: arange (Note [Host ids])
+};
+
+LocalBatch local_batch(const Batch& b, const StepRunnerParts& p) {
+  if (!p.model_parallel) return {b.inputs, b.targets, Tensor()};
+  const int r = p.ctx->cp_rank(), n = p.ctx->cp_size();
+  return {parallel::cp::shard_sequence(b.inputs, 1, r, n),
+          parallel::cp::shard_sequence(b.targets, 1, r, n),
+          parallel::cp::cp_positions(b.inputs.size(1), r, n)};
+}
+
+int cp_size(const StepRunnerParts& p) { return p.ctx ? p.ctx->cp_size() : 1; }
+
+class PlainRunner final : public StepRunner {
+ public:
+  explicit PlainRunner(const StepRunnerParts& parts) : p_(parts) {}
+
+  Tensor forward_backward(DataLoader& loader, Generator* dropout_gen,
+                          const optim::LossScaler* scaler) override {
+    const int64_t accum = p_.micro_batches;
+    Tensor loss_sum;  // Σ micro-batch losses / accum, f64, on the device
+    for (int64_t m = 0; m < accum; ++m) {
+      const LocalBatch b = local_batch(loader.next(), p_);
+      if (p_.dp) p_.dp->set_sync(m == accum - 1);  // reduce once per step, after the last
+      const auto t_fwd = Clock::now();
+      Tensor loss = loss_of(b, dropout_gen);
+      if (accum > 1) loss = ops::scale(loss, 1.0 / static_cast<double>(accum));
+      const auto t_bwd = Clock::now();
+      // × cp: data parallelism averages over dp·cp ranks (Note [Model-parallel step]).
+      const int cp = cp_size(p_);
+      const Tensor seed = cp > 1 ? ops::scale(loss, static_cast<double>(cp)) : loss;
+      autograd::backward(scaler ? scaler->scale_loss(seed) : seed);
+      if (p_.trace) {
+        p_.trace->span("compute", "forward", t_fwd, t_bwd);
+        p_.trace->span("compute", "backward", t_bwd, Clock::now());
+      }
+      const Tensor l = ops::to_dtype(loss.detach(), DType::kF64);
+      loss_sum = loss_sum.defined() ? ops::add(loss_sum, l) : l;
+    }
+    return ops::reshape(loss_sum, {1});
+  }
+
+  double evaluate(DataLoader& loader, int64_t batches) override {
+    double mean = 0;
+    for (int64_t i = 0; i < batches; ++i) mean += loss_of(local_batch(loader.next(), p_), nullptr).item();
+    return mean / static_cast<double>(batches);
+  }
+
+  Tensor logits(const Tensor& ids, const Tensor& pos, int64_t) override {
+    return p_.model->forward(ids, pos, nullptr);
+  }
+
+  int64_t micro_batches() const override { return p_.micro_batches; }
+  std::string name() const override { return "plain"; }
+
+ private:
+  Tensor loss_of(const LocalBatch& b, Generator* gen) const {
+    if (!b.positions.defined()) return p_.model->loss(b.inputs, b.targets, gen);
+    return p_.model->loss(b.inputs, b.targets, b.positions, gen);
+  }
+
+  StepRunnerParts p_;
+};
+
+class PipelineRunner final : public StepRunner {
+ public:
+  explicit PipelineRunner(const StepRunnerParts& parts) : p_(parts) {}
+
+  Tensor forward_backward(DataLoader& loader, Generator* dropout_gen,
+                          const optim::LossScaler* scaler) override {
+    const auto [inputs, targets] = batches(loader, p_.micro_batches);
+    const auto t0 = Clock::now();
+    parallel::DataParallel* dp = p_.dp;
+    Tensor loss = ops::reshape(
+        p_.pipe->forward_backward(
+            inputs, targets, dropout_gen, [dp](bool last) { if (dp) dp->set_sync(last); },
+            scaler ? scaler->device_scale() : Tensor()),
+        {1});
+    const int cp = cp_size(p_);
+    if (cp > 1) {  // the loss carried the ×cp for backward: this rank's share
+      loss = ops::div(loss, Tensor::full({1}, static_cast<double>(cp), DType::kF64, loss.device()));
+    }
+    if (p_.trace) p_.trace->span("compute", "pipeline forward + backward", t0, Clock::now());
+    return loss;
+  }
+
+  // A forward-only pass through the stages (Note [Pipeline evaluation]).
+  double evaluate(DataLoader& loader, int64_t count) override {
+    const auto [inputs, targets] = batches(loader, count);
+    return p_.pipe->evaluate(inputs, targets);
+  }
+
+  Tensor logits(const Tensor& ids, const Tensor& pos, int64_t rows) override {
+    Transformer* model = p_.model;
+    return p_.pipe->forward_only(ids, pos, rows,
+                                 [model](const Tensor& x) { return model->head_logits(x); });
+  }
+
+  int64_t micro_batches() const override { return p_.micro_batches; }
+  std::string name() const override { return "pipeline"; }
+  parallel::pp::PipelineStats stats() const override { return p_.pipe->last_stats(); }
+
+ private:
+  // The next `count` batches as the pipeline takes them: under cp this rank's chunks.
+  std::pair<std::vector<Tensor>, std::vector<Tensor>> batches(DataLoader& loader, int64_t count) {
+    std::vector<Tensor> inputs, targets;
+    const int r = p_.ctx->cp_rank(), n = p_.ctx->cp_size();
+    for (int64_t i = 0; i < count; ++i) {
+      Batch b = loader.next();
+      inputs.push_back(n > 1 ? parallel::cp::shard_sequence(b.inputs, 1, r, n) : b.inputs);
+      targets.push_back(n > 1 ? parallel::cp::shard_sequence(b.targets, 1, r, n) : b.targets);
+    }
+    return {std::move(inputs), std::move(targets)};
+  }
+
+  StepRunnerParts p_;
+};
+
+}  // namespace
+
+std::unique_ptr<StepRunner> make_plain_runner(const StepRunnerParts& parts) {
+  return std::make_unique<PlainRunner>(parts);
+}
+
+std::unique_ptr<StepRunner> make_pipeline_runner(const StepRunnerParts& parts) {
+  LOOM_CHECK(parts.pipe != nullptr && parts.ctx != nullptr,
+             "make_pipeline_runner: needs a pipeline and a parallel context");
+  return std::make_unique<PipelineRunner>(parts);
+}
+
+}  // namespace loom

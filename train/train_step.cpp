@@ -1,0 +1,145 @@
+// train/train_step.cpp — one training step as the loop runs it: the plan's step runner and
+// gradient finalisation, the factor the update applies computed on the device (clipping, loss
+// scaling), the read of the step's numbers behind its work, and the step's log line and
+// metrics (train/trainer_state.h).
+#include <cmath>
+
+#include "core/ops/elementwise.h"
+#include "core/ops/view.h"
+#include "optim/clip.h"
+#include "train/trainer_state.h"
+
+namespace loom {
+
+// Note [Device step]: a step — one process, or any layout of data, tensor, context and pipeline
+// parallelism, any ZeRO stage, with or without loss scaling — never waits for the device. The
+// micro-batch losses are summed and the gradients' squares are summed where they lie (data
+// parallelism: the loss averaged and Σ g² reduced over the ranks by the communicators, on the
+// device too); the factor the update multiplies the gradients by is computed there — the
+// clipping factor (clip_scale_tensor), or under dynamic loss scaling the unscale-and-clip factor
+// with the scale's update (optim::LossScaler::step_factor, Note [Loss scaling across ranks]) —
+// and AdamW's multi-tensor update applies it as it reads the gradients (AdamWOptions::grad_scale),
+// skipping an overflowed step on the device with its step count there (AdamWOptions::step_count).
+// The numbers the log needs (loss, Σ g², and under loss scaling the scale used and the scaler's
+// new state) are copied into pinned host memory behind the step's work (train/readback.h) and
+// read when the step is reported: Trainer::run() reports step N after it has launched step
+// N + 1, so the host prepares the next step while the device finishes this one. A step after
+// which something reads the model (validation, sampling, a checkpoint, the end or a stop) is
+// reported at once, so the host's copy of the scaler's state is current whenever a checkpoint
+// is written. The step's time is the interval between the moments its numbers and its
+// predecessor's reached the host. Batches reach the device by asynchronous uploads, their ids
+// checked on the host (Note [Host ids] in layers/transformer.cpp).
+PendingStep Trainer::State::train_step() {
+  PendingStep pending;
+  StepRecord& r = pending.r;
+  r.lr = schedule.lr_at(step);
+  plan.zero_grad();
+  KernelChoices kernel_choices(cfg.train);
+  // This rank's share of its replica's loss: the step runner is the one branch on the layout.
+  const Tensor share = plan.runner->forward_backward(*train_loader, &dropout_gen, scaler.get());
+  const auto t_sync = Clock::now();
+  const Tensor sq_sum = plan.finalize_gradients();  // Note [Gradient finalisation]
+  const Tensor loss = plan.global_loss(share);      // the global batch's, on the device
+  const auto t_opt = Clock::now();
+  finish_step(pending, loss, sq_sum);
+  if (trace) {
+    trace->span("compute", "wait for gradient sync + norm", t_sync, t_opt);
+    trace->span("compute", "clip + optimizer + parameter gather", t_opt, Clock::now());
+  }
+  r.step = ++step;
+  if (plan.dp) pending.dp_stats = plan.dp->last_step_stats();
+  pending.pipe_stats = plan.runner->stats();
+  return pending;
+}
+
+// Note [Loss scaling across ranks]: under dynamic loss scaling (train.loss_scaling) every rank
+// holds the same Σ g² of the scaled gradients (reduced over the data-parallel shards, the TP
+// parts and the pipeline stages before finish_step) and the same scaler state, so every rank's
+// device takes the same decision (optim::LossScaler::step_factor): a finite norm gives the
+// factor 1/scale (a power of two: exact) times the clipping factor of the unscaled norm; inf/NaN
+// gives NaN, which skips the optimizer step on every rank without counting it, and halves the
+// scale. One process is the case of one rank. The host learns the outcome when it reports the
+// step (the scale used, the new state), as it learns the loss.
+void Trainer::State::finish_step(PendingStep& pending, const Tensor& loss, const Tensor& sq_sum) {
+  StepRecord& r = pending.r;
+  std::vector<Tensor> numbers = {ops::reshape(loss, {1}), ops::reshape(sq_sum, {1})};
+  Tensor factor;
+  if (scaler) {  // Note [Loss scaling across ranks]
+    numbers.push_back(ops::reshape(ops::clone(scaler->device_scale()), {1}));  // before the update
+    factor = scaler->step_factor(sq_sum, cfg.optim.grad_clip);
+    numbers.push_back(scaler->device_state());
+  } else {
+    // The clipping factor from the global Σ g², left on the device; none without clipping.
+    if (cfg.optim.grad_clip > 0)
+      factor = optim::clip_scale_tensor(ops::reshape(sq_sum, {}), cfg.optim.grad_clip);
+  }
+  pending.numbers = readback.start(ops::cat(numbers, 0));  // Note [Device step]
+  plan.step(r.lr, factor);
+}
+
+void Trainer::State::report(PendingStep& p, Clock::time_point& since) {
+  const std::vector<double>& v = p.numbers.get();
+  p.r.loss = v[0];
+  p.r.grad_norm = std::sqrt(v[1]);
+  if (scaler) {  // the norm of the unscaled gradients; an overflow's is left as it is
+    p.r.skipped = !std::isfinite(p.r.grad_norm);
+    if (!p.r.skipped) p.r.grad_norm /= v[2];
+    scaler->mirror({v[3], v[4], v[5]});
+  }
+  const Clock::time_point ready = p.numbers.ready_at();
+  log_step(p, std::chrono::duration<double>(ready - since).count());
+  since = ready;
+}
+
+void Trainer::State::log_step(const PendingStep& p, double dt) {
+  const StepRecord& r = p.r;
+  const parallel::DpStepStats& dp_stats = p.dp_stats;
+  // Note [Throughput]: tok/s is the whole job's — the tokens of one global batch (every dp
+  // replica's micro-batches; a sequence counted once however cp, tp or pp split it) per second
+  // of step time — and MFU is those tokens' model FLOPs over the peak of every rank in the job
+  // (world size × the per-rank peak). One definition for every layout; with even work it equals
+  // each rank's own MFU.
+  const double replicas = ctx ? static_cast<double>(ctx->dp_size()) : 1.0;
+  const double ranks = ctx ? static_cast<double>(ctx->world_size()) : 1.0;
+  const double tokens =
+      static_cast<double>(cfg.data.batch_size * cfg.data.seq_len * plan.runner->micro_batches()) * replicas;
+  const double mfu =
+      model().flops_per_token(cfg.data.seq_len) * tokens / dt / (peak_flops * ranks);
+  const AllocatorStats mem = allocator_for(device.type).stats();
+  if (r.step % cfg.train.log_every == 0 || r.step == cfg.train.steps) {
+    *log << "step " << r.step << "/" << cfg.train.steps << " | loss " << fmt(r.loss, 4) << " | lr "
+         << fmt(r.lr, 2, true) << " | norm " << fmt(r.grad_norm, 3) << " | " << fmt(dt * 1e3, 1)
+         << " ms | " << fmt(tokens / dt, 0) << " tok/s | MFU " << fmt(100 * mfu, 1) << "% | peak "
+         << fmt(static_cast<double>(mem.peak_bytes) / (1 << 20), 1) << " MiB";
+    if (scaler)
+      *log << " | loss scale " << scaler->scale() << (r.skipped ? " (overflow: step skipped)" : "");
+    if (plan.dp) {
+      *log << " | comm exposed " << fmt(dp_stats.exposed_wait_s * 1e3, 1)
+           << " ms, launched in backward " << fmt(100 * dp_stats.overlap_fraction(), 0) << "%";
+    }
+    if (plan.pipe) {
+      *log << " | pipeline idle " << fmt(100 * p.pipe_stats.idle_fraction(), 0) << "% (rank "
+           << ctx->rank() << ")";
+    }
+    *log << "\n";
+    log->flush();
+  }
+  if (metrics) {
+    metrics->write(r.step, {{"train/loss", r.loss},
+                            {"train/lr", r.lr},
+                            {"train/grad_norm", r.grad_norm},
+                            {"perf/ms_per_step", dt * 1e3},
+                            {"perf/tokens_per_s", tokens / dt},
+                            {"perf/mfu", mfu},
+                            {"mem/peak_bytes", static_cast<double>(mem.peak_bytes)}});
+    if (scaler)
+      metrics->write(r.step, {{"train/loss_scale", scaler->scale()},
+                              {"train/skipped", r.skipped ? 1.0 : 0.0}});
+    if (plan.dp) {
+      metrics->write(r.step, {{"comm/exposed_s", dp_stats.exposed_wait_s},
+                              {"comm/overlap_fraction", dp_stats.overlap_fraction()}});
+    }
+  }
+}
+
+}  // namespace loom

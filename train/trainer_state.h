@@ -1,0 +1,124 @@
+// train/trainer_state.h — Trainer::State, private to the trainer's files: the plan (model,
+// step runner, gradient finalisation, optimizer: train/plan.h) and the loop's own state
+// (generators, loaders, loss scaler, schedule, step count, log). Its methods live by concern:
+//   train/trainer.cpp      construction and the loop (run)
+//   train/train_step.cpp   one step: launch, finish on the device, report and log
+//   train/train_state.cpp  checkpoints: save, resume, initial weights
+//   train/sampling.cpp     validation, next-token logits, sampling
+// Nothing outside train/ includes it.
+#pragma once
+
+#include <chrono>
+#include <iosfwd>
+#include <memory>
+#include <ostream>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "core/rng.h"
+#include "data/loader.h"
+#include "data/tokenizer.h"
+#include "kernels/attention.h"
+#include "kernels/matmul.h"
+#include "optim/loss_scaler.h"
+#include "optim/lr_schedule.h"
+#include "parallel/dp/dp_stats.h"
+#include "parallel/gradients.h"
+#include "parallel/pp/executor.h"
+#include "train/metrics.h"
+#include "train/plan.h"
+#include "train/profiler.h"
+#include "train/readback.h"
+#include "train/trainer.h"
+
+namespace loom {
+
+using Clock = std::chrono::steady_clock;
+
+// The config's kernel choices for the calling thread, for a scope: TF32 for f32 GEMMs (Note
+// [TF32]) and cuDNN's attention (Note [cuDNN attention]). Held around every step, evaluation
+// and sampling. Sampling grows the context one token at a time, and cuDNN would build (and
+// keep) a graph for every new length, so sampling keeps Loom's attention kernels.
+struct KernelChoices {
+  enum class Use { kStep, kSampling };
+  kernels::AllowTf32Guard tf32;
+  kernels::CudnnAttentionGuard attention;
+  explicit KernelChoices(const TrainConfig& t, Use use = Use::kStep)
+      : tf32(t.allow_tf32), attention(t.attention_kernel == "cudnn" && use == Use::kStep) {}
+};
+
+// A step as train_step() leaves it: its record, still without the numbers the device computed,
+// and the read of those numbers (Note [Device step]).
+struct PendingStep {
+  StepRecord r;
+  // [loss, Σ g²] (under loss scaling: of the scaled gradients, then the scale the step used and
+  // the loss scaler's state after it)
+  Readback::Pending numbers;
+  parallel::DpStepStats dp_stats;          // data parallelism: this step's communication
+  parallel::pp::PipelineStats pipe_stats;  // pipeline parallelism: this step's schedule
+};
+
+std::string fmt(double v, int precision, bool sci = false);
+double seconds_since(Clock::time_point t0);
+
+struct Trainer::State {
+  Config cfg;
+  TrainerOptions opt;
+  std::ostream* log;
+  TrainPlan plan;
+  Device device;                              // train.device, resolved
+  std::unique_ptr<optim::LossScaler> scaler;  // train.loss_scaling (f16 by default)
+  Generator dropout_gen{0};
+  Generator sample_gen{0};
+  parallel::ParallelContext* ctx = nullptr;
+  std::unique_ptr<TraceRecorder> trace;  // --profile
+  std::ostream discard{nullptr};         // the log of ranks other than 0
+  optim::LrSchedule schedule;
+  std::unique_ptr<DataLoader> train_loader;
+  std::unique_ptr<DataLoader> val_loader;
+  std::unique_ptr<Tokenizer> tokenizer;
+  std::unique_ptr<MetricsWriter> metrics;
+  Readback readback;  // the device step's numbers (Note [Device step])
+  int64_t step = 0;
+  double peak_flops = 0;
+
+  Transformer& model() const { return *plan.model; }
+  void build();  // train/trainer.cpp
+  bool is_main() const { return !ctx || ctx->rank() == 0; }
+  // Writes this rank's stage's replicated optimizer state (ZeRO-0) in checkpoints.
+  bool is_stage_writer() const { return !ctx || (ctx->dp_rank() == 0 && ctx->cp_rank() == 0); }
+  int tp_size() const { return ctx ? ctx->tp_size() : 1; }
+  int cp_size() const { return ctx ? ctx->cp_size() : 1; }
+
+  // train/train_step.cpp (Note [Device step]).
+  PendingStep train_step();
+  // The end of every step, after the gradients are final: loss (the global batch's, one element)
+  // and Σ g² (every rank's parts summed) on the device. Starts reading both and runs the
+  // optimizer with the factor computed on the device: clipping, and under loss scaling the
+  // unscaling and the skip of an overflowed step (Note [Device step]).
+  void finish_step(PendingStep& pending, const Tensor& loss, const Tensor& sq_sum);
+  // Completes p's record (waiting for its numbers if they are still on their way) and logs it,
+  // timed from `since`, which becomes the moment its numbers reached the host.
+  void report(PendingStep& p, Clock::time_point& since);
+  // dt: the step's seconds; the step's communication and schedule statistics.
+  void log_step(const PendingStep& p, double dt);
+
+  // train/train_state.cpp (Note [Exact resume] in train/trainer.h).
+  void save();
+  void resume(const std::string& which);
+  void load_initial_weights(Transformer& model, const std::string& from);
+  // Checkpoint names: under parallel.tp > 1 a parameter part and all optimizer state carry
+  // "@tp<rank>" (every TP rank holds different values under the same name); replicated
+  // parameters are written by TP rank 0 alone.
+  std::string tp_suffix() const {
+    return tp_size() > 1 ? "@tp" + std::to_string(ctx->tp_rank()) : "";
+  }
+  std::string param_key(const std::string& name, const Tensor& p) const;
+  // Optimizer state names of the last stage's tied wte copy carry "pp_tied." (Note [Tied
+  // embeddings across stages]): the first stage's state has the same names.
+  std::string state_name(const std::string& name) const;
+  std::vector<std::pair<std::string, Tensor>> optimizer_state();
+};
+
+}  // namespace loom
