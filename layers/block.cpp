@@ -24,8 +24,10 @@ std::unique_ptr<FeedForward> make_mlp(const ModelConfig& c, DType dtype, Device 
 }
 }  // namespace
 
-Block::Block(const ModelConfig& config, DType dtype, Device device, const ModelParallel* mp)
+Block::Block(const ModelConfig& config, DType dtype, Device device, const ModelParallel* mp,
+             int64_t layer)
     : dropout_(config.dropout),
+      layer_(layer),
       checkpointing_(config.activation_checkpointing),
       mp_(mp),
       norm1_(make_norm(config, dtype, device, mp)),
@@ -39,42 +41,45 @@ Block::Block(const ModelConfig& config, DType dtype, Device device, const ModelP
   register_module("mlp", *mlp_);
 }
 
+// Note [Dropout by coordinates]: the whole sequence's element (b0 + b, rows[j], c) of this
+// block's stream for `draw`; without a split the plain kernel computes the same indices.
 Tensor Block::residual_dropout(const Tensor& branch, const Tensor& rows, int64_t seq_len,
-                               Generator* gen, bool drop) const {
-  if (!drop) return branch;
-  if (!rows.defined()) return ops::dropout(branch, dropout_, *gen, true);
-  return ops::dropout_rows(branch, dropout_, *gen, true, rows, seq_len, batch_.offset,
-                           batch_.total);
+                               const DropoutKey& key, int draw) const {
+  const uint64_t stream = dropout_stream(key, layer_, draw);
+  if (!rows.defined()) return ops::dropout_at(branch, dropout_, stream, 0, true);
+  return ops::dropout_rows_at(branch, dropout_, stream, 0, true, rows, seq_len, batch_.offset);
 }
 
-Tensor Block::forward_region(const Tensor& x, const Tensor& positions, Generator* gen,
+Tensor Block::forward_region(const Tensor& x, const Tensor& positions, const DropoutKey* key,
                              bool drop) const {
   // Under sequence/context parallelism x holds some rows of the sequence, under data
-  // parallelism some elements of the batch: they draw the masks of those rows and elements in
-  // the whole (B, T, C) tensor (Note [Dropout mask], rows form).
+  // parallelism some elements of the batch: their global coordinates pick their masks.
   Tensor rows = drop && mp_ ? mp_->activation_rows(positions) : Tensor();
   if (drop && batch_.total > 0 && !rows.defined())
     rows = ops::to_dtype(positions.detach(), DType::kI64);
   const int64_t len = mp_ ? mp_->sequence_length(positions.size(0)) : positions.size(0);
-  Tensor h = ops::add(
-      x, residual_dropout(attn_.forward(norm1_->forward(x), positions), rows, len, gen, drop));
-  return ops::add(h, residual_dropout(mlp_->forward(norm2_->forward(h)), rows, len, gen, drop));
+  Tensor a = attn_.forward(norm1_->forward(x), positions);
+  if (drop) a = residual_dropout(a, rows, len, *key, 0);
+  Tensor h = ops::add(x, a);
+  Tensor m = mlp_->forward(norm2_->forward(h));
+  if (drop) m = residual_dropout(m, rows, len, *key, 1);
+  return ops::add(h, m);
 }
 
-Tensor Block::forward(const Tensor& x, const Tensor& positions, Generator* dropout_gen) const {
+Tensor Block::forward(const Tensor& x, const Tensor& positions, const DropoutKey* dropout) const {
   const bool drop = training() && dropout_ > 0.0;
-  LOOM_CHECK(!drop || dropout_gen != nullptr, "Block: model.dropout ", dropout_,
-             " in training mode needs a dropout generator");
+  LOOM_CHECK(!drop || dropout != nullptr, "Block: model.dropout ", dropout_,
+             " in training mode needs a dropout key");
   if (!checkpointing_ || !autograd::grad_enabled()) {
-    return forward_region(x, positions, dropout_gen, drop);
+    return forward_region(x, positions, dropout, drop);
   }
-  std::vector<Generator*> gens;
-  if (drop) gens.push_back(dropout_gen);
+  // The recomputation draws the same masks: they depend on the key and coordinates alone.
   const Tensor pos = positions.detach();
-  CheckpointFn fn = [this, pos, dropout_gen, drop](const std::vector<Tensor>& in) {
-    return std::vector<Tensor>{forward_region(in[0], pos, dropout_gen, drop)};
+  const DropoutKey key = dropout ? *dropout : DropoutKey{};
+  CheckpointFn fn = [this, pos, key, drop](const std::vector<Tensor>& in) {
+    return std::vector<Tensor>{forward_region(in[0], pos, &key, drop)};
   };
-  return checkpoint(fn, {x}, gens)[0];
+  return checkpoint(fn, {x}, {})[0];
 }
 
 void Block::init(Generator& gen, double std, double proj_std) {

@@ -1,6 +1,6 @@
 // layers/block.h — Block: one pre-norm transformer layer, x + attn(norm1(x)) then
-// x + mlp(norm2(x)), with dropout on both residual branches (training, config.dropout > 0; under
-// sequence or context parallelism with the masks one process draws for this rank's rows) and,
+// x + mlp(norm2(x)), with dropout on both residual branches (training, config.dropout > 0; the
+// masks a function of each element's coordinates, Note [Dropout by coordinates]) and,
 // when config.activation_checkpointing, its whole forward recomputed in backward
 // (Note [Activation checkpoint] in core/checkpoint.h).
 //
@@ -13,6 +13,7 @@
 #include "core/rng.h"
 #include "core/tensor.h"
 #include "layers/attention.h"
+#include "layers/dropout_key.h"
 #include "layers/mlp.h"
 #include "layers/model_config.h"
 #include "layers/module.h"
@@ -24,18 +25,16 @@ class Block : public Module {
  public:
   // With a ModelParallel, attention and MLP are tensor-parallel (layers/model_parallel.h); under
   // sequence parallelism x and the result are this rank's sequence chunk (B, T/tp, C).
+  // `layer`: the block's index in the model (its dropout streams, Note [Dropout by coordinates]).
   Block(const ModelConfig& config, DType dtype = DType::kF32, Device device = {},
-        const ModelParallel* mp = nullptr);
-  // x (B, T, C); positions (T) integer (global token indices, for RoPE). dropout_gen is needed
-  // only when dropout is active (training and config.dropout > 0); it must be the same object
-  // during backward when checkpointing, which replays it.
-  Tensor forward(const Tensor& x, const Tensor& positions, Generator* dropout_gen = nullptr) const;
-  // Dropout draws per forward while active: one per residual branch, each reserving the
-  // numbers of one (B, T, C) activation of the whole sequence (Note [Pipeline dropout]).
-  static constexpr int kDropoutDraws = 2;
+        const ModelParallel* mp = nullptr, int64_t layer = 0);
+  // x (B, T, C); positions (T) integer (global token indices, for RoPE and the dropout masks).
+  // dropout is needed only when dropout is active (training and config.dropout > 0).
+  Tensor forward(const Tensor& x, const Tensor& positions,
+                 const DropoutKey* dropout = nullptr) const;
   // Under data parallelism: this replica's micro-batch is batch elements [offset, offset + B)
-  // of the single-process micro-batch of `total` elements (data/loader.h), and dropout draws
-  // that batch's masks for them (Note [Dropout mask], rows form). total 0: the whole batch.
+  // of the single-process micro-batch of `total` elements (data/loader.h): its global batch
+  // rows for the dropout masks. total 0: the whole batch.
   struct BatchSlice {
     int64_t offset = 0, total = 0;
   };
@@ -47,14 +46,15 @@ class Block : public Module {
 
  private:
   // `drop`: whether dropout is active (fixed at forward time, so a recomputation matches).
-  Tensor forward_region(const Tensor& x, const Tensor& positions, Generator* gen, bool drop) const;
-  // rows: the global rows this rank's activations hold (ModelParallel::activation_rows, or all
-  // positions under data parallelism), undefined for the plain mask; seq_len: the whole
-  // sequence's length.
-  Tensor residual_dropout(const Tensor& branch, const Tensor& rows, int64_t seq_len, Generator* gen,
-                          bool drop) const;
+  Tensor forward_region(const Tensor& x, const Tensor& positions, const DropoutKey* key,
+                        bool drop) const;
+  // rows: the global positions this rank's activations hold (ModelParallel::activation_rows, or
+  // all positions), undefined for the whole sequence; seq_len: the whole sequence's length.
+  Tensor residual_dropout(const Tensor& branch, const Tensor& rows, int64_t seq_len,
+                          const DropoutKey& key, int draw) const;
 
   double dropout_;
+  int64_t layer_;
   bool checkpointing_;
   const ModelParallel* mp_;
   BatchSlice batch_;

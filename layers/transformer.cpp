@@ -89,7 +89,7 @@ Transformer::Transformer(const ModelConfig& config, DType dtype, Device device,
     register_module("wpe", *wpe_);
   }
   for (int64_t i = 0; i < config_.n_layer; ++i) {
-    blocks_.push_back(std::make_unique<Block>(config_, dtype, device, mp));
+    blocks_.push_back(std::make_unique<Block>(config_, dtype, device, mp, i));
     register_module("blocks." + std::to_string(i), *blocks_.back());
   }
   if (llama) {
@@ -150,30 +150,30 @@ Tensor Transformer::embed(const Tensor& ids, const Tensor& pos) const {
   return leave(0, x);
 }
 
-Tensor Transformer::forward(const Tensor& ids, Generator* dropout_gen) const {
+Tensor Transformer::forward(const Tensor& ids, const DropoutKey* dropout) const {
   LOOM_CHECK(ids.dim() == 2, "Transformer.forward: ids must be (B, T), got ",
              shape_str(ids.shape()));
   LOOM_CHECK(ids.size(1) <= config_.max_seq_len, "Transformer.forward: sequence length ",
              ids.size(1), " exceeds model.max_seq_len ", config_.max_seq_len);
-  return forward(ids, host_positions(ids.size(1)), dropout_gen);  // Note [Host ids]
+  return forward(ids, host_positions(ids.size(1)), dropout);  // Note [Host ids]
 }
 
-Tensor Transformer::forward(const Tensor& ids, const Tensor& pos, Generator* dropout_gen) const {
+Tensor Transformer::forward(const Tensor& ids, const Tensor& pos, const DropoutKey* dropout) const {
   LOOM_CHECK(ids.dim() == 2, "Transformer.forward: ids must be (B, T), got ",
              shape_str(ids.shape()));
   LOOM_CHECK(pos.dim() == 1 && pos.size(0) == ids.size(1), "Transformer.forward: positions ",
              shape_str(pos.shape()), " do not match T = ", ids.size(1));
-  return head_logits(run_blocks(embed(ids, pos), pos.to(device_), 0, num_blocks(), dropout_gen));
+  return head_logits(run_blocks(embed(ids, pos), pos.to(device_), 0, num_blocks(), dropout));
 }
 
 Tensor Transformer::run_blocks(Tensor x, const Tensor& pos, int64_t begin, int64_t end,
-                               Generator* dropout_gen) const {
+                               const DropoutKey* dropout) const {
   LOOM_CHECK(0 <= begin && begin <= end && end <= num_blocks(), "Transformer.run_blocks: [", begin,
              ", ", end, ") is not a range of the ", num_blocks(), " blocks");
   for (int64_t i = begin; i < end; ++i) {
     const int unit = static_cast<int>(i) + 1;  // unit 0 is the embeddings (parameter_units)
     enter(unit);
-    x = leave(unit, blocks_[static_cast<size_t>(i)]->forward(x, pos, dropout_gen));
+    x = leave(unit, blocks_[static_cast<size_t>(i)]->forward(x, pos, dropout));
   }
   return x;
 }
@@ -230,18 +230,18 @@ std::vector<std::vector<std::pair<std::string, Tensor>>> Transformer::parameter_
   return units;
 }
 
-Tensor Transformer::loss(const Tensor& ids, const Tensor& targets, Generator* dropout_gen) const {
+Tensor Transformer::loss(const Tensor& ids, const Tensor& targets,
+                         const DropoutKey* dropout) const {
   LOOM_CHECK(targets.shape() == ids.shape(), "Transformer.loss: targets ",
              shape_str(targets.shape()), " do not match ids ", shape_str(ids.shape()));
-  return loss(ids, targets, host_positions(ids.size(1)), dropout_gen);
+  return loss(ids, targets, host_positions(ids.size(1)), dropout);
 }
 
 Tensor Transformer::loss(const Tensor& ids, const Tensor& targets, const Tensor& pos,
-                         Generator* dropout_gen) const {
+                         const DropoutKey* dropout) const {
   LOOM_CHECK(targets.shape() == ids.shape(), "Transformer.loss: targets ",
              shape_str(targets.shape()), " do not match ids ", shape_str(ids.shape()));
-  return head_loss(run_blocks(embed(ids, pos), pos.to(device_), 0, num_blocks(), dropout_gen),
-                   targets);
+  return head_loss(run_blocks(embed(ids, pos), pos.to(device_), 0, num_blocks(), dropout), targets);
 }
 
 int64_t Transformer::num_parameters(bool exclude_padding) const {

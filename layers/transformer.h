@@ -61,17 +61,17 @@ class Transformer : public Module {
   // ids (B, T) integer, T ≤ max_seq_len → logits (B, T, Vp) on the model's device, in the compute
   // dtype (Note [Compute dtype] in layers/module.h). Positions are arange(T). ids may be on the
   // host: they are copied to the model's device.
-  Tensor forward(const Tensor& ids, Generator* dropout_gen = nullptr) const;
+  Tensor forward(const Tensor& ids, const DropoutKey* dropout = nullptr) const;
   // The same with explicit global positions (T) integer (context parallel passes its slice).
-  Tensor forward(const Tensor& ids, const Tensor& positions, Generator* dropout_gen) const;
+  Tensor forward(const Tensor& ids, const Tensor& positions, const DropoutKey* dropout) const;
   // Mean softmax cross-entropy over the real vocabulary; targets (B, T), -100 = ignored. The
   // loss is f32 for 16-bit compute dtypes (computed inside the fused op), on the model's device.
   // Host ids/targets are copied to the device; host targets are also counted where they are, so
   // a device step reads nothing back (Note [Cross-entropy count] in core/ops/cross_entropy.cpp).
   // With a ModelParallel, logits are (B, T, Vp/tp) and the loss is ModelParallel::loss.
-  Tensor loss(const Tensor& ids, const Tensor& targets, Generator* dropout_gen = nullptr) const;
+  Tensor loss(const Tensor& ids, const Tensor& targets, const DropoutKey* dropout = nullptr) const;
   Tensor loss(const Tensor& ids, const Tensor& targets, const Tensor& positions,
-              Generator* dropout_gen) const;
+              const DropoutKey* dropout) const;
 
   // The pieces forward() and loss() are made of, for pipeline stages (parallel/pp) that run a
   // slice of the model: forward(ids, pos) = head_logits(run_blocks(embed(ids, pos), pos, 0,
@@ -83,7 +83,7 @@ class Transformer : public Module {
   Tensor embed(const Tensor& ids, const Tensor& positions) const;
   // x (B, T, C) through blocks [begin, end) → (B, T, C).
   Tensor run_blocks(Tensor x, const Tensor& positions, int64_t begin, int64_t end,
-                    Generator* dropout_gen) const;
+                    const DropoutKey* dropout) const;
   // x (B, T, C) → final norm → logits (B, T, Vp).
   Tensor head_logits(const Tensor& x) const;
   // x (B, T, C) → mean cross-entropy against targets (B, T) over the real vocabulary.

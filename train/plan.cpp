@@ -36,11 +36,11 @@ void apply_model_parallel(TrainPlan& plan, const Config& cfg, const PlanHooks& h
     plan.mp = std::make_unique<parallel::MeshModelParallel>(ctx->tp(), ctx->cp(),
                                                             cfg.parallel.sequence_parallel);
     if (hooks.trace) {  // the TP layers' GEMMs beside the communicators' events (--profile)
-      plan.mp->set_span_sink(
-          [t = hooks.trace](const std::string& what, std::chrono::steady_clock::time_point b,
-                            std::chrono::steady_clock::time_point e) {
-            t->span("compute", what, b, e);
-          });
+      plan.mp->set_span_sink([t = hooks.trace](const std::string& what,
+                                               std::chrono::steady_clock::time_point b,
+                                               std::chrono::steady_clock::time_point e) {
+        t->span("compute", what, b, e);
+      });
     }
   }
   // Parameters are built on the device (drawn on the host, so every device starts from the
@@ -66,8 +66,6 @@ void apply_pipeline(TrainPlan& plan, const Config& cfg) {
   po.layout = cfg.parallel.pp_layout;
   // Under tp/cp each micro-batch is this cp rank's chunks (Note [Model-parallel step]).
   const int64_t local_seq = cfg.data.seq_len / cfg.parallel.cp;
-  // Note [Pipeline dropout]: the single-process micro-batch (dp replicas' rows together).
-  po.dropout_numel = cfg.data.batch_size * cfg.parallel.dp * cfg.data.seq_len * cfg.model.n_embd;
   if (plan.mp) {
     po.positions = parallel::cp::cp_positions(cfg.data.seq_len, ctx->cp_rank(), ctx->cp_size())
                        .to(plan.device);
@@ -99,7 +97,8 @@ void apply_data_parallel(TrainPlan& plan, const Config& cfg) {
                       " (start with mpirun -np " + std::to_string(ranks) + ")");
   }
   if (pc.dp > 1) {  // dropout draws the single-process batch's masks for this replica's rows
-    plan.model->set_batch_slice({ctx->dp_rank() * cfg.data.batch_size, pc.dp * cfg.data.batch_size});
+    plan.model->set_batch_slice(
+        {ctx->dp_rank() * cfg.data.batch_size, pc.dp * cfg.data.batch_size});
   }
   parallel::DataParallelConfig c;
   c.zero_stage = static_cast<int>(pc.zero_stage);
@@ -110,8 +109,7 @@ void apply_data_parallel(TrainPlan& plan, const Config& cfg) {
   c.axes = {parallel::kAxisDp, parallel::kAxisCp};
   parallel::MicsGroups mics;
   if (pc.mics_partition_size > 0) {
-    mics = {&ctx->group({parallel::kAxisMicsPartition}),
-            &ctx->group({parallel::kAxisMicsReplica})};
+    mics = {&ctx->group({parallel::kAxisMicsPartition}), &ctx->group({parallel::kAxisMicsReplica})};
   }
   parallel::Communicator& group = ctx->group(c.axes);
   if (plan.pipe && c.zero_stage >= 2) {  // this stage's units (Note [Sharded stages])
@@ -123,8 +121,8 @@ void apply_data_parallel(TrainPlan& plan, const Config& cfg) {
       plan.model->set_unit_hooks(plan.stage_hooks.get());
     }
   } else if (c.zero_stage == 3) {  // parameters gathered per unit (Note [ZeRO-3])
-    plan.dp = std::make_unique<parallel::DataParallel>(plan.model->parameter_units(), group, c,
-                                                       mics);
+    plan.dp =
+        std::make_unique<parallel::DataParallel>(plan.model->parameter_units(), group, c, mics);
     plan.model->set_unit_hooks(plan.dp.get());
   } else {
     std::vector<std::pair<std::string, Tensor>> named;
@@ -143,8 +141,7 @@ optim::OptimizerFactory optimizer_factory(const OptimConfig& o) {
     };
   }
   return [o](std::vector<optim::ParamRef> refs) -> std::unique_ptr<optim::Optimizer> {
-    return std::make_unique<optim::AdamW>(std::move(refs), o.beta1, o.beta2, o.eps,
-                                          o.weight_decay);
+    return std::make_unique<optim::AdamW>(std::move(refs), o.beta1, o.beta2, o.eps, o.weight_decay);
   };
 }
 
@@ -229,8 +226,9 @@ std::string TrainPlan::describe() const {
   if (dp) os << dp->describe() << "\n";
   if (pipe) os << pipe->describe() << "; " << released << " parameters of other stages released\n";
   if (mp) {
-    os << "model parallel: tp " << ctx->tp_size() << (mp->sequence_parallel() ? " (sequence parallel)" : "")
-       << ", cp " << ctx->cp_size() << "\n";
+    os << "model parallel: tp " << ctx->tp_size()
+       << (mp->sequence_parallel() ? " (sequence parallel)" : "") << ", cp " << ctx->cp_size()
+       << "\n";
   }
   return os.str();
 }

@@ -35,7 +35,7 @@ class PlainRunner final : public StepRunner {
  public:
   explicit PlainRunner(const StepRunnerParts& parts) : p_(parts) {}
 
-  Tensor forward_backward(DataLoader& loader, Generator* dropout_gen,
+  Tensor forward_backward(DataLoader& loader, const DropoutKey& dropout,
                           const optim::LossScaler* scaler) override {
     const int64_t accum = p_.micro_batches;
     Tensor loss_sum;  // Σ micro-batch losses / accum, f64, on the device
@@ -43,7 +43,9 @@ class PlainRunner final : public StepRunner {
       const LocalBatch b = local_batch(loader.next(), p_);
       if (p_.dp) p_.dp->set_sync(m == accum - 1);  // reduce once per step, after the last
       const auto t_fwd = Clock::now();
-      Tensor loss = loss_of(b, dropout_gen);
+      DropoutKey key = dropout;
+      key.micro = m;
+      Tensor loss = loss_of(b, &key);
       if (accum > 1) loss = ops::scale(loss, 1.0 / static_cast<double>(accum));
       const auto t_bwd = Clock::now();
       // × cp: data parallelism averages over dp·cp ranks (Note [Model-parallel step]).
@@ -62,7 +64,8 @@ class PlainRunner final : public StepRunner {
 
   double evaluate(DataLoader& loader, int64_t batches) override {
     double mean = 0;
-    for (int64_t i = 0; i < batches; ++i) mean += loss_of(local_batch(loader.next(), p_), nullptr).item();
+    for (int64_t i = 0; i < batches; ++i)
+      mean += loss_of(local_batch(loader.next(), p_), nullptr).item();
     return mean / static_cast<double>(batches);
   }
 
@@ -74,7 +77,7 @@ class PlainRunner final : public StepRunner {
   std::string name() const override { return "plain"; }
 
  private:
-  Tensor loss_of(const LocalBatch& b, Generator* gen) const {
+  Tensor loss_of(const LocalBatch& b, const DropoutKey* gen) const {
     if (!b.positions.defined()) return p_.model->loss(b.inputs, b.targets, gen);
     return p_.model->loss(b.inputs, b.targets, b.positions, gen);
   }
@@ -86,16 +89,18 @@ class PipelineRunner final : public StepRunner {
  public:
   explicit PipelineRunner(const StepRunnerParts& parts) : p_(parts) {}
 
-  Tensor forward_backward(DataLoader& loader, Generator* dropout_gen,
+  Tensor forward_backward(DataLoader& loader, const DropoutKey& dropout,
                           const optim::LossScaler* scaler) override {
     const auto [inputs, targets] = batches(loader, p_.micro_batches);
     const auto t0 = Clock::now();
     parallel::DataParallel* dp = p_.dp;
-    Tensor loss = ops::reshape(
-        p_.pipe->forward_backward(
-            inputs, targets, dropout_gen, [dp](bool last) { if (dp) dp->set_sync(last); },
-            scaler ? scaler->device_scale() : Tensor()),
-        {1});
+    Tensor loss = ops::reshape(p_.pipe->forward_backward(
+                                   inputs, targets, &dropout,
+                                   [dp](bool last) {
+                                     if (dp) dp->set_sync(last);
+                                   },
+                                   scaler ? scaler->device_scale() : Tensor()),
+                               {1});
     const int cp = cp_size(p_);
     if (cp > 1) {  // the loss carried the ×cp for backward: this rank's share
       loss = ops::div(loss, Tensor::full({1}, static_cast<double>(cp), DType::kF64, loss.device()));

@@ -36,9 +36,10 @@ class StepRunner {
   virtual ~StepRunner() = default;
   // The step's micro-batches from `loader`: forward and backward, gradients accumulated. Returns
   // this rank's share of its replica's loss (the micro-batches' mean; under cp this rank's
-  // share, Note [Model-parallel step]) as a (1) f64 tensor on the device. `scaler` (null: none)
-  // multiplies the loss for backward only.
-  virtual Tensor forward_backward(DataLoader& loader, Generator* dropout_gen,
+  // share, Note [Model-parallel step]) as a (1) f64 tensor on the device. `dropout` carries
+  // the step (the runner sets each micro-batch's index: Note [Dropout by coordinates]);
+  // `scaler` (null: none) multiplies the loss for backward only.
+  virtual Tensor forward_backward(DataLoader& loader, const DropoutKey& dropout,
                                   const optim::LossScaler* scaler) = 0;
   // The mean validation loss of `batches` batches from `loader` (no graph, no dropout): this
   // rank's share under cp. Collective like a forward.
@@ -60,8 +61,8 @@ struct StepRunnerParts {
   parallel::DataParallel* dp = nullptr;               // null: no data-parallel engine
   parallel::ParallelContext* ctx = nullptr;           // null: one process
   Device device;
-  int64_t micro_batches = 1;      // optim.grad_accum, or the pipeline's micro-batches
-  bool model_parallel = false;    // built with a MeshModelParallel (tp or cp > 1)
+  int64_t micro_batches = 1;    // optim.grad_accum, or the pipeline's micro-batches
+  bool model_parallel = false;  // built with a MeshModelParallel (tp or cp > 1)
   TraceRecorder* trace = nullptr;
 };
 

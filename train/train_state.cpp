@@ -94,7 +94,6 @@ void Trainer::State::resume(const std::string& which) {
   plan.set_optimizer_steps(static_cast<int64_t>(num("optim.step_count")));
   train_loader->set_state(
       {static_cast<int64_t>(num("loader.epoch")), static_cast<int64_t>(num("loader.position"))});
-  dropout_gen.set_state({num("rng.dropout.seed"), num("rng.dropout.offset")});
   sample_gen.set_state({num("rng.sample.seed"), num("rng.sample.offset")});
   if (scaler) {
     auto real = [&](const std::string& key) {
@@ -132,8 +131,6 @@ void Trainer::State::save() {
   c.state = {{"optim.step_count", std::to_string(plan.optimizer_steps())},
              {"loader.epoch", std::to_string(ls.epoch)},
              {"loader.position", std::to_string(ls.position)},
-             {"rng.dropout.seed", std::to_string(dropout_gen.state().seed)},
-             {"rng.dropout.offset", std::to_string(dropout_gen.state().offset)},
              {"rng.sample.seed", std::to_string(sample_gen.state().seed)},
              {"rng.sample.offset", std::to_string(sample_gen.state().offset)}};
   if (scaler) {

@@ -36,7 +36,8 @@ PendingStep Trainer::State::train_step() {
   plan.zero_grad();
   KernelChoices kernel_choices(cfg.train);
   // This rank's share of its replica's loss: the step runner is the one branch on the layout.
-  const Tensor share = plan.runner->forward_backward(*train_loader, &dropout_gen, scaler.get());
+  const DropoutKey dropout{dropout_seed, step, 0};  // the masks of this step's coordinates
+  const Tensor share = plan.runner->forward_backward(*train_loader, dropout, scaler.get());
   const auto t_sync = Clock::now();
   const Tensor sq_sum = plan.finalize_gradients();  // Note [Gradient finalisation]
   const Tensor loss = plan.global_loss(share);      // the global batch's, on the device
@@ -102,9 +103,9 @@ void Trainer::State::log_step(const PendingStep& p, double dt) {
   const double replicas = ctx ? static_cast<double>(ctx->dp_size()) : 1.0;
   const double ranks = ctx ? static_cast<double>(ctx->world_size()) : 1.0;
   const double tokens =
-      static_cast<double>(cfg.data.batch_size * cfg.data.seq_len * plan.runner->micro_batches()) * replicas;
-  const double mfu =
-      model().flops_per_token(cfg.data.seq_len) * tokens / dt / (peak_flops * ranks);
+      static_cast<double>(cfg.data.batch_size * cfg.data.seq_len * plan.runner->micro_batches()) *
+      replicas;
+  const double mfu = model().flops_per_token(cfg.data.seq_len) * tokens / dt / (peak_flops * ranks);
   const AllocatorStats mem = allocator_for(device.type).stats();
   if (r.step % cfg.train.log_every == 0 || r.step == cfg.train.steps) {
     *log << "step " << r.step << "/" << cfg.train.steps << " | loss " << fmt(r.loss, 4) << " | lr "

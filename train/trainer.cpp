@@ -105,7 +105,7 @@ double measure_gemm_flops(Device device, DType dtype) {
 void Trainer::State::build() {
   const ModelConfig& mc = cfg.model;
   Generator init_gen(cfg.train.seed);
-  dropout_gen = Generator(cfg.train.seed + 1);
+  dropout_seed = cfg.train.seed + 1;
   sample_gen = Generator(cfg.train.seed + 2);
   device = resolve_device(cfg.train);
   // A context with NCCL communicators has picked this rank's GPU already: train there.

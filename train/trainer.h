@@ -5,9 +5,10 @@
 // add behaviour around each step without copying it (an outer optimizer every H steps, say).
 //
 // Note [Exact resume]: a checkpoint holds the parameters, the optimiser state and step count,
-// the data loader's position, and the dropout and sampling generators' states. Every kernel is
-// deterministic for a given thread count layout (see docs/core.md), so N steps, a stop, a resume
-// and N more steps give the same bits as 2N steps in one run.
+// the data loader's position, and the sampling generator's state; dropout masks are a function
+// of the step (Note [Dropout by coordinates] in layers/dropout_key.h), so they need no state. Every
+// kernel is deterministic for a given thread count layout (see docs/core.md), so N steps, a stop, a
+// resume and N more steps give the same bits as 2N steps in one run.
 #pragma once
 
 #include <atomic>

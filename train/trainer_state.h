@@ -69,7 +69,7 @@ struct Trainer::State {
   TrainPlan plan;
   Device device;                              // train.device, resolved
   std::unique_ptr<optim::LossScaler> scaler;  // train.loss_scaling (f16 by default)
-  Generator dropout_gen{0};
+  uint64_t dropout_seed = 0;                  // train.seed + 1 (Note [Dropout by coordinates])
   Generator sample_gen{0};
   parallel::ParallelContext* ctx = nullptr;
   std::unique_ptr<TraceRecorder> trace;  // --profile

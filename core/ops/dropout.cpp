@@ -13,7 +13,12 @@ Tensor dropout(const Tensor& x, double p, Generator& gen, bool training) {
   LOOM_CHECK(p >= 0.0 && p <= 1.0, "dropout: p must be in [0, 1], got ", p);
   if (!training || p == 0.0) return x;
   const uint64_t seed = gen.seed();
-  const uint64_t offset = gen.reserve(x.numel());
+  return dropout_at(x, p, seed, gen.reserve(x.numel()), training);
+}
+
+Tensor dropout_at(const Tensor& x, double p, uint64_t seed, uint64_t offset, bool training) {
+  LOOM_CHECK(p >= 0.0 && p <= 1.0, "dropout: p must be in [0, 1], got ", p);
+  if (!training || p == 0.0) return x;
   const Tensor xc = contiguous(x.detach());
   Tensor y = Tensor::empty(x.shape(), x.dtype(), x.device());
   if (y.numel() > 0) kernels::call_kernel<kernels::dropout_forward_k>(xc, p, seed, offset, y);
@@ -34,6 +39,20 @@ Tensor dropout(const Tensor& x, double p, Generator& gen, bool training) {
 
 Tensor dropout_rows(const Tensor& x, double p, Generator& gen, bool training, const Tensor& rows,
                     int64_t total_rows, int64_t batch_offset, int64_t total_batch) {
+  LOOM_CHECK(x.dim() == 3, "dropout_rows: x must be (B, R, C), got ", shape_str(x.shape()));
+  const int64_t batches = total_batch > 0 ? total_batch : x.size(0);
+  LOOM_CHECK(batch_offset >= 0 && batch_offset + x.size(0) <= batches,
+             "dropout_rows: batch elements [", batch_offset, ", ", batch_offset + x.size(0),
+             ") are not within the ", batches, " of the whole tensor");
+  LOOM_CHECK(p >= 0.0 && p <= 1.0, "dropout_rows: p must be in [0, 1], got ", p);
+  if (!training || p == 0.0) return x;
+  const uint64_t seed = gen.seed();
+  const uint64_t offset = gen.reserve(batches * total_rows * x.size(2));
+  return dropout_rows_at(x, p, seed, offset, training, rows, total_rows, batch_offset);
+}
+
+Tensor dropout_rows_at(const Tensor& x, double p, uint64_t seed, uint64_t offset, bool training,
+                       const Tensor& rows, int64_t total_rows, int64_t batch_offset) {
   LOOM_CHECK(p >= 0.0 && p <= 1.0, "dropout_rows: p must be in [0, 1], got ", p);
   LOOM_CHECK(x.dim() == 3, "dropout_rows: x must be (B, R, C), got ", shape_str(x.shape()));
   LOOM_CHECK(rows.dim() == 1 && rows.size(0) == x.size(1) && !is_floating(rows.dtype()),
@@ -41,13 +60,8 @@ Tensor dropout_rows(const Tensor& x, double p, Generator& gen, bool training, co
              " ", dtype_name(rows.dtype()));
   LOOM_CHECK(total_rows >= x.size(1), "dropout_rows: total_rows ", total_rows, " is less than the ",
              x.size(1), " rows held");
-  const int64_t batches = total_batch > 0 ? total_batch : x.size(0);
-  LOOM_CHECK(batch_offset >= 0 && batch_offset + x.size(0) <= batches,
-             "dropout_rows: batch elements [", batch_offset, ", ", batch_offset + x.size(0),
-             ") are not within the ", batches, " of the whole tensor");
+  LOOM_CHECK(batch_offset >= 0, "dropout_rows: batch offset ", batch_offset, " is negative");
   if (!training || p == 0.0) return x;
-  const uint64_t seed = gen.seed();
-  const uint64_t offset = gen.reserve(batches * total_rows * x.size(2));
   const Tensor r = contiguous(to_dtype(rows.detach(), DType::kI64).to(x.device()));
   const Tensor xc = contiguous(x.detach());
   Tensor y = Tensor::empty(x.shape(), x.dtype(), x.device());

@@ -13,6 +13,10 @@ namespace loom::ops {
 // row-major order, keeps element i iff u_i > float(p), scaling kept values by 1/(1 − p) and
 // zeroing the rest. 0 ≤ p ≤ 1 (p = 1 gives zeros). The same rule holds on every device.
 Tensor dropout(const Tensor& x, double p, Generator& gen, bool training);
+// The same rule at an explicit Philox stream (seed, offset), nothing reserved: for masks that
+// are a function of where the tensor sits rather than of a generator's history (Note [Dropout
+// by coordinates] in layers/dropout_key.h).
+Tensor dropout_at(const Tensor& x, double p, uint64_t seed, uint64_t offset, bool training);
 
 // Dropout of x (B, R, C), the rows `rows` (R) (integer, each in [0, total_rows)) of batch
 // elements [batch_offset, batch_offset + B) of a (total_batch, total_rows, C) tensor, with that
@@ -25,5 +29,8 @@ Tensor dropout(const Tensor& x, double p, Generator& gen, bool training);
 // Differentiable in x; the mask is regenerated in backward.
 Tensor dropout_rows(const Tensor& x, double p, Generator& gen, bool training, const Tensor& rows,
                     int64_t total_rows, int64_t batch_offset = 0, int64_t total_batch = 0);
+// The rows form at an explicit stream (seed, offset), nothing reserved (batch_offset >= 0).
+Tensor dropout_rows_at(const Tensor& x, double p, uint64_t seed, uint64_t offset, bool training,
+                       const Tensor& rows, int64_t total_rows, int64_t batch_offset = 0);
 
 }  // namespace loom::ops

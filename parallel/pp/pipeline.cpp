@@ -89,7 +89,7 @@ int64_t TransformerPipeline::release_other_stages(Transformer& model) const {
 
 Tensor TransformerPipeline::forward_backward(const std::vector<Tensor>& inputs,
                                              const std::vector<Tensor>& targets,
-                                             Generator* dropout_gen,
+                                             const DropoutKey* dropout,
                                              const std::function<void(bool)>& before_backward,
                                              const Tensor& grad_scale) {
   const int m = shape_.microbatches, last = shape_.num_global_stages() - 1;
@@ -97,18 +97,6 @@ Tensor TransformerPipeline::forward_backward(const std::vector<Tensor>& inputs,
              "pipeline: ", inputs.size(), " input and ", targets.size(),
              " target micro-batches, expected ", m);
   const Tensor pos = options_.positions.defined() ? options_.positions : model_.positions(seq_len_);
-  // Note [Pipeline dropout]: the generator offsets one process would be at.
-  const bool drop = dropout_gen != nullptr && model_.training() && model_.config().dropout > 0.0;
-  const GeneratorState base = drop ? dropout_gen->state() : GeneratorState{};
-  const int64_t numel = options_.dropout_numel > 0 ? options_.dropout_numel
-                                                   : batch_ * seq_len_ * model_.config().n_embd;
-  const uint64_t per_block =
-      static_cast<uint64_t>(Block::kDropoutDraws) * ((static_cast<uint64_t>(numel) + 3) / 4);
-  auto block_offset = [&](int64_t mb, int64_t block) {
-    return GeneratorState{
-        base.seed,
-        base.offset + static_cast<uint64_t>(mb * model_.num_blocks() + block) * per_block};
-  };
   ChunkCallbacks cb;
   cb.forward = [&](int mb, int chunk, const Tensor& input) {
     const int g = shape_.global_stage(pp_.rank(), chunk);
@@ -116,10 +104,12 @@ Tensor TransformerPipeline::forward_backward(const std::vector<Tensor>& inputs,
     LOOM_CHECK(ids.dim() == 2 && ids.size(0) == batch_ && ids.size(1) == seq_len_,
                "pipeline: micro-batch ", shape_str(ids.shape()), " is not (", batch_, ", ",
                seq_len_, ")");
-    if (drop) dropout_gen->set_state(block_offset(mb, boundaries_[static_cast<size_t>(g)]));
+    // Note [Dropout by coordinates]: the micro-batch's key, whatever order the stages run in.
+    DropoutKey key = dropout ? *dropout : DropoutKey{};
+    key.micro = mb;
     Tensor x = g == 0 ? model_.embed(ids, pos) : input;
     x = model_.run_blocks(x, pos, boundaries_[static_cast<size_t>(g)],
-                          boundaries_[static_cast<size_t>(g) + 1], dropout_gen);
+                          boundaries_[static_cast<size_t>(g) + 1], dropout ? &key : nullptr);
     if (g != last) return x;
     Tensor loss = model_.head_loss(x, targets[static_cast<size_t>(mb)]);
     // As gradient accumulation does (grad_scale is applied by the executor before backward).
@@ -130,7 +120,6 @@ Tensor TransformerPipeline::forward_backward(const std::vector<Tensor>& inputs,
   cb.before_backward = before_backward;
   cb.loss_scale = grad_scale;
   stats_ = executor_.run(cb);
-  if (drop) dropout_gen->set_state(block_offset(m, 0));  // where one process ends the step
   Tensor loss = stats_.loss_sum.defined() ? ops::reshape(stats_.loss_sum, {1})
                                           : Tensor::zeros({1}, DType::kF64, model_.device());
   pp_.broadcast(loss, last % shape_.stages);

@@ -7,7 +7,7 @@
 // does, on the parameters this class names).
 //
 // Use, per optimiser step with m micro-batches (the single-process run's grad_accum):
-//   zero the gradients; loss = pipe.forward_backward(inputs, targets, dropout_gen);
+//   zero the gradients; loss = pipe.forward_backward(inputs, targets, &dropout_key);
 //   (data parallel: finish the dp gradient sync); pipe.sync_tied_gradients();
 //   sq = global_grad_sq_sum(parameter_grad_pieces(params), &ctx, device); clip; optimiser step
 //   over pipe.named_parameters()
@@ -49,19 +49,12 @@ struct PipelineOptions {
   int64_t activation_rows = 0;  // 0: seq_len
   Tensor positions;             // undefined: arange(seq_len)
   double loss_scale = 1.0;
-  // Numbers one residual dropout draws (Note [Pipeline dropout]): B·T·C of the whole sequence
-  // (under cp T is the full sequence, not this rank's). 0: batch·seq_len·n_embd.
-  int64_t dropout_numel = 0;
 };
 
-// Note [Pipeline dropout]: one process runs micro-batch 0 through every block, then micro-batch
-// 1, …, each block drawing Block::kDropoutDraws reservations of N numbers from the dropout
-// generator, so block i of micro-batch m draws at offset base + (m·L + i)·kDropoutDraws·⌈N/4⌉.
-// A pipeline stage runs its blocks for the micro-batches in schedule order with its own copy of
-// the generator, so before each chunk's forward it sets its copy to that offset for the chunk's
-// first block, and after the step to base + M·L·kDropoutDraws·⌈N/4⌉, where one process ends:
-// every layout then draws the single-process masks (and activation checkpointing replays them).
-// Nothing moves when dropout is off.
+// Dropout under the pipeline: each micro-batch's forward carries the step's DropoutKey with its
+// micro-batch index, and a block's masks depend on that key, its layer and its activations'
+// coordinates alone (Note [Dropout by coordinates] in layers/dropout_key.h), so stages running
+// micro-batches in schedule order draw the single process's masks with no offset bookkeeping.
 
 // Note [Sharded stages]: ZeRO-2 shards each bucket's gradient over the data-parallel group and
 // ZeRO-3 also its parameters, so the tied embedding can only be synchronised shard by shard
@@ -111,7 +104,7 @@ class TransformerPipeline {
   // tensor on the model's device holding a power of two, optim::LossScaler::device_scale)
   // multiplies each micro-batch's loss for backward only (dynamic loss scaling).
   Tensor forward_backward(const std::vector<Tensor>& inputs, const std::vector<Tensor>& targets,
-                          Generator* dropout_gen,
+                          const DropoutKey* dropout,
                           const std::function<void(bool last)>& before_backward = {},
                           const Tensor& grad_scale = Tensor());
   // Validation: a forward-only pass (no autograd graph, no dropout) of each micro-batch

@@ -215,7 +215,7 @@ TEST(Layers, AttentionUsesLlmcQkvLayout) {
   }
 }
 
-TEST(Layers, BlockDropoutNeedsGeneratorOnlyWhenActive) {
+TEST(Layers, BlockDropoutNeedsAKeyOnlyWhenActive) {
   ModelConfig c = testing::tiny_gpt2();
   c.dropout = 0.5;
   Block block(c, DType::kF64);
@@ -224,7 +224,7 @@ TEST(Layers, BlockDropoutNeedsGeneratorOnlyWhenActive) {
   Tensor x = testing::random({1, 4, 8}, gen, DType::kF64, false);
   Tensor pos = Tensor::from_vector(std::vector<int32_t>{0, 1, 2, 3}, {4});
   EXPECT_THROW(block.forward(x, pos, nullptr), Error);
-  Generator d1(9), d2(9);
+  const DropoutKey d1{9, 0, 0}, d2{9, 0, 0};
   EXPECT_EQ(block.forward(x, pos, &d1).to_vector(), block.forward(x, pos, &d2).to_vector());
   block.eval();
   const std::vector<double> eval_out = block.forward(x, pos, nullptr).to_vector();
@@ -234,8 +234,33 @@ TEST(Layers, BlockDropoutNeedsGeneratorOnlyWhenActive) {
   plain.init(g2, 0.3, 0.3);
   EXPECT_EQ(plain.forward(x, pos).to_vector(), eval_out);
   block.train();
-  Generator d3(9);
-  EXPECT_NE(block.forward(x, pos, &d3).to_vector(), eval_out);
+  EXPECT_NE(block.forward(x, pos, &d1).to_vector(), eval_out);
+}
+
+// Note [Dropout by coordinates]: the masks are a function of (seed, step, micro-batch, layer)
+// and each element's global coordinates. Another step, micro-batch or layer draws other masks;
+// a replica holding batch rows [2, 4) of 4 (Block::set_batch_slice) computes exactly those rows
+// of the whole batch's output, as data parallelism needs.
+TEST(Layers, BlockDropoutMasksFollowTheKeyAndTheCoordinates) {
+  ModelConfig c = testing::tiny_gpt2();
+  c.dropout = 0.5;
+  Block layer0(c, DType::kF64, {}, nullptr, 0), layer1(c, DType::kF64, {}, nullptr, 1);
+  Generator gen(1);
+  layer0.init(gen, 0.3, 0.3);
+  Generator same(1);
+  layer1.init(same, 0.3, 0.3);  // the same weights
+  Tensor x = testing::random({4, 4, 8}, gen, DType::kF64, false);
+  Tensor pos = Tensor::from_vector(std::vector<int32_t>{0, 1, 2, 3}, {4});
+  const DropoutKey key{9, 3, 1};
+  const std::vector<double> whole = layer0.forward(x, pos, &key).to_vector();
+  for (const DropoutKey other : {DropoutKey{9, 4, 1}, DropoutKey{9, 3, 0}, DropoutKey{8, 3, 1}})
+    EXPECT_NE(layer0.forward(x, pos, &other).to_vector(), whole);
+  EXPECT_NE(layer1.forward(x, pos, &key).to_vector(), whole);
+  layer0.set_batch_slice({2, 4});
+  const std::vector<double> part =
+      layer0.forward(x.narrow(0, 2, 2).contiguous(), pos, &key).to_vector();
+  const std::vector<double> want(whole.begin() + 2 * 4 * 8, whole.end());
+  EXPECT_EQ(part, want);
 }
 
 }  // namespace
