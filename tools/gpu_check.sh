@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # tools/gpu_check.sh — the one call on a GPU machine (issue 6): gets the CUDA programs (from
 # .gpu/bundle.tar.xz made by tools/gpu_bundle.sh, else builds them here for sm_90), then
-#   1. runs the CUDA tests (every kernel against the CPU kernel, GPU training against the CPU run),
+#   1. runs the CUDA tests (every kernel against the CPU kernel, GPU training against the CPU run)
+#      and the conformance table's CUDA entries (every op case, forward and backward, against the
+#      CPU: tests/conformance/),
 #   2. measures the device's ceilings (copy GB/s, bf16 GEMM TFLOP/s) and every kernel against them
 #      (attention both as Loom's kernels and through cuDNN, to keep the faster as the default),
 #   3. trains GPT-2 124M, 350M (also with cuDNN's attention), 1.5B and Llama ~1B for a few steps
@@ -84,7 +86,7 @@ else
   export LD_LIBRARY_PATH=$cuda_libs:${LD_LIBRARY_PATH:-}
   if ! { cmake -S . -B build-gpu -G Ninja -DCMAKE_BUILD_TYPE=Release -DLOOM_CUDA=ON \
            -DLOOM_CUDA_ARCHITECTURES=90 -DLOOM_MPI=OFF &&
-         ninja -C build-gpu cuda_tests gpu_kernels_bench train dump_logits; } >"$OUT/build.log" 2>&1; then
+         ninja -C build-gpu cuda_tests conformance_tests gpu_kernels_bench train dump_logits; } >"$OUT/build.log" 2>&1; then
     note "BUILD FAILED (see build.log)"; tail -30 "$OUT/build.log"; exit 1
   fi
 fi
@@ -124,6 +126,20 @@ failed=$(grep "^\[  FAILED  \] [A-Za-z0-9_/]*\.[A-Za-z0-9_/]* (" "$OUT/cuda_test
 skipped=$(grep "^\[  SKIPPED \] .* (" "$OUT/cuda_tests.log" | sort -u | grep -c .)
 note "cuda_tests: $(echo "$suites" | grep -c .) suites, $passed passed, $(echo -n "$failed" | grep -c .) failed, $skipped skipped${crashed:+, crashed or timed out:$crashed}"
 [[ -n "$failed" ]] && echo "$failed" | sed 's/^/  /' | tee -a "$summary"
+# The conformance table's CUDA entries (<op>_<case>_cuda; the CPU-only checks ran in CI), in one
+# process, at most 90 s.
+if [[ -x $bin/conformance_tests && -z "$only_suites" ]]; then
+  stamp "conformance table on CUDA"
+  timeout -k 10 "$(limit 90)" "${memcheck[@]}" "$bin/conformance_tests" --gtest_filter='*_cuda' \
+    --gtest_color=no >"$OUT/conformance_tests.log" 2>&1
+  rc=$?
+  c_passed=$(grep -c "^\[       OK \]" "$OUT/conformance_tests.log")
+  c_failed=$(grep "^\[  FAILED  \] [A-Za-z0-9_/]*\.[A-Za-z0-9_/]*[ ,]" "$OUT/conformance_tests.log" |
+    sed 's/^\[  FAILED  \] //; s/[ ,].*//' | sort -u)
+  c_skipped=$(grep "^\[  SKIPPED \] .* (" "$OUT/conformance_tests.log" | sort -u | grep -c .)
+  note "conformance_tests (cuda): $c_passed passed, $(echo -n "$c_failed" | grep -c .) failed, $c_skipped skipped$( ((rc != 0 && rc != 1)) && echo ", exit $rc (crash or time limit)")"
+  [[ -n "$c_failed" ]] && echo "$c_failed" | sed 's/^/  /' | tee -a "$summary"
+fi
 [[ $only_tests == 1 ]] && { stamp done; cat "$summary"; exit 0; }
 
 # --- 2. ceilings and kernels -------------------------------------------------------------------

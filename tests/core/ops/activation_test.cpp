@@ -1,5 +1,7 @@
-// tests/core/ops/activation_test.cpp — gelu, silu and swiglu: gradients against finite differences
-// in f64, f32 against f64, and forward values against a scalar reference loop.
+// tests/core/ops/activation_test.cpp — gelu, silu and swiglu: forward values against a scalar
+// reference loop, saturation at extreme inputs, shape errors. Gradients (finite differences in
+// f64, f32 against f64, other backends) are the conformance table's gelu, silu and swiglu cases
+// (tests/conformance/cases/activation.cpp).
 #include "core/ops/activation.h"
 
 #include <cmath>
@@ -9,45 +11,12 @@
 namespace loom {
 namespace {
 
-using testing::expect_f32_matches_f64;
-using testing::expect_gradcheck;
 using testing::random;
 
 double gelu_ref(double x) {
   return 0.5 * x * (1.0 + std::tanh(std::sqrt(2.0 / M_PI) * (x + 0.044715 * x * x * x)));
 }
 double silu_ref(double x) { return x / (1.0 + std::exp(-x)); }
-
-class ActivationShapes : public ::testing::TestWithParam<Shape> {};
-
-TEST_P(ActivationShapes, GeluGradientsMatchFiniteDifferences) {
-  Generator gen(11);
-  Tensor x = random(GetParam(), gen, DType::kF64, true, 2.0);
-  auto fn = [](const std::vector<Tensor>& in) { return ops::gelu(in[0]); };
-  expect_gradcheck(fn, {x});
-  expect_f32_matches_f64(fn, {x});
-}
-
-TEST_P(ActivationShapes, SiluGradientsMatchFiniteDifferences) {
-  Generator gen(12);
-  Tensor x = random(GetParam(), gen, DType::kF64, true, 2.0);
-  auto fn = [](const std::vector<Tensor>& in) { return ops::silu(in[0]); };
-  expect_gradcheck(fn, {x});
-  expect_f32_matches_f64(fn, {x});
-}
-
-TEST_P(ActivationShapes, SwigluGradientsMatchFiniteDifferences) {
-  Generator gen(13);
-  Tensor gate = random(GetParam(), gen, DType::kF64, true, 2.0);
-  Tensor up = random(GetParam(), gen);
-  auto fn = [](const std::vector<Tensor>& in) { return ops::swiglu(in[0], in[1]); };
-  expect_gradcheck(fn, {gate, up});
-  expect_f32_matches_f64(fn, {gate, up});
-}
-
-INSTANTIATE_TEST_SUITE_P(Shapes, ActivationShapes,
-                         ::testing::Values(Shape{1}, Shape{3}, Shape{17}, Shape{65}, Shape{3, 17},
-                                           Shape{2, 3, 65}));
 
 TEST(Activation, ValuesMatchReferenceLoop) {
   Generator gen(14);
@@ -63,11 +32,7 @@ TEST(Activation, ValuesMatchReferenceLoop) {
   }
 }
 
-TEST(Activation, NonContiguousInputAndExtremeValues) {
-  Generator gen(15);
-  Tensor x = random({17, 3}, gen);
-  auto fn = [](const std::vector<Tensor>& in) { return ops::gelu(in[0].transpose(0, 1)); };
-  expect_gradcheck(fn, {x});
+TEST(Activation, ExtremeValues) {
   Tensor big = Tensor::from_vector(std::vector<double>{-1000.0, -50.0, 50.0, 1000.0}, {4});
   for (const Tensor& y : {ops::gelu(big), ops::silu(big), ops::gelu(big.to(DType::kF32)),
                           ops::silu(big.to(DType::kF32))}) {

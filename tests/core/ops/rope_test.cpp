@@ -1,6 +1,7 @@
-// tests/core/ops/rope_test.cpp — rope: gradients against finite differences in f64, f32
-// against f64, values against a loop reference, identity at position 0, pair norms preserved,
-// and non-contiguous global positions (a context-parallel rank's slice).
+// tests/core/ops/rope_test.cpp — rope: values against a loop reference, identity at position 0,
+// pair norms preserved, and non-contiguous global positions (a context-parallel rank's slice).
+// Gradients at these shapes (finite differences in f64, f32 against f64, other backends) are
+// the conformance table's rope cases (tests/conformance/cases/rope.cpp).
 #include "core/ops/rope.h"
 
 #include <cmath>
@@ -11,7 +12,6 @@
 namespace loom {
 namespace {
 
-using testing::expect_f32_matches_f64;
 using testing::expect_gradcheck;
 using testing::random;
 
@@ -46,14 +46,11 @@ struct RopeCase {
 
 class RopeTest : public ::testing::TestWithParam<RopeCase> {};
 
-TEST_P(RopeTest, GradientsAndValues) {
+TEST_P(RopeTest, ValuesMatchReferenceLoop) {
   Generator gen(11);
   const RopeCase c = GetParam();
-  Tensor x = random(c.x, gen);
+  Tensor x = random(c.x, gen, DType::kF64, false);
   Tensor pos = arange_positions(c.x[1], c.pos_dtype);
-  auto fn = [pos](const std::vector<Tensor>& in) { return ops::rope(in[0], pos, 10000.0); };
-  expect_gradcheck(fn, {x});
-  expect_f32_matches_f64(fn, {x});
   std::vector<double> pv;
   for (double p : pos.to_vector()) pv.push_back(p);
   EXPECT_LT(testing::rel_error(ops::rope(x, pos, 500.0).to_vector(), rope_reference(x, pv, 500.0)),
