@@ -3,6 +3,7 @@
 // holds its parts of the same global gradients — a TP-split matrix in three runs (a fused qkv's
 // layout), a TP-replicated vector, a ZeRO-style 1-d shard, a tied copy — and the sum must be
 // exactly the global tensors' Σ g², each element counted once, on every rank.
+// loom-mpi-test: ranks 4
 #include <gtest/gtest.h>
 
 #include <cmath>

@@ -6,6 +6,7 @@
 // summed as the trainer does (Note [Gradients of replicated parameters]). The sharding layout
 // is restated here by parameter name, independently of parallel/tp/layers.cpp. Tolerance 2e-5
 // relative: the split GEMMs and the ring merge add the same terms in another order.
+// loom-mpi-test: ranks 2 4
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -23,7 +24,7 @@
 #include "parallel/model_parallel.h"
 #include "parallel/tp/comm_ops.h"
 #include "tests/parallel/mpi_test_util.h"
-#include "tests/parallel/tp_test_util.h"
+#include "tests/parallel/tp/tp_test_util.h"
 
 namespace loom::parallel {
 namespace {

@@ -1,7 +1,8 @@
-// tests/parallel/train_dp_mpi_test.cpp — the trainer under mpirun with parallel.dp = world
+// tests/train/train_dp_mpi_test.cpp — the trainer under mpirun with parallel.dp = world
 // size and ZeRO-1 or ZeRO-3: its losses match the single-process run on the same global batch (to
 // f32 rounding), and stopping, resuming from the sharded checkpoint and continuing reproduces the
 // uninterrupted data-parallel run bit for bit.
+// loom-mpi-test: ranks 2
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -12,7 +13,7 @@
 #include "data/shard.h"
 #include "parallel/parallel_context.h"
 #include "tests/parallel/mpi_test_util.h"
-#include "tests/parallel/train_test_util.h"
+#include "tests/train/train_test_util.h"
 #include "train/checkpoint.h"
 #include "train/trainer.h"
 

@@ -1,4 +1,4 @@
-// tests/parallel/tp_mpi_test.cpp — tensor and sequence parallelism building blocks under
+// tests/parallel/tp/tp_mpi_test.cpp — tensor and sequence parallelism building blocks under
 // mpirun, with the whole world as the TP group (2 or 4 ranks): the matched communication ops
 // against their definitions (forward and backward), a column→row parallel MLP with and without
 // sequence parallelism, the vocab-parallel embedding and the vocab-parallel cross-entropy, each
@@ -7,6 +7,7 @@
 // layer issues its transfers and GEMMs (the overlap). Tolerances: the
 // sharded runs add partial GEMM results in a different order than the full GEMM (sums over a
 // split inner dimension), so results agree to f32 rounding, checked at 2e-5 relative.
+// loom-mpi-test: ranks 2 4
 #include <gtest/gtest.h>
 
 #include <algorithm>

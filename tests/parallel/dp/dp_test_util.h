@@ -1,4 +1,4 @@
-// tests/parallel/dp_test_util.h — shared pieces of the data-parallel tests: the tiny GPT, the
+// tests/parallel/dp/dp_test_util.h — shared pieces of the data-parallel tests: the tiny GPT, the
 // fixed global batches, the single-process reference run (computed inside every rank, no
 // files), the same training under DataParallel on this rank's rows, and the layouts
 // (dp size, MiCS partition) that fit the world size. Tests only.

@@ -1,14 +1,16 @@
-// tests/parallel/train_tp_mpi_test.cpp — the trainer under mpirun with tensor, sequence and
+// tests/train/train_tp_mpi_test.cpp — the trainer under mpirun with tensor, sequence and
 // context parallelism, alone and with data parallelism and ZeRO: per-step losses and gradient
 // norms match the single-process run with the same global batch, and every rank's parameters
-// equal its tensor-parallel part of the single-process parameters (tests/parallel/
-// tp_test_util.h); at dp 1 (pp too) the validation loss matches the single process's; a stop
-// and resume reproduces the uninterrupted run. With dropout 0.1 (tp2, tp2+sp, tp2+sp with
-// activation checkpointing, cp2, cp2·tp2+sp) every rank draws the single-process masks of the
-// rows it holds, so the runs still match. TrainModelParallel2.* runs on 2 ranks,
+// equal its tensor-parallel part of the single-process parameters
+// (tests/parallel/tp/tp_test_util.h); at dp 1 (pp too) the validation loss matches the single
+// process's; a stop and resume reproduces the uninterrupted run. With dropout 0.1 (tp2, tp2+sp,
+// tp2+sp with activation checkpointing, cp2, cp2·tp2+sp) every rank draws the single-process
+// masks of the rows it holds, so the runs still match. TrainModelParallel2.* runs on 2 ranks,
 // TrainModelParallel4.* on 4 (with pp2 too, and MiCS over dp·cp), TrainModelParallel8.* on 8
 // (the compositions dp2·tp2·pp2, tp2·cp2·pp2 and dp2·cp2·tp2, each also with ZeRO-1, plus
-// dp2·tp2·pp2+sp with ZeRO-3 and tp2·cp2·pp2 with ZeRO-2).
+// dp2·tp2·pp2+sp with ZeRO-3 and tp2·cp2·pp2 with ZeRO-2); each case skips itself at the other
+// world sizes.
+// loom-mpi-test: ranks 2 4 8
 //
 // Tolerance: split GEMMs, vocab-parallel statistics, ring-attention merges and the dp·cp
 // gradient average add the same terms in other orders (f32 rounding, ~1e-7 relative), which
@@ -28,8 +30,8 @@
 #include "data/shard.h"
 #include "parallel/parallel_context.h"
 #include "tests/parallel/mpi_test_util.h"
-#include "tests/parallel/tp_test_util.h"
-#include "tests/parallel/train_test_util.h"
+#include "tests/parallel/tp/tp_test_util.h"
+#include "tests/train/train_test_util.h"
 #include "train/trainer.h"
 
 namespace loom::parallel {

@@ -1,9 +1,10 @@
-// tests/parallel/async_mpi_test.cpp — asynchronous behaviour of MpiCommunicator: operations
+// tests/parallel/comm/async_mpi_test.cpp — asynchronous behaviour of MpiCommunicator: operations
 // progress on the communicator's thread while the caller computes (is_done turns true with
 // no wait), many queued operations complete correctly and in issue order, the observer sees
 // every operation, and send/recv rings (including large, rendezvous-sized messages) work —
 // also as send_recv_async groups under NCCL's rules (Note [NCCL rules on MPI]), where separate
 // crossed sends deadlock.
+// loom-mpi-test: ranks 4
 #include <gtest/gtest.h>
 
 #include <algorithm>

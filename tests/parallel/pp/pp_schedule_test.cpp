@@ -1,4 +1,4 @@
-// tests/parallel/pp_schedule_test.cpp — the pipeline schedules' lists alone (no MPI): for many
+// tests/parallel/pp/pp_schedule_test.cpp — the pipeline schedules' lists alone (no MPI): for many
 // (p, v, m) every rank's list simulates without deadlock, forwards precede backwards, sends
 // match receives, and the makespan, bubble and peak in-flight activations equal the formulas of
 // Note [Pipeline cost model] (parallel/pp/schedule.h). Also: broken lists are caught, bad

@@ -1,7 +1,8 @@
-// tests/parallel/dp_equivalence_mpi_test.cpp — DataParallel (DDP, ZeRO-1, ZeRO-2, ZeRO-3, MiCS,
+// tests/parallel/dp/dp_equivalence_mpi_test.cpp — DataParallel (DDP, ZeRO-1, ZeRO-2, ZeRO-3, MiCS,
 // gradient accumulation, activation checkpointing under ZeRO-3) trains the tiny GPT to the same
 // losses, gradient norms and parameters as the single-process run on the full batch, which every
 // rank recomputes locally.
+// loom-mpi-test: ranks 2 4
 //
 // Note [Equivalence tolerance]: not bitwise, because the single process sums each gradient
 // over all B rows inside one GEMM/reduction, while DP sums B/dp rows per rank and then averages
@@ -18,7 +19,7 @@
 #include <algorithm>
 #include <cmath>
 
-#include "tests/parallel/dp_test_util.h"
+#include "tests/parallel/dp/dp_test_util.h"
 #include "tests/parallel/mpi_test_util.h"
 
 namespace loom::parallel {

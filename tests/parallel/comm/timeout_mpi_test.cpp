@@ -1,7 +1,8 @@
-// tests/parallel/timeout_mpi_test.cpp — a collective that only some ranks enter: wait() on
+// tests/parallel/comm/timeout_mpi_test.cpp — a collective that only some ranks enter: wait() on
 // those ranks throws within the communicator's timeout (2 s here), naming the operation and
 // the group, and an operation queued behind it says it never started. Then the missing rank
 // enters, everything completes with correct results, and the group is usable again.
+// loom-mpi-test: ranks 4
 #include <gtest/gtest.h>
 
 #include <chrono>

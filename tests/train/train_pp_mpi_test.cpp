@@ -1,4 +1,4 @@
-// tests/parallel/train_pp_mpi_test.cpp — the trainer under mpirun with pipeline parallelism:
+// tests/train/train_pp_mpi_test.cpp — the trainer under mpirun with pipeline parallelism:
 // per-step losses, gradient norms and the trained parameters match the single-process run with
 // the same global batch (optim.grad_accum = the pipeline's micro-batches); a stop and resume
 // from the pipelined checkpoint reproduces the uninterrupted pipelined run bit for bit; the
@@ -7,7 +7,8 @@
 // TrainPipeline2.* runs on 2 ranks (pp2: each schedule, vpp2, an explicit layout, Llama, resume),
 // TrainPipeline4.* on 4 (pp4 1F1B, dp2·pp2 with ZeRO-1, 2 and 3 — GPT-2's tied embedding
 // synchronised shard by shard, vpp2 with ZeRO-3, Llama with ZeRO-2 — and the ZeRO-1 and ZeRO-3
-// resumes).
+// resumes); each case skips itself at the other world size.
+// loom-mpi-test: ranks 2 4
 //
 // Tolerance: the pipeline runs the same kernels on the same shapes in the same micro-batch
 // order as the single process, so untied models agree to the last bit except where summation
@@ -29,7 +30,7 @@
 #include "data/shard.h"
 #include "parallel/parallel_context.h"
 #include "tests/parallel/mpi_test_util.h"
-#include "tests/parallel/train_test_util.h"
+#include "tests/train/train_test_util.h"
 #include "train/checkpoint.h"
 #include "train/trainer.h"
 
@@ -96,6 +97,8 @@ ParallelContext context_for(const Case& k) {
 // Runs the case pipelined and in one process; compares losses, norms and this rank's trained
 // parameters.
 void expect_matches_single(const Case& k, bool exact = false) {
+  const int ranks = k.dp * k.pp;
+  if (testing::world_size() != ranks) GTEST_SKIP() << "needs " << ranks << " ranks";
   ParallelContext ctx = context_for(k);
   const std::string dir =
       testing::shared_train_data(ctx, "loom_train_pp_" + std::to_string(ctx.world_size()));
@@ -203,6 +206,8 @@ TEST(TrainPipeline2, MixedPrecisionMatchesSingleProcess) {
 
 // 3 steps, a checkpoint, a resume and 3 more equal 6 uninterrupted steps bit for bit.
 void expect_resumes_exactly(const Case& k) {
+  const int ranks = k.dp * k.pp;
+  if (testing::world_size() != ranks) GTEST_SKIP() << "needs " << ranks << " ranks";
   ParallelContext ctx = context_for(k);
   const std::string dir =
       testing::shared_train_data(ctx, "loom_train_pp_" + std::to_string(ctx.world_size()));

@@ -1,4 +1,4 @@
-// tests/parallel/tp_test_util.h — the tensor-parallel layout restated by parameter name for the
+// tests/parallel/tp/tp_test_util.h — the tensor-parallel layout restated by parameter name for the
 // tests (independently of parallel/tp/layers.cpp): which part of an unsharded Transformer
 // parameter TP rank r of n holds. Tests only.
 #pragma once

@@ -1,9 +1,10 @@
-// tests/parallel/dp_zero3_mpi_test.cpp — ZeRO-3 mechanics (Note [ZeRO-3] in
+// tests/parallel/dp/dp_zero3_mpi_test.cpp — ZeRO-3 mechanics (Note [ZeRO-3] in
 // parallel/dp/data_parallel.h): prefetch and reduce-scatter overlap proven from the engine's own
 // event log (no timing), per-micro-batch reductions under accumulation, parameters really
 // released between uses, per-rank memory from the allocator's statistics against a quarter of
 // the single-rank bytes on 4 ranks, and the errors of a wrong set-up. Equivalence with the
 // single process is in dp_equivalence_mpi_test.cpp.
+// loom-mpi-test: ranks 2 4
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -12,7 +13,7 @@
 
 #include "core/allocator.h"
 #include "parallel/dp/bucket.h"
-#include "tests/parallel/dp_test_util.h"
+#include "tests/parallel/dp/dp_test_util.h"
 #include "tests/parallel/mpi_test_util.h"
 
 namespace loom::parallel {

@@ -1,8 +1,9 @@
-// tests/parallel/pp_executor_mpi_test.cpp — the PipelineExecutor alone, under mpirun with
+// tests/parallel/pp/pp_executor_mpi_test.cpp — the PipelineExecutor alone, under mpirun with
 // pp = world size, on a synthetic f64 chain (stage g: y = gelu(x ⊙ W_g), loss = Σ y / m): for
 // every schedule (and odd sizes and micro-batch counts) each stage's weight gradient and the
 // loss equal the chain computed in one process, and the executor's peak in-flight activations
 // equal the simulator's. Same ops in the same micro-batch order, so the match is exact.
+// loom-mpi-test: ranks 2 3 4
 #include <gtest/gtest.h>
 
 #include "core/autograd.h"

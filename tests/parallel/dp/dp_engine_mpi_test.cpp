@@ -1,8 +1,9 @@
-// tests/parallel/dp_engine_mpi_test.cpp — the DataParallel engine's mechanics: bucket planning
+// tests/parallel/dp/dp_engine_mpi_test.cpp — the DataParallel engine's mechanics: bucket planning
 // (reverse order, byte budget, dtype split, shard padding), overlap proven from the engine's
 // own event log (Note [Data-parallel event log]), accumulation micro-batches launching
 // nothing, per-rank memory against Note [ZeRO memory formulas], and sharded optimiser state
 // names and coverage.
+// loom-mpi-test: ranks 2 4
 #include <gtest/gtest.h>
 
 #include <cstdio>
@@ -11,7 +12,7 @@
 #include "core/ops/matmul.h"
 #include "core/ops/reduce.h"
 #include "parallel/dp/bucket.h"
-#include "tests/parallel/dp_test_util.h"
+#include "tests/parallel/dp/dp_test_util.h"
 #include "tests/parallel/mpi_test_util.h"
 
 namespace loom::parallel {

@@ -1,9 +1,11 @@
-// tests/parallel/cuda_comm_mpi_test.cpp — CUDA tensors under mpirun: MpiCommunicator staging
-// them through pinned host memory (CudaStaging.*: every rank may share one GPU; results equal
-// the same operation on CPU tensors bit for bit), and the NCCL communicators of a CUDA
-// ParallelContext (NcclMpi.*: rank r on GPU local_rank; results against references computed
-// locally from every member's regenerated input). Each test skips, with the reason, when the
-// build has no CUDA or the machine too few GPUs (all ranks of one node skip alike).
+// tests/parallel/comm/cuda_comm_mpi_test.cpp — CUDA tensors under mpirun: MpiCommunicator
+// staging them through pinned host memory (CudaStaging.*, on 3 ranks: every rank may share one
+// GPU; results equal the same operation on CPU tensors bit for bit), and the NCCL communicators
+// of a CUDA ParallelContext (NcclMpi.*, on 2 ranks: rank r on GPU local_rank; results against
+// references computed locally from every member's regenerated input). Each test skips, with the
+// reason, at the other world size, when the build has no CUDA or the machine too few GPUs (all
+// ranks of one node skip alike).
+// loom-mpi-test: ranks 2 3
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -51,11 +53,17 @@ Tensor poisoned(const Shape& shape, DType dtype, Device device) {
 
 const DType kDTypes[] = {DType::kF32, DType::kF64, DType::kI32, DType::kI64};
 
+// The world size each suite runs at (the file declares both; the other suite skips itself):
+// staging with an odd world whose ranks share the GPUs, NCCL with one GPU per rank.
+constexpr int kStagingRanks = 3;
+constexpr int kNcclRanks = 2;
+
 // ---- MpiCommunicator with CUDA tensors -------------------------------------------------------
 
 class CudaStaging : public ::testing::Test {
  protected:
   void SetUp() override {
+    if (world_size() != kStagingRanks) GTEST_SKIP() << "runs at " << kStagingRanks << " ranks";
     const std::string reason = no_gpu_reason(1);
     if (!reason.empty()) GTEST_SKIP() << "no CUDA device: " << reason;
     gpu_ = Device::cuda(local_rank() % device_count(DeviceType::kCuda));
@@ -129,6 +137,7 @@ TEST_F(CudaStaging, SendRecvRing) {
 class NcclMpi : public ::testing::Test {
  protected:
   void SetUp() override {
+    if (world_size() != kNcclRanks) GTEST_SKIP() << "runs at " << kNcclRanks << " ranks";
     const std::string reason = no_gpu_reason(world_size());
     if (!reason.empty()) GTEST_SKIP() << "no NCCL run: " << reason;
     ParallelOptions opts = testing::test_layouts()[0];

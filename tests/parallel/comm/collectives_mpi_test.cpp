@@ -1,8 +1,9 @@
-// tests/parallel/collectives_mpi_test.cpp — every MpiCommunicator collective against its
+// tests/parallel/comm/collectives_mpi_test.cpp — every MpiCommunicator collective against its
 // definition, on every group of the test layouts (mpi_test_util.h), for odd sizes and sizes
 // not divisible by the group size, f32/f64/i32/i64. References are computed locally from the
 // members' regenerated inputs; reductions must equal the rank-order reduction bit for bit on
 // every rank (Note [Deterministic reductions]).
+// loom-mpi-test: ranks 3 8
 #include <gtest/gtest.h>
 
 #include <functional>

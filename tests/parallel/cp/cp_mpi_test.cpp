@@ -1,9 +1,10 @@
-// tests/parallel/cp_mpi_test.cpp — context parallelism under mpirun with the whole world as the
+// tests/parallel/cp/cp_mpi_test.cpp — context parallelism under mpirun with the whole world as the
 // cp group (2 or 4 ranks): load-balanced sharding and global positions, and ring attention
 // (forward output and the q, k, v gradients) against ops::causal_attention of the whole
 // sequence computed locally on every rank, with multi-head and grouped-query heads. Ring
 // attention adds the same terms as the full kernel but merges them block by block (online
 // softmax), so results agree to f32 rounding: checked at 2e-5 relative.
+// loom-mpi-test: ranks 2 4
 #include <gtest/gtest.h>
 
 #include <cmath>

@@ -1,4 +1,4 @@
-// tests/parallel/train_test_util.h — what the trainer tests under mpirun share: a learnable token
+// tests/train/train_test_util.h — what the trainer tests under mpirun share: a learnable token
 // stream written once by rank 0 into a directory every rank sees, and the TrainerOptions of a
 // quiet run. Tests only.
 #pragma once
