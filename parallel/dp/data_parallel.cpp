@@ -1,6 +1,7 @@
 // parallel/dp/data_parallel.cpp — DataParallel (see parallel/dp/data_parallel.h): bucket
-// buffers, the gradient-ready hooks that launch reductions, the sync, sharded clipping and the
-// ZeRO optimiser step with its parameter all-gather. Stage 3's unit gathers, releases and
+// buffers, the gradient-ready hooks that launch each bucket's sync (the strategy: parallel/dp/
+// grad_sync.h), the wait for it, and the optimizer over the owned pieces (parallel/dp/
+// sharded_optimizer.h) with its parameter all-gather. Stage 3's unit gathers, releases and
 // per-unit reductions are in parallel/dp/zero3.cpp.
 #include "parallel/dp/data_parallel.h"
 
@@ -14,7 +15,7 @@
 #include "core/ops/view.h"
 #include "kernels/copy.h"
 #include "optim/adamw.h"
-#include "optim/clip.h"
+#include "parallel/dp/sharded_optimizer.h"
 
 namespace loom::parallel {
 
@@ -41,6 +42,7 @@ DataParallel::DataParallel(const std::vector<NamedTensors>& units, Communicator&
       shard_comm_(mics.partition != nullptr ? mics.partition : &dp),
       replica_comm_(mics.replica),
       config_(config),
+      grad_sync_(dp::make_grad_sync(config.zero_stage, dp, *shard_comm_, replica_comm_)),
       link_(std::make_shared<HookLink>()) {
   validate_groups(mics, per_unit);
   build_buckets(units, per_unit);
@@ -155,21 +157,32 @@ void DataParallel::broadcast_parameters() {
 }
 
 void DataParallel::build_optimizer() {
+  const optim::OptimizerFactory inner =
+      config_.optimizer
+          ? config_.optimizer
+          : [](std::vector<optim::ParamRef> refs) -> std::unique_ptr<optim::Optimizer> {
+    return std::make_unique<optim::AdamW>(std::move(refs), 0.9, 0.95, 1e-8, 0.0);
+  };
   std::vector<optim::ParamRef> refs;
-  if (config_.zero_stage == 0) {
+  if (config_.zero_stage == 0) {  // the whole parameters, replicated: the inner optimizer alone
     for (const Param& p : params_) refs.push_back({p.name, p.tensor, p.decay});
-  } else {
-    for (const auto& [name, view] : parameter_shards()) refs.push_back({name, view, true});
-    size_t k = 0;
-    for_each_owned_piece([&](int bucket, const Param& p, int64_t lo, int64_t hi) {
-      refs[k++].decay = p.decay;
-      pieces_.push_back({bucket, lo, hi});
-    });
+    optimizer_ = inner(std::move(refs));
+    LOOM_CHECK(optimizer_ != nullptr, "DataParallel: the optimizer factory made no optimizer");
+    return;
   }
-  optimizer_ = config_.optimizer
-                   ? config_.optimizer(std::move(refs))
-                   : std::make_unique<optim::AdamW>(std::move(refs), 0.9, 0.95, 1e-8, 0.0);
-  LOOM_CHECK(optimizer_ != nullptr, "DataParallel: the optimizer factory made no optimizer");
+  for (const auto& [name, view] : parameter_shards()) refs.push_back({name, view, true});
+  size_t k = 0;
+  for_each_owned_piece([&](int bucket, const Param& p, int64_t lo, int64_t hi) {
+    refs[k++].decay = p.decay;
+    pieces_.push_back({bucket, lo, hi});
+  });
+  // Stages 1-2 all-gather the updated shards; stage 3's next forward gathers per unit.
+  const bool gather = config_.zero_stage < 3;
+  optimizer_ = std::make_unique<dp::ShardedOptimizer>(
+      std::move(refs), inner, [this](size_t i) { return piece_grad(i); },
+      [this, gather] {
+        if (gather) gather_parameters();
+      });
 }
 
 NamedTensors DataParallel::parameter_shards() const {
@@ -249,19 +262,12 @@ void DataParallel::launch(int bucket, DpEventKind kind) {
   Bucket& b = buckets_[static_cast<size_t>(bucket)];
   ensure_grad_buffer(b);
   b.launched = true;
-  std::string op;
-  if (config_.zero_stage < 2) {
-    b.first = dp_.all_reduce_async(b.grad_flat, ReduceOp::kAvg);
-    op = "all_reduce " + dp_.name();
-  } else {
-    b.first = shard_comm_->reduce_scatter_async(b.grad_flat, b.grad_shard, ReduceOp::kAvg);
-    op = "reduce_scatter " + shard_comm_->name();
-  }
+  b.first = grad_sync_->first_hop(b.grad_flat, b.grad_shard);
   launch_order_.push_back(bucket);
   if (kind == DpEventKind::kLaunch) {
     current_.launched_early_bytes += static_cast<int64_t>(b.plan.bytes());
   }
-  log(kind, bucket, op);
+  log(kind, bucket, grad_sync_->first_op());
 }
 
 void DataParallel::reset_counters() {
@@ -316,13 +322,12 @@ void DataParallel::finish_gradient_sync() {
   for (size_t bi = 0; bi < buckets_.size(); ++bi) {
     if (!buckets_[bi].launched) launch(static_cast<int>(bi), DpEventKind::kLateLaunch);
   }
-  const bool two_hops = replica_comm_ != nullptr && config_.zero_stage >= 2;
   for (int bi : launch_order_) {  // same order on every rank, so comm order matches too
     Bucket& b = buckets_[static_cast<size_t>(bi)];
     b.first->wait();
-    if (two_hops) {
-      b.second = replica_comm_->all_reduce_async(b.grad_shard, ReduceOp::kAvg);
-      log(DpEventKind::kReplicaLaunch, bi, "all_reduce " + replica_comm_->name());
+    if (grad_sync_->has_second_hop()) {
+      b.second = grad_sync_->second_hop(b.grad_shard);
+      log(DpEventKind::kReplicaLaunch, bi, grad_sync_->second_op());
     }
   }
   for (int bi : launch_order_) {
@@ -413,17 +418,7 @@ void DataParallel::step(double lr) { step_scaled(lr, Tensor()); }
 
 void DataParallel::step_scaled(double lr, const Tensor& grad_scale) {
   if (!synced_) finish_gradient_sync();
-  if (config_.zero_stage >= 1) {
-    const std::vector<optim::ParamRef>& refs = optimizer_->params();
-    for (size_t k = 0; k < refs.size(); ++k) {
-      Tensor param = refs[k].param;
-      param.set_grad(piece_grad(k));
-    }
-  }
-  optimizer_->step_scaled(lr, grad_scale);
-  if (config_.zero_stage == 1 || config_.zero_stage == 2) gather_parameters();
-  // Stage 3: nothing is gathered now (finish_gradient_sync released every unit); the next
-  // forward gathers the updated shards.
+  optimizer_->step_scaled(lr, grad_scale);  // sharded: then the all-gather (stages 1-2)
   synced_ = false;
 }
 

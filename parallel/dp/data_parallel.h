@@ -29,7 +29,8 @@
 //               replica group (issued in finish_gradient_sync, in bucket launch order, so that
 //               every rank issues the ops of every communicator in the same global order).
 // Rank r of the shard group (size S) owns elements [r·n, (r+1)·n) of every bucket, n = padded
-// numel / S. Its AdamW is built over the intersections of parameters with the owned ranges
+// numel / S. Its optimizer (a ShardedOptimizer around the inner one: parallel/dp/
+// sharded_optimizer.h) is built over the intersections of parameters with the owned ranges
 // (1-d views of the flat parameter buffer, named "<param>[<begin>:<end>]" with element offsets
 // in the flattened parameter), so optimiser state exists only for the owned shard; after the
 // update every bucket's shard is all-gathered over the shard group. Stage 0 keeps one plain
@@ -71,6 +72,7 @@
 #include "parallel/comm/communicator.h"
 #include "parallel/dp/bucket.h"
 #include "parallel/dp/dp_stats.h"
+#include "parallel/dp/grad_sync.h"
 #include "parallel/gradients.h"
 #include "parallel/mesh.h"
 
@@ -256,10 +258,13 @@ class DataParallel final : public UnitHooks {
   Communicator* shard_comm_;    // dp_, or the MiCS partition
   Communicator* replica_comm_;  // MiCS replica group, else null
   DataParallelConfig config_;
+  std::unique_ptr<dp::GradSync> grad_sync_;  // the buckets' sync strategy (grad_sync.h)
   std::vector<Param> params_;
   std::vector<Bucket> buckets_;
   std::vector<int> launch_order_;  // buckets in the order their first hop was issued
   std::vector<Piece> pieces_;      // parallel to optimizer_->params() at stages 1/2
+  // Stage 0: the inner optimizer over the whole parameters; stages 1-3: a ShardedOptimizer
+  // wrapping it over the owned pieces (sharded_optimizer.h).
   std::unique_ptr<optim::Optimizer> optimizer_;
   std::shared_ptr<HookLink> link_;
   bool sync_ = true;

@@ -121,8 +121,7 @@ void DataParallel::launch_unit(int unit, DpEventKind kind) {
   Tensor partial;
   if (b.shard_written)
     partial = Tensor::empty({b.plan.shard_numel}, b.plan.dtype, b.grad_flat.device());
-  WorkPtr work = shard_comm_->reduce_scatter_async(
-      b.grad_flat, partial.defined() ? partial : b.grad_shard, ReduceOp::kAvg);
+  WorkPtr work = grad_sync_->first_hop(b.grad_flat, partial.defined() ? partial : b.grad_shard);
   b.reduces.push_back({std::move(work), b.grad_flat, partial});
   b.shard_written = true;
   b.grad_flat = Tensor();
@@ -130,7 +129,7 @@ void DataParallel::launch_unit(int unit, DpEventKind kind) {
   if (kind == DpEventKind::kLaunch && sync_) {
     current_.launched_early_bytes += static_cast<int64_t>(b.plan.bytes());
   }
-  log(kind, unit, "reduce_scatter " + shard_comm_->name());
+  log(kind, unit, grad_sync_->first_op());
 }
 
 void DataParallel::finish_reduce(Bucket& b) {
@@ -163,12 +162,11 @@ void DataParallel::finish_zero3() {
     while (!b.reduces.empty()) finish_reduce(b);
     if (!b.shard_written) kernels::call_kernel<kernels::fill_k>(b.grad_shard, 0.0);
   }
-  if (replica_comm_ != nullptr) {  // MiCS: one hop across replicas per unit, in unit order
+  if (grad_sync_->has_second_hop()) {  // MiCS: one hop across replicas per unit, in unit order
     std::vector<WorkPtr> works;
     for (int u = 0; u < num_buckets(); ++u) {
-      works.push_back(replica_comm_->all_reduce_async(buckets_[static_cast<size_t>(u)].grad_shard,
-                                                      ReduceOp::kAvg));
-      log(DpEventKind::kReplicaLaunch, u, "all_reduce " + replica_comm_->name());
+      works.push_back(grad_sync_->second_hop(buckets_[static_cast<size_t>(u)].grad_shard));
+      log(DpEventKind::kReplicaLaunch, u, grad_sync_->second_op());
     }
     for (WorkPtr& w : works) w->wait();
   }
