@@ -468,8 +468,11 @@ DpMemory DataParallel::memory() const {
 }
 
 DpMemory DataParallel::memory_formula() const {
+  // The inner optimizer's state tensors per parameter piece: AdamW 2, SGD with momentum 1.
+  const size_t pieces = std::max<size_t>(1, optimizer_->params().size());
+  const int states = static_cast<int>(optimizer_->state_tensors().size() / pieces);
   return zero_memory_formula(num_parameters(), dtype_size(buckets_[0].plan.dtype),
-                             config_.zero_stage, shard_count());
+                             config_.zero_stage, shard_count(), states);
 }
 
 int64_t DataParallel::num_parameters() const {

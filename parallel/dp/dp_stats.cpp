@@ -67,14 +67,16 @@ int DpStepStats::count(DpEventKind kind) const {
   return n;
 }
 
-DpMemory zero_memory_formula(int64_t psi, size_t elem_bytes, int zero_stage, int shard_count) {
+DpMemory zero_memory_formula(int64_t psi, size_t elem_bytes, int zero_stage, int shard_count,
+                             int optimizer_states) {
   const int64_t e = static_cast<int64_t>(elem_bytes);
   const int64_t n = shard_count;
   DpMemory m;
   m.param_bytes = zero_stage >= 3 ? e * psi / n : e * psi;
   m.grad_bytes = zero_stage >= 2 ? e * psi / n : e * psi;
   m.transient_grad_bytes = zero_stage == 2 ? e * psi : 0;
-  m.optimizer_bytes = zero_stage >= 1 ? 2 * e * psi / n : 2 * e * psi;
+  const int64_t s = optimizer_states;
+  m.optimizer_bytes = zero_stage >= 1 ? s * e * psi / n : s * e * psi;
   return m;
 }
 

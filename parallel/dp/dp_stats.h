@@ -79,10 +79,13 @@ struct DpMemory {
 //   stage 2:  params eΨ  + grads eΨ/N + Adam 2eΨ/N
 //   stage 3:  params eΨ/N + grads eΨ/N + Adam 2eΨ/N   (+ the gathered units, transiently)
 // (the ZeRO paper's 2Ψ + 2Ψ + 12Ψ is the bf16-params / f32-master variant of the same split).
+// Another inner optimizer keeps s state tensors per parameter instead of Adam's 2 (SGD with
+// momentum 1, without 0): its state is s·eΨ, or s·eΨ/N from stage 1.
 // The measured figures exceed these only by bucket padding (< N·16 elements per bucket).
 // Stage 3's transient figures are measured, not formulas: about two units' parameters (the
 // one in use and the prefetched one, plus a tied embedding) and a few units' gradients.
-DpMemory zero_memory_formula(int64_t psi, size_t elem_bytes, int zero_stage, int shard_count);
+DpMemory zero_memory_formula(int64_t psi, size_t elem_bytes, int zero_stage, int shard_count,
+                             int optimizer_states = 2);
 
 // "params 1.2 MiB, grads 1.2 MiB, optimizer 0.6 MiB (formula: …)" for printing at start.
 std::string format_memory(const DpMemory& measured, const DpMemory& formula);

@@ -11,6 +11,7 @@
 #include "core/ops/activation.h"
 #include "core/ops/matmul.h"
 #include "core/ops/reduce.h"
+#include "optim/sgd.h"
 #include "parallel/dp/bucket.h"
 #include "tests/parallel/dp/dp_test_util.h"
 #include "tests/parallel/mpi_test_util.h"
@@ -206,6 +207,28 @@ TEST(DataParallelMemory, Zero1OptimizerStateIsAQuarterOnFourRanks) {
   EXPECT_EQ(total.data<int64_t>()[0], 8 * psi);
   EXPECT_GE(m.param_bytes, 4 * psi);
   EXPECT_EQ(m.grad_bytes, m.param_bytes);  // ZeRO-1 keeps full gradients
+}
+
+// The sharded optimizer wraps SGD as it wraps AdamW: with momentum one state tensor per piece,
+// so 4Ψ/4 per rank at ZeRO-1, and the formula follows the inner optimizer.
+TEST(DataParallelMemory, Zero1SgdMomentumIsAQuarterOnFourRanks) {
+  const int world = testing::world_size();
+  if (world % 4 != 0) GTEST_SKIP() << "needs a world size divisible by 4";
+  ParallelContext ctx = ParallelContext::create(dp_layout(world, 4, 0, testing::kTestCommTimeoutS));
+  Transformer model(testing::dp_tiny_gpt());
+  Generator gen(testing::kInitSeed);
+  model.init_weights(gen);
+  const int64_t psi = model.num_parameters();
+  DataParallelConfig c = dp_config(1, 16 << 10);
+  c.optimizer = [](std::vector<optim::ParamRef> refs) -> std::unique_ptr<optim::Optimizer> {
+    return std::make_unique<optim::SGD>(std::move(refs), 0.9, 0.0);
+  };
+  DataParallel zero1(model.named_parameters(), ctx.dp(), c);
+  const DpMemory m = zero1.memory();
+  EXPECT_EQ(zero1.memory_formula().optimizer_bytes, 4 * psi / 4);
+  Tensor total = Tensor::from_vector<int64_t>({m.optimizer_bytes}, {1});
+  ctx.dp().all_reduce(total, ReduceOp::kSum);
+  EXPECT_EQ(total.data<int64_t>()[0], 4 * psi);
 }
 
 TEST(DataParallelMemory, Zero2GradientsAreSharded) {
