@@ -1,16 +1,14 @@
 // layers/attention.cpp — CausalSelfAttention (see layers/attention.h).
 #include "layers/attention.h"
 
-#include "core/ops/attention.h"
 #include "core/ops/rope.h"
 #include "core/ops/view.h"
-#include "layers/linear.h"
 
 namespace loom {
 
 CausalSelfAttention::CausalSelfAttention(const ModelConfig& config, DType dtype, Device device,
-                                         const ModelParallel* mp)
-    : mp_(mp),
+                                         const LayerContext& ctx)
+    : attention_(ctx.attention),
       n_head_(config.n_head),
       n_kv_head_(config.kv_heads()),
       head_dim_(config.head_dim()),
@@ -18,19 +16,14 @@ CausalSelfAttention::CausalSelfAttention(const ModelConfig& config, DType dtype,
       rope_theta_(config.rope_theta) {
   const int64_t C = config.n_embd, D = head_dim_, q = n_head_ * D, kv = n_kv_head_ * D;
   const bool bias = !config.is_llama();
-  if (mp) {
-    const int tp = mp->tp_size();
-    LOOM_CHECK(n_head_ % tp == 0 && n_kv_head_ % tp == 0, "CausalSelfAttention: ", n_head_,
-               " query and ", n_kv_head_, " kv heads do not divide by the tensor-parallel size ",
-               tp);
-    qkv_ = mp->column_linear(C, {q, kv, kv}, bias, dtype, device);
-    proj_ = mp->row_linear(q, C, bias, dtype, device);
-    n_head_ /= tp;
-    n_kv_head_ /= tp;
-  } else {
-    qkv_ = std::make_unique<Linear>(C, q + 2 * kv, bias, dtype, device);
-    proj_ = std::make_unique<Linear>(q, C, bias, dtype, device);
-  }
+  const int split = ctx.linear->feature_split();
+  LOOM_CHECK(n_head_ % split == 0 && n_kv_head_ % split == 0, "CausalSelfAttention: ", n_head_,
+             " query and ", n_kv_head_, " kv heads do not divide by the tensor-parallel size ",
+             split);
+  qkv_ = ctx.linear->column(C, {q, kv, kv}, bias, dtype, device);
+  proj_ = ctx.linear->row(q, C, bias, dtype, device);
+  n_head_ /= split;
+  n_kv_head_ /= split;
   register_module("qkv", *qkv_);
   register_module("proj", *proj_);
 }
@@ -51,7 +44,7 @@ Tensor CausalSelfAttention::forward(const Tensor& x, const Tensor& positions) co
   // (B, T, H, D) → (B, H, T, D) for the attention op, and back.
   const Tensor qh = ops::transpose(q, 1, 2), kh = ops::transpose(k, 1, 2),
                vh = ops::transpose(v, 1, 2);
-  const Tensor y = mp_ ? mp_->attention(qh, kh, vh) : ops::causal_attention(qh, kh, vh);
+  const Tensor y = attention_(qh, kh, vh);
   return proj_->forward(ops::reshape(ops::transpose(y, 1, 2), {B, T, n_head_ * D}));
 }
 

@@ -12,9 +12,8 @@
 #include <memory>
 
 #include "core/tensor.h"
-#include "layers/linear.h"
+#include "layers/build_context.h"
 #include "layers/model_config.h"
-#include "layers/model_parallel.h"
 #include "layers/module.h"
 
 namespace loom {
@@ -22,10 +21,11 @@ namespace loom {
 class CausalSelfAttention : public Module {
  public:
   // Sizes from config (n_embd, n_head, kv_heads()); biases for gpt2, none and RoPE for llama.
-  // With a ModelParallel (layers/model_parallel.h), qkv is column-parallel (q, k and v split
-  // by heads), proj row-parallel, and this rank computes n_head/tp query and kv_heads/tp kv heads.
+  // qkv is a column layer of ctx.linear with segments {q, k, v} (split by heads), proj a row
+  // layer, so this rank computes n_head/s query and kv_heads/s kv heads (s = feature_split());
+  // the heads meet in ctx.attention (layers/build_context.h).
   CausalSelfAttention(const ModelConfig& config, DType dtype = DType::kF32, Device device = {},
-                      const ModelParallel* mp = nullptr);
+                      const LayerContext& ctx = {});
   // x (B, T, C); positions (T) integer: the global index of each token (used by RoPE; ignored
   // without it). Returns (B, T, C).
   Tensor forward(const Tensor& x, const Tensor& positions) const;
@@ -36,7 +36,7 @@ class CausalSelfAttention : public Module {
   const LinearLayer& proj() const { return *proj_; }
 
  private:
-  const ModelParallel* mp_;
+  AttentionFn attention_;
   int64_t n_head_, n_kv_head_, head_dim_;  // heads on this rank
   bool rope_;
   double rope_theta_;

@@ -11,29 +11,29 @@ namespace loom {
 
 namespace {
 std::unique_ptr<Norm> make_norm(const ModelConfig& c, DType dtype, Device device,
-                                const ModelParallel* mp) {
-  if (c.is_llama()) return std::make_unique<RMSNorm>(c.n_embd, c.norm_eps, dtype, device, mp);
-  return std::make_unique<LayerNorm>(c.n_embd, c.norm_eps, true, dtype, device, mp);
+                                const LayerContext& ctx) {
+  if (c.is_llama()) return std::make_unique<RMSNorm>(c.n_embd, c.norm_eps, dtype, device, ctx);
+  return std::make_unique<LayerNorm>(c.n_embd, c.norm_eps, true, dtype, device, ctx);
 }
 
 std::unique_ptr<FeedForward> make_mlp(const ModelConfig& c, DType dtype, Device device,
-                                      const ModelParallel* mp) {
+                                      const LayerContext& ctx) {
   if (c.is_llama())
-    return std::make_unique<SwiGluMlp>(c.n_embd, c.ffn_hidden_size(), dtype, device, mp);
-  return std::make_unique<Mlp>(c.n_embd, c.ffn_hidden_size(), true, dtype, device, mp);
+    return std::make_unique<SwiGluMlp>(c.n_embd, c.ffn_hidden_size(), dtype, device, ctx);
+  return std::make_unique<Mlp>(c.n_embd, c.ffn_hidden_size(), true, dtype, device, ctx);
 }
 }  // namespace
 
-Block::Block(const ModelConfig& config, DType dtype, Device device, const ModelParallel* mp,
+Block::Block(const ModelConfig& config, DType dtype, Device device, const LayerContext& ctx,
              int64_t layer)
     : dropout_(config.dropout),
       layer_(layer),
       checkpointing_(config.activation_checkpointing),
-      mp_(mp),
-      norm1_(make_norm(config, dtype, device, mp)),
-      attn_(config, dtype, device, mp),
-      norm2_(make_norm(config, dtype, device, mp)),
-      mlp_(make_mlp(config, dtype, device, mp)) {
+      layout_(ctx.layout),
+      norm1_(make_norm(config, dtype, device, ctx)),
+      attn_(config, dtype, device, ctx),
+      norm2_(make_norm(config, dtype, device, ctx)),
+      mlp_(make_mlp(config, dtype, device, ctx)) {
   const bool llama = config.is_llama();
   register_module(llama ? "attn_norm" : "ln_1", *norm1_);
   register_module("attn", attn_);
@@ -54,10 +54,10 @@ Tensor Block::forward_region(const Tensor& x, const Tensor& positions, const Dro
                              bool drop) const {
   // Under sequence/context parallelism x holds some rows of the sequence, under data
   // parallelism some elements of the batch: their global coordinates pick their masks.
-  Tensor rows = drop && mp_ ? mp_->activation_rows(positions) : Tensor();
+  Tensor rows = drop ? layout_->dropout_rows(positions) : Tensor();
   if (drop && batch_.total > 0 && !rows.defined())
     rows = ops::to_dtype(positions.detach(), DType::kI64);
-  const int64_t len = mp_ ? mp_->sequence_length(positions.size(0)) : positions.size(0);
+  const int64_t len = layout_->sequence_length(positions.size(0));
   Tensor a = attn_.forward(norm1_->forward(x), positions);
   if (drop) a = residual_dropout(a, rows, len, *key, 0);
   Tensor h = ops::add(x, a);

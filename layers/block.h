@@ -23,11 +23,11 @@ namespace loom {
 
 class Block : public Module {
  public:
-  // With a ModelParallel, attention and MLP are tensor-parallel (layers/model_parallel.h); under
-  // sequence parallelism x and the result are this rank's sequence chunk (B, T/tp, C).
+  // Attention, MLP and norms are built with ctx (layers/build_context.h); x and the result hold
+  // the activation rows of ctx.layout (under sequence parallelism this rank's chunk (B, T/tp, C)).
   // `layer`: the block's index in the model (its dropout streams, Note [Dropout by coordinates]).
   Block(const ModelConfig& config, DType dtype = DType::kF32, Device device = {},
-        const ModelParallel* mp = nullptr, int64_t layer = 0);
+        const LayerContext& ctx = {}, int64_t layer = 0);
   // x (B, T, C); positions (T) integer (global token indices, for RoPE and the dropout masks).
   // dropout is needed only when dropout is active (training and config.dropout > 0).
   Tensor forward(const Tensor& x, const Tensor& positions,
@@ -48,7 +48,7 @@ class Block : public Module {
   // `drop`: whether dropout is active (fixed at forward time, so a recomputation matches).
   Tensor forward_region(const Tensor& x, const Tensor& positions, const DropoutKey* key,
                         bool drop) const;
-  // rows: the global positions this rank's activations hold (ModelParallel::activation_rows, or
+  // rows: the global positions this rank's activations hold (SequenceLayout::dropout_rows, or
   // all positions), undefined for the whole sequence; seq_len: the whole sequence's length.
   Tensor residual_dropout(const Tensor& branch, const Tensor& rows, int64_t seq_len,
                           const DropoutKey& key, int draw) const;
@@ -56,7 +56,7 @@ class Block : public Module {
   double dropout_;
   int64_t layer_;
   bool checkpointing_;
-  const ModelParallel* mp_;
+  std::shared_ptr<const SequenceLayout> layout_;
   BatchSlice batch_;
   std::unique_ptr<Norm> norm1_;
   CausalSelfAttention attn_;

@@ -8,7 +8,7 @@
 // (kernels/dropout.h) holds for Philox key dropout_stream(key, layer, draw) at offset 0 and
 // element i = (b·T + t)·C + c, T the whole sequence's length. Every layout derives its rows'
 // coordinates — data parallelism its replica's batch rows (Block::set_batch_slice), context and
-// sequence parallelism their positions (ModelParallel::activation_rows) — and so draws exactly
+// sequence parallelism their positions (SequenceLayout::dropout_rows) — and so draws exactly
 // the single process's masks; a pipeline stage, activation checkpointing's recomputation and a
 // resumed run need no offset arithmetic and no saved generator state, only the step.
 #pragma once

@@ -6,7 +6,7 @@
 
 #include "core/rng.h"
 #include "core/tensor.h"
-#include "layers/model_parallel.h"
+#include "layers/build_context.h"
 
 namespace loom {
 

@@ -1,13 +1,14 @@
 // layers/linear.h — Linear: y = x·Wᵀ + b with W (out, in), the layer that holds the model's
-// matrices. A plain single-device layer; tensor-parallel variants replace it by configuration
-// elsewhere and must keep its parameter names and layout.
+// matrices. A plain single-device layer (what the single-device LinearFactory of
+// layers/build_context.h makes); tensor-parallel variants replace it through the LayerContext
+// and must keep its parameter names and layout.
 #pragma once
 
 #include <cstdint>
 
 #include "core/rng.h"
 #include "core/tensor.h"
-#include "layers/model_parallel.h"
+#include "layers/build_context.h"
 
 namespace loom {
 
@@ -21,6 +22,7 @@ class Linear : public LinearLayer {
   // weight ← N(0, std²), bias ← 0.
   void init(Generator& gen, double std) override;
   void zero_rows_from(int64_t row) override;
+  bool plain() const override { return true; }
 
   const Tensor& weight() const override { return weight_; }
   const Tensor& bias() const override { return bias_; }  // undefined without bias

@@ -6,28 +6,11 @@
 
 namespace loom {
 
-namespace {
-
-// An input projection (column-parallel under a ModelParallel) and an output projection (row).
-std::unique_ptr<LinearLayer> in_proj(int64_t in, int64_t out, bool bias, DType dtype, Device device,
-                                     const ModelParallel* mp) {
-  if (mp) return mp->column_linear(in, {out}, bias, dtype, device);
-  return std::make_unique<Linear>(in, out, bias, dtype, device);
-}
-
-std::unique_ptr<LinearLayer> out_proj(int64_t in, int64_t out, bool bias, DType dtype,
-                                      Device device, const ModelParallel* mp) {
-  if (mp) return mp->row_linear(in, out, bias, dtype, device);
-  return std::make_unique<Linear>(in, out, bias, dtype, device);
-}
-
-}  // namespace
-
 Mlp::Mlp(int64_t dim, int64_t hidden, bool bias, DType dtype, Device device,
-         const ModelParallel* mp)
-    : fc_(in_proj(dim, hidden, bias, dtype, device, mp)),
-      proj_(out_proj(hidden, dim, bias, dtype, device, mp)),
-      fused_(bias && mp == nullptr) {
+         const LayerContext& ctx)
+    : fc_(ctx.linear->column(dim, {hidden}, bias, dtype, device)),
+      proj_(ctx.linear->row(hidden, dim, bias, dtype, device)),
+      fused_(bias && fc_->plain() && proj_->plain()) {
   register_module("fc", *fc_);
   register_module("proj", *proj_);
 }
@@ -46,10 +29,10 @@ void Mlp::init(Generator& gen, double std, double out_std) {
 }
 
 SwiGluMlp::SwiGluMlp(int64_t dim, int64_t hidden, DType dtype, Device device,
-                     const ModelParallel* mp)
-    : gate_(in_proj(dim, hidden, false, dtype, device, mp)),
-      up_(in_proj(dim, hidden, false, dtype, device, mp)),
-      down_(out_proj(hidden, dim, false, dtype, device, mp)) {
+                     const LayerContext& ctx)
+    : gate_(ctx.linear->column(dim, {hidden}, false, dtype, device)),
+      up_(ctx.linear->column(dim, {hidden}, false, dtype, device)),
+      down_(ctx.linear->row(hidden, dim, false, dtype, device)) {
   register_module("gate", *gate_);
   register_module("up", *up_);
   register_module("down", *down_);

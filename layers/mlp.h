@@ -8,7 +8,7 @@
 
 #include "core/rng.h"
 #include "core/tensor.h"
-#include "layers/linear.h"
+#include "layers/build_context.h"
 #include "layers/module.h"
 
 namespace loom {
@@ -22,9 +22,9 @@ class FeedForward : public Module {
 
 class Mlp final : public FeedForward {
  public:
-  // With a ModelParallel: fc column-parallel, proj row-parallel (layers/model_parallel.h).
+  // fc a column layer, proj a row layer of ctx.linear (layers/build_context.h).
   Mlp(int64_t dim, int64_t hidden, bool bias = true, DType dtype = DType::kF32, Device device = {},
-      const ModelParallel* mp = nullptr);
+      const LayerContext& ctx = {});
   Tensor forward(const Tensor& x) const override;
   void init(Generator& gen, double std, double out_std) override;
   const LinearLayer& fc() const { return *fc_; }
@@ -33,16 +33,16 @@ class Mlp final : public FeedForward {
  private:
   std::unique_ptr<LinearLayer> fc_;    // hidden × dim
   std::unique_ptr<LinearLayer> proj_;  // dim × hidden
-  // Plain Linear layers with biases: forward runs as one ops::gelu_mlp (fused epilogues in both
-  // directions). Under a ModelParallel the projections communicate, so they run one by one.
+  // Plain layers (LinearLayer::plain) with biases: forward runs as one ops::gelu_mlp (fused
+  // epilogues in both directions). Split layers communicate, so they run one by one.
   bool fused_;
 };
 
 class SwiGluMlp final : public FeedForward {
  public:
-  // With a ModelParallel: gate and up column-parallel, down row-parallel.
+  // gate and up column layers, down a row layer of ctx.linear.
   SwiGluMlp(int64_t dim, int64_t hidden, DType dtype = DType::kF32, Device device = {},
-            const ModelParallel* mp = nullptr);
+            const LayerContext& ctx = {});
   Tensor forward(const Tensor& x) const override;
   void init(Generator& gen, double std, double out_std) override;
 

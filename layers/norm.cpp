@@ -7,22 +7,23 @@
 namespace loom {
 
 namespace {
-// The parameter as used on this rank's activations (Note in layers/model_parallel.h).
-Tensor used(const Tensor& p, const ModelParallel* mp) {
-  return mp && p.defined() ? mp->sequence_region_param(p) : p;
+// The parameter as used on this rank's activations (Note [Sequence-parallel region ops] in
+// layers/build_context.h).
+Tensor used(const Tensor& p, const LinearFactory& linear) {
+  return p.defined() ? linear.replicated_param(p) : p;
 }
 }  // namespace
 
 LayerNorm::LayerNorm(int64_t dim, double eps, bool bias, DType dtype, Device device,
-                     const ModelParallel* mp)
-    : eps_(eps), mp_(mp) {
+                     const LayerContext& ctx)
+    : eps_(eps), linear_(ctx.linear) {
   LOOM_CHECK(dim > 0, "LayerNorm: dim must be positive, got ", dim);
   weight_ = register_parameter("weight", Tensor::ones({dim}, dtype, device));
   if (bias) bias_ = register_parameter("bias", Tensor::zeros({dim}, dtype, device));
 }
 
 Tensor LayerNorm::forward(const Tensor& x) const {
-  return ops::layer_norm(x, used(compute(weight_), mp_), used(compute(bias_), mp_),
+  return ops::layer_norm(x, used(compute(weight_), *linear_), used(compute(bias_), *linear_),
                          eps_);  // Note [Compute dtype]
 }
 
@@ -31,14 +32,14 @@ void LayerNorm::reset() {
   if (bias_.defined()) init::fill_(bias_, 0.0);
 }
 
-RMSNorm::RMSNorm(int64_t dim, double eps, DType dtype, Device device, const ModelParallel* mp)
-    : eps_(eps), mp_(mp) {
+RMSNorm::RMSNorm(int64_t dim, double eps, DType dtype, Device device, const LayerContext& ctx)
+    : eps_(eps), linear_(ctx.linear) {
   LOOM_CHECK(dim > 0, "RMSNorm: dim must be positive, got ", dim);
   weight_ = register_parameter("weight", Tensor::ones({dim}, dtype, device));
 }
 
 Tensor RMSNorm::forward(const Tensor& x) const {
-  return ops::rms_norm(x, used(compute(weight_), mp_), eps_);
+  return ops::rms_norm(x, used(compute(weight_), *linear_), eps_);
 }
 
 void RMSNorm::reset() { init::fill_(weight_, 1.0); }

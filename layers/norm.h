@@ -3,9 +3,10 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 
 #include "core/tensor.h"
-#include "layers/model_parallel.h"
+#include "layers/build_context.h"
 #include "layers/module.h"
 
 namespace loom {
@@ -20,9 +21,9 @@ class Norm : public Module {
 class LayerNorm final : public Norm {
  public:
   // weight (dim); bias (dim) when `bias`.
-  // With a ModelParallel, weight and bias are used through sequence_region_param.
+  // Weight and bias are used through ctx.linear->replicated_param (layers/build_context.h).
   LayerNorm(int64_t dim, double eps, bool bias = true, DType dtype = DType::kF32,
-            Device device = {}, const ModelParallel* mp = nullptr);
+            Device device = {}, const LayerContext& ctx = {});
   Tensor forward(const Tensor& x) const override;
   void reset() override;
   const Tensor& weight() const { return weight_; }
@@ -30,21 +31,21 @@ class LayerNorm final : public Norm {
 
  private:
   double eps_;
-  const ModelParallel* mp_;
+  std::shared_ptr<const LinearFactory> linear_;  // for replicated_param
   Tensor weight_, bias_;
 };
 
 class RMSNorm final : public Norm {
  public:
   RMSNorm(int64_t dim, double eps, DType dtype = DType::kF32, Device device = {},
-          const ModelParallel* mp = nullptr);
+          const LayerContext& ctx = {});
   Tensor forward(const Tensor& x) const override;
   void reset() override;
   const Tensor& weight() const { return weight_; }
 
  private:
   double eps_;
-  const ModelParallel* mp_;
+  std::shared_ptr<const LinearFactory> linear_;  // for replicated_param
   Tensor weight_;
 };
 

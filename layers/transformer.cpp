@@ -5,7 +5,6 @@
 #include <cmath>
 #include <string>
 
-#include "core/ops/cross_entropy.h"
 #include "core/ops/elementwise.h"
 #include "core/ops/embedding.h"
 #include "core/ops/matmul.h"
@@ -73,38 +72,35 @@ int64_t count_parameters(const ModelConfig& c, bool exclude_padding) {
 }
 
 Transformer::Transformer(const ModelConfig& config, DType dtype, Device device,
-                         const ModelParallel* mp)
-    : config_(validated(config)), dtype_(dtype), device_(device), mp_(mp) {
+                         const LayerContext& ctx)
+    : config_(validated(config)),
+      dtype_(dtype),
+      device_(device),
+      linear_(ctx.linear),
+      loss_(ctx.loss),
+      layout_(ctx.layout) {
   LOOM_CHECK(is_floating(dtype), "Transformer: dtype ", dtype_name(dtype), " is not floating");
   const bool llama = config_.is_llama();
   const int64_t Vp = config_.padded_vocab(), C = config_.n_embd;
-  if (mp) {
-    wte_ = mp->vocab_embedding(Vp, C, dtype, device);
-  } else {
-    wte_ = std::make_unique<Embedding>(Vp, C, dtype, device);
-  }
+  wte_ = linear_->vocab_embedding(Vp, C, dtype, device);
   register_module("wte", *wte_);
   if (!llama) {
     wpe_ = std::make_unique<Embedding>(config_.max_seq_len, config_.n_embd, dtype, device);
     register_module("wpe", *wpe_);
   }
   for (int64_t i = 0; i < config_.n_layer; ++i) {
-    blocks_.push_back(std::make_unique<Block>(config_, dtype, device, mp, i));
+    blocks_.push_back(std::make_unique<Block>(config_, dtype, device, ctx, i));
     register_module("blocks." + std::to_string(i), *blocks_.back());
   }
   if (llama) {
-    norm_f_ = std::make_unique<RMSNorm>(config_.n_embd, config_.norm_eps, dtype, device, mp);
+    norm_f_ = std::make_unique<RMSNorm>(config_.n_embd, config_.norm_eps, dtype, device, ctx);
   } else {
     norm_f_ =
-        std::make_unique<LayerNorm>(config_.n_embd, config_.norm_eps, true, dtype, device, mp);
+        std::make_unique<LayerNorm>(config_.n_embd, config_.norm_eps, true, dtype, device, ctx);
   }
   register_module(llama ? "norm_f" : "ln_f", *norm_f_);
   if (!config_.tie_embeddings) {
-    if (mp) {
-      lm_head_ = mp->column_linear(C, {Vp}, false, dtype, device);
-    } else {
-      lm_head_ = std::make_unique<Linear>(C, Vp, false, dtype, device);
-    }
+    lm_head_ = linear_->column(C, {Vp}, false, dtype, device);
     register_module("lm_head", *lm_head_);
   }
 }
@@ -140,12 +136,10 @@ Tensor Transformer::host_positions(int64_t T) {
 // blocks get the positions uploaded.
 Tensor Transformer::embed(const Tensor& ids, const Tensor& pos) const {
   enter(0);
-  Tensor x = wte_->forward(ids);  // (B, T, C), or (B, T/tp, C) under sequence parallelism
-  if (wpe_ && mp_ && mp_->sequence_parallel()) {  // this rank's positions, complete gradient
-    x = ops::add(x, compute(ops::embedding(mp_->sequence_chunk(pos, 0),
-                                           mp_->sequence_region_param(wpe_->weight()))));
-  } else if (wpe_) {
-    x = ops::add(x, wpe_->forward(pos));  // + (T, C)
+  Tensor x = wte_->forward(ids);  // (B, R, C): R = T, or T/tp under sequence parallelism
+  if (wpe_) {  // + (R, C): the positions of this rank's rows, the complete gradient
+    x = ops::add(x, compute(ops::embedding(layout_->row_positions(pos),
+                                           linear_->replicated_param(wpe_->weight()))));
   }
   return leave(0, x);
 }
@@ -183,7 +177,7 @@ Tensor Transformer::head_logits(const Tensor& x) const {
   enter(head);
   if (!lm_head_) enter(0);  // the tied head reads wte.weight
   Tensor h = norm_f_->forward(x);
-  if (mp_) h = mp_->head_input(h);
+  h = linear_->column_input(h);
   // (B, T, Vp), or (B, T, Vp/tp); Note [Compute dtype] in layers/module.h
   Tensor logits = ops::matmul(h, compute(head_weight()), false, true);
   if (!lm_head_) logits = leave(0, logits);
@@ -191,20 +185,15 @@ Tensor Transformer::head_logits(const Tensor& x) const {
 }
 
 Tensor Transformer::head_loss(const Tensor& x, const Tensor& targets) const {
-  // Under sequence parallelism x holds this rank's chunk of the sequence (B, T/tp, C).
-  const int64_t T = x.dim() == 3 && mp_ && mp_->sequence_parallel()
-                        ? x.size(1) * mp_->tp_size()
-                        : (x.dim() == 3 ? x.size(1) : -1);
+  // x holds this rank's activation rows (B, R, C) of its T tokens (R = T/tp under sequence
+  // parallelism).
+  const int64_t T = x.dim() == 3 ? layout_->local_tokens(x.size(1)) : -1;
   LOOM_CHECK(
       targets.dim() == 2 && x.dim() == 3 && targets.size(0) == x.size(0) && targets.size(1) == T,
       "Transformer.head_loss: targets ", shape_str(targets.shape()),
       " do not match the activation ", shape_str(x.shape()));
   const Tensor logits = head_logits(x);
-  if (mp_) return mp_->loss(logits, targets, -100, config_.vocab_size);
-  // Host targets are counted where they are, so a device step reads nothing back.
-  const Tensor host_targets = targets.device().is_cpu() ? targets : Tensor();
-  return ops::softmax_cross_entropy(logits, targets.to(device_), -100, config_.vocab_size,
-                                    host_targets);
+  return loss_(logits, targets, -100, config_.vocab_size);
 }
 
 void Transformer::enter(int unit) const {

@@ -48,10 +48,11 @@ int64_t count_parameters(const ModelConfig& config, bool exclude_padding = false
 class Transformer : public Module {
  public:
   // Validates config; parameters start zero (norm weights one) until init_weights().
-  // With a ModelParallel (layers/model_parallel.h) this rank holds its tensor-parallel part of
-  // every layer (vocab-parallel wte and head, parallel attention and MLP); `mp` must outlive it.
+  // Every layer is built with ctx (layers/build_context.h): with the mesh's capabilities this
+  // rank holds its part of every layer (vocab-parallel wte and head, parallel attention and
+  // MLP). The model keeps the capabilities it uses; what they refer to must outlive it.
   explicit Transformer(const ModelConfig& config, DType dtype = DType::kF32, Device device = {},
-                       const ModelParallel* mp = nullptr);
+                       const LayerContext& ctx = {});
 
   // Weights ← N(0, init_std²); residual output projections (attn.proj, mlp.proj / mlp.down)
   // ← N(0, (init_std/√(2·n_layer))²); biases ← 0; norm weights ← 1; padded vocab rows ← 0.
@@ -68,7 +69,7 @@ class Transformer : public Module {
   // loss is f32 for 16-bit compute dtypes (computed inside the fused op), on the model's device.
   // Host ids/targets are copied to the device; host targets are also counted where they are, so
   // a device step reads nothing back (Note [Cross-entropy count] in core/ops/cross_entropy.cpp).
-  // With a ModelParallel, logits are (B, T, Vp/tp) and the loss is ModelParallel::loss.
+  // The loss is the context's LossFn of the logits (B, T, Vp), or (B, T, Vp/tp) when split.
   Tensor loss(const Tensor& ids, const Tensor& targets, const DropoutKey* dropout = nullptr) const;
   Tensor loss(const Tensor& ids, const Tensor& targets, const Tensor& positions,
               const DropoutKey* dropout) const;
@@ -122,7 +123,9 @@ class Transformer : public Module {
   ModelConfig config_;
   DType dtype_;
   Device device_;
-  const ModelParallel* mp_;
+  std::shared_ptr<const LinearFactory> linear_;  // replicated_param (wpe), column_input (head)
+  LossFn loss_;
+  std::shared_ptr<const SequenceLayout> layout_;
   std::unique_ptr<EmbeddingLayer> wte_;
   std::unique_ptr<Embedding> wpe_;  // gpt2 only
   std::vector<std::unique_ptr<Block>> blocks_;

@@ -11,6 +11,7 @@
 #include "optim/sgd.h"
 #include "parallel/cp/ring_attention.h"
 #include "parallel/gradients.h"
+#include "parallel/layer_context.h"
 #include "train/profiler.h"
 
 namespace loom {
@@ -24,8 +25,9 @@ DType dtype_of(const std::string& s) {
   return DType::kF32;
 }
 
-// 1. Tensor, sequence and context parallelism: the model's layers built over the tp and cp
-// groups; the TP layers place their parts, every other parameter is whole on each TP rank.
+// 1. Tensor, sequence and context parallelism: the model's layers built with the mesh's
+// capabilities over the tp and cp groups (parallel/layer_context.h); the TP layers place their
+// parts, every other parameter is whole on each TP rank.
 void apply_model_parallel(TrainPlan& plan, const Config& cfg, const PlanHooks& hooks) {
   parallel::ParallelContext* ctx = plan.ctx;
   if (cfg.parallel.tp > 1 || cfg.parallel.cp > 1) {
@@ -33,21 +35,23 @@ void apply_model_parallel(TrainPlan& plan, const Config& cfg, const PlanHooks& h
         ctx != nullptr && ctx->tp_size() == cfg.parallel.tp && ctx->cp_size() == cfg.parallel.cp,
         "parallel.tp: ", cfg.parallel.tp, " × parallel.cp ", cfg.parallel.cp,
         " need a parallel context with those sizes (mpirun -np dp·pp·cp·tp)");
-    plan.mp = std::make_unique<parallel::MeshModelParallel>(ctx->tp(), ctx->cp(),
-                                                            cfg.parallel.sequence_parallel);
+    parallel::tp::SpanSink spans;
     if (hooks.trace) {  // the TP layers' GEMMs beside the communicators' events (--profile)
-      plan.mp->set_span_sink([t = hooks.trace](const std::string& what,
-                                               std::chrono::steady_clock::time_point b,
-                                               std::chrono::steady_clock::time_point e) {
+      spans = [t = hooks.trace](const std::string& what, std::chrono::steady_clock::time_point b,
+                                std::chrono::steady_clock::time_point e) {
         t->span("compute", what, b, e);
-      });
+      };
     }
+    plan.layers = parallel::mesh_layer_context(ctx->tp(), ctx->cp(), cfg.parallel.sequence_parallel,
+                                               std::move(spans));
+    plan.model_parallel = true;
+    plan.sequence_parallel = cfg.parallel.sequence_parallel;
   }
   // Parameters are built on the device (drawn on the host, so every device starts from the
   // same values); with train.precision ≠ train.dtype the forward casts them (Note [Precision]).
-  plan.model = std::make_unique<Transformer>(cfg.model, dtype_of(cfg.train.dtype), plan.device,
-                                             plan.mp.get());
-  if (plan.mp) parallel::mark_replicated(plan.model->parameters(), parallel::kAxisTp);
+  plan.model =
+      std::make_unique<Transformer>(cfg.model, dtype_of(cfg.train.dtype), plan.device, plan.layers);
+  if (plan.model_parallel) parallel::mark_replicated(plan.model->parameters(), parallel::kAxisTp);
   if (cfg.train.precision != cfg.train.dtype)
     plan.model->set_compute_dtype(dtype_of(cfg.train.precision));
 }
@@ -66,7 +70,7 @@ void apply_pipeline(TrainPlan& plan, const Config& cfg) {
   po.layout = cfg.parallel.pp_layout;
   // Under tp/cp each micro-batch is this cp rank's chunks (Note [Model-parallel step]).
   const int64_t local_seq = cfg.data.seq_len / cfg.parallel.cp;
-  if (plan.mp) {
+  if (plan.model_parallel) {
     po.positions = parallel::cp::cp_positions(cfg.data.seq_len, ctx->cp_rank(), ctx->cp_size())
                        .to(plan.device);
     po.activation_rows = cfg.parallel.sequence_parallel ? local_seq / cfg.parallel.tp : local_seq;
@@ -160,7 +164,7 @@ TrainPlan build_plan(const Config& cfg, parallel::ParallelContext* ctx, Device d
   parts.dp = plan.dp.get();
   parts.ctx = ctx;
   parts.device = device;
-  parts.model_parallel = plan.mp != nullptr;
+  parts.model_parallel = plan.model_parallel;
   parts.trace = hooks.trace;
   parts.micro_batches = plan.pipe ? pipeline_microbatches(cfg) : cfg.optim.grad_accum;
   plan.runner = plan.pipe ? make_pipeline_runner(parts) : make_plain_runner(parts);
@@ -225,10 +229,9 @@ std::string TrainPlan::describe() const {
   std::ostringstream os;
   if (dp) os << dp->describe() << "\n";
   if (pipe) os << pipe->describe() << "; " << released << " parameters of other stages released\n";
-  if (mp) {
+  if (model_parallel) {
     os << "model parallel: tp " << ctx->tp_size()
-       << (mp->sequence_parallel() ? " (sequence parallel)" : "") << ", cp " << ctx->cp_size()
-       << "\n";
+       << (sequence_parallel ? " (sequence parallel)" : "") << ", cp " << ctx->cp_size() << "\n";
   }
   return os.str();
 }

@@ -20,10 +20,10 @@
 #include <vector>
 
 #include "core/tensor.h"
+#include "layers/build_context.h"
 #include "layers/transformer.h"
 #include "optim/optimizer.h"
 #include "parallel/dp/data_parallel.h"
-#include "parallel/model_parallel.h"
 #include "parallel/pp/pipeline.h"
 #include "train/config.h"
 #include "train/step_runner.h"
@@ -40,7 +40,11 @@ struct PlanHooks {
 };
 
 struct TrainPlan {
-  std::unique_ptr<parallel::MeshModelParallel> mp;  // tp or cp > 1 (outlives the model)
+  // The layers' capabilities (layers/build_context.h): the mesh's when tp or cp > 1
+  // (parallel/layer_context.h), else one device's. The model shares them.
+  LayerContext layers;
+  bool model_parallel = false;     // tp or cp > 1
+  bool sequence_parallel = false;  // parallel.sequence_parallel, under model_parallel
   std::unique_ptr<Transformer> model;
   std::unique_ptr<parallel::pp::TransformerPipeline> pipe;    // pp > 1
   std::unique_ptr<parallel::DataParallel> dp;                 // dp or cp > 1: owns the optimizer
@@ -68,7 +72,7 @@ struct TrainPlan {
   // Under ZeRO-3 a forward gathers parameters: collective.
   bool zero3() const { return dp && dp->zero_stage() == 3; }
   // Whether a forward involves other ranks (ZeRO-3 gathers, tp/cp collectives, pp stages).
-  bool collective_forward() const { return zero3() || mp || pipe; }
+  bool collective_forward() const { return zero3() || model_parallel || pipe; }
   int64_t optimizer_steps() const;
   void set_optimizer_steps(int64_t n);
   std::vector<std::pair<std::string, Tensor>> optimizer_state() const;

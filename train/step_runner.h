@@ -62,7 +62,7 @@ struct StepRunnerParts {
   parallel::ParallelContext* ctx = nullptr;           // null: one process
   Device device;
   int64_t micro_batches = 1;    // optim.grad_accum, or the pipeline's micro-batches
-  bool model_parallel = false;  // built with a MeshModelParallel (tp or cp > 1)
+  bool model_parallel = false;  // built with the mesh's LayerContext (tp or cp > 1)
   TraceRecorder* trace = nullptr;
 };
 

@@ -1,7 +1,8 @@
 // parallel/tp/layers.h — Megatron's tensor-parallel layers over a TP group: ColumnParallelLinear
 // (output features split, per segment), RowParallelLinear (input features split) and
 // VocabParallelEmbedding (table rows split), the LinearLayer / EmbeddingLayer implementations
-// a ModelParallel hands to the model (layers/model_parallel.h). They keep Linear's and
+// the mesh's linear factory hands to the model (parallel/layer_context.h, layers/
+// build_context.h). They keep Linear's and
 // Embedding's parameter names ("weight", "bias") and layouts, holding only this rank's part:
 // for a column layer with segments (the fused qkv: q, k, v rows) that part is this rank's
 // chunk of each segment, concatenated. load_shard copies a part out of the unsharded tensor;
@@ -25,7 +26,7 @@
 #include <vector>
 
 #include "core/tensor.h"
-#include "layers/model_parallel.h"
+#include "layers/build_context.h"
 #include "parallel/comm/communicator.h"
 
 namespace loom::parallel::tp {

@@ -244,7 +244,7 @@ TEST(Layers, BlockDropoutNeedsAKeyOnlyWhenActive) {
 TEST(Layers, BlockDropoutMasksFollowTheKeyAndTheCoordinates) {
   ModelConfig c = testing::tiny_gpt2();
   c.dropout = 0.5;
-  Block layer0(c, DType::kF64, {}, nullptr, 0), layer1(c, DType::kF64, {}, nullptr, 1);
+  Block layer0(c, DType::kF64, {}, {}, 0), layer1(c, DType::kF64, {}, {}, 1);
   Generator gen(1);
   layer0.init(gen, 0.3, 0.3);
   Generator same(1);

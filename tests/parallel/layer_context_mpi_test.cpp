@@ -1,4 +1,4 @@
-// tests/parallel/model_parallel_mpi_test.cpp — one Transformer split by a MeshModelParallel over
+// tests/parallel/layer_context_mpi_test.cpp — one Transformer built with mesh_layer_context over
 // the tp and cp groups (tensor parallelism with and without sequence parallelism, context
 // parallelism with ring attention, and both), GPT-2 and Llama (grouped-query heads), against
 // the single-process model computed on every rank: the same loss, and every parameter's
@@ -21,7 +21,7 @@
 #include "core/rng.h"
 #include "layers/transformer.h"
 #include "parallel/cp/ring_attention.h"
-#include "parallel/model_parallel.h"
+#include "parallel/layer_context.h"
 #include "parallel/tp/comm_ops.h"
 #include "tests/parallel/mpi_test_util.h"
 #include "tests/parallel/tp/tp_test_util.h"
@@ -83,8 +83,7 @@ void check(bool llama, Layout lay) {
   o.shape = {.dp = 1, .pp = 1, .cp = lay.cp, .tp = lay.tp};
   o.comm_timeout_s = testing::kTestCommTimeoutS;
   ParallelContext ctx = ParallelContext::create(o);
-  MeshModelParallel mp(ctx.tp(), ctx.cp(), lay.sp);
-  Transformer model(c, DType::kF32, Device::cpu(), &mp);
+  Transformer model(c, DType::kF32, Device::cpu(), mesh_layer_context(ctx.tp(), ctx.cp(), lay.sp));
   Generator g2(1234);
   model.init_weights(g2);
   const int cr = ctx.cp().rank(), cn = ctx.cp().size();
@@ -146,7 +145,7 @@ void check(bool llama, Layout lay) {
 // all-gather of the (N) local log-sum-exps, n·N·4 bytes, and an all-reduce of the N target
 // logits). Per rank a ring all-reduce sends 2(n−1)/n of its bytes and an all-gather or
 // reduce-scatter (n−1)/n, so a block costs 8(n−1)/n·S without SP and 10(n−1)/n·S with it.
-TEST(ModelParallel, TensorParallelCommunicationMatchesTheAnalyticCount) {
+TEST(MeshLayerContext, TensorParallelCommunicationMatchesTheAnalyticCount) {
   const int n = testing::world_size();
   for (bool sp : {false, true}) {
     SCOPED_TRACE(sp ? "sequence parallel" : "tensor parallel");
@@ -156,8 +155,7 @@ TEST(ModelParallel, TensorParallelCommunicationMatchesTheAnalyticCount) {
     o.shape = {.dp = 1, .pp = 1, .cp = 1, .tp = n};
     o.comm_timeout_s = testing::kTestCommTimeoutS;
     ParallelContext ctx = ParallelContext::create(o);
-    MeshModelParallel mp(ctx.tp(), ctx.cp(), sp);
-    Transformer model(c, DType::kF32, Device::cpu(), &mp);
+    Transformer model(c, DType::kF32, Device::cpu(), mesh_layer_context(ctx.tp(), ctx.cp(), sp));
     Generator gen(5);
     model.init_weights(gen);
     const Tensor ids = randint({kB, kT}, 0, c.vocab_size, gen, DType::kI64);
@@ -192,16 +190,16 @@ TEST(ModelParallel, TensorParallelCommunicationMatchesTheAnalyticCount) {
   }
 }
 
-TEST(ModelParallel, Tp2Gpt2) { check(false, {2, 1, false}); }
-TEST(ModelParallel, Tp2Llama) { check(true, {2, 1, false}); }
-TEST(ModelParallel, Tp2SequenceParallelGpt2) { check(false, {2, 1, true}); }
-TEST(ModelParallel, Tp2SequenceParallelLlama) { check(true, {2, 1, true}); }
-TEST(ModelParallel, Cp2Gpt2) { check(false, {1, 2, false}); }
-TEST(ModelParallel, Cp2Llama) { check(true, {1, 2, false}); }
-TEST(ModelParallel, Cp4Gpt2) { check(false, {1, 4, false}); }
-TEST(ModelParallel, Tp2Cp2Gpt2) { check(false, {2, 2, false}); }
-TEST(ModelParallel, Tp2Cp2SequenceParallelLlama) { check(true, {2, 2, true}); }
-TEST(ModelParallel, Tp4SequenceParallelGpt2) { check(false, {4, 1, true}); }
+TEST(MeshLayerContext, Tp2Gpt2) { check(false, {2, 1, false}); }
+TEST(MeshLayerContext, Tp2Llama) { check(true, {2, 1, false}); }
+TEST(MeshLayerContext, Tp2SequenceParallelGpt2) { check(false, {2, 1, true}); }
+TEST(MeshLayerContext, Tp2SequenceParallelLlama) { check(true, {2, 1, true}); }
+TEST(MeshLayerContext, Cp2Gpt2) { check(false, {1, 2, false}); }
+TEST(MeshLayerContext, Cp2Llama) { check(true, {1, 2, false}); }
+TEST(MeshLayerContext, Cp4Gpt2) { check(false, {1, 4, false}); }
+TEST(MeshLayerContext, Tp2Cp2Gpt2) { check(false, {2, 2, false}); }
+TEST(MeshLayerContext, Tp2Cp2SequenceParallelLlama) { check(true, {2, 2, true}); }
+TEST(MeshLayerContext, Tp4SequenceParallelGpt2) { check(false, {4, 1, true}); }
 
 }  // namespace
 }  // namespace loom::parallel

@@ -1,0 +1,144 @@
+// layers/build_context.h — LayerContext: the capabilities a model is built with, so that a
+// parallel scheme splits one model over ranks without any layer seeing a scheme or a
+// communicator (DESIGN §5.10). Four capabilities, each replaceable alone:
+//   linear     LinearFactory: the model's linear and embedding layers (column-parallel with
+//              segments, row-parallel, vocab table) and the two ops that enter and leave the
+//              activation layout those layers produce (replicated_param, column_input);
+//   attention  AttentionFn: causal attention of this rank's q, k, v;
+//   loss       LossFn: the language-model loss of this rank's logits;
+//   layout     SequenceLayout: the global coordinates of the tokens and activation rows this
+//              rank holds (positions, dropout rows, the whole sequence's length).
+// A default-constructed LayerContext is one device (Linear, Embedding, ops::causal_attention,
+// ops::softmax_cross_entropy, the whole sequence). parallel/layer_context.h builds the mesh one
+// (tensor, sequence and context parallelism); a new scheme replaces one member (SDP the linear
+// factory, Ulysses the attention function) and touches no layer.
+//
+// Note [Sequence-parallel region ops]: under sequence parallelism the activations between the
+// linear layers are chunks of the sequence, produced by the factory's own layers (the vocab
+// embedding and the row layer reduce-scatter; the column layer all-gathers its input). The two
+// differentiable ops that match that split belong to the same factory: replicated_param (a
+// parameter every rank holds whole, used on this rank's chunk: its gradient summed over the
+// group, as the row layer does for its own bias) and column_input (an activation as the input
+// of a column-parallel matmul against a weight used directly, the tied LM head: all-gathered
+// along the sequence, or without sequence parallelism the copy whose gradient is all-reduced,
+// a tensor-parallel op that no sequence layout could own). The SequenceLayout keeps only
+// coordinates (non-differentiable index tensors and lengths), so attention schemes and the
+// loss never depend on how the linear layers split activations.
+//
+// LinearLayer / EmbeddingLayer are what the model holds: layers/linear.h and layers/embedding.h
+// are the single-device ones, parallel/tp/layers.h the sharded ones. Their init() draws the
+// FULL tensor exactly as the single-device layer would (same generator calls) and keeps this
+// rank's part, so a sharded model starts as a slice of the single-device one.
+//
+// Ownership: layers copy the capabilities they use (shared_ptrs, functions), so a model keeps
+// them alive; whatever a capability refers to (a ParallelContext's communicators) must outlive
+// the model and every graph built from it. Nothing here is mutable state: the single-device
+// capabilities are const objects.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <vector>
+
+#include "core/rng.h"
+#include "core/tensor.h"
+#include "layers/module.h"
+
+namespace loom {
+
+// y = x·Wᵀ + b over some split of W (out, in).
+class LinearLayer : public Module {
+ public:
+  virtual Tensor forward(const Tensor& x) const = 0;
+  // W ← N(0, std²) drawn as the full (out, in) matrix, b ← 0.
+  virtual void init(Generator& gen, double std) = 0;
+  virtual const Tensor& weight() const = 0;  // this rank's part
+  virtual const Tensor& bias() const = 0;    // undefined without bias
+  // Rows [global_row, out) of W ← 0 (the padded vocabulary rows of an LM head).
+  virtual void zero_rows_from(int64_t global_row) = 0;
+  // Whether forward() is exactly ops::linear(x, compute(weight()), compute(bias())) with no
+  // communication or masking, so a caller may fuse it with its neighbours (the GELU MLP).
+  virtual bool plain() const { return false; }
+};
+
+// A (rows, dim) lookup table over some split of its rows.
+class EmbeddingLayer : public Module {
+ public:
+  virtual Tensor forward(const Tensor& ids) const = 0;  // ids (…) → (…, dim)
+  // W ← N(0, std²) drawn as the full table; then global rows [zero_from, rows) ← 0.
+  virtual void init(Generator& gen, double std, int64_t zero_from) = 0;
+  virtual const Tensor& weight() const = 0;  // this rank's rows
+};
+
+// The model's linear and embedding layers, and the region ops of their activation layout
+// (Note [Sequence-parallel region ops]).
+class LinearFactory {
+ public:
+  virtual ~LinearFactory() = default;
+  // How many parts column layers split each segment's features into (and row layers their
+  // input features): heads and hidden sizes must divide by it. 1 on one device.
+  virtual int feature_split() const = 0;
+  // Column layer: the out features come in `segments` (e.g. {q, k, v} rows), each split in
+  // feature_split() parts; the output holds this rank's part of each, in segment order.
+  virtual std::unique_ptr<LinearLayer> column(int64_t in, const std::vector<int64_t>& segments,
+                                              bool bias, DType dtype, Device device) const = 0;
+  // Row layer: in features split; the output in the layout between layers (complete, or this
+  // rank's sequence chunk under sequence parallelism).
+  virtual std::unique_ptr<LinearLayer> row(int64_t in, int64_t out, bool bias, DType dtype,
+                                           Device device) const = 0;
+  // Vocab table (rows split); output as a row layer's.
+  virtual std::unique_ptr<EmbeddingLayer> vocab_embedding(int64_t rows, int64_t dim, DType dtype,
+                                                          Device device) const = 0;
+  // A parameter every rank holds whole, as used on this rank's activations (norm weights and
+  // biases, wpe): identity forward; its gradient arrives complete (Note [Sequence-parallel
+  // region ops]).
+  virtual Tensor replicated_param(const Tensor& p) const = 0;
+  // An activation x (B, R, C) as the input of a matmul against this rank's column part of a
+  // weight used directly (the LM head, whose weight may be the tied table).
+  virtual Tensor column_input(const Tensor& x) const = 0;
+};
+
+// Where this rank's tokens and activation rows sit in the single process's sequence. The
+// positions passed in are the global indices (T) of the tokens this rank's input holds (its
+// context-parallel part, or arange(T)); the activations between layers hold rows of them.
+class SequenceLayout {
+ public:
+  virtual ~SequenceLayout() = default;
+  // The global positions of the activation rows this rank holds, in the dtype and on the
+  // device of `positions` (not differentiable): the positions themselves, or a part of them.
+  virtual Tensor row_positions(const Tensor& positions) const = 0;
+  // The same as global row indices (R) i64 for the rows form of dropout (Note [Dropout by
+  // coordinates]), or an undefined tensor when the rows are the whole sequence in order (the
+  // plain mask applies).
+  virtual Tensor dropout_rows(const Tensor& positions) const = 0;
+  // The whole sequence's length, given the number of tokens this rank's input holds.
+  virtual int64_t sequence_length(int64_t local_tokens) const = 0;
+  // The number of tokens this rank's input holds, given the activation rows it holds.
+  virtual int64_t local_tokens(int64_t rows) const = 0;
+};
+
+// q (B, Hq, T, D), k, v (B, Hkv, T, D), this rank's heads and tokens → y (B, Hq, T, D): causal
+// by global position.
+using AttentionFn = std::function<Tensor(const Tensor& q, const Tensor& k, const Tensor& v)>;
+// logits (B, R, Vp or a part of it), targets (B, T) → the loss whose backward is this rank's
+// share of the mean cross-entropy over the real vocabulary (vocab_size), ignore_index left out.
+using LossFn = std::function<Tensor(const Tensor& logits, const Tensor& targets,
+                                    int64_t ignore_index, int64_t vocab_size)>;
+
+// The single-device capabilities (const, shared by every default context).
+std::shared_ptr<const LinearFactory> single_device_linear();
+std::shared_ptr<const SequenceLayout> single_device_layout();
+Tensor single_device_attention(const Tensor& q, const Tensor& k, const Tensor& v);
+// Host targets are counted where they are, so a device step reads nothing back.
+Tensor single_device_loss(const Tensor& logits, const Tensor& targets, int64_t ignore_index,
+                          int64_t vocab_size);
+
+struct LayerContext {
+  std::shared_ptr<const LinearFactory> linear = single_device_linear();
+  AttentionFn attention = single_device_attention;
+  LossFn loss = single_device_loss;
+  std::shared_ptr<const SequenceLayout> layout = single_device_layout();
+};
+
+}  // namespace loom
