@@ -155,9 +155,16 @@ void Trainer::State::build() {
     kernels::AllowTf32Guard tf32(cfg.train.allow_tf32);
     peak_flops = measure_gemm_flops(device, parse_dtype(cfg.train.precision));
   }
-  *log << "model: " << mc.arch << ", " << model().num_parameters(true) << " parameters ("
-       << model().num_parameters() << " with vocab padding) on " << device.str() << ", "
-       << cfg.train.precision << " compute; peak " << fmt(peak_flops / 1e9, 1) << " GFLOP/s ("
+  // The whole model's counts, whatever this rank holds; then what this rank trains when that
+  // is a part (tensor-parallel parts, its pipeline stages).
+  int64_t trained = 0;
+  for (const auto& [name, p] : plan.trained()) trained += p.numel();
+  const int64_t total = count_parameters(mc);
+  *log << "model: " << mc.arch << ", " << count_parameters(mc, true) << " parameters (" << total
+       << " with vocab padding";
+  if (trained != total) *log << "; this rank trains " << trained;
+  *log << ") on " << device.str() << ", " << cfg.train.precision << " compute; peak "
+       << fmt(peak_flops / 1e9, 1) << " GFLOP/s ("
        << (cfg.train.peak_flops > 0 ? "config" : "measured " + cfg.train.precision + " GEMM")
        << ")";
   // Which OpenBLAS kernel set the CPU GEMMs (and so the peak above) ran on.

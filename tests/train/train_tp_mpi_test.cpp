@@ -28,6 +28,7 @@
 #include <sstream>
 
 #include "data/shard.h"
+#include "layers/transformer.h"
 #include "parallel/parallel_context.h"
 #include "tests/parallel/mpi_test_util.h"
 #include "tests/parallel/tp/tp_test_util.h"
@@ -185,6 +186,16 @@ void expect_matches_single(const Case& k) {
     EXPECT_NEAR(v, want, kLossRelTol * std::abs(want));
   }
   if (ctx.rank() == 0) expect_same_throughput_definition(log.str(), ranks, slog.str());
+  if (ctx.rank() == 0) {  // the start line counts the whole model on every layout
+    const std::string whole =
+        "model: " + k.arch + ", " +
+        std::to_string(loom::count_parameters(config_for(k, dir, "unused", false).model, true)) +
+        " parameters (";
+    EXPECT_NE(log.str().find(whole), std::string::npos) << log.str();
+    EXPECT_NE(slog.str().find(whole), std::string::npos) << slog.str();
+    EXPECT_EQ(log.str().find("this rank trains") != std::string::npos, k.tp > 1 || k.pp > 1)
+        << log.str();
+  }
   testing::expect_same_sampling(split, single);
   const ModelConfig mc = config_for(k, dir, "unused", false).model;
   std::map<std::string, Tensor> ref;
