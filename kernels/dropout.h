@@ -13,10 +13,11 @@
 // Rows form (dropout_rows_*, for sequence, context and data parallelism): a tensor x (B, R, C)
 // that holds rows rows[0..R) (each 0 ≤ rows[j] < T) of batch elements [b0, b0 + B) of a
 // (B_total, T, C) tensor uses, for its element (b, j, c), the draw of element
-// i = ((b0 + b)·T + rows[j])·C + c of the full tensor at the same (seed, offset), offset having
-// come from Generator::reserve(B_total·T·C): each rank of a split sequence or batch drops
-// exactly the elements one process drops in the whole tensor. Keep rule and scale are those
-// above, so rows = 0..T−1 (R = T) and b0 = 0 give the plain kernel's result bit for bit.
+// i = ((b0 + b)·T + rows[j])·C + c of the full tensor at the same (seed, offset) (the model's
+// streams: Note [Dropout by coordinates] in layers/dropout_key.h): each rank of a split
+// sequence or batch drops exactly the elements one process drops in the whole tensor. Keep rule and
+// scale are those above, so rows = 0..T−1 (R = T) and b0 = 0 give the plain kernel's result bit for
+// bit.
 #pragma once
 
 #include <cstdint>

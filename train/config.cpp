@@ -382,6 +382,14 @@ void validate_config(const Config& c) {
   validate_model_parallel_config(c);
 }
 
+DType train_dtype(const std::string& name) {
+  if (name == "f64") return DType::kF64;
+  if (name == "bf16") return DType::kBF16;
+  if (name == "f16") return DType::kF16;
+  LOOM_CHECK(name == "f32", "train_dtype: '", name, "' is not f64, f32, bf16 or f16");
+  return DType::kF32;
+}
+
 int64_t pipeline_microbatches(const Config& c) {
   return c.parallel.microbatches > 0 ? c.parallel.microbatches : c.optim.grad_accum;
 }

@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "core/dtype.h"
 #include "core/error.h"
 #include "layers/model_config.h"
 
@@ -127,6 +128,8 @@ Config parse_config_text(const std::string& yaml_text,
 // are the gradient-accumulation micro-batches (data.batch_size rows each), so a pipelined run
 // sees the same global batch as the single-process run with grad_accum = m.
 int64_t pipeline_microbatches(const Config& c);
+// A train.dtype / train.precision value (f64, f32, bf16, f16; validated when parsed) as a DType.
+DType train_dtype(const std::string& name);
 // parallel.backend resolved: true when the communicators are NCCL's (nccl, or auto on cuda).
 bool uses_nccl(const Config& c);
 // Impossible values and combinations, each naming its key(s).

@@ -17,14 +17,6 @@
 namespace loom {
 namespace {
 
-// train.dtype / train.precision values (validated in train/config.cpp).
-DType dtype_of(const std::string& s) {
-  if (s == "f64") return DType::kF64;
-  if (s == "bf16") return DType::kBF16;
-  if (s == "f16") return DType::kF16;
-  return DType::kF32;
-}
-
 // 1. Tensor, sequence and context parallelism: the model's layers built with the mesh's
 // capabilities over the tp and cp groups (parallel/layer_context.h); the TP layers place their
 // parts, every other parameter is whole on each TP rank.
@@ -49,11 +41,11 @@ void apply_model_parallel(TrainPlan& plan, const Config& cfg, const PlanHooks& h
   }
   // Parameters are built on the device (drawn on the host, so every device starts from the
   // same values); with train.precision ≠ train.dtype the forward casts them (Note [Precision]).
-  plan.model =
-      std::make_unique<Transformer>(cfg.model, dtype_of(cfg.train.dtype), plan.device, plan.layers);
+  plan.model = std::make_unique<Transformer>(cfg.model, train_dtype(cfg.train.dtype), plan.device,
+                                             plan.layers);
   if (plan.model_parallel) parallel::mark_replicated(plan.model->parameters(), parallel::kAxisTp);
   if (cfg.train.precision != cfg.train.dtype)
-    plan.model->set_compute_dtype(dtype_of(cfg.train.precision));
+    plan.model->set_compute_dtype(train_dtype(cfg.train.precision));
 }
 
 // 2. Pipeline stages: this rank's chunks of layers; the other stages' weights are released.
@@ -163,7 +155,6 @@ TrainPlan build_plan(const Config& cfg, parallel::ParallelContext* ctx, Device d
   parts.pipe = plan.pipe.get();
   parts.dp = plan.dp.get();
   parts.ctx = ctx;
-  parts.device = device;
   parts.model_parallel = plan.model_parallel;
   parts.trace = hooks.trace;
   parts.micro_batches = plan.pipe ? pipeline_microbatches(cfg) : cfg.optim.grad_accum;
@@ -190,10 +181,10 @@ Tensor TrainPlan::finalize_gradients() {
     else
       pipe->sync_tied_gradients();
   }
+  if (dp) return parallel::global_grad_sq_sum(dp->grad_pieces(), ctx, device);
   std::vector<Tensor> params;
   for (const auto& [name, p] : trained()) params.push_back(p);
-  return parallel::global_grad_sq_sum(
-      dp ? dp->grad_pieces() : parallel::parameter_grad_pieces(params), ctx, device);
+  return parallel::global_grad_sq_sum(parallel::parameter_grad_pieces(params), ctx, device);
 }
 
 void TrainPlan::step(double lr, const Tensor& factor) {

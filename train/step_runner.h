@@ -60,7 +60,6 @@ struct StepRunnerParts {
   parallel::pp::TransformerPipeline* pipe = nullptr;  // the pipelined runner's
   parallel::DataParallel* dp = nullptr;               // null: no data-parallel engine
   parallel::ParallelContext* ctx = nullptr;           // null: one process
-  Device device;
   int64_t micro_batches = 1;    // optim.grad_accum, or the pipeline's micro-batches
   bool model_parallel = false;  // built with the mesh's LayerContext (tp or cp > 1)
   TraceRecorder* trace = nullptr;

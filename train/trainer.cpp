@@ -53,14 +53,6 @@ std::vector<std::string> expand_shards(const std::string& pattern, const char* k
   return out;
 }
 
-// train.dtype / train.precision values (validated in train/config.cpp).
-DType parse_dtype(const std::string& s) {
-  if (s == "f64") return DType::kF64;
-  if (s == "bf16") return DType::kBF16;
-  if (s == "f16") return DType::kF16;
-  return DType::kF32;
-}
-
 // train.device → the device this process trains on: the CPU, or the GPU numbered by the
 // launcher's node-local rank modulo the GPUs this process sees (a parallel context with NCCL
 // communicators overrides it with the GPU it picked: Trainer::State::build).
@@ -153,7 +145,7 @@ void Trainer::State::build() {
     peak_flops = cfg.train.peak_flops;
   } else {
     kernels::AllowTf32Guard tf32(cfg.train.allow_tf32);
-    peak_flops = measure_gemm_flops(device, parse_dtype(cfg.train.precision));
+    peak_flops = measure_gemm_flops(device, train_dtype(cfg.train.precision));
   }
   // The whole model's counts, whatever this rank holds; then what this rank trains when that
   // is a part (tensor-parallel parts, its pipeline stages).

@@ -1,6 +1,6 @@
-// core/ops/dropout.h — differentiable inverted dropout. The mask is a pure function of the
-// generator state (Note [Dropout mask] in kernels/dropout.h) and is regenerated in backward,
-// never stored.
+// core/ops/dropout.h — differentiable inverted dropout. The mask is a pure function of a Philox
+// stream (Note [Dropout mask] in kernels/dropout.h) — a generator's next reservation, or an
+// explicit (seed, offset) — and is regenerated in backward, never stored.
 #pragma once
 
 #include "core/rng.h"
@@ -19,17 +19,13 @@ Tensor dropout(const Tensor& x, double p, Generator& gen, bool training);
 Tensor dropout_at(const Tensor& x, double p, uint64_t seed, uint64_t offset, bool training);
 
 // Dropout of x (B, R, C), the rows `rows` (R) (integer, each in [0, total_rows)) of batch
-// elements [batch_offset, batch_offset + B) of a (total_batch, total_rows, C) tensor, with that
-// whole tensor's mask (the rows form of Note [Dropout mask]): reserves
-// gen.reserve(total_batch·total_rows·C) counters, as ops::dropout of the whole tensor would, and
+// elements [batch_offset, batch_offset + B) of a (·, total_rows, C) tensor, with that whole
+// tensor's mask at the Philox stream (seed, offset) (the rows form of Note [Dropout mask]):
 // element (b, j, c) gets the fate of whole-tensor element
-// ((batch_offset + b)·total_rows + rows[j])·C + c. So the ranks of a sequence-, context- or
-// data-parallel split drop what one process drops and advance the generator alike.
-// total_batch 0 means B. Returns x itself when !training or p == 0 (nothing reserved).
-// Differentiable in x; the mask is regenerated in backward.
-Tensor dropout_rows(const Tensor& x, double p, Generator& gen, bool training, const Tensor& rows,
-                    int64_t total_rows, int64_t batch_offset = 0, int64_t total_batch = 0);
-// The rows form at an explicit stream (seed, offset), nothing reserved (batch_offset >= 0).
+// ((batch_offset + b)·total_rows + rows[j])·C + c, as ops::dropout_at of the whole tensor at the
+// same stream gives it. So the ranks of a sequence-, context- or data-parallel split drop what
+// one process drops (Note [Dropout by coordinates] in layers/dropout_key.h). Returns x itself
+// when !training or p == 0. Differentiable in x; the mask is regenerated in backward.
 Tensor dropout_rows_at(const Tensor& x, double p, uint64_t seed, uint64_t offset, bool training,
                        const Tensor& rows, int64_t total_rows, int64_t batch_offset = 0);
 

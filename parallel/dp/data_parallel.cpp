@@ -353,21 +353,6 @@ void DataParallel::finish_gradient_sync() {
   synced_ = true;
 }
 
-std::vector<Tensor> DataParallel::owned_grads() const {
-  std::vector<Tensor> out;
-  for (const Bucket& b : buckets_) {
-    if (config_.zero_stage == 0) {
-      out.push_back(b.grad_flat);
-    } else if (config_.zero_stage == 1) {
-      out.push_back(
-          flat_view(b.grad_flat, {b.plan.shard_numel}, shard_rank() * b.plan.shard_numel));
-    } else {
-      out.push_back(b.grad_shard);
-    }
-  }
-  return out;
-}
-
 // The gradient of optimiser piece k (stages >= 1): a view of the bucket's flat gradient (stage 1,
 // whole buckets reduced) or of its reduced shard (stages 2, 3).
 Tensor DataParallel::piece_grad(size_t k) const {
@@ -396,20 +381,22 @@ NamedTensors DataParallel::owned_grad_pieces() const {
 std::vector<GradPiece> DataParallel::grad_pieces() {
   if (!synced_) finish_gradient_sync();
   std::vector<GradPiece> out;
-  if (config_.zero_stage == 0) {
-    for (const auto& [name, g] : owned_grad_pieces()) out.push_back({g, {}});
-    for (size_t i = 0; i < params_.size(); ++i) out[i].placement = params_[i].tensor.placement();
+  if (config_.zero_stage == 0) {  // whole gradients, replicated over config.axes
+    for (const Param& p : params_) {
+      out.push_back({flat_view(buckets_[static_cast<size_t>(p.bucket)].grad_flat,
+                               {p.tensor.numel()}, p.offset),
+                     p.tensor.placement()});
+    }
     return out;
   }
-  const NamedTensors grads = owned_grad_pieces();
-  size_t k = 0;
+  size_t k = 0;  // the optimizer's pieces, in the same order
   for_each_owned_piece([&](int, const Param& p, int64_t lo, int64_t hi) {
     Placement pl = p.tensor.placement();  // of the whole parameter: replicated over config.axes
     for (const std::string& axis : config_.axes) pl.remove_replicated(axis);
     if (replica_comm_ != nullptr) pl.add_replicated(config_.replica_axis);
     pl.global_shape = {hi - lo};  // a 1-d piece: only `replicated` and `tied_to` matter here
     pl.splits.clear();
-    out.push_back({grads[k++].second, std::move(pl)});
+    out.push_back({piece_grad(k++), std::move(pl)});
   });
   return out;
 }

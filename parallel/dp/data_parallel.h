@@ -239,7 +239,6 @@ class DataParallel final : public UnitHooks {
   void launch(int bucket, DpEventKind kind);
   void reset_counters();
   void log(DpEventKind kind, int bucket, std::string detail);
-  std::vector<Tensor> owned_grads() const;
   void gather_parameters();
   // Stage 3 (parallel/dp/zero3.cpp).
   void init_shards();

@@ -2,8 +2,9 @@
 // kernels/dropout.h) used under sequence and context parallelism: with rows = 0..T−1 the rows
 // kernels equal the plain kernels bit for bit; with a permuted subset of rows each element gets
 // the fate (and value) of its element in the whole tensor, also for a batch offset (data
-// parallelism); the op reserves the whole tensor's
-// counters, regenerates the mask in backward and passes a finite-difference gradient check.
+// parallelism); the op (ops::dropout_rows_at, at an explicit Philox stream) equals its slice of
+// ops::dropout_at on the whole tensor, regenerates the mask in backward and passes a
+// finite-difference gradient check.
 #include <numeric>
 
 #include "core/ops/dropout.h"
@@ -102,53 +103,46 @@ TEST(DropoutRows, SubsetOfRowsGetsTheWholeTensorsMask) {
   }
 }
 
-TEST(DropoutRows, OpReservesTheWholeTensorAndMatchesItsSlice) {
+TEST(DropoutRows, OpMatchesItsSliceOfTheWholeTensor) {
   Generator data(503);
   const Shape s{2, 8, 5};
   const Tensor x = random(s, data, DType::kF32, false);
-  Generator whole(77), split(77);
-  whole.reserve(9);  // a non-zero offset
-  split.reserve(9);
-  const Tensor full = ops::dropout(x, 0.3, whole, true);
+  const uint64_t seed = 77, offset = 9;  // a non-zero offset
+  const Tensor full = ops::dropout_at(x, 0.3, seed, offset, true);
   const std::vector<int64_t> picks = {2, 3, 4, 5};  // a sequence-parallel rank's chunk
   const Tensor rows = Tensor::from_vector(std::vector<int32_t>{2, 3, 4, 5}, {4});  // i32 accepted
-  const Tensor y = ops::dropout_rows(take_rows(x, picks), 0.3, split, true, rows, 8);
+  const Tensor y = ops::dropout_rows_at(take_rows(x, picks), 0.3, seed, offset, true, rows, 8);
   EXPECT_EQ(y.to_vector(), take_rows(full, picks).to_vector());
-  EXPECT_EQ(split.state().offset, whole.state().offset);
-  // A second draw continues from the same offset, as the whole tensor's would.
-  EXPECT_EQ(ops::dropout_rows(take_rows(x, picks), 0.3, split, true, rows, 8).to_vector(),
-            take_rows(ops::dropout(x, 0.3, whole, true), picks).to_vector());
+  // Another stream draws another mask.
+  EXPECT_NE(
+      ops::dropout_rows_at(take_rows(x, picks), 0.3, seed + 1, offset, true, rows, 8).to_vector(),
+      y.to_vector());
 }
 
 // Data parallelism: a rank holding batch elements [b0, b0 + B) of the (B_total, T, C) batch
-// (and, with sequence parallelism, some rows) draws the whole batch's mask for them, and the
-// generator advances by the whole batch's count.
+// (and, with sequence parallelism, some rows) draws the whole batch's mask for them.
 TEST(DropoutRows, BatchOffsetGetsTheWholeBatchsMask) {
   Generator data(506);
   const Shape s{4, 6, 7};  // the whole batch
   const Tensor x = random(s, data, DType::kF32, false);
-  Generator whole(78), split(78);
-  const Tensor full = ops::dropout(x, 0.4, whole, true);
+  const Tensor full = ops::dropout_at(x, 0.4, 78, 0, true);
   const std::vector<int64_t> picks = {3, 4, 5};
   for (int64_t b0 : {0, 1, 2}) {
-    Generator g = split;
     const Tensor part = ops::narrow(x, 0, b0, 2);
     const Tensor y =
-        ops::dropout_rows(take_rows(part, picks), 0.4, g, true, rows_of(picks), 6, b0, 4);
+        ops::dropout_rows_at(take_rows(part, picks), 0.4, 78, 0, true, rows_of(picks), 6, b0);
     EXPECT_EQ(y.to_vector(), take_rows(ops::narrow(full, 0, b0, 2), picks).to_vector())
         << "b0 " << b0;
-    EXPECT_EQ(g.state().offset, whole.state().offset);
   }
-  Generator g = split;
-  EXPECT_THROW(ops::dropout_rows(take_rows(ops::narrow(x, 0, 2, 2), picks), 0.4, g, true,
-                                 rows_of(picks), 6, 3, 4),
-               Error);  // [3, 5) is outside the 4 batch elements
+  EXPECT_THROW(ops::dropout_rows_at(take_rows(ops::narrow(x, 0, 2, 2), picks), 0.4, 78, 0, true,
+                                    rows_of(picks), 6, -1),
+               Error);  // a negative batch offset
 }
 
 TEST(DropoutRows, BackwardUsesTheForwardMask) {
   Generator gen(504);
   Tensor x = random({2, 3, 9}, gen, DType::kF32);
-  Tensor y = ops::dropout_rows(x, 0.25, gen, true, rows_of({4, 0, 2}), 5);
+  Tensor y = ops::dropout_rows_at(x, 0.25, 504, 3, true, rows_of({4, 0, 2}), 5);
   autograd::backward(ops::sum(y));
   const auto yv = y.to_vector(), gv = x.grad().to_vector();
   const float scale = static_cast<float>(1.0 / 0.75);
@@ -164,8 +158,7 @@ TEST(DropoutRows, GradientsMatchFiniteDifferences) {
     const Tensor rows = rows_of(picks);
     for (double p : {0.1, 0.5}) {
       auto fn = [p, rows, s](const std::vector<Tensor>& in) {
-        Generator g(1234);
-        return ops::dropout_rows(in[0], p, g, true, rows, 2 * s[1]);
+        return ops::dropout_rows_at(in[0], p, 1234, 0, true, rows, 2 * s[1]);
       };
       expect_gradcheck(fn, {x});
     }
@@ -173,15 +166,14 @@ TEST(DropoutRows, GradientsMatchFiniteDifferences) {
 }
 
 TEST(DropoutRows, IdentityWhenNotTrainingOrPZeroAndBadRowsRefused) {
-  Generator data(506), gen(7);
+  Generator data(506);
   const Tensor x = random({2, 3, 4}, data);
   const Tensor rows = rows_of({0, 1, 2});
-  EXPECT_TRUE(ops::dropout_rows(x, 0.5, gen, false, rows, 6).same(x));
-  EXPECT_TRUE(ops::dropout_rows(x, 0.0, gen, true, rows, 6).same(x));
-  EXPECT_EQ(gen.state().offset, 0u);
-  EXPECT_THROW(ops::dropout_rows(x, 0.5, gen, true, rows_of({0, 1, 6}), 6), Error);  // row ≥ T
-  EXPECT_THROW(ops::dropout_rows(x, 0.5, gen, true, rows_of({0, 1}), 6), Error);     // R ≠ 3
-  EXPECT_THROW(ops::dropout_rows(x, 0.5, gen, true, rows, 2), Error);                // T < R
+  EXPECT_TRUE(ops::dropout_rows_at(x, 0.5, 7, 0, false, rows, 6).same(x));
+  EXPECT_TRUE(ops::dropout_rows_at(x, 0.0, 7, 0, true, rows, 6).same(x));
+  EXPECT_THROW(ops::dropout_rows_at(x, 0.5, 7, 0, true, rows_of({0, 1, 6}), 6), Error);  // ≥ T
+  EXPECT_THROW(ops::dropout_rows_at(x, 0.5, 7, 0, true, rows_of({0, 1}), 6), Error);     // R ≠ 3
+  EXPECT_THROW(ops::dropout_rows_at(x, 0.5, 7, 0, true, rows, 2), Error);                // T < R
 }
 
 }  // namespace

@@ -184,51 +184,41 @@ TEST(DataParallelOverlap, ReductionStartsWhileBackwardStillComputes) {
 
 // Note [ZeRO memory formulas] with Ψ parameters in f32: single rank Adam state = 8Ψ bytes;
 // ZeRO-1 on N = 4 ranks: 8Ψ/4 per rank, plus at most the bucket padding; over all ranks
-// exactly 8Ψ (each parameter element's state lives on exactly one rank).
+// exactly 8Ψ (each parameter element's state lives on exactly one rank). The sharded optimizer
+// wraps SGD as it wraps AdamW: with momentum one state tensor per piece, so 4Ψ/4 per rank, and
+// the formula follows the inner optimizer.
 TEST(DataParallelMemory, Zero1OptimizerStateIsAQuarterOnFourRanks) {
   const int world = testing::world_size();
   if (world % 4 != 0) GTEST_SKIP() << "needs a world size divisible by 4";
   ParallelContext ctx = ParallelContext::create(dp_layout(world, 4, 0, testing::kTestCommTimeoutS));
-  Transformer model(testing::dp_tiny_gpt());
-  Generator gen(testing::kInitSeed);
-  model.init_weights(gen);
-  const int64_t psi = model.num_parameters();
-  DataParallel zero1(model.named_parameters(), ctx.dp(), dp_config(1, 16 << 10));
-  const DpMemory m = zero1.memory();
-  const DpMemory f = zero1.memory_formula();
-  if (ctx.rank() == 0) std::printf("%s\n", zero1.describe().c_str());
-  EXPECT_EQ(zero1.num_parameters(), psi);
-  EXPECT_EQ(f.optimizer_bytes, 8 * psi / 4);
-  const int64_t slack = 8 * zero1.num_buckets() * 4 * dp::kShardAlign;  // padding
-  EXPECT_LE(m.optimizer_bytes, f.optimizer_bytes + slack);
-  EXPECT_GE(m.optimizer_bytes, f.optimizer_bytes - slack);
-  Tensor total = Tensor::from_vector<int64_t>({m.optimizer_bytes}, {1});
-  ctx.dp().all_reduce(total, ReduceOp::kSum);
-  EXPECT_EQ(total.data<int64_t>()[0], 8 * psi);
-  EXPECT_GE(m.param_bytes, 4 * psi);
-  EXPECT_EQ(m.grad_bytes, m.param_bytes);  // ZeRO-1 keeps full gradients
-}
-
-// The sharded optimizer wraps SGD as it wraps AdamW: with momentum one state tensor per piece,
-// so 4Ψ/4 per rank at ZeRO-1, and the formula follows the inner optimizer.
-TEST(DataParallelMemory, Zero1SgdMomentumIsAQuarterOnFourRanks) {
-  const int world = testing::world_size();
-  if (world % 4 != 0) GTEST_SKIP() << "needs a world size divisible by 4";
-  ParallelContext ctx = ParallelContext::create(dp_layout(world, 4, 0, testing::kTestCommTimeoutS));
-  Transformer model(testing::dp_tiny_gpt());
-  Generator gen(testing::kInitSeed);
-  model.init_weights(gen);
-  const int64_t psi = model.num_parameters();
-  DataParallelConfig c = dp_config(1, 16 << 10);
-  c.optimizer = [](std::vector<optim::ParamRef> refs) -> std::unique_ptr<optim::Optimizer> {
+  const optim::OptimizerFactory sgd =
+      [](std::vector<optim::ParamRef> refs) -> std::unique_ptr<optim::Optimizer> {
     return std::make_unique<optim::SGD>(std::move(refs), 0.9, 0.0);
   };
-  DataParallel zero1(model.named_parameters(), ctx.dp(), c);
-  const DpMemory m = zero1.memory();
-  EXPECT_EQ(zero1.memory_formula().optimizer_bytes, 4 * psi / 4);
-  Tensor total = Tensor::from_vector<int64_t>({m.optimizer_bytes}, {1});
-  ctx.dp().all_reduce(total, ReduceOp::kSum);
-  EXPECT_EQ(total.data<int64_t>()[0], 4 * psi);
+  for (const auto& [inner, states] : {std::pair<optim::OptimizerFactory, int64_t>{{}, 2},
+                                      std::pair<optim::OptimizerFactory, int64_t>{sgd, 1}}) {
+    SCOPED_TRACE(states == 2 ? "AdamW" : "SGD with momentum");
+    Transformer model(testing::dp_tiny_gpt());
+    Generator gen(testing::kInitSeed);
+    model.init_weights(gen);
+    const int64_t psi = model.num_parameters();
+    DataParallelConfig c = dp_config(1, 16 << 10);
+    if (inner) c.optimizer = inner;  // else dp_config's AdamW
+    DataParallel zero1(model.named_parameters(), ctx.dp(), c);
+    const DpMemory m = zero1.memory();
+    const DpMemory f = zero1.memory_formula();
+    if (ctx.rank() == 0) std::printf("%s\n", zero1.describe().c_str());
+    EXPECT_EQ(zero1.num_parameters(), psi);
+    EXPECT_EQ(f.optimizer_bytes, 4 * states * psi / 4);
+    const int64_t slack = 4 * states * zero1.num_buckets() * 4 * dp::kShardAlign;  // padding
+    EXPECT_LE(m.optimizer_bytes, f.optimizer_bytes + slack);
+    EXPECT_GE(m.optimizer_bytes, f.optimizer_bytes - slack);
+    Tensor total = Tensor::from_vector<int64_t>({m.optimizer_bytes}, {1});
+    ctx.dp().all_reduce(total, ReduceOp::kSum);
+    EXPECT_EQ(total.data<int64_t>()[0], 4 * states * psi);
+    EXPECT_GE(m.param_bytes, 4 * psi);
+    EXPECT_EQ(m.grad_bytes, m.param_bytes);  // ZeRO-1 keeps full gradients
+  }
 }
 
 TEST(DataParallelMemory, Zero2GradientsAreSharded) {
