@@ -36,6 +36,8 @@ class SingleDeviceLinear final : public LinearFactory {
 
 class SingleDeviceLayout final : public SequenceLayout {
  public:
+  Tensor local_sequence(const Tensor& x, int64_t) const override { return x; }
+  Tensor local_positions(int64_t) const override { return Tensor(); }
   Tensor row_positions(const Tensor& positions) const override { return positions; }
   Tensor dropout_rows(const Tensor&) const override { return Tensor(); }
   int64_t sequence_length(int64_t local_tokens) const override { return local_tokens; }

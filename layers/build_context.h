@@ -6,8 +6,9 @@
 //              activation layout those layers produce (replicated_param, column_input);
 //   attention  AttentionFn: causal attention of this rank's q, k, v;
 //   loss       LossFn: the language-model loss of this rank's logits;
-//   layout     SequenceLayout: the global coordinates of the tokens and activation rows this
-//              rank holds (positions, dropout rows, the whole sequence's length).
+//   layout     SequenceLayout: which tokens of each sequence this rank holds and the global
+//              coordinates of its tokens and activation rows (positions, dropout rows, the
+//              whole sequence's length).
 // A default-constructed LayerContext is one device (Linear, Embedding, ops::causal_attention,
 // ops::softmax_cross_entropy, the whole sequence). parallel/layer_context.h builds the mesh one
 // (tensor, sequence and context parallelism); a new scheme replaces one member (SDP the linear
@@ -105,6 +106,14 @@ class LinearFactory {
 class SequenceLayout {
  public:
   virtual ~SequenceLayout() = default;
+  // The tokens this rank's input holds of whole sequences x (…, T, …) along `dim` (its
+  // context-parallel part, or x itself): how the step runners cut token ids and targets. Not
+  // differentiable.
+  virtual Tensor local_sequence(const Tensor& x, int64_t dim) const = 0;
+  // The global positions (T') of those tokens in a sequence of `sequence_length`, i32 on the
+  // host, or an undefined tensor on one device (the model's own arange, Note [Host ids] in
+  // layers/transformer.cpp).
+  virtual Tensor local_positions(int64_t sequence_length) const = 0;
   // The global positions of the activation rows this rank holds, in the dtype and on the
   // device of `positions` (not differentiable): the positions themselves, or a part of them.
   virtual Tensor row_positions(const Tensor& positions) const = 0;

@@ -63,6 +63,13 @@ class MeshSequenceLayout final : public SequenceLayout {
   MeshSequenceLayout(Communicator& tp, Communicator& cp, bool sequence_parallel)
       : tp_(&tp), cp_(&cp), sequence_parallel_(sequence_parallel) {}
 
+  Tensor local_sequence(const Tensor& x, int64_t dim) const override {
+    return cp_->size() > 1 ? cp::shard_sequence(x, dim, cp_->rank(), cp_->size()) : x;
+  }
+  // Defined also without cp: under sequence parallelism the rows are a part of them.
+  Tensor local_positions(int64_t sequence_length) const override {
+    return cp::cp_positions(sequence_length, cp_->rank(), cp_->size());
+  }
   Tensor row_positions(const Tensor& positions) const override {
     return sequence_parallel_ ? tp::chunk_dim(positions, *tp_, 0) : positions;
   }

@@ -9,7 +9,6 @@
 #include "optim/adamw.h"
 #include "optim/decay_rule.h"
 #include "optim/sgd.h"
-#include "parallel/cp/ring_attention.h"
 #include "parallel/gradients.h"
 #include "parallel/layer_context.h"
 #include "train/profiler.h"
@@ -60,14 +59,16 @@ void apply_pipeline(TrainPlan& plan, const Config& cfg) {
   po.vpp = static_cast<int>(cfg.parallel.vpp);
   po.microbatches = static_cast<int>(pipeline_microbatches(cfg));
   po.layout = cfg.parallel.pp_layout;
-  // Under tp/cp each micro-batch is this cp rank's chunks (Note [Model-parallel step]).
-  const int64_t local_seq = cfg.data.seq_len / cfg.parallel.cp;
-  if (plan.model_parallel) {
-    po.positions = parallel::cp::cp_positions(cfg.data.seq_len, ctx->cp_rank(), ctx->cp_size())
-                       .to(plan.device);
-    po.activation_rows = cfg.parallel.sequence_parallel ? local_seq / cfg.parallel.tp : local_seq;
-    po.loss_scale = static_cast<double>(cfg.parallel.cp);
+  // Each micro-batch is this rank's tokens of the sequences, as the layout says (Note
+  // [Model-parallel step]); the stages pass on the activation rows it holds of them.
+  const SequenceLayout& layout = *plan.layers.layout;
+  const Tensor positions = layout.local_positions(cfg.data.seq_len);  // undefined: arange(T)
+  const int64_t local_seq = positions.defined() ? positions.size(0) : cfg.data.seq_len;
+  if (positions.defined()) {
+    po.positions = positions.to(plan.device);
+    po.activation_rows = layout.row_positions(positions).size(0);
   }
+  po.loss_scale = static_cast<double>(ctx->cp_size());  // × cp: Note [Model-parallel step]
   plan.pipe = std::make_unique<parallel::pp::TransformerPipeline>(*plan.model, ctx->pp(), po,
                                                                   cfg.data.batch_size, local_seq);
   plan.released = plan.pipe->release_other_stages(*plan.model);
@@ -112,14 +113,14 @@ void apply_data_parallel(TrainPlan& plan, const Config& cfg) {
     parallel::pp::TransformerPipeline::StageUnits units = plan.pipe->parameter_units();
     plan.dp = std::make_unique<parallel::DataParallel>(units.units, group, c, mics);
     if (c.zero_stage == 3) {
-      plan.stage_hooks =
-          std::make_unique<parallel::pp::StageUnitHooks>(*plan.dp, std::move(units.buckets));
+      plan.stage_hooks = std::make_unique<parallel::pp::StageUnitHooks>(*plan.dp->unit_hooks(),
+                                                                        std::move(units.buckets));
       plan.model->set_unit_hooks(plan.stage_hooks.get());
     }
   } else if (c.zero_stage == 3) {  // parameters gathered per unit (Note [ZeRO-3])
     plan.dp =
         std::make_unique<parallel::DataParallel>(plan.model->parameter_units(), group, c, mics);
-    plan.model->set_unit_hooks(plan.dp.get());
+    plan.model->set_unit_hooks(plan.dp->unit_hooks());
   } else {
     std::vector<std::pair<std::string, Tensor>> named;
     for (const optim::ParamRef& r : optim::make_param_refs(plan.trained(), rule))
@@ -155,7 +156,7 @@ TrainPlan build_plan(const Config& cfg, parallel::ParallelContext* ctx, Device d
   parts.pipe = plan.pipe.get();
   parts.dp = plan.dp.get();
   parts.ctx = ctx;
-  parts.model_parallel = plan.model_parallel;
+  parts.layout = plan.layers.layout;
   parts.trace = hooks.trace;
   parts.micro_batches = plan.pipe ? pipeline_microbatches(cfg) : cfg.optim.grad_accum;
   plan.runner = plan.pipe ? make_pipeline_runner(parts) : make_plain_runner(parts);

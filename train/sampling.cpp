@@ -8,7 +8,6 @@
 
 #include "core/autograd.h"
 #include "core/ops/view.h"
-#include "parallel/cp/ring_attention.h"
 #include "train/trainer_state.h"
 
 namespace loom {
@@ -57,15 +56,13 @@ std::vector<double> Trainer::next_token_logits(const std::vector<int32_t>& conte
   std::vector<int32_t> ids(context.end() - len, context.end());
   ids.resize(static_cast<size_t>(padded),
              static_cast<int32_t>(std::min<int64_t>(mc.vocab_size - 1, 50256)));
-  Tensor input = Tensor::from_vector(ids, {1, padded});
-  Tensor pos = s.model().positions(padded).to(Device::cpu());
-  if (cp > 1) {
-    const int r = s.ctx->cp_rank();
-    input = parallel::cp::shard_sequence(input, 1, r, cp);
-    pos = parallel::cp::cp_positions(padded, r, cp);
-  }
+  // This rank's tokens of the window and their positions (Note [Model-parallel step]).
+  const SequenceLayout& layout = *s.plan.layers.layout;
+  const Tensor input = layout.local_sequence(Tensor::from_vector(ids, {1, padded}), 1);
+  Tensor pos = layout.local_positions(padded);
+  if (!pos.defined()) pos = s.model().positions(padded).to(Device::cpu());
   // (1, rows, Vp/tp) on the ranks holding the head (every rank without pp).
-  const int64_t rows = input.size(1) / (s.cfg.parallel.sequence_parallel ? tp : 1);
+  const int64_t rows = layout.row_positions(pos).size(0);
   const Tensor logits = s.plan.runner->logits(input.to(s.device), pos.to(s.device), rows);
   // The row travels on the model's device (the communicators may be NCCL's).
   const int64_t vp = mc.padded_vocab();

@@ -8,7 +8,6 @@
 #include "core/autograd.h"
 #include "core/ops/elementwise.h"
 #include "core/ops/view.h"
-#include "parallel/cp/ring_attention.h"
 #include "train/profiler.h"
 
 namespace loom {
@@ -21,12 +20,9 @@ struct LocalBatch {
   Tensor inputs, targets, positions;  // positions undefined: arange (Note [Host ids])
 };
 
-LocalBatch local_batch(const Batch& b, const StepRunnerParts& p) {
-  if (!p.model_parallel) return {b.inputs, b.targets, Tensor()};
-  const int r = p.ctx->cp_rank(), n = p.ctx->cp_size();
-  return {parallel::cp::shard_sequence(b.inputs, 1, r, n),
-          parallel::cp::shard_sequence(b.targets, 1, r, n),
-          parallel::cp::cp_positions(b.inputs.size(1), r, n)};
+LocalBatch local_batch(const Batch& b, const SequenceLayout& layout) {
+  return {layout.local_sequence(b.inputs, 1), layout.local_sequence(b.targets, 1),
+          layout.local_positions(b.inputs.size(1))};
 }
 
 int cp_size(const StepRunnerParts& p) { return p.ctx ? p.ctx->cp_size() : 1; }
@@ -40,7 +36,7 @@ class PlainRunner final : public StepRunner {
     const int64_t accum = p_.micro_batches;
     Tensor loss_sum;  // Σ micro-batch losses / accum, f64, on the device
     for (int64_t m = 0; m < accum; ++m) {
-      const LocalBatch b = local_batch(loader.next(), p_);
+      const LocalBatch b = local_batch(loader.next(), *p_.layout);
       if (p_.dp) p_.dp->set_sync(m == accum - 1);  // reduce once per step, after the last
       const auto t_fwd = Clock::now();
       DropoutKey key = dropout;
@@ -65,7 +61,7 @@ class PlainRunner final : public StepRunner {
   double evaluate(DataLoader& loader, int64_t batches) override {
     double mean = 0;
     for (int64_t i = 0; i < batches; ++i)
-      mean += loss_of(local_batch(loader.next(), p_), nullptr).item();
+      mean += loss_of(local_batch(loader.next(), *p_.layout), nullptr).item();
     return mean / static_cast<double>(batches);
   }
 
@@ -129,11 +125,10 @@ class PipelineRunner final : public StepRunner {
   // The next `count` batches as the pipeline takes them: under cp this rank's chunks.
   std::pair<std::vector<Tensor>, std::vector<Tensor>> batches(DataLoader& loader, int64_t count) {
     std::vector<Tensor> inputs, targets;
-    const int r = p_.ctx->cp_rank(), n = p_.ctx->cp_size();
     for (int64_t i = 0; i < count; ++i) {
       Batch b = loader.next();
-      inputs.push_back(n > 1 ? parallel::cp::shard_sequence(b.inputs, 1, r, n) : b.inputs);
-      targets.push_back(n > 1 ? parallel::cp::shard_sequence(b.targets, 1, r, n) : b.targets);
+      inputs.push_back(p_.layout->local_sequence(b.inputs, 1));
+      targets.push_back(p_.layout->local_sequence(b.targets, 1));
     }
     return {std::move(inputs), std::move(targets)};
   }

@@ -9,7 +9,8 @@
 //
 // Note [Model-parallel step]: under parallel.tp/cp every rank of a data-parallel replica reads
 // the same batch; cp rank r keeps its two load-balanced chunks of each sequence with their
-// global positions (parallel/cp). The model's loss is this rank's share (the cp group's shares
+// global positions (parallel/cp), as the model's SequenceLayout says (local_sequence,
+// local_positions). The model's loss is this rank's share (the cp group's shares
 // sum to the replica's mean, Note [Context-parallel loss]); data parallelism averages gradients
 // over dp·cp ranks, so the loss is multiplied by cp for backward, which makes that average the
 // sum over cp of the replicas' mean. TP ranks hold the same loss.
@@ -21,6 +22,7 @@
 #include "core/rng.h"
 #include "core/tensor.h"
 #include "data/loader.h"
+#include "layers/build_context.h"
 #include "layers/transformer.h"
 #include "optim/loss_scaler.h"
 #include "parallel/dp/data_parallel.h"
@@ -60,8 +62,9 @@ struct StepRunnerParts {
   parallel::pp::TransformerPipeline* pipe = nullptr;  // the pipelined runner's
   parallel::DataParallel* dp = nullptr;               // null: no data-parallel engine
   parallel::ParallelContext* ctx = nullptr;           // null: one process
-  int64_t micro_batches = 1;    // optim.grad_accum, or the pipeline's micro-batches
-  bool model_parallel = false;  // built with the mesh's LayerContext (tp or cp > 1)
+  // Which tokens of each sequence this rank holds (the model's layout: layers/build_context.h).
+  std::shared_ptr<const SequenceLayout> layout = single_device_layout();
+  int64_t micro_batches = 1;  // optim.grad_accum, or the pipeline's micro-batches
   TraceRecorder* trace = nullptr;
 };
 

@@ -9,6 +9,7 @@
 
 #include <array>
 #include <cmath>
+#include <numeric>
 #include <optional>
 #include <vector>
 
@@ -67,6 +68,11 @@ Tensor shard_sequence(const Tensor& x, int64_t dim, int rank, int size) {
 }
 
 Tensor cp_positions(int64_t seq_len, int rank, int size) {
+  if (size == 1) {  // the whole sequence in order, of any length
+    std::vector<int32_t> pos(static_cast<size_t>(seq_len));
+    std::iota(pos.begin(), pos.end(), 0);
+    return Tensor::from_vector(pos, {seq_len});
+  }
   LOOM_CHECK(seq_len % (2 * size) == 0, "cp_positions: sequence length ", seq_len,
              " does not divide into 2·cp = ", 2 * size, " chunks");
   const int64_t c = seq_len / (2 * size);

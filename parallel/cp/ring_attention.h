@@ -27,7 +27,7 @@ namespace loom::parallel::cp {
 // This rank's two chunks of a sequence dimension: x (…, T, …) → (…, 2·T/(2P), …) along `dim`.
 // T must divide by 2P (checked). Not differentiable: it shards inputs (ids, targets, positions).
 Tensor shard_sequence(const Tensor& x, int64_t dim, int rank, int size);
-// Global positions of this rank's local tokens, (2·T/(2P)) i32.
+// Global positions of this rank's local tokens, (2·T/(2P)) i32 (arange(T) when P = 1).
 Tensor cp_positions(int64_t seq_len, int rank, int size);
 
 // Causal attention of this rank's local q (B, Hq, 2c, D) against the whole sequence, whose

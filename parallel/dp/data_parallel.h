@@ -1,14 +1,18 @@
-// parallel/dp/data_parallel.h — DataParallel: gradient buckets reduced asynchronously from the
-// autograd hooks while backward runs (DDP), and the ZeRO stages that shard optimiser state
-// (stage 1), gradients (stage 2) and parameters (stage 3, FSDP) over the dp group, or over a MiCS
-// partition group with replicas synchronised in a second hop. Owns the optimiser, any
-// optim::Optimizer made by the config's factory over the owned shard (AdamW, SGD, a fork's):
-// the sharded optimizer wraps the inner one, which sees only 1-d pieces of the parameters.
-// Does not own the model or the communicators, and never splits the batch: the caller feeds
-// each rank its rows and scales the loss for gradient accumulation. It writes the placement of
-// what it replicates and shards (Note [Placement] in core/placement.h): every parameter is
-// replicated over config.axes, and grad_pieces() says which pieces this rank owns, so the
-// global gradient norm is parallel/gradients.h's, as for every layout.
+// parallel/dp/data_parallel.h — DataParallel: data parallelism composed from its parts
+// (DESIGN §5.10): the gradient buckets and their hooks (GradBuckets, parallel/dp/grad_buckets.h),
+// a sync strategy for each complete bucket (all-reduce, reduce-scatter, the two-hop MiCS/HSDP
+// one: parallel/dp/grad_sync.h), the sharded optimizer that wraps any optim::Optimizer made by
+// the config's factory (parallel/dp/sharded_optimizer.h), and at stage 3 ZeRO-3's parameter
+// gatherer installed as the model's unit hooks (parallel/dp/zero3.h). Stages: DDP (0), ZeRO-1
+// (optimizer state sharded), ZeRO-2 (+ gradients), ZeRO-3/FSDP (+ parameters), over the data-
+// parallel group or over a MiCS partition group with replicas synchronised in a second hop.
+// This class holds what joins the parts: which bucket reductions are in flight and their wait,
+// the owned pieces the optimizer steps, the step's statistics. It does not own the model or the
+// communicators, and never splits the batch: the caller feeds each rank its rows and scales the
+// loss for gradient accumulation. It writes the placement of what it replicates and shards
+// (Note [Placement] in core/placement.h): every parameter is replicated over config.axes, and
+// grad_pieces() says which pieces this rank owns, so the global gradient norm is
+// parallel/gradients.h's, as for every layout.
 //
 // Use, per optimiser step with M micro-batches:
 //   dp.zero_grad();
@@ -16,13 +20,15 @@
 //   dp.finish_gradient_sync();          // waits for the reductions; gradients are now averaged
 //   sq = global_grad_sq_sum(dp.grad_pieces(), &ctx, device);   // parallel/gradients.h
 //   dp.step_scaled(lr, optim::clip_scale_tensor(sq, 1.0));     // owned shard, then all-gather
+// At stage 3, first install the gatherer: model.set_unit_hooks(dp.unit_hooks()).
 //
 // Note [Data-parallel gradient flow]: each parameter is re-homed into its bucket's flat
 // parameter buffer (Note [Re-homed parameters] in parallel/dp/bucket.h) and its .grad is set to
 // the matching view of the bucket's flat gradient buffer before backward, so AccumulateGrad
 // adds into the bucket (core/autograd.h). The parameter's grad-ready hook counts its bucket
-// down; when the last gradient of a bucket is final and this is a sync micro-batch, the hook
-// issues the bucket's reduction asynchronously and backward continues:
+// down (GradBuckets); when the last gradient of a bucket is final and this is a sync
+// micro-batch, DataParallel issues the bucket's reduction asynchronously (the GradSync's first
+// hop) and backward continues:
 //   stage 0, 1: all_reduce(avg) of the whole bucket over dp;
 //   stage 2:    reduce_scatter(avg) over the shard group (dp, or the MiCS partition) into the
 //               rank's shard buffer, then, with MiCS, all_reduce(avg) of that shard across the
@@ -37,15 +43,15 @@
 // optimizer over the whole parameters on every rank.
 //
 // Note [ZeRO-3]: built from parameter units (Note [Parameter units] in layers/transformer.h),
-// one bucket per unit, and installed as the model's UnitHooks. Between uses a rank holds only
-// its shard of each unit's parameters (param_shard, persistent), of its gradients (grad_shard)
-// and of the AdamW state; the unit's flat parameter buffer keeps its Storage but the memory is
-// released (Note [Releasable storage] in core/storage.h), so tensors the graph saved still
-// point at it. Forward: before_forward(u) all-gathers unit u (waiting for its prefetch when one
-// was issued) and issues the gather of unit u+1 asynchronously; after_forward(u) releases unit
-// u (unless a tied use still holds it) and wraps the unit's output in an identity whose
-// backward calls before_backward(u): gather unit u again (prefetched when possible), issue the
-// gather of unit u-1, allocate the unit's flat gradient buffer. When the unit's last gradient
+// one bucket per unit; its Zero3Gatherer (parallel/dp/zero3.h) is the model's UnitHooks.
+// Between uses a rank holds only its shard of each unit's parameters (param_shard, persistent),
+// of its gradients (grad_shard) and of the AdamW state; the unit's flat parameter buffer keeps its
+// Storage but the memory is released (Note [Releasable storage] in core/storage.h), so tensors the
+// graph saved still point at it. Forward: before_forward(u) all-gathers unit u (waiting for its
+// prefetch when one was issued) and issues the gather of unit u+1 asynchronously; after_forward(u)
+// releases unit u (unless a tied use still holds it) and wraps the unit's output in an identity
+// whose backward calls before_backward(u): gather unit u again (prefetched when possible), issue
+// the gather of unit u-1, allocate the unit's flat gradient buffer. When the unit's last gradient
 // hook fires, its parameters are released and its gradient buffer is reduce-scattered (avg)
 // asynchronously into the shard; the full buffer is freed as soon as that completes. Gradient
 // accumulation reduce-scatters every micro-batch and sums the shards (memory stays sharded;
@@ -59,7 +65,6 @@
 
 #include <cstddef>
 #include <cstdint>
-#include <functional>
 #include <memory>
 #include <string>
 #include <utility>
@@ -70,9 +75,10 @@
 #include "optim/decay_rule.h"
 #include "optim/optimizer.h"
 #include "parallel/comm/communicator.h"
-#include "parallel/dp/bucket.h"
 #include "parallel/dp/dp_stats.h"
+#include "parallel/dp/grad_buckets.h"
 #include "parallel/dp/grad_sync.h"
+#include "parallel/dp/zero3.h"
 #include "parallel/gradients.h"
 #include "parallel/mesh.h"
 
@@ -100,9 +106,7 @@ struct MicsGroups {
   Communicator* replica = nullptr;
 };
 
-using NamedTensors = std::vector<std::pair<std::string, Tensor>>;
-
-class DataParallel final : public UnitHooks {
+class DataParallel final {
  public:
   // named: the model's trainable parameters (Module::named_parameters()), identical in order
   // and shapes on every rank; they are re-homed into flat buffers here. The communicators must
@@ -110,15 +114,18 @@ class DataParallel final : public UnitHooks {
   DataParallel(const NamedTensors& named, Communicator& dp, const DataParallelConfig& config,
                MicsGroups mics = {});
   // units: the parameters in units (Transformer::parameter_units()), one bucket per unit, any
-  // stage; bucket b is unit b. At stage 3 install the result as the model's hooks
-  // (model.set_unit_hooks(&dp)) before the first forward (Note [ZeRO-3]).
+  // stage; bucket b is unit b. At stage 3 install unit_hooks() as the model's hooks
+  // (model.set_unit_hooks(dp.unit_hooks())) before the first forward (Note [ZeRO-3]).
   DataParallel(const std::vector<NamedTensors>& units, Communicator& dp,
                const DataParallelConfig& config, MicsGroups mics = {});
-  ~DataParallel() override;
+  ~DataParallel();
   DataParallel(const DataParallel&) = delete;
   DataParallel& operator=(const DataParallel&) = delete;
   DataParallel(DataParallel&&) = delete;
   DataParallel& operator=(DataParallel&&) = delete;
+
+  // Stage 3: the ZeRO-3 gatherer, the model's unit hooks; null below stage 3.
+  UnitHooks* unit_hooks() { return gatherer_.get(); }
 
   // Zeroes the gradient buckets and points every parameter's .grad at its bucket view (stage
   // 3: starts a step; unit gradient buffers appear in each unit's backward).
@@ -156,15 +163,11 @@ class DataParallel final : public UnitHooks {
 
   DpMemory memory() const;          // measured from the buffers
   DpMemory memory_formula() const;  // Note [ZeRO memory formulas] for this layout
-  const DpStepStats& last_step_stats() const { return last_stats_; }
+  const DpStepStats& last_step_stats() const { return log_.last(); }
   // Appends a kMarker event to the current step's log, on the same counter as the hooks and
   // launches (Note [Data-parallel event log]); tests call it from backward functions.
-  void mark(std::string detail) { log(DpEventKind::kMarker, -1, std::move(detail)); }
+  void mark(std::string detail) { log_.log(DpEventKind::kMarker, -1, std::move(detail)); }
   std::string describe() const;  // layout and memory, one line, for printing at start
-
-  // UnitHooks (Note [ZeRO-3]); no-ops below stage 3.
-  void before_forward(int unit) override;
-  Tensor after_forward(int unit, const Tensor& out) override;
 
   // The parameter values this rank owns, named "<param>[<begin>:<end>]" like the optimiser
   // state (stages 1-3; views: writing them sets the values), or every whole parameter at
@@ -174,104 +177,52 @@ class DataParallel final : public UnitHooks {
   // unit (collective over the shard group: call it on every rank).
   NamedTensors full_parameters();
   // Stage 3: bytes of gathered parameter buffers now alive (0 between steps).
-  int64_t gathered_bytes() const { return gathered_bytes_; }
+  int64_t gathered_bytes() const { return gatherer_ ? gatherer_->gathered_bytes() : 0; }
 
   int zero_stage() const { return config_.zero_stage; }
   int shard_rank() const { return shard_comm_->rank(); }
   int shard_count() const { return shard_comm_->size(); }
-  int num_buckets() const { return static_cast<int>(buckets_.size()); }
+  int num_buckets() const { return buckets_->size(); }
   // Parameter names of bucket b, in buffer order.
-  std::vector<std::string> bucket_param_names(int b) const;
-  int64_t num_parameters() const;  // Ψ: elements over all parameters
+  std::vector<std::string> bucket_param_names(int b) const { return buckets_->param_names(b); }
+  int64_t num_parameters() const { return buckets_->num_parameters(); }
 
  private:
-  struct Param {
-    std::string name;
-    Tensor tensor;
-    bool decay = true;
-    int bucket = 0;
-    int64_t offset = 0;  // in the bucket's flat buffers
-  };
-  struct PendingReduce {  // stage 3: a reduce-scatter in flight
-    WorkPtr work;
-    Tensor grad_flat;  // kept alive until the reduction has read it
-    Tensor partial;    // the result, to add into grad_shard; undefined: written there directly
-  };
-  struct Bucket {
-    dp::BucketPlan plan;
-    Tensor param_flat;  // (padded_numel); at stage 3 released between uses
-    Tensor grad_flat;   // (padded_numel); at stage 2 undefined between the sync and zero_grad
-    Tensor grad_shard;  // (shard_numel), stages 2 and 3
-    int pending = 0;    // hooks still to fire in this backward
-    bool launched = false;
+  struct InFlight {  // stages 0-2: a bucket's reduction, from its launch to the step's wait
     WorkPtr first, second;
-    // Stage 3 (Note [ZeRO-3]).
-    Tensor param_shard;     // (shard_numel) the owned parameter values
-    bool gathered = false;  // param_flat materialised (its gather may still be in flight)
-    WorkPtr gather;
-    int forward_uses = 0;
-    bool shard_written = false;  // grad_shard holds this step's first reduction
-    std::vector<PendingReduce> reduces;
   };
   struct Piece {  // an optimiser ParamRef: [begin, end) of bucket `bucket`'s flat space
     int bucket = 0;
     int64_t begin = 0, end = 0;
   };
-  struct HookLink {
-    DataParallel* owner = nullptr;
-  };
 
   DataParallel(const std::vector<NamedTensors>& units, Communicator& dp,
                const DataParallelConfig& config, MicsGroups mics, bool per_unit);
   void validate_groups(MicsGroups mics, bool per_unit) const;
-  // Calls fn(bucket, param, lo, hi) for every intersection [lo, hi) (bucket elements) of a
-  // parameter with this rank's owned range, in bucket then buffer order.
-  template <typename Fn>
-  void for_each_owned_piece(Fn&& fn) const;
-  void build_buckets(const std::vector<NamedTensors>& units, bool per_unit);
   void broadcast_parameters();
   void build_optimizer();
-  void install_hooks();
-  void on_grad_ready(size_t index, Tensor& leaf);
-  Tensor piece_grad(size_t k) const;
-  void ensure_grad_buffer(Bucket& b);
-  void attach_grad_view(size_t index);
+  void on_bucket_complete(int bucket);
   void launch(int bucket, DpEventKind kind);
-  void reset_counters();
-  void log(DpEventKind kind, int bucket, std::string detail);
+  void finish_buckets();
+  Tensor piece_grad(size_t k) const;
   void gather_parameters();
-  // Stage 3 (parallel/dp/zero3.cpp).
-  void init_shards();
-  void gather_unit(int unit, bool prefetch);
-  void wait_unit(int unit);
-  void release_unit(int unit);
-  void before_backward(int unit);
-  void unit_gradients_ready(int unit);
-  void launch_unit(int unit, DpEventKind kind);
-  void finish_reduce(Bucket& b);
-  void reap_reductions();
-  void finish_zero3();
-  void track_bytes(int64_t param_delta, int64_t grad_delta);
 
   Communicator& dp_;
   Communicator* shard_comm_;    // dp_, or the MiCS partition
   Communicator* replica_comm_;  // MiCS replica group, else null
   DataParallelConfig config_;
-  std::unique_ptr<dp::GradSync> grad_sync_;  // the buckets' sync strategy (grad_sync.h)
-  std::vector<Param> params_;
-  std::vector<Bucket> buckets_;
-  std::vector<int> launch_order_;  // buckets in the order their first hop was issued
-  std::vector<Piece> pieces_;      // parallel to optimizer_->params() at stages 1/2
+  DpStepLog log_;
+  std::unique_ptr<dp::GradBuckets> buckets_;
+  std::unique_ptr<dp::GradSync> grad_sync_;      // the buckets' sync strategy (grad_sync.h)
+  std::unique_ptr<dp::Zero3Gatherer> gatherer_;  // stage 3
+  std::vector<InFlight> in_flight_;              // per bucket (stages 0-2)
+  std::vector<int> launch_order_;                // buckets in the order their first hop was issued
+  std::vector<Piece> pieces_;                    // parallel to optimizer_->params() at stages 1-3
   // Stage 0: the inner optimizer over the whole parameters; stages 1-3: a ShardedOptimizer
   // wrapping it over the owned pieces (sharded_optimizer.h).
   std::unique_ptr<optim::Optimizer> optimizer_;
-  std::shared_ptr<HookLink> link_;
   bool sync_ = true;
   bool synced_ = false;  // reductions complete, step not yet taken
-  uint64_t next_seq_ = 0;
-  DpStepStats current_, last_stats_;
-  int64_t gathered_bytes_ = 0, peak_gathered_bytes_ = 0;    // stage 3 parameter buffers
-  int64_t unit_grad_bytes_ = 0, peak_unit_grad_bytes_ = 0;  // stage 3 full gradient buffers
 };
 
 }  // namespace loom::parallel

@@ -6,6 +6,7 @@
 
 #include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace loom::parallel {
@@ -58,6 +59,28 @@ struct DpStepStats {
   uint64_t first_seq(DpEventKind kind) const;
   uint64_t last_seq(DpEventKind kind) const;
   int count(DpEventKind kind) const;
+};
+
+// The step being recorded: one counter for every part of the engine (the buckets' hooks, the
+// sync's launches, ZeRO-3's gathers), so their events interleave in true order. close() ends a
+// step: its record becomes last() and the next one starts empty.
+class DpStepLog {
+ public:
+  void log(DpEventKind kind, int bucket, std::string detail) {
+    current_.events.push_back({next_seq_++, kind, bucket, std::move(detail)});
+  }
+  void add_launched_early(int64_t bytes) { current_.launched_early_bytes += bytes; }
+  void close(int64_t grad_bytes, double exposed_wait_s) {
+    current_.grad_bytes = grad_bytes;
+    current_.exposed_wait_s = exposed_wait_s;
+    last_ = std::move(current_);
+    current_ = DpStepStats{};
+  }
+  const DpStepStats& last() const { return last_; }
+
+ private:
+  uint64_t next_seq_ = 0;
+  DpStepStats current_, last_;
 };
 
 // Bytes this rank holds, read from the engine's buffers.

@@ -1,90 +1,113 @@
-// parallel/dp/zero3.cpp — DataParallel's stage 3 (Note [ZeRO-3] in parallel/dp/data_parallel.h):
-// the unit hooks that gather parameters just in time and prefetch the next unit, the releases,
-// the per-unit reduce-scatters launched from the gradient hooks, and the step's sync. Nothing
-// here plans buckets or runs the optimiser (parallel/dp/data_parallel.cpp).
+// parallel/dp/zero3.cpp — Zero3Gatherer (see parallel/dp/zero3.h; Note [ZeRO-3] in
+// parallel/dp/data_parallel.h): just-in-time gathers with prefetch, releases, the per-unit
+// reduce-scatters launched from the gradient hooks, and the step's end. Nothing here plans
+// buckets or runs the optimizer.
+#include "parallel/dp/zero3.h"
+
 #include <algorithm>
-#include <chrono>
 
 #include "core/autograd.h"
 #include "core/ops/elementwise.h"
 #include "kernels/copy.h"
-#include "parallel/dp/data_parallel.h"
 
-namespace loom::parallel {
+namespace loom::parallel::dp {
 
-using dp::flat_view;
-
-void DataParallel::track_bytes(int64_t param_delta, int64_t grad_delta) {
-  gathered_bytes_ += param_delta;
-  unit_grad_bytes_ += grad_delta;
-  peak_gathered_bytes_ = std::max(peak_gathered_bytes_, gathered_bytes_);
-  peak_unit_grad_bytes_ = std::max(peak_unit_grad_bytes_, unit_grad_bytes_);
+Zero3Gatherer::Zero3Gatherer(GradBuckets& buckets, Communicator& shard, GradSync& sync,
+                             DpStepLog& log, bool overlap)
+    : buckets_(buckets),
+      shard_(shard),
+      sync_(sync),
+      log_(log),
+      overlap_(overlap),
+      shards_(static_cast<size_t>(buckets.size())),
+      link_(std::make_shared<Link>()) {
+  LOOM_CHECK(sync.shards(), "data_parallel: ZeRO-3 needs a reduce-scatter gradient sync");
+  for (int u = 0; u < units(); ++u) {
+    GradBucket& b = buckets_.bucket(u);
+    shards_[static_cast<size_t>(u)].param_shard =
+        flat_view(b.param_flat, {b.plan.shard_numel}, buckets_.owned_begin(u)).clone();
+    b.param_flat.storage()->release();  // Note [Releasable storage]
+  }
+  link_->owner = this;
 }
 
-void DataParallel::init_shards() {
-  for (Bucket& b : buckets_) {
-    b.param_shard =
-        flat_view(b.param_flat, {b.plan.shard_numel}, shard_rank() * b.plan.shard_numel).clone();
-    b.param_flat.storage()->release();  // Note [Releasable storage]
-    b.gathered = false;
+Zero3Gatherer::~Zero3Gatherer() {
+  link_->owner = nullptr;
+  for (UnitShard& s : shards_) {
+    try {
+      if (s.gather) s.gather->wait();
+      for (PendingReduce& r : s.reduces) r.work->wait();
+    } catch (...) {  // a destructor must not throw; the error was the step's to report
+    }
   }
 }
 
-void DataParallel::gather_unit(int unit, bool prefetch) {
-  Bucket& b = buckets_.at(static_cast<size_t>(unit));
-  if (b.gathered) return;
-  b.param_flat.storage()->materialize();
-  track_bytes(static_cast<int64_t>(b.param_flat.nbytes()), 0);
-  b.gather = shard_comm_->all_gather_async(b.param_shard, b.param_flat);
-  b.gathered = true;
-  log(prefetch ? DpEventKind::kPrefetch : DpEventKind::kGather, unit,
-      "all_gather " + shard_comm_->name());
+void Zero3Gatherer::track_gathered(int64_t delta) {
+  gathered_bytes_ += delta;
+  peak_gathered_bytes_ = std::max(peak_gathered_bytes_, gathered_bytes_);
 }
 
-void DataParallel::wait_unit(int unit) {
-  Bucket& b = buckets_.at(static_cast<size_t>(unit));
-  if (!b.gather) return;
-  b.gather->wait();
-  b.gather.reset();
+void Zero3Gatherer::gather_unit(int unit, bool prefetch) {
+  UnitShard& s = shards_.at(static_cast<size_t>(unit));
+  if (s.gathered) return;
+  const Tensor& flat = buckets_.bucket(unit).param_flat;
+  flat.storage()->materialize();
+  track_gathered(static_cast<int64_t>(flat.nbytes()));
+  s.gather = shard_.all_gather_async(s.param_shard, flat);
+  s.gathered = true;
+  log_.log(prefetch ? DpEventKind::kPrefetch : DpEventKind::kGather, unit,
+           "all_gather " + shard_.name());
 }
 
-void DataParallel::release_unit(int unit) {
-  Bucket& b = buckets_.at(static_cast<size_t>(unit));
-  if (!b.gathered) return;
+void Zero3Gatherer::wait_unit(int unit) {
+  UnitShard& s = shards_.at(static_cast<size_t>(unit));
+  if (!s.gather) return;
+  s.gather->wait();
+  s.gather.reset();
+}
+
+void Zero3Gatherer::release_unit(int unit) {
+  UnitShard& s = shards_.at(static_cast<size_t>(unit));
+  if (!s.gathered) return;
   wait_unit(unit);  // the communicator may still be writing into the buffer
-  b.param_flat.storage()->release();
-  b.gathered = false;
-  track_bytes(-static_cast<int64_t>(b.param_flat.nbytes()), 0);
-  log(DpEventKind::kRelease, unit, "");
+  const Tensor& flat = buckets_.bucket(unit).param_flat;
+  flat.storage()->release();
+  s.gathered = false;
+  track_gathered(-static_cast<int64_t>(flat.nbytes()));
+  log_.log(DpEventKind::kRelease, unit, "");
 }
 
-void DataParallel::before_forward(int unit) {
-  if (config_.zero_stage != 3) return;
-  LOOM_CHECK(unit >= 0 && unit < num_buckets(), "data_parallel: unit ", unit, " out of range (",
-             num_buckets(), " units)");
-  Bucket& b = buckets_[static_cast<size_t>(unit)];
-  const bool outermost = std::none_of(buckets_.begin(), buckets_.end(),
-                                      [](const Bucket& o) { return o.forward_uses > 0; });
-  ++b.forward_uses;
+bool Zero3Gatherer::acquire(int unit) {
+  const bool was = shards_.at(static_cast<size_t>(unit)).gathered;
   gather_unit(unit, false);
   wait_unit(unit);
-  log(DpEventKind::kUnitForward, unit, "");
-  // Prefetch the next unit while this one computes (not from a nested use: a tied head
-  // entering the embeddings again must not gather the first block).
-  if (outermost && unit + 1 < num_buckets()) gather_unit(unit + 1, true);
+  return was;
 }
 
-Tensor DataParallel::after_forward(int unit, const Tensor& out) {
-  if (config_.zero_stage != 3) return out;
-  Bucket& b = buckets_.at(static_cast<size_t>(unit));
-  LOOM_CHECK(b.forward_uses > 0, "data_parallel: after_forward(", unit, ") without before_forward");
-  log(DpEventKind::kUnitForwardEnd, unit, "");
-  if (--b.forward_uses == 0) release_unit(unit);
+void Zero3Gatherer::before_forward(int unit) {
+  LOOM_CHECK(unit >= 0 && unit < units(), "data_parallel: unit ", unit, " out of range (", units(),
+             " units)");
+  const bool outermost = std::none_of(shards_.begin(), shards_.end(),
+                                      [](const UnitShard& o) { return o.forward_uses > 0; });
+  ++shards_[static_cast<size_t>(unit)].forward_uses;
+  gather_unit(unit, false);
+  wait_unit(unit);
+  log_.log(DpEventKind::kUnitForward, unit, "");
+  // Prefetch the next unit while this one computes (not from a nested use: a tied head
+  // entering the embeddings again must not gather the first block).
+  if (outermost && unit + 1 < units()) gather_unit(unit + 1, true);
+}
+
+Tensor Zero3Gatherer::after_forward(int unit, const Tensor& out) {
+  UnitShard& s = shards_.at(static_cast<size_t>(unit));
+  LOOM_CHECK(s.forward_uses > 0, "data_parallel: after_forward(", unit, ") without before_forward");
+  log_.log(DpEventKind::kUnitForwardEnd, unit, "");
+  if (--s.forward_uses == 0) release_unit(unit);
   if (!autograd::grad_enabled() || !out.requires_grad()) return out;
   // An identity whose backward runs before the unit's own backward nodes (it is newer than
   // all of them, and they depend on its output gradient).
   Tensor y = out.detach();
-  std::shared_ptr<HookLink> link = link_;
+  std::shared_ptr<Link> link = link_;
   autograd::record_function("zero3_unit_backward", {out}, {&y},
                             [link, unit](const std::vector<Tensor>& g) {
                               if (link->owner != nullptr) link->owner->before_backward(unit);
@@ -93,110 +116,94 @@ Tensor DataParallel::after_forward(int unit, const Tensor& out) {
   return y;
 }
 
-void DataParallel::before_backward(int unit) {
-  Bucket& b = buckets_.at(static_cast<size_t>(unit));
-  log(DpEventKind::kUnitBackward, unit, "");
+void Zero3Gatherer::before_backward(int unit) {
+  log_.log(DpEventKind::kUnitBackward, unit, "");
   reap_reductions();
-  ensure_grad_buffer(b);  // AccumulateGrad adds straight into the unit's gradient buffer
-  for (size_t k : b.plan.params) attach_grad_view(k);
+  buckets_.attach_grad_views(unit);  // AccumulateGrad adds straight into the unit's buffer
   gather_unit(unit, false);
   wait_unit(unit);
   if (unit > 0) gather_unit(unit - 1, true);  // backward runs the units in reverse
 }
 
-void DataParallel::unit_gradients_ready(int unit) {
-  Bucket& b = buckets_[static_cast<size_t>(unit)];
+void Zero3Gatherer::unit_gradients_ready(int unit, bool sync) {
   // Every node reading these parameters has run (each delivers a gradient to them), so the
   // gathered copy can go now.
   release_unit(unit);
-  b.pending = static_cast<int>(b.plan.params.size());  // the next micro-batch counts again
-  if (config_.overlap) launch_unit(unit, DpEventKind::kLaunch);
-  // Overlap off: the full unit gradient stays and is reduced in finish_gradient_sync.
+  buckets_.recount(unit);  // the next micro-batch counts again
+  if (overlap_) launch_unit(unit, DpEventKind::kLaunch, sync);
+  // Overlap off: the full unit gradient stays and is reduced in finish().
 }
 
-void DataParallel::launch_unit(int unit, DpEventKind kind) {
+void Zero3Gatherer::launch_unit(int unit, DpEventKind kind, bool sync) {
   reap_reductions();  // free the gradient buffers of reductions that have completed
-  Bucket& b = buckets_[static_cast<size_t>(unit)];
+  UnitShard& s = shards_[static_cast<size_t>(unit)];
+  const GradBucket& b = buckets_.bucket(unit);
   // The step's first reduction writes the shard; later micro-batches' are summed into it.
   Tensor partial;
-  if (b.shard_written)
-    partial = Tensor::empty({b.plan.shard_numel}, b.plan.dtype, b.grad_flat.device());
-  WorkPtr work = grad_sync_->first_hop(b.grad_flat, partial.defined() ? partial : b.grad_shard);
-  b.reduces.push_back({std::move(work), b.grad_flat, partial});
-  b.shard_written = true;
-  b.grad_flat = Tensor();
-  for (size_t k : b.plan.params) params_[k].tensor.zero_grad();
-  if (kind == DpEventKind::kLaunch && sync_) {
-    current_.launched_early_bytes += static_cast<int64_t>(b.plan.bytes());
+  if (s.shard_written)
+    partial = Tensor::empty({b.plan.shard_numel}, b.plan.dtype, b.param_flat.device());
+  const Tensor grad = buckets_.take_grad_buffer(unit);
+  WorkPtr work = sync_.first_hop(grad, partial.defined() ? partial : b.grad_shard);
+  s.reduces.push_back({std::move(work), grad, partial});
+  s.shard_written = true;
+  if (kind == DpEventKind::kLaunch && sync) {
+    log_.add_launched_early(static_cast<int64_t>(b.plan.bytes()));
   }
-  log(kind, unit, grad_sync_->first_op());
+  log_.log(kind, unit, sync_.first_op());
 }
 
-void DataParallel::finish_reduce(Bucket& b) {
-  PendingReduce& r = b.reduces.front();
+void Zero3Gatherer::finish_reduce(int unit) {
+  UnitShard& s = shards_[static_cast<size_t>(unit)];
+  PendingReduce& r = s.reduces.front();
   r.work->wait();
   if (r.partial.defined()) {
     autograd::NoGradGuard no_grad;
-    ops::add_(b.grad_shard, r.partial);
+    ops::add_(buckets_.bucket(unit).grad_shard, r.partial);
   }
-  track_bytes(0, -static_cast<int64_t>(r.grad_flat.nbytes()));
-  b.reduces.erase(b.reduces.begin());
+  buckets_.grad_buffer_done(r.grad_flat.nbytes());
+  s.reduces.erase(s.reduces.begin());
 }
 
-void DataParallel::reap_reductions() {
-  for (Bucket& b : buckets_) {
-    while (!b.reduces.empty() && b.reduces.front().work->is_done()) finish_reduce(b);
+void Zero3Gatherer::reap_reductions() {
+  for (int u = 0; u < units(); ++u) {
+    UnitShard& s = shards_[static_cast<size_t>(u)];
+    while (!s.reduces.empty() && s.reduces.front().work->is_done()) finish_reduce(u);
   }
 }
 
-void DataParallel::finish_zero3() {
-  const auto t0 = std::chrono::steady_clock::now();
-  log(DpEventKind::kFinishBegin, -1, "");
-  for (int u = 0; u < num_buckets(); ++u) {
+void Zero3Gatherer::start_step() {
+  for (int u = 0; u < units(); ++u) {
+    UnitShard& s = shards_[static_cast<size_t>(u)];
+    LOOM_CHECK(s.reduces.empty() && !buckets_.bucket(u).grad_flat.defined(),
+               "data_parallel: zero_grad() with reductions in flight; call "
+               "finish_gradient_sync() first");
+    s.shard_written = false;
+  }
+  buckets_.clear_grads();
+  buckets_.reset_counts();  // unit gradient buffers appear in each unit's backward
+}
+
+void Zero3Gatherer::finish() {
+  for (int u = 0; u < units(); ++u) {
     // Overlap off, or a unit some of whose parameters got no gradient in the last backward.
-    if (buckets_[static_cast<size_t>(u)].grad_flat.defined())
-      launch_unit(u, DpEventKind::kLateLaunch);
+    if (buckets_.bucket(u).grad_flat.defined()) launch_unit(u, DpEventKind::kLateLaunch, true);
     release_unit(u);
   }
-  for (Bucket& b : buckets_) {
-    while (!b.reduces.empty()) finish_reduce(b);
-    if (!b.shard_written) kernels::call_kernel<kernels::fill_k>(b.grad_shard, 0.0);
+  for (int u = 0; u < units(); ++u) {
+    UnitShard& s = shards_[static_cast<size_t>(u)];
+    while (!s.reduces.empty()) finish_reduce(u);
+    if (!s.shard_written) kernels::call_kernel<kernels::fill_k>(buckets_.bucket(u).grad_shard, 0.0);
   }
-  if (grad_sync_->has_second_hop()) {  // MiCS: one hop across replicas per unit, in unit order
+  if (sync_.has_second_hop()) {  // MiCS: one hop across replicas per unit, in unit order
     std::vector<WorkPtr> works;
-    for (int u = 0; u < num_buckets(); ++u) {
-      works.push_back(grad_sync_->second_hop(buckets_[static_cast<size_t>(u)].grad_shard));
-      log(DpEventKind::kReplicaLaunch, u, grad_sync_->second_op());
+    for (int u = 0; u < units(); ++u) {
+      works.push_back(sync_.second_hop(buckets_.bucket(u).grad_shard));
+      log_.log(DpEventKind::kReplicaLaunch, u, sync_.second_op());
     }
     for (WorkPtr& w : works) w->wait();
   }
-  for (Param& p : params_) p.tensor.zero_grad();
-  log(DpEventKind::kFinishEnd, -1, "");
-  current_.grad_bytes = 0;
-  for (const Bucket& b : buckets_) current_.grad_bytes += static_cast<int64_t>(b.plan.bytes());
-  current_.exposed_wait_s =
-      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  last_stats_ = std::move(current_);
-  current_ = DpStepStats{};
-  reset_counters();
-  synced_ = true;
+  buckets_.clear_grads();
+  buckets_.reset_counts();
 }
 
-NamedTensors DataParallel::full_parameters() {
-  std::vector<Tensor> copies(params_.size());
-  for (int u = 0; u < num_buckets(); ++u) {
-    Bucket& b = buckets_[static_cast<size_t>(u)];
-    const bool was_gathered = b.gathered;
-    if (config_.zero_stage == 3) {
-      gather_unit(u, false);
-      wait_unit(u);
-    }
-    for (size_t k : b.plan.params) copies[k] = params_[k].tensor.detach().clone();
-    if (config_.zero_stage == 3 && !was_gathered) release_unit(u);
-  }
-  NamedTensors out;
-  for (size_t k = 0; k < params_.size(); ++k) out.emplace_back(params_[k].name, copies[k]);
-  return out;
-}
-
-}  // namespace loom::parallel
+}  // namespace loom::parallel::dp

@@ -263,5 +263,17 @@ TEST(Layers, BlockDropoutMasksFollowTheKeyAndTheCoordinates) {
   EXPECT_EQ(part, want);
 }
 
+// One device's layout holds every token in order: the step runners feed the batch as it is and
+// the model numbers the positions itself.
+TEST(Layers, SingleDeviceLayoutHoldsTheWholeSequence) {
+  const LayerContext one;
+  Generator gen(3);
+  const Tensor ids = randint({2, 6}, 0, 50, gen, DType::kI64);
+  const Tensor local = one.layout->local_sequence(ids, 1);
+  EXPECT_TRUE(local.same(ids));
+  EXPECT_FALSE(one.layout->local_positions(6).defined());
+  EXPECT_EQ(one.layout->sequence_length(6), 6);
+}
+
 }  // namespace
 }  // namespace loom

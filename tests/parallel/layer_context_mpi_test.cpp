@@ -83,13 +83,19 @@ void check(bool llama, Layout lay) {
   o.shape = {.dp = 1, .pp = 1, .cp = lay.cp, .tp = lay.tp};
   o.comm_timeout_s = testing::kTestCommTimeoutS;
   ParallelContext ctx = ParallelContext::create(o);
-  Transformer model(c, DType::kF32, Device::cpu(), mesh_layer_context(ctx.tp(), ctx.cp(), lay.sp));
+  const LayerContext layers = mesh_layer_context(ctx.tp(), ctx.cp(), lay.sp);
+  Transformer model(c, DType::kF32, Device::cpu(), layers);
   Generator g2(1234);
   model.init_weights(g2);
   const int cr = ctx.cp().rank(), cn = ctx.cp().size();
   const Tensor ids_l = cp::shard_sequence(ids, 1, cr, cn);
   const Tensor targets_l = cp::shard_sequence(targets, 1, cr, cn);
   const Tensor pos = cp::cp_positions(kT, cr, cn);
+  // The layout cuts the same tokens and positions (what the step runners feed the model), and
+  // its activation rows are this TP rank's chunk of them under sequence parallelism.
+  EXPECT_EQ(rel_err(layers.layout->local_sequence(ids, 1), ids_l), 0.0);
+  EXPECT_EQ(rel_err(layers.layout->local_positions(kT), pos), 0.0);
+  EXPECT_EQ(layers.layout->row_positions(pos).size(0), lay.sp ? kT / cn / lay.tp : kT / cn);
   Tensor loss = model.loss(ids_l, targets_l, pos, nullptr);
   autograd::backward(loss);
 

@@ -121,7 +121,7 @@ inline std::unique_ptr<DataParallel> make_dp(Transformer& model, Communicator& c
     return std::make_unique<DataParallel>(model.named_parameters(), comm, config, groups);
   }
   auto dp = std::make_unique<DataParallel>(model.parameter_units(), comm, config, groups);
-  model.set_unit_hooks(dp.get());
+  model.set_unit_hooks(dp->unit_hooks());
   return dp;
 }
 

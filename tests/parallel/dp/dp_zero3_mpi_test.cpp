@@ -151,12 +151,12 @@ class RecordingHooks final : public UnitHooks {
  public:
   explicit RecordingHooks(DataParallel& dp) : dp_(dp) {}
   void before_forward(int unit) override {
-    dp_.before_forward(unit);
+    dp_.unit_hooks()->before_forward(unit);
     samples.push_back(
         {allocator_for(DeviceType::kCpu).stats().current_bytes, dp_.gathered_bytes()});
   }
   Tensor after_forward(int unit, const Tensor& out) override {
-    return dp_.after_forward(unit, out);
+    return dp_.unit_hooks()->after_forward(unit, out);
   }
   std::vector<std::pair<int64_t, int64_t>> samples;  // (allocator bytes, gathered bytes)
 
