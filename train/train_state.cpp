@@ -20,7 +20,7 @@ std::string Trainer::State::state_name(const std::string& name) const {
   const size_t dot = name.find('.');
   if (!plan.pipe || dot == std::string::npos) return name;
   const std::string param = name.substr(dot + 1);
-  return plan.pipe->is_tied_copy(param.substr(0, param.find('['))) ? "pp_tied." + name : name;
+  return is_tied_copy(param.substr(0, param.find('['))) ? "pp_tied." + name : name;
 }
 
 // ZeRO-3 shard names ("<param>[b:e]") differ across TP ranks too: all carry the suffix; a
@@ -116,7 +116,7 @@ void Trainer::State::save() {
   if (plan.zero3()) {  // each rank holds only its shard: "model.<param>[<begin>:<end>]"
     for (auto& [name, p] : plan.dp->parameter_shards()) {
       // The last stage's tied copy has the first stage's names and values (Note [Sharded stages]).
-      if (plan.pipe && plan.pipe->is_tied_copy(name.substr(0, name.find('[')))) continue;
+      if (is_tied_copy(name.substr(0, name.find('[')))) continue;
       c.tensors.emplace_back("model." + param_key(name, p), p);
     }
   } else {  // one copy of each (Note [Placement]): replicas, TP-replicated and tied copies skip

@@ -118,6 +118,11 @@ struct Trainer::State {
   // Optimizer state names of the last stage's tied wte copy carry "pp_tied." (Note [Tied
   // embeddings across stages]): the first stage's state has the same names.
   std::string state_name(const std::string& name) const;
+  // Whether parameter `param` is a copy of another (its placement's tied_to, Note [Placement]),
+  // so its values are the original's and checkpoints write them once.
+  bool is_tied_copy(const std::string& param) const {
+    return !model().parameter(param).placement().tied_to.empty();
+  }
   std::vector<std::pair<std::string, Tensor>> optimizer_state();
 };
 
