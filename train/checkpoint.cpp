@@ -1,16 +1,20 @@
-// train/checkpoint.cpp — see Note [Atomic checkpoints] in train/checkpoint.h.
+// train/checkpoint.cpp — writing pieces with their geometry and block checksums, publishing a
+// checkpoint atomically (Note [Atomic checkpoints] in train/checkpoint.h), and reading any piece
+// back from the stored ones (CheckpointReader).
 #include "train/checkpoint.h"
 
 #include <unistd.h>
 #include <yaml-cpp/yaml.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
 
 #include "core/error.h"
+#include "core/ops/view.h"
 #include "parallel/comm/communicator.h"
 #include "train/crc32c.h"
 #include "train/safetensors.h"
@@ -25,12 +29,6 @@ std::string tensor_file(int rank) {
   char buf[48];
   std::snprintf(buf, sizeof(buf), "tensors_%05d.safetensors", rank);
   return buf;
-}
-
-std::string shape_text(const Shape& s) {
-  std::ostringstream out;
-  for (size_t i = 0; i < s.size(); ++i) out << (i ? "," : "") << s[i];
-  return out.str();
 }
 
 void write_meta(const std::string& path, const CheckpointContents& c, int num_shards) {
@@ -75,33 +73,39 @@ std::vector<fs::path> complete_checkpoints(const std::string& root) {
   return out;
 }
 
-// This rank's tensor file into `dir`, fsync'ed.
+// The CRC-32C of each kCheckpointCrcBlockBytes block of n bytes, as "hex,hex,…".
+std::string block_crcs(const void* data, size_t n) {
+  std::string out;
+  const auto* p = static_cast<const char*>(data);
+  const size_t block = static_cast<size_t>(kCheckpointCrcBlockBytes);
+  for (size_t at = 0; at < n || (n == 0 && out.empty()); at += block) {
+    char crc[16];
+    std::snprintf(crc, sizeof(crc), "%08x", crc32c(p + at, std::min(block, n - at)));
+    if (!out.empty()) out += ',';
+    out += crc;
+    if (n == 0) break;
+  }
+  return out;
+}
+
+// This rank's tensor file into `dir`, fsync'ed: each piece under its global name, with its
+// geometry (".piece") and its block checksums (".crc32c").
 void write_tensor_file(const fs::path& dir, const CheckpointContents& c, int rank) {
   std::map<std::string, std::string> meta;
-  for (const auto& [name, t] : c.tensors) {
-    LOOM_CHECK(t.defined(), "checkpoint: tensor '", name, "' is undefined");
-    const Tensor h = t.detach().to(Device::cpu()).contiguous();
-    char crc[16];
-    std::snprintf(crc, sizeof(crc), "%08x", crc32c(h.raw_data(), h.nbytes()));
-    meta[name + ".crc32c"] = crc;
-    // Where the tensor sits in the global one (Note [Placement] in core/placement.h): a split
-    // held as one run has its offset; a part in several runs (a fused qkv's rows: a chunk of
-    // each of q, k, v) is recorded run by run in ".placement".
-    const Placement pl = t.placement();
-    Shape offsets(h.shape().size(), 0);
-    bool runs = false;
-    for (const PlacementSplit& s : pl.splits) {
-      if (s.runs.size() == 1 && s.runs[0].local == 0)
-        offsets[static_cast<size_t>(s.dim)] = s.runs[0].global;
-      else
-        runs = true;
-    }
-    meta[name + ".global_shape"] = shape_text(pl.global_shape);
-    meta[name + ".offsets"] = shape_text(offsets);
-    if (!pl.splits.empty()) meta[name + ".placement"] = placement_str(pl);
-    if (runs) meta[name + ".offsets"] = "runs";
+  std::vector<std::pair<std::string, Tensor>> tensors;
+  for (const CheckpointTensor& t : c.tensors) {
+    LOOM_CHECK(t.values.defined(), "checkpoint: tensor '", t.name, "' is undefined");
+    LOOM_CHECK(t.values.numel() == t.piece.numel(), "checkpoint: tensor '", t.name, "' has ",
+               t.values.numel(), " values for a piece of ", t.piece.numel());
+    Tensor h = t.values.detach().to(Device::cpu()).contiguous();
+    // A whole box keeps its shape (what another reader expects); a flat range is 1-d.
+    if (t.piece.begin != 0 || t.piece.end != shape_numel(t.piece.box_shape()))
+      h = h.reshape({h.numel()});
+    meta[t.name + ".piece"] = piece_str(t.piece);
+    meta[t.name + ".crc32c"] = block_crcs(h.raw_data(), h.nbytes());
+    tensors.emplace_back(t.name, h);
   }
-  write_safetensors((dir / tensor_file(rank)).string(), c.tensors, meta);
+  write_safetensors((dir / tensor_file(rank)).string(), tensors, meta);
 }
 
 // Whether every member succeeded (a max-reduction of the failure flags); true without a comm.
@@ -171,43 +175,208 @@ std::string save_checkpoint(const std::string& root, const CheckpointContents& c
   return final_dir.string();
 }
 
-CheckpointContents load_checkpoint(const std::string& dir) {
+CheckpointTensor whole_tensor(const std::string& name, const Tensor& t) {
+  return {name, t, whole_piece(t.shape())};
+}
+
+namespace {
+
+// A meta.yaml field as T, naming the file and the key when it is missing or malformed.
+template <typename T>
+T meta_field(const YAML::Node& meta, const std::string& key, const std::string& path) {
+  LOOM_CHECK(meta[key], path, ": missing '", key, "'");
+  try {
+    return meta[key].as<T>();
+  } catch (const YAML::Exception&) {
+    LOOM_FAIL(path, ": '", key, "' is not a valid value: ", YAML::Dump(meta[key]));
+  }
+}
+
+std::vector<uint32_t> parse_crcs(const std::string& text, const std::string& what) {
+  std::vector<uint32_t> out;
+  std::istringstream in(text);
+  std::string hex;
+  while (std::getline(in, hex, ',')) {
+    char* end = nullptr;
+    const unsigned long v = std::strtoul(hex.c_str(), &end, 16);
+    LOOM_CHECK(!hex.empty() && end == hex.c_str() + hex.size(), what, ": malformed checksum '",
+               text, "'");
+    out.push_back(static_cast<uint32_t>(v));
+  }
+  return out;
+}
+
+bool all_finite(const Tensor& host) {
+  if (!is_floating(host.dtype())) return true;
+  if (host.dtype() == DType::kF32) {
+    const float* p = static_cast<const float*>(host.raw_data());
+    for (int64_t i = 0; i < host.numel(); ++i) {
+      if (!std::isfinite(p[i])) return false;
+    }
+    return true;
+  }
+  for (double v : host.to_vector()) {
+    if (!std::isfinite(v)) return false;
+  }
+  return true;
+}
+
+}  // namespace
+
+CheckpointReader::CheckpointReader(const std::string& dir) : dir_(dir) {
   const std::string meta_path = (fs::path(dir) / kMetaFile).string();
-  LOOM_CHECK(fs::exists(meta_path), dir, ": not a checkpoint (no ", kMetaFile, ")");
+  LOOM_CHECK(fs::is_directory(dir) && fs::exists(meta_path), dir, ": not a checkpoint (no ",
+             kMetaFile, ")");
   YAML::Node meta;
   try {
     meta = YAML::LoadFile(meta_path);
   } catch (const YAML::Exception& e) {
     LOOM_FAIL(meta_path, ": corrupt: ", e.what());
   }
-  LOOM_CHECK(meta["format_version"] && meta["step"], meta_path, ": missing format_version or step");
-  const int version = meta["format_version"].as<int>();
+  LOOM_CHECK(meta.IsMap(), meta_path, ": corrupt: not a YAML map");
+  const int version = meta_field<int>(meta, "format_version", meta_path);
   LOOM_CHECK(version == kCheckpointFormatVersion, meta_path, ": format version ", version,
              " is not supported (this Loom reads version ", kCheckpointFormatVersion, ")");
-  CheckpointContents c;
-  c.step = meta["step"].as<int64_t>();
-  for (const auto& kv : meta["state"])
-    c.state[kv.first.as<std::string>()] = kv.second.as<std::string>();
+  step_ = meta_field<int64_t>(meta, "step", meta_path);
+  LOOM_CHECK(step_ >= 0, meta_path, ": 'step' is ", step_, "; a step is at least 0");
+  if (meta["state"]) {
+    for (const auto& kv : meta["state"])
+      state_[kv.first.as<std::string>()] = kv.second.as<std::string>();
+  }
   YAML::Emitter cfg;
   cfg << meta["config"];
-  c.config_yaml = cfg.c_str();
-
-  const int shards = meta["num_shards"] ? meta["num_shards"].as<int>() : 1;
+  config_yaml_ = cfg.c_str();
+  const int shards = meta_field<int>(meta, "num_shards", meta_path);
+  LOOM_CHECK(shards >= 1, meta_path, ": 'num_shards' is ", shards);
   for (int r = 0; r < shards; ++r) {
-    const std::string tensor_path = (fs::path(dir) / tensor_file(r)).string();
-    LOOM_CHECK(fs::exists(tensor_path), dir, ": missing tensor file ", tensor_file(r), " (of ",
-               shards, ")");
-    SafetensorsFile f = read_safetensors(tensor_path);
-    for (auto& [name, t] : f.tensors) {
-      auto it = f.metadata.find(name + ".crc32c");
-      LOOM_CHECK(it != f.metadata.end(), tensor_path, ": tensor '", name, "' has no checksum");
-      char crc[16];
-      std::snprintf(crc, sizeof(crc), "%08x", crc32c(t.raw_data(), t.nbytes()));
-      LOOM_CHECK(it->second == crc, tensor_path, ": tensor '", name, "' is corrupt (checksum ", crc,
-                 ", expected ", it->second, ")");
-      c.tensors.emplace_back(name, t);
+    const std::string path = (fs::path(dir) / tensor_file(r)).string();
+    LOOM_CHECK(fs::exists(path), dir, ": missing tensor file ", tensor_file(r), " (of ", shards,
+               ")");
+    const SafetensorsIndex index = read_safetensors_index(path);
+    files_.push_back(path);
+    for (const SafetensorsEntry& e : index.entries) {
+      const std::string what = path + ": tensor '" + e.name + "'";
+      auto piece = index.metadata.find(e.name + ".piece");
+      auto crc = index.metadata.find(e.name + ".crc32c");
+      LOOM_CHECK(piece != index.metadata.end() && crc != index.metadata.end(), what,
+                 " has no piece or checksum metadata");
+      Stored s{files_.size() - 1,
+               e.begin,
+               e.end,
+               e.dtype,
+               parse_piece(piece->second, what),
+               parse_crcs(crc->second, what)};
+      LOOM_CHECK(s.piece.numel() == shape_numel(e.shape), what, " holds ", shape_numel(e.shape),
+                 " elements for a piece of ", s.piece.numel());
+      const uint64_t blocks =
+          std::max<uint64_t>(1, (e.end - e.begin + kCheckpointCrcBlockBytes - 1) /
+                                    static_cast<uint64_t>(kCheckpointCrcBlockBytes));
+      LOOM_CHECK(s.crcs.size() == blocks, what, " has ", s.crcs.size(), " checksums for ", blocks,
+                 " blocks");
+      std::vector<Stored>& pieces = stored_[e.name];
+      if (!pieces.empty()) {
+        LOOM_CHECK(
+            pieces[0].piece.global_shape == s.piece.global_shape && pieces[0].dtype == s.dtype,
+            what, " is a piece of a ", shape_str(s.piece.global_shape), " ", dtype_name(s.dtype),
+            " tensor, another file's of a ", shape_str(pieces[0].piece.global_shape), " ",
+            dtype_name(pieces[0].dtype));
+      }
+      pieces.push_back(std::move(s));
     }
   }
+}
+
+std::map<std::string, Shape> CheckpointReader::tensors() const {
+  std::map<std::string, Shape> out;
+  for (const auto& [name, pieces] : stored_) out[name] = pieces[0].piece.global_shape;
+  return out;
+}
+
+void CheckpointReader::read_into(const std::string& name, const TensorPiece& piece,
+                                 const Tensor& host) const {
+  auto it = stored_.find(name);
+  LOOM_CHECK(it != stored_.end(), dir_, ": checkpoint has no tensor '", name, "'");
+  const std::vector<Stored>& pieces = it->second;
+  LOOM_CHECK(pieces[0].piece.global_shape == piece.global_shape, dir_, ": '", name,
+             "' is stored with global shape ", shape_str(pieces[0].piece.global_shape),
+             " but the run's is ", shape_str(piece.global_shape));
+  LOOM_CHECK(pieces[0].dtype == host.dtype(), dir_, ": '", name, "' is stored as ",
+             dtype_name(pieces[0].dtype), " but the run holds it as ", dtype_name(host.dtype()));
+  const int64_t es = static_cast<int64_t>(dtype_size(host.dtype()));
+  int64_t copied = 0;
+  std::vector<char> buf;
+  for (const Stored& s : pieces) {
+    // The stored elements this piece needs: one span, widened to whole checksum blocks.
+    int64_t lo = INT64_MAX, hi = -1;
+    for_each_overlap(s.piece, piece, [&](int64_t si, int64_t, int64_t n) {
+      lo = std::min(lo, si);
+      hi = std::max(hi, si + n);
+    });
+    if (hi < 0) continue;
+    const int64_t bytes = static_cast<int64_t>(s.end - s.begin);
+    const int64_t b0 = lo * es / kCheckpointCrcBlockBytes * kCheckpointCrcBlockBytes;
+    const int64_t b1 = std::min(bytes, (hi * es + kCheckpointCrcBlockBytes - 1) /
+                                           kCheckpointCrcBlockBytes * kCheckpointCrcBlockBytes);
+    buf.resize(static_cast<size_t>(b1 - b0));
+    read_file_bytes(files_[s.file], s.begin + static_cast<uint64_t>(b0),
+                    static_cast<uint64_t>(b1 - b0), buf.data());
+    for (int64_t at = b0; at < b1; at += kCheckpointCrcBlockBytes) {
+      const int64_t n = std::min(kCheckpointCrcBlockBytes, b1 - at);
+      const uint32_t want = s.crcs[static_cast<size_t>(at / kCheckpointCrcBlockBytes)];
+      LOOM_CHECK(crc32c(buf.data() + (at - b0), static_cast<size_t>(n)) == want, files_[s.file],
+                 ": tensor '", name, "' is corrupt (checksum mismatch in bytes [", at, ", ", at + n,
+                 "))");
+    }
+    TensorPiece span = s.piece;  // the stored elements in buf
+    span.begin = s.piece.begin + b0 / es;
+    span.end = s.piece.begin + b1 / es;
+    copied += copy_overlap(span, buf.data(), piece, host.raw_data(), static_cast<size_t>(es));
+  }
+  LOOM_CHECK(copied == piece.numel(), dir_, ": '", name, "': ",
+             copied < piece.numel() ? "elements of the run's piece are stored nowhere"
+                                    : "elements are stored more than once",
+             " (", copied, " of ", piece.numel(), " found; the run's piece ", piece_str(piece),
+             ")");
+  LOOM_CHECK(all_finite(host), dir_, ": '", name, "' holds NaN or infinite values");
+}
+
+void CheckpointReader::read(const std::string& name, const TensorPiece& piece,
+                            const Tensor& dst) const {
+  LOOM_CHECK(dst.numel() == piece.numel() && dst.is_contiguous(), "checkpoint read of '", name,
+             "': the destination has ", dst.numel(), " elements for a piece of ", piece.numel());
+  if (dst.device().is_cpu()) {
+    read_into(name, piece, dst);
+    return;
+  }
+  Tensor host = Tensor::empty(dst.shape(), dst.dtype());
+  read_into(name, piece, host);
+  Tensor out = dst;
+  ops::copy_(out, host.to(dst.device()));
+}
+
+DType CheckpointReader::dtype(const std::string& name) const {
+  auto it = stored_.find(name);
+  LOOM_CHECK(it != stored_.end(), dir_, ": checkpoint has no tensor '", name, "'");
+  return it->second[0].dtype;
+}
+
+Tensor CheckpointReader::read_whole(const std::string& name) const {
+  auto it = stored_.find(name);
+  LOOM_CHECK(it != stored_.end(), dir_, ": checkpoint has no tensor '", name, "'");
+  const Shape shape = it->second[0].piece.global_shape;
+  Tensor t = Tensor::empty(shape, it->second[0].dtype);
+  read_into(name, whole_piece(shape), t);
+  return t;
+}
+
+CheckpointContents load_checkpoint(const std::string& dir) {
+  const CheckpointReader r(dir);
+  CheckpointContents c;
+  c.step = r.step();
+  c.state = r.state();
+  c.config_yaml = r.config_yaml();
+  for (const auto& [name, shape] : r.tensors())
+    c.tensors.push_back(whole_tensor(name, r.read_whole(name)));
   return c;
 }
 

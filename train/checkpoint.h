@@ -1,14 +1,18 @@
 // train/checkpoint.h — native checkpoints: a directory `step_00000123/` holding `meta.yaml`
 // (format version, step, the run's state as key/value pairs, the effective config) and
-// `tensors_<rank>.safetensors` (one per writing rank; named tensors, each with its global shape,
-// shard offsets and a CRC-32C in the file's metadata, so a later parallel layout can read any shard
-// it needs).
+// `tensors_<rank>.safetensors` (one per writing rank). Every stored tensor is one piece of a
+// global, layout-free tensor (Note [Pieces] in train/pieces.h): its name is the global tensor's
+// ("model.wte.weight", "optim.exp_avg.wte.weight"), its metadata says which piece it is and
+// holds a CRC-32C per 1 MiB block. A run of any layout reads each of its own pieces from the
+// stored pieces that overlap it, and only the byte ranges it needs (CheckpointReader): the
+// format is described for other readers in docs/checkpoints.md.
 //
 // Note [Atomic checkpoints]: a checkpoint is written into a hidden temporary directory, every
 // file and the directory are fsync'ed, and only then is it renamed to its final name (and the
 // parent fsync'ed). Older checkpoints are pruned only after that, and the newest is never
 // pruned, so a crash or a full disk at any moment leaves the last good checkpoint intact.
-// Loading checks the format version, every tensor's size and checksum, and names the file.
+// Reading checks the format version, every size, and the checksum of every block it reads, and
+// names the file and tensor on any damage.
 #pragma once
 
 #include <cstdint>
@@ -18,31 +22,83 @@
 #include <vector>
 
 #include "core/tensor.h"
+#include "train/pieces.h"
 
 namespace loom {
 namespace parallel {
 class Communicator;
 }
 
-constexpr int kCheckpointFormatVersion = 1;
+constexpr int kCheckpointFormatVersion = 2;
+constexpr int64_t kCheckpointCrcBlockBytes = int64_t{1} << 20;
+
+// One piece of a global tensor, as a rank writes it.
+struct CheckpointTensor {
+  std::string name;   // the global tensor's name, e.g. "model.wte.weight"
+  Tensor values;      // the piece's values (any device, any layout; numel = piece.numel())
+  TensorPiece piece;  // which elements of the global tensor they are
+};
+// A whole tensor (a piece covering all of it).
+CheckpointTensor whole_tensor(const std::string& name, const Tensor& t);
 
 struct CheckpointContents {
   int64_t step = 0;
   std::map<std::string, std::string> state;  // e.g. "loader.position" → "1234"
   std::string config_yaml;                   // the effective config of the run
-  std::vector<std::pair<std::string, Tensor>>
-      tensors;  // e.g. "model.wte.weight", "optim.exp_avg.…"
+  std::vector<CheckpointTensor> tensors;
 };
 
 // Writes <root>/step_<step>/ atomically and keeps the newest `keep` checkpoints (0 = all).
 // Returns the checkpoint's directory. With a communicator, every member calls it with its own
-// tensors (names unique across members, e.g. ZeRO shards named by their global offsets), each
-// writes tensors_<rank>.safetensors, and member 0 writes meta.yaml and publishes the directory
-// only once every member's file is on disk; a failure on any member fails the save everywhere
-// and leaves the previous checkpoints as they were.
+// pieces (names unique within a member), each writes tensors_<rank>.safetensors, and member 0
+// writes meta.yaml and publishes the directory only once every member's file is on disk; a
+// failure on any member fails the save everywhere and leaves the previous checkpoints as they
+// were.
 std::string save_checkpoint(const std::string& root, const CheckpointContents& c, int64_t keep,
                             parallel::Communicator* comm = nullptr);
-// Reads meta.yaml and every tensor file of the checkpoint (all ranks' shards).
+
+// A checkpoint opened for reading: meta.yaml and the headers of every tensor file (no tensor
+// data is read until asked for).
+class CheckpointReader {
+ public:
+  explicit CheckpointReader(const std::string& dir);
+
+  const std::string& dir() const { return dir_; }
+  int64_t step() const { return step_; }
+  const std::map<std::string, std::string>& state() const { return state_; }
+  const std::string& config_yaml() const { return config_yaml_; }
+  // The stored global tensors: name → global shape, in name order.
+  std::map<std::string, Shape> tensors() const;
+  bool has(const std::string& name) const { return stored_.count(name) > 0; }
+  DType dtype(const std::string& name) const;  // as stored
+
+  // Fills `dst` — the piece `piece` of global tensor `name`, contiguous, on any device — from
+  // every stored piece that overlaps it, reading only the byte ranges it needs, each checked
+  // against its blocks' checksums. Throws naming the tensor when the global shape or the dtype
+  // differs, when some element is stored nowhere (or twice), or when a value is not finite.
+  void read(const std::string& name, const TensorPiece& piece, const Tensor& dst) const;
+  // The whole global tensor, on the host in its stored dtype.
+  Tensor read_whole(const std::string& name) const;
+
+ private:
+  struct Stored {
+    size_t file = 0;  // index into files_
+    uint64_t begin = 0, end = 0;
+    DType dtype = DType::kF32;
+    TensorPiece piece;
+    std::vector<uint32_t> crcs;  // one per kCheckpointCrcBlockBytes of the data
+  };
+  void read_into(const std::string& name, const TensorPiece& piece, const Tensor& host) const;
+
+  std::string dir_;
+  int64_t step_ = 0;
+  std::map<std::string, std::string> state_;
+  std::string config_yaml_;
+  std::vector<std::string> files_;
+  std::map<std::string, std::vector<Stored>> stored_;
+};
+
+// Every global tensor of the checkpoint read whole (tests, small tools), with its meta.yaml.
 CheckpointContents load_checkpoint(const std::string& dir);
 // The newest complete checkpoint under root, or "" when there is none.
 std::string latest_checkpoint(const std::string& root);

@@ -258,7 +258,6 @@ void validate_model_parallel_config(const Config& c) {
           "parallel.sequence_parallel: the " + str(c.data.seq_len / p.cp) +
               " tokens per context-parallel rank do not divide by parallel.tp " + str(p.tp));
   if (p.tp == 1 && p.cp == 1) return;
-  require(c.train.init_from.empty(), "model.init_from: not supported with parallel.tp/cp > 1 yet");
 }
 
 // Note [Precision] in train/config.h.

@@ -167,6 +167,21 @@ std::vector<std::pair<std::string, Tensor>> TrainPlan::trained() const {
   return pipe ? pipe->named_parameters() : model->named_parameters();
 }
 
+std::vector<TrainedPiece> TrainPlan::trained_pieces() const {
+  std::vector<TrainedPiece> out;
+  if (!dp) {
+    for (const auto& [name, p] : trained())
+      out.push_back({name, name, p, piece_of(p.placement(), p.shape()), p.placement()});
+    return out;
+  }
+  for (parallel::DataParallel::OwnedPiece& o : dp->owned_pieces()) {
+    TensorPiece piece = piece_of(o.parameter.placement(), o.parameter.shape(), o.begin, o.end);
+    out.push_back({std::move(o.name), std::move(o.param), std::move(o.values), std::move(piece),
+                   std::move(o.placement)});
+  }
+  return out;
+}
+
 void TrainPlan::zero_grad() {
   if (dp)
     dp->zero_grad();

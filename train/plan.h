@@ -26,6 +26,7 @@
 #include "parallel/dp/data_parallel.h"
 #include "parallel/pp/pipeline.h"
 #include "train/config.h"
+#include "train/pieces.h"
 #include "train/step_runner.h"
 
 namespace loom {
@@ -37,6 +38,17 @@ class TraceRecorder;
 struct PlanHooks {
   std::function<void(Transformer& model)> init;
   TraceRecorder* trace = nullptr;
+};
+
+// One tensor the optimizer steps on this rank — a whole parameter, a tensor-parallel part, or a
+// ZeRO piece of one — with where it sits in the global parameter (Note [Pieces] in
+// train/pieces.h) and whose copy counts (Note [Placement]): what checkpoints write and read.
+struct TrainedPiece {
+  std::string name;     // the optimizer's name for it: its state is "<kind>.<name>"
+  std::string param;    // the global parameter's name
+  Tensor values;        // this rank's values (a view)
+  TensorPiece piece;    // which elements of the global parameter they are
+  Placement placement;  // which ranks hold the same piece
 };
 
 struct TrainPlan {
@@ -57,6 +69,8 @@ struct TrainPlan {
 
   // The parameters this rank trains (its stages' under pp).
   std::vector<std::pair<std::string, Tensor>> trained() const;
+  // What the optimizer steps on this rank, in the optimizer's order.
+  std::vector<TrainedPiece> trained_pieces() const;
   void zero_grad();
   // Note [Gradient finalisation]: the one place a step's gradients become final — the
   // data-parallel sync (the wait for the reductions launched in backward), the tied embedding's

@@ -4,6 +4,7 @@
 #include <fcntl.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -94,7 +95,7 @@ void write_safetensors(const std::string& path,
              " into place");
 }
 
-SafetensorsFile read_safetensors(const std::string& path) {
+SafetensorsIndex read_safetensors_index(const std::string& path) {
   std::ifstream in(path, std::ios::binary | std::ios::ate);
   LOOM_CHECK(in, path, ": cannot open");
   const uint64_t file_size = static_cast<uint64_t>(in.tellg());
@@ -107,6 +108,7 @@ SafetensorsFile read_safetensors(const std::string& path) {
              header_len, " exceeds the file (", file_size, " bytes)");
   std::string text(header_len, '\0');
   in.read(text.data(), static_cast<std::streamsize>(header_len));
+  LOOM_CHECK(in, path, ": read failed in the header");
   json header;
   try {
     header = json::parse(text);
@@ -116,34 +118,72 @@ SafetensorsFile read_safetensors(const std::string& path) {
   LOOM_CHECK(header.is_object(), path, ": corrupt header: not a JSON object");
   const uint64_t data_start = 8 + header_len;
   const uint64_t data_size = file_size - data_start;
-  SafetensorsFile f;
-  std::vector<std::tuple<uint64_t, std::string, json>> entries;
-  for (auto it = header.begin(); it != header.end(); ++it) {
-    if (it.key() == "__metadata__") {
-      for (auto m = it.value().begin(); m != it.value().end(); ++m)
-        f.metadata[m.key()] = m.value().get<std::string>();
-      continue;
+  SafetensorsIndex index;
+  index.path = path;
+  try {
+    for (auto it = header.begin(); it != header.end(); ++it) {
+      if (it.key() == "__metadata__") {
+        for (auto m = it.value().begin(); m != it.value().end(); ++m)
+          index.metadata[m.key()] = m.value().get<std::string>();
+        continue;
+      }
+      const json& e = it.value();
+      SafetensorsEntry entry;
+      entry.name = it.key();
+      LOOM_CHECK(parse_dtype(e.at("dtype").get<std::string>(), &entry.dtype), path, ": tensor '",
+                 entry.name, "' has unknown dtype ", e.at("dtype").dump());
+      entry.shape = e.at("shape").get<Shape>();
+      // The element count and byte size, refusing negative sizes and int64 overflow.
+      uint64_t bytes = dtype_size(entry.dtype);
+      for (int64_t d : entry.shape) {
+        LOOM_CHECK(d >= 0 && !__builtin_mul_overflow(bytes, static_cast<uint64_t>(d), &bytes) &&
+                       bytes <= (uint64_t{1} << 62),
+                   path, ": tensor '", entry.name, "' has an impossible shape ",
+                   shape_str(entry.shape));
+      }
+      const uint64_t begin = e.at("data_offsets").at(0).get<uint64_t>();
+      const uint64_t end = e.at("data_offsets").at(1).get<uint64_t>();
+      LOOM_CHECK(end >= begin && end - begin == bytes, path, ": tensor '", entry.name, "' has ",
+                 end - begin, " bytes for shape ", shape_str(entry.shape), " ",
+                 dtype_name(entry.dtype));
+      LOOM_CHECK(end <= data_size, path, ": truncated: tensor '", entry.name, "' ends at byte ",
+                 data_start + end, " but the file has ", file_size);
+      entry.begin = data_start + begin;
+      entry.end = data_start + end;
+      index.entries.push_back(std::move(entry));
     }
-    entries.emplace_back(it.value().at("data_offsets").at(0).get<uint64_t>(), it.key(), it.value());
+  } catch (const json::exception& e) {
+    LOOM_FAIL(path, ": corrupt header: ", e.what());
   }
-  std::sort(entries.begin(), entries.end(),
-            [](const auto& a, const auto& b) { return std::get<0>(a) < std::get<0>(b); });
-  for (const auto& [begin, name, e] : entries) {
-    DType dt;
-    LOOM_CHECK(parse_dtype(e.at("dtype").get<std::string>(), &dt), path, ": tensor '", name,
-               "' has unknown dtype ", e.at("dtype").dump());
-    const Shape shape = e.at("shape").get<Shape>();
-    const uint64_t end = e.at("data_offsets").at(1).get<uint64_t>();
-    LOOM_CHECK(end >= begin && end - begin == shape_numel(shape) * dtype_size(dt), path,
-               ": tensor '", name, "' has ", end - begin, " bytes for shape ", shape_str(shape),
-               " ", dtype_name(dt));
-    LOOM_CHECK(end <= data_size, path, ": truncated: tensor '", name, "' ends at byte ",
-               data_start + end, " but the file has ", file_size);
-    Tensor t = Tensor::empty(shape, dt);
-    in.seekg(static_cast<std::streamoff>(data_start + begin));
-    in.read(static_cast<char*>(t.raw_data()), static_cast<std::streamsize>(end - begin));
-    LOOM_CHECK(in, path, ": read failed for tensor '", name, "'");
-    f.tensors.emplace_back(name, t);
+  std::sort(index.entries.begin(), index.entries.end(),
+            [](const SafetensorsEntry& a, const SafetensorsEntry& b) { return a.begin < b.begin; });
+  return index;
+}
+
+void read_file_bytes(const std::string& path, uint64_t offset, uint64_t n, void* dst) {
+  const int fd = ::open(path.c_str(), O_RDONLY);
+  LOOM_CHECK(fd >= 0, path, ": cannot open");
+  auto* out = static_cast<char*>(dst);
+  uint64_t done = 0;
+  while (done < n) {
+    const ssize_t got = ::pread(fd, out + done, n - done, static_cast<off_t>(offset + done));
+    if (got <= 0) {
+      ::close(fd);
+      LOOM_FAIL(path, ": truncated: cannot read bytes [", offset + done, ", ", offset + n, ")");
+    }
+    done += static_cast<uint64_t>(got);
+  }
+  ::close(fd);
+}
+
+SafetensorsFile read_safetensors(const std::string& path) {
+  const SafetensorsIndex index = read_safetensors_index(path);
+  SafetensorsFile f;
+  f.metadata = index.metadata;
+  for (const SafetensorsEntry& e : index.entries) {
+    Tensor t = Tensor::empty(e.shape, e.dtype);
+    read_file_bytes(path, e.begin, e.end - e.begin, t.raw_data());
+    f.tensors.emplace_back(e.name, t);
   }
   return f;
 }

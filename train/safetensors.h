@@ -26,6 +26,24 @@ void write_safetensors(const std::string& path,
                        const std::map<std::string, std::string>& metadata = {});
 SafetensorsFile read_safetensors(const std::string& path);
 
+// A file's header alone: each tensor's dtype, shape and where its bytes are in the file (begin,
+// end: absolute offsets), validated as read_safetensors validates them, so a caller can read
+// only the byte ranges it needs (read_file_bytes).
+struct SafetensorsEntry {
+  std::string name;
+  DType dtype = DType::kF32;
+  Shape shape;
+  uint64_t begin = 0, end = 0;
+};
+struct SafetensorsIndex {
+  std::string path;
+  std::vector<SafetensorsEntry> entries;  // in data order
+  std::map<std::string, std::string> metadata;
+};
+SafetensorsIndex read_safetensors_index(const std::string& path);
+// Reads bytes [offset, offset + n) of `path` into dst; a short file is an error naming it.
+void read_file_bytes(const std::string& path, uint64_t offset, uint64_t n, void* dst);
+
 // fsync of a file or directory by path; errors name the path.
 void fsync_path(const std::string& path);
 

@@ -1,13 +1,17 @@
 // train/train_state.cpp — the trainer's state on disk (Note [Exact resume] in train/trainer.h):
-// the checkpoint it writes (parameters written once each, by the copy their placement counts;
-// optimizer state by its owner), resuming from one, and train.init_from's initial weights.
+// the checkpoint it writes — every parameter and optimizer state as pieces of its global,
+// layout-free tensor (Note [Pieces] in train/pieces.h), each written once, by the copy its
+// placement counts — resuming from one written by any layout, and train.init_from's initial
+// weights (a native checkpoint or an llm.c file) in any layout.
+#include <yaml-cpp/yaml.h>
+
 #include <filesystem>
 #include <iomanip>
 #include <map>
 #include <sstream>
 
 #include "core/ops/view.h"
-#include "kernels/copy.h"
+#include "parallel/gradients.h"
 #include "train/checkpoint.h"
 #include "train/llmc_format.h"
 #include "train/trainer_state.h"
@@ -15,97 +19,215 @@
 namespace loom {
 namespace fs = std::filesystem;
 
-std::string Trainer::State::state_name(const std::string& name) const {
-  // "<state kind>.<parameter>" or, at ZeRO-1, "<state kind>.<parameter>[begin:end]".
-  const size_t dot = name.find('.');
-  if (!plan.pipe || dot == std::string::npos) return name;
-  const std::string param = name.substr(dot + 1);
-  return is_tied_copy(param.substr(0, param.find('['))) ? "pp_tied." + name : name;
+namespace {
+
+// Note [Checkpoint names]: a parameter is stored as "model.<name>", its optimizer state as
+// "optim.<kind>.<name>" (exp_avg, exp_avg_sq, momentum_buffer: the optimizer's state name up to
+// its first dot, Note [Optimizer state contract] in optim/optimizer.h), whatever the layout: the
+// piece's metadata, not its name, says which part of the global tensor it holds.
+std::string param_key(const std::string& param) { return "model." + param; }
+
+// An optimizer state tensor with the piece it belongs to.
+struct StatePiece {
+  std::string key;  // "optim.<kind>.<param>"
+  Tensor tensor;
+  const TrainedPiece* piece;
+};
+
+std::vector<StatePiece> state_pieces(const TrainPlan& plan,
+                                     const std::vector<TrainedPiece>& pieces) {
+  std::map<std::string, const TrainedPiece*> by_name;
+  for (const TrainedPiece& p : pieces) by_name[p.name] = &p;
+  std::vector<StatePiece> out;
+  for (auto& [name, t] : plan.optimizer_state()) {
+    const size_t dot = name.find('.');
+    auto it = dot == std::string::npos ? by_name.end() : by_name.find(name.substr(dot + 1));
+    LOOM_CHECK(it != by_name.end(), "checkpoint: optimizer state '", name,
+               "' names no parameter piece the optimizer steps");
+    out.push_back({"optim." + name.substr(0, dot) + "." + it->second->param, t, it->second});
+  }
+  return out;
 }
 
-// ZeRO-3 shard names ("<param>[b:e]") differ across TP ranks too: all carry the suffix; a
-// tensor-parallel part (its placement splits it over tp) does everywhere.
-std::string Trainer::State::param_key(const std::string& name, const Tensor& p) const {
-  const bool tp_part = p.placement().split_over(parallel::kAxisTp) != nullptr;
-  return tp_part || (plan.zero3() && tp_size() > 1) ? name + tp_suffix() : name;
+// Reads piece `piece` of global tensor `key` into dst, converting from the stored dtype.
+void read_converted(const CheckpointReader& r, const std::string& key, const TensorPiece& piece,
+                    Tensor dst) {
+  const DType stored = r.dtype(key);
+  if (stored == dst.dtype()) {
+    r.read(key, piece, dst);
+    return;
+  }
+  Tensor host = Tensor::empty(dst.shape(), stored);
+  r.read(key, piece, host);
+  ops::copy_(dst, ops::to_dtype(host, dst.dtype()).to(dst.device()));
 }
 
-std::vector<std::pair<std::string, Tensor>> Trainer::State::optimizer_state() {
-  // ZeRO-0 state is replicated: rank 0 writes it; sharded state is written by its owner.
-  if (plan.dp && plan.dp->zero_stage() == 0 && !is_stage_writer()) return {};
-  return plan.optimizer_state();
+// The run's part (its placement's) of a whole global tensor.
+void copy_part(const Tensor& whole, Tensor dst) {
+  const Tensor w = whole.detach().to(Device::cpu()).contiguous();
+  Tensor host = Tensor::empty(dst.shape(), w.dtype());
+  const int64_t n =
+      copy_overlap(whole_piece(w.shape()), w.raw_data(), piece_of(dst.placement(), dst.shape()),
+                   host.raw_data(), dtype_size(w.dtype()));
+  LOOM_CHECK(n == dst.numel(), "init_from: the run's part of a ", shape_str(w.shape()),
+             " tensor is not inside it");
+  ops::copy_(dst, ops::to_dtype(host, dst.dtype()).to(dst.device()));
 }
 
+// The config as "section.key" → its YAML text.
+std::map<std::string, std::string> flatten(const std::string& yaml) {
+  std::map<std::string, std::string> out;
+  const YAML::Node root = YAML::Load(yaml.empty() ? "{}" : yaml);
+  if (!root.IsMap()) return out;
+  for (const auto& section : root) {
+    const std::string s = section.first.as<std::string>();
+    if (!section.second.IsMap()) {
+      out[s] = YAML::Dump(section.second);
+      continue;
+    }
+    for (const auto& kv : section.second)
+      out[s + "." + kv.first.as<std::string>()] = YAML::Dump(kv.second);
+  }
+  return out;
+}
+
+}  // namespace
+
+// Note [Resume compatibility]: a checkpoint continues under another config only where its
+// tensors and its data position still mean the same thing. Refused, naming each key: the model
+// (model.*), the stored dtype (train.dtype), the optimizer (optim.name: its state differs), and
+// the data stream (data.train, data.seq_len, data.seed). Everything else may change, the
+// parallel layout included (the pieces reshard on load), and each change is logged. When the
+// global batch changes, the data continues from the same position (the windows consumed so
+// far), so the steps after the resume see other batches than the original run would have: said.
+void Trainer::State::check_resume_config(const CheckpointReader& r) {
+  const std::map<std::string, std::string> saved = flatten(r.config_yaml()),
+                                           now = flatten(config_to_yaml(cfg));
+  auto fixed = [](const std::string& key) {
+    return (key.rfind("model.", 0) == 0 && key != "model.init_from") || key == "train.dtype" ||
+           key == "optim.name" || key == "data.train" || key == "data.seq_len" ||
+           key == "data.seed";
+  };
+  std::string refused;
+  std::vector<std::string> changed;
+  for (const auto& [key, value] : now) {
+    auto it = saved.find(key);
+    if (it == saved.end() || it->second == value) continue;
+    const std::string line = key + " " + it->second + " → " + value;
+    if (!fixed(key)) {
+      changed.push_back(line);
+      continue;
+    }
+    if (!refused.empty()) refused += "; ";
+    refused += line;
+  }
+  if (!refused.empty()) {
+    throw ConfigError("--resume " + r.dir() +
+                      ": the run's config differs from the checkpoint's where a run cannot "
+                      "continue: " +
+                      refused);
+  }
+  for (const std::string& l : changed) *log << "resume: changed " << l << "\n";
+  auto global_batch = [](const std::map<std::string, std::string>& c) {
+    auto get = [&](const std::string& key, int64_t fallback) {
+      auto it = c.find(key);
+      try {
+        return it == c.end() ? fallback : static_cast<int64_t>(std::stoll(it->second));
+      } catch (const std::exception&) {
+        return fallback;
+      }
+    };
+    // Sequences one step takes from the data: every data-parallel replica's micro-batches.
+    const int64_t per_step = get("parallel.pp", 1) > 1 && get("parallel.microbatches", 0) > 0
+                                 ? get("parallel.microbatches", 0)
+                                 : get("optim.grad_accum", 1);
+    return get("data.batch_size", 1) * get("parallel.dp", 1) * per_step;
+  };
+  if (global_batch(saved) != global_batch(now)) {
+    *log << "resume: the global batch changes from " << global_batch(saved) << " to "
+         << global_batch(now)
+         << " sequences per step; the data continues from the same position, so the steps after "
+            "the resume see other batches than the original run would have\n";
+  }
+}
+
+// The model here is built (its tensor-parallel parts in place) but not yet staged or sharded,
+// so every rank reads its part of each parameter.
 void Trainer::State::load_initial_weights(Transformer& model, const std::string& from) {
   if (fs::is_directory(from)) {
-    CheckpointContents c = load_checkpoint(from);
-    int64_t loaded = 0;
-    for (auto& [name, t] : c.tensors) {
-      if (name.rfind("model.", 0) != 0) continue;
-      const size_t bracket = name.find('[');
-      if (bracket != std::string::npos) {  // a ZeRO-3 shard "model.<param>[<begin>:<end>]"
-        Tensor p = model.parameter(name.substr(6, bracket - 6));
-        const int64_t begin = std::stoll(name.substr(bracket + 1));
-        const int64_t end = std::stoll(name.substr(name.find(':', bracket) + 1));
-        LOOM_CHECK(begin >= 0 && end <= p.numel() && t.numel() == end - begin, from, ": ", name,
-                   " does not fit the model's ", shape_str(p.shape()));
-        Tensor dst = p.detach().view({p.numel()}).narrow(0, begin, end - begin);
-        ops::copy_(dst, t);
-        ++loaded;
-        continue;
-      }
-      Tensor p = model.parameter(name.substr(6));
-      LOOM_CHECK(p.shape() == t.shape(), from, ": ", name, " has shape ", shape_str(t.shape()),
-                 " but the model expects ", shape_str(p.shape()));
-      ops::copy_(p, t.to(p.device()));
-      ++loaded;
-    }
-    *log << "init_from: " << loaded << " tensors from checkpoint " << from << "\n";
-  } else {
-    load_llmc_model(from, model);
-    *log << "init_from: llm.c model file " << from << "\n";
+    const CheckpointReader r(from);
+    const auto params = model.named_parameters();
+    for (const auto& [name, p] : params)
+      read_converted(r, param_key(name), piece_of(p.placement(), p.shape()), p);
+    *log << "init_from: " << params.size() << " parameters from checkpoint " << from << "\n";
+    return;
   }
+  // An llm.c file holds whole tensors: read it into a single-device model, then take parts.
+  Transformer whole(model.config());
+  load_llmc_model(from, whole);
+  for (const auto& [name, p] : model.named_parameters()) copy_part(whole.parameter(name), p);
+  *log << "init_from: llm.c model file " << from << "\n";
 }
 
 void Trainer::State::resume(const std::string& which) {
   const std::string root = (fs::path(cfg.train.out_dir) / "checkpoints").string();
   const std::string dir = which == "latest" ? latest_checkpoint(root) : which;
   LOOM_CHECK(!dir.empty(), "--resume latest: no checkpoint under ", root);
-  CheckpointContents c = load_checkpoint(dir);
-  std::map<std::string, Tensor> by_name(c.tensors.begin(), c.tensors.end());
-  auto restore = [&](const std::string& name, Tensor& into) {
-    auto it = by_name.find(name);
-    LOOM_CHECK(it != by_name.end(), dir, ": checkpoint has no tensor '", name, "'");
-    LOOM_CHECK(it->second.shape() == into.shape(), dir, ": '", name, "' has shape ",
-               shape_str(it->second.shape()), " but the run expects ", shape_str(into.shape()));
-    ops::copy_(into, it->second.to(into.device()));
-  };
-  // ZeRO-3: each rank restores the parameter pieces it owns (saved by the same layout).
-  for (auto& [name, p] : plan.zero3() ? plan.dp->parameter_shards() : plan.trained())
-    restore("model." + param_key(name, p), p);
-  for (auto& [name, t] : plan.optimizer_state()) {
-    restore("optim." + state_name(name) + tp_suffix(), t);
+  const CheckpointReader r(dir);
+  check_resume_config(r);
+  if (r.step() > cfg.train.steps) {
+    throw ConfigError("train.steps: " + std::to_string(cfg.train.steps) + " is below the step " +
+                      std::to_string(r.step()) + " of the checkpoint " + dir);
   }
-  auto num = [&](const std::string& key) {
-    auto it = c.state.find(key);
-    LOOM_CHECK(it != c.state.end(), dir, ": checkpoint state has no '", key, "'");
-    return std::stoull(it->second);
+  if (r.step() == cfg.train.steps) {
+    *log << "resume: the checkpoint is at train.steps (" << r.step()
+         << "): nothing is left to train; raise train.steps to continue\n";
+  }
+  // Each rank reads its own pieces of every parameter and state (Note [Pieces]): the whole
+  // local parameters (their tensor-parallel parts, this stage's), or at ZeRO-3 the owned shards.
+  const std::vector<TrainedPiece> pieces = plan.trained_pieces();
+  if (plan.zero3()) {
+    for (const TrainedPiece& p : pieces) r.read(param_key(p.param), p.piece, p.values);
+  } else {
+    for (const auto& [name, p] : plan.trained())
+      r.read(param_key(name), piece_of(p.placement(), p.shape()), p);
+  }
+  for (const StatePiece& s : state_pieces(plan, pieces)) r.read(s.key, s.piece->piece, s.tensor);
+  const std::map<std::string, std::string>& state = r.state();
+  auto text = [&](const std::string& key, const std::string& why) {
+    auto it = state.find(key);
+    LOOM_CHECK(it != state.end(), dir, ": checkpoint state has no '", key, "'", why);
+    return it->second;
   };
-  plan.set_optimizer_steps(static_cast<int64_t>(num("optim.step_count")));
+  auto num = [&](const std::string& key) {
+    const std::string v = text(key, "");
+    try {
+      size_t used = 0;
+      const uint64_t n = std::stoull(v, &used);
+      if (used == v.size() && v[0] != '-') return n;
+    } catch (const std::exception&) {
+    }
+    LOOM_FAIL(dir, ": checkpoint state '", key, "' is not a count: '", v, "'");
+  };
+  const int64_t steps = static_cast<int64_t>(num("optim.step_count"));
+  LOOM_CHECK(steps <= r.step(), dir, ": optim.step_count ", steps, " exceeds the step ", r.step());
+  plan.set_optimizer_steps(steps);
   train_loader->set_state(
       {static_cast<int64_t>(num("loader.epoch")), static_cast<int64_t>(num("loader.position"))});
   sample_gen.set_state({num("rng.sample.seed"), num("rng.sample.offset")});
   if (scaler) {
-    auto real = [&](const std::string& key) {
-      auto it = c.state.find(key);
-      LOOM_CHECK(it != c.state.end(), dir, ": checkpoint state has no '", key,
-                 "' (saved by a run without f16)");
-      return std::stod(it->second);
-    };
-    scaler->set_state({real("loss_scale.scale"), static_cast<int64_t>(num("loss_scale.good_steps")),
+    const std::string why = " (saved by a run without loss scaling)";
+    double scale = 0;
+    try {
+      scale = std::stod(text("loss_scale.scale", why));
+    } catch (const std::exception&) {
+      LOOM_FAIL(dir, ": checkpoint state 'loss_scale.scale' is not a number");
+    }
+    text("loss_scale.good_steps", why);
+    scaler->set_state({scale, static_cast<int64_t>(num("loss_scale.good_steps")),
                        static_cast<int64_t>(num("loss_scale.skipped_steps"))});
   }
-  step = c.step;
+  step = r.step();
   *log << "resumed from " << dir << " at step " << step << "\n";
 }
 
@@ -113,20 +235,17 @@ void Trainer::State::save() {
   CheckpointContents c;
   c.step = step;
   c.config_yaml = config_to_yaml(cfg);
-  if (plan.zero3()) {  // each rank holds only its shard: "model.<param>[<begin>:<end>]"
-    for (auto& [name, p] : plan.dp->parameter_shards()) {
-      // The last stage's tied copy has the first stage's names and values (Note [Sharded stages]).
-      if (is_tied_copy(name.substr(0, name.find('[')))) continue;
-      c.tensors.emplace_back("model." + param_key(name, p), p);
-    }
-  } else {  // one copy of each (Note [Placement]): replicas, TP-replicated and tied copies skip
-    for (auto& [name, p] : plan.trained()) {
-      if (parallel::counted_here(p.placement(), ctx))
-        c.tensors.emplace_back("model." + param_key(name, p), p);
-    }
+  // One copy of each piece (Note [Placement]): data-parallel replicas, parameters replicated
+  // over tp and tied copies leave it to the copy that counts.
+  const std::vector<TrainedPiece> pieces = plan.trained_pieces();
+  for (const TrainedPiece& p : pieces) {
+    if (parallel::counted_here(p.placement, ctx))
+      c.tensors.push_back({param_key(p.param), p.values, p.piece});
   }
-  for (auto& [name, t] : optimizer_state())
-    c.tensors.emplace_back("optim." + state_name(name) + tp_suffix(), t);
+  for (const StatePiece& s : state_pieces(plan, pieces)) {
+    if (parallel::counted_here(s.piece->placement, ctx))
+      c.tensors.push_back({s.key, s.tensor, s.piece->piece});
+  }
   const LoaderState ls = train_loader->state();
   c.state = {{"optim.step_count", std::to_string(plan.optimizer_steps())},
              {"loader.epoch", std::to_string(ls.epoch)},

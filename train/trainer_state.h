@@ -40,6 +40,8 @@ using Clock = std::chrono::steady_clock;
 // [TF32]) and cuDNN's attention (Note [cuDNN attention]). Held around every step, evaluation
 // and sampling. Sampling grows the context one token at a time, and cuDNN would build (and
 // keep) a graph for every new length, so sampling keeps Loom's attention kernels.
+class CheckpointReader;
+
 struct KernelChoices {
   enum class Use { kStep, kSampling };
   kernels::AllowTf32Guard tf32;
@@ -86,8 +88,6 @@ struct Trainer::State {
   Transformer& model() const { return *plan.model; }
   void build();  // train/trainer.cpp
   bool is_main() const { return !ctx || ctx->rank() == 0; }
-  // Writes this rank's stage's replicated optimizer state (ZeRO-0) in checkpoints.
-  bool is_stage_writer() const { return !ctx || (ctx->dp_rank() == 0 && ctx->cp_rank() == 0); }
   int tp_size() const { return ctx ? ctx->tp_size() : 1; }
   int cp_size() const { return ctx ? ctx->cp_size() : 1; }
 
@@ -108,22 +108,9 @@ struct Trainer::State {
   void save();
   void resume(const std::string& which);
   void load_initial_weights(Transformer& model, const std::string& from);
-  // Checkpoint names: under parallel.tp > 1 a parameter part and all optimizer state carry
-  // "@tp<rank>" (every TP rank holds different values under the same name); replicated
-  // parameters are written by TP rank 0 alone.
-  std::string tp_suffix() const {
-    return tp_size() > 1 ? "@tp" + std::to_string(ctx->tp_rank()) : "";
-  }
-  std::string param_key(const std::string& name, const Tensor& p) const;
-  // Optimizer state names of the last stage's tied wte copy carry "pp_tied." (Note [Tied
-  // embeddings across stages]): the first stage's state has the same names.
-  std::string state_name(const std::string& name) const;
-  // Whether parameter `param` is a copy of another (its placement's tied_to, Note [Placement]),
-  // so its values are the original's and checkpoints write them once.
-  bool is_tied_copy(const std::string& param) const {
-    return !model().parameter(param).placement().tied_to.empty();
-  }
-  std::vector<std::pair<std::string, Tensor>> optimizer_state();
+  // Note [Resume compatibility]: throws ConfigError naming the keys a run cannot change;
+  // logs the others.
+  void check_resume_config(const CheckpointReader& r);
 };
 
 }  // namespace loom

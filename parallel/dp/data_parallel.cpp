@@ -127,18 +127,27 @@ void DataParallel::build_optimizer() {
       });
 }
 
-NamedTensors DataParallel::parameter_shards() const {
-  NamedTensors out;
+std::vector<DataParallel::OwnedPiece> DataParallel::owned_pieces() const {
+  std::vector<OwnedPiece> out;
   if (config_.zero_stage == 0) {
-    for (const BucketParam& p : buckets_->params()) out.emplace_back(p.name, p.tensor);
+    for (const BucketParam& p : buckets_->params())
+      out.push_back(
+          {p.name, p.name, p.tensor, p.tensor, 0, p.tensor.numel(), p.tensor.placement()});
     return out;
   }
   buckets_->for_each_owned_piece([&](int bucket, const BucketParam& p, int64_t lo, int64_t hi) {
     const Tensor view = gatherer_ ? flat_view(gatherer_->owned_values(bucket), {hi - lo},
                                               lo - buckets_->owned_begin(bucket))
                                   : flat_view(buckets_->bucket(bucket).param_flat, {hi - lo}, lo);
-    out.emplace_back(piece_name(p.name, lo - p.offset, hi - p.offset), view);
+    out.push_back({piece_name(p.name, lo - p.offset, hi - p.offset), p.name, p.tensor, view,
+                   lo - p.offset, hi - p.offset, owned_placement(p)});
   });
+  return out;
+}
+
+NamedTensors DataParallel::parameter_shards() const {
+  NamedTensors out;
+  for (OwnedPiece& p : owned_pieces()) out.emplace_back(std::move(p.name), std::move(p.values));
   return out;
 }
 
@@ -262,14 +271,19 @@ std::vector<GradPiece> DataParallel::grad_pieces() {
   }
   size_t k = 0;  // the optimizer's pieces, in the same order
   buckets_->for_each_owned_piece([&](int, const BucketParam& p, int64_t lo, int64_t hi) {
-    Placement pl = p.tensor.placement();  // of the whole parameter: replicated over config.axes
-    for (const std::string& axis : config_.axes) pl.remove_replicated(axis);
-    if (replica_comm_ != nullptr) pl.add_replicated(config_.replica_axis);
+    Placement pl = owned_placement(p);
     pl.global_shape = {hi - lo};  // a 1-d piece: only `replicated` and `tied_to` matter here
     pl.splits.clear();
     out.push_back({piece_grad(k++), std::move(pl)});
   });
   return out;
+}
+
+Placement DataParallel::owned_placement(const BucketParam& p) const {
+  Placement pl = p.tensor.placement();  // of the whole parameter: replicated over config.axes
+  for (const std::string& axis : config_.axes) pl.remove_replicated(axis);
+  if (replica_comm_ != nullptr) pl.add_replicated(config_.replica_axis);
+  return pl;
 }
 
 void DataParallel::step(double lr) { step_scaled(lr, Tensor()); }

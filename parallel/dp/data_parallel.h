@@ -169,9 +169,22 @@ class DataParallel final {
   void mark(std::string detail) { log_.log(DpEventKind::kMarker, -1, std::move(detail)); }
   std::string describe() const;  // layout and memory, one line, for printing at start
 
-  // The parameter values this rank owns, named "<param>[<begin>:<end>]" like the optimiser
-  // state (stages 1-3; views: writing them sets the values), or every whole parameter at
-  // stage 0. At stage 3 this is the only copy of the parameters between uses.
+  // What this rank owns of one parameter: at stages 1-3 a flat range [begin, end) of it (the
+  // optimizer's piece, named "<param>[<begin>:<end>]"), at stage 0 the whole parameter (named
+  // by it). `values` is a view (writing it sets the values; at stage 3 the only copy between
+  // uses); `placement` says which ranks hold the same piece (Note [Placement]): the
+  // parameter's, with the data-parallel axes taken out at stages 1-3 (and the MiCS replica
+  // axis in).
+  struct OwnedPiece {
+    std::string name;
+    std::string param;
+    Tensor parameter;  // the whole (local) parameter, for its shape and placement
+    Tensor values;
+    int64_t begin = 0, end = 0;
+    Placement placement;
+  };
+  std::vector<OwnedPiece> owned_pieces() const;
+  // The owned pieces' (name, values): the optimizer's parameters.
   NamedTensors parameter_shards() const;
   // Copies of every whole parameter in the model's order. At stage 3 this all-gathers each
   // unit (collective over the shard group: call it on every rank).
@@ -201,6 +214,8 @@ class DataParallel final {
   void validate_groups(MicsGroups mics, bool per_unit) const;
   void broadcast_parameters();
   void build_optimizer();
+  // An owned piece's placement (stages 1-3): the parameter's, without the data-parallel axes.
+  Placement owned_placement(const dp::BucketParam& p) const;
   void on_bucket_complete(int bucket);
   void launch(int bucket, DpEventKind kind);
   void finish_buckets();

@@ -5,9 +5,11 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 
+#include "core/ops/view.h"
 #include "core/rng.h"
 #include "train/crc32c.h"
 #include "train/safetensors.h"
@@ -37,9 +39,10 @@ CheckpointContents sample(int64_t step, Generator& gen) {
   c.step = step;
   c.state = {{"loader.position", "17"}, {"rng.offset", "99"}};
   c.config_yaml = "train:\n  steps: 5\n";
-  c.tensors = {{"model.w", randn({3, 17}, gen)},
-               {"model.ids", Tensor::from_vector(std::vector<int32_t>{5, -1, 50256}, {3})},
-               {"optim.m", randn({65}, gen, DType::kF64)}};
+  c.tensors = {
+      whole_tensor("model.w", randn({3, 17}, gen)),
+      whole_tensor("model.ids", Tensor::from_vector(std::vector<int32_t>{5, -1, 50256}, {3})),
+      whole_tensor("optim.m", randn({65}, gen, DType::kF64))};
   return c;
 }
 
@@ -86,43 +89,71 @@ TEST(Checkpoint, SaveLoadRoundTrip) {
   EXPECT_EQ(back.state, c.state);
   EXPECT_NE(back.config_yaml.find("steps: 5"), std::string::npos);
   ASSERT_EQ(back.tensors.size(), c.tensors.size());
-  for (size_t i = 0; i < c.tensors.size(); ++i) {
-    EXPECT_EQ(back.tensors[i].first, c.tensors[i].first);
-    EXPECT_EQ(back.tensors[i].second.dtype(), c.tensors[i].second.dtype());
-    EXPECT_EQ(back.tensors[i].second.to_vector(), c.tensors[i].second.to_vector());
+  for (const CheckpointTensor& t : c.tensors) {  // back in name order
+    auto it = std::find_if(back.tensors.begin(), back.tensors.end(),
+                           [&](const CheckpointTensor& b) { return b.name == t.name; });
+    ASSERT_NE(it, back.tensors.end()) << t.name;
+    EXPECT_EQ(it->values.dtype(), t.values.dtype()) << t.name;
+    EXPECT_EQ(it->values.shape(), t.values.shape()) << t.name;
+    EXPECT_EQ(it->values.to_vector(), t.values.to_vector()) << t.name;
   }
 }
 
-// Each tensor's file metadata records where it sits in the global tensor, from its placement
-// (core/placement.h): a one-run split by its offset, a part in several runs (a fused qkv's
-// rows) run by run; a tensor without a placement is whole.
-TEST(Checkpoint, RecordsGlobalShapesAndOffsetsFromPlacements) {
+// Each stored tensor is a piece of its global tensor (train/pieces.h): its metadata says which
+// (a split as runs, a ZeRO range as a flat range) and holds its block checksums; a reader fills
+// any other piece from the stored ones, and names what it cannot fill. (Pieces spread over
+// several files: the trainer's cross-layout tests, tests/train/train_reshard_mpi_test.cpp.)
+TEST(Checkpoint, StoresPiecesAndReadsAnyOtherPiece) {
   const std::string root = fresh_dir("placed");
-  Tensor row_part = Tensor::zeros({4, 3});  // columns [3, 6) of (4, 9), split over tp
-  Placement row;
-  row.global_shape = {4, 9};
-  row.splits.push_back({1, "tp", {{0, 3, 3}}});
-  row_part.set_placement(row);
-  Tensor qkv_part = Tensor::zeros({3, 2});  // one row of each of q, k, v: (9, 2) over 3 ranks
-  Placement qkv;
-  qkv.global_shape = {9, 2};
-  qkv.splits.push_back({0, "tp", {{0, 1, 1}, {1, 4, 1}, {2, 7, 1}}});
-  qkv_part.set_placement(qkv);
+  Generator gen(9);
+  const std::vector<double> global = randn({9, 4}, gen).to_vector();
+  auto rows = [&](const std::vector<int64_t>& r, DType dtype) {
+    std::vector<double> v;
+    for (int64_t i : r) v.insert(v.end(), global.begin() + i * 4, global.begin() + i * 4 + 4);
+    return ops::to_dtype(Tensor::from_vector(v, {static_cast<int64_t>(r.size()), 4}), dtype);
+  };
+  // A fused-qkv-like part: rows 0, 3 and 6 of (9, 4); and the last 5 elements of rows 1, 4, 7.
+  auto part = [](std::vector<PlacementRun> runs) {
+    Placement p;
+    p.global_shape = {9, 4};
+    p.splits.push_back({0, "tp", std::move(runs)});
+    return p;
+  };
+  const Placement a = part({{0, 0, 1}, {1, 3, 1}, {2, 6, 1}});
+  const Placement b = part({{0, 1, 1}, {1, 4, 1}, {2, 7, 1}});
   CheckpointContents c;
-  c.step = 1;
-  c.tensors = {{"row", row_part}, {"qkv", qkv_part}, {"whole", Tensor::zeros({2})}};
+  c.step = 3;
+  c.tensors = {{"w", rows({0, 3, 6}, DType::kF32), piece_of(a, {3, 4})},
+               {"v", rows({1, 4, 7}, DType::kF32).reshape({12}).narrow(0, 7, 5),
+                piece_of(b, {3, 4}, 7, 12)}};
   const std::string dir = save_checkpoint(root, c, 0);
   const SafetensorsFile f =
       read_safetensors((fs::path(dir) / "tensors_00000.safetensors").string());
-  EXPECT_EQ(f.metadata.at("row.global_shape"), "4,9");
-  EXPECT_EQ(f.metadata.at("row.offsets"), "0,3");
-  EXPECT_EQ(f.metadata.at("qkv.global_shape"), "9,2");
-  EXPECT_EQ(f.metadata.at("qkv.offsets"), "runs");
-  EXPECT_EQ(f.metadata.at("qkv.placement"),
-            "global (9, 2); dim 0 over tp: 0→1 (1), 1→4 (1), 2→7 (1)");
-  EXPECT_EQ(f.metadata.at("whole.global_shape"), "2");
-  EXPECT_EQ(f.metadata.at("whole.offsets"), "0");
-  EXPECT_EQ(f.metadata.count("whole.placement"), 0u);
+  EXPECT_EQ(f.metadata.at("w.piece"), "shape=9,4;d0=0@0+1,1@3+1,2@6+1;flat=0-12");
+  EXPECT_EQ(f.metadata.at("v.piece"), "shape=9,4;d0=0@1+1,1@4+1,2@7+1;flat=7-12");
+  EXPECT_EQ(f.metadata.at("w.crc32c").size(), 8u);  // one block
+
+  const CheckpointReader r(dir);
+  EXPECT_EQ(r.step(), 3);
+  EXPECT_EQ(r.tensors().at("w"), (Shape{9, 4}));
+  Tensor row3 = Tensor::empty({1, 4});  // row 3 alone
+  r.read("w", piece_of(part({{0, 3, 1}}), {1, 4}), row3);
+  EXPECT_EQ(row3.to_vector(), rows({3}, DType::kF32).to_vector());
+  Tensor tail = Tensor::empty({2});  // elements 5-6 of rows (4, 7) in row-major order: row 7's 1-2
+  r.read("v", piece_of(part({{0, 4, 1}, {1, 7, 1}}), {2, 4}, 5, 7), tail);
+  EXPECT_EQ(tail.to_vector(), rows({7}, DType::kF32).reshape({4}).narrow(0, 1, 2).to_vector());
+  // Row 1's first three elements were stored by nobody; a dtype the run holds differently.
+  Tensor row1 = Tensor::empty({1, 4});
+  EXPECT_NE(message_of([&] {
+              r.read("v", piece_of(part({{0, 1, 1}}), {1, 4}), row1);
+            }).find("stored nowhere"),
+            std::string::npos);
+  Tensor f64 = Tensor::empty({1, 4}, DType::kF64);
+  EXPECT_NE(message_of([&] {
+              r.read("w", piece_of(part({{0, 3, 1}}), {1, 4}), f64);
+            }).find("stored as f32"),
+            std::string::npos);
+  EXPECT_NE(message_of([&] { r.read_whole("nope"); }).find("no tensor 'nope'"), std::string::npos);
 }
 
 TEST(Checkpoint, KeepsTheNewestAndFindsLatest) {
@@ -160,7 +191,7 @@ TEST(Checkpoint, FailedSaveLeavesTheLastGoodCheckpoint) {
   const std::string good = save_checkpoint(root, sample(5, gen), 1);
   CheckpointContents bad = sample(6, gen);
   // A tensor that cannot be written: on a device this build cannot read back.
-  bad.tensors.push_back({"model.bad", Tensor()});
+  bad.tensors.push_back({"model.bad", Tensor(), whole_piece({1})});
   EXPECT_ANY_THROW(save_checkpoint(root, bad, 1));
   EXPECT_EQ(latest_checkpoint(root), good);
   EXPECT_FALSE(fs::exists(root + "/step_00000006"));

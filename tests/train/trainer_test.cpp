@@ -293,7 +293,7 @@ TEST(Trainer, DynamicLossScalingSkipsOverflowsOnTheDeviceAndResumesExactly) {
   }
   const Trainer fresh(tiny_config(dir_init, 24), quiet(log));  // the same seed: the initial weights
   auto weights = [](const CheckpointContents& c) {
-    for (const auto& [name, t] : c.tensors) {
+    for (const auto& [name, t, piece] : c.tensors) {
       if (name == "model.blocks.0.mlp.fc.weight") return t.to_vector();
     }
     return std::vector<double>{};
