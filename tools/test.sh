@@ -27,9 +27,11 @@ jobs=$(nproc)
 ./tools/configure.sh "$build" -DLOOM_WERROR=ON "${cuda_args[@]}"
 echo "test.sh: building $build"
 cmake --build "$build" -j "$jobs"
-if ! python3 -c "import tensorboard" 2>/dev/null; then
-  python3 -m pip install tensorboard >>"$log_dir/install_deps.log" 2>&1 ||
-    echo "test.sh: tensorboard not installed (see $log_dir/install_deps.log); its test will skip"
+# Python readers the tests check Loom's files with (TensorBoard events, safetensors exports).
+if ! python3 -c "import tensorboard, safetensors.numpy" 2>/dev/null; then
+  python3 -m pip install tensorboard safetensors numpy >>"$log_dir/install_deps.log" 2>&1 ||
+    echo "test.sh: tensorboard/safetensors not installed (see $log_dir/install_deps.log);" \
+      "their tests will skip"
 fi
 
 echo "test.sh: running the tests (ctest -j $jobs; full output in $log_dir/test.log)"

@@ -2,17 +2,19 @@
 // the checkpoint it writes — every parameter and optimizer state as pieces of its global,
 // layout-free tensor (Note [Pieces] in train/pieces.h), each written once, by the copy its
 // placement counts — resuming from one written by any layout, and train.init_from's initial
-// weights (a native checkpoint or an llm.c file) in any layout.
+// weights (a native checkpoint, a Hugging Face directory or an llm.c file) in any layout.
 #include <yaml-cpp/yaml.h>
 
 #include <filesystem>
 #include <iomanip>
 #include <map>
 #include <sstream>
+#include <tuple>
 
 #include "core/ops/view.h"
 #include "parallel/gradients.h"
 #include "train/checkpoint.h"
+#include "train/hf_format.h"
 #include "train/llmc_format.h"
 #include "train/trainer_state.h"
 
@@ -154,6 +156,32 @@ void Trainer::State::check_resume_config(const CheckpointReader& r) {
 // The model here is built (its tensor-parallel parts in place) but not yet staged or sharded,
 // so every rank reads its part of each parameter.
 void Trainer::State::load_initial_weights(Transformer& model, const std::string& from) {
+  if (fs::is_directory(from) && fs::exists(fs::path(from) / "config.json")) {
+    // A Hugging Face directory: its config must be the run's model, then whole tensors → parts.
+    const ModelConfig& m = model.config();
+    const ModelConfig h = read_hf_config(from, m.vocab_multiple);
+    const std::vector<std::tuple<const char*, std::string, std::string>> same = {
+        {"model.arch", m.arch, h.arch},
+        {"model.vocab_size", std::to_string(m.vocab_size), std::to_string(h.vocab_size)},
+        {"model.n_layer", std::to_string(m.n_layer), std::to_string(h.n_layer)},
+        {"model.n_head", std::to_string(m.n_head), std::to_string(h.n_head)},
+        {"model.n_kv_head", std::to_string(m.kv_heads()), std::to_string(h.kv_heads())},
+        {"model.n_embd", std::to_string(m.n_embd), std::to_string(h.n_embd)},
+        {"model.ffn_hidden", std::to_string(m.ffn_hidden_size()),
+         std::to_string(h.ffn_hidden_size())},
+        {"model.tie_embeddings", std::to_string(m.tie_embeddings),
+         std::to_string(h.tie_embeddings)}};
+    for (const auto& [key, run, file] : same) {
+      if (run != file) {
+        throw ConfigError(std::string(key) + ": the run has " + run + ", the Hugging Face model " +
+                          from + " has " + file);
+      }
+    }
+    const std::map<std::string, Tensor> w = read_hf_weights(from, m, DType::kF32);
+    for (const auto& [name, p] : model.named_parameters()) copy_part(w.at(name), p);
+    *log << "init_from: Hugging Face model " << from << "\n";
+    return;
+  }
   if (fs::is_directory(from)) {
     const CheckpointReader r(from);
     const auto params = model.named_parameters();

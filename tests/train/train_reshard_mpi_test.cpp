@@ -5,8 +5,8 @@
 // the uninterrupted single-process run, ending at its parameters; the global batch (8
 // sequences) is the same in every layout, so the data continues exactly too. Each resumed run
 // also writes its final checkpoint from its own layout, which rank 0 reads whole and compares.
-// Also: train.init_from of the tp2·pp2 checkpoint in a tp2 run, and a changed model refused on
-// resume with the key named.
+// Also: train.init_from of the tp2·pp2 checkpoint in a tp2·dp2 run (and of its Hugging Face
+// export), and a changed model refused on resume with the key named.
 // loom-mpi-test: ranks 4
 //
 // Tolerance: each layout sums the same terms in another order (tp's split GEMMs, cp's ring
@@ -25,6 +25,7 @@
 #include "tests/parallel/mpi_test_util.h"
 #include "tests/train/train_test_util.h"
 #include "train/checkpoint.h"
+#include "train/convert.h"
 #include "train/trainer.h"
 
 namespace loom::parallel {
@@ -194,6 +195,22 @@ TEST(TrainReshard, InitFromAnotherLayout) {
   EXPECT_NEAR(got[0].loss, want[0].loss, kRelTol * std::abs(want[0].loss));
   EXPECT_NEAR(got[0].grad_norm, want[0].grad_norm, kRelTol * want[0].grad_norm);
   EXPECT_NE(got[0].loss, f.single[0].loss);  // not the random initial weights
+  // The same weights exported to a Hugging Face directory (rank 0), then read by the tp2 run.
+  const std::string hf = f.dir + "/init_hf";
+  if (ctx->rank() == 0) {
+    ConvertOptions o;
+    o.vocab_multiple = 32;
+    convert_model("loom:" + f.saved, "hf:" + hf, o);
+  }
+  ctx->world().barrier();
+  Config h = c;
+  h.train.init_from = hf;
+  h.train.out_dir = f.dir + "/init_tp2_hf";
+  Trainer from_hf(h, testing::trainer_options(log, ctx.get()));
+  const auto got_hf = from_hf.run();
+  ASSERT_EQ(got_hf.size(), 1u);
+  EXPECT_EQ(got_hf[0].loss, got[0].loss);  // the same values through another file
+  EXPECT_EQ(got_hf[0].grad_norm, got[0].grad_norm);
   ctx->world().barrier();
 }
 

@@ -1,0 +1,265 @@
+// tests/train/convert_test.cpp — conversions between Loom checkpoints, Hugging Face directories
+// and llm.c files (train/convert.h, train/hf_format.h): round trips bit-identical (GPT-2 tied,
+// Llama with grouped-query heads and an untied head; one file and sharded; f32, and bf16 for
+// values bf16 holds exactly; llm.c versions 3 and 5), what transformers' names and Conv1D
+// orientation look like in the file, a real client (the Python `safetensors` package, when it
+// is installed) reading an export, errors that name the file and tensor, and verify on a
+// damaged checkpoint.
+#include "train/convert.h"
+
+#include <gtest/gtest.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <sstream>
+
+#include "core/ops/view.h"
+#include "core/rng.h"
+#include "layers/transformer.h"
+#include "train/checkpoint.h"
+#include "train/config.h"
+#include "train/hf_format.h"
+#include "train/safetensors.h"
+
+namespace loom {
+namespace {
+namespace fs = std::filesystem;
+
+std::string fresh_dir(const std::string& name) {
+  const std::string d = ::testing::TempDir() + "/loom_convert_" + name;
+  fs::remove_all(d);
+  fs::create_directories(d);
+  return d;
+}
+
+ModelConfig gpt2_tiny() {
+  ModelConfig c;
+  c.vocab_size = 61;  // padded to 64: the export drops the padding rows
+  c.vocab_multiple = 32;
+  c.n_layer = 2;
+  c.n_head = 2;
+  c.n_embd = 16;
+  c.max_seq_len = 8;
+  return c;
+}
+
+ModelConfig llama_tiny() {
+  ModelConfig c = gpt2_tiny();
+  c.arch = "llama";
+  c.n_head = 4;
+  c.n_kv_head = 2;
+  c.ffn_hidden = 24;
+  c.tie_embeddings = false;
+  return c;
+}
+
+// A model's initial weights as global tensors; with bf16, rounded to values bf16 holds.
+std::map<std::string, Tensor> weights_of(const ModelConfig& c, bool bf16_exact = false) {
+  Transformer m(c);
+  Generator gen(17);
+  m.init_weights(gen);
+  std::map<std::string, Tensor> out;
+  for (const auto& [name, p] : m.named_parameters()) {
+    Tensor w = p.detach().clone();  // the vocabulary's padding rows are 0, as an import pads
+    if (bf16_exact) w = ops::to_dtype(ops::to_dtype(w, DType::kBF16), DType::kF32);
+    out[name] = w;
+  }
+  return out;
+}
+
+void expect_same(const std::map<std::string, Tensor>& a, const std::map<std::string, Tensor>& b) {
+  ASSERT_EQ(a.size(), b.size());
+  for (const auto& [name, t] : a) {
+    ASSERT_TRUE(b.count(name)) << name;
+    EXPECT_EQ(b.at(name).shape(), t.shape()) << name;
+    EXPECT_EQ(b.at(name).to_vector(), t.to_vector()) << name;
+  }
+}
+
+TEST(HfFormat, RoundTripsBitIdentical) {
+  for (const ModelConfig& c : {gpt2_tiny(), llama_tiny()}) {
+    for (const int64_t shard : {int64_t{1} << 30, int64_t{4000}}) {  // one file; several
+      for (const DType dtype : {DType::kF32, DType::kBF16}) {
+        SCOPED_TRACE(c.arch + " shard " + std::to_string(shard) + " " + dtype_name(dtype));
+        const auto w = weights_of(c, dtype == DType::kBF16);
+        const std::string dir = fresh_dir("hf_rt");
+        write_hf_model(dir, c, w, dtype, shard);
+        EXPECT_EQ(fs::exists(dir + "/model.safetensors.index.json"), shard < 10000);
+        const ModelConfig back = read_hf_config(dir, c.vocab_multiple);
+        EXPECT_EQ(back.arch, c.arch);
+        EXPECT_EQ(back.kv_heads(), c.kv_heads());
+        EXPECT_EQ(back.ffn_hidden_size(), c.ffn_hidden_size());
+        EXPECT_EQ(back.tie_embeddings, c.tie_embeddings);
+        expect_same(w, read_hf_weights(dir, back));
+      }
+    }
+  }
+}
+
+// What another reader sees: transformers' names, Conv1D's (in, out) orientation, the real
+// vocabulary only, q/k/v apart.
+TEST(HfFormat, FileHoldsTransformersNamesAndOrientation) {
+  const auto w = weights_of(gpt2_tiny());
+  const std::string dir = fresh_dir("hf_names");
+  write_hf_model(dir, gpt2_tiny(), w);
+  const SafetensorsFile f = read_safetensors(dir + "/model.safetensors");
+  std::map<std::string, Tensor> t(f.tensors.begin(), f.tensors.end());
+  EXPECT_EQ(t.at("transformer.wte.weight").shape(), (Shape{61, 16}));
+  EXPECT_EQ(t.count("lm_head.weight"), 0u);  // tied
+  EXPECT_EQ(t.at("transformer.h.1.attn.c_attn.weight").shape(), (Shape{16, 48}));
+  EXPECT_EQ(t.at("transformer.h.1.attn.c_attn.weight").to_vector(),
+            w.at("blocks.1.attn.qkv.weight").transpose(0, 1).contiguous().to_vector());
+  EXPECT_EQ(f.metadata.at("format"), "pt");
+
+  const ModelConfig l = llama_tiny();
+  const auto lw = weights_of(l);
+  const std::string ldir = fresh_dir("hf_names_llama");
+  write_hf_model(ldir, l, lw);
+  const SafetensorsFile g = read_safetensors(ldir + "/model.safetensors");
+  std::map<std::string, Tensor> u(g.tensors.begin(), g.tensors.end());
+  EXPECT_EQ(u.at("model.layers.0.self_attn.q_proj.weight").shape(), (Shape{16, 16}));
+  EXPECT_EQ(u.at("model.layers.0.self_attn.k_proj.weight").shape(), (Shape{8, 16}));
+  EXPECT_EQ(u.at("model.layers.0.self_attn.k_proj.weight").to_vector(),
+            lw.at("blocks.0.attn.qkv.weight").narrow(0, 16, 8).contiguous().to_vector());
+  EXPECT_EQ(u.at("lm_head.weight").shape(), (Shape{61, 16}));
+}
+
+TEST(HfFormat, ErrorsNameTheFileAndTensor) {
+  const ModelConfig c = gpt2_tiny();
+  const std::string dir = fresh_dir("hf_errors");
+  write_hf_model(dir, c, weights_of(c));
+  auto message = [](const std::function<void()>& f) {
+    try {
+      f();
+    } catch (const Error& e) {
+      return std::string(e.what());
+    }
+    return std::string();
+  };
+  ModelConfig wider = c;
+  wider.n_embd = 32;
+  EXPECT_NE(message([&] {
+              read_hf_weights(dir, wider);
+            }).find("model.safetensors: tensor 'transformer.wte.weight' has shape (61, 16)"),
+            std::string::npos)
+      << message([&] { read_hf_weights(dir, wider); });
+  ModelConfig deeper = c;
+  deeper.n_layer = 3;
+  EXPECT_NE(message([&] {
+              read_hf_weights(dir, deeper);
+            }).find("no tensor 'transformer.h.2.ln_1.weight'"),
+            std::string::npos);
+  ModelConfig shallower = c;
+  shallower.n_layer = 1;
+  EXPECT_NE(message([&] {
+              read_hf_weights(dir, shallower);
+            }).find("tensor 'transformer.h.1.attn.c_attn.bias' has no place in a gpt2 model"),
+            std::string::npos);
+  std::ofstream(dir + "/config.json", std::ios::trunc) << "{\"model_type\": \"bert\"}";
+  EXPECT_NE(message([&] { read_hf_config(dir); }).find("model_type 'bert' is not supported"),
+            std::string::npos);
+}
+
+// A native checkpoint → Hugging Face → native, and → llm.c (both versions) → native, through
+// the convert entry point; then verify finds a flipped byte.
+TEST(Convert, CheckpointRoundTripsThroughHfAndLlmc) {
+  const ModelConfig c = gpt2_tiny();
+  Config cfg;
+  cfg.model = c;
+  cfg.model.vocab_size = 64;  // llm.c files keep the padding rows; keep them meaningful
+  for (const bool bf16 : {false, true}) {
+    SCOPED_TRACE(bf16 ? "bf16-exact" : "f32");
+    const auto w = weights_of(cfg.model, bf16);
+    CheckpointContents ck;
+    ck.step = 7;
+    ck.config_yaml = config_to_yaml(cfg);
+    for (const auto& [name, t] : w) ck.tensors.push_back(whole_tensor("model." + name, t));
+    const std::string root = fresh_dir(bf16 ? "cv_bf16" : "cv_f32");
+    const std::string src = save_checkpoint(root + "/src", ck, 0);
+    auto model_of = [](const std::string& dir) {
+      std::map<std::string, Tensor> out;
+      for (const CheckpointTensor& t : load_checkpoint(dir).tensors)
+        out[t.name.substr(6)] = t.values;
+      return out;
+    };
+    ConvertOptions o;
+    o.dtype = bf16 ? DType::kBF16 : DType::kF32;
+    o.vocab_multiple = c.vocab_multiple;
+    convert_model("loom:" + src, "hf:" + root + "/hf", o);
+    o.dtype = DType::kF32;
+    const std::string back = convert_model("hf:" + root + "/hf", "loom:" + root + "/back", o);
+    expect_same(w, model_of(back));
+    o.llmc_version = bf16 ? 5 : 3;
+    convert_model("loom:" + src, "llmc:" + root + "/m.bin", o);
+    expect_same(w, model_of(convert_model("llmc:" + root + "/m.bin", "loom:" + root + "/l", o)));
+  }
+  // verify: a good checkpoint, then one byte flipped in its tensor file.
+  const std::string root = fresh_dir("cv_verify");
+  CheckpointContents ck;
+  ck.step = 1;
+  ck.tensors.push_back(whole_tensor("model.w", Tensor::ones({1000})));
+  const std::string dir = save_checkpoint(root, ck, 0);
+  std::ostringstream out;
+  EXPECT_TRUE(verify_checkpoint(dir, out)) << out.str();
+  {
+    std::fstream f(dir + "/tensors_00000.safetensors",
+                   std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(-100, std::ios::end);
+    f.put('\x7f');
+  }
+  std::ostringstream bad;
+  EXPECT_FALSE(verify_checkpoint(dir, bad));
+  EXPECT_NE(bad.str().find("tensor 'model.w' is corrupt"), std::string::npos) << bad.str();
+}
+
+// The Python safetensors package (a reader Loom did not write) opens an export and finds the
+// names, shapes and values. Skipped with the reason when python3 or the package is missing
+// (tools/test.sh installs it with pip).
+TEST(HfFormat, PythonSafetensorsReadsTheExport) {
+  if (std::system("python3 -c 'import safetensors.numpy' >/dev/null 2>&1") != 0)
+    GTEST_SKIP() << "python3 with the safetensors and numpy packages is not installed";
+  const ModelConfig c = llama_tiny();
+  const auto w = weights_of(c);
+  const std::string dir = fresh_dir("hf_python");
+  write_hf_model(dir, c, w, DType::kF32, 6000);  // sharded, with the index
+  const std::string out = dir + "/listing.txt";
+  const std::string cmd =
+      "python3 -c \"import json, sys\n"
+      "from safetensors.numpy import load_file\n"
+      "d = sys.argv[1]\n"
+      "idx = json.load(open(d + '/model.safetensors.index.json'))\n"
+      "rows = []\n"
+      "for f in sorted(set(idx['weight_map'].values())):\n"
+      "    for k, v in load_file(d + '/' + f).items():\n"
+      "        rows.append('%s %s %.9e' % (k, 'x'.join(map(str, v.shape)), "
+      "float(v.astype('f8').sum())))\n"
+      "open(sys.argv[2], 'w').write('\\\\n'.join(sorted(rows)) + '\\\\n')\n\" " +
+      dir + " " + out;
+  ASSERT_EQ(std::system(cmd.c_str()), 0) << cmd;
+  std::map<std::string, std::pair<std::string, double>> seen;
+  std::ifstream in(out);
+  std::string name, shape;
+  double sum = 0;
+  while (in >> name >> shape >> sum) seen[name] = {shape, sum};
+  auto expect = [&](const std::string& hf, const Tensor& t) {
+    ASSERT_TRUE(seen.count(hf)) << hf;
+    std::string s;
+    for (int64_t d : t.shape()) s += (s.empty() ? "" : "x") + std::to_string(d);
+    EXPECT_EQ(seen[hf].first, s) << hf;
+    double want = 0;
+    for (double v : t.to_vector()) want += v;
+    EXPECT_NEAR(seen[hf].second, want, 1e-6 * (1 + std::abs(want))) << hf;
+  };
+  EXPECT_EQ(seen.size(), 3u + 9u * 2u);  // embed, head, final norm; 9 per layer
+  expect("model.embed_tokens.weight", w.at("wte.weight").narrow(0, 0, 61));
+  expect("model.layers.1.self_attn.v_proj.weight",
+         w.at("blocks.1.attn.qkv.weight").narrow(0, 24, 8));
+  expect("model.layers.0.mlp.down_proj.weight", w.at("blocks.0.mlp.down.weight"));
+  expect("model.norm.weight", w.at("norm_f.weight"));
+}
+
+}  // namespace
+}  // namespace loom

@@ -1,0 +1,39 @@
+// train/convert.h — checkpoint conversion between ecosystems, what tools/convert runs: a model
+// in one of three forms read as Loom's global tensors and written as another.
+//   hf:DIR     a Hugging Face GPT-2 or Llama directory (train/hf_format.h)
+//   llmc:FILE  an llm.c GPT-2 model file, version 3 (f32) or 5 (bf16) (train/llmc_format.h)
+//   loom:DIR   a native checkpoint (train/checkpoint.h). As a source, any checkpoint directory
+//              (step_N/, any layout); as a destination, a checkpoints root: the checkpoint is
+//              written as DIR/step_<step>/, one file of whole tensors (a consolidated checkpoint
+//              that any layout reads, and train.init_from takes).
+// loom → loom consolidates (parameters and optimizer state, the run's state, one file); a
+// checkpoint needs no offline resharding, since every layout reads any other (Note [Pieces]).
+// verify reads every stored tensor back, checking checksums, completeness and finiteness.
+#pragma once
+
+#include <cstdint>
+#include <ostream>
+#include <string>
+
+#include "core/dtype.h"
+
+namespace loom {
+
+struct ConvertOptions {
+  DType dtype = DType::kF32;                   // of the written weights (hf, loom)
+  int llmc_version = 3;                        // 3: f32, 5: bf16
+  int64_t vocab_multiple = 128;                // padding of the vocabulary read from hf
+  int64_t max_shard_bytes = int64_t{5} << 30;  // hf: larger models are written in shards
+  std::ostream* progress = nullptr;            // one line per tenth of the tensors
+};
+
+// Converts `from` into `to` (each "hf:…", "llmc:…" or "loom:…"); returns what it wrote (a
+// directory or file). Errors name the file and the tensor.
+std::string convert_model(const std::string& from, const std::string& to,
+                          const ConvertOptions& options);
+
+// Reads every tensor of checkpoint `dir` back and writes a report to `out` (tensors, bytes,
+// the step, files); returns false (after reporting what is wrong) when anything is damaged.
+bool verify_checkpoint(const std::string& dir, std::ostream& out);
+
+}  // namespace loom

@@ -1,0 +1,352 @@
+// train/hf_format.cpp — Hugging Face GPT-2 and Llama directories (Note [Hugging Face names] in
+// train/hf_format.h).
+#include "train/hf_format.h"
+
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <set>
+#include <vector>
+
+#include "core/autograd.h"
+#include "core/error.h"
+#include "core/ops/view.h"
+#include "train/safetensors.h"
+
+namespace loom {
+namespace {
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+// One Loom tensor and the Hugging Face tensor(s) it is made of.
+struct HfTensor {
+  std::string loom;
+  std::vector<std::string> hf;  // one, or q, k, v stacked along dim 0
+  std::vector<int64_t> rows;    // rows of each hf tensor (with several)
+  Shape shape;                  // Loom's
+  bool transpose = false;       // GPT-2's Conv1D stores (in, out)
+  bool vocab = false;           // Vp rows in Loom, vocab_size in the file
+};
+
+std::vector<HfTensor> hf_tensors(const ModelConfig& c, const std::string& gpt2_prefix) {
+  const int64_t C = c.n_embd, Vp = c.padded_vocab(), F = c.ffn_hidden_size();
+  std::vector<HfTensor> out;
+  if (!c.is_llama()) {
+    const std::string t = gpt2_prefix;
+    out.push_back({"wte.weight", {t + "wte.weight"}, {}, {Vp, C}, false, true});
+    out.push_back({"wpe.weight", {t + "wpe.weight"}, {}, {c.max_seq_len, C}});
+    for (int64_t i = 0; i < c.n_layer; ++i) {
+      const std::string h = t + "h." + std::to_string(i) + ".",
+                        b = "blocks." + std::to_string(i) + ".";
+      for (const char* n : {"ln_1", "ln_2"}) {
+        out.push_back({b + n + ".weight", {h + n + ".weight"}, {}, {C}});
+        out.push_back({b + n + ".bias", {h + n + ".bias"}, {}, {C}});
+      }
+      const std::vector<std::tuple<std::string, std::string, int64_t, int64_t>> linears = {
+          {"attn.c_attn", "attn.qkv", 3 * C, C},
+          {"attn.c_proj", "attn.proj", C, C},
+          {"mlp.c_fc", "mlp.fc", F, C},
+          {"mlp.c_proj", "mlp.proj", C, F}};
+      for (const auto& [hf, lm, rows, cols] : linears) {
+        out.push_back({b + lm + ".weight", {h + hf + ".weight"}, {}, {rows, cols}, true});
+        out.push_back({b + lm + ".bias", {h + hf + ".bias"}, {}, {rows}});
+      }
+    }
+    out.push_back({"ln_f.weight", {t + "ln_f.weight"}, {}, {C}});
+    out.push_back({"ln_f.bias", {t + "ln_f.bias"}, {}, {C}});
+  } else {
+    const int64_t D = c.head_dim(), q = c.n_head * D, kv = c.kv_heads() * D;
+    out.push_back({"wte.weight", {"model.embed_tokens.weight"}, {}, {Vp, C}, false, true});
+    for (int64_t i = 0; i < c.n_layer; ++i) {
+      const std::string h = "model.layers." + std::to_string(i) + ".",
+                        b = "blocks." + std::to_string(i) + ".";
+      out.push_back({b + "attn.qkv.weight",
+                     {h + "self_attn.q_proj.weight", h + "self_attn.k_proj.weight",
+                      h + "self_attn.v_proj.weight"},
+                     {q, kv, kv},
+                     {q + 2 * kv, C}});
+      out.push_back({b + "attn.proj.weight", {h + "self_attn.o_proj.weight"}, {}, {C, q}});
+      out.push_back({b + "mlp.gate.weight", {h + "mlp.gate_proj.weight"}, {}, {F, C}});
+      out.push_back({b + "mlp.up.weight", {h + "mlp.up_proj.weight"}, {}, {F, C}});
+      out.push_back({b + "mlp.down.weight", {h + "mlp.down_proj.weight"}, {}, {C, F}});
+      out.push_back({b + "attn_norm.weight", {h + "input_layernorm.weight"}, {}, {C}});
+      out.push_back({b + "mlp_norm.weight", {h + "post_attention_layernorm.weight"}, {}, {C}});
+    }
+    out.push_back({"norm_f.weight", {"model.norm.weight"}, {}, {C}});
+  }
+  if (!c.tie_embeddings)
+    out.push_back({"lm_head.weight", {"lm_head.weight"}, {}, {Vp, C}, false, true});
+  return out;
+}
+
+// The shape a Hugging Face tensor has in the file.
+Shape file_shape(const HfTensor& t, size_t k, const ModelConfig& c) {
+  if (t.hf.size() > 1) return {t.rows[k], t.shape[1]};
+  if (t.vocab) return {c.vocab_size, t.shape[1]};
+  if (t.transpose) return {t.shape[1], t.shape[0]};
+  return t.shape;
+}
+
+json read_json(const std::string& path) {
+  std::ifstream in(path);
+  LOOM_CHECK(in, path, ": cannot open");
+  try {
+    return json::parse(in);
+  } catch (const json::exception& e) {
+    LOOM_FAIL(path, ": not valid JSON: ", e.what());
+  }
+}
+
+template <typename T>
+T field(const json& j, const std::string& key, const std::string& path) {
+  LOOM_CHECK(j.contains(key) && !j.at(key).is_null(), path, ": missing '", key, "'");
+  try {
+    return j.at(key).get<T>();
+  } catch (const json::exception&) {
+    LOOM_FAIL(path, ": '", key, "' has the wrong type: ", j.at(key).dump());
+  }
+}
+
+template <typename T>
+T field_or(const json& j, const std::string& key, T fallback, const std::string& path) {
+  return j.contains(key) && !j.at(key).is_null() ? field<T>(j, key, path) : fallback;
+}
+
+// Which file holds each tensor of the directory, and its entry there.
+struct HfIndex {
+  std::map<std::string, std::pair<std::string, SafetensorsEntry>> where;
+};
+
+HfIndex index_dir(const std::string& dir) {
+  HfIndex x;
+  std::vector<std::string> files;
+  const fs::path single = fs::path(dir) / "model.safetensors";
+  const fs::path index = fs::path(dir) / "model.safetensors.index.json";
+  if (fs::exists(index)) {
+    const json j = read_json(index.string());
+    LOOM_CHECK(j.contains("weight_map") && j["weight_map"].is_object(), index.string(),
+               ": missing 'weight_map'");
+    std::set<std::string> names;
+    for (const auto& [name, file] : j["weight_map"].items()) names.insert(file.get<std::string>());
+    for (const std::string& f : names) files.push_back((fs::path(dir) / f).string());
+  } else {
+    LOOM_CHECK(fs::exists(single), dir, ": no model.safetensors or model.safetensors.index.json");
+    files.push_back(single.string());
+  }
+  for (const std::string& f : files) {
+    for (const SafetensorsEntry& e : read_safetensors_index(f).entries) {
+      LOOM_CHECK(!x.where.count(e.name), dir, ": tensor '", e.name, "' is in two files");
+      x.where[e.name] = {f, e};
+    }
+  }
+  return x;
+}
+
+bool skipped_buffer(const std::string& name) {
+  auto ends = [&](const std::string& s) {
+    return name.size() >= s.size() && name.compare(name.size() - s.size(), s.size(), s) == 0;
+  };
+  return ends(".attn.bias") || ends(".attn.masked_bias") || ends("rotary_emb.inv_freq");
+}
+
+}  // namespace
+
+ModelConfig read_hf_config(const std::string& dir, int64_t vocab_multiple) {
+  const std::string path = (fs::path(dir) / "config.json").string();
+  const json j = read_json(path);
+  const std::string type = field<std::string>(j, "model_type", path);
+  LOOM_CHECK(type == "gpt2" || type == "llama", path, ": model_type '", type,
+             "' is not supported (gpt2 or llama)");
+  ModelConfig c;
+  c.vocab_multiple = vocab_multiple;
+  c.vocab_size = field<int64_t>(j, "vocab_size", path);
+  if (type == "gpt2") {
+    c.arch = "gpt2";
+    c.n_layer = field<int64_t>(j, "n_layer", path);
+    c.n_head = field<int64_t>(j, "n_head", path);
+    c.n_embd = field<int64_t>(j, "n_embd", path);
+    c.max_seq_len = field<int64_t>(j, "n_positions", path);
+    c.ffn_hidden = field_or<int64_t>(j, "n_inner", 0, path);
+    c.norm_eps = field_or<double>(j, "layer_norm_epsilon", 1e-5, path);
+    c.tie_embeddings = field_or<bool>(j, "tie_word_embeddings", true, path);
+    const std::string act = field_or<std::string>(j, "activation_function", "gelu_new", path);
+    LOOM_CHECK(act == "gelu_new" || act == "gelu_pytorch_tanh", path, ": activation_function '",
+               act, "' is not Loom's GPT-2 GELU (the tanh form: gelu_new)");
+  } else if (type == "llama") {
+    c.arch = "llama";
+    c.n_layer = field<int64_t>(j, "num_hidden_layers", path);
+    c.n_head = field<int64_t>(j, "num_attention_heads", path);
+    c.n_kv_head = field_or<int64_t>(j, "num_key_value_heads", c.n_head, path);
+    c.n_embd = field<int64_t>(j, "hidden_size", path);
+    c.ffn_hidden = field<int64_t>(j, "intermediate_size", path);
+    c.max_seq_len = field<int64_t>(j, "max_position_embeddings", path);
+    c.norm_eps = field_or<double>(j, "rms_norm_eps", 1e-6, path);
+    c.rope_theta = field_or<double>(j, "rope_theta", 10000.0, path);
+    c.tie_embeddings = field_or<bool>(j, "tie_word_embeddings", false, path);
+    LOOM_CHECK(!field_or<bool>(j, "attention_bias", false, path) &&
+                   !field_or<bool>(j, "mlp_bias", false, path),
+               path, ": attention_bias / mlp_bias are not supported (Loom's Llama has no biases)");
+    LOOM_CHECK(!j.contains("rope_scaling") || j["rope_scaling"].is_null(), path,
+               ": rope_scaling is not supported");
+  } else {
+    LOOM_FAIL(path, ": model_type '", type, "' is not supported (gpt2 or llama)");
+  }
+  LOOM_CHECK(c.vocab_size > 0 && c.n_layer > 0 && c.n_head > 0 && c.n_embd % c.n_head == 0, path,
+             ": impossible sizes (vocab ", c.vocab_size, ", layers ", c.n_layer, ", heads ",
+             c.n_head, ", n_embd ", c.n_embd, ")");
+  return c;
+}
+
+std::map<std::string, Tensor> read_hf_weights(const std::string& dir, const ModelConfig& c,
+                                              DType dtype) {
+  const HfIndex index = index_dir(dir);
+  const std::string prefix =
+      !c.is_llama() && !index.where.count("transformer.wte.weight") ? "" : "transformer.";
+  std::set<std::string> used;
+  std::map<std::string, Tensor> out;
+  autograd::NoGradGuard no_grad;
+  for (const HfTensor& t : hf_tensors(c, prefix)) {
+    std::vector<Tensor> parts;
+    for (size_t k = 0; k < t.hf.size(); ++k) {
+      auto it = index.where.find(t.hf[k]);
+      LOOM_CHECK(it != index.where.end(), dir, ": no tensor '", t.hf[k], "' (for Loom's ", t.loom,
+                 ")");
+      const auto& [file, e] = it->second;
+      const Shape want = file_shape(t, k, c);
+      LOOM_CHECK(e.shape == want, file, ": tensor '", t.hf[k], "' has shape ", shape_str(e.shape),
+                 " but the config needs ", shape_str(want));
+      Tensor raw = Tensor::empty(e.shape, e.dtype);
+      read_file_bytes(file, e.begin, e.end - e.begin, raw.raw_data());
+      parts.push_back(ops::to_dtype(raw, dtype));
+      used.insert(t.hf[k]);
+    }
+    Tensor w = Tensor::zeros(t.shape, dtype);
+    if (t.transpose) {
+      ops::copy_(w, parts[0].transpose(0, 1));
+    } else if (t.vocab) {
+      Tensor rows = w.narrow(0, 0, c.vocab_size);
+      ops::copy_(rows, parts[0]);
+    } else {
+      int64_t at = 0;
+      for (const Tensor& p : parts) {
+        Tensor dst = w.narrow(0, at, p.size(0));
+        ops::copy_(dst, p);
+        at += p.size(0);
+      }
+    }
+    out[t.loom] = w;
+  }
+  for (const auto& [name, where] : index.where) {
+    const bool tied_head = name == "lm_head.weight" && c.tie_embeddings;
+    LOOM_CHECK(used.count(name) || skipped_buffer(name) || tied_head, where.first, ": tensor '",
+               name, "' has no place in a ", c.arch, " model of this config");
+  }
+  return out;
+}
+
+void write_hf_model(const std::string& dir, const ModelConfig& c,
+                    const std::map<std::string, Tensor>& weights, DType dtype,
+                    int64_t max_shard_bytes) {
+  fs::create_directories(dir);
+  autograd::NoGradGuard no_grad;
+  std::vector<std::pair<std::string, Tensor>> tensors;  // in Hugging Face names
+  for (const HfTensor& t : hf_tensors(c, "transformer.")) {
+    auto it = weights.find(t.loom);
+    LOOM_CHECK(it != weights.end(), "write_hf_model: no tensor '", t.loom, "'");
+    const Tensor w = it->second.detach().to(Device::cpu());
+    LOOM_CHECK(w.shape() == t.shape, "write_hf_model: '", t.loom, "' has shape ",
+               shape_str(w.shape()), ", the config needs ", shape_str(t.shape));
+    if (t.transpose) {
+      tensors.emplace_back(t.hf[0], ops::to_dtype(w.transpose(0, 1).contiguous(), dtype));
+    } else if (t.vocab) {
+      tensors.emplace_back(t.hf[0],
+                           ops::to_dtype(w.narrow(0, 0, c.vocab_size).contiguous(), dtype));
+    } else {
+      int64_t at = 0;
+      for (size_t k = 0; k < t.hf.size(); ++k) {
+        const int64_t rows = t.hf.size() > 1 ? t.rows[k] : t.shape[0];
+        tensors.emplace_back(t.hf[k], ops::to_dtype(w.narrow(0, at, rows).contiguous(), dtype));
+        at += rows;
+      }
+    }
+  }
+  // Shards of at most max_shard_bytes, in order.
+  std::vector<std::vector<std::pair<std::string, Tensor>>> shards(1);
+  int64_t bytes = 0, total = 0;
+  for (auto& t : tensors) {
+    const int64_t n = static_cast<int64_t>(t.second.nbytes());
+    if (bytes > 0 && bytes + n > max_shard_bytes) {
+      shards.emplace_back();
+      bytes = 0;
+    }
+    shards.back().push_back(std::move(t));
+    bytes += n;
+    total += n;
+  }
+  const std::map<std::string, std::string> meta = {{"format", "pt"}};
+  if (shards.size() == 1) {
+    write_safetensors((fs::path(dir) / "model.safetensors").string(), shards[0], meta);
+  } else {
+    json map = json::object();
+    for (size_t s = 0; s < shards.size(); ++s) {
+      char name[64];
+      std::snprintf(name, sizeof(name), "model-%05zu-of-%05zu.safetensors", s + 1, shards.size());
+      write_safetensors((fs::path(dir) / name).string(), shards[s], meta);
+      for (const auto& [n, t] : shards[s]) map[n] = name;
+    }
+    const json index = {{"metadata", {{"total_size", total}}}, {"weight_map", map}};
+    std::ofstream((fs::path(dir) / "model.safetensors.index.json").string())
+        << index.dump(2) << "\n";
+  }
+  const char* torch_dtype = dtype == DType::kBF16  ? "bfloat16"
+                            : dtype == DType::kF16 ? "float16"
+                                                   : "float32";
+  json cfg;
+  if (!c.is_llama()) {
+    cfg = {{"architectures", {"GPT2LMHeadModel"}},
+           {"model_type", "gpt2"},
+           {"vocab_size", c.vocab_size},
+           {"n_positions", c.max_seq_len},
+           {"n_ctx", c.max_seq_len},
+           {"n_embd", c.n_embd},
+           {"n_layer", c.n_layer},
+           {"n_head", c.n_head},
+           {"n_inner", c.ffn_hidden_size() == 4 * c.n_embd ? json(nullptr) : json(c.ffn_hidden)},
+           {"layer_norm_epsilon", c.norm_eps},
+           {"activation_function", "gelu_new"},
+           {"resid_pdrop", 0.0},
+           {"embd_pdrop", 0.0},
+           {"attn_pdrop", 0.0},
+           {"tie_word_embeddings", c.tie_embeddings},
+           {"torch_dtype", torch_dtype}};
+  } else {
+    cfg = {{"architectures", {"LlamaForCausalLM"}},
+           {"model_type", "llama"},
+           {"vocab_size", c.vocab_size},
+           {"hidden_size", c.n_embd},
+           {"intermediate_size", c.ffn_hidden_size()},
+           {"num_hidden_layers", c.n_layer},
+           {"num_attention_heads", c.n_head},
+           {"num_key_value_heads", c.kv_heads()},
+           {"max_position_embeddings", c.max_seq_len},
+           {"rms_norm_eps", c.norm_eps},
+           {"rope_theta", c.rope_theta},
+           {"hidden_act", "silu"},
+           {"attention_bias", false},
+           {"mlp_bias", false},
+           {"tie_word_embeddings", c.tie_embeddings},
+           {"torch_dtype", torch_dtype}};
+  }
+  const std::string path = (fs::path(dir) / "config.json").string();
+  {
+    std::ofstream out(path + ".tmp", std::ios::trunc);
+    LOOM_CHECK(out, path, ": cannot open for writing");
+    out << cfg.dump(2) << "\n";
+    out.flush();
+    LOOM_CHECK(out, path, ": write failed (disk full?)");
+  }
+  fs::rename(path + ".tmp", path);
+}
+
+}  // namespace loom

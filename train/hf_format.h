@@ -1,0 +1,50 @@
+// train/hf_format.h — Hugging Face model directories for GPT-2 and Llama: `config.json` and the
+// weights as safetensors (one `model.safetensors`, or shards listed by
+// `model.safetensors.index.json`), read into and written from Loom's global tensors (the names
+// and shapes of a single-device Transformer). Nothing here trains or knows a parallel layout:
+// the convert tool and train.init_from go through it, and resharding is the checkpoint's.
+//
+// Note [Hugging Face names]: per block i (GPT-2's names may lack the "transformer." prefix):
+//   GPT-2  transformer.wte/wpe.weight         wte/wpe.weight (wte padded to Vp rows)
+//          transformer.h.i.ln_1/ln_2.*        blocks.i.ln_1/ln_2.*
+//          transformer.h.i.attn.c_attn.*      blocks.i.attn.qkv.*   (Conv1D: weight (in, out),
+//          transformer.h.i.attn.c_proj.*      blocks.i.attn.proj.*   transposed to Loom's
+//          transformer.h.i.mlp.c_fc/c_proj.*  blocks.i.mlp.fc/proj.*  (out, in))
+//          transformer.ln_f.*                 ln_f.*; lm_head.weight only when untied
+//   Llama  model.embed_tokens.weight          wte.weight (padded)
+//          model.layers.i.self_attn.{q,k,v}_proj.weight   blocks.i.attn.qkv.weight (rows q, k, v:
+//                                             Note [Fused qkv layout]; both rotate halves, so no
+//                                             permutation: Note [RoPE pairing] in kernels/rope.h)
+//          model.layers.i.self_attn.o_proj    blocks.i.attn.proj
+//          model.layers.i.mlp.{gate,up,down}_proj   blocks.i.mlp.{gate,up,down}
+//          model.layers.i.input_layernorm / post_attention_layernorm   attn_norm / mlp_norm
+//          model.norm.weight                  norm_f.weight; lm_head.weight (padded) when untied
+// Buffers transformers keeps in some files (attn.bias, masked_bias, rotary inv_freq) are skipped.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <string>
+
+#include "core/tensor.h"
+#include "layers/model_config.h"
+
+namespace loom {
+
+// The model config.json describes (model_type gpt2 or llama). vocab_multiple pads the
+// vocabulary as Loom does. Errors name the file and the field.
+ModelConfig read_hf_config(const std::string& dir, int64_t vocab_multiple = 128);
+// Every weight of the directory as Loom's global tensors, converted to `dtype` (the files may be
+// f32, bf16 or f16), the vocabulary padded with zero rows. Errors name the file and the tensor:
+// a missing or unexpected name, a shape that does not fit the config.
+std::map<std::string, Tensor> read_hf_weights(const std::string& dir, const ModelConfig& c,
+                                              DType dtype = DType::kF32);
+// Writes dir/config.json (one that transformers loads) and the weights — Loom's global tensors,
+// every parameter of a model with config c — in `dtype`: one model.safetensors, or shards of at
+// most max_shard_bytes with model.safetensors.index.json. Each file goes through a temporary
+// file renamed into place.
+void write_hf_model(const std::string& dir, const ModelConfig& c,
+                    const std::map<std::string, Tensor>& weights, DType dtype = DType::kF32,
+                    int64_t max_shard_bytes = int64_t{5} << 30);
+
+}  // namespace loom
