@@ -61,12 +61,17 @@ int64_t step_of(const fs::path& p) {
   return std::stoll(n.substr(5));
 }
 
-std::vector<fs::path> complete_checkpoints(const std::string& root) {
+// Complete checkpoints oldest first; incomplete step folders into `incomplete`.
+std::vector<fs::path> complete_checkpoints(const std::string& root,
+                                           std::vector<fs::path>* incomplete = nullptr) {
   std::vector<fs::path> out;
   if (!fs::is_directory(root)) return out;
   for (const auto& e : fs::directory_iterator(root)) {
-    if (e.is_directory() && step_of(e.path()) >= 0 && fs::exists(e.path() / kMetaFile))
+    if (!e.is_directory() || step_of(e.path()) < 0) continue;
+    if (fs::exists(e.path() / kMetaFile))
       out.push_back(e.path());
+    else if (incomplete)
+      incomplete->push_back(e.path());
   }
   std::sort(out.begin(), out.end(),
             [](const fs::path& a, const fs::path& b) { return step_of(a) < step_of(b); });
@@ -131,9 +136,21 @@ void publish(const std::string& root, const fs::path& tmp, const fs::path& final
   fsync_path(root);
   fs::remove_all(old);
   if (keep > 0) {
-    std::vector<fs::path> all = complete_checkpoints(root);
+    std::vector<fs::path> incomplete;
+    std::vector<fs::path> all = complete_checkpoints(root, &incomplete);
     for (size_t i = 0; i + static_cast<size_t>(keep) < all.size(); ++i) {
       if (all[i] != final_dir) fs::remove_all(all[i]);
+    }
+    // Folders no save completes (no meta.yaml) older than this one, and temporary folders of
+    // saves that were killed, are pruned with the old checkpoints.
+    for (const fs::path& p : incomplete) {
+      if (step_of(p) < step_of(final_dir)) fs::remove_all(p);
+    }
+    for (const auto& e : fs::directory_iterator(root)) {
+      const std::string n = e.path().filename().string();
+      if (e.is_directory() && n.rfind(".step_", 0) == 0 && n.size() > 4 &&
+          n.compare(n.size() - 4, 4, ".tmp") == 0)
+        fs::remove_all(e.path());
     }
   }
 }
@@ -378,6 +395,18 @@ CheckpointContents load_checkpoint(const std::string& dir) {
   for (const auto& [name, shape] : r.tensors())
     c.tensors.push_back(whole_tensor(name, r.read_whole(name)));
   return c;
+}
+
+std::vector<std::string> checkpoints_newest_first(const std::string& root,
+                                                  std::vector<std::string>* incomplete) {
+  std::vector<fs::path> bad;
+  std::vector<fs::path> all = complete_checkpoints(root, &bad);
+  std::vector<std::string> out;
+  for (auto it = all.rbegin(); it != all.rend(); ++it) out.push_back(it->string());
+  if (incomplete) {
+    for (const fs::path& p : bad) incomplete->push_back(p.string());
+  }
+  return out;
 }
 
 std::string latest_checkpoint(const std::string& root) {

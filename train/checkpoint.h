@@ -102,6 +102,11 @@ class CheckpointReader {
 CheckpointContents load_checkpoint(const std::string& dir);
 // The newest complete checkpoint under root, or "" when there is none.
 std::string latest_checkpoint(const std::string& root);
+// Every complete checkpoint under root, newest first; `incomplete` (when given) receives the
+// step_N folders without meta.yaml (damaged by hand or by a file system: a save never leaves
+// one, Note [Atomic checkpoints]).
+std::vector<std::string> checkpoints_newest_first(const std::string& root,
+                                                  std::vector<std::string>* incomplete = nullptr);
 std::string checkpoint_dir_name(int64_t step);
 
 }  // namespace loom

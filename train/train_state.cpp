@@ -197,10 +197,41 @@ void Trainer::State::load_initial_weights(Transformer& model, const std::string&
   *log << "init_from: llm.c model file " << from << "\n";
 }
 
+// Note [Resume fallback]: `--resume latest` tries the complete checkpoints newest first. A
+// damaged one (a flipped byte, a truncated or missing file, a missing piece, an unknown format
+// version: any error reading what this rank needs) is skipped, naming it and why, and the next
+// older one is tried; the ranks agree after every attempt (one all-reduce), since a damaged
+// file may hold only some ranks' pieces. A config the checkpoint cannot continue under is the
+// user's to fix, not damage: it stops the run. An explicit directory is tried alone.
 void Trainer::State::resume(const std::string& which) {
   const std::string root = (fs::path(cfg.train.out_dir) / "checkpoints").string();
-  const std::string dir = which == "latest" ? latest_checkpoint(root) : which;
-  LOOM_CHECK(!dir.empty(), "--resume latest: no checkpoint under ", root);
+  std::vector<std::string> incomplete;
+  const std::vector<std::string> dirs =
+      which == "latest" ? checkpoints_newest_first(root, &incomplete)
+                        : std::vector<std::string>{which};
+  for (const std::string& d : incomplete)
+    *log << "resume: skipped " << d << ": no meta.yaml (not a complete checkpoint)\n";
+  LOOM_CHECK(!dirs.empty(), "--resume latest: no checkpoint under ", root);
+  for (const std::string& dir : dirs) {
+    std::string why;
+    try {
+      resume_from(dir);
+    } catch (const ConfigError&) {
+      throw;
+    } catch (const Error& e) {
+      why = e.what();
+    }
+    Tensor failed = Tensor::full({1}, why.empty() ? 0.0 : 1.0, DType::kF64);
+    if (ctx) ctx->world().all_reduce(failed, parallel::ReduceOp::kMax);
+    if (failed.item() == 0.0) return;
+    if (which != "latest") LOOM_FAIL(why.empty() ? dir + ": damaged (another rank failed)" : why);
+    *log << "resume: skipped " << dir << ": "
+         << (why.empty() ? "damaged (another rank could not read its pieces)" : why) << "\n";
+  }
+  LOOM_FAIL("--resume latest: no intact checkpoint under ", root, " (each one's damage is above)");
+}
+
+void Trainer::State::resume_from(const std::string& dir) {
   const CheckpointReader r(dir);
   check_resume_config(r);
   if (r.step() > cfg.train.steps) {

@@ -106,7 +106,8 @@ struct Trainer::State {
 
   // train/train_state.cpp (Note [Exact resume] in train/trainer.h).
   void save();
-  void resume(const std::string& which);
+  void resume(const std::string& which);  // Note [Resume fallback]
+  void resume_from(const std::string& dir);
   void load_initial_weights(Transformer& model, const std::string& from);
   // Note [Resume compatibility]: throws ConfigError naming the keys a run cannot change;
   // logs the others.

@@ -121,6 +121,72 @@ TEST(Trainer, ResumeIsBitIdentical) {
     EXPECT_EQ(pa[i].second.to_vector(), pb[i].second.to_vector()) << pa[i].first;
 }
 
+// Note [Resume fallback]: with the newest checkpoints damaged — a flipped byte (step 6), a
+// truncated tensor file (step 5), an unknown format version (step 4), a folder without
+// meta.yaml (step 9) — `--resume latest` says which it skipped and why and resumes from step 3,
+// continuing exactly as the uninterrupted run; a changed model is refused instead, naming the
+// key; later saves prune an older folder without meta.yaml (step 1's, damaged by hand).
+TEST(Trainer, ResumeLatestSkipsDamagedCheckpoints) {
+  const std::string dir = make_data("fallback");
+  std::ostringstream log;
+  Config cfg = tiny_config(dir, 8);
+  cfg.checkpoint.every = 1;
+  std::vector<StepRecord> full;
+  {
+    Trainer t(cfg, quiet(log));
+    full = t.run();
+  }
+  const std::string root = dir + "/run/checkpoints/";
+  auto file = [&](int step) {
+    return root + checkpoint_dir_name(step) + "/tensors_00000.safetensors";
+  };
+  fs::remove_all(root + checkpoint_dir_name(8));
+  fs::remove_all(root + checkpoint_dir_name(7));
+  {
+    std::fstream f(file(6), std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(-3, std::ios::end);
+    f.put('\x55');
+  }
+  fs::resize_file(file(5), fs::file_size(file(5)) - 100);
+  {
+    const std::string meta = root + checkpoint_dir_name(4) + "/meta.yaml";
+    std::ifstream in(meta);
+    std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    text.replace(text.find("format_version: 2"), 17, "format_version: 99");
+    std::ofstream(meta, std::ios::trunc) << text;
+  }
+  fs::create_directories(root + checkpoint_dir_name(9));
+  fs::remove(root + checkpoint_dir_name(1) + "/meta.yaml");
+  std::ostringstream rlog;
+  Config longer = cfg;
+  longer.checkpoint.keep = 20;
+  Trainer resumed(longer, quiet(rlog, "latest"));
+  EXPECT_EQ(resumed.step(), 3);
+  const std::string text = rlog.str();
+  EXPECT_NE(text.find("skipped " + root + checkpoint_dir_name(9) + ": no meta.yaml"),
+            std::string::npos)
+      << text;
+  EXPECT_NE(text.find("skipped " + root + checkpoint_dir_name(6) + ": "), std::string::npos);
+  EXPECT_NE(text.find("is corrupt (checksum mismatch"), std::string::npos) << text;
+  EXPECT_NE(text.find("skipped " + root + checkpoint_dir_name(5) + ": "), std::string::npos);
+  EXPECT_NE(text.find("truncated"), std::string::npos) << text;
+  EXPECT_NE(text.find("format version 99 is not supported"), std::string::npos) << text;
+  const auto rest = resumed.run();
+  ASSERT_EQ(rest.size(), 5u);
+  for (size_t i = 0; i < rest.size(); ++i) EXPECT_EQ(rest[i].loss, full[i + 3].loss) << i + 4;
+  // The later saves prune a folder without meta.yaml older than them, not a newer one.
+  EXPECT_FALSE(fs::exists(root + checkpoint_dir_name(1)));
+  EXPECT_TRUE(fs::exists(root + checkpoint_dir_name(9)));
+  Config other = cfg;
+  other.model.n_embd = 64;
+  try {
+    Trainer refused(other, quiet(rlog, "latest"));
+    FAIL() << "a changed model must be refused";
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("model.n_embd 32 → 64"), std::string::npos) << e.what();
+  }
+}
+
 // The effective config goes to <out_dir>/config.yaml (named on the log, not printed in full
 // unless asked), and reading that file back gives the same config: every key, overrides included.
 // Step callbacks (train/trainer.h) fire once per step in the loop's order, see the step count
