@@ -61,8 +61,8 @@ ModelConfig model_config_of(const std::string& yaml, const std::string& dir) {
   LOOM_CHECK(root.IsMap() && root["model"], dir, ": meta.yaml's config has no model section");
   YAML::Node only;
   only["model"] = root["model"];
-  only["data"]["seq_len"] = root["model"]["max_seq_len"] ? root["model"]["max_seq_len"]
-                                                           : YAML::Node(64);
+  only["data"]["seq_len"] =
+      root["model"]["max_seq_len"] ? root["model"]["max_seq_len"] : YAML::Node(64);
   return parse_config_text(YAML::Dump(only)).model;
 }
 

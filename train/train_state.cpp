@@ -206,9 +206,9 @@ void Trainer::State::load_initial_weights(Transformer& model, const std::string&
 void Trainer::State::resume(const std::string& which) {
   const std::string root = (fs::path(cfg.train.out_dir) / "checkpoints").string();
   std::vector<std::string> incomplete;
-  const std::vector<std::string> dirs =
-      which == "latest" ? checkpoints_newest_first(root, &incomplete)
-                        : std::vector<std::string>{which};
+  const std::vector<std::string> dirs = which == "latest"
+                                            ? checkpoints_newest_first(root, &incomplete)
+                                            : std::vector<std::string>{which};
   for (const std::string& d : incomplete)
     *log << "resume: skipped " << d << ": no meta.yaml (not a complete checkpoint)\n";
   LOOM_CHECK(!dirs.empty(), "--resume latest: no checkpoint under ", root);
