@@ -93,13 +93,12 @@ std::string block_crcs(const void* data, size_t n) {
   return out;
 }
 
-// This rank's tensor file into `dir`, fsync'ed: each piece under its global name, with its
+// This rank's tensor file into `dir` (values on the host), fsync'ed: each piece under its global name, with its
 // geometry (".piece") and its block checksums (".crc32c").
 void write_tensor_file(const fs::path& dir, const CheckpointContents& c, int rank) {
   std::map<std::string, std::string> meta;
   std::vector<std::pair<std::string, Tensor>> tensors;
   for (const CheckpointTensor& t : c.tensors) {
-    LOOM_CHECK(t.values.defined(), "checkpoint: tensor '", t.name, "' is undefined");
     LOOM_CHECK(t.values.numel() == t.piece.numel(), "checkpoint: tensor '", t.name, "' has ",
                t.values.numel(), " values for a piece of ", t.piece.numel());
     Tensor h = t.values.detach().to(Device::cpu()).contiguous();
@@ -163,33 +162,70 @@ std::string checkpoint_dir_name(int64_t step) {
   return buf;
 }
 
-std::string save_checkpoint(const std::string& root, const CheckpointContents& c, int64_t keep,
-                            parallel::Communicator* comm) {
+CheckpointWriter::CheckpointWriter(const std::string& root, CheckpointContents c, int64_t keep,
+                                   parallel::Communicator* comm, bool async)
+    : root_(root), keep_(keep), comm_(comm), step_(c.step) {
   const int rank = comm ? comm->rank() : 0;
-  const fs::path final_dir = fs::path(root) / checkpoint_dir_name(c.step);
   const fs::path tmp = fs::path(root) / ("." + checkpoint_dir_name(c.step) + ".tmp");
   if (rank == 0) {
-    fs::create_directories(root);
-    fs::remove_all(tmp);
-    fs::create_directories(tmp);
+    try {
+      fs::create_directories(root);
+      fs::remove_all(tmp);
+      fs::create_directories(tmp);
+    } catch (const std::exception& e) {
+      error_ = e.what();
+    }
   }
   if (comm) comm->barrier();
-  std::string error;
+  // The snapshot: host copies, so training may change the live tensors while the files are
+  // written (and the device work the values wait for is done when this returns).
   try {
-    write_tensor_file(tmp, c, rank);
-    if (rank == 0) write_meta((tmp / kMetaFile).string(), c, comm ? comm->size() : 1);
+    for (CheckpointTensor& t : c.tensors) {
+      LOOM_CHECK(t.values.defined(), "checkpoint: tensor '", t.name, "' is undefined");
+      const Tensor h = t.values.detach().to(Device::cpu()).contiguous();
+      t.values = async && h.storage() == t.values.storage() ? h.clone() : h;
+    }
   } catch (const std::exception& e) {
-    error = e.what();
+    error_ = e.what();
   }
-  if (!all_ok(error.empty(), comm)) {
+  auto write = [this, tmp, rank, contents = std::move(c), shards = comm ? comm->size() : 1] {
+    if (!error_.empty()) return;
+    try {
+      write_tensor_file(tmp, contents, rank);
+      if (rank == 0) write_meta((tmp / kMetaFile).string(), contents, shards);
+    } catch (const std::exception& e) {
+      error_ = e.what();
+    }
+  };
+  if (async)
+    thread_ = std::thread(std::move(write));
+  else
+    write();
+}
+
+CheckpointWriter::~CheckpointWriter() {
+  if (thread_.joinable()) thread_.join();  // unpublished: the next save prunes its folder
+}
+
+std::string CheckpointWriter::finish() {
+  if (thread_.joinable()) thread_.join();
+  const int rank = comm_ ? comm_->rank() : 0;
+  const fs::path final_dir = fs::path(root_) / checkpoint_dir_name(step_);
+  const fs::path tmp = fs::path(root_) / ("." + checkpoint_dir_name(step_) + ".tmp");
+  if (!all_ok(error_.empty(), comm_)) {
     if (rank == 0) fs::remove_all(tmp);  // the previous checkpoints are untouched
-    if (comm) comm->barrier();
+    if (comm_) comm_->barrier();
     LOOM_FAIL("checkpoint ", final_dir.string(),
-              " not written: ", error.empty() ? "another rank failed" : error);
+              " not written: ", error_.empty() ? "another rank failed" : error_);
   }
-  if (rank == 0) publish(root, tmp, final_dir, keep);
-  if (comm) comm->barrier();
+  if (rank == 0) publish(root_, tmp, final_dir, keep_);
+  if (comm_) comm_->barrier();
   return final_dir.string();
+}
+
+std::string save_checkpoint(const std::string& root, const CheckpointContents& c, int64_t keep,
+                            parallel::Communicator* comm) {
+  return CheckpointWriter(root, c, keep, comm, false).finish();
 }
 
 CheckpointTensor whole_tensor(const std::string& name, const Tensor& t) {

@@ -18,6 +18,7 @@
 #include <cstdint>
 #include <map>
 #include <string>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -56,6 +57,34 @@ struct CheckpointContents {
 // were.
 std::string save_checkpoint(const std::string& root, const CheckpointContents& c, int64_t keep,
                             parallel::Communicator* comm = nullptr);
+
+// Note [Asynchronous checkpoints]: a save in two halves, so that the files are written while
+// training goes on. The constructor (collective) prepares the temporary directory and
+// snapshots this rank's tensors into host memory — after it returns, training may change them —
+// then writes the files: on a background thread when `async`, which does no communication (the
+// communicators' order stays the main thread's). finish() (collective) waits for this rank's
+// files, agrees with every rank and publishes the checkpoint (Note [Atomic checkpoints]); until
+// then `latest` is the previous one. The files are the same bytes as a synchronous save's.
+// Destroyed unfinished, it waits for its thread and publishes nothing.
+class CheckpointWriter {
+ public:
+  CheckpointWriter(const std::string& root, CheckpointContents c, int64_t keep,
+                   parallel::Communicator* comm, bool async);
+  ~CheckpointWriter();
+  CheckpointWriter(const CheckpointWriter&) = delete;
+  CheckpointWriter& operator=(const CheckpointWriter&) = delete;
+  // Returns the checkpoint's directory; throws (on every rank) when any rank failed.
+  std::string finish();
+  int64_t step() const { return step_; }
+
+ private:
+  std::string root_;
+  int64_t keep_;
+  parallel::Communicator* comm_;
+  int64_t step_;
+  std::string error_;  // this rank's failure, written by the writing thread before it ends
+  std::thread thread_;
+};
 
 // A checkpoint opened for reading: meta.yaml and the headers of every tensor file (no tensor
 // data is read until asked for).

@@ -81,6 +81,7 @@ void visit_fields(Config& c, V&& v) {
   v("checkpoint", "every", k.every);
   v("checkpoint", "keep", k.keep);
   v("checkpoint", "at_end", k.at_end);
+  v("checkpoint", "async", k.async);
   LoggingConfig& l = c.logging;
   v("logging", "jsonl", l.jsonl);
   v("logging", "tensorboard", l.tensorboard);

@@ -77,6 +77,7 @@ struct CheckpointConfig {
   int64_t every = 0;  // steps between checkpoints; 0 = only at the end
   int64_t keep = 3;   // newest checkpoints kept (0 = all)
   bool at_end = true;
+  bool async = false;  // write the files on a background thread (Note [Asynchronous checkpoints])
 };
 
 struct ParallelConfig {

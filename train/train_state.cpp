@@ -290,7 +290,17 @@ void Trainer::State::resume_from(const std::string& dir) {
   *log << "resumed from " << dir << " at step " << step << "\n";
 }
 
+void Trainer::State::finish_pending_save() {
+  if (!pending_save) return;
+  const auto t0 = Clock::now();
+  const std::unique_ptr<CheckpointWriter> w = std::move(pending_save);
+  const std::string dir = w->finish();
+  *log << "checkpoint: " << dir << " (written in the background; waited "
+       << fmt(seconds_since(t0), 2) << " s for it)\n";
+}
+
 void Trainer::State::save() {
+  finish_pending_save();
   CheckpointContents c;
   c.step = step;
   c.config_yaml = config_to_yaml(cfg);
@@ -320,8 +330,16 @@ void Trainer::State::save() {
     c.state["loss_scale.skipped_steps"] = std::to_string(ls_state.skipped_steps);
   }
   const auto t0 = Clock::now();
-  const std::string dir = save_checkpoint((fs::path(cfg.train.out_dir) / "checkpoints").string(), c,
-                                          cfg.checkpoint.keep, ctx ? &ctx->world() : nullptr);
+  auto w = std::make_unique<CheckpointWriter>((fs::path(cfg.train.out_dir) / "checkpoints").string(),
+                                              std::move(c), cfg.checkpoint.keep,
+                                              ctx ? &ctx->world() : nullptr, cfg.checkpoint.async);
+  if (cfg.checkpoint.async) {
+    *log << "checkpoint: step " << step << " snapshot in " << fmt(seconds_since(t0), 2)
+         << " s, writing in the background\n";
+    pending_save = std::move(w);
+    return;
+  }
+  const std::string dir = w->finish();
   *log << "checkpoint: " << dir << " (" << fmt(seconds_since(t0), 2) << " s)\n";
 }
 

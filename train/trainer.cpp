@@ -251,6 +251,7 @@ std::vector<StepRecord> Trainer::run() {
     }
     since = Clock::now();  // validation, sampling and checkpoints are not the next step's time
   }
+  s.finish_pending_save();  // the exit waits for a checkpoint still being written
   if (s.plan.dp)
     *s.log << "end of run, " << s.plan.dp->describe() << "\n";  // with transient peaks (ZeRO-3)
   if (s.trace) {

@@ -41,6 +41,7 @@ using Clock = std::chrono::steady_clock;
 // and sampling. Sampling grows the context one token at a time, and cuDNN would build (and
 // keep) a graph for every new length, so sampling keeps Loom's attention kernels.
 class CheckpointReader;
+class CheckpointWriter;
 
 struct KernelChoices {
   enum class Use { kStep, kSampling };
@@ -84,6 +85,7 @@ struct Trainer::State {
   Readback readback;  // the device step's numbers (Note [Device step])
   int64_t step = 0;
   double peak_flops = 0;
+  std::unique_ptr<CheckpointWriter> pending_save;  // checkpoint.async: the save in flight
 
   Transformer& model() const { return *plan.model; }
   void build();  // train/trainer.cpp
@@ -106,6 +108,9 @@ struct Trainer::State {
 
   // train/train_state.cpp (Note [Exact resume] in train/trainer.h).
   void save();
+  // Publishes the save still writing in the background, if any (collective; Note
+  // [Asynchronous checkpoints] in train/checkpoint.h).
+  void finish_pending_save();
   void resume(const std::string& which);  // Note [Resume fallback]
   void resume_from(const std::string& dir);
   void load_initial_weights(Transformer& model, const std::string& from);

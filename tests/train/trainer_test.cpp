@@ -187,6 +187,50 @@ TEST(Trainer, ResumeLatestSkipsDamagedCheckpoints) {
   }
 }
 
+// Note [Asynchronous checkpoints]: with checkpoint.async the tensor files are the same bytes as
+// a synchronous save's, each checkpoint is published by the next save (or the end of the run),
+// and a save abandoned before it is published leaves `latest` on the previous checkpoint, its
+// temporary folder pruned by the next save.
+TEST(Trainer, AsyncCheckpointsAreTheSameFilesAndPublishLate) {
+  const std::string sync_dir = make_data("ckpt_sync"), async_dir = make_data("ckpt_async");
+  std::ostringstream log;
+  for (const bool async : {false, true}) {
+    Config cfg = tiny_config(async ? async_dir : sync_dir, 6);
+    cfg.checkpoint.every = 2;
+    cfg.checkpoint.async = async;
+    Trainer t(cfg, quiet(log));
+    t.run();
+  }
+  for (int step : {2, 4, 6}) {
+    auto bytes = [&](const std::string& dir) {
+      std::ifstream in(
+          dir + "/run/checkpoints/" + checkpoint_dir_name(step) + "/tensors_00000.safetensors",
+          std::ios::binary);
+      return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    };
+    const std::string a = bytes(sync_dir), b = bytes(async_dir);
+    EXPECT_FALSE(a.empty()) << step;
+    EXPECT_TRUE(a == b) << "step " << step << ": the async save wrote other bytes";
+  }
+  EXPECT_NE(log.str().find("writing in the background"), std::string::npos) << log.str();
+  EXPECT_NE(log.str().find("written in the background"), std::string::npos) << log.str();
+
+  const std::string root = async_dir + "/run/checkpoints";
+  const std::string before = latest_checkpoint(root);
+  {  // a save killed before it is published
+    CheckpointContents c;
+    c.step = 99;
+    c.tensors.push_back(whole_tensor("model.x", Tensor::ones({4})));
+    CheckpointWriter abandoned(root, c, 0, nullptr, true);
+  }
+  EXPECT_EQ(latest_checkpoint(root), before);
+  EXPECT_TRUE(fs::exists(root + "/.step_00000099.tmp"));
+  CheckpointContents next;
+  next.step = 100;
+  save_checkpoint(root, next, 10);
+  EXPECT_FALSE(fs::exists(root + "/.step_00000099.tmp"));
+}
+
 // The effective config goes to <out_dir>/config.yaml (named on the log, not printed in full
 // unless asked), and reading that file back gives the same config: every key, overrides included.
 // Step callbacks (train/trainer.h) fire once per step in the loop's order, see the step count
