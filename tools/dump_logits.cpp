@@ -5,6 +5,8 @@
 //   dump_logits --config FILE [--set section.key=value]... [--device cpu|cuda] [--batch B]
 //               [--seq T] [--seed S] --out FILE
 //
+// With model.init_from the weights are read from there (a checkpoint, a Hugging Face directory
+// or an llm.c file) after the draw, which still decides the ids.
 // The file holds every parameter under its Loom name (f32, CPU layout), "input_ids" (B, T) i64
 // (uniform over the real vocabulary) and "logits" (B, T, Vp) f32, plus the model's shape in the
 // metadata. The weights are drawn on the CPU (init_weights) and copied to the device, so a CPU
@@ -22,6 +24,7 @@
 #include "core/rng.h"
 #include "layers/transformer.h"
 #include "train/config.h"
+#include "train/convert.h"
 #include "train/safetensors.h"
 
 namespace {
@@ -79,6 +82,9 @@ int main(int argc, char** argv) {
     loom::Transformer host_model(mc);
     loom::Generator gen(seed);
     host_model.init_weights(gen);
+    // model.init_from: a checkpoint, a Hugging Face directory or an llm.c file's weights.
+    if (!config.train.init_from.empty())
+      loom::load_model_weights(host_model, config.train.init_from, std::cerr);
     loom::Transformer model(mc, loom::DType::kF32, device);
     const auto src = host_model.named_parameters();
     auto dst = model.named_parameters();

@@ -8,7 +8,8 @@
 #      (attention both as Loom's kernels and through cuDNN, to keep the faster as the default),
 #   3. trains GPT-2 124M, 350M (also with cuDNN's attention), 1.5B and Llama ~1B for a few steps
 #      on synthetic tokens (tokens/s, MFU against the measured GEMM ceiling, peak memory),
-#   4. compares GPT-2 124M forward logits with PyTorch/transformers on the same weights,
+#   4. compares GPT-2 124M forward logits with PyTorch/transformers on the same weights, and
+#      Hugging Face directories converted both ways (tools/check_hf_roundtrip.py),
 # and prints a short table last. Full logs go under $OUT (the device tool's folder; default
 # ./gpu_check_out). Each stage has its own time limit so that one hang cannot eat the lease,
 # and the later stages fit a budget for the whole script (GPU_CHECK_BUDGET_S, below); it is
@@ -86,7 +87,7 @@ else
   export LD_LIBRARY_PATH=$cuda_libs:${LD_LIBRARY_PATH:-}
   if ! { cmake -S . -B build-gpu -G Ninja -DCMAKE_BUILD_TYPE=Release -DLOOM_CUDA=ON \
            -DLOOM_CUDA_ARCHITECTURES=90 -DLOOM_MPI=OFF &&
-         ninja -C build-gpu cuda_tests conformance_tests gpu_kernels_bench train dump_logits; } >"$OUT/build.log" 2>&1; then
+         ninja -C build-gpu cuda_tests conformance_tests gpu_kernels_bench train dump_logits convert; } >"$OUT/build.log" 2>&1; then
     note "BUILD FAILED (see build.log)"; tail -30 "$OUT/build.log"; exit 1
   fi
 fi
@@ -207,6 +208,12 @@ if ((dump_rc == 0)); then
     --tol 1e-4 >>"$OUT/logits.log" 2>&1
   echo "=== compare_logits_torch exit $?" >>"$OUT/logits.log"
 fi
+# Hugging Face conversion both ways under transformers (CPU, f64; CI has no torch: issue 17).
+if [[ -x $bin/convert ]]; then
+  timeout -k 5 "$(logits_limit)" python3 tools/check_hf_roundtrip.py --bin "$bin" --tol 1e-4 \
+    >>"$OUT/logits.log" 2>&1
+  echo "=== check_hf_roundtrip exit $?" >>"$OUT/logits.log"
+fi
 
 # --- the table ---------------------------------------------------------------------------------
 stamp "done"
@@ -242,5 +249,5 @@ for name, lines in runs.items():
 PY
   fi
   echo
-  grep "compare_logits_torch\|error\|Error\|^=== " "$OUT/logits.log" | head -5
+  grep "compare_logits_torch\|check_hf_roundtrip\|error\|Error\|^=== " "$OUT/logits.log" | head -8
 } | tee -a "$summary"

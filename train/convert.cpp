@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <filesystem>
 #include <map>
+#include <tuple>
 #include <vector>
 
 #include "core/autograd.h"
@@ -17,6 +18,7 @@
 #include "train/config.h"
 #include "train/hf_format.h"
 #include "train/llmc_format.h"
+#include "train/pieces.h"
 
 namespace loom {
 namespace {
@@ -134,7 +136,74 @@ std::string write_model(const Model& m, const Location& to, const ConvertOptions
   return save_checkpoint(to.path, c, 0);
 }
 
+// Reads piece `piece` of global tensor `key` into dst, converting from the stored dtype.
+void read_converted(const CheckpointReader& r, const std::string& key, const TensorPiece& piece,
+                    Tensor dst) {
+  const DType stored = r.dtype(key);
+  if (stored == dst.dtype()) {
+    r.read(key, piece, dst);
+    return;
+  }
+  Tensor host = Tensor::empty(dst.shape(), stored);
+  r.read(key, piece, host);
+  ops::copy_(dst, ops::to_dtype(host, dst.dtype()).to(dst.device()));
+}
+
+// The run's part (its placement's) of a whole global tensor.
+void copy_part(const Tensor& whole, Tensor dst) {
+  const Tensor w = whole.detach().to(Device::cpu()).contiguous();
+  Tensor host = Tensor::empty(dst.shape(), w.dtype());
+  const int64_t n =
+      copy_overlap(whole_piece(w.shape()), w.raw_data(), piece_of(dst.placement(), dst.shape()),
+                   host.raw_data(), dtype_size(w.dtype()));
+  LOOM_CHECK(n == dst.numel(), "init_from: the run's part of a ", shape_str(w.shape()),
+             " tensor is not inside it");
+  ops::copy_(dst, ops::to_dtype(host, dst.dtype()).to(dst.device()));
+}
+
 }  // namespace
+
+void load_model_weights(Transformer& model, const std::string& from, std::ostream& log) {
+  if (fs::is_directory(from) && fs::exists(fs::path(from) / "config.json")) {
+    // A Hugging Face directory: its config must be the run's model, then whole tensors → parts.
+    const ModelConfig& m = model.config();
+    const ModelConfig h = read_hf_config(from, m.vocab_multiple);
+    const std::vector<std::tuple<const char*, std::string, std::string>> same = {
+        {"model.arch", m.arch, h.arch},
+        {"model.vocab_size", std::to_string(m.vocab_size), std::to_string(h.vocab_size)},
+        {"model.n_layer", std::to_string(m.n_layer), std::to_string(h.n_layer)},
+        {"model.n_head", std::to_string(m.n_head), std::to_string(h.n_head)},
+        {"model.n_kv_head", std::to_string(m.kv_heads()), std::to_string(h.kv_heads())},
+        {"model.n_embd", std::to_string(m.n_embd), std::to_string(h.n_embd)},
+        {"model.ffn_hidden", std::to_string(m.ffn_hidden_size()),
+         std::to_string(h.ffn_hidden_size())},
+        {"model.tie_embeddings", std::to_string(m.tie_embeddings),
+         std::to_string(h.tie_embeddings)}};
+    for (const auto& [key, run, file] : same) {
+      if (run != file) {
+        throw ConfigError(std::string(key) + ": the run has " + run + ", the Hugging Face model " +
+                          from + " has " + file);
+      }
+    }
+    const std::map<std::string, Tensor> w = read_hf_weights(from, m, DType::kF32);
+    for (const auto& [name, p] : model.named_parameters()) copy_part(w.at(name), p);
+    log << "init_from: Hugging Face model " << from << "\n";
+    return;
+  }
+  if (fs::is_directory(from)) {
+    const CheckpointReader r(from);
+    const auto params = model.named_parameters();
+    for (const auto& [name, p] : params)
+      read_converted(r, "model." + name, piece_of(p.placement(), p.shape()), p);
+    log << "init_from: " << params.size() << " parameters from checkpoint " << from << "\n";
+    return;
+  }
+  // An llm.c file holds whole tensors: read it into a single-device model, then take parts.
+  Transformer whole(model.config());
+  load_llmc_model(from, whole);
+  for (const auto& [name, p] : model.named_parameters()) copy_part(whole.parameter(name), p);
+  log << "init_from: llm.c model file " << from << "\n";
+}
 
 std::string convert_model(const std::string& from, const std::string& to,
                           const ConvertOptions& options) {

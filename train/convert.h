@@ -16,6 +16,7 @@
 #include <string>
 
 #include "core/dtype.h"
+#include "layers/transformer.h"
 
 namespace loom {
 
@@ -31,6 +32,13 @@ struct ConvertOptions {
 // directory or file). Errors name the file and the tensor.
 std::string convert_model(const std::string& from, const std::string& to,
                           const ConvertOptions& options);
+
+// train.init_from: the weights of `from` — a native checkpoint directory (any layout's), a
+// Hugging Face directory (one with config.json, whose model must equal model's config: a
+// differing key is a ConfigError naming it) or an llm.c file — into `model`, each parameter
+// taking the part its placement says (a tensor-parallel part, or the whole tensor): call it
+// before the model is staged or sharded. One line to `log`.
+void load_model_weights(Transformer& model, const std::string& from, std::ostream& log);
 
 // Reads every tensor of checkpoint `dir` back and writes a report to `out` (tensors, bytes,
 // the step, files); returns false (after reporting what is wrong) when anything is damaged.

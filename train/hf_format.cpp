@@ -182,13 +182,21 @@ ModelConfig read_hf_config(const std::string& dir, int64_t vocab_multiple) {
     c.ffn_hidden = field<int64_t>(j, "intermediate_size", path);
     c.max_seq_len = field<int64_t>(j, "max_position_embeddings", path);
     c.norm_eps = field_or<double>(j, "rms_norm_eps", 1e-6, path);
+    // rope_theta at the top (transformers 4), or in rope_parameters (5).
     c.rope_theta = field_or<double>(j, "rope_theta", 10000.0, path);
+    if (!j.contains("rope_theta") && j.contains("rope_parameters") &&
+        j["rope_parameters"].is_object())
+      c.rope_theta = field_or<double>(j["rope_parameters"], "rope_theta", 10000.0, path);
     c.tie_embeddings = field_or<bool>(j, "tie_word_embeddings", false, path);
     LOOM_CHECK(!field_or<bool>(j, "attention_bias", false, path) &&
                    !field_or<bool>(j, "mlp_bias", false, path),
                path, ": attention_bias / mlp_bias are not supported (Loom's Llama has no biases)");
-    LOOM_CHECK(!j.contains("rope_scaling") || j["rope_scaling"].is_null(), path,
-               ": rope_scaling is not supported");
+    for (const char* key : {"rope_scaling", "rope_parameters"}) {
+      const bool plain = !j.contains(key) || j[key].is_null() ||
+                         (j[key].is_object() && j[key].value("rope_type", "default") == "default");
+      LOOM_CHECK(plain, path, ": ", key, " ", j[key].dump(),
+                 " is not supported (Loom's RoPE is the default one)");
+    }
   } else {
     LOOM_FAIL(path, ": model_type '", type, "' is not supported (gpt2 or llama)");
   }

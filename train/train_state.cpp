@@ -1,21 +1,18 @@
 // train/train_state.cpp — the trainer's state on disk (Note [Exact resume] in train/trainer.h):
 // the checkpoint it writes — every parameter and optimizer state as pieces of its global,
 // layout-free tensor (Note [Pieces] in train/pieces.h), each written once, by the copy its
-// placement counts — resuming from one written by any layout, and train.init_from's initial
-// weights (a native checkpoint, a Hugging Face directory or an llm.c file) in any layout.
+// placement counts — and resuming from one written by any layout. (train.init_from's initial
+// weights: load_model_weights in train/convert.h.)
 #include <yaml-cpp/yaml.h>
 
 #include <filesystem>
 #include <iomanip>
 #include <map>
 #include <sstream>
-#include <tuple>
 
 #include "core/ops/view.h"
 #include "parallel/gradients.h"
 #include "train/checkpoint.h"
-#include "train/hf_format.h"
-#include "train/llmc_format.h"
 #include "train/trainer_state.h"
 
 namespace loom {
@@ -49,31 +46,6 @@ std::vector<StatePiece> state_pieces(const TrainPlan& plan,
     out.push_back({"optim." + name.substr(0, dot) + "." + it->second->param, t, it->second});
   }
   return out;
-}
-
-// Reads piece `piece` of global tensor `key` into dst, converting from the stored dtype.
-void read_converted(const CheckpointReader& r, const std::string& key, const TensorPiece& piece,
-                    Tensor dst) {
-  const DType stored = r.dtype(key);
-  if (stored == dst.dtype()) {
-    r.read(key, piece, dst);
-    return;
-  }
-  Tensor host = Tensor::empty(dst.shape(), stored);
-  r.read(key, piece, host);
-  ops::copy_(dst, ops::to_dtype(host, dst.dtype()).to(dst.device()));
-}
-
-// The run's part (its placement's) of a whole global tensor.
-void copy_part(const Tensor& whole, Tensor dst) {
-  const Tensor w = whole.detach().to(Device::cpu()).contiguous();
-  Tensor host = Tensor::empty(dst.shape(), w.dtype());
-  const int64_t n =
-      copy_overlap(whole_piece(w.shape()), w.raw_data(), piece_of(dst.placement(), dst.shape()),
-                   host.raw_data(), dtype_size(w.dtype()));
-  LOOM_CHECK(n == dst.numel(), "init_from: the run's part of a ", shape_str(w.shape()),
-             " tensor is not inside it");
-  ops::copy_(dst, ops::to_dtype(host, dst.dtype()).to(dst.device()));
 }
 
 // The config as "section.key" → its YAML text.
@@ -151,50 +123,6 @@ void Trainer::State::check_resume_config(const CheckpointReader& r) {
          << " sequences per step; the data continues from the same position, so the steps after "
             "the resume see other batches than the original run would have\n";
   }
-}
-
-// The model here is built (its tensor-parallel parts in place) but not yet staged or sharded,
-// so every rank reads its part of each parameter.
-void Trainer::State::load_initial_weights(Transformer& model, const std::string& from) {
-  if (fs::is_directory(from) && fs::exists(fs::path(from) / "config.json")) {
-    // A Hugging Face directory: its config must be the run's model, then whole tensors → parts.
-    const ModelConfig& m = model.config();
-    const ModelConfig h = read_hf_config(from, m.vocab_multiple);
-    const std::vector<std::tuple<const char*, std::string, std::string>> same = {
-        {"model.arch", m.arch, h.arch},
-        {"model.vocab_size", std::to_string(m.vocab_size), std::to_string(h.vocab_size)},
-        {"model.n_layer", std::to_string(m.n_layer), std::to_string(h.n_layer)},
-        {"model.n_head", std::to_string(m.n_head), std::to_string(h.n_head)},
-        {"model.n_kv_head", std::to_string(m.kv_heads()), std::to_string(h.kv_heads())},
-        {"model.n_embd", std::to_string(m.n_embd), std::to_string(h.n_embd)},
-        {"model.ffn_hidden", std::to_string(m.ffn_hidden_size()),
-         std::to_string(h.ffn_hidden_size())},
-        {"model.tie_embeddings", std::to_string(m.tie_embeddings),
-         std::to_string(h.tie_embeddings)}};
-    for (const auto& [key, run, file] : same) {
-      if (run != file) {
-        throw ConfigError(std::string(key) + ": the run has " + run + ", the Hugging Face model " +
-                          from + " has " + file);
-      }
-    }
-    const std::map<std::string, Tensor> w = read_hf_weights(from, m, DType::kF32);
-    for (const auto& [name, p] : model.named_parameters()) copy_part(w.at(name), p);
-    *log << "init_from: Hugging Face model " << from << "\n";
-    return;
-  }
-  if (fs::is_directory(from)) {
-    const CheckpointReader r(from);
-    const auto params = model.named_parameters();
-    for (const auto& [name, p] : params)
-      read_converted(r, param_key(name), piece_of(p.placement(), p.shape()), p);
-    *log << "init_from: " << params.size() << " parameters from checkpoint " << from << "\n";
-    return;
-  }
-  // An llm.c file holds whole tensors: read it into a single-device model, then take parts.
-  Transformer whole(model.config());
-  load_llmc_model(from, whole);
-  for (const auto& [name, p] : model.named_parameters()) copy_part(whole.parameter(name), p);
-  *log << "init_from: llm.c model file " << from << "\n";
 }
 
 // Note [Resume fallback]: `--resume latest` tries the complete checkpoints newest first. A
@@ -330,9 +258,9 @@ void Trainer::State::save() {
     c.state["loss_scale.skipped_steps"] = std::to_string(ls_state.skipped_steps);
   }
   const auto t0 = Clock::now();
-  auto w = std::make_unique<CheckpointWriter>((fs::path(cfg.train.out_dir) / "checkpoints").string(),
-                                              std::move(c), cfg.checkpoint.keep,
-                                              ctx ? &ctx->world() : nullptr, cfg.checkpoint.async);
+  auto w = std::make_unique<CheckpointWriter>(
+      (fs::path(cfg.train.out_dir) / "checkpoints").string(), std::move(c), cfg.checkpoint.keep,
+      ctx ? &ctx->world() : nullptr, cfg.checkpoint.async);
   if (cfg.checkpoint.async) {
     *log << "checkpoint: step " << step << " snapshot in " << fmt(seconds_since(t0), 2)
          << " s, writing in the background\n";

@@ -18,6 +18,7 @@
 #include "kernels/copy.h"
 #include "parallel/launcher.h"
 #include "train/checkpoint.h"
+#include "train/convert.h"
 #include "train/trainer_state.h"
 
 namespace loom {
@@ -112,7 +113,7 @@ void Trainer::State::build() {
   hooks.trace = trace.get();
   hooks.init = [&](Transformer& m) {  // the single process's draw, before anything is sharded
     m.init_weights(init_gen);
-    if (!cfg.train.init_from.empty()) load_initial_weights(m, cfg.train.init_from);
+    if (!cfg.train.init_from.empty()) load_model_weights(m, cfg.train.init_from, *log);
   };
   plan = build_plan(cfg, ctx, device, hooks);
   const OptimConfig& o = cfg.optim;

@@ -113,7 +113,6 @@ struct Trainer::State {
   void finish_pending_save();
   void resume(const std::string& which);  // Note [Resume fallback]
   void resume_from(const std::string& dir);
-  void load_initial_weights(Transformer& model, const std::string& from);
   // Note [Resume compatibility]: throws ConfigError naming the keys a run cannot change;
   // logs the others.
   void check_resume_config(const CheckpointReader& r);
