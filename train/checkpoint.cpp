@@ -93,8 +93,8 @@ std::string block_crcs(const void* data, size_t n) {
   return out;
 }
 
-// This rank's tensor file into `dir` (values on the host), fsync'ed: each piece under its global name, with its
-// geometry (".piece") and its block checksums (".crc32c").
+// This rank's tensor file into `dir` (values on the host), fsync'ed: each piece under its global
+// name, with its geometry (".piece") and its block checksums (".crc32c").
 void write_tensor_file(const fs::path& dir, const CheckpointContents& c, int rank) {
   std::map<std::string, std::string> meta;
   std::vector<std::pair<std::string, Tensor>> tensors;
