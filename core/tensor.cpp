@@ -20,7 +20,10 @@ std::string shape_str(const Shape& s) {
 
 int64_t shape_numel(const Shape& s) {
   int64_t n = 1;
-  for (int64_t d : s) n *= d;
+  for (int64_t d : s) {
+    LOOM_CHECK(d >= 0 && !__builtin_mul_overflow(n, d, &n), "shape ", shape_str(s),
+               " has a negative size or more elements than int64 counts");
+  }
   return n;
 }
 
@@ -42,8 +45,13 @@ int64_t wrap_dim(int64_t d, int64_t ndim, const char* op) {
 
 Tensor Tensor::empty(const Shape& shape, DType dtype, Device device) {
   for (int64_t d : shape) LOOM_CHECK(d >= 0, "empty: negative size in shape ", shape_str(shape));
+  int64_t bytes = 0;
+  LOOM_CHECK(
+      !__builtin_mul_overflow(shape_numel(shape), static_cast<int64_t>(dtype_size(dtype)), &bytes),
+      "empty: a ", dtype_name(dtype), " tensor of shape ", shape_str(shape),
+      " has more bytes than int64 counts");
   auto impl = std::make_shared<TensorImpl>();
-  impl->storage = std::make_shared<Storage>(shape_numel(shape) * dtype_size(dtype), device);
+  impl->storage = std::make_shared<Storage>(static_cast<size_t>(bytes), device);
   impl->shape = shape;
   impl->strides = contiguous_strides(shape);
   impl->dtype = dtype;

@@ -2,6 +2,7 @@
 // layers/transformer.h).
 #include "layers/transformer.h"
 
+#include <algorithm>
 #include <cmath>
 #include <string>
 
@@ -53,6 +54,25 @@ void validate(const ModelConfig& c) {
   require_positive("init_std", c.init_std);
   LOOM_CONFIG_CHECK(c.dropout >= 0.0 && c.dropout < 1.0, "model.dropout: must be in [0, 1), got ",
                     c.dropout);
+  // Note [Size bounds]: every size is bounded by what could ever be allocated, so no product of
+  // sizes below overflows int64 (each factor < 2^31) and no tensor exceeds 2^40 elements.
+  constexpr int64_t kMaxDim = int64_t{1} << 31, kMaxElements = int64_t{1} << 40;
+  for (const auto& [key, v] : {std::pair<const char*, int64_t>{"vocab_size", c.vocab_size},
+                               {"vocab_multiple", c.vocab_multiple},
+                               {"n_layer", c.n_layer},
+                               {"n_head", c.n_head},
+                               {"n_kv_head", c.n_kv_head},
+                               {"n_embd", c.n_embd},
+                               {"max_seq_len", c.max_seq_len},
+                               {"ffn_hidden", c.ffn_hidden},
+                               {"ffn_multiple", c.ffn_multiple}}) {
+    LOOM_CONFIG_CHECK(v < kMaxDim, "model.", key, ": ", v,
+                      " exceeds the largest size Loom allocates (", kMaxDim - 1, ")");
+  }
+  const int64_t widest =
+      std::max({c.padded_vocab(), c.max_seq_len, c.ffn_hidden_size(), 3 * c.n_embd});
+  LOOM_CONFIG_CHECK(widest * c.n_embd <= kMaxElements, "model.n_embd: ", c.n_embd, " × ", widest,
+                    " rows makes a tensor of more than 2^40 elements");
 }
 
 int64_t count_parameters(const ModelConfig& c, bool exclude_padding) {

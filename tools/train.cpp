@@ -45,9 +45,20 @@ int main(int argc, char** argv) {
       overrides.push_back(argv[++i]);
     else if (a == "--resume")
       options.resume = argv[++i];
-    else if (a == "--stop-at")
-      options.stop_at_step = std::stoll(argv[++i]);
-    else if (a == "--profile")
+    else if (a == "--stop-at") {
+      // A positive step, validated like a config key (exit 2, naming the flag).
+      const std::string v = argv[++i];
+      size_t used = 0;
+      try {
+        options.stop_at_step = std::stoll(v, &used);
+      } catch (const std::exception&) {
+        used = 0;
+      }
+      if (used != v.size() || v.empty() || options.stop_at_step <= 0) {
+        std::cerr << "config error: --stop-at: expected a positive step, got '" << v << "'\n";
+        return 2;
+      }
+    } else if (a == "--profile")
       options.profile_path = "profile";  // resolved per rank below
     else if (a == "--print-config")
       options.print_config = true;

@@ -4,6 +4,7 @@
 #include <yaml-cpp/yaml.h>
 
 #include <cmath>
+#include <filesystem>
 #include <set>
 #include <sstream>
 
@@ -158,14 +159,24 @@ void check_known_keys(const YAML::Node& root) {
   });
   if (!root || root.IsNull()) return;
   if (!root.IsMap()) throw ConfigError("config: the top level must be a mapping of sections");
+  // Keys must be plain words, each given once: yaml-cpp keeps both of a duplicated key and
+  // reads the first, so a second value would be ignored without a word.
+  std::set<std::string> seen;
   for (const auto& sec : root) {
+    if (!sec.first.IsScalar())
+      throw ConfigError("config: a section name must be a plain word, got " + node_text(sec.first));
     const std::string s = sec.first.as<std::string>();
     if (!sections.count(s)) throw ConfigError(s + ": unknown section");
+    if (!seen.insert(s).second) throw ConfigError(s + ": the section appears twice");
     if (sec.second.IsNull()) continue;
     if (!sec.second.IsMap()) throw ConfigError(s + ": expected a mapping of keys");
     for (const auto& kv : sec.second) {
+      if (!kv.first.IsScalar())
+        throw ConfigError(s + ": a key must be a plain word, got " + node_text(kv.first));
       const std::string full = s + "." + kv.first.as<std::string>();
       if (!keys.count(full)) throw ConfigError(full + ": unknown key");
+      if (!seen.insert(full).second)
+        throw ConfigError(full + ": the key appears twice (the first value would win)");
     }
   }
 }
@@ -301,6 +312,9 @@ void validate_config(const Config& c) {
   const DataConfig& d = c.data;
   require(d.batch_size > 0, "data.batch_size: must be positive, got " + str(d.batch_size));
   require(d.seq_len > 0, "data.seq_len: must be positive, got " + str(d.seq_len));
+  require(d.batch_size < (int64_t{1} << 31) && d.batch_size * d.seq_len <= (int64_t{1} << 40),
+          "data.batch_size: " + str(d.batch_size) + " × data.seq_len " + str(d.seq_len) +
+              " tokens per batch is more than Loom allocates");
   require(
       d.seq_len <= c.model.max_seq_len,
       "data.seq_len: " + str(d.seq_len) + " exceeds model.max_seq_len " + str(c.model.max_seq_len));
@@ -345,6 +359,12 @@ void validate_config(const Config& c) {
   require(t.val_steps > 0, "train.val_steps: must be positive, got " + str(t.val_steps));
   require(t.sample_every >= 0,
           "train.sample_every: must be non-negative, got " + str(t.sample_every));
+  require(t.sample_tokens >= 0 && t.sample_tokens <= (int64_t{1} << 20),
+          "train.sample_tokens: must be in [0, 2^20], got " + str(t.sample_tokens));
+  require(t.val_steps <= (int64_t{1} << 30),
+          "train.val_steps: " + str(t.val_steps) + " is too many");
+  require(o.grad_accum <= (int64_t{1} << 30),
+          "optim.grad_accum: " + str(o.grad_accum) + " is too many");
   require(t.temperature > 0, "train.temperature: must be positive, got " + str(t.temperature));
   require(t.top_k >= 0, "train.top_k: must be non-negative, got " + str(t.top_k));
   require(t.peak_flops >= 0, "train.peak_flops: must be non-negative, got " + str(t.peak_flops));
@@ -410,6 +430,9 @@ Config parse_config_text(const std::string& text, const std::vector<std::string>
 
 Config load_config(const std::string& path, const std::vector<std::string>& overrides) {
   YAML::Node root;
+  std::error_code ec;
+  if (std::filesystem::is_directory(path, ec))
+    throw ConfigError(path + ": is a directory, not a config file");
   try {
     root = YAML::LoadFile(path);
   } catch (const YAML::BadFile&) {

@@ -5,6 +5,7 @@
 #include <yaml-cpp/yaml.h>
 
 #include <algorithm>
+#include <cmath>
 #include <filesystem>
 #include <map>
 #include <tuple>
@@ -149,9 +150,12 @@ void read_converted(const CheckpointReader& r, const std::string& key, const Ten
   ops::copy_(dst, ops::to_dtype(host, dst.dtype()).to(dst.device()));
 }
 
-// The run's part (its placement's) of a whole global tensor.
-void copy_part(const Tensor& whole, Tensor dst) {
+// The run's part of a whole global tensor; `from` and `name` for the error when the file holds
+// NaN or infinite values (a checkpoint's reader checks its own).
+void copy_part(const Tensor& whole, Tensor dst, const std::string& from, const std::string& name) {
   const Tensor w = whole.detach().to(Device::cpu()).contiguous();
+  for (double v : ops::to_dtype(w, DType::kF64).to_vector())
+    LOOM_CHECK(std::isfinite(v), from, ": '", name, "' holds NaN or infinite values");
   Tensor host = Tensor::empty(dst.shape(), w.dtype());
   const int64_t n =
       copy_overlap(whole_piece(w.shape()), w.raw_data(), piece_of(dst.placement(), dst.shape()),
@@ -186,7 +190,7 @@ void load_model_weights(Transformer& model, const std::string& from, std::ostrea
       }
     }
     const std::map<std::string, Tensor> w = read_hf_weights(from, m, DType::kF32);
-    for (const auto& [name, p] : model.named_parameters()) copy_part(w.at(name), p);
+    for (const auto& [name, p] : model.named_parameters()) copy_part(w.at(name), p, from, name);
     log << "init_from: Hugging Face model " << from << "\n";
     return;
   }
@@ -201,7 +205,8 @@ void load_model_weights(Transformer& model, const std::string& from, std::ostrea
   // An llm.c file holds whole tensors: read it into a single-device model, then take parts.
   Transformer whole(model.config());
   load_llmc_model(from, whole);
-  for (const auto& [name, p] : model.named_parameters()) copy_part(whole.parameter(name), p);
+  for (const auto& [name, p] : model.named_parameters())
+    copy_part(whole.parameter(name), p, from, name);
   log << "init_from: llm.c model file " << from << "\n";
 }
 

@@ -103,6 +103,15 @@ std::string encode_scalars_event(double wall_time, int64_t step,
   return ev;
 }
 
+std::string encode_session_start_event(double wall_time, int64_t step) {
+  std::string log;  // SessionLog{status = 1: START}
+  put_tag(log, 1, 0);
+  put_varint(log, 1);
+  std::string ev = event_header(wall_time, step);
+  put_bytes_field(ev, 7, log);
+  return ev;
+}
+
 }  // namespace tfevents
 
 namespace {
@@ -154,6 +163,38 @@ MetricsWriter::MetricsWriter(const std::string& dir, bool jsonl, bool tensorboar
     events_ << tfevents::tf_record(
         tfevents::encode_file_version_event(unix_seconds(), "brain.Event:2"));
     events_.flush();
+  }
+}
+
+void MetricsWriter::resumed_at(int64_t step) {
+  if (jsonl_.is_open()) {
+    jsonl_.close();
+    std::ifstream in(jsonl_path_);
+    std::string kept, line;
+    while (std::getline(in, line)) {
+      int64_t s = -1;
+      try {
+        s = nlohmann::json::parse(line).value("step", int64_t{-1});
+      } catch (const nlohmann::json::exception&) {
+        s = -1;  // a torn last line of a killed run: dropped
+      }
+      if (s >= 0 && s <= step) kept += line + "\n";
+    }
+    in.close();
+    const std::string tmp = jsonl_path_ + ".tmp";
+    {
+      std::ofstream out(tmp, std::ios::trunc);
+      out << kept;
+      LOOM_CHECK(out.flush(), "metrics: cannot write '", tmp, "'");
+    }
+    std::filesystem::rename(tmp, jsonl_path_);
+    jsonl_.open(jsonl_path_, std::ios::app);
+    LOOM_CHECK(jsonl_.good(), "metrics: cannot open '", jsonl_path_, "': ", std::strerror(errno));
+  }
+  if (events_.is_open()) {
+    events_ << tfevents::tf_record(tfevents::encode_session_start_event(unix_seconds(), step + 1));
+    events_.flush();
+    LOOM_CHECK(events_.good(), "metrics: write to '", events_path_, "' failed");
   }
 }
 

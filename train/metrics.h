@@ -27,6 +27,9 @@ std::string encode_file_version_event(double wall_time, const std::string& versi
 // with one value per scalar.
 std::string encode_scalars_event(double wall_time, int64_t step,
                                  const std::vector<std::pair<std::string, double>>& scalars);
+// Serialized Event{wall_time, step, session_log = 7 {status = 1: START (1)}}: TensorBoard drops
+// every event of the run's earlier files at or after `step` when it reads one (a restart).
+std::string encode_session_start_event(double wall_time, int64_t step);
 
 }  // namespace tfevents
 
@@ -43,6 +46,11 @@ class MetricsWriter {
   // are written as null) and one event holding every scalar under its name as the tag. Both
   // are flushed before returning. A name "step" or a repeated name is an error.
   void write(int64_t step, const std::vector<std::pair<std::string, double>>& scalars);
+
+  // A resumed run continues from `step`: metrics.jsonl keeps only the lines of steps ≤ step (the
+  // steps after it are trained again), and the event file records a restart at step + 1, so
+  // TensorBoard shows each step once across the run's event files.
+  void resumed_at(int64_t step);
 
   const std::string& jsonl_path() const { return jsonl_path_; }    // "" when disabled
   const std::string& events_path() const { return events_path_; }  // "" when disabled

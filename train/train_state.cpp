@@ -215,6 +215,7 @@ void Trainer::State::resume_from(const std::string& dir) {
                        static_cast<int64_t>(num("loss_scale.skipped_steps"))});
   }
   step = r.step();
+  if (metrics) metrics->resumed_at(step);  // the replayed steps' old lines and events go
   *log << "resumed from " << dir << " at step " << step << "\n";
 }
 

@@ -127,6 +127,20 @@ void Trainer::State::build() {
     val_loader = std::make_unique<DataLoader>(expand_shards(d.val, "data.val"), d.batch_size,
                                               d.seq_len, 0, 1, d.seed);
   }
+  {  // one run per out_dir: rank 0 locks it, and every rank stops alike when it cannot
+    std::string busy;
+    if (is_main()) {
+      try {
+        run_lock = std::make_unique<RunLock>(cfg.train.out_dir);
+      } catch (const ConfigError& e) {
+        busy = e.what();
+      }
+    }
+    Tensor flag = Tensor::full({1}, busy.empty() ? 0.0 : 1.0, DType::kF64);
+    if (ctx) ctx->world().all_reduce(flag, parallel::ReduceOp::kMax);
+    if (flag.item() != 0.0)
+      throw ConfigError(busy.empty() ? "train.out_dir: in use by another run (see rank 0)" : busy);
+  }
   fs::create_directories(cfg.train.out_dir);
   if (is_main()) {
     // The effective config (every key, defaults included) beside the run's checkpoints and
@@ -253,6 +267,7 @@ std::vector<StepRecord> Trainer::run() {
     since = Clock::now();  // validation, sampling and checkpoints are not the next step's time
   }
   s.finish_pending_save();  // the exit waits for a checkpoint still being written
+  s.run_lock.reset();       // the run's files are complete: another run may use out_dir
   if (s.plan.dp)
     *s.log << "end of run, " << s.plan.dp->describe() << "\n";  // with transient peaks (ZeRO-3)
   if (s.trace) {

@@ -30,6 +30,7 @@
 #include "train/plan.h"
 #include "train/profiler.h"
 #include "train/readback.h"
+#include "train/run_lock.h"
 #include "train/trainer.h"
 
 namespace loom {
@@ -86,6 +87,8 @@ struct Trainer::State {
   int64_t step = 0;
   double peak_flops = 0;
   std::unique_ptr<CheckpointWriter> pending_save;  // checkpoint.async: the save in flight
+  // Rank 0 holds train.out_dir from construction to the end of run() (train/run_lock.h).
+  std::unique_ptr<RunLock> run_lock;
 
   Transformer& model() const { return *plan.model; }
   void build();  // train/trainer.cpp

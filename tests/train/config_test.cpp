@@ -329,5 +329,30 @@ TEST(Config, ShippedConfigsValidateWithPublishedSizes) {
   }
 }
 
+// Found by trying to break the parser: a duplicated key or section (yaml-cpp would keep the
+// first value without a word), a key that is not a plain word, sizes whose products overflow or
+// could never be allocated (each named, instead of heap corruption later), a negative
+// sample_tokens.
+TEST(Config, RefusesDuplicatesOddKeysAndImpossibleSizes) {
+  EXPECT_EQ(error_of("optim:\n  lr: 1.0e-3\n  lr: 5.0e-1\n"),
+            "optim.lr: the key appears twice (the first value would win)");
+  EXPECT_EQ(error_of("optim:\n  lr: 1.0e-3\noptim:\n  eps: 1.0e-8\n"),
+            "optim: the section appears twice");
+  EXPECT_EQ(error_of("optim:\n  [a, b]: 1\n"), "optim: a key must be a plain word, got a list");
+  EXPECT_EQ(error_of("? [x]\n: 1\n"), "config: a section name must be a plain word, got a list");
+  for (const char* huge :
+       {"model.max_seq_len=9223372036854775807", "model.vocab_size=144115188075855872",
+        "model.n_embd=3458764513820540928", "model.ffn_hidden=144115188075855872"}) {
+    const std::string msg = error_of("", {huge});
+    const std::string key = std::string(huge).substr(0, std::string(huge).find('='));
+    EXPECT_EQ(msg.rfind(key + ": ", 0), 0u) << huge << " → " << msg;
+    EXPECT_NE(msg.find("exceeds the largest size"), std::string::npos) << msg;
+  }
+  EXPECT_NE(error_of("", {"model.n_embd=1048576", "model.n_head=1"}).find("2^40 elements"),
+            std::string::npos);
+  EXPECT_EQ(error_of("", {"train.sample_tokens=-1"}),
+            "train.sample_tokens: must be in [0, 2^20], got -1");
+}
+
 }  // namespace
 }  // namespace loom

@@ -6,11 +6,13 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <sstream>
+#include <thread>
 #include <tuple>
 
 #include "core/error.h"
@@ -129,6 +131,47 @@ TEST(Metrics, TensorBoardReadsTheEventFile) {
     want << tag << "," << step << "," << static_cast<double>(static_cast<float>(v)) << "\n";
   }
   EXPECT_EQ(out, want.str());
+  fs::remove_all(dir);
+}
+
+// A resumed run reads as one run: resumed_at(2) keeps the first run's metrics.jsonl lines up
+// to step 2 and records a restart at step 3 in the new event file, so TensorBoard (its own
+// reader, merging the directory's event files) shows steps 0-5 once each, 3-5 from the resumed
+// run; metrics.jsonl likewise, a torn last line of the killed run dropped.
+TEST(Metrics, ResumedRunReadsAsOneRun) {
+  const fs::path dir =
+      fs::path(::testing::TempDir()) / ("loom_metrics_resume_" + std::to_string(::getpid()));
+  fs::remove_all(dir);
+  {
+    MetricsWriter first(dir.string(), true, true);
+    for (int s = 0; s < 6; ++s) first.write(s, {{"loss", 10.0 - s}});
+  }
+  std::ofstream(dir / "metrics.jsonl", std::ios::app) << "{\"step\": 6, \"lo";  // torn
+  std::this_thread::sleep_for(std::chrono::milliseconds(1100));  // a later event file name
+  {
+    MetricsWriter second(dir.string(), true, true);
+    second.resumed_at(2);
+    for (int s = 3; s < 6; ++s) second.write(s, {{"loss", 100.0 + s}});
+  }
+  std::ifstream jl(dir / "metrics.jsonl");
+  std::string line, steps;
+  while (std::getline(jl, line)) steps += line.substr(0, line.find(',')) + ";";
+  EXPECT_EQ(steps, "{\"step\":0;{\"step\":1;{\"step\":2;{\"step\":3;{\"step\":4;{\"step\":5;");
+  if (std::system("python3 -c \"import tensorboard\" > /dev/null 2>&1") != 0) {
+    GTEST_SKIP() << "python3 tensorboard package not installed (pip install tensorboard)";
+  }
+#ifdef LOOM_SOURCE_DIR
+  const fs::path root = LOOM_SOURCE_DIR;
+#else
+  const fs::path root = fs::path(__FILE__).parent_path().parent_path().parent_path();
+#endif
+  int status = 0;
+  const std::string out =
+      run_command("python3 '" + (root / "tools" / "read_tb_events.py").string() + "' --run '" +
+                      dir.string() + "' 2>/dev/null",
+                  &status);
+  ASSERT_EQ(status, 0) << out;
+  EXPECT_EQ(out, "loss,0,10\nloss,1,9\nloss,2,8\nloss,3,103\nloss,4,104\nloss,5,105\n");
   fs::remove_all(dir);
 }
 

@@ -233,6 +233,7 @@ TEST(Trainer, AsyncCheckpointsAreTheSameFilesAndPublishLate) {
 
 // The effective config goes to <out_dir>/config.yaml (named on the log, not printed in full
 // unless asked), and reading that file back gives the same config: every key, overrides included.
+// A second run on the same out_dir is refused while the first holds it (train/run_lock.h).
 // Step callbacks (train/trainer.h) fire once per step in the loop's order, see the step count
 // they are documented to see, and can change the parameters between steps as a fork's outer
 // optimizer would: one that puts back the initial weights after every update leaves the model
@@ -279,16 +280,29 @@ TEST(Trainer, WritesTheEffectiveConfigBesideTheRun) {
   std::ostringstream log;
   Config cfg = tiny_config(dir, 10);
   cfg.optim.lr = 3.25e-3;  // not the default, not the file's: must survive the round trip
-  Trainer t(cfg, quiet(log));
   const std::string path = dir + "/run/config.yaml";
-  ASSERT_TRUE(fs::exists(path));
-  EXPECT_NE(log.str().find("effective config: " + path), std::string::npos) << log.str();
-  EXPECT_EQ(log.str().find("model:\n"), std::string::npos) << "printed without print_config";
-  std::ifstream in(path);
-  const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  EXPECT_EQ(text, config_to_yaml(cfg));
-  EXPECT_EQ(config_to_yaml(parse_config_text(text)), text);
-  EXPECT_EQ(parse_config_text(text).optim.lr, 3.25e-3);
+  std::string text;
+  {
+    Trainer t(cfg, quiet(log));
+    ASSERT_TRUE(fs::exists(path));
+    EXPECT_NE(log.str().find("effective config: " + path), std::string::npos) << log.str();
+    EXPECT_EQ(log.str().find("model:\n"), std::string::npos) << "printed without print_config";
+    std::ifstream in(path);
+    text.assign((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    EXPECT_EQ(text, config_to_yaml(cfg));
+    EXPECT_EQ(config_to_yaml(parse_config_text(text)), text);
+    EXPECT_EQ(parse_config_text(text).optim.lr, 3.25e-3);
+    // A second run on the same out_dir while this one holds it is refused, naming this process.
+    try {
+      Trainer clash(cfg, quiet(log));
+      ADD_FAILURE() << "two runs on one out_dir";
+    } catch (const ConfigError& e) {
+      EXPECT_NE(
+          std::string(e.what()).find("is in use by another run (pid " + std::to_string(::getpid())),
+          std::string::npos)
+          << e.what();
+    }
+  }
 
   std::ostringstream printed;
   TrainerOptions o = quiet(printed);
@@ -542,6 +556,16 @@ TEST(TrainTool, ConfigErrorExitsTwoWithOneLine) {
       run_train_tool("--config " + path + " --set model.n_head=4 --set optim.lrr=1");
   EXPECT_EQ(code2, 2);
   EXPECT_NE(err2.find("optim.lrr: unknown key"), std::string::npos) << err2;
+  // Command-line values are validated like keys: exit 2 and one line naming the flag.
+  for (const char* bad : {"abc", "-3", "0", "7x"}) {
+    const auto [c3, e3] = run_train_tool("--config " + path + " --stop-at " + bad);
+    EXPECT_EQ(c3, 2) << bad;
+    EXPECT_EQ(
+        e3, std::string("config error: --stop-at: expected a positive step, got '") + bad + "'\n");
+  }
+  const auto [c4, e4] = run_train_tool("--config " + ::testing::TempDir());
+  EXPECT_EQ(c4, 2);
+  EXPECT_NE(e4.find("is a directory, not a config file"), std::string::npos) << e4;
 }
 
 TEST(TrainTool, SigintCheckpointsAndExitsCleanly) {
