@@ -67,39 +67,39 @@ void write_shard(const std::string& path, std::span<const int32_t> tokens) {
 
 ShardReader::ShardReader(const std::string& path) : path_(path) {
   const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  LOOM_CHECK(fd >= 0, path, ": cannot open shard: ", std::strerror(errno));
+  LOOM_INPUT_CHECK(fd >= 0, path, ": cannot open shard: ", std::strerror(errno));
   struct stat st {};
   if (::fstat(fd, &st) != 0) {
     const int err = errno;
     ::close(fd);
-    LOOM_FAIL(path, ": cannot stat shard: ", std::strerror(err));
+    LOOM_INPUT_FAIL(path, ": cannot stat shard: ", std::strerror(err));
   }
   const auto file_bytes = static_cast<int64_t>(st.st_size);
   if (file_bytes < kShardHeaderBytes) {
     ::close(fd);
-    LOOM_FAIL(path, ": too small for a shard header: file has ", file_bytes, " bytes, the header ",
-              "alone is ", kShardHeaderBytes);
+    LOOM_INPUT_FAIL(path, ": too small for a shard header: file has ", file_bytes,
+                    " bytes, the header ", "alone is ", kShardHeaderBytes);
   }
   map_ = ::mmap(nullptr, static_cast<size_t>(file_bytes), PROT_READ, MAP_PRIVATE, fd, 0);
   const int err = errno;
   ::close(fd);  // the mapping keeps the file alive
-  LOOM_CHECK(map_ != MAP_FAILED, path, ": cannot mmap shard: ", std::strerror(err));
+  LOOM_INPUT_CHECK(map_ != MAP_FAILED, path, ": cannot mmap shard: ", std::strerror(err));
   map_bytes_ = static_cast<size_t>(file_bytes);
   int32_t header[3];
   std::memcpy(header, map_, sizeof(header));
   try {
-    LOOM_CHECK(header[0] == kShardMagic, path, ": bad magic ", header[0], " (expected ",
-               kShardMagic, "): not an llm.c token shard");
-    LOOM_CHECK(header[1] == kShardVersion, path, ": unsupported shard version ", header[1],
-               " (expected ", kShardVersion, ", uint16 tokens)");
-    LOOM_CHECK(header[2] >= 0, path, ": negative token count ", header[2], " in header");
+    LOOM_INPUT_CHECK(header[0] == kShardMagic, path, ": bad magic ", header[0], " (expected ",
+                     kShardMagic, "): not an llm.c token shard");
+    LOOM_INPUT_CHECK(header[1] == kShardVersion, path, ": unsupported shard version ", header[1],
+                     " (expected ", kShardVersion, ", uint16 tokens)");
+    LOOM_INPUT_CHECK(header[2] >= 0, path, ": negative token count ", header[2], " in header");
     const int64_t count = header[2], want = kShardHeaderBytes + 2 * count;
-    LOOM_CHECK(file_bytes >= want, path, ": truncated: header says ", count, " tokens (", 2 * count,
-               " bytes + ", kShardHeaderBytes, " header = ", want, " bytes) but file has ",
-               file_bytes, " bytes");
-    LOOM_CHECK(file_bytes == want, path, ": ", file_bytes - want, " trailing bytes: header says ",
-               count, " tokens (", want, " bytes with the header) but file has ", file_bytes,
-               " bytes");
+    LOOM_INPUT_CHECK(file_bytes >= want, path, ": truncated: header says ", count, " tokens (",
+                     2 * count, " bytes + ", kShardHeaderBytes, " header = ", want,
+                     " bytes) but file has ", file_bytes, " bytes");
+    LOOM_INPUT_CHECK(file_bytes == want, path, ": ", file_bytes - want,
+                     " trailing bytes: header says ", count, " tokens (", want,
+                     " bytes with the header) but file has ", file_bytes, " bytes");
     num_tokens_ = count;
   } catch (...) {
     unmap();

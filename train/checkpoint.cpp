@@ -237,11 +237,11 @@ namespace {
 // A meta.yaml field as T, naming the file and the key when it is missing or malformed.
 template <typename T>
 T meta_field(const YAML::Node& meta, const std::string& key, const std::string& path) {
-  LOOM_CHECK(meta[key], path, ": missing '", key, "'");
+  LOOM_INPUT_CHECK(meta[key], path, ": missing '", key, "'");
   try {
     return meta[key].as<T>();
   } catch (const YAML::Exception&) {
-    LOOM_FAIL(path, ": '", key, "' is not a valid value: ", YAML::Dump(meta[key]));
+    LOOM_INPUT_FAIL(path, ": '", key, "' is not a valid value: ", YAML::Dump(meta[key]));
   }
 }
 
@@ -252,8 +252,8 @@ std::vector<uint32_t> parse_crcs(const std::string& text, const std::string& wha
   while (std::getline(in, hex, ',')) {
     char* end = nullptr;
     const unsigned long v = std::strtoul(hex.c_str(), &end, 16);
-    LOOM_CHECK(!hex.empty() && end == hex.c_str() + hex.size(), what, ": malformed checksum '",
-               text, "'");
+    LOOM_INPUT_CHECK(!hex.empty() && end == hex.c_str() + hex.size(), what,
+                     ": malformed checksum '", text, "'");
     out.push_back(static_cast<uint32_t>(v));
   }
   return out;
@@ -278,20 +278,20 @@ bool all_finite(const Tensor& host) {
 
 CheckpointReader::CheckpointReader(const std::string& dir) : dir_(dir) {
   const std::string meta_path = (fs::path(dir) / kMetaFile).string();
-  LOOM_CHECK(fs::is_directory(dir) && fs::exists(meta_path), dir, ": not a checkpoint (no ",
-             kMetaFile, ")");
+  LOOM_INPUT_CHECK(fs::is_directory(dir) && fs::exists(meta_path), dir, ": not a checkpoint (no ",
+                   kMetaFile, ")");
   YAML::Node meta;
   try {
     meta = YAML::LoadFile(meta_path);
   } catch (const YAML::Exception& e) {
-    LOOM_FAIL(meta_path, ": corrupt: ", e.what());
+    LOOM_INPUT_FAIL(meta_path, ": corrupt: ", e.what());
   }
-  LOOM_CHECK(meta.IsMap(), meta_path, ": corrupt: not a YAML map");
+  LOOM_INPUT_CHECK(meta.IsMap(), meta_path, ": corrupt: not a YAML map");
   const int version = meta_field<int>(meta, "format_version", meta_path);
-  LOOM_CHECK(version == kCheckpointFormatVersion, meta_path, ": format version ", version,
-             " is not supported (this Loom reads version ", kCheckpointFormatVersion, ")");
+  LOOM_INPUT_CHECK(version == kCheckpointFormatVersion, meta_path, ": format version ", version,
+                   " is not supported (this Loom reads version ", kCheckpointFormatVersion, ")");
   step_ = meta_field<int64_t>(meta, "step", meta_path);
-  LOOM_CHECK(step_ >= 0, meta_path, ": 'step' is ", step_, "; a step is at least 0");
+  LOOM_INPUT_CHECK(step_ >= 0, meta_path, ": 'step' is ", step_, "; a step is at least 0");
   if (meta["state"]) {
     for (const auto& kv : meta["state"])
       state_[kv.first.as<std::string>()] = kv.second.as<std::string>();
@@ -300,35 +300,35 @@ CheckpointReader::CheckpointReader(const std::string& dir) : dir_(dir) {
   cfg << meta["config"];
   config_yaml_ = cfg.c_str();
   const int shards = meta_field<int>(meta, "num_shards", meta_path);
-  LOOM_CHECK(shards >= 1, meta_path, ": 'num_shards' is ", shards);
+  LOOM_INPUT_CHECK(shards >= 1, meta_path, ": 'num_shards' is ", shards);
   for (int r = 0; r < shards; ++r) {
     const std::string path = (fs::path(dir) / tensor_file(r)).string();
-    LOOM_CHECK(fs::exists(path), dir, ": missing tensor file ", tensor_file(r), " (of ", shards,
-               ")");
+    LOOM_INPUT_CHECK(fs::exists(path), dir, ": missing tensor file ", tensor_file(r), " (of ",
+                     shards, ")");
     const SafetensorsIndex index = read_safetensors_index(path);
     files_.push_back(path);
     for (const SafetensorsEntry& e : index.entries) {
       const std::string what = path + ": tensor '" + e.name + "'";
       auto piece = index.metadata.find(e.name + ".piece");
       auto crc = index.metadata.find(e.name + ".crc32c");
-      LOOM_CHECK(piece != index.metadata.end() && crc != index.metadata.end(), what,
-                 " has no piece or checksum metadata");
+      LOOM_INPUT_CHECK(piece != index.metadata.end() && crc != index.metadata.end(), what,
+                       " has no piece or checksum metadata");
       Stored s{files_.size() - 1,
                e.begin,
                e.end,
                e.dtype,
                parse_piece(piece->second, what),
                parse_crcs(crc->second, what)};
-      LOOM_CHECK(s.piece.numel() == shape_numel(e.shape), what, " holds ", shape_numel(e.shape),
-                 " elements for a piece of ", s.piece.numel());
+      LOOM_INPUT_CHECK(s.piece.numel() == shape_numel(e.shape), what, " holds ",
+                       shape_numel(e.shape), " elements for a piece of ", s.piece.numel());
       const uint64_t blocks =
           std::max<uint64_t>(1, (e.end - e.begin + kCheckpointCrcBlockBytes - 1) /
                                     static_cast<uint64_t>(kCheckpointCrcBlockBytes));
-      LOOM_CHECK(s.crcs.size() == blocks, what, " has ", s.crcs.size(), " checksums for ", blocks,
-                 " blocks");
+      LOOM_INPUT_CHECK(s.crcs.size() == blocks, what, " has ", s.crcs.size(), " checksums for ",
+                       blocks, " blocks");
       std::vector<Stored>& pieces = stored_[e.name];
       if (!pieces.empty()) {
-        LOOM_CHECK(
+        LOOM_INPUT_CHECK(
             pieces[0].piece.global_shape == s.piece.global_shape && pieces[0].dtype == s.dtype,
             what, " is a piece of a ", shape_str(s.piece.global_shape), " ", dtype_name(s.dtype),
             " tensor, another file's of a ", shape_str(pieces[0].piece.global_shape), " ",
@@ -348,13 +348,14 @@ std::map<std::string, Shape> CheckpointReader::tensors() const {
 void CheckpointReader::read_into(const std::string& name, const TensorPiece& piece,
                                  const Tensor& host) const {
   auto it = stored_.find(name);
-  LOOM_CHECK(it != stored_.end(), dir_, ": checkpoint has no tensor '", name, "'");
+  LOOM_INPUT_CHECK(it != stored_.end(), dir_, ": checkpoint has no tensor '", name, "'");
   const std::vector<Stored>& pieces = it->second;
-  LOOM_CHECK(pieces[0].piece.global_shape == piece.global_shape, dir_, ": '", name,
-             "' is stored with global shape ", shape_str(pieces[0].piece.global_shape),
-             " but the run's is ", shape_str(piece.global_shape));
-  LOOM_CHECK(pieces[0].dtype == host.dtype(), dir_, ": '", name, "' is stored as ",
-             dtype_name(pieces[0].dtype), " but the run holds it as ", dtype_name(host.dtype()));
+  LOOM_INPUT_CHECK(pieces[0].piece.global_shape == piece.global_shape, dir_, ": '", name,
+                   "' is stored with global shape ", shape_str(pieces[0].piece.global_shape),
+                   " but the run's is ", shape_str(piece.global_shape));
+  LOOM_INPUT_CHECK(pieces[0].dtype == host.dtype(), dir_, ": '", name, "' is stored as ",
+                   dtype_name(pieces[0].dtype), " but the run holds it as ",
+                   dtype_name(host.dtype()));
   const int64_t es = static_cast<int64_t>(dtype_size(host.dtype()));
   int64_t copied = 0;
   std::vector<char> buf;
@@ -376,27 +377,28 @@ void CheckpointReader::read_into(const std::string& name, const TensorPiece& pie
     for (int64_t at = b0; at < b1; at += kCheckpointCrcBlockBytes) {
       const int64_t n = std::min(kCheckpointCrcBlockBytes, b1 - at);
       const uint32_t want = s.crcs[static_cast<size_t>(at / kCheckpointCrcBlockBytes)];
-      LOOM_CHECK(crc32c(buf.data() + (at - b0), static_cast<size_t>(n)) == want, files_[s.file],
-                 ": tensor '", name, "' is corrupt (checksum mismatch in bytes [", at, ", ", at + n,
-                 "))");
+      LOOM_INPUT_CHECK(crc32c(buf.data() + (at - b0), static_cast<size_t>(n)) == want,
+                       files_[s.file], ": tensor '", name,
+                       "' is corrupt (checksum mismatch in bytes [", at, ", ", at + n, "))");
     }
     TensorPiece span = s.piece;  // the stored elements in buf
     span.begin = s.piece.begin + b0 / es;
     span.end = s.piece.begin + b1 / es;
     copied += copy_overlap(span, buf.data(), piece, host.raw_data(), static_cast<size_t>(es));
   }
-  LOOM_CHECK(copied == piece.numel(), dir_, ": '", name, "': ",
-             copied < piece.numel() ? "elements of the run's piece are stored nowhere"
-                                    : "elements are stored more than once",
-             " (", copied, " of ", piece.numel(), " found; the run's piece ", piece_str(piece),
-             ")");
-  LOOM_CHECK(all_finite(host), dir_, ": '", name, "' holds NaN or infinite values");
+  LOOM_INPUT_CHECK(copied == piece.numel(), dir_, ": '", name, "': ",
+                   copied < piece.numel() ? "elements of the run's piece are stored nowhere"
+                                          : "elements are stored more than once",
+                   " (", copied, " of ", piece.numel(), " found; the run's piece ",
+                   piece_str(piece), ")");
+  LOOM_INPUT_CHECK(all_finite(host), dir_, ": '", name, "' holds NaN or infinite values");
 }
 
 void CheckpointReader::read(const std::string& name, const TensorPiece& piece,
                             const Tensor& dst) const {
-  LOOM_CHECK(dst.numel() == piece.numel() && dst.is_contiguous(), "checkpoint read of '", name,
-             "': the destination has ", dst.numel(), " elements for a piece of ", piece.numel());
+  LOOM_INPUT_CHECK(dst.numel() == piece.numel() && dst.is_contiguous(), "checkpoint read of '",
+                   name, "': the destination has ", dst.numel(), " elements for a piece of ",
+                   piece.numel());
   if (dst.device().is_cpu()) {
     read_into(name, piece, dst);
     return;
@@ -409,14 +411,17 @@ void CheckpointReader::read(const std::string& name, const TensorPiece& piece,
 
 DType CheckpointReader::dtype(const std::string& name) const {
   auto it = stored_.find(name);
-  LOOM_CHECK(it != stored_.end(), dir_, ": checkpoint has no tensor '", name, "'");
+  LOOM_INPUT_CHECK(it != stored_.end(), dir_, ": checkpoint has no tensor '", name, "'");
   return it->second[0].dtype;
 }
 
 Tensor CheckpointReader::read_whole(const std::string& name) const {
   auto it = stored_.find(name);
-  LOOM_CHECK(it != stored_.end(), dir_, ": checkpoint has no tensor '", name, "'");
+  LOOM_INPUT_CHECK(it != stored_.end(), dir_, ": checkpoint has no tensor '", name, "'");
   const Shape shape = it->second[0].piece.global_shape;
+  // A damaged or hostile file must not make this allocate without bound (Note [Size bounds]).
+  LOOM_INPUT_CHECK(shape_numel(shape) <= (int64_t{1} << 40), dir_, ": '", name,
+                   "' claims a global shape ", shape_str(shape), " larger than Loom allocates");
   Tensor t = Tensor::empty(shape, it->second[0].dtype);
   read_into(name, whole_piece(shape), t);
   return t;

@@ -102,9 +102,9 @@ Model read_model(const Location& at, const ConvertOptions& o) {
   const Transformer shape_of(m.config);
   for (const auto& [name, p] : shape_of.named_parameters()) {
     auto it = m.weights.find(name);
-    LOOM_CHECK(it != m.weights.end(), at.path, ": no tensor for parameter '", name, "'");
-    LOOM_CHECK(it->second.shape() == p.shape(), at.path, ": '", name, "' has shape ",
-               shape_str(it->second.shape()), " but the model needs ", shape_str(p.shape()));
+    LOOM_INPUT_CHECK(it != m.weights.end(), at.path, ": no tensor for parameter '", name, "'");
+    LOOM_INPUT_CHECK(it->second.shape() == p.shape(), at.path, ": '", name, "' has shape ",
+                     shape_str(it->second.shape()), " but the model needs ", shape_str(p.shape()));
   }
   return m;
 }

@@ -90,21 +90,21 @@ Shape file_shape(const HfTensor& t, size_t k, const ModelConfig& c) {
 
 json read_json(const std::string& path) {
   std::ifstream in(path);
-  LOOM_CHECK(in, path, ": cannot open");
+  LOOM_INPUT_CHECK(in, path, ": cannot open");
   try {
     return json::parse(in);
   } catch (const json::exception& e) {
-    LOOM_FAIL(path, ": not valid JSON: ", e.what());
+    LOOM_INPUT_FAIL(path, ": not valid JSON: ", e.what());
   }
 }
 
 template <typename T>
 T field(const json& j, const std::string& key, const std::string& path) {
-  LOOM_CHECK(j.contains(key) && !j.at(key).is_null(), path, ": missing '", key, "'");
+  LOOM_INPUT_CHECK(j.contains(key) && !j.at(key).is_null(), path, ": missing '", key, "'");
   try {
     return j.at(key).get<T>();
   } catch (const json::exception&) {
-    LOOM_FAIL(path, ": '", key, "' has the wrong type: ", j.at(key).dump());
+    LOOM_INPUT_FAIL(path, ": '", key, "' has the wrong type: ", j.at(key).dump());
   }
 }
 
@@ -125,18 +125,19 @@ HfIndex index_dir(const std::string& dir) {
   const fs::path index = fs::path(dir) / "model.safetensors.index.json";
   if (fs::exists(index)) {
     const json j = read_json(index.string());
-    LOOM_CHECK(j.contains("weight_map") && j["weight_map"].is_object(), index.string(),
-               ": missing 'weight_map'");
+    LOOM_INPUT_CHECK(j.contains("weight_map") && j["weight_map"].is_object(), index.string(),
+                     ": missing 'weight_map'");
     std::set<std::string> names;
     for (const auto& [name, file] : j["weight_map"].items()) names.insert(file.get<std::string>());
     for (const std::string& f : names) files.push_back((fs::path(dir) / f).string());
   } else {
-    LOOM_CHECK(fs::exists(single), dir, ": no model.safetensors or model.safetensors.index.json");
+    LOOM_INPUT_CHECK(fs::exists(single), dir,
+                     ": no model.safetensors or model.safetensors.index.json");
     files.push_back(single.string());
   }
   for (const std::string& f : files) {
     for (const SafetensorsEntry& e : read_safetensors_index(f).entries) {
-      LOOM_CHECK(!x.where.count(e.name), dir, ": tensor '", e.name, "' is in two files");
+      LOOM_INPUT_CHECK(!x.where.count(e.name), dir, ": tensor '", e.name, "' is in two files");
       x.where[e.name] = {f, e};
     }
   }
@@ -156,8 +157,8 @@ ModelConfig read_hf_config(const std::string& dir, int64_t vocab_multiple) {
   const std::string path = (fs::path(dir) / "config.json").string();
   const json j = read_json(path);
   const std::string type = field<std::string>(j, "model_type", path);
-  LOOM_CHECK(type == "gpt2" || type == "llama", path, ": model_type '", type,
-             "' is not supported (gpt2 or llama)");
+  LOOM_INPUT_CHECK(type == "gpt2" || type == "llama", path, ": model_type '", type,
+                   "' is not supported (gpt2 or llama)");
   ModelConfig c;
   c.vocab_multiple = vocab_multiple;
   c.vocab_size = field<int64_t>(j, "vocab_size", path);
@@ -171,8 +172,9 @@ ModelConfig read_hf_config(const std::string& dir, int64_t vocab_multiple) {
     c.norm_eps = field_or<double>(j, "layer_norm_epsilon", 1e-5, path);
     c.tie_embeddings = field_or<bool>(j, "tie_word_embeddings", true, path);
     const std::string act = field_or<std::string>(j, "activation_function", "gelu_new", path);
-    LOOM_CHECK(act == "gelu_new" || act == "gelu_pytorch_tanh", path, ": activation_function '",
-               act, "' is not Loom's GPT-2 GELU (the tanh form: gelu_new)");
+    LOOM_INPUT_CHECK(act == "gelu_new" || act == "gelu_pytorch_tanh", path,
+                     ": activation_function '", act,
+                     "' is not Loom's GPT-2 GELU (the tanh form: gelu_new)");
   } else if (type == "llama") {
     c.arch = "llama";
     c.n_layer = field<int64_t>(j, "num_hidden_layers", path);
@@ -188,21 +190,22 @@ ModelConfig read_hf_config(const std::string& dir, int64_t vocab_multiple) {
         j["rope_parameters"].is_object())
       c.rope_theta = field_or<double>(j["rope_parameters"], "rope_theta", 10000.0, path);
     c.tie_embeddings = field_or<bool>(j, "tie_word_embeddings", false, path);
-    LOOM_CHECK(!field_or<bool>(j, "attention_bias", false, path) &&
-                   !field_or<bool>(j, "mlp_bias", false, path),
-               path, ": attention_bias / mlp_bias are not supported (Loom's Llama has no biases)");
+    LOOM_INPUT_CHECK(!field_or<bool>(j, "attention_bias", false, path) &&
+                         !field_or<bool>(j, "mlp_bias", false, path),
+                     path,
+                     ": attention_bias / mlp_bias are not supported (Loom's Llama has no biases)");
     for (const char* key : {"rope_scaling", "rope_parameters"}) {
       const bool plain = !j.contains(key) || j[key].is_null() ||
                          (j[key].is_object() && j[key].value("rope_type", "default") == "default");
-      LOOM_CHECK(plain, path, ": ", key, " ", j[key].dump(),
-                 " is not supported (Loom's RoPE is the default one)");
+      LOOM_INPUT_CHECK(plain, path, ": ", key, " ", j[key].dump(),
+                       " is not supported (Loom's RoPE is the default one)");
     }
   } else {
-    LOOM_FAIL(path, ": model_type '", type, "' is not supported (gpt2 or llama)");
+    LOOM_INPUT_FAIL(path, ": model_type '", type, "' is not supported (gpt2 or llama)");
   }
-  LOOM_CHECK(c.vocab_size > 0 && c.n_layer > 0 && c.n_head > 0 && c.n_embd % c.n_head == 0, path,
-             ": impossible sizes (vocab ", c.vocab_size, ", layers ", c.n_layer, ", heads ",
-             c.n_head, ", n_embd ", c.n_embd, ")");
+  LOOM_INPUT_CHECK(c.vocab_size > 0 && c.n_layer > 0 && c.n_head > 0 && c.n_embd % c.n_head == 0,
+                   path, ": impossible sizes (vocab ", c.vocab_size, ", layers ", c.n_layer,
+                   ", heads ", c.n_head, ", n_embd ", c.n_embd, ")");
   return c;
 }
 
@@ -218,12 +221,12 @@ std::map<std::string, Tensor> read_hf_weights(const std::string& dir, const Mode
     std::vector<Tensor> parts;
     for (size_t k = 0; k < t.hf.size(); ++k) {
       auto it = index.where.find(t.hf[k]);
-      LOOM_CHECK(it != index.where.end(), dir, ": no tensor '", t.hf[k], "' (for Loom's ", t.loom,
-                 ")");
+      LOOM_INPUT_CHECK(it != index.where.end(), dir, ": no tensor '", t.hf[k], "' (for Loom's ",
+                       t.loom, ")");
       const auto& [file, e] = it->second;
       const Shape want = file_shape(t, k, c);
-      LOOM_CHECK(e.shape == want, file, ": tensor '", t.hf[k], "' has shape ", shape_str(e.shape),
-                 " but the config needs ", shape_str(want));
+      LOOM_INPUT_CHECK(e.shape == want, file, ": tensor '", t.hf[k], "' has shape ",
+                       shape_str(e.shape), " but the config needs ", shape_str(want));
       Tensor raw = Tensor::empty(e.shape, e.dtype);
       read_file_bytes(file, e.begin, e.end - e.begin, raw.raw_data());
       parts.push_back(ops::to_dtype(raw, dtype));
@@ -247,8 +250,8 @@ std::map<std::string, Tensor> read_hf_weights(const std::string& dir, const Mode
   }
   for (const auto& [name, where] : index.where) {
     const bool tied_head = name == "lm_head.weight" && c.tie_embeddings;
-    LOOM_CHECK(used.count(name) || skipped_buffer(name) || tied_head, where.first, ": tensor '",
-               name, "' has no place in a ", c.arch, " model of this config");
+    LOOM_INPUT_CHECK(used.count(name) || skipped_buffer(name) || tied_head, where.first,
+                     ": tensor '", name, "' has no place in a ", c.arch, " model of this config");
   }
   return out;
 }

@@ -68,33 +68,34 @@ int64_t header_param_count(const LlmcHeader& h) {
 }
 
 LlmcHeader parse_header(const std::string& path, const std::array<int32_t, kHeaderInts>& raw) {
-  LOOM_CHECK(raw[0] == kLlmcMagic, path, ": not an llm.c model file (magic ", raw[0], ", expected ",
-             kLlmcMagic, ")");
-  LOOM_CHECK(raw[1] == kLlmcVersionF32 || raw[1] == kLlmcVersionBF16, path,
-             ": unsupported llm.c model version ", raw[1], " (supported: 3 = f32, 5 = bf16)");
+  LOOM_INPUT_CHECK(raw[0] == kLlmcMagic, path, ": not an llm.c model file (magic ", raw[0],
+                   ", expected ", kLlmcMagic, ")");
+  LOOM_INPUT_CHECK(raw[1] == kLlmcVersionF32 || raw[1] == kLlmcVersionBF16, path,
+                   ": unsupported llm.c model version ", raw[1], " (supported: 3 = f32, 5 = bf16)");
   LlmcHeader h{raw[1], raw[2], raw[3], raw[4], raw[5], raw[6], raw[7]};
-  LOOM_CHECK(h.max_t > 0 && h.vocab > 0 && h.layers > 0 && h.heads > 0 && h.embd > 0 &&
-                 h.padded_vocab >= h.vocab && h.embd % h.heads == 0,
-             path, ": bad llm.c header (maxT ", h.max_t, ", V ", h.vocab, ", L ", h.layers, ", NH ",
-             h.heads, ", C ", h.embd, ", Vp ", h.padded_vocab, ")");
+  LOOM_INPUT_CHECK(h.max_t > 0 && h.vocab > 0 && h.layers > 0 && h.heads > 0 && h.embd > 0 &&
+                       h.padded_vocab >= h.vocab && h.embd % h.heads == 0,
+                   path, ": bad llm.c header (maxT ", h.max_t, ", V ", h.vocab, ", L ", h.layers,
+                   ", NH ", h.heads, ", C ", h.embd, ", Vp ", h.padded_vocab, ")");
   return h;
 }
 
 // Opens the file, parses and checks its header, and checks its size against the header.
 LlmcHeader open_checked(const std::string& path, std::ifstream& in) {
   in.open(path, std::ios::binary);
-  LOOM_CHECK(in.good(), path, ": cannot open llm.c model file");
+  LOOM_INPUT_CHECK(in.good(), path, ": cannot open llm.c model file");
   std::array<int32_t, kHeaderInts> raw{};
   in.read(reinterpret_cast<char*>(raw.data()), sizeof(raw));
-  LOOM_CHECK(in.gcount() == static_cast<std::streamsize>(sizeof(raw)), path,
-             ": truncated llm.c header (", in.gcount(), " of ", sizeof(raw), " bytes)");
+  LOOM_INPUT_CHECK(in.gcount() == static_cast<std::streamsize>(sizeof(raw)), path,
+                   ": truncated llm.c header (", in.gcount(), " of ", sizeof(raw), " bytes)");
   const LlmcHeader h = parse_header(path, raw);
   const int64_t count = header_param_count(h);
   const int64_t elem = h.version == kLlmcVersionF32 ? 4 : 2;
   const int64_t expected = static_cast<int64_t>(sizeof(raw)) + count * elem;
   const int64_t actual = static_cast<int64_t>(std::filesystem::file_size(path));
-  LOOM_CHECK(actual == expected, path, ": file is ", actual, " bytes but its header (version ",
-             h.version, ", ", count, " parameters) implies ", expected);
+  LOOM_INPUT_CHECK(actual == expected, path, ": file is ", actual,
+                   " bytes but its header (version ", h.version, ", ", count,
+                   " parameters) implies ", expected);
   return h;
 }
 
@@ -144,14 +145,14 @@ void load_llmc_model(const std::string& path, Transformer& model) {
   std::ifstream in;
   const LlmcHeader h = open_checked(path, in);
   const std::string mismatch = llmc_mismatch(model.config(), config_of(h));
-  LOOM_CHECK(mismatch.empty(), path, ": model does not match the file: ", mismatch);
+  LOOM_INPUT_CHECK(mismatch.empty(), path, ": model does not match the file: ", mismatch);
   const DType file_dtype = h.version == kLlmcVersionF32 ? DType::kF32 : DType::kBF16;
   autograd::NoGradGuard no_grad;
   for (Tensor param : file_order(model)) {
     Tensor buf = Tensor::empty(param.shape(), file_dtype);
     in.read(static_cast<char*>(buf.raw_data()), static_cast<std::streamsize>(buf.nbytes()));
-    LOOM_CHECK(in.gcount() == static_cast<std::streamsize>(buf.nbytes()), path,
-               ": read failed (file truncated while loading?)");
+    LOOM_INPUT_CHECK(in.gcount() == static_cast<std::streamsize>(buf.nbytes()), path,
+                     ": read failed (file truncated while loading?)");
     ops::copy_(param, buf.to(param.device()));
   }
 }

@@ -34,23 +34,35 @@ int64_t to_local(const std::vector<PlacementRun>& runs, int64_t global) {
 }
 
 // Checks that the runs of every dim tile [0, local size) and stay inside the global dim.
-void check_piece(const TensorPiece& p, const std::string& what) {
-  LOOM_CHECK(p.runs.size() == p.global_shape.size(), what, ": piece has ", p.runs.size(),
-             " run lists for ", p.global_shape.size(), " dims");
+// `input`: the piece came from a file (InputError), else from the code (Error).
+void check_piece(const TensorPiece& p, const std::string& what, bool input) {
+  auto check = [&](bool ok, const std::string& msg) {
+    if (ok) return;
+    if (input) throw InputError(what + ": " + msg, __FILE__, __LINE__);
+    throw Error(what + ": " + msg, __FILE__, __LINE__);
+  };
+  check(
+      p.runs.size() == p.global_shape.size(),
+      detail::str("piece has ", p.runs.size(), " run lists for ", p.global_shape.size(), " dims"));
   for (size_t d = 0; d < p.runs.size(); ++d) {
-    LOOM_CHECK(p.global_shape[d] >= 0, what, ": negative global size in dim ", d);
+    check(p.global_shape[d] >= 0, detail::str("negative global size in dim ", d));
     int64_t next_local = 0;
     for (const PlacementRun& r : p.runs[d]) {
-      LOOM_CHECK(r.local == next_local && r.length > 0 && r.global >= 0 &&
-                     r.global + r.length <= p.global_shape[d],
-                 what, ": run ", r.local, "@", r.global, "+", r.length, " of dim ", d,
-                 " does not fit the global size ", p.global_shape[d]);
+      // A dim holds each global index once: its runs add up to at most the global size.
+      check(r.local == next_local && r.length > 0 && r.global >= 0 &&
+                r.length <= p.global_shape[d] && r.global <= p.global_shape[d] - r.length &&
+                next_local <= p.global_shape[d] - r.length,
+            detail::str("run ", r.local, "@", r.global, "+", r.length, " of dim ", d,
+                        " does not fit the global size ", p.global_shape[d]));
       next_local += r.length;
     }
   }
-  const int64_t n = shape_numel(p.box_shape());
-  LOOM_CHECK(p.begin >= 0 && p.begin <= p.end && p.end <= n, what, ": flat range [", p.begin, ", ",
-             p.end, ") outside the piece's ", n, " elements");
+  int64_t n = 1;  // the box's elements, refusing an overflow
+  for (int64_t d : p.box_shape())
+    check(!__builtin_mul_overflow(n, d, &n), "the piece is too large");
+  check(
+      p.begin >= 0 && p.begin <= p.end && p.end <= n,
+      detail::str("flat range [", p.begin, ", ", p.end, ") outside the piece's ", n, " elements"));
 }
 
 int64_t parse_int(const std::string& s, const std::string& what) {
@@ -61,7 +73,7 @@ int64_t parse_int(const std::string& s, const std::string& what) {
   } catch (const std::exception&) {
     used = 0;
   }
-  LOOM_CHECK(used == s.size() && !s.empty(), what, ": '", s, "' is not an integer");
+  LOOM_INPUT_CHECK(used == s.size() && !s.empty(), what, ": '", s, "' is not an integer");
   return v;
 }
 
@@ -111,7 +123,7 @@ TensorPiece piece_of(const Placement& pl, const Shape& local_shape, int64_t begi
   const int64_t n = shape_numel(local_shape);
   p.begin = begin;
   p.end = end < 0 ? n : end;
-  check_piece(p, "piece_of");
+  check_piece(p, "piece_of", false);
   LOOM_CHECK(p.box_shape() == local_shape, "piece_of: placement ", placement_str(pl),
              " describes a ", shape_str(p.box_shape()), " tensor, not ", shape_str(local_shape));
   return p;
@@ -138,7 +150,7 @@ TensorPiece parse_piece(const std::string& text, const std::string& what) {
   bool have_shape = false, have_flat = false;
   for (const std::string& field : split(text, ';')) {
     const size_t eq = field.find('=');
-    LOOM_CHECK(eq != std::string::npos, what, ": malformed piece '", text, "'");
+    LOOM_INPUT_CHECK(eq != std::string::npos, what, ": malformed piece '", text, "'");
     const std::string key = field.substr(0, eq), value = field.substr(eq + 1);
     if (key == "shape") {
       if (!value.empty()) {
@@ -148,29 +160,30 @@ TensorPiece parse_piece(const std::string& text, const std::string& what) {
       have_shape = true;
     } else if (key == "flat") {
       const size_t dash = value.find('-');
-      LOOM_CHECK(dash != std::string::npos, what, ": malformed flat range '", value, "'");
+      LOOM_INPUT_CHECK(dash != std::string::npos, what, ": malformed flat range '", value, "'");
       p.begin = parse_int(value.substr(0, dash), what);
       p.end = parse_int(value.substr(dash + 1), what);
       have_flat = true;
     } else if (key.size() > 1 && key[0] == 'd') {
-      LOOM_CHECK(have_shape, what, ": piece '", text, "' gives runs before its shape");
+      LOOM_INPUT_CHECK(have_shape, what, ": piece '", text, "' gives runs before its shape");
       const int64_t d = parse_int(key.substr(1), what);
-      LOOM_CHECK(d >= 0 && static_cast<size_t>(d) < p.runs.size(), what, ": run dim ", d,
-                 " out of range in '", text, "'");
+      LOOM_INPUT_CHECK(d >= 0 && static_cast<size_t>(d) < p.runs.size(), what, ": run dim ", d,
+                       " out of range in '", text, "'");
       for (const std::string& run : split(value, ',')) {
         const size_t at = run.find('@'), plus = run.find('+');
-        LOOM_CHECK(at != std::string::npos && plus != std::string::npos && at < plus, what,
-                   ": malformed run '", run, "'");
+        LOOM_INPUT_CHECK(at != std::string::npos && plus != std::string::npos && at < plus, what,
+                         ": malformed run '", run, "'");
         p.runs[static_cast<size_t>(d)].push_back(
             {parse_int(run.substr(0, at), what), parse_int(run.substr(at + 1, plus - at - 1), what),
              parse_int(run.substr(plus + 1), what)});
       }
     } else {
-      LOOM_FAIL(what, ": unknown field '", key, "' in piece '", text, "'");
+      LOOM_INPUT_FAIL(what, ": unknown field '", key, "' in piece '", text, "'");
     }
   }
-  LOOM_CHECK(have_shape && have_flat, what, ": piece '", text, "' lacks its shape or flat range");
-  check_piece(p, what);
+  LOOM_INPUT_CHECK(have_shape && have_flat, what, ": piece '", text,
+                   "' lacks its shape or flat range");
+  check_piece(p, what, true);
   return p;
 }
 

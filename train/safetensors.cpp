@@ -97,25 +97,25 @@ void write_safetensors(const std::string& path,
 
 SafetensorsIndex read_safetensors_index(const std::string& path) {
   std::ifstream in(path, std::ios::binary | std::ios::ate);
-  LOOM_CHECK(in, path, ": cannot open");
+  LOOM_INPUT_CHECK(in, path, ": cannot open");
   const uint64_t file_size = static_cast<uint64_t>(in.tellg());
   in.seekg(0);
-  LOOM_CHECK(file_size >= 8, path, ": truncated: ", file_size,
-             " bytes, smaller than the 8-byte header length");
+  LOOM_INPUT_CHECK(file_size >= 8, path, ": truncated: ", file_size,
+                   " bytes, smaller than the 8-byte header length");
   uint64_t header_len = 0;
   in.read(reinterpret_cast<char*>(&header_len), 8);
-  LOOM_CHECK(header_len <= file_size - 8, path, ": truncated or corrupt: header length ",
-             header_len, " exceeds the file (", file_size, " bytes)");
+  LOOM_INPUT_CHECK(header_len <= file_size - 8, path, ": truncated or corrupt: header length ",
+                   header_len, " exceeds the file (", file_size, " bytes)");
   std::string text(header_len, '\0');
   in.read(text.data(), static_cast<std::streamsize>(header_len));
-  LOOM_CHECK(in, path, ": read failed in the header");
+  LOOM_INPUT_CHECK(in, path, ": read failed in the header");
   json header;
   try {
     header = json::parse(text);
   } catch (const json::exception& e) {
-    LOOM_FAIL(path, ": corrupt header: ", e.what());
+    LOOM_INPUT_FAIL(path, ": corrupt header: ", e.what());
   }
-  LOOM_CHECK(header.is_object(), path, ": corrupt header: not a JSON object");
+  LOOM_INPUT_CHECK(header.is_object(), path, ": corrupt header: not a JSON object");
   const uint64_t data_start = 8 + header_len;
   const uint64_t data_size = file_size - data_start;
   SafetensorsIndex index;
@@ -130,30 +130,30 @@ SafetensorsIndex read_safetensors_index(const std::string& path) {
       const json& e = it.value();
       SafetensorsEntry entry;
       entry.name = it.key();
-      LOOM_CHECK(parse_dtype(e.at("dtype").get<std::string>(), &entry.dtype), path, ": tensor '",
-                 entry.name, "' has unknown dtype ", e.at("dtype").dump());
+      LOOM_INPUT_CHECK(parse_dtype(e.at("dtype").get<std::string>(), &entry.dtype), path,
+                       ": tensor '", entry.name, "' has unknown dtype ", e.at("dtype").dump());
       entry.shape = e.at("shape").get<Shape>();
       // The element count and byte size, refusing negative sizes and int64 overflow.
       uint64_t bytes = dtype_size(entry.dtype);
       for (int64_t d : entry.shape) {
-        LOOM_CHECK(d >= 0 && !__builtin_mul_overflow(bytes, static_cast<uint64_t>(d), &bytes) &&
-                       bytes <= (uint64_t{1} << 62),
-                   path, ": tensor '", entry.name, "' has an impossible shape ",
-                   shape_str(entry.shape));
+        LOOM_INPUT_CHECK(
+            d >= 0 && !__builtin_mul_overflow(bytes, static_cast<uint64_t>(d), &bytes) &&
+                bytes <= (uint64_t{1} << 62),
+            path, ": tensor '", entry.name, "' has an impossible shape ", shape_str(entry.shape));
       }
       const uint64_t begin = e.at("data_offsets").at(0).get<uint64_t>();
       const uint64_t end = e.at("data_offsets").at(1).get<uint64_t>();
-      LOOM_CHECK(end >= begin && end - begin == bytes, path, ": tensor '", entry.name, "' has ",
-                 end - begin, " bytes for shape ", shape_str(entry.shape), " ",
-                 dtype_name(entry.dtype));
-      LOOM_CHECK(end <= data_size, path, ": truncated: tensor '", entry.name, "' ends at byte ",
-                 data_start + end, " but the file has ", file_size);
+      LOOM_INPUT_CHECK(end >= begin && end - begin == bytes, path, ": tensor '", entry.name,
+                       "' has ", end - begin, " bytes for shape ", shape_str(entry.shape), " ",
+                       dtype_name(entry.dtype));
+      LOOM_INPUT_CHECK(end <= data_size, path, ": truncated: tensor '", entry.name,
+                       "' ends at byte ", data_start + end, " but the file has ", file_size);
       entry.begin = data_start + begin;
       entry.end = data_start + end;
       index.entries.push_back(std::move(entry));
     }
   } catch (const json::exception& e) {
-    LOOM_FAIL(path, ": corrupt header: ", e.what());
+    LOOM_INPUT_FAIL(path, ": corrupt header: ", e.what());
   }
   std::sort(index.entries.begin(), index.entries.end(),
             [](const SafetensorsEntry& a, const SafetensorsEntry& b) { return a.begin < b.begin; });
@@ -162,14 +162,15 @@ SafetensorsIndex read_safetensors_index(const std::string& path) {
 
 void read_file_bytes(const std::string& path, uint64_t offset, uint64_t n, void* dst) {
   const int fd = ::open(path.c_str(), O_RDONLY);
-  LOOM_CHECK(fd >= 0, path, ": cannot open");
+  LOOM_INPUT_CHECK(fd >= 0, path, ": cannot open");
   auto* out = static_cast<char*>(dst);
   uint64_t done = 0;
   while (done < n) {
     const ssize_t got = ::pread(fd, out + done, n - done, static_cast<off_t>(offset + done));
     if (got <= 0) {
       ::close(fd);
-      LOOM_FAIL(path, ": truncated: cannot read bytes [", offset + done, ", ", offset + n, ")");
+      LOOM_INPUT_FAIL(path, ": truncated: cannot read bytes [", offset + done, ", ", offset + n,
+                      ")");
     }
     done += static_cast<uint64_t>(got);
   }

@@ -183,7 +183,7 @@ void Trainer::State::resume_from(const std::string& dir) {
   const std::map<std::string, std::string>& state = r.state();
   auto text = [&](const std::string& key, const std::string& why) {
     auto it = state.find(key);
-    LOOM_CHECK(it != state.end(), dir, ": checkpoint state has no '", key, "'", why);
+    LOOM_INPUT_CHECK(it != state.end(), dir, ": checkpoint state has no '", key, "'", why);
     return it->second;
   };
   auto num = [&](const std::string& key) {
@@ -194,10 +194,11 @@ void Trainer::State::resume_from(const std::string& dir) {
       if (used == v.size() && v[0] != '-') return n;
     } catch (const std::exception&) {
     }
-    LOOM_FAIL(dir, ": checkpoint state '", key, "' is not a count: '", v, "'");
+    LOOM_INPUT_FAIL(dir, ": checkpoint state '", key, "' is not a count: '", v, "'");
   };
   const int64_t steps = static_cast<int64_t>(num("optim.step_count"));
-  LOOM_CHECK(steps <= r.step(), dir, ": optim.step_count ", steps, " exceeds the step ", r.step());
+  LOOM_INPUT_CHECK(steps <= r.step(), dir, ": optim.step_count ", steps, " exceeds the step ",
+                   r.step());
   plan.set_optimizer_steps(steps);
   train_loader->set_state(
       {static_cast<int64_t>(num("loader.epoch")), static_cast<int64_t>(num("loader.position"))});
@@ -208,7 +209,7 @@ void Trainer::State::resume_from(const std::string& dir) {
     try {
       scale = std::stod(text("loss_scale.scale", why));
     } catch (const std::exception&) {
-      LOOM_FAIL(dir, ": checkpoint state 'loss_scale.scale' is not a number");
+      LOOM_INPUT_FAIL(dir, ": checkpoint state 'loss_scale.scale' is not a number");
     }
     text("loss_scale.good_steps", why);
     scaler->set_state({scale, static_cast<int64_t>(num("loss_scale.good_steps")),

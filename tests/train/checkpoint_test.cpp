@@ -179,6 +179,7 @@ TEST(Checkpoint, CorruptTensorIsDetected) {
   }
   const std::string msg = message_of([&] { load_checkpoint(dir); });
   EXPECT_NE(msg.find(file + ": tensor 'optim.m' is corrupt"), std::string::npos) << msg;
+  EXPECT_EQ(msg.find(".cpp:"), std::string::npos) << "a damaged file is the user's, not the code's";
   fs::resize_file(file, fs::file_size(file) / 2);
   EXPECT_NE(message_of([&] { load_checkpoint(dir); }).find("truncated"), std::string::npos);
   EXPECT_NE(message_of([&] { load_checkpoint(root + "/nope"); }).find("not a checkpoint"),
