@@ -12,6 +12,7 @@
 #include "core/autograd.h"
 #include "core/error.h"
 #include "core/ops/view.h"
+#include "layers/transformer.h"
 #include "train/safetensors.h"
 
 namespace loom {
@@ -202,6 +203,11 @@ ModelConfig read_hf_config(const std::string& dir, int64_t vocab_multiple) {
     }
   } else {
     LOOM_INPUT_FAIL(path, ": model_type '", type, "' is not supported (gpt2 or llama)");
+  }
+  try {  // the model's own rules and size bounds (Note [Size bounds]), named as the file's
+    validate(c);
+  } catch (const ConfigError& e) {
+    LOOM_INPUT_FAIL(path, ": ", e.what());
   }
   LOOM_INPUT_CHECK(c.vocab_size > 0 && c.n_layer > 0 && c.n_head > 0 && c.n_embd % c.n_head == 0,
                    path, ": impossible sizes (vocab ", c.vocab_size, ", layers ", c.n_layer,

@@ -1,0 +1,255 @@
+// tests/train/fuzz_test.cpp — a deterministic mutation fuzzer for every parser of user input:
+// the config (YAML text), token shards, native checkpoints (meta.yaml, the tensor files and
+// their piece metadata), llm.c model files and Hugging Face directories (config.json and
+// safetensors). Each case starts from a valid input, mutates it (bit flips, overwritten or
+// inserted bytes, truncation, a duplicated line, a number replaced by an extreme one), and runs
+// the parser the way the trainer does. A parser may accept or refuse (a loom::Error,
+// ConfigError or std::exception); it must never crash, hang or allocate without bound: a crash
+// ends this binary, so the test fails. Every case is reproducible from its seed.
+//
+// CI runs LOOM_FUZZ_ITERATIONS (default 200) mutations per parser. A longer run, by hand:
+//   LOOM_FUZZ_ITERATIONS=100000 LOOM_FUZZ_SEED=7 build/bin/train_tests --gtest_filter='Fuzz.*'
+// (docs/checkpoints.md, "Fuzzing"). The counts of accepted and refused inputs are printed.
+#include <gtest/gtest.h>
+
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <random>
+#include <regex>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "core/rng.h"
+#include "data/shard.h"
+#include "layers/transformer.h"
+#include "train/checkpoint.h"
+#include "train/config.h"
+#include "train/hf_format.h"
+#include "train/llmc_format.h"
+
+namespace loom {
+namespace {
+namespace fs = std::filesystem;
+
+int64_t env_int(const char* name, int64_t fallback) {
+  const char* v = std::getenv(name);
+  return v ? std::atoll(v) : fallback;
+}
+
+std::string read_file(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+}
+
+void write_file(const std::string& path, const std::string& bytes) {
+  std::ofstream(path, std::ios::binary | std::ios::trunc) << bytes;
+}
+
+// One mutation of `s`, chosen and placed by rng.
+std::string mutate(std::string s, std::mt19937_64& rng) {
+  auto pick = [&](size_t n) { return n == 0 ? size_t{0} : static_cast<size_t>(rng() % n); };
+  static const char* kExtremes[] = {"9223372036854775807",
+                                    "-9223372036854775808",
+                                    "-1",
+                                    "0",
+                                    "18446744073709551615",
+                                    "1e308",
+                                    "nan",
+                                    "4294967296",
+                                    "2147483648",
+                                    "\"x\""};
+  switch (rng() % 7) {
+    case 0:  // flip a few bits
+      for (int k = 1 + static_cast<int>(rng() % 8); k > 0 && !s.empty(); --k)
+        s[pick(s.size())] ^= static_cast<char>(1u << (rng() % 8));
+      break;
+    case 1: {  // overwrite a run of bytes
+      const size_t at = pick(s.size()), n = 1 + pick(16);
+      for (size_t i = at; i < std::min(s.size(), at + n); ++i) s[i] = static_cast<char>(rng());
+      break;
+    }
+    case 2:  // truncate
+      s.resize(pick(s.size()));
+      break;
+    case 3: {  // insert bytes
+      std::string ins(1 + pick(16), '\0');
+      for (char& c : ins) c = static_cast<char>(rng());
+      s.insert(pick(s.size() + 1), ins);
+      break;
+    }
+    case 4: {  // duplicate a line
+      std::vector<size_t> starts = {0};
+      for (size_t i = 0; i < s.size(); ++i)
+        if (s[i] == '\n') starts.push_back(i + 1);
+      const size_t b = starts[pick(starts.size())];
+      const size_t e = s.find('\n', b);
+      const std::string line = s.substr(b, e == std::string::npos ? std::string::npos : e - b + 1);
+      s.insert(b, line);
+      break;
+    }
+    default: {  // a number replaced by an extreme one
+      std::vector<std::pair<size_t, size_t>> nums;
+      for (size_t i = 0; i < s.size();) {
+        if (std::isdigit(static_cast<unsigned char>(s[i]))) {
+          size_t j = i;
+          while (j < s.size() && std::isdigit(static_cast<unsigned char>(s[j]))) ++j;
+          nums.emplace_back(i, j - i);
+          i = j;
+        } else {
+          ++i;
+        }
+      }
+      if (nums.empty()) break;
+      const auto [at, n] = nums[pick(nums.size())];
+      s.replace(at, n, kExtremes[rng() % (sizeof(kExtremes) / sizeof(kExtremes[0]))]);
+    }
+  }
+  return s;
+}
+
+// Mutates file `target` (a copy of `seed`'s bytes) `iterations` times, running `parse` on each;
+// returns (accepted, refused).
+std::pair<int64_t, int64_t> fuzz(const std::string& name, const std::string& target,
+                                 const std::string& seed_bytes,
+                                 const std::function<void()>& parse) {
+  const int64_t iterations = env_int("LOOM_FUZZ_ITERATIONS", 200);
+  const uint64_t seed = static_cast<uint64_t>(env_int("LOOM_FUZZ_SEED", 1));
+  int64_t accepted = 0, refused = 0;
+  for (int64_t i = 0; i < iterations; ++i) {
+    std::mt19937_64 rng(seed * 1000003u + static_cast<uint64_t>(i));
+    std::string bytes = mutate(seed_bytes, rng);
+    if (rng() % 3 == 0) bytes = mutate(bytes, rng);  // sometimes two
+    write_file(target, bytes);
+    SCOPED_TRACE(name + " case " + std::to_string(i) + " (LOOM_FUZZ_SEED=" + std::to_string(seed) +
+                 ")");
+    try {
+      parse();
+      ++accepted;
+    } catch (const ConfigError&) {
+      ++refused;
+    } catch (const Error&) {
+      ++refused;
+    } catch (const std::exception& e) {  // e.g. bad_alloc: acceptable only as a refusal
+      ++refused;
+    }
+  }
+  write_file(target, seed_bytes);
+  std::printf("fuzz %s: %lld inputs, %lld accepted, %lld refused\n", name.c_str(),
+              static_cast<long long>(accepted + refused), static_cast<long long>(accepted),
+              static_cast<long long>(refused));
+  return {accepted, refused};
+}
+
+std::string fresh_dir(const std::string& name) {
+  const std::string d = ::testing::TempDir() + "/loom_fuzz_" + name;
+  fs::remove_all(d);
+  fs::create_directories(d);
+  return d;
+}
+
+ModelConfig tiny_gpt2() {
+  ModelConfig c;
+  c.vocab_size = 64;
+  c.vocab_multiple = 32;
+  c.n_layer = 1;
+  c.n_head = 2;
+  c.n_embd = 8;
+  c.max_seq_len = 8;
+  return c;
+}
+
+TEST(Fuzz, Config) {
+  const std::string dir = fresh_dir("config");
+  const std::string path = dir + "/c.yaml";
+  const std::string seed =
+      "model: {arch: gpt2, vocab_size: 64, n_layer: 2, n_head: 2, n_embd: 16, max_seq_len: 32}\n"
+      "data:\n  train: x_*.bin\n  batch_size: 4\n  seq_len: 32\n"
+      "optim:\n  lr: 1.0e-3\n  warmup_steps: 2\n  grad_accum: 2\n"
+      "train:\n  steps: 10\n  sample_tokens: 16\n"
+      "parallel:\n  dp: 2\n  tp: 1\n  zero_stage: 1\n  mics_partition_size: 0\n"
+      "checkpoint:\n  every: 5\n  keep: 2\n";
+  ASSERT_NO_THROW(parse_config_text(seed));
+  fuzz("config", path, seed, [&] { parse_config_text(read_file(path)); });
+}
+
+TEST(Fuzz, TokenShard) {
+  const std::string dir = fresh_dir("shard");
+  const std::string path = dir + "/s.bin";
+  std::vector<int32_t> tokens(300);
+  for (size_t i = 0; i < tokens.size(); ++i) tokens[i] = static_cast<int32_t>(i * 37 % 50257);
+  write_shard(path, std::span<const int32_t>(tokens));
+  fuzz("shard", path, read_file(path), [&] {
+    ShardReader r(path);
+    int64_t sum = 0;
+    for (uint16_t t : r.span()) sum += t;
+    (void)sum;
+  });
+}
+
+// The checkpoint parsed as a resume reads it: meta.yaml, every file's header and pieces, then
+// the run's pieces of each tensor; and whole, as convert reads it.
+TEST(Fuzz, Checkpoint) {
+  const std::string root = fresh_dir("checkpoint");
+  Generator gen(3);
+  CheckpointContents c;
+  c.step = 4;
+  c.state = {{"optim.step_count", "4"}, {"loader.position", "8"}};
+  c.config_yaml = "train:\n  steps: 10\n";
+  Placement half;
+  half.global_shape = {6, 4};
+  half.splits.push_back({0, "tp", {{0, 0, 1}, {1, 2, 1}, {2, 4, 1}}});
+  const Tensor part = randn({3, 4}, gen);
+  c.tensors = {whole_tensor("model.w", randn({5, 3}, gen)),
+               {"model.q", part, piece_of(half, {3, 4})},
+               {"optim.exp_avg.w", randn({15}, gen).narrow(0, 3, 9).contiguous(),
+                piece_of(Placement{}, {5, 3}, 3, 12)}};
+  const std::string dir = save_checkpoint(root, c, 0);
+  auto parse = [&] {
+    const CheckpointReader r(dir);
+    Tensor w = Tensor::empty({5, 3}), q = Tensor::empty({3, 4}), m = Tensor::empty({9});
+    r.read("model.w", whole_piece({5, 3}), w);
+    r.read("model.q", piece_of(half, {3, 4}), q);
+    r.read("optim.exp_avg.w", piece_of(Placement{}, {5, 3}, 3, 12), m);
+    r.read_whole("model.w");  // the one stored whole
+  };
+  ASSERT_NO_THROW(parse());
+  fuzz("checkpoint tensors", dir + "/tensors_00000.safetensors",
+       read_file(dir + "/tensors_00000.safetensors"), parse);
+  fuzz("checkpoint meta.yaml", dir + "/meta.yaml", read_file(dir + "/meta.yaml"), parse);
+}
+
+TEST(Fuzz, LlmcModelFile) {
+  const std::string dir = fresh_dir("llmc");
+  const std::string path = dir + "/m.bin";
+  Transformer m(tiny_gpt2());
+  Generator gen(5);
+  m.init_weights(gen);
+  save_llmc_model(path, m);
+  fuzz("llm.c", path, read_file(path), [&] {
+    read_llmc_config(path);
+    Transformer into(tiny_gpt2());
+    load_llmc_model(path, into);
+  });
+}
+
+// config.json parsed alone (as convert does); the weights read for the run's own config (as
+// init_from does, after comparing the configs).
+TEST(Fuzz, HuggingFaceDirectory) {
+  const std::string dir = fresh_dir("hf");
+  Transformer m(tiny_gpt2());
+  Generator gen(7);
+  m.init_weights(gen);
+  std::map<std::string, Tensor> w;
+  for (const auto& [name, p] : m.named_parameters()) w[name] = p;
+  write_hf_model(dir, tiny_gpt2(), w);
+  fuzz("hf config.json", dir + "/config.json", read_file(dir + "/config.json"),
+       [&] { read_hf_config(dir, 32); });
+  fuzz("hf model.safetensors", dir + "/model.safetensors", read_file(dir + "/model.safetensors"),
+       [&] { read_hf_weights(dir, tiny_gpt2()); });
+}
+
+}  // namespace
+}  // namespace loom
