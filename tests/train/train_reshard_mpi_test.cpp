@@ -1,6 +1,7 @@
 // tests/train/train_reshard_mpi_test.cpp — checkpoints that follow the user to another layout:
 // a run trained 3 steps at tp2·pp2 stops with a checkpoint; runs at other layouts resume from it
-// — dp4 with ZeRO-2, dp2·pp2 interleaved (vpp 2) with ZeRO-1, dp2·cp2 with ZeRO-3 and MiCS
+// — dp4 with ZeRO-2, dp2·pp2 interleaved (vpp 2) with ZeRO-1, pp4 interleaved (vpp 2: eight
+// one-block chunks), dp2·cp2 with ZeRO-3 and MiCS
 // (partitions of 2), and one process — and each continues with the losses and gradient norms of
 // the uninterrupted single-process run, ending at its parameters; the global batch (8
 // sequences) is the same in every layout, so the data continues exactly too. Each resumed run
@@ -47,7 +48,7 @@ struct Layout {
 
 Config config_for(const Layout& l, const std::string& dir, const std::string& out) {
   std::ostringstream y;
-  y << "model: {arch: gpt2, vocab_size: 64, vocab_multiple: 32, n_layer: 4, n_head: 2, n_embd: "
+  y << "model: {arch: gpt2, vocab_size: 64, vocab_multiple: 32, n_layer: 8, n_head: 2, n_embd: "
        "32, max_seq_len: 16}\n"
     << "data: {train: " << dir << "/data/train_*.bin, batch_size: " << l.batch << ", seq_len: 16}\n"
     << "optim: {lr: 1.0e-2, min_lr: 1.0e-3, warmup_steps: 2, eps: 1.0e-6, grad_clip: 0.5, "
@@ -165,6 +166,10 @@ TEST(TrainReshard, Tp2Pp2ToDp2Pp2InterleavedZero1) {
                               .accum = 2,
                               .schedule = "interleaved"});
 }
+TEST(TrainReshard, Tp2Pp2ToPp4Interleaved) {
+  expect_resumes_like_single(
+      {.name = "pp4v2", .pp = 4, .vpp = 2, .batch = 2, .accum = 4, .schedule = "interleaved"});
+}
 TEST(TrainReshard, Tp2Pp2ToDp2Cp2Zero3Mics) {
   expect_resumes_like_single(
       {.name = "dp2cp2z3mics", .dp = 2, .cp = 2, .zero_stage = 3, .mics = 2, .batch = 4});
@@ -228,7 +233,7 @@ TEST(TrainReshard, ChangedModelIsRefusedNamingTheKey) {
     Trainer t(c, testing::trainer_options(log, nullptr, f.saved));
     FAIL() << "a resume with another model.n_layer must be refused";
   } catch (const ConfigError& e) {
-    EXPECT_NE(std::string(e.what()).find("model.n_layer 4 → 2"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("model.n_layer 8 → 2"), std::string::npos) << e.what();
   }
 }
 
