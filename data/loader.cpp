@@ -42,8 +42,28 @@ std::vector<int64_t> loader_permutation(int64_t num_windows, uint64_t seed, int6
   return perm;
 }
 
+namespace {
+
+// Every token of a shard below vocab_size: one parallel pass for the largest id, then the first
+// offending offset for the message.
+void check_tokens(const ShardReader& shard, int64_t vocab_size) {
+  const uint16_t* t = shard.tokens();
+  const int64_t n = shard.num_tokens();
+  int largest = 0;
+#pragma omp parallel for reduction(max : largest) schedule(static)
+  for (int64_t i = 0; i < n; ++i) largest = std::max(largest, static_cast<int>(t[i]));
+  if (largest < vocab_size) return;
+  int64_t at = 0;
+  while (t[at] < vocab_size) ++at;
+  LOOM_INPUT_FAIL(shard.path(), ": token ", t[at], " at offset ", at, " (of ", n,
+                  " tokens) is outside model.vocab_size ", vocab_size,
+                  " (the shard was written for another vocabulary?)");
+}
+
+}  // namespace
+
 DataLoader::DataLoader(const std::vector<std::string>& shard_paths, int64_t B, int64_t T, int rank,
-                       int world_size, uint64_t seed)
+                       int world_size, uint64_t seed, int64_t vocab_size)
     : B_(B), T_(T), rank_(rank), world_size_(world_size), seed_(seed) {
   LOOM_CHECK(B > 0 && T > 0, "DataLoader: B and T must be positive, got B=", B, " T=", T);
   LOOM_CHECK(world_size > 0 && rank >= 0 && rank < world_size, "DataLoader: rank ", rank,
@@ -51,6 +71,7 @@ DataLoader::DataLoader(const std::vector<std::string>& shard_paths, int64_t B, i
   LOOM_CHECK(!shard_paths.empty(), "DataLoader: no shard files given");
   for (const std::string& p : shard_paths) {
     shards_.emplace_back(p);
+    if (vocab_size > 0) check_tokens(shards_.back(), vocab_size);
     shard_start_.push_back(num_tokens_);
     num_tokens_ += shards_.back().num_tokens();
   }

@@ -36,8 +36,10 @@ struct LoaderState {
 
 class DataLoader {
  public:
+  // vocab_size > 0: every token of every shard is checked below it here, when the shards are
+  // opened (not when a batch happens to draw a bad one), the error naming the shard and offset.
   DataLoader(const std::vector<std::string>& shard_paths, int64_t B, int64_t T, int rank,
-             int world_size, uint64_t seed);
+             int world_size, uint64_t seed, int64_t vocab_size = 0);
 
   Batch next();  // this rank's next batch; rolls into the next epoch when one is exhausted
 

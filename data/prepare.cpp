@@ -185,17 +185,17 @@ int64_t val_every(double val_fraction) {
   return std::max<int64_t>(1, std::llround(1.0 / val_fraction));
 }
 
-PrepareResult prepare_data(const PrepareOptions& opts, Tokenizer& tokenizer,
-                           const std::function<void(const PrepareProgress&)>& progress) {
-  check_options(opts, tokenizer);
+namespace {
+
+// prepare_data's work, recording every shard it writes in `res` as it goes.
+void prepare_into(const PrepareOptions& opts, const std::vector<std::string>& files,
+                  Tokenizer& tokenizer, const std::function<void(const PrepareProgress&)>& progress,
+                  PrepareResult& res) {
   const auto t0 = std::chrono::steady_clock::now();
-  const std::vector<std::string> files = list_input_files(opts.inputs, opts.format);
-  LOOM_CHECK(!files.empty(), "prepare_data: the inputs hold no files to tokenize");
   PrepareProgress prog;
   for (const std::string& f : files) prog.bytes_total += static_cast<int64_t>(fs::file_size(f));
   prepare_out_dir(opts.out_dir);
 
-  PrepareResult res;
   ShardStream train(opts.out_dir, "train", opts.shard_tokens, res.train_shards);
   ShardStream val(opts.out_dir, "val", opts.shard_tokens, res.val_shards);
   const int64_t k = val_every(opts.val_fraction);
@@ -203,6 +203,10 @@ PrepareResult prepare_data(const PrepareOptions& opts, Tokenizer& tokenizer,
   int64_t last_report = 0;
   for (const std::string& f : files) {
     const std::string text = read_whole_file(f);
+    // Text has no NUL bytes (git's test for binary files, over the whole file).
+    const size_t nul = text.find('\0');
+    LOOM_INPUT_CHECK(nul == std::string::npos, f, ": a NUL byte at offset ", nul,
+                     ": a binary file, not text (prepare_data tokenizes text)");
     for (const std::string_view doc : split_documents(text, opts.format)) {
       tokens.assign(1, tokenizer.eot_id());
       tokenizer.encode_append(doc, /*allow_special=*/false, tokens);
@@ -226,6 +230,8 @@ PrepareResult prepare_data(const PrepareOptions& opts, Tokenizer& tokenizer,
   if (res.train_documents == 0) {
     for (const std::string& p : res.val_shards) fs::remove(p);
   }
+  LOOM_INPUT_CHECK(res.documents > 0, "prepare_data: the inputs (", files.size(),
+                   " files) hold no documents: every file is empty or whitespace");
   LOOM_CHECK(res.train_documents > 0, "prepare_data: all ", res.documents,
              " documents went to val (every ", k,
              "-th document is val); give more documents or "
@@ -233,6 +239,29 @@ PrepareResult prepare_data(const PrepareOptions& opts, Tokenizer& tokenizer,
   res.train_tokens = train.total();
   res.val_tokens = val.total();
   res.seconds = seconds_since(t0);
+}
+
+}  // namespace
+
+PrepareResult prepare_data(const PrepareOptions& opts, Tokenizer& tokenizer,
+                           const std::function<void(const PrepareProgress&)>& progress) {
+  check_options(opts, tokenizer);
+  const std::vector<std::string> files = list_input_files(opts.inputs, opts.format);
+  LOOM_CHECK(!files.empty(), "prepare_data: the inputs hold no files to tokenize");
+  // A failed run leaves nothing behind: its shards, and the output folder if it made it.
+  const bool made_dir = !fs::exists(opts.out_dir);
+  PrepareResult res;
+  try {
+    prepare_into(opts, files, tokenizer, progress, res);
+  } catch (...) {
+    std::error_code ec;
+    for (const auto* list : {&res.train_shards, &res.val_shards}) {
+      for (const std::string& p : *list) fs::remove(p, ec);
+    }
+    if (made_dir && fs::is_directory(opts.out_dir, ec) && fs::is_empty(opts.out_dir, ec))
+      fs::remove(opts.out_dir, ec);
+    throw;
+  }
   return res;
 }
 

@@ -121,11 +121,12 @@ void Trainer::State::build() {
 
   const DataConfig& d = cfg.data;
   const int dp_rank = plan.dp ? ctx->dp_rank() : 0, dp_size = plan.dp ? ctx->dp_size() : 1;
-  train_loader = std::make_unique<DataLoader>(expand_shards(d.train, "data.train"), d.batch_size,
-                                              d.seq_len, dp_rank, dp_size, d.seed);
+  train_loader =
+      std::make_unique<DataLoader>(expand_shards(d.train, "data.train"), d.batch_size, d.seq_len,
+                                   dp_rank, dp_size, d.seed, cfg.model.vocab_size);
   if (!d.val.empty()) {
     val_loader = std::make_unique<DataLoader>(expand_shards(d.val, "data.val"), d.batch_size,
-                                              d.seq_len, 0, 1, d.seed);
+                                              d.seq_len, 0, 1, d.seed, cfg.model.vocab_size);
   }
   {  // one run per out_dir: rank 0 locks it, and every rank stops alike when it cannot
     std::string busy;

@@ -170,6 +170,15 @@ TEST_F(LoaderTest, ClearErrors) {
               loader.set_state({0, 100000});
             }).find("outside this data's"),
             std::string::npos);
+  // With a vocabulary, a token outside it is found when the shards are opened, naming the shard
+  // and the offset (positional shards: token p sits at position p, the first shard's 20 first).
+  data_test::TempDir ids("ids");
+  const auto id_paths = positional_shards(ids, {20, 30});
+  EXPECT_EQ(message([&] { DataLoader(id_paths, 1, kT, 0, 1, 0, 50); }), "no error");
+  const std::string msg = message([&] { DataLoader(id_paths, 1, kT, 0, 1, 0, 33); });
+  EXPECT_EQ(msg, id_paths[1] +
+                     ": token 33 at offset 13 (of 30 tokens) is outside model.vocab_size 33 (the "
+                     "shard was written for another vocabulary?)");
 }
 
 }  // namespace

@@ -144,5 +144,37 @@ TEST(Prepare, AllValIsAnError) {
   EXPECT_TRUE(fs::is_empty(out.path())) << "the failed run leaves no shards behind";
 }
 
+// Inputs that are not text are named, as is input with no documents; and a failed run leaves
+// no output folder behind when it made it.
+TEST(Prepare, BinaryAndEmptyInputsAreNamedAndLeaveNothing) {
+  data_test::TempDir in("in_bad");
+  Tokenizer tok(data_test::bpe_dir());
+  auto message = [&](const std::vector<std::string>& inputs, const fs::path& out) {
+    PrepareOptions opts;
+    opts.inputs = inputs;
+    opts.out_dir = out.string();
+    try {
+      prepare_data(opts, tok);
+    } catch (const Error& e) {
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  data_test::write_bytes(in.file("ok.txt"), "a document<|endoftext|>another one");
+  data_test::write_bytes(in.file("b.bin"), std::string("\x7f"
+                                                       "ELF\x02\x01\x00\x00",
+                                                       8));
+  const fs::path out = in.path() / "out";  // not there: a failed run must not leave it
+  EXPECT_EQ(message({in.file("ok.txt"), in.file("b.bin")}, out),
+            in.file("b.bin") +
+                ": a NUL byte at offset 6: a binary file, not text (prepare_data tokenizes text)");
+  EXPECT_FALSE(fs::exists(out));
+  data_test::write_bytes(in.file("empty.txt"), "  \n\n ");
+  EXPECT_EQ(message({in.file("empty.txt")}, out),
+            "prepare_data: the inputs (1 files) hold no documents: every file is empty or "
+            "whitespace");
+  EXPECT_FALSE(fs::exists(out));
+}
+
 }  // namespace
 }  // namespace loom
