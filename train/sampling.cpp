@@ -12,6 +12,21 @@
 
 namespace loom {
 
+// Note [Stopping inside long loops]: validation and sampling check the stop flag (SIGINT,
+// SIGTERM) between batches and between tokens, so a signal is honoured within one of them, not
+// after the whole loop; the step loop then checkpoints and exits at its next step boundary.
+// When the forward is collective every rank must stop alike: they agree with one max-reduction
+// over the world per check (negligible beside a forward).
+bool Trainer::State::stop_requested() {
+  bool stop = opt.stop != nullptr && opt.stop->load();
+  if (ctx && plan.collective_forward()) {
+    Tensor flag = Tensor::full({1}, stop ? 1.0 : 0.0, DType::kF64);
+    ctx->world().all_reduce(flag, parallel::ReduceOp::kMax);
+    stop = flag.item() > 0;
+  }
+  return stop;
+}
+
 double Trainer::evaluate() {
   State& s = *s_;
   LOOM_CHECK(s.val_loader != nullptr, "evaluate: no validation data (data.val is empty)");
@@ -19,8 +34,18 @@ double Trainer::evaluate() {
   KernelChoices kernel_choices(s.cfg.train);
   s.model().eval();
   s.val_loader->set_state({0, 0});
-  // The mean over the val batches; under cp this rank's share of it.
-  double mean = s.plan.runner->evaluate(*s.val_loader, s.cfg.train.val_steps);
+  // The mean over the val batches; under cp this rank's share of it. A stop request ends the
+  // loop early (Note [Stopping inside long loops]): the mean of the batches done.
+  double sum = 0;
+  int64_t done = 0;
+  while (done < s.cfg.train.val_steps && !(done > 0 && s.stop_requested())) {
+    sum += s.plan.runner->evaluate(*s.val_loader, 1);
+    ++done;
+  }
+  double mean = sum / static_cast<double>(done);
+  if (done < s.cfg.train.val_steps)
+    *s.log << "validation stopped after " << done << " of " << s.cfg.train.val_steps
+           << " batches (stop requested)\n";
   if (s.cp_size() > 1) {  // the shares sum to each batch's mean (Note [Context-parallel loss])
     Tensor t = Tensor::full({1}, mean, DType::kF64);
     s.ctx->cp().all_reduce(t, parallel::ReduceOp::kSum);
@@ -97,7 +122,7 @@ std::string Trainer::sample(int64_t n) {
   // <|endoftext|> starts the text; a model with a smaller vocabulary (tests) starts from id 0.
   const int32_t eot = s.tokenizer->eot_id();
   std::vector<int32_t> ids = {eot < s.cfg.model.vocab_size ? eot : 0};
-  for (int64_t i = 0; i < n; ++i) {
+  for (int64_t i = 0; i < n && !s.stop_requested(); ++i) {
     const std::vector<double> row = next_token_logits(ids);
     // Temperature, then keep the top-k logits, then sample from the softmax of what is left.
     std::vector<std::pair<double, int32_t>> cand;

@@ -111,6 +111,8 @@ struct Trainer::State {
 
   // train/train_state.cpp (Note [Exact resume] in train/trainer.h).
   void save();
+  // Note [Stopping inside long loops] (train/sampling.cpp); collective when the forward is.
+  bool stop_requested();
   // Publishes the save still writing in the background, if any (collective; Note
   // [Asynchronous checkpoints] in train/checkpoint.h).
   void finish_pending_save();

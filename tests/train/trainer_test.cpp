@@ -9,7 +9,9 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <bit>
+#include <chrono>
 #include <cmath>
 #include <filesystem>
 #include <fstream>
@@ -229,6 +231,26 @@ TEST(Trainer, AsyncCheckpointsAreTheSameFilesAndPublishLate) {
   next.step = 100;
   save_checkpoint(root, next, 10);
   EXPECT_FALSE(fs::exists(root + "/.step_00000099.tmp"));
+}
+
+// Note [Stopping inside long loops]: with a stop requested, validation ends after its current
+// batch and sampling before its next token, instead of running to the end of a long loop.
+TEST(Trainer, StopRequestEndsValidationAndSamplingEarly) {
+  const std::string dir = make_data("stop_loops");
+  std::ostringstream log;
+  Config cfg = tiny_config(dir, 8);
+  cfg.data.val = dir + "/data/val_*.bin";
+  cfg.train.val_steps = 100000;
+  std::atomic<bool> stop{false};
+  TrainerOptions o = quiet(log);
+  o.stop = &stop;
+  Trainer t(cfg, o);
+  stop = true;
+  const double v = t.evaluate();
+  EXPECT_TRUE(std::isfinite(v));
+  EXPECT_NE(log.str().find("validation stopped after 1 of 100000 batches"), std::string::npos)
+      << log.str();
+  EXPECT_EQ(t.sample(100000), "");  // no token drawn
 }
 
 // The effective config goes to <out_dir>/config.yaml (named on the log, not printed in full
