@@ -75,7 +75,6 @@ class CheckpointWriter {
   CheckpointWriter& operator=(const CheckpointWriter&) = delete;
   // Returns the checkpoint's directory; throws (on every rank) when any rank failed.
   std::string finish();
-  int64_t step() const { return step_; }
 
  private:
   std::string root_;
@@ -98,7 +97,6 @@ class CheckpointReader {
   const std::string& config_yaml() const { return config_yaml_; }
   // The stored global tensors: name → global shape, in name order.
   std::map<std::string, Shape> tensors() const;
-  bool has(const std::string& name) const { return stored_.count(name) > 0; }
   DType dtype(const std::string& name) const;  // as stored
 
   // Fills `dst` — the piece `piece` of global tensor `name`, contiguous, on any device — from

@@ -112,7 +112,8 @@ void DataParallel::build_optimizer() {
     LOOM_CHECK(optimizer_ != nullptr, "DataParallel: the optimizer factory made no optimizer");
     return;
   }
-  for (const auto& [name, view] : parameter_shards()) refs.push_back({name, view, true});
+  for (OwnedPiece& p : owned_pieces())
+    refs.push_back({std::move(p.name), std::move(p.values), true});
   size_t k = 0;
   buckets_->for_each_owned_piece([&](int bucket, const BucketParam& p, int64_t lo, int64_t hi) {
     refs[k++].decay = p.decay;
@@ -142,12 +143,6 @@ std::vector<DataParallel::OwnedPiece> DataParallel::owned_pieces() const {
     out.push_back({piece_name(p.name, lo - p.offset, hi - p.offset), p.name, p.tensor, view,
                    lo - p.offset, hi - p.offset, owned_placement(p)});
   });
-  return out;
-}
-
-NamedTensors DataParallel::parameter_shards() const {
-  NamedTensors out;
-  for (OwnedPiece& p : owned_pieces()) out.emplace_back(std::move(p.name), std::move(p.values));
   return out;
 }
 

@@ -184,8 +184,6 @@ class DataParallel final {
     Placement placement;
   };
   std::vector<OwnedPiece> owned_pieces() const;
-  // The owned pieces' (name, values): the optimizer's parameters.
-  NamedTensors parameter_shards() const;
   // Copies of every whole parameter in the model's order. At stage 3 this all-gathers each
   // unit (collective over the shard group: call it on every rank).
   NamedTensors full_parameters();
