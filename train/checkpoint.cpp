@@ -259,7 +259,11 @@ std::vector<uint32_t> parse_crcs(const std::string& text, const std::string& wha
   return out;
 }
 
+}  // namespace
+
 bool all_finite(const Tensor& host) {
+  LOOM_CHECK(host.device().is_cpu() && host.is_contiguous(),
+             "all_finite: needs a contiguous host tensor");
   if (!is_floating(host.dtype())) return true;
   if (host.dtype() == DType::kF32) {
     const float* p = static_cast<const float*>(host.raw_data());
@@ -273,8 +277,6 @@ bool all_finite(const Tensor& host) {
   }
   return true;
 }
-
-}  // namespace
 
 CheckpointReader::CheckpointReader(const std::string& dir) : dir_(dir) {
   const std::string meta_path = (fs::path(dir) / kMetaFile).string();
@@ -293,8 +295,12 @@ CheckpointReader::CheckpointReader(const std::string& dir) : dir_(dir) {
   step_ = meta_field<int64_t>(meta, "step", meta_path);
   LOOM_INPUT_CHECK(step_ >= 0, meta_path, ": 'step' is ", step_, "; a step is at least 0");
   if (meta["state"]) {
-    for (const auto& kv : meta["state"])
-      state_[kv.first.as<std::string>()] = kv.second.as<std::string>();
+    try {
+      for (const auto& kv : meta["state"])
+        state_[kv.first.as<std::string>()] = kv.second.as<std::string>();
+    } catch (const YAML::Exception&) {
+      LOOM_INPUT_FAIL(meta_path, ": 'state' is not a map of names to values");
+    }
   }
   YAML::Emitter cfg;
   cfg << meta["config"];

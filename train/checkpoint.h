@@ -125,6 +125,10 @@ class CheckpointReader {
   std::map<std::string, std::vector<Stored>> stored_;
 };
 
+// Whether every value of a contiguous host tensor is finite (integer tensors: true). What the
+// reader checks every piece with, and init_from every file's tensor.
+bool all_finite(const Tensor& host);
+
 // Every global tensor of the checkpoint read whole (tests, small tools), with its meta.yaml.
 CheckpointContents load_checkpoint(const std::string& dir);
 // The newest complete checkpoint under root, or "" when there is none.

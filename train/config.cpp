@@ -414,6 +414,11 @@ int64_t pipeline_microbatches(const Config& c) {
   return c.parallel.microbatches > 0 ? c.parallel.microbatches : c.optim.grad_accum;
 }
 
+int64_t global_batch_sequences(const Config& c) {
+  const int64_t micro = c.parallel.pp > 1 ? pipeline_microbatches(c) : c.optim.grad_accum;
+  return c.data.batch_size * c.parallel.dp * micro;
+}
+
 bool uses_nccl(const Config& c) {
   return c.parallel.backend == "nccl" || (c.parallel.backend == "auto" && c.train.device == "cuda");
 }

@@ -129,6 +129,10 @@ Config parse_config_text(const std::string& yaml_text,
 // are the gradient-accumulation micro-batches (data.batch_size rows each), so a pipelined run
 // sees the same global batch as the single-process run with grad_accum = m.
 int64_t pipeline_microbatches(const Config& c);
+// Sequences one optimizer step takes from the data: data.batch_size rows of every micro-batch
+// (optim.grad_accum, or the pipeline's) of every data-parallel replica (parallel.dp; context,
+// tensor and pipeline parallelism split a sequence, they do not add any).
+int64_t global_batch_sequences(const Config& c);
 // A train.dtype / train.precision value (f64, f32, bf16, f16; validated when parsed) as a DType.
 DType train_dtype(const std::string& name);
 // parallel.backend resolved: true when the communicators are NCCL's (nccl, or auto on cuda).

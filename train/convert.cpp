@@ -5,7 +5,6 @@
 #include <yaml-cpp/yaml.h>
 
 #include <algorithm>
-#include <cmath>
 #include <filesystem>
 #include <map>
 #include <tuple>
@@ -154,8 +153,7 @@ void read_converted(const CheckpointReader& r, const std::string& key, const Ten
 // NaN or infinite values (a checkpoint's reader checks its own).
 void copy_part(const Tensor& whole, Tensor dst, const std::string& from, const std::string& name) {
   const Tensor w = whole.detach().to(Device::cpu()).contiguous();
-  for (double v : ops::to_dtype(w, DType::kF64).to_vector())
-    LOOM_CHECK(std::isfinite(v), from, ": '", name, "' holds NaN or infinite values");
+  LOOM_INPUT_CHECK(all_finite(w), from, ": '", name, "' holds NaN or infinite values");
   Tensor host = Tensor::empty(dst.shape(), w.dtype());
   const int64_t n =
       copy_overlap(whole_piece(w.shape()), w.raw_data(), piece_of(dst.placement(), dst.shape()),

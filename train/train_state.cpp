@@ -102,24 +102,15 @@ void Trainer::State::check_resume_config(const CheckpointReader& r) {
                       refused);
   }
   for (const std::string& l : changed) *log << "resume: changed " << l << "\n";
-  auto global_batch = [](const std::map<std::string, std::string>& c) {
-    auto get = [&](const std::string& key, int64_t fallback) {
-      auto it = c.find(key);
-      try {
-        return it == c.end() ? fallback : static_cast<int64_t>(std::stoll(it->second));
-      } catch (const std::exception&) {
-        return fallback;
-      }
-    };
-    // Sequences one step takes from the data: every data-parallel replica's micro-batches.
-    const int64_t per_step = get("parallel.pp", 1) > 1 && get("parallel.microbatches", 0) > 0
-                                 ? get("parallel.microbatches", 0)
-                                 : get("optim.grad_accum", 1);
-    return get("data.batch_size", 1) * get("parallel.dp", 1) * per_step;
-  };
-  if (global_batch(saved) != global_batch(now)) {
-    *log << "resume: the global batch changes from " << global_batch(saved) << " to "
-         << global_batch(now)
+  int64_t before = 0;  // the checkpoint's global batch, when its config still parses
+  try {
+    before = global_batch_sequences(parse_config_text(r.config_yaml()));
+  } catch (const ConfigError&) {
+    return;  // a config of another Loom version: nothing more to compare
+  }
+  const int64_t after = global_batch_sequences(cfg);
+  if (before != after) {
+    *log << "resume: the global batch changes from " << before << " to " << after
          << " sequences per step; the data continues from the same position, so the steps after "
             "the resume see other batches than the original run would have\n";
   }

@@ -100,11 +100,8 @@ void Trainer::State::log_step(const PendingStep& p, double dt) {
   // of step time — and MFU is those tokens' model FLOPs over the peak of every rank in the job
   // (world size × the per-rank peak). One definition for every layout; with even work it equals
   // each rank's own MFU.
-  const double replicas = ctx ? static_cast<double>(ctx->dp_size()) : 1.0;
   const double ranks = ctx ? static_cast<double>(ctx->world_size()) : 1.0;
-  const double tokens =
-      static_cast<double>(cfg.data.batch_size * cfg.data.seq_len * plan.runner->micro_batches()) *
-      replicas;
+  const double tokens = static_cast<double>(global_batch_sequences(cfg) * cfg.data.seq_len);
   const double mfu = model().flops_per_token(cfg.data.seq_len) * tokens / dt / (peak_flops * ranks);
   const AllocatorStats mem = allocator_for(device.type).stats();
   if (r.step % cfg.train.log_every == 0 || r.step == cfg.train.steps) {

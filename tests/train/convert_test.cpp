@@ -19,6 +19,7 @@
 #include "core/ops/view.h"
 #include "core/rng.h"
 #include "layers/transformer.h"
+#include "tests/layers/tiny_models.h"
 #include "train/checkpoint.h"
 #include "train/config.h"
 #include "train/hf_format.h"
@@ -35,26 +36,11 @@ std::string fresh_dir(const std::string& name) {
   return d;
 }
 
-ModelConfig gpt2_tiny() {
-  ModelConfig c;
-  c.vocab_size = 61;  // padded to 64: the export drops the padding rows
-  c.vocab_multiple = 32;
-  c.n_layer = 2;
-  c.n_head = 2;
-  c.n_embd = 16;
-  c.max_seq_len = 8;
-  return c;
-}
-
-ModelConfig llama_tiny() {
-  ModelConfig c = gpt2_tiny();
-  c.arch = "llama";
-  c.n_head = 4;
-  c.n_kv_head = 2;
-  c.ffn_hidden = 24;
-  c.tie_embeddings = false;
-  return c;
-}
+// tests/layers/tiny_models.h: GPT-2 with vocab 11 padded to 12 (an export drops the padding
+// row), n_embd 8, 2 heads; Llama with one kv head (GQA: q 8 rows, k and v 4 each), hidden 24,
+// untied head.
+using testing::tiny_gpt2;
+using testing::tiny_llama;
 
 // A model's initial weights as global tensors; with bf16, rounded to values bf16 holds.
 std::map<std::string, Tensor> weights_of(const ModelConfig& c, bool bf16_exact = false) {
@@ -80,8 +66,8 @@ void expect_same(const std::map<std::string, Tensor>& a, const std::map<std::str
 }
 
 TEST(HfFormat, RoundTripsBitIdentical) {
-  for (const ModelConfig& c : {gpt2_tiny(), llama_tiny()}) {
-    for (const int64_t shard : {int64_t{1} << 30, int64_t{4000}}) {  // one file; several
+  for (const ModelConfig& c : {tiny_gpt2(), tiny_llama()}) {
+    for (const int64_t shard : {int64_t{1} << 30, int64_t{1000}}) {  // one file; several
       for (const DType dtype : {DType::kF32, DType::kBF16}) {
         SCOPED_TRACE(c.arch + " shard " + std::to_string(shard) + " " + dtype_name(dtype));
         const auto w = weights_of(c, dtype == DType::kBF16);
@@ -102,33 +88,33 @@ TEST(HfFormat, RoundTripsBitIdentical) {
 // What another reader sees: transformers' names, Conv1D's (in, out) orientation, the real
 // vocabulary only, q/k/v apart.
 TEST(HfFormat, FileHoldsTransformersNamesAndOrientation) {
-  const auto w = weights_of(gpt2_tiny());
+  const auto w = weights_of(tiny_gpt2());
   const std::string dir = fresh_dir("hf_names");
-  write_hf_model(dir, gpt2_tiny(), w);
+  write_hf_model(dir, tiny_gpt2(), w);
   const SafetensorsFile f = read_safetensors(dir + "/model.safetensors");
   std::map<std::string, Tensor> t(f.tensors.begin(), f.tensors.end());
-  EXPECT_EQ(t.at("transformer.wte.weight").shape(), (Shape{61, 16}));
+  EXPECT_EQ(t.at("transformer.wte.weight").shape(), (Shape{11, 8}));
   EXPECT_EQ(t.count("lm_head.weight"), 0u);  // tied
-  EXPECT_EQ(t.at("transformer.h.1.attn.c_attn.weight").shape(), (Shape{16, 48}));
+  EXPECT_EQ(t.at("transformer.h.1.attn.c_attn.weight").shape(), (Shape{8, 24}));
   EXPECT_EQ(t.at("transformer.h.1.attn.c_attn.weight").to_vector(),
             w.at("blocks.1.attn.qkv.weight").transpose(0, 1).contiguous().to_vector());
   EXPECT_EQ(f.metadata.at("format"), "pt");
 
-  const ModelConfig l = llama_tiny();
+  const ModelConfig l = tiny_llama();
   const auto lw = weights_of(l);
   const std::string ldir = fresh_dir("hf_names_llama");
   write_hf_model(ldir, l, lw);
   const SafetensorsFile g = read_safetensors(ldir + "/model.safetensors");
   std::map<std::string, Tensor> u(g.tensors.begin(), g.tensors.end());
-  EXPECT_EQ(u.at("model.layers.0.self_attn.q_proj.weight").shape(), (Shape{16, 16}));
-  EXPECT_EQ(u.at("model.layers.0.self_attn.k_proj.weight").shape(), (Shape{8, 16}));
+  EXPECT_EQ(u.at("model.layers.0.self_attn.q_proj.weight").shape(), (Shape{8, 8}));
+  EXPECT_EQ(u.at("model.layers.0.self_attn.k_proj.weight").shape(), (Shape{4, 8}));
   EXPECT_EQ(u.at("model.layers.0.self_attn.k_proj.weight").to_vector(),
-            lw.at("blocks.0.attn.qkv.weight").narrow(0, 16, 8).contiguous().to_vector());
-  EXPECT_EQ(u.at("lm_head.weight").shape(), (Shape{61, 16}));
+            lw.at("blocks.0.attn.qkv.weight").narrow(0, 8, 4).contiguous().to_vector());
+  EXPECT_EQ(u.at("lm_head.weight").shape(), (Shape{11, 8}));
 }
 
 TEST(HfFormat, ErrorsNameTheFileAndTensor) {
-  const ModelConfig c = gpt2_tiny();
+  const ModelConfig c = tiny_gpt2();
   const std::string dir = fresh_dir("hf_errors");
   write_hf_model(dir, c, weights_of(c));
   auto message = [](const std::function<void()>& f) {
@@ -140,10 +126,10 @@ TEST(HfFormat, ErrorsNameTheFileAndTensor) {
     return std::string();
   };
   ModelConfig wider = c;
-  wider.n_embd = 32;
+  wider.n_embd = 16;
   EXPECT_NE(message([&] {
               read_hf_weights(dir, wider);
-            }).find("model.safetensors: tensor 'transformer.wte.weight' has shape (61, 16)"),
+            }).find("model.safetensors: tensor 'transformer.wte.weight' has shape (11, 8)"),
             std::string::npos)
       << message([&] { read_hf_weights(dir, wider); });
   ModelConfig deeper = c;
@@ -166,10 +152,9 @@ TEST(HfFormat, ErrorsNameTheFileAndTensor) {
 // A native checkpoint → Hugging Face → native, and → llm.c (both versions) → native, through
 // the convert entry point; then verify finds a flipped byte.
 TEST(Convert, CheckpointRoundTripsThroughHfAndLlmc) {
-  const ModelConfig c = gpt2_tiny();
+  const ModelConfig c = tiny_gpt2();
   Config cfg;
   cfg.model = c;
-  cfg.model.vocab_size = 64;  // llm.c files keep the padding rows; keep them meaningful
   for (const bool bf16 : {false, true}) {
     SCOPED_TRACE(bf16 ? "bf16-exact" : "f32");
     const auto w = weights_of(cfg.model, bf16);
@@ -221,10 +206,10 @@ TEST(Convert, CheckpointRoundTripsThroughHfAndLlmc) {
 TEST(HfFormat, PythonSafetensorsReadsTheExport) {
   if (std::system("python3 -c 'import safetensors.numpy' >/dev/null 2>&1") != 0)
     GTEST_SKIP() << "python3 with the safetensors and numpy packages is not installed";
-  const ModelConfig c = llama_tiny();
+  const ModelConfig c = tiny_llama();
   const auto w = weights_of(c);
   const std::string dir = fresh_dir("hf_python");
-  write_hf_model(dir, c, w, DType::kF32, 6000);  // sharded, with the index
+  write_hf_model(dir, c, w, DType::kF32, 1000);  // sharded, with the index
   const std::string out = dir + "/listing.txt";
   const std::string cmd =
       "python3 -c \"import json, sys\n"
@@ -254,9 +239,9 @@ TEST(HfFormat, PythonSafetensorsReadsTheExport) {
     EXPECT_NEAR(seen[hf].second, want, 1e-6 * (1 + std::abs(want))) << hf;
   };
   EXPECT_EQ(seen.size(), 3u + 9u * 2u);  // embed, head, final norm; 9 per layer
-  expect("model.embed_tokens.weight", w.at("wte.weight").narrow(0, 0, 61));
+  expect("model.embed_tokens.weight", w.at("wte.weight").narrow(0, 0, 11));
   expect("model.layers.1.self_attn.v_proj.weight",
-         w.at("blocks.1.attn.qkv.weight").narrow(0, 24, 8));
+         w.at("blocks.1.attn.qkv.weight").narrow(0, 12, 4));
   expect("model.layers.0.mlp.down_proj.weight", w.at("blocks.0.mlp.down.weight"));
   expect("model.norm.weight", w.at("norm_f.weight"));
 }

@@ -25,6 +25,7 @@
 #include "core/rng.h"
 #include "data/shard.h"
 #include "layers/transformer.h"
+#include "tests/layers/tiny_models.h"
 #include "train/checkpoint.h"
 #include "train/config.h"
 #include "train/hf_format.h"
@@ -150,16 +151,7 @@ std::string fresh_dir(const std::string& name) {
   return d;
 }
 
-ModelConfig tiny_gpt2() {
-  ModelConfig c;
-  c.vocab_size = 64;
-  c.vocab_multiple = 32;
-  c.n_layer = 1;
-  c.n_head = 2;
-  c.n_embd = 8;
-  c.max_seq_len = 8;
-  return c;
-}
+using testing::tiny_gpt2;  // tests/layers/tiny_models.h
 
 TEST(Fuzz, Config) {
   const std::string dir = fresh_dir("config");
@@ -246,7 +238,7 @@ TEST(Fuzz, HuggingFaceDirectory) {
   for (const auto& [name, p] : m.named_parameters()) w[name] = p;
   write_hf_model(dir, tiny_gpt2(), w);
   fuzz("hf config.json", dir + "/config.json", read_file(dir + "/config.json"),
-       [&] { read_hf_config(dir, 32); });
+       [&] { read_hf_config(dir, tiny_gpt2().vocab_multiple); });
   fuzz("hf model.safetensors", dir + "/model.safetensors", read_file(dir + "/model.safetensors"),
        [&] { read_hf_weights(dir, tiny_gpt2()); });
 }

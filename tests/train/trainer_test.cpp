@@ -187,6 +187,16 @@ TEST(Trainer, ResumeLatestSkipsDamagedCheckpoints) {
   } catch (const ConfigError& e) {
     EXPECT_NE(std::string(e.what()).find("model.n_embd 32 → 64"), std::string::npos) << e.what();
   }
+  // Another accumulation is allowed, logged, and its changed global batch said.
+  Config fewer = cfg;
+  fewer.optim.grad_accum = 1;
+  std::ostringstream flog;
+  Trainer allowed(fewer, quiet(flog, "latest"));
+  EXPECT_NE(flog.str().find("resume: changed optim.grad_accum 2 → 1"), std::string::npos)
+      << flog.str();
+  EXPECT_NE(flog.str().find("the global batch changes from 8 to 4 sequences per step"),
+            std::string::npos)
+      << flog.str();
 }
 
 // Note [Asynchronous checkpoints]: with checkpoint.async the tensor files are the same bytes as
