@@ -1,5 +1,6 @@
-// data/prepare.cpp — prepare_data's library: input listing, document splitting, tokenization
-// and train/val shard streams. Deterministic and single-threaded; prints nothing.
+// data/prepare.cpp — prepare_data's library: input listing, document splitting (or chat
+// rendering), tokenization and train/val shard streams. Deterministic and single-threaded;
+// prints nothing.
 #include "data/prepare.h"
 
 #include <algorithm>
@@ -8,8 +9,11 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <optional>
 
 #include "core/error.h"
+#include "data/chat.h"
+#include "data/documents.h"
 #include "data/shard.h"
 
 namespace loom {
@@ -58,44 +62,70 @@ void walk_directory(const fs::path& dir, InputFormat format, std::vector<std::st
     } else if (fs::is_regular_file(p)) {
       const std::string ext = p.extension().string();
       if (format == InputFormat::kFortunes && (ext == ".dat" || ext == ".u8")) continue;
+      if (format == InputFormat::kChat && ext != ".jsonl") continue;
       out.push_back(p.string());
     }
   }
 }
 
-// Collects tokens of one split (train or val) and writes them out in shards of a fixed size.
+// Collects the documents of one split (train or val) and writes them out in shards of at most
+// shard_tokens tokens. Plain shards are cut at exactly shard_tokens (documents may continue in
+// the next shard); document shards (with_docs: X.bin + X.docs) hold whole documents only, so a
+// shard is closed early before a document that would overflow it (the caller checks that each
+// document fits one shard). The shard paths go to `paths` as they are written.
 class ShardStream {
  public:
-  ShardStream(std::string dir, std::string prefix, int64_t shard_tokens,
+  ShardStream(std::string dir, std::string prefix, int64_t shard_tokens, bool with_docs,
               std::vector<std::string>& paths)
       : dir_(std::move(dir)),
         prefix_(std::move(prefix)),
         shard_tokens_(shard_tokens),
+        with_docs_(with_docs),
         paths_(paths) {}
 
-  void append(const std::vector<int32_t>& tokens) {
-    for (const int32_t t : tokens) {
-      buffer_.push_back(static_cast<uint16_t>(t));
-      if (static_cast<int64_t>(buffer_.size()) == shard_tokens_) flush();
+  // `mask`: with_docs only, one value per token.
+  void append(const std::vector<int32_t>& tokens, const std::vector<uint8_t>& mask) {
+    const auto n = static_cast<int64_t>(tokens.size());
+    total_ += n;
+    if (!with_docs_) {
+      for (const int32_t t : tokens) {
+        buffer_.push_back(t);
+        if (static_cast<int64_t>(buffer_.size()) == shard_tokens_) flush();
+      }
+      return;
     }
-    total_ += static_cast<int64_t>(tokens.size());
+    if (static_cast<int64_t>(buffer_.size()) + n > shard_tokens_) flush();
+    buffer_.insert(buffer_.end(), tokens.begin(), tokens.end());
+    mask_.insert(mask_.end(), mask.begin(), mask.end());
+    offsets_.push_back(static_cast<int64_t>(buffer_.size()));
+    loss_tokens_ += std::count(mask.begin(), mask.end(), uint8_t{1});
   }
   void flush() {
     if (buffer_.empty()) return;
     char name[64];
     std::snprintf(name, sizeof(name), "%s_%06zu.bin", prefix_.c_str(), paths_.size());
     paths_.push_back((fs::path(dir_) / name).string());
-    write_shard(paths_.back(), std::span<const uint16_t>(buffer_));
+    if (with_docs_) {
+      write_document_shard(paths_.back(), buffer_, mask_, offsets_);
+    } else {
+      write_shard(paths_.back(), std::span<const int32_t>(buffer_));
+    }
     buffer_.clear();
+    mask_.clear();
+    offsets_.assign(1, 0);
   }
   int64_t total() const { return total_; }
+  int64_t loss_tokens() const { return loss_tokens_; }
 
  private:
   std::string dir_, prefix_;
   int64_t shard_tokens_;
+  bool with_docs_;
   std::vector<std::string>& paths_;
-  std::vector<uint16_t> buffer_;
-  int64_t total_ = 0;
+  std::vector<int32_t> buffer_;
+  std::vector<uint8_t> mask_;        // with_docs_: one per buffered token
+  std::vector<int64_t> offsets_{0};  // with_docs_: document starts in buffer_, then its end
+  int64_t total_ = 0, loss_tokens_ = 0;
 };
 
 void check_options(const PrepareOptions& opts, const Tokenizer& tokenizer) {
@@ -107,6 +137,8 @@ void check_options(const PrepareOptions& opts, const Tokenizer& tokenizer) {
              "prepare_data: --shard-tokens ", opts.shard_tokens, " is outside [1, 2^31)");
   LOOM_CHECK(tokenizer.vocab_size() <= 65536, "prepare_data: vocabulary of ",
              tokenizer.vocab_size(), " tokens does not fit the shard's uint16 tokens");
+  LOOM_CHECK(opts.chat_template.empty() || opts.format == InputFormat::kChat,
+             "prepare_data: --chat-template is for --format chat only");
 }
 
 void prepare_out_dir(const std::string& dir) {
@@ -129,7 +161,8 @@ double seconds_since(std::chrono::steady_clock::time_point t0) {
 InputFormat parse_input_format(const std::string& name) {
   if (name == "text") return InputFormat::kText;
   if (name == "fortunes") return InputFormat::kFortunes;
-  LOOM_FAIL("--format ", name, ": unknown input format (expected text or fortunes)");
+  if (name == "chat") return InputFormat::kChat;
+  LOOM_FAIL("--format ", name, ": unknown input format (expected text, fortunes or chat)");
 }
 
 std::vector<std::string> list_input_files(const std::vector<std::string>& inputs,
@@ -150,6 +183,8 @@ std::vector<std::string> list_input_files(const std::vector<std::string>& inputs
 }
 
 std::vector<std::string_view> split_documents(std::string_view text, InputFormat format) {
+  LOOM_CHECK(format != InputFormat::kChat,
+             "split_documents: chat files are split by lines (parse_conversation)");
   std::vector<std::string_view> docs;
   const auto emit = [&](std::string_view d) {
     if (!is_blank(d)) docs.push_back(d);
@@ -187,6 +222,36 @@ int64_t val_every(double val_fraction) {
 
 namespace {
 
+// Removes a shard and its document index, if any (cleaning up after a failed run).
+void remove_shard(const std::string& path) {
+  std::error_code ec;
+  fs::remove(path, ec);
+  fs::remove(docs_path_for(path), ec);
+}
+
+// Renders each non-blank line of a chat JSONL file into tokens/mask and calls
+// emit(bytes of `text` consumed so far) for it. Errors name "file:line".
+template <typename Emit>
+void chat_documents(const std::string& file, std::string_view text, ChatRenderer& renderer,
+                    int64_t shard_tokens, std::vector<int32_t>& tokens, std::vector<uint8_t>& mask,
+                    const Emit& emit) {
+  int64_t line_no = 0;
+  for (size_t start = 0; start < text.size();) {
+    size_t end = text.find('\n', start);
+    if (end == std::string_view::npos) end = text.size();
+    const std::string_view line = text.substr(start, end - start);
+    start = end + 1;
+    ++line_no;
+    if (is_blank(line)) continue;
+    const std::string where = file + ":" + std::to_string(line_no);
+    renderer.render(parse_conversation(line, where), tokens, mask);
+    LOOM_INPUT_CHECK(static_cast<int64_t>(tokens.size()) <= shard_tokens, where,
+                     ": the conversation is ", tokens.size(), " tokens, more than --shard-tokens ",
+                     shard_tokens, " (a document shard holds whole documents)");
+    emit(std::min(start, text.size()));
+  }
+}
+
 // prepare_data's work, recording every shard it writes in `res` as it goes.
 void prepare_into(const PrepareOptions& opts, const std::vector<std::string>& files,
                   Tokenizer& tokenizer, const std::function<void(const PrepareProgress&)>& progress,
@@ -194,31 +259,49 @@ void prepare_into(const PrepareOptions& opts, const std::vector<std::string>& fi
   const auto t0 = std::chrono::steady_clock::now();
   PrepareProgress prog;
   for (const std::string& f : files) prog.bytes_total += static_cast<int64_t>(fs::file_size(f));
+  const bool chat = opts.format == InputFormat::kChat;
+  std::optional<ChatRenderer> renderer;
+  if (chat) {
+    renderer.emplace(opts.chat_template.empty() ? default_chat_template()
+                                                : load_chat_template(opts.chat_template),
+                     tokenizer);
+  }
   prepare_out_dir(opts.out_dir);
 
-  ShardStream train(opts.out_dir, "train", opts.shard_tokens, res.train_shards);
-  ShardStream val(opts.out_dir, "val", opts.shard_tokens, res.val_shards);
+  ShardStream train(opts.out_dir, "train", opts.shard_tokens, chat, res.train_shards);
+  ShardStream val(opts.out_dir, "val", opts.shard_tokens, chat, res.val_shards);
   const int64_t k = val_every(opts.val_fraction);
   std::vector<int32_t> tokens;
+  std::vector<uint8_t> mask;  // chat only
   int64_t last_report = 0;
+  // Sends the document in `tokens` (and `mask`) to its split; `done`: input bytes consumed.
+  const auto emit = [&](int64_t done) {
+    const bool is_val = k > 0 && res.documents % k == 0;
+    (is_val ? val : train).append(tokens, mask);
+    (is_val ? res.val_documents : res.train_documents) += 1;
+    ++res.documents;
+    prog.tokens += static_cast<int64_t>(tokens.size());
+    if (progress && done - last_report >= kProgressBytes) {
+      last_report = done;
+      progress({done, prog.bytes_total, res.documents, prog.tokens, seconds_since(t0)});
+    }
+  };
   for (const std::string& f : files) {
     const std::string text = read_whole_file(f);
     // Text has no NUL bytes (git's test for binary files, over the whole file).
     const size_t nul = text.find('\0');
     LOOM_INPUT_CHECK(nul == std::string::npos, f, ": a NUL byte at offset ", nul,
                      ": a binary file, not text (prepare_data tokenizes text)");
-    for (const std::string_view doc : split_documents(text, opts.format)) {
-      tokens.assign(1, tokenizer.eot_id());
-      tokenizer.encode_append(doc, /*allow_special=*/false, tokens);
-      const bool is_val = k > 0 && res.documents % k == 0;
-      (is_val ? val : train).append(tokens);
-      (is_val ? res.val_documents : res.train_documents) += 1;
-      ++res.documents;
-      prog.tokens += static_cast<int64_t>(tokens.size());
-      const int64_t done = prog.bytes_done + (doc.data() + doc.size() - text.data());
-      if (progress && done - last_report >= kProgressBytes) {
-        last_report = done;
-        progress({done, prog.bytes_total, res.documents, prog.tokens, seconds_since(t0)});
+    const auto emit_at = [&](size_t in_file) {
+      emit(prog.bytes_done + static_cast<int64_t>(in_file));
+    };
+    if (chat) {
+      chat_documents(f, text, *renderer, opts.shard_tokens, tokens, mask, emit_at);
+    } else {
+      for (const std::string_view doc : split_documents(text, opts.format)) {
+        tokens.assign(1, tokenizer.eot_id());
+        tokenizer.encode_append(doc, /*allow_special=*/false, tokens);
+        emit_at(static_cast<size_t>(doc.data() + doc.size() - text.data()));
       }
     }
     prog.bytes_done += static_cast<int64_t>(text.size());
@@ -228,7 +311,7 @@ void prepare_into(const PrepareOptions& opts, const std::vector<std::string>& fi
   train.flush();
   val.flush();
   if (res.train_documents == 0) {
-    for (const std::string& p : res.val_shards) fs::remove(p);
+    for (const std::string& p : res.val_shards) remove_shard(p);
   }
   LOOM_INPUT_CHECK(res.documents > 0, "prepare_data: the inputs (", files.size(),
                    " files) hold no documents: every file is empty or whitespace");
@@ -238,6 +321,8 @@ void prepare_into(const PrepareOptions& opts, const std::vector<std::string>& fi
              "a smaller --val-fraction");
   res.train_tokens = train.total();
   res.val_tokens = val.total();
+  res.train_loss_tokens = train.loss_tokens();
+  res.val_loss_tokens = val.loss_tokens();
   res.seconds = seconds_since(t0);
 }
 
@@ -247,17 +332,18 @@ PrepareResult prepare_data(const PrepareOptions& opts, Tokenizer& tokenizer,
                            const std::function<void(const PrepareProgress&)>& progress) {
   check_options(opts, tokenizer);
   const std::vector<std::string> files = list_input_files(opts.inputs, opts.format);
-  LOOM_CHECK(!files.empty(), "prepare_data: the inputs hold no files to tokenize");
+  LOOM_CHECK(!files.empty(), "prepare_data: the inputs hold no files to tokenize",
+             opts.format == InputFormat::kChat ? " (directories give their *.jsonl files)" : "");
   // A failed run leaves nothing behind: its shards, and the output folder if it made it.
   const bool made_dir = !fs::exists(opts.out_dir);
   PrepareResult res;
   try {
     prepare_into(opts, files, tokenizer, progress, res);
   } catch (...) {
-    std::error_code ec;
     for (const auto* list : {&res.train_shards, &res.val_shards}) {
-      for (const std::string& p : *list) fs::remove(p, ec);
+      for (const std::string& p : *list) remove_shard(p);
     }
+    std::error_code ec;
     if (made_dir && fs::is_directory(opts.out_dir, ec) && fs::is_empty(opts.out_dir, ec))
       fs::remove(opts.out_dir, ec);
     throw;

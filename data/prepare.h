@@ -1,7 +1,8 @@
 // data/prepare.h — the library behind tools/prepare_data: list input files, split them into
 // documents, tokenize, and write train/val token shards (data/shard.h) named like llm.c's
-// (DIR/train_000000.bin, DIR/val_000000.bin). Deterministic: same inputs and options, same
-// bytes. It prints nothing itself; progress goes to a callback.
+// (DIR/train_000000.bin, DIR/val_000000.bin); chat/instruction data (--format chat) becomes
+// document shards with loss masks (data/documents.h, data/chat.h). Deterministic: same inputs
+// and options, same bytes. It prints nothing itself; progress goes to a callback.
 #pragma once
 
 #include <cstdint>
@@ -17,8 +18,9 @@ namespace loom {
 enum class InputFormat {
   kText,      // documents separated by the literal text "<|endoftext|>" (else one per file)
   kFortunes,  // fortune(6) files: documents separated by lines holding only "%"
+  kChat,      // JSONL, one conversation per line (data/chat.h): document shards with loss masks
 };
-InputFormat parse_input_format(const std::string& name);  // "text" | "fortunes"
+InputFormat parse_input_format(const std::string& name);  // "text" | "fortunes" | "chat"
 
 struct PrepareOptions {
   std::vector<std::string> inputs;  // files, or directories (walked recursively)
@@ -26,6 +28,7 @@ struct PrepareOptions {
   double val_fraction = 0.05;          // in [0, 1); 0 writes no val shards
   int64_t shard_tokens = 100'000'000;  // tokens per shard (the last one may be shorter)
   InputFormat format = InputFormat::kText;
+  std::string chat_template;  // kChat: a YAML template file; empty: default_chat_template()
 };
 
 struct PrepareProgress {
@@ -37,17 +40,20 @@ struct PrepareProgress {
 struct PrepareResult {
   int64_t documents = 0, train_documents = 0, val_documents = 0;
   int64_t train_tokens = 0, val_tokens = 0;
+  int64_t train_loss_tokens = 0, val_loss_tokens = 0;  // kChat: tokens with loss mask 1; else 0
   std::vector<std::string> train_shards, val_shards;
   double seconds = 0;
 };
 
 // The input files in processing order: each file argument as given; each directory's regular
 // files, recursively, sorted by path, skipping symlinks and hidden entries. For kFortunes,
-// directory walks also skip *.dat and *.u8 files and the "off" (offensive) subdirectory.
+// directory walks also skip *.dat and *.u8 files and the "off" (offensive) subdirectory; for
+// kChat they take only *.jsonl files.
 std::vector<std::string> list_input_files(const std::vector<std::string>& inputs,
                                           InputFormat format);
 
-// One file's documents (views into `text`). Empty and whitespace-only documents are dropped.
+// One file's documents (views into `text`) for kText and kFortunes. Empty and whitespace-only
+// documents are dropped.
 std::vector<std::string_view> split_documents(std::string_view text, InputFormat format);
 
 // Every val_every(f)-th document (index % k == 0, counting all documents of the run from 0)
@@ -55,8 +61,12 @@ std::vector<std::string_view> split_documents(std::string_view text, InputFormat
 int64_t val_every(double val_fraction);
 
 // Tokenizes everything into opts.out_dir (created if needed). Each document is written as
-// <|endoftext|> followed by its tokens (llm.c's convention), to the train or val stream.
-// Refuses an out_dir that already holds train_*.bin / val_*.bin shards.
+// <|endoftext|> followed by its tokens (llm.c's convention), to the train or val stream. kChat
+// renders each non-blank JSONL line (Note [Chat rendering] in data/chat.cpp) and writes document
+// shards (X.bin + X.docs) that hold whole documents only: a shard is closed before a document
+// that would overflow --shard-tokens, and a longer document is an error naming file:line.
+// Refuses an out_dir that already holds train_*.bin / val_*.bin shards; a failed run removes
+// what it wrote (and out_dir, if it made it).
 PrepareResult prepare_data(const PrepareOptions& opts, Tokenizer& tokenizer,
                            const std::function<void(const PrepareProgress&)>& progress = {});
 

@@ -1,6 +1,7 @@
-// tools/prepare_data.cpp — the `prepare_data` command: tokenize text into llm.c token shards.
+// tools/prepare_data.cpp — the `prepare_data` command: tokenize text into llm.c token shards, or
+// chat/instruction JSONL into document shards with loss masks (--format chat).
 //   prepare_data --input PATH... --out-dir DIR [--val-fraction 0.05] [--shard-tokens N]
-//                [--format text|fortunes] [--bpe-dir DIR]
+//                [--format text|fortunes|chat] [--chat-template FILE] [--bpe-dir DIR]
 // Thin: parses arguments, draws the progress bar on stderr, and calls data/prepare.h.
 #include <algorithm>
 #include <chrono>
@@ -16,10 +17,19 @@ namespace {
 
 constexpr const char* kUsage =
     "usage: prepare_data --input PATH... --out-dir DIR [--val-fraction 0.05]\n"
-    "                    [--shard-tokens 100000000] [--format text|fortunes] [--bpe-dir DIR]\n"
+    "                    [--shard-tokens 100000000] [--format text|fortunes|chat]\n"
+    "                    [--chat-template FILE] [--bpe-dir DIR]\n"
     "  text:     documents are separated by the text <|endoftext|> (else one per file)\n"
     "  fortunes: documents are separated by lines holding only %; directories skip *.dat,\n"
-    "            *.u8, symlinks and off/ (e.g. --input /usr/share/games/fortunes)\n";
+    "            *.u8, symlinks and off/ (e.g. --input /usr/share/games/fortunes)\n"
+    "  chat:     JSONL, one conversation per line, either\n"
+    "              {\"messages\": [{\"role\": \"user\", \"content\": \"...\"}, ...]}\n"
+    "            (roles system, user, assistant) or {\"prompt\": \"...\", \"response\": \"...\"};\n"
+    "            directories give their *.jsonl files. Writes document shards (X.bin + X.docs:\n"
+    "            document boundaries and a loss mask on the assistant turns) that hold whole\n"
+    "            conversations (e.g. --input data/samples/chat_sample.jsonl)\n"
+    "  --chat-template FILE: YAML with system/user/assistant prefix and suffix strings\n"
+    "            (default: the built-in template, as in configs/chat_template.yaml)\n";
 
 [[noreturn]] void usage_error(const std::string& msg) {
   std::fprintf(stderr, "prepare_data: %s\n%s", msg.c_str(), kUsage);
@@ -61,6 +71,8 @@ Args parse_args(int argc, char** argv) {
       a.opts.shard_tokens = static_cast<int64_t>(n);
     } else if (arg == "--format") {
       a.opts.format = loom::parse_input_format(value());
+    } else if (arg == "--chat-template") {
+      a.opts.chat_template = value();
     } else if (arg == "--bpe-dir") {
       a.bpe_dir = value();
     } else if (arg == "-h" || arg == "--help") {
@@ -114,6 +126,11 @@ int run(int argc, char** argv) {
                static_cast<long long>(r.val_documents), static_cast<long long>(r.val_tokens),
                r.val_shards.size(), r.seconds,
                (r.train_tokens + r.val_tokens) / std::max(r.seconds, 1e-9));
+  if (args.opts.format == loom::InputFormat::kChat) {
+    std::fprintf(stderr, "prepare_data: loss tokens (assistant turns): train %lld, val %lld\n",
+                 static_cast<long long>(r.train_loss_tokens),
+                 static_cast<long long>(r.val_loss_tokens));
+  }
   for (const auto& p : r.train_shards) std::printf("%s\n", p.c_str());
   for (const auto& p : r.val_shards) std::printf("%s\n", p.c_str());
   return 0;

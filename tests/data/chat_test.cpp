@@ -1,0 +1,348 @@
+// tests/data/chat_test.cpp — chat/instruction data (data/chat.h, prepare_data --format chat):
+// parsing both JSONL schemas and naming every kind of bad line, the template file (the shipped one
+// is the built-in default; unknown and missing keys named), rendering (the loss-masked tokens
+// decode to exactly the assistant contents and suffixes), and prepare_data on the shipped sample
+// (data/samples/chat_sample.jsonl): every conversation is a document of the written shards.
+#include "data/chat.h"
+
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "core/error.h"
+#include "data/documents.h"
+#include "data/prepare.h"
+#include "tests/data/data_test_util.h"
+
+namespace loom {
+namespace {
+
+namespace fs = std::filesystem;
+
+std::string sample_path() {
+  return (data_test::source_root() / "data" / "samples" / "chat_sample.jsonl").string();
+}
+
+// The message of the loom::InputError that f throws ("no error" if none).
+template <typename F>
+std::string input_error(F&& f) {
+  try {
+    f();
+  } catch (const InputError& e) {
+    return e.what();
+  }
+  return "no error";
+}
+
+std::string decode(const Tokenizer& tok, const std::vector<int32_t>& ids) {
+  return tok.decode(ids);
+}
+
+// The tokens whose mask equals `want`, in order.
+std::vector<int32_t> where_mask(std::span<const int32_t> tokens, std::span<const uint8_t> mask,
+                                uint8_t want) {
+  std::vector<int32_t> out;
+  for (size_t i = 0; i < tokens.size(); ++i) {
+    if (mask[i] == want) out.push_back(tokens[i]);
+  }
+  return out;
+}
+
+TEST(Chat, ParsesBothSchemas) {
+  const Conversation c = parse_conversation(
+      R"({"id": 7, "messages": [{"role": "system", "content": "Be brief."},)"
+      R"( {"role": "user", "content": "Hi?", "name": "x"}, {"role": "assistant", "content": "Hello."}]})",
+      "f:1");
+  ASSERT_EQ(c.size(), 3u);
+  EXPECT_EQ(c[0].role, ChatRole::kSystem);
+  EXPECT_EQ(c[0].content, "Be brief.");
+  EXPECT_EQ(c[1].role, ChatRole::kUser);
+  EXPECT_EQ(c[1].content, "Hi?");
+  EXPECT_EQ(c[2].role, ChatRole::kAssistant);
+  EXPECT_EQ(c[2].content, "Hello.");
+  const Conversation p = parse_conversation(R"({"prompt": "2+2?", "response": " 4\n"})", "f:2");
+  ASSERT_EQ(p.size(), 2u);
+  EXPECT_EQ(p[0].role, ChatRole::kUser);
+  EXPECT_EQ(p[0].content, "2+2?");
+  EXPECT_EQ(p[1].role, ChatRole::kAssistant);
+  EXPECT_EQ(p[1].content, " 4\n");  // kept byte for byte
+}
+
+TEST(Chat, NamesEveryBadLine) {
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {R"({"messages": [)", "bad JSON: "},
+      {R"([1, 2])", "a conversation must be a JSON object, not array"},
+      {R"({"text": "hi"})", "no \"messages\" key (nor \"prompt\" and \"response\")"},
+      {R"({"messages": "hi"})", "messages: must be an array, not string"},
+      {R"({"messages": [3]})", "messages[0]: must be an object, not number"},
+      {R"({"messages": [{"content": "x"}]})", "messages[0].role: missing"},
+      {R"({"messages": [{"role": 1, "content": "x"}]})",
+       "messages[0].role: must be a string, not number"},
+      {R"({"messages": [{"role": "assistant", "content": "a"}, {"role": "bot", "content": "x"}]})",
+       "messages[1].role: unknown role \"bot\" (expected system, user or assistant)"},
+      {R"({"messages": [{"role": "user"}]})", "messages[0].content: missing"},
+      {R"({"messages": [{"role": "user", "content": ["x"]}]})",
+       "messages[0].content: must be a string, not array"},
+      {R"({"messages": [{"role": "assistant", "content": " \n"}]})",
+       "messages[0].content: empty content"},
+      {R"({"messages": [{"role": "system", "content": "s"}, {"role": "user", "content": "u"}]})",
+       "no assistant turn (2 messages): nothing to train on"},
+      {R"({"messages": []})", "no assistant turn (0 messages)"},
+      {R"({"prompt": "p"})", "response: missing"},
+      {R"({"response": "r"})", "prompt: missing"},
+      {R"({"prompt": "p", "response": ""})", "response: empty content"},
+      {R"({"prompt": "p", "response": 5})", "response: must be a string, not number"},
+      {R"({"prompt": "p", "response": "r", "messages": []})",
+       "has both \"messages\" and \"prompt\"/\"response\""},
+  };
+  for (const auto& [line, fragment] : cases) {
+    const std::string msg = input_error([&] { parse_conversation(line, "data/x.jsonl:12"); });
+    EXPECT_EQ(msg.rfind("data/x.jsonl:12: ", 0), 0u) << line << " -> " << msg;
+    EXPECT_NE(msg.find(fragment), std::string::npos) << line << " -> " << msg;
+    EXPECT_EQ(msg.find('\n'), std::string::npos) << "not one line: " << msg;
+  }
+}
+
+TEST(Chat, ShippedTemplateIsTheDefault) {
+  const std::string path = (data_test::source_root() / "configs" / "chat_template.yaml").string();
+  const ChatTemplate t = load_chat_template(path);
+  EXPECT_EQ(t, default_chat_template());
+  EXPECT_EQ(t.user.prefix, "User:\n");
+  EXPECT_EQ(t.user.suffix, "\n");
+  EXPECT_EQ(t.assistant.prefix, "Assistant:\n");
+  EXPECT_EQ(t.assistant.suffix, "<|endoftext|>");
+  EXPECT_EQ(t.system.prefix, "System:\n");
+}
+
+TEST(Chat, TemplateErrorsNameTheKey) {
+  const std::string ok_roles =
+      "system: {prefix: 'S ', suffix: ''}\nuser: {prefix: 'U ', suffix: ''}\n";
+  const ChatTemplate t =
+      parse_chat_template(ok_roles + "assistant: {prefix: 'A ', suffix: \"!\\n\"}\n", "t.yaml");
+  EXPECT_EQ(t.system.prefix, "S ");
+  EXPECT_EQ(t.user.suffix, "");
+  EXPECT_EQ(t.assistant.suffix, "!\n");
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {ok_roles + "assistant: {prefix: a, suffix: b}\ntool: {prefix: a, suffix: b}\n",
+       "t.yaml: unknown key 'tool' (expected system, user, assistant)"},
+      {ok_roles + "assistant: {prefix: a, suffx: b}\n",
+       "t.yaml: assistant.suffx: unknown key (expected prefix, suffix)"},
+      {ok_roles + "assistant: {prefix: a}\n", "t.yaml: assistant.suffix: missing"},
+      {ok_roles, "t.yaml: assistant: missing"},
+      {ok_roles + "assistant: {prefix: a, suffix: [b]}\n",
+       "t.yaml: assistant.suffix: must be a string"},
+      {ok_roles + "assistant: {prefix: a, suffix: }\n",
+       "t.yaml: assistant.suffix: must be a string"},
+      {ok_roles + "assistant: text\n", "t.yaml: assistant: must be a map"},
+      {"- 1\n- 2\n", "t.yaml: a chat template is a map"},
+      {"user: {prefix: 'a\n", "t.yaml: bad YAML"},
+  };
+  for (const auto& [text, fragment] : cases) {
+    const std::string msg = input_error([&] { parse_chat_template(text, "t.yaml"); });
+    EXPECT_NE(msg.find(fragment), std::string::npos) << text << " -> " << msg;
+  }
+  EXPECT_NE(input_error([] {
+              load_chat_template("/nonexistent/t.yaml");
+            }).find("/nonexistent/t.yaml: cannot open chat template"),
+            std::string::npos);
+}
+
+TEST(Chat, LossMaskCoversExactlyTheAssistantTurns) {
+  Tokenizer tok(data_test::bpe_dir());
+  ChatTemplate tmpl = default_chat_template();
+  tmpl.system = {"<sys> ", " </sys>"};
+  ChatRenderer renderer(tmpl, tok);
+  const Conversation conv = {
+      {ChatRole::kSystem, "Answer in words."},
+      {ChatRole::kUser, "What is 2 + 2?"},
+      {ChatRole::kAssistant, "Four, written <|endoftext|> as text."},
+      {ChatRole::kUser, "And 3 + 3?"},
+      {ChatRole::kAssistant, "Six."},
+  };
+  std::vector<int32_t> tokens;
+  std::vector<uint8_t> mask;
+  renderer.render(conv, tokens, mask);
+  ASSERT_EQ(tokens.size(), mask.size());
+  const std::string eot = "<|endoftext|>";
+  // The whole document, and the trained part alone.
+  EXPECT_EQ(decode(tok, tokens), eot + "<sys> Answer in words. </sys>User:\nWhat is 2 + 2?\n" +
+                                     "Assistant:\nFour, written <|endoftext|> as text." + eot +
+                                     "User:\nAnd 3 + 3?\nAssistant:\nSix." + eot);
+  EXPECT_EQ(decode(tok, where_mask(tokens, mask, 1)),
+            "Four, written <|endoftext|> as text." + eot + "Six." + eot);
+  EXPECT_EQ(tokens[0], 50256);
+  EXPECT_EQ(mask[0], 0);
+  EXPECT_EQ(tokens.back(), 50256);  // the assistant suffix is the special token, and trained
+  EXPECT_EQ(mask.back(), 1);
+  // <|endoftext|> in content is text: the document holds the special token 3 times (BOS and the
+  // two assistant suffixes), not 4.
+  EXPECT_EQ(std::count(tokens.begin(), tokens.end(), 50256), 3);
+  // The trained tokens are the pieces tokenized on their own.
+  std::vector<int32_t> want = tok.encode(conv[2].content);
+  want.push_back(50256);
+  for (const int32_t t : tok.encode(conv[4].content)) want.push_back(t);
+  want.push_back(50256);
+  EXPECT_EQ(where_mask(tokens, mask, 1), want);
+  // Rendering again replaces, not appends.
+  renderer.render({{ChatRole::kUser, "x"}, {ChatRole::kAssistant, "y"}}, tokens, mask);
+  EXPECT_EQ(decode(tok, tokens), eot + "User:\nx\nAssistant:\ny" + eot);
+  EXPECT_EQ(std::vector<uint8_t>(mask.end() - 2, mask.end()), (std::vector<uint8_t>{1, 1}));
+  EXPECT_EQ(std::count(mask.begin(), mask.end(), 1), 2);
+}
+
+TEST(Chat, PromptResponseIsTheMessagesForm) {
+  Tokenizer tok(data_test::bpe_dir());
+  ChatRenderer renderer(default_chat_template(), tok);
+  std::vector<int32_t> t1, t2;
+  std::vector<uint8_t> m1, m2;
+  renderer.render(parse_conversation(R"({"prompt": "Sort: 3 1 2", "response": "1 2 3"})", "a:1"),
+                  t1, m1);
+  renderer.render(parse_conversation(R"({"messages": [{"role": "user", "content": "Sort: 3 1 2"},)"
+                                     R"( {"role": "assistant", "content": "1 2 3"}]})",
+                                     "a:2"),
+                  t2, m2);
+  EXPECT_EQ(t1, t2);
+  EXPECT_EQ(m1, m2);
+  EXPECT_EQ(decode(tok, where_mask(t1, m1, 1)), "1 2 3<|endoftext|>");
+}
+
+PrepareOptions chat_options(const std::vector<std::string>& inputs, const std::string& out) {
+  PrepareOptions opts;
+  opts.inputs = inputs;
+  opts.out_dir = out;
+  opts.format = InputFormat::kChat;
+  return opts;
+}
+
+TEST(Chat, PrepareNamesFileAndLine) {
+  data_test::TempDir in("in");
+  Tokenizer tok(data_test::bpe_dir());
+  const std::string good = R"({"prompt": "a", "response": "b"})";
+  data_test::write_bytes(in.file("a.jsonl"), good + "\n\n" + good + "\r\n" +
+                                                 R"({"prompt": "a", "response": 1})" + "\n");
+  const fs::path out = in.path() / "out";
+  const std::string msg =
+      input_error([&] { prepare_data(chat_options({in.file("a.jsonl")}, out.string()), tok); });
+  EXPECT_EQ(msg, in.file("a.jsonl") + ":4: response: must be a string, not number");
+  EXPECT_FALSE(fs::exists(out)) << "a failed run leaves no output folder";
+
+  // A conversation longer than a shard is named too.
+  data_test::write_bytes(in.file("a.jsonl"), good + "\n" + good + "\n" +
+                                                 R"({"prompt": "a b c d e f g", "response": "b"})");
+  PrepareOptions opts = chat_options({in.file("a.jsonl")}, out.string());
+  opts.shard_tokens = 12;
+  const std::string long_msg = input_error([&] { prepare_data(opts, tok); });
+  EXPECT_EQ(long_msg.rfind(in.file("a.jsonl") + ":3: the conversation is ", 0), 0u) << long_msg;
+  EXPECT_NE(long_msg.find("more than --shard-tokens 12"), std::string::npos) << long_msg;
+  EXPECT_FALSE(fs::exists(out));
+
+  // A template with another format is refused.
+  opts = chat_options({in.file("a.jsonl")}, out.string());
+  opts.format = InputFormat::kText;
+  opts.chat_template = "configs/chat_template.yaml";
+  EXPECT_THROW(prepare_data(opts, tok), Error);
+  EXPECT_EQ(parse_input_format("chat"), InputFormat::kChat);
+}
+
+TEST(Chat, DirectoriesGiveTheirJsonlFiles) {
+  data_test::TempDir in;
+  for (const char* f : {"b.jsonl", "a.jsonl", "README.md", "c.json"}) {
+    data_test::write_bytes(in.file(f), "{}\n");
+  }
+  EXPECT_EQ(list_input_files({in.path().string()}, InputFormat::kChat),
+            (std::vector<std::string>{in.file("a.jsonl"), in.file("b.jsonl")}));
+}
+
+// The assistant contents of one JSONL conversation, each followed by <|endoftext|>, read with
+// nlohmann::json directly (not through parse_conversation).
+std::string assistant_text(const std::string& line) {
+  const nlohmann::json j = nlohmann::json::parse(line);
+  std::string out;
+  if (j.contains("response")) return j["response"].get<std::string>() + "<|endoftext|>";
+  for (const auto& m : j["messages"]) {
+    if (m["role"] == "assistant") {
+      out += m["content"].get<std::string>();
+      out += "<|endoftext|>";
+    }
+  }
+  return out;
+}
+
+TEST(Chat, PrepareOnTheShippedSample) {
+  std::vector<std::string> lines;
+  {
+    std::ifstream in(sample_path());
+    ASSERT_TRUE(in.good()) << sample_path();
+    for (std::string line; std::getline(in, line);) {
+      if (!line.empty()) lines.push_back(line);
+    }
+  }
+  ASSERT_GE(lines.size(), 2000u);
+  data_test::TempDir out;
+  Tokenizer tok(data_test::bpe_dir());
+  PrepareOptions opts = chat_options({sample_path()}, out.file("sft"));
+  opts.val_fraction = 0.05;  // every 20th conversation
+  opts.shard_tokens = 50'000;
+  const PrepareResult r = prepare_data(opts, tok);
+  EXPECT_EQ(r.documents, static_cast<int64_t>(lines.size()));
+  EXPECT_EQ(r.val_documents, static_cast<int64_t>((lines.size() + 19) / 20));
+  ASSERT_GE(r.train_shards.size(), 2u) << "the sample should span several 50k-token shards";
+
+  // Documents in shard order: train's, then val's.
+  std::vector<DocumentReader> readers;
+  int64_t train_tokens = 0, train_loss = 0, val_loss = 0;
+  for (const auto* list : {&r.train_shards, &r.val_shards}) {
+    for (const std::string& p : *list) {
+      ASSERT_TRUE(has_document_index(p)) << p;
+      readers.emplace_back(p);
+      const DocumentReader& d = readers.back();
+      EXPECT_LE(d.num_tokens(), opts.shard_tokens) << p;
+      EXPECT_NO_THROW(d.check_vocab(tok.vocab_size()));
+      (list == &r.train_shards ? train_loss : val_loss) += d.num_loss_tokens();
+      if (list == &r.train_shards) train_tokens += d.num_tokens();
+    }
+  }
+  EXPECT_EQ(train_tokens, r.train_tokens);
+  EXPECT_EQ(train_loss, r.train_loss_tokens);
+  EXPECT_EQ(val_loss, r.val_loss_tokens);
+  EXPECT_GT(r.train_loss_tokens, 0);
+  EXPECT_LT(r.train_loss_tokens, r.train_tokens);
+
+  // Conversation i is val when i % 20 == 0; each split keeps the input order.
+  std::vector<std::pair<const DocumentReader*, int64_t>> train_order, val_order;
+  for (const DocumentReader& d : readers) {
+    const bool is_val = d.path().find("/val_") != std::string::npos;
+    for (int64_t k = 0; k < d.num_docs(); ++k)
+      (is_val ? val_order : train_order).push_back({&d, k});
+  }
+  ASSERT_EQ(train_order.size() + val_order.size(), lines.size());
+  size_t next_train = 0, next_val = 0;
+  for (size_t i = 0; i < lines.size(); ++i) {
+    const auto [reader, k] = i % 20 == 0 ? val_order[next_val++] : train_order[next_train++];
+    const auto t = reader->doc_tokens(k);
+    const auto m = reader->doc_mask(k);
+    const std::vector<int32_t> ids(t.begin(), t.end());
+    ASSERT_EQ(ids.front(), 50256) << "conversation " << i;
+    ASSERT_EQ(decode(tok, where_mask(ids, m, 1)), assistant_text(lines[i]))
+        << "conversation " << i << ": " << lines[i];
+  }
+}
+
+TEST(Chat, TextFormatsWriteNoDocumentIndex) {
+  data_test::TempDir in("in"), out("out");
+  data_test::write_bytes(in.file("a.txt"), "one<|endoftext|>two<|endoftext|>three");
+  PrepareOptions opts;
+  opts.inputs = {in.file("a.txt")};
+  opts.out_dir = out.path().string();
+  opts.val_fraction = 0;
+  Tokenizer tok(data_test::bpe_dir());
+  const PrepareResult r = prepare_data(opts, tok);
+  ASSERT_EQ(r.train_shards.size(), 1u);
+  EXPECT_FALSE(has_document_index(r.train_shards[0]));
+  EXPECT_EQ(r.train_loss_tokens, 0);
+}
+
+}  // namespace
+}  // namespace loom
