@@ -1,6 +1,7 @@
 // kernels/attention.cpp — the thread's choice of attention implementation on CUDA (Note [cuDNN
 // attention] in kernels/attention.h): a thread_local flag changed only by CudnnAttentionGuard,
-// and what this build's cuDNN path takes. Holds no other state and no kernel.
+// and what this build's cuDNN path takes; and the doc_start check every backend and the op share
+// (Note [Packed documents]). Holds no other state and no kernel.
 #include "kernels/attention.h"
 
 namespace loom::kernels {
@@ -10,6 +11,22 @@ thread_local bool t_use_cudnn = false;
 
 CudnnAttentionGuard::CudnnAttentionGuard(bool use) : previous_(t_use_cudnn) { t_use_cudnn = use; }
 CudnnAttentionGuard::~CudnnAttentionGuard() { t_use_cudnn = previous_; }
+
+void check_doc_start(const Tensor& doc_start, int64_t t, const char* name) {
+  if (!doc_start.defined()) return;
+  LOOM_CHECK(doc_start.dim() == 1 && doc_start.size(0) == t && doc_start.dtype() == DType::kI32 &&
+                 doc_start.is_contiguous(),
+             name, ": doc_start must be contiguous (", t, ") i32, got ",
+             shape_str(doc_start.shape()), " ", dtype_name(doc_start.dtype()));
+  if (!doc_start.device().is_cpu()) return;  // the rule is checked where it is on the host
+  const int32_t* ds = doc_start.data<int32_t>();
+  for (int64_t i = 0; i < t; ++i) {
+    const int64_t prev = i == 0 ? 0 : ds[i - 1];
+    LOOM_CHECK(ds[i] == prev || ds[i] == i, name, ": doc_start[", i, "] = ", ds[i],
+               " must be doc_start[i-1] (", prev, ", same document) or ", i,
+               " (a document starts); documents are contiguous and doc_start[0] = 0");
+  }
+}
 
 bool cudnn_attention_requested() { return t_use_cudnn; }
 

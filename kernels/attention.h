@@ -13,7 +13,10 @@
 //   out  (B, Hq, T, D)   contiguous, written (not accumulated)
 //   lse  (B, Hq, T)      contiguous: lse_i = log Σ_{j≤i} exp(s_ij), s_ij = scale · q_i·k_j.
 //                        Its dtype is q's for f32/f64 and f32 for 16-bit q.
-// Row i attends to columns j ≤ i (causal). scale > 0 is applied to the scores.
+//   doc_start (T) i32 contiguous on q's device, or undefined: packed documents (Note [Packed
+//                        documents]). Shared by every batch row and head.
+// Row i attends to columns j ≤ i (causal), and with doc_start only to doc_start[i] ≤ j ≤ i:
+// sums over j below run over those columns alone. scale > 0 is applied to the scores.
 // Backward, from the saved q, k, v, out, lse and the incoming dout (B, Hq, T, D):
 //   D_i = Σ_d dout_id · out_id          p_ij  = exp(s_ij − lse_i)
 //   dv_j += Σ_i p_ij dout_i             dp_ij = dout_i · v_j
@@ -21,14 +24,28 @@
 //   dq_i += scale Σ_j ds_ij k_j         dk_j += scale Σ_i ds_ij q_i
 // dq, dk, dv have q's, k's and v's shapes, are contiguous and are ACCUMULATED into. The sums
 // over query heads sharing a kv head (grouped-query) land in that kv head's dk, dv.
+//
+// Note [Packed documents]: SFT packing puts several documents in one row of the sequence
+// (positions restart at 0 for each) and attention must never cross a document. doc_start[i] is
+// the first token of row i's document: doc_start[0] = 0 and doc_start[i] ∈ {doc_start[i−1], i}
+// (documents are contiguous, so doc_start is non-decreasing). Undefined means one document, the
+// plain causal mask, with exactly today's results; an all-zero doc_start gives the same. The
+// kernels skip the masked work rather than compute and mask it: the CPU loops start at
+// doc_start[i]; the CUDA kernels skip whole tiles outside [doc_start of a tile's first row, the
+// tile's diagonal] (the first row has the tile's smallest doc_start) and mask elementwise only on
+// the tiles a document boundary crosses; a backward walks, for a key tile, only the query tiles
+// up to the end of its last key's document. The rule is checked on the host by
+// ops::causal_attention and by the CPU kernels; the CUDA kernels trust it (checking would read
+// the device). cuDNN's attention is never used with doc_start (Note [cuDNN attention]).
 
-LOOM_DECLARE_KERNEL(attention_forward,
-                    void(const loom::Tensor& q, const loom::Tensor& k, const loom::Tensor& v,
-                         double scale, loom::Tensor& out, loom::Tensor& lse));
+LOOM_DECLARE_KERNEL(attention_forward, void(const loom::Tensor& q, const loom::Tensor& k,
+                                            const loom::Tensor& v, const loom::Tensor& doc_start,
+                                            double scale, loom::Tensor& out, loom::Tensor& lse));
 LOOM_DECLARE_KERNEL(attention_backward,
                     void(const loom::Tensor& q, const loom::Tensor& k, const loom::Tensor& v,
-                         const loom::Tensor& out, const loom::Tensor& lse, const loom::Tensor& dout,
-                         double scale, loom::Tensor& dq, loom::Tensor& dk, loom::Tensor& dv));
+                         const loom::Tensor& doc_start, const loom::Tensor& out,
+                         const loom::Tensor& lse, const loom::Tensor& dout, double scale,
+                         loom::Tensor& dq, loom::Tensor& dk, loom::Tensor& dv));
 
 namespace loom::kernels {
 
@@ -37,12 +54,13 @@ namespace loom::kernels {
 // cases cuDNN's fused flash attention supports (cudnn_attention_handles: bf16/f16, T > 1, head
 // size a multiple of 8 up to 128, 16-byte aligned buffers) run through cuDNN's graph API instead
 // (kernels/cuda/attention_cudnn.cpp, one cached graph per shape); every other case still runs
-// Loom's kernels. Both keep the contract above: cuDNN's softmax statistics are the natural-log
-// lse, so either backward accepts either forward's lse; cuDNN's gradients, which it writes, are
-// added into dq, dk, dv. A cuDNN failure on a case it should handle is an error, never a
-// silent fallback. The trainer sets the guard from `train.attention_kernel` (docs/config.md)
-// for steps and evaluation, not for sampling (a new graph for every context length);
-// like AllowTf32Guard the flag is thread_local and changed only by the guard. The CPU ignores it.
+// Loom's kernels, and so does every call with a doc_start (packed documents: cuDNN's graphs here
+// take no per-token mask). Both keep the contract above: cuDNN's softmax statistics are the
+// natural-log lse, so either backward accepts either forward's lse; cuDNN's gradients, which it
+// writes, are added into dq, dk, dv. A cuDNN failure on a case it should handle is an error, never
+// a silent fallback. The trainer sets the guard from `train.attention_kernel` (docs/config.md) for
+// steps and evaluation, not for sampling (a new graph for every context length); like
+// AllowTf32Guard the flag is thread_local and changed only by the guard. The CPU ignores it.
 class CudnnAttentionGuard {
  public:
   explicit CudnnAttentionGuard(bool use = true);
@@ -53,6 +71,11 @@ class CudnnAttentionGuard {
  private:
   bool previous_;
 };
+
+// Checks doc_start against the contract for a sequence of t tokens (Note [Packed documents]):
+// undefined passes; else it must be (t) i32, contiguous, and when it is on the host, follow the
+// contiguity rule. `name` starts the message.
+void check_doc_start(const Tensor& doc_start, int64_t t, const char* name);
 
 // Whether this thread asked for cuDNN attention (Note [cuDNN attention]).
 bool cudnn_attention_requested();

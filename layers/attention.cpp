@@ -28,7 +28,8 @@ CausalSelfAttention::CausalSelfAttention(const ModelConfig& config, DType dtype,
   register_module("proj", *proj_);
 }
 
-Tensor CausalSelfAttention::forward(const Tensor& x, const Tensor& positions) const {
+Tensor CausalSelfAttention::forward(const Tensor& x, const Tensor& positions,
+                                    const Tensor& doc_start) const {
   LOOM_CHECK(x.dim() == 3, "CausalSelfAttention: x must be (B, T, C), got ", shape_str(x.shape()));
   const int64_t B = x.size(0), D = head_dim_;
   const Tensor qkv = qkv_->forward(x);  // (B, T, (Hq + 2·Hkv)·D); T is the full local sequence
@@ -44,7 +45,7 @@ Tensor CausalSelfAttention::forward(const Tensor& x, const Tensor& positions) co
   // (B, T, H, D) → (B, H, T, D) for the attention op, and back.
   const Tensor qh = ops::transpose(q, 1, 2), kh = ops::transpose(k, 1, 2),
                vh = ops::transpose(v, 1, 2);
-  const Tensor y = attention_(qh, kh, vh);
+  const Tensor y = attention_(qh, kh, vh, doc_start);
   return proj_->forward(ops::reshape(ops::transpose(y, 1, 2), {B, T, n_head_ * D}));
 }
 

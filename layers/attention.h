@@ -26,9 +26,11 @@ class CausalSelfAttention : public Module {
   // the heads meet in ctx.attention (layers/build_context.h).
   CausalSelfAttention(const ModelConfig& config, DType dtype = DType::kF32, Device device = {},
                       const LayerContext& ctx = {});
-  // x (B, T, C); positions (T) integer: the global index of each token (used by RoPE; ignored
-  // without it). Returns (B, T, C).
-  Tensor forward(const Tensor& x, const Tensor& positions) const;
+  // x (B, T, C); positions (T) integer: the global index of each token, or with packed documents
+  // its index in its document (used by RoPE; ignored without it); doc_start (T) i32 on the
+  // device or undefined: packed documents, attention kept inside each (Note [Packed documents]
+  // in kernels/attention.h). Returns (B, T, C).
+  Tensor forward(const Tensor& x, const Tensor& positions, const Tensor& doc_start = {}) const;
   // qkv ← N(0, std²), proj ← N(0, proj_std²), biases ← 0.
   void init(Generator& gen, double std, double proj_std);
 

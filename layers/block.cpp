@@ -50,15 +50,15 @@ Tensor Block::residual_dropout(const Tensor& branch, const Tensor& rows, int64_t
   return ops::dropout_rows_at(branch, dropout_, stream, 0, true, rows, seq_len, batch_.offset);
 }
 
-Tensor Block::forward_region(const Tensor& x, const Tensor& positions, const DropoutKey* key,
-                             bool drop) const {
+Tensor Block::forward_region(const Tensor& x, const Tensor& positions, const Tensor& doc_start,
+                             const DropoutKey* key, bool drop) const {
   // Under sequence/context parallelism x holds some rows of the sequence, under data
   // parallelism some elements of the batch: their global coordinates pick their masks.
   Tensor rows = drop ? layout_->dropout_rows(positions) : Tensor();
   if (drop && batch_.total > 0 && !rows.defined())
     rows = ops::to_dtype(positions.detach(), DType::kI64);
   const int64_t len = layout_->sequence_length(positions.size(0));
-  Tensor a = attn_.forward(norm1_->forward(x), positions);
+  Tensor a = attn_.forward(norm1_->forward(x), positions, doc_start);
   if (drop) a = residual_dropout(a, rows, len, *key, 0);
   Tensor h = ops::add(x, a);
   Tensor m = mlp_->forward(norm2_->forward(h));
@@ -66,18 +66,21 @@ Tensor Block::forward_region(const Tensor& x, const Tensor& positions, const Dro
   return ops::add(h, m);
 }
 
-Tensor Block::forward(const Tensor& x, const Tensor& positions, const DropoutKey* dropout) const {
+Tensor Block::forward(const Tensor& x, const Tensor& positions, const DropoutKey* dropout,
+                      const Tensor& doc_start) const {
   const bool drop = training() && dropout_ > 0.0;
   LOOM_CHECK(!drop || dropout != nullptr, "Block: model.dropout ", dropout_,
              " in training mode needs a dropout key");
   if (!checkpointing_ || !autograd::grad_enabled()) {
-    return forward_region(x, positions, dropout, drop);
+    return forward_region(x, positions, doc_start, dropout, drop);
   }
-  // The recomputation draws the same masks: they depend on the key and coordinates alone.
+  // The recomputation draws the same masks (they depend on the key and coordinates alone) and
+  // keeps the same documents apart.
   const Tensor pos = positions.detach();
+  const Tensor docs = doc_start.defined() ? doc_start.detach() : Tensor();
   const DropoutKey key = dropout ? *dropout : DropoutKey{};
-  CheckpointFn fn = [this, pos, key, drop](const std::vector<Tensor>& in) {
-    return std::vector<Tensor>{forward_region(in[0], pos, &key, drop)};
+  CheckpointFn fn = [this, pos, docs, key, drop](const std::vector<Tensor>& in) {
+    return std::vector<Tensor>{forward_region(in[0], pos, docs, &key, drop)};
   };
   return checkpoint(fn, {x}, {})[0];
 }

@@ -29,9 +29,11 @@ class Block : public Module {
   Block(const ModelConfig& config, DType dtype = DType::kF32, Device device = {},
         const LayerContext& ctx = {}, int64_t layer = 0);
   // x (B, T, C); positions (T) integer (global token indices, for RoPE and the dropout masks).
-  // dropout is needed only when dropout is active (training and config.dropout > 0).
-  Tensor forward(const Tensor& x, const Tensor& positions,
-                 const DropoutKey* dropout = nullptr) const;
+  // dropout is needed only when dropout is active (training and config.dropout > 0). doc_start
+  // (T) i32 on the device, or undefined: packed documents for the attention
+  // (CausalSelfAttention::forward); a recomputation (activation checkpointing) uses it too.
+  Tensor forward(const Tensor& x, const Tensor& positions, const DropoutKey* dropout = nullptr,
+                 const Tensor& doc_start = {}) const;
   // Under data parallelism: this replica's micro-batch is batch elements [offset, offset + B)
   // of the single-process micro-batch of `total` elements (data/loader.h): its global batch
   // rows for the dropout masks. total 0: the whole batch.
@@ -46,8 +48,8 @@ class Block : public Module {
 
  private:
   // `drop`: whether dropout is active (fixed at forward time, so a recomputation matches).
-  Tensor forward_region(const Tensor& x, const Tensor& positions, const DropoutKey* key,
-                        bool drop) const;
+  Tensor forward_region(const Tensor& x, const Tensor& positions, const Tensor& doc_start,
+                        const DropoutKey* key, bool drop) const;
   // rows: the global positions this rank's activations hold (SequenceLayout::dropout_rows, or
   // all positions), undefined for the whole sequence; seq_len: the whole sequence's length.
   Tensor residual_dropout(const Tensor& branch, const Tensor& rows, int64_t seq_len,

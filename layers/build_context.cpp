@@ -58,8 +58,9 @@ std::shared_ptr<const SequenceLayout> single_device_layout() {
   return kLayout;
 }
 
-Tensor single_device_attention(const Tensor& q, const Tensor& k, const Tensor& v) {
-  return ops::causal_attention(q, k, v);
+Tensor single_device_attention(const Tensor& q, const Tensor& k, const Tensor& v,
+                               const Tensor& doc_start) {
+  return ops::causal_attention(q, k, v, 0.0, doc_start);
 }
 
 Tensor single_device_loss(const Tensor& logits, const Tensor& targets, int64_t ignore_index,

@@ -4,7 +4,8 @@
 //   linear     LinearFactory: the model's linear and embedding layers (column-parallel with
 //              segments, row-parallel, vocab table) and the two ops that enter and leave the
 //              activation layout those layers produce (replicated_param, column_input);
-//   attention  AttentionFn: causal attention of this rank's q, k, v;
+//   attention  AttentionFn: causal attention of this rank's q, k, v (packed documents kept
+//              apart by doc_start);
 //   loss       LossFn: the language-model loss of this rank's logits;
 //   layout     SequenceLayout: which tokens of each sequence this rank holds and the global
 //              coordinates of its tokens and activation rows (positions, dropout rows, the
@@ -128,8 +129,11 @@ class SequenceLayout {
 };
 
 // q (B, Hq, T, D), k, v (B, Hkv, T, D), this rank's heads and tokens → y (B, Hq, T, D): causal
-// by global position.
-using AttentionFn = std::function<Tensor(const Tensor& q, const Tensor& k, const Tensor& v)>;
+// by global position. doc_start (T) i32 on q's device, or undefined: packed documents, row i
+// attending only to doc_start[i] ≤ j ≤ i (Note [Packed documents] in kernels/attention.h); a
+// scheme that cannot keep documents apart refuses a defined one.
+using AttentionFn = std::function<Tensor(const Tensor& q, const Tensor& k, const Tensor& v,
+                                         const Tensor& doc_start)>;
 // logits (B, R, Vp or a part of it), targets (B, T) → the loss whose backward is this rank's
 // share of the mean cross-entropy over the real vocabulary (vocab_size), ignore_index left out.
 using LossFn = std::function<Tensor(const Tensor& logits, const Tensor& targets,
@@ -138,7 +142,8 @@ using LossFn = std::function<Tensor(const Tensor& logits, const Tensor& targets,
 // The single-device capabilities (const, shared by every default context).
 std::shared_ptr<const LinearFactory> single_device_linear();
 std::shared_ptr<const SequenceLayout> single_device_layout();
-Tensor single_device_attention(const Tensor& q, const Tensor& k, const Tensor& v);
+Tensor single_device_attention(const Tensor& q, const Tensor& k, const Tensor& v,
+                               const Tensor& doc_start);
 // Host targets are counted where they are, so a device step reads nothing back.
 Tensor single_device_loss(const Tensor& logits, const Tensor& targets, int64_t ignore_index,
                           int64_t vocab_size);

@@ -9,6 +9,7 @@
 #include "core/ops/elementwise.h"
 #include "core/ops/embedding.h"
 #include "core/ops/matmul.h"
+#include "kernels/attention.h"
 #include "layers/init.h"
 
 namespace loom {
@@ -153,7 +154,9 @@ Tensor Transformer::host_positions(int64_t T) {
 // Note [Host ids]: token ids and positions that arrive on the host go to the embedding lookups
 // as they are: ops::embedding checks them on the host and uploads them, so the device lookups
 // skip their own id check and the host synchronisation it costs (core/ops/embedding.h). The
-// blocks get the positions uploaded.
+// blocks get the positions uploaded, and packed documents' doc_start checked on the host (the
+// attention op cannot check the rule on the device without reading it back) and uploaded once
+// for every block.
 Tensor Transformer::embed(const Tensor& ids, const Tensor& pos) const {
   enter(0);
   Tensor x = wte_->forward(ids);  // (B, R, C): R = T, or T/tp under sequence parallelism
@@ -173,21 +176,29 @@ Tensor Transformer::forward(const Tensor& ids, const DropoutKey* dropout) const 
 }
 
 Tensor Transformer::forward(const Tensor& ids, const Tensor& pos, const DropoutKey* dropout) const {
+  return forward(ids, pos, dropout, Tensor());
+}
+
+Tensor Transformer::forward(const Tensor& ids, const Tensor& pos, const DropoutKey* dropout,
+                            const Tensor& doc_start) const {
   LOOM_CHECK(ids.dim() == 2, "Transformer.forward: ids must be (B, T), got ",
              shape_str(ids.shape()));
   LOOM_CHECK(pos.dim() == 1 && pos.size(0) == ids.size(1), "Transformer.forward: positions ",
              shape_str(pos.shape()), " do not match T = ", ids.size(1));
-  return head_logits(run_blocks(embed(ids, pos), pos.to(device_), 0, num_blocks(), dropout));
+  kernels::check_doc_start(doc_start, ids.size(1), "Transformer.forward");  // Note [Host ids]
+  return head_logits(
+      run_blocks(embed(ids, pos), pos.to(device_), 0, num_blocks(), dropout, doc_start));
 }
 
 Tensor Transformer::run_blocks(Tensor x, const Tensor& pos, int64_t begin, int64_t end,
-                               const DropoutKey* dropout) const {
+                               const DropoutKey* dropout, const Tensor& doc_start) const {
   LOOM_CHECK(0 <= begin && begin <= end && end <= num_blocks(), "Transformer.run_blocks: [", begin,
              ", ", end, ") is not a range of the ", num_blocks(), " blocks");
+  const Tensor docs = doc_start.defined() ? doc_start.detach().to(device_) : Tensor();
   for (int64_t i = begin; i < end; ++i) {
     const int unit = static_cast<int>(i) + 1;  // unit 0 is the embeddings (parameter_units)
     enter(unit);
-    x = leave(unit, blocks_[static_cast<size_t>(i)]->forward(x, pos, dropout));
+    x = leave(unit, blocks_[static_cast<size_t>(i)]->forward(x, pos, dropout, docs));
   }
   return x;
 }
@@ -248,9 +259,17 @@ Tensor Transformer::loss(const Tensor& ids, const Tensor& targets,
 
 Tensor Transformer::loss(const Tensor& ids, const Tensor& targets, const Tensor& pos,
                          const DropoutKey* dropout) const {
+  return loss(ids, targets, pos, dropout, Tensor());
+}
+
+Tensor Transformer::loss(const Tensor& ids, const Tensor& targets, const Tensor& pos,
+                         const DropoutKey* dropout, const Tensor& doc_start) const {
   LOOM_CHECK(targets.shape() == ids.shape(), "Transformer.loss: targets ",
              shape_str(targets.shape()), " do not match ids ", shape_str(ids.shape()));
-  return head_loss(run_blocks(embed(ids, pos), pos.to(device_), 0, num_blocks(), dropout), targets);
+  LOOM_CHECK(ids.dim() == 2, "Transformer.loss: ids must be (B, T), got ", shape_str(ids.shape()));
+  kernels::check_doc_start(doc_start, ids.size(1), "Transformer.loss");  // Note [Host ids]
+  return head_loss(
+      run_blocks(embed(ids, pos), pos.to(device_), 0, num_blocks(), dropout, doc_start), targets);
 }
 
 int64_t Transformer::num_parameters(bool exclude_padding) const {

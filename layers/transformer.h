@@ -74,6 +74,19 @@ class Transformer : public Module {
   Tensor loss(const Tensor& ids, const Tensor& targets, const Tensor& positions,
               const DropoutKey* dropout) const;
 
+  // Packed documents (SFT packing; Note [Packed documents] in kernels/attention.h): each row of
+  // ids holds several documents, positions (T) restart at 0 for each (so wpe and RoPE see
+  // per-document positions) and doc_start (T) i32 gives each token's document start, shared by
+  // every batch row: attention never crosses a document. The caller sets the targets that would
+  // cross a boundary to -100. doc_start may be on the host, as ids and positions: checked there
+  // (doc_start[0] = 0, doc_start[i] ∈ {doc_start[i−1], i}) and uploaded once per call (Note
+  // [Host ids]). Undefined: the overloads above. Not supported under context parallelism (the
+  // attention refuses it).
+  Tensor forward(const Tensor& ids, const Tensor& positions, const DropoutKey* dropout,
+                 const Tensor& doc_start) const;
+  Tensor loss(const Tensor& ids, const Tensor& targets, const Tensor& positions,
+              const DropoutKey* dropout, const Tensor& doc_start) const;
+
   // The pieces forward() and loss() are made of, for pipeline stages (parallel/pp) that run a
   // slice of the model: forward(ids, pos) = head_logits(run_blocks(embed(ids, pos), pos, 0,
   // n_layer)), and loss() = head_loss(…) on the same activation, with identical results.
@@ -82,9 +95,10 @@ class Transformer : public Module {
   // ids (B, T) → x (B, T, C): token (+ learned position) embeddings. ids and positions may be
   // on the host (checked there and uploaded: Note [Host ids] in layers/transformer.cpp).
   Tensor embed(const Tensor& ids, const Tensor& positions) const;
-  // x (B, T, C) through blocks [begin, end) → (B, T, C).
+  // x (B, T, C) through blocks [begin, end) → (B, T, C). doc_start: packed documents, or
+  // undefined; on the host it is uploaded once here (check it first: forward() and loss() do).
   Tensor run_blocks(Tensor x, const Tensor& positions, int64_t begin, int64_t end,
-                    const DropoutKey* dropout) const;
+                    const DropoutKey* dropout, const Tensor& doc_start = {}) const;
   // x (B, T, C) → final norm → logits (B, T, Vp).
   Tensor head_logits(const Tensor& x) const;
   // x (B, T, C) → mean cross-entropy against targets (B, T) over the real vocabulary.

@@ -117,8 +117,15 @@ LayerContext mesh_layer_context(Communicator& tp, Communicator& cp, bool sequenc
   LayerContext ctx;
   ctx.linear = std::make_shared<const TensorParallelLinear>(
       tp, sequence_parallel, std::make_shared<const tp::SpanSink>(std::move(spans)));
-  ctx.attention = [c = &cp](const Tensor& q, const Tensor& k, const Tensor& v) {
-    if (c->size() == 1) return ops::causal_attention(q, k, v);
+  // Heads split over tp need nothing for packed documents (doc_start is per token); ring
+  // attention's blocks have no document mask yet.
+  ctx.attention = [c = &cp](const Tensor& q, const Tensor& k, const Tensor& v,
+                            const Tensor& doc_start) {
+    if (c->size() == 1) return ops::causal_attention(q, k, v, 0.0, doc_start);
+    LOOM_CHECK(!doc_start.defined(),
+               "packed documents are not supported with context parallelism (parallel.cp > 1) "
+               "yet: ring attention has no document mask (cp group of ",
+               c->size(), ")");
     return cp::ring_attention(q, k, v, 0.0, *c);
   };
   ctx.loss = [t = &tp, c = &cp](const Tensor& logits, const Tensor& targets, int64_t ignore_index,

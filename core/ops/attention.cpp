@@ -1,6 +1,7 @@
-// core/ops/attention.cpp — causal_attention front-end: shape checks, contiguous inputs, and a
-// backward node that saves q, k, v, out and lse (never probabilities) and calls the backward
-// kernel once for all three gradients.
+// core/ops/attention.cpp — causal_attention front-end: shape checks, contiguous inputs, the
+// packed documents' doc_start checked and put on q's device, and a backward node that saves q,
+// k, v, doc_start, out and lse (never probabilities) and calls the backward kernel once for all
+// three gradients.
 #include "core/ops/attention.h"
 
 #include <cmath>
@@ -30,8 +31,13 @@ void check_attention_inputs(const Tensor& q, const Tensor& k, const Tensor& v) {
 
 }  // namespace
 
-Tensor causal_attention(const Tensor& q, const Tensor& k, const Tensor& v, double scale) {
+Tensor causal_attention(const Tensor& q, const Tensor& k, const Tensor& v, double scale,
+                        const Tensor& doc_start) {
   check_attention_inputs(q, k, v);
+  // Note [Packed documents]: checked where it is (the rule only on the host), then on q's device.
+  const Tensor ds_in = doc_start.defined() ? contiguous(doc_start.detach()) : Tensor();
+  kernels::check_doc_start(ds_in, q.size(2), "causal_attention");
+  const Tensor ds = ds_in.defined() ? ds_in.to(q.device()) : Tensor();
   if (scale <= 0) scale = 1.0 / std::sqrt(static_cast<double>(std::max<int64_t>(q.size(3), 1)));
   const Tensor qc = contiguous(q.detach()), kc = contiguous(k.detach()),
                vc = contiguous(v.detach());
@@ -40,7 +46,7 @@ Tensor causal_attention(const Tensor& q, const Tensor& k, const Tensor& v, doubl
   Tensor out = Tensor::empty(q.shape(), q.dtype(), q.device());
   Tensor lse = Tensor::empty({q.size(0), q.size(1), q.size(2)}, lse_dtype, q.device());
   if (out.numel() > 0) {
-    kernels::call_kernel<kernels::attention_forward_k>(qc, kc, vc, scale, out, lse);
+    kernels::call_kernel<kernels::attention_forward_k>(qc, kc, vc, ds, scale, out, lse);
   }
   if (autograd::needs_grad({&q, &k, &v})) {
     const Tensor out_saved = out.detach();
@@ -50,7 +56,7 @@ Tensor causal_attention(const Tensor& q, const Tensor& k, const Tensor& v, doubl
                  dv = Tensor::zeros_like(vc);
           if (out_saved.numel() > 0) {
             kernels::call_kernel<kernels::attention_backward_k>(
-                qc, kc, vc, out_saved, lse, contiguous(g[0]), scale, dq, dk, dv);
+                qc, kc, vc, ds, out_saved, lse, contiguous(g[0]), scale, dq, dk, dv);
           }
           return std::vector<Tensor>{dq, dk, dv};
         });

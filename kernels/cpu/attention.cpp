@@ -2,6 +2,8 @@
 // kernel contract] in kernels/attention.h). Forward: parallel over query rows, each with one
 // row of scores as scratch. Backward: parallel over (batch, kv head); one thread handles every
 // query head of its group, so dq, dk and dv each have one writer and a fixed summation order.
+// With packed documents (Note [Packed documents]) row i's loops run over keys
+// [doc_start[i], i] only, so key j meets only the query rows of its own document.
 // Nothing here depends on the thread count; no T×T buffer is ever allocated.
 #include "kernels/attention.h"
 
@@ -55,31 +57,39 @@ inline void axpy_row(T alpha, const T* x, T* y, int64_t n) {
   for (int64_t i = 0; i < n; ++i) y[i] += alpha * x[i];
 }
 
-// One query row at position i: qi (D), k and v (T, D) of its kv head, scratch s (≥ i + 1).
-// Writes o (D) = softmax(scale · qi·k_{≤i}) v_{≤i} and returns the row's log-sum-exp.
+// The first key row i sees: doc_start[i], or 0 without packed documents.
+inline int64_t first_key(const int32_t* doc_start, int64_t i) {
+  return doc_start ? doc_start[i] : 0;
+}
+
+// One query row at position i seeing keys [lo, i]: qi (D), k and v (T, D) of its kv head,
+// scratch s (≥ i + 1). Writes o (D) = softmax(scale · qi·k_{lo..i}) v_{lo..i} and returns the
+// row's log-sum-exp.
 template <typename T>
-T attend_row(const T* qi, const T* k, const T* v, int64_t i, int64_t d, T scale, T* s, T* o) {
+T attend_row(const T* qi, const T* k, const T* v, int64_t lo, int64_t i, int64_t d, T scale, T* s,
+             T* o) {
   T m = -std::numeric_limits<T>::infinity();
-  for (int64_t j = 0; j <= i; ++j) {
+  for (int64_t j = lo; j <= i; ++j) {
     s[j] = scale * dot(qi, k + j * d, d);
     m = std::max(m, s[j]);
   }
   double l = 0;
-  for (int64_t j = 0; j <= i; ++j) {
+  for (int64_t j = lo; j <= i; ++j) {
     s[j] = std::exp(s[j] - m);
     l += static_cast<double>(s[j]);
   }
   std::fill(o, o + d, T(0));
-  for (int64_t j = 0; j <= i; ++j) axpy_row(s[j], v + j * d, o, d);
+  for (int64_t j = lo; j <= i; ++j) axpy_row(s[j], v + j * d, o, d);
   const T inv = static_cast<T>(1.0 / l);
   LOOM_SIMD
   for (int64_t c = 0; c < d; ++c) o[c] *= inv;
   return static_cast<T>(static_cast<double>(m) + std::log(l));
 }
 
-// q (B,Hq,T,D), k, v (B,Hkv,T,D) → out (B,Hq,T,D), lse (B,Hq,T).
+// q (B,Hq,T,D), k, v (B,Hkv,T,D), doc_start (T) or null → out (B,Hq,T,D), lse (B,Hq,T).
 template <typename T>
-void forward_typed(const T* q, const T* k, const T* v, const AttnDims& s, T scale, T* out, T* lse) {
+void forward_typed(const T* q, const T* k, const T* v, const int32_t* doc_start, const AttnDims& s,
+                   T scale, T* out, T* lse) {
   const int64_t group = s.hq / s.hkv;
   const int64_t grain = std::max<int64_t>(1, kElementGrain / std::max<int64_t>(s.t * s.d, 1));
   parallel_for(s.b * s.hq * s.t, grain, [&](int64_t lo, int64_t hi) {
@@ -87,20 +97,27 @@ void forward_typed(const T* q, const T* k, const T* v, const AttnDims& s, T scal
     for (int64_t r = lo; r < hi; ++r) {  // r indexes (b, h, i)
       const int64_t i = r % s.t, h = (r / s.t) % s.hq, b = r / (s.t * s.hq);
       const int64_t kv_off = (b * s.hkv + h / group) * s.t * s.d;
-      lse[r] = attend_row(q + r * s.d, k + kv_off, v + kv_off, i, s.d, scale, scores.data(),
-                          out + r * s.d);
+      lse[r] = attend_row(q + r * s.d, k + kv_off, v + kv_off, first_key(doc_start, i), i, s.d,
+                          scale, scores.data(), out + r * s.d);
     }
   });
 }
 
-void attention_forward_cpu(const Tensor& q, const Tensor& k, const Tensor& v, double scale,
-                           Tensor& out, Tensor& lse) {
+// doc_start's data, or null when undefined (checked against the contract first).
+const int32_t* doc_starts(const Tensor& doc_start, int64_t t, const char* name) {
+  check_doc_start(doc_start, t, name);
+  return doc_start.defined() ? doc_start.data<int32_t>() : nullptr;
+}
+
+void attention_forward_cpu(const Tensor& q, const Tensor& k, const Tensor& v,
+                           const Tensor& doc_start, double scale, Tensor& out, Tensor& lse) {
   const AttnDims s = attn_dims(q, k, v, "attention_forward");
+  const int32_t* ds = doc_starts(doc_start, s.t, "attention_forward");
   check_like(out, q.shape(), q.dtype(), "attention_forward", "out");
   check_like(lse, {s.b, s.hq, s.t}, q.dtype(), "attention_forward", "lse");
   LOOM_CHECK(scale > 0, "attention_forward: scale must be positive, got ", scale);
   LOOM_DISPATCH_FLOAT(q.dtype(), "attention_forward", [&] {
-    forward_typed<scalar_t>(q.data<scalar_t>(), k.data<scalar_t>(), v.data<scalar_t>(), s,
+    forward_typed<scalar_t>(q.data<scalar_t>(), k.data<scalar_t>(), v.data<scalar_t>(), ds, s,
                             static_cast<scalar_t>(scale), out.data<scalar_t>(),
                             lse.data<scalar_t>());
   });
@@ -110,6 +127,7 @@ template <typename T>
 struct BackwardBuffers {
   const T *q, *k, *v, *out, *lse, *dout;
   T *dq, *dk, *dv;
+  const int32_t* doc_start;  // null: one document
 };
 
 // Scratch for one thread: probabilities and score gradients of a row (T), and dq's row (D).
@@ -119,7 +137,7 @@ struct RowScratch {
 };
 
 // Query row r of (B,Hq,T) at position i, against the kv head starting at kv_off; accumulates
-// into dq's row r and into rows 0..i of that kv head's dk, dv.
+// into dq's row r and into rows lo..i of that kv head's dk, dv (lo: the row's first key).
 template <typename T>
 void backward_row(const BackwardBuffers<T>& bb, int64_t r, int64_t i, int64_t kv_off, int64_t d,
                   T scale, RowScratch<T>& w) {
@@ -129,14 +147,15 @@ void backward_row(const BackwardBuffers<T>& bb, int64_t r, int64_t i, int64_t kv
   const T* v = bb.v + kv_off;
   const T di = dot(doi, bb.out + r * d, d);
   const T lse = bb.lse[r];
-  for (int64_t j = 0; j <= i; ++j) {
+  const int64_t lo = first_key(bb.doc_start, i);
+  for (int64_t j = lo; j <= i; ++j) {
     w.p[j] = std::exp(scale * dot(qi, k + j * d, d) - lse);
     w.ds[j] = w.p[j] * (dot(doi, v + j * d, d) - di);
   }
   std::fill(w.dq.begin(), w.dq.end(), T(0));
   T* dk = bb.dk + kv_off;
   T* dv = bb.dv + kv_off;
-  for (int64_t j = 0; j <= i; ++j) {
+  for (int64_t j = lo; j <= i; ++j) {
     axpy_row(w.ds[j], k + j * d, w.dq.data(), d);
     axpy_row(scale * w.ds[j], qi, dk + j * d, d);
     axpy_row(w.p[j], doi, dv + j * d, d);
@@ -163,11 +182,12 @@ void backward_typed(const BackwardBuffers<T>& bb, const AttnDims& s, T scale) {
   });
 }
 
-void attention_backward_cpu(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
-                            const Tensor& lse, const Tensor& dout, double scale, Tensor& dq,
-                            Tensor& dk, Tensor& dv) {
+void attention_backward_cpu(const Tensor& q, const Tensor& k, const Tensor& v,
+                            const Tensor& doc_start, const Tensor& out, const Tensor& lse,
+                            const Tensor& dout, double scale, Tensor& dq, Tensor& dk, Tensor& dv) {
   const char* name = "attention_backward";
   const AttnDims s = attn_dims(q, k, v, name);
+  const int32_t* ds = doc_starts(doc_start, s.t, name);
   check_like(out, q.shape(), q.dtype(), name, "out");
   check_like(dout, q.shape(), q.dtype(), name, "dout");
   check_like(lse, {s.b, s.hq, s.t}, q.dtype(), name, "lse");
@@ -177,9 +197,9 @@ void attention_backward_cpu(const Tensor& q, const Tensor& k, const Tensor& v, c
   LOOM_CHECK(scale > 0, name, ": scale must be positive, got ", scale);
   LOOM_DISPATCH_FLOAT(q.dtype(), "attention_backward", [&] {
     using T = scalar_t;
-    const BackwardBuffers<T> bb{q.data<T>(),   k.data<T>(),   v.data<T>(),
-                                out.data<T>(), lse.data<T>(), dout.data<T>(),
-                                dq.data<T>(),  dk.data<T>(),  dv.data<T>()};
+    const BackwardBuffers<T> bb{
+        q.data<T>(),    k.data<T>(),  v.data<T>(),  out.data<T>(), lse.data<T>(),
+        dout.data<T>(), dq.data<T>(), dk.data<T>(), dv.data<T>(),  ds};
     backward_typed<T>(bb, s, static_cast<T>(scale));
   });
 }

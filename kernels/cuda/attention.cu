@@ -8,7 +8,8 @@
 // nothing here synchronises the host. See docs/cuda_attention.md. The general path is ring
 // attention's block kernels (attention_block.cu) with Tq = Tk and no shift: one kernel family
 // for both. A thread that asked for cuDNN's attention gets it where cuDNN handles the case
-// (attention_cudnn.cpp, Note [cuDNN attention] in kernels/attention.h).
+// (attention_cudnn.cpp, Note [cuDNN attention] in kernels/attention.h), except with packed
+// documents' doc_start, which Loom's kernels (both paths) handle (Note [Packed documents]).
 #include <cuda_runtime.h>
 
 #include <cmath>
@@ -62,10 +63,21 @@ AttnShape attn_shape(const Tensor& q, const Tensor& k, const Tensor& v, const ch
   return s;
 }
 
+// doc_start's device data, or null when undefined (shape and dtype checked; the contiguity rule
+// is the caller's: checking it would read the device).
+const int32_t* doc_starts(const Tensor& doc_start, const Tensor& q, const AttnShape& s,
+                          const char* name) {
+  check_doc_start(doc_start, s.t, name);
+  if (!doc_start.defined()) return nullptr;
+  LOOM_CHECK(doc_start.device() == q.device(), name, ": doc_start on ", doc_start.device().str(),
+             ", q on ", q.device().str());
+  return doc_start.data<int32_t>();
+}
+
 template <typename T>
-void backward_typed(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
-                    const Tensor& lse, const Tensor& dout, const AttnShape& s, float scale,
-                    Tensor& dq, Tensor& dk, Tensor& dv) {
+void backward_typed(const Tensor& q, const Tensor& k, const Tensor& v, const int32_t* doc_start,
+                    const Tensor& out, const Tensor& lse, const Tensor& dout, const AttnShape& s,
+                    float scale, Tensor& dq, Tensor& dk, Tensor& dv) {
   const int64_t rows = s.b * s.hq * s.t;
   Tensor dvec = Tensor::empty({s.b, s.hq, s.t}, DType::kF32, q.device());  // Σ dout·out per row
   attention_backward_dot_kernel<T>
@@ -73,38 +85,40 @@ void backward_typed(const Tensor& q, const Tensor& k, const Tensor& v, const Ten
           out.data<T>(), dout.data<T>(), dvec.data<float>(), rows, static_cast<int>(s.d));
   LOOM_CUDA_LAUNCH_CHECK();
   if (attention_backward_mma_supported(q, k, v, dout, dq, dk, dv, s)) {
-    attention_backward_mma(q, k, v, dout, lse, dvec, s, scale, dq, dk, dv);
+    attention_backward_mma(q, k, v, doc_start, dout, lse, dvec, s, scale, dq, dk, dv);
     return;
   }
-  block_attention_backward(q, k, v, lse, dvec, dout, self_block(s), scale, dq, dk, dv);
+  block_attention_backward(q, k, v, lse, dvec, dout, doc_start, self_block(s), scale, dq, dk, dv);
 }
 
-void attention_forward_cuda(const Tensor& q, const Tensor& k, const Tensor& v, double scale,
-                            Tensor& out, Tensor& lse) {
+void attention_forward_cuda(const Tensor& q, const Tensor& k, const Tensor& v,
+                            const Tensor& doc_start, double scale, Tensor& out, Tensor& lse) {
   const char* name = "attention_forward";
   const AttnShape s = attn_shape(q, k, v, name);
+  const int32_t* ds = doc_starts(doc_start, q, s, name);
   check_like(out, q.shape(), q.dtype(), name, "out");
   check_like(lse, {s.b, s.hq, s.t}, DType::kF32, name, "lse");
   LOOM_CHECK(scale > 0, name, ": scale must be positive, got ", scale);
   if (q.numel() == 0) return;
   CudaDeviceGuard guard(q.device().index);
   const float sc = static_cast<float>(scale);
-  if (cudnn_attention_takes({&q, &k, &v, &out, &lse}, s, q.dtype())) {
+  if (!ds && cudnn_attention_takes({&q, &k, &v, &out, &lse}, s, q.dtype())) {
     cudnn_attention_forward(q, k, v, s, sc, out, lse);
     return;
   }
   if (attention_forward_mma_supported(q, k, v, out, s)) {
-    attention_forward_mma(q, k, v, s, sc, out, lse);
+    attention_forward_mma(q, k, v, ds, s, sc, out, lse);
     return;
   }
-  block_attention_forward(q, k, v, self_block(s), sc, out, lse);  // the general kernels
+  block_attention_forward(q, k, v, ds, self_block(s), sc, out, lse);  // the general kernels
 }
 
-void attention_backward_cuda(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
-                             const Tensor& lse, const Tensor& dout, double scale, Tensor& dq,
-                             Tensor& dk, Tensor& dv) {
+void attention_backward_cuda(const Tensor& q, const Tensor& k, const Tensor& v,
+                             const Tensor& doc_start, const Tensor& out, const Tensor& lse,
+                             const Tensor& dout, double scale, Tensor& dq, Tensor& dk, Tensor& dv) {
   const char* name = "attention_backward";
   const AttnShape s = attn_shape(q, k, v, name);
+  const int32_t* ds = doc_starts(doc_start, q, s, name);
   check_like(out, q.shape(), q.dtype(), name, "out");
   check_like(dout, q.shape(), q.dtype(), name, "dout");
   check_like(lse, {s.b, s.hq, s.t}, DType::kF32, name, "lse");
@@ -115,17 +129,17 @@ void attention_backward_cuda(const Tensor& q, const Tensor& k, const Tensor& v, 
   if (q.numel() == 0) return;
   CudaDeviceGuard guard(q.device().index);
   const float sc = static_cast<float>(scale);
-  if (cudnn_attention_takes({&q, &k, &v, &out, &lse, &dout, &dq, &dk, &dv}, s, q.dtype())) {
+  if (!ds && cudnn_attention_takes({&q, &k, &v, &out, &lse, &dout, &dq, &dk, &dv}, s, q.dtype())) {
     cudnn_attention_backward(q, k, v, out, lse, dout, s, sc, dq, dk, dv);
     return;
   }
   switch (q.dtype()) {
     case DType::kBF16:
-      return backward_typed<BFloat16>(q, k, v, out, lse, dout, s, sc, dq, dk, dv);
+      return backward_typed<BFloat16>(q, k, v, ds, out, lse, dout, s, sc, dq, dk, dv);
     case DType::kF16:
-      return backward_typed<Float16>(q, k, v, out, lse, dout, s, sc, dq, dk, dv);
+      return backward_typed<Float16>(q, k, v, ds, out, lse, dout, s, sc, dq, dk, dv);
     default:
-      return backward_typed<float>(q, k, v, out, lse, dout, s, sc, dq, dk, dv);
+      return backward_typed<float>(q, k, v, ds, out, lse, dout, s, sc, dq, dk, dv);
   }
 }
 

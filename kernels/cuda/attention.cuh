@@ -50,21 +50,26 @@ inline void check_like(const Tensor& t, const Shape& shape, DType dtype, const c
 //            lse −inf);
 //   backward: accumulates the block pair's share into dq, dk, dv from the full rows' lse and
 //            delta = Σ_d dout·out (B,Hq,Tq) f32.
-void block_attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, const BlockShape& s,
-                             float scale, Tensor& out, Tensor& lse);
+// doc_start: null, or packed documents' (Tq) i32 on the device (Note [Packed documents] in
+// kernels/attention.h), only for a self block (Tq = Tk, shift 0; checked).
+void block_attention_forward(const Tensor& q, const Tensor& k, const Tensor& v,
+                             const int32_t* doc_start, const BlockShape& s, float scale,
+                             Tensor& out, Tensor& lse);
 void block_attention_backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& lse,
-                              const Tensor& delta, const Tensor& dout, const BlockShape& s,
-                              float scale, Tensor& dq, Tensor& dk, Tensor& dv);
+                              const Tensor& delta, const Tensor& dout, const int32_t* doc_start,
+                              const BlockShape& s, float scale, Tensor& dq, Tensor& dk, Tensor& dv);
 
 // True when the tensor-core forward takes this call: bf16 or f16, D ∈ {64, 128}, and every
 // buffer 16-byte aligned (cp.async copies 16 bytes at a time).
 bool attention_forward_mma_supported(const Tensor& q, const Tensor& k, const Tensor& v,
                                      const Tensor& out, const AttnShape& s);
 
-// The tensor-core forward: out (B,Hq,T,D) in q's dtype, lse (B,Hq,T) f32. Call only when
-// attention_forward_mma_supported() holds, inside the caller's CudaDeviceGuard.
-void attention_forward_mma(const Tensor& q, const Tensor& k, const Tensor& v, const AttnShape& s,
-                           float scale, Tensor& out, Tensor& lse);
+// The tensor-core forward: out (B,Hq,T,D) in q's dtype, lse (B,Hq,T) f32; doc_start null or
+// packed documents' (T) i32 on the device. Call only when attention_forward_mma_supported()
+// holds, inside the caller's CudaDeviceGuard.
+void attention_forward_mma(const Tensor& q, const Tensor& k, const Tensor& v,
+                           const int32_t* doc_start, const AttnShape& s, float scale, Tensor& out,
+                           Tensor& lse);
 
 // True when the tensor-core backward takes this call: bf16 or f16, D = 64, and every buffer
 // 16-byte aligned.
@@ -73,11 +78,12 @@ bool attention_backward_mma_supported(const Tensor& q, const Tensor& k, const Te
                                       const Tensor& dv, const AttnShape& s);
 
 // The tensor-core backward: accumulates into dq (B,Hq,T,D), dk, dv (B,Hkv,T,D) from the saved
-// lse (B,Hq,T) f32 and dvec (B·Hq·T) f32 = Σ_d dout·out per row. Call only when
-// attention_backward_mma_supported() holds, inside the caller's CudaDeviceGuard.
-void attention_backward_mma(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& dout,
-                            const Tensor& lse, const Tensor& dvec, const AttnShape& s, float scale,
-                            Tensor& dq, Tensor& dk, Tensor& dv);
+// lse (B,Hq,T) f32 and dvec (B·Hq·T) f32 = Σ_d dout·out per row; doc_start as the forward's.
+// Call only when attention_backward_mma_supported() holds, inside the caller's CudaDeviceGuard.
+void attention_backward_mma(const Tensor& q, const Tensor& k, const Tensor& v,
+                            const int32_t* doc_start, const Tensor& dout, const Tensor& lse,
+                            const Tensor& dvec, const AttnShape& s, float scale, Tensor& dq,
+                            Tensor& dk, Tensor& dv);
 
 // cuDNN's fused attention (attention_cudnn.cpp, Note [cuDNN attention] in kernels/attention.h).
 // True when it takes this call: the thread asked for it, this build has it, it handles the dtype,

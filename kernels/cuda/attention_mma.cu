@@ -4,7 +4,10 @@
 // them in registers as mma A fragments, and walks the 64-key tiles of K and V up to the
 // diagonal, double-buffered in shared memory with cp.async. Scores and the output accumulate in f32
 // through mma.sync m16n8k16; the online softmax (running max and sum per row) runs in f32 in the
-// log2 domain. Nothing T×T is stored. The launcher (attention.cu) calls this only when
+// log2 domain. With packed documents (Note [Packed documents] in kernels/attention.h) a block
+// starts at the key tile of its first row's document start, a warp skips the key tiles wholly
+// before its rows' documents, and tiles a document boundary crosses are masked per element.
+// Nothing T×T is stored. The launcher (attention.cu) calls this only when
 // attention_forward_mma_supported() holds; this file registers nothing and must not synchronise the
 // host. See docs/cuda_attention.md.
 #include <cuda_runtime.h>
@@ -99,21 +102,22 @@ __device__ __forceinline__ void mma_pb_m(float (&out)[M][D / 8][4], const float 
 }
 
 // One tile of the online softmax for the thread's two rows (rows[r], accumulator elements
-// 2r, 2r + 1): scales the scores sc into the log2 domain, masks keys after the row (causal) or
-// past T when `edge`, updates the running max m and sum l (a per-thread partial sum, reduced
-// over the quad at the end), rescales o and leaves the probabilities in sc.
+// 2r, 2r + 1): scales the scores sc into the log2 domain, masks keys after the row (causal),
+// before its document (lo[r], its first key) or past T when `edge`, updates the running max m
+// and sum l (a per-thread partial sum, reduced over the quad at the end), rescales o and leaves
+// the probabilities in sc.
 template <int D>
 __device__ __forceinline__ void softmax_tile(float (&sc)[kNTiles][4], float (&m)[2], float (&l)[2],
                                              float (&o)[D / 8][4], const int64_t (&rows)[2],
-                                             int64_t k0, int64_t t, bool edge, float scale_log2,
-                                             int tq) {
+                                             const int64_t (&lo)[2], int64_t k0, int64_t t,
+                                             bool edge, float scale_log2, int tq) {
 #pragma unroll
   for (int nt = 0; nt < kNTiles; ++nt) {
 #pragma unroll
     for (int e = 0; e < 4; ++e) {
       const int64_t key = k0 + nt * 8 + 2 * tq + (e & 1);
       float x = sc[nt][e] * scale_log2;
-      if (edge && (key > rows[e >> 1] || key >= t)) x = -INFINITY;
+      if (edge && (key > rows[e >> 1] || key < lo[e >> 1] || key >= t)) x = -INFINITY;
       sc[nt][e] = x;
     }
   }
@@ -158,7 +162,8 @@ __device__ __forceinline__ void softmax_tile(float (&sc)[kNTiles][4], float (&m)
 template <typename T, int D>
 __global__ void __launch_bounds__(kMmaThreads)
     attention_forward_mma_kernel(const uint16_t* __restrict__ q, const uint16_t* __restrict__ k,
-                                 const uint16_t* __restrict__ v, uint16_t* __restrict__ out,
+                                 const uint16_t* __restrict__ v,
+                                 const int32_t* __restrict__ doc_start, uint16_t* __restrict__ out,
                                  float* __restrict__ lse, AttnShape s, float scale_log2,
                                  int64_t q_tiles) {
   constexpr int M = kMTiles<D>;
@@ -173,17 +178,21 @@ __global__ void __launch_bounds__(kMmaThreads)
   const int64_t t = s.t;
   const int64_t q0 = tile * kQRows<D>, q_end = min64(q0 + kQRows<D>, t);
   const int64_t n_key_tiles = (q_end + kBlockRows - 1) / kBlockRows;  // keys < q_end
+  // The first key tile any row sees: doc_start is non-decreasing, row q0 has the smallest.
+  const int64_t kt_begin = doc_start ? doc_start[q0] / kBlockRows : 0;
   const uint16_t* kb = k + kv * t * D;
   const uint16_t* vb = v + kv * t * D;
   load_tile_async<D, kQRows<D>>(qs, q + (bh * t + q0) * D, q_end - q0);
-  load_tile_async<D>(ks, kb, min64(kBlockRows, t));
-  load_tile_async<D>(vs, vb, min64(kBlockRows, t));
+  load_tile_async<D>(ks, kb + kt_begin * kBlockRows * D,
+                     min64(kBlockRows, t - kt_begin * kBlockRows));
+  load_tile_async<D>(vs, vb + kt_begin * kBlockRows * D,
+                     min64(kBlockRows, t - kt_begin * kBlockRows));
   cp_async_commit();
 
   const int warp = static_cast<int>(threadIdx.x) / 32, lane = static_cast<int>(threadIdx.x) % 32;
   const int tq = lane & 3;
   const int64_t warp_row0 = q0 + warp * 16 * M;
-  int64_t rows[M][2];
+  int64_t rows[M][2], lo[M][2];  // lo: the row's first key (its document's start, or 0)
   uint32_t qf[M][D / 16][4];
   float o[M][D / 8][4] = {};
   float m[M][2], l[M][2];
@@ -191,12 +200,20 @@ __global__ void __launch_bounds__(kMmaThreads)
   for (int mt = 0; mt < M; ++mt) {
     rows[mt][0] = warp_row0 + 16 * mt + (lane >> 2);
     rows[mt][1] = rows[mt][0] + 8;
+#pragma unroll
+    for (int r = 0; r < 2; ++r)
+      lo[mt][r] = doc_start && rows[mt][r] < t ? doc_start[rows[mt][r]] : 0;
     m[mt][0] = m[mt][1] = -INFINITY;
     l[mt][0] = l[mt][1] = 0.f;
   }
+  // The smallest and largest first key of the warp's rows (inside T): key tiles ending at or
+  // before the smallest hold nothing the warp sees; tiles starting before the largest are masked.
+  const int64_t warp_last = min64(warp_row0 + 16 * M, t) - 1;
+  const int64_t warp_lo_min = doc_start && warp_row0 < t ? doc_start[warp_row0] : 0;
+  const int64_t warp_lo_max = doc_start && warp_row0 < t ? doc_start[warp_last] : 0;
 
-  for (int64_t kt = 0; kt < n_key_tiles; ++kt) {
-    const int buf = static_cast<int>(kt & 1);
+  for (int64_t kt = kt_begin; kt < n_key_tiles; ++kt) {
+    const int buf = static_cast<int>((kt - kt_begin) & 1);
     if (kt + 1 < n_key_tiles) {  // prefetch the next tile into the other buffer
       const int64_t next = (kt + 1) * kBlockRows;
       load_tile_async<D>(ks + (buf ^ 1) * kTileElems<D>, kb + next * D,
@@ -208,21 +225,23 @@ __global__ void __launch_bounds__(kMmaThreads)
     } else {
       cp_async_wait<0>();
     }
-    __syncthreads();  // this tile (and, at kt = 0, Q) is in shared memory for every thread
-    if (kt == 0) {
+    __syncthreads();  // this tile (and, at kt_begin, Q) is in shared memory for every thread
+    if (kt == kt_begin) {
 #pragma unroll
       for (int mt = 0; mt < M; ++mt) load_a_fragments<D>(qf[mt], qs, warp * M + mt, lane);
     }
 
-    float sc[M][kNTiles][4];  // S: the warp's m tiles × 64 keys
-    mma_abt_m<T, D, M>(sc, qf, ks + buf * kTileElems<D>, lane);
     const int64_t k0 = kt * kBlockRows;
-    const bool edge = k0 + kBlockRows - 1 > warp_row0 || k0 + kBlockRows > t;
+    if (k0 + kBlockRows > warp_lo_min) {  // warp-uniform: else no row of the warp sees the tile
+      float sc[M][kNTiles][4];            // S: the warp's m tiles × 64 keys
+      mma_abt_m<T, D, M>(sc, qf, ks + buf * kTileElems<D>, lane);
+      const bool edge = k0 + kBlockRows - 1 > warp_row0 || k0 + kBlockRows > t || k0 < warp_lo_max;
 #pragma unroll
-    for (int mt = 0; mt < M; ++mt) {
-      softmax_tile<D>(sc[mt], m[mt], l[mt], o[mt], rows[mt], k0, t, edge, scale_log2, tq);
+      for (int mt = 0; mt < M; ++mt) {
+        softmax_tile<D>(sc[mt], m[mt], l[mt], o[mt], rows[mt], lo[mt], k0, t, edge, scale_log2, tq);
+      }
+      mma_pb_m<T, D, M>(o, sc, vs + buf * kTileElems<D>, lane);  // O += P V
     }
-    mma_pb_m<T, D, M>(o, sc, vs + buf * kTileElems<D>, lane);  // O += P V
     __syncthreads();  // every warp is done with this buffer before it is refilled
   }
 
@@ -247,8 +266,8 @@ __global__ void __launch_bounds__(kMmaThreads)
 }
 
 template <typename T, int D>
-void launch_forward_mma(const Tensor& q, const Tensor& k, const Tensor& v, const AttnShape& s,
-                        float scale, Tensor& out, Tensor& lse) {
+void launch_forward_mma(const Tensor& q, const Tensor& k, const Tensor& v, const int32_t* doc_start,
+                        const AttnShape& s, float scale, Tensor& out, Tensor& lse) {
   const auto kernel = attention_forward_mma_kernel<T, D>;
   CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                   static_cast<int>(kSmemBytes<D>)));
@@ -258,18 +277,18 @@ void launch_forward_mma(const Tensor& q, const Tensor& k, const Tensor& v, const
              " blocks exceed the grid limit");
   kernel<<<static_cast<unsigned>(blocks), kMmaThreads, kSmemBytes<D>, compute_stream()>>>(
       static_cast<const uint16_t*>(q.raw_data()), static_cast<const uint16_t*>(k.raw_data()),
-      static_cast<const uint16_t*>(v.raw_data()), static_cast<uint16_t*>(out.raw_data()),
+      static_cast<const uint16_t*>(v.raw_data()), doc_start, static_cast<uint16_t*>(out.raw_data()),
       lse.data<float>(), s, scale * kLog2e, q_tiles);
   LOOM_CUDA_LAUNCH_CHECK();
 }
 
 template <typename T>
-void forward_mma_typed(const Tensor& q, const Tensor& k, const Tensor& v, const AttnShape& s,
-                       float scale, Tensor& out, Tensor& lse) {
+void forward_mma_typed(const Tensor& q, const Tensor& k, const Tensor& v, const int32_t* doc_start,
+                       const AttnShape& s, float scale, Tensor& out, Tensor& lse) {
   if (s.d == 64) {
-    launch_forward_mma<T, 64>(q, k, v, s, scale, out, lse);
+    launch_forward_mma<T, 64>(q, k, v, doc_start, s, scale, out, lse);
   } else {
-    launch_forward_mma<T, 128>(q, k, v, s, scale, out, lse);
+    launch_forward_mma<T, 128>(q, k, v, doc_start, s, scale, out, lse);
   }
 }
 
@@ -281,14 +300,15 @@ bool attention_forward_mma_supported(const Tensor& q, const Tensor& k, const Ten
          aligned16(q) && aligned16(k) && aligned16(v) && aligned16(out);
 }
 
-void attention_forward_mma(const Tensor& q, const Tensor& k, const Tensor& v, const AttnShape& s,
-                           float scale, Tensor& out, Tensor& lse) {
+void attention_forward_mma(const Tensor& q, const Tensor& k, const Tensor& v,
+                           const int32_t* doc_start, const AttnShape& s, float scale, Tensor& out,
+                           Tensor& lse) {
   LOOM_CHECK(attention_forward_mma_supported(q, k, v, out, s),
              "attention_forward: the tensor-core path does not take this call");
   if (q.dtype() == DType::kBF16) {
-    forward_mma_typed<BFloat16>(q, k, v, s, scale, out, lse);
+    forward_mma_typed<BFloat16>(q, k, v, doc_start, s, scale, out, lse);
   } else {
-    forward_mma_typed<Float16>(q, k, v, s, scale, out, lse);
+    forward_mma_typed<Float16>(q, k, v, doc_start, s, scale, out, lse);
   }
 }
 

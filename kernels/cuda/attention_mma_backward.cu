@@ -7,7 +7,10 @@
 // stream through double-buffered shared memory with cp.async; products are mma.sync m16n8k16
 // with f32 accumulation; P and dS are rounded to the input format as mma operands (Note [mma
 // fragments] in attention_mma.cuh). Each gradient element has one writer, which adds its f32
-// sum to the stored value once. Dᵢ = doutᵢ·outᵢ comes from the caller (attention.cu). This
+// sum to the stored value once. With packed documents (Note [Packed documents] in
+// kernels/attention.h) the dk/dv block walks the query tiles only up to the end of its last
+// key's document and the dq block starts at its first row's document, masking per element.
+// Dᵢ = doutᵢ·outᵢ comes from the caller (attention.cu). This
 // file registers nothing and must not synchronise the host. See docs/cuda_attention.md.
 #include <cuda_runtime.h>
 
@@ -28,8 +31,10 @@ using namespace mma;  // NOLINT(build/namespaces): the tensor-core building bloc
 
 constexpr int kD = 64;  // the head size this backward handles
 constexpr int kTile = kTileElems<kD>;
-// dk/dv: K, V; Q and dout double-buffered; lse and D of the query tile double-buffered.
-constexpr size_t kDkvSmemBytes = 6 * kTile * sizeof(uint16_t) + 4 * kBlockRows * sizeof(float);
+// dk/dv: K, V; Q and dout double-buffered; lse, D and doc_start of the query tile
+// double-buffered.
+constexpr size_t kDkvSmemBytes = 6 * kTile * sizeof(uint16_t) + 4 * kBlockRows * sizeof(float) +
+                                 2 * kBlockRows * sizeof(int32_t);
 // dq: Q, dout; K and V double-buffered.
 constexpr size_t kDqSmemBytes = 6 * kTile * sizeof(uint16_t);
 // 55 and 54 KiB: above the default 48 KiB (the launcher opts in), within every built
@@ -57,21 +62,32 @@ __global__ void __launch_bounds__(kMmaThreads)
                                       const uint16_t* __restrict__ v,
                                       const uint16_t* __restrict__ dout,
                                       const float* __restrict__ lse, const float* __restrict__ dvec,
+                                      const int32_t* __restrict__ doc_start,
                                       uint16_t* __restrict__ dk, uint16_t* __restrict__ dv,
                                       AttnShape s, float scale, int64_t k_tiles) {
   extern __shared__ __align__(16) unsigned char mma_smem[];
-  uint16_t* ks = reinterpret_cast<uint16_t*>(mma_smem);      // (64, kStride)
-  uint16_t* vs = ks + kTile;                                 // (64, kStride)
-  uint16_t* qs = vs + kTile;                                 // 2 × (64, kStride)
-  uint16_t* dos = qs + 2 * kTile;                            // 2 × (64, kStride)
-  float* lse_s = reinterpret_cast<float*>(dos + 2 * kTile);  // 2 × 64
-  float* dvec_s = lse_s + 2 * kBlockRows;                    // 2 × 64
+  uint16_t* ks = reinterpret_cast<uint16_t*>(mma_smem);                 // (64, kStride)
+  uint16_t* vs = ks + kTile;                                            // (64, kStride)
+  uint16_t* qs = vs + kTile;                                            // 2 × (64, kStride)
+  uint16_t* dos = qs + 2 * kTile;                                       // 2 × (64, kStride)
+  float* lse_s = reinterpret_cast<float*>(dos + 2 * kTile);             // 2 × 64
+  float* dvec_s = lse_s + 2 * kBlockRows;                               // 2 × 64
+  int32_t* lo_s = reinterpret_cast<int32_t*>(dvec_s + 2 * kBlockRows);  // 2 × 64 first keys
 
   const int64_t kt = static_cast<int64_t>(blockIdx.x) % k_tiles;
   const int64_t bkv = static_cast<int64_t>(blockIdx.x) / k_tiles;  // b·Hkv + kv head
   const int64_t b = bkv / s.hkv, kvh = bkv % s.hkv;
   const int64_t t = s.t, k0 = kt * kBlockRows;
-  const int64_t n_qt = k_tiles - kt;  // query tiles kt … k_tiles − 1 see these keys
+  // Query tiles kt … qt_end − 1 see these keys: all of them, or with doc_start those up to the
+  // one holding the end of the last key's document (a tile whose first row starts after the
+  // last key sees none of them, nor does any later one).
+  int64_t qt_end = k_tiles;
+  if (doc_start) {
+    const int64_t k_last = min64(k0 + kBlockRows, t) - 1;
+    qt_end = kt + 1;
+    while (qt_end < k_tiles && doc_start[qt_end * kBlockRows] <= k_last) ++qt_end;
+  }
+  const int64_t n_qt = qt_end - kt;
   const int64_t n_items = s.group * n_qt;
   load_tile_async<kD>(ks, k + (bkv * t + k0) * kD, min64(kBlockRows, t - k0));
   load_tile_async<kD>(vs, v + (bkv * t + k0) * kD, min64(kBlockRows, t - k0));
@@ -87,6 +103,7 @@ __global__ void __launch_bounds__(kMmaThreads)
       const int64_t i = q0 + r;
       lse_s[buf * kBlockRows + r] = i < t ? lse[bh * t + i] : 0.f;
       dvec_s[buf * kBlockRows + r] = i < t ? dvec[bh * t + i] : 0.f;
+      lo_s[buf * kBlockRows + r] = doc_start && i < t ? doc_start[i] : 0;
     }
   };
   issue(0, 0);
@@ -118,6 +135,7 @@ __global__ void __launch_bounds__(kMmaThreads)
     const uint16_t* do_tile = dos + buf * kTile;
     const float* lse_t = lse_s + buf * kBlockRows;
     const float* dvec_t = dvec_s + buf * kBlockRows;
+    const int32_t* lo_t = lo_s + buf * kBlockRows;
 
     float st[kNTiles][4], dpt[kNTiles][4];  // Sᵀ and dPᵀ: the warp's 16 keys × 64 queries
     mma_abt<T, kD>(st, kf, q_tile, lane);
@@ -129,7 +147,9 @@ __global__ void __launch_bounds__(kMmaThreads)
         const int col = nt * 8 + 2 * tq + (e & 1);
         const int64_t i = q0 + col, j = keys[e >> 1];
         float p = 0.f;
-        if (i >= j && i < t && j < t) p = exp2f(st[nt][e] * scale_log2 - lse_t[col] * kLog2e);
+        if (i >= j && i < t && j < t && lo_t[col] <= j) {
+          p = exp2f(st[nt][e] * scale_log2 - lse_t[col] * kLog2e);
+        }
         st[nt][e] = p;                                // Pᵀ
         dpt[nt][e] = p * (dpt[nt][e] - dvec_t[col]);  // dSᵀ
       }
@@ -161,6 +181,7 @@ __global__ void __launch_bounds__(kMmaThreads)
                                      const uint16_t* __restrict__ v,
                                      const uint16_t* __restrict__ dout,
                                      const float* __restrict__ lse, const float* __restrict__ dvec,
+                                     const int32_t* __restrict__ doc_start,
                                      uint16_t* __restrict__ dq, AttnShape s, float scale,
                                      int64_t q_tiles) {
   extern __shared__ __align__(16) unsigned char mma_smem[];
@@ -175,29 +196,37 @@ __global__ void __launch_bounds__(kMmaThreads)
   const int64_t t = s.t;
   const int64_t q0 = tile * kBlockRows, q_end = min64(q0 + kBlockRows, t);
   const int64_t n_key_tiles = (q_end + kBlockRows - 1) / kBlockRows;
+  // The first key tile any row sees: doc_start is non-decreasing, row q0 has the smallest.
+  const int64_t kt_begin = doc_start ? doc_start[q0] / kBlockRows : 0;
   const uint16_t* kb = k + kv * t * kD;
   const uint16_t* vb = v + kv * t * kD;
   load_tile_async<kD>(qs, q + (bh * t + q0) * kD, q_end - q0);
   load_tile_async<kD>(dos, dout + (bh * t + q0) * kD, q_end - q0);
-  load_tile_async<kD>(ks, kb, min64(kBlockRows, t));
-  load_tile_async<kD>(vs, vb, min64(kBlockRows, t));
+  const int64_t first = kt_begin * kBlockRows;
+  load_tile_async<kD>(ks, kb + first * kD, min64(kBlockRows, t - first));
+  load_tile_async<kD>(vs, vb + first * kD, min64(kBlockRows, t - first));
   cp_async_commit();
 
   const int warp = static_cast<int>(threadIdx.x) / 32, lane = static_cast<int>(threadIdx.x) % 32;
   const int g = lane >> 2, tq = lane & 3;
   const int64_t rows[2] = {q0 + warp * 16 + g, q0 + warp * 16 + g + 8};
   float lse_log2[2], dvec_r[2];
+  int64_t lo[2];  // the row's first key (its document's start, or 0)
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
     lse_log2[r] = rows[r] < t ? lse[bh * t + rows[r]] * kLog2e : 0.f;
     dvec_r[r] = rows[r] < t ? dvec[bh * t + rows[r]] : 0.f;
+    lo[r] = doc_start && rows[r] < t ? doc_start[rows[r]] : 0;
   }
+  // The smallest first key of the warp's rows: key tiles ending at or before it are not seen.
+  const int64_t warp_row0 = q0 + warp * 16;
+  const int64_t warp_lo_min = doc_start && warp_row0 < t ? doc_start[warp_row0] : 0;
   const float scale_log2 = scale * kLog2e;
   uint32_t qf[kD / 16][4], dof[kD / 16][4];
   float dq_acc[kD / 8][4] = {};
 
-  for (int64_t kt = 0; kt < n_key_tiles; ++kt) {
-    const int buf = static_cast<int>(kt & 1);
+  for (int64_t kt = kt_begin; kt < n_key_tiles; ++kt) {
+    const int buf = static_cast<int>((kt - kt_begin) & 1);
     if (kt + 1 < n_key_tiles) {  // prefetch the next key tile into the other buffer
       const int64_t next = (kt + 1) * kBlockRows;
       load_tile_async<kD>(ks + (buf ^ 1) * kTile, kb + next * kD, min64(kBlockRows, t - next));
@@ -207,27 +236,31 @@ __global__ void __launch_bounds__(kMmaThreads)
     } else {
       cp_async_wait<0>();
     }
-    __syncthreads();  // this tile (and, at kt = 0, Q and dout) is in shared memory
-    if (kt == 0) {
+    __syncthreads();  // this tile (and, at kt_begin, Q and dout) is in shared memory
+    if (kt == kt_begin) {
       load_a_fragments<kD>(qf, qs, warp, lane);
       load_a_fragments<kD>(dof, dos, warp, lane);
     }
     const uint16_t* k_tile = ks + buf * kTile;
     const int64_t k0 = kt * kBlockRows;
-    float sc[kNTiles][4], dp[kNTiles][4];  // S and dP: the warp's 16 rows × 64 keys
-    mma_abt<T, kD>(sc, qf, k_tile, lane);
-    mma_abt<T, kD>(dp, dof, vs + buf * kTile, lane);
+    if (k0 + kBlockRows > warp_lo_min) {     // warp-uniform: else no row of the warp sees the tile
+      float sc[kNTiles][4], dp[kNTiles][4];  // S and dP: the warp's 16 rows × 64 keys
+      mma_abt<T, kD>(sc, qf, k_tile, lane);
+      mma_abt<T, kD>(dp, dof, vs + buf * kTile, lane);
 #pragma unroll
-    for (int nt = 0; nt < kNTiles; ++nt) {
+      for (int nt = 0; nt < kNTiles; ++nt) {
 #pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int64_t key = k0 + nt * 8 + 2 * tq + (e & 1), row = rows[e >> 1];
-        float p = 0.f;
-        if (key <= row && key < t) p = exp2f(sc[nt][e] * scale_log2 - lse_log2[e >> 1]);
-        dp[nt][e] = p * (dp[nt][e] - dvec_r[e >> 1]);  // dS
+        for (int e = 0; e < 4; ++e) {
+          const int64_t key = k0 + nt * 8 + 2 * tq + (e & 1), row = rows[e >> 1];
+          float p = 0.f;
+          if (key <= row && key < t && key >= lo[e >> 1]) {
+            p = exp2f(sc[nt][e] * scale_log2 - lse_log2[e >> 1]);
+          }
+          dp[nt][e] = p * (dp[nt][e] - dvec_r[e >> 1]);  // dS
+        }
       }
+      mma_pb<T, kD>(dq_acc, dp, k_tile, lane);
     }
-    mma_pb<T, kD>(dq_acc, dp, k_tile, lane);
     __syncthreads();  // every warp is done with this buffer before it is refilled
   }
 
@@ -253,23 +286,24 @@ unsigned grid_blocks(int64_t blocks) {
 }
 
 template <typename T>
-void launch_backward_mma(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& dout,
-                         const Tensor& lse, const Tensor& dvec, const AttnShape& s, float scale,
-                         Tensor& dq, Tensor& dk, Tensor& dv) {
+void launch_backward_mma(const Tensor& q, const Tensor& k, const Tensor& v,
+                         const int32_t* doc_start, const Tensor& dout, const Tensor& lse,
+                         const Tensor& dvec, const AttnShape& s, float scale, Tensor& dq,
+                         Tensor& dk, Tensor& dv) {
   const int64_t tiles = (s.t + kBlockRows - 1) / kBlockRows;
   const auto dkv_kernel = attention_backward_dkv_mma_kernel<T>;
   CUDA_CHECK(cudaFuncSetAttribute(dkv_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                   static_cast<int>(kDkvSmemBytes)));
   dkv_kernel<<<grid_blocks(s.b * s.hkv * tiles), kMmaThreads, kDkvSmemBytes, compute_stream()>>>(
-      bits(q), bits(k), bits(v), bits(dout), lse.data<float>(), dvec.data<float>(), bits_mut(dk),
-      bits_mut(dv), s, scale, tiles);
+      bits(q), bits(k), bits(v), bits(dout), lse.data<float>(), dvec.data<float>(), doc_start,
+      bits_mut(dk), bits_mut(dv), s, scale, tiles);
   LOOM_CUDA_LAUNCH_CHECK();
   const auto dq_kernel = attention_backward_dq_mma_kernel<T>;
   CUDA_CHECK(cudaFuncSetAttribute(dq_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                   static_cast<int>(kDqSmemBytes)));
   dq_kernel<<<grid_blocks(s.b * s.hq * tiles), kMmaThreads, kDqSmemBytes, compute_stream()>>>(
-      bits(q), bits(k), bits(v), bits(dout), lse.data<float>(), dvec.data<float>(), bits_mut(dq), s,
-      scale, tiles);
+      bits(q), bits(k), bits(v), bits(dout), lse.data<float>(), dvec.data<float>(), doc_start,
+      bits_mut(dq), s, scale, tiles);
   LOOM_CUDA_LAUNCH_CHECK();
 }
 
@@ -283,15 +317,16 @@ bool attention_backward_mma_supported(const Tensor& q, const Tensor& k, const Te
          aligned16(dv);
 }
 
-void attention_backward_mma(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& dout,
-                            const Tensor& lse, const Tensor& dvec, const AttnShape& s, float scale,
-                            Tensor& dq, Tensor& dk, Tensor& dv) {
+void attention_backward_mma(const Tensor& q, const Tensor& k, const Tensor& v,
+                            const int32_t* doc_start, const Tensor& dout, const Tensor& lse,
+                            const Tensor& dvec, const AttnShape& s, float scale, Tensor& dq,
+                            Tensor& dk, Tensor& dv) {
   LOOM_CHECK(attention_backward_mma_supported(q, k, v, dout, dq, dk, dv, s),
              "attention_backward: the tensor-core path does not take this call");
   if (q.dtype() == DType::kBF16) {
-    launch_backward_mma<BFloat16>(q, k, v, dout, lse, dvec, s, scale, dq, dk, dv);
+    launch_backward_mma<BFloat16>(q, k, v, doc_start, dout, lse, dvec, s, scale, dq, dk, dv);
   } else {
-    launch_backward_mma<Float16>(q, k, v, dout, lse, dvec, s, scale, dq, dk, dv);
+    launch_backward_mma<Float16>(q, k, v, doc_start, dout, lse, dvec, s, scale, dq, dk, dv);
   }
 }
 

@@ -2,7 +2,9 @@
 // attention*.cu) against the CPU kernels, forward and backward, for f32, bf16 and f16, head
 // sizes taking both the tensor-core paths (bf16/f16: forward D = 64, 128; backward D = 64) and
 // the general path (f32, and the other D), grouped-query heads, and sequence lengths that do
-// not divide the tiles (16, 32 and 64 rows).
+// not divide the tiles (16, 32 and 64 rows); and packed documents (doc_start, Note [Packed
+// documents] in kernels/attention.h) on both paths, with documents that start inside and at the
+// edges of the tiles, one-token documents and documents longer than a tile.
 // Inputs are fresh normals (scale 1/√D keeps the softmax far from one-hot); forward outputs
 // are poisoned first; backward gradients start from random contents, since the kernel
 // accumulates into them. Uses only Loom's API (no CUDA headers); every test skips itself, with
@@ -36,11 +38,34 @@ double lse_tol(DType dt) { return dt == DType::kF32 ? 1e-5 : 1e-4; }
 struct Case {
   DType dtype;
   int64_t b, hq, hkv, t, d;
-  bool misaligned = false;  // inputs and gradients start 2 bytes into their GPU buffers
+  bool misaligned = false;         // inputs and gradients start 2 bytes into their GPU buffers
+  std::vector<int64_t> docs = {};  // packed documents' lengths (summing to t), or none
   std::string str() const {
-    return std::string(dtype_name(dtype)) + " B=" + std::to_string(b) +
-           " Hq=" + std::to_string(hq) + " Hkv=" + std::to_string(hkv) + " T=" + std::to_string(t) +
-           " D=" + std::to_string(d) + (misaligned ? " misaligned" : "");
+    std::string r = std::string(dtype_name(dtype)) + " B=" + std::to_string(b) +
+                    " Hq=" + std::to_string(hq) + " Hkv=" + std::to_string(hkv) +
+                    " T=" + std::to_string(t) + " D=" + std::to_string(d) +
+                    (misaligned ? " misaligned" : "");
+    if (!docs.empty()) r += " docs";
+    for (int64_t n : docs) {
+      r += " ";
+      r += std::to_string(n);
+    }
+    return r;
+  }
+  // doc_start (T) i32 on the host for docs, undefined without.
+  Tensor doc_start() const {
+    if (docs.empty()) return Tensor();
+    std::vector<int32_t> ds;
+    for (int64_t n : docs) {
+      const auto start = static_cast<int32_t>(ds.size());
+      for (int64_t i = 0; i < n; ++i) ds.push_back(start);
+    }
+    EXPECT_EQ(static_cast<int64_t>(ds.size()), t) << "docs must sum to T";
+    return Tensor::from_vector(ds, {t});
+  }
+  Tensor gpu_doc_start() const {
+    const Tensor ds = doc_start();
+    return ds.defined() ? ds.to(Device::cuda()) : Tensor();
   }
   Shape q_shape() const { return {b, hq, t, d}; }
   Shape kv_shape() const { return {b, hkv, t, d}; }
@@ -98,7 +123,8 @@ void cpu_forward(const Case& c, const Inputs& in, Tensor& out, Tensor& lse) {
   out = Tensor::empty(c.q_shape(), DType::kF64);
   lse = Tensor::empty({c.b, c.hq, c.t}, DType::kF64);
   kernels::call_kernel<kernels::attention_forward_k>(in.q.to(DType::kF64), in.k.to(DType::kF64),
-                                                     in.v.to(DType::kF64), c.scale(), out, lse);
+                                                     in.v.to(DType::kF64), c.doc_start(), c.scale(),
+                                                     out, lse);
 }
 
 void check_forward(const Case& c, Generator& gen) {
@@ -108,8 +134,8 @@ void check_forward(const Case& c, Generator& gen) {
   cpu_forward(c, in, out_ref, lse_ref);
   Tensor out = poisoned_cuda(c.q_shape(), c.dtype);
   Tensor lse = poisoned_cuda({c.b, c.hq, c.t}, DType::kF32);
-  kernels::call_kernel<kernels::attention_forward_k>(upload(c, in.q), upload(c, in.k),
-                                                     upload(c, in.v), c.scale(), out, lse);
+  kernels::call_kernel<kernels::attention_forward_k>(
+      upload(c, in.q), upload(c, in.k), upload(c, in.v), c.gpu_doc_start(), c.scale(), out, lse);
   EXPECT_LE(rel_error(out_ref, out), result_tol(c.dtype)) << "out";
   EXPECT_LE(rel_error(lse_ref, lse), lse_tol(c.dtype)) << "lse";
 }
@@ -133,8 +159,8 @@ void check_backward(const Case& c, Generator& gen) {
 
   const auto cpu_backward = [&](Tensor& dq, Tensor& dk, Tensor& dv) {
     kernels::call_kernel<kernels::attention_backward_k>(
-        in.q.to(DType::kF64), in.k.to(DType::kF64), in.v.to(DType::kF64), out.to(DType::kF64),
-        lse.to(DType::kF64), dout.to(DType::kF64), c.scale(), dq, dk, dv);
+        in.q.to(DType::kF64), in.k.to(DType::kF64), in.v.to(DType::kF64), c.doc_start(),
+        out.to(DType::kF64), lse.to(DType::kF64), dout.to(DType::kF64), c.scale(), dq, dk, dv);
   };
   BackwardRun inc{Tensor::zeros(c.q_shape(), DType::kF64), Tensor::zeros(c.kv_shape(), DType::kF64),
                   Tensor::zeros(c.kv_shape(), DType::kF64)};
@@ -148,8 +174,8 @@ void check_backward(const Case& c, Generator& gen) {
 
   BackwardRun gpu{upload(c, start.dq), upload(c, start.dk), upload(c, start.dv)};
   kernels::call_kernel<kernels::attention_backward_k>(
-      upload(c, in.q), upload(c, in.k), upload(c, in.v), upload(c, out), lse.to(Device::cuda()),
-      upload(c, dout), c.scale(), gpu.dq, gpu.dk, gpu.dv);
+      upload(c, in.q), upload(c, in.k), upload(c, in.v), c.gpu_doc_start(), upload(c, out),
+      lse.to(Device::cuda()), upload(c, dout), c.scale(), gpu.dq, gpu.dk, gpu.dv);
   EXPECT_LE(rel_error(ref.dq, gpu.dq), result_tol(c.dtype)) << "dq";
   EXPECT_LE(rel_error(ref.dk, gpu.dk), result_tol(c.dtype)) << "dk";
   EXPECT_LE(rel_error(ref.dv, gpu.dv), result_tol(c.dtype)) << "dv";
@@ -199,6 +225,52 @@ TEST_F(CudaAttentionTest, BackwardLongSequencesMatchCpu) {
   }
 }
 
+// Packed documents: lengths that start documents inside 16-, 32- and 64-row tiles and on
+// their edges (64, 128), one-token documents, and documents longer than a tile, so tiles are
+// skipped, walked whole and masked at a boundary. bf16/f16 with D = 64 take the tensor-core
+// paths (forward and backward), D = 128 its forward; f32 and D = 24 the general kernels.
+std::vector<Case> packed_cases(DType dt) {
+  std::vector<Case> cases;
+  const std::vector<std::vector<int64_t>> layouts = {
+      {1, 70, 130, 99},         // T = 300
+      {64, 64, 1, 1, 127, 43},  // T = 300: starts on tile edges, then one-token documents
+      {300},                    // one document: equal to plain causal
+      {17, 5, 200, 33, 45},     // T = 300
+  };
+  for (int64_t d : {24, 64, 128}) {
+    for (const auto& docs : layouts) {
+      for (int64_t hkv : {4, 1}) cases.push_back({dt, 2, 4, hkv, 300, d, false, docs});
+    }
+  }
+  cases.push_back({dt, 1, 4, 2, 1024, 64, false, {500, 3, 200, 321}});  // several tiles each
+  cases.push_back({dt, 1, 2, 1, 5, 64, false, {1, 1, 1, 1, 1}});        // every token alone
+  return cases;
+}
+
+TEST_F(CudaAttentionTest, PackedDocumentsForwardMatchesCpu) {
+  Generator gen(701);
+  for (DType dt : {DType::kF32, DType::kBF16, DType::kF16}) {
+    for (const Case& c : packed_cases(dt)) check_forward(c, gen);
+  }
+}
+
+TEST_F(CudaAttentionTest, PackedDocumentsBackwardMatchesCpu) {
+  Generator gen(702);
+  for (DType dt : {DType::kF32, DType::kBF16, DType::kF16}) {
+    for (const Case& c : packed_cases(dt)) check_backward(c, gen);
+  }
+}
+
+// Misaligned 16-bit buffers with documents take the general path from a 16-bit dtype.
+TEST_F(CudaAttentionTest, PackedDocumentsMisalignedMatchCpu) {
+  Generator gen(703);
+  for (const Case& c : {Case{DType::kBF16, 2, 4, 2, 300, 64, true, {1, 70, 130, 99}},
+                        Case{DType::kF16, 1, 4, 1, 257, 128, true, {100, 100, 57}}}) {
+    check_forward(c, gen);
+    check_backward(c, gen);
+  }
+}
+
 // Buffers that are not 16-byte aligned (contiguous views at an odd offset) take the general
 // path and still match the CPU.
 TEST_F(CudaAttentionTest, MisalignedBuffersMatchCpu) {
@@ -215,23 +287,25 @@ TEST_F(CudaAttentionTest, MisalignedBuffersMatchCpu) {
 // query heads of a kv group). Also for the forward, on both paths.
 TEST_F(CudaAttentionTest, ResultsAreBitwiseReproducible) {
   Generator gen(301);
-  for (const Case& c :
-       {Case{DType::kBF16, 2, 4, 1, 257, 64}, Case{DType::kF32, 2, 4, 2, 100, 24}}) {
+  for (const Case& c : {Case{DType::kBF16, 2, 4, 1, 257, 64}, Case{DType::kF32, 2, 4, 2, 100, 24},
+                        Case{DType::kBF16, 2, 4, 1, 300, 64, false, {1, 70, 130, 99}},
+                        Case{DType::kF32, 2, 4, 2, 300, 24, false, {17, 5, 200, 33, 45}}}) {
     SCOPED_TRACE(c.str());
     const Inputs in = make_inputs(c, gen);
     const Tensor q = in.q.to(Device::cuda()), k = in.k.to(Device::cuda()),
                  v = in.v.to(Device::cuda());
+    const Tensor ds = c.gpu_doc_start();
     const Tensor dout = randn(c.q_shape(), gen, c.dtype).to(Device::cuda());
     std::vector<Tensor> runs;  // out, lse, dq, dk, dv of each run
     for (int run = 0; run < 2; ++run) {
       Tensor out = poisoned_cuda(c.q_shape(), c.dtype);
       Tensor lse = poisoned_cuda({c.b, c.hq, c.t}, DType::kF32);
-      kernels::call_kernel<kernels::attention_forward_k>(q, k, v, c.scale(), out, lse);
+      kernels::call_kernel<kernels::attention_forward_k>(q, k, v, ds, c.scale(), out, lse);
       Tensor dq = Tensor::zeros(c.q_shape(), c.dtype, Device::cuda());
       Tensor dk = Tensor::zeros(c.kv_shape(), c.dtype, Device::cuda());
       Tensor dv = Tensor::zeros(c.kv_shape(), c.dtype, Device::cuda());
-      kernels::call_kernel<kernels::attention_backward_k>(q, k, v, out, lse, dout, c.scale(), dq,
-                                                          dk, dv);
+      kernels::call_kernel<kernels::attention_backward_k>(q, k, v, ds, out, lse, dout, c.scale(),
+                                                          dq, dk, dv);
       for (const Tensor& x : {out, lse, dq, dk, dv}) runs.push_back(x.to(Device::cpu()));
     }
     const char* names[] = {"out", "lse", "dq", "dk", "dv"};
@@ -282,6 +356,19 @@ TEST_F(CudnnAttentionTest, ForwardAndBackwardMatchCpu) {
   }
 }
 
+// With packed documents the guard does not take cuDNN (whose graphs have no document mask):
+// cases cuDNN would handle still match the CPU's masked reference.
+TEST_F(CudnnAttentionTest, PackedDocumentsRunLoomsKernels) {
+  Generator gen(603);
+  kernels::CudnnAttentionGuard cudnn;
+  for (const Case& c : {Case{DType::kBF16, 2, 4, 2, 300, 64, false, {1, 70, 130, 99}},
+                        Case{DType::kF16, 1, 4, 1, 257, 40, false, {100, 100, 57}}}) {
+    ASSERT_TRUE(kernels::cudnn_attention_handles(c.dtype, c.t, c.d)) << c.str();
+    check_forward(c, gen);
+    check_backward(c, gen);
+  }
+}
+
 // The guard really changes the implementation: on the same inputs Loom's and cuDNN's lse
 // (f32) differ in some bits (both within the tolerance of the reference, above), and the
 // cuDNN results repeat bit for bit.
@@ -305,7 +392,7 @@ TEST_F(CudnnAttentionTest, GuardSelectsCudnnAndRepeats) {
       kernels::CudnnAttentionGuard choice(run > 0);  // Loom, cuDNN, cuDNN
       Tensor out = poisoned_cuda(c.q_shape(), c.dtype);
       Tensor lse = poisoned_cuda({c.b, c.hq, c.t}, DType::kF32);
-      kernels::call_kernel<kernels::attention_forward_k>(q, k, v, c.scale(), out, lse);
+      kernels::call_kernel<kernels::attention_forward_k>(q, k, v, Tensor(), c.scale(), out, lse);
       lses.push_back(lse.to(Device::cpu()));
     }
     some_bits_differ = some_bits_differ || !bits_equal(lses[0], lses[1]);
@@ -314,15 +401,15 @@ TEST_F(CudnnAttentionTest, GuardSelectsCudnnAndRepeats) {
     kernels::CudnnAttentionGuard choice(true);
     Tensor out = poisoned_cuda(c.q_shape(), c.dtype);
     Tensor lse = poisoned_cuda({c.b, c.hq, c.t}, DType::kF32);
-    kernels::call_kernel<kernels::attention_forward_k>(q, k, v, c.scale(), out, lse);
+    kernels::call_kernel<kernels::attention_forward_k>(q, k, v, Tensor(), c.scale(), out, lse);
     const Tensor dout = randn(c.q_shape(), gen, c.dtype).to(Device::cuda());
     std::vector<Tensor> dqs;
     for (int run = 0; run < 2; ++run) {
       Tensor dq = Tensor::zeros(c.q_shape(), c.dtype, Device::cuda());
       Tensor dk = Tensor::zeros(in.k.shape(), c.dtype, Device::cuda()),
              dv = Tensor::zeros(in.v.shape(), c.dtype, Device::cuda());
-      kernels::call_kernel<kernels::attention_backward_k>(q, k, v, out, lse, dout, c.scale(), dq,
-                                                          dk, dv);
+      kernels::call_kernel<kernels::attention_backward_k>(q, k, v, Tensor(), out, lse, dout,
+                                                          c.scale(), dq, dk, dv);
       dqs.push_back(dq.to(Device::cpu()));
     }
     expect_same_bits(dqs[0], dqs[1], "cuDNN dq");
@@ -369,12 +456,24 @@ TEST_F(CudaAttentionTest, RejectsUnsupportedInput) {
   const Tensor q64 = randn({1, 2, 5, 8}, gen, DType::kF64).to(Device::cuda());
   Tensor out64 = poisoned_cuda({1, 2, 5, 8}, DType::kF64);
   Tensor lse64 = poisoned_cuda({1, 2, 5}, DType::kF64);
-  EXPECT_THROW(kernels::call_kernel<kernels::attention_forward_k>(q64, q64, q64, 0.5, out64, lse64),
+  EXPECT_THROW(kernels::call_kernel<kernels::attention_forward_k>(q64, q64, q64, Tensor(), 0.5,
+                                                                  out64, lse64),
                Error);
   const Tensor q = randn({1, 2, 5, 136}, gen, DType::kF32).to(Device::cuda());
   Tensor out = poisoned_cuda({1, 2, 5, 136}, DType::kF32);
   Tensor lse = poisoned_cuda({1, 2, 5}, DType::kF32);
-  EXPECT_THROW(kernels::call_kernel<kernels::attention_forward_k>(q, q, q, 0.5, out, lse), Error);
+  EXPECT_THROW(kernels::call_kernel<kernels::attention_forward_k>(q, q, q, Tensor(), 0.5, out, lse),
+               Error);
+  // doc_start of the wrong length or dtype.
+  const Tensor q16 = randn({1, 2, 5, 64}, gen, DType::kBF16).to(Device::cuda());
+  Tensor out16 = poisoned_cuda({1, 2, 5, 64}, DType::kBF16);
+  Tensor lse16 = poisoned_cuda({1, 2, 5}, DType::kF32);
+  for (const Tensor& bad : {Tensor::zeros({4}, DType::kI32, Device::cuda()),
+                            Tensor::zeros({5}, DType::kI64, Device::cuda())}) {
+    EXPECT_THROW(
+        kernels::call_kernel<kernels::attention_forward_k>(q16, q16, q16, bad, 0.5, out16, lse16),
+        Error);
+  }
 }
 
 }  // namespace

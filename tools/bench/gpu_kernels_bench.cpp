@@ -256,23 +256,26 @@ std::vector<Case> make_cases(Generator& gen) {
       const double scale = 1.0 / std::sqrt(static_cast<double>(D));
       const double f = 4.0 * B * H * static_cast<double>(T) * T * D / 2;
       const std::string tag = " T=" + std::to_string(T) + " D=" + std::to_string(D);
-      add("attention_forward" + tag, 0, f,
-          [=]() mutable { call_kernel<kernels::attention_forward_k>(q, k, v, scale, out, lse); });
+      add("attention_forward" + tag, 0, f, [=]() mutable {
+        call_kernel<kernels::attention_forward_k>(q, k, v, Tensor(), scale, out, lse);
+      });
       prime(cases.back().launch);
       add("attention_backward" + tag, 0, 2.5 * f, [=]() mutable {
-        call_kernel<kernels::attention_backward_k>(q, k, v, out, lse, dout, scale, dq, dk, dv);
+        call_kernel<kernels::attention_backward_k>(q, k, v, Tensor(), out, lse, dout, scale, dq, dk,
+                                                   dv);
       });
       // The same through cuDNN's fused attention (Note [cuDNN attention]), when built; the
       // first launch builds the graph, before the timing.
       if (!kernels::cudnn_attention_built()) continue;
       add("attention_forward cudnn" + tag, 0, f, [=]() mutable {
         kernels::CudnnAttentionGuard cudnn;
-        call_kernel<kernels::attention_forward_k>(q, k, v, scale, out, lse);
+        call_kernel<kernels::attention_forward_k>(q, k, v, Tensor(), scale, out, lse);
       });
       prime(cases.back().launch);
       add("attention_backward cudnn" + tag, 0, 2.5 * f, [=]() mutable {
         kernels::CudnnAttentionGuard cudnn;
-        call_kernel<kernels::attention_backward_k>(q, k, v, out, lse, dout, scale, dq, dk, dv);
+        call_kernel<kernels::attention_backward_k>(q, k, v, Tensor(), out, lse, dout, scale, dq, dk,
+                                                   dv);
       });
     }
   }
