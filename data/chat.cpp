@@ -5,22 +5,16 @@
 
 #include <yaml-cpp/yaml.h>
 
-#include <algorithm>
 #include <fstream>
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
+#include "data/prepare.h"  // is_blank
 
 namespace loom {
 namespace {
 
 using nlohmann::json;
-
-bool is_blank(std::string_view s) {
-  return std::all_of(s.begin(), s.end(), [](char c) {
-    return c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == '\v' || c == '\f';
-  });
-}
 
 // j[key] as a non-blank string; `name` is how the error calls it ("messages[1].content").
 std::string content_string(const json& j, const char* key, const std::string& name,

@@ -24,12 +24,6 @@ namespace fs = std::filesystem;
 constexpr std::string_view kEotText = "<|endoftext|>";
 constexpr int64_t kProgressBytes = int64_t{1} << 20;  // report at least every MiB of input
 
-bool is_blank(std::string_view s) {
-  return std::all_of(s.begin(), s.end(), [](char c) {
-    return c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == '\v' || c == '\f';
-  });
-}
-
 std::string read_whole_file(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
   LOOM_CHECK(in.good(), path, ": cannot open input file");
@@ -157,6 +151,12 @@ double seconds_since(std::chrono::steady_clock::time_point t0) {
 }
 
 }  // namespace
+
+bool is_blank(std::string_view text) {
+  return std::all_of(text.begin(), text.end(), [](char c) {
+    return c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == '\v' || c == '\f';
+  });
+}
 
 InputFormat parse_input_format(const std::string& name) {
   if (name == "text") return InputFormat::kText;

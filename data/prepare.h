@@ -52,6 +52,9 @@ struct PrepareResult {
 std::vector<std::string> list_input_files(const std::vector<std::string>& inputs,
                                           InputFormat format);
 
+// Whether `text` holds only ASCII whitespace (space, \t, \n, \r, \v, \f), or nothing.
+bool is_blank(std::string_view text);
+
 // One file's documents (views into `text`) for kText and kFortunes. Empty and whitespace-only
 // documents are dropped.
 std::vector<std::string_view> split_documents(std::string_view text, InputFormat format);

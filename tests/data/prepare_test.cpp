@@ -35,6 +35,9 @@ TEST(Prepare, SplitsDocuments) {
   EXPECT_EQ(split_documents("a\nb\n%\nc %\n%\r\n\n%\nd", InputFormat::kFortunes),
             (V{"a\nb\n", "c %\n", "d"}));
   EXPECT_EQ(split_documents("%\n%\n", InputFormat::kFortunes), V{});
+  EXPECT_TRUE(is_blank(""));
+  EXPECT_TRUE(is_blank(" \t\r\n\v\f"));
+  EXPECT_FALSE(is_blank(" \n.\n"));
   EXPECT_EQ(val_every(0.05), 20);
   EXPECT_EQ(val_every(0.3), 3);
   EXPECT_EQ(val_every(0), 0);
