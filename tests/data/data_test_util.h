@@ -1,5 +1,6 @@
 // tests/data/data_test_util.h — helpers shared by the data/ tests: source-tree paths (from
-// __FILE__, so tests work from any build directory) and a self-deleting temporary directory.
+// LOOM_SOURCE_DIR or __FILE__, so tests work from any build directory) and a self-deleting
+// temporary directory.
 #pragma once
 
 #include <gtest/gtest.h>
@@ -11,8 +12,14 @@
 
 namespace loom::data_test {
 
+// LOOM_SOURCE_DIR (set by tests/CMakeLists.txt) is absolute; __FILE__ may be relative to the build
+// directory (ccache's base_dir rewrites it), which breaks when ctest runs from another folder.
 inline std::filesystem::path source_root() {
+#ifdef LOOM_SOURCE_DIR
+  return std::filesystem::path(LOOM_SOURCE_DIR);
+#else
   return std::filesystem::path(__FILE__).parent_path().parent_path().parent_path();
+#endif
 }
 inline std::string bpe_dir() { return (source_root() / "data" / "gpt2-bpe").string(); }
 inline std::string cases_path() {
