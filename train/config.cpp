@@ -92,6 +92,8 @@ void visit_fields(Config& c, V&& v) {
   v("parallel", "mics_partition_size", p.mics_partition_size);
   v("parallel", "bucket_mb", p.bucket_mb);
   v("parallel", "overlap", p.overlap);
+  v("parallel", "odc", p.odc);
+  v("parallel", "odc_deterministic", p.odc_deterministic);
   v("parallel", "comm_timeout_s", p.comm_timeout_s);
   v("parallel", "backend", p.backend);
   v("parallel", "pp", p.pp);
@@ -391,6 +393,13 @@ void validate_config(const Config& c) {
   require(p.bucket_mb > 0, "parallel.bucket_mb: must be positive, got " + str(p.bucket_mb));
   require(p.comm_timeout_s > 0,
           "parallel.comm_timeout_s: must be positive, got " + str(p.comm_timeout_s));
+  require(!p.odc || p.zero_stage == 3,
+          "parallel.odc: ODC pulls parameter shards and pushes gradient pieces of ZeRO-3's layout; "
+          "set parallel.zero_stage to 3 (got " +
+              str(p.zero_stage) + ")");
+  require(!p.odc_deterministic || p.odc, "parallel.odc_deterministic: needs parallel.odc: true");
+  require(!p.odc || p.pp == 1,
+          "parallel.odc: not supported with pipeline parallelism (parallel.pp " + str(p.pp) + ")");
   require(
       p.backend == "auto" || p.backend == "nccl" || p.backend == "mpi" ||
           p.backend == "mpi_nccl_rules",

@@ -87,6 +87,11 @@ struct ParallelConfig {
   double bucket_mb = 25;            // gradient bucket size
   bool overlap = true;              // false: reduce only after backward (to measure overlap)
   double comm_timeout_s = 300;      // a collective slower than this reports op and group
+  // ODC (zero_stage 3 only): one-sided parameter pulls and gradient pushes, one synchronisation
+  // per step, so ranks may run different numbers of micro-batches (Note [ODC] in
+  // parallel/odc/odc_gatherer.h); deterministic: per-origin gradient slots added in rank order.
+  bool odc = false;
+  bool odc_deterministic = false;
   // Communicators: nccl (one GPU per rank; CPU tensors still go over MPI), mpi (CUDA tensors
   // staged through pinned host memory: several ranks may share a GPU), mpi_nccl_rules (MPI
   // following NCCL's point-to-point rules, to check NCCL safety on CPUs), auto = nccl when

@@ -101,6 +101,9 @@ void apply_data_parallel(TrainPlan& plan, const Config& cfg) {
   c.zero_stage = static_cast<int>(pc.zero_stage);
   c.bucket_bytes = static_cast<size_t>(pc.bucket_mb * (1 << 20));
   c.overlap = pc.overlap;
+  c.odc = pc.odc;  // Note [ODC] in parallel/odc/odc_gatherer.h
+  c.odc_deterministic = pc.odc_deterministic;
+  c.odc_timeout_s = pc.comm_timeout_s;
   c.optimizer = optimizer_factory(cfg.optim);
   c.decay_rule = rule;
   c.axes = {parallel::kAxisDp, parallel::kAxisCp};

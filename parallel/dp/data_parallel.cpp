@@ -10,6 +10,8 @@
 
 #include "optim/adamw.h"
 #include "parallel/dp/sharded_optimizer.h"
+#include "parallel/dp/zero3.h"
+#include "parallel/odc/odc_gatherer.h"
 
 namespace loom::parallel {
 
@@ -56,7 +58,13 @@ DataParallel::DataParallel(const std::vector<NamedTensors>& units, Communicator&
     t.set_placement(std::move(pl));
   }
   if (config_.broadcast_parameters) broadcast_parameters();
-  if (config_.zero_stage == 3) {
+  if (config_.zero_stage == 3 && config_.odc) {  // Note [ODC] in parallel/odc/odc_gatherer.h
+    odc::OdcOptions o;
+    o.deterministic = config_.odc_deterministic;
+    o.overlap = config_.overlap;
+    o.timeout_s = config_.odc_timeout_s;
+    gatherer_ = std::make_unique<odc::OdcGatherer>(*buckets_, *shard_comm_, *grad_sync_, log_, o);
+  } else if (config_.zero_stage == 3) {
     gatherer_ = std::make_unique<dp::Zero3Gatherer>(*buckets_, *shard_comm_, *grad_sync_, log_,
                                                     config_.overlap);
   }
@@ -82,6 +90,10 @@ void DataParallel::validate_groups(MicsGroups mics, bool per_unit) const {
   LOOM_CHECK(stage < 3 || per_unit,
              "data_parallel: ZeRO-3 gathers parameters per unit; build DataParallel from "
              "parameter units (Transformer::parameter_units())");
+  LOOM_CHECK(stage == 3 || !config_.odc,
+             "data_parallel: ODC (parallel.odc) needs zero_stage 3, got ", stage);
+  LOOM_CHECK(config_.odc || !config_.odc_deterministic,
+             "data_parallel: odc_deterministic needs odc");
   LOOM_CHECK((mics.partition == nullptr) == (mics.replica == nullptr),
              "data_parallel: MiCS needs both the partition and the replica communicator");
   if (mics.partition == nullptr) return;
@@ -125,6 +137,7 @@ void DataParallel::build_optimizer() {
       std::move(refs), inner, [this](size_t i) { return piece_grad(i); },
       [this, gather] {
         if (gather) gather_parameters();
+        if (gatherer_) gatherer_->parameters_changed();  // ODC publishes the updated shards
       });
 }
 
@@ -136,6 +149,7 @@ std::vector<DataParallel::OwnedPiece> DataParallel::owned_pieces() const {
           {p.name, p.name, p.tensor, p.tensor, 0, p.tensor.numel(), p.tensor.placement()});
     return out;
   }
+  if (gatherer_) gatherer_->parameters_may_change();  // the views are writable
   buckets_->for_each_owned_piece([&](int bucket, const BucketParam& p, int64_t lo, int64_t hi) {
     const Tensor view = gatherer_ ? flat_view(gatherer_->owned_values(bucket), {hi - lo},
                                               lo - buckets_->owned_begin(bucket))
@@ -364,6 +378,11 @@ std::string DataParallel::describe() const {
   s += ", " + std::to_string(buckets_->size()) +
        (config_.zero_stage == 3 ? " units, " : " buckets, ") + std::to_string(num_parameters()) +
        " parameters; per rank " + format_memory(memory(), memory_formula());
+  if (gatherer_) {
+    s += "; " + gatherer_->describe();
+    if (gatherer_->window_bytes() > 0)
+      s += ", windows " + std::to_string(gatherer_->window_bytes() >> 10) + " KiB";
+  }
   return s;
 }
 

@@ -59,7 +59,10 @@
 // unit gradients are kept and reduce-scattered once, in finish_gradient_sync. MiCS: gathers and
 // reduce-scatters run inside the partition; the summed shard is all-reduced (avg) across the
 // replica group in finish_gradient_sync, in unit order. Activation checkpointing works unchanged:
-// the recomputation runs inside the unit's backward, after its gather.
+// the recomputation runs inside the unit's backward, after its gather. With config.odc the
+// gatherer is odc::OdcGatherer instead (parallel/odc/odc_gatherer.h): the same layout and
+// schedule, one-sided transfers, one synchronisation per step (Note [ODC]); both are
+// dp::UnitGatherers (parallel/dp/unit_gatherer.h).
 //
 #pragma once
 
@@ -78,7 +81,7 @@
 #include "parallel/dp/dp_stats.h"
 #include "parallel/dp/grad_buckets.h"
 #include "parallel/dp/grad_sync.h"
-#include "parallel/dp/zero3.h"
+#include "parallel/dp/unit_gatherer.h"
 #include "parallel/gradients.h"
 #include "parallel/mesh.h"
 
@@ -97,6 +100,12 @@ struct DataParallelConfig {
   std::string replica_axis = kAxisMicsReplica;
   bool broadcast_parameters = true;  // copy dp rank 0's parameters to every rank at start
   bool overlap = true;  // false: launch every reduction in finish_gradient_sync (for measuring)
+  // Stage 3 only: ODC, one-sided pulls and pushes synchronised once per step instead of the
+  // per-unit collectives (Note [ODC] in parallel/odc/odc_gatherer.h); with deterministic, the
+  // pushes go to per-origin slots added in rank order (bitwise reproducible, S× gradient window).
+  bool odc = false;
+  bool odc_deterministic = false;
+  double odc_timeout_s = 300;  // a one-sided transfer slower than this throws
 };
 
 // MiCS groups: shard within `partition` (size P), replicate across `replica` (size dp / P).
@@ -124,7 +133,7 @@ class DataParallel final {
   DataParallel(DataParallel&&) = delete;
   DataParallel& operator=(DataParallel&&) = delete;
 
-  // Stage 3: the ZeRO-3 gatherer, the model's unit hooks; null below stage 3.
+  // Stage 3: the ZeRO-3 (or ODC) gatherer, the model's unit hooks; null below stage 3.
   UnitHooks* unit_hooks() { return gatherer_.get(); }
 
   // Zeroes the gradient buckets and points every parameter's .grad at its bucket view (stage
@@ -226,11 +235,11 @@ class DataParallel final {
   DataParallelConfig config_;
   DpStepLog log_;
   std::unique_ptr<dp::GradBuckets> buckets_;
-  std::unique_ptr<dp::GradSync> grad_sync_;      // the buckets' sync strategy (grad_sync.h)
-  std::unique_ptr<dp::Zero3Gatherer> gatherer_;  // stage 3
-  std::vector<InFlight> in_flight_;              // per bucket (stages 0-2)
-  std::vector<int> launch_order_;                // buckets in the order their first hop was issued
-  std::vector<Piece> pieces_;                    // parallel to optimizer_->params() at stages 1-3
+  std::unique_ptr<dp::GradSync> grad_sync_;     // the buckets' sync strategy (grad_sync.h)
+  std::unique_ptr<dp::UnitGatherer> gatherer_;  // stage 3: ZeRO-3's or ODC's
+  std::vector<InFlight> in_flight_;             // per bucket (stages 0-2)
+  std::vector<int> launch_order_;               // buckets in the order their first hop was issued
+  std::vector<Piece> pieces_;                   // parallel to optimizer_->params() at stages 1-3
   // Stage 0: the inner optimizer over the whole parameters; stages 1-3: a ShardedOptimizer
   // wrapping it over the owned pieces (sharded_optimizer.h).
   std::unique_ptr<optim::Optimizer> optimizer_;

@@ -4,11 +4,13 @@
 // order), releases it after use, and reduce-scatters the unit's gradient as soon as its last
 // hook fires (Note [ZeRO-3] in parallel/dp/data_parallel.h). Buckets are units here: bucket u of
 // the GradBuckets is unit u. It owns the owned parameter shards and the reductions in flight;
-// it does not own the buckets, the communicators, the sync strategy or the optimizer.
+// it does not own the buckets, the communicators, the sync strategy or the optimizer. It is one
+// UnitGatherer (parallel/dp/unit_gatherer.h); ODC's one-sided one is parallel/odc/odc_gatherer.h.
 #pragma once
 
 #include <cstdint>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "core/tensor.h"
@@ -17,10 +19,11 @@
 #include "parallel/dp/dp_stats.h"
 #include "parallel/dp/grad_buckets.h"
 #include "parallel/dp/grad_sync.h"
+#include "parallel/dp/unit_gatherer.h"
 
 namespace loom::parallel::dp {
 
-class Zero3Gatherer final : public UnitHooks {
+class Zero3Gatherer final : public UnitGatherer {
  public:
   // Takes each unit's owned shard out of buckets' parameter buffers and releases the buffers.
   // shard: the group the units are sharded over (dp, or the MiCS partition); sync: the
@@ -38,24 +41,25 @@ class Zero3Gatherer final : public UnitHooks {
   // Unit u's last gradient hook of this backward fired: release its parameters and, with
   // overlap, reduce-scatter its gradient now. `sync`: the step's last micro-batch (counts
   // toward the overlap figure).
-  void unit_gradients_ready(int unit, bool sync);
+  void unit_gradients_ready(int unit, bool sync) override;
   // A new step: no reduction may be in flight; the shards are written afresh.
-  void start_step();
+  void start_step() override;
   // The step's end: launches what is left, releases every unit, waits for every reduction
   // (summing the micro-batches' into each unit's grad_shard) and runs MiCS's second hop.
-  void finish();
+  void finish() override;
 
   // Unit u's owned parameter values (shard_numel), persistent.
-  const Tensor& owned_values(int unit) const {
+  const Tensor& owned_values(int unit) const override {
     return shards_.at(static_cast<size_t>(unit)).param_shard;
   }
   // Gathers unit u now if it is not (collective over the shard group); returns whether it
   // already was, so the caller can release_unit() what it gathered.
-  bool acquire(int unit);
-  void release_unit(int unit);
+  bool acquire(int unit) override;
+  void release_unit(int unit) override;
 
-  int64_t gathered_bytes() const { return gathered_bytes_; }  // alive now
-  int64_t peak_gathered_bytes() const { return peak_gathered_bytes_; }
+  int64_t gathered_bytes() const override { return gathered_bytes_; }  // alive now
+  int64_t peak_gathered_bytes() const override { return peak_gathered_bytes_; }
+  std::string describe() const override { return "zero-3 collectives"; }
 
  private:
   struct PendingReduce {  // a unit's reduce-scatter in flight

@@ -1,0 +1,338 @@
+// parallel/odc/mpi_window.cpp — the MPI RMA OneSidedWindow (see parallel/odc/window.h) and
+// join_works. CPU tensors only; the CUDA design is in docs/parallel.md ("ODC").
+//
+// Note [ODC over MPI RMA]: the window's memory is MPI's (not MPI_Win_create over a Loom tensor:
+// Open MPI's shared-memory one-sided component, osc/sm, serves only windows MPI allocates), over
+// a duplicate of the group's MPI communicator, so its barrier never interleaves with the group's
+// own collectives. When every member is on one node it is MPI_Win_allocate_shared, which Open
+// MPI always serves with osc/sm; otherwise MPI_Win_allocate, served by osc/ucx or osc/rdma. (On
+// the development VM a plain MPI_Win_allocate sometimes got osc/rdma, whose shared-memory set-up
+// failed there — "unlink /dev/shm/osc_rdma…" — and whose accumulates then went missing: the ODC
+// tests fail under `--mca osc rdma` and pass under osc/sm and osc/ucx. Multi-node runs are
+// untested.) RMA calls on a shared window are ordinary MPI; nothing here uses its load/store
+// access to other ranks' memory. It is opened for passive-target access to every member once, at
+// creation (MPI_Win_lock_all with MPI_MODE_NOCHECK), and closed only when destroyed: there is
+// no per-transfer lock and no epoch per step. get = MPI_Rget, accumulate = MPI_Raccumulate
+// (MPI_SUM; MPI orders accumulates of one origin to one location, and makes each element's
+// update atomic with respect to other accumulates), flush = MPI_Win_flush_all, barrier =
+// MPI_Win_sync, MPI_Barrier, MPI_Win_sync (the sync makes local stores and remote updates
+// agree in the separate memory model; it costs nothing in the unified one). Requests are
+// polled with MPI_Test from the calling thread (MPI runs with MPI_THREAD_MULTIPLE: the
+// communicators' threads call MPI at the same time). Progress: on one node osc/sm copies
+// through shared memory inside the origin's call, so an owner busy computing never delays a
+// transfer (checked on Open MPI 4.1.4: 4 ranks exchanged 4 MiB Rget/Accumulate while the
+// owners made no MPI call). Across nodes the owner's progress depends on the component
+// (osc/ucx and osc/rdma use RDMA hardware; without it transfers progress only when the owner
+// enters MPI).
+#include <algorithm>
+#include <chrono>
+#include <climits>
+#include <cstring>
+#include <exception>
+#include <thread>
+#include <utility>
+
+#include "core/error.h"
+#include "parallel/odc/window.h"
+
+#if LOOM_HAS_MPI
+#include <mpi.h>
+
+#include "parallel/comm/mpi_communicator.h"
+#endif
+
+namespace loom::parallel::odc {
+namespace {
+
+class JoinedWork final : public Work {
+ public:
+  explicit JoinedWork(std::vector<WorkPtr> works) : works_(std::move(works)) {}
+  void wait() override {
+    for (WorkPtr& w : works_) w->wait();
+  }
+  bool is_done() const override {
+    for (const WorkPtr& w : works_) {
+      if (!w->is_done()) return false;
+    }
+    return true;
+  }
+
+ private:
+  std::vector<WorkPtr> works_;
+};
+
+}  // namespace
+
+WorkPtr join_works(std::vector<WorkPtr> works) {
+  return std::make_shared<JoinedWork>(std::move(works));
+}
+
+#if LOOM_HAS_MPI
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+void check_mpi(int rc, const char* call, const std::string& where) {
+  if (rc == MPI_SUCCESS) return;
+  char msg[MPI_MAX_ERROR_STRING];
+  int len = 0;
+  MPI_Error_string(rc, msg, &len);
+  LOOM_FAIL(where, ": ", call, " failed: ", std::string(msg, static_cast<size_t>(len)));
+}
+
+MPI_Datatype mpi_type(DType t, const std::string& where) {
+  switch (t) {
+    case DType::kF32:
+      return MPI_FLOAT;
+    case DType::kF64:
+      return MPI_DOUBLE;
+    default:
+      LOOM_FAIL(where, ": windows hold f32 or f64, not ", dtype_name(t));
+  }
+}
+
+// An MPI_Rget or MPI_Raccumulate in flight; keeps its tensor alive.
+class RmaWork final : public Work {
+ public:
+  RmaWork(MPI_Request req, Tensor keep, std::string what, double timeout_s)
+      : req_(req),
+        keep_(std::move(keep)),
+        what_(std::move(what)),
+        deadline_(Clock::now() + std::chrono::duration_cast<Clock::duration>(
+                                     std::chrono::duration<double>(timeout_s))),
+        timeout_s_(timeout_s) {}
+  ~RmaWork() override {
+    if (!done_) {  // an abandoned request (a failed step): let MPI finish it, never free it early
+      try {
+        wait();
+      } catch (...) {  // a destructor must not throw; the step reported the error
+      }
+    }
+  }
+  void wait() override {
+    int spins = 0;
+    while (!test()) {
+      LOOM_CHECK(Clock::now() < deadline_, what_, " did not complete within ", timeout_s_, " s");
+      if (++spins < 64)
+        std::this_thread::yield();
+      else
+        std::this_thread::sleep_for(std::chrono::microseconds(20));
+    }
+  }
+  bool is_done() const override { return test(); }
+
+ private:
+  bool test() const {
+    if (done_) return true;
+    int flag = 0;
+    check_mpi(MPI_Test(&req_, &flag, MPI_STATUS_IGNORE), "MPI_Test", what_);
+    if (flag != 0) {
+      done_ = true;
+      keep_ = Tensor();
+    }
+    return done_;
+  }
+
+  mutable MPI_Request req_;
+  mutable Tensor keep_;
+  mutable bool done_ = false;
+  std::string what_;
+  Clock::time_point deadline_;
+  double timeout_s_;
+};
+
+class MpiWindow final : public OneSidedWindow {
+ public:
+  MpiWindow(MPI_Comm parent, int64_t numel, DType dtype, std::string name, double timeout_s)
+      : name_(std::move(name)),
+        numel_(numel),
+        dtype_(dtype),
+        type_(mpi_type(dtype, name_)),
+        elem_(static_cast<int64_t>(dtype_size(dtype))),
+        timeout_s_(timeout_s) {
+    LOOM_CHECK(numel > 0, name_, ": a window needs at least one element, got ", numel);
+    // Collective over the group: it must have no operation in flight (DataParallel creates the
+    // windows after its start-up broadcast has completed).
+    check_mpi(MPI_Comm_dup(parent, &comm_), "MPI_Comm_dup", name_);
+    MPI_Comm_rank(comm_, &rank_);
+    MPI_Comm_size(comm_, &size_);
+    const MPI_Aint bytes = static_cast<MPI_Aint>(numel * elem_);
+    if (on_one_node()) {  // a shared-memory window: osc/sm (Note [ODC over MPI RMA])
+      MPI_Info info = MPI_INFO_NULL;
+      MPI_Info_create(&info);
+      MPI_Info_set(info, "alloc_shared_noncontig", "true");  // each rank's part near its core
+      const int rc =
+          MPI_Win_allocate_shared(bytes, static_cast<int>(elem_), info, comm_, &base_, &win_);
+      MPI_Info_free(&info);
+      check_mpi(rc, "MPI_Win_allocate_shared", name_);
+    } else {
+      check_mpi(
+          MPI_Win_allocate(bytes, static_cast<int>(elem_), MPI_INFO_NULL, comm_, &base_, &win_),
+          "MPI_Win_allocate", name_);
+    }
+    std::memset(base_, 0, static_cast<size_t>(numel * elem_));
+    check_mpi(MPI_Win_lock_all(MPI_MODE_NOCHECK, win_), "MPI_Win_lock_all", name_);
+    barrier();  // every member's zeroes are in place before anyone accumulates
+  }
+
+  ~MpiWindow() override {
+    int finalized = 0;
+    MPI_Finalized(&finalized);
+    // Freeing is collective: while unwinding an error on this rank the peers may never arrive,
+    // so the window (and its communicator) is leaked instead; the job is about to end.
+    if (finalized != 0 || std::uncaught_exceptions() > 0) return;
+    MPI_Win_unlock_all(win_);
+    MPI_Win_free(&win_);
+    MPI_Comm_free(&comm_);
+  }
+  MpiWindow(const MpiWindow&) = delete;
+  MpiWindow& operator=(const MpiWindow&) = delete;
+
+  int rank() const override { return rank_; }
+  int size() const override { return size_; }
+  const std::string& name() const override { return name_; }
+  int64_t numel() const override { return numel_; }
+  DType dtype() const override { return dtype_; }
+
+  WorkPtr get_async(int owner, int64_t offset, Tensor dst) override {
+    const std::string what = describe("get from", owner, offset, dst);
+    MPI_Request req = MPI_REQUEST_NULL;
+    check_mpi(
+        MPI_Rget(dst.raw_data(), count(dst), type_, owner, offset, count(dst), type_, win_, &req),
+        "MPI_Rget", what);
+    return std::make_shared<RmaWork>(req, std::move(dst), what, timeout_s_);
+  }
+
+  WorkPtr accumulate_async(int owner, int64_t offset, Tensor src) override {
+    const std::string what = describe("accumulate into", owner, offset, src);
+    MPI_Request req = MPI_REQUEST_NULL;
+    check_mpi(MPI_Raccumulate(src.raw_data(), count(src), type_, owner, offset, count(src), type_,
+                              MPI_SUM, win_, &req),
+              "MPI_Raccumulate", what);
+    return std::make_shared<RmaWork>(req, std::move(src), what, timeout_s_);
+  }
+
+  void flush() override { check_mpi(MPI_Win_flush_all(win_), "MPI_Win_flush_all", name_); }
+
+  void barrier() override {
+    check_mpi(MPI_Win_sync(win_), "MPI_Win_sync", name_);
+    check_mpi(MPI_Barrier(comm_), "MPI_Barrier", name_);
+    check_mpi(MPI_Win_sync(win_), "MPI_Win_sync", name_);
+  }
+
+  void write_local(int64_t offset, const Tensor& src) override {
+    check_local(offset, src.numel(), src);
+    std::memcpy(local(offset), src.raw_data(), src.nbytes());
+  }
+
+  void zero_local(int64_t offset, int64_t n) override {
+    check_range(offset, n);
+    std::memset(local(offset), 0, static_cast<size_t>(n * elem_));
+  }
+
+  void reduce_local(int64_t offset, int64_t stride, int slots, double divisor,
+                    const Tensor& out) override {
+    const int64_t n = out.numel();
+    LOOM_CHECK(slots >= 1, name_, ": reduce_local over ", slots, " slots");
+    check_local(offset, n, out);
+    check_range(offset + (slots - 1) * stride, n);
+    if (dtype_ == DType::kF32)
+      reduce<float>(offset, stride, slots, divisor, out);
+    else
+      reduce<double>(offset, stride, slots, divisor, out);
+  }
+
+ private:
+  template <typename T>
+  void reduce(int64_t offset, int64_t stride, int slots, double divisor, const Tensor& out) {
+    const int64_t n = out.numel();
+    const T* src = static_cast<const T*>(local(offset));
+    T* dst = out.data<T>();
+    std::copy(src, src + n, dst);
+    for (int k = 1; k < slots; ++k) {
+      const T* row = src + static_cast<int64_t>(k) * stride;
+      for (int64_t i = 0; i < n; ++i) dst[i] += row[i];
+    }
+    const T d = static_cast<T>(divisor);
+    for (int64_t i = 0; i < n; ++i) dst[i] /= d;
+  }
+
+  // Whether every member shares this rank's node (collective over comm_).
+  bool on_one_node() const {
+    MPI_Comm node = MPI_COMM_NULL;
+    check_mpi(MPI_Comm_split_type(comm_, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &node),
+              "MPI_Comm_split_type", name_);
+    int node_size = 0;
+    MPI_Comm_size(node, &node_size);
+    MPI_Comm_free(&node);
+    int all = node_size == size_ ? 1 : 0;  // every member must take the same branch
+    check_mpi(MPI_Allreduce(MPI_IN_PLACE, &all, 1, MPI_INT, MPI_MIN, comm_), "MPI_Allreduce",
+              name_);
+    return all == 1;
+  }
+
+  void* local(int64_t offset) const { return static_cast<char*>(base_) + offset * elem_; }
+
+  void check_range(int64_t offset, int64_t n) const {
+    LOOM_CHECK(offset >= 0 && n >= 0 && offset + n <= numel_, name_, ": [", offset, ", ",
+               offset + n, ") outside the window's ", numel_, " elements");
+  }
+
+  void check_local(int64_t offset, int64_t n, const Tensor& t) const {
+    check_tensor(t);
+    check_range(offset, n);
+  }
+
+  void check_tensor(const Tensor& t) const {
+    LOOM_CHECK(t.defined() && t.is_contiguous() && t.device().is_cpu() && t.dtype() == dtype_,
+               name_, ": transfers take contiguous CPU ", dtype_name(dtype_), " tensors");
+  }
+
+  int count(const Tensor& t) const {
+    LOOM_CHECK(t.numel() <= INT_MAX, name_, ": ", t.numel(),
+               " elements exceed MPI's int count limit");
+    return static_cast<int>(t.numel());
+  }
+
+  std::string describe(const char* verb, int owner, int64_t offset, const Tensor& t) const {
+    check_tensor(t);
+    LOOM_CHECK(owner >= 0 && owner < size_, name_, ": owner ", owner, " outside the group of ",
+               size_);
+    check_range(offset, t.numel());
+    return name_ + ": " + verb + " rank " + std::to_string(owner) + " [" + std::to_string(offset) +
+           ", " + std::to_string(offset + t.numel()) + ")";
+  }
+
+  std::string name_;
+  int64_t numel_;
+  DType dtype_;
+  MPI_Datatype type_;
+  int64_t elem_;
+  double timeout_s_;
+  MPI_Comm comm_ = MPI_COMM_NULL;
+  MPI_Win win_ = MPI_WIN_NULL;
+  void* base_ = nullptr;
+  int rank_ = 0, size_ = 1;
+};
+
+}  // namespace
+
+std::unique_ptr<OneSidedWindow> make_mpi_window(Communicator& group, int64_t numel, DType dtype,
+                                                std::string name, double timeout_s) {
+  auto* mpi = dynamic_cast<MpiCommunicator*>(&group);
+  LOOM_CHECK(mpi != nullptr, name, ": ODC's MPI windows need an MPI communicator for group ",
+             group.name(), " (the GPU path is described in docs/parallel.md, \"ODC\")");
+  return std::make_unique<MpiWindow>(mpi->mpi_comm(), numel, dtype, std::move(name), timeout_s);
+}
+
+#else  // !LOOM_HAS_MPI
+
+std::unique_ptr<OneSidedWindow> make_mpi_window(Communicator& group, int64_t, DType,
+                                                std::string name, double) {
+  LOOM_FAIL(name, ": ODC needs MPI one-sided windows; this build has no MPI (group ", group.name(),
+            ")");
+}
+
+#endif
+
+}  // namespace loom::parallel::odc
