@@ -44,6 +44,9 @@ void visit_fields(Config& c, V&& v) {
   v("data", "batch_size", d.batch_size);
   v("data", "seq_len", d.seq_len);
   v("data", "seed", d.seed);
+  v("data", "packing", d.packing);
+  v("data", "max_tokens_per_microbatch", d.max_tokens_per_microbatch);
+  v("data", "balance", d.balance);
   OptimConfig& o = c.optim;
   v("optim", "name", o.name);
   v("optim", "lr", o.lr);
@@ -307,6 +310,36 @@ void validate_precision(const TrainConfig& t) {
       "train.initial_loss_scale: must be finite and at least 1, got " + str(t.initial_loss_scale));
 }
 
+// data.packing and its keys (Note [Packed steps] in data/packed_loader.h).
+void validate_packing(const Config& c) {
+  const DataConfig& d = c.data;
+  const ParallelConfig& p = c.parallel;
+  require(d.balance == "none" || d.balance == "tokens" || d.balance == "flops",
+          "data.balance: '" + d.balance + "' is not one of none, tokens, flops");
+  require(d.max_tokens_per_microbatch >= 0 && d.max_tokens_per_microbatch <= (int64_t{1} << 40),
+          "data.max_tokens_per_microbatch: must be in [0, 2^40] (0 = data.batch_size × "
+          "data.seq_len), got " +
+              str(d.max_tokens_per_microbatch));
+  if (!d.packing) {
+    require(d.balance == "none", "data.balance: " + d.balance +
+                                     " needs data.packing true (fixed-length windows are "
+                                     "equal work already)");
+    require(d.max_tokens_per_microbatch == 0,
+            "data.max_tokens_per_microbatch: needs data.packing true");
+    return;
+  }
+  require(d.max_tokens_per_microbatch == 0 || d.max_tokens_per_microbatch >= d.seq_len,
+          "data.max_tokens_per_microbatch: " + str(d.max_tokens_per_microbatch) +
+              " is below data.seq_len " + str(d.seq_len) + " (the longest document must fit)");
+  require(c.optim.grad_accum == 1,
+          "optim.grad_accum: must be 1 with data.packing (the token budget "
+          "data.max_tokens_per_microbatch sets the micro-batches), got " +
+              str(c.optim.grad_accum));
+  require(p.tp == 1 && p.pp == 1 && p.cp == 1,
+          "data.packing: not supported with parallel.tp, pp or cp > 1 yet (data parallelism, "
+          "ZeRO, MiCS and ODC are)");
+}
+
 }  // namespace
 
 void validate_config(const Config& c) {
@@ -320,6 +353,7 @@ void validate_config(const Config& c) {
   require(
       d.seq_len <= c.model.max_seq_len,
       "data.seq_len: " + str(d.seq_len) + " exceeds model.max_seq_len " + str(c.model.max_seq_len));
+  validate_packing(c);
   const OptimConfig& o = c.optim;
   require(o.name == "adamw" || o.name == "sgd",
           "optim.name: unknown optimizer '" + o.name + "' (adamw, sgd)");

@@ -22,6 +22,12 @@ struct DataConfig {
   int64_t batch_size = 8;  // micro-batch B per rank
   int64_t seq_len = 64;    // T
   uint64_t seed = 1337;    // data order
+  // Variable-length documents (post-training, data/packed_loader.h): document shards, each rank's
+  // share of a step's batch_size·dp documents packed into micro-batches of at most
+  // max_tokens_per_microbatch tokens (0: batch_size·seq_len), seq_len the longest document.
+  bool packing = false;
+  int64_t max_tokens_per_microbatch = 0;
+  std::string balance = "none";  // none | tokens | flops: how a step's documents split over dp
 };
 
 struct OptimConfig {

@@ -192,6 +192,16 @@ void load_model_weights(Transformer& model, const std::string& from, std::ostrea
     log << "init_from: Hugging Face model " << from << "\n";
     return;
   }
+  if (fs::is_directory(from) && !fs::exists(fs::path(from) / "meta.yaml")) {
+    // A run's checkpoints folder (<out_dir>/checkpoints): its newest checkpoint.
+    const std::string newest = latest_checkpoint(from);
+    LOOM_INPUT_CHECK(!newest.empty(), "model.init_from: ", from,
+                     " is neither a checkpoint (no meta.yaml), a Hugging Face directory (no "
+                     "config.json) nor a folder of checkpoints");
+    log << "init_from: the newest checkpoint of " << from << ": " << newest << "\n";
+    load_model_weights(model, newest, log);
+    return;
+  }
   if (fs::is_directory(from)) {
     const CheckpointReader r(from);
     const auto params = model.named_parameters();

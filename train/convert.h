@@ -35,7 +35,8 @@ std::string convert_model(const std::string& from, const std::string& to,
 
 // train.init_from: the weights of `from` — a native checkpoint directory (any layout's), a
 // Hugging Face directory (one with config.json, whose model must equal model's config: a
-// differing key is a ConfigError naming it) or an llm.c file — into `model`, each parameter
+// differing key is a ConfigError naming it), a run's checkpoints folder (its newest checkpoint)
+// or an llm.c file — into `model`, each parameter
 // taking the part its placement says (a tensor-parallel part, or the whole tensor): call it
 // before the model is staged or sharded. One line to `log`.
 void load_model_weights(Transformer& model, const std::string& from, std::ostream& log);

@@ -29,17 +29,21 @@ bool Trainer::State::stop_requested() {
 
 double Trainer::evaluate() {
   State& s = *s_;
-  LOOM_CHECK(s.val_loader != nullptr, "evaluate: no validation data (data.val is empty)");
+  LOOM_CHECK(s.has_val(), "evaluate: no validation data (data.val is empty)");
   autograd::NoGradGuard no_grad;
   KernelChoices kernel_choices(s.cfg.train);
   s.model().eval();
-  s.val_loader->set_state({0, 0});
+  if (s.packed_val)
+    s.packed_val->set_state({0, 0});
+  else
+    s.val_loader->set_state({0, 0});
   // The mean over the val batches; under cp this rank's share of it. A stop request ends the
   // loop early (Note [Stopping inside long loops]): the mean of the batches done.
   double sum = 0;
   int64_t done = 0;
   while (done < s.cfg.train.val_steps && !(done > 0 && s.stop_requested())) {
-    sum += s.plan.runner->evaluate(*s.val_loader, 1);
+    sum += s.packed_val ? s.plan.runner->evaluate_packed(s.packed_val->next())
+                        : s.plan.runner->evaluate(*s.val_loader, 1);
     ++done;
   }
   double mean = sum / static_cast<double>(done);

@@ -1,6 +1,7 @@
 // train/step_runner.cpp — the plain and the pipelined step runners (see train/step_runner.h).
 #include "train/step_runner.h"
 
+#include <algorithm>
 #include <chrono>
 #include <utility>
 #include <vector>
@@ -26,6 +27,13 @@ LocalBatch local_batch(const Batch& b, const SequenceLayout& layout) {
 }
 
 int cp_size(const StepRunnerParts& p) { return p.ctx ? p.ctx->cp_size() : 1; }
+int dp_size(const StepRunnerParts& p) { return p.dp && p.ctx ? p.ctx->dp_size() : 1; }
+
+// Micro-batch weights of a packed step (Note [Packed loss]): c_m / N, N at least 1.
+double packed_weight(const PackedMicroBatch& mb, const PackedStep& step) {
+  return static_cast<double>(mb.loss_tokens) /
+         static_cast<double>(std::max<int64_t>(step.global_loss_tokens, 1));
+}
 
 class PlainRunner final : public StepRunner {
  public:
@@ -56,6 +64,42 @@ class PlainRunner final : public StepRunner {
       loss_sum = loss_sum.defined() ? ops::add(loss_sum, l) : l;
     }
     return ops::reshape(loss_sum, {1});
+  }
+
+  Tensor forward_backward_packed(const PackedStep& step, const DropoutKey& dropout,
+                                 const optim::LossScaler* scaler) override {
+    const auto count = static_cast<int64_t>(step.micro.size());
+    const double dp = static_cast<double>(dp_size(p_));
+    Tensor loss_sum;  // Σ (c_m / N)·loss_m, f64, on the device
+    for (int64_t m = 0; m < count; ++m) {
+      const PackedMicroBatch& mb = step.micro[static_cast<size_t>(m)];
+      if (p_.dp) p_.dp->set_sync(m == count - 1);
+      const auto t_fwd = Clock::now();
+      DropoutKey key = dropout;
+      key.micro = m;
+      const Tensor loss =
+          ops::scale(p_.model->loss(mb.inputs, mb.targets, mb.positions, &key, mb.doc_start),
+                     packed_weight(mb, step));
+      const auto t_bwd = Clock::now();
+      const Tensor seed = dp > 1 ? ops::scale(loss, dp) : loss;
+      autograd::backward(scaler ? scaler->scale_loss(seed) : seed);
+      if (p_.trace) {
+        p_.trace->span("compute", "forward", t_fwd, t_bwd);
+        p_.trace->span("compute", "backward", t_bwd, Clock::now());
+      }
+      const Tensor l = ops::to_dtype(loss.detach(), DType::kF64);
+      loss_sum = loss_sum.defined() ? ops::add(loss_sum, l) : l;
+    }
+    return ops::reshape(dp > 1 ? ops::scale(loss_sum, dp) : loss_sum, {1});
+  }
+
+  double evaluate_packed(const PackedStep& step) override {
+    double loss = 0;
+    for (const PackedMicroBatch& mb : step.micro) {
+      loss += packed_weight(mb, step) *
+              p_.model->loss(mb.inputs, mb.targets, mb.positions, nullptr, mb.doc_start).item();
+    }
+    return loss;
   }
 
   double evaluate(DataLoader& loader, int64_t batches) override {
@@ -137,6 +181,15 @@ class PipelineRunner final : public StepRunner {
 };
 
 }  // namespace
+
+Tensor StepRunner::forward_backward_packed(const PackedStep&, const DropoutKey&,
+                                           const optim::LossScaler*) {
+  LOOM_FAIL("data.packing: the ", name(), " step runner does not take packed steps");
+}
+
+double StepRunner::evaluate_packed(const PackedStep&) {
+  LOOM_FAIL("data.packing: the ", name(), " step runner does not take packed steps");
+}
 
 std::unique_ptr<StepRunner> make_plain_runner(const StepRunnerParts& parts) {
   return std::make_unique<PlainRunner>(parts);

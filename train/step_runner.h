@@ -14,6 +14,14 @@
 // sum to the replica's mean, Note [Context-parallel loss]); data parallelism averages gradients
 // over dp·cp ranks, so the loss is multiplied by cp for backward, which makes that average the
 // sum over cp of the replicas' mean. TP ranks hold the same loss.
+//
+// Note [Packed loss]: with data.packing the step's loss is Σ over its loss tokens of their
+// cross-entropy / N, N the step's loss tokens on every rank together (the loader knows it without
+// communicating). Micro-batch m of rank r returns its mean over its c_m loss tokens, so
+// Σ_r Σ_m (c_m / N)·loss_m is the step's loss on any split: ranks may run different numbers of
+// micro-batches of different sizes (ODC, or stages 0-2), or padded ones of c = 0 (ZeRO-3 with
+// collectives). Data parallelism averages gradients over the dp ranks, so each rank backpropagates
+// dp·(c_m / N)·loss_m; their average is the gradient of the step's loss.
 #pragma once
 
 #include <cstdint>
@@ -22,6 +30,7 @@
 #include "core/rng.h"
 #include "core/tensor.h"
 #include "data/loader.h"
+#include "data/packed_loader.h"
 #include "layers/build_context.h"
 #include "layers/transformer.h"
 #include "optim/loss_scaler.h"
@@ -43,6 +52,16 @@ class StepRunner {
   // `scaler` (null: none) multiplies the loss for backward only.
   virtual Tensor forward_backward(DataLoader& loader, const DropoutKey& dropout,
                                   const optim::LossScaler* scaler) = 0;
+  // A packed step (data.packing, Note [Packed steps] in data/packed_loader.h): this rank's
+  // micro-batches, micro-batch m's mean loss weighted by c_m / N (c_m its loss tokens, N the
+  // step's over every rank) and by the data-parallel size for backward, which data parallelism
+  // averages (Note [Packed loss]). Returns dp × this rank's share of the step's loss, so that
+  // the data-parallel average (TrainPlan::global_loss) is the step's loss.
+  virtual Tensor forward_backward_packed(const PackedStep& step, const DropoutKey& dropout,
+                                         const optim::LossScaler* scaler);
+  // The loss of a whole packed step evaluated on this rank (no graph, no dropout): Σ c_m·loss_m
+  // / N. Collective like a forward.
+  virtual double evaluate_packed(const PackedStep& step);
   // The mean validation loss of `batches` batches from `loader` (no graph, no dropout): this
   // rank's share under cp. Collective like a forward.
   virtual double evaluate(DataLoader& loader, int64_t batches) = 0;

@@ -70,7 +70,8 @@ std::map<std::string, std::string> flatten(const std::string& yaml) {
 // Note [Resume compatibility]: a checkpoint continues under another config only where its
 // tensors and its data position still mean the same thing. Refused, naming each key: the model
 // (model.*), the stored dtype (train.dtype), the optimizer (optim.name: its state differs), and
-// the data stream (data.train, data.seq_len, data.seed). Everything else may change, the
+// the data stream (data.train, data.seq_len, data.seed, data.packing: windows or documents).
+// Everything else may change, the
 // parallel layout included (the pieces reshard on load), and each change is logged. When the
 // global batch changes, the data continues from the same position (the windows consumed so
 // far), so the steps after the resume see other batches than the original run would have: said.
@@ -80,7 +81,7 @@ void Trainer::State::check_resume_config(const CheckpointReader& r) {
   auto fixed = [](const std::string& key) {
     return (key.rfind("model.", 0) == 0 && key != "model.init_from") || key == "train.dtype" ||
            key == "optim.name" || key == "data.train" || key == "data.seq_len" ||
-           key == "data.seed";
+           key == "data.seed" || key == "data.packing";
   };
   std::string refused;
   std::vector<std::string> changed;
@@ -191,7 +192,7 @@ void Trainer::State::resume_from(const std::string& dir) {
   LOOM_INPUT_CHECK(steps <= r.step(), dir, ": optim.step_count ", steps, " exceeds the step ",
                    r.step());
   plan.set_optimizer_steps(steps);
-  train_loader->set_state(
+  set_loader_state(
       {static_cast<int64_t>(num("loader.epoch")), static_cast<int64_t>(num("loader.position"))});
   sample_gen.set_state({num("rng.sample.seed"), num("rng.sample.offset")});
   if (scaler) {
@@ -236,7 +237,7 @@ void Trainer::State::save() {
     if (parallel::counted_here(s.piece->placement, ctx))
       c.tensors.push_back({s.key, s.tensor, s.piece->piece});
   }
-  const LoaderState ls = train_loader->state();
+  const LoaderState ls = loader_state();
   c.state = {{"optim.step_count", std::to_string(plan.optimizer_steps())},
              {"loader.epoch", std::to_string(ls.epoch)},
              {"loader.position", std::to_string(ls.position)},

@@ -2,6 +2,7 @@
 // gradient finalisation, the factor the update applies computed on the device (clipping, loss
 // scaling), the read of the step's numbers behind its work, and the step's log line and
 // metrics (train/trainer_state.h).
+#include <algorithm>
 #include <cmath>
 
 #include "core/ops/elementwise.h"
@@ -37,7 +38,16 @@ PendingStep Trainer::State::train_step() {
   KernelChoices kernel_choices(cfg.train);
   // This rank's share of its replica's loss: the step runner is the one branch on the layout.
   const DropoutKey dropout{dropout_seed, step, 0};  // the masks of this step's coordinates
-  const Tensor share = plan.runner->forward_backward(*train_loader, dropout, scaler.get());
+  Tensor share;
+  if (packed_train) {  // whole documents, Note [Packed loss]
+    const PackedStep packed = packed_train->next();
+    share = plan.runner->forward_backward_packed(packed, dropout, scaler.get());
+    pending.packed_tokens = packed.global_tokens;
+    pending.rank_tokens = packed.rank_tokens;
+    pending.rank_micro_batches = packed.rank_micro_batches;
+  } else {
+    share = plan.runner->forward_backward(*train_loader, dropout, scaler.get());
+  }
   const auto t_sync = Clock::now();
   const Tensor sq_sum = plan.finalize_gradients();  // Note [Gradient finalisation]
   const Tensor loss = plan.global_loss(share);      // the global batch's, on the device
@@ -88,7 +98,9 @@ void Trainer::State::report(PendingStep& p, Clock::time_point& since) {
     scaler->mirror({v[3], v[4], v[5]});
   }
   const Clock::time_point ready = p.numbers.ready_at();
-  log_step(p, std::chrono::duration<double>(ready - since).count());
+  p.r.seconds = std::chrono::duration<double>(ready - since).count();
+  p.r.comm_blocked_s = p.dp_stats.blocked_s;
+  log_step(p, p.r.seconds);
   since = ready;
 }
 
@@ -101,8 +113,15 @@ void Trainer::State::log_step(const PendingStep& p, double dt) {
   // (world size × the per-rank peak). One definition for every layout; with even work it equals
   // each rank's own MFU.
   const double ranks = ctx ? static_cast<double>(ctx->world_size()) : 1.0;
-  const double tokens = static_cast<double>(global_batch_sequences(cfg) * cfg.data.seq_len);
-  const double mfu = model().flops_per_token(cfg.data.seq_len) * tokens / dt / (peak_flops * ranks);
+  // Packed steps count their documents' tokens, and their FLOPs at the mean document length
+  // (a lower bound of the attention FLOPs: Σ s² ≥ (Σ s)² / n).
+  const double tokens = p.packed_tokens > 0
+                            ? static_cast<double>(p.packed_tokens)
+                            : static_cast<double>(global_batch_sequences(cfg) * cfg.data.seq_len);
+  const int64_t flops_len =
+      p.packed_tokens > 0 ? std::max<int64_t>(1, p.packed_tokens / global_batch_sequences(cfg))
+                          : cfg.data.seq_len;
+  const double mfu = model().flops_per_token(flops_len) * tokens / dt / (peak_flops * ranks);
   const AllocatorStats mem = allocator_for(device.type).stats();
   if (r.step % cfg.train.log_every == 0 || r.step == cfg.train.steps) {
     *log << "step " << r.step << "/" << cfg.train.steps << " | loss " << fmt(r.loss, 4) << " | lr "
@@ -114,6 +133,12 @@ void Trainer::State::log_step(const PendingStep& p, double dt) {
     if (plan.dp) {
       *log << " | comm exposed " << fmt(dp_stats.exposed_wait_s * 1e3, 1)
            << " ms, launched in backward " << fmt(100 * dp_stats.overlap_fraction(), 0) << "%";
+    }
+    if (!p.rank_tokens.empty() && p.rank_tokens.size() > 1) {  // the split's balance
+      const auto [lo, hi] = std::minmax_element(p.rank_tokens.begin(), p.rank_tokens.end());
+      const auto [mlo, mhi] =
+          std::minmax_element(p.rank_micro_batches.begin(), p.rank_micro_batches.end());
+      *log << " | rank tokens " << *lo << "-" << *hi << ", micro-batches " << *mlo << "-" << *mhi;
     }
     if (plan.pipe) {
       *log << " | pipeline idle " << fmt(100 * p.pipe_stats.idle_fraction(), 0) << "% (rank "

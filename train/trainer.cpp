@@ -121,12 +121,38 @@ void Trainer::State::build() {
 
   const DataConfig& d = cfg.data;
   const int dp_rank = plan.dp ? ctx->dp_rank() : 0, dp_size = plan.dp ? ctx->dp_size() : 1;
-  train_loader =
-      std::make_unique<DataLoader>(expand_shards(d.train, "data.train"), d.batch_size, d.seq_len,
-                                   dp_rank, dp_size, d.seed, cfg.model.vocab_size);
-  if (!d.val.empty()) {
-    val_loader = std::make_unique<DataLoader>(expand_shards(d.val, "data.val"), d.batch_size,
-                                              d.seq_len, 0, 1, d.seed, cfg.model.vocab_size);
+  if (d.packing) {  // whole documents (Note [Packed steps] in data/packed_loader.h)
+    PackingOptions po;
+    po.docs_per_rank = d.batch_size;
+    po.max_len = d.seq_len;
+    po.max_tokens =
+        d.max_tokens_per_microbatch > 0 ? d.max_tokens_per_microbatch : d.batch_size * d.seq_len;
+    po.balance = parse_balance_mode(d.balance);
+    // a·s² + b·s: the model's FLOPs of a document of s tokens (Note [Model FLOPs]).
+    const double linear = model().flops_per_token(0);
+    po.cost = {model().flops_per_token(1) - linear, linear};
+    // ZeRO-3's per-unit collectives need every rank to run as many micro-batches; ODC does not.
+    po.equal_micro_batches = plan.dp && plan.dp->zero_stage() == 3 && !cfg.parallel.odc;
+    po.rank = dp_rank;
+    po.world_size = dp_size;
+    po.seed = d.seed;
+    po.vocab_size = cfg.model.vocab_size;
+    packed_train = std::make_unique<PackedLoader>(expand_shards(d.train, "data.train"), po);
+    if (!d.val.empty()) {  // every rank evaluates each whole validation step, as below
+      po.docs_per_rank = d.batch_size * dp_size;  // the global minibatch's documents
+      po.rank = 0;
+      po.world_size = 1;
+      po.equal_micro_batches = false;
+      packed_val = std::make_unique<PackedLoader>(expand_shards(d.val, "data.val"), po);
+    }
+  } else {
+    train_loader =
+        std::make_unique<DataLoader>(expand_shards(d.train, "data.train"), d.batch_size, d.seq_len,
+                                     dp_rank, dp_size, d.seed, cfg.model.vocab_size);
+    if (!d.val.empty()) {
+      val_loader = std::make_unique<DataLoader>(expand_shards(d.val, "data.val"), d.batch_size,
+                                                d.seq_len, 0, 1, d.seed, cfg.model.vocab_size);
+    }
   }
   {  // one run per out_dir: rank 0 locks it, and every rank stops alike when it cannot
     std::string busy;
@@ -234,7 +260,7 @@ std::vector<StepRecord> Trainer::run() {
       prev.reset();
     }
     const int64_t n = p.r.step;
-    const bool validate = s.val_loader && t.val_every > 0 && (n % t.val_every == 0 || n == t.steps);
+    const bool validate = s.has_val() && t.val_every > 0 && (n % t.val_every == 0 || n == t.steps);
     const bool sample_now = (s.is_main() || s.plan.collective_forward()) && t.sample_every > 0 &&
                             (n % t.sample_every == 0 || n == t.steps);
     bool stop =

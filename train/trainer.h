@@ -32,6 +32,10 @@ struct StepRecord {
   double lr = 0;
   double grad_norm = 0;
   bool skipped = false;  // f16: the gradients overflowed, the optimizer step was skipped
+  double seconds = 0;    // the step's time (Note [Device step]), as logged
+  // Data parallelism: seconds this rank's compute thread was blocked waiting for communication
+  // (gathers, pulls, the step's final synchronisation), the idle time imbalance shows up as.
+  double comm_blocked_s = 0;
 };
 
 class Trainer;

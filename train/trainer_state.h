@@ -18,6 +18,7 @@
 
 #include "core/rng.h"
 #include "data/loader.h"
+#include "data/packed_loader.h"
 #include "data/tokenizer.h"
 #include "kernels/attention.h"
 #include "kernels/matmul.h"
@@ -61,6 +62,9 @@ struct PendingStep {
   Readback::Pending numbers;
   parallel::DpStepStats dp_stats;          // data parallelism: this step's communication
   parallel::pp::PipelineStats pipe_stats;  // pipeline parallelism: this step's schedule
+  // data.packing: the step's input tokens, and how they split over the dp ranks (before padding)
+  int64_t packed_tokens = 0;
+  std::vector<int64_t> rank_tokens, rank_micro_batches;
 };
 
 std::string fmt(double v, int precision, bool sci = false);
@@ -79,8 +83,12 @@ struct Trainer::State {
   std::unique_ptr<TraceRecorder> trace;  // --profile
   std::ostream discard{nullptr};         // the log of ranks other than 0
   optim::LrSchedule schedule;
+  // Fixed-length windows (DataLoader), or with data.packing whole documents (PackedLoader):
+  // one of each pair is set (val ones only with data.val).
   std::unique_ptr<DataLoader> train_loader;
   std::unique_ptr<DataLoader> val_loader;
+  std::unique_ptr<PackedLoader> packed_train;
+  std::unique_ptr<PackedLoader> packed_val;
   std::unique_ptr<Tokenizer> tokenizer;
   std::unique_ptr<MetricsWriter> metrics;
   Readback readback;  // the device step's numbers (Note [Device step])
@@ -95,6 +103,16 @@ struct Trainer::State {
   bool is_main() const { return !ctx || ctx->rank() == 0; }
   int tp_size() const { return ctx ? ctx->tp_size() : 1; }
   int cp_size() const { return ctx ? ctx->cp_size() : 1; }
+  bool has_val() const { return val_loader || packed_val; }
+  LoaderState loader_state() const {
+    return packed_train ? packed_train->state() : train_loader->state();
+  }
+  void set_loader_state(LoaderState state) {
+    if (packed_train)
+      packed_train->set_state(state);
+    else
+      train_loader->set_state(state);
+  }
 
   // train/train_step.cpp (Note [Device step]).
   PendingStep train_step();

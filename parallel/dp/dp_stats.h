@@ -50,6 +50,10 @@ struct DpStepStats {
   int64_t grad_bytes = 0;            // Σ parameter gradient bytes (padding excluded)
   int64_t launched_early_bytes = 0;  // of those, in buckets launched before finish_gradient_sync
   double exposed_wait_s = 0.0;       // time spent in finish_gradient_sync waiting for the network
+  // Every wait of the compute thread on communication in the step: ZeRO-3's / ODC's parameter
+  // gathers and pulls, plus exposed_wait_s. Under imbalance it includes waiting for slower ranks
+  // (host time: NCCL waits that only order streams count ~0).
+  double blocked_s = 0.0;
   std::vector<DpEvent> events;
 
   double overlap_fraction() const {
@@ -70,9 +74,11 @@ class DpStepLog {
     current_.events.push_back({next_seq_++, kind, bucket, std::move(detail)});
   }
   void add_launched_early(int64_t bytes) { current_.launched_early_bytes += bytes; }
+  void add_blocked(double seconds) { current_.blocked_s += seconds; }
   void close(int64_t grad_bytes, double exposed_wait_s) {
     current_.grad_bytes = grad_bytes;
     current_.exposed_wait_s = exposed_wait_s;
+    current_.blocked_s += exposed_wait_s;
     last_ = std::move(current_);
     current_ = DpStepStats{};
   }

@@ -5,6 +5,7 @@
 #include "parallel/dp/zero3.h"
 
 #include <algorithm>
+#include <chrono>
 
 #include "core/autograd.h"
 #include "core/ops/elementwise.h"
@@ -62,7 +63,9 @@ void Zero3Gatherer::gather_unit(int unit, bool prefetch) {
 void Zero3Gatherer::wait_unit(int unit) {
   UnitShard& s = shards_.at(static_cast<size_t>(unit));
   if (!s.gather) return;
+  const auto t0 = std::chrono::steady_clock::now();
   s.gather->wait();
+  log_.add_blocked(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
   s.gather.reset();
 }
 

@@ -313,6 +313,30 @@ namespace loom {
 namespace {
 
 // Every shipped config validates, and the model sizes match the published parameter counts.
+TEST(Config, PackingKeys) {
+  const Config c = parse_config_text(
+      "data:\n  packing: true\n  balance: flops\n  max_tokens_per_microbatch: 512\n");
+  EXPECT_TRUE(c.data.packing);
+  EXPECT_EQ(c.data.balance, "flops");
+  EXPECT_EQ(c.data.max_tokens_per_microbatch, 512);
+  EXPECT_EQ(error_of("data:\n  packing: true\n  balance: lpt\n"),
+            "data.balance: 'lpt' is not one of none, tokens, flops");
+  EXPECT_EQ(error_of("data:\n  balance: flops\n"),
+            "data.balance: flops needs data.packing true (fixed-length windows are equal work "
+            "already)");
+  EXPECT_EQ(error_of("data:\n  max_tokens_per_microbatch: 128\n"),
+            "data.max_tokens_per_microbatch: needs data.packing true");
+  EXPECT_EQ(error_of("data:\n  packing: true\n  max_tokens_per_microbatch: 32\n"),
+            "data.max_tokens_per_microbatch: 32 is below data.seq_len 64 (the longest document "
+            "must fit)");
+  EXPECT_EQ(error_of("data:\n  packing: true\noptim:\n  grad_accum: 2\n"),
+            "optim.grad_accum: must be 1 with data.packing (the token budget "
+            "data.max_tokens_per_microbatch sets the micro-batches), got 2");
+  EXPECT_EQ(error_of("data:\n  packing: true\nparallel:\n  tp: 2\n"),
+            "data.packing: not supported with parallel.tp, pp or cp > 1 yet (data parallelism, "
+            "ZeRO, MiCS and ODC are)");
+}
+
 TEST(Config, ShippedConfigsValidateWithPublishedSizes) {
   struct Case {
     const char* file;
@@ -321,7 +345,7 @@ TEST(Config, ShippedConfigsValidateWithPublishedSizes) {
   for (Case c :
        {Case{"gpt2-124m", 124439808}, Case{"gpt2-350m", 354823168}, Case{"gpt2-774m", 774030080},
         Case{"gpt2-1.5b", 1557611200}, Case{"llama-1b", 1235814400}, Case{"llama3-8b", 8030261248},
-        Case{"gpt2-tiny", 0}, Case{"llama-tiny", 0}}) {
+        Case{"gpt2-tiny", 0}, Case{"llama-tiny", 0}, Case{"sft-tiny", 0}}) {
     const Config cfg = load_config(std::string(LOOM_SOURCE_DIR) + "/configs/" + c.file + ".yaml");
     if (c.params > 0) {
       EXPECT_EQ(count_parameters(cfg.model, true), c.params) << c.file;

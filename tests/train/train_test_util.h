@@ -5,6 +5,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <filesystem>
@@ -13,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "data/documents.h"
 #include "data/shard.h"
 #include "parallel/parallel_context.h"
 #include "train/trainer.h"
@@ -37,6 +39,58 @@ inline std::string shared_train_data(ParallelContext& ctx, const std::string& na
     write_shard(dir + "/data/train_000000.bin", std::span<const int32_t>(tokens));
   }
   ctx.world().barrier();
+  return dir;
+}
+
+// Document shards (data/documents.h) of a learnable "SFT" task with long-tailed lengths, under
+// TempDir()/<name>/sft (TempDir()/<name> emptied first), written by world rank 0; returns that
+// directory. Each document: a
+// separator 62, a prompt of 1-40 tokens in [1, 30) (most short: length 1 + ⌊4 / u⌋ for u uniform,
+// capped), a separator 60, then the response — the prompt reversed, shifted by 30 — and an end
+// token 61; the loss mask covers the response and the end token. Collective.
+inline std::string shared_sft_data(ParallelContext* ctx, const std::string& name,
+                                   int64_t documents = 400) {
+  namespace fs = std::filesystem;
+  const std::string dir = ::testing::TempDir() + "/" + name + "/sft";
+  if (!ctx || ctx->rank() == 0) {
+    fs::remove_all(::testing::TempDir() + "/" + name);  // and the runs of an earlier test
+    fs::create_directories(dir);
+    for (int split = 0; split < 2; ++split) {
+      std::vector<int32_t> tokens;
+      std::vector<uint8_t> mask;
+      std::vector<int64_t> offsets = {0};
+      uint32_t x = split == 0 ? 11u : 12345u;
+      auto draw = [&x] {
+        x = x * 1103515245u + 12345u;
+        return x >> 8;
+      };
+      const int64_t count = split == 0 ? documents : documents / 4;
+      for (int64_t d = 0; d < count; ++d) {
+        const double u = (static_cast<double>(draw() % 1000) + 1.0) / 1000.0;
+        const int64_t len = std::min<int64_t>(40, 1 + static_cast<int64_t>(4.0 / u));
+        std::vector<int32_t> prompt;
+        for (int64_t i = 0; i < len; ++i) prompt.push_back(1 + static_cast<int32_t>(draw() % 29));
+        tokens.push_back(62);
+        mask.push_back(0);
+        for (int32_t t : prompt) {
+          tokens.push_back(t);
+          mask.push_back(0);
+        }
+        tokens.push_back(60);
+        mask.push_back(0);
+        for (auto it = prompt.rbegin(); it != prompt.rend(); ++it) {
+          tokens.push_back(*it + 30);
+          mask.push_back(1);
+        }
+        tokens.push_back(61);
+        mask.push_back(1);
+        offsets.push_back(static_cast<int64_t>(tokens.size()));
+      }
+      write_document_shard(dir + (split == 0 ? "/train_000000.bin" : "/val_000000.bin"), tokens,
+                           mask, offsets);
+    }
+  }
+  if (ctx) ctx->world().barrier();
   return dir;
 }
 
