@@ -4,9 +4,10 @@
 // them in registers as mma A fragments, and walks the 64-key tiles of K and V up to the
 // diagonal, double-buffered in shared memory with cp.async. Scores and the output accumulate in f32
 // through mma.sync m16n8k16; the online softmax (running max and sum per row) runs in f32 in the
-// log2 domain. With packed documents (Note [Packed documents] in kernels/attention.h) a block
-// starts at the key tile of its first row's document start, a warp skips the key tiles wholly
-// before its rows' documents, and tiles a document boundary crosses are masked per element.
+// log2 domain. With packed documents (Note [Packed documents] in kernels/attention.h; a separate
+// instantiation, kDocs, so the plain kernel keeps its registers) a block starts at the key tile
+// of its first row's document start, a warp skips the key tiles wholly before its rows'
+// documents, and tiles a document boundary crosses are masked per element.
 // Nothing T×T is stored. The launcher (attention.cu) calls this only when
 // attention_forward_mma_supported() holds; this file registers nothing and must not synchronise the
 // host. See docs/cuda_attention.md.
@@ -103,21 +104,26 @@ __device__ __forceinline__ void mma_pb_m(float (&out)[M][D / 8][4], const float 
 
 // One tile of the online softmax for the thread's two rows (rows[r], accumulator elements
 // 2r, 2r + 1): scales the scores sc into the log2 domain, masks keys after the row (causal),
-// before its document (lo[r], its first key) or past T when `edge`, updates the running max m
-// and sum l (a per-thread partial sum, reduced over the quad at the end), rescales o and leaves
-// the probabilities in sc.
-template <int D>
+// before its document (kDocs: doc_start of the row, read here, on edge tiles only, to spare
+// registers) or past T when `edge`, updates the running max m and sum l (a per-thread partial
+// sum, reduced over the quad at the end), rescales o and leaves the probabilities in sc.
+template <int D, bool kDocs>
 __device__ __forceinline__ void softmax_tile(float (&sc)[kNTiles][4], float (&m)[2], float (&l)[2],
                                              float (&o)[D / 8][4], const int64_t (&rows)[2],
-                                             const int64_t (&lo)[2], int64_t k0, int64_t t,
+                                             const int32_t* doc_start, int64_t k0, int64_t t,
                                              bool edge, float scale_log2, int tq) {
+  int32_t lo[2] = {0, 0};  // the rows' first keys
+  if (kDocs && edge) {
+#pragma unroll
+    for (int r = 0; r < 2; ++r) lo[r] = rows[r] < t ? doc_start[rows[r]] : 0;
+  }
 #pragma unroll
   for (int nt = 0; nt < kNTiles; ++nt) {
 #pragma unroll
     for (int e = 0; e < 4; ++e) {
       const int64_t key = k0 + nt * 8 + 2 * tq + (e & 1);
       float x = sc[nt][e] * scale_log2;
-      if (edge && (key > rows[e >> 1] || key < lo[e >> 1] || key >= t)) x = -INFINITY;
+      if (edge && (key > rows[e >> 1] || key >= t || (kDocs && key < lo[e >> 1]))) x = -INFINITY;
       sc[nt][e] = x;
     }
   }
@@ -159,7 +165,7 @@ __device__ __forceinline__ void softmax_tile(float (&sc)[kNTiles][4], float (&m)
 // One block per (b, h, tile of kQRows query rows), heaviest (last) tiles first. Warp w owns
 // rows [16·M·w, 16·M·(w + 1)) of the tile as M m tiles; in m tile mt, thread lane = 4g + t
 // holds rows 16·(M·w + mt) + g and + 8 (m16n8k16 fragments).
-template <typename T, int D>
+template <typename T, int D, bool kDocs>
 __global__ void __launch_bounds__(kMmaThreads)
     attention_forward_mma_kernel(const uint16_t* __restrict__ q, const uint16_t* __restrict__ k,
                                  const uint16_t* __restrict__ v,
@@ -179,7 +185,7 @@ __global__ void __launch_bounds__(kMmaThreads)
   const int64_t q0 = tile * kQRows<D>, q_end = min64(q0 + kQRows<D>, t);
   const int64_t n_key_tiles = (q_end + kBlockRows - 1) / kBlockRows;  // keys < q_end
   // The first key tile any row sees: doc_start is non-decreasing, row q0 has the smallest.
-  const int64_t kt_begin = doc_start ? doc_start[q0] / kBlockRows : 0;
+  const int64_t kt_begin = kDocs ? doc_start[q0] / kBlockRows : 0;
   const uint16_t* kb = k + kv * t * D;
   const uint16_t* vb = v + kv * t * D;
   load_tile_async<D, kQRows<D>>(qs, q + (bh * t + q0) * D, q_end - q0);
@@ -192,7 +198,7 @@ __global__ void __launch_bounds__(kMmaThreads)
   const int warp = static_cast<int>(threadIdx.x) / 32, lane = static_cast<int>(threadIdx.x) % 32;
   const int tq = lane & 3;
   const int64_t warp_row0 = q0 + warp * 16 * M;
-  int64_t rows[M][2], lo[M][2];  // lo: the row's first key (its document's start, or 0)
+  int64_t rows[M][2];
   uint32_t qf[M][D / 16][4];
   float o[M][D / 8][4] = {};
   float m[M][2], l[M][2];
@@ -200,17 +206,14 @@ __global__ void __launch_bounds__(kMmaThreads)
   for (int mt = 0; mt < M; ++mt) {
     rows[mt][0] = warp_row0 + 16 * mt + (lane >> 2);
     rows[mt][1] = rows[mt][0] + 8;
-#pragma unroll
-    for (int r = 0; r < 2; ++r)
-      lo[mt][r] = doc_start && rows[mt][r] < t ? doc_start[rows[mt][r]] : 0;
     m[mt][0] = m[mt][1] = -INFINITY;
     l[mt][0] = l[mt][1] = 0.f;
   }
   // The smallest and largest first key of the warp's rows (inside T): key tiles ending at or
   // before the smallest hold nothing the warp sees; tiles starting before the largest are masked.
   const int64_t warp_last = min64(warp_row0 + 16 * M, t) - 1;
-  const int64_t warp_lo_min = doc_start && warp_row0 < t ? doc_start[warp_row0] : 0;
-  const int64_t warp_lo_max = doc_start && warp_row0 < t ? doc_start[warp_last] : 0;
+  const int32_t warp_lo_min = kDocs && warp_row0 < t ? doc_start[warp_row0] : 0;
+  const int32_t warp_lo_max = kDocs && warp_row0 < t ? doc_start[warp_last] : 0;
 
   for (int64_t kt = kt_begin; kt < n_key_tiles; ++kt) {
     const int buf = static_cast<int>((kt - kt_begin) & 1);
@@ -232,13 +235,15 @@ __global__ void __launch_bounds__(kMmaThreads)
     }
 
     const int64_t k0 = kt * kBlockRows;
-    if (k0 + kBlockRows > warp_lo_min) {  // warp-uniform: else no row of the warp sees the tile
-      float sc[M][kNTiles][4];            // S: the warp's m tiles × 64 keys
+    if (!kDocs || k0 + kBlockRows > warp_lo_min) {  // warp-uniform: else the warp sees none
+      float sc[M][kNTiles][4];                      // S: the warp's m tiles × 64 keys
       mma_abt_m<T, D, M>(sc, qf, ks + buf * kTileElems<D>, lane);
-      const bool edge = k0 + kBlockRows - 1 > warp_row0 || k0 + kBlockRows > t || k0 < warp_lo_max;
+      const bool edge =
+          k0 + kBlockRows - 1 > warp_row0 || k0 + kBlockRows > t || (kDocs && k0 < warp_lo_max);
 #pragma unroll
       for (int mt = 0; mt < M; ++mt) {
-        softmax_tile<D>(sc[mt], m[mt], l[mt], o[mt], rows[mt], lo[mt], k0, t, edge, scale_log2, tq);
+        softmax_tile<D, kDocs>(sc[mt], m[mt], l[mt], o[mt], rows[mt], doc_start, k0, t, edge,
+                               scale_log2, tq);
       }
       mma_pb_m<T, D, M>(o, sc, vs + buf * kTileElems<D>, lane);  // O += P V
     }
@@ -268,7 +273,8 @@ __global__ void __launch_bounds__(kMmaThreads)
 template <typename T, int D>
 void launch_forward_mma(const Tensor& q, const Tensor& k, const Tensor& v, const int32_t* doc_start,
                         const AttnShape& s, float scale, Tensor& out, Tensor& lse) {
-  const auto kernel = attention_forward_mma_kernel<T, D>;
+  const auto kernel = doc_start ? attention_forward_mma_kernel<T, D, true>
+                                : attention_forward_mma_kernel<T, D, false>;
   CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                   static_cast<int>(kSmemBytes<D>)));
   const int64_t q_tiles = (s.t + kQRows<D> - 1) / kQRows<D>;

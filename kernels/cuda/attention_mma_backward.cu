@@ -8,7 +8,8 @@
 // with f32 accumulation; P and dS are rounded to the input format as mma operands (Note [mma
 // fragments] in attention_mma.cuh). Each gradient element has one writer, which adds its f32
 // sum to the stored value once. With packed documents (Note [Packed documents] in
-// kernels/attention.h) the dk/dv block walks the query tiles only up to the end of its last
+// kernels/attention.h; separate instantiations, kDocs, so the plain kernels keep their
+// registers) the dk/dv block walks the query tiles only up to the end of its last
 // key's document and the dq block starts at its first row's document, masking per element.
 // Dᵢ = doutᵢ·outᵢ comes from the caller (attention.cu). This
 // file registers nothing and must not synchronise the host. See docs/cuda_attention.md.
@@ -55,7 +56,7 @@ __device__ __forceinline__ void accumulate_pair(uint16_t* dst, float a, float b)
 // dk, dv: one block per (b, kv head, 64-key tile), lightest-last (key tile 0 sees every query
 // tile). Warp w holds keys 16w + g and 16w + g + 8 of the tile (lane = 4g + t); the block
 // walks the items (query head of the group, query tile) in a fixed order.
-template <typename T>
+template <typename T, bool kDocs>
 __global__ void __launch_bounds__(kMmaThreads)
     attention_backward_dkv_mma_kernel(const uint16_t* __restrict__ q,
                                       const uint16_t* __restrict__ k,
@@ -82,7 +83,7 @@ __global__ void __launch_bounds__(kMmaThreads)
   // one holding the end of the last key's document (a tile whose first row starts after the
   // last key sees none of them, nor does any later one).
   int64_t qt_end = k_tiles;
-  if (doc_start) {
+  if (kDocs) {
     const int64_t k_last = min64(k0 + kBlockRows, t) - 1;
     qt_end = kt + 1;
     while (qt_end < k_tiles && doc_start[qt_end * kBlockRows] <= k_last) ++qt_end;
@@ -103,7 +104,7 @@ __global__ void __launch_bounds__(kMmaThreads)
       const int64_t i = q0 + r;
       lse_s[buf * kBlockRows + r] = i < t ? lse[bh * t + i] : 0.f;
       dvec_s[buf * kBlockRows + r] = i < t ? dvec[bh * t + i] : 0.f;
-      lo_s[buf * kBlockRows + r] = doc_start && i < t ? doc_start[i] : 0;
+      if (kDocs) lo_s[buf * kBlockRows + r] = i < t ? doc_start[i] : 0;
     }
   };
   issue(0, 0);
@@ -147,7 +148,7 @@ __global__ void __launch_bounds__(kMmaThreads)
         const int col = nt * 8 + 2 * tq + (e & 1);
         const int64_t i = q0 + col, j = keys[e >> 1];
         float p = 0.f;
-        if (i >= j && i < t && j < t && lo_t[col] <= j) {
+        if (i >= j && i < t && j < t && (!kDocs || lo_t[col] <= j)) {
           p = exp2f(st[nt][e] * scale_log2 - lse_t[col] * kLog2e);
         }
         st[nt][e] = p;                                // Pᵀ
@@ -175,7 +176,7 @@ __global__ void __launch_bounds__(kMmaThreads)
 
 // dq: one block per (b, h, 64-row query tile), heaviest (last) tiles first. Warp w holds query
 // rows 16w + g and 16w + g + 8 of the tile.
-template <typename T>
+template <typename T, bool kDocs>
 __global__ void __launch_bounds__(kMmaThreads)
     attention_backward_dq_mma_kernel(const uint16_t* __restrict__ q, const uint16_t* __restrict__ k,
                                      const uint16_t* __restrict__ v,
@@ -197,7 +198,7 @@ __global__ void __launch_bounds__(kMmaThreads)
   const int64_t q0 = tile * kBlockRows, q_end = min64(q0 + kBlockRows, t);
   const int64_t n_key_tiles = (q_end + kBlockRows - 1) / kBlockRows;
   // The first key tile any row sees: doc_start is non-decreasing, row q0 has the smallest.
-  const int64_t kt_begin = doc_start ? doc_start[q0] / kBlockRows : 0;
+  const int64_t kt_begin = kDocs ? doc_start[q0] / kBlockRows : 0;
   const uint16_t* kb = k + kv * t * kD;
   const uint16_t* vb = v + kv * t * kD;
   load_tile_async<kD>(qs, q + (bh * t + q0) * kD, q_end - q0);
@@ -211,16 +212,16 @@ __global__ void __launch_bounds__(kMmaThreads)
   const int g = lane >> 2, tq = lane & 3;
   const int64_t rows[2] = {q0 + warp * 16 + g, q0 + warp * 16 + g + 8};
   float lse_log2[2], dvec_r[2];
-  int64_t lo[2];  // the row's first key (its document's start, or 0)
+  int32_t lo[2];  // kDocs: the row's first key (its document's start)
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
     lse_log2[r] = rows[r] < t ? lse[bh * t + rows[r]] * kLog2e : 0.f;
     dvec_r[r] = rows[r] < t ? dvec[bh * t + rows[r]] : 0.f;
-    lo[r] = doc_start && rows[r] < t ? doc_start[rows[r]] : 0;
+    lo[r] = kDocs && rows[r] < t ? doc_start[rows[r]] : 0;
   }
   // The smallest first key of the warp's rows: key tiles ending at or before it are not seen.
   const int64_t warp_row0 = q0 + warp * 16;
-  const int64_t warp_lo_min = doc_start && warp_row0 < t ? doc_start[warp_row0] : 0;
+  const int32_t warp_lo_min = kDocs && warp_row0 < t ? doc_start[warp_row0] : 0;
   const float scale_log2 = scale * kLog2e;
   uint32_t qf[kD / 16][4], dof[kD / 16][4];
   float dq_acc[kD / 8][4] = {};
@@ -243,7 +244,8 @@ __global__ void __launch_bounds__(kMmaThreads)
     }
     const uint16_t* k_tile = ks + buf * kTile;
     const int64_t k0 = kt * kBlockRows;
-    if (k0 + kBlockRows > warp_lo_min) {     // warp-uniform: else no row of the warp sees the tile
+    // Warp-uniform: with documents, a tile ending before the warp's first row's is not seen.
+    if (!kDocs || k0 + kBlockRows > warp_lo_min) {
       float sc[kNTiles][4], dp[kNTiles][4];  // S and dP: the warp's 16 rows × 64 keys
       mma_abt<T, kD>(sc, qf, k_tile, lane);
       mma_abt<T, kD>(dp, dof, vs + buf * kTile, lane);
@@ -253,7 +255,7 @@ __global__ void __launch_bounds__(kMmaThreads)
         for (int e = 0; e < 4; ++e) {
           const int64_t key = k0 + nt * 8 + 2 * tq + (e & 1), row = rows[e >> 1];
           float p = 0.f;
-          if (key <= row && key < t && key >= lo[e >> 1]) {
+          if (key <= row && key < t && (!kDocs || key >= lo[e >> 1])) {
             p = exp2f(sc[nt][e] * scale_log2 - lse_log2[e >> 1]);
           }
           dp[nt][e] = p * (dp[nt][e] - dvec_r[e >> 1]);  // dS
@@ -291,14 +293,16 @@ void launch_backward_mma(const Tensor& q, const Tensor& k, const Tensor& v,
                          const Tensor& dvec, const AttnShape& s, float scale, Tensor& dq,
                          Tensor& dk, Tensor& dv) {
   const int64_t tiles = (s.t + kBlockRows - 1) / kBlockRows;
-  const auto dkv_kernel = attention_backward_dkv_mma_kernel<T>;
+  const auto dkv_kernel = doc_start ? attention_backward_dkv_mma_kernel<T, true>
+                                    : attention_backward_dkv_mma_kernel<T, false>;
   CUDA_CHECK(cudaFuncSetAttribute(dkv_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                   static_cast<int>(kDkvSmemBytes)));
   dkv_kernel<<<grid_blocks(s.b * s.hkv * tiles), kMmaThreads, kDkvSmemBytes, compute_stream()>>>(
       bits(q), bits(k), bits(v), bits(dout), lse.data<float>(), dvec.data<float>(), doc_start,
       bits_mut(dk), bits_mut(dv), s, scale, tiles);
   LOOM_CUDA_LAUNCH_CHECK();
-  const auto dq_kernel = attention_backward_dq_mma_kernel<T>;
+  const auto dq_kernel = doc_start ? attention_backward_dq_mma_kernel<T, true>
+                                   : attention_backward_dq_mma_kernel<T, false>;
   CUDA_CHECK(cudaFuncSetAttribute(dq_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                   static_cast<int>(kDqSmemBytes)));
   dq_kernel<<<grid_blocks(s.b * s.hq * tiles), kMmaThreads, kDqSmemBytes, compute_stream()>>>(
