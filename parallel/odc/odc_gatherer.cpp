@@ -30,17 +30,36 @@ DType units_dtype(const dp::GradBuckets& buckets) {
   }
   return t;
 }
+bool on_cuda(const dp::GradBuckets& buckets) {
+  return !buckets.bucket(0).param_flat.device().is_cpu();
+}
+
+// CUDA windows take pushes into per-origin slots only (Note [ODC over CUDA IPC]).
+OdcOptions effective(const dp::GradBuckets& buckets, OdcOptions options) {
+  if (on_cuda(buckets)) options.deterministic = true;
+  return options;
+}
+
+std::unique_ptr<OneSidedWindow> make_window(Communicator& shard, const dp::GradBuckets& buckets,
+                                            int64_t numel, std::string name, double timeout_s) {
+  if (on_cuda(buckets)) {
+    return make_cuda_ipc_window(shard, numel, units_dtype(buckets),
+                                buckets.bucket(0).param_flat.device().index, std::move(name));
+  }
+  return make_mpi_window(shard, numel, units_dtype(buckets), std::move(name), timeout_s);
+}
 }  // namespace
 
 OdcGatherer::OdcGatherer(dp::GradBuckets& buckets, Communicator& shard, dp::GradSync& sync,
                          DpStepLog& log, const OdcOptions& options)
     : OdcGatherer(buckets,
-                  make_mpi_window(shard, odc_slot_numel(buckets), units_dtype(buckets),
-                                  "odc parameters " + shard.name(), options.timeout_s),
-                  make_mpi_window(
-                      shard, odc_slot_numel(buckets) * (options.deterministic ? shard.size() : 1),
-                      units_dtype(buckets), "odc gradients " + shard.name(), options.timeout_s),
-                  sync, log, options) {}
+                  make_window(shard, buckets, odc_slot_numel(buckets),
+                              "odc parameters " + shard.name(), options.timeout_s),
+                  make_window(shard, buckets,
+                              odc_slot_numel(buckets) *
+                                  (effective(buckets, options).deterministic ? shard.size() : 1),
+                              "odc gradients " + shard.name(), options.timeout_s),
+                  sync, log, effective(buckets, options)) {}
 
 OdcGatherer::OdcGatherer(dp::GradBuckets& buckets, std::unique_ptr<OneSidedWindow> params,
                          std::unique_ptr<OneSidedWindow> grads, dp::GradSync& sync, DpStepLog& log,

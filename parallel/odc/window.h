@@ -4,9 +4,10 @@
 // making any call; the only synchronisation is flush (this rank's accumulates complete at their
 // targets) and barrier (collective: everything flushed before it is visible to every member
 // after it). Local operations act on the rank's own window between barriers. Backends: MPI RMA
-// over the group's MPI communicator (make_mpi_window, CPU tensors). The interface knows nothing
-// of parameters, units or optimisers; nothing here is a collective except creation, barrier and
-// destruction.
+// over the group's MPI communicator (make_mpi_window, CPU tensors) and CUDA IPC between the GPUs
+// of one node (make_cuda_ipc_window, CUDA tensors; compiled, not yet run). The interface knows
+// nothing of parameters, units or optimisers; nothing here is a collective except creation, barrier
+// and destruction.
 #pragma once
 
 #include <cstdint>
@@ -61,6 +62,13 @@ class OneSidedWindow {
 // timeout_s seconds, naming the window and the owner.
 std::unique_ptr<OneSidedWindow> make_mpi_window(Communicator& group, int64_t numel, DType dtype,
                                                 std::string name, double timeout_s);
+
+// A window over the GPUs of one node (CUDA IPC: Note [ODC over CUDA IPC] in
+// cuda_ipc_window.cpp), on device `device` of this rank, for CUDA tensors; `group`'s CPU path
+// exchanges the IPC handles and runs the barrier. Accumulates are exact only into locations
+// no other origin writes (per-origin slots). A build without CUDA throws. Compiled, never run.
+std::unique_ptr<OneSidedWindow> make_cuda_ipc_window(Communicator& group, int64_t numel,
+                                                     DType dtype, int device, std::string name);
 
 // One Work for several: done when all are; wait() waits for each in order.
 WorkPtr join_works(std::vector<WorkPtr> works);
