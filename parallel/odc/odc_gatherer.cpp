@@ -6,6 +6,7 @@
 #include "parallel/odc/odc_gatherer.h"
 
 #include <algorithm>
+#include <chrono>
 
 #include "core/autograd.h"
 
@@ -161,7 +162,9 @@ void OdcGatherer::pull_unit(int unit, bool prefetch) {
 void OdcGatherer::wait_unit(int unit) {
   UnitState& s = units_.at(static_cast<size_t>(unit));
   if (!s.pull) return;
+  const auto t0 = std::chrono::steady_clock::now();
   s.pull->wait();
+  log_.add_blocked(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
   s.pull.reset();
 }
 
