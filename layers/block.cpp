@@ -1,6 +1,8 @@
 // layers/block.cpp — Block (see layers/block.h).
 #include "layers/block.h"
 
+#include <vector>
+
 #include "core/autograd.h"
 #include "core/checkpoint.h"
 #include "core/ops/dropout.h"
@@ -21,6 +23,14 @@ std::unique_ptr<FeedForward> make_mlp(const ModelConfig& c, DType dtype, Device 
   if (c.is_llama())
     return std::make_unique<SwiGluMlp>(c.n_embd, c.ffn_hidden_size(), dtype, device, ctx);
   return std::make_unique<Mlp>(c.n_embd, c.ffn_hidden_size(), true, dtype, device, ctx);
+}
+
+// 0…t−1 as i64 on `device`: the coordinates of a row's tokens (Note [Dropout of packed
+// documents]).
+Tensor token_rows(int64_t t, Device device) {
+  std::vector<int64_t> r(static_cast<size_t>(t));
+  for (int64_t i = 0; i < t; ++i) r[static_cast<size_t>(i)] = i;
+  return Tensor::from_vector(r, {t}).to(device);
 }
 }  // namespace
 
@@ -54,9 +64,18 @@ Tensor Block::forward_region(const Tensor& x, const Tensor& positions, const Ten
                              const DropoutKey* key, bool drop) const {
   // Under sequence/context parallelism x holds some rows of the sequence, under data
   // parallelism some elements of the batch: their global coordinates pick their masks.
+  // Note [Dropout of packed documents]: with packed documents the positions restart in every
+  // document, so they are not the tokens' coordinates along the row: as rows they would give the
+  // documents of a row the same masks at equal positions. The data-parallel rows are then the
+  // token indices 0…T−1 (what the plain mask of one process uses); the split layouts' rows come
+  // from positions, so they refuse.
   Tensor rows = drop ? layout_->dropout_rows(positions) : Tensor();
+  LOOM_CHECK(!rows.defined() || !doc_start.defined(), "Block: dropout (model.dropout ", dropout_,
+             ") of packed documents under sequence or context parallelism is not supported: its "
+             "rows are positions, which restart in every document");
   if (drop && batch_.total > 0 && !rows.defined())
-    rows = ops::to_dtype(positions.detach(), DType::kI64);
+    rows = doc_start.defined() ? token_rows(positions.size(0), positions.device())
+                               : ops::to_dtype(positions.detach(), DType::kI64);
   const int64_t len = layout_->sequence_length(positions.size(0));
   Tensor a = attn_.forward(norm1_->forward(x), positions, doc_start);
   if (drop) a = residual_dropout(a, rows, len, *key, 0);

@@ -1,6 +1,8 @@
 // layers/block.h — Block: one pre-norm transformer layer, x + attn(norm1(x)) then
 // x + mlp(norm2(x)), with dropout on both residual branches (training, config.dropout > 0; the
-// masks a function of each element's coordinates, Note [Dropout by coordinates]) and,
+// masks a function of each element's coordinates, Note [Dropout by coordinates]; with packed
+// documents the coordinates are the tokens' indices, Note [Dropout of packed documents] in
+// layers/block.cpp) and,
 // when config.activation_checkpointing, its whole forward recomputed in backward
 // (Note [Activation checkpoint] in core/checkpoint.h).
 //

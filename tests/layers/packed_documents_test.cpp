@@ -6,7 +6,7 @@
 // token-weighted mean of the per-document losses, and the same parameter gradients. Also: a
 // malformed host doc_start is refused by the model, and the mesh context's attention refuses
 // packed documents under context parallelism (a fake two-member cp group, never used) while it
-// passes them through with one member.
+// passes them through with one member; the documents of a row draw different dropout masks.
 #include <gtest/gtest.h>
 
 #include <string>
@@ -153,6 +153,38 @@ TEST(PackedDocuments, CheckpointedBlocksCarryDocStart) {
   for (ModelConfig c : {testing::tiny_gpt2(), testing::tiny_llama()}) {
     c.activation_checkpointing = true;
     check_packed_model(c);
+  }
+}
+
+// Note [Dropout of packed documents]: two identical documents in one row (same tokens, same
+// restarting positions, attention kept apart) differ only through their dropout masks, which
+// must differ — on one process and with data parallelism's batch rows, whose rows would be the
+// positions otherwise. Without dropout the two documents' logits are equal, so the test can
+// fail.
+TEST(PackedDocuments, DocumentsOfARowDrawDifferentDropoutMasks) {
+  const Packing pk{{4, 4}};
+  const Tensor half = testing::random_ids(1, 4, 11, 9);
+  const Tensor ids = ops::cat({half, half}, 1).contiguous();
+  const DropoutKey key{5, 0, 0};
+  for (double p : {0.0, 0.3}) {
+    for (const Block::BatchSlice slice : {Block::BatchSlice{}, Block::BatchSlice{1, 4}}) {
+      ModelConfig c = testing::tiny_gpt2();
+      c.dropout = p;
+      Transformer model(c, DType::kF64);
+      Generator init_gen(42);
+      model.init_weights(init_gen);
+      model.set_batch_slice(slice);
+      autograd::NoGradGuard no_grad;
+      const Tensor logits = model.forward(ids, pk.positions(), &key, pk.doc_start());
+      const double diff =
+          rel_error(logits.narrow(1, 0, 4).contiguous(), logits.narrow(1, 4, 4).contiguous());
+      if (p == 0.0) {
+        EXPECT_LT(diff, 1e-14) << "slice total " << slice.total;
+      } else {
+        EXPECT_GT(diff, 1e-3) << "the documents shared their dropout masks, slice total "
+                              << slice.total;
+      }
+    }
   }
 }
 
