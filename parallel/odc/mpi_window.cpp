@@ -3,19 +3,19 @@
 //
 // Note [ODC over MPI RMA]: the window's memory is MPI's (not MPI_Win_create over a Loom tensor:
 // Open MPI's shared-memory one-sided component, osc/sm, serves only windows MPI allocates), over
-// a duplicate of the group's MPI communicator, so its barrier never interleaves with the group's
-// own collectives. When every member is on one node it is MPI_Win_allocate_shared, which Open
-// MPI always serves with osc/sm; otherwise MPI_Win_allocate, served by osc/ucx or osc/rdma. (On
-// the development VM a plain MPI_Win_allocate sometimes got osc/rdma, whose shared-memory set-up
-// failed there — "unlink /dev/shm/osc_rdma…" — and whose accumulates then went missing: the ODC
-// tests fail under `--mca osc rdma` and pass under osc/sm and osc/ucx. Multi-node runs are
-// untested.) RMA calls on a shared window are ordinary MPI; nothing here uses its load/store
-// access to other ranks' memory. It is opened for passive-target access to every member once, at
-// creation (MPI_Win_lock_all with MPI_MODE_NOCHECK), and closed only when destroyed: there is
-// no per-transfer lock and no epoch per step. get = MPI_Rget, accumulate = MPI_Raccumulate
-// (MPI_SUM; MPI orders accumulates of one origin to one location, and makes each element's
-// update atomic with respect to other accumulates), flush = MPI_Win_flush_all, barrier =
-// MPI_Win_sync, MPI_Barrier, MPI_Win_sync (the sync makes local stores and remote updates
+// a communicator of its own over the group's members (MPI_Comm_create_group), so its barrier
+// never interleaves with the group's collectives. When every member is on one node it is
+// MPI_Win_allocate_shared, which Open MPI always serves with osc/sm; otherwise MPI_Win_allocate,
+// served by osc/ucx or osc/rdma. (On the development VM a plain MPI_Win_allocate sometimes got
+// osc/rdma, whose shared-memory set-up failed there — "unlink /dev/shm/osc_rdma…" — and whose
+// accumulates then went missing: the ODC tests fail under `--mca osc rdma` and pass under osc/sm
+// and osc/ucx. Multi-node runs are untested.) RMA calls on a shared window are ordinary MPI;
+// nothing here uses its load/store access to other ranks' memory. It is opened for passive-target
+// access to every member once, at creation (MPI_Win_lock_all with MPI_MODE_NOCHECK), and closed
+// only when destroyed: there is no per-transfer lock and no epoch per step. get = MPI_Rget,
+// accumulate = MPI_Raccumulate (MPI_SUM; MPI orders accumulates of one origin to one location, and
+// makes each element's update atomic with respect to other accumulates), flush = MPI_Win_flush_all,
+// barrier = MPI_Win_sync, MPI_Barrier, MPI_Win_sync (the sync makes local stores and remote updates
 // agree in the separate memory model; it costs nothing in the unified one). Requests are
 // polled with MPI_Test from the calling thread (MPI runs with MPI_THREAD_MULTIPLE: the
 // communicators' threads call MPI at the same time). Progress: on one node osc/sm copies
@@ -71,6 +71,8 @@ WorkPtr join_works(std::vector<WorkPtr> works) {
 namespace {
 
 using Clock = std::chrono::steady_clock;
+
+constexpr int kCreateTag = 0x0dc;  // MPI_Comm_create_group's tag for the windows' communicators
 
 void check_mpi(int rc, const char* call, const std::string& where) {
   if (rc == MPI_SUCCESS) return;
@@ -151,9 +153,14 @@ class MpiWindow final : public OneSidedWindow {
         elem_(static_cast<int64_t>(dtype_size(dtype))),
         timeout_s_(timeout_s) {
     LOOM_CHECK(numel > 0, name_, ": a window needs at least one element, got ", numel);
-    // Collective over the group: it must have no operation in flight (DataParallel creates the
-    // windows after its start-up broadcast has completed).
-    check_mpi(MPI_Comm_dup(parent, &comm_), "MPI_Comm_dup", name_);
+    // The group's members, in its order, as a new communicator made over MPI_COMM_WORLD
+    // (collective over the members only): the group's own MPI communicator is left to its
+    // communicator thread, which may be running an operation on it right now.
+    MPI_Group members = MPI_GROUP_NULL;
+    check_mpi(MPI_Comm_group(parent, &members), "MPI_Comm_group", name_);
+    const int rc = MPI_Comm_create_group(MPI_COMM_WORLD, members, kCreateTag, &comm_);
+    MPI_Group_free(&members);
+    check_mpi(rc, "MPI_Comm_create_group", name_);
     MPI_Comm_rank(comm_, &rank_);
     MPI_Comm_size(comm_, &size_);
     const MPI_Aint bytes = static_cast<MPI_Aint>(numel * elem_);

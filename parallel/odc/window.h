@@ -56,7 +56,7 @@ class OneSidedWindow {
 };
 
 // A window of `numel` elements of `dtype` on every member of `group`, zeroed (collective over
-// the group). MPI RMA (MPI_Win_allocate over a duplicate of the group's MPI communicator,
+// the group). MPI RMA (an MPI window over a communicator of its own with the group's members,
 // passive target for the window's whole life: Note [ODC over MPI RMA] in mpi_window.cpp).
 // `group` must be an MpiCommunicator (a build without MPI throws). Work::wait() throws after
 // timeout_s seconds, naming the window and the owner.
