@@ -2,11 +2,12 @@
 // one-sided window's gets, accumulates and slot reductions; ODC trains the tiny GPT to the
 // single-process run's losses, norms and parameters (to f32 rounding: Note [Equivalence
 // tolerance] in tests/parallel/dp/dp_equivalence_mpi_test.cpp) and to ZeRO-3's, for dp 2 and 4,
-// MiCS 2-of-4 and gradient accumulation; ranks running different numbers of micro-batches in a
-// step (one rank none), which ZeRO-3's per-unit collectives cannot; the deterministic mode
-// bitwise reproducible, bitwise equal to ZeRO-3's collectives with one micro-batch per rank, and
-// its gradient bitwise equal to per-rank gradients summed in rank order (computed here in one
-// process); and the trainer with parallel.odc resuming from its sharded checkpoint exactly.
+// MiCS 2-of-4 and gradient accumulation (also with overlap off and activation checkpointing);
+// ranks running different numbers of micro-batches in a step (one rank none), which ZeRO-3's
+// per-unit collectives cannot; the deterministic mode bitwise reproducible, bitwise equal to
+// ZeRO-3's collectives with one micro-batch per rank, and its gradient bitwise equal to per-rank
+// gradients summed in rank order (computed here in one process); and the trainer with
+// parallel.odc resuming from its sharded checkpoint exactly.
 // loom-mpi-test: ranks 2 4 timeout 300
 #include <gtest/gtest.h>
 
@@ -213,6 +214,19 @@ TEST(Odc, Dp2Accumulate2MatchesOneProcessAndZero3) { run_equivalence({2, 0, 2});
 TEST(Odc, Dp4Accumulate2MatchesOneProcessAndZero3) { run_equivalence({4, 0, 2}); }
 TEST(Odc, MicsPartition2Of4MatchesOneProcessAndZero3) { run_equivalence({4, 2, 1}); }
 TEST(Odc, MicsPartition2Of4Accumulate2MatchesOneProcessAndZero3) { run_equivalence({4, 2, 2}); }
+
+// Overlap off (pushes only in finish_gradient_sync) and activation checkpointing (the
+// recomputation runs inside the unit's backward, after its pull) change nothing but timing.
+TEST(Odc, OverlapOffMatchesOneProcess) {
+  ParallelContext ctx = make_ctx(testing::world_size(), 0);
+  DataParallelConfig c = odc_config(false);
+  c.overlap = false;
+  expect_equivalent(reference(), testing::dp_run(ctx, c, false, kSteps, 2));
+}
+TEST(Odc, ActivationCheckpointingMatchesOneProcess) {
+  ParallelContext ctx = make_ctx(testing::world_size(), 0);
+  expect_equivalent(reference(), testing::dp_run(ctx, odc_config(false), false, kSteps, 2, true));
+}
 
 // ---- unequal micro-batch counts -----------------------------------------------------------
 
