@@ -16,7 +16,8 @@
 //   doc_start (T) i32 contiguous on q's device, or undefined: packed documents (Note [Packed
 //                        documents]). Shared by every batch row and head.
 // Row i attends to columns j ≤ i (causal), and with doc_start only to doc_start[i] ≤ j ≤ i:
-// sums over j below run over those columns alone. scale > 0 is applied to the scores.
+// the sums over j (lse's above, the backward's below) run over those columns alone. scale > 0
+// is applied to the scores.
 // Backward, from the saved q, k, v, out, lse and the incoming dout (B, Hq, T, D):
 //   D_i = Σ_d dout_id · out_id          p_ij  = exp(s_ij − lse_i)
 //   dv_j += Σ_i p_ij dout_i             dp_ij = dout_i · v_j
@@ -29,7 +30,8 @@
 // (positions restart at 0 for each) and attention must never cross a document. doc_start[i] is
 // the first token of row i's document: doc_start[0] = 0 and doc_start[i] ∈ {doc_start[i−1], i}
 // (documents are contiguous, so doc_start is non-decreasing). Undefined means one document, the
-// plain causal mask, with exactly today's results; an all-zero doc_start gives the same. The
+// plain causal mask, with exactly today's results; an all-zero doc_start gives the same results
+// (bit for bit on the CPU; on CUDA through the packed instantiations, never cuDNN). The
 // kernels skip the masked work rather than compute and mask it: the CPU loops start at
 // doc_start[i]; the CUDA kernels skip whole tiles outside [doc_start of a tile's first row, the
 // tile's diagonal] (the first row has the tile's smallest doc_start) and mask elementwise only on
