@@ -3,7 +3,7 @@
 // equal as possible, then each rank's share cut into micro-batches under a token budget. Pure
 // functions of (lengths, ranks, cost, budget), deterministic to the tie, so every rank computes
 // the same plan without communicating and a resumed run plans what the original did. Nothing here
-// reads data or knows a model; the step runner applies the plan (issue 18, ODC).
+// reads data or knows a model; PackedLoader (data/packed_loader.h) applies the plan.
 //
 // Note [Balanced partition]: the cost of a sequence of s tokens is a·s² + b·s (attention is
 // quadratic in s, the rest linear: a ≈ the attention FLOPs per token pair over the others per

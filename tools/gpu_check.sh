@@ -87,7 +87,7 @@ else
   export LD_LIBRARY_PATH=$cuda_libs:${LD_LIBRARY_PATH:-}
   if ! { cmake -S . -B build-gpu -G Ninja -DCMAKE_BUILD_TYPE=Release -DLOOM_CUDA=ON \
            -DLOOM_CUDA_ARCHITECTURES=90 -DLOOM_MPI=OFF &&
-         ninja -C build-gpu cuda_tests conformance_tests gpu_kernels_bench train dump_logits convert; } >"$OUT/build.log" 2>&1; then
+         ninja -C build-gpu cuda_tests conformance_tests gpu_kernels_bench train dump_logits convert prepare_data; } >"$OUT/build.log" 2>&1; then
     note "BUILD FAILED (see build.log)"; tail -30 "$OUT/build.log"; exit 1
   fi
 fi
@@ -193,6 +193,21 @@ PY
       >>"$OUT/train.log" 2>&1
     echo "=== exit $?" >>"$OUT/train.log"
   done
+  # Packed SFT documents on the device (data.packing: the block-diagonal attention kernels end to
+  # end, bf16), from the shipped chat sample; ODC itself needs MPI, which this build leaves out.
+  if (($(limit 90) >= 30)) && [[ -x $bin/prepare_data ]]; then
+    echo "=== sft-tiny packed on cuda" >>"$OUT/train.log"
+    rm -rf /tmp/loom_chat
+    "$bin/prepare_data" --format chat --input data/samples/chat_sample.jsonl \
+      --out-dir /tmp/loom_chat >>"$OUT/train.log" 2>&1
+    timeout -s KILL "$(limit 90)" "$bin/train" --config configs/sft-tiny.yaml \
+      --set 'model.init_from=""' --set parallel.dp=1 --set parallel.zero_stage=0 --set parallel.odc=false \
+      --set "data.train=/tmp/loom_chat/train_*.bin" --set "data.val=/tmp/loom_chat/val_*.bin" \
+      --set train.steps=30 --set train.log_every=5 --set train.val_every=30 --set train.device=cuda \
+      --set train.precision=bf16 --set optim.warmup_steps=0 --set train.out_dir=/tmp/loom_runs/sft \
+      --set checkpoint.at_end=false >>"$OUT/train.log" 2>&1
+    echo "=== exit $?" >>"$OUT/train.log"
+  fi
 fi
 
 # --- 4. logits against PyTorch -----------------------------------------------------------------
