@@ -168,14 +168,9 @@ DocumentReader::DocumentReader(const std::string& shard_path)
 }
 
 void DocumentReader::check_vocab(int64_t vocab_size) const {
+  const int64_t at = first_token_at_or_above(shard_.span(), vocab_size);
+  if (at < 0) return;
   const uint16_t* t = shard_.tokens();
-  const int64_t n = num_tokens();
-  int largest = 0;
-#pragma omp parallel for reduction(max : largest) schedule(static)
-  for (int64_t i = 0; i < n; ++i) largest = std::max(largest, static_cast<int>(t[i]));
-  if (largest < vocab_size) return;
-  int64_t at = 0;
-  while (t[at] < vocab_size) ++at;
   const int64_t d = std::upper_bound(offsets_, offsets_ + num_docs_ + 1, at) - offsets_ - 1;
   LOOM_INPUT_FAIL(path(), ": token ", t[at], " at offset ", at, " (document ", d, ", position ",
                   at - offsets_[d], " of its ", doc_length(d),

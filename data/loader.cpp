@@ -44,19 +44,12 @@ std::vector<int64_t> loader_permutation(int64_t num_windows, uint64_t seed, int6
 
 namespace {
 
-// Every token of a shard below vocab_size: one parallel pass for the largest id, then the first
-// offending offset for the message.
+// Every token of a shard below vocab_size, else an error naming the shard and the offset.
 void check_tokens(const ShardReader& shard, int64_t vocab_size) {
-  const uint16_t* t = shard.tokens();
-  const int64_t n = shard.num_tokens();
-  int largest = 0;
-#pragma omp parallel for reduction(max : largest) schedule(static)
-  for (int64_t i = 0; i < n; ++i) largest = std::max(largest, static_cast<int>(t[i]));
-  if (largest < vocab_size) return;
-  int64_t at = 0;
-  while (t[at] < vocab_size) ++at;
-  LOOM_INPUT_FAIL(shard.path(), ": token ", t[at], " at offset ", at, " (of ", n,
-                  " tokens) is outside model.vocab_size ", vocab_size,
+  const int64_t at = first_token_at_or_above(shard.span(), vocab_size);
+  if (at < 0) return;
+  LOOM_INPUT_FAIL(shard.path(), ": token ", shard.tokens()[at], " at offset ", at, " (of ",
+                  shard.num_tokens(), " tokens) is outside model.vocab_size ", vocab_size,
                   " (the shard was written for another vocabulary?)");
 }
 

@@ -7,6 +7,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
@@ -135,6 +136,18 @@ ShardReader& ShardReader::operator=(ShardReader&& other) noexcept {
     num_tokens_ = std::exchange(other.num_tokens_, 0);
   }
   return *this;
+}
+
+int64_t first_token_at_or_above(std::span<const uint16_t> tokens, int64_t limit) {
+  const uint16_t* t = tokens.data();
+  const auto n = static_cast<int64_t>(tokens.size());
+  int largest = -1;
+#pragma omp parallel for reduction(max : largest) schedule(static)
+  for (int64_t i = 0; i < n; ++i) largest = std::max(largest, static_cast<int>(t[i]));
+  if (largest < limit) return -1;
+  int64_t at = 0;
+  while (t[at] < limit) ++at;
+  return at;
 }
 
 }  // namespace loom

@@ -19,6 +19,11 @@ inline constexpr int64_t kShardHeaderBytes = kShardHeaderInts * 4;
 void write_shard(const std::string& path, std::span<const int32_t> tokens);
 void write_shard(const std::string& path, std::span<const uint16_t> tokens);
 
+// The offset of the first token ≥ limit in `tokens`, or -1 when every token is below it: one
+// parallel pass for the largest id, then a scan for the offset (what the readers' vocabulary
+// checks name in their messages).
+int64_t first_token_at_or_above(std::span<const uint16_t> tokens, int64_t limit);
+
 class ShardReader {
  public:
   explicit ShardReader(const std::string& path);  // maps and validates; throws loom::Error

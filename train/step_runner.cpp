@@ -42,55 +42,28 @@ class PlainRunner final : public StepRunner {
   Tensor forward_backward(DataLoader& loader, const DropoutKey& dropout,
                           const optim::LossScaler* scaler) override {
     const int64_t accum = p_.micro_batches;
-    Tensor loss_sum;  // Σ micro-batch losses / accum, f64, on the device
-    for (int64_t m = 0; m < accum; ++m) {
-      const LocalBatch b = local_batch(loader.next(), *p_.layout);
-      if (p_.dp) p_.dp->set_sync(m == accum - 1);  // reduce once per step, after the last
-      const auto t_fwd = Clock::now();
-      DropoutKey key = dropout;
-      key.micro = m;
-      Tensor loss = loss_of(b, &key);
-      if (accum > 1) loss = ops::scale(loss, 1.0 / static_cast<double>(accum));
-      const auto t_bwd = Clock::now();
-      // × cp: data parallelism averages over dp·cp ranks (Note [Model-parallel step]).
-      const int cp = cp_size(p_);
-      const Tensor seed = cp > 1 ? ops::scale(loss, static_cast<double>(cp)) : loss;
-      autograd::backward(scaler ? scaler->scale_loss(seed) : seed);
-      if (p_.trace) {
-        p_.trace->span("compute", "forward", t_fwd, t_bwd);
-        p_.trace->span("compute", "backward", t_bwd, Clock::now());
-      }
-      const Tensor l = ops::to_dtype(loss.detach(), DType::kF64);
-      loss_sum = loss_sum.defined() ? ops::add(loss_sum, l) : l;
-    }
-    return ops::reshape(loss_sum, {1});
+    // × cp: data parallelism averages over dp·cp ranks (Note [Model-parallel step]).
+    return ops::reshape(accumulate(accum, static_cast<double>(cp_size(p_)), dropout, scaler,
+                                   [&](int64_t, const DropoutKey* key) {
+                                     const Tensor loss =
+                                         loss_of(local_batch(loader.next(), *p_.layout), key);
+                                     return accum > 1 ? ops::scale(loss, 1.0 / accum) : loss;
+                                   }),
+                        {1});
   }
 
   Tensor forward_backward_packed(const PackedStep& step, const DropoutKey& dropout,
                                  const optim::LossScaler* scaler) override {
-    const auto count = static_cast<int64_t>(step.micro.size());
+    // × dp: data parallelism averages over the dp ranks (Note [Packed loss]).
     const double dp = static_cast<double>(dp_size(p_));
-    Tensor loss_sum;  // Σ (c_m / N)·loss_m, f64, on the device
-    for (int64_t m = 0; m < count; ++m) {
-      const PackedMicroBatch& mb = step.micro[static_cast<size_t>(m)];
-      if (p_.dp) p_.dp->set_sync(m == count - 1);
-      const auto t_fwd = Clock::now();
-      DropoutKey key = dropout;
-      key.micro = m;
-      const Tensor loss =
-          ops::scale(p_.model->loss(mb.inputs, mb.targets, mb.positions, &key, mb.doc_start),
-                     packed_weight(mb, step));
-      const auto t_bwd = Clock::now();
-      const Tensor seed = dp > 1 ? ops::scale(loss, dp) : loss;
-      autograd::backward(scaler ? scaler->scale_loss(seed) : seed);
-      if (p_.trace) {
-        p_.trace->span("compute", "forward", t_fwd, t_bwd);
-        p_.trace->span("compute", "backward", t_bwd, Clock::now());
-      }
-      const Tensor l = ops::to_dtype(loss.detach(), DType::kF64);
-      loss_sum = loss_sum.defined() ? ops::add(loss_sum, l) : l;
-    }
-    return ops::reshape(dp > 1 ? ops::scale(loss_sum, dp) : loss_sum, {1});
+    const Tensor sum = accumulate(
+        static_cast<int64_t>(step.micro.size()), dp, dropout, scaler,
+        [&](int64_t m, const DropoutKey* key) {
+          const PackedMicroBatch& mb = step.micro[static_cast<size_t>(m)];
+          return ops::scale(p_.model->loss(mb.inputs, mb.targets, mb.positions, key, mb.doc_start),
+                            packed_weight(mb, step));
+        });
+    return ops::reshape(dp > 1 ? ops::scale(sum, dp) : sum, {1});
   }
 
   double evaluate_packed(const PackedStep& step) override {
@@ -120,6 +93,32 @@ class PlainRunner final : public StepRunner {
   Tensor loss_of(const LocalBatch& b, const DropoutKey* gen) const {
     if (!b.positions.defined()) return p_.model->loss(b.inputs, b.targets, gen);
     return p_.model->loss(b.inputs, b.targets, b.positions, gen);
+  }
+
+  // Micro-batches 0..count-1: loss_m = forward(m, key with micro = m), this rank's weighted
+  // share; backward of factor · loss_m (undoing the data-parallel average), the gradient sync
+  // armed on the last. Returns Σ_m loss_m, f64 on the device.
+  template <typename Forward>
+  Tensor accumulate(int64_t count, double factor, const DropoutKey& dropout,
+                    const optim::LossScaler* scaler, Forward&& forward) {
+    Tensor loss_sum;
+    for (int64_t m = 0; m < count; ++m) {
+      if (p_.dp) p_.dp->set_sync(m == count - 1);  // reduce once per step, after the last
+      const auto t_fwd = Clock::now();
+      DropoutKey key = dropout;
+      key.micro = m;
+      const Tensor loss = forward(m, &key);
+      const auto t_bwd = Clock::now();
+      const Tensor seed = factor != 1.0 ? ops::scale(loss, factor) : loss;
+      autograd::backward(scaler ? scaler->scale_loss(seed) : seed);
+      if (p_.trace) {
+        p_.trace->span("compute", "forward", t_fwd, t_bwd);
+        p_.trace->span("compute", "backward", t_bwd, Clock::now());
+      }
+      const Tensor l = ops::to_dtype(loss.detach(), DType::kF64);
+      loss_sum = loss_sum.defined() ? ops::add(loss_sum, l) : l;
+    }
+    return loss_sum;
   }
 
   StepRunnerParts p_;

@@ -94,21 +94,6 @@ const Single& single_run() {
   return s;
 }
 
-void expect_close_params(const std::string& got_dir, const std::string& want_dir) {
-  const CheckpointContents got = load_checkpoint(got_dir), want = load_checkpoint(want_dir);
-  std::map<std::string, Tensor> ref;
-  for (const CheckpointTensor& t : want.tensors) ref.emplace(t.name, t.values);
-  for (const CheckpointTensor& t : got.tensors) {
-    if (t.name.rfind("model.", 0) != 0) continue;  // parameters; the moments follow them
-    ASSERT_TRUE(ref.count(t.name)) << t.name;
-    const std::vector<double> x = t.values.to_vector(), y = ref.at(t.name).to_vector();
-    ASSERT_EQ(x.size(), y.size()) << t.name;
-    double worst = 0;
-    for (size_t j = 0; j < x.size(); ++j) worst = std::max(worst, std::abs(x[j] - y[j]));
-    EXPECT_LE(worst, kParamAbsTol) << t.name;
-  }
-}
-
 void expect_matches_single(const Layout& l, const std::vector<StepRecord>& got,
                            const Single& want) {
   ASSERT_EQ(got.size(), want.records.size()) << l.name;
@@ -132,7 +117,8 @@ void run_layout(const Layout& l) {
   EXPECT_NEAR(val, want.val, kRelTol * want.val) << l.name;
   ctx->world().barrier();
   if (ctx->rank() == 0)
-    expect_close_params(latest_checkpoint(out + "/checkpoints"), want.final_checkpoint);
+    testing::expect_close_checkpoints(latest_checkpoint(out + "/checkpoints"),
+                                      want.final_checkpoint, kParamAbsTol);
   ctx->world().barrier();
 }
 

@@ -107,22 +107,6 @@ const Fixture& fixture() {
   return f;
 }
 
-void expect_close_params(const std::string& got_dir, const std::string& want_dir) {
-  const CheckpointContents got = load_checkpoint(got_dir), want = load_checkpoint(want_dir);
-  std::map<std::string, Tensor> ref;
-  for (const CheckpointTensor& t : want.tensors) ref.emplace(t.name, t.values);
-  ASSERT_EQ(got.tensors.size(), want.tensors.size()) << got_dir;
-  for (const CheckpointTensor& t : got.tensors) {
-    ASSERT_TRUE(ref.count(t.name)) << t.name;
-    const std::vector<double> x = t.values.to_vector(), y = ref.at(t.name).to_vector();
-    ASSERT_EQ(x.size(), y.size()) << t.name;
-    double worst = 0;
-    for (size_t j = 0; j < x.size(); ++j) worst = std::max(worst, std::abs(x[j] - y[j]));
-    // Optimizer moments are as close as the parameters; the second moments are O(g²) smaller.
-    EXPECT_LE(worst, kParamAbsTol) << t.name;
-  }
-}
-
 void expect_resumes_like_single(const Layout& l) {
   const Fixture& f = fixture();
   std::unique_ptr<ParallelContext> ctx = context_for(l);
@@ -148,7 +132,7 @@ void expect_resumes_like_single(const Layout& l) {
   }
   if (rank == 0) {
     EXPECT_NE(log.str().find("resume: changed parallel."), std::string::npos) << log.str();
-    expect_close_params(final_dir, f.single_final);
+    testing::expect_close_checkpoints(final_dir, f.single_final, kParamAbsTol);
   }
   if (ctx) ctx->world().barrier();
 }

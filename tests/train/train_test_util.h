@@ -1,6 +1,6 @@
 // tests/train/train_test_util.h — what the trainer tests under mpirun share: a learnable token
-// stream written once by rank 0 into a directory every rank sees, and the TrainerOptions of a
-// quiet run. Tests only.
+// stream and learnable SFT documents written once by rank 0 into a directory every rank sees,
+// the TrainerOptions of a quiet run, and the comparison of two checkpoints. Tests only.
 #pragma once
 
 #include <gtest/gtest.h>
@@ -9,6 +9,7 @@
 #include <cmath>
 #include <cstdint>
 #include <filesystem>
+#include <map>
 #include <ostream>
 #include <span>
 #include <string>
@@ -17,6 +18,7 @@
 #include "data/documents.h"
 #include "data/shard.h"
 #include "parallel/parallel_context.h"
+#include "train/checkpoint.h"
 #include "train/trainer.h"
 
 namespace loom::parallel::testing {
@@ -92,6 +94,25 @@ inline std::string shared_sft_data(ParallelContext* ctx, const std::string& name
   }
   if (ctx) ctx->world().barrier();
   return dir;
+}
+
+// Every tensor of checkpoint got_dir (parameters and optimizer state, layout-free) within
+// abs_tol of checkpoint want_dir's; the two hold the same names. Rank 0 calls it.
+inline void expect_close_checkpoints(const std::string& got_dir, const std::string& want_dir,
+                                     double abs_tol) {
+  const CheckpointContents got = load_checkpoint(got_dir), want = load_checkpoint(want_dir);
+  std::map<std::string, Tensor> ref;
+  for (const CheckpointTensor& t : want.tensors) ref.emplace(t.name, t.values);
+  ASSERT_EQ(got.tensors.size(), want.tensors.size()) << got_dir;
+  for (const CheckpointTensor& t : got.tensors) {
+    ASSERT_TRUE(ref.count(t.name)) << t.name;
+    const std::vector<double> x = t.values.to_vector(), y = ref.at(t.name).to_vector();
+    ASSERT_EQ(x.size(), y.size()) << t.name;
+    double worst = 0;
+    for (size_t j = 0; j < x.size(); ++j) worst = std::max(worst, std::abs(x[j] - y[j]));
+    // Optimizer moments are as close as the parameters; the second moments are O(g²) smaller.
+    EXPECT_LE(worst, abs_tol) << t.name;
+  }
 }
 
 inline TrainerOptions trainer_options(std::ostream& log, ParallelContext* ctx,
