@@ -3,9 +3,10 @@
 // 2026, arXiv 2601.19362): the same layout as Zero3Gatherer (parallel/dp/zero3.h; rank r of the
 // shard group owns elements [r·n, (r+1)·n) of every unit, so the optimiser pieces, placements
 // and checkpoints are ZeRO-3's), but every transfer is one-sided through OneSidedWindows
-// (parallel/odc/window.h) and the group synchronises once per step. It owns its windows and the
-// owned parameter shards; it does not own the buckets, the communicators, the MiCS second hop
-// (GradSync) or the optimizer. DataParallel builds it at stage 3 when DataParallelConfig::odc.
+// (parallel/odc/window.h) and the group synchronises once per step. It owns its windows (its
+// base dp::UnitGatherer holds the owned parameter shards and runs the hook schedule); it does not
+// own the buckets, the communicators, the MiCS second hop (GradSync) or the optimizer. DataParallel
+// builds it at stage 3 when DataParallelConfig::odc.
 //
 // Note [ODC]: two windows over the shard group (dp, or the MiCS partition), laid out like the
 // buckets' owned ranges: unit u's shard sits at element offset o_u = Σ_{v<u} n_v.
@@ -13,7 +14,8 @@
 //     PULLED with one get per owner, in rotated order (rank r starts with owner r + 1, so no
 //     owner is read by every rank at once), into the unit's flat parameter buffer: just in time
 //     before its forward, the next unit prefetched while it computes, again before its backward
-//     (prefetching the previous), released after use — Zero3Gatherer's schedule exactly.
+//     (prefetching the previous), released after use — the schedule Zero3Gatherer shares, in
+//     their base dp::UnitGatherer (parallel/dp/unit_gatherer.cpp).
 //   gradient window: when a unit's last gradient hook fires, its flat gradient is PUSHED, each
 //     owner's n-element piece accumulated (one-sided, MPI_SUM) into that owner's window; the
 //     window persists across micro-batches, so accumulation costs nothing extra and a rank may
@@ -89,23 +91,11 @@ class OdcGatherer final : public dp::UnitGatherer {
               std::unique_ptr<OneSidedWindow> grads, dp::GradSync& sync, DpStepLog& log,
               const OdcOptions& options);
   ~OdcGatherer() override;
-  OdcGatherer(const OdcGatherer&) = delete;
-  OdcGatherer& operator=(const OdcGatherer&) = delete;
 
-  void before_forward(int unit) override;
-  Tensor after_forward(int unit, const Tensor& out) override;
-  void unit_gradients_ready(int unit, bool sync) override;
   void start_step() override;
   void finish() override;
-  const Tensor& owned_values(int unit) const override {
-    return units_.at(static_cast<size_t>(unit)).param_shard;
-  }
   void parameters_changed() override { publish(); }
   void parameters_may_change() override { stale_ = true; }
-  bool acquire(int unit) override;
-  void release_unit(int unit) override;
-  int64_t gathered_bytes() const override { return gathered_bytes_; }
-  int64_t peak_gathered_bytes() const override { return peak_gathered_bytes_; }
   int64_t window_bytes() const override;
   std::string describe() const override;
 
@@ -117,32 +107,24 @@ class OdcGatherer final : public dp::UnitGatherer {
     WorkPtr work;
     Tensor grad_flat;  // kept alive until every accumulate has read it
   };
-  struct UnitState {
-    Tensor param_shard;     // (shard_numel) the owned parameter values
-    bool gathered = false;  // param_flat materialised (its pulls may still be in flight)
-    WorkPtr pull;
-    int forward_uses = 0;
-  };
-  struct Link {
-    OdcGatherer* owner = nullptr;
-  };
+
+  // dp::UnitGatherer: pulls in rotated owner order; reap finished pushes; push; publish stale
+  // shards before an acquire (which is collective: DataParallel::full_parameters).
+  WorkPtr fetch(int unit, const Tensor& flat) override;
+  std::string fetch_op() const override { return "odc get " + params_->name(); }
+  void backward_begins() override { reap_pushes(false); }
+  void send_gradient(int unit, DpEventKind kind, bool sync) override;
+  void before_acquire() override {
+    if (stale_) publish();
+  }
 
   void init();
-  int units() const { return buckets_.size(); }
   void publish();
-  void pull_unit(int unit, bool prefetch);
-  void wait_unit(int unit);
-  void before_backward(int unit);
-  void push_unit(int unit, DpEventKind kind, bool sync);
   void reap_pushes(bool wait_all);
-  void track_gathered(int64_t delta);
 
-  dp::GradBuckets& buckets_;
   std::unique_ptr<OneSidedWindow> params_, grads_;
   dp::GradSync& sync_;
-  DpStepLog& log_;
   OdcOptions options_;
-  std::vector<UnitState> units_;
   std::vector<int64_t> offsets_;
   int64_t total_ = 0;  // Σ n_u: one slot of the gradient window
   std::vector<PendingPush> pushes_;
@@ -150,9 +132,6 @@ class OdcGatherer final : public dp::UnitGatherer {
   bool outside_reads_ = false;       // windows read outside a step since the last barrier
   bool in_step_ = false;             // between start_step() and finish()
   bool unpublished_finish_ = false;  // finish() zeroed the gradient window; no barrier since
-  std::shared_ptr<Link> link_;       // the graph's unit-backward nodes reach this object only while
-                                     // it lives
-  int64_t gathered_bytes_ = 0, peak_gathered_bytes_ = 0;
 };
 
 // The windows OdcGatherer needs over `shard` for these buckets (MPI RMA: make_mpi_window).
