@@ -7,10 +7,12 @@
 // on a long-tailed length distribution like real SFT data (log-normal, capped), and on equal
 // lengths (where ODC must not lose). A measurement, not a test: run under mpirun, e.g.
 //   OMP_NUM_THREADS=1 mpirun -np 4 --oversubscribe build/bin/odc_bench [--steps 6] [--layers 4]
-//       [--embd 128] [--docs 16] [--cap 512] [--sigma 1.0]
-// Reports per way: the mean step time (steps after the first), each rank's mean time blocked on
-// communication (gathers, pulls and the step's final synchronisation: where imbalance is paid,
-// DpStepStats::blocked_s) and the speedup over the first way. Rank 0 prints.
+//       [--embd 128] [--docs 16] [--cap 512] [--sigma 1.0] [--lengths skewed|equal|both]
+//       [--repeats 2]
+// Reports per way: the mean step time (steps after the first; the ways alternate, `repeats` runs
+// of each, every run listed), each rank's mean time blocked on communication (gathers, pulls and
+// the step's final synchronisation: where imbalance is paid, DpStepStats::blocked_s) and the
+// speedup over the first way. Rank 0 prints.
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -37,6 +39,8 @@ struct Args {
   int64_t layers = 4, embd = 128, docs = 16, cap = 512;
   double sigma = 1.0;
   int steps = 6;
+  std::string lengths = "both";  // skewed | equal | both
+  int repeats = 2;
 };
 
 Args parse(int argc, char** argv) {
@@ -55,9 +59,13 @@ Args parse(int argc, char** argv) {
       a.sigma = std::atof(v.c_str());
     else if (k == "--steps")
       a.steps = std::atoi(v.c_str());
+    else if (k == "--lengths")
+      a.lengths = v;
+    else if (k == "--repeats")
+      a.repeats = std::max(1, std::atoi(v.c_str()));
     else
       LOOM_FAIL("odc_bench: unknown argument ", k,
-                " (--steps --layers --embd --docs --cap --sigma)");
+                " (--steps --layers --embd --docs --cap --sigma --lengths --repeats)");
   }
   return a;
 }
@@ -154,19 +162,31 @@ int main(int argc, char** argv) {
     ctx.world().barrier();
     const std::vector<Way> ways = {
         {"zero3", false, "none"}, {"zero3+bal", false, "flops"}, {"odc+bal", true, "flops"}};
-    for (const char* lengths : {"skewed", "equal"}) {
+    for (const std::string lengths : {"skewed", "equal"}) {
+      if (a.lengths != "both" && a.lengths != lengths) continue;
       const std::string data = dir + "/" + lengths + "_*.bin";
+      // The ways alternate (ABC ABC …) so that drift on a shared machine touches each alike.
+      std::vector<std::vector<Result>> runs(ways.size());
+      for (int rep = 0; rep < a.repeats; ++rep)
+        for (size_t w = 0; w < ways.size(); ++w) runs[w].push_back(measure(ways[w], data, a, ctx));
       double base = 0;
-      for (const Way& w : ways) {
-        const Result r = measure(w, data, a, ctx);
-        if (base == 0) base = r.step_s;
-        if (ctx.rank() == 0) {
-          std::printf("%-7s %-10s step %8.1f ms  speedup %.2fx  blocked per rank (ms):", lengths,
-                      w.name.c_str(), r.step_s * 1e3, base / r.step_s);
-          for (double b : r.blocked_s) std::printf(" %7.1f", b * 1e3);
-          std::printf("\n");
-          std::fflush(stdout);
+      for (size_t w = 0; w < ways.size(); ++w) {
+        double step = 0;
+        std::vector<double> blocked(static_cast<size_t>(ctx.world_size()), 0.0);
+        for (const Result& r : runs[w]) {
+          step += r.step_s / a.repeats;
+          for (size_t k = 0; k < blocked.size(); ++k) blocked[k] += r.blocked_s[k] / a.repeats;
         }
+        if (base == 0) base = step;
+        if (ctx.rank() != 0) continue;
+        std::printf("%-7s %-10s step %7.1f ms (", lengths.c_str(), ways[w].name.c_str(),
+                    step * 1e3);
+        for (size_t i = 0; i < runs[w].size(); ++i)
+          std::printf("%s%.0f", i ? " " : "", runs[w][i].step_s * 1e3);
+        std::printf(")  speedup %.2fx  blocked per rank (ms):", base / step);
+        for (double b : blocked) std::printf(" %6.1f", b * 1e3);
+        std::printf("\n");
+        std::fflush(stdout);
       }
     }
     ctx.world().barrier();
