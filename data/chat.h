@@ -43,7 +43,7 @@ struct ChatTemplate {
 };
 
 // The built-in template, the same as the shipped configs/chat_template.yaml:
-//   system "System: " … "\n", user "User: " … "\n", assistant "Assistant: " … "<|endoftext|>".
+//   system "System:\n" … "\n", user "User:\n" … "\n", assistant "Assistant:\n" … "<|endoftext|>".
 ChatTemplate default_chat_template();
 // A YAML template: keys system, user and assistant, each a map with the strings prefix and suffix
 // (all six required; unknown keys refused, named). `source` names the text in errors.
