@@ -4,7 +4,8 @@
 // counts) and MiCS 2-of-4 with both; the same global minibatch of documents each step, so the
 // losses, gradient norms and final parameters equal the single process's to f32 rounding (Note
 // [Packed loss] in train/step_runner.h: the loss is normalised by the step's loss tokens,
-// whatever the split). Also: an ODC run stopped and resumed continues exactly.
+// whatever the split). Also: an ODC run stopped and resumed continues exactly, and ZeRO-3 and ODC
+// resume each other's checkpoints.
 // loom-mpi-test: ranks 2 4
 //
 // Tolerance as in tests/train/train_reshard_mpi_test.cpp: the layouts sum the same terms in
@@ -208,6 +209,41 @@ TEST(TrainPacked, OdcResumesExactly) {
     EXPECT_EQ(resumed[i].step, whole[i + 3].step);
     EXPECT_EQ(resumed[i].loss, whole[i + 3].loss) << "step " << resumed[i].step;
     EXPECT_EQ(resumed[i].grad_norm, whole[i + 3].grad_norm) << "step " << resumed[i].step;
+  }
+}
+
+// A ZeRO-3 (collectives) run stopped at step 3 resumes under ODC, and an ODC run's checkpoint
+// under ZeRO-3: the same owned pieces, so both continue with the single process's steps 4-6 and
+// end at its parameters.
+TEST(TrainPacked, Zero3AndOdcResumeEachOther) {
+  const Single& want = single_run();
+  const int n = testing::world_size();
+  const Layout z3{.name = "z3_then_odc", .dp = n, .zero_stage = 3};
+  const Layout odc{.name = "odc_then_z3", .dp = n, .zero_stage = 3, .odc = true};
+  for (const auto& [first, second] : {std::pair{z3, odc}, std::pair{odc, z3}}) {
+    auto ctx = context_for(first);
+    const std::string out = want.data + "/../" + first.name;
+    std::ostringstream log;
+    {
+      Trainer t(config_for(first, want.data, out), testing::trainer_options(log, ctx.get(), "", 3));
+      t.run();
+    }
+    Trainer t(config_for(second, want.data, out),
+              testing::trainer_options(log, ctx.get(), "latest"));
+    const std::vector<StepRecord> got = t.run();
+    ASSERT_EQ(got.size(), 3u) << first.name;
+    for (size_t i = 0; i < 3; ++i) {
+      const StepRecord& b = want.records[i + 3];
+      EXPECT_EQ(got[i].step, b.step);
+      EXPECT_NEAR(got[i].loss, b.loss, kRelTol * std::abs(b.loss)) << first.name << " " << b.step;
+      EXPECT_NEAR(got[i].grad_norm, b.grad_norm, kRelTol * b.grad_norm) << first.name;
+    }
+    ctx->world().barrier();
+    if (ctx->rank() == 0) {
+      testing::expect_close_checkpoints(latest_checkpoint(out + "/checkpoints"),
+                                        want.final_checkpoint, kParamAbsTol);
+    }
+    ctx->world().barrier();
   }
 }
 
