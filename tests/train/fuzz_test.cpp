@@ -1,5 +1,6 @@
 // tests/train/fuzz_test.cpp — a deterministic mutation fuzzer for every parser of user input:
-// the config (YAML text), token shards, native checkpoints (meta.yaml, the tensor files and
+// the config (YAML text), token shards, document shards' indexes, chat JSONL lines and chat
+// templates, native checkpoints (meta.yaml, the tensor files and
 // their piece metadata), llm.c model files and Hugging Face directories (config.json and
 // safetensors). Each case starts from a valid input, mutates it (bit flips, overwritten or
 // inserted bytes, truncation, a duplicated line, a number replaced by an extreme one), and runs
@@ -23,7 +24,10 @@
 #include <vector>
 
 #include "core/rng.h"
+#include "data/chat.h"
+#include "data/documents.h"
 #include "data/shard.h"
+#include "data/tokenizer.h"
 #include "layers/transformer.h"
 #include "tests/layers/tiny_models.h"
 #include "train/checkpoint.h"
@@ -178,6 +182,62 @@ TEST(Fuzz, TokenShard) {
     int64_t sum = 0;
     for (uint16_t t : r.span()) sum += t;
     (void)sum;
+  });
+}
+
+// A document shard's index (X.docs) read as PackedLoader reads it: every document's tokens and
+// loss mask, and the vocabulary check.
+TEST(Fuzz, DocumentIndex) {
+  const std::string dir = fresh_dir("docs");
+  const std::string path = dir + "/d.bin";
+  std::vector<int32_t> tokens(300);
+  std::vector<uint8_t> mask(300);
+  std::vector<int64_t> offsets = {0};
+  for (size_t i = 0; i < tokens.size(); ++i) {
+    tokens[i] = static_cast<int32_t>(i * 37 % 50257);
+    if (i > 0 && i % 23 == 0) offsets.push_back(static_cast<int64_t>(i));
+    mask[i] = offsets.back() == static_cast<int64_t>(i) ? 0 : (i % 3 == 0);
+  }
+  offsets.push_back(static_cast<int64_t>(tokens.size()));
+  write_document_shard(path, tokens, mask, offsets);
+  const std::string docs = docs_path_for(path);
+  fuzz("document index", docs, read_file(docs), [&] {
+    DocumentReader r(path);
+    int64_t sum = 0;
+    for (int64_t d = 0; d < r.num_docs(); ++d) {
+      for (uint16_t t : r.doc_tokens(d)) sum += t;
+      for (uint8_t m : r.doc_mask(d)) sum += m;
+    }
+    r.check_vocab(50257);
+    (void)sum;
+  });
+}
+
+// A chat JSONL line (both schemas) and a chat template, parsed and rendered as prepare_data does.
+TEST(Fuzz, ChatLineAndTemplate) {
+  const std::string dir = fresh_dir("chat");
+  Tokenizer tok(std::string(LOOM_SOURCE_DIR) + "/data/gpt2-bpe");
+  std::vector<int32_t> tokens;
+  std::vector<uint8_t> mask;
+  const std::string line_path = dir + "/c.jsonl";
+  const std::string line =
+      R"({"messages": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": )"
+      R"("Sort 3 1 2"}, {"role": "assistant", "content": "1 2 3"}]})";
+  fuzz("chat line", line_path, line, [&] {
+    const Conversation c = parse_conversation(read_file(line_path), "c.jsonl:1");
+    ChatRenderer(default_chat_template(), tok).render(c, tokens, mask);
+  });
+  const std::string pr = R"({"prompt": "Add 2 and 3", "response": "5"})";
+  fuzz("chat prompt/response", line_path, pr,
+       [&] { parse_conversation(read_file(line_path), "c.jsonl:1"); });
+  const std::string tmpl_path = dir + "/t.yaml";
+  const std::string tmpl =
+      "system: {prefix: \"System:\\n\", suffix: \"\\n\"}\nuser: {prefix: \"User:\\n\", suffix: "
+      "\"\\n\"}\nassistant: {prefix: \"Assistant:\\n\", suffix: \"<|endoftext|>\"}\n";
+  ASSERT_NO_THROW(parse_chat_template(tmpl, "t.yaml"));
+  fuzz("chat template", tmpl_path, tmpl, [&] {
+    const ChatTemplate t = parse_chat_template(read_file(tmpl_path), "t.yaml");
+    ChatRenderer(t, tok).render(parse_conversation(line, "c.jsonl:1"), tokens, mask);
   });
 }
 
