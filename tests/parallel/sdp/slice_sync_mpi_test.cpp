@@ -2,18 +2,21 @@
 // mpirun: each slice's gradient becomes the average over exactly its holders (k = 1, 2, N/2, N
 // and random sets, cyclic windows wrapping round the ranks included), computed here from every
 // rank's inputs regenerated from their seeds; slices a worker does not hold stay untouched;
-// hooks may fire in any order, differing between workers; tiny buckets (many per set, issued
-// in order); repeated steps; bitwise the same in two runs; a worker holding nothing joins no
-// group; a dp group that is not the world (holders are dp ranks); inconsistent slice lists give
-// one error on every rank instead of a hang.
+// hooks may fire in any order, differing between workers, and launch() issues the reductions
+// before finish(); tiny buckets (many per set, issued in order); repeated steps; bitwise the
+// same in two runs; a worker holding nothing joins no group; a dp group that is not the world
+// (holders are dp ranks); inconsistent slice lists give one error on every rank, not a hang.
 // loom-mpi-test: ranks 4 8
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <atomic>
+#include <chrono>
 #include <numeric>
 #include <random>
 #include <set>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "core/ops/view.h"
@@ -260,6 +263,29 @@ TEST(SliceSync, ManySmallBucketsReversedOrRandomLaunchesOverSteps) {
     }
     expect_synced(l, mats, rank, identity_ranks(n), step);
   }
+}
+
+// launch() issues: every bucket's all-reduce completes on the groups' threads before finish().
+TEST(SliceSync, LaunchIssuesTheReductionsBeforeFinish) {
+  const int n = world_size(), rank = world_rank();
+  auto dp = world_dp();
+  const Layout l = make_layout(n, 16);
+  std::vector<Tensor> mats = inputs(l, rank, 4);
+  const std::vector<HeldSlice> slices = held(l, mats, rank);
+  SliceSync sync(*dp, slices, test_options(128));
+  std::atomic<int> done{0};
+  for (const std::vector<int>& h : sync.holder_sets()) {
+    sync.group(h).set_observer([&](const CommEvent& e) {
+      if (e.op == "all_reduce") ++done;
+    });
+  }
+  for (const HeldSlice& s : slices) sync.launch(s.id);
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+  while (done.load() < sync.num_buckets() && std::chrono::steady_clock::now() < deadline)
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  EXPECT_EQ(done.load(), sync.num_buckets());
+  sync.finish();
+  expect_synced(l, mats, rank, identity_ranks(n), 4);
 }
 
 TEST(SliceSync, FinishAloneIsBitwiseRepeatable) {
