@@ -19,10 +19,10 @@ std::unique_ptr<Norm> make_norm(const ModelConfig& c, DType dtype, Device device
 }
 
 std::unique_ptr<FeedForward> make_mlp(const ModelConfig& c, DType dtype, Device device,
-                                      const LayerContext& ctx) {
+                                      const LayerContext& ctx, int64_t layer) {
   if (c.is_llama())
-    return std::make_unique<SwiGluMlp>(c.n_embd, c.ffn_hidden_size(), dtype, device, ctx);
-  return std::make_unique<Mlp>(c.n_embd, c.ffn_hidden_size(), true, dtype, device, ctx);
+    return std::make_unique<SwiGluMlp>(c.n_embd, c.ffn_hidden_size(), dtype, device, ctx, layer);
+  return std::make_unique<Mlp>(c.n_embd, c.ffn_hidden_size(), true, dtype, device, ctx, layer);
 }
 
 // 0…t−1 as i64 on `device`: the coordinates of a row's tokens (Note [Dropout of packed
@@ -43,7 +43,7 @@ Block::Block(const ModelConfig& config, DType dtype, Device device, const LayerC
       norm1_(make_norm(config, dtype, device, ctx)),
       attn_(config, dtype, device, ctx),
       norm2_(make_norm(config, dtype, device, ctx)),
-      mlp_(make_mlp(config, dtype, device, ctx)) {
+      mlp_(make_mlp(config, dtype, device, ctx, layer)) {
   const bool llama = config.is_llama();
   register_module(llama ? "attn_norm" : "ln_1", *norm1_);
   register_module("attn", attn_);

@@ -46,6 +46,16 @@ class SingleDeviceLayout final : public SequenceLayout {
 
 }  // namespace
 
+std::unique_ptr<LinearLayer> LinearFactory::mlp_in(int64_t, int64_t in, int64_t hidden, bool bias,
+                                                   DType dtype, Device device) const {
+  return column(in, {hidden}, bias, dtype, device);
+}
+
+std::unique_ptr<LinearLayer> LinearFactory::mlp_out(int64_t, int64_t hidden, int64_t out, bool bias,
+                                                    DType dtype, Device device) const {
+  return row(hidden, out, bias, dtype, device);
+}
+
 std::shared_ptr<const LinearFactory> single_device_linear() {
   static const std::shared_ptr<const LinearFactory> kLinear =
       std::make_shared<const SingleDeviceLinear>();

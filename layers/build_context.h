@@ -27,6 +27,13 @@
 // coordinates (non-differentiable index tensors and lengths), so attention schemes and the
 // loss never depend on how the linear layers split activations.
 //
+// Note [Per-block MLP layers]: the MLP's layers come from mlp_in / mlp_out, which carry the
+// block's index, rather than from column / row: a scheme that splits each block's hidden units
+// differently (SDP's forward masking keeps worker w's units of block l, parallel/sdp/
+// packed_layers.h) needs to know which block it builds for, and counting calls in construction
+// order would tie the factory to one model's build order. Factories that split every layer alike
+// (one device, tensor parallelism) keep the defaults.
+//
 // LinearLayer / EmbeddingLayer are what the model holds: layers/linear.h and layers/embedding.h
 // are the single-device ones, parallel/tp/layers.h the sharded ones. Their init() draws the
 // FULL tensor exactly as the single-device layer would (same generator calls) and keeps this
@@ -89,6 +96,13 @@ class LinearFactory {
   // rank's sequence chunk under sequence parallelism).
   virtual std::unique_ptr<LinearLayer> row(int64_t in, int64_t out, bool bias, DType dtype,
                                            Device device) const = 0;
+  // The MLP of block `layer` (Note [Per-block MLP layers]): an input projection (fc, gate, up:
+  // in → hidden, a column layer) and the output projection (proj, down: hidden → out, a row
+  // layer). By default column(in, {hidden}, …) and row(hidden, out, …).
+  virtual std::unique_ptr<LinearLayer> mlp_in(int64_t layer, int64_t in, int64_t hidden, bool bias,
+                                              DType dtype, Device device) const;
+  virtual std::unique_ptr<LinearLayer> mlp_out(int64_t layer, int64_t hidden, int64_t out,
+                                               bool bias, DType dtype, Device device) const;
   // Vocab table (rows split); output as a row layer's.
   virtual std::unique_ptr<EmbeddingLayer> vocab_embedding(int64_t rows, int64_t dim, DType dtype,
                                                           Device device) const = 0;

@@ -7,9 +7,9 @@
 namespace loom {
 
 Mlp::Mlp(int64_t dim, int64_t hidden, bool bias, DType dtype, Device device,
-         const LayerContext& ctx)
-    : fc_(ctx.linear->column(dim, {hidden}, bias, dtype, device)),
-      proj_(ctx.linear->row(hidden, dim, bias, dtype, device)),
+         const LayerContext& ctx, int64_t layer)
+    : fc_(ctx.linear->mlp_in(layer, dim, hidden, bias, dtype, device)),
+      proj_(ctx.linear->mlp_out(layer, hidden, dim, bias, dtype, device)),
       fused_(bias && fc_->plain() && proj_->plain()) {
   register_module("fc", *fc_);
   register_module("proj", *proj_);
@@ -29,10 +29,10 @@ void Mlp::init(Generator& gen, double std, double out_std) {
 }
 
 SwiGluMlp::SwiGluMlp(int64_t dim, int64_t hidden, DType dtype, Device device,
-                     const LayerContext& ctx)
-    : gate_(ctx.linear->column(dim, {hidden}, false, dtype, device)),
-      up_(ctx.linear->column(dim, {hidden}, false, dtype, device)),
-      down_(ctx.linear->row(hidden, dim, false, dtype, device)) {
+                     const LayerContext& ctx, int64_t layer)
+    : gate_(ctx.linear->mlp_in(layer, dim, hidden, false, dtype, device)),
+      up_(ctx.linear->mlp_in(layer, dim, hidden, false, dtype, device)),
+      down_(ctx.linear->mlp_out(layer, hidden, dim, false, dtype, device)) {
   register_module("gate", *gate_);
   register_module("up", *up_);
   register_module("down", *down_);

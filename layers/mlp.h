@@ -22,9 +22,9 @@ class FeedForward : public Module {
 
 class Mlp final : public FeedForward {
  public:
-  // fc a column layer, proj a row layer of ctx.linear (layers/build_context.h).
+  // fc and proj: ctx.linear's mlp_in and mlp_out for block `layer` (layers/build_context.h).
   Mlp(int64_t dim, int64_t hidden, bool bias = true, DType dtype = DType::kF32, Device device = {},
-      const LayerContext& ctx = {});
+      const LayerContext& ctx = {}, int64_t layer = 0);
   Tensor forward(const Tensor& x) const override;
   void init(Generator& gen, double std, double out_std) override;
   const LinearLayer& fc() const { return *fc_; }
@@ -40,9 +40,9 @@ class Mlp final : public FeedForward {
 
 class SwiGluMlp final : public FeedForward {
  public:
-  // gate and up column layers, down a row layer of ctx.linear.
+  // gate and up: ctx.linear's mlp_in, down its mlp_out, for block `layer`.
   SwiGluMlp(int64_t dim, int64_t hidden, DType dtype = DType::kF32, Device device = {},
-            const LayerContext& ctx = {});
+            const LayerContext& ctx = {}, int64_t layer = 0);
   Tensor forward(const Tensor& x) const override;
   void init(Generator& gen, double std, double out_std) override;
 
