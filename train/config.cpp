@@ -12,6 +12,7 @@
 #include "layers/transformer.h"
 #include "parallel/pp/partition.h"
 #include "parallel/pp/schedule.h"
+#include "parallel/sdp/assignment.h"
 
 namespace loom {
 namespace {
@@ -107,6 +108,30 @@ void visit_fields(Config& c, V&& v) {
   v("parallel", "tp", p.tp);
   v("parallel", "cp", p.cp);
   v("parallel", "sequence_parallel", p.sequence_parallel);
+  // A nested mapping: "parallel.sdp" is a section inside parallel (Note [Nested sections]).
+  v("parallel.sdp", "mode", p.sdp.mode);
+  v("parallel.sdp", "level", p.sdp.level);
+  v("parallel.sdp", "coverage", p.sdp.coverage);
+  v("parallel.sdp", "seed", p.sdp.seed);
+}
+
+// Note [Nested sections]: a section name with a dot ("parallel.sdp") is a mapping under its
+// parent section's key; its fields follow the parent's in visit_fields. The reader walks the
+// path, the writer nests the mapping, the unknown-key check descends into it, and an override
+// "parallel.sdp.mode=forward" sets the nested key.
+YAML::Node section_node(const YAML::Node& root, const std::string& section) {
+  YAML::Node n;
+  n.reset(root);  // Node's operator= would write into the tree: reset() rebinds
+  size_t at = 0;
+  while (true) {
+    const size_t dot = section.find('.', at);
+    const std::string part = section.substr(at, dot == std::string::npos ? dot : dot - at);
+    const YAML::Node& parent = n;  // const: a lookup never inserts
+    if (!parent.IsMap() || !parent[part]) return YAML::Node();
+    n.reset(parent[part]);
+    if (dot == std::string::npos) return n;
+    at = dot + 1;
+  }
 }
 
 template <typename T>
@@ -127,8 +152,8 @@ struct Reader {
   const YAML::Node& root;
   template <typename T>
   void operator()(const char* section, const char* key, T& field) const {
-    const YAML::Node s = root[section];
-    if (!s || !s[key]) return;
+    const YAML::Node s = section_node(root, section);
+    if (!s || !s.IsMap() || !s[key]) return;
     const YAML::Node n = s[key];
     const std::string where = std::string(section) + "." + key;
     if (!n.IsScalar())
@@ -146,14 +171,41 @@ struct Writer {
   std::string current;
   template <typename T>
   void operator()(const char* section, const char* key, T& field) {
-    if (current != section) {
-      if (!current.empty()) out << YAML::EndMap;
-      out << YAML::Key << section << YAML::Value << YAML::BeginMap;
-      current = section;
+    const std::string s = section;
+    if (current != s) {
+      const size_t dot = s.find('.');
+      if (dot != std::string::npos && current == s.substr(0, dot)) {  // nested in current
+        out << YAML::Key << s.substr(dot + 1) << YAML::Value << YAML::BeginMap;
+      } else {
+        if (!current.empty()) out << YAML::EndMap;
+        if (current.find('.') != std::string::npos) out << YAML::EndMap;
+        out << YAML::Key << s << YAML::Value << YAML::BeginMap;
+      }
+      current = s;
     }
     out << YAML::Key << key << YAML::Value << field;
   }
 };
+
+void check_section_keys(const std::string& s, const YAML::Node& node,
+                        const std::set<std::string>& sections, const std::set<std::string>& keys,
+                        std::set<std::string>& seen) {
+  for (const auto& kv : node) {
+    if (!kv.first.IsScalar())
+      throw ConfigError(s + ": a key must be a plain word, got " + node_text(kv.first));
+    const std::string full = s + "." + kv.first.as<std::string>();
+    if (sections.count(full)) {  // Note [Nested sections]
+      if (!seen.insert(full).second) throw ConfigError(full + ": the key appears twice");
+      if (kv.second.IsNull()) continue;
+      if (!kv.second.IsMap()) throw ConfigError(full + ": expected a mapping of keys");
+      check_section_keys(full, kv.second, sections, keys, seen);
+      continue;
+    }
+    if (!keys.count(full)) throw ConfigError(full + ": unknown key");
+    if (!seen.insert(full).second)
+      throw ConfigError(full + ": the key appears twice (the first value would win)");
+  }
+}
 
 void check_known_keys(const YAML::Node& root) {
   Config probe;
@@ -171,18 +223,12 @@ void check_known_keys(const YAML::Node& root) {
     if (!sec.first.IsScalar())
       throw ConfigError("config: a section name must be a plain word, got " + node_text(sec.first));
     const std::string s = sec.first.as<std::string>();
-    if (!sections.count(s)) throw ConfigError(s + ": unknown section");
+    if (s.find('.') != std::string::npos || !sections.count(s))
+      throw ConfigError(s + ": unknown section");
     if (!seen.insert(s).second) throw ConfigError(s + ": the section appears twice");
     if (sec.second.IsNull()) continue;
     if (!sec.second.IsMap()) throw ConfigError(s + ": expected a mapping of keys");
-    for (const auto& kv : sec.second) {
-      if (!kv.first.IsScalar())
-        throw ConfigError(s + ": a key must be a plain word, got " + node_text(kv.first));
-      const std::string full = s + "." + kv.first.as<std::string>();
-      if (!keys.count(full)) throw ConfigError(full + ": unknown key");
-      if (!seen.insert(full).second)
-        throw ConfigError(full + ": the key appears twice (the first value would win)");
-    }
+    check_section_keys(s, sec.second, sections, keys, seen);
   }
 }
 
@@ -200,7 +246,11 @@ void apply_override(YAML::Node& root, const std::string& assignment) {
   } catch (const YAML::Exception& e) {
     throw ConfigError("--set " + assignment + ": " + e.msg);
   }
-  root[section][key] = value;
+  const size_t inner = key.find('.');  // a nested section's key (Note [Nested sections])
+  if (inner != std::string::npos)
+    root[section][key.substr(0, inner)][key.substr(inner + 1)] = value;
+  else
+    root[section][key] = value;
 }
 
 Config from_node(YAML::Node root, const std::vector<std::string>& overrides) {
@@ -278,6 +328,46 @@ void validate_model_parallel_config(const Config& c) {
 }
 
 // Note [Precision] in train/config.h.
+// parallel.sdp (docs/parallel.md, "SDP"): forward masking at the neuron level over the dp group
+// alone; the cover is built here (cheap) so that its errors — coverage, holder graph, hidden
+// sizes — come at load time. Checkpoints of SDP runs are not built yet.
+void validate_sdp_config(const Config& c) {
+  const SdpConfig& s = c.parallel.sdp;
+  const ParallelConfig& p = c.parallel;
+  require(s.mode == "none" || s.mode == "forward" || s.mode == "backward",
+          "parallel.sdp.mode: unknown mode '" + s.mode + "' (none, forward)");
+  require(s.mode != "backward",
+          "parallel.sdp.mode: backward masking is not built yet (none, forward)");
+  require(s.level == "neuron" || s.level == "block",
+          "parallel.sdp.level: unknown level '" + s.level + "' (neuron)");
+  require(s.level != "block", "parallel.sdp.level: block is not built yet (neuron)");
+  require(s.seed >= 0, "parallel.sdp.seed: must be non-negative, got " + str(s.seed));
+  require(s.coverage > 0 && s.coverage <= 1,
+          "parallel.sdp.coverage: must be in (0, 1], got " + str(s.coverage));
+  if (s.mode == "none") return;
+  require(p.dp >= 2, "parallel.sdp.mode: SDP needs parallel.dp >= 2 workers, got " + str(p.dp));
+  require(p.tp == 1 && p.pp == 1 && p.cp == 1,
+          "parallel.sdp.mode: SDP runs over parallel.dp alone; set parallel.tp, parallel.pp and "
+          "parallel.cp to 1 (got " +
+              str(p.tp) + ", " + str(p.pp) + ", " + str(p.cp) + ")");
+  require(p.zero_stage == 0 && !p.odc && p.mics_partition_size == 0,
+          "parallel.sdp.mode: SDP keeps each worker's subnetwork whole; set parallel.zero_stage "
+          "to 0 (got " +
+              str(p.zero_stage) +
+              "), parallel.odc false and "
+              "parallel.mics_partition_size 0");
+  require(c.checkpoint.every == 0 && !c.checkpoint.at_end,
+          "parallel.sdp.mode: checkpoints of SDP runs are not built yet; set checkpoint.every: 0 "
+          "and checkpoint.at_end: false");
+  require(!c.data.packing, "parallel.sdp.mode: data.packing is not supported with SDP yet");
+  parallel::sdp::CoverOptions o;
+  o.workers = static_cast<int>(p.dp);
+  o.coverage = s.coverage;
+  o.seed = static_cast<uint64_t>(s.seed);
+  const std::vector<int64_t> units(static_cast<size_t>(c.model.n_layer), c.model.ffn_hidden_size());
+  parallel::sdp::assign_neurons(o, units);  // ConfigError naming parallel.sdp.coverage, …
+}
+
 void validate_precision(const TrainConfig& t) {
   const std::string& p = t.precision;
   require(p == "f32" || p == "f64" || p == "bf16" || p == "f16",
@@ -443,6 +533,7 @@ void validate_config(const Config& c) {
           "mpi)");
   validate_pipeline_config(c);
   validate_model_parallel_config(c);
+  validate_sdp_config(c);
 }
 
 DType train_dtype(const std::string& name) {
@@ -501,6 +592,7 @@ std::string config_to_yaml(const Config& c) {
   out << YAML::BeginMap;
   Writer w{out, ""};
   visit_fields(copy, w);
+  if (w.current.find('.') != std::string::npos) out << YAML::EndMap;  // the nested section
   out << YAML::EndMap << YAML::EndMap;
   return out.c_str();
 }

@@ -86,6 +86,15 @@ struct CheckpointConfig {
   bool async = false;  // write the files on a background thread (Note [Asynchronous checkpoints])
 };
 
+// parallel.sdp: subnetwork data parallelism (docs/parallel.md, "SDP"; parallel/sdp/). Written
+// as a mapping under parallel (parallel: {sdp: {mode: forward, coverage: 0.5}}).
+struct SdpConfig {
+  std::string mode = "none";     // none | forward (backward: not built yet)
+  std::string level = "neuron";  // neuron (block: not built yet)
+  double coverage = 1.0;         // C: the fraction of each layer's units a worker holds
+  int64_t seed = 0;              // the cover's draw
+};
+
 struct ParallelConfig {
   int64_t dp = 1;          // data-parallel ranks; must equal the MPI world size
   int64_t zero_stage = 0;  // 0 DDP, 1 optimizer state sharded, 2 + gradients, 3 + parameters
@@ -114,6 +123,7 @@ struct ParallelConfig {
   int64_t tp = 1;                  // tensor-parallel ranks (heads, MLP hidden, vocabulary split)
   int64_t cp = 1;                  // context-parallel ranks (the sequence split, ring attention)
   bool sequence_parallel = false;  // with tp > 1: norms/dropout/residual on sequence chunks
+  SdpConfig sdp;
 };
 
 struct LoggingConfig {

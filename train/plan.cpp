@@ -11,10 +11,21 @@
 #include "optim/sgd.h"
 #include "parallel/gradients.h"
 #include "parallel/layer_context.h"
+#include "parallel/sdp/packed_layers.h"
 #include "train/profiler.h"
 
 namespace loom {
 namespace {
+
+// The cover of parallel.sdp: every block's MLP hidden units over the dp workers.
+parallel::sdp::NeuronAssignment sdp_cover(const Config& cfg) {
+  parallel::sdp::CoverOptions o;
+  o.workers = static_cast<int>(cfg.parallel.dp);
+  o.coverage = cfg.parallel.sdp.coverage;
+  o.seed = static_cast<uint64_t>(cfg.parallel.sdp.seed);
+  return parallel::sdp::assign_neurons(
+      o, std::vector<int64_t>(static_cast<size_t>(cfg.model.n_layer), cfg.model.ffn_hidden_size()));
+}
 
 // 1. Tensor, sequence and context parallelism: the model's layers built with the mesh's
 // capabilities over the tp and cp groups (parallel/layer_context.h); the TP layers place their
@@ -37,6 +48,14 @@ void apply_model_parallel(TrainPlan& plan, const Config& cfg, const PlanHooks& h
                                                std::move(spans));
     plan.model_parallel = true;
     plan.sequence_parallel = cfg.parallel.sequence_parallel;
+  }
+  if (cfg.parallel.sdp.mode == "forward") {  // Note [SDP plan]
+    LOOM_CONFIG_CHECK(
+        ctx != nullptr && ctx->dp_size() == cfg.parallel.dp && ctx->world_size() == cfg.parallel.dp,
+        "parallel.sdp.mode: SDP over parallel.dp ", cfg.parallel.dp,
+        " workers needs a parallel context of that many dp ranks (mpirun -np ", cfg.parallel.dp,
+        ")");
+    plan.layers = parallel::sdp::forward_masking_context(sdp_cover(cfg), ctx->dp_rank());
   }
   // Parameters are built on the device (drawn on the host, so every device starts from the
   // same values); with train.precision ≠ train.dtype the forward casts them (Note [Precision]).
@@ -80,6 +99,18 @@ void apply_pipeline(TrainPlan& plan, const Config& cfg) {
 void apply_data_parallel(TrainPlan& plan, const Config& cfg) {
   const ParallelConfig& pc = cfg.parallel;
   const optim::DecayRule rule = optim::parse_decay_rule(cfg.optim.decay_rule);
+  if (pc.sdp.mode == "forward") {  // Note [SDP plan]
+    parallel::ParallelContext* ctx = plan.ctx;
+    plan.optimizer = optimizer_factory(cfg.optim)(optim::make_param_refs(plan.trained(), rule));
+    plan.model->set_batch_slice(
+        {ctx->dp_rank() * cfg.data.batch_size, pc.dp * cfg.data.batch_size});
+    parallel::sdp::SliceSyncOptions so;
+    so.bucket_bytes = static_cast<size_t>(pc.bucket_mb * (1 << 20));
+    so.timeout_s = pc.comm_timeout_s;
+    plan.sdp = std::make_unique<parallel::sdp::SdpSync>(ctx->dp(), sdp_cover(cfg), plan.trained(),
+                                                        std::move(so));
+    return;
+  }
   if (pc.dp == 1 && pc.cp == 1) {
     plan.optimizer = optimizer_factory(cfg.optim)(optim::make_param_refs(plan.trained(), rule));
     return;
@@ -193,6 +224,10 @@ void TrainPlan::zero_grad() {
 }
 
 Tensor TrainPlan::finalize_gradients() {
+  if (sdp) {  // Note [SDP plan]
+    sdp->finish();
+    return sdp->grad_sq_sum(device);
+  }
   if (dp) dp->finish_gradient_sync();
   if (pipe) {  // Note [Tied embeddings across stages]; shard by shard when sharded
     if (dp && dp->zero_stage() >= 2)
@@ -238,6 +273,7 @@ std::vector<std::pair<std::string, Tensor>> TrainPlan::optimizer_state() const {
 std::string TrainPlan::describe() const {
   std::ostringstream os;
   if (dp) os << dp->describe() << "\n";
+  if (sdp) os << sdp->describe() << "\n";
   if (pipe) os << pipe->describe() << "; " << released << " parameters of other stages released\n";
   if (model_parallel) {
     os << "model parallel: tp " << ctx->tp_size()

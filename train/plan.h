@@ -25,6 +25,7 @@
 #include "optim/optimizer.h"
 #include "parallel/dp/data_parallel.h"
 #include "parallel/pp/pipeline.h"
+#include "parallel/sdp/sdp_sync.h"
 #include "train/config.h"
 #include "train/pieces.h"
 #include "train/step_runner.h"
@@ -62,6 +63,7 @@ struct TrainPlan {
   std::unique_ptr<parallel::DataParallel> dp;                 // dp or cp > 1: owns the optimizer
   std::unique_ptr<parallel::pp::StageUnitHooks> stage_hooks;  // ZeRO-3 under pp
   std::unique_ptr<optim::Optimizer> optimizer;                // without data parallelism
+  std::unique_ptr<parallel::sdp::SdpSync> sdp;  // parallel.sdp.mode forward (Note [SDP plan])
   std::unique_ptr<StepRunner> runner;
   parallel::ParallelContext* ctx = nullptr;  // null: one process
   Device device;
@@ -92,6 +94,14 @@ struct TrainPlan {
   std::vector<std::pair<std::string, Tensor>> optimizer_state() const;
   std::string describe() const;  // the layout's lines for the start of the log ("" alone)
 };
+
+// Note [SDP plan]: with parallel.sdp.mode forward the model is built with this dp rank's
+// forward-masking context (parallel/sdp/packed_layers.h: its blocks' MLPs packed to the units it
+// holds), there is no DataParallel, the optim.* optimizer runs over this rank's parameters (its
+// packed weights are the slices it holds: optimizer state only for them), and the gradient
+// finalisation is SdpSync's (parallel/sdp/sdp_sync.h): every slice averaged over its holders,
+// the replicated parameters over the dp group, after backward; the global norm counts each
+// element once. The data are the dp rank's, as under data parallelism.
 
 // Note [Plan order]. Throws ConfigError naming the key when the context does not fit the
 // config's parallel section. ctx may be null for one process.

@@ -55,6 +55,11 @@ double Trainer::evaluate() {
     s.ctx->cp().all_reduce(t, parallel::ReduceOp::kSum);
     mean = t.item();
   }
+  if (s.plan.sdp) {  // each worker evaluated its own subnetwork: their mean (Note [SDP plan])
+    Tensor t = Tensor::full({1}, mean, DType::kF64);
+    s.ctx->dp().all_reduce(t, parallel::ReduceOp::kAvg);
+    mean = t.item();
+  }
   s.model().train();
   return mean;
 }

@@ -120,7 +120,8 @@ void Trainer::State::build() {
   schedule = {o.schedule, o.lr, o.min_lr, o.warmup_steps, cfg.train.steps, o.decay_fraction};
 
   const DataConfig& d = cfg.data;
-  const int dp_rank = plan.dp ? ctx->dp_rank() : 0, dp_size = plan.dp ? ctx->dp_size() : 1;
+  const bool replicas = plan.dp || plan.sdp;  // each dp rank reads its own batches
+  const int dp_rank = replicas ? ctx->dp_rank() : 0, dp_size = replicas ? ctx->dp_size() : 1;
   if (d.packing) {  // whole documents (Note [Packed steps] in data/packed_loader.h)
     PackingOptions po;
     po.docs_per_rank = d.batch_size;
@@ -218,6 +219,10 @@ Trainer::Trainer(Config config, TrainerOptions options) : s_(std::make_unique<St
     s_->trace = std::make_unique<TraceRecorder>(s_->ctx ? s_->ctx->rank() : 0);
     if (s_->ctx)
       s_->ctx->set_observer([t = s_->trace.get()](const parallel::CommEvent& e) { t->comm(e); });
+  }
+  if (!options.resume.empty() && s_->cfg.parallel.sdp.mode != "none") {
+    throw ConfigError("--resume: checkpoints of SDP runs (parallel.sdp.mode " +
+                      s_->cfg.parallel.sdp.mode + ") are not built yet");
   }
   s_->build();
   if (!options.resume.empty()) s_->resume(options.resume);

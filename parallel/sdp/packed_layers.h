@@ -4,8 +4,8 @@
 // smaller dense weights. The GEMMs, the hidden activations, the gradients and hence the optimiser
 // state really shrink: no mask is multiplied and nothing is communicated in forward or backward.
 // Everything else (attention, embeddings, norms, the head) is built as on one device. This file
-// only builds layers: the gradient sync over holder sets is parallel/sdp/slice_sync.h, the plan
-// that composes them is not built yet.
+// only builds layers: the gradient sync over holder sets is parallel/sdp/slice_sync.h, and
+// parallel/sdp/sdp_sync.h with train/plan.cpp compose them (Note [SDP plan] in train/plan.h).
 //
 // Note [SDP packed MLP]: for block l with U hidden units and worker w holding units
 // O = owned_units(w, l) (⌊k·U/N⌋ or ⌈k·U/N⌉ of them, at most two ascending ranges):

@@ -378,5 +378,71 @@ TEST(Config, RefusesDuplicatesOddKeysAndImpossibleSizes) {
             "train.sample_tokens: must be in [0, 2^20], got -1");
 }
 
+// parallel.sdp (a mapping under parallel): defaults, the nested key in the file, in an override
+// and in the effective config; every refusal names its key.
+TEST(Config, SdpKeysNameTheKeys) {
+  const Config d = parse_config_text("");
+  EXPECT_EQ(d.parallel.sdp.mode, "none");
+  EXPECT_EQ(d.parallel.sdp.level, "neuron");
+  EXPECT_EQ(d.parallel.sdp.coverage, 1.0);
+  EXPECT_EQ(d.parallel.sdp.seed, 0);
+  const std::vector<std::string> ok = {"parallel.dp=4", "checkpoint.at_end=false"};
+  auto with = [&](std::vector<std::string> extra) {
+    std::vector<std::string> all = ok;
+    all.insert(all.end(), extra.begin(), extra.end());
+    return all;
+  };
+  const Config c = parse_config_text(
+      "parallel:\n  dp: 4\n  sdp:\n    mode: forward\n    coverage: 0.5\n    seed: 7\n"
+      "checkpoint:\n  at_end: false\n");
+  EXPECT_EQ(c.parallel.sdp.mode, "forward");
+  EXPECT_EQ(c.parallel.sdp.coverage, 0.5);
+  EXPECT_EQ(c.parallel.sdp.seed, 7);
+  const Config o =
+      parse_config_text("", with({"parallel.sdp.mode=forward", "parallel.sdp.coverage=0.75"}));
+  EXPECT_EQ(o.parallel.sdp.mode, "forward");
+  EXPECT_EQ(o.parallel.sdp.coverage, 0.75);
+  const Config back = parse_config_text(config_to_yaml(c));  // the nested mapping round-trips
+  EXPECT_EQ(back.parallel.sdp.mode, "forward");
+  EXPECT_EQ(back.parallel.sdp.coverage, 0.5);
+  EXPECT_EQ(back.parallel.sdp.seed, 7);
+  EXPECT_EQ(back.parallel.dp, 4);
+  EXPECT_EQ(error_of("parallel:\n  sdp:\n    colour: red\n"), "parallel.sdp.colour: unknown key");
+  EXPECT_EQ(error_of("parallel:\n  sdp: 3\n"), "parallel.sdp: expected a mapping of keys");
+  EXPECT_EQ(error_of("parallel.sdp:\n  mode: forward\n"), "parallel.sdp: unknown section");
+  EXPECT_EQ(error_of("", with({"parallel.sdp.mode=sideways"})),
+            "parallel.sdp.mode: unknown mode 'sideways' (none, forward)");
+  EXPECT_EQ(error_of("", with({"parallel.sdp.mode=backward"})),
+            "parallel.sdp.mode: backward masking is not built yet (none, forward)");
+  EXPECT_EQ(error_of("", with({"parallel.sdp.mode=forward", "parallel.sdp.level=block"})),
+            "parallel.sdp.level: block is not built yet (neuron)");
+  EXPECT_EQ(error_of("", with({"parallel.sdp.coverage=0"})),
+            "parallel.sdp.coverage: must be in (0, 1], got 0");
+  EXPECT_EQ(error_of("", with({"parallel.sdp.seed=-1"})),
+            "parallel.sdp.seed: must be non-negative, got -1");
+  EXPECT_EQ(error_of("", with({"parallel.sdp.mode=forward", "parallel.dp=1"})),
+            "parallel.sdp.mode: SDP needs parallel.dp >= 2 workers, got 1");
+  EXPECT_NE(error_of("", with({"parallel.sdp.mode=forward", "parallel.tp=2"}))
+                .find("parallel.sdp.mode: SDP runs over parallel.dp alone; set parallel.tp"),
+            std::string::npos);
+  EXPECT_NE(error_of("", with({"parallel.sdp.mode=forward", "parallel.zero_stage=1"}))
+                .find("set parallel.zero_stage to 0 (got 1)"),
+            std::string::npos);
+  EXPECT_EQ(error_of("", {"parallel.dp=4", "parallel.sdp.mode=forward"}),
+            "parallel.sdp.mode: checkpoints of SDP runs are not built yet; set checkpoint.every: "
+            "0 and checkpoint.at_end: false");
+  EXPECT_NE(error_of("", with({"parallel.sdp.mode=forward", "checkpoint.every=5"}))
+                .find("checkpoints of SDP runs are not built yet"),
+            std::string::npos);
+  // The cover's own checks (parallel/sdp/assignment.h) at load time: C·N not whole, k = 1.
+  const std::string frac =
+      error_of("", with({"parallel.sdp.mode=forward", "parallel.sdp.coverage=0.3"}));
+  EXPECT_EQ(frac.rfind("parallel.sdp.coverage: ", 0), 0u) << frac;
+  const std::string one =
+      error_of("", with({"parallel.sdp.mode=forward", "parallel.sdp.coverage=0.25"}));
+  EXPECT_NE(one.find("parallel.sdp.coverage"), std::string::npos) << one;
+  EXPECT_EQ(error_of("", with({"parallel.sdp.mode=forward", "parallel.sdp.coverage=0.5"})), "");
+}
+
 }  // namespace
 }  // namespace loom

@@ -1,0 +1,143 @@
+// parallel/sdp/sdp_sync.cpp — SDP's slices, finish-time sync and global norm (see the header,
+// Notes [SDP gradient slices], [SDP finish-time sync], [SDP global norm]).
+#include "parallel/sdp/sdp_sync.h"
+
+#include <algorithm>
+#include <numeric>
+#include <sstream>
+
+#include "core/error.h"
+#include "core/ops/view.h"
+#include "optim/clip.h"
+#include "parallel/sdp/packed_layers.h"
+
+namespace loom::parallel::sdp {
+namespace {
+
+// The block index of "blocks.<l>.…", or -1.
+int64_t block_of(const std::string& name) {
+  const std::string prefix = "blocks.";
+  if (name.rfind(prefix, 0) != 0) return -1;
+  const size_t end = name.find('.', prefix.size());
+  return std::stoll(name.substr(prefix.size(), end - prefix.size()));
+}
+
+}  // namespace
+
+std::vector<SdpSliceSpec> sdp_slices(const NeuronAssignment& cover, int worker,
+                                     const std::vector<std::pair<std::string, Tensor>>& params) {
+  const int64_t n_layer = static_cast<int64_t>(cover.layers.size());
+  std::vector<int> all(static_cast<size_t>(cover.workers));
+  std::iota(all.begin(), all.end(), 0);
+  // Every rank lists the same parameters, so (block, position among the block's packed
+  // parameters) and the replicated parameters' order are the same everywhere: the ids are
+  // global (Note [SDP gradient slices]).
+  std::vector<int64_t> position(params.size(), -1);
+  std::vector<int64_t> per_block(static_cast<size_t>(n_layer), 0);
+  int64_t packed_per_block = 0;
+  for (size_t i = 0; i < params.size(); ++i) {
+    if (params[i].second.placement().split_over(kAxisSdp) == nullptr) continue;
+    const int64_t l = block_of(params[i].first);
+    LOOM_CHECK(l >= 0 && l < n_layer, "SDP: packed parameter '", params[i].first,
+               "' is not in a block of the cover (", n_layer, " layers)");
+    position[i] = per_block[static_cast<size_t>(l)]++;
+    packed_per_block = std::max(packed_per_block, position[i] + 1);
+  }
+  const int64_t n = cover.workers;
+  std::vector<SdpSliceSpec> out;
+  int64_t next_replicated = n_layer * n * packed_per_block;
+  for (size_t i = 0; i < params.size(); ++i) {
+    const auto& [name, p] = params[i];
+    const Placement placement = p.placement();
+    const PlacementSplit* split = placement.split_over(kAxisSdp);
+    if (split == nullptr) {
+      out.push_back({next_replicated++, i, 0, 0, -1, all});
+      continue;
+    }
+    const int64_t l = block_of(name);
+    const LayerCover& layer = cover.layers[static_cast<size_t>(l)];
+    for (int s : layer.slices_of(worker)) {
+      const UnitSlice& us = layer.slices[static_cast<size_t>(s)];
+      if (us.size() == 0) continue;
+      bool found = false;
+      for (const PlacementRun& r : split->runs) {
+        if (us.begin >= r.global && us.end <= r.global + r.length) {
+          const int64_t id = ((n_layer - 1 - l) * n + s) * packed_per_block + position[i];
+          out.push_back(
+              {id, i, split->dim, r.local + (us.begin - r.global), us.size(), us.holders});
+          found = true;
+          break;
+        }
+      }
+      LOOM_CHECK(found, "SDP: packed parameter '", name, "' does not hold slice ", s, " [",
+                 us.begin, ", ", us.end, ") of block ", l, " that worker ", worker, " holds");
+    }
+  }
+  std::sort(out.begin(), out.end(),
+            [](const SdpSliceSpec& a, const SdpSliceSpec& b) { return a.id < b.id; });
+  return out;
+}
+
+namespace {
+
+Tensor slice_view(const Tensor& full, const SdpSliceSpec& s) {
+  return s.length < 0 ? full : ops::narrow(full, s.dim, s.local_begin, s.length);
+}
+
+}  // namespace
+
+SdpSync::SdpSync(Communicator& dp, NeuronAssignment cover,
+                 std::vector<std::pair<std::string, Tensor>> params, SliceSyncOptions options)
+    : dp_(dp), cover_(std::move(cover)), worker_(dp.rank()), params_(std::move(params)) {
+  LOOM_CONFIG_CHECK(dp.size() == cover_.workers, "parallel.dp: the SDP cover has ", cover_.workers,
+                    " workers but the dp group ", dp.size(), " ranks");
+  specs_ = sdp_slices(cover_, worker_, params_);
+  for (const auto& [name, p] : params_) buffers_.push_back(Tensor::zeros_like(p));
+  std::vector<HeldSlice> held;
+  for (const SdpSliceSpec& s : specs_)
+    held.push_back({s.id, s.holders, slice_view(buffers_[s.param], s)});
+  sync_ = std::make_unique<SliceSync>(dp, std::move(held), std::move(options));
+}
+
+SdpSync::~SdpSync() = default;
+
+void SdpSync::finish() {
+  for (size_t i = 0; i < params_.size(); ++i) {
+    Tensor p = params_[i].second;
+    Tensor& buf = buffers_[i];
+    const Tensor g = p.grad();
+    if (!g.defined()) {  // no gradient this step (unused): zeros, so the average is defined
+      ops::copy_(buf, Tensor::zeros_like(buf));
+    } else if (!(g.storage() == buf.storage() && g.offset() == buf.offset())) {
+      ops::copy_(buf, g);
+    }
+    p.set_grad(buf);
+  }
+  sync_->finish();
+}
+
+Tensor SdpSync::grad_sq_sum(Device device) const {
+  std::vector<Tensor> counted;
+  for (const SdpSliceSpec& s : specs_) {
+    if (s.holders.front() != worker_) continue;
+    if (!params_[s.param].second.placement().tied_to.empty()) continue;
+    counted.push_back(slice_view(buffers_[s.param], s));
+  }
+  Tensor sq = ops::reshape(optim::grad_sq_sum_tensor(counted, device), {1});
+  if (dp_.size() > 1) dp_.all_reduce(sq, ReduceOp::kSum);
+  return ops::reshape(sq, {});
+}
+
+std::string SdpSync::describe() const {
+  std::ostringstream os;
+  int64_t owned = 0;
+  for (const SdpSliceSpec& s : specs_)
+    if (s.length >= 0) ++owned;
+  os << "sdp: forward masking, neuron level, " << cover_.workers << " workers, coverage "
+     << cover_.coverage << " (" << cover_.replication << " holders per slice), seed " << cover_.seed
+     << "; " << owned << " packed slices and " << specs_.size() - static_cast<size_t>(owned)
+     << " replicated parameters synchronised after backward";
+  return os.str();
+}
+
+}  // namespace loom::parallel::sdp
