@@ -360,6 +360,9 @@ void validate_sdp_config(const Config& c) {
           "parallel.sdp.mode: checkpoints of SDP runs are not built yet; set checkpoint.every: 0 "
           "and checkpoint.at_end: false");
   require(!c.data.packing, "parallel.sdp.mode: data.packing is not supported with SDP yet");
+  require(c.train.init_from.empty(),
+          "parallel.sdp.mode: model.init_from is not supported with SDP yet (a worker's packed "
+          "weights would need the full checkpoint's owned rows)");
   parallel::sdp::CoverOptions o;
   o.workers = static_cast<int>(p.dp);
   o.coverage = s.coverage;

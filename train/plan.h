@@ -77,7 +77,8 @@ struct TrainPlan {
   // Note [Gradient finalisation]: the one place a step's gradients become final — the
   // data-parallel sync (the wait for the reductions launched in backward), the tied embedding's
   // exchange between pipeline stages, then the global Σ g² of parallel/gradients.h — returned
-  // as a 0-d f64 tensor on the device (nothing read back).
+  // as a 0-d f64 tensor on the device (nothing read back). Under SDP, SdpSync's holder-group
+  // sync and its once-per-element norm instead (Note [SDP plan]).
   Tensor finalize_gradients();
   // The optimizer step with every gradient multiplied by `factor` (0-d f64 on the device,
   // undefined: 1; not finite: the step is skipped, Note [Device step] in train/trainer.cpp).

@@ -18,7 +18,10 @@
 // Note [SDP finish-time sync]: v1 synchronises after backward (finish(), no overlap with
 // backward). Each parameter's gradient is copied into a persistent buffer the SliceSync reads
 // and writes, and .grad is pointed at it; the plan's zero_grad clears .grad as usual, so
-// backward allocates fresh gradients and accumulation over micro-batches is unchanged.
+// backward allocates fresh gradients and accumulation over micro-batches is unchanged. The
+// cost: one copy of each gradient per step, and the buffers beside backward's gradients until
+// the next zero_grad (twice the gradient memory at the peak); launching each slice from its
+// grad-ready hook, accumulating into the buffers, would remove both (not built yet).
 //
 // Note [SDP global norm]: Σ g² counts each element of the full model's gradient once: the
 // replicated parameters on dp rank 0 only, each slice on its lowest holder only; then one sum

@@ -434,6 +434,9 @@ TEST(Config, SdpKeysNameTheKeys) {
   EXPECT_NE(error_of("", with({"parallel.sdp.mode=forward", "checkpoint.every=5"}))
                 .find("checkpoints of SDP runs are not built yet"),
             std::string::npos);
+  EXPECT_EQ(error_of("", with({"parallel.sdp.mode=forward", "model.init_from=/x"})),
+            "parallel.sdp.mode: model.init_from is not supported with SDP yet (a worker's packed "
+            "weights would need the full checkpoint's owned rows)");
   // The cover's own checks (parallel/sdp/assignment.h) at load time: C·N not whole, k = 1.
   const std::string frac =
       error_of("", with({"parallel.sdp.mode=forward", "parallel.sdp.coverage=0.3"}));
