@@ -137,49 +137,12 @@ TEST(OdcWindow, SlotsReduceInRankOrder) {
 
 // ---- training equivalence -------------------------------------------------------------------
 
-void expect_equivalent(const RunResult& ref, const RunResult& got) {
-  ASSERT_EQ(ref.losses.size(), got.losses.size());
-  for (size_t s = 0; s < ref.losses.size(); ++s) {
-    EXPECT_NEAR(got.losses[s], ref.losses[s], kLossRelTol * std::abs(ref.losses[s]))
-        << "loss of step " << s;
-    EXPECT_NEAR(got.norms[s], ref.norms[s], kNormRelTol * std::abs(ref.norms[s]))
-        << "gradient norm of step " << s;
-  }
-  ASSERT_EQ(ref.params.size(), got.params.size());
-  double worst = 0.0;
-  std::string worst_name;
-  for (size_t i = 0; i < ref.params.size(); ++i) {
-    ASSERT_EQ(ref.params[i].first, got.params[i].first);
-    const std::vector<double> a = ref.params[i].second.to_vector();
-    const std::vector<double> b = got.params[i].second.to_vector();
-    ASSERT_EQ(a.size(), b.size());
-    for (size_t k = 0; k < a.size(); ++k) {
-      if (!(std::abs(a[k] - b[k]) <= worst)) {  // NaN counts as the worst
-        worst = std::isnan(b[k]) ? INFINITY : std::abs(a[k] - b[k]);
-        worst_name = ref.params[i].first;
-      }
-    }
-  }
-  EXPECT_LE(worst, kParamTol) << "largest parameter difference, in " << worst_name;
-}
-
 void expect_identical(const RunResult& a, const RunResult& b) {
   EXPECT_EQ(a.losses, b.losses);
   EXPECT_EQ(a.norms, b.norms);
   ASSERT_EQ(a.params.size(), b.params.size());
   for (size_t i = 0; i < a.params.size(); ++i)
     EXPECT_TRUE(testing::same_bits(a.params[i].second, b.params[i].second)) << a.params[i].first;
-}
-
-// Every replica holds identical parameters, bit for bit.
-void expect_replicas_agree(const ParallelContext& ctx, const RunResult& got) {
-  for (const auto& [name, p] : got.params) {
-    const Tensor h = Tensor::from_vector<int64_t>({testing::bits_hash(p)}, {1});
-    Tensor all = Tensor::zeros({ctx.dp_size()}, DType::kI64);
-    ctx.dp().all_gather(h, all);
-    for (int r = 0; r < ctx.dp_size(); ++r)
-      EXPECT_EQ(all.data<int64_t>()[r], h.data<int64_t>()[0]) << name << " differs on rank " << r;
-  }
 }
 
 const RunResult& reference() {
@@ -202,10 +165,10 @@ void run_equivalence(const Case& c) {
   ParallelContext ctx = make_ctx(c.dp, c.mics_partition);
   const bool mics = c.mics_partition > 0;
   const RunResult odc = testing::dp_run(ctx, odc_config(false), mics, kSteps, c.micro);
-  expect_equivalent(reference(), odc);
-  expect_replicas_agree(ctx, odc);
+  testing::expect_equivalent(reference(), odc, kLossRelTol, kNormRelTol, kParamTol);
+  testing::expect_replicas_agree(ctx, odc);
   const RunResult zero3 = testing::dp_run(ctx, dp_config(3, 0), mics, kSteps, c.micro);
-  expect_equivalent(zero3, odc);
+  testing::expect_equivalent(zero3, odc, kLossRelTol, kNormRelTol, kParamTol);
 }
 
 TEST(Odc, Dp2MatchesOneProcessAndZero3) { run_equivalence({2, 0, 1}); }
@@ -221,11 +184,14 @@ TEST(Odc, OverlapOffMatchesOneProcess) {
   ParallelContext ctx = make_ctx(testing::world_size(), 0);
   DataParallelConfig c = odc_config(false);
   c.overlap = false;
-  expect_equivalent(reference(), testing::dp_run(ctx, c, false, kSteps, 2));
+  testing::expect_equivalent(reference(), testing::dp_run(ctx, c, false, kSteps, 2), kLossRelTol,
+                             kNormRelTol, kParamTol);
 }
 TEST(Odc, ActivationCheckpointingMatchesOneProcess) {
   ParallelContext ctx = make_ctx(testing::world_size(), 0);
-  expect_equivalent(reference(), testing::dp_run(ctx, odc_config(false), false, kSteps, 2, true));
+  testing::expect_equivalent(reference(),
+                             testing::dp_run(ctx, odc_config(false), false, kSteps, 2, true),
+                             kLossRelTol, kNormRelTol, kParamTol);
 }
 
 // ---- unequal micro-batch counts -----------------------------------------------------------
@@ -301,8 +267,8 @@ void run_uneven(int dp, int mics_partition, bool deterministic) {
   ParallelContext ctx = make_ctx(dp, mics_partition);
   const RunResult got =
       uneven_run(ctx, odc_config(deterministic), mics_partition > 0, kSteps, uneven_counts(dp));
-  expect_equivalent(reference(), got);
-  expect_replicas_agree(ctx, got);
+  testing::expect_equivalent(reference(), got, kLossRelTol, kNormRelTol, kParamTol);
+  testing::expect_replicas_agree(ctx, got);
 }
 
 TEST(OdcUneven, Dp2ThreeAndOneMicroBatchesMatchOneProcess) { run_uneven(2, 0, false); }

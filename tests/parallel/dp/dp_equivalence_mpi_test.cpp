@@ -43,32 +43,6 @@ struct Case {
   bool checkpointing = false;
 };
 
-void expect_equivalent(const RunResult& ref, const RunResult& got) {
-  ASSERT_EQ(ref.losses.size(), got.losses.size());
-  for (size_t s = 0; s < ref.losses.size(); ++s) {
-    EXPECT_NEAR(got.losses[s], ref.losses[s], kLossRelTol * std::abs(ref.losses[s]))
-        << "loss of step " << s;
-    EXPECT_NEAR(got.norms[s], ref.norms[s], kNormRelTol * std::abs(ref.norms[s]))
-        << "gradient norm of step " << s;
-  }
-  ASSERT_EQ(ref.params.size(), got.params.size());
-  double worst = 0.0;
-  std::string worst_name;
-  for (size_t i = 0; i < ref.params.size(); ++i) {
-    ASSERT_EQ(ref.params[i].first, got.params[i].first);
-    const std::vector<double> a = ref.params[i].second.to_vector();
-    const std::vector<double> b = got.params[i].second.to_vector();
-    ASSERT_EQ(a.size(), b.size());
-    for (size_t k = 0; k < a.size(); ++k) {
-      if (std::abs(a[k] - b[k]) > worst) {
-        worst = std::abs(a[k] - b[k]);
-        worst_name = ref.params[i].first;
-      }
-    }
-  }
-  EXPECT_LE(worst, kParamTol) << "largest parameter difference, in " << worst_name;
-}
-
 void run_case(const Case& c) {
   const int world = testing::world_size();
   if (world % c.dp != 0) GTEST_SKIP() << "needs a world size divisible by " << c.dp;
@@ -80,17 +54,8 @@ void run_case(const Case& c) {
       ParallelContext::create(dp_layout(world, c.dp, c.mics_partition, testing::kTestCommTimeoutS));
   const RunResult got = testing::dp_run(ctx, dp_config(c.zero_stage, c.bucket_bytes),
                                         c.mics_partition > 0, kSteps, c.micro, c.checkpointing);
-  expect_equivalent(ref, got);
-  // Every replica must hold identical parameters, bit for bit.
-  for (const auto& [name, p] : got.params) {
-    const Tensor h = Tensor::from_vector<int64_t>({testing::bits_hash(p)}, {1});
-    Tensor all = Tensor::zeros({ctx.dp_size()}, DType::kI64);
-    ctx.dp().all_gather(h, all);
-    for (int r = 0; r < ctx.dp_size(); ++r) {
-      EXPECT_EQ(all.data<int64_t>()[r], h.data<int64_t>()[0])
-          << name << " differs on dp rank " << r;
-    }
-  }
+  testing::expect_equivalent(ref, got, kLossRelTol, kNormRelTol, kParamTol);
+  testing::expect_replicas_agree(ctx, got);
 }
 
 constexpr size_t kSmallBuckets = 16 << 10;  // several buckets for the tiny GPT

@@ -1,8 +1,11 @@
 // tests/parallel/dp/dp_test_util.h — shared pieces of the data-parallel tests: the tiny GPT, the
 // fixed global batches, the single-process reference run (computed inside every rank, no
 // files), the same training under DataParallel on this rank's rows, and the layouts
-// (dp size, MiCS partition) that fit the world size. Tests only.
+// (dp size, MiCS partition) that fit the world size, and the comparisons of a run with the
+// reference and of the replicas with each other. Tests only.
 #pragma once
+
+#include <gtest/gtest.h>
 
 #include <cmath>
 #include <cstdint>
@@ -21,6 +24,7 @@
 #include "optim/decay_rule.h"
 #include "parallel/dp/data_parallel.h"
 #include "parallel/parallel_context.h"
+#include "tests/parallel/mpi_test_util.h"
 
 namespace loom::parallel::testing {
 
@@ -85,6 +89,47 @@ struct RunResult {
 };
 
 // The single-process run: the full batch, plain AdamW, optim::clip_grad_norm.
+// A run against the reference: losses within loss_rel and norms within norm_rel (relative) at
+// every step, every parameter within param_abs (absolute; NaN counts as the worst).
+inline void expect_equivalent(const RunResult& ref, const RunResult& got, double loss_rel,
+                              double norm_rel, double param_abs) {
+  ASSERT_EQ(ref.losses.size(), got.losses.size());
+  for (size_t s = 0; s < ref.losses.size(); ++s) {
+    EXPECT_NEAR(got.losses[s], ref.losses[s], loss_rel * std::abs(ref.losses[s]))
+        << "loss of step " << s;
+    EXPECT_NEAR(got.norms[s], ref.norms[s], norm_rel * std::abs(ref.norms[s]))
+        << "gradient norm of step " << s;
+  }
+  ASSERT_EQ(ref.params.size(), got.params.size());
+  double worst = 0.0;
+  std::string worst_name;
+  for (size_t i = 0; i < ref.params.size(); ++i) {
+    ASSERT_EQ(ref.params[i].first, got.params[i].first);
+    const std::vector<double> a = ref.params[i].second.to_vector();
+    const std::vector<double> b = got.params[i].second.to_vector();
+    ASSERT_EQ(a.size(), b.size());
+    for (size_t k = 0; k < a.size(); ++k) {
+      if (!(std::abs(a[k] - b[k]) <= worst)) {  // NaN counts as the worst
+        worst = std::isnan(b[k]) ? INFINITY : std::abs(a[k] - b[k]);
+        worst_name = ref.params[i].first;
+      }
+    }
+  }
+  EXPECT_LE(worst, param_abs) << "largest parameter difference, in " << worst_name;
+}
+
+// Every data-parallel replica holds identical parameters, bit for bit. Collective over dp.
+inline void expect_replicas_agree(const ParallelContext& ctx, const RunResult& got) {
+  for (const auto& [name, p] : got.params) {
+    const Tensor h = Tensor::from_vector<int64_t>({bits_hash(p)}, {1});
+    Tensor all = Tensor::zeros({ctx.dp_size()}, DType::kI64);
+    ctx.dp().all_gather(h, all);
+    for (int r = 0; r < ctx.dp_size(); ++r)
+      EXPECT_EQ(all.data<int64_t>()[r], h.data<int64_t>()[0])
+          << name << " differs on dp rank " << r;
+  }
+}
+
 inline RunResult reference_run(int steps) {
   Transformer model(dp_tiny_gpt());
   Generator gen(kInitSeed);
