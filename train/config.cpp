@@ -327,7 +327,6 @@ void validate_model_parallel_config(const Config& c) {
   if (p.tp == 1 && p.cp == 1) return;
 }
 
-// Note [Precision] in train/config.h.
 // parallel.sdp (docs/parallel.md, "SDP"): forward masking at the neuron level over the dp group
 // alone; the cover is built here (cheap) so that its errors — coverage, holder graph, hidden
 // sizes — come at load time. Checkpoints of SDP runs are not built yet.
@@ -371,6 +370,7 @@ void validate_sdp_config(const Config& c) {
   parallel::sdp::assign_neurons(o, units);  // ConfigError naming parallel.sdp.coverage, …
 }
 
+// Note [Precision] in train/config.h.
 void validate_precision(const TrainConfig& t) {
   const std::string& p = t.precision;
   require(p == "f32" || p == "f64" || p == "bf16" || p == "f16",
