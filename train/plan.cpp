@@ -107,8 +107,11 @@ void apply_data_parallel(TrainPlan& plan, const Config& cfg) {
     parallel::sdp::SliceSyncOptions so;
     so.bucket_bytes = static_cast<size_t>(pc.bucket_mb * (1 << 20));
     so.timeout_s = pc.comm_timeout_s;
+    // Its hooks launch each slice's average at the last micro-batch's backward (Note [SDP
+    // overlapped sync]); zero_grad attaches its buffers as the gradients.
     plan.sdp = std::make_unique<parallel::sdp::SdpSync>(ctx->dp(), sdp_cover(cfg), plan.trained(),
-                                                        std::move(so));
+                                                        std::move(so),
+                                                        static_cast<int>(cfg.optim.grad_accum));
     return;
   }
   if (pc.dp == 1 && pc.cp == 1) {
@@ -217,7 +220,9 @@ std::vector<TrainedPiece> TrainPlan::trained_pieces() const {
 }
 
 void TrainPlan::zero_grad() {
-  if (dp)
+  if (sdp)  // Note [SDP plan]: the persistent buffers become the gradients
+    sdp->zero_grad();
+  else if (dp)
     dp->zero_grad();
   else
     optimizer->zero_grad();

@@ -1,11 +1,12 @@
-// parallel/sdp/sdp_sync.cpp — SDP's slices, finish-time sync and global norm (see the header,
-// Notes [SDP gradient slices], [SDP finish-time sync], [SDP global norm]).
+// parallel/sdp/sdp_sync.cpp — SDP's slices, the sync overlapped with backward and the global
+// norm (see the header, Notes [SDP gradient slices], [SDP overlapped sync], [SDP global norm]).
 #include "parallel/sdp/sdp_sync.h"
 
 #include <algorithm>
 #include <numeric>
 #include <sstream>
 
+#include "core/autograd.h"
 #include "core/error.h"
 #include "core/ops/view.h"
 #include "optim/clip.h"
@@ -87,33 +88,83 @@ Tensor slice_view(const Tensor& full, const SdpSliceSpec& s) {
 }  // namespace
 
 SdpSync::SdpSync(Communicator& dp, NeuronAssignment cover,
-                 std::vector<std::pair<std::string, Tensor>> params, SliceSyncOptions options)
-    : dp_(dp), cover_(std::move(cover)), worker_(dp.rank()), params_(std::move(params)) {
+                 std::vector<std::pair<std::string, Tensor>> params, SliceSyncOptions options,
+                 int micro_batches)
+    : dp_(dp),
+      cover_(std::move(cover)),
+      worker_(dp.rank()),
+      params_(std::move(params)),
+      micro_batches_(micro_batches),
+      link_(std::make_shared<HookLink>()) {
   LOOM_CONFIG_CHECK(dp.size() == cover_.workers, "parallel.dp: the SDP cover has ", cover_.workers,
                     " workers but the dp group ", dp.size(), " ranks");
+  LOOM_CHECK(micro_batches >= 1, "SDP: micro_batches must be at least 1, got ", micro_batches);
   specs_ = sdp_slices(cover_, worker_, params_);
   for (const auto& [name, p] : params_) buffers_.push_back(Tensor::zeros_like(p));
+  slice_ids_.resize(params_.size());
+  fired_.assign(params_.size(), 0);
   std::vector<HeldSlice> held;
-  for (const SdpSliceSpec& s : specs_)
+  for (const SdpSliceSpec& s : specs_) {
     held.push_back({s.id, s.holders, slice_view(buffers_[s.param], s)});
+    slice_ids_[s.param].push_back(s.id);  // specs_ is in ascending id
+  }
   sync_ = std::make_unique<SliceSync>(dp, std::move(held), std::move(options));
+  link_->owner = this;
+  for (size_t i = 0; i < params_.size(); ++i) {
+    std::shared_ptr<HookLink> link = link_;
+    params_[i].second.register_grad_ready_hook([link, i](Tensor& leaf) {
+      if (link->owner != nullptr) link->owner->on_grad_ready(i, leaf);
+    });
+  }
 }
 
-SdpSync::~SdpSync() = default;
+SdpSync::~SdpSync() { link_->owner = nullptr; }
+
+void SdpSync::zero_grad() {
+  for (size_t i = 0; i < params_.size(); ++i) {
+    ops::copy_(buffers_[i], Tensor::zeros_like(buffers_[i]));
+    params_[i].second.set_grad(buffers_[i]);
+  }
+  std::fill(fired_.begin(), fired_.end(), 0);
+  events_.clear();
+}
+
+void SdpSync::mark(std::string what) {
+  events_.push_back({SdpEvent::Kind::kMark, -1, 0, std::move(what)});
+}
+
+void SdpSync::adopt(size_t index) {
+  Tensor p = params_[index].second;
+  Tensor& buf = buffers_[index];
+  const Tensor g = p.grad();
+  if (!g.defined()) {  // no gradient this step (unused): zeros, so the average is defined
+    ops::copy_(buf, Tensor::zeros_like(buf));
+  } else if (!(g.storage() == buf.storage() && g.offset() == buf.offset())) {
+    ops::copy_(buf, g);  // .grad was cleared behind our back: AccumulateGrad made a fresh one
+  }
+  p.set_grad(buf);
+}
+
+void SdpSync::on_grad_ready(size_t index, Tensor& /*leaf*/) {
+  events_.push_back({SdpEvent::Kind::kHook, -1, index, {}});
+  const int fired = ++fired_[index];
+  LOOM_CHECK(fired <= micro_batches_, "SDP: gradient of '", params_[index].first, "' arrived ",
+             fired, " times in a step of ", micro_batches_,
+             " micro-batches; call finish() (finalize_gradients) and zero_grad() before another "
+             "backward");
+  adopt(index);
+  if (fired < micro_batches_) return;
+  for (int64_t id : slice_ids_[index]) {
+    events_.push_back({SdpEvent::Kind::kLaunch, id, index, {}});
+    sync_->launch(id);
+  }
+}
 
 void SdpSync::finish() {
-  for (size_t i = 0; i < params_.size(); ++i) {
-    Tensor p = params_[i].second;
-    Tensor& buf = buffers_[i];
-    const Tensor g = p.grad();
-    if (!g.defined()) {  // no gradient this step (unused): zeros, so the average is defined
-      ops::copy_(buf, Tensor::zeros_like(buf));
-    } else if (!(g.storage() == buf.storage() && g.offset() == buf.offset())) {
-      ops::copy_(buf, g);
-    }
-    p.set_grad(buf);
-  }
+  for (size_t i = 0; i < params_.size(); ++i)
+    if (fired_[i] < micro_batches_) adopt(i);
   sync_->finish();
+  std::fill(fired_.begin(), fired_.end(), 0);
 }
 
 Tensor SdpSync::grad_sq_sum(Device device) const {
@@ -136,7 +187,7 @@ std::string SdpSync::describe() const {
   os << "sdp: forward masking, neuron level, " << cover_.workers << " workers, coverage "
      << cover_.coverage << " (" << cover_.replication << " holders per slice), seed " << cover_.seed
      << "; " << owned << " packed slices and " << specs_.size() - static_cast<size_t>(owned)
-     << " replicated parameters synchronised after backward";
+     << " replicated parameters averaged from the gradient hooks, overlapped with backward";
   return os.str();
 }
 

@@ -15,13 +15,24 @@
 // after the packed ones in the model's parameter order. So the replicated gradients become the
 // plain data-parallel average over N, and each slice the average over its k holders.
 //
-// Note [SDP finish-time sync]: v1 synchronises after backward (finish(), no overlap with
-// backward). Each parameter's gradient is copied into a persistent buffer the SliceSync reads
-// and writes, and .grad is pointed at it; the plan's zero_grad clears .grad as usual, so
-// backward allocates fresh gradients and accumulation over micro-batches is unchanged. The
-// cost: one copy of each gradient per step, and the buffers beside backward's gradients until
-// the next zero_grad (twice the gradient memory at the peak); launching each slice from its
-// grad-ready hook, accumulating into the buffers, would remove both (not built yet).
+// Note [SDP overlapped sync]: the sync runs while backward continues. zero_grad() zeroes one
+// persistent buffer per parameter and points .grad at it, so backward accumulates into the
+// memory the SliceSync's views name (AccumulateGrad adds in place into a defined .grad); each
+// parameter's grad-ready hook (core/autograd.h, Note [Gradient-ready hooks]) counts the
+// backwards of the step and, at the micro_batches-th, launches the parameter's slices: their
+// gradient is final. SliceSync issues a holder set's buckets in ascending id, and the ids run in
+// the order backward finishes the blocks (Note [SDP gradient slices]), so the last block's
+// averages are on the wire while the earlier blocks' backward runs. finish() (from
+// finalize_gradients) launches what no hook launched (a parameter that got no gradient in some
+// micro-batch: its buffer keeps the zeros or the partial sum), waits, and the averages land in
+// the buffers, which are the gradients: no per-step copy and no second gradient copy beside
+// backward's. Counting instead of a "last micro-batch" flag keeps the step runner unaware of SDP:
+// a parameter fires at most once per backward, so the micro_batches-th firing is the last; a
+// further backward before finish() is an error naming the parameter. If .grad was cleared
+// behind SdpSync's back (a zero_grad other than this one), the hook copies the fresh gradient
+// into the buffer and points .grad back, as GradBuckets does; finish() does the same for a
+// parameter whose hook never fired. events() records the step's hooks, launches and mark()s in
+// order: the tests prove the overlap from it (a launch before an earlier block's hook).
 //
 // Note [SDP global norm]: Σ g² counts each element of the full model's gradient once: the
 // replicated parameters on dp rank 0 only, each slice on its lowest holder only; then one sum
@@ -30,6 +41,7 @@
 // 1 every slice's lowest holder is rank 0, and the sum is data parallelism's.
 #pragma once
 
+#include <functional>
 #include <memory>
 #include <string>
 #include <utility>
@@ -60,15 +72,38 @@ struct SdpSliceSpec {
 std::vector<SdpSliceSpec> sdp_slices(const NeuronAssignment& cover, int worker,
                                      const std::vector<std::pair<std::string, Tensor>>& params);
 
+// One entry of SdpSync::events(): a parameter's grad-ready hook (param = its index), a slice's
+// launch from a hook (id), or a mark() (what).
+struct SdpEvent {
+  enum class Kind { kHook, kLaunch, kMark };
+  Kind kind = Kind::kHook;
+  int64_t id = -1;
+  size_t param = 0;
+  std::string what;
+};
+
 class SdpSync {
  public:
-  // Collective over `dp` (N = cover.workers ranks; this rank is worker dp.rank()).
+  // Collective over `dp` (N = cover.workers ranks; this rank is worker dp.rank()). Registers a
+  // grad-ready hook on every parameter (inert once this object is gone); micro_batches: the
+  // backwards per step (optim.grad_accum), Note [SDP overlapped sync].
   SdpSync(Communicator& dp, NeuronAssignment cover,
-          std::vector<std::pair<std::string, Tensor>> params, SliceSyncOptions options = {});
+          std::vector<std::pair<std::string, Tensor>> params, SliceSyncOptions options = {},
+          int micro_batches = 1);
   ~SdpSync();
+  SdpSync(const SdpSync&) = delete;
+  SdpSync& operator=(const SdpSync&) = delete;
 
-  // Note [SDP finish-time sync]: every gradient becomes its holders' average.
+  // Before a step's first backward: the buffers zeroed and attached as .grad, counts and events
+  // reset.
+  void zero_grad();
+  // Note [SDP overlapped sync]: waits for the launched slices (launching the rest); every
+  // gradient becomes its holders' average.
   void finish();
+  // The step's events in order (Note [SDP overlapped sync]); mark() adds one (tests: a marker in
+  // a layer's backward).
+  const std::vector<SdpEvent>& events() const { return events_; }
+  void mark(std::string what);
   // Note [SDP global norm]: a 0-d f64 tensor on `device`, the same on every rank. Collective.
   Tensor grad_sq_sum(Device device) const;
   const NeuronAssignment& cover() const { return cover_; }
@@ -81,9 +116,20 @@ class SdpSync {
   NeuronAssignment cover_;
   int worker_;
   std::vector<std::pair<std::string, Tensor>> params_;
-  std::vector<Tensor> buffers_;  // per parameter: the persistent gradient
+  struct HookLink {
+    SdpSync* owner = nullptr;
+  };
+  void on_grad_ready(size_t index, Tensor& leaf);
+  void adopt(size_t index);  // .grad into the buffer when it is elsewhere (or zeros if none)
+
+  int micro_batches_;
+  std::vector<Tensor> buffers_;                  // per parameter: the persistent gradient
+  std::vector<std::vector<int64_t>> slice_ids_;  // per parameter: its slices' ids, ascending
+  std::vector<int> fired_;                       // per parameter: hooks this step
   std::vector<SdpSliceSpec> specs_;
   std::unique_ptr<SliceSync> sync_;
+  std::vector<SdpEvent> events_;
+  std::shared_ptr<HookLink> link_;  // the hooks reach this object only while it lives
 };
 
 }  // namespace loom::parallel::sdp
