@@ -129,10 +129,6 @@ void SdpSync::zero_grad() {
   events_.clear();
 }
 
-void SdpSync::mark(std::string what) {
-  events_.push_back({SdpEvent::Kind::kMark, -1, 0, std::move(what)});
-}
-
 void SdpSync::adopt(size_t index) {
   Tensor p = params_[index].second;
   Tensor& buf = buffers_[index];
@@ -146,7 +142,7 @@ void SdpSync::adopt(size_t index) {
 }
 
 void SdpSync::on_grad_ready(size_t index, Tensor& /*leaf*/) {
-  events_.push_back({SdpEvent::Kind::kHook, -1, index, {}});
+  events_.push_back({SdpEvent::Kind::kHook, -1, index});
   const int fired = ++fired_[index];
   LOOM_CHECK(fired <= micro_batches_, "SDP: gradient of '", params_[index].first, "' arrived ",
              fired, " times in a step of ", micro_batches_,
@@ -155,7 +151,7 @@ void SdpSync::on_grad_ready(size_t index, Tensor& /*leaf*/) {
   adopt(index);
   if (fired < micro_batches_) return;
   for (int64_t id : slice_ids_[index]) {
-    events_.push_back({SdpEvent::Kind::kLaunch, id, index, {}});
+    events_.push_back({SdpEvent::Kind::kLaunch, id, index});
     sync_->launch(id);
   }
 }

@@ -31,8 +31,8 @@
 // further backward before finish() is an error naming the parameter. If .grad was cleared
 // behind SdpSync's back (a zero_grad other than this one), the hook copies the fresh gradient
 // into the buffer and points .grad back, as GradBuckets does; finish() does the same for a
-// parameter whose hook never fired. events() records the step's hooks, launches and mark()s in
-// order: the tests prove the overlap from it (a launch before an earlier block's hook).
+// parameter whose hook never fired. events() lists the step's hooks and launches in order: the
+// tests prove the overlap from it (a launch before an earlier block's hook).
 //
 // Note [SDP global norm]: Σ g² counts each element of the full model's gradient once: the
 // replicated parameters on dp rank 0 only, each slice on its lowest holder only; then one sum
@@ -72,14 +72,13 @@ struct SdpSliceSpec {
 std::vector<SdpSliceSpec> sdp_slices(const NeuronAssignment& cover, int worker,
                                      const std::vector<std::pair<std::string, Tensor>>& params);
 
-// One entry of SdpSync::events(): a parameter's grad-ready hook (param = its index), a slice's
-// launch from a hook (id), or a mark() (what).
+// One entry of SdpSync::events(): a parameter's grad-ready hook (param = its index) or a slice's
+// launch from a hook (id, and its parameter).
 struct SdpEvent {
-  enum class Kind { kHook, kLaunch, kMark };
+  enum class Kind { kHook, kLaunch };
   Kind kind = Kind::kHook;
   int64_t id = -1;
   size_t param = 0;
-  std::string what;
 };
 
 class SdpSync {
@@ -100,10 +99,8 @@ class SdpSync {
   // Note [SDP overlapped sync]: waits for the launched slices (launching the rest); every
   // gradient becomes its holders' average.
   void finish();
-  // The step's events in order (Note [SDP overlapped sync]); mark() adds one (tests: a marker in
-  // a layer's backward).
+  // The step's events in order (Note [SDP overlapped sync]), cleared by zero_grad().
   const std::vector<SdpEvent>& events() const { return events_; }
-  void mark(std::string what);
   // Note [SDP global norm]: a 0-d f64 tensor on `device`, the same on every rank. Collective.
   Tensor grad_sq_sum(Device device) const;
   const NeuronAssignment& cover() const { return cover_; }
