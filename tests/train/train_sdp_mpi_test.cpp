@@ -1,6 +1,7 @@
 // tests/train/train_sdp_mpi_test.cpp — the trainer under mpirun with SDP forward masking at the
 // neuron level (parallel.sdp, train/plan.h Note [SDP plan]): at coverage 1 it is plain data
-// parallelism (losses, norms and parameters to f32 rounding); at coverage 1/2 (and 1/4 at 8
+// parallelism (losses, norms and parameters to f32 rounding), also with 2 accumulation
+// micro-batches (the sync launched from the hooks at the last one); at coverage 1/2 (and 1/4 at 8
 // ranks) every rank's parameters after 3 steps equal worker r of a single-process reference
 // built here from the cover alone — N worker models, each on the batch its rank reads, every MLP
 // unit's gradient averaged over the workers holding it and every other gradient over all N,
@@ -40,11 +41,12 @@ std::string model_yaml(const std::string& arch) {
 
 // sdp_coverage 0: plain data parallelism (parallel.dp = world, ZeRO 0).
 Config config_for(const std::string& dir, const std::string& out, const std::string& arch, int dp,
-                  double sdp_coverage, int64_t steps = 3) {
+                  double sdp_coverage, int64_t steps = 3, int64_t grad_accum = 1) {
   std::ostringstream y;
   y << model_yaml(arch) << "data: {train: " << dir << "/data/train_*.bin, val: " << dir
     << "/data/train_*.bin, batch_size: 2, seq_len: 16}\n"
-    << "optim: {lr: 1.0e-2, min_lr: 1.0e-3, warmup_steps: 2, eps: 1.0e-6, grad_clip: 0.5}\n"
+    << "optim: {lr: 1.0e-2, min_lr: 1.0e-3, warmup_steps: 2, eps: 1.0e-6, grad_clip: 0.5, "
+    << "grad_accum: " << grad_accum << "}\n"
     << "train: {steps: " << steps
     << ", peak_flops: 1.0e10, log_every: 100, val_every: 0, val_steps: 2, sample_every: 0, "
        "out_dir: "
@@ -66,18 +68,21 @@ double max_abs_diff(const Tensor& a, const Tensor& b) {
   return worst;
 }
 
-TEST(TrainSdp, CoverageOneIsDataParallelism) {
+// Coverage 1 against DDP; with accumulation (grad_accum 2) SdpSync's hooks launch only at the
+// second micro-batch's backward (Note [SDP overlapped sync]) and the steps still agree.
+void expect_coverage_one_is_ddp(const std::vector<std::string>& archs, int64_t grad_accum) {
   ParallelOptions po;
   po.shape.dp = testing::world_size();
   ParallelContext ctx = ParallelContext::create(po);
   const int n = ctx.dp_size();
   const std::string dir = testing::shared_train_data(ctx, "loom_train_sdp1");
   std::ostringstream log;
-  for (const std::string arch : {"gpt2", "llama"}) {
-    Trainer sdp(config_for(dir, dir + "/sdp_" + arch, arch, n, 1.0, 4),
+  for (const std::string& arch : archs) {
+    const std::string tag = arch + "_accum" + std::to_string(grad_accum);
+    Trainer sdp(config_for(dir, dir + "/sdp_" + tag, arch, n, 1.0, 4, grad_accum),
                 testing::trainer_options(log, &ctx));
     const auto a = sdp.run();
-    Trainer ddp(config_for(dir, dir + "/ddp_" + arch, arch, n, 0, 4),
+    Trainer ddp(config_for(dir, dir + "/ddp_" + tag, arch, n, 0, 4, grad_accum),
                 testing::trainer_options(log, &ctx));
     const auto b = ddp.run();
     ASSERT_EQ(a.size(), b.size());
@@ -94,6 +99,12 @@ TEST(TrainSdp, CoverageOneIsDataParallelism) {
     }
   }
   ctx.world().barrier();
+}
+
+TEST(TrainSdp, CoverageOneIsDataParallelism) { expect_coverage_one_is_ddp({"gpt2", "llama"}, 1); }
+
+TEST(TrainSdp, CoverageOneWithAccumulationIsDataParallelism) {
+  expect_coverage_one_is_ddp({"gpt2"}, 2);
 }
 
 // The packed dim of an MLP parameter by its name (fc/gate/up rows, proj/down columns), -1 for
