@@ -101,8 +101,9 @@ struct TrainPlan {
 // holds), there is no DataParallel, the optim.* optimizer runs over this rank's parameters (its
 // packed weights are the slices it holds: optimizer state only for them), and the gradient
 // finalisation is SdpSync's (parallel/sdp/sdp_sync.h): every slice averaged over its holders,
-// the replicated parameters over the dp group, after backward; the global norm counts each
-// element once. The data are the dp rank's, as under data parallelism.
+// the replicated parameters over the dp group, launched from the gradient hooks during the
+// step's last backward (Note [SDP overlapped sync]) so finalize_gradients only waits; the global
+// norm counts each element once. The data are the dp rank's, as under data parallelism.
 
 // Note [Plan order]. Throws ConfigError naming the key when the context does not fit the
 // config's parallel section. ctx may be null for one process.
