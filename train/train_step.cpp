@@ -134,7 +134,7 @@ void Trainer::State::log_step(const PendingStep& p, double dt) {
       *log << " | comm exposed " << fmt(dp_stats.exposed_wait_s * 1e3, 1)
            << " ms, launched in backward " << fmt(100 * dp_stats.overlap_fraction(), 0) << "%";
     }
-    if (!p.rank_tokens.empty() && p.rank_tokens.size() > 1) {  // the split's balance
+    if (p.rank_tokens.size() > 1) {  // the split's balance
       const auto [lo, hi] = std::minmax_element(p.rank_tokens.begin(), p.rank_tokens.end());
       const auto [mlo, mhi] =
           std::minmax_element(p.rank_micro_batches.begin(), p.rank_micro_batches.end());

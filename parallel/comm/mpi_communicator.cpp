@@ -39,10 +39,6 @@ namespace loom::parallel {
 
 using Clock = std::chrono::steady_clock;
 
-namespace {
-
-constexpr double kMaxTimeoutS = 1e7;  // keeps deadline arithmetic far from overflow
-
 void check_mpi(int rc, const char* call, const std::string& where) {
   if (rc == MPI_SUCCESS) return;
   char msg[MPI_MAX_ERROR_STRING];
@@ -50,6 +46,10 @@ void check_mpi(int rc, const char* call, const std::string& where) {
   MPI_Error_string(rc, msg, &len);
   LOOM_FAIL(where, ": ", call, " failed: ", std::string(msg, static_cast<size_t>(len)));
 }
+
+namespace {
+
+constexpr double kMaxTimeoutS = 1e7;  // keeps deadline arithmetic far from overflow
 
 // MPI moves elements as unsigned words of the element's size (a bit copy).
 MPI_Datatype mpi_word_type(DType t) {

@@ -39,6 +39,10 @@
 
 namespace loom::parallel {
 
+// Throws loom::Error "<where>: <call> failed: <MPI's message>" unless rc is MPI_SUCCESS: the one
+// check of an MPI call's status, for every MPI user in parallel/.
+void check_mpi(int rc, const char* call, const std::string& where);
+
 class MpiOp;       // one queued operation (mpi_communicator.cpp)
 class PinnedPool;  // host buffers for staged CUDA tensors (mpi_communicator.cpp)
 

@@ -74,14 +74,6 @@ using Clock = std::chrono::steady_clock;
 
 constexpr int kCreateTag = 0x0dc;  // MPI_Comm_create_group's tag for the windows' communicators
 
-void check_mpi(int rc, const char* call, const std::string& where) {
-  if (rc == MPI_SUCCESS) return;
-  char msg[MPI_MAX_ERROR_STRING];
-  int len = 0;
-  MPI_Error_string(rc, msg, &len);
-  LOOM_FAIL(where, ": ", call, " failed: ", std::string(msg, static_cast<size_t>(len)));
-}
-
 MPI_Datatype mpi_type(DType t, const std::string& where) {
   switch (t) {
     case DType::kF32:
