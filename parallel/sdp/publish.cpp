@@ -303,13 +303,17 @@ void SlicePublisher::publish() {
   }
 }
 
+int64_t SlicePublisher::staging_elements() const {
+  int64_t n = 0;
+  for (const Tensor& t : staging_) n += t.numel();
+  return n;
+}
+
 std::string SlicePublisher::describe() const {
-  int64_t staging = 0;
-  for (const Tensor& t : staging_) staging += t.numel();
   return detail::str("SlicePublisher on group ", group_.name(), ": ", num_slices_, " slices (",
                      num_held_, " held here); per publish sends ", sends_.size(), " messages (",
                      sent_, " elements), receives ", recvs_.size(), " messages (", received_,
-                     " elements); staging ", staging, " elements");
+                     " elements); staging ", staging_elements(), " elements");
 }
 
 }  // namespace loom::parallel::sdp

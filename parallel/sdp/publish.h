@@ -82,6 +82,8 @@ class SlicePublisher {
   // Messages per publish() (one per peer and dtype with something to move).
   int messages_received() const { return static_cast<int>(recvs_.size()); }
   int messages_sent() const { return static_cast<int>(sends_.size()); }
+  // Elements of the staging buffers (Note [SDP publication staging]).
+  int64_t staging_elements() const;
   // "SlicePublisher on group dp: 24 slices (9 held here); per publish sends 5 messages
   // (1200 elements), receives 3 messages (2100 elements); staging 3300 elements".
   std::string describe() const;

@@ -191,6 +191,7 @@ void expect_published(const Layout& l, const std::vector<Tensor>& mats, int rank
 struct Volume {
   int64_t received = 0, sent = 0;
   int messages_received = 0, messages_sent = 0;
+  int64_t staging = 0;  // received, plus each distinct list of slices sent to someone, once
 };
 
 // The volumes from the layout alone: every element of a slice not held is received once, a
@@ -215,6 +216,21 @@ Volume volume(const Layout& l, int rank, int n) {
   }
   v.messages_received = static_cast<int>(from.size());
   v.messages_sent = static_cast<int>(to.size());
+  std::set<std::pair<DType, std::set<int64_t>>> lists;  // per receiver and dtype
+  for (int r = 0; r < n; ++r) {
+    std::map<DType, std::set<int64_t>> to_r;
+    for (const SliceDef& s : l.slices) {
+      if (publisher_of(s) == rank && !holds(s, r) && shape_numel(slice_shape(l, s)) > 0)
+        to_r[slice_dtype(l, s)].insert(s.id);
+    }
+    for (const auto& [dtype, ids] : to_r) lists.insert({dtype, ids});
+  }
+  std::map<int64_t, int64_t> numel_of;
+  for (const SliceDef& s : l.slices) numel_of[s.id] = shape_numel(slice_shape(l, s));
+  v.staging = v.received;
+  for (const auto& entry : lists) {
+    for (int64_t id : entry.second) v.staging += numel_of[id];
+  }
   return v;
 }
 
@@ -223,6 +239,7 @@ void expect_volume(const SlicePublisher& p, const Volume& v) {
   EXPECT_EQ(p.elements_sent(), v.sent);
   EXPECT_EQ(p.messages_received(), v.messages_received);
   EXPECT_EQ(p.messages_sent(), v.messages_sent);
+  EXPECT_EQ(p.staging_elements(), v.staging);
 }
 
 std::unique_ptr<MpiCommunicator> world_group(const std::string& name = "dp") {
@@ -408,6 +425,8 @@ TEST(SlicePublisher, SingleHoldersAndAWorkerHoldingNothing) {
     for (const Matrix& m : l.mats) total += m.rows * m.cols;
     EXPECT_EQ(pub.elements_received(), total);
     EXPECT_EQ(pub.elements_sent(), 0);
+  } else {  // its slices go to the n − 1 others alike: staged once
+    EXPECT_EQ(pub.staging_elements() - pub.elements_received(), pub.elements_sent() / (n - 1));
   }
   pub.publish();
   expect_published(l, mats, rank, 10, false);
