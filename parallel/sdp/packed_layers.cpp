@@ -1,8 +1,11 @@
-// parallel/sdp/packed_layers.cpp — the packed MLP layers and forward masking's factory (see the
-// header, Notes [SDP packed MLP], [SDP packed init], [SDP placements]).
+// parallel/sdp/packed_layers.cpp — the packed MLP layers and forward masking's factory, the split
+// MLP layers and backward masking's factory (see the header, Notes [SDP packed MLP], [SDP packed
+// init], [SDP placements], [SDP backward masking layers], [SDP frozen parameters]).
 #include "parallel/sdp/packed_layers.h"
 
 #include <algorithm>
+#include <map>
+#include <mutex>
 #include <string>
 #include <utility>
 
@@ -65,6 +68,60 @@ void place_packed(Tensor& t, int64_t dim, int64_t units, const UnitRanges& range
   t.set_placement(std::move(p));
 }
 
+// The units of [0, units) outside `ranges` (ascending, disjoint), as ascending ranges.
+UnitRanges complement(const UnitRanges& ranges, int64_t units) {
+  UnitRanges out;
+  int64_t next = 0;
+  for (const auto& [begin, end] : ranges) {
+    if (begin > next) out.emplace_back(next, begin);
+    next = end;
+  }
+  if (next < units) out.emplace_back(next, units);
+  return out;
+}
+
+// Zeroes the rows (dim 0) of t whose global index is ≥ global_row, t holding `ranges` of the
+// global rows in order.
+void zero_packed_rows(Tensor& t, const UnitRanges& ranges, int64_t global_row) {
+  autograd::NoGradGuard no_grad;
+  int64_t local = 0;
+  for (const auto& [begin, end] : ranges) {
+    const int64_t from = std::max(begin, global_row);
+    if (from < end) {
+      Tensor rows = ops::narrow(t, 0, local + from - begin, end - from);
+      ops::copy_(rows, Tensor::zeros(rows.shape(), t.dtype(), t.device()));
+    }
+    local += end - begin;
+  }
+}
+
+// The units `worker` holds in block `layer` of `a`, checked against the block's `hidden` size.
+UnitRanges ranges_of(const NeuronAssignment& a, int worker, int64_t layer, int64_t hidden,
+                     const char* what) {
+  const auto n = static_cast<int64_t>(a.layers.size());
+  LOOM_CHECK(layer >= 0 && layer < n, what, ": block ", layer, " is outside the SDP assignment's ",
+             n, " layers (model.n_layer)");
+  const LayerCover& cover = a.layers[static_cast<size_t>(layer)];
+  LOOM_CHECK(cover.units == hidden, what, ": block ", layer, "'s MLP has ", hidden,
+             " hidden units but the SDP assignment covers ", cover.units, " (model.ffn_hidden)");
+  return cover.owned_ranges(worker);
+}
+
+void check_worker(const NeuronAssignment& a, int worker, const char* what) {
+  LOOM_CHECK(worker >= 0 && worker < a.workers, what, ": worker ", worker, " outside the ",
+             a.workers, " SDP workers");
+  LOOM_CHECK(a.replication >= 1 && a.replication <= a.workers, what, ": replication ",
+             a.replication, " of ", a.workers, " workers");
+}
+
+// Zeroes rows [global_row, rows) of t (all its rows are global).
+void zero_rows(Tensor& t, int64_t global_row) {
+  if (!t.defined() || global_row >= t.size(0)) return;
+  autograd::NoGradGuard no_grad;
+  Tensor rows = ops::narrow(t, 0, global_row, t.size(0) - global_row);
+  ops::copy_(rows, Tensor::zeros(rows.shape(), t.dtype(), t.device()));
+}
+
 }  // namespace
 
 PackedColumnLinear::PackedColumnLinear(int64_t in_features, int64_t units, UnitRanges ranges,
@@ -98,16 +155,7 @@ void PackedColumnLinear::init(Generator& gen, double std) {
 }
 
 void PackedColumnLinear::zero_rows_from(int64_t global_row) {
-  autograd::NoGradGuard no_grad;
-  int64_t local = 0;
-  for (const auto& [begin, end] : ranges_) {
-    const int64_t from = std::max(begin, global_row);
-    if (from < end) {
-      Tensor rows = ops::narrow(weight_, 0, local + from - begin, end - from);
-      ops::copy_(rows, Tensor::zeros(rows.shape(), weight_.dtype(), weight_.device()));
-    }
-    local += end - begin;
-  }
+  zero_packed_rows(weight_, ranges_, global_row);
 }
 
 PackedRowLinear::PackedRowLinear(int64_t units, int64_t out_features, UnitRanges ranges, bool bias,
@@ -141,20 +189,11 @@ void PackedRowLinear::init(Generator& gen, double std) {
     assign(bias_, Tensor::zeros(bias_.shape(), bias_.dtype()), "PackedRowLinear.init");
 }
 
-void PackedRowLinear::zero_rows_from(int64_t global_row) {
-  if (global_row >= weight_.size(0)) return;
-  autograd::NoGradGuard no_grad;
-  Tensor rows = ops::narrow(weight_, 0, global_row, weight_.size(0) - global_row);
-  ops::copy_(rows, Tensor::zeros(rows.shape(), weight_.dtype(), weight_.device()));
-}
+void PackedRowLinear::zero_rows_from(int64_t global_row) { zero_rows(weight_, global_row); }
 
 ForwardMaskingLinear::ForwardMaskingLinear(NeuronAssignment assignment, int worker)
     : assignment_(std::move(assignment)), worker_(worker), plain_(single_device_linear()) {
-  LOOM_CHECK(worker >= 0 && worker < assignment_.workers, "ForwardMaskingLinear: worker ", worker,
-             " outside the ", assignment_.workers, " SDP workers");
-  LOOM_CHECK(assignment_.replication >= 1 && assignment_.replication <= assignment_.workers,
-             "ForwardMaskingLinear: replication ", assignment_.replication, " of ",
-             assignment_.workers, " workers");
+  check_worker(assignment_, worker_, "ForwardMaskingLinear");
 }
 
 double ForwardMaskingLinear::scale() const {
@@ -162,13 +201,7 @@ double ForwardMaskingLinear::scale() const {
 }
 
 UnitRanges ForwardMaskingLinear::owned_ranges(int64_t layer, int64_t hidden) const {
-  const auto n = static_cast<int64_t>(assignment_.layers.size());
-  LOOM_CHECK(layer >= 0 && layer < n, "ForwardMaskingLinear: block ", layer,
-             " is outside the SDP assignment's ", n, " layers (model.n_layer)");
-  const LayerCover& cover = assignment_.layers[static_cast<size_t>(layer)];
-  LOOM_CHECK(cover.units == hidden, "ForwardMaskingLinear: block ", layer, "'s MLP has ", hidden,
-             " hidden units but the SDP assignment covers ", cover.units, " (model.ffn_hidden)");
-  return cover.owned_ranges(worker_);
+  return ranges_of(assignment_, worker_, layer, hidden, "ForwardMaskingLinear");
 }
 
 std::unique_ptr<LinearLayer> ForwardMaskingLinear::column(int64_t in,
@@ -207,6 +240,243 @@ LayerContext forward_masking_context(NeuronAssignment assignment, int worker) {
   LayerContext ctx;
   ctx.linear = std::make_shared<const ForwardMaskingLinear>(std::move(assignment), worker);
   return ctx;
+}
+
+// Backward masking (Note [SDP backward masking layers]).
+
+BackwardMaskedLinear::BackwardMaskedLinear(int64_t units, UnitRanges owned, const char* what)
+    : units_(units), owned_(std::move(owned)) {
+  LOOM_CHECK(units > 0, what, ": the number of units must be positive, got ", units);
+  check_ranges(owned_, units, what);
+  unowned_ = complement(owned_, units);
+}
+
+int64_t BackwardMaskedLinear::owned_count() const { return count_of(owned_); }
+
+BackwardMaskedColumnLinear::BackwardMaskedColumnLinear(int64_t in_features, int64_t units,
+                                                       UnitRanges owned, bool bias, DType dtype,
+                                                       Device device)
+    : BackwardMaskedLinear(units, std::move(owned), "BackwardMaskedColumnLinear"),
+      in_features_(in_features) {
+  LOOM_CHECK(in_features > 0, "BackwardMaskedColumnLinear: in_features must be positive, got ",
+             in_features);
+  const int64_t n_owned = owned_count(), n_frozen = units - n_owned;
+  weight_ = register_parameter("weight", Tensor::zeros({n_owned, in_features}, dtype, device));
+  place_packed(weight_, 0, units, owned_);
+  if (bias) {
+    bias_ = register_parameter("bias", Tensor::zeros({n_owned}, dtype, device));
+    place_packed(bias_, 0, units, owned_);
+  }
+  if (n_frozen > 0) {  // not registered: requires_grad stays false
+    frozen_weight_ = Tensor::zeros({n_frozen, in_features}, dtype, device);
+    place_packed(frozen_weight_, 0, units, unowned_);
+    if (bias) {
+      frozen_bias_ = Tensor::zeros({n_frozen}, dtype, device);
+      place_packed(frozen_bias_, 0, units, unowned_);
+    }
+  }
+}
+
+Tensor BackwardMaskedColumnLinear::forward(const Tensor& x) const {
+  LOOM_CHECK(x.dim() >= 1 && x.size(-1) == in_features_, "BackwardMaskedColumnLinear: input ",
+             shape_str(x.shape()), " does not end in in_features ", in_features_);
+  // Note [Compute dtype]: as Linear::forward.
+  const Tensor owned =
+      ops::linear(x, compute(weight_), bias_.defined() ? compute(bias_) : Tensor());
+  if (plain()) return owned;
+  // The frozen part requires no grad, so linear skips its dW (and db) GEMM; dx flows through.
+  const Tensor frozen = ops::linear(x, compute(frozen_weight_),
+                                    frozen_bias_.defined() ? compute(frozen_bias_) : Tensor());
+  return ops::cat({owned, frozen}, x.dim() - 1);  // owned units first
+}
+
+void BackwardMaskedColumnLinear::init(Generator& gen, double std) {
+  const Tensor full = randn({units_, in_features_}, gen, weight_.dtype(), 0.0, std,
+                            weight_.device());  // Note [SDP packed init]
+  assign(weight_, keep_units(full, 0, owned_), "BackwardMaskedColumnLinear.init");
+  if (bias_.defined())
+    assign(bias_, Tensor::zeros(bias_.shape(), bias_.dtype()), "BackwardMaskedColumnLinear.init");
+  if (frozen_weight_.defined())
+    assign(frozen_weight_, keep_units(full, 0, unowned_), "BackwardMaskedColumnLinear.init");
+  if (frozen_bias_.defined()) {
+    assign(frozen_bias_, Tensor::zeros(frozen_bias_.shape(), frozen_bias_.dtype()),
+           "BackwardMaskedColumnLinear.init");
+  }
+}
+
+void BackwardMaskedColumnLinear::zero_rows_from(int64_t global_row) {
+  zero_packed_rows(weight_, owned_, global_row);
+  if (frozen_weight_.defined()) zero_packed_rows(frozen_weight_, unowned_, global_row);
+}
+
+BackwardMaskedRowLinear::BackwardMaskedRowLinear(int64_t units, int64_t out_features,
+                                                 UnitRanges owned, bool bias, DType dtype,
+                                                 Device device)
+    : BackwardMaskedLinear(units, std::move(owned), "BackwardMaskedRowLinear"),
+      out_features_(out_features) {
+  LOOM_CHECK(out_features > 0, "BackwardMaskedRowLinear: out_features must be positive, got ",
+             out_features);
+  const int64_t n_owned = owned_count(), n_frozen = units - n_owned;
+  weight_ = register_parameter("weight", Tensor::zeros({out_features, n_owned}, dtype, device));
+  place_packed(weight_, 1, units, owned_);
+  if (bias) bias_ = register_parameter("bias", Tensor::zeros({out_features}, dtype, device));
+  if (n_frozen > 0) {  // not registered: requires_grad stays false
+    frozen_weight_ = Tensor::zeros({out_features, n_frozen}, dtype, device);
+    place_packed(frozen_weight_, 1, units, unowned_);
+  }
+}
+
+Tensor BackwardMaskedRowLinear::forward(const Tensor& x) const {
+  LOOM_CHECK(x.dim() >= 1 && x.size(-1) == units_, "BackwardMaskedRowLinear: input ",
+             shape_str(x.shape()), " does not end in the layer's ", units_, " units");
+  const Tensor b = bias_.defined() ? compute(bias_) : Tensor();  // Note [Compute dtype]
+  if (plain()) return ops::linear(x, compute(weight_), b);
+  // x holds the owned units first (the column layer's order); the frozen columns' dW is skipped.
+  const int64_t last = x.dim() - 1, n_owned = weight_.size(1);
+  const Tensor owned = ops::linear(ops::narrow(x, last, 0, n_owned), compute(weight_), b);
+  const Tensor frozen = ops::linear(ops::narrow(x, last, n_owned, units_ - n_owned),
+                                    compute(frozen_weight_), Tensor());
+  return ops::add(owned, frozen);
+}
+
+void BackwardMaskedRowLinear::init(Generator& gen, double std) {
+  const Tensor full = randn({out_features_, units_}, gen, weight_.dtype(), 0.0, std,
+                            weight_.device());  // Note [SDP packed init]
+  assign(weight_, keep_units(full, 1, owned_), "BackwardMaskedRowLinear.init");
+  if (bias_.defined())
+    assign(bias_, Tensor::zeros(bias_.shape(), bias_.dtype()), "BackwardMaskedRowLinear.init");
+  if (frozen_weight_.defined())
+    assign(frozen_weight_, keep_units(full, 1, unowned_), "BackwardMaskedRowLinear.init");
+}
+
+void BackwardMaskedRowLinear::zero_rows_from(int64_t global_row) {
+  zero_rows(weight_, global_row);
+  zero_rows(frozen_weight_, global_row);
+}
+
+// Note [SDP frozen parameters]: weak references to each split tensor's two parts.
+struct BackwardMaskingLinear::Record {
+  std::mutex mutex;
+  std::vector<std::pair<std::weak_ptr<TensorImpl>, std::weak_ptr<TensorImpl>>> pairs;
+};
+
+BackwardMaskingLinear::BackwardMaskingLinear(NeuronAssignment assignment, int worker)
+    : assignment_(std::move(assignment)),
+      worker_(worker),
+      plain_(single_device_linear()),
+      built_(std::make_shared<Record>()) {
+  check_worker(assignment_, worker_, "BackwardMaskingLinear");
+}
+
+void BackwardMaskingLinear::record(const BackwardMaskedLinear& layer) const {
+  const std::lock_guard<std::mutex> lock(built_->mutex);
+  if (layer.frozen_weight().defined())
+    built_->pairs.emplace_back(layer.weight().impl_ptr(), layer.frozen_weight().impl_ptr());
+  if (layer.frozen_bias().defined())
+    built_->pairs.emplace_back(layer.bias().impl_ptr(), layer.frozen_bias().impl_ptr());
+}
+
+std::vector<std::pair<Tensor, Tensor>> BackwardMaskingLinear::built_pairs() const {
+  const std::lock_guard<std::mutex> lock(built_->mutex);
+  std::vector<std::pair<Tensor, Tensor>> out;
+  for (const auto& [owned, frozen] : built_->pairs) {
+    std::shared_ptr<TensorImpl> o = owned.lock(), f = frozen.lock();
+    if (o != nullptr && f != nullptr) out.emplace_back(Tensor(std::move(o)), Tensor(std::move(f)));
+  }
+  return out;
+}
+
+UnitRanges BackwardMaskingLinear::owned_ranges(int64_t layer, int64_t hidden) const {
+  return ranges_of(assignment_, worker_, layer, hidden, "BackwardMaskingLinear");
+}
+
+std::unique_ptr<LinearLayer> BackwardMaskingLinear::column(int64_t in,
+                                                           const std::vector<int64_t>& segments,
+                                                           bool bias, DType dtype,
+                                                           Device device) const {
+  return plain_->column(in, segments, bias, dtype, device);
+}
+
+std::unique_ptr<LinearLayer> BackwardMaskingLinear::row(int64_t in, int64_t out, bool bias,
+                                                        DType dtype, Device device) const {
+  return plain_->row(in, out, bias, dtype, device);
+}
+
+std::unique_ptr<LinearLayer> BackwardMaskingLinear::mlp_in(int64_t layer, int64_t in,
+                                                           int64_t hidden, bool bias, DType dtype,
+                                                           Device device) const {
+  auto fc = std::make_unique<BackwardMaskedColumnLinear>(in, hidden, owned_ranges(layer, hidden),
+                                                         bias, dtype, device);
+  record(*fc);
+  return fc;
+}
+
+std::unique_ptr<LinearLayer> BackwardMaskingLinear::mlp_out(int64_t layer, int64_t hidden,
+                                                            int64_t out, bool bias, DType dtype,
+                                                            Device device) const {
+  auto proj = std::make_unique<BackwardMaskedRowLinear>(hidden, out, owned_ranges(layer, hidden),
+                                                        bias, dtype, device);
+  record(*proj);
+  return proj;
+}
+
+std::unique_ptr<EmbeddingLayer> BackwardMaskingLinear::vocab_embedding(int64_t rows, int64_t dim,
+                                                                       DType dtype,
+                                                                       Device device) const {
+  return plain_->vocab_embedding(rows, dim, dtype, device);
+}
+
+LayerContext backward_masking_context(NeuronAssignment assignment, int worker) {
+  LayerContext ctx;
+  ctx.linear = std::make_shared<const BackwardMaskingLinear>(std::move(assignment), worker);
+  return ctx;
+}
+
+namespace {
+
+// Note [SDP frozen parameters]: (name of `owned`, frozen) for each pair whose owned tensor is
+// among `named` (by handle), in `named`'s order; a pair whose owned tensor is not there is an
+// error when `strict`, else skipped.
+std::vector<std::pair<std::string, Tensor>> match_frozen(
+    const std::vector<std::pair<Tensor, Tensor>>& pairs,
+    const std::vector<std::pair<std::string, Tensor>>& named, bool strict) {
+  std::map<const TensorImpl*, size_t> index;  // a parameter's handle → its position in `named`
+  for (size_t i = 0; i < named.size(); ++i) index[named[i].second.impl()] = i;
+  std::map<size_t, Tensor> found;  // ordered by position
+  for (const auto& [owned, frozen] : pairs) {
+    const auto it = index.find(owned.impl());
+    if (it == index.end()) {
+      LOOM_CHECK(!strict, "frozen_parameters: a backward-masked layer's owned tensor ",
+                 shape_str(owned.shape()), " is not among the model's parameters");
+      continue;
+    }
+    LOOM_CHECK(found.emplace(it->second, frozen).second,
+               "frozen_parameters: ", named[it->second].first, " has two frozen parts");
+  }
+  std::vector<std::pair<std::string, Tensor>> out;
+  out.reserve(found.size());
+  for (auto& [i, t] : found) out.emplace_back(named[i].first, t);
+  return out;
+}
+
+}  // namespace
+
+std::vector<std::pair<std::string, Tensor>> frozen_parameters(const Module& model) {
+  std::vector<std::pair<Tensor, Tensor>> pairs;
+  model.for_each_module([&](const Module& m) {
+    const auto* layer = dynamic_cast<const BackwardMaskedLinear*>(&m);
+    if (layer == nullptr) return;
+    if (layer->frozen_weight().defined())
+      pairs.emplace_back(layer->weight(), layer->frozen_weight());
+    if (layer->frozen_bias().defined()) pairs.emplace_back(layer->bias(), layer->frozen_bias());
+  });
+  return match_frozen(pairs, model.named_parameters(), true);
+}
+
+std::vector<std::pair<std::string, Tensor>> frozen_parameters(
+    const BackwardMaskingLinear& factory,
+    const std::vector<std::pair<std::string, Tensor>>& named_params) {
+  return match_frozen(factory.built_pairs(), named_params, false);
 }
 
 }  // namespace loom::parallel::sdp

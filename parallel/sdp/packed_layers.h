@@ -1,11 +1,14 @@
-// parallel/sdp/packed_layers.h — SDP forward masking at the neuron level (subnetwork data
-// parallelism, arXiv 2507.09029; docs/parallel.md, "SDP"): the linear factory of worker w, whose
-// blocks' MLPs keep only the hidden units w holds (parallel/sdp/assignment.h), packed into
-// smaller dense weights. The GEMMs, the hidden activations, the gradients and hence the optimiser
-// state really shrink: no mask is multiplied and nothing is communicated in forward or backward.
-// Everything else (attention, embeddings, norms, the head) is built as on one device. This file
-// only builds layers: the gradient sync over holder sets is parallel/sdp/slice_sync.h, and
-// parallel/sdp/sdp_sync.h with train/plan.cpp compose them (Note [SDP plan] in train/plan.h).
+// parallel/sdp/packed_layers.h — SDP's MLP layers at the neuron level (subnetwork data
+// parallelism, arXiv 2507.09029; docs/parallel.md, "SDP"): the linear factories of worker w.
+// Forward masking (ForwardMaskingLinear): the blocks' MLPs keep only the hidden units w holds
+// (parallel/sdp/assignment.h), packed into smaller dense weights; the GEMMs, the hidden
+// activations, the gradients and hence the optimiser state really shrink: no mask is multiplied
+// and nothing is communicated in forward or backward. Backward masking (BackwardMaskingLinear,
+// Note [SDP backward masking layers]): the full forward, with weight gradients and parameters
+// only for the owned units. Everything else (attention, embeddings, norms, the head) is built as
+// on one device. This file only builds layers: the gradient sync over holder sets is
+// parallel/sdp/slice_sync.h, and parallel/sdp/sdp_sync.h with train/plan.cpp compose them (Note
+// [SDP plan] in train/plan.h).
 //
 // Note [SDP packed MLP]: for block l with U hidden units and worker w holding units
 // O = owned_units(w, l) (⌊k·U/N⌋ or ⌈k·U/N⌉ of them, at most two ascending ranges):
@@ -39,10 +42,52 @@
 // holder list per PlacementRun, a run counted by its lowest holder) or a weight of 1/k per split
 // run; neither exists yet. Checkpoints need the same: which holder writes a slice. The replicated
 // bias of the row layer carries no placement (whole), like a default Linear's.
+//
+// Note [SDP backward masking layers]: under backward masking (decision 3 of docs/parallel.md)
+// every worker runs the FULL forward, unscaled, so it holds every weight; it forms the weight
+// gradient only for the units it owns. BackwardMaskedColumnLinear (mlp_in: fc, gate, up) and
+// BackwardMaskedRowLinear (mlp_out: proj, down) split each weight in two dense tensors:
+//   owned    the registered parameter ("weight", and the column layer's "bias"): the owned rows
+//            (columns), packed, with exactly PackedColumnLinear's (PackedRowLinear's) shape and
+//            Placement, so the sync, the optimiser and checkpoints treat it as forward masking's;
+//   frozen   the unowned rows (columns), packed in ascending order, requires_grad false and NOT
+//            a registered parameter (no gradient, no optimiser state), with its own Placement
+//            (split over kAxisSdp, one run per unowned range). Its values are overwritten after
+//            every optimiser step by the publication, which this file does not build.
+// Column: y = cat(x·W_oᵀ + b_o, x·W_uᵀ + b_u) along the last dim: the hidden units come out
+// permuted, owned first, each part ascending. GELU and SwiGLU are elementwise, so the row layer
+// reads the same order: y = h[…, :n_o]·W_oᵀ + h[…, n_o:]·W_uᵀ + b (narrow views, no scale; the
+// bias whole and replicated, as PackedRowLinear's). The unowned dW GEMMs are skipped, not masked:
+// ops::linear forms the gradient of an input only when it requires grad, and the frozen tensors
+// do not, while the input gradient flows through every unit. So the worker's loss, logits and
+// input gradients are the single-process model's, and its owned gradients are the corresponding
+// rows / columns of the single-process gradients. init() draws the full matrix as Linear::init
+// (Note [SDP packed init]) and splits it, so owned ∪ frozen is the single-process weight. A
+// worker holding every unit (coverage 1) has no frozen part: the layers are then plain
+// (ops::linear on the whole weight, the GELU MLP fused), the default model bit for bit.
+//
+// Note [SDP frozen parameters]: the training plan must find every frozen tensor under its GLOBAL
+// name (the owned part's: "blocks.3.mlp.fc.weight"; the two are pieces of one global tensor,
+// told apart by their placements). The name exists only in the model (named_parameters), the
+// frozen tensor only in its layer, so frozen_parameters pairs each layer's owned tensor with its
+// frozen one and finds the owned tensor among the named parameters by handle identity (the same
+// TensorImpl: register_parameter returns the handle it registers). Two ways to get the pairs, one
+// matching rule (match_frozen):
+//   frozen_parameters(model)                 walks the model's modules (for_each_module) for the
+//                                            backward-masked layers: needs nothing but the model;
+//   frozen_parameters(factory, named_params) reads the factory's record of the layers it built:
+//                                            for a caller holding the factory and the parameter
+//                                            list (the plan), whatever module tree they came from.
+// The record keeps weak references only (nothing outlives its layer; a layer gone, or built for
+// another model from the same factory, matches no named parameter and is skipped), behind a
+// mutex: building is the only writer. It is the factory's one piece of mutable state, invisible
+// to the layers and to any other factory. Both return the pairs in named_parameters() order (the
+// same on every worker), the weight before the bias of a layer.
 #pragma once
 
 #include <cstdint>
 #include <memory>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -143,5 +188,122 @@ class ForwardMaskingLinear final : public LinearFactory {
 // A default LayerContext (one device) whose linear factory is worker `worker`'s
 // ForwardMaskingLinear.
 LayerContext forward_masking_context(NeuronAssignment assignment, int worker);
+
+// What the backward-masked layers share (Note [SDP backward masking layers]): the owned units
+// (the registered parameters'), the unowned ones (the frozen tensors') and the frozen tensors.
+class BackwardMaskedLinear : public LinearLayer {
+ public:
+  const UnitRanges& owned_ranges() const { return owned_; }
+  const UnitRanges& unowned_ranges() const { return unowned_; }  // empty at coverage 1
+  // The unowned rows (column layer) or columns (row layer), requires_grad false; undefined when
+  // every unit is owned.
+  const Tensor& frozen_weight() const { return frozen_weight_; }
+  // The column layer's unowned bias rows; undefined without bias, at coverage 1 and for the row
+  // layer (whose bias is whole).
+  const Tensor& frozen_bias() const { return frozen_bias_; }
+  bool plain() const override { return unowned_.empty(); }
+
+ protected:
+  BackwardMaskedLinear(int64_t units, UnitRanges owned, const char* what);
+  int64_t owned_count() const;
+
+  int64_t units_;
+  UnitRanges owned_, unowned_;
+  Tensor frozen_weight_, frozen_bias_;
+};
+
+// mlp_in under backward masking: "weight" (owned, in) and "bias" (owned) as PackedColumnLinear's
+// [sdp-packed dim 0]; frozen (units − owned, in) and bias rows [sdp-packed dim 0, the unowned
+// runs]. forward: x (…, in) → (…, units), owned units first.
+class BackwardMaskedColumnLinear final : public BackwardMaskedLinear {
+ public:
+  // `units` the full layer's out features, `owned` the rows this worker trains (non-empty,
+  // ascending, disjoint, within [0, units)); the other rows are frozen.
+  BackwardMaskedColumnLinear(int64_t in_features, int64_t units, UnitRanges owned, bool bias,
+                             DType dtype = DType::kF32, Device device = {});
+  Tensor forward(const Tensor& x) const override;
+  void init(Generator& gen, double std) override;  // the full matrix, split
+  void zero_rows_from(int64_t global_row) override;
+  const Tensor& weight() const override { return weight_; }
+  const Tensor& bias() const override { return bias_; }
+
+ private:
+  int64_t in_features_;
+  Tensor weight_, bias_;
+};
+
+// mlp_out under backward masking: "weight" (out, owned) as PackedRowLinear's [sdp-packed dim 1],
+// "bias" (out) whole; frozen (out, units − owned) [sdp-packed dim 1, the unowned runs].
+// forward: h (…, units) in the column layer's order (owned first) → (…, out), unscaled.
+class BackwardMaskedRowLinear final : public BackwardMaskedLinear {
+ public:
+  BackwardMaskedRowLinear(int64_t units, int64_t out_features, UnitRanges owned, bool bias,
+                          DType dtype = DType::kF32, Device device = {});
+  Tensor forward(const Tensor& x) const override;
+  void init(Generator& gen, double std) override;
+  void zero_rows_from(int64_t global_row) override;
+  const Tensor& weight() const override { return weight_; }
+  const Tensor& bias() const override { return bias_; }
+
+ private:
+  int64_t out_features_;
+  Tensor weight_, bias_;
+};
+
+// Worker `worker`'s factory under backward masking (Note [SDP backward masking layers]): mlp_in /
+// mlp_out of block l are split at the units the worker holds in layer l of `assignment`; every
+// other layer is the single-device one. Errors as ForwardMaskingLinear's.
+class BackwardMaskingLinear final : public LinearFactory {
+ public:
+  BackwardMaskingLinear(NeuronAssignment assignment, int worker);
+  int feature_split() const override { return 1; }
+  std::unique_ptr<LinearLayer> column(int64_t in, const std::vector<int64_t>& segments, bool bias,
+                                      DType dtype, Device device) const override;
+  std::unique_ptr<LinearLayer> row(int64_t in, int64_t out, bool bias, DType dtype,
+                                   Device device) const override;
+  std::unique_ptr<LinearLayer> mlp_in(int64_t layer, int64_t in, int64_t hidden, bool bias,
+                                      DType dtype, Device device) const override;
+  std::unique_ptr<LinearLayer> mlp_out(int64_t layer, int64_t hidden, int64_t out, bool bias,
+                                       DType dtype, Device device) const override;
+  std::unique_ptr<EmbeddingLayer> vocab_embedding(int64_t rows, int64_t dim, DType dtype,
+                                                  Device device) const override;
+  Tensor replicated_param(const Tensor& p) const override { return p; }
+  Tensor column_input(const Tensor& x) const override { return x; }
+
+  int worker() const { return worker_; }
+  const NeuronAssignment& assignment() const { return assignment_; }
+  // The units this worker trains in block `layer`, as ranges (checked against `hidden`).
+  UnitRanges owned_ranges(int64_t layer, int64_t hidden) const;
+
+  // (owned, frozen) of each split tensor of the layers built so far that are still alive, in
+  // building order (Note [SDP frozen parameters]).
+  std::vector<std::pair<Tensor, Tensor>> built_pairs() const;
+
+ private:
+  struct Record;  // the layers built: weak references (Note [SDP frozen parameters])
+  void record(const BackwardMaskedLinear& layer) const;
+
+  NeuronAssignment assignment_;
+  int worker_;
+  std::shared_ptr<const LinearFactory> plain_;  // the single-device layers
+  std::shared_ptr<Record> built_;
+};
+
+// A default LayerContext (one device) whose linear factory is worker `worker`'s
+// BackwardMaskingLinear.
+LayerContext backward_masking_context(NeuronAssignment assignment, int worker);
+
+// Every frozen tensor of `model` with its global parameter name, in named_parameters() order
+// (Note [SDP frozen parameters]): for each backward-masked layer with a frozen part, (name of its
+// "weight", frozen_weight()) and, with a bias, (name of its column layer's "bias",
+// frozen_bias()). Each carries its Placement (the unowned runs). Empty for a model with no
+// backward-masked layer or at coverage 1. An error names the shape of an owned tensor that is not
+// among the model's parameters.
+std::vector<std::pair<std::string, Tensor>> frozen_parameters(const Module& model);
+// The same from the layers `factory` built whose owned tensors are among `named_params` (a
+// model's named_parameters()), in that list's order; the layers of other models are skipped.
+std::vector<std::pair<std::string, Tensor>> frozen_parameters(
+    const BackwardMaskingLinear& factory,
+    const std::vector<std::pair<std::string, Tensor>>& named_params);
 
 }  // namespace loom::parallel::sdp
