@@ -1,6 +1,7 @@
 // layers/block.cpp — Block (see layers/block.h).
 #include "layers/block.h"
 
+#include <cmath>
 #include <vector>
 
 #include "core/autograd.h"
@@ -39,11 +40,15 @@ Block::Block(const ModelConfig& config, DType dtype, Device device, const LayerC
     : dropout_(config.dropout),
       layer_(layer),
       checkpointing_(config.activation_checkpointing),
+      residual_scale_(ctx.blocks ? ctx.blocks->residual_scale : 1.0),
       layout_(ctx.layout),
       norm1_(make_norm(config, dtype, device, ctx)),
       attn_(config, dtype, device, ctx),
       norm2_(make_norm(config, dtype, device, ctx)),
       mlp_(make_mlp(config, dtype, device, ctx, layer)) {
+  LOOM_CHECK(std::isfinite(residual_scale_) && residual_scale_ > 0,
+             "Block: the block selection's residual_scale must be finite and positive, got ",
+             residual_scale_);
   const bool llama = config.is_llama();
   register_module(llama ? "attn_norm" : "ln_1", *norm1_);
   register_module("attn", attn_);
@@ -79,9 +84,11 @@ Tensor Block::forward_region(const Tensor& x, const Tensor& positions, const Ten
   const int64_t len = layout_->sequence_length(positions.size(0));
   Tensor a = attn_.forward(norm1_->forward(x), positions, doc_start);
   if (drop) a = residual_dropout(a, rows, len, *key, 0);
+  if (residual_scale_ != 1.0) a = ops::scale(a, residual_scale_);  // Note [Block selection]
   Tensor h = ops::add(x, a);
   Tensor m = mlp_->forward(norm2_->forward(h));
   if (drop) m = residual_dropout(m, rows, len, *key, 1);
+  if (residual_scale_ != 1.0) m = ops::scale(m, residual_scale_);
   return ops::add(h, m);
 }
 

@@ -4,7 +4,9 @@
 // documents the coordinates are the tokens' indices, Note [Dropout of packed documents] in
 // layers/block.cpp) and,
 // when config.activation_checkpointing, its whole forward recomputed in backward
-// (Note [Activation checkpoint] in core/checkpoint.h).
+// (Note [Activation checkpoint] in core/checkpoint.h). With a block selection whose
+// residual_scale s ≠ 1 (Note [Block selection] in layers/build_context.h) both branches are
+// multiplied by s after their dropout: x + s·attn(norm1(x)), then h + s·mlp(norm2(h)).
 //
 // Parameter names follow the family: gpt2 ln_1, attn, ln_2, mlp (fc, proj); llama attn_norm,
 // attn, mlp_norm, mlp (gate, up, down).
@@ -47,6 +49,8 @@ class Block : public Module {
   void init(Generator& gen, double std, double proj_std);
 
   const CausalSelfAttention& attn() const { return attn_; }
+  // s of Note [Block selection]: 1 unless the context's selection says otherwise.
+  double residual_scale() const { return residual_scale_; }
 
  private:
   // `drop`: whether dropout is active (fixed at forward time, so a recomputation matches).
@@ -60,6 +64,7 @@ class Block : public Module {
   double dropout_;
   int64_t layer_;
   bool checkpointing_;
+  double residual_scale_;
   std::shared_ptr<const SequenceLayout> layout_;
   BatchSlice batch_;
   std::unique_ptr<Norm> norm1_;

@@ -1,6 +1,6 @@
 // layers/build_context.h — LayerContext: the capabilities a model is built with, so that a
 // parallel scheme splits one model over ranks without any layer seeing a scheme or a
-// communicator (DESIGN §5.10). Four capabilities, each replaceable alone:
+// communicator (DESIGN §5.10). Four capabilities, each replaceable alone, and a block selection:
 //   linear     LinearFactory: the model's linear and embedding layers (column-parallel with
 //              segments, row-parallel, vocab table) and the two ops that enter and leave the
 //              activation layout those layers produce (replicated_param, column_input);
@@ -9,7 +9,9 @@
 //   loss       LossFn: the language-model loss of this rank's logits;
 //   layout     SequenceLayout: which tokens of each sequence this rank holds and the global
 //              coordinates of its tokens and activation rows (positions, dropout rows, the
-//              whole sequence's length).
+//              whole sequence's length);
+//   blocks     BlockSelection: which transformer blocks this rank builds, their residual
+//              scale, which of them are frozen (Note [Block selection]).
 // A default-constructed LayerContext is one device (Linear, Embedding, ops::causal_attention,
 // ops::softmax_cross_entropy, the whole sequence). parallel/layer_context.h builds the mesh one
 // (tensor, sequence and context parallelism); a new scheme replaces one member (SDP the linear
@@ -33,6 +35,28 @@
 // packed_layers.h) needs to know which block it builds for, and counting calls in construction
 // order would tie the factory to one model's build order. Factories that split every layer alike
 // (one device, tensor parallelism) keep the defaults.
+//
+// Note [Block selection]: a scheme may build a model of which this rank holds only some of the
+// transformer blocks (SDP at the block level: worker w trains C·n_layer of them, parallel/sdp/
+// block_level.h). LayerContext::blocks (null: every block, unscaled, trained) says
+//   held            the blocks built, ascending global indices in [0, n_layer) (empty: all). A
+//                   block not held has no parameters on this rank and its forward is the
+//                   identity: the activation goes on through the residual path. The held blocks
+//                   keep their global names ("blocks.<i>", so parameter names, checkpoints and
+//                   the dropout streams are the full model's), and Transformer::init_weights
+//                   draws each held block's values exactly as the full model does (the generator
+//                   advances over the blocks not held);
+//   residual_scale  s: every built block computes x + s·attn(norm1(x)) then h + s·mlp(norm2(h))
+//                   (s after the branch's dropout; the drop-path convention, applied in training
+//                   and evaluation alike: it is part of the subnetwork's function, as the packed
+//                   MLP's 1/C is; the full model is built without a selection). s = 1 adds no
+//                   op, so the model is the default one bit for bit;
+//   frozen          built blocks whose parameters do not require grad (ascending, a subset of
+//                   the held blocks): their input gradient still flows, their weight gradients
+//                   are never formed (backward masking, whose frozen values arrive from the
+//                   blocks' holders).
+// The Transformer checks the selection (ascending, in range, s finite and positive) and refuses
+// ZeRO-3 unit hooks when some block is not held (Note [Parameter units] in layers/transformer.h).
 //
 // LinearLayer / EmbeddingLayer are what the model holds: layers/linear.h and layers/embedding.h
 // are the single-device ones, parallel/tp/layers.h the sharded ones. Their init() draws the
@@ -162,11 +186,20 @@ Tensor single_device_attention(const Tensor& q, const Tensor& k, const Tensor& v
 Tensor single_device_loss(const Tensor& logits, const Tensor& targets, int64_t ignore_index,
                           int64_t vocab_size);
 
+// Which blocks a model builds, how their residual branches are scaled, which are frozen (Note
+// [Block selection]).
+struct BlockSelection {
+  std::vector<int64_t> held;    // ascending global block indices; empty: every block
+  double residual_scale = 1.0;  // s, on both residual branches of every built block
+  std::vector<int64_t> frozen;  // ascending, held: parameters with requires_grad false
+};
+
 struct LayerContext {
   std::shared_ptr<const LinearFactory> linear = single_device_linear();
   AttentionFn attention = single_device_attention;
   LossFn loss = single_device_loss;
   std::shared_ptr<const SequenceLayout> layout = single_device_layout();
+  std::shared_ptr<const BlockSelection> blocks;  // null: every block (Note [Block selection])
 };
 
 }  // namespace loom

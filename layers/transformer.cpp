@@ -26,6 +26,45 @@ const ModelConfig& validated(const ModelConfig& config) {
   return config;
 }
 
+std::string index_list(const std::vector<int64_t>& v) {
+  std::string out = "{";
+  for (size_t j = 0; j < v.size(); ++j) {
+    if (j > 0) out += ", ";
+    out += std::to_string(v[j]);
+  }
+  return out + "}";
+}
+
+// Ascending, without repeats, within [0, n_layer).
+bool ascending_in(const std::vector<int64_t>& v, int64_t n_layer) {
+  for (size_t j = 0; j < v.size(); ++j) {
+    if (v[j] < 0 || v[j] >= n_layer || (j > 0 && v[j] <= v[j - 1])) return false;
+  }
+  return true;
+}
+
+// The blocks `selection` holds (Note [Block selection] in layers/build_context.h): every block
+// when there is none or its list is empty; checked.
+std::vector<int64_t> held_blocks_of(const BlockSelection* selection, int64_t n_layer) {
+  std::vector<int64_t> held;
+  if (selection == nullptr || selection->held.empty()) {
+    for (int64_t i = 0; i < n_layer; ++i) held.push_back(i);
+  } else {
+    held = selection->held;
+    LOOM_CHECK(ascending_in(held, n_layer), "Transformer: the block selection's held blocks ",
+               index_list(held),
+               " are not ascending block indices in [0, model.n_layer = ", n_layer, ")");
+  }
+  if (selection != nullptr) {
+    const std::vector<int64_t>& frozen = selection->frozen;
+    bool within = ascending_in(frozen, n_layer);
+    for (int64_t i : frozen) within = within && std::binary_search(held.begin(), held.end(), i);
+    LOOM_CHECK(within, "Transformer: the block selection's frozen blocks ", index_list(frozen),
+               " are not ascending indices of held blocks ", index_list(held));
+  }
+  return held;
+}
+
 }  // namespace
 
 void validate(const ModelConfig& c) {
@@ -109,9 +148,18 @@ Transformer::Transformer(const ModelConfig& config, DType dtype, Device device,
     wpe_ = std::make_unique<Embedding>(config_.max_seq_len, config_.n_embd, dtype, device);
     register_module("wpe", *wpe_);
   }
-  for (int64_t i = 0; i < config_.n_layer; ++i) {
+  // Note [Selected blocks]: the held blocks under their global names and indices.
+  held_ = held_blocks_of(ctx.blocks.get(), config_.n_layer);
+  slot_.assign(static_cast<size_t>(config_.n_layer), -1);
+  for (int64_t i : held_) {
+    slot_[static_cast<size_t>(i)] = static_cast<int64_t>(blocks_.size());
     blocks_.push_back(std::make_unique<Block>(config_, dtype, device, ctx, i));
     register_module("blocks." + std::to_string(i), *blocks_.back());
+  }
+  if (ctx.blocks) {
+    for (int64_t i : ctx.blocks->frozen) {
+      for (auto [name, p] : block(i).named_parameters()) p.set_requires_grad(false);
+    }
   }
   if (llama) {
     norm_f_ = std::make_unique<RMSNorm>(config_.n_embd, config_.norm_eps, dtype, device, ctx);
@@ -131,7 +179,23 @@ void Transformer::init_weights(Generator& gen) {
   const double proj_std = std / std::sqrt(2.0 * static_cast<double>(config_.n_layer));
   wte_->init(gen, std, config_.vocab_size);
   if (wpe_) wpe_->init(gen, std);
-  for (auto& b : blocks_) b->init(gen, std, proj_std);
+  // Note [Selected blocks]: a block not held advances the generator by what a block draws.
+  uint64_t per_block = 0;
+  if (static_cast<int64_t>(blocks_.size()) < config_.n_layer) {
+    Generator scratch(gen.seed());
+    blocks_.front()->init(scratch, std, proj_std);  // drawn again below
+    per_block = scratch.state().offset;
+  }
+  for (int64_t i = 0; i < config_.n_layer; ++i) {
+    const int64_t slot = slot_[static_cast<size_t>(i)];
+    if (slot >= 0) {
+      blocks_[static_cast<size_t>(slot)]->init(gen, std, proj_std);
+    } else {
+      GeneratorState state = gen.state();
+      state.offset += per_block;
+      gen.set_state(state);
+    }
+  }
   norm_f_->reset();
   if (lm_head_) {
     lm_head_->init(gen, std);
@@ -196,15 +260,37 @@ Tensor Transformer::run_blocks(Tensor x, const Tensor& pos, int64_t begin, int64
              ", ", end, ") is not a range of the ", num_blocks(), " blocks");
   const Tensor docs = doc_start.defined() ? doc_start.detach().to(device_) : Tensor();
   for (int64_t i = begin; i < end; ++i) {
+    const int64_t slot = slot_[static_cast<size_t>(i)];
+    if (slot < 0) continue;  // not held: the residual path (Note [Selected blocks])
     const int unit = static_cast<int>(i) + 1;  // unit 0 is the embeddings (parameter_units)
     enter(unit);
-    x = leave(unit, blocks_[static_cast<size_t>(i)]->forward(x, pos, dropout, docs));
+    x = leave(unit, blocks_[static_cast<size_t>(slot)]->forward(x, pos, dropout, docs));
   }
   return x;
 }
 
+bool Transformer::holds_block(int64_t i) const {
+  return 0 <= i && i < config_.n_layer && slot_[static_cast<size_t>(i)] >= 0;
+}
+
+const Block& Transformer::block(int64_t i) const {
+  LOOM_CHECK(holds_block(i), "Transformer.block: block ", i,
+             " is not held here (model.n_layer = ", config_.n_layer, ", held ", index_list(held_),
+             ")");
+  return *blocks_[static_cast<size_t>(slot_[static_cast<size_t>(i)])];
+}
+
+void Transformer::set_unit_hooks(UnitHooks* hooks) {
+  LOOM_CHECK(hooks == nullptr || static_cast<int64_t>(blocks_.size()) == config_.n_layer,
+             "Transformer.set_unit_hooks: this model holds blocks ", index_list(held_), " of ",
+             config_.n_layer,
+             " (a block selection); ZeRO-3 unit hooks over a subnetwork are not "
+             "supported (Note [Parameter units])");
+  hooks_ = hooks;
+}
+
 Tensor Transformer::head_logits(const Tensor& x) const {
-  const int head = static_cast<int>(blocks_.size()) + 1;
+  const int head = static_cast<int>(config_.n_layer) + 1;
   enter(head);
   if (!lm_head_) enter(0);  // the tied head reads wte.weight
   Tensor h = norm_f_->forward(x);
@@ -236,7 +322,7 @@ Tensor Transformer::leave(int unit, const Tensor& out) const {
 }
 
 std::vector<std::vector<std::pair<std::string, Tensor>>> Transformer::parameter_units() const {
-  const size_t head = blocks_.size() + 1;
+  const size_t head = static_cast<size_t>(config_.n_layer) + 1;  // Note [Parameter units]
   std::vector<std::vector<std::pair<std::string, Tensor>>> units(head + 1);
   for (auto& [name, p] : named_parameters()) {
     size_t unit = head;

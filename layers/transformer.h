@@ -15,7 +15,25 @@
 // backward). N is every parameter except lookup-only tables: wpe, and wte when the head is
 // untied (a tied wte counts once, as the head). Padding rows are counted: the GEMMs do them.
 // It is the whole model's, computed from the config: a tensor-parallel rank holding part of the
-// weights reports the same figure as one process.
+// weights reports the same figure as one process (and an SDP worker holding some blocks, Note
+// [Block selection] in layers/build_context.h, the full model's too).
+//
+// Note [Selected blocks]: built with a LayerContext whose `blocks` selection holds only some
+// blocks, the model builds those alone, registered under their global names "blocks.<i>"; block
+// indices everywhere in this class are global: num_blocks() is n_layer, run_blocks(x, pos,
+// begin, end) runs the held blocks with index in [begin, end) in order and passes x through the
+// others unchanged (the residual path), block(i) is held block i (an error for one not held).
+// init_weights() gives every held block and everything after the blocks exactly the values the
+// full model's init gives them from the same generator: each block not held advances the
+// generator by what a block's init draws (measured by initialising the first held block from a
+// scratch generator: every block draws the same full shapes), so the draws stay aligned.
+//
+// Note [Parameter units]: parameter_units() lists unit 0 (wte, wpe), unit 1 + i for block i
+// (i in [0, n_layer)), and unit n_layer + 1 (the final norm and an untied head); every parameter
+// is in exactly one unit, in named_parameters() order, and the forward brackets each unit it runs
+// with the hooks (the tied head enters unit 0 again). With a selection a block not held has an
+// empty unit (the numbering stays global), and set_unit_hooks refuses: ZeRO-3 over a subnetwork
+// would shard a different parameter set on every rank, which nothing designs yet.
 #pragma once
 
 #include <cstdint>
@@ -95,8 +113,9 @@ class Transformer : public Module {
   // ids (B, T) → x (B, T, C): token (+ learned position) embeddings. ids and positions may be
   // on the host (checked there and uploaded: Note [Host ids] in layers/transformer.cpp).
   Tensor embed(const Tensor& ids, const Tensor& positions) const;
-  // x (B, T, C) through blocks [begin, end) → (B, T, C). doc_start: packed documents, or
-  // undefined; on the host it is uploaded once here (check it first: forward() and loss() do).
+  // x (B, T, C) through blocks [begin, end) → (B, T, C) (the held ones: Note [Selected
+  // blocks]). doc_start: packed documents, or undefined; on the host it is uploaded once here
+  // (check it first: forward() and loss() do).
   Tensor run_blocks(Tensor x, const Tensor& positions, int64_t begin, int64_t end,
                     const DropoutKey* dropout, const Tensor& doc_start = {}) const;
   // x (B, T, C) → final norm → logits (B, T, Vp).
@@ -112,19 +131,24 @@ class Transformer : public Module {
   double flops_per_token(int64_t T) const;
 
   // Note [Parameter units]. Hooks are not owned and must outlive every forward that uses them
-  // (null: none).
+  // (null: none); refused when some block is not held.
   std::vector<std::vector<std::pair<std::string, Tensor>>> parameter_units() const;
-  void set_unit_hooks(UnitHooks* hooks) { hooks_ = hooks; }
+  void set_unit_hooks(UnitHooks* hooks);
 
   const ModelConfig& config() const { return config_; }
   DType dtype() const { return dtype_; }
   Device device() const { return device_; }
-  int64_t num_blocks() const { return static_cast<int64_t>(blocks_.size()); }
-  // Every block's Block::set_batch_slice (data parallelism's dropout masks).
+  // The model's blocks, n_layer, held or not (Note [Selected blocks]).
+  int64_t num_blocks() const { return config_.n_layer; }
+  // The blocks this rank built, ascending global indices (all of them without a selection).
+  const std::vector<int64_t>& held_blocks() const { return held_; }
+  bool holds_block(int64_t i) const;
+  // Every held block's Block::set_batch_slice (data parallelism's dropout masks).
   void set_batch_slice(Block::BatchSlice slice) {
     for (auto& b : blocks_) b->set_batch_slice(slice);
   }
-  const Block& block(int64_t i) const { return *blocks_.at(static_cast<size_t>(i)); }
+  // Block i (global index); an error naming it when this rank does not hold it.
+  const Block& block(int64_t i) const;
   const Tensor& wte_weight() const { return wte_->weight(); }
   // The (Vp, C) matrix the logits are computed against: wte.weight when tied, else lm_head.weight.
   const Tensor& head_weight() const;
@@ -141,8 +165,10 @@ class Transformer : public Module {
   LossFn loss_;
   std::shared_ptr<const SequenceLayout> layout_;
   std::unique_ptr<EmbeddingLayer> wte_;
-  std::unique_ptr<Embedding> wpe_;  // gpt2 only
-  std::vector<std::unique_ptr<Block>> blocks_;
+  std::unique_ptr<Embedding> wpe_;              // gpt2 only
+  std::vector<std::unique_ptr<Block>> blocks_;  // the held blocks, in held_ order
+  std::vector<int64_t> held_;                   // their global indices, ascending
+  std::vector<int64_t> slot_;                   // per global index: its place in blocks_, or -1
   std::unique_ptr<Norm> norm_f_;
   std::unique_ptr<LinearLayer> lm_head_;  // untied only; its weight is used, not its forward
   UnitHooks* hooks_ = nullptr;
