@@ -350,6 +350,42 @@ TEST(SdpBackwardMasking, ForwardAndGradientsMatchTheFullModelLlama) {
   for (const Case& cs : kCases) expect_matches_full_model(true, cs);
 }
 
+// Note [Compute dtype]: with f64 masters computing in f32 both parts are cast; the worker still
+// matches the full model computing in f32 (to f32 rounding: its GEMMs are split), the owned
+// gradients reach the masters in f64 and the frozen tensors get none.
+TEST(SdpBackwardMasking, ComputeDtypeCastsBothParts) {
+  for (bool llama : {false, true}) {
+    const ModelConfig c = config(llama);
+    const NeuronAssignment a = cover_of(c, 4, 2, 3);
+    Transformer full(c, DType::kF64);
+    Generator g0(31);
+    full.init_weights(g0);
+    loom::testing::perturb_parameters(full, 0.05, 32);
+    full.set_compute_dtype(DType::kF32);
+    const Tensor ids = loom::testing::random_ids(2, 6, c.vocab_size, 33);
+    const Tensor targets = loom::testing::random_ids(2, 6, c.vocab_size, 34);
+    const Tensor full_loss = full.loss(ids, targets);
+    autograd::backward(full_loss);
+    const auto fp = params_of(full);
+    Transformer m(c, DType::kF64, {}, backward_masking_context(a, 1));
+    load_through_pieces(m, full);
+    m.set_compute_dtype(DType::kF32);
+    const Tensor logits = m.forward(ids);
+    EXPECT_EQ(logits.dtype(), DType::kF32);
+    EXPECT_LT(rel_error(logits, full.forward(ids)), 1e-5);
+    const Tensor loss = m.loss(ids, targets);
+    EXPECT_NEAR(loss.item(), full_loss.item(), 1e-5 * std::abs(full_loss.item()));
+    autograd::backward(loss);
+    for (auto& [name, p] : m.named_parameters()) {
+      ASSERT_TRUE(p.grad().defined()) << name;
+      EXPECT_EQ(p.grad().dtype(), DType::kF64) << name;
+      EXPECT_LT(rel_error(p.grad(), expected_part(name, fp.at(name).grad(), a, 1, false)), 1e-4)
+          << name;
+    }
+    for (auto& [name, t] : frozen_parameters(m)) EXPECT_FALSE(t.grad().defined()) << name;
+  }
+}
+
 // Coverage 1: every worker's model is the default model, bit for bit, with nothing frozen.
 void expect_coverage_one_is_default(bool llama, int workers) {
   const ModelConfig c = config(llama);
