@@ -113,6 +113,7 @@ void visit_fields(Config& c, V&& v) {
   v("parallel.sdp", "level", p.sdp.level);
   v("parallel.sdp", "coverage", p.sdp.coverage);
   v("parallel.sdp", "seed", p.sdp.seed);
+  v("parallel.sdp", "workers", p.sdp.workers);
 }
 
 // Note [Nested sections]: a section name with a dot ("parallel.sdp") is a mapping under its
@@ -327,24 +328,29 @@ void validate_model_parallel_config(const Config& c) {
   if (p.tp == 1 && p.cp == 1) return;
 }
 
-// parallel.sdp (docs/parallel.md, "SDP"): forward masking at the neuron level over the dp group
-// alone; the cover is built here (cheap) so that its errors — coverage, holder graph, hidden
-// sizes — come at load time. Checkpoints of SDP runs are not built yet.
+// parallel.sdp (docs/parallel.md, "SDP"): either regime at either level over the dp group, or
+// over groups of parallel.sdp.workers of it (data-parallel copies of one SDP group); the cover
+// is built here (cheap) so that its errors — coverage, holder graph, sizes — come at load time.
 void validate_sdp_config(const Config& c) {
   const SdpConfig& s = c.parallel.sdp;
   const ParallelConfig& p = c.parallel;
   require(s.mode == "none" || s.mode == "forward" || s.mode == "backward",
-          "parallel.sdp.mode: unknown mode '" + s.mode + "' (none, forward)");
-  require(s.mode != "backward",
-          "parallel.sdp.mode: backward masking is not built yet (none, forward)");
+          "parallel.sdp.mode: unknown mode '" + s.mode + "' (none, forward, backward)");
   require(s.level == "neuron" || s.level == "block",
-          "parallel.sdp.level: unknown level '" + s.level + "' (neuron)");
-  require(s.level != "block", "parallel.sdp.level: block is not built yet (neuron)");
+          "parallel.sdp.level: unknown level '" + s.level + "' (neuron, block)");
   require(s.seed >= 0, "parallel.sdp.seed: must be non-negative, got " + str(s.seed));
   require(s.coverage > 0 && s.coverage <= 1,
           "parallel.sdp.coverage: must be in (0, 1], got " + str(s.coverage));
+  require(s.workers >= 0,
+          "parallel.sdp.workers: must be >= 0 (0: parallel.dp), got " + str(s.workers));
   if (s.mode == "none") return;
-  require(p.dp >= 2, "parallel.sdp.mode: SDP needs parallel.dp >= 2 workers, got " + str(p.dp));
+  const int64_t n = sdp_workers(c);
+  require(n >= 2,
+          "parallel.sdp.mode: SDP needs at least 2 workers (parallel.sdp.workers, or "
+          "parallel.dp when it is 0), got " +
+              str(n));
+  require(p.dp % n == 0, "parallel.sdp.workers: " + str(n) + " does not divide parallel.dp " +
+                             str(p.dp) + " (the dp group holds parallel.dp / workers copies)");
   require(p.tp == 1 && p.pp == 1 && p.cp == 1,
           "parallel.sdp.mode: SDP runs over parallel.dp alone; set parallel.tp, parallel.pp and "
           "parallel.cp to 1 (got " +
@@ -355,19 +361,21 @@ void validate_sdp_config(const Config& c) {
               str(p.zero_stage) +
               "), parallel.odc false and "
               "parallel.mics_partition_size 0");
-  require(c.checkpoint.every == 0 && !c.checkpoint.at_end,
-          "parallel.sdp.mode: checkpoints of SDP runs are not built yet; set checkpoint.every: 0 "
-          "and checkpoint.at_end: false");
   require(!c.data.packing, "parallel.sdp.mode: data.packing is not supported with SDP yet");
-  require(c.train.init_from.empty(),
-          "parallel.sdp.mode: model.init_from is not supported with SDP yet (a worker's packed "
-          "weights would need the full checkpoint's owned rows)");
+  require(s.mode != "backward" || c.train.init_from.empty(),
+          "parallel.sdp.mode: model.init_from is not supported with backward masking yet (the "
+          "frozen copies are not loaded from it; forward masking supports it)");
   parallel::sdp::CoverOptions o;
-  o.workers = static_cast<int>(p.dp);
+  o.workers = static_cast<int>(n);
   o.coverage = s.coverage;
   o.seed = static_cast<uint64_t>(s.seed);
-  const std::vector<int64_t> units(static_cast<size_t>(c.model.n_layer), c.model.ffn_hidden_size());
-  parallel::sdp::assign_neurons(o, units);  // ConfigError naming parallel.sdp.coverage, …
+  if (s.level == "block") {
+    parallel::sdp::assign_blocks(o, c.model.n_layer);  // ConfigError naming the keys
+  } else {
+    const std::vector<int64_t> units(static_cast<size_t>(c.model.n_layer),
+                                     c.model.ffn_hidden_size());
+    parallel::sdp::assign_neurons(o, units);  // ConfigError naming parallel.sdp.coverage, …
+  }
 }
 
 // Note [Precision] in train/config.h.
@@ -549,6 +557,10 @@ DType train_dtype(const std::string& name) {
 
 int64_t pipeline_microbatches(const Config& c) {
   return c.parallel.microbatches > 0 ? c.parallel.microbatches : c.optim.grad_accum;
+}
+
+int64_t sdp_workers(const Config& c) {
+  return c.parallel.sdp.workers > 0 ? c.parallel.sdp.workers : c.parallel.dp;
 }
 
 int64_t global_batch_sequences(const Config& c) {

@@ -89,10 +89,11 @@ struct CheckpointConfig {
 // parallel.sdp: subnetwork data parallelism (docs/parallel.md, "SDP"; parallel/sdp/). Written
 // as a mapping under parallel (parallel: {sdp: {mode: forward, coverage: 0.5}}).
 struct SdpConfig {
-  std::string mode = "none";     // none | forward (backward: not built yet)
-  std::string level = "neuron";  // neuron (block: not built yet)
+  std::string mode = "none";     // none | forward | backward (the masking regime)
+  std::string level = "neuron";  // neuron | block (what a subnetwork is made of)
   double coverage = 1.0;         // C: the fraction of each layer's units a worker holds
   int64_t seed = 0;              // the cover's draw
+  int64_t workers = 0;           // N, the SDP group; 0: parallel.dp (dp / N data-parallel copies)
 };
 
 struct ParallelConfig {
@@ -154,6 +155,8 @@ int64_t pipeline_microbatches(const Config& c);
 // (optim.grad_accum, or the pipeline's) of every data-parallel replica (parallel.dp; context,
 // tensor and pipeline parallelism split a sequence, they do not add any).
 int64_t global_batch_sequences(const Config& c);
+// parallel.sdp's N: parallel.sdp.workers, or parallel.dp when it is 0.
+int64_t sdp_workers(const Config& c);
 // A train.dtype / train.precision value (f64, f32, bf16, f16; validated when parsed) as a DType.
 DType train_dtype(const std::string& name);
 // parallel.backend resolved: true when the communicators are NCCL's (nccl, or auto on cuda).

@@ -11,20 +11,67 @@
 #include "optim/sgd.h"
 #include "parallel/gradients.h"
 #include "parallel/layer_context.h"
+#include "parallel/sdp/block_level.h"
 #include "parallel/sdp/packed_layers.h"
 #include "train/profiler.h"
 
 namespace loom {
 namespace {
 
-// The cover of parallel.sdp: every block's MLP hidden units over the dp workers.
-parallel::sdp::NeuronAssignment sdp_cover(const Config& cfg) {
+// The covers of parallel.sdp (Note [SDP plan]): every block's MLP hidden units, or the blocks,
+// over the N workers of an SDP group.
+parallel::sdp::CoverOptions sdp_cover_options(const Config& cfg) {
   parallel::sdp::CoverOptions o;
-  o.workers = static_cast<int>(cfg.parallel.dp);
+  o.workers = static_cast<int>(sdp_workers(cfg));
   o.coverage = cfg.parallel.sdp.coverage;
   o.seed = static_cast<uint64_t>(cfg.parallel.sdp.seed);
+  return o;
+}
+parallel::sdp::NeuronAssignment neuron_cover(const Config& cfg) {
   return parallel::sdp::assign_neurons(
-      o, std::vector<int64_t>(static_cast<size_t>(cfg.model.n_layer), cfg.model.ffn_hidden_size()));
+      sdp_cover_options(cfg),
+      std::vector<int64_t>(static_cast<size_t>(cfg.model.n_layer), cfg.model.ffn_hidden_size()));
+}
+parallel::sdp::BlockAssignment block_cover(const Config& cfg) {
+  return parallel::sdp::assign_blocks(sdp_cover_options(cfg), cfg.model.n_layer);
+}
+bool sdp_blocks(const Config& cfg) { return cfg.parallel.sdp.level == "block"; }
+bool sdp_forward(const Config& cfg) { return cfg.parallel.sdp.mode == "forward"; }
+
+// The layers of SDP worker `worker` (Note [SDP plan]).
+LayerContext sdp_layer_context(const Config& cfg, int worker) {
+  if (sdp_blocks(cfg))
+    return parallel::sdp::block_masking_context(block_cover(cfg), worker, sdp_forward(cfg));
+  return sdp_forward(cfg) ? parallel::sdp::forward_masking_context(neuron_cover(cfg), worker)
+                          : parallel::sdp::backward_masking_context(neuron_cover(cfg), worker);
+}
+
+// What SdpSync needs (Note [SDP setup] in parallel/sdp/sdp_sync.h), once the model is built and
+// initialised: at the block level under backward masking the blocks the worker does not hold are
+// frozen here (no gradient: their dW GEMMs are skipped, and TrainPlan::trained leaves them out).
+parallel::sdp::SdpSetup sdp_setup(TrainPlan& plan, const Config& cfg, int worker) {
+  const std::vector<std::pair<std::string, Tensor>> all = plan.model->named_parameters();
+  if (sdp_blocks(cfg)) {
+    const parallel::sdp::BlockAssignment cover = block_cover(cfg);
+    std::vector<std::pair<std::string, Tensor>> frozen;
+    for (const auto& [name, p] : all) {
+      if (parallel::sdp::holds_parameter(cover, worker, name)) continue;
+      Tensor t = p;
+      t.set_requires_grad(false);
+      frozen.emplace_back(name, t);
+    }
+    return parallel::sdp::block_setup(cover, worker, plan.trained(), std::move(frozen),
+                                      sdp_forward(cfg));
+  }
+  std::vector<std::pair<std::string, Tensor>> frozen;
+  if (!sdp_forward(cfg)) {
+    auto f =
+        std::dynamic_pointer_cast<const parallel::sdp::BackwardMaskingLinear>(plan.layers.linear);
+    LOOM_CHECK(f != nullptr, "SDP: backward masking's model was not built with its factory");
+    frozen = parallel::sdp::frozen_parameters(*f, all);
+  }
+  return parallel::sdp::neuron_setup(neuron_cover(cfg), worker, plan.trained(), std::move(frozen),
+                                     sdp_forward(cfg));
 }
 
 // 1. Tensor, sequence and context parallelism: the model's layers built with the mesh's
@@ -49,13 +96,12 @@ void apply_model_parallel(TrainPlan& plan, const Config& cfg, const PlanHooks& h
     plan.model_parallel = true;
     plan.sequence_parallel = cfg.parallel.sequence_parallel;
   }
-  if (cfg.parallel.sdp.mode == "forward") {  // Note [SDP plan]
+  if (cfg.parallel.sdp.mode != "none") {  // Note [SDP plan]
     LOOM_CONFIG_CHECK(
         ctx != nullptr && ctx->dp_size() == cfg.parallel.dp && ctx->world_size() == cfg.parallel.dp,
         "parallel.sdp.mode: SDP over parallel.dp ", cfg.parallel.dp,
-        " workers needs a parallel context of that many dp ranks (mpirun -np ", cfg.parallel.dp,
-        ")");
-    plan.layers = parallel::sdp::forward_masking_context(sdp_cover(cfg), ctx->dp_rank());
+        " ranks needs a parallel context of that many dp ranks (mpirun -np ", cfg.parallel.dp, ")");
+    plan.layers = sdp_layer_context(cfg, static_cast<int>(ctx->dp_rank() % sdp_workers(cfg)));
   }
   // Parameters are built on the device (drawn on the host, so every device starts from the
   // same values); with train.precision ≠ train.dtype the forward casts them (Note [Precision]).
@@ -99,8 +145,10 @@ void apply_pipeline(TrainPlan& plan, const Config& cfg) {
 void apply_data_parallel(TrainPlan& plan, const Config& cfg) {
   const ParallelConfig& pc = cfg.parallel;
   const optim::DecayRule rule = optim::parse_decay_rule(cfg.optim.decay_rule);
-  if (pc.sdp.mode == "forward") {  // Note [SDP plan]
+  if (pc.sdp.mode != "none") {  // Note [SDP plan]
     parallel::ParallelContext* ctx = plan.ctx;
+    parallel::sdp::SdpSetup setup =
+        sdp_setup(plan, cfg, static_cast<int>(ctx->dp_rank() % sdp_workers(cfg)));
     plan.optimizer = optimizer_factory(cfg.optim)(optim::make_param_refs(plan.trained(), rule));
     plan.model->set_batch_slice(
         {ctx->dp_rank() * cfg.data.batch_size, pc.dp * cfg.data.batch_size});
@@ -109,7 +157,7 @@ void apply_data_parallel(TrainPlan& plan, const Config& cfg) {
     so.timeout_s = pc.comm_timeout_s;
     // Its hooks launch each slice's average at the last micro-batch's backward (Note [SDP
     // overlapped sync]); zero_grad attaches its buffers as the gradients.
-    plan.sdp = std::make_unique<parallel::sdp::SdpSync>(ctx->dp(), sdp_cover(cfg), plan.trained(),
+    plan.sdp = std::make_unique<parallel::sdp::SdpSync>(ctx->dp(), std::move(setup), plan.trained(),
                                                         std::move(so),
                                                         static_cast<int>(cfg.optim.grad_accum));
     return;
@@ -201,7 +249,11 @@ TrainPlan build_plan(const Config& cfg, parallel::ParallelContext* ctx, Device d
 }
 
 std::vector<std::pair<std::string, Tensor>> TrainPlan::trained() const {
-  return pipe ? pipe->named_parameters() : model->named_parameters();
+  if (pipe) return pipe->named_parameters();
+  std::vector<std::pair<std::string, Tensor>> out;
+  for (auto& [name, p] : model->named_parameters())  // less frozen ones (Note [SDP plan])
+    if (p.requires_grad()) out.emplace_back(name, p);
+  return out;
 }
 
 std::vector<TrainedPiece> TrainPlan::trained_pieces() const {
@@ -251,6 +303,7 @@ void TrainPlan::step(double lr, const Tensor& factor) {
     dp->step_scaled(lr, factor);
   else
     optimizer->step_scaled(lr, factor);
+  if (sdp) sdp->publish();  // backward masking's frozen copies (Note [SDP publication])
 }
 
 Tensor TrainPlan::global_loss(Tensor share) const {

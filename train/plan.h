@@ -63,13 +63,13 @@ struct TrainPlan {
   std::unique_ptr<parallel::DataParallel> dp;                 // dp or cp > 1: owns the optimizer
   std::unique_ptr<parallel::pp::StageUnitHooks> stage_hooks;  // ZeRO-3 under pp
   std::unique_ptr<optim::Optimizer> optimizer;                // without data parallelism
-  std::unique_ptr<parallel::sdp::SdpSync> sdp;  // parallel.sdp.mode forward (Note [SDP plan])
+  std::unique_ptr<parallel::sdp::SdpSync> sdp;  // parallel.sdp.mode ≠ none (Note [SDP plan])
   std::unique_ptr<StepRunner> runner;
   parallel::ParallelContext* ctx = nullptr;  // null: one process
   Device device;
   int64_t released = 0;  // parameters of other pipeline stages freed on this rank
 
-  // The parameters this rank trains (its stages' under pp).
+  // The parameters this rank trains (its stages' under pp; not SDP's frozen ones).
   std::vector<std::pair<std::string, Tensor>> trained() const;
   // What the optimizer steps on this rank, in the optimizer's order.
   std::vector<TrainedPiece> trained_pieces() const;
@@ -96,14 +96,21 @@ struct TrainPlan {
   std::string describe() const;  // the layout's lines for the start of the log ("" alone)
 };
 
-// Note [SDP plan]: with parallel.sdp.mode forward the model is built with this dp rank's
-// forward-masking context (parallel/sdp/packed_layers.h: its blocks' MLPs packed to the units it
-// holds), there is no DataParallel, the optim.* optimizer runs over this rank's parameters (its
-// packed weights are the slices it holds: optimizer state only for them), and the gradient
-// finalisation is SdpSync's (parallel/sdp/sdp_sync.h): every slice averaged over its holders,
-// the replicated parameters over the dp group, launched from the gradient hooks during the
-// step's last backward (Note [SDP overlapped sync]) so finalize_gradients only waits; the global
-// norm counts each element once. The data are the dp rank's, as under data parallelism.
+// Note [SDP plan]: with parallel.sdp.mode forward or backward, dp rank d is worker d mod N of
+// an SDP group of N = parallel.sdp.workers ranks (Note [SDP replicas] in parallel/sdp/sdp_sync.h)
+// and the model is built with that worker's context: at the neuron level forward masking packs
+// the blocks' MLPs to the units it holds (parallel/sdp/packed_layers.h), backward masking keeps
+// the full MLPs with the unheld units as a frozen copy; at the block level (parallel/sdp/
+// block_level.h) forward masking builds only the held blocks, backward masking builds all and
+// freezes the unheld ones here (requires_grad false: trained() leaves them out). There is no
+// DataParallel; the optim.* optimizer runs over trained(), so optimizer state exists only for
+// the held slices and the replicated parameters. SdpSync finalises the gradients: each slice
+// averaged over its holders (in every data-parallel copy), the replicated parameters over the
+// dp group, launched from the gradient hooks during the step's last backward (Note [SDP
+// overlapped sync]), so finalize_gradients only waits; the global norm counts each element once;
+// after the optimizer step, step() has it publish the held slices to the frozen copies (Note
+// [SDP publication]). The data are the dp rank's, as under data parallelism; checkpoints store
+// each slice once (Note [SDP checkpoints] in train/train_state.cpp).
 
 // Note [Plan order]. Throws ConfigError naming the key when the context does not fit the
 // config's parallel section. ctx may be null for one process.

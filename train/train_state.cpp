@@ -12,6 +12,7 @@
 
 #include "core/ops/view.h"
 #include "parallel/gradients.h"
+#include "parallel/sdp/packed_layers.h"
 #include "train/checkpoint.h"
 #include "train/trainer_state.h"
 
@@ -46,6 +47,51 @@ std::vector<StatePiece> state_pieces(const TrainPlan& plan,
     out.push_back({"optim." + name.substr(0, dot) + "." + it->second->param, t, it->second});
   }
   return out;
+}
+
+// Note [SDP checkpoints]: an SDP run's checkpoint is an ordinary one: every element of every
+// global tensor stored exactly once, so any layout resumes it — the same SDP run, another
+// cover, or one process (which is its consolidation into the full model; `convert` then writes
+// Hugging Face files). Each slice (parallel/sdp/sdp_sync.h) is stored by its lowest holder of
+// data-parallel copy 0 (SdpSync::writes), the replicated parameters by dp rank 0: a packed
+// parameter becomes one piece per rank whose runs are the slices that rank stores (their values
+// gathered into one contiguous tensor); its optimizer state the same piece of the state. A
+// resume reads each rank's own packed pieces, and under backward masking its frozen copies, from
+// whichever files hold them.
+void add_sdp_pieces(const parallel::sdp::SdpSync& sdp, size_t param, const std::string& key,
+                    const Tensor& values, const Placement& placement,
+                    std::vector<CheckpointTensor>& out) {
+  std::vector<const parallel::sdp::SdpSliceSpec*> mine;
+  for (const parallel::sdp::SdpSliceSpec& s : sdp.slices())
+    if (s.param == param && sdp.writes(s)) mine.push_back(&s);
+  if (mine.empty()) return;
+  if (mine.front()->length < 0) {  // whole: a replicated parameter, or a block's
+    out.push_back({key, values, piece_of(placement, values.shape())});
+    return;
+  }
+  const int64_t dim = mine.front()->dim;
+  const PlacementSplit* split = placement.split_over(parallel::sdp::kAxisSdp);
+  LOOM_CHECK(split != nullptr && split->dim == dim, "checkpoint: '", key,
+             "' has SDP slices but no split over '", parallel::sdp::kAxisSdp, "' on dim ", dim);
+  TensorPiece piece;
+  piece.global_shape = placement.global_shape;
+  piece.runs.resize(static_cast<size_t>(values.dim()));
+  std::vector<Tensor> parts;
+  int64_t local = 0;
+  for (const parallel::sdp::SdpSliceSpec* s : mine) {
+    int64_t global = -1;
+    for (const PlacementRun& r : split->runs)
+      if (s->local_begin >= r.local && s->local_begin + s->length <= r.local + r.length)
+        global = r.global + (s->local_begin - r.local);
+    LOOM_CHECK(global >= 0, "checkpoint: slice ", s->id, " of '", key, "' is outside its runs");
+    piece.runs[static_cast<size_t>(dim)].push_back({local, global, s->length});
+    parts.push_back(ops::narrow(values, dim, s->local_begin, s->length));
+    local += s->length;
+  }
+  Tensor packed = parts.size() == 1 ? ops::contiguous(parts[0]) : ops::cat(parts, dim);
+  piece.begin = 0;
+  piece.end = packed.numel();
+  out.push_back({key, packed, piece});
 }
 
 // The config as "section.key" → its YAML text.
@@ -172,6 +218,10 @@ void Trainer::State::resume_from(const std::string& dir) {
       r.read(param_key(name), piece_of(p.placement(), p.shape()), p);
   }
   for (const StatePiece& s : state_pieces(plan, pieces)) r.read(s.key, s.piece->piece, s.tensor);
+  if (plan.sdp) {  // backward masking's frozen copies (Note [SDP checkpoints])
+    for (const auto& [name, t] : plan.sdp->frozen())
+      r.read(param_key(name), piece_of(t.placement(), t.shape()), t);
+  }
   const std::map<std::string, std::string>& state = r.state();
   auto text = [&](const std::string& key, const std::string& why) {
     auto it = state.find(key);
@@ -229,13 +279,24 @@ void Trainer::State::save() {
   // One copy of each piece (Note [Placement]): data-parallel replicas, parameters replicated
   // over tp and tied copies leave it to the copy that counts.
   const std::vector<TrainedPiece> pieces = plan.trained_pieces();
-  for (const TrainedPiece& p : pieces) {
-    if (parallel::counted_here(p.placement, ctx))
-      c.tensors.push_back({param_key(p.param), p.values, p.piece});
-  }
-  for (const StatePiece& s : state_pieces(plan, pieces)) {
-    if (parallel::counted_here(s.piece->placement, ctx))
-      c.tensors.push_back({s.key, s.tensor, s.piece->piece});
+  if (plan.sdp) {                         // Note [SDP checkpoints]
+    std::map<std::string, size_t> index;  // SdpSync's parameters are plan.trained(), in order
+    for (const TrainedPiece& p : pieces) index.emplace(p.param, index.size());
+    for (const TrainedPiece& p : pieces)
+      add_sdp_pieces(*plan.sdp, index.at(p.param), param_key(p.param), p.values, p.placement,
+                     c.tensors);
+    for (const StatePiece& s : state_pieces(plan, pieces))
+      add_sdp_pieces(*plan.sdp, index.at(s.piece->param), s.key, s.tensor, s.piece->placement,
+                     c.tensors);
+  } else {
+    for (const TrainedPiece& p : pieces) {
+      if (parallel::counted_here(p.placement, ctx))
+        c.tensors.push_back({param_key(p.param), p.values, p.piece});
+    }
+    for (const StatePiece& s : state_pieces(plan, pieces)) {
+      if (parallel::counted_here(s.piece->placement, ctx))
+        c.tensors.push_back({s.key, s.tensor, s.piece->piece});
+    }
   }
   const LoaderState ls = loader_state();
   c.state = {{"optim.step_count", std::to_string(plan.optimizer_steps())},

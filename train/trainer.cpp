@@ -220,10 +220,6 @@ Trainer::Trainer(Config config, TrainerOptions options) : s_(std::make_unique<St
     if (s_->ctx)
       s_->ctx->set_observer([t = s_->trace.get()](const parallel::CommEvent& e) { t->comm(e); });
   }
-  if (!options.resume.empty() && s_->cfg.parallel.sdp.mode != "none") {
-    throw ConfigError("--resume: checkpoints of SDP runs (parallel.sdp.mode " +
-                      s_->cfg.parallel.sdp.mode + ") are not built yet");
-  }
   s_->build();
   if (!options.resume.empty()) s_->resume(options.resume);
 }

@@ -127,4 +127,23 @@ std::vector<SdpSliceSpec> block_slices(const BlockAssignment& cover,
   return out;
 }
 
+SdpSetup block_setup(const BlockAssignment& cover, int worker,
+                     const std::vector<std::pair<std::string, Tensor>>& params,
+                     std::vector<std::pair<std::string, Tensor>> frozen, bool forward_masking) {
+  SdpSetup s;
+  s.what = std::string(forward_masking ? "forward" : "backward") + " masking, block level";
+  s.publishes = !forward_masking;
+  s.workers = cover.workers;
+  s.replication = cover.replication;
+  s.coverage = cover.coverage;
+  s.slices = block_slices(cover, params);
+  for (const SdpSliceSpec& x : s.slices) {
+    LOOM_CHECK(std::binary_search(x.holders.begin(), x.holders.end(), worker), "SDP: worker ",
+               worker, " trains '", params[x.param].first, "' of a block it does not hold");
+  }
+  if (!frozen.empty()) s.frozen_slices = block_slices(cover, frozen);
+  s.frozen = std::move(frozen);
+  return s;
+}
+
 }  // namespace loom::parallel::sdp

@@ -60,4 +60,12 @@ bool holds_parameter(const BlockAssignment& cover, int worker, const std::string
 std::vector<SdpSliceSpec> block_slices(const BlockAssignment& cover,
                                        const std::vector<std::pair<std::string, Tensor>>& params);
 
+// What SdpSync needs at the block level (Note [SDP setup] in parallel/sdp/sdp_sync.h): the
+// slices of the trained parameters (`params`: the replicated ones and the held blocks') and,
+// under backward masking, of the frozen blocks' parameters (`frozen`, global names; empty under
+// forward masking, whose model has no unheld block).
+SdpSetup block_setup(const BlockAssignment& cover, int worker,
+                     const std::vector<std::pair<std::string, Tensor>>& params,
+                     std::vector<std::pair<std::string, Tensor>> frozen, bool forward_masking);
+
 }  // namespace loom::parallel::sdp

@@ -1,5 +1,6 @@
-// parallel/sdp/sdp_sync.cpp — SDP's slices, the sync overlapped with backward and the global
-// norm (see the header, Notes [SDP gradient slices], [SDP overlapped sync], [SDP global norm]).
+// parallel/sdp/sdp_sync.cpp — SDP's slices, the sync overlapped with backward, the global norm
+// and the publication (see the header, Notes [SDP gradient slices], [SDP overlapped sync],
+// [SDP global norm], [SDP replicas], [SDP publication]).
 #include "parallel/sdp/sdp_sync.h"
 
 #include <algorithm>
@@ -26,7 +27,8 @@ int64_t block_of(const std::string& name) {
 }  // namespace
 
 std::vector<SdpSliceSpec> sdp_slices(const NeuronAssignment& cover, int worker,
-                                     const std::vector<std::pair<std::string, Tensor>>& params) {
+                                     const std::vector<std::pair<std::string, Tensor>>& params,
+                                     bool held) {
   const int64_t n_layer = static_cast<int64_t>(cover.layers.size());
   std::vector<int> all(static_cast<size_t>(cover.workers));
   std::iota(all.begin(), all.end(), 0);
@@ -57,9 +59,9 @@ std::vector<SdpSliceSpec> sdp_slices(const NeuronAssignment& cover, int worker,
     }
     const int64_t l = block_of(name);
     const LayerCover& layer = cover.layers[static_cast<size_t>(l)];
-    for (int s : layer.slices_of(worker)) {
+    for (int s = 0; s < static_cast<int>(layer.slices.size()); ++s) {
       const UnitSlice& us = layer.slices[static_cast<size_t>(s)];
-      if (us.size() == 0) continue;
+      if (us.size() == 0 || layer.holds(worker, s) != held) continue;
       bool found = false;
       for (const PlacementRun& r : split->runs) {
         if (us.begin >= r.global && us.end <= r.global + r.length) {
@@ -71,7 +73,8 @@ std::vector<SdpSliceSpec> sdp_slices(const NeuronAssignment& cover, int worker,
         }
       }
       LOOM_CHECK(found, "SDP: packed parameter '", name, "' does not hold slice ", s, " [",
-                 us.begin, ", ", us.end, ") of block ", l, " that worker ", worker, " holds");
+                 us.begin, ", ", us.end, ") of block ", l, " that worker ", worker,
+                 held ? " holds" : " keeps a frozen copy of");
     }
   }
   std::sort(out.begin(), out.end(),
@@ -87,28 +90,70 @@ Tensor slice_view(const Tensor& full, const SdpSliceSpec& s) {
 
 }  // namespace
 
-SdpSync::SdpSync(Communicator& dp, NeuronAssignment cover,
+SdpSetup neuron_setup(const NeuronAssignment& cover, int worker,
+                      const std::vector<std::pair<std::string, Tensor>>& params,
+                      std::vector<std::pair<std::string, Tensor>> frozen, bool forward_masking) {
+  SdpSetup s;
+  s.what = std::string(forward_masking ? "forward" : "backward") + " masking, neuron level";
+  s.publishes = !forward_masking;
+  s.workers = cover.workers;
+  s.replication = cover.replication;
+  s.coverage = cover.coverage;
+  s.slices = sdp_slices(cover, worker, params, true);
+  s.frozen_slices = sdp_slices(cover, worker, frozen, false);
+  s.frozen = std::move(frozen);
+  return s;
+}
+
+SdpSync::SdpSync(Communicator& dp, SdpSetup setup,
                  std::vector<std::pair<std::string, Tensor>> params, SliceSyncOptions options,
                  int micro_batches)
     : dp_(dp),
-      cover_(std::move(cover)),
-      worker_(dp.rank()),
+      setup_(std::move(setup)),
+      worker_(dp.rank() % std::max(setup_.workers, 1)),
+      replica_(dp.rank() / std::max(setup_.workers, 1)),
       params_(std::move(params)),
       micro_batches_(micro_batches),
       link_(std::make_shared<HookLink>()) {
-  LOOM_CONFIG_CHECK(dp.size() == cover_.workers, "parallel.dp: the SDP cover has ", cover_.workers,
-                    " workers but the dp group ", dp.size(), " ranks");
+  const int n = setup_.workers;
+  LOOM_CONFIG_CHECK(n >= 1 && dp.size() % n == 0, "parallel.sdp.workers: the dp group's ",
+                    dp.size(), " ranks are not a multiple of the ", n, " SDP workers");
   LOOM_CHECK(micro_batches >= 1, "SDP: micro_batches must be at least 1, got ", micro_batches);
-  specs_ = sdp_slices(cover_, worker_, params_);
   for (const auto& [name, p] : params_) buffers_.push_back(Tensor::zeros_like(p));
   slice_ids_.resize(params_.size());
   fired_.assign(params_.size(), 0);
+  // The publication's group first (every rank makes its copy's, over its members only), then
+  // the holder sets: one global order of creations on every rank.
+  const bool publishes = setup_.publishes;
+  Communicator* group = &dp;
+  if (publishes && dp.size() > n) {
+    std::vector<int> members(static_cast<size_t>(n));
+    std::iota(members.begin(), members.end(), replica_ * n);
+    const HolderGroupFactory make =
+        options.make_group ? options.make_group : holder_group_factory(dp, options.timeout_s);
+    group_ = make(members, "sdp_copy" + std::to_string(replica_), 1 << 12);
+    group = group_.get();
+  }
   std::vector<HeldSlice> held;
-  for (const SdpSliceSpec& s : specs_) {
-    held.push_back({s.id, s.holders, slice_view(buffers_[s.param], s)});
-    slice_ids_[s.param].push_back(s.id);  // specs_ is in ascending id
+  for (const SdpSliceSpec& s : setup_.slices) {
+    LOOM_CHECK(s.param < params_.size(), "SDP: slice ", s.id, " names parameter ", s.param, " of ",
+               params_.size());
+    held.push_back({s.id, dp_ranks(s.holders), slice_view(buffers_[s.param], s)});
+    slice_ids_[s.param].push_back(s.id);  // slices are in ascending id
   }
   sync_ = std::make_unique<SliceSync>(dp, std::move(held), std::move(options));
+  if (publishes) {
+    std::vector<PublishedSlice> all;
+    for (const SdpSliceSpec& s : setup_.slices) {
+      if (s.holders.size() < static_cast<size_t>(n))  // a replicated one every worker trains
+        all.push_back({s.id, s.holders, slice_view(params_[s.param].second, s)});
+    }
+    for (const SdpSliceSpec& s : setup_.frozen_slices)
+      all.push_back({s.id, s.holders, slice_view(setup_.frozen[s.param].second, s)});
+    std::sort(all.begin(), all.end(),
+              [](const PublishedSlice& a, const PublishedSlice& b) { return a.id < b.id; });
+    publisher_ = std::make_unique<SlicePublisher>(*group, std::move(all));
+  }
   link_->owner = this;
   for (size_t i = 0; i < params_.size(); ++i) {
     std::shared_ptr<HookLink> link = link_;
@@ -116,6 +161,22 @@ SdpSync::SdpSync(Communicator& dp, NeuronAssignment cover,
       if (link->owner != nullptr) link->owner->on_grad_ready(i, leaf);
     });
   }
+}
+
+std::vector<int> SdpSync::dp_ranks(const std::vector<int>& workers) const {
+  const int n = setup_.workers, copies = dp_.size() / n;
+  std::vector<int> out;
+  for (int r = 0; r < copies; ++r)
+    for (int w : workers) out.push_back(r * n + w);
+  return out;  // ascending: workers are ascending within [0, n)
+}
+
+bool SdpSync::writes(const SdpSliceSpec& s) const {
+  return replica_ == 0 && !s.holders.empty() && s.holders.front() == worker_;
+}
+
+void SdpSync::publish() {
+  if (publisher_) publisher_->publish();
 }
 
 SdpSync::~SdpSync() { link_->owner = nullptr; }
@@ -165,8 +226,8 @@ void SdpSync::finish() {
 
 Tensor SdpSync::grad_sq_sum(Device device) const {
   std::vector<Tensor> counted;
-  for (const SdpSliceSpec& s : specs_) {
-    if (s.holders.front() != worker_) continue;
+  for (const SdpSliceSpec& s : setup_.slices) {
+    if (!writes(s)) continue;
     if (!params_[s.param].second.placement().tied_to.empty()) continue;
     counted.push_back(slice_view(buffers_[s.param], s));
   }
@@ -177,13 +238,16 @@ Tensor SdpSync::grad_sq_sum(Device device) const {
 
 std::string SdpSync::describe() const {
   std::ostringstream os;
-  int64_t owned = 0;
-  for (const SdpSliceSpec& s : specs_)
-    if (s.length >= 0) ++owned;
-  os << "sdp: forward masking, neuron level, " << cover_.workers << " workers, coverage "
-     << cover_.coverage << " (" << cover_.replication << " holders per slice), seed " << cover_.seed
-     << "; " << owned << " packed slices and " << specs_.size() - static_cast<size_t>(owned)
+  int64_t split = 0;
+  for (const SdpSliceSpec& s : setup_.slices)
+    if (s.length >= 0 || s.holders.size() < static_cast<size_t>(setup_.workers)) ++split;
+  os << "sdp: " << setup_.what << ", " << setup_.workers << " workers";
+  if (dp_.size() > setup_.workers)
+    os << " × " << dp_.size() / setup_.workers << " data-parallel copies";
+  os << ", coverage " << setup_.coverage << " (" << setup_.replication << " holders per slice); "
+     << split << " split slices and " << setup_.slices.size() - static_cast<size_t>(split)
      << " replicated parameters averaged from the gradient hooks, overlapped with backward";
+  if (publisher_) os << "; " << publisher_->describe();
   return os.str();
 }
 

@@ -1,9 +1,11 @@
-// parallel/sdp/sdp_sync.h — SdpSync: what the training plan needs of SDP forward masking at the
-// neuron level (subnetwork data parallelism, arXiv 2507.09029; docs/parallel.md, "SDP"): from a
-// worker's model built with forward_masking_context (parallel/sdp/packed_layers.h) it makes the
-// slice list of the gradient sync (a SliceSync over the dp group), finishes the sync each step
-// and computes the global Σ g² counting every element once. The cover is the caller's
-// (assignment.h); nothing here builds a model.
+// parallel/sdp/sdp_sync.h — SdpSync: what the training plan needs of SDP (subnetwork data
+// parallelism, arXiv 2507.09029; docs/parallel.md, "SDP") at either level and in either regime:
+// from a worker's model (built with one of the contexts of parallel/sdp/packed_layers.h or
+// parallel/sdp/block_level.h) and its slice list (SdpSetup, Note [SDP setup]) it runs the
+// gradient sync over holder sets (a SliceSync over the dp group) overlapped with backward,
+// computes the global Σ g² counting every element once, says which rank stores each slice in a
+// checkpoint, and under backward masking publishes the updated slices to the workers that keep a
+// frozen copy. The cover is the caller's (assignment.h); nothing here builds a model.
 //
 // Note [SDP gradient slices]: for block l and every slice s of layer l this worker holds, each
 // packed MLP parameter of the block contributes one sync slice: the rows of s in fc/gate/up's
@@ -39,6 +41,13 @@
 // over the dp group. Since replicated gradients and each slice are equal on all their holders
 // after the sync, this is the Σ g² of the (virtual) full model's averaged gradient. At coverage
 // 1 every slice's lowest holder is rank 0, and the sum is data parallelism's.
+//
+// Note [SDP publication]: under backward masking every worker runs the full forward, so it keeps
+// a frozen copy of each slice it does not hold (decision 3 of docs/parallel.md). After the
+// optimizer step the k holders of a slice hold bitwise the same values (the same averaged
+// gradient, the same optimizer state, the same global norm), and one of them sends them to the
+// others (SlicePublisher, parallel/sdp/publish.h) over the worker's SDP group (this copy's N
+// ranks): every worker receives (1 − C)·Ψ_s elements per step.
 #pragma once
 
 #include <functional>
@@ -50,6 +59,7 @@
 #include "core/tensor.h"
 #include "parallel/comm/communicator.h"
 #include "parallel/sdp/assignment.h"
+#include "parallel/sdp/publish.h"
 #include "parallel/sdp/slice_sync.h"
 
 namespace loom::parallel::sdp {
@@ -67,10 +77,35 @@ struct SdpSliceSpec {
 
 // The slices of `params` (this worker's model, as named_parameters() lists it: packed MLP
 // parameters are recognised by their split over kAxisSdp, their block by the "blocks.<l>."
-// prefix), in ascending id. Pure: unit-testable without communication. Errors name the
-// parameter when a packed run does not cover whole slices of the cover.
+// prefix), in ascending id. `held`: the packed runs are the worker's own units (its trained
+// parameters), else the units it does not hold (backward masking's frozen copies, listed in the
+// same parameter order as the trained ones, so the ids agree). Pure: unit-testable without
+// communication. Errors name the parameter when a packed run does not cover whole slices.
 std::vector<SdpSliceSpec> sdp_slices(const NeuronAssignment& cover, int worker,
-                                     const std::vector<std::pair<std::string, Tensor>>& params);
+                                     const std::vector<std::pair<std::string, Tensor>>& params,
+                                     bool held = true);
+
+// Note [SDP setup]: what SdpSync needs of a level and a regime, in terms of workers 0..N−1 of
+// one SDP group: the trained parameters' slices (their holders), and under backward masking the
+// frozen copies of the slices the worker does not hold, with their slices. The dp group may hold
+// R = dp / N replicas of the SDP group (parallel.sdp.workers): dp rank d is worker d mod N of
+// replica ⌊d / N⌋, consecutive ranks form a group (Note [SDP replicas]).
+struct SdpSetup {
+  std::string what;        // e.g. "forward masking, neuron level"
+  bool publishes = false;  // backward masking: frozen copies refreshed after each step
+  int workers = 1;         // N
+  int replication = 1;
+  double coverage = 1.0;
+  std::vector<SdpSliceSpec> slices;                    // of the trained parameters, ascending id
+  std::vector<std::pair<std::string, Tensor>> frozen;  // global name → frozen copy (backward)
+  std::vector<SdpSliceSpec> frozen_slices;             // of `frozen`, ascending id
+};
+
+// The neuron level: sdp_slices of the trained parameters and of the frozen copies.
+SdpSetup neuron_setup(const NeuronAssignment& cover, int worker,
+                      const std::vector<std::pair<std::string, Tensor>>& params,
+                      std::vector<std::pair<std::string, Tensor>> frozen = {},
+                      bool forward_masking = true);
 
 // One entry of SdpSync::events(): a parameter's grad-ready hook (param = its index) or a slice's
 // launch from a hook (id, and its parameter).
@@ -81,14 +116,22 @@ struct SdpEvent {
   size_t param = 0;
 };
 
+// Note [SDP replicas]: parallel.sdp.workers = N < dp composes SDP with plain data parallelism:
+// the dp group is R = dp / N copies of one SDP group (consecutive ranks), every copy built with
+// the same cover, so dp rank d trains worker (d mod N)'s subnetwork on its own batches. A slice's
+// gradient is averaged over its k holders in every copy (k·R ranks: one communicator per holder
+// set, as without replicas), the replicated parameters over all dp ranks; the norm counts a slice
+// on its lowest holder of copy 0, and a checkpoint stores it from there (writes()). Backward
+// masking publishes inside each copy (its own group of N ranks).
 class SdpSync {
  public:
-  // Collective over `dp` (N = cover.workers ranks; this rank is worker dp.rank()). Registers a
-  // grad-ready hook on every parameter (inert once this object is gone); micro_batches: the
-  // backwards per step (optim.grad_accum), Note [SDP overlapped sync].
-  SdpSync(Communicator& dp, NeuronAssignment cover,
-          std::vector<std::pair<std::string, Tensor>> params, SliceSyncOptions options = {},
-          int micro_batches = 1);
+  // Collective over `dp` (dp.size() a multiple of setup.workers; this rank is worker dp.rank()
+  // mod N of copy dp.rank() / N, Note [SDP replicas]). Registers a grad-ready hook on every
+  // parameter (inert once this object is gone); micro_batches: the backwards per step
+  // (optim.grad_accum), Note [SDP overlapped sync]. With frozen copies (backward masking) the
+  // publication's group and staging buffers are made here too (Note [SDP publication]).
+  SdpSync(Communicator& dp, SdpSetup setup, std::vector<std::pair<std::string, Tensor>> params,
+          SliceSyncOptions options = {}, int micro_batches = 1);
   ~SdpSync();
   SdpSync(const SdpSync&) = delete;
   SdpSync& operator=(const SdpSync&) = delete;
@@ -99,32 +142,45 @@ class SdpSync {
   // Note [SDP overlapped sync]: waits for the launched slices (launching the rest); every
   // gradient becomes its holders' average.
   void finish();
+  // Note [SDP publication]: after the optimizer step, the frozen copies take the new values of
+  // their slices from one holder each. Nothing under forward masking. Collective.
+  void publish();
   // The step's events in order (Note [SDP overlapped sync]), cleared by zero_grad().
   const std::vector<SdpEvent>& events() const { return events_; }
   // Note [SDP global norm]: a 0-d f64 tensor on `device`, the same on every rank. Collective.
   Tensor grad_sq_sum(Device device) const;
-  const NeuronAssignment& cover() const { return cover_; }
+  // Whether this rank stores slice `s` in a checkpoint (and counts it in the norm): its lowest
+  // holder in copy 0 (Note [SDP replicas]).
+  bool writes(const SdpSliceSpec& s) const;
   int worker() const { return worker_; }
-  const std::vector<SdpSliceSpec>& slices() const { return specs_; }
+  int replica() const { return replica_; }
+  const SdpSetup& setup() const { return setup_; }
+  const std::vector<SdpSliceSpec>& slices() const { return setup_.slices; }
+  // Backward masking's frozen copies (global name → tensor with its Placement), which a resume
+  // reads and publish() refreshes.
+  const std::vector<std::pair<std::string, Tensor>>& frozen() const { return setup_.frozen; }
   std::string describe() const;
 
  private:
-  Communicator& dp_;
-  NeuronAssignment cover_;
-  int worker_;
-  std::vector<std::pair<std::string, Tensor>> params_;
   struct HookLink {
     SdpSync* owner = nullptr;
   };
   void on_grad_ready(size_t index, Tensor& leaf);
   void adopt(size_t index);  // .grad into the buffer when it is elsewhere (or zeros if none)
+  // A worker list of the setup as dp ranks: the same workers in every copy.
+  std::vector<int> dp_ranks(const std::vector<int>& workers) const;
 
+  Communicator& dp_;
+  SdpSetup setup_;
+  int worker_, replica_;
+  std::vector<std::pair<std::string, Tensor>> params_;
   int micro_batches_;
   std::vector<Tensor> buffers_;                  // per parameter: the persistent gradient
   std::vector<std::vector<int64_t>> slice_ids_;  // per parameter: its slices' ids, ascending
   std::vector<int> fired_;                       // per parameter: hooks this step
-  std::vector<SdpSliceSpec> specs_;
   std::unique_ptr<SliceSync> sync_;
+  std::unique_ptr<Communicator> group_;  // this copy's N ranks (publication), when R > 1
+  std::unique_ptr<SlicePublisher> publisher_;
   std::vector<SdpEvent> events_;
   std::shared_ptr<HookLink> link_;  // the hooks reach this object only while it lives
 };

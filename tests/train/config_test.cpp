@@ -411,32 +411,45 @@ TEST(Config, SdpKeysNameTheKeys) {
   EXPECT_EQ(error_of("parallel:\n  sdp: 3\n"), "parallel.sdp: expected a mapping of keys");
   EXPECT_EQ(error_of("parallel.sdp:\n  mode: forward\n"), "parallel.sdp: unknown section");
   EXPECT_EQ(error_of("", with({"parallel.sdp.mode=sideways"})),
-            "parallel.sdp.mode: unknown mode 'sideways' (none, forward)");
-  EXPECT_EQ(error_of("", with({"parallel.sdp.mode=backward"})),
-            "parallel.sdp.mode: backward masking is not built yet (none, forward)");
-  EXPECT_EQ(error_of("", with({"parallel.sdp.mode=forward", "parallel.sdp.level=block"})),
-            "parallel.sdp.level: block is not built yet (neuron)");
+            "parallel.sdp.mode: unknown mode 'sideways' (none, forward, backward)");
+  EXPECT_EQ(error_of("", with({"parallel.sdp.mode=forward", "parallel.sdp.level=layer"})),
+            "parallel.sdp.level: unknown level 'layer' (neuron, block)");
   EXPECT_EQ(error_of("", with({"parallel.sdp.coverage=0"})),
             "parallel.sdp.coverage: must be in (0, 1], got 0");
   EXPECT_EQ(error_of("", with({"parallel.sdp.seed=-1"})),
             "parallel.sdp.seed: must be non-negative, got -1");
+  EXPECT_EQ(error_of("", with({"parallel.sdp.workers=-2"})),
+            "parallel.sdp.workers: must be >= 0 (0: parallel.dp), got -2");
   EXPECT_EQ(error_of("", with({"parallel.sdp.mode=forward", "parallel.dp=1"})),
-            "parallel.sdp.mode: SDP needs parallel.dp >= 2 workers, got 1");
+            "parallel.sdp.mode: SDP needs at least 2 workers (parallel.sdp.workers, or "
+            "parallel.dp when it is 0), got 1");
+  EXPECT_EQ(error_of("", with({"parallel.sdp.mode=forward", "parallel.sdp.workers=3"})),
+            "parallel.sdp.workers: 3 does not divide parallel.dp 4 (the dp group holds "
+            "parallel.dp / workers copies)");
   EXPECT_NE(error_of("", with({"parallel.sdp.mode=forward", "parallel.tp=2"}))
                 .find("parallel.sdp.mode: SDP runs over parallel.dp alone; set parallel.tp"),
             std::string::npos);
   EXPECT_NE(error_of("", with({"parallel.sdp.mode=forward", "parallel.zero_stage=1"}))
                 .find("set parallel.zero_stage to 0 (got 1)"),
             std::string::npos);
-  EXPECT_EQ(error_of("", {"parallel.dp=4", "parallel.sdp.mode=forward"}),
-            "parallel.sdp.mode: checkpoints of SDP runs are not built yet; set checkpoint.every: "
-            "0 and checkpoint.at_end: false");
-  EXPECT_NE(error_of("", with({"parallel.sdp.mode=forward", "checkpoint.every=5"}))
-                .find("checkpoints of SDP runs are not built yet"),
-            std::string::npos);
-  EXPECT_EQ(error_of("", with({"parallel.sdp.mode=forward", "model.init_from=/x"})),
-            "parallel.sdp.mode: model.init_from is not supported with SDP yet (a worker's packed "
-            "weights would need the full checkpoint's owned rows)");
+  EXPECT_EQ(error_of("", with({"parallel.sdp.mode=backward", "model.init_from=/x"})),
+            "parallel.sdp.mode: model.init_from is not supported with backward masking yet (the "
+            "frozen copies are not loaded from it; forward masking supports it)");
+  // Both regimes at both levels load, with checkpoints on (the defaults) and data-parallel
+  // copies; the block level needs C·n_layer whole (the default n_layer is 12).
+  for (const char* mode : {"forward", "backward"}) {
+    for (const char* level : {"neuron", "block"}) {
+      EXPECT_EQ(error_of("", {"parallel.dp=8", std::string("parallel.sdp.mode=") + mode,
+                              std::string("parallel.sdp.level=") + level,
+                              "parallel.sdp.coverage=0.5", "parallel.sdp.workers=4"}),
+                "")
+          << mode << " " << level;
+    }
+  }
+  const std::string blocks =
+      error_of("", {"parallel.dp=4", "parallel.sdp.mode=forward", "parallel.sdp.level=block",
+                    "parallel.sdp.coverage=0.5", "model.n_layer=3"});
+  EXPECT_NE(blocks.find("model.n_layer"), std::string::npos) << blocks;
   // The cover's own checks (parallel/sdp/assignment.h) at load time: C·N not whole, k = 1.
   const std::string frac =
       error_of("", with({"parallel.sdp.mode=forward", "parallel.sdp.coverage=0.3"}));

@@ -63,7 +63,7 @@ StepRun run(const ModelConfig& mc, double coverage, int micro_batches, int backw
   so.bucket_bytes = 1;  // one slice per bucket: a launch of a set's lowest pending id issues it
   so.timeout_s = testing::kTestCommTimeoutS;
   const auto params = model.named_parameters();
-  SdpSync sync(*dp, cover, params, so, micro_batches);
+  SdpSync sync(*dp, neuron_setup(cover, world_rank(), params), params, so, micro_batches);
   StepRun r;
   for (const auto& [name, p] : params) r.names.push_back(name);
   r.slices = static_cast<int64_t>(sync.slices().size());
@@ -173,7 +173,8 @@ TEST(SdpSyncOverlap, AnotherBackwardBeforeFinishIsAnError) {
   model.init_weights(gen);
   SliceSyncOptions so;
   so.timeout_s = testing::kTestCommTimeoutS;
-  SdpSync sync(*dp, cover, model.named_parameters(), so, 1);
+  const auto named = model.named_parameters();
+  SdpSync sync(*dp, neuron_setup(cover, world_rank(), named), named, so, 1);
   sync.zero_grad();
   const Tensor ids = random_ids(2, 8, mc.vocab_size, 5 + static_cast<uint64_t>(world_rank()));
   autograd::backward(model.loss(ids, ids));
