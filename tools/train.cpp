@@ -1,4 +1,7 @@
 // tools/train.cpp — `train --config FILE [--set section.key=value]... [--resume latest|DIR]`.
+// `--eval` trains nothing: it evaluates the model as built (its initial weights, model.init_from,
+// or --resume's checkpoint: e.g. an SDP run's, consolidated into the full model by one
+// process) on train.val_steps batches of data.val and prints `val loss X`.
 // Thin: parses arguments, installs the SIGINT/SIGTERM handler, starts MPI (a plain run is a
 // world of one; `mpirun -np N train … --set parallel.dp=N` runs data parallel, and
 // parallel.pp=P pipeline parallel on dp·P ranks), runs the
@@ -6,6 +9,7 @@
 // on any rank ends the whole job with the message and the rank (exit code 1).
 #include <csignal>
 #include <cstring>
+#include <iomanip>
 #include <iostream>
 #include <memory>
 
@@ -25,7 +29,7 @@ extern "C" void on_signal(int) {
 
 int usage() {
   std::cerr << "usage: train --config FILE [--set section.key=value]... [--resume latest|DIR]"
-               " [--stop-at STEP] [--profile] [--print-config]\n";
+               " [--stop-at STEP] [--profile] [--print-config] [--eval]\n";
   return 2;
 }
 
@@ -35,6 +39,7 @@ int main(int argc, char** argv) {
   std::string config_path;
   std::vector<std::string> overrides;
   loom::TrainerOptions options;
+  bool eval_only = false;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     if ((a == "--config" || a == "--set" || a == "--resume" || a == "--stop-at") && i + 1 >= argc)
@@ -62,6 +67,8 @@ int main(int argc, char** argv) {
       options.profile_path = "profile";  // resolved per rank below
     else if (a == "--print-config")
       options.print_config = true;
+    else if (a == "--eval")
+      eval_only = true;
     else if (a == "-h" || a == "--help")
       return usage(), 0;
     else
@@ -98,8 +105,15 @@ int main(int argc, char** argv) {
       options.profile_path =
           config.train.out_dir + "/trace_rank" + std::to_string(mpi.rank()) + ".json";
     }
+    const bool has_val = !config.data.val.empty();
     loom::Trainer trainer(std::move(config), options);
-    trainer.run();
+    if (eval_only) {
+      if (!has_val) throw loom::ConfigError("--eval: data.val is empty (nothing to evaluate on)");
+      const double v = trainer.evaluate();
+      if (mpi.rank() == 0) std::cout << "val loss " << std::setprecision(8) << v << "\n";
+    } else {
+      trainer.run();
+    }
   } catch (const loom::ConfigError& e) {
     // Every rank reads the same config, so every rank reports and exits alike.
     if (mpi.rank() == 0) std::cerr << "config error: " << e.what() << "\n";
