@@ -616,5 +616,41 @@ TEST(TrainTool, SigintCheckpointsAndExitsCleanly) {
   EXPECT_GT(load_checkpoint(latest).step, 0);
 }
 
+// `train --eval` trains nothing and prints the validation loss of the model as built: here a
+// checkpoint given as model.init_from, which must equal Trainer::evaluate() of a trainer built
+// from the same checkpoint (and differs from the untrained model's).
+TEST(TrainTool, EvalPrintsTheValidationLossOfTheModelAsBuilt) {
+  const std::string dir = make_data("eval");
+  std::ostringstream log;
+  Config cfg = tiny_config(dir, 6);
+  cfg.train.val_steps = 3;
+  cfg.checkpoint.at_end = true;
+  Trainer(cfg, quiet(log)).run();
+  const std::string ckpt = latest_checkpoint(dir + "/run/checkpoints");
+  ASSERT_FALSE(ckpt.empty());
+  const std::string path = dir + "/cfg.yaml";
+  std::ofstream(path) << config_to_yaml(cfg);
+  const std::string out = dir + "/eval_stdout.txt";
+  auto eval = [&](const std::string& extra) {
+    const std::string cmd = std::string(LOOM_BINARY_DIR) + "/train --config " + path +
+                            " --eval --set train.out_dir=" + dir + "/eval" + extra + " >" + out +
+                            " 2>/dev/null";
+    EXPECT_EQ(std::system(cmd.c_str()), 0) << cmd;
+    std::ifstream f(out);  // the trainer's log, then "val loss X" as the last line
+    std::string line, last;
+    while (std::getline(f, line)) last = line;
+    EXPECT_EQ(last.rfind("val loss ", 0), 0u) << last;
+    return last.size() > 9 ? std::stod(last.substr(9)) : 0.0;
+  };
+  const double trained = eval(" --set model.init_from=" + ckpt);
+  Config from = cfg;
+  from.train.init_from = ckpt;
+  from.train.out_dir = dir + "/eval_ref";
+  const double want = Trainer(from, quiet(log)).evaluate();
+  EXPECT_NEAR(trained, want, 1e-6 * want);
+  EXPECT_GT(eval(""), trained + 0.1) << "the untrained model should be worse";
+  EXPECT_FALSE(fs::exists(dir + "/eval/checkpoints")) << "--eval trains and saves nothing";
+}
+
 }  // namespace
 }  // namespace loom
