@@ -1,26 +1,35 @@
-// tools/bench/sdp_memory_bench.cpp — memory per worker of SDP forward masking (issue 19,
-// docs/parallel.md "SDP") against plain data parallelism, measured from the tensors: the same
-// GPT-2 built by the training plan (train/plan.h) as DDP (ZeRO 0) and as SDP at coverage 1/2
-// and 1/4 over the N = world ranks (1/4 from 8 ranks: every slice needs two holders), one AdamW
+// tools/bench/sdp_memory_bench.cpp — memory per worker of every SDP regime and level
+// (docs/parallel.md "SDP", parallel.sdp: {mode: forward|backward, level: neuron|block}) against
+// plain data parallelism, measured from the tensors: the same GPT-2 built by the training plan
+// (train/plan.h, Note [SDP plan]) as DDP (ZeRO 0) and, at coverage C = 1/2 and 1/4 over the N =
+// world ranks, as forward-neuron, backward-neuron, forward-block and backward-block SDP; one AdamW
 // step each on random tokens, and per worker
-//   params   Σ bytes of the parameters the rank trains,
-//   grads    Σ bytes of their gradients after finalize_gradients,
-//   optim    Σ bytes of the optimizer state (AdamW m and v),
+//   params   Σ bytes of every tensor the worker holds of the model, each once: the model's
+//            parameters (at the block level under backward masking the unheld blocks too, frozen:
+//            requires_grad false) and neuron backward masking's frozen copies (SdpSync::frozen());
+//   grads    Σ bytes of the trained parameters' gradients after finalize_gradients;
+//   optim    Σ bytes of the optimizer state (AdamW m and v);
 //   peak     the CPU allocator's peak live bytes during the second step above the bytes live at
-//            its start (activations and the step's transients),
-// and the element count against the formula of docs/parallel.md, Ψ_o = Ψ_r + C·Ψ_s (Ψ_s: the
-// full model's packed MLP elements — fc weight and bias, proj weight —, Ψ_r the rest). A
-// measurement, not a test: run under mpirun, e.g.
-//   OMP_NUM_THREADS=1 mpirun -np 4 --oversubscribe build/bin/sdp_memory_bench [--layers 4]
+//            its start (activations and the step's transients, backward masking's publication);
+// and the element counts against the formulas of docs/parallel.md: trained Ψ_o = Ψ_r + C·Ψ_s,
+// held Ψ_o (forward masking) or Ψ (backward), where Ψ_s is the full model's split elements —
+// neuron level: the blocks' MLP parameters indexed by a hidden unit (fc weight and bias, proj
+// weight; gate/up/down for llama), block level: every "blocks.*" parameter — and Ψ_r = Ψ − Ψ_s.
+// Ways the cover refuses (C·N < 2; at the block level C·n_layer not whole or < 2) get a line
+// saying why. A measurement, not a test: run under mpirun, e.g.
+//   OMP_NUM_THREADS=1 mpirun -np 8 --oversubscribe build/bin/sdp_memory_bench [--layers 4]
 //       [--embd 128] [--vocab 50257] [--batch 8] [--seq 64]
 // (the defaults are configs/gpt2-tiny.yaml's model and batch). Rank 0 prints one row per way:
-// the largest value over the workers (workers' shares differ by at most a slice's units).
+// the largest value over the workers (workers' shares differ by at most a slice's units), and
+// whether every worker's counts equal the formulas exactly.
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <map>
 #include <sstream>
 #include <string>
+#include <unordered_set>
 #include <vector>
 
 #include "core/allocator.h"
@@ -30,6 +39,7 @@
 #include "parallel/launcher.h"
 #include "parallel/parallel_context.h"
 #include "parallel/sdp/packed_layers.h"
+#include "parallel/sdp/sdp_sync.h"
 #include "train/config.h"
 #include "train/plan.h"
 
@@ -64,7 +74,20 @@ Args parse(int argc, char** argv) {
   return a;
 }
 
-std::string yaml(const Args& a, int dp, double coverage) {
+// One way of training: DDP (coverage 0) or SDP with its regime and level.
+struct Way {
+  std::string mode = "none", level = "neuron";
+  double coverage = 0;
+  bool sdp() const { return coverage > 0; }
+  bool forward() const { return mode == "forward"; }
+  bool block() const { return level == "block"; }
+  std::string name() const {
+    if (!sdp()) return "DDP";
+    return mode + "-" + level + " C=1/" + std::to_string(std::lround(1 / coverage));
+  }
+};
+
+std::string yaml(const Args& a, int dp, const Way& w) {
   std::ostringstream y;
   y << "model: {arch: gpt2, vocab_size: " << a.vocab << ", n_layer: " << a.layers
     << ", n_head: 4, n_embd: " << a.embd << ", max_seq_len: " << a.seq << "}\n"
@@ -74,9 +97,61 @@ std::string yaml(const Args& a, int dp, double coverage) {
     << "checkpoint: {every: 0, keep: 0, at_end: false}\n"
     << "logging: {jsonl: false, tensorboard: false}\n"
     << "parallel: {dp: " << dp << ", zero_stage: 0";
-  if (coverage > 0) y << ", sdp: {mode: forward, coverage: " << coverage << ", seed: 1}";
+  if (w.sdp())
+    y << ", sdp: {mode: " << w.mode << ", level: " << w.level << ", coverage: " << w.coverage
+      << ", seed: 1}";
   y << "}\n";
   return y.str();
+}
+
+// Why the cover refuses `w` on `workers` ranks ("" if it does not; assignment.h).
+std::string refusal(const Way& w, int workers, int64_t n_layer) {
+  if (!w.sdp()) return "";
+  const double k = w.coverage * workers;
+  if (k < 2 || k != std::floor(k))
+    return "C*N = " + std::to_string(k) + ": every slice needs a whole number >= 2 of holders";
+  if (w.block()) {
+    const double blocks = w.coverage * static_cast<double>(n_layer);
+    if (blocks != std::floor(blocks))
+      return "C*n_layer = " + std::to_string(blocks) + " blocks per worker is not whole";
+    if (blocks < 2)
+      return "C*n_layer = " + std::to_string(static_cast<int64_t>(blocks)) +
+             " block per worker: the holder graph is not connected (every worker needs two "
+             "blocks or more)";
+  }
+  return "";
+}
+
+// Whether a full-model parameter is split over the hidden units at the neuron level: the MLP's
+// weights indexed by a hidden unit (rows of fc/gate/up and their biases, columns of proj/down).
+bool neuron_split(const std::string& name) {
+  if (name.rfind("blocks.", 0) != 0 || name.find(".mlp.") == std::string::npos) return false;
+  for (const char* s : {".fc.weight", ".fc.bias", ".gate.weight", ".gate.bias", ".up.weight",
+                        ".up.bias", ".proj.weight", ".down.weight"}) {
+    const std::string suffix = s;
+    if (name.size() >= suffix.size() &&
+        name.compare(name.size() - suffix.size(), suffix.size(), suffix) == 0)
+      return true;
+  }
+  return false;
+}
+
+// The full model's element counts: Ψ and the split Ψ_s of each level.
+struct Full {
+  int64_t total = 0, neuron_split = 0, block_split = 0;
+  std::map<std::string, int64_t> numel;
+};
+
+Full full_model(const Config& cfg) {
+  Full f;
+  Transformer full(cfg.model, DType::kF32, Device{}, LayerContext{});
+  for (const auto& [name, p] : full.named_parameters()) {
+    f.numel[name] = p.numel();
+    f.total += p.numel();
+    if (neuron_split(name)) f.neuron_split += p.numel();
+    if (name.rfind("blocks.", 0) == 0) f.block_split += p.numel();
+  }
+  return f;
 }
 
 int64_t bytes_of(const std::vector<std::pair<std::string, Tensor>>& ts, bool grads) {
@@ -89,14 +164,18 @@ int64_t bytes_of(const std::vector<std::pair<std::string, Tensor>>& ts, bool gra
 }
 
 struct Row {
-  double params = 0, grads = 0, optim = 0, peak = 0, elements = 0, formula = 0;
+  double params = 0, grads = 0, optim = 0, peak = 0;
+  double trained = 0, trained_formula = 0, held = 0, held_formula = 0;
+  double mismatch = 0;  // over the workers: the largest |measured − formula| (elements)
 };
 
-// One way (coverage 0: DDP): the per-worker numbers, the largest over the workers.
-Row measure(const Args& a, double coverage, ParallelContext& ctx) {
-  const Config cfg = parse_config_text(yaml(a, ctx.world_size(), coverage));
+// One way: the per-worker numbers, the largest over the workers.
+Row measure(const Args& a, const Way& w, const Full& full, ParallelContext& ctx) {
+  const Config cfg = parse_config_text(yaml(a, ctx.world_size(), w));
   Allocator& al = allocator_for(DeviceType::kCpu);
   TrainPlan plan = build_plan(cfg, &ctx, Device{}, PlanHooks{});
+  LOOM_CHECK(w.sdp() == (plan.sdp != nullptr), "sdp_memory_bench: ", w.name(),
+             " built the wrong plan");
   Generator gen(100 + static_cast<uint64_t>(ctx.rank()));
   const Tensor ids = randint({a.batch, a.seq}, 0, a.vocab, gen, DType::kI32);
   const Tensor targets = randint({a.batch, a.seq}, 0, a.vocab, gen, DType::kI32);
@@ -111,29 +190,42 @@ Row measure(const Args& a, double coverage, ParallelContext& ctx) {
     plan.step(1e-3, Tensor());
     r.peak = static_cast<double>(al.stats().peak_bytes - start);
   }
-  const auto trained = plan.trained();
-  r.params = static_cast<double>(bytes_of(trained, false));
+  // Held: the model's parameters and the frozen copies, each tensor once (at the block level the
+  // frozen blocks are model parameters; at the neuron level extra tensors).
+  std::vector<std::pair<std::string, Tensor>> held = plan.model->named_parameters();
+  if (plan.sdp)
+    for (const auto& f : plan.sdp->frozen()) held.push_back(f);
+  std::unordered_set<const void*> seen;
+  int64_t held_bytes = 0, held_elements = 0;
+  for (const auto& [name, t] : held) {
+    if (!seen.insert(t.impl()).second) continue;
+    held_bytes += static_cast<int64_t>(t.nbytes());
+    held_elements += t.numel();
+  }
+  r.params = static_cast<double>(held_bytes);
   r.optim = static_cast<double>(bytes_of(plan.optimizer_state(), false));
-  // Ψ_s from the full model's elements of the parameters SDP packs (split over 'sdp' here).
-  int64_t elements = 0, packed_full = 0, total_full = 0;
-  Transformer full(cfg.model, DType::kF32, Device{}, LayerContext{});
-  std::map<std::string, int64_t> full_numel;
-  for (const auto& [name, p] : full.named_parameters()) {
-    full_numel[name] = p.numel();
-    total_full += p.numel();
+  int64_t trained = 0;
+  for (const auto& [name, p] : plan.trained()) {
+    trained += p.numel();
+    // At the neuron level the parameters SdpSync splits over 'sdp' are the ones counted in Ψ_s.
+    if (w.sdp() && !w.block())
+      LOOM_CHECK(neuron_split(name) == (p.placement().split_over(sdp::kAxisSdp) != nullptr),
+                 "sdp_memory_bench: ", name, " split over 'sdp' differs from Ψ_s's parameters");
   }
-  for (const auto& [name, p] : trained) {
-    elements += p.numel();
-    if (p.placement().split_over(sdp::kAxisSdp) != nullptr) packed_full += full_numel.at(name);
-  }
-  const double c = coverage > 0 ? coverage : 1.0;
-  r.elements = static_cast<double>(elements);
-  r.formula = static_cast<double>(total_full - packed_full) + c * static_cast<double>(packed_full);
+  const double c = w.sdp() ? w.coverage : 1.0;
+  const double split = static_cast<double>(w.block() ? full.block_split : full.neuron_split);
+  r.trained = static_cast<double>(trained);
+  r.trained_formula = static_cast<double>(full.total) - split + c * split;
+  r.held = static_cast<double>(held_elements);
+  r.held_formula = w.sdp() && !w.forward() ? static_cast<double>(full.total) : r.trained_formula;
+  r.mismatch = std::max(std::abs(r.trained - r.trained_formula), std::abs(r.held - r.held_formula));
   Tensor v = Tensor::from_vector(
-      std::vector<double>{r.params, r.grads, r.optim, r.peak, r.elements, r.formula}, {6});
+      std::vector<double>{r.params, r.grads, r.optim, r.peak, r.trained, r.trained_formula, r.held,
+                          r.held_formula, r.mismatch},
+      {9});
   ctx.world().all_reduce(v, ReduceOp::kMax);
   const std::vector<double> m = v.to_vector();
-  return {m[0], m[1], m[2], m[3], m[4], m[5]};
+  return {m[0], m[1], m[2], m[3], m[4], m[5], m[6], m[7], m[8]};
 }
 
 double mib(double b) { return b / (1024.0 * 1024.0); }
@@ -150,34 +242,39 @@ int main(int argc, char** argv) {
     ParallelOptions po;
     po.shape.dp = mpi.size();
     ParallelContext ctx = ParallelContext::create(po);
+    const Full full = full_model(parse_config_text(yaml(a, ctx.world_size(), Way{})));
     if (ctx.rank() == 0) {
       std::printf(
           "GPT-2 %lld layers, n_embd %lld, vocab %lld; batch %lld x %lld per worker; "
-          "%d workers; f32, AdamW. MiB per worker (max over workers)\n",
+          "%d workers; f32, AdamW. MiB per worker (max over workers)\n"
+          "Psi %lld; Psi_s neuron level %lld, block level %lld\n",
           static_cast<long long>(a.layers), static_cast<long long>(a.embd),
           static_cast<long long>(a.vocab), static_cast<long long>(a.batch),
-          static_cast<long long>(a.seq), ctx.world_size());
-      std::printf("%-10s %10s %10s %10s %12s %14s %14s %9s\n", "way", "params", "grads", "optim",
-                  "step peak", "elements", "Psi_r+C*Psi_s", "vs DDP");
+          static_cast<long long>(a.seq), ctx.world_size(), static_cast<long long>(full.total),
+          static_cast<long long>(full.neuron_split), static_cast<long long>(full.block_split));
+      std::printf("%-24s %8s %8s %8s %8s %7s %9s %10s %10s %10s %10s %6s\n", "way", "params",
+                  "grads", "optim", "state", "vs DDP", "step peak", "trained", "Psi_o", "held",
+                  "Psi_o|Psi", "exact");
     }
+    std::vector<Way> ways{Way{}};
+    for (double c : {0.5, 0.25})
+      for (const char* level : {"neuron", "block"})
+        for (const char* mode : {"forward", "backward"}) ways.push_back(Way{mode, level, c});
     double ddp_state = 0;
-    for (double coverage : {0.0, 0.5, 0.25}) {
-      if (coverage > 0 && coverage * ctx.world_size() < 2) {  // one holder: refused (assignment.h)
-        if (ctx.rank() == 0)
-          std::printf("SDP C=%.2f needs %d workers or more (two holders per slice)\n", coverage,
-                      static_cast<int>(2 / coverage));
+    for (const Way& w : ways) {
+      const std::string why = refusal(w, ctx.world_size(), a.layers);
+      if (!why.empty()) {
+        if (ctx.rank() == 0) std::printf("%-24s refused: %s\n", w.name().c_str(), why.c_str());
         continue;
       }
-      const Row r = measure(a, coverage, ctx);
+      const Row r = measure(a, w, full, ctx);
       const double state = r.params + r.grads + r.optim;
-      if (coverage == 0) ddp_state = state;
-      if (ctx.rank() == 0) {
-        const std::string way =
-            coverage == 0 ? "DDP" : "SDP C=" + std::to_string(coverage).substr(0, 4);
-        std::printf("%-10s %10.2f %10.2f %10.2f %12.2f %14.0f %14.0f %8.3fx\n", way.c_str(),
-                    mib(r.params), mib(r.grads), mib(r.optim), mib(r.peak), r.elements, r.formula,
-                    state / ddp_state);
-      }
+      if (!w.sdp()) ddp_state = state;
+      if (ctx.rank() == 0)
+        std::printf("%-24s %8.2f %8.2f %8.2f %8.2f %6.3fx %9.2f %10.0f %10.0f %10.0f %10.0f %6s\n",
+                    w.name().c_str(), mib(r.params), mib(r.grads), mib(r.optim), mib(state),
+                    state / ddp_state, mib(r.peak), r.trained, r.trained_formula, r.held,
+                    r.held_formula, r.mismatch == 0 ? "yes" : "NO");
     }
     return 0;
   });
