@@ -2,8 +2,8 @@
 // (docs/parallel.md "SDP", parallel.sdp: {mode: forward|backward, level: neuron|block}) against
 // plain data parallelism, measured from the tensors: the same GPT-2 built by the training plan
 // (train/plan.h, Note [SDP plan]) as DDP (ZeRO 0) and, at coverage C = 1/2 and 1/4 over the N =
-// world ranks, as forward-neuron, backward-neuron, forward-block and backward-block SDP; one AdamW
-// step each on random tokens, and per worker
+// world ranks, as forward-neuron, backward-neuron, forward-block and backward-block SDP; two AdamW
+// steps each on random tokens, the second measured, and per worker
 //   params   Σ bytes of every tensor the worker holds of the model, each once: the model's
 //            parameters (at the block level under backward masking the unheld blocks too, frozen:
 //            requires_grad false) and neuron backward masking's frozen copies (SdpSync::frozen());
