@@ -11,7 +11,7 @@
 // copy then set from a trained one; so do the logged losses and norms, and the validation loss.
 // Checkpoints: a run stopped and resumed equals the straight run bitwise, and the checkpoint of
 // an SDP run, read by one process, is the full model whose elements are the ranks' trained
-// values (consolidation).
+// values (consolidation); forward masking starts from a full checkpoint (model.init_from).
 // loom-mpi-test: ranks 4 8 timeout 600
 #include <gtest/gtest.h>
 
@@ -491,6 +491,20 @@ void check_resume_and_consolidation(const SdpCase& c) {
     const std::vector<double> whole = it->second.to_vector(), local = mine.at(m.name).to_vector();
     for (size_t i = 0; i < local.size(); ++i)
       ASSERT_EQ(whole[static_cast<size_t>(m.global[i])], local[i]) << c.tag() << " " << m.name;
+  }
+  // Forward masking starts from a full checkpoint (model.init_from): each rank takes its slices.
+  if (c.mode == "forward") {
+    Config from = config_for(dir, dir + "/init_" + c.tag(), c, d, 4, 1, 0);
+    from.train.init_from = latest_checkpoint(straight + "/checkpoints");
+    Trainer t(from, testing::trainer_options(log, &ctx));
+    const auto loaded = t.parameters();
+    std::map<std::string, Tensor> got(loaded.begin(), loaded.end());
+    for (const Mapped& m : me.trained) {
+      const std::vector<double> whole = stored.at("model." + m.name).to_vector(),
+                                local = got.at(m.name).to_vector();
+      for (size_t i = 0; i < local.size(); ++i)
+        ASSERT_EQ(whole[static_cast<size_t>(m.global[i])], local[i]) << "init_from " << m.name;
+    }
   }
   // A single-process model of the same config loads it (the full model), and its optimizer state
   // is complete: one process resumes it.
