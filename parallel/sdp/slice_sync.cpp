@@ -11,6 +11,7 @@
 
 #include "core/error.h"
 #include "core/ops/view.h"
+#include "parallel/sdp/slice_list.h"
 
 #if LOOM_HAS_MPI
 #include "parallel/comm/mpi_communicator.h"
@@ -46,35 +47,6 @@ struct SliceSync::HolderSet {
 
 namespace {
 
-std::string set_str(const std::vector<int>& holders) {
-  std::string s = "{";
-  for (size_t i = 0; i < holders.size(); ++i) {
-    if (i > 0) s += ",";
-    s += std::to_string(holders[i]);
-  }
-  s += "}";
-  return s;
-}
-
-// One slice as every worker states it: the gathered record (Note [SDP holder groups]).
-struct SliceRecord {
-  int64_t id = 0;
-  int64_t dtype = 0;
-  Shape shape;
-  std::vector<int> holders;
-  bool operator==(const SliceRecord&) const = default;
-};
-
-std::string record_str(const SliceRecord& r) {
-  std::string shape;
-  for (int64_t d : r.shape) {
-    if (!shape.empty()) shape += "x";
-    shape += std::to_string(d);
-  }
-  return detail::str("shape (", shape, "), dtype ", dtype_name(static_cast<DType>(r.dtype)),
-                     ", holders ", set_str(r.holders));
-}
-
 // Why this rank's list is unusable, or "" (checked before anything is gathered).
 std::string local_problem(const std::vector<HeldSlice>& slices, int rank, int size) {
   std::set<int64_t> ids;
@@ -87,9 +59,7 @@ std::string local_problem(const std::vector<HeldSlice>& slices, int rank, int si
              "; averaging needs a floating dtype";
     }
     const std::vector<int>& h = s.holders;
-    const bool sorted =
-        std::adjacent_find(h.begin(), h.end(), std::greater_equal<int>()) == h.end();
-    if (h.empty() || !sorted || h.front() < 0 || h.back() >= size) {
+    if (!holders_valid(h, size)) {
       return which + "holders " + set_str(h) + " must be ascending distinct dp ranks in [0, " +
              std::to_string(size) + ")";
     }
@@ -100,63 +70,16 @@ std::string local_problem(const std::vector<HeldSlice>& slices, int rank, int si
   return "";
 }
 
-// [id, dtype, ndim, dims…, k, holders…] per slice.
-std::vector<int64_t> encode(const std::vector<HeldSlice>& slices) {
-  std::vector<int64_t> out;
-  for (const HeldSlice& s : slices) {
-    out.push_back(s.id);
-    out.push_back(static_cast<int64_t>(s.grad.dtype()));
-    out.push_back(s.grad.dim());
-    for (int64_t d : s.grad.shape()) out.push_back(d);
-    out.push_back(static_cast<int64_t>(s.holders.size()));
-    for (int h : s.holders) out.push_back(h);
-  }
-  return out;
-}
-
-std::vector<SliceRecord> decode(const int64_t* p, int64_t n) {
-  std::vector<SliceRecord> out;
-  int64_t i = 0;
-  while (i < n) {
-    SliceRecord r;
-    r.id = p[i++];
-    r.dtype = p[i++];
-    const int64_t ndim = p[i++];
-    r.shape.assign(p + i, p + i + ndim);
-    i += ndim;
-    const int64_t k = p[i++];
-    for (int64_t j = 0; j < k; ++j) r.holders.push_back(static_cast<int>(p[i++]));
-    out.push_back(std::move(r));
-  }
-  return out;
-}
-
 // Every rank's records, gathered over dp; throws the same error on every rank when some rank's
 // list failed its local check.
 std::vector<std::vector<SliceRecord>> gather_records(Communicator& dp,
                                                      const std::vector<HeldSlice>& slices) {
-  const int n = dp.size();
-  const std::string problem = local_problem(slices, dp.rank(), n);
-  const std::vector<int64_t> mine = problem.empty() ? encode(slices) : std::vector<int64_t>{};
-  Tensor head = Tensor::from_vector<int64_t>(
-      {static_cast<int64_t>(mine.size()), problem.empty() ? 0 : 1}, {2});
-  Tensor heads = Tensor::empty({2 * n}, DType::kI64);
-  dp.all_gather(head, heads);
-  LOOM_CHECK(problem.empty(), "SliceSync on group ", dp.name(), ": ", problem);
-  int64_t longest = 1;
-  for (int r = 0; r < n; ++r) {
-    LOOM_CHECK(heads.data<int64_t>()[2 * r + 1] == 0, "SliceSync on group ", dp.name(), ": rank ",
-               r, "'s slice list is invalid (its error says why)");
-    longest = std::max(longest, heads.data<int64_t>()[2 * r]);
+  const std::string problem = local_problem(slices, dp.rank(), dp.size());
+  std::vector<SliceRecord> mine;
+  if (problem.empty()) {
+    for (const HeldSlice& s : slices) mine.push_back(slice_record(s.id, s.grad, s.holders));
   }
-  Tensor body = Tensor::full({longest}, -1, DType::kI64);
-  std::copy(mine.begin(), mine.end(), body.data<int64_t>());
-  Tensor bodies = Tensor::empty({longest * n}, DType::kI64);
-  dp.all_gather(body, bodies);
-  std::vector<std::vector<SliceRecord>> out;
-  for (int r = 0; r < n; ++r)
-    out.push_back(decode(bodies.data<int64_t>() + r * longest, heads.data<int64_t>()[2 * r]));
-  return out;
+  return gather_slice_lists(dp, "SliceSync on group " + dp.name() + ": ", problem, mine);
 }
 
 // Every slice stated alike by all its holders and by them only. The same data on every rank,
