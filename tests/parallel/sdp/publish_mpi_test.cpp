@@ -26,73 +26,25 @@
 #include "parallel/sdp/assignment.h"
 #include "parallel/sdp/publish.h"
 #include "tests/parallel/mpi_test_util.h"
+#include "tests/parallel/sdp/sdp_test_util.h"
 
 namespace loom::parallel::sdp {
 namespace {
 
+using test_util::block;
+using test_util::holds;
+using test_util::Layout;
+using test_util::Matrix;
+using test_util::SliceDef;
 using testing::member_input;
 using testing::same_bits;
 using testing::world_rank;
 using testing::world_size;
 
-// A model matrix split into blocks along `dim` (dim 1: column blocks, strided views).
-struct Matrix {
-  int64_t rows, cols;
-  int dim;
-  DType dtype;
-};
-
-struct SliceDef {
-  int64_t id;
-  int mat;
-  int64_t start, len;
-  std::vector<int> holders;  // group ranks
-};
-
-struct Layout {
-  std::vector<Matrix> mats;
-  std::vector<SliceDef> slices;
-};
-
 // The publisher as the docs state it: holders[id mod k], the non-negative residue.
 int publisher_of(const SliceDef& s) {
   const auto k = static_cast<int64_t>(s.holders.size());
   return s.holders[static_cast<size_t>(((s.id % k) + k) % k)];
-}
-
-bool holds(const SliceDef& s, int rank) {
-  return std::binary_search(s.holders.begin(), s.holders.end(), rank);
-}
-
-// Holders of slice i among n ranks: k = 1, a cyclic window of 2 (slice 1 wraps: {0, n-1}), all
-// n, a cyclic window of n/2, or a random set.
-std::vector<int> holders_for(size_t i, int n, std::mt19937_64& rng) {
-  const int s = i == 1 ? n - 1 : static_cast<int>(rng() % static_cast<uint64_t>(n));
-  std::vector<int> h;
-  auto window = [&](int k) {
-    for (int j = 0; j < k; ++j) h.push_back((s + j) % n);
-  };
-  switch (i % 5) {
-    case 0:
-      window(1);
-      break;
-    case 1:
-      window(2);
-      break;
-    case 2:
-      window(n);
-      break;
-    case 3:
-      window(n / 2);
-      break;
-    default:
-      for (int r = 0; r < n; ++r) {
-        if (rng() % 2) h.push_back(r);
-      }
-      if (h.empty()) h.push_back(s);
-  }
-  std::sort(h.begin(), h.end());
-  return h;
 }
 
 std::vector<Matrix> test_matrices() {
@@ -103,26 +55,12 @@ std::vector<Matrix> test_matrices() {
           {9, 26, 1, DType::kF64}};
 }
 
-// Cuts every matrix into runs of 1 to 6 rows or columns, holders from holders_for; the same on
-// every rank (one seed). Ids shuffled (ascending id is not layout order), half of them negative.
+// The slices of test_matrices() (test_util::cut_layout: holder sets of every kind, ids shuffled),
+// the same on every rank (one seed); about half of the ids negative.
 Layout make_layout(int n, uint64_t seed) {
-  std::mt19937_64 rng(seed);
-  Layout l;
-  l.mats = test_matrices();
-  for (int m = 0; m < static_cast<int>(l.mats.size()); ++m) {
-    const Matrix& mat = l.mats[static_cast<size_t>(m)];
-    const int64_t extent = mat.dim == 0 ? mat.rows : mat.cols;
-    for (int64_t at = 0; at < extent;) {
-      const int64_t len = std::min<int64_t>(extent - at, 1 + static_cast<int64_t>(rng() % 6));
-      l.slices.push_back({0, m, at, len, holders_for(l.slices.size(), n, rng)});
-      at += len;
-    }
-  }
-  std::vector<int64_t> ids(l.slices.size());
-  std::iota(ids.begin(), ids.end(), 0);
-  std::shuffle(ids.begin(), ids.end(), rng);
-  const auto half = static_cast<int64_t>(ids.size()) / 2;  // about half of them negative
-  for (size_t i = 0; i < ids.size(); ++i) l.slices[i].id = 3 * (ids[i] - half) + 1;
+  Layout l = test_util::cut_layout(test_matrices(), n, seed);
+  const auto half = static_cast<int64_t>(l.slices.size()) / 2;
+  for (SliceDef& s : l.slices) s.id = 3 * (s.id - half) + 1;
   return l;
 }
 
@@ -133,11 +71,6 @@ Shape slice_shape(const Layout& l, const SliceDef& s) {
 
 DType slice_dtype(const Layout& l, const SliceDef& s) {
   return l.mats[static_cast<size_t>(s.mat)].dtype;
-}
-
-Tensor block(const Layout& l, const std::vector<Tensor>& mats, const SliceDef& s) {
-  const Matrix& mat = l.mats[static_cast<size_t>(s.mat)];
-  return mats[static_cast<size_t>(s.mat)].narrow(mat.dim, s.start, s.len);
 }
 
 // The trained values of slice `s` at step `salt` as holder `h` has them; h = -1: the value every

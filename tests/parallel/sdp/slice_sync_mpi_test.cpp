@@ -24,87 +24,31 @@
 #include "parallel/parallel_context.h"
 #include "parallel/sdp/slice_sync.h"
 #include "tests/parallel/mpi_test_util.h"
+#include "tests/parallel/sdp/sdp_test_util.h"
 
 namespace loom::parallel::sdp {
 namespace {
 
+using test_util::block;
+using test_util::holds;
+using test_util::Layout;
+using test_util::Matrix;
+using test_util::SliceDef;
 using testing::bits_hash;
 using testing::member_input;
 using testing::same_bits;
 using testing::world_rank;
 using testing::world_size;
 
-// A gradient matrix split into blocks along `dim` (dim 1: column blocks, strided views).
-struct Matrix {
-  int64_t rows, cols;
-  int dim;
-  DType dtype;
-};
-
-struct SliceDef {
-  int64_t id;
-  int mat;
-  int64_t start, len;
-  std::vector<int> holders;  // dp ranks
-};
-
-struct Layout {
-  std::vector<Matrix> mats;
-  std::vector<SliceDef> slices;
-};
-
-// Holders of slice i among n ranks: k = 1, a cyclic window of 2 (slice 1 wraps: {0, n-1}), all
-// n, a cyclic window of n/2, or a random set.
-std::vector<int> holders_for(size_t i, int n, std::mt19937_64& rng) {
-  const int s = i == 1 ? n - 1 : static_cast<int>(rng() % static_cast<uint64_t>(n));
-  std::vector<int> h;
-  auto window = [&](int k) {
-    for (int j = 0; j < k; ++j) h.push_back((s + j) % n);
-  };
-  switch (i % 5) {
-    case 0:
-      window(1);
-      break;
-    case 1:
-      window(2);
-      break;
-    case 2:
-      window(n);
-      break;
-    case 3:
-      window(n / 2);
-      break;
-    default:
-      for (int r = 0; r < n; ++r) {
-        if (rng() % 2) h.push_back(r);
-      }
-      if (h.empty()) h.push_back(s);
-  }
-  std::sort(h.begin(), h.end());
-  return h;
-}
-
-// The same on every rank (one seed); ids shuffled, so ascending id is not layout order.
+// Gradient matrices and their slices (test_util::cut_layout: holder sets of every kind among the
+// dp ranks, ids shuffled), the same on every rank (one seed).
 Layout make_layout(int n, uint64_t seed) {
-  std::mt19937_64 rng(seed);
-  Layout l;
-  l.mats = {{37, 12, 0, DType::kF32},
-            {12, 41, 1, DType::kF32},
-            {29, 7, 0, DType::kF64},
-            {5, 33, 1, DType::kF32}};
-  for (int m = 0; m < static_cast<int>(l.mats.size()); ++m) {
-    const Matrix& mat = l.mats[static_cast<size_t>(m)];
-    const int64_t extent = mat.dim == 0 ? mat.rows : mat.cols;
-    for (int64_t at = 0; at < extent;) {
-      const int64_t len = std::min<int64_t>(extent - at, 1 + static_cast<int64_t>(rng() % 6));
-      l.slices.push_back({0, m, at, len, holders_for(l.slices.size(), n, rng)});
-      at += len;
-    }
-  }
-  std::vector<int64_t> ids(l.slices.size());
-  std::iota(ids.begin(), ids.end(), 0);
-  std::shuffle(ids.begin(), ids.end(), rng);
-  for (size_t i = 0; i < ids.size(); ++i) l.slices[i].id = 3 * ids[i] + 1;
+  Layout l = test_util::cut_layout({{37, 12, 0, DType::kF32},
+                                    {12, 41, 1, DType::kF32},
+                                    {29, 7, 0, DType::kF64},
+                                    {5, 33, 1, DType::kF32}},
+                                   n, seed);
+  for (SliceDef& s : l.slices) s.id = 3 * s.id + 1;
   return l;
 }
 
@@ -116,15 +60,6 @@ std::vector<Tensor> inputs(const Layout& l, int rank, uint64_t salt) {
     out.push_back(member_input(rank, salt * 100 + m, {mat.rows, mat.cols}, mat.dtype));
   }
   return out;
-}
-
-Tensor block(const Layout& l, const std::vector<Tensor>& mats, const SliceDef& s) {
-  const Matrix& mat = l.mats[static_cast<size_t>(s.mat)];
-  return mats[static_cast<size_t>(s.mat)].narrow(mat.dim, s.start, s.len);
-}
-
-bool holds(const SliceDef& s, int dp_rank) {
-  return std::binary_search(s.holders.begin(), s.holders.end(), dp_rank);
 }
 
 std::vector<HeldSlice> held(const Layout& l, const std::vector<Tensor>& mats, int dp_rank) {
