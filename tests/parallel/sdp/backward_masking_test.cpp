@@ -29,12 +29,21 @@
 #include "parallel/sdp/packed_layers.h"
 #include "tests/gradcheck.h"
 #include "tests/layers/tiny_models.h"
+#include "tests/parallel/sdp/sdp_test_util.h"
 #include "train/pieces.h"
 
 namespace loom::parallel::sdp {
 namespace {
 
 using loom::testing::rel_error;
+using test_util::config;
+using test_util::cover_of;
+using test_util::expect_is_full_model;
+using test_util::init_perturbed;
+using test_util::load_through_piece;
+using test_util::mlp_param;
+using test_util::params_of;
+using test_util::units_of;
 
 struct Case {
   int workers;
@@ -44,36 +53,6 @@ struct Case {
 
 // Coverage 1/2 (N = 4 and 8) and 1/4 (N = 8), and one odd N; windows that wrap and that do not.
 const std::vector<Case> kCases = {{4, 2, 3}, {8, 4, 5}, {8, 2, 11}, {5, 2, 7}};
-
-ModelConfig config(bool llama) {
-  return llama ? loom::testing::tiny_llama() : loom::testing::tiny_gpt2();
-}
-
-NeuronAssignment cover_of(const ModelConfig& c, int workers, int k, uint64_t seed) {
-  CoverOptions o;
-  o.workers = workers;
-  o.coverage = static_cast<double>(k) / workers;
-  o.seed = seed;
-  return assign_neurons(o,
-                        std::vector<int64_t>(static_cast<size_t>(c.n_layer), c.ffn_hidden_size()));
-}
-
-std::map<std::string, Tensor> params_of(const Module& m) {
-  std::map<std::string, Tensor> out;
-  for (auto& [name, p] : m.named_parameters()) out[name] = p;
-  return out;
-}
-
-// The block index and leaf name of an MLP parameter ("blocks.1.mlp.fc.weight" → 1,
-// "fc.weight"), or -1.
-int64_t mlp_param(const std::string& name, std::string* leaf) {
-  if (name.rfind("blocks.", 0) != 0) return -1;
-  const size_t dot = name.find('.', 7);
-  const size_t at = name.find(".mlp.", 7);
-  if (at == std::string::npos) return -1;
-  *leaf = name.substr(at + 5);
-  return std::stoll(name.substr(7, dot - 7));
-}
 
 // The dim of a split MLP parameter indexed by hidden units, or -1 (proj.bias and the rest).
 int64_t unit_dim(const std::string& name, int64_t* layer) {
@@ -95,13 +74,6 @@ std::vector<int64_t> unowned_units(const NeuronAssignment& a, int w, int64_t lay
     if (keep.count(u) == 0) out.push_back(u);
   }
   return out;
-}
-
-// The given indices of dim `dim` of t, one narrow per unit.
-Tensor units_of(const Tensor& t, int64_t dim, const std::vector<int64_t>& units) {
-  std::vector<Tensor> parts;
-  for (int64_t u : units) parts.push_back(ops::narrow(t, dim, u, 1));
-  return ops::contiguous(ops::cat(parts, dim));
 }
 
 // What worker w's parameter `name` (owned) or frozen tensor (frozen) holds of `full`.
@@ -133,15 +105,8 @@ int64_t place_into(const Tensor& t, Tensor& global, Tensor& count) {
 // placement's piece (a wrong placement loads wrong values).
 void load_through_pieces(const Module& m, const Module& full) {
   const auto src = params_of(full);
-  auto load = [&](const std::string& name, const Tensor& p) {
-    const Tensor& f = src.at(name);
-    const TensorPiece dst = piece_of(p.placement(), p.shape());
-    ASSERT_EQ(dst.global_shape, f.shape()) << name;
-    ASSERT_EQ(copy_overlap(whole_piece(f.shape()), f.raw_data(), dst, p.raw_data(), 8), p.numel())
-        << name;
-  };
-  for (auto& [name, p] : m.named_parameters()) load(name, p);
-  for (auto& [name, t] : frozen_parameters(m)) load(name, t);
+  for (auto& [name, p] : m.named_parameters()) load_through_piece(name, p, src);
+  for (auto& [name, t] : frozen_parameters(m)) load_through_piece(name, t, src);
 }
 
 // After the same init, worker w's owned parameters and frozen tensors are the default model's
@@ -300,9 +265,7 @@ void expect_matches_full_model(bool llama, const Case& cs) {
   const ModelConfig c = config(llama);
   const NeuronAssignment a = cover_of(c, cs.workers, cs.k, cs.seed);
   Transformer full(c, DType::kF64);
-  Generator g0(cs.seed);
-  full.init_weights(g0);
-  loom::testing::perturb_parameters(full, 0.05, cs.seed + 1);  // biases and norms not 0 / 1
+  init_perturbed(full, cs.seed);
   const Tensor ids = loom::testing::random_ids(2, 6, c.vocab_size, cs.seed + 2);
   const Tensor targets = loom::testing::random_ids(2, 6, c.vocab_size, cs.seed + 3);
   const Tensor full_logits = full.forward(ids);
@@ -358,9 +321,7 @@ TEST(SdpBackwardMasking, ComputeDtypeCastsBothParts) {
     const ModelConfig c = config(llama);
     const NeuronAssignment a = cover_of(c, 4, 2, 3);
     Transformer full(c, DType::kF64);
-    Generator g0(31);
-    full.init_weights(g0);
-    loom::testing::perturb_parameters(full, 0.05, 32);
+    init_perturbed(full, 31);
     full.set_compute_dtype(DType::kF32);
     const Tensor ids = loom::testing::random_ids(2, 6, c.vocab_size, 33);
     const Tensor targets = loom::testing::random_ids(2, 6, c.vocab_size, 34);
@@ -413,14 +374,7 @@ void expect_coverage_one_is_default(bool llama, int workers) {
     });
     EXPECT_EQ(masked, static_cast<int>(c.n_layer) * (llama ? 3 : 2));
     EXPECT_TRUE(all_plain);
-    EXPECT_EQ(m.forward(ids).to_vector(), full.forward(ids).to_vector());
-    const Tensor loss = m.loss(ids, targets);
-    EXPECT_EQ(loss.item(), full_loss.item());
-    autograd::backward(loss);
-    for (auto& [name, p] : m.named_parameters()) {
-      EXPECT_EQ(p.to_vector(), fp.at(name).to_vector()) << name;
-      EXPECT_EQ(p.grad().to_vector(), fp.at(name).grad().to_vector()) << name;
-    }
+    expect_is_full_model(m, full, ids, targets, full_loss, fp);
   }
 }
 

@@ -28,11 +28,15 @@
 #include "layers/unit_hooks.h"
 #include "tests/gradcheck.h"
 #include "tests/layers/tiny_models.h"
+#include "tests/parallel/sdp/sdp_test_util.h"
 
 namespace loom::parallel::sdp {
 namespace {
 
 using loom::testing::rel_error;
+using test_util::copy_parameters;
+using test_util::init_perturbed;
+using test_util::params_of;
 
 struct Case {
   int workers;
@@ -46,7 +50,7 @@ const std::vector<Case> kCases = {
     {4, 2, 4, 1}, {3, 2, 3, 7}, {4, 3, 4, 9}, {8, 2, 8, 11}, {6, 3, 4, 5}};
 
 ModelConfig config(bool llama, int64_t n_layer, double dropout = 0.0) {
-  ModelConfig c = llama ? loom::testing::tiny_llama() : loom::testing::tiny_gpt2();
+  ModelConfig c = test_util::config(llama);
   c.n_layer = n_layer;
   c.dropout = dropout;
   return c;
@@ -58,22 +62,6 @@ BlockAssignment cover_of(const Case& cs) {
   o.coverage = static_cast<double>(cs.k) / cs.workers;
   o.seed = cs.seed;
   return assign_blocks(o, cs.n_layer);
-}
-
-std::map<std::string, Tensor> params_of(const Module& m) {
-  std::map<std::string, Tensor> out;
-  for (auto& [name, p] : m.named_parameters()) out[name] = p;
-  return out;
-}
-
-// dst's parameters ← src's of the same name (dst may hold fewer).
-void copy_parameters(const Module& dst, const Module& src) {
-  autograd::NoGradGuard no_grad;
-  const auto s = params_of(src);
-  for (auto& [name, p] : dst.named_parameters()) {
-    Tensor t = p;
-    ops::copy_(t, s.at(name));
-  }
 }
 
 // The test's own parse: block l of "blocks.<l>.…", or -1.
@@ -125,9 +113,7 @@ void expect_forward_masking_matches(bool llama, const Case& cs, double dropout) 
   const BlockAssignment a = cover_of(cs);
   const double s = static_cast<double>(cs.workers) / cs.k;
   Transformer full(c, DType::kF64);
-  Generator g0(cs.seed);
-  full.init_weights(g0);
-  loom::testing::perturb_parameters(full, 0.05, cs.seed + 1);  // biases and norms not 0 / 1
+  init_perturbed(full, cs.seed);
   const int64_t B = 2, T = 6;
   const Tensor ids = loom::testing::random_ids(B, T, c.vocab_size, cs.seed + 2);
   const Tensor targets = loom::testing::random_ids(B, T, c.vocab_size, cs.seed + 3);
@@ -284,9 +270,7 @@ TEST(SdpBlockLevel, BackwardMaskingIsTheFullModelWithUnheldBlocksFrozen) {
       const ModelConfig c = config(llama, cs.n_layer);
       const BlockAssignment a = cover_of(cs);
       Transformer full(c, DType::kF64);
-      Generator g0(cs.seed);
-      full.init_weights(g0);
-      loom::testing::perturb_parameters(full, 0.05, cs.seed + 1);
+      init_perturbed(full, cs.seed);
       const Tensor ids = loom::testing::random_ids(2, 6, c.vocab_size, cs.seed + 2);
       const Tensor targets = loom::testing::random_ids(2, 6, c.vocab_size, cs.seed + 3);
       const Tensor full_loss = full.loss(ids, targets);

@@ -27,12 +27,22 @@
 #include "layers/transformer.h"
 #include "tests/gradcheck.h"
 #include "tests/layers/tiny_models.h"
+#include "tests/parallel/sdp/sdp_test_util.h"
 #include "train/pieces.h"
 
 namespace loom::parallel::sdp {
 namespace {
 
 using loom::testing::rel_error;
+using test_util::config;
+using test_util::copy_parameters;
+using test_util::cover_of;
+using test_util::expect_is_full_model;
+using test_util::init_perturbed;
+using test_util::load_through_piece;
+using test_util::mlp_param;
+using test_util::params_of;
+using test_util::units_of;
 
 struct Case {
   int workers;
@@ -44,44 +54,11 @@ struct Case {
 const std::vector<Case> kCases = {{2, 2, 1}, {3, 2, 7},  {4, 2, 3}, {5, 2, 5},
                                   {4, 3, 9}, {8, 2, 11}, {6, 3, 13}};
 
-NeuronAssignment cover_of(const ModelConfig& c, int workers, int k, uint64_t seed) {
-  CoverOptions o;
-  o.workers = workers;
-  o.coverage = static_cast<double>(k) / workers;
-  o.seed = seed;
-  return assign_neurons(o,
-                        std::vector<int64_t>(static_cast<size_t>(c.n_layer), c.ffn_hidden_size()));
-}
-
-std::map<std::string, Tensor> params_of(const Module& m) {
-  std::map<std::string, Tensor> out;
-  for (auto& [name, p] : m.named_parameters()) out[name] = p;
-  return out;
-}
-
-// The block index and leaf name of an MLP parameter ("blocks.1.mlp.fc.weight" → 1,
-// "fc.weight"), or -1.
-int64_t mlp_param(const std::string& name, std::string* leaf) {
-  if (name.rfind("blocks.", 0) != 0) return -1;
-  const size_t dot = name.find('.', 7);
-  const size_t at = name.find(".mlp.", 7);
-  if (at == std::string::npos) return -1;
-  *leaf = name.substr(at + 5);
-  return std::stoll(name.substr(7, dot - 7));
-}
-
 bool is_input_weight(const std::string& leaf) {  // packed along dim 0
   return leaf == "fc.weight" || leaf == "fc.bias" || leaf == "gate.weight" || leaf == "up.weight";
 }
 bool is_output_weight(const std::string& leaf) {  // packed along dim 1
   return leaf == "proj.weight" || leaf == "down.weight";
-}
-
-// The given indices of dim `dim` of t, one narrow per unit (the test's own gather).
-Tensor units_of(const Tensor& t, int64_t dim, const std::vector<int64_t>& units) {
-  std::vector<Tensor> parts;
-  for (int64_t u : units) parts.push_back(ops::narrow(t, dim, u, 1));
-  return ops::contiguous(ops::cat(parts, dim));
 }
 
 // What the packed parameter `name` of worker w holds of the full tensor `full`.
@@ -99,13 +76,7 @@ Tensor expected_part(const std::string& name, const Tensor& full, const NeuronAs
 // piece (so a wrong placement loads wrong values).
 void load_through_pieces(const Module& packed, const Module& full) {
   const auto src = params_of(full);
-  for (auto& [name, p] : packed.named_parameters()) {
-    const Tensor& f = src.at(name);
-    const TensorPiece dst = piece_of(p.placement(), p.shape());
-    ASSERT_EQ(dst.global_shape, f.shape()) << name;
-    const int64_t n = copy_overlap(whole_piece(f.shape()), f.raw_data(), dst, p.raw_data(), 8);
-    ASSERT_EQ(n, p.numel()) << name;
-  }
+  for (auto& [name, p] : packed.named_parameters()) load_through_piece(name, p, src);
 }
 
 // A copy of `full` as forward masking's worker w computes it (Note [SDP packed MLP]): the unowned
@@ -130,19 +101,6 @@ void make_reference(const Module& ref, const NeuronAssignment& a, int w) {
       for (int64_t i = 0; i < p.numel(); ++i) d[i] *= scale;
     }
   }
-}
-
-void copy_parameters(const Module& dst, const Module& src) {
-  autograd::NoGradGuard no_grad;
-  const auto s = params_of(src);
-  for (auto& [name, p] : dst.named_parameters()) {
-    Tensor t = p;
-    ops::copy_(t, s.at(name));
-  }
-}
-
-ModelConfig config(bool llama) {
-  return llama ? loom::testing::tiny_llama() : loom::testing::tiny_gpt2();
 }
 
 // Worker w's packed model after the default init is a part of the default model.
@@ -206,9 +164,7 @@ void expect_matches_reference(bool llama, const Case& cs) {
   const NeuronAssignment a = cover_of(c, cs.workers, cs.k, cs.seed);
   const double scale = static_cast<double>(cs.workers) / cs.k;
   Transformer full(c, DType::kF64);
-  Generator g0(cs.seed);
-  full.init_weights(g0);
-  loom::testing::perturb_parameters(full, 0.05, cs.seed + 1);  // biases and norms not 0 / 1
+  init_perturbed(full, cs.seed);
   const Tensor ids = loom::testing::random_ids(2, 6, c.vocab_size, cs.seed + 2);
   const Tensor targets = loom::testing::random_ids(2, 6, c.vocab_size, cs.seed + 3);
   for (int w = 0; w < cs.workers; ++w) {
@@ -261,14 +217,7 @@ void expect_coverage_one_is_default(bool llama, int workers) {
     Transformer m(c, DType::kF64, {}, forward_masking_context(a, w));
     Generator g(21);
     m.init_weights(g);
-    EXPECT_EQ(m.forward(ids).to_vector(), full.forward(ids).to_vector());
-    const Tensor loss = m.loss(ids, targets);
-    EXPECT_EQ(loss.item(), full_loss.item());
-    autograd::backward(loss);
-    for (auto& [name, p] : m.named_parameters()) {
-      EXPECT_EQ(p.to_vector(), fp.at(name).to_vector()) << name;
-      EXPECT_EQ(p.grad().to_vector(), fp.at(name).grad().to_vector()) << name;
-    }
+    expect_is_full_model(m, full, ids, targets, full_loss, fp);
   }
 }
 

@@ -57,6 +57,29 @@ inline void copy_parameters(const Module& dst, const Module& src) {
   }
 }
 
+// m's parameters from Generator(seed), then perturbed (seed + 1) so that biases and norms are not
+// 0 / 1.
+inline void init_perturbed(Transformer& m, uint64_t seed) {
+  Generator g(seed);
+  m.init_weights(g);
+  loom::testing::perturb_parameters(m, 0.05, seed + 1);
+}
+
+// m is the default model `full` bit for bit: its logits, its loss (`full_loss`, whose backward
+// has run) and, after its backward, every parameter and gradient (fp: params_of(full)).
+inline void expect_is_full_model(Transformer& m, Transformer& full, const Tensor& ids,
+                                 const Tensor& targets, const Tensor& full_loss,
+                                 const std::map<std::string, Tensor>& fp) {
+  EXPECT_EQ(m.forward(ids).to_vector(), full.forward(ids).to_vector());
+  const Tensor loss = m.loss(ids, targets);
+  EXPECT_EQ(loss.item(), full_loss.item());
+  autograd::backward(loss);
+  for (auto& [name, p] : m.named_parameters()) {
+    EXPECT_EQ(p.to_vector(), fp.at(name).to_vector()) << name;
+    EXPECT_EQ(p.grad().to_vector(), fp.at(name).grad().to_vector()) << name;
+  }
+}
+
 // The block index and leaf name of an MLP parameter ("blocks.1.mlp.fc.weight" → 1,
 // "fc.weight"), or -1.
 inline int64_t mlp_param(const std::string& name, std::string* leaf) {
