@@ -191,29 +191,41 @@ void PackedRowLinear::init(Generator& gen, double std) {
 
 void PackedRowLinear::zero_rows_from(int64_t global_row) { zero_rows(weight_, global_row); }
 
-ForwardMaskingLinear::ForwardMaskingLinear(NeuronAssignment assignment, int worker)
-    : assignment_(std::move(assignment)), worker_(worker), plain_(single_device_linear()) {
-  check_worker(assignment_, worker_, "ForwardMaskingLinear");
+NeuronMaskingLinear::NeuronMaskingLinear(NeuronAssignment assignment, int worker, const char* what)
+    : assignment_(std::move(assignment)),
+      worker_(worker),
+      what_(what),
+      plain_(single_device_linear()) {
+  check_worker(assignment_, worker_, what_);
 }
 
-double ForwardMaskingLinear::scale() const {
-  return static_cast<double>(assignment_.workers) / static_cast<double>(assignment_.replication);
+UnitRanges NeuronMaskingLinear::owned_ranges(int64_t layer, int64_t hidden) const {
+  return ranges_of(assignment_, worker_, layer, hidden, what_);
 }
 
-UnitRanges ForwardMaskingLinear::owned_ranges(int64_t layer, int64_t hidden) const {
-  return ranges_of(assignment_, worker_, layer, hidden, "ForwardMaskingLinear");
-}
-
-std::unique_ptr<LinearLayer> ForwardMaskingLinear::column(int64_t in,
-                                                          const std::vector<int64_t>& segments,
-                                                          bool bias, DType dtype,
-                                                          Device device) const {
+std::unique_ptr<LinearLayer> NeuronMaskingLinear::column(int64_t in,
+                                                         const std::vector<int64_t>& segments,
+                                                         bool bias, DType dtype,
+                                                         Device device) const {
   return plain_->column(in, segments, bias, dtype, device);
 }
 
-std::unique_ptr<LinearLayer> ForwardMaskingLinear::row(int64_t in, int64_t out, bool bias,
-                                                       DType dtype, Device device) const {
+std::unique_ptr<LinearLayer> NeuronMaskingLinear::row(int64_t in, int64_t out, bool bias,
+                                                      DType dtype, Device device) const {
   return plain_->row(in, out, bias, dtype, device);
+}
+
+std::unique_ptr<EmbeddingLayer> NeuronMaskingLinear::vocab_embedding(int64_t rows, int64_t dim,
+                                                                     DType dtype,
+                                                                     Device device) const {
+  return plain_->vocab_embedding(rows, dim, dtype, device);
+}
+
+ForwardMaskingLinear::ForwardMaskingLinear(NeuronAssignment assignment, int worker)
+    : NeuronMaskingLinear(std::move(assignment), worker, "ForwardMaskingLinear") {}
+
+double ForwardMaskingLinear::scale() const {
+  return static_cast<double>(assignment().workers) / static_cast<double>(assignment().replication);
 }
 
 std::unique_ptr<LinearLayer> ForwardMaskingLinear::mlp_in(int64_t layer, int64_t in, int64_t hidden,
@@ -228,12 +240,6 @@ std::unique_ptr<LinearLayer> ForwardMaskingLinear::mlp_out(int64_t layer, int64_
                                                            Device device) const {
   return std::make_unique<PackedRowLinear>(hidden, out, owned_ranges(layer, hidden), bias, scale(),
                                            dtype, device);
-}
-
-std::unique_ptr<EmbeddingLayer> ForwardMaskingLinear::vocab_embedding(int64_t rows, int64_t dim,
-                                                                      DType dtype,
-                                                                      Device device) const {
-  return plain_->vocab_embedding(rows, dim, dtype, device);
 }
 
 LayerContext forward_masking_context(NeuronAssignment assignment, int worker) {
@@ -361,12 +367,8 @@ struct BackwardMaskingLinear::Record {
 };
 
 BackwardMaskingLinear::BackwardMaskingLinear(NeuronAssignment assignment, int worker)
-    : assignment_(std::move(assignment)),
-      worker_(worker),
-      plain_(single_device_linear()),
-      built_(std::make_shared<Record>()) {
-  check_worker(assignment_, worker_, "BackwardMaskingLinear");
-}
+    : NeuronMaskingLinear(std::move(assignment), worker, "BackwardMaskingLinear"),
+      built_(std::make_shared<Record>()) {}
 
 void BackwardMaskingLinear::record(const BackwardMaskedLinear& layer) const {
   const std::lock_guard<std::mutex> lock(built_->mutex);
@@ -386,22 +388,6 @@ std::vector<std::pair<Tensor, Tensor>> BackwardMaskingLinear::built_pairs() cons
   return out;
 }
 
-UnitRanges BackwardMaskingLinear::owned_ranges(int64_t layer, int64_t hidden) const {
-  return ranges_of(assignment_, worker_, layer, hidden, "BackwardMaskingLinear");
-}
-
-std::unique_ptr<LinearLayer> BackwardMaskingLinear::column(int64_t in,
-                                                           const std::vector<int64_t>& segments,
-                                                           bool bias, DType dtype,
-                                                           Device device) const {
-  return plain_->column(in, segments, bias, dtype, device);
-}
-
-std::unique_ptr<LinearLayer> BackwardMaskingLinear::row(int64_t in, int64_t out, bool bias,
-                                                        DType dtype, Device device) const {
-  return plain_->row(in, out, bias, dtype, device);
-}
-
 std::unique_ptr<LinearLayer> BackwardMaskingLinear::mlp_in(int64_t layer, int64_t in,
                                                            int64_t hidden, bool bias, DType dtype,
                                                            Device device) const {
@@ -418,12 +404,6 @@ std::unique_ptr<LinearLayer> BackwardMaskingLinear::mlp_out(int64_t layer, int64
                                                         bias, dtype, device);
   record(*proj);
   return proj;
-}
-
-std::unique_ptr<EmbeddingLayer> BackwardMaskingLinear::vocab_embedding(int64_t rows, int64_t dim,
-                                                                       DType dtype,
-                                                                       Device device) const {
-  return plain_->vocab_embedding(rows, dim, dtype, device);
 }
 
 LayerContext backward_masking_context(NeuronAssignment assignment, int worker) {

@@ -150,39 +150,52 @@ class PackedRowLinear final : public LinearLayer {
   Tensor weight_, bias_;
 };
 
-// Worker `worker`'s factory under forward masking (Note [SDP packed MLP]): mlp_in / mlp_out of
-// block l are packed to the units the worker holds in layer l of `assignment` (whose layers are
-// the model's blocks, in order, each covering the block's ffn hidden units); every other layer
-// is the single-device one. The row layers scale by N / k. Errors name the block and the sizes
-// when a block is outside the assignment or its hidden size differs from the cover's.
-class ForwardMaskingLinear final : public LinearFactory {
+// What the two neuron-level factories (forward and backward masking) share: worker `worker` of
+// `assignment` (checked at construction), every layer but mlp_in / mlp_out the single-device
+// one, and the units the worker holds per block. `what` names the factory in errors.
+class NeuronMaskingLinear : public LinearFactory {
  public:
-  ForwardMaskingLinear(NeuronAssignment assignment, int worker);
   int feature_split() const override { return 1; }
   std::unique_ptr<LinearLayer> column(int64_t in, const std::vector<int64_t>& segments, bool bias,
                                       DType dtype, Device device) const override;
   std::unique_ptr<LinearLayer> row(int64_t in, int64_t out, bool bias, DType dtype,
                                    Device device) const override;
-  std::unique_ptr<LinearLayer> mlp_in(int64_t layer, int64_t in, int64_t hidden, bool bias,
-                                      DType dtype, Device device) const override;
-  std::unique_ptr<LinearLayer> mlp_out(int64_t layer, int64_t hidden, int64_t out, bool bias,
-                                       DType dtype, Device device) const override;
   std::unique_ptr<EmbeddingLayer> vocab_embedding(int64_t rows, int64_t dim, DType dtype,
                                                   Device device) const override;
   Tensor replicated_param(const Tensor& p) const override { return p; }
   Tensor column_input(const Tensor& x) const override { return x; }
 
-  // 1/C = N / k: the row layers' scale.
-  double scale() const;
   int worker() const { return worker_; }
   const NeuronAssignment& assignment() const { return assignment_; }
-  // The units this worker keeps in block `layer`, as ranges (checked against `hidden`).
+  // The units this worker holds (forward masking: keeps; backward masking: trains) in block
+  // `layer`, as ranges (checked against `hidden`).
   UnitRanges owned_ranges(int64_t layer, int64_t hidden) const;
+
+ protected:
+  NeuronMaskingLinear(NeuronAssignment assignment, int worker, const char* what);
 
  private:
   NeuronAssignment assignment_;
   int worker_;
+  const char* what_;
   std::shared_ptr<const LinearFactory> plain_;  // the single-device layers
+};
+
+// Worker `worker`'s factory under forward masking (Note [SDP packed MLP]): mlp_in / mlp_out of
+// block l are packed to the units the worker holds in layer l of `assignment` (whose layers are
+// the model's blocks, in order, each covering the block's ffn hidden units); every other layer
+// is the single-device one. The row layers scale by N / k. Errors name the block and the sizes
+// when a block is outside the assignment or its hidden size differs from the cover's.
+class ForwardMaskingLinear final : public NeuronMaskingLinear {
+ public:
+  ForwardMaskingLinear(NeuronAssignment assignment, int worker);
+  std::unique_ptr<LinearLayer> mlp_in(int64_t layer, int64_t in, int64_t hidden, bool bias,
+                                      DType dtype, Device device) const override;
+  std::unique_ptr<LinearLayer> mlp_out(int64_t layer, int64_t hidden, int64_t out, bool bias,
+                                       DType dtype, Device device) const override;
+
+  // 1/C = N / k: the row layers' scale.
+  double scale() const;
 };
 
 // A default LayerContext (one device) whose linear factory is worker `worker`'s
@@ -253,27 +266,13 @@ class BackwardMaskedRowLinear final : public BackwardMaskedLinear {
 // Worker `worker`'s factory under backward masking (Note [SDP backward masking layers]): mlp_in /
 // mlp_out of block l are split at the units the worker holds in layer l of `assignment`; every
 // other layer is the single-device one. Errors as ForwardMaskingLinear's.
-class BackwardMaskingLinear final : public LinearFactory {
+class BackwardMaskingLinear final : public NeuronMaskingLinear {
  public:
   BackwardMaskingLinear(NeuronAssignment assignment, int worker);
-  int feature_split() const override { return 1; }
-  std::unique_ptr<LinearLayer> column(int64_t in, const std::vector<int64_t>& segments, bool bias,
-                                      DType dtype, Device device) const override;
-  std::unique_ptr<LinearLayer> row(int64_t in, int64_t out, bool bias, DType dtype,
-                                   Device device) const override;
   std::unique_ptr<LinearLayer> mlp_in(int64_t layer, int64_t in, int64_t hidden, bool bias,
                                       DType dtype, Device device) const override;
   std::unique_ptr<LinearLayer> mlp_out(int64_t layer, int64_t hidden, int64_t out, bool bias,
                                        DType dtype, Device device) const override;
-  std::unique_ptr<EmbeddingLayer> vocab_embedding(int64_t rows, int64_t dim, DType dtype,
-                                                  Device device) const override;
-  Tensor replicated_param(const Tensor& p) const override { return p; }
-  Tensor column_input(const Tensor& x) const override { return x; }
-
-  int worker() const { return worker_; }
-  const NeuronAssignment& assignment() const { return assignment_; }
-  // The units this worker trains in block `layer`, as ranges (checked against `hidden`).
-  UnitRanges owned_ranges(int64_t layer, int64_t hidden) const;
 
   // (owned, frozen) of each split tensor of the layers built so far that are still alive, in
   // building order (Note [SDP frozen parameters]).
@@ -283,9 +282,6 @@ class BackwardMaskingLinear final : public LinearFactory {
   struct Record;  // the layers built: weak references (Note [SDP frozen parameters])
   void record(const BackwardMaskedLinear& layer) const;
 
-  NeuronAssignment assignment_;
-  int worker_;
-  std::shared_ptr<const LinearFactory> plain_;  // the single-device layers
   std::shared_ptr<Record> built_;
 };
 
