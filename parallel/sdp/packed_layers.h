@@ -203,9 +203,12 @@ class ForwardMaskingLinear final : public NeuronMaskingLinear {
 LayerContext forward_masking_context(NeuronAssignment assignment, int worker);
 
 // What the backward-masked layers share (Note [SDP backward masking layers]): the owned units
-// (the registered parameters'), the unowned ones (the frozen tensors') and the frozen tensors.
+// (the registered parameters'), the unowned ones (the frozen tensors'), the registered weight and
+// bias, and the frozen tensors.
 class BackwardMaskedLinear : public LinearLayer {
  public:
+  const Tensor& weight() const override { return weight_; }
+  const Tensor& bias() const override { return bias_; }
   const UnitRanges& owned_ranges() const { return owned_; }
   const UnitRanges& unowned_ranges() const { return unowned_; }  // empty at coverage 1
   // The unowned rows (column layer) or columns (row layer), requires_grad false; undefined when
@@ -222,6 +225,7 @@ class BackwardMaskedLinear : public LinearLayer {
 
   int64_t units_;
   UnitRanges owned_, unowned_;
+  Tensor weight_, bias_;
   Tensor frozen_weight_, frozen_bias_;
 };
 
@@ -237,12 +241,9 @@ class BackwardMaskedColumnLinear final : public BackwardMaskedLinear {
   Tensor forward(const Tensor& x) const override;
   void init(Generator& gen, double std) override;  // the full matrix, split
   void zero_rows_from(int64_t global_row) override;
-  const Tensor& weight() const override { return weight_; }
-  const Tensor& bias() const override { return bias_; }
 
  private:
   int64_t in_features_;
-  Tensor weight_, bias_;
 };
 
 // mlp_out under backward masking: "weight" (out, owned) as PackedRowLinear's [sdp-packed dim 1],
@@ -255,12 +256,9 @@ class BackwardMaskedRowLinear final : public BackwardMaskedLinear {
   Tensor forward(const Tensor& x) const override;
   void init(Generator& gen, double std) override;
   void zero_rows_from(int64_t global_row) override;
-  const Tensor& weight() const override { return weight_; }
-  const Tensor& bias() const override { return bias_; }
 
  private:
   int64_t out_features_;
-  Tensor weight_, bias_;
 };
 
 // Worker `worker`'s factory under backward masking (Note [SDP backward masking layers]): mlp_in /

@@ -36,20 +36,8 @@ namespace loom::parallel::sdp {
 namespace {
 
 using loom::testing::rel_error;
-using test_util::config;
-using test_util::cover_of;
-using test_util::expect_is_full_model;
-using test_util::init_perturbed;
-using test_util::load_through_piece;
-using test_util::mlp_param;
-using test_util::params_of;
-using test_util::units_of;
-
-struct Case {
-  int workers;
-  int k;
-  uint64_t seed;
-};
+using namespace test_util;  // NOLINT(build/namespaces): the shared test helpers
+using Case = NeuronCase;
 
 // Coverage 1/2 (N = 4 and 8) and 1/4 (N = 8), and one odd N; windows that wrap and that do not.
 const std::vector<Case> kCases = {{4, 2, 3}, {8, 4, 5}, {8, 2, 11}, {5, 2, 7}};
@@ -351,14 +339,7 @@ TEST(SdpBackwardMasking, ComputeDtypeCastsBothParts) {
 void expect_coverage_one_is_default(bool llama, int workers) {
   const ModelConfig c = config(llama);
   const NeuronAssignment a = cover_of(c, workers, workers, 5);
-  Transformer full(c, DType::kF64);
-  Generator g0(21);
-  full.init_weights(g0);
-  const Tensor ids = loom::testing::random_ids(2, 5, c.vocab_size, 22);
-  const Tensor targets = loom::testing::random_ids(2, 5, c.vocab_size, 23);
-  const Tensor full_loss = full.loss(ids, targets);
-  autograd::backward(full_loss);
-  const auto fp = params_of(full);
+  const FullRun full(c, 21, 5, 22);
   for (int w = 0; w < workers; ++w) {
     Transformer m(c, DType::kF64, {}, backward_masking_context(a, w));
     Generator g(21);
@@ -374,7 +355,7 @@ void expect_coverage_one_is_default(bool llama, int workers) {
     });
     EXPECT_EQ(masked, static_cast<int>(c.n_layer) * (llama ? 3 : 2));
     EXPECT_TRUE(all_plain);
-    expect_is_full_model(m, full, ids, targets, full_loss, fp);
+    expect_is_full_model(m, full);
   }
 }
 
@@ -510,13 +491,7 @@ TEST(SdpBackwardMasking, FactoryErrorsNameTheBlockAndSizes) {
   const ModelConfig c = loom::testing::tiny_gpt2();
   const NeuronAssignment a = cover_of(c, 4, 2, 1);
   const BackwardMaskingLinear f(a, 1);
-  EXPECT_THROW(f.mlp_in(c.n_layer, c.n_embd, c.ffn_hidden_size(), true, DType::kF64, {}), Error);
-  try {
-    f.mlp_out(0, c.ffn_hidden_size() + 1, c.n_embd, true, DType::kF64, {});
-    ADD_FAILURE() << "no error for a hidden size the cover does not have";
-  } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("model.ffn_hidden"), std::string::npos) << e.what();
-  }
+  expect_mlp_size_errors(f, c);
   EXPECT_THROW(BackwardMaskingLinear(a, 4), Error);
   EXPECT_THROW(BackwardMaskingLinear(a, -1), Error);
   EXPECT_THROW(BackwardMaskedColumnLinear(4, 10, {{3, 5}, {4, 8}}, true), Error);  // overlapping

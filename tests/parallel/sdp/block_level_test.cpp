@@ -34,9 +34,7 @@ namespace loom::parallel::sdp {
 namespace {
 
 using loom::testing::rel_error;
-using test_util::copy_parameters;
-using test_util::init_perturbed;
-using test_util::params_of;
+using namespace test_util;  // NOLINT(build/namespaces): the shared test helpers
 
 struct Case {
   int workers;

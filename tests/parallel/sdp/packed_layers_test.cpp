@@ -34,21 +34,8 @@ namespace loom::parallel::sdp {
 namespace {
 
 using loom::testing::rel_error;
-using test_util::config;
-using test_util::copy_parameters;
-using test_util::cover_of;
-using test_util::expect_is_full_model;
-using test_util::init_perturbed;
-using test_util::load_through_piece;
-using test_util::mlp_param;
-using test_util::params_of;
-using test_util::units_of;
-
-struct Case {
-  int workers;
-  int k;
-  uint64_t seed;
-};
+using namespace test_util;  // NOLINT(build/namespaces): the shared test helpers
+using Case = NeuronCase;
 
 // k ≥ 2 (a connected cover), windows that wrap and that do not, C from 1/4 to 3/4.
 const std::vector<Case> kCases = {{2, 2, 1}, {3, 2, 7},  {4, 2, 3}, {5, 2, 5},
@@ -205,19 +192,12 @@ TEST(SdpPackedLayers, ForwardAndGradientsMatchTheMaskedScaledReferenceLlama) {
 void expect_coverage_one_is_default(bool llama, int workers) {
   const ModelConfig c = config(llama);
   const NeuronAssignment a = cover_of(c, workers, workers, 5);
-  Transformer full(c, DType::kF64);
-  Generator g0(21);
-  full.init_weights(g0);
-  const Tensor ids = loom::testing::random_ids(2, 5, c.vocab_size, 22);
-  const Tensor targets = loom::testing::random_ids(2, 5, c.vocab_size, 23);
-  const Tensor full_loss = full.loss(ids, targets);
-  autograd::backward(full_loss);
-  const auto fp = params_of(full);
+  const FullRun full(c, 21, 5, 22);
   for (int w = 0; w < workers; ++w) {
     Transformer m(c, DType::kF64, {}, forward_masking_context(a, w));
     Generator g(21);
     m.init_weights(g);
-    expect_is_full_model(m, full, ids, targets, full_loss, fp);
+    expect_is_full_model(m, full);
   }
 }
 
@@ -340,13 +320,7 @@ TEST(SdpPackedLayers, FactoryErrorsNameTheBlockAndSizes) {
   const NeuronAssignment a = cover_of(c, 4, 2, 1);
   const ForwardMaskingLinear f(a, 1);
   EXPECT_EQ(f.scale(), 2.0);
-  EXPECT_THROW(f.mlp_in(c.n_layer, c.n_embd, c.ffn_hidden_size(), true, DType::kF64, {}), Error);
-  try {
-    f.mlp_out(0, c.ffn_hidden_size() + 1, c.n_embd, true, DType::kF64, {});
-    ADD_FAILURE() << "no error for a hidden size the cover does not have";
-  } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("model.ffn_hidden"), std::string::npos) << e.what();
-  }
+  expect_mlp_size_errors(f, c);
   EXPECT_THROW(ForwardMaskingLinear(a, 4), Error);
   EXPECT_THROW(PackedColumnLinear(4, 10, {{3, 5}, {4, 8}}, true), Error);  // overlapping
   // A model with more blocks than the cover's layers.

@@ -31,11 +31,7 @@
 namespace loom::parallel::sdp {
 namespace {
 
-using test_util::block;
-using test_util::holds;
-using test_util::Layout;
-using test_util::Matrix;
-using test_util::SliceDef;
+using namespace test_util;  // NOLINT(build/namespaces): the shared test helpers
 using testing::member_input;
 using testing::same_bits;
 using testing::world_rank;

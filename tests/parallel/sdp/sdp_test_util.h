@@ -17,14 +17,23 @@
 #include <vector>
 
 #include "core/autograd.h"
+#include "core/error.h"
 #include "core/ops/view.h"
 #include "core/tensor.h"
+#include "layers/build_context.h"
 #include "layers/transformer.h"
 #include "parallel/sdp/assignment.h"
 #include "tests/layers/tiny_models.h"
 #include "train/pieces.h"
 
 namespace loom::parallel::sdp::test_util {
+
+// One neuron-level case: N workers, each unit held by k of them, the cover's seed.
+struct NeuronCase {
+  int workers;
+  int k;
+  uint64_t seed;
+};
 
 // The tiny f64 Llama or GPT-2 of tests/layers/tiny_models.h.
 inline ModelConfig config(bool llama) {
@@ -65,18 +74,46 @@ inline void init_perturbed(Transformer& m, uint64_t seed) {
   loom::testing::perturb_parameters(m, 0.05, seed + 1);
 }
 
-// m is the default model `full` bit for bit: its logits, its loss (`full_loss`, whose backward
-// has run) and, after its backward, every parameter and gradient (fp: params_of(full)).
-inline void expect_is_full_model(Transformer& m, Transformer& full, const Tensor& ids,
-                                 const Tensor& targets, const Tensor& full_loss,
-                                 const std::map<std::string, Tensor>& fp) {
-  EXPECT_EQ(m.forward(ids).to_vector(), full.forward(ids).to_vector());
-  const Tensor loss = m.loss(ids, targets);
-  EXPECT_EQ(loss.item(), full_loss.item());
+// The default f64 model of c, its parameters from Generator(init_seed), with its loss on random
+// (2, t) ids and targets (seeds data_seed and data_seed + 1) and that loss's backward run.
+struct FullRun {
+  FullRun(const ModelConfig& c, uint64_t init_seed, int64_t t, uint64_t data_seed)
+      : model(c, DType::kF64) {
+    Generator g(init_seed);
+    model.init_weights(g);
+    ids = loom::testing::random_ids(2, t, c.vocab_size, data_seed);
+    targets = loom::testing::random_ids(2, t, c.vocab_size, data_seed + 1);
+    loss = model.loss(ids, targets);
+    autograd::backward(loss);
+    params = params_of(model);
+  }
+  Transformer model;
+  Tensor ids, targets, loss;
+  std::map<std::string, Tensor> params;
+};
+
+// m is full's model bit for bit: its logits, its loss and, after its backward, every parameter
+// and gradient.
+inline void expect_is_full_model(const Transformer& m, const FullRun& full) {
+  EXPECT_EQ(m.forward(full.ids).to_vector(), full.model.forward(full.ids).to_vector());
+  const Tensor loss = m.loss(full.ids, full.targets);
+  EXPECT_EQ(loss.item(), full.loss.item());
   autograd::backward(loss);
   for (auto& [name, p] : m.named_parameters()) {
-    EXPECT_EQ(p.to_vector(), fp.at(name).to_vector()) << name;
-    EXPECT_EQ(p.grad().to_vector(), fp.at(name).grad().to_vector()) << name;
+    EXPECT_EQ(p.to_vector(), full.params.at(name).to_vector()) << name;
+    EXPECT_EQ(p.grad().to_vector(), full.params.at(name).grad().to_vector()) << name;
+  }
+}
+
+// A neuron-level factory's errors for a block outside its cover and a hidden size the cover does
+// not have (the latter naming the config key).
+inline void expect_mlp_size_errors(const LinearFactory& f, const ModelConfig& c) {
+  EXPECT_THROW(f.mlp_in(c.n_layer, c.n_embd, c.ffn_hidden_size(), true, DType::kF64, {}), Error);
+  try {
+    f.mlp_out(0, c.ffn_hidden_size() + 1, c.n_embd, true, DType::kF64, {});
+    ADD_FAILURE() << "no error for a hidden size the cover does not have";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("model.ffn_hidden"), std::string::npos) << e.what();
   }
 }
 
