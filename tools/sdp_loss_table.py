@@ -103,6 +103,8 @@ def main():
     ap.add_argument("--batch", type=int, default=4, help="sequences per worker per step")
     ap.add_argument("--out", default="runs/sdp-study")
     ap.add_argument("--only", default="", help="comma-separated schemes to run (default: all)")
+    ap.add_argument("--seed", type=int, default=0,
+                    help="train.seed and data.seed (weights, batch order); 0: the config's")
     args = ap.parse_args()
 
     # The model of --config (the keys the FLOP formula needs), as the trainer reads it.
@@ -136,6 +138,8 @@ def main():
             f"train.out_dir={out_dir}", "logging.tensorboard=false",
             f"optim.warmup_steps={max(1, steps // 10)}",
         ]
+        if args.seed:
+            sets += [f"train.seed={args.seed}", f"data.seed={args.seed}"]
         if scheme != "dp":
             mode, level = scheme.split("-")
             sets += [f"parallel.sdp.mode={mode}", f"parallel.sdp.level={level}",
