@@ -7,7 +7,7 @@
 namespace loom {
 
 CausalSelfAttention::CausalSelfAttention(const ModelConfig& config, DType dtype, Device device,
-                                         const LayerContext& ctx)
+                                         const LayerContext& ctx, int64_t layer)
     : attention_(ctx.attention),
       n_head_(config.n_head),
       n_kv_head_(config.kv_heads()),
@@ -20,10 +20,21 @@ CausalSelfAttention::CausalSelfAttention(const ModelConfig& config, DType dtype,
   LOOM_CHECK(n_head_ % split == 0 && n_kv_head_ % split == 0, "CausalSelfAttention: ", n_head_,
              " query and ", n_kv_head_, " kv heads do not divide by the tensor-parallel size ",
              split);
-  qkv_ = ctx.linear->column(C, {q, kv, kv}, bias, dtype, device);
-  proj_ = ctx.linear->row(q, C, bias, dtype, device);
-  n_head_ /= split;
-  n_kv_head_ /= split;
+  LOOM_CHECK(n_kv_head_ > 0 && n_head_ % n_kv_head_ == 0, "CausalSelfAttention: ", n_head_,
+             " query heads are not a multiple of the ", n_kv_head_, " kv heads (model.n_kv_head)");
+  qkv_ = ctx.linear->attn_in(layer, C, {q, kv, kv}, bias, dtype, device);
+  proj_ = ctx.linear->attn_out(layer, q, C, bias, dtype, device);
+  // Note [Per-block MLP layers]: the heads this rank computes are those of the built qkv layer,
+  // whole kv groups (g query heads, one k and one v head each).
+  const int64_t g = n_head_ / n_kv_head_, group = (g + 2) * D, out = qkv_->weight().size(0);
+  LOOM_CHECK(out > 0 && out % group == 0, "CausalSelfAttention: block ", layer, "'s qkv layer has ",
+             out, " output features, not whole kv groups of ", group, " (", g,
+             " query heads, one k and one v head of ", D, ")");
+  n_kv_head_ = out / group;
+  n_head_ = g * n_kv_head_;
+  LOOM_CHECK(proj_->weight().size(1) == n_head_ * D, "CausalSelfAttention: block ", layer,
+             "'s proj layer takes ", proj_->weight().size(1), " input features, not the ",
+             n_head_ * D, " of its ", n_head_, " query heads");
   register_module("qkv", *qkv_);
   register_module("proj", *proj_);
 }

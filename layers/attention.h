@@ -21,11 +21,13 @@ namespace loom {
 class CausalSelfAttention : public Module {
  public:
   // Sizes from config (n_embd, n_head, kv_heads()); biases for gpt2, none and RoPE for llama.
-  // qkv is a column layer of ctx.linear with segments {q, k, v} (split by heads), proj a row
-  // layer, so this rank computes n_head/s query and kv_heads/s kv heads (s = feature_split());
-  // the heads meet in ctx.attention (layers/build_context.h).
+  // qkv is ctx.linear's attn_in for block `layer` (a column layer with segments {q, k, v},
+  // split by heads), proj its attn_out (a row layer); this rank computes the heads the built
+  // qkv layer's output holds (Note [Per-block MLP layers] in layers/build_context.h: n_head/s
+  // query and kv_heads/s kv heads under a split s = feature_split()); the heads meet in
+  // ctx.attention (layers/build_context.h).
   CausalSelfAttention(const ModelConfig& config, DType dtype = DType::kF32, Device device = {},
-                      const LayerContext& ctx = {});
+                      const LayerContext& ctx = {}, int64_t layer = 0);
   // x (B, T, C); positions (T) integer: the global index of each token, or with packed documents
   // its index in its document (used by RoPE; ignored without it); doc_start (T) i32 on the
   // device or undefined: packed documents, attention kept inside each (Note [Packed documents]

@@ -43,7 +43,7 @@ Block::Block(const ModelConfig& config, DType dtype, Device device, const LayerC
       residual_scale_(ctx.blocks ? ctx.blocks->residual_scale : 1.0),
       layout_(ctx.layout),
       norm1_(make_norm(config, dtype, device, ctx)),
-      attn_(config, dtype, device, ctx),
+      attn_(config, dtype, device, ctx, layer),
       norm2_(make_norm(config, dtype, device, ctx)),
       mlp_(make_mlp(config, dtype, device, ctx, layer)) {
   LOOM_CHECK(std::isfinite(residual_scale_) && residual_scale_ > 0,

@@ -56,6 +56,17 @@ std::unique_ptr<LinearLayer> LinearFactory::mlp_out(int64_t, int64_t hidden, int
   return row(hidden, out, bias, dtype, device);
 }
 
+std::unique_ptr<LinearLayer> LinearFactory::attn_in(int64_t, int64_t in,
+                                                    const std::vector<int64_t>& segments, bool bias,
+                                                    DType dtype, Device device) const {
+  return column(in, segments, bias, dtype, device);
+}
+
+std::unique_ptr<LinearLayer> LinearFactory::attn_out(int64_t, int64_t in, int64_t out, bool bias,
+                                                     DType dtype, Device device) const {
+  return row(in, out, bias, dtype, device);
+}
+
 std::shared_ptr<const LinearFactory> single_device_linear() {
   static const std::shared_ptr<const LinearFactory> kLinear =
       std::make_shared<const SingleDeviceLinear>();

@@ -33,8 +33,16 @@
 // block's index, rather than from column / row: a scheme that splits each block's hidden units
 // differently (SDP's forward masking keeps worker w's units of block l, parallel/sdp/
 // packed_layers.h) needs to know which block it builds for, and counting calls in construction
-// order would tie the factory to one model's build order. Factories that split every layer alike
-// (one device, tensor parallelism) keep the defaults.
+// order would tie the factory to one model's build order. The attention's two layers come the
+// same way from attn_in (the fused qkv column layer, segments {q, k, v}) and attn_out (proj),
+// so a scheme may keep different heads per block (SDP's heads option, Note [SDP packed heads]).
+// The attention then reads how many heads this rank computes from the built qkv layer: with
+// g = n_head / n_kv_head query heads per kv head and head dim D, a qkv layer of `out` local
+// output features computes out / ((g + 2)·D) kv heads and g times as many query heads, in
+// Note [Fused qkv layout]'s order restricted to them (q rows, then k, then v); for the column
+// split of tensor parallelism that is n_head / feature_split() and kv_heads / feature_split(),
+// as before. Factories that split every layer alike (one device, tensor parallelism) keep the
+// defaults (column / row).
 //
 // Note [Block selection]: a scheme may build a model of which this rank holds only some of the
 // transformer blocks (SDP at the block level: worker w trains C·n_layer of them, parallel/sdp/
@@ -127,6 +135,16 @@ class LinearFactory {
                                               DType dtype, Device device) const;
   virtual std::unique_ptr<LinearLayer> mlp_out(int64_t layer, int64_t hidden, int64_t out,
                                                bool bias, DType dtype, Device device) const;
+  // The attention of block `layer` (Note [Per-block MLP layers]): the fused qkv projection
+  // (in → segments {q, k, v}, a column layer; its local output features must be whole kv
+  // groups of q, k and v rows, in that order) and the output projection (proj: in → out, a row
+  // layer over the query heads the qkv layer computes). By default column(in, segments, …) and
+  // row(in, out, …).
+  virtual std::unique_ptr<LinearLayer> attn_in(int64_t layer, int64_t in,
+                                               const std::vector<int64_t>& segments, bool bias,
+                                               DType dtype, Device device) const;
+  virtual std::unique_ptr<LinearLayer> attn_out(int64_t layer, int64_t in, int64_t out, bool bias,
+                                                DType dtype, Device device) const;
   // Vocab table (rows split); output as a row layer's.
   virtual std::unique_ptr<EmbeddingLayer> vocab_embedding(int64_t rows, int64_t dim, DType dtype,
                                                           Device device) const = 0;

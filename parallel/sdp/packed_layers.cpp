@@ -1,6 +1,7 @@
-// parallel/sdp/packed_layers.cpp — the packed MLP layers and forward masking's factory, the split
-// MLP layers and backward masking's factory (see the header, Notes [SDP packed MLP], [SDP packed
-// init], [SDP placements], [SDP backward masking layers], [SDP frozen parameters]).
+// parallel/sdp/packed_layers.cpp — the packed MLP layers and forward masking's factory (with its
+// heads option), the split MLP layers and backward masking's factory (see the header, Notes [SDP
+// packed MLP], [SDP packed heads], [SDP packed init], [SDP placements], [SDP backward masking
+// layers], [SDP frozen parameters]).
 #include "parallel/sdp/packed_layers.h"
 
 #include <algorithm>
@@ -221,8 +222,18 @@ std::unique_ptr<EmbeddingLayer> NeuronMaskingLinear::vocab_embedding(int64_t row
   return plain_->vocab_embedding(rows, dim, dtype, device);
 }
 
-ForwardMaskingLinear::ForwardMaskingLinear(NeuronAssignment assignment, int worker)
-    : NeuronMaskingLinear(std::move(assignment), worker, "ForwardMaskingLinear") {}
+ForwardMaskingLinear::ForwardMaskingLinear(NeuronAssignment assignment, int worker,
+                                           std::optional<NeuronAssignment> heads)
+    : NeuronMaskingLinear(std::move(assignment), worker, "ForwardMaskingLinear"),
+      heads_(std::move(heads)) {
+  if (!heads_) return;
+  check_worker(*heads_, worker, "ForwardMaskingLinear (heads)");
+  LOOM_CHECK(heads_->workers == this->assignment().workers &&
+                 heads_->replication == this->assignment().replication,
+             "ForwardMaskingLinear: the heads cover has ", heads_->workers, " workers and ",
+             heads_->replication, " holders per unit, the MLP cover ", this->assignment().workers,
+             " and ", this->assignment().replication, ": they must be the same");
+}
 
 double ForwardMaskingLinear::scale() const {
   return static_cast<double>(assignment().workers) / static_cast<double>(assignment().replication);
@@ -242,9 +253,55 @@ std::unique_ptr<LinearLayer> ForwardMaskingLinear::mlp_out(int64_t layer, int64_
                                            dtype, device);
 }
 
-LayerContext forward_masking_context(NeuronAssignment assignment, int worker) {
+const LayerCover& ForwardMaskingLinear::head_cover(int64_t layer) const {
+  const auto n = static_cast<int64_t>(heads_->layers.size());
+  LOOM_CHECK(layer >= 0 && layer < n, "ForwardMaskingLinear: block ", layer,
+             " is outside the SDP heads cover's ", n, " layers (model.n_layer)");
+  return heads_->layers[static_cast<size_t>(layer)];
+}
+
+std::unique_ptr<LinearLayer> ForwardMaskingLinear::attn_in(int64_t layer, int64_t in,
+                                                           const std::vector<int64_t>& segments,
+                                                           bool bias, DType dtype,
+                                                           Device device) const {
+  if (!heads_) return column(in, segments, bias, dtype, device);
+  LOOM_CHECK(segments.size() == 3 && segments[1] == segments[2] && segments[1] > 0 &&
+                 segments[0] % segments[1] == 0,
+             "ForwardMaskingLinear: block ", layer,
+             "'s attention input must be segments {q, k, v} with k = v dividing q");
+  const LayerCover& cover = head_cover(layer);
+  const int64_t q = segments[0], kv = segments[1], groups = cover.units;
+  LOOM_CHECK(kv % groups == 0, "ForwardMaskingLinear: block ", layer, "'s ", kv,
+             " k features are not whole heads of the SDP heads cover's ", groups,
+             " kv groups (model.n_kv_head)");
+  const int64_t d = kv / groups, qd = q / groups;  // per group: qd q rows, d k and d v rows
+  const UnitRanges owned = cover.owned_ranges(worker());
+  UnitRanges rows;  // Note [SDP packed heads]: q, then k, then v rows of the owned groups
+  for (const auto& [u0, u1] : owned) rows.emplace_back(u0 * qd, u1 * qd);
+  for (const auto& [u0, u1] : owned) rows.emplace_back(q + u0 * d, q + u1 * d);
+  for (const auto& [u0, u1] : owned) rows.emplace_back(q + kv + u0 * d, q + kv + u1 * d);
+  return std::make_unique<PackedColumnLinear>(in, q + 2 * kv, std::move(rows), bias, dtype, device);
+}
+
+std::unique_ptr<LinearLayer> ForwardMaskingLinear::attn_out(int64_t layer, int64_t in, int64_t out,
+                                                            bool bias, DType dtype,
+                                                            Device device) const {
+  if (!heads_) return row(in, out, bias, dtype, device);
+  const LayerCover& cover = head_cover(layer);
+  LOOM_CHECK(in % cover.units == 0, "ForwardMaskingLinear: block ", layer, "'s ", in,
+             " query features are not whole heads of the SDP heads cover's ", cover.units,
+             " kv groups (model.n_kv_head)");
+  const int64_t qd = in / cover.units;
+  UnitRanges cols;
+  for (const auto& [u0, u1] : cover.owned_ranges(worker())) cols.emplace_back(u0 * qd, u1 * qd);
+  return std::make_unique<PackedRowLinear>(in, out, std::move(cols), bias, scale(), dtype, device);
+}
+
+LayerContext forward_masking_context(NeuronAssignment assignment, int worker,
+                                     std::optional<NeuronAssignment> heads) {
   LayerContext ctx;
-  ctx.linear = std::make_shared<const ForwardMaskingLinear>(std::move(assignment), worker);
+  ctx.linear =
+      std::make_shared<const ForwardMaskingLinear>(std::move(assignment), worker, std::move(heads));
   return ctx;
 }
 

@@ -5,10 +5,11 @@
 // activations, the gradients and hence the optimiser state really shrink: no mask is multiplied
 // and nothing is communicated in forward or backward. Backward masking (BackwardMaskingLinear,
 // Note [SDP backward masking layers]): the full forward, with weight gradients and parameters
-// only for the owned units. Everything else (attention, embeddings, norms, the head) is built as
-// on one device. This file only builds layers: the gradient sync over holder sets is
-// parallel/sdp/slice_sync.h, and parallel/sdp/sdp_sync.h with train/plan.cpp compose them (Note
-// [SDP plan] in train/plan.h).
+// only for the owned units. Forward masking's heads option packs each block's attention to the
+// kv groups the worker holds of a second cover (Note [SDP packed heads]). Everything else
+// (attention without the heads option, embeddings, norms, the head) is built as on one device. This
+// file only builds layers: the gradient sync over holder sets is parallel/sdp/slice_sync.h, and
+// parallel/sdp/sdp_sync.h with train/plan.cpp compose them (Note [SDP plan] in train/plan.h).
 //
 // Note [SDP packed MLP]: for block l with U hidden units and worker w holding units
 // O = owned_units(w, l) (⌊k·U/N⌋ or ⌈k·U/N⌉ of them, at most two ascending ranges):
@@ -24,6 +25,29 @@
 // plain (LinearLayer::plain), the GPT-2 MLP runs fused, and the model is the single-device one.
 // The scale is for training; evaluating or consolidating the full model uses the full weights,
 // unscaled.
+//
+// Note [SDP packed heads]: the heads option covers each block's attention with a second cover
+// (its own NeuronAssignment, the same N and k, e.g. drawn from seed + 1 so that it differs from
+// the MLP cover) whose units are the block's KV groups: under GQA a kv head with its
+// g = n_head / n_kv_head query heads, under multi-head attention (g = 1) each head. For block l
+// with U = n_kv_head groups of head dim D (Q = U·g·D query rows, K = U·D rows each of k and v)
+// and worker w holding groups [u0, u1) (at most two ranges):
+//   qkv   PackedColumnLinear over the Q + 2K fused rows (Note [Fused qkv layout]) keeping, per
+//         owned range, q rows [u0·g·D, u1·g·D), k rows Q + [u0·D, u1·D) and v rows
+//         Q + K + [u0·D, u1·D): ascending, so its output is [q owned, k owned, v owned], each
+//         in head order, which is exactly how CausalSelfAttention splits a qkv output of
+//         |O|·(g + 2)·D features into |O|·g query and |O| kv heads (Note [Per-block MLP
+//         layers] in layers/build_context.h), and query head j of the packed output belongs to
+//         kv head ⌊j/g⌋ of it, as in the full model; the bias (GPT-2) the same rows;
+//   proj  PackedRowLinear over the owned query heads' Q columns [u0·g·D, u1·g·D), scale
+//         1/C = N/k, the bias whole and added once.
+// Heads do not interact before proj (each query head attends with its own kv head only), so
+// the worker's attention branch is (1/C)·Σ_{owned heads} proj_h(head_h) + b, and the average over
+// the N workers is the full attention's output, by Note [SDP packed MLP]'s argument (every
+// group held by k workers). At coverage 1 the layers keep every row (as three ranges) and are
+// plain: the default attention bit for bit. init draws the full matrices (Note [SDP packed
+// init]). The slices of the packed attention parameters for the sync are head_slices
+// (parallel/sdp/head_slices.h).
 //
 // Note [SDP packed init]: init() draws the full matrix exactly as Linear::init does (one randn
 // of the full shape from the same generator) and keeps the owned rows or columns, so a worker's
@@ -87,6 +111,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -183,24 +208,45 @@ class NeuronMaskingLinear : public LinearFactory {
 
 // Worker `worker`'s factory under forward masking (Note [SDP packed MLP]): mlp_in / mlp_out of
 // block l are packed to the units the worker holds in layer l of `assignment` (whose layers are
-// the model's blocks, in order, each covering the block's ffn hidden units); every other layer
-// is the single-device one. The row layers scale by N / k. Errors name the block and the sizes
-// when a block is outside the assignment or its hidden size differs from the cover's.
+// the model's blocks, in order, each covering the block's ffn hidden units). With `heads` (the
+// heads option, Note [SDP packed heads]: a cover of each block's kv groups, the same workers and
+// replication as `assignment`) attn_in / attn_out of block l are packed to the kv groups the
+// worker holds in layer l of it; without, the attention is the single-device one. Every other
+// layer is the single-device one. The row layers scale by N / k. Errors name the block and the
+// sizes when a block is outside a cover or its hidden size (kv head count) differs from the
+// cover's.
 class ForwardMaskingLinear final : public NeuronMaskingLinear {
  public:
-  ForwardMaskingLinear(NeuronAssignment assignment, int worker);
+  ForwardMaskingLinear(NeuronAssignment assignment, int worker,
+                       std::optional<NeuronAssignment> heads = {});
   std::unique_ptr<LinearLayer> mlp_in(int64_t layer, int64_t in, int64_t hidden, bool bias,
                                       DType dtype, Device device) const override;
   std::unique_ptr<LinearLayer> mlp_out(int64_t layer, int64_t hidden, int64_t out, bool bias,
                                        DType dtype, Device device) const override;
+  // segments {q, k, v} (q = g·k): the owned kv groups' q, k and v rows.
+  std::unique_ptr<LinearLayer> attn_in(int64_t layer, int64_t in,
+                                       const std::vector<int64_t>& segments, bool bias, DType dtype,
+                                       Device device) const override;
+  // in = q: the owned query heads' columns, scaled by N / k.
+  std::unique_ptr<LinearLayer> attn_out(int64_t layer, int64_t in, int64_t out, bool bias,
+                                        DType dtype, Device device) const override;
 
   // 1/C = N / k: the row layers' scale.
   double scale() const;
+  // The heads cover, or null without the heads option.
+  const NeuronAssignment* heads() const { return heads_ ? &*heads_ : nullptr; }
+
+ private:
+  // Layer `layer` of the heads cover (checked to be one of its layers).
+  const LayerCover& head_cover(int64_t layer) const;
+
+  std::optional<NeuronAssignment> heads_;
 };
 
 // A default LayerContext (one device) whose linear factory is worker `worker`'s
-// ForwardMaskingLinear.
-LayerContext forward_masking_context(NeuronAssignment assignment, int worker);
+// ForwardMaskingLinear (with the heads cover `heads`, if given).
+LayerContext forward_masking_context(NeuronAssignment assignment, int worker,
+                                     std::optional<NeuronAssignment> heads = {});
 
 // What the backward-masked layers share (Note [SDP backward masking layers]): the owned units
 // (the registered parameters'), the unowned ones (the frozen tensors'), the registered weight and

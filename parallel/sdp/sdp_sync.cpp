@@ -11,6 +11,7 @@
 #include "core/error.h"
 #include "core/ops/view.h"
 #include "optim/clip.h"
+#include "parallel/sdp/head_slices.h"
 #include "parallel/sdp/packed_layers.h"
 
 namespace loom::parallel::sdp {
@@ -40,6 +41,7 @@ std::vector<SdpSliceSpec> sdp_slices(const NeuronAssignment& cover, int worker,
   int64_t packed_per_block = 0;
   for (size_t i = 0; i < params.size(); ++i) {
     if (params[i].second.placement().split_over(kAxisSdp) == nullptr) continue;
+    if (is_packed_head_parameter(params[i].first)) continue;  // head_slices' (heads option)
     const int64_t l = block_of(params[i].first);
     LOOM_CHECK(l >= 0 && l < n_layer, "SDP: packed parameter '", params[i].first,
                "' is not in a block of the cover (", n_layer, " layers)");
@@ -57,6 +59,7 @@ std::vector<SdpSliceSpec> sdp_slices(const NeuronAssignment& cover, int worker,
       out.push_back({next_replicated++, i, 0, 0, -1, all});
       continue;
     }
+    if (is_packed_head_parameter(name)) continue;  // the heads option's: head_slices lists them
     const int64_t l = block_of(name);
     const LayerCover& layer = cover.layers[static_cast<size_t>(l)];
     for (int s = 0; s < static_cast<int>(layer.slices.size()); ++s) {

@@ -79,8 +79,10 @@ struct SdpSliceSpec {
 // parameters are recognised by their split over kAxisSdp, their block by the "blocks.<l>."
 // prefix), in ascending id. `held`: the packed runs are the worker's own units (its trained
 // parameters), else the units it does not hold (backward masking's frozen copies, listed in the
-// same parameter order as the trained ones, so the ids agree). Pure: unit-testable without
-// communication. Errors name the parameter when a packed run does not cover whole slices.
+// same parameter order as the trained ones, so the ids agree). The attention parameters packed
+// by forward masking's heads option (is_packed_head_parameter) are left out: they follow the
+// heads cover, and head_slices (parallel/sdp/head_slices.h) lists them. Pure: unit-testable
+// without communication. Errors name the parameter when a packed run does not cover whole slices.
 std::vector<SdpSliceSpec> sdp_slices(const NeuronAssignment& cover, int worker,
                                      const std::vector<std::pair<std::string, Tensor>>& params,
                                      bool held = true);
