@@ -85,8 +85,11 @@ def full_loss(args, out_dir, step):
     if not os.path.isdir(ckpt):
         return None
     cmd = [os.path.join(args.build, "bin", "train"), "--config", args.config, "--eval"]
-    for s in [f"model.init_from={ckpt}", f"data.batch_size={args.batch}", "train.val_steps=20",
-              f"train.out_dir={os.path.join(out_dir, 'full_eval')}"]:
+    sets = [f"model.init_from={ckpt}", f"data.batch_size={args.batch}", "train.val_steps=20",
+            f"train.out_dir={os.path.join(out_dir, 'full_eval')}"]
+    if args.seed:
+        sets.append(f"data.seed={args.seed}")  # the run's validation batches
+    for s in sets:
         cmd += ["--set", s]
     out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
     return float(out.strip().split("val loss ")[-1])
@@ -103,6 +106,8 @@ def main():
     ap.add_argument("--batch", type=int, default=4, help="sequences per worker per step")
     ap.add_argument("--out", default="runs/sdp-study")
     ap.add_argument("--only", default="", help="comma-separated schemes to run (default: all)")
+    ap.add_argument("--reuse", action="store_true",
+                    help="skip a run whose metrics.jsonl exists (re-evaluate its checkpoints)")
     ap.add_argument("--seed", type=int, default=0,
                     help="train.seed and data.seed (weights, batch order); 0: the config's")
     args = ap.parse_args()
@@ -152,7 +157,8 @@ def main():
         print(f"{scheme}: {steps} steps, {f / 1e6:.2f} MFLOP/token (dp {dp_flops / 1e6:.2f})",
               file=sys.stderr)
         print(" ".join(cmd), file=sys.stderr)
-        subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
+        if not (args.reuse and os.path.exists(os.path.join(out_dir, "metrics.jsonl"))):
+            subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
         val = read_val(os.path.join(out_dir, "metrics.jsonl"))
         # val_every = every[0] evaluates at its multiples; take the one nearest each point.
         got = []
