@@ -114,6 +114,7 @@ void visit_fields(Config& c, V&& v) {
   v("parallel.sdp", "coverage", p.sdp.coverage);
   v("parallel.sdp", "seed", p.sdp.seed);
   v("parallel.sdp", "workers", p.sdp.workers);
+  v("parallel.sdp", "heads", p.sdp.heads);
 }
 
 // Note [Nested sections]: a section name with a dot ("parallel.sdp") is a mapping under its
@@ -369,6 +370,16 @@ void validate_sdp_config(const Config& c) {
   o.workers = static_cast<int>(n);
   o.coverage = s.coverage;
   o.seed = static_cast<uint64_t>(s.seed);
+  require(!s.heads || (s.mode == "forward" && s.level == "neuron"),
+          "parallel.sdp.heads: attention heads are covered at the neuron level under forward "
+          "masking only (got mode " +
+              s.mode + ", level " + s.level + ")");
+  if (s.heads) {  // a cover of each block's KV groups, drawn with seed + 1 (train/plan.cpp)
+    const std::vector<int64_t> groups(static_cast<size_t>(c.model.n_layer), c.model.kv_heads());
+    parallel::sdp::CoverOptions h = o;
+    h.seed += 1;
+    parallel::sdp::assign_neurons(h, groups, "model.n_kv_head");
+  }
   if (s.level == "block") {
     parallel::sdp::assign_blocks(o, c.model.n_layer);  // ConfigError naming the keys
   } else {

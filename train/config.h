@@ -94,6 +94,7 @@ struct SdpConfig {
   double coverage = 1.0;         // C: the fraction of each layer's units a worker holds
   int64_t seed = 0;              // the cover's draw
   int64_t workers = 0;           // N, the SDP group; 0: parallel.dp (dp / N data-parallel copies)
+  bool heads = false;            // neuron level, forward masking: attention heads covered too
 };
 
 struct ParallelConfig {

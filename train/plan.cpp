@@ -3,6 +3,7 @@
 // reductions, the optimizer state.
 #include "train/plan.h"
 
+#include <optional>
 #include <sstream>
 
 #include "core/ops/view.h"
@@ -32,6 +33,16 @@ parallel::sdp::NeuronAssignment neuron_cover(const Config& cfg) {
       sdp_cover_options(cfg),
       std::vector<int64_t>(static_cast<size_t>(cfg.model.n_layer), cfg.model.ffn_hidden_size()));
 }
+// The heads option's cover of each block's KV groups, drawn with seed + 1 so that it differs
+// from the MLP's.
+std::optional<parallel::sdp::NeuronAssignment> heads_cover(const Config& cfg) {
+  if (!cfg.parallel.sdp.heads) return std::nullopt;
+  parallel::sdp::CoverOptions o = sdp_cover_options(cfg);
+  o.seed += 1;
+  return parallel::sdp::assign_neurons(
+      o, std::vector<int64_t>(static_cast<size_t>(cfg.model.n_layer), cfg.model.kv_heads()),
+      "model.n_kv_head");
+}
 parallel::sdp::BlockAssignment block_cover(const Config& cfg) {
   return parallel::sdp::assign_blocks(sdp_cover_options(cfg), cfg.model.n_layer);
 }
@@ -42,8 +53,9 @@ bool sdp_forward(const Config& cfg) { return cfg.parallel.sdp.mode == "forward";
 LayerContext sdp_layer_context(const Config& cfg, int worker) {
   if (sdp_blocks(cfg))
     return parallel::sdp::block_masking_context(block_cover(cfg), worker, sdp_forward(cfg));
-  return sdp_forward(cfg) ? parallel::sdp::forward_masking_context(neuron_cover(cfg), worker)
-                          : parallel::sdp::backward_masking_context(neuron_cover(cfg), worker);
+  return sdp_forward(cfg)
+             ? parallel::sdp::forward_masking_context(neuron_cover(cfg), worker, heads_cover(cfg))
+             : parallel::sdp::backward_masking_context(neuron_cover(cfg), worker);
 }
 
 // What SdpSync needs (Note [SDP setup] in parallel/sdp/sdp_sync.h), once the model is built and
@@ -70,8 +82,9 @@ parallel::sdp::SdpSetup sdp_setup(TrainPlan& plan, const Config& cfg, int worker
     LOOM_CHECK(f != nullptr, "SDP: backward masking's model was not built with its factory");
     frozen = parallel::sdp::frozen_parameters(*f, all);
   }
+  const std::optional<parallel::sdp::NeuronAssignment> heads = heads_cover(cfg);
   return parallel::sdp::neuron_setup(neuron_cover(cfg), worker, plan.trained(), std::move(frozen),
-                                     sdp_forward(cfg));
+                                     sdp_forward(cfg), heads ? &*heads : nullptr);
 }
 
 // 1. Tensor, sequence and context parallelism: the model's layers built with the mesh's

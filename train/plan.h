@@ -99,7 +99,8 @@ struct TrainPlan {
 // Note [SDP plan]: with parallel.sdp.mode forward or backward, dp rank d is worker d mod N of
 // an SDP group of N = parallel.sdp.workers ranks (Note [SDP replicas] in parallel/sdp/sdp_sync.h)
 // and the model is built with that worker's context: at the neuron level forward masking packs
-// the blocks' MLPs to the units it holds (parallel/sdp/packed_layers.h), backward masking keeps
+// the blocks' MLPs to the units it holds (parallel/sdp/packed_layers.h; with parallel.sdp.heads
+// also each block's attention to the KV groups of a second cover), backward masking keeps
 // the full MLPs with the unheld units as a frozen copy; at the block level (parallel/sdp/
 // block_level.h) forward masking builds only the held blocks, backward masking builds all and
 // freezes the unheld ones here (requires_grad false: trained() leaves them out). There is no

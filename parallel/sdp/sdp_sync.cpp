@@ -93,9 +93,49 @@ Tensor slice_view(const Tensor& full, const SdpSliceSpec& s) {
 
 }  // namespace
 
+// Note [SDP slice ids with heads]: with the heads option a block has MLP slices (sdp_slices: id
+// ((L − 1 − l)·N + s)·P + p, P packed MLP parameters per block, then the replicated ones from
+// L·N·P) and attention slices (head_slices from base 0: ((L − 1 − l)·N + s)·H + h, H pieces per
+// block). Both are renumbered block-major so each block's attention follows its MLP, as backward
+// produces them: with B = N·(P + H) per block, an MLP id becomes b·B + s·P + p, an attention id
+// b·B + N·P + s·H + h (b = L − 1 − l), a replicated one L·B + its index. The formulas use only
+// N, L, P, H (the same on every worker), so every worker renumbers alike.
+namespace {
+
+void merge_head_slices(std::vector<SdpSliceSpec>& slices, const NeuronAssignment& heads, int worker,
+                       const std::vector<std::pair<std::string, Tensor>>& params) {
+  const int64_t n = heads.workers, layers = static_cast<int64_t>(heads.layers.size());
+  const int64_t h = head_slice_id_span(heads, params) / std::max<int64_t>(n * layers, 1);
+  int64_t p = 0;  // packed MLP parameters per block, as sdp_slices counts them
+  for (const auto& [name, t] : params) {
+    if (t.placement().split_over(kAxisSdp) != nullptr && !is_packed_head_parameter(name) &&
+        block_of(name) == 0)
+      ++p;
+  }
+  const int64_t per_block = n * (p + h), mlp_ids = layers * n * p;
+  for (SdpSliceSpec& x : slices) {
+    if (x.id >= mlp_ids) {
+      x.id = layers * per_block + (x.id - mlp_ids);
+    } else {
+      const int64_t b = x.id / (n * p), rest = x.id % (n * p);
+      x.id = b * per_block + rest;
+    }
+  }
+  for (SdpSliceSpec x : head_slices(heads, worker, params, 0)) {
+    const int64_t b = x.id / (n * h), rest = x.id % (n * h);
+    x.id = b * per_block + n * p + rest;
+    slices.push_back(std::move(x));
+  }
+  std::sort(slices.begin(), slices.end(),
+            [](const SdpSliceSpec& a, const SdpSliceSpec& b) { return a.id < b.id; });
+}
+
+}  // namespace
+
 SdpSetup neuron_setup(const NeuronAssignment& cover, int worker,
                       const std::vector<std::pair<std::string, Tensor>>& params,
-                      std::vector<std::pair<std::string, Tensor>> frozen, bool forward_masking) {
+                      std::vector<std::pair<std::string, Tensor>> frozen, bool forward_masking,
+                      const NeuronAssignment* heads) {
   SdpSetup s;
   s.what = std::string(forward_masking ? "forward" : "backward") + " masking, neuron level";
   s.publishes = !forward_masking;
@@ -105,6 +145,7 @@ SdpSetup neuron_setup(const NeuronAssignment& cover, int worker,
   s.slices = sdp_slices(cover, worker, params, true);
   s.frozen_slices = sdp_slices(cover, worker, frozen, false);
   s.frozen = std::move(frozen);
+  if (heads != nullptr) merge_head_slices(s.slices, *heads, worker, params);
   return s;
 }
 

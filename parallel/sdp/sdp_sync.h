@@ -103,11 +103,12 @@ struct SdpSetup {
   std::vector<SdpSliceSpec> frozen_slices;             // of `frozen`, ascending id
 };
 
-// The neuron level: sdp_slices of the trained parameters and of the frozen copies.
+// The neuron level: sdp_slices of the trained parameters and of the frozen copies; with the
+// heads option's cover (forward masking), head_slices too (Note [SDP slice ids with heads]).
 SdpSetup neuron_setup(const NeuronAssignment& cover, int worker,
                       const std::vector<std::pair<std::string, Tensor>>& params,
                       std::vector<std::pair<std::string, Tensor>> frozen = {},
-                      bool forward_masking = true);
+                      bool forward_masking = true, const NeuronAssignment* heads = nullptr);
 
 // One entry of SdpSync::events(): a parameter's grad-ready hook (param = its index) or a slice's
 // launch from a hook (id, and its parameter).

@@ -446,6 +446,17 @@ TEST(Config, SdpKeysNameTheKeys) {
           << mode << " " << level;
     }
   }
+  // parallel.sdp.heads: forward masking at the neuron level only; the KV groups' cover checked.
+  EXPECT_EQ(error_of("", with({"parallel.sdp.mode=backward", "parallel.sdp.heads=true"})),
+            "parallel.sdp.heads: attention heads are covered at the neuron level under forward "
+            "masking only (got mode backward, level neuron)");
+  EXPECT_EQ(error_of("", with({"parallel.sdp.mode=forward", "parallel.sdp.heads=true",
+                               "parallel.sdp.coverage=0.5"})),
+            "");  // the default 12 heads over 4 workers
+  const std::string few =
+      error_of("", with({"parallel.sdp.mode=forward", "parallel.sdp.heads=true",
+                         "parallel.sdp.coverage=0.5", "model.n_head=2", "model.n_embd=64"}));
+  EXPECT_NE(few.find("model.n_kv_head"), std::string::npos) << few;
   const std::string blocks =
       error_of("", {"parallel.dp=4", "parallel.sdp.mode=forward", "parallel.sdp.level=block",
                     "parallel.sdp.coverage=0.5", "model.n_layer=3"});

@@ -38,15 +38,17 @@
 namespace loom::parallel {
 namespace {
 
-std::string model_yaml(const std::string& arch, int n_layer) {
+// `kv_groups` > 0 (the heads option): 8 query heads in that many KV groups (GPT-2: 8 heads).
+std::string model_yaml(const std::string& arch, int n_layer, int kv_groups = 0) {
   const std::string layers = "n_layer: " + std::to_string(n_layer);
   if (arch == "llama") {
-    return "model: {arch: llama, vocab_size: 64, vocab_multiple: 32, " + layers +
-           ", n_head: 2, n_kv_head: 1, n_embd: 32, ffn_multiple: 8, tie_embeddings: false, "
-           "max_seq_len: 16}\n";
+    const std::string heads = kv_groups > 0 ? "n_head: 8, n_kv_head: " + std::to_string(kv_groups)
+                                            : std::string("n_head: 2, n_kv_head: 1");
+    return "model: {arch: llama, vocab_size: 64, vocab_multiple: 32, " + layers + ", " + heads +
+           ", n_embd: 32, ffn_multiple: 8, tie_embeddings: false, max_seq_len: 16}\n";
   }
   return "model: {arch: gpt2, vocab_size: 64, vocab_multiple: 32, " + layers +
-         ", n_head: 2, n_embd: 32, max_seq_len: 16}\n";
+         ", n_head: " + std::to_string(kv_groups > 0 ? 8 : 2) + ", n_embd: 32, max_seq_len: 16}\n";
 }
 
 // mode "none": plain data parallelism (parallel.dp = world, ZeRO 0).
@@ -54,18 +56,20 @@ struct SdpCase {
   std::string arch = "gpt2";
   std::string mode = "forward", level = "neuron";
   double coverage = 1.0;
-  int workers = 0;  // 0: the dp group
+  int workers = 0;    // 0: the dp group
+  int kv_groups = 0;  // > 0: parallel.sdp.heads, a model with that many KV groups
   int n_layer() const { return level == "block" ? 4 : 2; }
   std::string tag() const {
     return arch + "_" + mode + "_" + level + "_" +
-           std::to_string(static_cast<int>(coverage * 100)) + "_w" + std::to_string(workers);
+           std::to_string(static_cast<int>(coverage * 100)) + "_w" + std::to_string(workers) +
+           (kv_groups > 0 ? "_heads" : "");
   }
 };
 
 Config config_for(const std::string& dir, const std::string& out, const SdpCase& c, int dp,
                   int64_t steps = 3, int64_t grad_accum = 1, int64_t checkpoint_every = 0) {
   std::ostringstream y;
-  y << model_yaml(c.arch, c.n_layer()) << "data: {train: " << dir
+  y << model_yaml(c.arch, c.n_layer(), c.kv_groups) << "data: {train: " << dir
     << "/data/train_*.bin, val: " << dir << "/data/train_*.bin, batch_size: 2, seq_len: 16}\n"
     << "optim: {lr: 1.0e-2, min_lr: 1.0e-3, warmup_steps: 2, eps: 1.0e-6, grad_clip: 0.5, "
     << "grad_accum: " << grad_accum << "}\n"
@@ -79,7 +83,8 @@ Config config_for(const std::string& dir, const std::string& out, const SdpCase&
     << "parallel: {dp: " << dp << ", zero_stage: 0, bucket_mb: 0.01";
   if (c.mode != "none") {
     y << ", sdp: {mode: " << c.mode << ", level: " << c.level << ", coverage: " << c.coverage
-      << ", seed: 5, workers: " << c.workers << "}";
+      << ", seed: 5, workers: " << c.workers << ", heads: " << (c.kv_groups > 0 ? "true" : "false")
+      << "}";
   }
   y << "}\n";
   return parse_config_text(y.str());
@@ -171,8 +176,47 @@ struct Mapped {
 
 // Maps (name, t) to global indices: at the neuron level a packed dim's local index i is the
 // i-th of `units` (the worker's owned units for a trained tensor, the others for a frozen copy).
+// With the heads option the attention's qkv rows (q, k, v of the held KV groups) and proj
+// columns (their query heads) map through the heads cover (Note [SDP packed heads]).
+Mapped map_head_tensor(const std::string& name, const Tensor& t, const ModelConfig& mc,
+                       const sdp::NeuronAssignment& heads, int worker) {
+  Mapped m{name, t, {}, 0, true};
+  const int64_t groups = mc.kv_heads(), g = mc.n_head / groups, d = mc.n_embd / mc.n_head;
+  const int64_t q_rows = groups * g * d, kv_rows = groups * d;
+  const std::vector<int64_t> owned =
+      heads.layers[static_cast<size_t>(block_of(name))].owned_units(worker);
+  std::vector<int64_t> rows;  // the global rows (qkv) or columns (proj) held, in local order
+  for (int64_t u : owned)
+    for (int64_t i = 0; i < g * d; ++i) rows.push_back(u * g * d + i);
+  if (!name.ends_with(".attn.proj.weight")) {
+    for (int64_t base : {q_rows, q_rows + kv_rows})
+      for (int64_t u : owned)
+        for (int64_t i = 0; i < d; ++i) rows.push_back(base + u * d + i);
+  }
+  const Shape shape = t.shape();
+  const int64_t local = static_cast<int64_t>(rows.size());
+  if (name.ends_with(".attn.proj.weight")) {  // (C, q held): columns
+    EXPECT_EQ(shape[1], local) << name;
+    m.global_numel = shape[0] * q_rows;
+    for (int64_t o = 0; o < shape[0]; ++o)
+      for (int64_t j = 0; j < local; ++j)
+        m.global.push_back(o * q_rows + rows[static_cast<size_t>(j)]);
+    return m;
+  }
+  EXPECT_EQ(shape[0], local) << name;
+  const int64_t inner = shape.size() > 1 ? shape[1] : 1;
+  m.global_numel = (q_rows + 2 * kv_rows) * inner;
+  for (int64_t r : rows)
+    for (int64_t k = 0; k < inner; ++k) m.global.push_back(r * inner + k);
+  return m;
+}
+
 Mapped map_tensor(const std::string& name, const Tensor& t, const SdpCase& c,
-                  const sdp::NeuronAssignment* cover, int worker, bool frozen) {
+                  const sdp::NeuronAssignment* cover, int worker, bool frozen,
+                  const sdp::NeuronAssignment* heads = nullptr, const ModelConfig* mc = nullptr) {
+  if (heads != nullptr && (name.ends_with(".attn.qkv.weight") || name.ends_with(".attn.qkv.bias") ||
+                           name.ends_with(".attn.proj.weight")))
+    return map_head_tensor(name, t, *mc, *heads, worker);
   Mapped m{name, t, {}, t.numel(), false};
   const int64_t dim = c.level == "neuron" ? packed_dim(name) : -1;
   if (c.level == "block") m.split = block_of(name) >= 0;
@@ -219,7 +263,7 @@ void build_rank(RefRank& r, const Config& cfg, const SdpCase& c, int rank, int w
   co.coverage = c.coverage;
   co.seed = static_cast<uint64_t>(cfg.parallel.sdp.seed);
   const bool forward = c.mode == "forward";
-  std::unique_ptr<sdp::NeuronAssignment> cover;
+  std::unique_ptr<sdp::NeuronAssignment> cover, heads;
   std::unique_ptr<sdp::BlockAssignment> blocks;
   if (c.level == "block") {
     blocks = std::make_unique<sdp::BlockAssignment>(sdp::assign_blocks(co, cfg.model.n_layer));
@@ -228,7 +272,15 @@ void build_rank(RefRank& r, const Config& cfg, const SdpCase& c, int rank, int w
     cover = std::make_unique<sdp::NeuronAssignment>(sdp::assign_neurons(
         co,
         std::vector<int64_t>(static_cast<size_t>(cfg.model.n_layer), cfg.model.ffn_hidden_size())));
-    r.layers = forward ? sdp::forward_masking_context(*cover, w)
+    std::optional<sdp::NeuronAssignment> head_cover;
+    if (c.kv_groups > 0) {  // the heads option: KV groups, drawn with seed + 1 (train/plan.cpp)
+      sdp::CoverOptions ho = co;
+      ho.seed += 1;
+      heads = std::make_unique<sdp::NeuronAssignment>(sdp::assign_neurons(
+          ho, std::vector<int64_t>(static_cast<size_t>(cfg.model.n_layer), c.kv_groups)));
+      head_cover = *heads;
+    }
+    r.layers = forward ? sdp::forward_masking_context(*cover, w, head_cover)
                        : sdp::backward_masking_context(*cover, w);
   }
   r.model = std::make_unique<Transformer>(cfg.model, DType::kF32, Device{}, r.layers);
@@ -240,7 +292,7 @@ void build_rank(RefRank& r, const Config& cfg, const SdpCase& c, int rank, int w
         c.level != "block" || forward || block_of(name) < 0 || blocks->holds(w, block_of(name));
     if (held) {
       trained.emplace_back(name, p);
-      r.trained.push_back(map_tensor(name, p, c, cover.get(), w, false));
+      r.trained.push_back(map_tensor(name, p, c, cover.get(), w, false, heads.get(), &cfg.model));
     } else {
       Tensor f = p;
       f.set_requires_grad(false);
@@ -422,6 +474,20 @@ TEST(TrainSdp, BackwardBlockMatchesTheReference) {
   check_against_reference(half("gpt2", "backward", "block"));
   check_against_reference(half("llama", "backward", "block"));
 }
+// parallel.sdp.heads: the attention's KV groups covered too (forward masking, neuron level),
+// GPT-2 with 8 heads and Llama with 8 query heads in dp KV groups (GQA at 4 ranks).
+TEST(TrainSdp, HeadsMatchTheReference) {
+  const int d = testing::world_size();
+  for (const char* arch : {"gpt2", "llama"}) {
+    SdpCase c = half(arch, "forward", "neuron");
+    c.kv_groups = std::string(arch) == "gpt2" ? 8 : d;
+    check_against_reference(c);
+  }
+  SdpCase one = half("llama", "forward", "neuron");
+  one.kv_groups = d;
+  expect_coverage_one_is_ddp(one, 1);
+}
+
 TEST(TrainSdp, QuarterCoverageMatchesTheReference) {
   if (testing::world_size() < 8) GTEST_SKIP() << "coverage 1/4 needs k = N/4 >= 2 holders";
   for (const char* mode : {"forward", "backward"}) {
@@ -528,6 +594,9 @@ TEST(TrainSdp, ResumesExactlyAndConsolidates) {
   for (const char* mode : {"forward", "backward"})
     for (const char* level : {"neuron", "block"})
       check_resume_and_consolidation(half("llama", mode, level));
+  SdpCase heads = half("llama", "forward", "neuron");
+  heads.kv_groups = testing::world_size();
+  check_resume_and_consolidation(heads);
 }
 
 }  // namespace
