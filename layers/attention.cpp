@@ -26,15 +26,15 @@ CausalSelfAttention::CausalSelfAttention(const ModelConfig& config, DType dtype,
   proj_ = ctx.linear->attn_out(layer, q, C, bias, dtype, device);
   // Note [Per-block MLP layers]: the heads this rank computes are those of the built qkv layer,
   // whole kv groups (g query heads, one k and one v head each).
-  const int64_t g = n_head_ / n_kv_head_, group = (g + 2) * D, out = qkv_->weight().size(0);
+  const int64_t g = n_head_ / n_kv_head_, group = (g + 2) * D, out = qkv_->out_features();
   LOOM_CHECK(out > 0 && out % group == 0, "CausalSelfAttention: block ", layer, "'s qkv layer has ",
              out, " output features, not whole kv groups of ", group, " (", g,
              " query heads, one k and one v head of ", D, ")");
   n_kv_head_ = out / group;
   n_head_ = g * n_kv_head_;
-  LOOM_CHECK(proj_->weight().size(1) == n_head_ * D, "CausalSelfAttention: block ", layer,
-             "'s proj layer takes ", proj_->weight().size(1), " input features, not the ",
-             n_head_ * D, " of its ", n_head_, " query heads");
+  LOOM_CHECK(proj_->in_features() == n_head_ * D, "CausalSelfAttention: block ", layer,
+             "'s proj layer takes ", proj_->in_features(), " input features, not the ", n_head_ * D,
+             " of its ", n_head_, " query heads");
   register_module("qkv", *qkv_);
   register_module("proj", *proj_);
 }

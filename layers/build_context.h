@@ -38,11 +38,11 @@
 // so a scheme may keep different heads per block (SDP's heads option, Note [SDP packed heads]).
 // The attention then reads how many heads this rank computes from the built qkv layer: with
 // g = n_head / n_kv_head query heads per kv head and head dim D, a qkv layer of `out` local
-// output features computes out / ((g + 2)·D) kv heads and g times as many query heads, in
-// Note [Fused qkv layout]'s order restricted to them (q rows, then k, then v); for the column
-// split of tensor parallelism that is n_head / feature_split() and kv_heads / feature_split(),
-// as before. Factories that split every layer alike (one device, tensor parallelism) keep the
-// defaults (column / row).
+// output features (LinearLayer::out_features) computes out / ((g + 2)·D) kv heads and g times as
+// many query heads, in Note [Fused qkv layout]'s order restricted to them (q rows, then k, then v);
+// for the column split of tensor parallelism that is n_head / feature_split() and kv_heads /
+// feature_split(), as before. Factories that split every layer alike (one device, tensor
+// parallelism) keep the defaults (column / row).
 //
 // Note [Block selection]: a scheme may build a model of which this rank holds only some of the
 // transformer blocks (SDP at the block level: worker w trains C·n_layer of them, parallel/sdp/
@@ -101,6 +101,12 @@ class LinearLayer : public Module {
   // Whether forward() is exactly ops::linear(x, compute(weight()), compute(bias())) with no
   // communication or masking, so a caller may fuse it with its neighbours (the GELU MLP).
   virtual bool plain() const { return false; }
+  // The features this rank's layer outputs (takes): the rows (columns) of its weight, unless
+  // a layer computes with more than its registered weight (SDP's backward-masked layers also
+  // multiply by a frozen part, parallel/sdp/packed_layers.h), which overrides them. The
+  // attention reads its local head counts from these (Note [Per-block MLP layers]).
+  virtual int64_t out_features() const { return weight().size(0); }
+  virtual int64_t in_features() const { return weight().size(1); }
 };
 
 // A (rows, dim) lookup table over some split of its rows.

@@ -82,7 +82,7 @@ int64_t head_slice_id_span(const NeuronAssignment& heads,
 
 std::vector<SdpSliceSpec> head_slices(const NeuronAssignment& heads, int worker,
                                       const std::vector<std::pair<std::string, Tensor>>& params,
-                                      int64_t id_base) {
+                                      int64_t id_base, bool held) {
   LOOM_CHECK(worker >= 0 && worker < heads.workers, "SDP heads: worker ", worker, " outside the ",
              heads.workers, " SDP workers");
   const auto n_layer = static_cast<int64_t>(heads.layers.size());
@@ -115,7 +115,7 @@ std::vector<SdpSliceSpec> head_slices(const NeuronAssignment& heads, int worker,
       const bool qkv = is_qkv(name);
       for (int s = 0; s < static_cast<int>(cover.slices.size()); ++s) {
         const UnitSlice& us = cover.slices[static_cast<size_t>(s)];
-        if (us.size() == 0 || !cover.holds(worker, s)) continue;
+        if (us.size() == 0 || cover.holds(worker, s) != held) continue;
         std::vector<std::pair<int64_t, int64_t>> pieces = {{us.begin * qd, us.end * qd}};
         if (qkv) {
           pieces.emplace_back(q_rows + us.begin * d, q_rows + us.end * d);
@@ -136,7 +136,8 @@ std::vector<SdpSliceSpec> head_slices(const NeuronAssignment& heads, int worker,
           }
           LOOM_CHECK(found, "SDP heads: attention parameter '", name, "' does not hold [", begin,
                      ", ", end, ") of slice ", s, " (kv groups [", us.begin, ", ", us.end,
-                     ")) of block ", l, " that worker ", worker, " holds");
+                     ")) of block ", l, " that worker ", worker,
+                     held ? " holds" : " keeps a frozen copy of");
         }
       }
       position += pieces_of(name);

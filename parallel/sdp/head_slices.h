@@ -1,11 +1,13 @@
-// parallel/sdp/head_slices.h — the gradient-sync slices of forward masking's packed attention
-// (the heads option, Note [SDP packed heads] in parallel/sdp/packed_layers.h): for each block
-// and each slice of the heads cover that a worker holds, the pieces of the block's packed qkv
-// weight (and bias) and proj weight that hold the slice's kv groups, with the slice's holders
-// and a global id. Pure: unit-testable without communication. The MLP's and the replicated
-// parameters' slices are sdp_slices' (parallel/sdp/sdp_sync.h), which leaves the packed
-// attention parameters to this list; the caller joins the two, giving this list an id base past
-// the other's ids.
+// parallel/sdp/head_slices.h — the gradient-sync slices of the heads option's packed attention
+// (forward masking, Note [SDP packed heads] in parallel/sdp/packed_layers.h; backward masking's
+// trained part, Note [SDP backward-masked heads]): for each block and each slice of the heads
+// cover that a worker holds, the pieces of the block's packed qkv weight (and bias) and proj
+// weight that hold the slice's kv groups, with the slice's holders and a global id; and, for
+// backward masking's frozen copies (held = false), the pieces of the slices it does not hold,
+// under the holders' ids (the publication's). Pure: unit-testable without communication. The MLP's
+// and the replicated parameters' slices are sdp_slices' (parallel/sdp/sdp_sync.h), which leaves the
+// packed attention parameters to this list; the caller joins the two, giving this list an id base
+// past the other's ids.
 //
 // Note [SDP head slices]: slice s of layer l of the heads cover is kv groups [b, e) of block l.
 // With g query heads per group, head dim D, Q = U·g·D query rows and K = U·D rows each of k and
@@ -23,7 +25,11 @@
 //   id = id_base + ((n_layer − 1 − l)·N + s)·P + p,
 // so the last block's slices come first (backward finishes them first, Note [SDP overlapped
 // sync]) and an id names the same piece on every holder. The ids lie in
-// [id_base, id_base + head_slice_id_span(...)).
+// [id_base, id_base + head_slice_id_span(...)). The frozen copies (frozen_parameters(),
+// parallel/sdp/packed_layers.h: the unheld groups' rows and columns, packed ascending, with
+// their own kAxisSdp placement, the same global shapes) give the same pieces of the slices the
+// worker does not hold: the same p (the frozen list has the same attention parameters in the
+// same order), hence the holders' ids.
 #pragma once
 
 #include <cstdint>
@@ -43,12 +49,14 @@ bool is_packed_head_parameter(const std::string& name);
 
 // The slices of worker `worker`'s packed attention parameters among `params` (its model's
 // named_parameters(), built with the heads cover `heads`), in ascending id (Note [SDP head
-// slices]). Errors name the parameter when a packed attention parameter is not packed over
-// kAxisSdp (a model built without the heads option), is outside the cover's blocks, its block
-// lacks the qkv or proj weight, or a piece is not inside one of its runs.
+// slices]); with held = false, of the slices it does not hold among `params` = its frozen
+// copies (frozen_parameters()), each with its holders (not including `worker`). Errors name the
+// parameter when a packed attention parameter is not packed over kAxisSdp (a model built without
+// the heads option), is outside the cover's blocks, its block lacks the qkv or proj weight, or a
+// piece is not inside one of its runs.
 std::vector<SdpSliceSpec> head_slices(const NeuronAssignment& heads, int worker,
                                       const std::vector<std::pair<std::string, Tensor>>& params,
-                                      int64_t id_base);
+                                      int64_t id_base, bool held = true);
 
 // n_layer·N·P: the number of ids head_slices may use from its base, the same on every worker.
 int64_t head_slice_id_span(const NeuronAssignment& heads,

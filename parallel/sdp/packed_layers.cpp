@@ -1,7 +1,7 @@
 // parallel/sdp/packed_layers.cpp — the packed MLP layers and forward masking's factory (with its
 // heads option), the split MLP layers and backward masking's factory (see the header, Notes [SDP
 // packed MLP], [SDP packed heads], [SDP packed init], [SDP placements], [SDP backward masking
-// layers], [SDP frozen parameters]).
+// layers], [SDP backward-masked heads], [SDP frozen parameters]).
 #include "parallel/sdp/packed_layers.h"
 
 #include <algorithm>
@@ -69,15 +69,36 @@ void place_packed(Tensor& t, int64_t dim, int64_t units, const UnitRanges& range
   t.set_placement(std::move(p));
 }
 
-// The units of [0, units) outside `ranges` (ascending, disjoint), as ascending ranges.
-UnitRanges complement(const UnitRanges& ranges, int64_t units) {
+// The units of [from, to) outside `ranges` (ascending, disjoint), as ascending ranges.
+UnitRanges complement(const UnitRanges& ranges, int64_t from, int64_t to) {
   UnitRanges out;
-  int64_t next = 0;
+  int64_t next = from;
   for (const auto& [begin, end] : ranges) {
-    if (begin > next) out.emplace_back(next, begin);
-    next = end;
+    const int64_t b = std::max(begin, from), e = std::min(end, to);
+    if (b >= e) continue;
+    if (b > next) out.emplace_back(next, b);
+    next = e;
   }
-  if (next < units) out.emplace_back(next, units);
+  if (next < to) out.emplace_back(next, to);
+  return out;
+}
+
+// How many units of [from, to) `ranges` hold.
+int64_t count_within(const UnitRanges& ranges, int64_t from, int64_t to) {
+  int64_t n = 0;
+  for (const auto& [begin, end] : ranges)
+    n += std::max<int64_t>(0, std::min(end, to) - std::max(begin, from));
+  return n;
+}
+
+// The parts of the last dim of y of the given sizes (views; none for a size 0).
+std::vector<Tensor> parts_of(const Tensor& y, const std::vector<int64_t>& sizes) {
+  std::vector<Tensor> out;
+  int64_t at = 0;
+  for (int64_t n : sizes) {
+    out.push_back(n > 0 ? ops::narrow(y, y.dim() - 1, at, n) : Tensor());
+    at += n;
+  }
   return out;
 }
 
@@ -192,12 +213,60 @@ void PackedRowLinear::init(Generator& gen, double std) {
 
 void PackedRowLinear::zero_rows_from(int64_t global_row) { zero_rows(weight_, global_row); }
 
-NeuronMaskingLinear::NeuronMaskingLinear(NeuronAssignment assignment, int worker, const char* what)
+NeuronMaskingLinear::NeuronMaskingLinear(NeuronAssignment assignment, int worker, const char* what,
+                                         std::optional<NeuronAssignment> heads)
     : assignment_(std::move(assignment)),
       worker_(worker),
       what_(what),
-      plain_(single_device_linear()) {
+      plain_(single_device_linear()),
+      heads_(std::move(heads)) {
   check_worker(assignment_, worker_, what_);
+  if (!heads_) return;
+  check_worker(*heads_, worker, what_);
+  LOOM_CHECK(
+      heads_->workers == assignment_.workers && heads_->replication == assignment_.replication,
+      what_, ": the heads cover has ", heads_->workers, " workers and ", heads_->replication,
+      " holders per unit, the MLP cover ", assignment_.workers, " and ", assignment_.replication,
+      ": they must be the same");
+}
+
+const LayerCover& NeuronMaskingLinear::head_cover(int64_t layer) const {
+  LOOM_CHECK(heads_, what_, ": block ", layer, " has no heads cover");
+  const auto n = static_cast<int64_t>(heads_->layers.size());
+  LOOM_CHECK(layer >= 0 && layer < n, what_, ": block ", layer,
+             " is outside the SDP heads cover's ", n, " layers (model.n_layer)");
+  return heads_->layers[static_cast<size_t>(layer)];
+}
+
+UnitRanges NeuronMaskingLinear::head_rows(int64_t layer,
+                                          const std::vector<int64_t>& segments) const {
+  LOOM_CHECK(segments.size() == 3 && segments[1] == segments[2] && segments[1] > 0 &&
+                 segments[0] % segments[1] == 0,
+             what_, ": block ", layer,
+             "'s attention input must be segments {q, k, v} with k = v dividing q");
+  const LayerCover& cover = head_cover(layer);
+  const int64_t q = segments[0], kv = segments[1], groups = cover.units;
+  LOOM_CHECK(kv % groups == 0, what_, ": block ", layer, "'s ", kv,
+             " k features are not whole heads of the SDP heads cover's ", groups,
+             " kv groups (model.n_kv_head)");
+  const int64_t d = kv / groups, qd = q / groups;  // per group: qd q rows, d k and d v rows
+  const UnitRanges owned = cover.owned_ranges(worker());
+  UnitRanges rows;  // Note [SDP packed heads]: q, then k, then v rows of the owned groups
+  for (const auto& [u0, u1] : owned) rows.emplace_back(u0 * qd, u1 * qd);
+  for (const auto& [u0, u1] : owned) rows.emplace_back(q + u0 * d, q + u1 * d);
+  for (const auto& [u0, u1] : owned) rows.emplace_back(q + kv + u0 * d, q + kv + u1 * d);
+  return rows;
+}
+
+UnitRanges NeuronMaskingLinear::head_columns(int64_t layer, int64_t in) const {
+  const LayerCover& cover = head_cover(layer);
+  LOOM_CHECK(in % cover.units == 0, what_, ": block ", layer, "'s ", in,
+             " query features are not whole heads of the SDP heads cover's ", cover.units,
+             " kv groups (model.n_kv_head)");
+  const int64_t qd = in / cover.units;
+  UnitRanges cols;
+  for (const auto& [u0, u1] : cover.owned_ranges(worker())) cols.emplace_back(u0 * qd, u1 * qd);
+  return cols;
 }
 
 UnitRanges NeuronMaskingLinear::owned_ranges(int64_t layer, int64_t hidden) const {
@@ -224,15 +293,7 @@ std::unique_ptr<EmbeddingLayer> NeuronMaskingLinear::vocab_embedding(int64_t row
 
 ForwardMaskingLinear::ForwardMaskingLinear(NeuronAssignment assignment, int worker,
                                            std::optional<NeuronAssignment> heads)
-    : NeuronMaskingLinear(std::move(assignment), worker, "ForwardMaskingLinear"),
-      heads_(std::move(heads)) {
-  if (!heads_) return;
-  check_worker(*heads_, worker, "ForwardMaskingLinear (heads)");
-  LOOM_CHECK(heads_->workers == this->assignment().workers &&
-                 heads_->replication == this->assignment().replication,
-             "ForwardMaskingLinear: the heads cover has ", heads_->workers, " workers and ",
-             heads_->replication, " holders per unit, the MLP cover ", this->assignment().workers,
-             " and ", this->assignment().replication, ": they must be the same");
+    : NeuronMaskingLinear(std::move(assignment), worker, "ForwardMaskingLinear", std::move(heads)) {
 }
 
 double ForwardMaskingLinear::scale() const {
@@ -253,48 +314,22 @@ std::unique_ptr<LinearLayer> ForwardMaskingLinear::mlp_out(int64_t layer, int64_
                                            dtype, device);
 }
 
-const LayerCover& ForwardMaskingLinear::head_cover(int64_t layer) const {
-  const auto n = static_cast<int64_t>(heads_->layers.size());
-  LOOM_CHECK(layer >= 0 && layer < n, "ForwardMaskingLinear: block ", layer,
-             " is outside the SDP heads cover's ", n, " layers (model.n_layer)");
-  return heads_->layers[static_cast<size_t>(layer)];
-}
-
 std::unique_ptr<LinearLayer> ForwardMaskingLinear::attn_in(int64_t layer, int64_t in,
                                                            const std::vector<int64_t>& segments,
                                                            bool bias, DType dtype,
                                                            Device device) const {
-  if (!heads_) return column(in, segments, bias, dtype, device);
-  LOOM_CHECK(segments.size() == 3 && segments[1] == segments[2] && segments[1] > 0 &&
-                 segments[0] % segments[1] == 0,
-             "ForwardMaskingLinear: block ", layer,
-             "'s attention input must be segments {q, k, v} with k = v dividing q");
-  const LayerCover& cover = head_cover(layer);
-  const int64_t q = segments[0], kv = segments[1], groups = cover.units;
-  LOOM_CHECK(kv % groups == 0, "ForwardMaskingLinear: block ", layer, "'s ", kv,
-             " k features are not whole heads of the SDP heads cover's ", groups,
-             " kv groups (model.n_kv_head)");
-  const int64_t d = kv / groups, qd = q / groups;  // per group: qd q rows, d k and d v rows
-  const UnitRanges owned = cover.owned_ranges(worker());
-  UnitRanges rows;  // Note [SDP packed heads]: q, then k, then v rows of the owned groups
-  for (const auto& [u0, u1] : owned) rows.emplace_back(u0 * qd, u1 * qd);
-  for (const auto& [u0, u1] : owned) rows.emplace_back(q + u0 * d, q + u1 * d);
-  for (const auto& [u0, u1] : owned) rows.emplace_back(q + kv + u0 * d, q + kv + u1 * d);
-  return std::make_unique<PackedColumnLinear>(in, q + 2 * kv, std::move(rows), bias, dtype, device);
+  if (heads() == nullptr) return column(in, segments, bias, dtype, device);
+  UnitRanges rows = head_rows(layer, segments);
+  return std::make_unique<PackedColumnLinear>(in, segments[0] + 2 * segments[1], std::move(rows),
+                                              bias, dtype, device);
 }
 
 std::unique_ptr<LinearLayer> ForwardMaskingLinear::attn_out(int64_t layer, int64_t in, int64_t out,
                                                             bool bias, DType dtype,
                                                             Device device) const {
-  if (!heads_) return row(in, out, bias, dtype, device);
-  const LayerCover& cover = head_cover(layer);
-  LOOM_CHECK(in % cover.units == 0, "ForwardMaskingLinear: block ", layer, "'s ", in,
-             " query features are not whole heads of the SDP heads cover's ", cover.units,
-             " kv groups (model.n_kv_head)");
-  const int64_t qd = in / cover.units;
-  UnitRanges cols;
-  for (const auto& [u0, u1] : cover.owned_ranges(worker())) cols.emplace_back(u0 * qd, u1 * qd);
-  return std::make_unique<PackedRowLinear>(in, out, std::move(cols), bias, scale(), dtype, device);
+  if (heads() == nullptr) return row(in, out, bias, dtype, device);
+  return std::make_unique<PackedRowLinear>(in, out, head_columns(layer, in), bias, scale(), dtype,
+                                           device);
 }
 
 LayerContext forward_masking_context(NeuronAssignment assignment, int worker,
@@ -307,19 +342,31 @@ LayerContext forward_masking_context(NeuronAssignment assignment, int worker,
 
 // Backward masking (Note [SDP backward masking layers]).
 
-BackwardMaskedLinear::BackwardMaskedLinear(int64_t units, UnitRanges owned, const char* what)
+BackwardMaskedLinear::BackwardMaskedLinear(int64_t units, UnitRanges owned, const char* what,
+                                           std::vector<int64_t> segments)
     : units_(units), owned_(std::move(owned)) {
   LOOM_CHECK(units > 0, what, ": the number of units must be positive, got ", units);
   check_ranges(owned_, units, what);
-  unowned_ = complement(owned_, units);
+  if (segments.empty()) segments = {units};
+  int64_t from = 0;
+  for (int64_t n : segments) {
+    LOOM_CHECK(n > 0, what, ": segment sizes must be positive, got ", n);
+    const UnitRanges rest = complement(owned_, from, from + n);
+    unowned_.insert(unowned_.end(), rest.begin(), rest.end());
+    owned_per_segment_.push_back(count_within(owned_, from, from + n));
+    unowned_per_segment_.push_back(n - owned_per_segment_.back());
+    from += n;
+  }
+  LOOM_CHECK(from == units, what, ": the segments sum to ", from, ", not the ", units, " units");
 }
 
 int64_t BackwardMaskedLinear::owned_count() const { return count_of(owned_); }
 
 BackwardMaskedColumnLinear::BackwardMaskedColumnLinear(int64_t in_features, int64_t units,
                                                        UnitRanges owned, bool bias, DType dtype,
-                                                       Device device)
-    : BackwardMaskedLinear(units, std::move(owned), "BackwardMaskedColumnLinear"),
+                                                       Device device, std::vector<int64_t> segments)
+    : BackwardMaskedLinear(units, std::move(owned), "BackwardMaskedColumnLinear",
+                           std::move(segments)),
       in_features_(in_features) {
   LOOM_CHECK(in_features > 0, "BackwardMaskedColumnLinear: in_features must be positive, got ",
              in_features);
@@ -350,7 +397,16 @@ Tensor BackwardMaskedColumnLinear::forward(const Tensor& x) const {
   // The frozen part requires no grad, so linear skips its dW (and db) GEMM; dx flows through.
   const Tensor frozen = ops::linear(x, compute(frozen_weight_),
                                     frozen_bias_.defined() ? compute(frozen_bias_) : Tensor());
-  return ops::cat({owned, frozen}, x.dim() - 1);  // owned units first
+  if (owned_per_segment_.size() == 1) return ops::cat({owned, frozen}, x.dim() - 1);
+  // Note [SDP backward-masked heads]: per segment, its owned units, then its frozen ones.
+  const std::vector<Tensor> o = parts_of(owned, owned_per_segment_),
+                            f = parts_of(frozen, unowned_per_segment_);
+  std::vector<Tensor> parts;
+  for (size_t i = 0; i < o.size(); ++i) {
+    if (o[i].defined()) parts.push_back(o[i]);
+    if (f[i].defined()) parts.push_back(f[i]);
+  }
+  return ops::cat(parts, x.dim() - 1);
 }
 
 void BackwardMaskedColumnLinear::init(Generator& gen, double std) {
@@ -423,8 +479,9 @@ struct BackwardMaskingLinear::Record {
   std::vector<std::pair<std::weak_ptr<TensorImpl>, std::weak_ptr<TensorImpl>>> pairs;
 };
 
-BackwardMaskingLinear::BackwardMaskingLinear(NeuronAssignment assignment, int worker)
-    : NeuronMaskingLinear(std::move(assignment), worker, "BackwardMaskingLinear"),
+BackwardMaskingLinear::BackwardMaskingLinear(NeuronAssignment assignment, int worker,
+                                             std::optional<NeuronAssignment> heads)
+    : NeuronMaskingLinear(std::move(assignment), worker, "BackwardMaskingLinear", std::move(heads)),
       built_(std::make_shared<Record>()) {}
 
 void BackwardMaskingLinear::record(const BackwardMaskedLinear& layer) const {
@@ -463,9 +520,33 @@ std::unique_ptr<LinearLayer> BackwardMaskingLinear::mlp_out(int64_t layer, int64
   return proj;
 }
 
-LayerContext backward_masking_context(NeuronAssignment assignment, int worker) {
+std::unique_ptr<LinearLayer> BackwardMaskingLinear::attn_in(int64_t layer, int64_t in,
+                                                            const std::vector<int64_t>& segments,
+                                                            bool bias, DType dtype,
+                                                            Device device) const {
+  if (heads() == nullptr) return column(in, segments, bias, dtype, device);
+  UnitRanges rows = head_rows(layer, segments);  // Note [SDP backward-masked heads]
+  auto qkv = std::make_unique<BackwardMaskedColumnLinear>(
+      in, segments[0] + 2 * segments[1], std::move(rows), bias, dtype, device, segments);
+  record(*qkv);
+  return qkv;
+}
+
+std::unique_ptr<LinearLayer> BackwardMaskingLinear::attn_out(int64_t layer, int64_t in, int64_t out,
+                                                             bool bias, DType dtype,
+                                                             Device device) const {
+  if (heads() == nullptr) return row(in, out, bias, dtype, device);
+  auto proj = std::make_unique<BackwardMaskedRowLinear>(in, out, head_columns(layer, in), bias,
+                                                        dtype, device);
+  record(*proj);
+  return proj;
+}
+
+LayerContext backward_masking_context(NeuronAssignment assignment, int worker,
+                                      std::optional<NeuronAssignment> heads) {
   LayerContext ctx;
-  ctx.linear = std::make_shared<const BackwardMaskingLinear>(std::move(assignment), worker);
+  ctx.linear = std::make_shared<const BackwardMaskingLinear>(std::move(assignment), worker,
+                                                             std::move(heads));
   return ctx;
 }
 

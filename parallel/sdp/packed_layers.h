@@ -5,8 +5,9 @@
 // activations, the gradients and hence the optimiser state really shrink: no mask is multiplied
 // and nothing is communicated in forward or backward. Backward masking (BackwardMaskingLinear,
 // Note [SDP backward masking layers]): the full forward, with weight gradients and parameters
-// only for the owned units. Forward masking's heads option packs each block's attention to the
-// kv groups the worker holds of a second cover (Note [SDP packed heads]). Everything else
+// only for the owned units. The heads option packs (forward masking, Note [SDP packed heads]) or
+// splits (backward masking, Note [SDP backward-masked heads]) each block's attention at the kv
+// groups the worker holds of a second cover. Everything else
 // (attention without the heads option, embeddings, norms, the head) is built as on one device. This
 // file only builds layers: the gradient sync over holder sets is parallel/sdp/slice_sync.h, and
 // parallel/sdp/sdp_sync.h with train/plan.cpp compose them (Note [SDP plan] in train/plan.h).
@@ -89,6 +90,27 @@
 // (Note [SDP packed init]) and splits it, so owned ∪ frozen is the single-process weight. A
 // worker holding every unit (coverage 1) has no frozen part: the layers are then plain
 // (ops::linear on the whole weight, the GELU MLP fused), the default model bit for bit.
+//
+// Note [SDP backward-masked heads]: the heads option under backward masking. Every worker runs
+// the full attention (every head, unscaled); the kv groups it holds of the heads cover (those
+// forward masking would keep, Note [SDP packed heads]) are trained, the others frozen:
+//   qkv   BackwardMaskedColumnLinear over the Q + 2K fused rows with segments {Q, K, K}: the
+//         registered weight (and bias) the held groups' q, k and v rows, exactly forward
+//         masking's packed qkv (shape and Placement); the frozen tensor the other groups' q, k,
+//         v rows, ascending, its runs split at the segments. The output is per segment the held
+//         groups' features, then the unheld ones': [q held, q unheld | k held, k unheld | v
+//         held, v unheld], all Q + 2K features, so the attention (reading its head counts from
+//         out_features(), the full width) splits it into every query and kv head. The groups
+//         come out permuted (held first, each part ascending) alike in q, k and v, and a group's
+//         g query heads stay adjacent, so query head j still belongs to kv head ⌊j/g⌋: the
+//         attention of each head is the full model's, in another head order;
+//   proj  BackwardMaskedRowLinear over the Q query columns: registered the held groups' query
+//         columns (forward masking's packed proj), frozen the others', reading the heads in the
+//         same order (held first); unscaled, the bias whole.
+// A sum over heads does not depend on their order, so the worker's attention output, logits and
+// loss are the single-process model's (up to the GEMMs' summation order), and its owned
+// gradients the corresponding rows / columns of the single-process gradients. The slices of the
+// trained and the frozen parts are head_slices' (held = true / false, Note [SDP head slices]).
 //
 // Note [SDP frozen parameters]: the training plan must find every frozen tensor under its GLOBAL
 // name (the owned part's: "blocks.3.mlp.fc.weight"; the two are pieces of one global tensor,
@@ -195,15 +217,29 @@ class NeuronMaskingLinear : public LinearFactory {
   // The units this worker holds (forward masking: keeps; backward masking: trains) in block
   // `layer`, as ranges (checked against `hidden`).
   UnitRanges owned_ranges(int64_t layer, int64_t hidden) const;
+  // The heads cover, or null without the heads option.
+  const NeuronAssignment* heads() const { return heads_ ? &*heads_ : nullptr; }
 
  protected:
-  NeuronMaskingLinear(NeuronAssignment assignment, int worker, const char* what);
+  // `heads` (optional) must have the same workers and replication as `assignment`.
+  NeuronMaskingLinear(NeuronAssignment assignment, int worker, const char* what,
+                      std::optional<NeuronAssignment> heads = {});
+  // With the heads option: the fused qkv rows (segments {q, k, v}, k = v dividing q) of the kv
+  // groups this worker holds in block `layer` of the heads cover, q rows, then k, then v rows,
+  // each ascending (Note [SDP packed heads]); and the proj columns (`in` = q) of their query
+  // heads. Errors name the block and the sizes.
+  UnitRanges head_rows(int64_t layer, const std::vector<int64_t>& segments) const;
+  UnitRanges head_columns(int64_t layer, int64_t in) const;
 
  private:
+  // Layer `layer` of the heads cover (checked to be one of its layers).
+  const LayerCover& head_cover(int64_t layer) const;
+
   NeuronAssignment assignment_;
   int worker_;
   const char* what_;
   std::shared_ptr<const LinearFactory> plain_;  // the single-device layers
+  std::optional<NeuronAssignment> heads_;
 };
 
 // Worker `worker`'s factory under forward masking (Note [SDP packed MLP]): mlp_in / mlp_out of
@@ -233,14 +269,6 @@ class ForwardMaskingLinear final : public NeuronMaskingLinear {
 
   // 1/C = N / k: the row layers' scale.
   double scale() const;
-  // The heads cover, or null without the heads option.
-  const NeuronAssignment* heads() const { return heads_ ? &*heads_ : nullptr; }
-
- private:
-  // Layer `layer` of the heads cover (checked to be one of its layers).
-  const LayerCover& head_cover(int64_t layer) const;
-
-  std::optional<NeuronAssignment> heads_;
 };
 
 // A default LayerContext (one device) whose linear factory is worker `worker`'s
@@ -256,7 +284,8 @@ class BackwardMaskedLinear : public LinearLayer {
   const Tensor& weight() const override { return weight_; }
   const Tensor& bias() const override { return bias_; }
   const UnitRanges& owned_ranges() const { return owned_; }
-  const UnitRanges& unowned_ranges() const { return unowned_; }  // empty at coverage 1
+  // The units not owned, ascending, split at the segments' boundaries; empty at coverage 1.
+  const UnitRanges& unowned_ranges() const { return unowned_; }
   // The unowned rows (column layer) or columns (row layer), requires_grad false; undefined when
   // every unit is owned.
   const Tensor& frozen_weight() const { return frozen_weight_; }
@@ -266,27 +295,38 @@ class BackwardMaskedLinear : public LinearLayer {
   bool plain() const override { return unowned_.empty(); }
 
  protected:
-  BackwardMaskedLinear(int64_t units, UnitRanges owned, const char* what);
+  // `segments` (sizes summing to `units`; empty: one segment of all the units) split the units
+  // as a column layer's out features (Note [SDP backward-masked heads]).
+  BackwardMaskedLinear(int64_t units, UnitRanges owned, const char* what,
+                       std::vector<int64_t> segments = {});
   int64_t owned_count() const;
 
   int64_t units_;
   UnitRanges owned_, unowned_;
+  // Per segment: how many of its units are owned, and how many not.
+  std::vector<int64_t> owned_per_segment_, unowned_per_segment_;
   Tensor weight_, bias_;
   Tensor frozen_weight_, frozen_bias_;
 };
 
-// mlp_in under backward masking: "weight" (owned, in) and "bias" (owned) as PackedColumnLinear's
-// [sdp-packed dim 0]; frozen (units − owned, in) and bias rows [sdp-packed dim 0, the unowned
-// runs]. forward: x (…, in) → (…, units), owned units first.
+// mlp_in (and attn_in with heads) under backward masking: "weight" (owned, in) and "bias"
+// (owned) as PackedColumnLinear's [sdp-packed dim 0]; frozen (units − owned, in) and bias rows
+// [sdp-packed dim 0, the unowned runs]. forward: x (…, in) → (…, units), within each segment
+// the owned units first (one segment: the MLP's layout; {q, k, v}: Note [SDP backward-masked
+// heads]).
 class BackwardMaskedColumnLinear final : public BackwardMaskedLinear {
  public:
   // `units` the full layer's out features, `owned` the rows this worker trains (non-empty,
-  // ascending, disjoint, within [0, units)); the other rows are frozen.
+  // ascending, disjoint, within [0, units)); the other rows are frozen. `segments` as
+  // BackwardMaskedLinear's.
   BackwardMaskedColumnLinear(int64_t in_features, int64_t units, UnitRanges owned, bool bias,
-                             DType dtype = DType::kF32, Device device = {});
+                             DType dtype = DType::kF32, Device device = {},
+                             std::vector<int64_t> segments = {});
   Tensor forward(const Tensor& x) const override;
   void init(Generator& gen, double std) override;  // the full matrix, split
   void zero_rows_from(int64_t global_row) override;
+  int64_t out_features() const override { return units_; }  // every unit, owned or frozen
+  int64_t in_features() const override { return in_features_; }
 
  private:
   int64_t in_features_;
@@ -302,21 +342,34 @@ class BackwardMaskedRowLinear final : public BackwardMaskedLinear {
   Tensor forward(const Tensor& x) const override;
   void init(Generator& gen, double std) override;
   void zero_rows_from(int64_t global_row) override;
+  int64_t out_features() const override { return out_features_; }
+  int64_t in_features() const override { return units_; }  // every unit, owned or frozen
 
  private:
   int64_t out_features_;
 };
 
 // Worker `worker`'s factory under backward masking (Note [SDP backward masking layers]): mlp_in /
-// mlp_out of block l are split at the units the worker holds in layer l of `assignment`; every
-// other layer is the single-device one. Errors as ForwardMaskingLinear's.
+// mlp_out of block l are split at the units the worker holds in layer l of `assignment`; with
+// `heads` (the heads option, Note [SDP backward-masked heads]) attn_in / attn_out of block l are
+// split at the kv groups the worker holds in layer l of it; every other layer is the
+// single-device one. Errors as ForwardMaskingLinear's.
 class BackwardMaskingLinear final : public NeuronMaskingLinear {
  public:
-  BackwardMaskingLinear(NeuronAssignment assignment, int worker);
+  BackwardMaskingLinear(NeuronAssignment assignment, int worker,
+                        std::optional<NeuronAssignment> heads = {});
   std::unique_ptr<LinearLayer> mlp_in(int64_t layer, int64_t in, int64_t hidden, bool bias,
                                       DType dtype, Device device) const override;
   std::unique_ptr<LinearLayer> mlp_out(int64_t layer, int64_t hidden, int64_t out, bool bias,
                                        DType dtype, Device device) const override;
+  // segments {q, k, v}: the held kv groups' q, k and v rows trained, the others frozen; the
+  // output every group's, held groups first within q, k and v.
+  std::unique_ptr<LinearLayer> attn_in(int64_t layer, int64_t in,
+                                       const std::vector<int64_t>& segments, bool bias, DType dtype,
+                                       Device device) const override;
+  // in = q: the held query heads' columns trained, the others frozen; unscaled.
+  std::unique_ptr<LinearLayer> attn_out(int64_t layer, int64_t in, int64_t out, bool bias,
+                                        DType dtype, Device device) const override;
 
   // (owned, frozen) of each split tensor of the layers built so far that are still alive, in
   // building order (Note [SDP frozen parameters]).
@@ -330,8 +383,9 @@ class BackwardMaskingLinear final : public NeuronMaskingLinear {
 };
 
 // A default LayerContext (one device) whose linear factory is worker `worker`'s
-// BackwardMaskingLinear.
-LayerContext backward_masking_context(NeuronAssignment assignment, int worker);
+// BackwardMaskingLinear (with the heads cover `heads`, if given).
+LayerContext backward_masking_context(NeuronAssignment assignment, int worker,
+                                      std::optional<NeuronAssignment> heads = {});
 
 // Every frozen tensor of `model` with its global parameter name, in named_parameters() order
 // (Note [SDP frozen parameters]): for each backward-masked layer with a frozen part, (name of its

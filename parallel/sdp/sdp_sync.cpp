@@ -99,11 +99,17 @@ Tensor slice_view(const Tensor& full, const SdpSliceSpec& s) {
 // block). Both are renumbered block-major so each block's attention follows its MLP, as backward
 // produces them: with B = N·(P + H) per block, an MLP id becomes b·B + s·P + p, an attention id
 // b·B + N·P + s·H + h (b = L − 1 − l), a replicated one L·B + its index. The formulas use only
-// N, L, P, H (the same on every worker), so every worker renumbers alike.
+// N, L, P, H (the same on every worker), so every worker renumbers alike. Under backward
+// masking the frozen copies' slices (sdp_slices and head_slices with held = false, the holders'
+// ids) are renumbered by the same formulas, with P and H of the trained parameters, so a frozen
+// slice keeps its holders' id (the publication's).
 namespace {
 
+// Renumbers `slices` (sdp_slices of `listed`) and adds head_slices of `listed` (held or not):
+// `listed` is `params` (held) or the frozen copies; P and H come from `params`.
 void merge_head_slices(std::vector<SdpSliceSpec>& slices, const NeuronAssignment& heads, int worker,
-                       const std::vector<std::pair<std::string, Tensor>>& params) {
+                       const std::vector<std::pair<std::string, Tensor>>& params,
+                       const std::vector<std::pair<std::string, Tensor>>& listed, bool held) {
   const int64_t n = heads.workers, layers = static_cast<int64_t>(heads.layers.size());
   const int64_t h = head_slice_id_span(heads, params) / std::max<int64_t>(n * layers, 1);
   int64_t p = 0;  // packed MLP parameters per block, as sdp_slices counts them
@@ -121,7 +127,7 @@ void merge_head_slices(std::vector<SdpSliceSpec>& slices, const NeuronAssignment
       x.id = b * per_block + rest;
     }
   }
-  for (SdpSliceSpec x : head_slices(heads, worker, params, 0)) {
+  for (SdpSliceSpec x : head_slices(heads, worker, listed, 0, held)) {
     const int64_t b = x.id / (n * h), rest = x.id % (n * h);
     x.id = b * per_block + n * p + rest;
     slices.push_back(std::move(x));
@@ -145,7 +151,10 @@ SdpSetup neuron_setup(const NeuronAssignment& cover, int worker,
   s.slices = sdp_slices(cover, worker, params, true);
   s.frozen_slices = sdp_slices(cover, worker, frozen, false);
   s.frozen = std::move(frozen);
-  if (heads != nullptr) merge_head_slices(s.slices, *heads, worker, params);
+  if (heads != nullptr) {
+    merge_head_slices(s.slices, *heads, worker, params, params, true);
+    merge_head_slices(s.frozen_slices, *heads, worker, params, s.frozen, false);
+  }
   return s;
 }
 

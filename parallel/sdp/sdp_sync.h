@@ -104,7 +104,8 @@ struct SdpSetup {
 };
 
 // The neuron level: sdp_slices of the trained parameters and of the frozen copies; with the
-// heads option's cover (forward masking), head_slices too (Note [SDP slice ids with heads]).
+// heads option's cover, head_slices too, of the frozen copies as well under backward masking
+// (Note [SDP slice ids with heads]).
 SdpSetup neuron_setup(const NeuronAssignment& cover, int worker,
                       const std::vector<std::pair<std::string, Tensor>>& params,
                       std::vector<std::pair<std::string, Tensor>> frozen = {},
