@@ -370,10 +370,10 @@ void validate_sdp_config(const Config& c) {
   o.workers = static_cast<int>(n);
   o.coverage = s.coverage;
   o.seed = static_cast<uint64_t>(s.seed);
-  require(!s.heads || (s.mode == "forward" && s.level == "neuron"),
-          "parallel.sdp.heads: attention heads are covered at the neuron level under forward "
-          "masking only (got mode " +
-              s.mode + ", level " + s.level + ")");
+  require(!s.heads || s.level == "neuron",
+          "parallel.sdp.heads: attention heads are covered at the neuron level only (a block "
+          "holds all its heads; got level " +
+              s.level + ")");
   if (s.heads) {  // a cover of each block's KV groups, drawn with seed + 1 (train/plan.cpp)
     const std::vector<int64_t> groups(static_cast<size_t>(c.model.n_layer), c.model.kv_heads());
     parallel::sdp::CoverOptions h = o;

@@ -55,7 +55,7 @@ LayerContext sdp_layer_context(const Config& cfg, int worker) {
     return parallel::sdp::block_masking_context(block_cover(cfg), worker, sdp_forward(cfg));
   return sdp_forward(cfg)
              ? parallel::sdp::forward_masking_context(neuron_cover(cfg), worker, heads_cover(cfg))
-             : parallel::sdp::backward_masking_context(neuron_cover(cfg), worker);
+             : parallel::sdp::backward_masking_context(neuron_cover(cfg), worker, heads_cover(cfg));
 }
 
 // What SdpSync needs (Note [SDP setup] in parallel/sdp/sdp_sync.h), once the model is built and

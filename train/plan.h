@@ -101,12 +101,12 @@ struct TrainPlan {
 // and the model is built with that worker's context: at the neuron level forward masking packs
 // the blocks' MLPs to the units it holds (parallel/sdp/packed_layers.h; with parallel.sdp.heads
 // also each block's attention to the KV groups of a second cover), backward masking keeps
-// the full MLPs with the unheld units as a frozen copy; at the block level (parallel/sdp/
-// block_level.h) forward masking builds only the held blocks, backward masking builds all and
-// freezes the unheld ones here (requires_grad false: trained() leaves them out). There is no
-// DataParallel; the optim.* optimizer runs over trained(), so optimizer state exists only for
-// the held slices and the replicated parameters. SdpSync finalises the gradients: each slice
-// averaged over its holders (in every data-parallel copy), the replicated parameters over the
+// the full MLPs (and attention) with the unheld units as a frozen copy; at the block level
+// (parallel/sdp/block_level.h) forward masking builds only the held blocks, backward masking
+// builds all and freezes the unheld ones here (requires_grad false: trained() leaves them out).
+// There is no DataParallel; the optim.* optimizer runs over trained(), so optimizer state exists
+// only for the held slices and the replicated parameters. SdpSync finalises the gradients: each
+// slice averaged over its holders (in every data-parallel copy), the replicated parameters over the
 // dp group, launched from the gradient hooks during the step's last backward (Note [SDP
 // overlapped sync]), so finalize_gradients only waits; the global norm counts each element once;
 // after the optimizer step, step() has it publish the held slices to the frozen copies (Note

@@ -446,10 +446,14 @@ TEST(Config, SdpKeysNameTheKeys) {
           << mode << " " << level;
     }
   }
-  // parallel.sdp.heads: forward masking at the neuron level only; the KV groups' cover checked.
-  EXPECT_EQ(error_of("", with({"parallel.sdp.mode=backward", "parallel.sdp.heads=true"})),
-            "parallel.sdp.heads: attention heads are covered at the neuron level under forward "
-            "masking only (got mode backward, level neuron)");
+  // parallel.sdp.heads: the neuron level only (either regime); the KV groups' cover checked.
+  EXPECT_EQ(error_of("", with({"parallel.sdp.mode=backward", "parallel.sdp.heads=true",
+                               "parallel.sdp.level=block"})),
+            "parallel.sdp.heads: attention heads are covered at the neuron level only (a block "
+            "holds all its heads; got level block)");
+  EXPECT_EQ(error_of("", with({"parallel.sdp.mode=backward", "parallel.sdp.heads=true",
+                               "parallel.sdp.coverage=0.5"})),
+            "");
   EXPECT_EQ(error_of("", with({"parallel.sdp.mode=forward", "parallel.sdp.heads=true",
                                "parallel.sdp.coverage=0.5"})),
             "");  // the default 12 heads over 4 workers

@@ -179,12 +179,17 @@ struct Mapped {
 // With the heads option the attention's qkv rows (q, k, v of the held KV groups) and proj
 // columns (their query heads) map through the heads cover (Note [SDP packed heads]).
 Mapped map_head_tensor(const std::string& name, const Tensor& t, const ModelConfig& mc,
-                       const sdp::NeuronAssignment& heads, int worker) {
+                       const sdp::NeuronAssignment& heads, int worker, bool frozen) {
   Mapped m{name, t, {}, 0, true};
   const int64_t groups = mc.kv_heads(), g = mc.n_head / groups, d = mc.n_embd / mc.n_head;
   const int64_t q_rows = groups * g * d, kv_rows = groups * d;
-  const std::vector<int64_t> owned =
-      heads.layers[static_cast<size_t>(block_of(name))].owned_units(worker);
+  const sdp::LayerCover& layer = heads.layers[static_cast<size_t>(block_of(name))];
+  std::vector<int64_t> owned;  // the groups of this tensor: held (trained) or not (frozen copy)
+  for (int64_t u = 0; u < layer.units; ++u) {
+    bool held = false;
+    for (int64_t o : layer.owned_units(worker)) held = held || o == u;
+    if (held != frozen) owned.push_back(u);
+  }
   std::vector<int64_t> rows;  // the global rows (qkv) or columns (proj) held, in local order
   for (int64_t u : owned)
     for (int64_t i = 0; i < g * d; ++i) rows.push_back(u * g * d + i);
@@ -216,7 +221,7 @@ Mapped map_tensor(const std::string& name, const Tensor& t, const SdpCase& c,
                   const sdp::NeuronAssignment* heads = nullptr, const ModelConfig* mc = nullptr) {
   if (heads != nullptr && (name.ends_with(".attn.qkv.weight") || name.ends_with(".attn.qkv.bias") ||
                            name.ends_with(".attn.proj.weight")))
-    return map_head_tensor(name, t, *mc, *heads, worker);
+    return map_head_tensor(name, t, *mc, *heads, worker, frozen);
   Mapped m{name, t, {}, t.numel(), false};
   const int64_t dim = c.level == "neuron" ? packed_dim(name) : -1;
   if (c.level == "block") m.split = block_of(name) >= 0;
@@ -281,7 +286,7 @@ void build_rank(RefRank& r, const Config& cfg, const SdpCase& c, int rank, int w
       head_cover = *heads;
     }
     r.layers = forward ? sdp::forward_masking_context(*cover, w, head_cover)
-                       : sdp::backward_masking_context(*cover, w);
+                       : sdp::backward_masking_context(*cover, w, head_cover);
   }
   r.model = std::make_unique<Transformer>(cfg.model, DType::kF32, Device{}, r.layers);
   Generator gen(cfg.train.seed);
@@ -303,7 +308,7 @@ void build_rank(RefRank& r, const Config& cfg, const SdpCase& c, int rank, int w
     auto f = std::dynamic_pointer_cast<const sdp::BackwardMaskingLinear>(r.layers.linear);
     ASSERT_NE(f, nullptr);
     for (auto& [name, t] : sdp::frozen_parameters(*f, r.model->named_parameters()))
-      r.frozen.push_back(map_tensor(name, t, c, cover.get(), w, true));
+      r.frozen.push_back(map_tensor(name, t, c, cover.get(), w, true, heads.get(), &cfg.model));
   }
   const optim::DecayRule rule = optim::parse_decay_rule(cfg.optim.decay_rule);
   r.opt = optimizer_factory(cfg.optim)(optim::make_param_refs(trained, rule));
@@ -474,14 +479,16 @@ TEST(TrainSdp, BackwardBlockMatchesTheReference) {
   check_against_reference(half("gpt2", "backward", "block"));
   check_against_reference(half("llama", "backward", "block"));
 }
-// parallel.sdp.heads: the attention's KV groups covered too (forward masking, neuron level),
+// parallel.sdp.heads: the attention's KV groups covered too (both regimes, neuron level),
 // GPT-2 with 8 heads and Llama with 8 query heads in dp KV groups (GQA at 4 ranks).
 TEST(TrainSdp, HeadsMatchTheReference) {
   const int d = testing::world_size();
-  for (const char* arch : {"gpt2", "llama"}) {
-    SdpCase c = half(arch, "forward", "neuron");
-    c.kv_groups = std::string(arch) == "gpt2" ? 8 : d;
-    check_against_reference(c);
+  for (const char* mode : {"forward", "backward"}) {
+    for (const char* arch : {"gpt2", "llama"}) {
+      SdpCase c = half(arch, mode, "neuron");
+      c.kv_groups = std::string(arch) == "gpt2" ? 8 : d;
+      check_against_reference(c);
+    }
   }
   SdpCase one = half("llama", "forward", "neuron");
   one.kv_groups = d;
@@ -594,9 +601,11 @@ TEST(TrainSdp, ResumesExactlyAndConsolidates) {
   for (const char* mode : {"forward", "backward"})
     for (const char* level : {"neuron", "block"})
       check_resume_and_consolidation(half("llama", mode, level));
-  SdpCase heads = half("llama", "forward", "neuron");
-  heads.kv_groups = testing::world_size();
-  check_resume_and_consolidation(heads);
+  for (const char* mode : {"forward", "backward"}) {
+    SdpCase heads = half("llama", mode, "neuron");
+    heads.kv_groups = testing::world_size();
+    check_resume_and_consolidation(heads);
+  }
 }
 
 }  // namespace
