@@ -2,7 +2,9 @@
 // (docs/parallel.md "SDP", parallel.sdp: {mode: forward|backward, level: neuron|block}) against
 // plain data parallelism, measured from the tensors: the same GPT-2 built by the training plan
 // (train/plan.h, Note [SDP plan]) as DDP (ZeRO 0) and, at coverage C = 1/2 and 1/4 over the N =
-// world ranks, as forward-neuron, backward-neuron, forward-block and backward-block SDP; two AdamW
+// world ranks, as forward-neuron, backward-neuron, forward-block and backward-block SDP, and at the
+// neuron level with the heads option too (parallel.sdp.heads: each block's KV groups covered,
+// "forward-neuron+heads", "backward-neuron+heads"; n_head ≥ N needed, --n_head); two AdamW
 // steps each on random tokens, the second measured, and per worker
 //   params   Σ bytes of every tensor the worker holds of the model, each once: the model's
 //            parameters (at the block level under backward masking the unheld blocks too, frozen:
@@ -14,14 +16,16 @@
 // and the element counts against the formulas of docs/parallel.md: trained Ψ_o = Ψ_r + C·Ψ_s,
 // held Ψ_o (forward masking) or Ψ (backward), where Ψ_s is the full model's split elements —
 // neuron level: the blocks' MLP parameters indexed by a hidden unit (fc weight and bias, proj
-// weight; gate/up/down for llama), block level: every "blocks.*" parameter — and Ψ_r = Ψ − Ψ_s.
-// Ways the cover refuses (C·N < 2; at the block level C·n_layer not whole or < 2) get a line
-// saying why. A measurement, not a test: run under mpirun, e.g.
+// weight; gate/up/down for llama) and, with heads, the attention's qkv weight and bias and proj
+// weight; block level: every "blocks.*" parameter — and Ψ_r = Ψ − Ψ_s.
+// Ways the cover refuses (C·N < 2; at the block level C·n_layer not whole or < 2; heads with
+// n_head < N) get a line saying why. A measurement, not a test: run under mpirun, e.g.
 //   OMP_NUM_THREADS=1 mpirun -np 8 --oversubscribe build/bin/sdp_memory_bench [--layers 4]
-//       [--embd 128] [--vocab 50257] [--batch 8] [--seq 64]
-// (the defaults are configs/gpt2-tiny.yaml's model and batch). Rank 0 prints one row per way:
-// the largest value over the workers (workers' shares differ by at most a slice's units), and
-// whether every worker's counts equal the formulas exactly.
+//       [--embd 128] [--vocab 50257] [--batch 8] [--seq 64] [--n_head 4]
+// (the defaults are configs/gpt2-tiny.yaml's model and batch; n_head changes no parameter count,
+// only the attention's activations, so the heads rows at 8 ranks take --n_head 8). Rank 0 prints
+// one row per way: the largest value over the workers (workers' shares differ by at most a slice's
+// units), and whether every worker's counts equal the formulas exactly.
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -49,7 +53,7 @@ using namespace loom;
 using namespace loom::parallel;
 
 struct Args {
-  int64_t layers = 4, embd = 128, vocab = 50257, batch = 8, seq = 64;
+  int64_t layers = 4, embd = 128, vocab = 50257, batch = 8, seq = 64, n_head = 4;
 };
 
 Args parse(int argc, char** argv) {
@@ -67,30 +71,35 @@ Args parse(int argc, char** argv) {
       a.batch = v;
     else if (k == "--seq")
       a.seq = v;
+    else if (k == "--n_head")
+      a.n_head = v;
     else
       LOOM_FAIL("sdp_memory_bench: unknown argument ", k,
-                " (--layers --embd --vocab --batch --seq)");
+                " (--layers --embd --vocab --batch --seq --n_head)");
   }
   return a;
 }
 
-// One way of training: DDP (coverage 0) or SDP with its regime and level.
+// One way of training: DDP (coverage 0) or SDP with its regime and level (and, at the neuron
+// level, whether the attention's KV groups are covered too).
 struct Way {
   std::string mode = "none", level = "neuron";
   double coverage = 0;
+  bool heads = false;
   bool sdp() const { return coverage > 0; }
   bool forward() const { return mode == "forward"; }
   bool block() const { return level == "block"; }
   std::string name() const {
     if (!sdp()) return "DDP";
-    return mode + "-" + level + " C=1/" + std::to_string(std::lround(1 / coverage));
+    return mode + "-" + level + (heads ? "+heads" : "") + " C=1/" +
+           std::to_string(std::lround(1 / coverage));
   }
 };
 
 std::string yaml(const Args& a, int dp, const Way& w) {
   std::ostringstream y;
   y << "model: {arch: gpt2, vocab_size: " << a.vocab << ", n_layer: " << a.layers
-    << ", n_head: 4, n_embd: " << a.embd << ", max_seq_len: " << a.seq << "}\n"
+    << ", n_head: " << a.n_head << ", n_embd: " << a.embd << ", max_seq_len: " << a.seq << "}\n"
     << "data: {train: unused_*.bin, batch_size: " << a.batch << ", seq_len: " << a.seq << "}\n"
     << "optim: {name: adamw, lr: 1.0e-3}\n"
     << "train: {steps: 2, log_every: 1000, val_every: 0, sample_every: 0}\n"
@@ -99,17 +108,20 @@ std::string yaml(const Args& a, int dp, const Way& w) {
     << "parallel: {dp: " << dp << ", zero_stage: 0";
   if (w.sdp())
     y << ", sdp: {mode: " << w.mode << ", level: " << w.level << ", coverage: " << w.coverage
-      << ", seed: 1}";
+      << ", seed: 1" << (w.heads ? ", heads: true" : "") << "}";
   y << "}\n";
   return y.str();
 }
 
 // Why the cover refuses `w` on `workers` ranks ("" if it does not; assignment.h).
-std::string refusal(const Way& w, int workers, int64_t n_layer) {
+std::string refusal(const Way& w, int workers, int64_t n_layer, int64_t n_head) {
   if (!w.sdp()) return "";
   const double k = w.coverage * workers;
   if (k < 2 || k != std::floor(k))
     return "C*N = " + std::to_string(k) + ": every slice needs a whole number >= 2 of holders";
+  if (w.heads && n_head < workers)
+    return "n_head (= n_kv_head) " + std::to_string(n_head) + " < N = " + std::to_string(workers) +
+           ": every worker needs a KV group of each block (--n_head)";
   if (w.block()) {
     const double blocks = w.coverage * static_cast<double>(n_layer);
     if (blocks != std::floor(blocks))
@@ -124,21 +136,30 @@ std::string refusal(const Way& w, int workers, int64_t n_layer) {
 
 // Whether a full-model parameter is split over the hidden units at the neuron level: the MLP's
 // weights indexed by a hidden unit (rows of fc/gate/up and their biases, columns of proj/down).
+bool ends_with(const std::string& name, const std::string& suffix) {
+  return name.size() >= suffix.size() &&
+         name.compare(name.size() - suffix.size(), suffix.size(), suffix) == 0;
+}
 bool neuron_split(const std::string& name) {
   if (name.rfind("blocks.", 0) != 0 || name.find(".mlp.") == std::string::npos) return false;
   for (const char* s : {".fc.weight", ".fc.bias", ".gate.weight", ".gate.bias", ".up.weight",
-                        ".up.bias", ".proj.weight", ".down.weight"}) {
-    const std::string suffix = s;
-    if (name.size() >= suffix.size() &&
-        name.compare(name.size() - suffix.size(), suffix.size(), suffix) == 0)
-      return true;
-  }
+                        ".up.bias", ".proj.weight", ".down.weight"})
+    if (ends_with(name, s)) return true;
+  return false;
+}
+// Whether a full-model parameter is split over the KV groups by the heads option: the
+// attention's qkv rows (weight and bias) and proj columns (the proj bias stays whole).
+bool head_split(const std::string& name) {
+  if (name.rfind("blocks.", 0) != 0) return false;
+  for (const char* s : {".attn.qkv.weight", ".attn.qkv.bias", ".attn.proj.weight"})
+    if (ends_with(name, s)) return true;
   return false;
 }
 
-// The full model's element counts: Ψ and the split Ψ_s of each level.
+// The full model's element counts: Ψ and the split Ψ_s of each level (the heads option's
+// attention part apart: Ψ_s of neuron+heads is neuron_split + head_split).
 struct Full {
-  int64_t total = 0, neuron_split = 0, block_split = 0;
+  int64_t total = 0, neuron_split = 0, head_split = 0, block_split = 0;
   std::map<std::string, int64_t> numel;
 };
 
@@ -149,6 +170,7 @@ Full full_model(const Config& cfg) {
     f.numel[name] = p.numel();
     f.total += p.numel();
     if (neuron_split(name)) f.neuron_split += p.numel();
+    if (head_split(name)) f.head_split += p.numel();
     if (name.rfind("blocks.", 0) == 0) f.block_split += p.numel();
   }
   return f;
@@ -209,11 +231,14 @@ Row measure(const Args& a, const Way& w, const Full& full, ParallelContext& ctx)
     trained += p.numel();
     // At the neuron level the parameters SdpSync splits over 'sdp' are the ones counted in Ψ_s.
     if (w.sdp() && !w.block())
-      LOOM_CHECK(neuron_split(name) == (p.placement().split_over(sdp::kAxisSdp) != nullptr),
+      LOOM_CHECK((neuron_split(name) || (w.heads && head_split(name))) ==
+                     (p.placement().split_over(sdp::kAxisSdp) != nullptr),
                  "sdp_memory_bench: ", name, " split over 'sdp' differs from Ψ_s's parameters");
   }
   const double c = w.sdp() ? w.coverage : 1.0;
-  const double split = static_cast<double>(w.block() ? full.block_split : full.neuron_split);
+  const double split = static_cast<double>(w.block() ? full.block_split
+                                           : w.heads ? full.neuron_split + full.head_split
+                                                     : full.neuron_split);
   r.trained = static_cast<double>(trained);
   r.trained_formula = static_cast<double>(full.total) - split + c * split;
   r.held = static_cast<double>(held_elements);
@@ -245,33 +270,38 @@ int main(int argc, char** argv) {
     const Full full = full_model(parse_config_text(yaml(a, ctx.world_size(), Way{})));
     if (ctx.rank() == 0) {
       std::printf(
-          "GPT-2 %lld layers, n_embd %lld, vocab %lld; batch %lld x %lld per worker; "
+          "GPT-2 %lld layers, n_embd %lld, vocab %lld, n_head %lld; batch %lld x %lld per worker; "
           "%d workers; f32, AdamW. MiB per worker (max over workers)\n"
-          "Psi %lld; Psi_s neuron level %lld, block level %lld\n",
+          "Psi %lld; Psi_s neuron level %lld (with heads %lld), block level %lld\n",
           static_cast<long long>(a.layers), static_cast<long long>(a.embd),
-          static_cast<long long>(a.vocab), static_cast<long long>(a.batch),
-          static_cast<long long>(a.seq), ctx.world_size(), static_cast<long long>(full.total),
-          static_cast<long long>(full.neuron_split), static_cast<long long>(full.block_split));
-      std::printf("%-24s %8s %8s %8s %8s %7s %9s %10s %10s %10s %10s %6s\n", "way", "params",
+          static_cast<long long>(a.vocab), static_cast<long long>(a.n_head),
+          static_cast<long long>(a.batch), static_cast<long long>(a.seq), ctx.world_size(),
+          static_cast<long long>(full.total), static_cast<long long>(full.neuron_split),
+          static_cast<long long>(full.neuron_split + full.head_split),
+          static_cast<long long>(full.block_split));
+      std::printf("%-28s %8s %8s %8s %8s %7s %9s %10s %10s %10s %10s %6s\n", "way", "params",
                   "grads", "optim", "state", "vs DDP", "step peak", "trained", "Psi_o", "held",
                   "Psi_o|Psi", "exact");
     }
     std::vector<Way> ways{Way{}};
-    for (double c : {0.5, 0.25})
+    for (double c : {0.5, 0.25}) {
       for (const char* level : {"neuron", "block"})
         for (const char* mode : {"forward", "backward"}) ways.push_back(Way{mode, level, c});
+      for (const char* mode : {"forward", "backward"})
+        ways.push_back(Way{mode, "neuron", c, /*heads=*/true});
+    }
     double ddp_state = 0;
     for (const Way& w : ways) {
-      const std::string why = refusal(w, ctx.world_size(), a.layers);
+      const std::string why = refusal(w, ctx.world_size(), a.layers, a.n_head);
       if (!why.empty()) {
-        if (ctx.rank() == 0) std::printf("%-24s refused: %s\n", w.name().c_str(), why.c_str());
+        if (ctx.rank() == 0) std::printf("%-28s refused: %s\n", w.name().c_str(), why.c_str());
         continue;
       }
       const Row r = measure(a, w, full, ctx);
       const double state = r.params + r.grads + r.optim;
       if (!w.sdp()) ddp_state = state;
       if (ctx.rank() == 0)
-        std::printf("%-24s %8.2f %8.2f %8.2f %8.2f %6.3fx %9.2f %10.0f %10.0f %10.0f %10.0f %6s\n",
+        std::printf("%-28s %8.2f %8.2f %8.2f %8.2f %6.3fx %9.2f %10.0f %10.0f %10.0f %10.0f %6s\n",
                     w.name().c_str(), mib(r.params), mib(r.grads), mib(r.optim), mib(state),
                     state / ddp_state, mib(r.peak), r.trained, r.trained_formula, r.held,
                     r.held_formula, r.mismatch == 0 ? "yes" : "NO");
