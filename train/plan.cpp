@@ -59,19 +59,16 @@ LayerContext sdp_layer_context(const Config& cfg, int worker) {
 }
 
 // What SdpSync needs (Note [SDP setup] in parallel/sdp/sdp_sync.h), once the model is built and
-// initialised: at the block level under backward masking the blocks the worker does not hold are
-// frozen here (no gradient: their dW GEMMs are skipped, and TrainPlan::trained leaves them out).
+// initialised: at the block level under backward masking the blocks the worker does not hold
+// were built frozen by its context (requires_grad false, Note [Block selection]: no dW GEMMs,
+// and TrainPlan::trained leaves them out); they are the frozen copies.
 parallel::sdp::SdpSetup sdp_setup(TrainPlan& plan, const Config& cfg, int worker) {
   const std::vector<std::pair<std::string, Tensor>> all = plan.model->named_parameters();
   if (sdp_blocks(cfg)) {
     const parallel::sdp::BlockAssignment cover = block_cover(cfg);
     std::vector<std::pair<std::string, Tensor>> frozen;
-    for (const auto& [name, p] : all) {
-      if (parallel::sdp::holds_parameter(cover, worker, name)) continue;
-      Tensor t = p;
-      t.set_requires_grad(false);
-      frozen.emplace_back(name, t);
-    }
+    for (const auto& [name, p] : all)
+      if (!p.requires_grad()) frozen.emplace_back(name, p);
     return parallel::sdp::block_setup(cover, worker, plan.trained(), std::move(frozen),
                                       sdp_forward(cfg));
   }

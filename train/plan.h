@@ -103,7 +103,7 @@ struct TrainPlan {
 // also each block's attention to the KV groups of a second cover), backward masking keeps
 // the full MLPs (and attention) with the unheld units as a frozen copy; at the block level
 // (parallel/sdp/block_level.h) forward masking builds only the held blocks, backward masking
-// builds all and freezes the unheld ones here (requires_grad false: trained() leaves them out).
+// builds all with the unheld ones frozen (requires_grad false: trained() leaves them out).
 // There is no DataParallel; the optim.* optimizer runs over trained(), so optimizer state exists
 // only for the held slices and the replicated parameters. SdpSync finalises the gradients: each
 // slice averaged over its holders (in every data-parallel copy), the replicated parameters over the

@@ -16,6 +16,7 @@
 #include "core/ops/matmul.h"
 #include "core/ops/view.h"
 #include "core/placement.h"
+#include "kernels/copy.h"
 
 namespace loom::parallel::sdp {
 namespace {
@@ -111,7 +112,7 @@ void zero_packed_rows(Tensor& t, const UnitRanges& ranges, int64_t global_row) {
     const int64_t from = std::max(begin, global_row);
     if (from < end) {
       Tensor rows = ops::narrow(t, 0, local + from - begin, end - from);
-      ops::copy_(rows, Tensor::zeros(rows.shape(), t.dtype(), t.device()));
+      kernels::call_kernel<kernels::fill_k>(rows, 0.0);
     }
     local += end - begin;
   }
@@ -141,7 +142,7 @@ void zero_rows(Tensor& t, int64_t global_row) {
   if (!t.defined() || global_row >= t.size(0)) return;
   autograd::NoGradGuard no_grad;
   Tensor rows = ops::narrow(t, 0, global_row, t.size(0) - global_row);
-  ops::copy_(rows, Tensor::zeros(rows.shape(), t.dtype(), t.device()));
+  kernels::call_kernel<kernels::fill_k>(rows, 0.0);
 }
 
 }  // namespace

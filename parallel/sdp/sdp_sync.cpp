@@ -10,6 +10,7 @@
 #include "core/autograd.h"
 #include "core/error.h"
 #include "core/ops/view.h"
+#include "kernels/copy.h"
 #include "optim/clip.h"
 #include "parallel/sdp/head_slices.h"
 #include "parallel/sdp/packed_layers.h"
@@ -184,7 +185,10 @@ SdpSync::SdpSync(Communicator& dp, SdpSetup setup,
     std::iota(members.begin(), members.end(), replica_ * n);
     const HolderGroupFactory make =
         options.make_group ? options.make_group : holder_group_factory(dp, options.timeout_s);
-    group_ = make(members, "sdp_copy" + std::to_string(replica_), 1 << 12);
+    // The factory's creation tag is 0x5d0 + index mod 4096; SliceSync numbers its holder sets
+    // from 0, so the last index keeps this group's messages apart from theirs.
+    constexpr int kCopyGroupIndex = 4095;
+    group_ = make(members, "sdp_copy" + std::to_string(replica_), kCopyGroupIndex);
     group = group_.get();
   }
   std::vector<HeldSlice> held;
@@ -236,7 +240,7 @@ SdpSync::~SdpSync() { link_->owner = nullptr; }
 
 void SdpSync::zero_grad() {
   for (size_t i = 0; i < params_.size(); ++i) {
-    ops::copy_(buffers_[i], Tensor::zeros_like(buffers_[i]));
+    kernels::call_kernel<kernels::fill_k>(buffers_[i], 0.0);  // in place, as GradBuckets does
     params_[i].second.set_grad(buffers_[i]);
   }
   std::fill(fired_.begin(), fired_.end(), 0);
@@ -248,7 +252,7 @@ void SdpSync::adopt(size_t index) {
   Tensor& buf = buffers_[index];
   const Tensor g = p.grad();
   if (!g.defined()) {  // no gradient this step (unused): zeros, so the average is defined
-    ops::copy_(buf, Tensor::zeros_like(buf));
+    kernels::call_kernel<kernels::fill_k>(buf, 0.0);
   } else if (!(g.storage() == buf.storage() && g.offset() == buf.offset())) {
     ops::copy_(buf, g);  // .grad was cleared behind our back: AccumulateGrad made a fresh one
   }
