@@ -13,6 +13,7 @@ packages=(
   libopenmpi-dev openmpi-bin
   libgtest-dev googletest libbenchmark-dev nlohmann-json3-dev
   clang-format-14  # tools/check_format.sh (CI checks formatting with this version)
+  strace  # tools/check_isa.sh checks that its build runs nothing it built
   fortunes  # the default training corpus (English text under /usr/share/games/fortunes)
 )
 
