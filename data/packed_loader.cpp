@@ -67,13 +67,35 @@ PackedLoader::PackedLoader(const std::vector<std::string>& shard_paths,
     const auto s = static_cast<int32_t>(shards_.size() - 1);
     for (int64_t d = 0; d < r.num_docs(); ++d) {
       const int64_t n = std::min(r.doc_length(d), opt_.max_len + 1);
-      if (n >= 2) docs_.push_back({s, d, n - 1});
+      if (n < 2) continue;
+      docs_.push_back({s, d, n - 1});
+      count_cut(r.doc_mask(d), n);
     }
   }
   const int64_t global = opt_.docs_per_rank * opt_.world_size;
-  LOOM_INPUT_CHECK(static_cast<int64_t>(docs_.size()) >= global, "data.train: the shards hold ",
+  LOOM_INPUT_CHECK(static_cast<int64_t>(docs_.size()) >= global, opt_.key, ": the shards hold ",
                    docs_.size(), " documents of 2 tokens or more, fewer than one step's ", global,
                    " (data.batch_size ", opt_.docs_per_rank, " × ", opt_.world_size, " ranks)");
+  LOOM_INPUT_CHECK(stats_.loss_tokens > 0, opt_.key, " (", shard_paths.front(),
+                   shard_paths.size() > 1 ? " and the other shards" : "", "): none of the ",
+                   stats_.documents, " documents keeps a loss token within data.seq_len ",
+                   opt_.max_len, " (each is cut to its first ", opt_.max_len + 1, " tokens; ",
+                   stats_.cut_loss_tokens,
+                   " loss tokens lie past the cut): training would learn nothing; raise "
+                   "data.seq_len or shorten what precedes the assistant's turns");
+}
+
+// Note [Loss tokens and the cut]: a document of `kept` tokens after the cut; its targets are
+// tokens 1 … kept − 1 of the mask, the rest of the mask is lost.
+void PackedLoader::count_cut(std::span<const uint8_t> mask, int64_t kept) {
+  const auto at = mask.begin() + kept;
+  const int64_t in = std::count(mask.begin() + 1, at, uint8_t{1});
+  const int64_t out = std::count(at, mask.end(), uint8_t{1});
+  ++stats_.documents;
+  stats_.cut_documents += at != mask.end() ? 1 : 0;
+  stats_.loss_tokens += in;
+  stats_.cut_loss_tokens += out;
+  stats_.no_loss_documents += in == 0 ? 1 : 0;
 }
 
 int64_t PackedLoader::steps_per_epoch() const {

@@ -25,9 +25,18 @@
 // A rank always runs at least one micro-batch; with equal_micro_batches (ZeRO-3 with collectives,
 // whose per-unit gathers every rank must join) every rank runs the largest count and a rank with
 // fewer pads with empty micro-batches (one ignored token: a forward and backward with no loss).
+//
+// Note [Loss tokens and the cut]: the cut can remove loss tokens — a long system prompt pushes
+// the assistant's reply past max_len. PackedLoader counts, when it opens the shards, the loss
+// tokens kept and lost and the documents left with none (stats(); the trainer logs them), and
+// refuses data with no loss token left, naming the key and max_len. A step whose documents hold
+// no loss token has global_loss_tokens 0; the trainer skips it with a warning (no update: weight
+// decay and the moments would move the weights with nothing learnt), and validation leaves such
+// a step out of its mean (train/train_step.cpp, train/sampling.cpp).
 #pragma once
 
 #include <cstdint>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -51,7 +60,18 @@ struct PackingOptions {
   bool equal_micro_batches = false;
   int rank = 0, world_size = 1;
   uint64_t seed = 1337;
-  int64_t vocab_size = 0;  // > 0: every shard's tokens checked below it when opened
+  int64_t vocab_size = 0;          // > 0: every shard's tokens checked below it when opened
+  std::string key = "data.train";  // the config key the shards came from, for errors
+};
+
+// What the cut at max_len does to the data (Note [Loss tokens and the cut]); documents of 2
+// tokens or more.
+struct PackedDataStats {
+  int64_t documents = 0;
+  int64_t cut_documents = 0;      // longer than max_len + 1 tokens
+  int64_t loss_tokens = 0;        // targets with loss-mask 1 within the cut
+  int64_t cut_loss_tokens = 0;    // past the cut: never trained on
+  int64_t no_loss_documents = 0;  // no loss token within the cut
 };
 
 // One packed row of this rank: documents side by side.
@@ -87,6 +107,7 @@ class PackedLoader {
   int64_t num_documents() const { return static_cast<int64_t>(docs_.size()); }
   int64_t steps_per_epoch() const;
   const PackingOptions& options() const { return opt_; }
+  const PackedDataStats& stats() const { return stats_; }
 
  private:
   struct Doc {
@@ -97,10 +118,12 @@ class PackedLoader {
   PackedMicroBatch pack(const std::vector<int64_t>& step_docs,
                         const std::vector<int64_t>& members) const;
   int64_t loss_tokens(const Doc& d) const;
+  void count_cut(std::span<const uint8_t> mask, int64_t kept);
 
   std::vector<DocumentReader> shards_;
   std::vector<Doc> docs_;
   PackingOptions opt_;
+  PackedDataStats stats_;
   int64_t epoch_ = 0, position_ = 0;
   int64_t perm_epoch_ = -1;
   std::vector<int64_t> perm_;

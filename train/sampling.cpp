@@ -39,14 +39,27 @@ double Trainer::evaluate() {
     s.val_loader->set_state({0, 0});
   // The mean over the val batches; under cp this rank's share of it. A stop request ends the
   // loop early (Note [Stopping inside long loops]): the mean of the batches done.
+  // A packed batch without loss tokens has no loss: it is left out of the mean (Note [Loss
+  // tokens and the cut] in data/packed_loader.h); every rank plans it alike.
   double sum = 0;
-  int64_t done = 0;
+  int64_t done = 0, counted = 0;
   while (done < s.cfg.train.val_steps && !(done > 0 && s.stop_requested())) {
-    sum += s.packed_val ? s.plan.runner->evaluate_packed(s.packed_val->next())
-                        : s.plan.runner->evaluate(*s.val_loader, 1);
+    if (s.packed_val) {
+      const PackedStep step = s.packed_val->next();
+      if (step.global_loss_tokens > 0) {
+        sum += s.plan.runner->evaluate_packed(step);
+        ++counted;
+      }
+    } else {
+      sum += s.plan.runner->evaluate(*s.val_loader, 1);
+      ++counted;
+    }
     ++done;
   }
-  double mean = sum / static_cast<double>(done);
+  LOOM_INPUT_CHECK(counted > 0, "data.val: none of the ", done,
+                   " validation batches holds a loss token within data.seq_len ",
+                   s.cfg.data.seq_len, " (cut or masked): there is no validation loss");
+  double mean = sum / static_cast<double>(counted);
   if (done < s.cfg.train.val_steps)
     *s.log << "validation stopped after " << done << " of " << s.cfg.train.val_steps
            << " batches (stop requested)\n";

@@ -4,6 +4,7 @@
 // metrics (train/trainer_state.h).
 #include <algorithm>
 #include <cmath>
+#include <optional>
 
 #include "core/ops/elementwise.h"
 #include "core/ops/view.h"
@@ -34,17 +35,22 @@ PendingStep Trainer::State::train_step() {
   PendingStep pending;
   StepRecord& r = pending.r;
   r.lr = schedule.lr_at(step);
+  std::optional<PackedStep> packed;
+  if (packed_train) {
+    packed = packed_train->next();
+    // Every rank plans the whole step, so all skip alike (Note [Loss tokens and the cut]).
+    if (packed->global_loss_tokens == 0) return skipped_step(*packed);
+  }
   plan.zero_grad();
   KernelChoices kernel_choices(cfg.train);
   // This rank's share of its replica's loss: the step runner is the one branch on the layout.
   const DropoutKey dropout{dropout_seed, step, 0};  // the masks of this step's coordinates
   Tensor share;
-  if (packed_train) {  // whole documents, Note [Packed loss]
-    const PackedStep packed = packed_train->next();
-    share = plan.runner->forward_backward_packed(packed, dropout, scaler.get());
-    pending.packed_tokens = packed.global_tokens;
-    pending.rank_tokens = packed.rank_tokens;
-    pending.rank_micro_batches = packed.rank_micro_batches;
+  if (packed) {  // whole documents, Note [Packed loss]
+    share = plan.runner->forward_backward_packed(*packed, dropout, scaler.get());
+    pending.packed_tokens = packed->global_tokens;
+    pending.rank_tokens = packed->rank_tokens;
+    pending.rank_micro_batches = packed->rank_micro_batches;
   } else {
     share = plan.runner->forward_backward(*train_loader, dropout, scaler.get());
   }
@@ -60,6 +66,21 @@ PendingStep Trainer::State::train_step() {
   r.step = ++step;
   if (plan.dp) pending.dp_stats = plan.dp->last_step_stats();
   pending.pipe_stats = plan.runner->stats();
+  return pending;
+}
+
+// A packed step whose documents hold no loss token (Note [Loss tokens and the cut] in
+// data/packed_loader.h): no forward, backward or update — the weights, the optimizer's moments
+// and step count stay as they are — but the step counts (the schedule and the data move on, as
+// they would in an uninterrupted run) and is reported with a warning.
+PendingStep Trainer::State::skipped_step(const PackedStep& packed) {
+  PendingStep pending;
+  pending.r.lr = schedule.lr_at(step);
+  pending.r.loss = std::nan("");
+  pending.r.skipped = true;
+  pending.no_loss_tokens = true;
+  pending.packed_tokens = packed.global_tokens;
+  pending.r.step = ++step;
   return pending;
 }
 
@@ -89,6 +110,17 @@ void Trainer::State::finish_step(PendingStep& pending, const Tensor& loss, const
 }
 
 void Trainer::State::report(PendingStep& p, Clock::time_point& since) {
+  if (p.no_loss_tokens) {
+    const Clock::time_point now = Clock::now();
+    p.r.seconds = std::chrono::duration<double>(now - since).count();
+    since = now;
+    *log << "step " << p.r.step << "/" << cfg.train.steps
+         << " | warning: no loss token in this step's documents within data.seq_len "
+         << cfg.data.seq_len << " (cut or masked): step skipped, weights and optimizer unchanged\n";
+    log->flush();
+    if (metrics) metrics->write(p.r.step, {{"train/lr", p.r.lr}, {"train/skipped", 1.0}});
+    return;
+  }
   const std::vector<double>& v = p.numbers.get();
   p.r.loss = v[0];
   p.r.grad_norm = std::sqrt(v[1]);

@@ -70,6 +70,25 @@ Device resolve_device(const TrainConfig& t) {
   return Device::cuda(local_rank % visible);
 }
 
+// One line on what the cut at data.seq_len does to packed data (Note [Loss tokens and the cut]).
+void log_cut(std::ostream& log, const PackedLoader& data) {
+  const PackedDataStats& st = data.stats();
+  const int64_t all = st.loss_tokens + st.cut_loss_tokens;
+  log << data.options().key << ": " << st.documents << " documents, " << st.loss_tokens
+      << " loss tokens";
+  if (st.cut_documents == 0) {
+    log << "; none longer than data.seq_len " << data.options().max_len << "\n";
+    return;
+  }
+  log << "; " << st.cut_documents << " longer than data.seq_len " << data.options().max_len
+      << " are cut, losing " << st.cut_loss_tokens << " of " << all << " loss tokens ("
+      << fmt(100.0 * static_cast<double>(st.cut_loss_tokens) / static_cast<double>(all), 1)
+      << " %)";
+  if (st.no_loss_documents > 0)
+    log << "; " << st.no_loss_documents << " documents keep no loss token";
+  log << "\n";
+}
+
 }  // namespace
 
 double measure_gemm_flops(Device device, DType dtype) {
@@ -139,12 +158,15 @@ void Trainer::State::build() {
     po.seed = d.seed;
     po.vocab_size = cfg.model.vocab_size;
     packed_train = std::make_unique<PackedLoader>(expand_shards(d.train, "data.train"), po);
+    log_cut(*log, *packed_train);
     if (!d.val.empty()) {  // every rank evaluates each whole validation step, as below
       po.docs_per_rank = d.batch_size * dp_size;  // the global minibatch's documents
       po.rank = 0;
       po.world_size = 1;
       po.equal_micro_batches = false;
+      po.key = "data.val";
       packed_val = std::make_unique<PackedLoader>(expand_shards(d.val, "data.val"), po);
+      log_cut(*log, *packed_val);
     }
   } else {
     train_loader =

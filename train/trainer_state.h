@@ -65,6 +65,8 @@ struct PendingStep {
   // data.packing: the step's input tokens, and how they split over the dp ranks (before padding)
   int64_t packed_tokens = 0;
   std::vector<int64_t> rank_tokens, rank_micro_batches;
+  // A packed step without loss tokens, skipped (Trainer::State::skipped_step): no numbers
+  bool no_loss_tokens = false;
 };
 
 std::string fmt(double v, int precision, bool sci = false);
@@ -116,6 +118,7 @@ struct Trainer::State {
 
   // train/train_step.cpp (Note [Device step]).
   PendingStep train_step();
+  PendingStep skipped_step(const PackedStep& packed);  // no loss tokens: no update
   // The end of every step, after the gradients are final: loss (the global batch's, one element)
   // and Σ g² (every rank's parts summed) on the device. Starts reading both and runs the
   // optimizer with the factor computed on the device: clipping, and under loss scaling the

@@ -15,8 +15,8 @@
 // only when destroyed: there is no per-transfer lock and no epoch per step. get = MPI_Rget,
 // accumulate = MPI_Raccumulate (MPI_SUM; MPI orders accumulates of one origin to one location, and
 // makes each element's update atomic with respect to other accumulates), flush = MPI_Win_flush_all,
-// barrier = MPI_Win_sync, MPI_Barrier, MPI_Win_sync (the sync makes local stores and remote updates
-// agree in the separate memory model; it costs nothing in the unified one). Requests are
+// barrier = MPI_Win_sync, an arrival exchange, MPI_Win_sync (the sync makes local stores and remote
+// updates agree in the separate memory model; it costs nothing in the unified one). Requests are
 // polled with MPI_Test from the calling thread (MPI runs with MPI_THREAD_MULTIPLE: the
 // communicators' threads call MPI at the same time). Progress: on one node osc/sm copies
 // through shared memory inside the origin's call, so an owner busy computing never delays a
@@ -24,11 +24,32 @@
 // owners made no MPI call). Across nodes the owner's progress depends on the component
 // (osc/ucx and osc/rdma use RDMA hardware; without it transfers progress only when the owner
 // enters MPI).
+//
+// Note [ODC deadlines]: every wait honours the window's timeout (parallel.comm_timeout_s) and
+// names the operation, the window and the peer. Gets and accumulates are requests polled with a
+// deadline (RmaWork). The barrier is not MPI_Barrier, which can neither time out nor say who is
+// missing: each member posts a zero-byte MPI_Irecv from, and an MPI_Isend to, every other member
+// on the window's own communicator and polls them (MPI_Testsome) until the deadline; the receives
+// still pending then name the members that have not arrived. Receiving every member's message is
+// the synchronisation MPI_Barrier gives (MPI-3 §11.5.4: any process synchronisation orders RMA
+// epochs), at 2(S−1) empty messages per member per barrier — once per step. Messages of
+// consecutive barriers cannot mix: MPI does not reorder messages of one sender, tag and
+// communicator. After a timeout the pending requests are freed (MPI completes them in the
+// background; they carry no data), so a late member's arrival is matched and a later barrier
+// of every member still works. The blocking calls MPI offers no request for — creating the
+// window (MPI_Comm_create_group, MPI_Win_allocate{,_shared}) and MPI_Win_flush_all, which
+// across nodes may wait for a stopped target — run on a thread of their own that the caller
+// waits for until the deadline; on a timeout that thread is left blocked inside MPI (the error
+// ends the job: parallel/launcher.h's abort).
 #include <algorithm>
 #include <chrono>
 #include <climits>
+#include <condition_variable>
 #include <cstring>
 #include <exception>
+#include <functional>
+#include <mutex>
+#include <set>
 #include <thread>
 #include <utility>
 
@@ -72,7 +93,56 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-constexpr int kCreateTag = 0x0dc;  // MPI_Comm_create_group's tag for the windows' communicators
+constexpr int kCreateTag = 0x0dc;   // MPI_Comm_create_group's tag for the windows' communicators
+constexpr int kBarrierTag = 0x0db;  // the barrier's arrival messages, on the window's communicator
+
+Clock::time_point deadline_after(double timeout_s) {
+  return Clock::now() +
+         std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(timeout_s));
+}
+
+// Runs `call` (a blocking MPI call with no request form) on a thread of its own and waits for it
+// until `timeout_s` has passed; then throws `what()` + " did not complete within … s" and leaves
+// the thread blocked (Note [ODC deadlines]). `call` must own or share everything it touches.
+void call_with_deadline(std::function<void()> call, double timeout_s,
+                        const std::function<std::string()>& what) {
+  struct State {
+    std::mutex mu;
+    std::condition_variable cv;
+    bool done = false;
+    std::exception_ptr error;
+  };
+  auto state = std::make_shared<State>();
+  std::thread worker([state, call = std::move(call)] {
+    std::exception_ptr error;
+    try {
+      call();
+    } catch (...) {
+      error = std::current_exception();
+    }
+    std::lock_guard<std::mutex> lock(state->mu);
+    state->error = error;
+    state->done = true;
+    state->cv.notify_all();
+  });
+  std::unique_lock<std::mutex> lock(state->mu);
+  if (!state->cv.wait_until(lock, deadline_after(timeout_s), [&] { return state->done; })) {
+    lock.unlock();
+    worker.detach();
+    LOOM_FAIL(what(), " did not complete within ", timeout_s, " s");
+  }
+  lock.unlock();
+  worker.join();
+  if (state->error) std::rethrow_exception(state->error);
+}
+
+// Sleeps a little more each time a poll finds nothing done (yield first, then 20 µs naps).
+void backoff(int& spins) {
+  if (++spins < 64)
+    std::this_thread::yield();
+  else
+    std::this_thread::sleep_for(std::chrono::microseconds(20));
+}
 
 MPI_Datatype mpi_type(DType t, const std::string& where) {
   switch (t) {
@@ -92,8 +162,7 @@ class RmaWork final : public Work {
       : req_(req),
         keep_(std::move(keep)),
         what_(std::move(what)),
-        deadline_(Clock::now() + std::chrono::duration_cast<Clock::duration>(
-                                     std::chrono::duration<double>(timeout_s))),
+        deadline_(deadline_after(timeout_s)),
         timeout_s_(timeout_s) {}
   ~RmaWork() override {
     if (!done_) {  // an abandoned request (a failed step): let MPI finish it, never free it early
@@ -107,10 +176,7 @@ class RmaWork final : public Work {
     int spins = 0;
     while (!test()) {
       LOOM_CHECK(Clock::now() < deadline_, what_, " did not complete within ", timeout_s_, " s");
-      if (++spins < 64)
-        std::this_thread::yield();
-      else
-        std::this_thread::sleep_for(std::chrono::microseconds(20));
+      backoff(spins);
     }
   }
   bool is_done() const override { return test(); }
@@ -145,30 +211,46 @@ class MpiWindow final : public OneSidedWindow {
         elem_(static_cast<int64_t>(dtype_size(dtype))),
         timeout_s_(timeout_s) {
     LOOM_CHECK(numel > 0, name_, ": a window needs at least one element, got ", numel);
+    LOOM_CHECK(timeout_s > 0, name_, ": the timeout must be > 0 s, got ", timeout_s);
     // The group's members, in its order, as a new communicator made over MPI_COMM_WORLD
     // (collective over the members only): the group's own MPI communicator is left to its
     // communicator thread, which may be running an operation on it right now.
     MPI_Group members = MPI_GROUP_NULL;
     check_mpi(MPI_Comm_group(parent, &members), "MPI_Comm_group", name_);
-    const int rc = MPI_Comm_create_group(MPI_COMM_WORLD, members, kCreateTag, &comm_);
+    world_ranks_ = world_ranks_of(members);
+    const MPI_Aint bytes = static_cast<MPI_Aint>(numel * elem_);
+    struct Made {  // written by the creating thread (Note [ODC deadlines])
+      MPI_Comm comm = MPI_COMM_NULL;
+      MPI_Win win = MPI_WIN_NULL;
+      void* base = nullptr;
+    };
+    auto made = std::make_shared<Made>();
+    const int elem = static_cast<int>(elem_);
+    call_with_deadline(
+        [made, members, bytes, elem, label = name_] {
+          check_mpi(MPI_Comm_create_group(MPI_COMM_WORLD, members, kCreateTag, &made->comm),
+                    "MPI_Comm_create_group", label);
+          if (on_one_node(made->comm, label)) {  // shared memory: osc/sm (Note [ODC over MPI RMA])
+            MPI_Info info = MPI_INFO_NULL;
+            MPI_Info_create(&info);
+            MPI_Info_set(info, "alloc_shared_noncontig", "true");  // each rank's part near its core
+            const int rc =
+                MPI_Win_allocate_shared(bytes, elem, info, made->comm, &made->base, &made->win);
+            MPI_Info_free(&info);
+            check_mpi(rc, "MPI_Win_allocate_shared", label);
+          } else {
+            check_mpi(
+                MPI_Win_allocate(bytes, elem, MPI_INFO_NULL, made->comm, &made->base, &made->win),
+                "MPI_Win_allocate", label);
+          }
+        },
+        timeout_s_, [&] { return name_ + ": creating the window over " + members_text(); });
     MPI_Group_free(&members);
-    check_mpi(rc, "MPI_Comm_create_group", name_);
+    comm_ = made->comm;
+    win_ = made->win;
+    base_ = made->base;
     MPI_Comm_rank(comm_, &rank_);
     MPI_Comm_size(comm_, &size_);
-    const MPI_Aint bytes = static_cast<MPI_Aint>(numel * elem_);
-    if (on_one_node()) {  // a shared-memory window: osc/sm (Note [ODC over MPI RMA])
-      MPI_Info info = MPI_INFO_NULL;
-      MPI_Info_create(&info);
-      MPI_Info_set(info, "alloc_shared_noncontig", "true");  // each rank's part near its core
-      const int rc =
-          MPI_Win_allocate_shared(bytes, static_cast<int>(elem_), info, comm_, &base_, &win_);
-      MPI_Info_free(&info);
-      check_mpi(rc, "MPI_Win_allocate_shared", name_);
-    } else {
-      check_mpi(
-          MPI_Win_allocate(bytes, static_cast<int>(elem_), MPI_INFO_NULL, comm_, &base_, &win_),
-          "MPI_Win_allocate", name_);
-    }
     std::memset(base_, 0, static_cast<size_t>(numel * elem_));
     check_mpi(MPI_Win_lock_all(MPI_MODE_NOCHECK, win_), "MPI_Win_lock_all", name_);
     barrier();  // every member's zeroes are in place before anyone accumulates
@@ -204,6 +286,7 @@ class MpiWindow final : public OneSidedWindow {
 
   WorkPtr accumulate_async(int owner, int64_t offset, Tensor src) override {
     const std::string what = describe("accumulate into", owner, offset, src);
+    unflushed_.insert(owner);
     MPI_Request req = MPI_REQUEST_NULL;
     check_mpi(MPI_Raccumulate(src.raw_data(), count(src), type_, owner, offset, count(src), type_,
                               MPI_SUM, win_, &req),
@@ -211,11 +294,48 @@ class MpiWindow final : public OneSidedWindow {
     return std::make_shared<RmaWork>(req, std::move(src), what, timeout_s_);
   }
 
-  void flush() override { check_mpi(MPI_Win_flush_all(win_), "MPI_Win_flush_all", name_); }
+  void flush() override {
+    const MPI_Win win = win_;
+    const std::string name = name_;
+    call_with_deadline(
+        [win, name] { check_mpi(MPI_Win_flush_all(win), "MPI_Win_flush_all", name); }, timeout_s_,
+        [&] {
+          return name_ + ": flushing the accumulates into " + ranks_text(unflushed_) +
+                 " (MPI_Win_flush_all)";
+        });
+    unflushed_.clear();
+  }
 
+  // Note [ODC deadlines]: an arrival message to and from every other member, polled until the
+  // deadline.
   void barrier() override {
     check_mpi(MPI_Win_sync(win_), "MPI_Win_sync", name_);
-    check_mpi(MPI_Barrier(comm_), "MPI_Barrier", name_);
+    std::vector<MPI_Request> reqs;  // receives first: reqs[i] for peer i (i != rank_), then sends
+    std::vector<int> peers;
+    for (int p = 0; p < size_; ++p) {
+      if (p == rank_) continue;
+      peers.push_back(p);
+      reqs.push_back(MPI_REQUEST_NULL);
+      check_mpi(MPI_Irecv(nullptr, 0, MPI_BYTE, p, kBarrierTag, comm_, &reqs.back()), "MPI_Irecv",
+                name_);
+    }
+    for (int p : peers) {
+      reqs.push_back(MPI_REQUEST_NULL);
+      check_mpi(MPI_Isend(nullptr, 0, MPI_BYTE, p, kBarrierTag, comm_, &reqs.back()), "MPI_Isend",
+                name_);
+    }
+    const auto deadline = deadline_after(timeout_s_);
+    std::vector<int> done(reqs.size());
+    int spins = 0;
+    while (true) {  // MPI_Testsome sets what completed to MPI_REQUEST_NULL; all null: arrived
+      int count = 0;
+      check_mpi(MPI_Testsome(static_cast<int>(reqs.size()), reqs.data(), &count, done.data(),
+                             MPI_STATUSES_IGNORE),
+                "MPI_Testsome", name_);
+      if (count == MPI_UNDEFINED) break;
+      if (Clock::now() >= deadline) barrier_timed_out(peers, reqs);
+      if (count == 0) backoff(spins);
+    }
     check_mpi(MPI_Win_sync(win_), "MPI_Win_sync", name_);
   }
 
@@ -256,18 +376,61 @@ class MpiWindow final : public OneSidedWindow {
     for (int64_t i = 0; i < n; ++i) dst[i] /= d;
   }
 
-  // Whether every member shares this rank's node (collective over comm_).
-  bool on_one_node() const {
+  // Whether every member of `comm` shares this rank's node (collective over comm).
+  static bool on_one_node(MPI_Comm comm, const std::string& name) {
     MPI_Comm node = MPI_COMM_NULL;
-    check_mpi(MPI_Comm_split_type(comm_, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &node),
-              "MPI_Comm_split_type", name_);
-    int node_size = 0;
+    check_mpi(MPI_Comm_split_type(comm, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &node),
+              "MPI_Comm_split_type", name);
+    int node_size = 0, size = 0;
     MPI_Comm_size(node, &node_size);
+    MPI_Comm_size(comm, &size);
     MPI_Comm_free(&node);
-    int all = node_size == size_ ? 1 : 0;  // every member must take the same branch
-    check_mpi(MPI_Allreduce(MPI_IN_PLACE, &all, 1, MPI_INT, MPI_MIN, comm_), "MPI_Allreduce",
-              name_);
+    int all = node_size == size ? 1 : 0;  // every member must take the same branch
+    check_mpi(MPI_Allreduce(MPI_IN_PLACE, &all, 1, MPI_INT, MPI_MIN, comm), "MPI_Allreduce", name);
     return all == 1;
+  }
+
+  // The world rank of each member of `group`, in the group's order.
+  static std::vector<int> world_ranks_of(MPI_Group group) {
+    int n = 0;
+    MPI_Group_size(group, &n);
+    MPI_Group world = MPI_GROUP_NULL;
+    MPI_Comm_group(MPI_COMM_WORLD, &world);
+    std::vector<int> in(static_cast<size_t>(n)), out(static_cast<size_t>(n));
+    for (int i = 0; i < n; ++i) in[static_cast<size_t>(i)] = i;
+    MPI_Group_translate_ranks(group, n, in.data(), world, out.data());
+    MPI_Group_free(&world);
+    return out;
+  }
+
+  // "rank 1 (world rank 5)", "ranks 1 (world rank 5), 3 (world rank 7)".
+  std::string ranks_text(const std::set<int>& ranks) const {
+    std::string out = ranks.size() == 1 ? "rank " : "ranks ";
+    bool first = true;
+    for (int r : ranks) {
+      out += (first ? "" : ", ") + std::to_string(r) + " (world rank " +
+             std::to_string(world_ranks_.at(static_cast<size_t>(r))) + ")";
+      first = false;
+    }
+    return ranks.empty() ? "no rank" : out;
+  }
+
+  std::string members_text() const { return std::to_string(world_ranks_.size()) + " ranks"; }
+
+  // Throws naming the members whose arrival message has not come (Note [ODC deadlines]); frees
+  // the pending requests, which MPI completes in the background.
+  [[noreturn]] void barrier_timed_out(const std::vector<int>& peers,
+                                      std::vector<MPI_Request>& reqs) {
+    std::set<int> missing;
+    for (size_t i = 0; i < peers.size(); ++i) {
+      if (reqs[i] != MPI_REQUEST_NULL) missing.insert(peers[i]);
+    }
+    for (MPI_Request& r : reqs) {
+      if (r != MPI_REQUEST_NULL) MPI_Request_free(&r);
+    }
+    LOOM_FAIL(name_, ": barrier (the window's synchronisation over ", members_text(),
+              ") did not complete within ", timeout_s_, " s: ", ranks_text(missing),
+              missing.size() == 1 ? " has" : " have", " not arrived");
   }
 
   void* local(int64_t offset) const { return static_cast<char*>(base_) + offset * elem_; }
@@ -308,6 +471,8 @@ class MpiWindow final : public OneSidedWindow {
   MPI_Datatype type_;
   int64_t elem_;
   double timeout_s_;
+  std::vector<int> world_ranks_;  // of each member, for errors
+  std::set<int> unflushed_;       // owners accumulated into since the last flush, for errors
   MPI_Comm comm_ = MPI_COMM_NULL;
   MPI_Win win_ = MPI_WIN_NULL;
   void* base_ = nullptr;

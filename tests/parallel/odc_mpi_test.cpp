@@ -10,7 +10,10 @@
 // parallel.odc resuming from its sharded checkpoint exactly.
 // loom-mpi-test: ranks 2 4 timeout 300
 #include <gtest/gtest.h>
+#include <signal.h>
+#include <unistd.h>
 
+#include <chrono>
 #include <cmath>
 #include <map>
 #include <numeric>
@@ -132,6 +135,49 @@ TEST(OdcWindow, SlotsReduceInRankOrder) {
   const std::vector<double> got = out.to_vector();
   for (size_t i = 0; i < want.size(); ++i)
     EXPECT_EQ(got[i], static_cast<double>(want[i] / static_cast<float>(S))) << i;
+  w->barrier();
+}
+
+// A member stopped by SIGSTOP (as `kill -STOP` would): every other member's barrier throws
+// within the window's timeout, naming the window, the operation and the stopped member (Note
+// [ODC deadlines]). Then rank 0 resumes it, it enters the barrier late and completes it, and a
+// barrier of every member and a get work again.
+TEST(OdcWindow, BarrierWithAStoppedMemberFailsInTimeNamingIt) {
+  ParallelContext ctx = make_ctx(testing::world_size(), 0);
+  const int S = ctx.dp_size(), r = ctx.dp_rank();
+  const int late = S - 1;
+  const double timeout_s = 1.5;
+  auto w = odc::make_mpi_window(ctx.dp(), 8, DType::kF32, "stall window", timeout_s);
+  w->write_local(0, Tensor::full({8}, static_cast<double>(r)));
+  std::vector<int> pids(static_cast<size_t>(S));
+  const int pid = getpid();
+  ASSERT_EQ(MPI_Allgather(&pid, 1, MPI_INT, pids.data(), 1, MPI_INT, MPI_COMM_WORLD), MPI_SUCCESS);
+  if (r == late) {
+    raise(SIGSTOP);  // resumed by rank 0 below
+  } else {
+    std::string error;
+    const auto start = std::chrono::steady_clock::now();
+    try {
+      w->barrier();
+    } catch (const Error& e) {
+      error = e.what();
+    }
+    const double waited =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    if (r == 0) kill(pids[static_cast<size_t>(late)], SIGCONT);
+    EXPECT_NE(error.find(detail::str("stall window: barrier (the window's synchronisation over ", S,
+                                     " ranks) did not complete within 1.5 s: rank ", late,
+                                     " (world rank ", late, ") has not arrived")),
+              std::string::npos)
+        << error;
+    EXPECT_GE(waited, timeout_s - 0.1);
+    EXPECT_LT(waited, timeout_s + 5.0);
+  }
+  if (r == late) w->barrier();  // its arrival completes the barrier the others gave up on
+  w->barrier();                 // and a barrier of every member works again
+  Tensor got = Tensor::empty({8});
+  w->get_async((r + 1) % S, 0, got)->wait();
+  EXPECT_EQ(got.to_vector(), std::vector<double>(8, static_cast<double>((r + 1) % S)));
   w->barrier();
 }
 
