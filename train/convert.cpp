@@ -405,6 +405,7 @@ std::string convert_model(const std::string& from, const std::string& to,
   Model m = read_model(src, ckpt.get(), options);
   if (dst.kind == "hf" || (dst.kind == "loom" && !m.from_checkpoint))
     cast_weights(m, options.dtype, from);
+  if (dst.kind == "llmc") check_llmc_writable(m.config, dst.path);
   if (options.progress) *options.progress << "convert: writing " << to << "\n";
   write_model(m, dst.kind, dst.kind == "loom" ? out.folder() : out.path(), options);
   out.commit();

@@ -354,8 +354,11 @@ void write_hf_model(const std::string& dir, const ModelConfig& c,
       for (const auto& [n, t] : shards[s]) map[n] = name;
     }
     const json index = {{"metadata", {{"total_size", total}}}, {"weight_map", map}};
-    std::ofstream((fs::path(dir) / "model.safetensors.index.json").string())
-        << index.dump(2) << "\n";
+    const std::string path = (fs::path(dir) / "model.safetensors.index.json").string();
+    std::ofstream out(path, std::ios::trunc);
+    out << index.dump(2) << "\n";
+    out.flush();
+    LOOM_CHECK(out, path, ": write failed (disk full?)");
   }
   const char* torch_dtype = dtype == DType::kBF16  ? "bfloat16"
                             : dtype == DType::kF16 ? "float16"
