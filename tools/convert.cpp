@@ -19,9 +19,9 @@
 
 namespace {
 
-int usage() {
-  std::cerr
-      << "usage: convert --from hf:DIR|llmc:FILE|loom:DIR --to hf:DIR|llmc:FILE|loom:ROOT\n"
+// The usage text to `out`; returns `rc` (2 for a usage mistake, 0 for --help).
+int usage(std::ostream& out = std::cerr, int rc = 2) {
+  out << "usage: convert --from hf:DIR|llmc:FILE|loom:DIR --to hf:DIR|llmc:FILE|loom:ROOT\n"
          "               [--force] [--dtype f32|bf16|f16] [--llmc-version 3|5]\n"
          "               [--vocab-multiple N] [--max-shard-mb N]\n"
          "       convert verify CHECKPOINT_DIR\n"
@@ -31,7 +31,7 @@ int usage() {
          "                   it is written beside itself and renamed into place whole, and a\n"
          "                   model is never written onto its own source\n"
          "  --dtype          of the written weights (hf, loom); f16 refuses values beyond 65504\n";
-  return 2;
+  return rc;
 }
 
 // Runs f, saying any failure in one line: Loom's errors as they are (a user's mistake carries
@@ -81,7 +81,8 @@ int main(int argc, char** argv) {
       o.force = true;
       continue;
     }
-    if (a == "--help" || a == "-h" || i + 1 >= argc) return usage();
+    if (a == "--help" || a == "-h") return usage(std::cout, 0);
+    if (i + 1 >= argc) return usage();
     const std::string v = argv[++i];
     int64_t n = 0;
     if (a == "--from") {

@@ -261,6 +261,15 @@ TEST(ConvertSafety, NonFiniteWeightsRefusedNamingTheTensor) {
     EXPECT_NE(msg.find("NaN or infinite"), std::string::npos) << msg;
     EXPECT_NE(msg.find(root + "/hf/model.safetensors"), std::string::npos) << msg;
     EXPECT_FALSE(fs::exists(root + "/ck/step_00000000"));
+    // A failed convert with --force leaves the destination as it was, and no temporary folder.
+    write_hf_model(root + "/old", tiny_gpt2(), weights_of(tiny_gpt2(), 3), DType::kF32, 1000);
+    const std::string index = slurp(root + "/old/model.safetensors.index.json");
+    o.force = true;
+    EXPECT_NE(message_of([&] { convert_model("hf:" + root + "/hf", "hf:" + root + "/old", o); }),
+              "");
+    EXPECT_EQ(slurp(root + "/old/model.safetensors.index.json"), index);
+    for (const auto& e : fs::directory_iterator(root))
+      EXPECT_EQ(e.path().filename().string().find(".convert"), std::string::npos) << e.path();
   }
 }
 
