@@ -2,17 +2,21 @@
 // train/hf_format.h).
 #include "train/hf_format.h"
 
+#include <cmath>
+#include <cstdint>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <set>
+#include <type_traits>
 #include <vector>
 
 #include "core/autograd.h"
 #include "core/error.h"
 #include "core/ops/view.h"
 #include "layers/transformer.h"
+#include "train/checkpoint.h"
 #include "train/safetensors.h"
 
 namespace loom {
@@ -94,24 +98,53 @@ json read_json(const std::string& path) {
   LOOM_INPUT_CHECK(in, path, ": cannot open");
   try {
     return json::parse(in);
-  } catch (const json::exception& e) {
-    LOOM_INPUT_FAIL(path, ": not valid JSON: ", e.what());
+  } catch (const json::parse_error& e) {
+    LOOM_INPUT_FAIL(path, ": not valid JSON (at byte ", e.byte, ")");
+  } catch (const json::exception&) {
+    LOOM_INPUT_FAIL(path, ": not valid JSON");
+  }
+}
+
+// A config.json value as T (bool, std::string, double or int64_t), checked here so that the
+// error names the key and the file in Loom's words: an integer key refuses 2.5 (rather than
+// reading 2) and a value beyond int64 (rather than wrapping).
+template <typename T>
+T value_as(const json& v, const std::string& key, const std::string& path) {
+  if constexpr (std::is_same_v<T, bool>) {
+    LOOM_INPUT_CHECK(v.is_boolean(), path, ": '", key, "' must be true or false, not ", v.dump());
+    return v.get<bool>();
+  } else if constexpr (std::is_same_v<T, std::string>) {
+    LOOM_INPUT_CHECK(v.is_string(), path, ": '", key, "' must be a string, not ", v.dump());
+    return v.get<std::string>();
+  } else if constexpr (std::is_same_v<T, double>) {
+    LOOM_INPUT_CHECK(v.is_number(), path, ": '", key, "' must be a number, not ", v.dump());
+    return v.get<double>();
+  } else {
+    static_assert(std::is_same_v<T, int64_t>);
+    const bool integral =
+        v.is_number_integer() || (v.is_number_float() && std::isfinite(v.get<double>()) &&
+                                  v.get<double>() == std::trunc(v.get<double>()));
+    LOOM_INPUT_CHECK(integral, path, ": '", key, "' must be an integer, not ", v.dump());
+    const bool fits = v.is_number_unsigned()
+                          ? v.get<uint64_t>() <= uint64_t{INT64_MAX}
+                          : !v.is_number_float() || std::fabs(v.get<double>()) < 0x1p63;
+    LOOM_INPUT_CHECK(fits, path, ": '", key, "' is ", v.dump(),
+                     ", out of range (an integer of at most ", INT64_MAX, ")");
+    return v.is_number_float() ? static_cast<int64_t>(v.get<double>()) : v.get<int64_t>();
   }
 }
 
 template <typename T>
 T field(const json& j, const std::string& key, const std::string& path) {
-  LOOM_INPUT_CHECK(j.contains(key) && !j.at(key).is_null(), path, ": missing '", key, "'");
-  try {
-    return j.at(key).get<T>();
-  } catch (const json::exception&) {
-    LOOM_INPUT_FAIL(path, ": '", key, "' has the wrong type: ", j.at(key).dump());
-  }
+  LOOM_INPUT_CHECK(j.is_object() && j.contains(key) && !j.at(key).is_null(), path, ": missing '",
+                   key, "'");
+  return value_as<T>(j.at(key), key, path);
 }
 
 template <typename T>
 T field_or(const json& j, const std::string& key, T fallback, const std::string& path) {
-  return j.contains(key) && !j.at(key).is_null() ? field<T>(j, key, path) : fallback;
+  return j.is_object() && j.contains(key) && !j.at(key).is_null() ? field<T>(j, key, path)
+                                                                  : fallback;
 }
 
 // Which file holds each tensor of the directory, and its entry there.
@@ -126,10 +159,14 @@ HfIndex index_dir(const std::string& dir) {
   const fs::path index = fs::path(dir) / "model.safetensors.index.json";
   if (fs::exists(index)) {
     const json j = read_json(index.string());
-    LOOM_INPUT_CHECK(j.contains("weight_map") && j["weight_map"].is_object(), index.string(),
-                     ": missing 'weight_map'");
+    LOOM_INPUT_CHECK(j.is_object() && j.contains("weight_map") && j["weight_map"].is_object(),
+                     index.string(), ": missing 'weight_map' (an object: tensor name → file)");
     std::set<std::string> names;
-    for (const auto& [name, file] : j["weight_map"].items()) names.insert(file.get<std::string>());
+    for (const auto& [name, file] : j["weight_map"].items()) {
+      LOOM_INPUT_CHECK(file.is_string() && !file.get<std::string>().empty(), index.string(),
+                       ": weight_map['", name, "'] is ", file.dump(), ", not a file name");
+      names.insert(file.get<std::string>());
+    }
     for (const std::string& f : names) files.push_back((fs::path(dir) / f).string());
   } else {
     LOOM_INPUT_CHECK(fs::exists(single), dir,
@@ -196,8 +233,10 @@ ModelConfig read_hf_config(const std::string& dir, int64_t vocab_multiple) {
                      path,
                      ": attention_bias / mlp_bias are not supported (Loom's Llama has no biases)");
     for (const char* key : {"rope_scaling", "rope_parameters"}) {
-      const bool plain = !j.contains(key) || j[key].is_null() ||
-                         (j[key].is_object() && j[key].value("rope_type", "default") == "default");
+      const bool plain =
+          !j.contains(key) || j[key].is_null() ||
+          (j[key].is_object() &&
+           field_or<std::string>(j[key], "rope_type", "default", path + ": " + key) == "default");
       LOOM_INPUT_CHECK(plain, path, ": ", key, " ", j[key].dump(),
                        " is not supported (Loom's RoPE is the default one)");
     }
@@ -235,6 +274,8 @@ std::map<std::string, Tensor> read_hf_weights(const std::string& dir, const Mode
                        shape_str(e.shape), " but the config needs ", shape_str(want));
       Tensor raw = Tensor::empty(e.shape, e.dtype);
       read_file_bytes(file, e.begin, e.end - e.begin, raw.raw_data());
+      LOOM_INPUT_CHECK(all_finite(raw), file, ": tensor '", t.hf[k],
+                       "' holds NaN or infinite values");
       parts.push_back(ops::to_dtype(raw, dtype));
       used.insert(t.hf[k]);
     }
@@ -313,8 +354,11 @@ void write_hf_model(const std::string& dir, const ModelConfig& c,
       for (const auto& [n, t] : shards[s]) map[n] = name;
     }
     const json index = {{"metadata", {{"total_size", total}}}, {"weight_map", map}};
-    std::ofstream((fs::path(dir) / "model.safetensors.index.json").string())
-        << index.dump(2) << "\n";
+    const std::string path = (fs::path(dir) / "model.safetensors.index.json").string();
+    std::ofstream out(path, std::ios::trunc);
+    out << index.dump(2) << "\n";
+    out.flush();
+    LOOM_CHECK(out, path, ": write failed (disk full?)");
   }
   const char* torch_dtype = dtype == DType::kBF16  ? "bfloat16"
                             : dtype == DType::kF16 ? "float16"

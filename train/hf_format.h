@@ -32,11 +32,13 @@
 namespace loom {
 
 // The model config.json describes (model_type gpt2 or llama). vocab_multiple pads the
-// vocabulary as Loom does. Errors name the file and the field.
+// vocabulary as Loom does. Errors name the file and the field, in Loom's words: a value of the
+// wrong type, an integer key holding a non-integer (2.5) or a value beyond int64.
 ModelConfig read_hf_config(const std::string& dir, int64_t vocab_multiple = 128);
 // Every weight of the directory as Loom's global tensors, converted to `dtype` (the files may be
-// f32, bf16 or f16), the vocabulary padded with zero rows. Errors name the file and the tensor:
-// a missing or unexpected name, a shape that does not fit the config.
+// f32, bf16 or f16), the vocabulary padded with zero rows. Errors (InputError) name the file
+// and the tensor: a missing or unexpected name, a shape that does not fit the config, NaN or
+// infinite values, an index whose weight_map entry is not a file name.
 std::map<std::string, Tensor> read_hf_weights(const std::string& dir, const ModelConfig& c,
                                               DType dtype = DType::kF32);
 // Writes dir/config.json (one that transformers loads) and the weights — Loom's global tensors,

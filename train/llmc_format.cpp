@@ -134,6 +134,24 @@ std::string llmc_mismatch(const ModelConfig& m, const ModelConfig& f) {
   return "";
 }
 
+// The header of an llm.c file of version `version` holding a model of config c; an InputError
+// naming `path` when llm.c cannot hold it (not a tied-head GPT-2, or sizes beyond int32).
+std::array<int32_t, kHeaderInts> header_for(const ModelConfig& c, int version,
+                                            const std::string& path) {
+  std::array<int32_t, kHeaderInts> raw{};
+  const std::array<int64_t, 8> fields = {kLlmcMagic, version,  c.max_seq_len, c.vocab_size,
+                                         c.n_layer,  c.n_head, c.n_embd,      c.padded_vocab()};
+  for (size_t i = 0; i < fields.size(); ++i) {
+    LOOM_INPUT_CHECK(fields[i] <= INT32_MAX, path, ": llm.c header field ", i, " = ", fields[i],
+                     " exceeds int32 (the model is too large for an llm.c file)");
+    raw[i] = static_cast<int32_t>(fields[i]);
+  }
+  const std::string mismatch = llmc_mismatch(c, config_of(parse_header(path, raw)));
+  LOOM_INPUT_CHECK(mismatch.empty(), path, ": llm.c files hold tied-head GPT-2 models only (",
+                   mismatch, ")");
+  return raw;
+}
+
 }  // namespace
 
 ModelConfig read_llmc_config(const std::string& path) {
@@ -157,20 +175,14 @@ void load_llmc_model(const std::string& path, Transformer& model) {
   }
 }
 
+void check_llmc_writable(const ModelConfig& c, const std::string& path) {
+  header_for(c, kLlmcVersionF32, path);
+}
+
 void save_llmc_model(const std::string& path, const Transformer& model, int version) {
   LOOM_CHECK(version == kLlmcVersionF32 || version == kLlmcVersionBF16, path,
              ": unsupported llm.c model version ", version, " (supported: 3 = f32, 5 = bf16)");
-  const ModelConfig& c = model.config();
-  std::array<int32_t, kHeaderInts> raw{};
-  const std::array<int64_t, 8> fields = {kLlmcMagic, version,  c.max_seq_len, c.vocab_size,
-                                         c.n_layer,  c.n_head, c.n_embd,      c.padded_vocab()};
-  for (size_t i = 0; i < fields.size(); ++i) {
-    LOOM_CHECK(fields[i] <= INT32_MAX, path, ": header field ", i, " = ", fields[i],
-               " exceeds int32");
-    raw[i] = static_cast<int32_t>(fields[i]);
-  }
-  const std::string mismatch = llmc_mismatch(c, config_of(parse_header(path, raw)));
-  LOOM_CHECK(mismatch.empty(), path, ": llm.c files hold tied-head GPT-2 models only: ", mismatch);
+  const std::array<int32_t, kHeaderInts> raw = header_for(model.config(), version, path);
   const DType file_dtype = version == kLlmcVersionF32 ? DType::kF32 : DType::kBF16;
   const std::string tmp = path + ".tmp";
   {

@@ -29,8 +29,12 @@ ModelConfig read_llmc_config(const std::string& path);
 // unreadable, wrong magic, unsupported version, size not matching the header's parameter count,
 // and a model whose config differs from the file's.
 void load_llmc_model(const std::string& path, Transformer& model);
+// Whether llm.c can hold a model of config c (a tied-head GPT-2 with sizes within int32): an
+// InputError naming `path` when not, what save_llmc_model checks first.
+void check_llmc_writable(const ModelConfig& c, const std::string& path);
 // Writes `model` (a gpt2 with tied head) as version 3 (f32) or 5 (bf16, round-to-nearest-even),
-// through a temporary file renamed into place.
+// through a temporary file renamed into place. A model llm.c cannot hold (Llama, an untied head,
+// sizes beyond int32) is an InputError naming the file.
 void save_llmc_model(const std::string& path, const Transformer& model,
                      int version = kLlmcVersionF32);
 

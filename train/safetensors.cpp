@@ -95,6 +95,66 @@ void write_safetensors(const std::string& path,
              " into place");
 }
 
+namespace {
+
+// One tensor's header entry {dtype, shape, data_offsets} into `entry` (offsets relative to the
+// data), every field checked with the file and the tensor named (never the JSON library's text).
+void parse_entry(const std::string& path, const json& e, SafetensorsEntry& entry) {
+  const std::string what = path + ": corrupt header: tensor '" + entry.name + "'";
+  LOOM_INPUT_CHECK(e.is_object(), what, " is not an object");
+  LOOM_INPUT_CHECK(e.contains("dtype") && e["dtype"].is_string(), what,
+                   ": 'dtype' is missing or not a string");
+  LOOM_INPUT_CHECK(parse_dtype(e["dtype"].get<std::string>(), &entry.dtype), path, ": tensor '",
+                   entry.name, "' has unknown dtype ", e["dtype"].dump());
+  LOOM_INPUT_CHECK(e.contains("shape") && e["shape"].is_array(), what,
+                   ": 'shape' is missing or not a list");
+  // The element count and byte size, refusing negative sizes and int64 overflow.
+  uint64_t bytes = dtype_size(entry.dtype);
+  for (const json& d : e["shape"]) {
+    LOOM_INPUT_CHECK(d.is_number_unsigned(), what, ": 'shape' ", e["shape"].dump(),
+                     " is not a list of non-negative integers");
+    const uint64_t n = d.get<uint64_t>();
+    LOOM_INPUT_CHECK(!__builtin_mul_overflow(bytes, n, &bytes) && bytes <= (uint64_t{1} << 62),
+                     path, ": tensor '", entry.name, "' has an impossible shape ",
+                     e["shape"].dump());
+    entry.shape.push_back(static_cast<int64_t>(n));
+  }
+  const json& offsets = e.contains("data_offsets") ? e["data_offsets"] : json();
+  LOOM_INPUT_CHECK(offsets.is_array() && offsets.size() == 2 && offsets[0].is_number_unsigned() &&
+                       offsets[1].is_number_unsigned(),
+                   what, ": 'data_offsets' is not a pair of non-negative integers");
+  entry.begin = offsets[0].get<uint64_t>();
+  entry.end = offsets[1].get<uint64_t>();
+  LOOM_INPUT_CHECK(entry.end >= entry.begin && entry.end - entry.begin == bytes, path, ": tensor '",
+                   entry.name, "' has ", entry.end - entry.begin, " bytes for shape ",
+                   shape_str(entry.shape), " ", dtype_name(entry.dtype));
+}
+
+// The data section holds the tensors back to back, each byte in exactly one tensor: no overlap,
+// no gap, nothing after the last (what the format and its reference library require).
+void check_data_layout(const std::string& path, const std::vector<SafetensorsEntry>& entries,
+                       uint64_t data_size, uint64_t data_start) {
+  uint64_t at = 0;
+  const SafetensorsEntry* prev = nullptr;
+  for (const SafetensorsEntry& e : entries) {
+    LOOM_INPUT_CHECK(e.begin >= at, path, ": tensors '", prev ? prev->name : "", "' and '", e.name,
+                     "' overlap (bytes [", data_start + e.begin, ", ",
+                     data_start + std::min(at, e.end), "))");
+    LOOM_INPUT_CHECK(e.begin == at, path, ": ", e.begin - at, " unused bytes before tensor '",
+                     e.name, "' (at byte ", data_start + at, ")");
+    LOOM_INPUT_CHECK(e.end <= data_size, path, ": truncated: tensor '", e.name, "' ends at byte ",
+                     data_start + e.end, " but the file has ", data_start + data_size);
+    at = e.end;
+    prev = &e;
+  }
+  LOOM_INPUT_CHECK(at == data_size, path, ": ", data_size - at, " bytes after the last tensor",
+                   prev ? " '" + prev->name + "'" : std::string(), " (the file has ",
+                   data_start + data_size, " bytes, its tensors end at byte ", data_start + at,
+                   ")");
+}
+
+}  // namespace
+
 SafetensorsIndex read_safetensors_index(const std::string& path) {
   std::ifstream in(path, std::ios::binary | std::ios::ate);
   LOOM_INPUT_CHECK(in, path, ": cannot open");
@@ -112,51 +172,41 @@ SafetensorsIndex read_safetensors_index(const std::string& path) {
   json header;
   try {
     header = json::parse(text);
-  } catch (const json::exception& e) {
-    LOOM_INPUT_FAIL(path, ": corrupt header: ", e.what());
+  } catch (const json::parse_error& e) {
+    LOOM_INPUT_FAIL(path, ": corrupt header: not valid JSON (at byte ", 8 + e.byte, ")");
+  } catch (const json::exception&) {
+    LOOM_INPUT_FAIL(path, ": corrupt header: not valid JSON");
   }
   LOOM_INPUT_CHECK(header.is_object(), path, ": corrupt header: not a JSON object");
   const uint64_t data_start = 8 + header_len;
   const uint64_t data_size = file_size - data_start;
   SafetensorsIndex index;
   index.path = path;
-  try {
-    for (auto it = header.begin(); it != header.end(); ++it) {
-      if (it.key() == "__metadata__") {
-        for (auto m = it.value().begin(); m != it.value().end(); ++m)
-          index.metadata[m.key()] = m.value().get<std::string>();
-        continue;
+  for (auto it = header.begin(); it != header.end(); ++it) {
+    if (it.key() == "__metadata__") {
+      LOOM_INPUT_CHECK(it.value().is_object(), path,
+                       ": corrupt header: '__metadata__' is not an object");
+      for (auto m = it.value().begin(); m != it.value().end(); ++m) {
+        LOOM_INPUT_CHECK(m.value().is_string(), path, ": corrupt header: metadata '", m.key(),
+                         "' is not a string");
+        index.metadata[m.key()] = m.value().get<std::string>();
       }
-      const json& e = it.value();
-      SafetensorsEntry entry;
-      entry.name = it.key();
-      LOOM_INPUT_CHECK(parse_dtype(e.at("dtype").get<std::string>(), &entry.dtype), path,
-                       ": tensor '", entry.name, "' has unknown dtype ", e.at("dtype").dump());
-      entry.shape = e.at("shape").get<Shape>();
-      // The element count and byte size, refusing negative sizes and int64 overflow.
-      uint64_t bytes = dtype_size(entry.dtype);
-      for (int64_t d : entry.shape) {
-        LOOM_INPUT_CHECK(
-            d >= 0 && !__builtin_mul_overflow(bytes, static_cast<uint64_t>(d), &bytes) &&
-                bytes <= (uint64_t{1} << 62),
-            path, ": tensor '", entry.name, "' has an impossible shape ", shape_str(entry.shape));
-      }
-      const uint64_t begin = e.at("data_offsets").at(0).get<uint64_t>();
-      const uint64_t end = e.at("data_offsets").at(1).get<uint64_t>();
-      LOOM_INPUT_CHECK(end >= begin && end - begin == bytes, path, ": tensor '", entry.name,
-                       "' has ", end - begin, " bytes for shape ", shape_str(entry.shape), " ",
-                       dtype_name(entry.dtype));
-      LOOM_INPUT_CHECK(end <= data_size, path, ": truncated: tensor '", entry.name,
-                       "' ends at byte ", data_start + end, " but the file has ", file_size);
-      entry.begin = data_start + begin;
-      entry.end = data_start + end;
-      index.entries.push_back(std::move(entry));
+      continue;
     }
-  } catch (const json::exception& e) {
-    LOOM_INPUT_FAIL(path, ": corrupt header: ", e.what());
+    SafetensorsEntry entry;
+    entry.name = it.key();
+    parse_entry(path, it.value(), entry);
+    index.entries.push_back(std::move(entry));
   }
   std::sort(index.entries.begin(), index.entries.end(),
-            [](const SafetensorsEntry& a, const SafetensorsEntry& b) { return a.begin < b.begin; });
+            [](const SafetensorsEntry& a, const SafetensorsEntry& b) {
+              return a.begin != b.begin ? a.begin < b.begin : a.end < b.end;
+            });
+  check_data_layout(path, index.entries, data_size, data_start);
+  for (SafetensorsEntry& e : index.entries) {
+    e.begin += data_start;
+    e.end += data_start;
+  }
   return index;
 }
 

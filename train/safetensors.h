@@ -2,7 +2,9 @@
 // header length, a JSON header {name: {dtype, shape, data_offsets}, "__metadata__": {…}}, then
 // raw little-endian tensor bytes). Loom's native checkpoints use it for their tensor shards, and
 // the Hugging Face converters read and write it. Reading validates every size and offset and
-// names the file and tensor on any inconsistency (truncated files included).
+// names the file and tensor on any inconsistency (truncated files included; tensors that
+// overlap, leave a gap, or bytes after the last one, which the format and its reference library
+// refuse too), in Loom's words (never the JSON library's).
 #pragma once
 
 #include <map>
