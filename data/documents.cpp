@@ -55,7 +55,7 @@ void write_docs_file(const std::string& path, int64_t num_tokens, uint32_t check
   std::memcpy(&header[4], &checksum, 4);
   const std::string tmp = path + ".tmp";
   std::FILE* f = std::fopen(tmp.c_str(), "wb");
-  LOOM_CHECK(f != nullptr, path, ": cannot write document index: ", std::strerror(errno));
+  LOOM_INPUT_CHECK(f != nullptr, path, ": cannot write document index: ", std::strerror(errno));
   bool ok = std::fwrite(header.data(), 4, header.size(), f) == header.size();
   ok = ok && std::fwrite(offsets.data(), 8, offsets.size(), f) == offsets.size();
   ok = ok && (mask.empty() || std::fwrite(mask.data(), 1, mask.size(), f) == mask.size());
@@ -63,7 +63,7 @@ void write_docs_file(const std::string& path, int64_t num_tokens, uint32_t check
   if (!ok || std::rename(tmp.c_str(), path.c_str()) != 0) {
     const int err = errno;
     std::remove(tmp.c_str());
-    LOOM_FAIL(path, ": cannot write document index: ", std::strerror(err));
+    LOOM_INPUT_FAIL(path, ": cannot write document index: ", std::strerror(err));
   }
 }
 

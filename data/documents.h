@@ -53,7 +53,8 @@ bool has_document_index(const std::string& shard_path);
 // Writes X.bin (write_shard) and X.docs, each via a .tmp file and a rename, the .docs last (so a
 // .docs never describes a .bin that is still being written). Checks its inputs (loom::Error):
 // one mask value per token, each 0 or 1, offsets as in Note [Document index format], every
-// document's first mask 0, tokens that fit uint16.
+// document's first mask 0, tokens that fit uint16. A file that cannot be written is a
+// loom::InputError naming it.
 void write_document_shard(const std::string& shard_path, std::span<const int32_t> tokens,
                           std::span<const uint8_t> loss_mask, std::span<const int64_t> doc_offsets);
 

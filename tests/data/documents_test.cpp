@@ -262,6 +262,22 @@ TEST(Documents, SidecarOfAnotherShardIsRefused) {
                      "prepare_data --format chat to rewrite the shards"});
 }
 
+// A sidecar that cannot be written is named as the user's file (InputError, no source location).
+TEST(Documents, UnwritableSidecarIsAnInputError) {
+  data_test::TempDir dir;
+  const Sample s;
+  fs::create_directories(dir.file("x.docs/occupied"));  // rename onto a non-empty folder fails
+  try {
+    write_document_shard(dir.file("x.bin"), s.tokens, s.mask, s.offsets);
+    FAIL() << "no error";
+  } catch (const InputError& e) {
+    EXPECT_EQ(
+        std::string(e.what()).rfind(dir.file("x.docs") + ": cannot write document index: ", 0), 0u)
+        << e.what();
+  }
+  EXPECT_FALSE(fs::exists(dir.file("x.docs.tmp")));
+}
+
 // The checksum is over 1 MiB blocks: a shard of several blocks, a change in any block (first,
 // middle, last partial) changes it.
 TEST(Documents, ChecksumCoversEveryBlock) {
