@@ -3,18 +3,93 @@
 // template file) and the reason.
 #include "data/chat.h"
 
-#include <yaml-cpp/yaml.h>
-
-#include <fstream>
 #include <nlohmann/json.hpp>
+#include <set>
+#include <vector>
 
 #include "core/error.h"
+#include "core/yaml_util.h"
 #include "data/prepare.h"  // is_blank
 
 namespace loom {
 namespace {
 
 using nlohmann::json;
+
+// nlohmann's message as ": reason", without its tag ("[json.exception.parse_error.101] "); a
+// syntax error's "parse error at line 1, column C: " (a line is one JSON text) becomes
+// " at byte C: ".
+std::string json_reason(const json::exception& e) {
+  std::string_view w = e.what();
+  if (w.starts_with("[json.exception.")) {
+    const size_t close = w.find("] ");
+    if (close != std::string_view::npos) w.remove_prefix(close + 2);
+  }
+  if (const auto* pe = dynamic_cast<const json::parse_error*>(&e)) {
+    const size_t colon = w.find(": ");
+    if (w.starts_with("parse error") && colon != std::string_view::npos) {
+      return " at byte " + std::to_string(pe->byte) + ": " + std::string(w.substr(colon + 2));
+    }
+  }
+  return ": " + std::string(w);
+}
+
+// Refuses a key that an object repeats, at any depth, naming it by its path
+// ("messages[1].role"): nlohmann::json keeps one of the two values, so the other would be lost
+// without a word. Fed the parser's events (json::parse's callback), so no second pass is needed.
+class RepeatedKeyCheck {
+ public:
+  explicit RepeatedKeyCheck(const std::string& where) : where_(where) {}
+  bool operator()(int /*depth*/, json::parse_event_t event, json& parsed) {
+    using E = json::parse_event_t;
+    switch (event) {
+      case E::object_start:
+      case E::array_start:
+        next_element();
+        frames_.push_back({event == E::object_start, {}, {}, -1});
+        break;
+      case E::object_end:
+      case E::array_end:
+        frames_.pop_back();
+        break;
+      case E::key: {
+        Frame& f = frames_.back();
+        f.key = parsed.get<std::string>();
+        LOOM_INPUT_CHECK(f.keys.insert(f.key).second, where_, ": ", path(),
+                         ": the key appears twice in one object (only one value would be kept)");
+        break;
+      }
+      case E::value:
+        next_element();
+        break;
+    }
+    return true;
+  }
+
+ private:
+  struct Frame {
+    bool object;
+    std::set<std::string> keys;  // object: the keys so far
+    std::string key;             // object: the current key
+    int64_t index;               // array: the current element
+  };
+  void next_element() {
+    if (!frames_.empty() && !frames_.back().object) ++frames_.back().index;
+  }
+  std::string path() const {
+    std::string p;
+    for (const Frame& f : frames_) {
+      if (f.object) {
+        p += (p.empty() ? "" : ".") + f.key;
+      } else {
+        p += "[" + std::to_string(f.index) + "]";
+      }
+    }
+    return p;
+  }
+  const std::string& where_;
+  std::vector<Frame> frames_;
+};
 
 // j[key] as a non-blank string; `name` is how the error calls it ("messages[1].content").
 std::string content_string(const json& j, const char* key, const std::string& name,
@@ -40,6 +115,14 @@ ChatRole parse_role(const json& m, const std::string& name, const std::string& w
                   "\" (expected system, user or assistant)");
 }
 
+// A template key as text; a key that is not a plain word (a list, a map) is named, not converted.
+std::string template_key(const YAML::Node& key, const std::string& where,
+                         const std::string& source) {
+  LOOM_INPUT_CHECK(key.IsScalar(), source, ": ", where, "a key must be a plain word, not a ",
+                   key.IsSequence() ? "list" : "map");
+  return key.Scalar();
+}
+
 std::string template_string(const YAML::Node& role_node, const std::string& role, const char* key,
                             const std::string& source) {
   const YAML::Node n = role_node[key];
@@ -47,6 +130,37 @@ std::string template_string(const YAML::Node& role_node, const std::string& role
   LOOM_INPUT_CHECK(n.IsScalar(), source, ": ", role, ".", key,
                    ": must be a string (write an empty one as \"\")");
   return n.Scalar();
+}
+
+// The template in a parsed YAML document (parse_yaml_document has refused a second document and
+// repeated keys); errors name `source` and the key.
+ChatTemplate template_from_document(const YamlDocument& doc, const std::string& source) {
+  LOOM_INPUT_CHECK(doc.ok(), source, ": ", doc.error);
+  const YAML::Node& root = doc.root;
+  LOOM_INPUT_CHECK(root.IsMap(), source,
+                   ": a chat template is a map with the keys system, user and assistant");
+  for (const auto& kv : root) {
+    const std::string key = template_key(kv.first, "", source);
+    LOOM_INPUT_CHECK(key == "system" || key == "user" || key == "assistant", source,
+                     ": unknown key '", key, "' (expected system, user, assistant)");
+    LOOM_INPUT_CHECK(kv.second.IsMap(), source, ": ", key,
+                     ": must be a map with the strings prefix and suffix");
+    for (const auto& field : kv.second) {
+      const std::string name = template_key(field.first, key + ": ", source);
+      LOOM_INPUT_CHECK(name == "prefix" || name == "suffix", source, ": ", key, ".", name,
+                       ": unknown key (expected prefix, suffix)");
+    }
+  }
+  ChatTemplate t;
+  const std::pair<std::string, ChatTemplate::Role*> roles[] = {
+      {"system", &t.system}, {"user", &t.user}, {"assistant", &t.assistant}};
+  for (const auto& [name, r] : roles) {
+    const YAML::Node n = root[name];
+    LOOM_INPUT_CHECK(n.IsDefined(), source, ": ", name, ": missing");
+    r->prefix = template_string(n, name, "prefix", source);
+    r->suffix = template_string(n, name, "suffix", source);
+  }
+  return t;
 }
 
 }  // namespace
@@ -66,9 +180,9 @@ const char* chat_role_name(ChatRole role) {
 Conversation parse_conversation(std::string_view line, const std::string& where) {
   json j;
   try {
-    j = json::parse(line);
-  } catch (const json::parse_error& e) {
-    LOOM_INPUT_FAIL(where, ": bad JSON: ", e.what());
+    j = json::parse(line, RepeatedKeyCheck(where));
+  } catch (const json::exception& e) {  // a syntax error, or a number out of range (1e999999)
+    LOOM_INPUT_FAIL(where, ": bad JSON", json_reason(e));
   }
   LOOM_INPUT_CHECK(j.is_object(), where, ": a conversation must be a JSON object, not ",
                    j.type_name());
@@ -122,43 +236,11 @@ ChatTemplate default_chat_template() {
 }
 
 ChatTemplate parse_chat_template(const std::string& yaml_text, const std::string& source) {
-  YAML::Node root;
-  try {
-    root = YAML::Load(yaml_text);
-  } catch (const YAML::Exception& e) {
-    LOOM_INPUT_FAIL(source, ": bad YAML: ", e.what());
-  }
-  LOOM_INPUT_CHECK(root.IsMap(), source,
-                   ": a chat template is a map with the keys system, user and assistant");
-  for (const auto& kv : root) {
-    const std::string key = kv.first.as<std::string>();
-    LOOM_INPUT_CHECK(key == "system" || key == "user" || key == "assistant", source,
-                     ": unknown key '", key, "' (expected system, user, assistant)");
-    LOOM_INPUT_CHECK(kv.second.IsMap(), source, ": ", key,
-                     ": must be a map with the strings prefix and suffix");
-    for (const auto& field : kv.second) {
-      const std::string name = field.first.as<std::string>();
-      LOOM_INPUT_CHECK(name == "prefix" || name == "suffix", source, ": ", key, ".", name,
-                       ": unknown key (expected prefix, suffix)");
-    }
-  }
-  ChatTemplate t;
-  const std::pair<std::string, ChatTemplate::Role*> roles[] = {
-      {"system", &t.system}, {"user", &t.user}, {"assistant", &t.assistant}};
-  for (const auto& [name, r] : roles) {
-    const YAML::Node n = root[name];
-    LOOM_INPUT_CHECK(n.IsDefined(), source, ": ", name, ": missing");
-    r->prefix = template_string(n, name, "prefix", source);
-    r->suffix = template_string(n, name, "suffix", source);
-  }
-  return t;
+  return template_from_document(parse_yaml_document(yaml_text), source);
 }
 
 ChatTemplate load_chat_template(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  LOOM_INPUT_CHECK(in.good(), path, ": cannot open chat template");
-  const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  return parse_chat_template(text, path);
+  return template_from_document(load_yaml_document(path, "chat template"), path);
 }
 
 // Note [Chat rendering]

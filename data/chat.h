@@ -25,9 +25,10 @@ using Conversation = std::vector<ChatTurn>;
 
 // Parses one JSONL line: {"messages": [{"role": "system"|"user"|"assistant", "content": "..."},
 // ...]} or {"prompt": "...", "response": "..."} (= a user turn then an assistant turn). Other keys
-// are ignored. Refused (loom::InputError "<where>: reason", where is "file:line"): bad JSON, not
-// an object, both or neither schema, a missing or ill-typed key, an unknown role, empty content,
-// no assistant turn.
+// are ignored. Refused (loom::InputError "<where>: reason", where is "file:line"): bad JSON (a
+// syntax error named by its byte, or a number out of range), a key repeated in one object at any
+// depth (named by its path, "messages[1].role"), not an object, both or neither schema, a missing
+// or ill-typed key, an unknown role, empty content, no assistant turn.
 Conversation parse_conversation(std::string_view line, const std::string& where);
 
 // The text around each turn. Note [Chat rendering] in data/chat.cpp says how a conversation
@@ -46,7 +47,8 @@ struct ChatTemplate {
 //   system "System:\n" … "\n", user "User:\n" … "\n", assistant "Assistant:\n" … "<|endoftext|>".
 ChatTemplate default_chat_template();
 // A YAML template: keys system, user and assistant, each a map with the strings prefix and suffix
-// (all six required; unknown keys refused, named). `source` names the text in errors.
+// (all six required; unknown keys refused, named). Read as the run config is (core/yaml_util.h):
+// one document, each key once. `source` names the text in errors (loom::InputError).
 ChatTemplate parse_chat_template(const std::string& yaml_text, const std::string& source);
 ChatTemplate load_chat_template(const std::string& path);
 

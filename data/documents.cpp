@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "core/error.h"
+#include "train/crc32c.h"  // TODO(layering): data/ uses train/'s CRC; it belongs in core/
 
 namespace loom {
 namespace {
@@ -44,16 +45,17 @@ void check_document_inputs(const std::string& path, std::span<const int32_t> tok
   }
 }
 
-void write_docs_file(const std::string& path, int64_t num_tokens, std::span<const uint8_t> mask,
-                     std::span<const int64_t> offsets) {
+void write_docs_file(const std::string& path, int64_t num_tokens, uint32_t checksum,
+                     std::span<const uint8_t> mask, std::span<const int64_t> offsets) {
   std::vector<int32_t> header(kDocsHeaderInts, 0);
   header[0] = kDocsMagic;
   header[1] = kDocsVersion;
   header[2] = static_cast<int32_t>(offsets.size() - 1);
   header[3] = static_cast<int32_t>(num_tokens);
+  std::memcpy(&header[4], &checksum, 4);
   const std::string tmp = path + ".tmp";
   std::FILE* f = std::fopen(tmp.c_str(), "wb");
-  LOOM_CHECK(f != nullptr, path, ": cannot write document index: ", std::strerror(errno));
+  LOOM_INPUT_CHECK(f != nullptr, path, ": cannot write document index: ", std::strerror(errno));
   bool ok = std::fwrite(header.data(), 4, header.size(), f) == header.size();
   ok = ok && std::fwrite(offsets.data(), 8, offsets.size(), f) == offsets.size();
   ok = ok && (mask.empty() || std::fwrite(mask.data(), 1, mask.size(), f) == mask.size());
@@ -61,11 +63,59 @@ void write_docs_file(const std::string& path, int64_t num_tokens, std::span<cons
   if (!ok || std::rename(tmp.c_str(), path.c_str()) != 0) {
     const int err = errno;
     std::remove(tmp.c_str());
-    LOOM_FAIL(path, ": cannot write document index: ", std::strerror(err));
+    LOOM_INPUT_FAIL(path, ": cannot write document index: ", std::strerror(err));
   }
 }
 
+// Checks the .docs header (the first 5 int32s) against its .bin and the file size; returns
+// the number of documents. `p` is the .docs path, for errors.
+int64_t check_docs_header(const std::string& p, const int32_t (&header)[5], int64_t file_bytes,
+                          const ShardReader& shard) {
+  LOOM_INPUT_CHECK(header[0] == kDocsMagic, p, ": bad magic ", header[0], " (expected ", kDocsMagic,
+                   "): not a document index");
+  LOOM_INPUT_CHECK(header[1] != 1, p,
+                   ": document index version 1 has no checksum of its .bin (version ", kDocsVersion,
+                   " has): re-run prepare_data --format chat to rewrite the shards");
+  LOOM_INPUT_CHECK(header[1] == kDocsVersion, p, ": unsupported document index version ", header[1],
+                   " (expected ", kDocsVersion, ")");
+  LOOM_INPUT_CHECK(header[2] >= 0 && header[3] >= 0, p, ": negative count in header (", header[2],
+                   " documents, ", header[3], " tokens)");
+  const int64_t docs = header[2], n = header[3];
+  LOOM_INPUT_CHECK(n == shard.num_tokens(), p, ": header says ", n, " tokens but ", shard.path(),
+                   " holds ", shard.num_tokens(), " (the .docs belongs to another shard?)");
+  const int64_t want = kDocsHeaderBytes + 8 * (docs + 1) + n;
+  LOOM_INPUT_CHECK(file_bytes >= want, p, ": truncated: header says ", docs, " documents and ", n,
+                   " tokens (", want, " bytes) but file has ", file_bytes, " bytes");
+  LOOM_INPUT_CHECK(file_bytes == want, p, ": ", file_bytes - want, " trailing bytes: header says ",
+                   docs, " documents and ", n, " tokens (", want, " bytes) but file has ",
+                   file_bytes, " bytes");
+  uint32_t stored = 0;
+  std::memcpy(&stored, &header[4], 4);
+  const uint32_t actual = shard_token_checksum(shard.span());
+  if (stored != actual) {
+    char hex[64];
+    std::snprintf(hex, sizeof(hex), "%08x but its tokens give %08x", stored, actual);
+    LOOM_INPUT_FAIL(p, ": written for another shard: it records the checksum of ", shard.path(),
+                    " as ", hex,
+                    " (the .docs belongs to another shard, or the .bin was rewritten)");
+  }
+  return docs;
+}
+
 }  // namespace
+
+uint32_t shard_token_checksum(std::span<const uint16_t> tokens) {
+  constexpr int64_t kBlockTokens = (int64_t{1} << 20) / 2;  // 1 MiB of uint16
+  const auto n = static_cast<int64_t>(tokens.size());
+  const int64_t blocks = (n + kBlockTokens - 1) / kBlockTokens;
+  std::vector<uint32_t> crcs(static_cast<size_t>(blocks));
+#pragma omp parallel for schedule(static)
+  for (int64_t b = 0; b < blocks; ++b) {
+    const int64_t begin = b * kBlockTokens, len = std::min(kBlockTokens, n - begin);
+    crcs[static_cast<size_t>(b)] = crc32c(tokens.data() + begin, static_cast<size_t>(len) * 2);
+  }
+  return crc32c(crcs.data(), crcs.size() * 4);  // the host is little-endian (as the files are)
+}
 
 std::string docs_path_for(const std::string& shard_path) {
   constexpr std::string_view kBin = ".bin";
@@ -85,8 +135,10 @@ void write_document_shard(const std::string& shard_path, std::span<const int32_t
                           std::span<const int64_t> doc_offsets) {
   check_document_inputs(shard_path, tokens, loss_mask, doc_offsets);
   write_shard(shard_path, tokens);  // checks the count and that every token fits uint16
-  write_docs_file(docs_path_for(shard_path), static_cast<int64_t>(tokens.size()), loss_mask,
-                  doc_offsets);
+  // The checksum of the bytes as written (read back through the mapping).
+  const uint32_t checksum = shard_token_checksum(ShardReader(shard_path).span());
+  write_docs_file(docs_path_for(shard_path), static_cast<int64_t>(tokens.size()), checksum,
+                  loss_mask, doc_offsets);
 }
 
 DocumentReader::DocumentReader(const std::string& shard_path)
@@ -118,23 +170,10 @@ DocumentReader::DocumentReader(const std::string& shard_path)
   LOOM_INPUT_CHECK(map_ != MAP_FAILED, p, ": cannot mmap document index: ", std::strerror(err));
   map_bytes_ = static_cast<size_t>(file_bytes);
   try {
-    int32_t header[4];
+    int32_t header[5];
     std::memcpy(header, map_, sizeof(header));
-    LOOM_INPUT_CHECK(header[0] == kDocsMagic, p, ": bad magic ", header[0], " (expected ",
-                     kDocsMagic, "): not a document index");
-    LOOM_INPUT_CHECK(header[1] == kDocsVersion, p, ": unsupported document index version ",
-                     header[1], " (expected ", kDocsVersion, ")");
-    LOOM_INPUT_CHECK(header[2] >= 0 && header[3] >= 0, p, ": negative count in header (", header[2],
-                     " documents, ", header[3], " tokens)");
-    const int64_t docs = header[2], n = header[3];
-    LOOM_INPUT_CHECK(n == shard_.num_tokens(), p, ": header says ", n, " tokens but ", shard_path,
-                     " holds ", shard_.num_tokens(), " (the .docs belongs to another shard?)");
-    const int64_t want = kDocsHeaderBytes + 8 * (docs + 1) + n;
-    LOOM_INPUT_CHECK(file_bytes >= want, p, ": truncated: header says ", docs, " documents and ", n,
-                     " tokens (", want, " bytes) but file has ", file_bytes, " bytes");
-    LOOM_INPUT_CHECK(file_bytes == want, p, ": ", file_bytes - want,
-                     " trailing bytes: header says ", docs, " documents and ", n, " tokens (", want,
-                     " bytes) but file has ", file_bytes, " bytes");
+    const int64_t docs = check_docs_header(p, header, file_bytes, shard_);
+    const int64_t n = shard_.num_tokens();
     const char* base = static_cast<const char*>(map_);
     offsets_ = reinterpret_cast<const int64_t*>(base + kDocsHeaderBytes);
     mask_ = reinterpret_cast<const uint8_t*>(base + kDocsHeaderBytes + 8 * (docs + 1));

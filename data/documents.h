@@ -17,7 +17,8 @@ namespace loom {
 // Note [Document index format]
 // X.docs, all little-endian:
 //   header   int32[256]: [0] magic kDocsMagic, [1] version kDocsVersion, [2] number of
-//            documents D, [3] number of tokens N (equal to X.bin's count), the rest 0;
+//            documents D, [3] number of tokens N (equal to X.bin's count), [4] X.bin's token
+//            checksum (uint32 bits, shard_token_checksum), the rest 0;
 //   offsets  int64[D + 1]: offsets[0] = 0, strictly increasing, offsets[D] = N; document d is
 //            the tokens [offsets[d], offsets[d+1]) of X.bin (so no document is empty, and a
 //            document never crosses a shard);
@@ -27,10 +28,21 @@ namespace loom {
 // The file is exactly 1024 + 8(D + 1) + N bytes. In training terms: a row built from document d
 // has inputs tokens[b, e-1) and targets tokens[b+1, e); target i counts in the loss iff
 // mask[b + 1 + i] == 1. The header leaves room for later fields; a new layout gets a new version.
+// The checksum ties the sidecar to its own .bin: another shard's .docs with the same token count
+// (a copied or mixed-up file) fits every other check and would silently pair the wrong documents
+// and loss mask with the tokens; the reader refuses it, naming both files. Version 1 (no
+// checksum, before issue 28) is refused with a message saying to re-run prepare_data.
 inline constexpr int32_t kDocsMagic = 20241205;
-inline constexpr int32_t kDocsVersion = 1;
+inline constexpr int32_t kDocsVersion = 2;
 inline constexpr int64_t kDocsHeaderInts = 256;
 inline constexpr int64_t kDocsHeaderBytes = kDocsHeaderInts * 4;
+
+// The checksum of a shard's token bytes stored in its .docs header: CRC-32C (train/crc32c.h) of
+// each 1 MiB block of the tokens' little-endian bytes (the last block shorter), then CRC-32C of
+// those block checksums as little-endian uint32s; 0 for no tokens. The table-driven CRC is not
+// hardware-accelerated (about 2.5 s per GB on one core), so the blocks are checksummed in
+// parallel (OpenMP): every byte is covered at open, at a fraction of a second per shard.
+uint32_t shard_token_checksum(std::span<const uint16_t> tokens);
 
 // The sidecar of a shard: "dir/train_000000.bin" -> "dir/train_000000.docs" (a path that does
 // not end in ".bin" gets ".docs" appended).
@@ -41,13 +53,14 @@ bool has_document_index(const std::string& shard_path);
 // Writes X.bin (write_shard) and X.docs, each via a .tmp file and a rename, the .docs last (so a
 // .docs never describes a .bin that is still being written). Checks its inputs (loom::Error):
 // one mask value per token, each 0 or 1, offsets as in Note [Document index format], every
-// document's first mask 0, tokens that fit uint16.
+// document's first mask 0, tokens that fit uint16. A file that cannot be written is a
+// loom::InputError naming it.
 void write_document_shard(const std::string& shard_path, std::span<const int32_t> tokens,
                           std::span<const uint8_t> loss_mask, std::span<const int64_t> doc_offsets);
 
 // A document shard mapped read-only. The constructor validates the whole pair (the .bin as
-// ShardReader does; the .docs's size, header, offsets and every mask value) and throws
-// loom::InputError naming the file and the problem. Movable, not copyable.
+// ShardReader does; the .docs's size, header, the .bin's checksum, offsets and every mask value)
+// and throws loom::InputError naming the file and the problem. Movable, not copyable.
 class DocumentReader {
  public:
   explicit DocumentReader(const std::string& shard_path);

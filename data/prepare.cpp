@@ -8,10 +8,10 @@
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
-#include <fstream>
 #include <optional>
 
 #include "core/error.h"
+#include "core/read_file.h"
 #include "data/chat.h"
 #include "data/documents.h"
 #include "data/shard.h"
@@ -24,11 +24,10 @@ namespace fs = std::filesystem;
 constexpr std::string_view kEotText = "<|endoftext|>";
 constexpr int64_t kProgressBytes = int64_t{1} << 20;  // report at least every MiB of input
 
-std::string read_whole_file(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  LOOM_CHECK(in.good(), path, ": cannot open input file");
-  std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  LOOM_CHECK(!in.bad(), path, ": read error");
+std::string read_input_file(const std::string& path) {
+  std::string text;
+  const std::string why = read_whole_file(path, text);
+  LOOM_INPUT_CHECK(why.empty(), path, ": cannot read the input file: ", why);
   return text;
 }
 
@@ -45,7 +44,11 @@ bool is_shard_name(const std::string& name) {
 
 void walk_directory(const fs::path& dir, InputFormat format, std::vector<std::string>& out) {
   std::vector<fs::path> entries;
-  for (const auto& e : fs::directory_iterator(dir)) entries.push_back(e.path());
+  std::error_code ec;
+  for (fs::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec)) {
+    entries.push_back(it->path());
+  }
+  LOOM_INPUT_CHECK(!ec, dir.string(), ": cannot list the input directory: ", ec.message());
   std::sort(entries.begin(), entries.end());
   for (const fs::path& p : entries) {
     const std::string name = p.filename().string();
@@ -122,28 +125,31 @@ class ShardStream {
   int64_t total_ = 0, loss_tokens_ = 0;
 };
 
+// The options are the user's command line: ConfigError, naming the flag.
 void check_options(const PrepareOptions& opts, const Tokenizer& tokenizer) {
-  LOOM_CHECK(!opts.inputs.empty(), "prepare_data: no --input given");
-  LOOM_CHECK(!opts.out_dir.empty(), "prepare_data: no --out-dir given");
-  LOOM_CHECK(opts.val_fraction >= 0 && opts.val_fraction < 1, "prepare_data: --val-fraction ",
-             opts.val_fraction, " is outside [0, 1)");
-  LOOM_CHECK(opts.shard_tokens > 0 && opts.shard_tokens <= INT32_MAX,
-             "prepare_data: --shard-tokens ", opts.shard_tokens, " is outside [1, 2^31)");
-  LOOM_CHECK(tokenizer.vocab_size() <= 65536, "prepare_data: vocabulary of ",
-             tokenizer.vocab_size(), " tokens does not fit the shard's uint16 tokens");
-  LOOM_CHECK(opts.chat_template.empty() || opts.format == InputFormat::kChat,
-             "prepare_data: --chat-template is for --format chat only");
+  LOOM_CONFIG_CHECK(!opts.inputs.empty(), "--input: none given");
+  LOOM_CONFIG_CHECK(!opts.out_dir.empty(), "--out-dir: none given");
+  LOOM_CONFIG_CHECK(opts.val_fraction >= 0 && opts.val_fraction < 1, "--val-fraction ",
+                    opts.val_fraction, ": outside [0, 1)");
+  LOOM_CONFIG_CHECK(opts.shard_tokens > 0 && opts.shard_tokens <= INT32_MAX, "--shard-tokens ",
+                    opts.shard_tokens, ": outside [1, 2^31)");
+  LOOM_CONFIG_CHECK(tokenizer.vocab_size() <= 65536, "--bpe-dir: a vocabulary of ",
+                    tokenizer.vocab_size(), " tokens does not fit the shard's uint16 tokens");
+  LOOM_CONFIG_CHECK(opts.chat_template.empty() || opts.format == InputFormat::kChat,
+                    "--chat-template: for --format chat only");
 }
 
 void prepare_out_dir(const std::string& dir) {
   std::error_code ec;
   fs::create_directories(dir, ec);
-  LOOM_CHECK(!ec && fs::is_directory(dir), dir, ": cannot create output directory: ", ec.message());
-  for (const auto& e : fs::directory_iterator(dir)) {
-    const std::string name = e.path().filename().string();
-    LOOM_CHECK(!is_shard_name(name), dir, ": already holds shards (", name,
-               "); remove them or choose another --out-dir");
+  LOOM_INPUT_CHECK(!ec && fs::is_directory(dir, ec), dir,
+                   ": cannot create the output directory: ", ec ? ec.message() : "not a directory");
+  for (fs::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec)) {
+    const std::string name = it->path().filename().string();
+    LOOM_INPUT_CHECK(!is_shard_name(name), dir, ": already holds shards (", name,
+                     "); remove them or choose another --out-dir");
   }
+  LOOM_INPUT_CHECK(!ec, dir, ": cannot list the output directory: ", ec.message());
 }
 
 double seconds_since(std::chrono::steady_clock::time_point t0) {
@@ -162,7 +168,8 @@ InputFormat parse_input_format(const std::string& name) {
   if (name == "text") return InputFormat::kText;
   if (name == "fortunes") return InputFormat::kFortunes;
   if (name == "chat") return InputFormat::kChat;
-  LOOM_FAIL("--format ", name, ": unknown input format (expected text, fortunes or chat)");
+  throw ConfigError("--format " + name +
+                    ": unknown input format (expected text, fortunes or chat)");
 }
 
 std::vector<std::string> list_input_files(const std::vector<std::string>& inputs,
@@ -171,11 +178,11 @@ std::vector<std::string> list_input_files(const std::vector<std::string>& inputs
   for (const std::string& in : inputs) {
     std::error_code ec;
     const fs::file_status st = fs::status(in, ec);
-    LOOM_CHECK(!ec && fs::exists(st), in, ": input does not exist");
+    LOOM_INPUT_CHECK(!ec && fs::exists(st), in, ": input does not exist");
     if (fs::is_directory(st)) {
       walk_directory(in, format, out);
     } else {
-      LOOM_CHECK(fs::is_regular_file(st), in, ": input is neither a file nor a directory");
+      LOOM_INPUT_CHECK(fs::is_regular_file(st), in, ": input is neither a file nor a directory");
       out.push_back(in);
     }
   }
@@ -258,7 +265,12 @@ void prepare_into(const PrepareOptions& opts, const std::vector<std::string>& fi
                   PrepareResult& res) {
   const auto t0 = std::chrono::steady_clock::now();
   PrepareProgress prog;
-  for (const std::string& f : files) prog.bytes_total += static_cast<int64_t>(fs::file_size(f));
+  for (const std::string& f : files) {
+    std::error_code ec;
+    const auto size = fs::file_size(f, ec);
+    LOOM_INPUT_CHECK(!ec, f, ": cannot read the input file: ", ec.message());
+    prog.bytes_total += static_cast<int64_t>(size);
+  }
   const bool chat = opts.format == InputFormat::kChat;
   std::optional<ChatRenderer> renderer;
   if (chat) {
@@ -287,7 +299,7 @@ void prepare_into(const PrepareOptions& opts, const std::vector<std::string>& fi
     }
   };
   for (const std::string& f : files) {
-    const std::string text = read_whole_file(f);
+    const std::string text = read_input_file(f);
     // Text has no NUL bytes (git's test for binary files, over the whole file).
     const size_t nul = text.find('\0');
     LOOM_INPUT_CHECK(nul == std::string::npos, f, ": a NUL byte at offset ", nul,
@@ -315,10 +327,9 @@ void prepare_into(const PrepareOptions& opts, const std::vector<std::string>& fi
   }
   LOOM_INPUT_CHECK(res.documents > 0, "prepare_data: the inputs (", files.size(),
                    " files) hold no documents: every file is empty or whitespace");
-  LOOM_CHECK(res.train_documents > 0, "prepare_data: all ", res.documents,
-             " documents went to val (every ", k,
-             "-th document is val); give more documents or "
-             "a smaller --val-fraction");
+  LOOM_CONFIG_CHECK(res.train_documents > 0, "--val-fraction ", opts.val_fraction, ": all ",
+                    res.documents, " documents went to val (every ", k,
+                    "-th document is val); give more documents or a smaller --val-fraction");
   res.train_tokens = train.total();
   res.val_tokens = val.total();
   res.train_loss_tokens = train.loss_tokens();
@@ -332,10 +343,12 @@ PrepareResult prepare_data(const PrepareOptions& opts, Tokenizer& tokenizer,
                            const std::function<void(const PrepareProgress&)>& progress) {
   check_options(opts, tokenizer);
   const std::vector<std::string> files = list_input_files(opts.inputs, opts.format);
-  LOOM_CHECK(!files.empty(), "prepare_data: the inputs hold no files to tokenize",
-             opts.format == InputFormat::kChat ? " (directories give their *.jsonl files)" : "");
+  LOOM_INPUT_CHECK(
+      !files.empty(), "--input: the inputs hold no files to tokenize",
+      opts.format == InputFormat::kChat ? " (directories give their *.jsonl files)" : "");
   // A failed run leaves nothing behind: its shards, and the output folder if it made it.
-  const bool made_dir = !fs::exists(opts.out_dir);
+  std::error_code exists_ec;
+  const bool made_dir = !fs::exists(opts.out_dir, exists_ec);
   PrepareResult res;
   try {
     prepare_into(opts, files, tokenizer, progress, res);

@@ -23,14 +23,14 @@ void write_shard_bytes(const std::string& path, const std::vector<int32_t>& head
                        const uint16_t* tokens, size_t count) {
   const std::string tmp = path + ".tmp";
   std::FILE* f = std::fopen(tmp.c_str(), "wb");
-  LOOM_CHECK(f != nullptr, path, ": cannot write shard: ", std::strerror(errno));
+  LOOM_INPUT_CHECK(f != nullptr, path, ": cannot write shard: ", std::strerror(errno));
   bool ok = std::fwrite(header.data(), 4, header.size(), f) == header.size();
   ok = ok && (count == 0 || std::fwrite(tokens, 2, count, f) == count);
   ok = (std::fclose(f) == 0) && ok;
   if (!ok || std::rename(tmp.c_str(), path.c_str()) != 0) {
     const int err = errno;
     std::remove(tmp.c_str());
-    LOOM_FAIL(path, ": cannot write shard: ", std::strerror(err));
+    LOOM_INPUT_FAIL(path, ": cannot write shard: ", std::strerror(err));
   }
 }
 

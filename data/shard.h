@@ -15,7 +15,8 @@ inline constexpr int32_t kShardVersion = 1;  // uint16 tokens
 inline constexpr int64_t kShardHeaderInts = 256;
 inline constexpr int64_t kShardHeaderBytes = kShardHeaderInts * 4;
 
-// Writes `tokens` to `path` (via path.tmp, then rename). Every token must fit in uint16.
+// Writes `tokens` to `path` (via path.tmp, then rename). Every token must fit in uint16 (else
+// loom::Error: the caller's bug); a file that cannot be written is a loom::InputError naming it.
 void write_shard(const std::string& path, std::span<const int32_t> tokens);
 void write_shard(const std::string& path, std::span<const uint16_t> tokens);
 

@@ -2,7 +2,8 @@
 // chat/instruction JSONL into document shards with loss masks (--format chat).
 //   prepare_data --input PATH... --out-dir DIR [--val-fraction 0.05] [--shard-tokens N]
 //                [--format text|fortunes|chat] [--chat-template FILE] [--bpe-dir DIR]
-// Thin: parses arguments, draws the progress bar on stderr, and calls data/prepare.h.
+// Thin: parses arguments, draws the progress bar on stderr, and calls data/prepare.h. A failure
+// is one line on stderr, "prepare_data: <what is wrong>" (exit 2 for a bad option, else 1).
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -10,6 +11,7 @@
 #include <exception>
 #include <string>
 
+#include "core/error.h"
 #include "data/prepare.h"
 #include "data/tokenizer.h"
 
@@ -105,19 +107,31 @@ class ProgressBar {
                  bar.c_str(), 100 * frac, p.bytes_done / 1e6, p.bytes_total / 1e6,
                  static_cast<long long>(p.documents), static_cast<long long>(p.tokens),
                  p.tokens / secs);
+    open_ = !done;
     if (done) std::fputc('\n', stderr);
+  }
+  // Ends a bar left mid-line (a failed run), so the next message starts a line of its own.
+  void end_line() {
+    if (open_) std::fputc('\n', stderr);
+    open_ = false;
   }
 
  private:
   std::chrono::steady_clock::time_point last_{};
+  bool open_ = false;  // a bar is drawn and its line not ended
 };
 
 int run(int argc, char** argv) {
   const Args args = parse_args(argc, argv);
   loom::Tokenizer tokenizer(loom::find_bpe_dir(args.bpe_dir));
   ProgressBar bar;
-  const loom::PrepareResult r =
-      loom::prepare_data(args.opts, tokenizer, [&](const loom::PrepareProgress& p) { bar(p); });
+  loom::PrepareResult r;
+  try {
+    r = loom::prepare_data(args.opts, tokenizer, [&](const loom::PrepareProgress& p) { bar(p); });
+  } catch (...) {
+    bar.end_line();
+    throw;
+  }
   std::fprintf(stderr,
                "prepare_data: %lld documents -> train %lld docs / %lld tokens in %zu shard(s), "
                "val %lld docs / %lld tokens in %zu shard(s), %.1f s (%.0f tokens/s)\n",
@@ -141,8 +155,11 @@ int run(int argc, char** argv) {
 int main(int argc, char** argv) {
   try {
     return run(argc, argv);
+  } catch (const loom::ConfigError& e) {
+    std::fprintf(stderr, "prepare_data: %s\n", e.what());
+    return 2;
   } catch (const std::exception& e) {
-    std::fprintf(stderr, "\nerror: %s\n", e.what());
+    std::fprintf(stderr, "prepare_data: %s\n", e.what());
     return 1;
   }
 }

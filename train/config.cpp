@@ -4,10 +4,10 @@
 #include <yaml-cpp/yaml.h>
 
 #include <cmath>
-#include <filesystem>
 #include <set>
 #include <sstream>
 
+#include "core/yaml_util.h"
 #include "kernels/attention.h"
 #include "layers/transformer.h"
 #include "parallel/pp/partition.h"
@@ -189,23 +189,20 @@ struct Writer {
   }
 };
 
+// Repeated keys were refused when the text was parsed (parse_yaml_document).
 void check_section_keys(const std::string& s, const YAML::Node& node,
-                        const std::set<std::string>& sections, const std::set<std::string>& keys,
-                        std::set<std::string>& seen) {
+                        const std::set<std::string>& sections, const std::set<std::string>& keys) {
   for (const auto& kv : node) {
     if (!kv.first.IsScalar())
       throw ConfigError(s + ": a key must be a plain word, got " + node_text(kv.first));
     const std::string full = s + "." + kv.first.as<std::string>();
     if (sections.count(full)) {  // Note [Nested sections]
-      if (!seen.insert(full).second) throw ConfigError(full + ": the key appears twice");
       if (kv.second.IsNull()) continue;
       if (!kv.second.IsMap()) throw ConfigError(full + ": expected a mapping of keys");
-      check_section_keys(full, kv.second, sections, keys, seen);
+      check_section_keys(full, kv.second, sections, keys);
       continue;
     }
     if (!keys.count(full)) throw ConfigError(full + ": unknown key");
-    if (!seen.insert(full).second)
-      throw ConfigError(full + ": the key appears twice (the first value would win)");
   }
 }
 
@@ -218,19 +215,16 @@ void check_known_keys(const YAML::Node& root) {
   });
   if (!root || root.IsNull()) return;
   if (!root.IsMap()) throw ConfigError("config: the top level must be a mapping of sections");
-  // Keys must be plain words, each given once: yaml-cpp keeps both of a duplicated key and
-  // reads the first, so a second value would be ignored without a word.
-  std::set<std::string> seen;
+  // Keys must be plain words (each given once: parse_yaml_document refuses a repeated key).
   for (const auto& sec : root) {
     if (!sec.first.IsScalar())
       throw ConfigError("config: a section name must be a plain word, got " + node_text(sec.first));
     const std::string s = sec.first.as<std::string>();
     if (s.find('.') != std::string::npos || !sections.count(s))
       throw ConfigError(s + ": unknown section");
-    if (!seen.insert(s).second) throw ConfigError(s + ": the section appears twice");
     if (sec.second.IsNull()) continue;
     if (!sec.second.IsMap()) throw ConfigError(s + ": expected a mapping of keys");
-    check_section_keys(s, sec.second, sections, keys, seen);
+    check_section_keys(s, sec.second, sections, keys);
   }
 }
 
@@ -584,29 +578,16 @@ bool uses_nccl(const Config& c) {
 }
 
 Config parse_config_text(const std::string& text, const std::vector<std::string>& overrides) {
-  YAML::Node root;
-  try {
-    root = YAML::Load(text);
-  } catch (const YAML::Exception& e) {
-    throw ConfigError("config: malformed YAML at line " + str(e.mark.line + 1) + ": " + e.msg);
-  }
-  return from_node(root, overrides);
+  const YamlDocument doc = parse_yaml_document(text);  // one document, no repeated key
+  if (!doc.ok()) throw ConfigError("config: " + doc.error);
+  return from_node(doc.root, overrides);
 }
 
 Config load_config(const std::string& path, const std::vector<std::string>& overrides) {
-  YAML::Node root;
-  std::error_code ec;
-  if (std::filesystem::is_directory(path, ec))
-    throw ConfigError(path + ": is a directory, not a config file");
+  const YamlDocument doc = load_yaml_document(path, "config file");
+  if (!doc.ok()) throw ConfigError(path + ": " + doc.error);
   try {
-    root = YAML::LoadFile(path);
-  } catch (const YAML::BadFile&) {
-    throw ConfigError(path + ": cannot read the config file");
-  } catch (const YAML::Exception& e) {
-    throw ConfigError(path + ": malformed YAML at line " + str(e.mark.line + 1) + ": " + e.msg);
-  }
-  try {
-    return from_node(root, overrides);
+    return from_node(doc.root, overrides);
   } catch (const ConfigError& e) {
     throw ConfigError(path + ": " + e.what());
   }

@@ -72,7 +72,7 @@ TEST(Chat, ParsesBothSchemas) {
 
 TEST(Chat, NamesEveryBadLine) {
   const std::vector<std::pair<std::string, std::string>> cases = {
-      {R"({"messages": [)", "bad JSON: "},
+      {R"({"messages": [)", "bad JSON at byte 15: syntax error while parsing value"},
       {R"([1, 2])", "a conversation must be a JSON object, not array"},
       {R"({"text": "hi"})", "no \"messages\" key (nor \"prompt\" and \"response\")"},
       {R"({"messages": "hi"})", "messages: must be an array, not string"},
@@ -103,6 +103,77 @@ TEST(Chat, NamesEveryBadLine) {
     EXPECT_NE(msg.find(fragment), std::string::npos) << line << " -> " << msg;
     EXPECT_EQ(msg.find('\n'), std::string::npos) << "not one line: " << msg;
   }
+}
+
+// Found by trying to break it (issue 28): a number JSON cannot hold, nlohmann's tagged exception
+// text, and keys given twice (nlohmann::json keeps one value, so the other was lost silently).
+TEST(Chat, RepeatedKeysAndBadNumbersAreNamedInLoomsWords) {
+  const std::string a = R"({"role": "assistant", "content": "b"})";
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {R"({"prompt": "a", "response": 1e999999})", "bad JSON: number overflow parsing '1e999999'"},
+      {R"({"prompt": x})", "bad JSON at byte 12: syntax error while parsing value"},
+      {R"({"prompt": "a", "prompt": "b", "response": "c"})",
+       "prompt: the key appears twice in one object"},
+      {R"({"messages": [{"role": "user", "content": "a"}, {"role": "assistant", "role": "user",)"
+       R"( "content": "b"}]})",
+       "messages[1].role: the key appears twice in one object"},
+      {R"({"messages": [)" + a + R"(, {"role": "user", "content": "a", "content": "b"}]})",
+       "messages[1].content: the key appears twice"},
+      {R"({"id": {"n": [1, {"k": 1, "k": 2}]}, "prompt": "a", "response": "b"})",
+       "id.n[1].k: the key appears twice"},
+      {R"({"messages": [)" + a + R"(], "messages": []})", "messages: the key appears twice"},
+  };
+  for (const auto& [line, fragment] : cases) {
+    const std::string msg = input_error([&] { parse_conversation(line, "data/x.jsonl:12"); });
+    EXPECT_EQ(msg.rfind("data/x.jsonl:12: ", 0), 0u) << line << " -> " << msg;
+    EXPECT_NE(msg.find(fragment), std::string::npos) << line << " -> " << msg;
+    EXPECT_EQ(msg.find("json.exception"), std::string::npos) << "library text: " << msg;
+    EXPECT_EQ(msg.find(".cpp"), std::string::npos) << "source location: " << msg;
+    EXPECT_EQ(msg.find('\n'), std::string::npos) << "not one line: " << msg;
+  }
+  // The same key in two objects is fine.
+  EXPECT_EQ(
+      parse_conversation(R"({"messages": [{"role": "user", "content": "a"}, )" + a + "]}", "f:1")
+          .size(),
+      2u);
+}
+
+// Found by trying to break it (issue 28): a directory given as the template, a key that is not a
+// plain word, a key given twice, and a second YAML document (silently ignored before).
+TEST(Chat, TemplateRefusesRepeatedKeysSecondDocumentsAndOddKeys) {
+  const std::string roles =
+      "system: {prefix: 'S ', suffix: ''}\nuser: {prefix: 'U ', suffix: ''}\n"
+      "assistant: {prefix: 'A ', suffix: ''}\n";
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {roles + "assistant: {prefix: 'B ', suffix: ''}\n",
+       "t.yaml: assistant: the key appears twice (lines 3 and 4; the first value would win)"},
+      {"system: {prefix: a, suffix: b, prefix: c}\n",
+       "t.yaml: system.prefix: the key appears twice"},
+      {roles + "---\nuser: {prefix: 'V ', suffix: ''}\n",
+       "t.yaml: a second YAML document starts at line 5 (after '---')"},
+      {roles + "? [a, b]\n: c\n", "t.yaml: a key must be a plain word, not a list"},
+      {"system: {? {a: 1} : b}\n", "t.yaml: system: a key must be a plain word, not a map"},
+      {"user: {prefix: 'a\n", "t.yaml: malformed YAML at line"},
+  };
+  for (const auto& [text, fragment] : cases) {
+    const std::string msg = input_error([&] { parse_chat_template(text, "t.yaml"); });
+    EXPECT_EQ(msg.rfind(fragment, 0), 0u) << text << " -> " << msg;
+    EXPECT_EQ(msg.find("yaml-cpp"), std::string::npos) << "library text: " << msg;
+    EXPECT_EQ(msg.find('\n'), std::string::npos) << "not one line: " << msg;
+  }
+  // A trailing "---" (an empty second document) drops nothing: accepted.
+  EXPECT_EQ(parse_chat_template(roles + "---\n", "t.yaml").assistant.prefix, "A ");
+
+  data_test::TempDir dir;
+  EXPECT_EQ(input_error([&] { load_chat_template(dir.path().string()); }),
+            dir.path().string() + ": is a directory, not a chat template");
+  EXPECT_EQ(input_error([] { load_chat_template("/nonexistent/t.yaml"); }),
+            "/nonexistent/t.yaml: cannot read the chat template: No such file or directory");
+  data_test::write_bytes(dir.file("t.yaml"), roles + "---\nuser: {prefix: x, suffix: y}\n");
+  EXPECT_EQ(input_error([&] {
+              load_chat_template(dir.file("t.yaml"));
+            }).rfind(dir.file("t.yaml") + ": a second YAML document starts at line 5", 0),
+            0u);
 }
 
 TEST(Chat, ShippedTemplateIsTheDefault) {
@@ -137,16 +208,12 @@ TEST(Chat, TemplateErrorsNameTheKey) {
        "t.yaml: assistant.suffix: must be a string"},
       {ok_roles + "assistant: text\n", "t.yaml: assistant: must be a map"},
       {"- 1\n- 2\n", "t.yaml: a chat template is a map"},
-      {"user: {prefix: 'a\n", "t.yaml: bad YAML"},
+      {"user: {prefix: 'a\n", "t.yaml: malformed YAML"},
   };
   for (const auto& [text, fragment] : cases) {
     const std::string msg = input_error([&] { parse_chat_template(text, "t.yaml"); });
     EXPECT_NE(msg.find(fragment), std::string::npos) << text << " -> " << msg;
   }
-  EXPECT_NE(input_error([] {
-              load_chat_template("/nonexistent/t.yaml");
-            }).find("/nonexistent/t.yaml: cannot open chat template"),
-            std::string::npos);
 }
 
 TEST(Chat, LossMaskCoversExactlyTheAssistantTurns) {
@@ -242,7 +309,7 @@ TEST(Chat, PrepareNamesFileAndLine) {
   opts = chat_options({in.file("a.jsonl")}, out.string());
   opts.format = InputFormat::kText;
   opts.chat_template = "configs/chat_template.yaml";
-  EXPECT_THROW(prepare_data(opts, tok), Error);
+  EXPECT_THROW(prepare_data(opts, tok), ConfigError);
   EXPECT_EQ(parse_input_format("chat"), InputFormat::kChat);
 }
 

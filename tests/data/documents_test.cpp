@@ -14,6 +14,7 @@
 
 #include "core/error.h"
 #include "tests/data/data_test_util.h"
+#include "train/crc32c.h"
 
 namespace loom {
 namespace {
@@ -79,10 +80,15 @@ TEST(Documents, RoundTripAndLayout) {
   const std::string bytes = read_all(dir.file("train_000000.docs"));
   ASSERT_EQ(bytes.size(), 1024u + 8 * 4 + 8);
   EXPECT_EQ(read_at<int32_t>(bytes, 0), 20241205);
-  EXPECT_EQ(read_at<int32_t>(bytes, 4), 1);
+  EXPECT_EQ(read_at<int32_t>(bytes, 4), 2);
   EXPECT_EQ(read_at<int32_t>(bytes, 8), 3);
   EXPECT_EQ(read_at<int32_t>(bytes, 12), 8);
-  for (size_t i = 16; i < 1024; ++i) ASSERT_EQ(bytes[i], 0) << "header byte " << i;
+  // [4]: the .bin's token checksum, CRC-32C of the block CRCs (one block here).
+  const std::vector<uint16_t> u16(s.tokens.begin(), s.tokens.end());
+  const uint32_t block = crc32c(u16.data(), 2 * u16.size());
+  EXPECT_EQ(read_at<uint32_t>(bytes, 16), crc32c(&block, 4));
+  EXPECT_EQ(read_at<uint32_t>(bytes, 16), shard_token_checksum(u16));
+  for (size_t i = 20; i < 1024; ++i) ASSERT_EQ(bytes[i], 0) << "header byte " << i;
   for (size_t d = 0; d < 4; ++d) EXPECT_EQ(read_at<int64_t>(bytes, 1024 + 8 * d), s.offsets[d]);
   for (size_t i = 0; i < 8; ++i) EXPECT_EQ(static_cast<uint8_t>(bytes[1056 + i]), s.mask[i]);
   // The .bin is an ordinary shard.
@@ -190,8 +196,8 @@ TEST(Documents, ReaderNamesEveryDamage) {
   expect_docs_error(
       damaged(dir, "magic", [](std::string& b) { write_at<int32_t>(b, 0, 20240520); }),
       docs("magic"), {"bad magic 20240520", "not a document index"});
-  expect_docs_error(damaged(dir, "version", [](std::string& b) { write_at<int32_t>(b, 4, 2); }),
-                    docs("version"), {"unsupported document index version 2"});
+  expect_docs_error(damaged(dir, "version", [](std::string& b) { write_at<int32_t>(b, 4, 3); }),
+                    docs("version"), {"unsupported document index version 3 (expected 2)"});
   expect_docs_error(damaged(dir, "count", [](std::string& b) { write_at<int32_t>(b, 12, 9); }),
                     docs("count"), {"header says 9 tokens", "holds 8"});
   expect_docs_error(
@@ -226,6 +232,64 @@ TEST(Documents, ReaderNamesEveryDamage) {
   bin_bytes.pop_back();
   data_test::write_bytes(badbin, bin_bytes);
   expect_docs_error(badbin, badbin, {"truncated"});
+}
+
+// Found by trying to break it (issue 28): another shard's .docs with the same token count fitted
+// every check, pairing the wrong documents and loss mask with the tokens. The header's checksum
+// of the .bin ties the pair; a mismatch names both files. A version-1 sidecar (no checksum) is
+// refused, saying to re-run prepare_data.
+TEST(Documents, SidecarOfAnotherShardIsRefused) {
+  data_test::TempDir dir;
+  Sample a, b;
+  b.tokens[1] = 12;  // same count and documents, one token differs
+  write_document_shard(dir.file("a.bin"), a.tokens, a.mask, a.offsets);
+  write_document_shard(dir.file("b.bin"), b.tokens, b.mask, b.offsets);
+  EXPECT_NO_THROW(DocumentReader(dir.file("b.bin")));
+  fs::copy_file(dir.file("a.docs"), dir.file("b.docs"), fs::copy_options::overwrite_existing);
+  expect_docs_error(dir.file("b.bin"), dir.file("b.docs"),
+                    {"written for another shard: it records the checksum of " + dir.file("b.bin"),
+                     "but its tokens give", "the .docs belongs to another shard"});
+  // The .bin rewritten in place (same count) is caught the same way.
+  write_shard(dir.file("a.bin"), b.tokens);
+  expect_docs_error(dir.file("a.bin"), dir.file("a.docs"), {"written for another shard"});
+
+  const std::string old = damaged(dir, "v1", [](std::string& bytes) {
+    write_at<int32_t>(bytes, 4, 1);
+    write_at<uint32_t>(bytes, 16, 0);
+  });
+  expect_docs_error(old, docs_path_for(old),
+                    {"document index version 1 has no checksum of its .bin (version 2 has): re-run "
+                     "prepare_data --format chat to rewrite the shards"});
+}
+
+// A sidecar that cannot be written is named as the user's file (InputError, no source location).
+TEST(Documents, UnwritableSidecarIsAnInputError) {
+  data_test::TempDir dir;
+  const Sample s;
+  fs::create_directories(dir.file("x.docs/occupied"));  // rename onto a non-empty folder fails
+  try {
+    write_document_shard(dir.file("x.bin"), s.tokens, s.mask, s.offsets);
+    FAIL() << "no error";
+  } catch (const InputError& e) {
+    EXPECT_EQ(
+        std::string(e.what()).rfind(dir.file("x.docs") + ": cannot write document index: ", 0), 0u)
+        << e.what();
+  }
+  EXPECT_FALSE(fs::exists(dir.file("x.docs.tmp")));
+}
+
+// The checksum is over 1 MiB blocks: a shard of several blocks, a change in any block (first,
+// middle, last partial) changes it.
+TEST(Documents, ChecksumCoversEveryBlock) {
+  std::vector<uint16_t> t(1'300'000);
+  for (size_t i = 0; i < t.size(); ++i) t[i] = static_cast<uint16_t>(i * 7919);
+  const uint32_t base = shard_token_checksum(t);
+  for (const size_t at : {size_t{0}, size_t{524'288}, t.size() - 1}) {
+    std::vector<uint16_t> u = t;
+    u[at] ^= 1;
+    EXPECT_NE(shard_token_checksum(u), base) << at;
+  }
+  EXPECT_EQ(shard_token_checksum({}), 0u);
 }
 
 TEST(Documents, CheckVocabNamesDocumentAndOffset) {

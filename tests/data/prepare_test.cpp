@@ -4,8 +4,12 @@
 #include "data/prepare.h"
 
 #include <gtest/gtest.h>
+#include <sys/wait.h>
 
+#include <cstdlib>
 #include <filesystem>
+#include <fstream>
+#include <functional>
 
 #include "core/error.h"
 #include "data/loader.h"
@@ -42,7 +46,7 @@ TEST(Prepare, SplitsDocuments) {
   EXPECT_EQ(val_every(0.3), 3);
   EXPECT_EQ(val_every(0), 0);
   EXPECT_EQ(parse_input_format("fortunes"), InputFormat::kFortunes);
-  EXPECT_THROW(parse_input_format("csv"), Error);
+  EXPECT_THROW(parse_input_format("csv"), ConfigError);
 }
 
 TEST(Prepare, ListsFortuneFiles) {
@@ -141,8 +145,10 @@ TEST(Prepare, AllValIsAnError) {
   try {
     prepare_data(opts, tok);
     FAIL() << "no error";
-  } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("all 1 documents went to val"), std::string::npos);
+  } catch (const ConfigError& e) {
+    EXPECT_EQ(std::string(e.what()),
+              "--val-fraction 0.05: all 1 documents went to val (every 20-th document is val); "
+              "give more documents or a smaller --val-fraction");
   }
   EXPECT_TRUE(fs::is_empty(out.path())) << "the failed run leaves no shards behind";
 }
@@ -177,6 +183,88 @@ TEST(Prepare, BinaryAndEmptyInputsAreNamedAndLeaveNothing) {
             "prepare_data: the inputs (1 files) hold no documents: every file is empty or "
             "whitespace");
   EXPECT_FALSE(fs::exists(out));
+}
+
+// Found by trying to break it (issue 28): user errors from prepare_data carried the source
+// location ("(…/data/prepare.cpp:174)") and library text. Each is now an InputError (a file) or
+// a ConfigError (an option), one line, naming the file or the flag.
+TEST(Prepare, UserErrorsAreOneLineWithoutSourceLocations) {
+  data_test::TempDir in("in_user");
+  Tokenizer tok(data_test::bpe_dir());
+  data_test::write_bytes(in.file("a.txt"), "one<|endoftext|>two<|endoftext|>three");
+  data_test::write_bytes(in.file("c.jsonl"), "{\"prompt\": \"a\", \"response\": 1e999999}\n");
+  const fs::path out = in.path() / "out";
+  PrepareOptions base;
+  base.inputs = {in.file("a.txt")};
+  base.out_dir = out.string();
+  // (what to change, the message, whether it is a ConfigError rather than an InputError)
+  struct Case {
+    std::function<void(PrepareOptions&)> change;
+    std::string message;
+    bool config;
+  };
+  const std::vector<Case> cases = {
+      {[&](PrepareOptions& o) { o.inputs = {in.file("none.txt")}; },
+       in.file("none.txt") + ": input does not exist", false},
+      {[](PrepareOptions& o) { o.val_fraction = 2; }, "--val-fraction 2: outside [0, 1)", true},
+      {[](PrepareOptions& o) { o.shard_tokens = 0; }, "--shard-tokens 0: outside [1, 2^31)", true},
+      {[](PrepareOptions& o) { o.chat_template = "t.yaml"; },
+       "--chat-template: for --format chat only", true},
+      {[&](PrepareOptions& o) {
+         o.format = InputFormat::kChat;
+         o.inputs = {in.path().string()};
+         o.chat_template = in.path().string();
+       },
+       in.path().string() + ": is a directory, not a chat template", false},
+      {[&](PrepareOptions& o) {
+         o.format = InputFormat::kChat;
+         o.inputs = {in.file("c.jsonl")};
+       },
+       in.file("c.jsonl") + ":1: bad JSON: number overflow parsing '1e999999'", false},
+  };
+  for (const Case& c : cases) {
+    PrepareOptions opts = base;
+    c.change(opts);
+    try {
+      prepare_data(opts, tok);
+      ADD_FAILURE() << c.message << ": no error";
+    } catch (const InputError& e) {
+      EXPECT_FALSE(c.config) << e.what();
+      EXPECT_EQ(std::string(e.what()), c.message);
+    } catch (const ConfigError& e) {
+      EXPECT_TRUE(c.config) << e.what();
+      EXPECT_EQ(std::string(e.what()), c.message);
+    } catch (const std::exception& e) {
+      ADD_FAILURE() << "not an InputError or ConfigError: " << e.what();
+    }
+    EXPECT_FALSE(fs::exists(out)) << c.message;
+  }
+  // A folder that already holds shards is named without a source location.
+  fs::create_directories(out);
+  data_test::write_bytes((out / "train_000000.bin").string(), "x");
+  try {
+    prepare_data(base, tok);
+    ADD_FAILURE() << "no error";
+  } catch (const InputError& e) {
+    EXPECT_EQ(std::string(e.what()), out.string() +
+                                         ": already holds shards (train_000000.bin); remove them "
+                                         "or choose another --out-dir");
+  }
+}
+
+// The tool prints one clean line for a user error: "prepare_data: <message>", no source
+// location, no blank line.
+TEST(Prepare, ToolPrintsOneLine) {
+  data_test::TempDir dir;
+  const std::string err = dir.file("stderr.txt");
+  const std::string cmd = std::string(LOOM_BINARY_DIR) + "/prepare_data --bpe-dir " +
+                          data_test::bpe_dir() + " --input " + dir.file("missing.txt") +
+                          " --out-dir " + dir.file("out") + " >/dev/null 2>" + err;
+  const int status = std::system(cmd.c_str());
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 1) << status;
+  std::ifstream in(err);
+  const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  EXPECT_EQ(text, "prepare_data: " + dir.file("missing.txt") + ": input does not exist\n");
 }
 
 }  // namespace

@@ -86,6 +86,19 @@ TEST(Shard, RejectsTokensOutsideUint16) {
   EXPECT_FALSE(std::filesystem::exists(dir.file("x.bin")));
 }
 
+// Found by trying to break it (issue 28): a shard that cannot be written (a missing or
+// unwritable --out-dir) is the user's file: an InputError naming it, with no source location.
+TEST(Shard, UnwritableShardIsAnInputError) {
+  data_test::TempDir dir;
+  const std::string path = dir.file("no/such/dir/x.bin");
+  try {
+    write_shard(path, std::vector<int32_t>{1, 2});
+    FAIL() << "no error";
+  } catch (const InputError& e) {
+    EXPECT_EQ(std::string(e.what()), path + ": cannot write shard: No such file or directory");
+  }
+}
+
 TEST(Shard, CorruptFilesGiveNamedErrors) {
   data_test::TempDir dir;
   expect_shard_error(dir.file("missing.bin"), {"cannot open shard"});

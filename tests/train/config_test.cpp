@@ -294,7 +294,8 @@ TEST(Config, MalformedYamlAndMissingFile) {
     load_config("/nonexistent/gpt.yaml");
     FAIL();
   } catch (const ConfigError& e) {
-    EXPECT_EQ(std::string(e.what()), "/nonexistent/gpt.yaml: cannot read the config file");
+    EXPECT_EQ(std::string(e.what()),
+              "/nonexistent/gpt.yaml: cannot read the config file: No such file or directory");
   }
   const std::string path = ::testing::TempDir() + "/bad.yaml";
   std::ofstream(path) << "train:\n  steps: -4\n";
@@ -311,6 +312,32 @@ TEST(Config, MalformedYamlAndMissingFile) {
 
 namespace loom {
 namespace {
+
+// Found by trying to break it (issue 28): YAML after a second "---" was silently ignored, by
+// parse_config_text and by load_config; it is refused, naming the file and the line. An empty
+// document after it (a trailing "---") drops nothing and is accepted.
+TEST(Config, RefusesASecondYamlDocument) {
+  EXPECT_EQ(error_of("train:\n  steps: 7\n---\ntrain:\n  steps: 9\n"),
+            "config: a second YAML document starts at line 4 (after '---'): the file must hold one "
+            "document, or the rest would be ignored");
+  EXPECT_EQ(parse_config_text("---\ntrain:\n  steps: 7\n---\n").train.steps, 7);
+  const std::string path = ::testing::TempDir() + "/two_docs.yaml";
+  std::ofstream(path) << "train:\n  steps: 7\n---\noptim:\n  lr: 0.5\n";
+  try {
+    load_config(path);
+    FAIL() << "no error";
+  } catch (const ConfigError& e) {
+    EXPECT_EQ(std::string(e.what()).rfind(path + ": a second YAML document starts at line 4", 0),
+              0u)
+        << e.what();
+  }
+  try {
+    load_config(::testing::TempDir());
+    FAIL() << "no error";
+  } catch (const ConfigError& e) {
+    EXPECT_EQ(std::string(e.what()), ::testing::TempDir() + ": is a directory, not a config file");
+  }
+}
 
 // Every shipped config validates, and the model sizes match the published parameter counts.
 TEST(Config, PackingKeys) {
@@ -359,9 +386,12 @@ TEST(Config, ShippedConfigsValidateWithPublishedSizes) {
 // sample_tokens.
 TEST(Config, RefusesDuplicatesOddKeysAndImpossibleSizes) {
   EXPECT_EQ(error_of("optim:\n  lr: 1.0e-3\n  lr: 5.0e-1\n"),
-            "optim.lr: the key appears twice (the first value would win)");
+            "config: optim.lr: the key appears twice (lines 2 and 3; the first value would win)");
   EXPECT_EQ(error_of("optim:\n  lr: 1.0e-3\noptim:\n  eps: 1.0e-8\n"),
-            "optim: the section appears twice");
+            "config: optim: the key appears twice (lines 1 and 3; the first value would win)");
+  EXPECT_EQ(error_of("parallel:\n  sdp: {mode: forward, mode: backward}\n"),
+            "config: parallel.sdp.mode: the key appears twice (lines 2 and 2; the first value "
+            "would win)");
   EXPECT_EQ(error_of("optim:\n  [a, b]: 1\n"), "optim: a key must be a plain word, got a list");
   EXPECT_EQ(error_of("? [x]\n: 1\n"), "config: a section name must be a plain word, got a list");
   for (const char* huge :
