@@ -7,6 +7,7 @@
 // checked; a run's checkpoints folder as a loom source.
 #include <gtest/gtest.h>
 #include <sys/wait.h>
+#include <unistd.h>
 
 #include <cmath>
 #include <cstdlib>
@@ -35,7 +36,9 @@ using nlohmann::json;
 using testing::tiny_gpt2;
 
 std::string fresh_dir(const std::string& name) {
-  const std::string d = ::testing::TempDir() + "/loom_convert_safety_" + name;
+  // Unique per test process: ctest runs this file's tests in parallel processes.
+  const std::string d =
+      ::testing::TempDir() + "/loom_convert_safety_" + name + "_" + std::to_string(::getpid());
   fs::remove_all(d);
   fs::create_directories(d);
   return d;
@@ -104,7 +107,8 @@ struct ToolResult {
 
 // Runs the convert executable with `args`; its exit status and its stderr.
 ToolResult run_convert(const std::string& args) {
-  const std::string err = ::testing::TempDir() + "/loom_convert_safety_stderr.txt";
+  const std::string err =
+      ::testing::TempDir() + "/loom_convert_safety_stderr_" + std::to_string(::getpid()) + ".txt";
   const std::string cmd =
       std::string(LOOM_BINARY_DIR) + "/convert " + args + " >/dev/null 2>" + err;
   const int status = std::system(cmd.c_str());
