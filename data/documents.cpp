@@ -16,7 +16,7 @@
 #include <vector>
 
 #include "core/error.h"
-#include "train/crc32c.h"  // TODO(layering): data/ uses train/'s CRC; it belongs in core/
+#include "core/crc32c.h"
 
 namespace loom {
 namespace {

@@ -13,10 +13,10 @@
 #include <fstream>
 #include <sstream>
 
+#include "core/crc32c.h"
 #include "core/error.h"
 #include "core/ops/view.h"
 #include "parallel/comm/communicator.h"
-#include "train/crc32c.h"
 #include "train/safetensors.h"
 
 namespace loom {
@@ -459,6 +459,11 @@ std::vector<std::string> checkpoints_newest_first(const std::string& root,
 std::string latest_checkpoint(const std::string& root) {
   std::vector<fs::path> all = complete_checkpoints(root);
   return all.empty() ? "" : all.back().string();
+}
+
+std::string checkpoint_in(const std::string& dir) {
+  if (!fs::is_directory(dir) || fs::exists(fs::path(dir) / "meta.yaml")) return dir;
+  return latest_checkpoint(dir);
 }
 
 }  // namespace loom

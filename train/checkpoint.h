@@ -133,6 +133,10 @@ bool all_finite(const Tensor& host);
 CheckpointContents load_checkpoint(const std::string& dir);
 // The newest complete checkpoint under root, or "" when there is none.
 std::string latest_checkpoint(const std::string& root);
+// The checkpoint `dir` names: itself when it is one (or is no directory), else — a run's
+// checkpoints folder (<out_dir>/checkpoints) — its newest complete checkpoint, "" when it holds
+// none. What train.init_from, train --resume DIR and convert --from loom:DIR take.
+std::string checkpoint_in(const std::string& dir);
 // Every complete checkpoint under root, newest first; `incomplete` (when given) receives the
 // step_N folders without meta.yaml (damaged by hand or by a file system: a save never leaves
 // one, Note [Atomic checkpoints]).

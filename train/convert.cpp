@@ -43,14 +43,6 @@ Location parse_location(const std::string& s, const char* which) {
   return {kind, s.substr(colon + 1)};
 }
 
-// The checkpoint `dir` names: itself when it is one (or is no directory), else — a run's
-// checkpoints folder (<out_dir>/checkpoints) — its newest complete checkpoint; "" when it holds
-// none. What train.init_from and convert --from loom: both take.
-std::string checkpoint_in(const std::string& dir) {
-  if (!fs::is_directory(dir) || fs::exists(fs::path(dir) / "meta.yaml")) return dir;
-  return latest_checkpoint(dir);
-}
-
 // A path made absolute and normal, without a trailing separator ("out/" is "out").
 fs::path normal_path(const std::string& p) {
   fs::path a = fs::absolute(fs::path(p)).lexically_normal();

@@ -13,8 +13,8 @@
 #include <nlohmann/json.hpp>
 #include <set>
 
+#include "core/crc32c.h"
 #include "core/error.h"
-#include "train/crc32c.h"
 
 namespace loom {
 namespace tfevents {

@@ -5,6 +5,7 @@
 // weights: load_model_weights in train/convert.h.)
 #include <yaml-cpp/yaml.h>
 
+#include <exception>
 #include <filesystem>
 #include <iomanip>
 #include <map>
@@ -172,29 +173,42 @@ void Trainer::State::check_resume_config(const CheckpointReader& r) {
 void Trainer::State::resume(const std::string& which) {
   const std::string root = (fs::path(cfg.train.out_dir) / "checkpoints").string();
   std::vector<std::string> incomplete;
-  const std::vector<std::string> dirs = which == "latest"
-                                            ? checkpoints_newest_first(root, &incomplete)
-                                            : std::vector<std::string>{which};
+  std::vector<std::string> dirs;
+  if (which == "latest") {
+    dirs = checkpoints_newest_first(root, &incomplete);
+    LOOM_INPUT_CHECK(!dirs.empty(), "--resume latest: no checkpoint under ", root,
+                     incomplete.empty() ? "" : " (only incomplete ones, listed above)");
+  } else {  // a checkpoint, or a run's checkpoints folder: its newest
+    dirs = {checkpoint_in(which)};
+    LOOM_INPUT_CHECK(!dirs.front().empty(), "--resume ", which,
+                     ": a folder without meta.yaml and without complete checkpoints (step_N with "
+                     "a meta.yaml) in it; give a checkpoint or a run's checkpoints folder");
+  }
   for (const std::string& d : incomplete)
     *log << "resume: skipped " << d << ": no meta.yaml (not a complete checkpoint)\n";
-  LOOM_CHECK(!dirs.empty(), "--resume latest: no checkpoint under ", root);
   for (const std::string& dir : dirs) {
     std::string why;
+    std::exception_ptr error;
     try {
       resume_from(dir);
     } catch (const ConfigError&) {
       throw;
     } catch (const Error& e) {
       why = e.what();
+      error = std::current_exception();
     }
     Tensor failed = Tensor::full({1}, why.empty() ? 0.0 : 1.0, DType::kF64);
     if (ctx) ctx->world().all_reduce(failed, parallel::ReduceOp::kMax);
     if (failed.item() == 0.0) return;
-    if (which != "latest") LOOM_FAIL(why.empty() ? dir + ": damaged (another rank failed)" : why);
+    if (which != "latest") {  // tried alone: its own error (a damaged file's is an InputError)
+      if (error) std::rethrow_exception(error);
+      LOOM_INPUT_FAIL(dir, ": damaged (another rank could not read its pieces)");
+    }
     *log << "resume: skipped " << dir << ": "
          << (why.empty() ? "damaged (another rank could not read its pieces)" : why) << "\n";
   }
-  LOOM_FAIL("--resume latest: no intact checkpoint under ", root, " (each one's damage is above)");
+  LOOM_INPUT_FAIL("--resume latest: no intact checkpoint under ", root,
+                  " (each one's damage is above)");
 }
 
 void Trainer::State::resume_from(const std::string& dir) {

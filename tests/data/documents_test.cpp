@@ -14,7 +14,7 @@
 
 #include "core/error.h"
 #include "tests/data/data_test_util.h"
-#include "train/crc32c.h"
+#include "core/crc32c.h"
 
 namespace loom {
 namespace {

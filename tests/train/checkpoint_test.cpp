@@ -11,7 +11,7 @@
 
 #include "core/ops/view.h"
 #include "core/rng.h"
-#include "train/crc32c.h"
+#include "core/crc32c.h"
 #include "train/safetensors.h"
 
 namespace loom {

@@ -16,7 +16,7 @@
 #include <tuple>
 
 #include "core/error.h"
-#include "train/crc32c.h"
+#include "core/crc32c.h"
 
 namespace loom {
 namespace {

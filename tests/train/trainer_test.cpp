@@ -652,5 +652,34 @@ TEST(TrainTool, EvalPrintsTheValidationLossOfTheModelAsBuilt) {
   EXPECT_FALSE(fs::exists(dir + "/eval/checkpoints")) << "--eval trains and saves nothing";
 }
 
+// --resume with what is not a checkpoint: exit 1, one line naming the path in Loom's words (no
+// source location); a run's checkpoints folder resumes from its newest checkpoint.
+TEST(TrainTool, ResumeErrorsNameThePathAndAFolderOfCheckpointsResumesItsNewest) {
+  const std::string dir = make_data("resume_errors");
+  const std::string cfg = dir + "/cfg.yaml";
+  std::ofstream(cfg)
+      << "model: {arch: gpt2, vocab_size: 64, vocab_multiple: 32, n_layer: 1, n_head: 2, n_embd: "
+         "16, max_seq_len: 16}\n"
+      << "data: {train: " << dir << "/data/train_*.bin, batch_size: 2, seq_len: 16}\n"
+      << "optim: {warmup_steps: 0}\n"
+      << "train: {steps: 2, peak_flops: 1.0e10, sample_every: 0, val_every: 0, out_dir: " << dir
+      << "/run}\n"
+      << "checkpoint: {every: 1}\n";
+  ASSERT_EQ(run_train_tool("--config " + cfg).first, 0);
+  for (const std::string& bad : {dir + "/nonexistent", dir + "/cfg.yaml", dir + "/data"}) {
+    const auto [code, err] =
+        run_train_tool("--config " + cfg + " --set train.out_dir=" + dir + "/r2 --resume " + bad);
+    EXPECT_EQ(code, 1) << err;
+    EXPECT_EQ(std::count(err.begin(), err.end(), '\n'), 1) << err;
+    EXPECT_NE(err.find(bad), std::string::npos) << err;
+    EXPECT_EQ(err.find(".cpp:"), std::string::npos) << err;
+  }
+  const auto [code, err] =
+      run_train_tool("--config " + cfg + " --set train.steps=3 --set " + "train.out_dir=" + dir +
+                     "/r3 --resume " + dir + "/run/checkpoints");
+  EXPECT_EQ(code, 0) << err;
+  EXPECT_EQ(load_checkpoint(latest_checkpoint(dir + "/r3/checkpoints")).step, 3);
+}
+
 }  // namespace
 }  // namespace loom

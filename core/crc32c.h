@@ -1,5 +1,6 @@
-// train/crc32c.h — CRC-32C (Castagnoli), the checksum of TensorBoard's record framing and of
-// every tensor in a Loom checkpoint. Table-driven; the table is built at compile time.
+// core/crc32c.h — CRC-32C (Castagnoli), the checksum of TensorBoard's record framing, of
+// every tensor in a Loom checkpoint and of a document shard's tokens (data/documents.h).
+// Table-driven; the table is built at compile time.
 #pragma once
 
 #include <array>
