@@ -15,8 +15,8 @@
 #include <utility>
 #include <vector>
 
-#include "core/error.h"
 #include "core/crc32c.h"
+#include "core/error.h"
 
 namespace loom {
 namespace {
@@ -173,6 +173,7 @@ DocumentReader::DocumentReader(const std::string& shard_path)
     int32_t header[5];
     std::memcpy(header, map_, sizeof(header));
     const int64_t docs = check_docs_header(p, header, file_bytes, shard_);
+    std::memcpy(&token_checksum_, &header[4], 4);
     const int64_t n = shard_.num_tokens();
     const char* base = static_cast<const char*>(map_);
     offsets_ = reinterpret_cast<const int64_t*>(base + kDocsHeaderBytes);
@@ -237,7 +238,8 @@ DocumentReader::DocumentReader(DocumentReader&& other) noexcept
       offsets_(std::exchange(other.offsets_, nullptr)),
       mask_(std::exchange(other.mask_, nullptr)),
       num_docs_(std::exchange(other.num_docs_, 0)),
-      num_loss_tokens_(std::exchange(other.num_loss_tokens_, 0)) {}
+      num_loss_tokens_(std::exchange(other.num_loss_tokens_, 0)),
+      token_checksum_(std::exchange(other.token_checksum_, 0u)) {}
 
 DocumentReader& DocumentReader::operator=(DocumentReader&& other) noexcept {
   if (this != &other) {
@@ -250,6 +252,7 @@ DocumentReader& DocumentReader::operator=(DocumentReader&& other) noexcept {
     mask_ = std::exchange(other.mask_, nullptr);
     num_docs_ = std::exchange(other.num_docs_, 0);
     num_loss_tokens_ = std::exchange(other.num_loss_tokens_, 0);
+    token_checksum_ = std::exchange(other.token_checksum_, 0u);
   }
   return *this;
 }

@@ -37,7 +37,7 @@ inline constexpr int32_t kDocsVersion = 2;
 inline constexpr int64_t kDocsHeaderInts = 256;
 inline constexpr int64_t kDocsHeaderBytes = kDocsHeaderInts * 4;
 
-// The checksum of a shard's token bytes stored in its .docs header: CRC-32C (train/crc32c.h) of
+// The checksum of a shard's token bytes stored in its .docs header: CRC-32C (core/crc32c.h) of
 // each 1 MiB block of the tokens' little-endian bytes (the last block shorter), then CRC-32C of
 // those block checksums as little-endian uint32s; 0 for no tokens. The table-driven CRC is not
 // hardware-accelerated (about 2.5 s per GB on one core), so the blocks are checksummed in
@@ -90,6 +90,8 @@ class DocumentReader {
   std::span<const uint8_t> loss_mask() const { return {mask_, static_cast<size_t>(num_tokens())}; }
   // Tokens with mask 1 in the shard (counted once, when it is opened).
   int64_t num_loss_tokens() const { return num_loss_tokens_; }
+  // The checksum of the .bin's tokens the .docs records (verified when opened).
+  uint32_t token_checksum() const { return token_checksum_; }
 
   // Every token < vocab_size, else an InputError naming the shard, the document, and the offset
   // (in the shard and in the document) of the first token outside it.
@@ -106,6 +108,7 @@ class DocumentReader {
   const uint8_t* mask_ = nullptr;
   int64_t num_docs_ = 0;
   int64_t num_loss_tokens_ = 0;
+  uint32_t token_checksum_ = 0;
 };
 
 }  // namespace loom

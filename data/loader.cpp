@@ -3,6 +3,8 @@
 #include "data/loader.h"
 
 #include <algorithm>
+#include <filesystem>
+#include <map>
 #include <numeric>
 
 #include "core/error.h"
@@ -75,6 +77,45 @@ DataLoader::DataLoader(const std::vector<std::string>& shard_paths, int64_t B, i
   LOOM_CHECK(num_windows_ >= global, "DataLoader: shards ", shard_list(shard_paths), " hold ",
              num_tokens_, " tokens = ", num_windows_, " windows of T+1 = ", T + 1,
              " tokens, fewer than one global batch of B*world_size = ", global, " windows");
+}
+
+std::string fingerprint_entry(const std::string& path, const std::string& what) {
+  return std::filesystem::path(path).filename().string() + ": " + what;
+}
+
+std::string data_change(const std::string& saved, const std::string& now) {
+  if (saved == now) return "";
+  auto entries = [](const std::string& print) {
+    std::map<std::string, std::string> out;  // base name -> what
+    for (size_t at = 0; at < print.size();) {
+      size_t end = print.find("; ", at);
+      if (end == std::string::npos) end = print.size();
+      const std::string e = print.substr(at, end - at);
+      const size_t colon = e.find(": ");
+      out[e.substr(0, colon)] = colon == std::string::npos ? "" : e.substr(colon + 2);
+      at = end + 2;
+    }
+    return out;
+  };
+  const auto was = entries(saved), is = entries(now);
+  for (const auto& [name, what] : is) {
+    const auto it = was.find(name);
+    if (it == was.end()) return name + " is new (" + what + ")";
+    if (it->second != what) return name + " now holds " + what + ", then " + it->second;
+  }
+  for (const auto& [name, what] : was) {
+    if (!is.count(name)) return name + " (" + what + ") is gone";
+  }
+  return "the shards' order changed";
+}
+
+std::string DataLoader::fingerprint() const {
+  std::string out;
+  for (const ShardReader& s : shards_) {
+    out += (out.empty() ? "" : "; ") +
+           fingerprint_entry(s.path(), std::to_string(s.num_tokens()) + " tokens");
+  }
+  return out;
 }
 
 void DataLoader::set_state(LoaderState state) {

@@ -34,6 +34,19 @@ struct LoaderState {
   bool operator==(const LoaderState&) const = default;
 };
 
+// Note [Data fingerprint]: a loader's position means something only for the shards it was
+// saved with. Checkpoints store the loaders' fingerprint — each shard's file name and size
+// ("train_000000.bin: 679854 tokens", for document shards also their documents and the
+// checksum of the tokens that their .docs records) — and a resume compares it with the data it
+// opened: re-prepared or other data under the same glob is named (which shard, what changed)
+// and stops the run, rather than passing for a damaged checkpoint or silently continuing from
+// a position in other data. The names are the files' base names, so data moved to another
+// folder still resumes.
+// data_change(saved, now): "" when the fingerprints agree, else what changed, naming a shard.
+std::string data_change(const std::string& saved, const std::string& now);
+// One shard's entry of a fingerprint ("<base name>: <what>"); fingerprints join entries by "; ".
+std::string fingerprint_entry(const std::string& path, const std::string& what);
+
 class DataLoader {
  public:
   // vocab_size > 0: every token of every shard is checked below it here, when the shards are
@@ -45,6 +58,7 @@ class DataLoader {
 
   LoaderState state() const { return {epoch_, position_}; }
   void set_state(LoaderState state);  // validates it against this data
+  std::string fingerprint() const;    // Note [Data fingerprint]
 
   int64_t num_tokens() const { return num_tokens_; }    // N, all shards
   int64_t num_windows() const { return num_windows_; }  // (N-1)/T

@@ -3,6 +3,7 @@
 #include "data/packed_loader.h"
 
 #include <algorithm>
+#include <cstdio>
 #include <numeric>
 
 #include "core/error.h"
@@ -109,6 +110,19 @@ void PackedLoader::set_state(LoaderState state) {
              " documents (saved with other shards or another data.seq_len?)");
   epoch_ = state.epoch;
   position_ = state.position;
+}
+
+std::string PackedLoader::fingerprint() const {
+  std::string out;
+  for (const DocumentReader& r : shards_) {
+    char crc[16];
+    std::snprintf(crc, sizeof(crc), "%08x", r.token_checksum());
+    out += (out.empty() ? "" : "; ") +
+           fingerprint_entry(r.path(), std::to_string(r.num_tokens()) + " tokens, " +
+                                           std::to_string(r.num_docs()) + " documents, checksum " +
+                                           crc);
+  }
+  return out;
 }
 
 int64_t PackedLoader::loss_tokens(const Doc& d) const {

@@ -103,6 +103,7 @@ class PackedLoader {
 
   LoaderState state() const { return {epoch_, position_}; }
   void set_state(LoaderState state);  // validates it against this data
+  std::string fingerprint() const;    // Note [Data fingerprint] in data/loader.h
 
   int64_t num_documents() const { return static_cast<int64_t>(docs_.size()); }
   int64_t steps_per_epoch() const;

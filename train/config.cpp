@@ -313,14 +313,33 @@ void validate_model_parallel_config(const Config& c) {
           "parallel.tp: " + str(p.tp) + " does not split the padded vocabulary " +
               str(m.padded_vocab()) + " into parts that each hold real tokens (model.vocab_size " +
               str(m.vocab_size) + ")");
-  require(c.data.seq_len % (2 * p.cp) == 0, "parallel.cp: data.seq_len " + str(c.data.seq_len) +
-                                                " does not divide into 2·cp = " + str(2 * p.cp) +
-                                                " chunks (causal load balancing)");
+  require(p.cp == 1 || c.data.seq_len % (2 * p.cp) == 0,
+          "parallel.cp: data.seq_len " + str(c.data.seq_len) +
+              " does not divide into 2·cp = " + str(2 * p.cp) + " chunks (causal load balancing)");
   require(!p.sequence_parallel || p.tp > 1, "parallel.sequence_parallel: needs parallel.tp > 1");
   require(!p.sequence_parallel || c.data.seq_len / p.cp % p.tp == 0,
           "parallel.sequence_parallel: the " + str(c.data.seq_len / p.cp) +
               " tokens per context-parallel rank do not divide by parallel.tp " + str(p.tp));
-  if (p.tp == 1 && p.cp == 1) return;
+}
+
+// The keys of `section` whose values differ from the defaults ("parallel.sdp.seed, …").
+std::string non_default_keys(const Config& c, const std::string& section) {
+  auto values = [&](Config cfg) {
+    std::vector<std::pair<std::string, std::string>> out;
+    visit_fields(cfg, [&](const char* s, const char* k, const auto& field) {
+      if (section != s) return;
+      std::ostringstream v;
+      v << field;
+      out.emplace_back(section + "." + k, v.str());
+    });
+    return out;
+  };
+  const auto given = values(c), defaults = values(Config{});
+  std::string keys;
+  for (size_t i = 0; i < given.size(); ++i) {
+    if (given[i].second != defaults[i].second) keys += (keys.empty() ? "" : ", ") + given[i].first;
+  }
+  return keys;
 }
 
 // parallel.sdp (docs/parallel.md, "SDP"): either regime at either level over the dp group, or
@@ -338,7 +357,14 @@ void validate_sdp_config(const Config& c) {
           "parallel.sdp.coverage: must be in (0, 1], got " + str(s.coverage));
   require(s.workers >= 0,
           "parallel.sdp.workers: must be >= 0 (0: parallel.dp), got " + str(s.workers));
-  if (s.mode == "none") return;
+  if (s.mode == "none") {  // a key set for SDP while it is off would be ignored: refuse it
+    const std::string keys = non_default_keys(c, "parallel.sdp");
+    const char* them = keys.find(',') == std::string::npos ? "it" : "them";
+    require(keys.empty(), keys + ": set, but parallel.sdp.mode is none (SDP is off) and would " +
+                              "ignore " + them + "; set parallel.sdp.mode (forward or backward) " +
+                              "or remove " + them);
+    return;
+  }
   const int64_t n = sdp_workers(c);
   require(n >= 2,
           "parallel.sdp.mode: SDP needs at least 2 workers (parallel.sdp.workers, or "
@@ -372,7 +398,8 @@ void validate_sdp_config(const Config& c) {
     const std::vector<int64_t> groups(static_cast<size_t>(c.model.n_layer), c.model.kv_heads());
     parallel::sdp::CoverOptions h = o;
     h.seed += 1;
-    parallel::sdp::assign_neurons(h, groups, "model.n_kv_head");
+    parallel::sdp::assign_neurons(h, groups,
+                                  c.model.n_kv_head > 0 ? "model.n_kv_head" : "model.n_head");
   }
   if (s.level == "block") {
     parallel::sdp::assign_blocks(o, c.model.n_layer);  // ConfigError naming the keys
@@ -575,6 +602,27 @@ int64_t global_batch_sequences(const Config& c) {
 
 bool uses_nccl(const Config& c) {
   return c.parallel.backend == "nccl" || (c.parallel.backend == "auto" && c.train.device == "cuda");
+}
+
+namespace {
+void flatten_into(const YAML::Node& node, const std::string& key,
+                  std::map<std::string, std::string>& out) {
+  if (node.IsMap()) {
+    for (const auto& kv : node)
+      flatten_into(kv.second, (key.empty() ? "" : key + ".") + kv.first.as<std::string>(), out);
+    return;
+  }
+  YAML::Emitter e;
+  e << YAML::Flow << node;
+  out[key] = e.c_str();
+}
+}  // namespace
+
+std::map<std::string, std::string> flatten_config(const std::string& yaml) {
+  std::map<std::string, std::string> out;
+  const YAML::Node root = YAML::Load(yaml.empty() ? "{}" : yaml);
+  if (root.IsMap()) flatten_into(root, "", out);
+  return out;
 }
 
 Config parse_config_text(const std::string& text, const std::vector<std::string>& overrides) {

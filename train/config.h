@@ -6,6 +6,7 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -166,5 +167,8 @@ bool uses_nccl(const Config& c);
 void validate_config(const Config& c);
 // The effective configuration as YAML (every key, defaults included).
 std::string config_to_yaml(const Config& c);
+// A config's YAML as "section.key" (nested sections: "parallel.sdp.seed") → the value's YAML
+// text on one line (flow style), for comparing two configs key by key (the resume's changes).
+std::map<std::string, std::string> flatten_config(const std::string& yaml);
 
 }  // namespace loom

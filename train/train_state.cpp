@@ -95,39 +95,25 @@ void add_sdp_pieces(const parallel::sdp::SdpSync& sdp, size_t param, const std::
   out.push_back({key, packed, piece});
 }
 
-// The config as "section.key" → its YAML text.
-std::map<std::string, std::string> flatten(const std::string& yaml) {
-  std::map<std::string, std::string> out;
-  const YAML::Node root = YAML::Load(yaml.empty() ? "{}" : yaml);
-  if (!root.IsMap()) return out;
-  for (const auto& section : root) {
-    const std::string s = section.first.as<std::string>();
-    if (!section.second.IsMap()) {
-      out[s] = YAML::Dump(section.second);
-      continue;
-    }
-    for (const auto& kv : section.second)
-      out[s + "." + kv.first.as<std::string>()] = YAML::Dump(kv.second);
-  }
-  return out;
-}
-
 }  // namespace
 
 // Note [Resume compatibility]: a checkpoint continues under another config only where its
 // tensors and its data position still mean the same thing. Refused, naming each key: the model
 // (model.*), the stored dtype (train.dtype), the optimizer (optim.name: its state differs), and
-// the data stream (data.train, data.seq_len, data.seed, data.packing: windows or documents).
-// Everything else may change, the
-// parallel layout included (the pieces reshard on load), and each change is logged. When the
+// the data stream (data.seq_len, data.seed, data.packing: windows or documents; data.train's
+// pattern only for a checkpoint without the data's fingerprint — with one, the shards
+// themselves are compared, Note [Data fingerprint] in data/loader.h, so moved data resumes).
+// Everything else may change, the parallel layout included (the pieces reshard on load), and
+// each change is logged, one line a key (`parallel.sdp.seed 0 → 7`). When the
 // global batch changes, the data continues from the same position (the windows consumed so
 // far), so the steps after the resume see other batches than the original run would have: said.
 void Trainer::State::check_resume_config(const CheckpointReader& r) {
-  const std::map<std::string, std::string> saved = flatten(r.config_yaml()),
-                                           now = flatten(config_to_yaml(cfg));
-  auto fixed = [](const std::string& key) {
+  const std::map<std::string, std::string> saved = flatten_config(r.config_yaml()),
+                                           now = flatten_config(config_to_yaml(cfg));
+  const bool fingerprint = r.state().count("data.train") > 0;
+  auto fixed = [&](const std::string& key) {
     return (key.rfind("model.", 0) == 0 && key != "model.init_from") || key == "train.dtype" ||
-           key == "optim.name" || key == "data.train" || key == "data.seq_len" ||
+           key == "optim.name" || (key == "data.train" && !fingerprint) || key == "data.seq_len" ||
            key == "data.seed" || key == "data.packing";
   };
   std::string refused;
@@ -214,6 +200,17 @@ void Trainer::State::resume(const std::string& which) {
 void Trainer::State::resume_from(const std::string& dir) {
   const CheckpointReader r(dir);
   check_resume_config(r);
+  // The data the position belongs to (Note [Data fingerprint]); checkpoints before it have none.
+  if (const auto saved = r.state().find("data.train"); saved != r.state().end()) {
+    const std::string change = data_change(saved->second, data_fingerprint());
+    if (!change.empty()) {
+      throw ConfigError("data.train: the data changed since checkpoint " + dir +
+                        " was written: " + change +
+                        "; its data position means nothing in other data: restore "
+                        "those shards, or start a new run from the checkpoint's weights "
+                        "(train.init_from)");
+    }
+  }
   if (r.step() > cfg.train.steps) {
     throw ConfigError("train.steps: " + std::to_string(cfg.train.steps) + " is below the step " +
                       std::to_string(r.step()) + " of the checkpoint " + dir);
@@ -256,8 +253,16 @@ void Trainer::State::resume_from(const std::string& dir) {
   LOOM_INPUT_CHECK(steps <= r.step(), dir, ": optim.step_count ", steps, " exceeds the step ",
                    r.step());
   plan.set_optimizer_steps(steps);
-  set_loader_state(
-      {static_cast<int64_t>(num("loader.epoch")), static_cast<int64_t>(num("loader.position"))});
+  const LoaderState position{static_cast<int64_t>(num("loader.epoch")),
+                             static_cast<int64_t>(num("loader.position"))};
+  try {
+    set_loader_state(position);
+  } catch (const Error&) {  // outside this data: other shards, or another data.seq_len
+    throw ConfigError("data.train: checkpoint " + dir + "'s data position (epoch " +
+                      std::to_string(position.epoch) + ", entry " +
+                      std::to_string(position.position) +
+                      ") lies outside this data (other shards, or another data.seq_len?)");
+  }
   sample_gen.set_state({num("rng.sample.seed"), num("rng.sample.offset")});
   if (scaler) {
     const std::string why = " (saved by a run without loss scaling)";
@@ -316,6 +321,7 @@ void Trainer::State::save() {
   c.state = {{"optim.step_count", std::to_string(plan.optimizer_steps())},
              {"loader.epoch", std::to_string(ls.epoch)},
              {"loader.position", std::to_string(ls.position)},
+             {"data.train", data_fingerprint()},
              {"rng.sample.seed", std::to_string(sample_gen.state().seed)},
              {"rng.sample.offset", std::to_string(sample_gen.state().offset)}};
   if (scaler) {

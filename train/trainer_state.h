@@ -115,6 +115,9 @@ struct Trainer::State {
     else
       train_loader->set_state(state);
   }
+  std::string data_fingerprint() const {  // Note [Data fingerprint] in data/loader.h
+    return packed_train ? packed_train->fingerprint() : train_loader->fingerprint();
+  }
 
   // train/train_step.cpp (Note [Device step]).
   PendingStep train_step();

@@ -490,7 +490,20 @@ TEST(Config, SdpKeysNameTheKeys) {
   const std::string few =
       error_of("", with({"parallel.sdp.mode=forward", "parallel.sdp.heads=true",
                          "parallel.sdp.coverage=0.5", "model.n_head=2", "model.n_embd=64"}));
-  EXPECT_NE(few.find("model.n_kv_head"), std::string::npos) << few;
+  EXPECT_NE(few.find("model.n_head: "), std::string::npos) << few;  // GPT-2 has no n_kv_head
+  const std::string few_kv = error_of(
+      "", with({"parallel.sdp.mode=forward", "parallel.sdp.heads=true", "parallel.sdp.coverage=0.5",
+                "model.arch=llama", "model.n_head=4", "model.n_kv_head=2", "model.n_embd=64"}));
+  EXPECT_NE(few_kv.find("model.n_kv_head: "), std::string::npos) << few_kv;
+  // SDP keys while SDP is off would be ignored: refused, naming them; defaults pass.
+  EXPECT_EQ(error_of("", with({"parallel.sdp.seed=7"})),
+            "parallel.sdp.seed: set, but parallel.sdp.mode is none (SDP is off) and would ignore "
+            "it; set parallel.sdp.mode (forward or backward) or remove it");
+  EXPECT_EQ(error_of("", with({"parallel.sdp.coverage=0.5", "parallel.sdp.heads=true"})),
+            "parallel.sdp.coverage, parallel.sdp.heads: set, but parallel.sdp.mode is none (SDP "
+            "is off) and would ignore them; set parallel.sdp.mode (forward or backward) or remove "
+            "them");
+  EXPECT_EQ(error_of("", with({"parallel.sdp.seed=0", "parallel.sdp.mode=none"})), "");
   const std::string blocks =
       error_of("", {"parallel.dp=4", "parallel.sdp.mode=forward", "parallel.sdp.level=block",
                     "parallel.sdp.coverage=0.5", "model.n_layer=3"});
@@ -503,6 +516,22 @@ TEST(Config, SdpKeysNameTheKeys) {
       error_of("", with({"parallel.sdp.mode=forward", "parallel.sdp.coverage=0.25"}));
   EXPECT_NE(one.find("parallel.sdp.coverage"), std::string::npos) << one;
   EXPECT_EQ(error_of("", with({"parallel.sdp.mode=forward", "parallel.sdp.coverage=0.5"})), "");
+}
+
+// The resume's key-by-key comparison: nested sections by their full key, one line each.
+TEST(Config, FlattenedForComparisonOneLineAKey) {
+  Config c = parse_config_text("parallel:\n  dp: 4\n  sdp:\n    mode: forward\n    seed: 7\n");
+  const std::map<std::string, std::string> f = flatten_config(config_to_yaml(c));
+  EXPECT_EQ(f.at("parallel.sdp.seed"), "7");
+  EXPECT_EQ(f.at("parallel.sdp.mode"), "forward");
+  EXPECT_EQ(f.at("parallel.dp"), "4");
+  EXPECT_EQ(f.count("parallel.sdp"), 0u);
+  for (const auto& [key, value] : f) EXPECT_EQ(value.find('\n'), std::string::npos) << key;
+}
+
+// data.seq_len need not be even without context parallelism (the 2·cp chunks are cp's).
+TEST(Config, OddSeqLenWithoutContextParallelism) {
+  EXPECT_EQ(parse_config_text("data:\n  seq_len: 15\n").data.seq_len, 15);
 }
 
 }  // namespace
