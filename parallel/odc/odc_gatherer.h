@@ -39,8 +39,9 @@
 //     collective at ZeRO-3 anyway, checkpoints), so every rank barriers at the same points;
 //     forwards and backwards inside a step never barrier.
 // Determinism (OdcOptions::deterministic): without it all origins accumulate into one buffer per
-//   owner, so the f32 sum's order is the arrival order — not bit-reproducible from 3 origins on
-//   (two origins commute exactly). With it the gradient window has S slots: origin o accumulates
+//   owner, so the f32 sum's order is the arrival order — bit-reproducible only with at most two
+//   additions per location and step (two ranks, one micro-batch each: addition commutes but
+//   does not associate). With it the gradient window has S slots: origin o accumulates
 //   only into slot o (its own micro-batches, in its issue order: MPI orders one origin's
 //   accumulates to one location), and finish() adds the slots in rank order and divides once,
 //   the arithmetic of MpiCommunicator's rank-order reduce-scatter (Note [Deterministic
