@@ -10,6 +10,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <exception>
+#include <filesystem>
 #include <optional>
 
 #include "core/error.h"
@@ -67,6 +68,30 @@ int guarded(const std::function<int()>& fn) {
   return 1;
 }
 
+#if LOOM_HAS_MPI
+// Note [RMA component]: ODC's windows (parallel/odc/mpi_window.cpp) need an MPI one-sided
+// component that serves them. On one host Open MPI's osc/sm always does; across hosts Open MPI
+// 4.1 under MPI_THREAD_MULTIPLE picks by default a component that fails at MPI_Win_allocate
+// (osc/pt2pt refuses multi-threaded use; osc/rdma needs a BTL with RDMA), and osc/ucx, which
+// works over TCP as over InfiniBand, must be asked for. So, before MPI_Init, Loom asks for
+// `sm,ucx` — unless the user chose (OMPI_MCA_osc set, as `mpirun --mca osc …` does), the MPI
+// is not Open MPI, or Open MPI has no osc/ucx plugin in its plugin folder (a build without UCX:
+// then the window's creation fails with a Loom error that says what to set). Non-ODC runs make
+// no window, so the choice costs them nothing. The plugin folder is the one ompi_info named when
+// the build was configured (CMakeLists.txt), or OPAL_PKGLIBDIR where Open MPI was moved.
+void choose_rma_component() {
+#if defined(OPEN_MPI) && OPEN_MPI && defined(LOOM_OMPI_PKGLIBDIR)
+  if (std::getenv("OMPI_MCA_osc") != nullptr) return;
+  // The plugin folder: Open MPI's own override (OPAL_PKGLIBDIR), else the build's (ompi_info).
+  const char* env = std::getenv("OPAL_PKGLIBDIR");
+  const std::filesystem::path dir = env != nullptr ? env : LOOM_OMPI_PKGLIBDIR;
+  std::error_code ec;
+  if (!dir.empty() && std::filesystem::exists(dir / "mca_osc_ucx.so", ec))
+    setenv("OMPI_MCA_osc", "sm,ucx", 0);
+#endif
+}
+#endif
+
 }  // namespace
 
 int local_rank_from_env() {
@@ -93,6 +118,7 @@ MpiRuntime::MpiRuntime(int* argc, char*** argv) {
   MPI_Initialized(&initialized);
   int provided = MPI_THREAD_SINGLE;
   if (!initialized) {
+    choose_rma_component();  // Note [RMA component]
     LOOM_CHECK(MPI_Init_thread(argc, argv, MPI_THREAD_MULTIPLE, &provided) == MPI_SUCCESS,
                "MPI_Init_thread failed");
     owns_ = true;

@@ -230,6 +230,9 @@ class MpiWindow final : public OneSidedWindow {
         [made, members, bytes, elem, label = name_] {
           check_mpi(MPI_Comm_create_group(MPI_COMM_WORLD, members, kCreateTag, &made->comm),
                     "MPI_Comm_create_group", label);
+          // A window MPI cannot make is reported here, not by MPI's abort (Note [RMA component]
+          // in parallel/launcher.cpp)
+          MPI_Comm_set_errhandler(made->comm, MPI_ERRORS_RETURN);
           if (on_one_node(made->comm, label)) {  // shared memory: osc/sm (Note [ODC over MPI RMA])
             MPI_Info info = MPI_INFO_NULL;
             MPI_Info_create(&info);
@@ -239,9 +242,20 @@ class MpiWindow final : public OneSidedWindow {
             MPI_Info_free(&info);
             check_mpi(rc, "MPI_Win_allocate_shared", label);
           } else {
-            check_mpi(
-                MPI_Win_allocate(bytes, elem, MPI_INFO_NULL, made->comm, &made->base, &made->win),
-                "MPI_Win_allocate", label);
+            const int rc =
+                MPI_Win_allocate(bytes, elem, MPI_INFO_NULL, made->comm, &made->base, &made->win);
+            if (rc != MPI_SUCCESS) {
+              char text[MPI_MAX_ERROR_STRING];
+              int len = 0;
+              MPI_Error_string(rc, text, &len);
+              LOOM_FAIL(label,
+                        ": MPI cannot make a one-sided window across hosts (MPI_Win_allocate: ",
+                        std::string(text, static_cast<size_t>(len)),
+                        "); ODC needs an RMA component that serves one: with Open MPI, osc/ucx "
+                        "(mpirun --mca osc sm,ucx, or OMPI_MCA_osc=sm,ucx; Loom asks for it itself "
+                        "when Open MPI has the plugin), on other MPIs their RMA over the network "
+                        "(docs/parallel.md, \"Running on several hosts\")");
+            }
           }
         },
         timeout_s_, [&] { return name_ + ": creating the window over " + members_text(); });
