@@ -3,6 +3,7 @@
 // accessors agree with the mesh, impossible layouts are ConfigErrors naming the key, and
 // MpiRuntime reports the launch (world and node-local rank, the environment's local rank).
 // loom-mpi-test: ranks 8
+// loom-multihost-test: 2x4
 // The abort tests also run this executable: under each fault mode of mpi_test_main.cpp rank 1
 // fails while the others wait in a collective, and run_main must end the whole job promptly,
 // non-zero, printing the rank's message.
@@ -109,8 +110,13 @@ TEST(Launcher, LaunchInfoFromMpiAndEnvironment) {
   const LaunchInfo& info = runtime.info();
   EXPECT_EQ(info.world_rank, world_rank());
   EXPECT_EQ(info.world_size, world_size());
-  EXPECT_EQ(info.local_size, world_size());  // the tests run on one node
-  EXPECT_EQ(info.local_rank, world_rank());
+  // The host's ranks from MPI's shared-memory split agree with the launcher's count: all of
+  // them on one host, PPN of them across tools/cluster's hosts (multihost.parallel.context_2x4).
+  const char* local_size = std::getenv("OMPI_COMM_WORLD_LOCAL_SIZE");
+  EXPECT_EQ(info.local_size, local_size != nullptr ? std::atoi(local_size) : world_size());
+  if (local_size == nullptr) {
+    EXPECT_EQ(info.local_rank, world_rank());
+  }
   if (std::getenv("OMPI_COMM_WORLD_LOCAL_RANK") != nullptr) {
     EXPECT_EQ(info.env_local_rank, info.local_rank);
   }

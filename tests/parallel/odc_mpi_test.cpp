@@ -9,6 +9,7 @@
 // gradients summed in rank order (computed here in one process); and the trainer with
 // parallel.odc resuming from its sharded checkpoint exactly.
 // loom-mpi-test: ranks 2 4 timeout 300
+// loom-multihost-test: 2x2 4x1
 #include <gtest/gtest.h>
 #include <signal.h>
 #include <unistd.h>

@@ -3,6 +3,7 @@
 // f32 rounding), and stopping, resuming from the sharded checkpoint and continuing reproduces the
 // uninterrupted data-parallel run bit for bit.
 // loom-mpi-test: ranks 2
+// loom-multihost-test: 2x1
 #include <gtest/gtest.h>
 
 #include <cmath>

@@ -7,6 +7,7 @@
 // whatever the split). Also: an ODC run stopped and resumed continues exactly, and ZeRO-3 and ODC
 // resume each other's checkpoints.
 // loom-mpi-test: ranks 2 4
+// loom-multihost-test: 2x2
 //
 // Tolerance as in tests/train/train_reshard_mpi_test.cpp: the layouts sum the same terms in
 // other orders (packing into other rows, dp's average, one-sided sums): f32 rounding, spread by

@@ -9,6 +9,7 @@
 // synchronised shard by shard, vpp2 with ZeRO-3, Llama with ZeRO-2 — and the ZeRO-1 and ZeRO-3
 // resumes); each case skips itself at the other world size.
 // loom-mpi-test: ranks 2 4
+// loom-multihost-test: 2x2 4x1
 //
 // Tolerance: the pipeline runs the same kernels on the same shapes in the same micro-batch
 // order as the single process, so untied models agree to the last bit except where summation

@@ -10,6 +10,7 @@
 // Also: train.init_from of the tp2·pp2 checkpoint in a tp2·dp2 run (and of its Hugging Face
 // export), and a changed model refused on resume with the key named.
 // loom-mpi-test: ranks 4
+// loom-multihost-test: 2x2
 //
 // Tolerance: each layout sums the same terms in another order (tp's split GEMMs, cp's ring
 // merge, dp's average, the pipeline's tied-gradient exchange): f32 rounding, ~1e-7 relative per

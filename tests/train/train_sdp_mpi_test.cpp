@@ -13,6 +13,7 @@
 // an SDP run, read by one process, is the full model whose elements are the ranks' trained
 // values (consolidation); forward masking starts from a full checkpoint (model.init_from).
 // loom-mpi-test: ranks 4 8 timeout 600
+// loom-multihost-test: 2x2
 #include <gtest/gtest.h>
 
 #include <cmath>

@@ -11,6 +11,7 @@
 // dp2·tp2·pp2+sp with ZeRO-3 and tp2·cp2·pp2 with ZeRO-2); each case skips itself at the other
 // world sizes.
 // loom-mpi-test: ranks 2 4 8
+// loom-multihost-test: 2x2 2x4
 //
 // Tolerance: split GEMMs, vocab-parallel statistics, ring-attention merges and the dp·cp
 // gradient average add the same terms in other orders (f32 rounding, ~1e-7 relative), which

@@ -15,6 +15,7 @@
 #   cluster.sh rate ID K RATE|none   change host K's link rate
 #   cluster.sh link ID K up|down     take host K's link down (a cut cable) or up again
 #   cluster.sh check                 exit 0 when this machine can make a cluster, else say why
+#   cluster.sh sweep                 remove the clusters whose owner process has ended
 #
 # ID: up to 6 letters or digits, unique per run (e.g. from the test's pid); hosts are named
 # lc<ID>n<K>, the bridge lc<ID>b, host K's links lc<ID>v<K> (bridge side) and lc<ID>p<K>.
@@ -74,6 +75,7 @@ up() {
   net=$(pick_subnet "$id")
   echo "$net" >"$dir/subnet"
   echo "$n" >"$dir/hosts"
+  echo "${LOOM_CLUSTER_OWNER:-$PPID}" >"$dir/owner"  # sweep removes it once this pid is gone
   local br="lc${id}b"
   ip link add "$br" type bridge
   ip link set "$br" up
@@ -122,6 +124,14 @@ set_rate() {
   ip netns exec "$h" tc qdisc add dev "lc${id}p${k}" root tbf rate "$rate" burst 64kb latency 200ms
 }
 
+sweep() {
+  [ -d "$state_root" ] || return 0
+  for dir in "$state_root"/*; do
+    [ -f "$dir/owner" ] || continue
+    if ! kill -0 "$(cat "$dir/owner")" 2>/dev/null; then down "$(basename "$dir")"; fi
+  done
+}
+
 run() {
   local id=$1 k=$2
   shift 2
@@ -154,6 +164,7 @@ case "$cmd" in
   check) check ;;
   up) up "$@" ;;
   down) down "$@" ;;
+  sweep) sweep ;;
   host) host_name "$@" ;;
   run) run "$@" ;;
   mpirun) mpirun_on "$@" ;;
@@ -162,5 +173,5 @@ case "$cmd" in
     id=$1 k=$2 how=$3
     ip link set "lc${id}v${k}" "$how"
     ;;
-  *) sed -n '2,22p' "$0" | sed 's/^# \{0,1\}//' >&2; exit 2 ;;
+  *) sed -n '2,23p' "$0" | sed 's/^# \{0,1\}//' >&2; exit 2 ;;
 esac

@@ -4,6 +4,7 @@
 // members' regenerated inputs; reductions must equal the rank-order reduction bit for bit on
 // every rank (Note [Deterministic reductions]).
 // loom-mpi-test: ranks 3 8
+// loom-multihost-test: 4x2
 #include <gtest/gtest.h>
 
 #include <functional>

@@ -3,6 +3,7 @@
 // the group, and an operation queued behind it says it never started. Then the missing rank
 // enters, everything completes with correct results, and the group is usable again.
 // loom-mpi-test: ranks 4
+// loom-multihost-test: 2x2
 #include <gtest/gtest.h>
 
 #include <chrono>

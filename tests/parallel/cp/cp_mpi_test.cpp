@@ -5,6 +5,7 @@
 // attention adds the same terms as the full kernel but merges them block by block (online
 // softmax), so results agree to f32 rounding: checked at 2e-5 relative.
 // loom-mpi-test: ranks 2 4
+// loom-multihost-test: 2x2
 #include <gtest/gtest.h>
 
 #include <cmath>

@@ -3,6 +3,7 @@
 // losses, gradient norms and parameters as the single-process run on the full batch, which every
 // rank recomputes locally.
 // loom-mpi-test: ranks 2 4
+// loom-multihost-test: 2x2 4x1
 //
 // Note [Equivalence tolerance]: not bitwise, because the single process sums each gradient
 // over all B rows inside one GEMM/reduction, while DP sums B/dp rows per rank and then averages

@@ -5,6 +5,7 @@
 // the single-rank bytes on 4 ranks, and the errors of a wrong set-up. Equivalence with the
 // single process is in dp_equivalence_mpi_test.cpp.
 // loom-mpi-test: ranks 2 4
+// loom-multihost-test: 2x2
 #include <gtest/gtest.h>
 
 #include <algorithm>
