@@ -7,17 +7,23 @@
 #include <mpi.h>
 #endif
 
+#include <unistd.h>
+
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <exception>
 #include <filesystem>
 #include <optional>
+#include <thread>
 
 #include "core/error.h"
 
 namespace loom::parallel {
 
 namespace {
+
+constexpr double kAbortGraceS = 3.0;  // how long MPI_Abort may take before the rank just exits
 
 [[maybe_unused]] bool mpi_running() {
 #if LOOM_HAS_MPI
@@ -38,17 +44,17 @@ int world_size_now() {
   return size;
 }
 
+// "rank R (host H): message" — the host, so that a failure across hosts names where it was.
 void print_rank_message(const std::string& message) {
   int rank = -1;
 #if LOOM_HAS_MPI
   if (mpi_running()) MPI_Comm_rank(MPI_COMM_WORLD, &rank);
 #endif
+  char host[256] = "?";
+  if (gethostname(host, sizeof(host) - 1) != 0) std::snprintf(host, sizeof(host), "?");
   std::fflush(stdout);
-  if (rank >= 0) {
-    std::fprintf(stderr, "rank %d: %s\n", rank, message.c_str());
-  } else {
-    std::fprintf(stderr, "rank ?: %s\n", message.c_str());
-  }
+  const std::string who = rank >= 0 ? std::to_string(rank) : "?";
+  std::fprintf(stderr, "rank %s (host %s): %s\n", who.c_str(), host, message.c_str());
   std::fflush(stderr);
 }
 
@@ -147,7 +153,16 @@ MpiRuntime::~MpiRuntime() {
 void abort_job(const std::string& message, int exit_code) {
   print_rank_message(message);
 #if LOOM_HAS_MPI
-  if (mpi_running()) MPI_Abort(MPI_COMM_WORLD, exit_code);
+  if (mpi_running()) {
+    // MPI_Abort asks the launcher to end every rank. Where the launcher cannot be reached (this
+    // host's link is cut, mpirun's host is gone) it can block: this rank then ends anyway, so
+    // no rank outlives its error by more than kAbortGraceS.
+    std::thread([exit_code] {
+      std::this_thread::sleep_for(std::chrono::duration<double>(kAbortGraceS));
+      std::_Exit(exit_code);
+    }).detach();
+    MPI_Abort(MPI_COMM_WORLD, exit_code);
+  }
 #endif
   std::_Exit(exit_code);
 }

@@ -7,9 +7,9 @@
 // The abort tests also run this executable: under each fault mode of mpi_test_main.cpp rank 1
 // fails while the others wait in a collective, and run_main must end the whole job promptly,
 // non-zero, printing the rank's message.
-// loom-mpi-abort-test: ranks 4 fault throw:4 expect rank 1: injected fault \(throw\)
-// loom-mpi-abort-test: ranks 4 fault unwind expect rank 1: injected fault \(unwind\)
-// loom-mpi-abort-test: ranks 3 fault status:3 expect rank 1: exited with status 3
+// loom-mpi-abort-test: ranks 4 fault throw:4 expect rank 1 \(host [^)]+\): injected fault \(throw\)
+// loom-mpi-abort-test: ranks 4 fault unwind expect rank 1 \(host [^)]+\): injected fault \(unwind\)
+// loom-mpi-abort-test: ranks 3 fault status:3 expect rank 1 \(host [^)]+\): exited with status 3
 #include <gtest/gtest.h>
 
 #include <cstdlib>

@@ -11,7 +11,8 @@
 #   cluster.sh down ID               remove them (processes, namespaces, links, bridge, state)
 #   cluster.sh host ID K             the name of host K (its netns name and hostname)
 #   cluster.sh run ID K CMD...       run CMD on host K
-#   cluster.sh mpirun ID PPN ARGS... mpirun on host 0 over every host, PPN ranks per host
+#   cluster.sh mpirun ID PPN ARGS... mpirun on host 0 over every host, PPN ranks per host (TCP
+#                                    keepalive of 5 s + 3 × 1 s: mpirun sees a lost host in ~8 s)
 #   cluster.sh rate ID K RATE|none   change host K's link rate
 #   cluster.sh link ID K up|down     take host K's link down (a cut cable) or up again
 #   cluster.sh check                 exit 0 when this machine can make a cluster, else say why
@@ -155,7 +156,9 @@ mpirun_on() {
     --map-by slot --bind-to none --oversubscribe \
     --mca plm_rsh_agent "$here/rsh_agent.sh" \
     --mca btl self,vader,tcp --mca btl_tcp_if_include "$net.0/24" \
-    --mca oob_tcp_if_include "$net.0/24" --mca mpi_yield_when_idle 1 "$@"
+    --mca oob_tcp_if_include "$net.0/24" --mca mpi_yield_when_idle 1 \
+    --mca oob_tcp_keepalive_time 5 --mca oob_tcp_keepalive_intvl 1 \
+    --mca oob_tcp_keepalive_probes 3 "$@"
 }
 
 cmd=${1:-}
@@ -173,5 +176,5 @@ case "$cmd" in
     id=$1 k=$2 how=$3
     ip link set "lc${id}v${k}" "$how"
     ;;
-  *) sed -n '2,23p' "$0" | sed 's/^# \{0,1\}//' >&2; exit 2 ;;
+  *) sed -n '2,24p' "$0" | sed 's/^# \{0,1\}//' >&2; exit 2 ;;
 esac
