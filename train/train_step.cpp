@@ -136,6 +136,12 @@ void Trainer::State::report(PendingStep& p, Clock::time_point& since) {
   since = ready;
 }
 
+// Note [Exposed comm]: the step line's `comm exposed` is every wait of this rank's compute
+// thread on data-parallel communication in the step (DpStepStats::blocked_s): the gradient
+// sync's wait after backward, and ZeRO-3's parameter gathers and ODC's pulls that were not
+// ready when their unit was needed — split into the two when there were gathers. Under
+// imbalance it includes waiting for slower ranks. Tensor-, context- and pipeline-parallel
+// transfers are part of compute here (pipeline idle is its own field).
 void Trainer::State::log_step(const PendingStep& p, double dt) {
   const StepRecord& r = p.r;
   const parallel::DpStepStats& dp_stats = p.dp_stats;
@@ -162,9 +168,14 @@ void Trainer::State::log_step(const PendingStep& p, double dt) {
          << fmt(static_cast<double>(mem.peak_bytes) / (1 << 20), 1) << " MiB";
     if (scaler)
       *log << " | loss scale " << scaler->scale() << (r.skipped ? " (overflow: step skipped)" : "");
-    if (plan.dp) {
-      *log << " | comm exposed " << fmt(dp_stats.exposed_wait_s * 1e3, 1)
-           << " ms, launched in backward " << fmt(100 * dp_stats.overlap_fraction(), 0) << "%";
+    if (plan.dp) {  // every wait of the compute thread on the network (Note [Exposed comm])
+      const double gathers = dp_stats.blocked_s - dp_stats.exposed_wait_s;
+      *log << " | comm exposed " << fmt(dp_stats.blocked_s * 1e3, 1) << " ms";
+      if (gathers > 5e-5) {
+        *log << " (gradient sync " << fmt(dp_stats.exposed_wait_s * 1e3, 1)
+             << " ms, parameter gathers " << fmt(gathers * 1e3, 1) << " ms)";
+      }
+      *log << ", launched in backward " << fmt(100 * dp_stats.overlap_fraction(), 0) << "%";
     }
     if (p.rank_tokens.size() > 1) {  // the split's balance
       const auto [lo, hi] = std::minmax_element(p.rank_tokens.begin(), p.rank_tokens.end());
@@ -191,7 +202,8 @@ void Trainer::State::log_step(const PendingStep& p, double dt) {
       metrics->write(r.step, {{"train/loss_scale", scaler->scale()},
                               {"train/skipped", r.skipped ? 1.0 : 0.0}});
     if (plan.dp) {
-      metrics->write(r.step, {{"comm/exposed_s", dp_stats.exposed_wait_s},
+      metrics->write(r.step, {{"comm/exposed_s", dp_stats.blocked_s},
+                              {"comm/grad_sync_wait_s", dp_stats.exposed_wait_s},
                               {"comm/overlap_fraction", dp_stats.overlap_fraction()}});
     }
   }

@@ -314,7 +314,11 @@ void DataParallel::gather_parameters() {
     works.push_back(shard_comm_->all_gather_async(shards.back(), b.param_flat));
     log_.log(DpEventKind::kGather, bi, "all_gather " + shard_comm_->name());
   }
+  const auto t0 = std::chrono::steady_clock::now();
   for (WorkPtr& w : works) w->wait();
+  // Exposed: the next step's forward needs these parameters (counted in the step window that
+  // began at this step's finish_gradient_sync, DpStepStats).
+  log_.add_blocked(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
 }
 
 NamedTensors DataParallel::full_parameters() {
