@@ -153,6 +153,10 @@ TEST(OdcWindow, BarrierWithAStoppedMemberFailsInTimeNamingIt) {
   std::vector<int> pids(static_cast<size_t>(S));
   const int pid = getpid();
   ASSERT_EQ(MPI_Allgather(&pid, 1, MPI_INT, pids.data(), 1, MPI_INT, MPI_COMM_WORLD), MPI_SUCCESS);
+  // The others agree that each has seen its barrier fail before the stopped one resumes (a slow
+  // member would otherwise see it arrive in time).
+  MPI_Comm others = MPI_COMM_NULL;
+  ASSERT_EQ(MPI_Comm_split(MPI_COMM_WORLD, r == late ? MPI_UNDEFINED : 0, r, &others), MPI_SUCCESS);
   if (r == late) {
     raise(SIGSTOP);  // resumed by rank 0 below
   } else {
@@ -165,6 +169,8 @@ TEST(OdcWindow, BarrierWithAStoppedMemberFailsInTimeNamingIt) {
     }
     const double waited =
         std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    MPI_Barrier(others);
+    MPI_Comm_free(&others);
     if (r == 0) kill(pids[static_cast<size_t>(late)], SIGCONT);
     EXPECT_NE(error.find(detail::str("stall window: barrier (the window's synchronisation over ", S,
                                      " ranks) did not complete within 1.5 s: rank ", late,
