@@ -205,6 +205,10 @@ ParallelContext ParallelContext::create(const ParallelOptions& options) {
   MPI_Comm_size(MPI_COMM_WORLD, &world_size);
   DeviceMesh mesh = mesh_of(options, world_size);
   const std::vector<GroupSpec> specs = group_specs(mesh, rank, options);
+  HostMap hosts = host_map();  // collective; the same on every rank
+  check_tp_inside_hosts(hosts, mesh, options.tp_across_hosts);
+  std::string topology = describe_topology(hosts, group_kinds(mesh, options.mics_partition_size),
+                                           options.mics_partition_size > 0);
   const double timeout =
       options.comm_timeout_s > 0 ? options.comm_timeout_s : default_comm_timeout_s();
 
@@ -226,6 +230,8 @@ ParallelContext ParallelContext::create(const ParallelOptions& options) {
   }
 
   ParallelContext ctx(std::move(mesh), rank, device);
+  ctx.hosts_ = std::move(hosts);
+  ctx.topology_ = std::move(topology);
   auto world = MpiCommunicator::duplicate(MPI_COMM_WORLD, "world", timeout);
   const MPI_Comm parent = world->mpi_comm();
   // Every rank creates its groups in this same order; each kind has its own tag. The MPI

@@ -20,6 +20,7 @@
 
 #include "parallel/comm/communicator.h"
 #include "parallel/mesh.h"
+#include "parallel/topology.h"
 
 namespace loom::parallel {
 
@@ -40,6 +41,9 @@ struct ParallelOptions {
   // Every MPI communicator follows NCCL's point-to-point rules (Note [NCCL rules on MPI] in
   // parallel/comm/mpi_communicator.h): checks a layout's NCCL safety on CPUs.
   bool nccl_rules = false;
+  // Tensor-parallel groups may span hosts (parallel.tp_across_hosts; Note [Tensor parallelism
+  // inside a host] in parallel/topology.h).
+  bool tp_across_hosts = false;
 };
 
 class ParallelContext {
@@ -64,6 +68,10 @@ class ParallelContext {
   // The device this rank computes on: cpu, or cuda:<local rank> (ParallelOptions::device).
   Device device() const { return device_; }
   Communicator& world() const { return *world_; }
+  // Which host each rank is on (MPI's shared-memory split), and the start-up line saying how
+  // the groups map to hosts (parallel/topology.h).
+  const HostMap& hosts() const { return hosts_; }
+  const std::string& topology() const { return topology_; }
 
   // The group varying along `axes` (any order; a mesh axis or a MiCS axis each); the rank
   // within a one-axis group is this rank's coordinate on that axis. Throws naming the axes
@@ -101,6 +109,8 @@ class ParallelContext {
   Device device_;
   std::unique_ptr<Communicator> world_;
   std::map<std::string, std::unique_ptr<Communicator>> groups_;  // by key()
+  HostMap hosts_;
+  std::string topology_;
 };
 
 }  // namespace loom::parallel

@@ -94,6 +94,7 @@ int main(int argc, char** argv) {
       p.shape.tp = static_cast<int>(config.parallel.tp);
       p.mics_partition_size = static_cast<int>(config.parallel.mics_partition_size);
       p.comm_timeout_s = config.parallel.comm_timeout_s;
+      p.tp_across_hosts = config.parallel.tp_across_hosts;
       // parallel.backend: NCCL communicators on GPUs, or MPI ones staging CUDA tensors.
       p.device = loom::uses_nccl(config) ? loom::DeviceType::kCuda : loom::DeviceType::kCpu;
       p.nccl_rules = config.parallel.backend == "mpi_nccl_rules";

@@ -99,6 +99,7 @@ void visit_fields(Config& c, V&& v) {
   v("parallel", "odc", p.odc);
   v("parallel", "odc_deterministic", p.odc_deterministic);
   v("parallel", "comm_timeout_s", p.comm_timeout_s);
+  v("parallel", "tp_across_hosts", p.tp_across_hosts);
   v("parallel", "backend", p.backend);
   v("parallel", "pp", p.pp);
   v("parallel", "vpp", p.vpp);

@@ -105,6 +105,7 @@ struct ParallelConfig {
   double bucket_mb = 25;            // gradient bucket size
   bool overlap = true;              // false: reduce only after backward (to measure overlap)
   double comm_timeout_s = 300;      // a collective slower than this reports op and group
+  bool tp_across_hosts = false;     // allow tensor-parallel groups that span hosts
   // ODC (zero_stage 3 only): one-sided parameter pulls and gradient pushes, one synchronisation
   // per step, so ranks may run different numbers of micro-batches (Note [ODC] in
   // parallel/odc/odc_gatherer.h); deterministic: per-origin gradient slots added in rank order.

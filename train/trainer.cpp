@@ -228,6 +228,7 @@ void Trainer::State::build() {
   if (device.is_cpu()) *log << "; OpenBLAS " << kernels::cpu_blas_core() << " kernels";
   *log << "\n";
   *log << plan.describe();
+  if (ctx) *log << ctx->topology() << "\n";  // how the groups map to hosts
 }
 
 Trainer::Trainer(Config config, TrainerOptions options) : s_(std::make_unique<State>()) {
