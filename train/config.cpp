@@ -43,6 +43,7 @@ void visit_fields(Config& c, V&& v) {
   v("data", "train", d.train);
   v("data", "val", d.val);
   v("data", "batch_size", d.batch_size);
+  v("data", "global_batch", d.global_batch);
   v("data", "seq_len", d.seq_len);
   v("data", "seed", d.seed);
   v("data", "packing", d.packing);
@@ -250,12 +251,15 @@ void apply_override(YAML::Node& root, const std::string& assignment) {
     root[section][key] = value;
 }
 
+void resolve_global_batch(Config& c);
+
 Config from_node(YAML::Node root, const std::vector<std::string>& overrides) {
   if (!root || root.IsNull()) root = YAML::Node(YAML::NodeType::Map);
   for (const std::string& o : overrides) apply_override(root, o);
   check_known_keys(root);
   Config c;
   visit_fields(c, Reader{root});
+  resolve_global_batch(c);
   validate_config(c);
   return c;
 }
@@ -269,6 +273,36 @@ std::string str(const T& v) {
   std::ostringstream os;
   os << v;
   return os.str();
+}
+
+// Note [Global batch]: data.global_batch G > 0 fixes the sequences per optimizer step, whatever
+// the layout: optim.grad_accum (the pipeline's micro-batches when parallel.microbatches is 0)
+// becomes G / (data.batch_size · parallel.dp). Windows are dealt per global batch (Note [Loader
+// windows]), so a run resumed at another dp with the same G takes the same windows in every
+// step as the uninterrupted run (tests/train/train_reshard_mpi_test.cpp) — what an elastic
+// restart on fewer hosts needs (tools/elastic.sh). A grad_accum given beside it must agree.
+void resolve_global_batch(Config& c) {
+  const int64_t g = c.data.global_batch;
+  if (g == 0) return;
+  const int64_t per = c.data.batch_size * c.parallel.dp;
+  require(g > 0,
+          "data.global_batch: must be positive (0: batch_size × dp × grad_accum), got " + str(g));
+  require(!c.data.packing,
+          "data.global_batch: not supported with data.packing yet (a packed step is "
+          "data.batch_size × parallel.dp documents)");
+  require(c.data.batch_size > 0 && c.parallel.dp > 0 && g % per == 0,
+          "data.global_batch: " + str(g) + " is not a multiple of data.batch_size " +
+              str(c.data.batch_size) + " × parallel.dp " + str(c.parallel.dp) + " = " + str(per));
+  const int64_t accum = g / per;
+  require(c.optim.grad_accum == 1 || c.optim.grad_accum == accum,
+          "optim.grad_accum: " + str(c.optim.grad_accum) + " conflicts with data.global_batch " +
+              str(g) + " (= data.batch_size " + str(c.data.batch_size) + " × parallel.dp " +
+              str(c.parallel.dp) + " × " + str(accum) + "); leave it to data.global_batch");
+  require(c.parallel.microbatches == 0 || c.parallel.microbatches == accum,
+          "parallel.microbatches: " + str(c.parallel.microbatches) +
+              " conflicts with data.global_batch " + str(g) + " (" + str(accum) +
+              " micro-batches per step at this data.batch_size and parallel.dp)");
+  c.optim.grad_accum = accum;
 }
 
 // parallel.pp, vpp, microbatches, schedule, pp_layout (parallel/pp/schedule.h and partition.h

@@ -21,8 +21,11 @@ struct DataConfig {
   std::string train = "";  // shard glob, e.g. data/fortunes/train_*.bin
   std::string val = "";    // shard glob for validation ("" = none)
   int64_t batch_size = 8;  // micro-batch B per rank
-  int64_t seq_len = 64;    // T
-  uint64_t seed = 1337;    // data order
+  // > 0: sequences per optimizer step, kept whatever parallel.dp is: optim.grad_accum is derived
+  // as global_batch / (batch_size · dp) (a run resumed at another size sees the same data).
+  int64_t global_batch = 0;
+  int64_t seq_len = 64;  // T
+  uint64_t seed = 1337;  // data order
   // Variable-length documents (post-training, data/packed_loader.h): document shards, each rank's
   // share of a step's batch_size·dp documents packed into micro-batches of at most
   // max_tokens_per_microbatch tokens (0: batch_size·seq_len), seq_len the longest document.

@@ -229,6 +229,11 @@ void Trainer::State::build() {
   *log << "\n";
   *log << plan.describe();
   if (ctx) *log << ctx->topology() << "\n";  // how the groups map to hosts
+  if (cfg.data.global_batch > 0) {           // Note [Global batch] in train/config.cpp
+    *log << "global batch: " << cfg.data.global_batch << " sequences = data.batch_size "
+         << cfg.data.batch_size << " × parallel.dp " << cfg.parallel.dp << " × optim.grad_accum "
+         << cfg.optim.grad_accum << " (data.global_batch)\n";
+  }
 }
 
 Trainer::Trainer(Config config, TrainerOptions options) : s_(std::make_unique<State>()) {

@@ -534,5 +534,25 @@ TEST(Config, OddSeqLenWithoutContextParallelism) {
   EXPECT_EQ(parse_config_text("data:\n  seq_len: 15\n").data.seq_len, 15);
 }
 
+// data.global_batch derives optim.grad_accum from batch_size and dp (Note [Global batch]).
+TEST(Config, GlobalBatchDerivesGradAccum) {
+  const Config c =
+      parse_config_text("data: {batch_size: 4, global_batch: 32}\nparallel: {dp: 2}\n");
+  EXPECT_EQ(c.optim.grad_accum, 4);
+  EXPECT_EQ(global_batch_sequences(c), 32);
+  EXPECT_EQ(parse_config_text("data: {batch_size: 4, global_batch: 32}\noptim: {grad_accum: 8}\n")
+                .optim.grad_accum,
+            8);
+  EXPECT_EQ(error_of("data: {batch_size: 4, global_batch: 30}\nparallel: {dp: 2}\n"),
+            "data.global_batch: 30 is not a multiple of data.batch_size 4 × parallel.dp 2 = 8");
+  EXPECT_EQ(error_of("data: {batch_size: 4, global_batch: 32}\noptim: {grad_accum: 2}\n"),
+            "optim.grad_accum: 2 conflicts with data.global_batch 32 (= data.batch_size 4 × "
+            "parallel.dp 1 × 8); leave it to data.global_batch");
+  EXPECT_NE(error_of("data: {global_batch: 16, packing: true}\n")
+                .find("data.global_batch: not "
+                      "supported with data.packing"),
+            std::string::npos);
+}
+
 }  // namespace
 }  // namespace loom

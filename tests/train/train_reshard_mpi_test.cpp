@@ -44,6 +44,7 @@ struct Layout {
   int zero_stage = 0;
   int mics = 0;
   int64_t batch = 8, accum = 1;  // batch × dp × accum = 8 sequences per step
+  int64_t global = 0;            // > 0: data.global_batch instead of grad_accum
   std::string schedule = "1f1b";
 };
 
@@ -51,10 +52,11 @@ Config config_for(const Layout& l, const std::string& dir, const std::string& ou
   std::ostringstream y;
   y << "model: {arch: gpt2, vocab_size: 64, vocab_multiple: 32, n_layer: 8, n_head: 2, n_embd: "
        "32, max_seq_len: 16}\n"
-    << "data: {train: " << dir << "/data/train_*.bin, batch_size: " << l.batch << ", seq_len: 16}\n"
+    << "data: {train: " << dir << "/data/train_*.bin, batch_size: " << l.batch
+    << ", seq_len: 16, global_batch: " << l.global << "}\n"
     << "optim: {lr: 1.0e-2, min_lr: 1.0e-3, warmup_steps: 2, eps: 1.0e-6, grad_clip: 0.5, "
        "grad_accum: "
-    << l.accum << "}\n"
+    << (l.global > 0 ? 1 : l.accum) << "}\n"
     << "train: {steps: 6, peak_flops: 1.0e10, log_every: 100, val_every: 0, sample_every: 0, "
        "out_dir: "
     << out << "}\n"
@@ -160,6 +162,14 @@ TEST(TrainReshard, Tp2Pp2ToDp2Cp2Zero3Mics) {
       {.name = "dp2cp2z3mics", .dp = 2, .cp = 2, .zero_stage = 3, .mics = 2, .batch = 4});
 }
 TEST(TrainReshard, Tp2Pp2ToOneProcess) { expect_resumes_like_single({.name = "single"}); }
+// data.global_batch keeps the 8 sequences per step at another size: grad_accum derived (Note
+// [Global batch]) — 4 at one process of batch 2, 2 at dp2·tp2 of batch 2.
+TEST(TrainReshard, Tp2Pp2ToOneProcessKeepingTheGlobalBatch) {
+  expect_resumes_like_single({.name = "single_global", .batch = 2, .global = 8});
+}
+TEST(TrainReshard, Tp2Pp2ToDp2Tp2KeepingTheGlobalBatch) {
+  expect_resumes_like_single({.name = "dp2tp2_global", .dp = 2, .tp = 2, .batch = 2, .global = 8});
+}
 
 // train.init_from of a checkpoint written at another layout: a tp2·dp2 run's first step (fresh
 // optimizer state, the checkpoint's weights, step 1's batch) equals one process's from the same
