@@ -13,6 +13,7 @@
 #   cluster.sh run ID K CMD...       run CMD on host K
 #   cluster.sh mpirun ID PPN ARGS... mpirun on host 0 over every host, PPN ranks per host (TCP
 #                                    keepalive of 5 s + 3 × 1 s: mpirun sees a lost host in ~8 s)
+#   cluster.sh mpirun-args ID        the mpirun options that reach the hosts (tools/elastic.sh)
 #   cluster.sh rate ID K RATE|none   change host K's link rate
 #   cluster.sh link ID K up|down     take host K's link down (a cut cable) or up again
 #   cluster.sh check                 exit 0 when this machine can make a cluster, else say why
@@ -141,24 +142,32 @@ run() {
   exec ip netns exec "$h" unshare --uts sh -c 'hostname "$0" && exec "$@"' "$h" "$@"
 }
 
+# The mpirun options that reach the cluster's hosts (one line: for tools/elastic.sh).
+mpirun_args() {
+  local dir net
+  dir=$(state_dir "$1")
+  [ -f "$dir/subnet" ] || die "no cluster $1"
+  net=$(cat "$dir/subnet")
+  echo "--bind-to none --oversubscribe --mca plm_rsh_agent $here/rsh_agent.sh" \
+    "--mca btl self,vader,tcp --mca btl_tcp_if_include $net.0/24" \
+    "--mca oob_tcp_if_include $net.0/24 --mca mpi_yield_when_idle 1" \
+    "--mca oob_tcp_keepalive_time 5 --mca oob_tcp_keepalive_intvl 1" \
+    "--mca oob_tcp_keepalive_probes 3"
+}
+
 mpirun_on() {
   local id=$1 ppn=$2
   shift 2
   local dir
   dir=$(state_dir "$id")
   [ -f "$dir/hostfile" ] || die "no cluster $id"
-  local net n flags=()
-  net=$(cat "$dir/subnet")
+  local n flags=() args
   n=$(cat "$dir/hosts")
   sed "s/\$/ slots=$ppn/" "$dir/hostfile" >"$dir/hostfile.slots"
   [ "$(id -u)" -eq 0 ] && flags+=(--allow-run-as-root)
+  read -r -a args <<<"$(mpirun_args "$id")"
   run "$id" 0 mpirun "${flags[@]}" -np $((n * ppn)) --hostfile "$dir/hostfile.slots" \
-    --map-by slot --bind-to none --oversubscribe \
-    --mca plm_rsh_agent "$here/rsh_agent.sh" \
-    --mca btl self,vader,tcp --mca btl_tcp_if_include "$net.0/24" \
-    --mca oob_tcp_if_include "$net.0/24" --mca mpi_yield_when_idle 1 \
-    --mca oob_tcp_keepalive_time 5 --mca oob_tcp_keepalive_intvl 1 \
-    --mca oob_tcp_keepalive_probes 3 "$@"
+    --map-by slot "${args[@]}" "$@"
 }
 
 cmd=${1:-}
@@ -171,10 +180,11 @@ case "$cmd" in
   host) host_name "$@" ;;
   run) run "$@" ;;
   mpirun) mpirun_on "$@" ;;
+  mpirun-args) mpirun_args "$@" ;;
   rate) set_rate "$@" ;;
   link)
     id=$1 k=$2 how=$3
     ip link set "lc${id}v${k}" "$how"
     ;;
-  *) sed -n '2,24p' "$0" | sed 's/^# \{0,1\}//' >&2; exit 2 ;;
+  *) sed -n '2,25p' "$0" | sed 's/^# \{0,1\}//' >&2; exit 2 ;;
 esac
