@@ -14,9 +14,9 @@
 # a link 10× slower (across racks, or a cloud network). The compute side is scaled too: 8192
 # tokens per rank and step (batch 128 × 64), so that a step's FLOP per gradient byte (1.5 ×
 # tokens ≈ 12,000) is near the 14,000 of the GPU side — gpt2-tiny at the quick-start's 512
-# tokens per rank would be 18× more network-bound than any real run. RUNS: all (default) or
-# dp (the data-parallel rows alone, for the slow scale). Logs are kept in $LOOM_BENCH_LOGS
-# (default /tmp/loom_mh_bench_logs).
+# tokens per rank would be 18× more network-bound than any real run. RUNS: all (default), dp
+# (the data-parallel rows alone, for the slow scale) or sft (the packed SFT rows). Logs are
+# kept in $LOOM_BENCH_LOGS (default /tmp/loom_mh_bench_logs).
 set -euo pipefail
 build=${1:?usage: multihost_bench.sh BUILD_DIR [SCALE [RUNS]]}
 scale=${2:-1}
@@ -92,6 +92,7 @@ run() {
 
 F="data.train=$work/fortunes/train_*.bin"
 B=data.batch_size=128
+if [ "$runs" != sft ]; then
 run "one host (dp 1)" 1 1 6 --set "$F" --set $B
 run "DDP, overlap on" 2 1 6 --set "$F" --set $B
 run "DDP, overlap off" 2 1 6 --set "$F" --set $B --set parallel.overlap=false
@@ -100,11 +101,13 @@ run "DDP dp 4" 4 1 6 --set "$F" --set $B
 run "ZeRO-3" 2 2 6 --set "$F" --set $B --set parallel.zero_stage=3
 run "MiCS, partition = host" 2 2 6 --set "$F" --set $B --set parallel.zero_stage=3 \
   --set parallel.mics_partition_size=2
+fi
 C="data.train=$work/chat/train_*.bin"
 run "SFT packed, ZeRO-3" 2 2 6 --set "$C" --set data.packing=true --set data.seq_len=256 \
   --set data.batch_size=8 --set parallel.zero_stage=3
 run "SFT packed, ODC" 2 2 6 --set "$C" --set data.packing=true --set data.seq_len=256 \
   --set data.batch_size=8 --set parallel.zero_stage=3 --set parallel.odc=true
+[ "$runs" = sft ] && exit 0
 run "pp 2 1F1B" 2 1 6 --set "$F" --set data.batch_size=16 --set parallel.dp=1 \
   --set parallel.pp=2 --set optim.grad_accum=8
 run "pp 2 interleaved (vpp 2)" 2 1 6 --set "$F" --set data.batch_size=16 --set parallel.dp=1 \

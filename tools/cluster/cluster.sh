@@ -142,7 +142,11 @@ run() {
   exec ip netns exec "$h" unshare --uts sh -c 'hostname "$0" && exec "$@"' "$h" "$@"
 }
 
-# The mpirun options that reach the cluster's hosts (one line: for tools/elastic.sh).
+# The mpirun options that reach the cluster's hosts (one line: for tools/elastic.sh). UCX (ODC's
+# osc/ucx) tells hosts apart by the machine's boot id, not the hostname, so across these
+# namespaces it would move one-sided data through shared memory, past the links and their rate
+# limits: UCX_TLS=tcp,self keeps it on the network (inside a host that is the loopback).
+
 mpirun_args() {
   local dir net
   dir=$(state_dir "$1")
@@ -152,7 +156,7 @@ mpirun_args() {
     "--mca btl self,vader,tcp --mca btl_tcp_if_include $net.0/24" \
     "--mca oob_tcp_if_include $net.0/24 --mca mpi_yield_when_idle 1" \
     "--mca oob_tcp_keepalive_time 5 --mca oob_tcp_keepalive_intvl 1" \
-    "--mca oob_tcp_keepalive_probes 3"
+    "--mca oob_tcp_keepalive_probes 3 -x UCX_TLS=tcp,self"
 }
 
 mpirun_on() {
