@@ -12,9 +12,9 @@
 #include <functional>
 #include <vector>
 
+#include "core/crc32c.h"
 #include "core/error.h"
 #include "tests/data/data_test_util.h"
-#include "core/crc32c.h"
 
 namespace loom {
 namespace {

@@ -9,9 +9,9 @@
 #include <filesystem>
 #include <fstream>
 
+#include "core/crc32c.h"
 #include "core/ops/view.h"
 #include "core/rng.h"
-#include "core/crc32c.h"
 #include "train/safetensors.h"
 
 namespace loom {

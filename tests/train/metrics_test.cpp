@@ -15,8 +15,8 @@
 #include <thread>
 #include <tuple>
 
-#include "core/error.h"
 #include "core/crc32c.h"
+#include "core/error.h"
 
 namespace loom {
 namespace {
