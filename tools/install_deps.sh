@@ -14,6 +14,7 @@ packages=(
   libgtest-dev googletest libbenchmark-dev nlohmann-json3-dev
   clang-format-14  # tools/check_format.sh (CI checks formatting with this version)
   strace  # tools/check_isa.sh checks that its build runs nothing it built
+  iproute2 procps bc  # tools/cluster and tests/multihost (ip netns, tc, pgrep, timings)
   fortunes  # the default training corpus (English text under /usr/share/games/fortunes)
 )
 
