@@ -38,7 +38,7 @@ struct AdamWOptions {
   int64_t step = 1;
   // Optional (undefined: use `step`): a 0-d f64 tensor on the parameters' device holding the
   // number of updates made before this one, so that t = its value + 1 is read where it lies
-  // (Note [Device step] in train/trainer.cpp). With it, a grad_scale that is not finite (an f16
+  // (Note [Device step] in train/train_step.cpp). With it, a grad_scale that is not finite (an f16
   // overflow: kernels/reduce.h loss_scale_step) skips the update — nothing is written — and the
   // call advances the count by one only when the update was made (an empty list: not at all).
   Tensor step_count;
@@ -47,7 +47,7 @@ struct AdamWOptions {
   uint64_t seed = 0, offset = 0;
   // Optional (undefined: none): a 0-d f64 tensor on the parameters' device whose value g_s
   // multiplies every gradient before the update, read where it lies — clipping by a factor the
-  // host never reads (Note [Device step] in train/trainer.cpp). Each grad[i] becomes
+  // host never reads (Note [Device step] in train/train_step.cpp). Each grad[i] becomes
   // dtype(g_s) · grad[i], as scale_forward computes it; the gradient tensors are not written.
   Tensor grad_scale;
 };

@@ -369,7 +369,7 @@ int64_t Transformer::num_parameters(bool exclude_padding) const {
 
 double Transformer::flops_per_token(int64_t T) const {
   // From the config, not this rank's tensors: the whole model's FLOPs however tp, pp or cp shard
-  // it (Note [Throughput] in train/trainer.cpp divides the job's FLOPs by its ranks).
+  // it (Note [Throughput] in train/train_step.cpp divides the job's FLOPs by its ranks).
   int64_t n = count_parameters(config_);
   if (!config_.is_llama()) n -= config_.max_seq_len * config_.n_embd;         // wpe
   if (!config_.tie_embeddings) n -= config_.padded_vocab() * config_.n_embd;  // untied wte

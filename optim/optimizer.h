@@ -46,7 +46,7 @@ class Optimizer {
   virtual void step(double lr) = 0;
   // step(lr) with every gradient multiplied by grad_scale first: a 0-d f64 tensor on the
   // parameters' device (undefined: plain step(lr)). How a device step clips and unscales without
-  // reading the norm back (Note [Device step] in train/trainer.cpp). A factor that is not finite
+  // reading the norm back (Note [Device step] in train/train_step.cpp). A factor that is not finite
   // (kernels/reduce.h loss_scale_step after an f16 overflow) skips the step: nothing changes and
   // step_count() does not advance. This default reads the factor and scales .grad in place (one
   // host read); AdamW applies it inside its multi-tensor update where the factor lies, its step

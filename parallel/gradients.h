@@ -9,7 +9,7 @@
 // sums the squares of its counted pieces in f64, and one all-reduce over the world (a
 // deterministic rank-order sum for MPI) gives every rank the same total, so every rank takes
 // the same clipping and loss-scaling decision. Nothing is read back: the result stays on the
-// device (Note [Device step] in train/trainer.cpp).
+// device (Note [Device step] in train/train_step.cpp).
 #pragma once
 
 #include <vector>

@@ -205,7 +205,7 @@ ParallelContext ParallelContext::create(const ParallelOptions& options) {
   MPI_Comm_size(MPI_COMM_WORLD, &world_size);
   DeviceMesh mesh = mesh_of(options, world_size);
   const std::vector<GroupSpec> specs = group_specs(mesh, rank, options);
-  HostMap hosts = host_map();  // collective; the same on every rank
+  const HostMap hosts = host_map();  // collective; the same on every rank
   check_tp_inside_hosts(hosts, mesh, options.tp_across_hosts);
   std::string topology = describe_topology(hosts, group_kinds(mesh, options.mics_partition_size),
                                            options.mics_partition_size > 0);
@@ -230,7 +230,6 @@ ParallelContext ParallelContext::create(const ParallelOptions& options) {
   }
 
   ParallelContext ctx(std::move(mesh), rank, device);
-  ctx.hosts_ = std::move(hosts);
   ctx.topology_ = std::move(topology);
   auto world = MpiCommunicator::duplicate(MPI_COMM_WORLD, "world", timeout);
   const MPI_Comm parent = world->mpi_comm();

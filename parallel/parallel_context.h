@@ -68,9 +68,8 @@ class ParallelContext {
   // The device this rank computes on: cpu, or cuda:<local rank> (ParallelOptions::device).
   Device device() const { return device_; }
   Communicator& world() const { return *world_; }
-  // Which host each rank is on (MPI's shared-memory split), and the start-up line saying how
-  // the groups map to hosts (parallel/topology.h).
-  const HostMap& hosts() const { return hosts_; }
+  // The start-up line saying which host each rank is on (MPI's shared-memory split) and how the
+  // groups map to hosts (parallel/topology.h).
   const std::string& topology() const { return topology_; }
 
   // The group varying along `axes` (any order; a mesh axis or a MiCS axis each); the rank
@@ -109,7 +108,6 @@ class ParallelContext {
   Device device_;
   std::unique_ptr<Communicator> world_;
   std::map<std::string, std::unique_ptr<Communicator>> groups_;  // by key()
-  HostMap hosts_;
   std::string topology_;
 };
 

@@ -81,7 +81,7 @@ struct TrainPlan {
   // sync and its once-per-element norm instead (Note [SDP plan]).
   Tensor finalize_gradients();
   // The optimizer step with every gradient multiplied by `factor` (0-d f64 on the device,
-  // undefined: 1; not finite: the step is skipped, Note [Device step] in train/trainer.cpp).
+  // undefined: 1; not finite: the step is skipped, Note [Device step] in train/train_step.cpp).
   void step(double lr, const Tensor& factor);
   // The loss of the global batch from this rank's share of its replica's (StepRunner): summed
   // over cp, averaged over dp; the same on every rank.

@@ -163,7 +163,7 @@ void check_transfer(const Tensor& src, const Tensor& dst, const char* op) {
 // the calling thread's compute stream, with an event recorded behind it; the call returns
 // without waiting for the device. (A cudaMemcpy from pageable memory first waits for the legacy
 // stream, i.e. for all work issued before it: uploading a batch would drain the queue of the
-// previous step's work, Note [Device step] in train/trainer.cpp.) Work issued afterwards on the
+// previous step's work, Note [Device step] in train/train_step.cpp.) Work issued afterwards on the
 // compute stream sees the data; communication is ordered against the compute stream by events
 // and the staged MPI transfers run on the legacy stream, so both see it too. A block is reused
 // once its event has completed. Blocks are kept per device in a process-wide cache, like the

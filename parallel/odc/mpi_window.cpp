@@ -9,18 +9,19 @@
 // served by osc/ucx or osc/rdma. (On the development VM a plain MPI_Win_allocate sometimes got
 // osc/rdma, whose shared-memory set-up failed there — "unlink /dev/shm/osc_rdma…" — and whose
 // accumulates then went missing: the ODC tests fail under `--mca osc rdma` and pass under osc/sm
-// and osc/ucx. Multi-node runs are untested.) RMA calls on a shared window are ordinary MPI;
-// nothing here uses its load/store access to other ranks' memory. It is opened for passive-target
-// access to every member once, at creation (MPI_Win_lock_all with MPI_MODE_NOCHECK), and closed
-// only when destroyed: there is no per-transfer lock and no epoch per step. get = MPI_Rget,
-// accumulate = MPI_Raccumulate (MPI_SUM; MPI orders accumulates of one origin to one location, and
-// makes each element's update atomic with respect to other accumulates), flush = MPI_Win_flush_all,
-// barrier = MPI_Win_sync, an arrival exchange, MPI_Win_sync (the sync makes local stores and remote
-// updates agree in the separate memory model; it costs nothing in the unified one). Requests are
-// polled with MPI_Test from the calling thread (MPI runs with MPI_THREAD_MULTIPLE: the
-// communicators' threads call MPI at the same time). Progress: on one node osc/sm copies
-// through shared memory inside the origin's call, so an owner busy computing never delays a
-// transfer (checked on Open MPI 4.1.4: 4 ranks exchanged 4 MiB Rget/Accumulate while the
+// and osc/ucx. Across hosts: osc/ucx, Note [RMA component] in
+// parallel/launcher.cpp; tested in ctest multihost.parallel.odc_*.) RMA calls on a shared window
+// are ordinary MPI; nothing here uses its load/store access to other ranks' memory. It is opened
+// for passive-target access to every member once, at creation (MPI_Win_lock_all with
+// MPI_MODE_NOCHECK), and closed only when destroyed: there is no per-transfer lock and no epoch per
+// step. get = MPI_Rget, accumulate = MPI_Raccumulate (MPI_SUM; MPI orders accumulates of one origin
+// to one location, and makes each element's update atomic with respect to other accumulates), flush
+// = MPI_Win_flush_all, barrier = MPI_Win_sync, an arrival exchange, MPI_Win_sync (the sync makes
+// local stores and remote updates agree in the separate memory model; it costs nothing in the
+// unified one). Requests are polled with MPI_Test from the calling thread (MPI runs with
+// MPI_THREAD_MULTIPLE: the communicators' threads call MPI at the same time). Progress: on one node
+// osc/sm copies through shared memory inside the origin's call, so an owner busy computing never
+// delays a transfer (checked on Open MPI 4.1.4: 4 ranks exchanged 4 MiB Rget/Accumulate while the
 // owners made no MPI call). Across nodes the owner's progress depends on the component
 // (osc/ucx and osc/rdma use RDMA hardware; without it transfers progress only when the owner
 // enters MPI).
@@ -37,10 +38,10 @@
 // communicator. After a timeout the pending requests are freed (MPI completes them in the
 // background; they carry no data), so a late member's arrival is matched and a later barrier
 // of every member still works. The blocking calls MPI offers no request for — creating the
-// window (MPI_Comm_create_group, MPI_Win_allocate{,_shared}) and MPI_Win_flush_all, which
-// across nodes may wait for a stopped target — run on a thread of their own that the caller
-// waits for until the deadline; on a timeout that thread is left blocked inside MPI (the error
-// ends the job: parallel/launcher.h's abort).
+// window (MPI_Comm_create_group, MPI_Win_allocate{,_shared}) and, across nodes,
+// MPI_Win_flush_all, which may wait for a stopped target — run on a thread of their own that the
+// caller waits for until the deadline; on a timeout that thread is left blocked inside MPI (the
+// error ends the job: parallel/launcher.h's abort).
 #include <algorithm>
 #include <chrono>
 #include <climits>
@@ -223,6 +224,7 @@ class MpiWindow final : public OneSidedWindow {
       MPI_Comm comm = MPI_COMM_NULL;
       MPI_Win win = MPI_WIN_NULL;
       void* base = nullptr;
+      bool shared = false;
     };
     auto made = std::make_shared<Made>();
     const int elem = static_cast<int>(elem_);
@@ -233,7 +235,8 @@ class MpiWindow final : public OneSidedWindow {
           // A window MPI cannot make is reported here, not by MPI's abort (Note [RMA component]
           // in parallel/launcher.cpp)
           MPI_Comm_set_errhandler(made->comm, MPI_ERRORS_RETURN);
-          if (on_one_node(made->comm, label)) {  // shared memory: osc/sm (Note [ODC over MPI RMA])
+          made->shared = on_one_node(made->comm, label);
+          if (made->shared) {  // shared memory: osc/sm (Note [ODC over MPI RMA])
             MPI_Info info = MPI_INFO_NULL;
             MPI_Info_create(&info);
             MPI_Info_set(info, "alloc_shared_noncontig", "true");  // each rank's part near its core
@@ -263,6 +266,7 @@ class MpiWindow final : public OneSidedWindow {
     comm_ = made->comm;
     win_ = made->win;
     base_ = made->base;
+    shared_ = made->shared;
     MPI_Comm_rank(comm_, &rank_);
     MPI_Comm_size(comm_, &size_);
     std::memset(base_, 0, static_cast<size_t>(numel * elem_));
@@ -311,6 +315,11 @@ class MpiWindow final : public OneSidedWindow {
   void flush() override {
     const MPI_Win win = win_;
     const std::string name = name_;
+    if (shared_) {  // osc/sm: the accumulates are stores already made; the flush cannot block
+      check_mpi(MPI_Win_flush_all(win), "MPI_Win_flush_all", name);
+      unflushed_.clear();
+      return;
+    }
     call_with_deadline(
         [win, name] { check_mpi(MPI_Win_flush_all(win), "MPI_Win_flush_all", name); }, timeout_s_,
         [&] {
@@ -490,6 +499,7 @@ class MpiWindow final : public OneSidedWindow {
   MPI_Comm comm_ = MPI_COMM_NULL;
   MPI_Win win_ = MPI_WIN_NULL;
   void* base_ = nullptr;
+  bool shared_ = false;  // every member on one node: osc/sm
   int rank_ = 0, size_ = 1;
 };
 

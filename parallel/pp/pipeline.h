@@ -11,7 +11,7 @@
 //   (data parallel: finish the dp gradient sync); pipe.sync_tied_gradients();
 //   sq = global_grad_sq_sum(parameter_grad_pieces(params), &ctx, device); clip; optimiser step
 //   over pipe.named_parameters()
-//   (or, as the trainer, clip on the device: Note [Device step] in train/trainer.cpp).
+//   (or, as the trainer, clip on the device: Note [Device step] in train/train_step.cpp).
 //
 // Note [Pipeline model memory]: every pp rank builds and initialises the whole Transformer, so
 // the initial weights are the single-process run's bit for bit (init draws in parameter

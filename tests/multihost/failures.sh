@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# tests/multihost/failures.sh MODE TRAIN PREPARE_DATA — a failure during training across two
-# hosts (tools/cluster), one rank each (dp 2), parallel.comm_timeout_s 3, a checkpoint every 2
-# steps. After the step-4 checkpoint, MODE strikes host 1:
+# tests/multihost/failures.sh MODE TRAIN PREPARE_DATA [TRAIN ARGS…] — a failure during training
+# across two hosts (tools/cluster), one rank each (dp 2; TRAIN ARGS add the layout, e.g. ODC),
+# parallel.comm_timeout_s 3, a checkpoint every 2 steps. After the step-4 checkpoint, MODE
+# strikes host 1:
 #   link  its link is taken down (a cut cable or a dead switch port);
 #   kill  its rank is killed (kill -9: a crashed process);
 #   host  every process on it is killed (kill -9: the host is gone, Open MPI's daemon too);
@@ -15,53 +16,17 @@
 # (skipped, saying why) where no cluster can be made. ctest: multihost.failure_<MODE>.
 set -euo pipefail
 mode=$1 train=$2 prepare=$3
-here=$(cd "$(dirname "$0")" && pwd)
-root=$(cd "$here/../.." && pwd)
-cluster="$root/tools/cluster/cluster.sh"
+shift 3
+layout=("$@")  # more train arguments: the layout under test (default: DDP)
+name="failures ($mode${layout[*]:+, ${layout[*]}})"
 timeout_s=3
-fail() {
-  echo "failures ($mode): $*" >&2
-  [ -f "${log:-}" ] && sed 's/^/  | /' "$log" >&2
-  exit 1
-}
-if ! why=$("$cluster" check 2>&1); then
-  echo "multihost: skipped: $why"
-  exit 77
-fi
-"$cluster" sweep
-id=$(printf '%x' $$)
-work=$(mktemp -d "${TMPDIR:-/tmp}/loom_failure_${mode}_XXXXXX")
-cleanup() {
-  "$cluster" down "$id"
-  rm -rf "$work"
-}
-trap cleanup EXIT
-trap 'exit 143' TERM INT
-LOOM_CLUSTER_OWNER=$$ "$cluster" up "$id" 2
-
-"$prepare" --input "$root/data/samples/chat_sample.jsonl" --format chat --out-dir "$work/data" \
-  >/dev/null 2>&1
-out="$work/run"
-log="$work/train.log"
-args=(--config "$root/configs/gpt2-tiny.yaml" --set model.n_layer=2 --set model.n_embd=64
-  --set model.n_head=2 --set data.train="$work/data/train_*.bin" --set "data.val=''"
-  --set data.batch_size=4 --set train.steps=100000 --set train.peak_flops=1e10
-  --set train.log_every=1 --set train.val_every=0 --set train.sample_every=0
-  --set optim.warmup_steps=1 --set checkpoint.every=2 --set checkpoint.keep=0
-  --set train.out_dir="$out")
-(cd "$root" && "$cluster" mpirun "$id" 1 -x OMP_NUM_THREADS=1 "$train" "${args[@]}" \
-  --set parallel.dp=2 --set parallel.comm_timeout_s=$timeout_s >"$log" 2>&1) &
+source "$(dirname "$0")/two_hosts.sh"
+(cd "$root" && "$cluster" mpirun "$id" 1 -x OMP_NUM_THREADS=1 "$train" "${train_args[@]}" \
+  --set train.steps=100000 --set parallel.dp=2 --set parallel.comm_timeout_s=$timeout_s \
+  "${layout[@]}" >"$log" 2>&1) &
 mpirun_pid=$!
+wait_for_step_4 "$mpirun_pid"
 
-for _ in $(seq 1 600); do
-  grep -q "^checkpoint: .*step_00000004 " "$log" 2>/dev/null && break
-  kill -0 "$mpirun_pid" 2>/dev/null || fail "the run ended before its step-4 checkpoint"
-  sleep 0.1
-done
-grep -q "^checkpoint: .*step_00000004 " "$log" || fail "no step-4 checkpoint within 60 s"
-
-h0=$("$cluster" host "$id" 0)
-h1=$("$cluster" host "$id" 1)
 # The ranks: processes of the train program itself (mpirun's own command line holds the same
 # arguments).
 ranks_alive() { pgrep -f -- "^[^ ]*train --config .*train.out_dir=$out" >/dev/null; }
@@ -100,7 +65,7 @@ if [ -z "$mpirun_end" ]; then
 else
   mpirun_end="$mpirun_end s"
 fi
-echo "failures ($mode): ranks ended $ranks_end s and mpirun $mpirun_end after the fault"
+echo "$name: ranks ended $ranks_end s and mpirun $mpirun_end after the fault"
 
 # What failed is named: Loom's rank line (the surviving rank, its host, the operation), or, for
 # a host that is gone, Open MPI's report naming it.
@@ -116,7 +81,7 @@ newest=$(ls -d "$out"/checkpoints/step_* | sort | tail -1)
 [ "$last" = "$newest" ] || fail "newest checkpoint $newest is not the last written, $last"
 step=$((10#${last##*step_}))
 resume_log="$work/resume.log"
-(cd "$root" && OMP_NUM_THREADS=1 "$train" "${args[@]}" --set train.steps=$((step + 1)) \
+(cd "$root" && OMP_NUM_THREADS=1 "$train" "${train_args[@]}" --set train.steps=$((step + 1)) \
   --resume latest >"$resume_log" 2>&1) || { log=$resume_log; fail "resuming failed"; }
 grep -q "resumed from $last" "$resume_log" || { log=$resume_log; fail "did not resume $last"; }
-echo "failures ($mode): $last intact; resumed by one process"
+echo "$name: $last intact; resumed by one process"

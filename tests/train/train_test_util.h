@@ -125,7 +125,7 @@ inline TrainerOptions trainer_options(std::ostream& log, ParallelContext* ctx,
   return o;
 }
 
-// Note [Sampling across ranks] (train/trainer.cpp): the next-token logits of a context whose
+// Note [Sampling across ranks] (train/sampling.cpp): the next-token logits of a context whose
 // length is no multiple of the layout's (so it is padded) match the single-process run's, on
 // every rank, and so does a short sample (the same text). `parallel` is collective. The
 // tolerance covers the trained parameters' f32 differences (≤ 2e-5 absolute).

@@ -116,7 +116,7 @@ std::array<double, 3> step_line_rates(const std::string& log) {
   return r;
 }
 
-// Note [Throughput] (train/trainer.cpp): the step line's tok/s counts the whole job's tokens and
+// Note [Throughput] (train/train_step.cpp): the step line's tok/s counts the whole job's tokens and
 // its MFU divides by every rank's peak, so tok/s · step time is the global batch (the single
 // process's batch) and MFU · ranks · step time is the single process's MFU · its step time.
 void expect_same_throughput_definition(const std::string& split_log, int ranks,
