@@ -15,6 +15,7 @@ packages=(
   clang-format-14  # tools/check_format.sh (CI checks formatting with this version)
   strace  # tools/check_isa.sh checks that its build runs nothing it built
   iproute2 procps bc  # tools/cluster and tests/multihost (ip netns, tc, pgrep, timings)
+  slurmctld slurmd slurm-client  # tools/cluster/slurm.sh: Slurm across the test bed's hosts
   fortunes  # the default training corpus (English text under /usr/share/games/fortunes)
 )
 

@@ -14,6 +14,8 @@
 
 #include <cstdlib>
 #include <mutex>
+#include <sstream>
+#include <string>
 
 #include "parallel/launcher.h"
 #include "tests/parallel/mpi_test_util.h"
@@ -103,6 +105,27 @@ TEST(Context, ImpossibleLayoutsAreConfigErrors) {
   ctx.world().barrier();
 }
 
+// This host's rank count as the launcher states it: mpirun's OMPI_COMM_WORLD_LOCAL_SIZE, or
+// srun's SLURM_STEP_TASKS_PER_NODE ("2(x3),1": tasks per node, run-length coded) at SLURM_NODEID;
+// 0 when neither is set.
+int launcher_local_size() {
+  if (const char* ompi = std::getenv("OMPI_COMM_WORLD_LOCAL_SIZE")) return std::atoi(ompi);
+  const char* per_node = std::getenv("SLURM_STEP_TASKS_PER_NODE");
+  const char* node = std::getenv("SLURM_NODEID");
+  if (per_node == nullptr || node == nullptr) return 0;
+  int remaining = std::atoi(node);
+  std::istringstream in(per_node);
+  std::string run;
+  while (std::getline(in, run, ',')) {
+    const int tasks = std::atoi(run.c_str());
+    const size_t times = run.find("(x");
+    const int repeat = times == std::string::npos ? 1 : std::atoi(run.c_str() + times + 2);
+    if (remaining < repeat) return tasks;
+    remaining -= repeat;
+  }
+  return 0;
+}
+
 TEST(Launcher, LaunchInfoFromMpiAndEnvironment) {
   int argc = 0;
   char** argv = nullptr;
@@ -111,13 +134,15 @@ TEST(Launcher, LaunchInfoFromMpiAndEnvironment) {
   EXPECT_EQ(info.world_rank, world_rank());
   EXPECT_EQ(info.world_size, world_size());
   // The host's ranks from MPI's shared-memory split agree with the launcher's count: all of
-  // them on one host, PPN of them across tools/cluster's hosts (multihost.parallel.context_2x4).
-  const char* local_size = std::getenv("OMPI_COMM_WORLD_LOCAL_SIZE");
-  EXPECT_EQ(info.local_size, local_size != nullptr ? std::atoi(local_size) : world_size());
-  if (local_size == nullptr) {
+  // them on one host, PPN of them across tools/cluster's hosts (multihost.parallel.context_2x4),
+  // and under srun on the test bed's Slurm (multihost.slurm).
+  const int local_size = launcher_local_size();
+  EXPECT_EQ(info.local_size, local_size != 0 ? local_size : world_size());
+  if (local_size == 0) {
     EXPECT_EQ(info.local_rank, world_rank());
   }
-  if (std::getenv("OMPI_COMM_WORLD_LOCAL_RANK") != nullptr) {
+  if (std::getenv("OMPI_COMM_WORLD_LOCAL_RANK") != nullptr ||
+      std::getenv("SLURM_LOCALID") != nullptr) {
     EXPECT_EQ(info.env_local_rank, info.local_rank);
   }
 }

@@ -10,6 +10,8 @@
 #   cluster.sh up ID N [RATE]        make hosts ID's 0..N-1 (RATE: a tc rate, e.g. 160mbit)
 #   cluster.sh down ID               remove them (processes, namespaces, links, bridge, state)
 #   cluster.sh host ID K             the name of host K (its netns name and hostname)
+#   cluster.sh addr ID K             host K's address; `subnet ID`: the cluster's X.Y.Z of X.Y.Z.0/24
+#   cluster.sh hosts ID              the number of hosts; `state ID`: the cluster's state folder
 #   cluster.sh run ID K CMD...       run CMD on host K
 #   cluster.sh mpirun ID PPN ARGS... mpirun on host 0 over every host, PPN ranks per host (TCP
 #                                    keepalive of 5 s + 3 × 1 s: mpirun sees a lost host in ~8 s)
@@ -31,6 +33,11 @@ die() {
 }
 host_name() { echo "lc${1}n${2}"; }
 state_dir() { echo "$state_root/$1"; }
+# The state folder of an existing cluster.
+existing() {
+  [ -f "$state_root/$1/subnet" ] || die "no cluster $1"
+  echo "$state_root/$1"
+}
 
 check() {
   [ "$(id -u)" -eq 0 ] || { echo "not root (network namespaces need root)"; return 1; }
@@ -49,6 +56,8 @@ check() {
 }
 
 valid_id() { [[ "$1" =~ ^[A-Za-z0-9]{1,6}$ ]] || die "id '$1': 1 to 6 letters or digits"; }
+
+host0=10  # host K has the address X.Y.Z.(10 + K)
 
 # A free 10.X.Y.0/24: from the id's checksum, skipping subnets in use on this machine.
 pick_subnet() {
@@ -91,7 +100,7 @@ up() {
     ip link set "lc${id}v${k}" up
     ip link set "lc${id}p${k}" netns "$h"
     ip netns exec "$h" ip link set lo up
-    ip netns exec "$h" ip addr add "$net.$((k + 10))/24" dev "lc${id}p${k}"
+    ip netns exec "$h" ip addr add "$net.$((k + host0))/24" dev "lc${id}p${k}"
     ip netns exec "$h" ip link set "lc${id}p${k}" up
     echo "$h" >>"$dir/hostfile"
     if [ -n "$rate" ]; then set_rate "$id" "$k" "$rate"; fi
@@ -149,8 +158,7 @@ run() {
 
 mpirun_args() {
   local dir net
-  dir=$(state_dir "$1")
-  [ -f "$dir/subnet" ] || die "no cluster $1"
+  dir=$(existing "$1")
   net=$(cat "$dir/subnet")
   echo "--bind-to none --oversubscribe --mca plm_rsh_agent $here/rsh_agent.sh" \
     "--mca btl self,vader,tcp --mca btl_tcp_if_include $net.0/24" \
@@ -163,8 +171,7 @@ mpirun_on() {
   local id=$1 ppn=$2
   shift 2
   local dir
-  dir=$(state_dir "$id")
-  [ -f "$dir/hostfile" ] || die "no cluster $id"
+  dir=$(existing "$id")
   local n flags=() args
   n=$(cat "$dir/hosts")
   sed "s/\$/ slots=$ppn/" "$dir/hostfile" >"$dir/hostfile.slots"
@@ -182,6 +189,10 @@ case "$cmd" in
   down) down "$@" ;;
   sweep) sweep ;;
   host) host_name "$@" ;;
+  addr) echo "$(cat "$(existing "$1")/subnet").$(($2 + host0))" ;;
+  subnet) cat "$(existing "$1")/subnet" ;;
+  hosts) cat "$(existing "$1")/hosts" ;;
+  state) existing "$1" ;;
   run) run "$@" ;;
   mpirun) mpirun_on "$@" ;;
   mpirun-args) mpirun_args "$@" ;;
@@ -190,5 +201,5 @@ case "$cmd" in
     id=$1 k=$2 how=$3
     ip link set "lc${id}v${k}" "$how"
     ;;
-  *) sed -n '2,25p' "$0" | sed 's/^# \{0,1\}//' >&2; exit 2 ;;
+  *) sed -n '2,27p' "$0" | sed 's/^# \{0,1\}//' >&2; exit 2 ;;
 esac
