@@ -42,6 +42,8 @@ PendingStep Trainer::State::train_step() {
     if (packed->global_loss_tokens == 0) return skipped_step(*packed);
   }
   plan.zero_grad();
+  const double tp_waited = ctx ? ctx->tp().waited_s() : 0;  // Note [Exposed comm]
+  const double cp_waited = ctx ? ctx->cp().waited_s() : 0;
   KernelChoices kernel_choices(cfg.train);
   // This rank's share of its replica's loss: the step runner is the one branch on the layout.
   const DropoutKey dropout{dropout_seed, step, 0};  // the masks of this step's coordinates
@@ -66,6 +68,10 @@ PendingStep Trainer::State::train_step() {
   r.step = ++step;
   if (plan.dp) pending.dp_stats = plan.dp->last_step_stats();
   pending.pipe_stats = plan.runner->stats();
+  if (ctx) {
+    pending.tp_wait_s = ctx->tp().waited_s() - tp_waited;
+    pending.cp_wait_s = ctx->cp().waited_s() - cp_waited;
+  }
   return pending;
 }
 
@@ -137,11 +143,50 @@ void Trainer::State::report(PendingStep& p, Clock::time_point& since) {
 }
 
 // Note [Exposed comm]: the step line's `comm exposed` is every wait of this rank's compute
-// thread on data-parallel communication in the step (DpStepStats::blocked_s): the gradient
-// sync's wait after backward, and ZeRO-3's parameter gathers and ODC's pulls that were not
-// ready when their unit was needed — split into the two when there were gathers. Under
-// imbalance it includes waiting for slower ranks. Tensor-, context- and pipeline-parallel
-// transfers are part of compute here (pipeline idle is its own field).
+// thread on communication in the step, by what it waited for:
+//   gradient sync     data parallelism's wait for the gradient reductions after backward
+//                     (DpStepStats::exposed_wait_s);
+//   parameter gathers ZeRO-3's gathers and ODC's pulls that were not ready when their unit was
+//                     needed, and the post-step gathers of ZeRO-1/2 (the rest of
+//                     DpStepStats::blocked_s);
+//   tp, cp            the tensor- and context-parallel layers' waits on their groups
+//                     (Communicator::waited_s; they wait on the compute thread);
+//   pipeline sends    the pipeline's wait, at the end of the step, for its sends to complete.
+// Under imbalance the waits include waiting for slower ranks. A pipeline's waits on receives
+// are not in it: they hold the schedule's bubble and the stages' imbalance as well as transfer
+// time, and no rank can tell them apart by itself. The pipeline field gives them next to the
+// bubble the schedule alone would have at this rank's compute time (PipelineStats), so a wait
+// far above that bubble is transfers or imbalance.
+namespace {
+
+// The parts of a step's exposed communication (Note [Exposed comm]), those that can occur in
+// this layout; `any` when there is communication to speak of.
+struct ExposedComm {
+  bool any = false;
+  double total_s = 0;
+  std::vector<std::pair<std::string, double>> parts;
+};
+
+ExposedComm exposed_comm(const PendingStep& p, bool dp, bool tp, bool cp, bool pipe) {
+  ExposedComm c;
+  auto add = [&](const char* what, double s) {
+    c.parts.emplace_back(what, s);
+    c.total_s += s;
+  };
+  if (dp) {
+    add("gradient sync", p.dp_stats.exposed_wait_s);
+    const double gathers = p.dp_stats.blocked_s - p.dp_stats.exposed_wait_s;
+    if (gathers > 5e-5) add("parameter gathers", gathers);
+  }
+  if (tp) add("tp", p.tp_wait_s);
+  if (cp) add("cp", p.cp_wait_s);
+  if (pipe) add("pipeline sends", p.pipe_stats.send_wait_s);
+  c.any = !c.parts.empty();
+  return c;
+}
+
+}  // namespace
+
 void Trainer::State::log_step(const PendingStep& p, double dt) {
   const StepRecord& r = p.r;
   const parallel::DpStepStats& dp_stats = p.dp_stats;
@@ -161,6 +206,8 @@ void Trainer::State::log_step(const PendingStep& p, double dt) {
                           : cfg.data.seq_len;
   const double mfu = model().flops_per_token(flops_len) * tokens / dt / (peak_flops * ranks);
   const AllocatorStats mem = allocator_for(device.type).stats();
+  const ExposedComm comm = exposed_comm(p, plan.dp != nullptr, ctx && ctx->tp_size() > 1,
+                                        ctx && ctx->cp_size() > 1, plan.pipe != nullptr);
   if (r.step % cfg.train.log_every == 0 || r.step == cfg.train.steps) {
     *log << "step " << r.step << "/" << cfg.train.steps << " | loss " << fmt(r.loss, 4) << " | lr "
          << fmt(r.lr, 2, true) << " | norm " << fmt(r.grad_norm, 3) << " | " << fmt(dt * 1e3, 1)
@@ -168,14 +215,19 @@ void Trainer::State::log_step(const PendingStep& p, double dt) {
          << fmt(static_cast<double>(mem.peak_bytes) / (1 << 20), 1) << " MiB";
     if (scaler)
       *log << " | loss scale " << scaler->scale() << (r.skipped ? " (overflow: step skipped)" : "");
-    if (plan.dp) {  // every wait of the compute thread on the network (Note [Exposed comm])
-      const double gathers = dp_stats.blocked_s - dp_stats.exposed_wait_s;
-      *log << " | comm exposed " << fmt(dp_stats.blocked_s * 1e3, 1) << " ms";
-      if (gathers > 5e-5) {
-        *log << " (gradient sync " << fmt(dp_stats.exposed_wait_s * 1e3, 1)
-             << " ms, parameter gathers " << fmt(gathers * 1e3, 1) << " ms)";
+    if (comm.any) {  // every wait of the compute thread on the network (Note [Exposed comm])
+      *log << " | comm exposed " << fmt(comm.total_s * 1e3, 1) << " ms";
+      if (comm.parts.size() > 1 || comm.parts[0].first != "gradient sync") {
+        *log << " (";
+        for (size_t i = 0; i < comm.parts.size(); ++i) {
+          *log << (i ? ", " : "") << comm.parts[i].first << " "
+               << fmt(comm.parts[i].second * 1e3, 1) << " ms";
+        }
+        *log << ")";
       }
-      *log << ", launched in backward " << fmt(100 * dp_stats.overlap_fraction(), 0) << "%";
+      if (plan.dp) {
+        *log << ", launched in backward " << fmt(100 * dp_stats.overlap_fraction(), 0) << "%";
+      }
     }
     if (p.rank_tokens.size() > 1) {  // the split's balance
       const auto [lo, hi] = std::minmax_element(p.rank_tokens.begin(), p.rank_tokens.end());
@@ -184,8 +236,10 @@ void Trainer::State::log_step(const PendingStep& p, double dt) {
       *log << " | rank tokens " << *lo << "-" << *hi << ", micro-batches " << *mlo << "-" << *mhi;
     }
     if (plan.pipe) {
-      *log << " | pipeline idle " << fmt(100 * p.pipe_stats.idle_fraction(), 0) << "% (rank "
-           << ctx->rank() << ")";
+      const parallel::pp::PipelineStats& ps = p.pipe_stats;
+      *log << " | pipeline idle " << fmt(100 * ps.idle_fraction(), 0) << "% (rank " << ctx->rank()
+           << "): receives " << fmt(ps.recv_wait_s * 1e3, 1) << " ms, the schedule's bubble "
+           << fmt(ps.schedule_bubble_s() * 1e3, 1) << " ms";
     }
     *log << "\n";
     log->flush();
@@ -201,10 +255,18 @@ void Trainer::State::log_step(const PendingStep& p, double dt) {
     if (scaler)
       metrics->write(r.step, {{"train/loss_scale", scaler->scale()},
                               {"train/skipped", r.skipped ? 1.0 : 0.0}});
-    if (plan.dp) {
-      metrics->write(r.step, {{"comm/exposed_s", dp_stats.blocked_s},
+    if (comm.any) {
+      metrics->write(r.step, {{"comm/exposed_s", comm.total_s},
                               {"comm/grad_sync_wait_s", dp_stats.exposed_wait_s},
-                              {"comm/overlap_fraction", dp_stats.overlap_fraction()}});
+                              {"comm/gather_wait_s", dp_stats.blocked_s - dp_stats.exposed_wait_s},
+                              {"comm/tp_wait_s", p.tp_wait_s},
+                              {"comm/cp_wait_s", p.cp_wait_s},
+                              {"comm/pp_send_wait_s", p.pipe_stats.send_wait_s}});
+    }
+    if (plan.dp) metrics->write(r.step, {{"comm/overlap_fraction", dp_stats.overlap_fraction()}});
+    if (plan.pipe) {
+      metrics->write(r.step, {{"pp/recv_wait_s", p.pipe_stats.recv_wait_s},
+                              {"pp/schedule_bubble_s", p.pipe_stats.schedule_bubble_s()}});
     }
   }
 }

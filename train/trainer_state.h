@@ -62,6 +62,8 @@ struct PendingStep {
   Readback::Pending numbers;
   parallel::DpStepStats dp_stats;          // data parallelism: this step's communication
   parallel::pp::PipelineStats pipe_stats;  // pipeline parallelism: this step's schedule
+  // Tensor and context parallelism: the compute thread's waits on their groups in this step
+  double tp_wait_s = 0, cp_wait_s = 0;
   // data.packing: the step's input tokens, and how they split over the dp ranks (before padding)
   int64_t packed_tokens = 0;
   std::vector<int64_t> rank_tokens, rank_micro_batches;

@@ -11,6 +11,7 @@
 // reduces in its own fixed order per topology instead: Note [NCCL determinism].)
 #pragma once
 
+#include <atomic>
 #include <chrono>
 #include <functional>
 #include <memory>
@@ -123,6 +124,17 @@ class Communicator {
   void send(Tensor t, int dst, int tag = 0) { send_async(std::move(t), dst, tag)->wait(); }
   void recv(Tensor t, int src, int tag = 0) { recv_async(std::move(t), src, tag)->wait(); }
   void barrier() { barrier_async()->wait(); }
+
+  // Seconds callers have spent blocked in wait() on this communicator's operations since it
+  // was made (host time: MpiCommunicator counts them; a GPU backend's wait does not block the
+  // host and adds nothing). Tensor- and context-parallel layers wait on the compute thread, so
+  // for those groups this is the compute thread's exposed communication (Note [Exposed comm]
+  // in train/train_step.cpp).
+  double waited_s() const { return static_cast<double>(waited_ns_->load()) * 1e-9; }
+
+ protected:
+  // Shared with the backend's Work objects, which may outlive the communicator.
+  std::shared_ptr<std::atomic<int64_t>> waited_ns_ = std::make_shared<std::atomic<int64_t>>(0);
 };
 
 }  // namespace loom::parallel

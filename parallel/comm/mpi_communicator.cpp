@@ -165,6 +165,7 @@ struct OpState {
   std::string what;          // "collective all_reduce", "send to rank 3 (tag 0)"
   int group_size = 1;
   double timeout_s = 0;
+  std::shared_ptr<std::atomic<int64_t>> waited_ns;  // the communicator's (Communicator::waited_s)
 };
 
 class MpiWork final : public Work {
@@ -174,6 +175,13 @@ class MpiWork final : public Work {
 
   void wait() override {
     OpState& s = *state_;
+    struct Timed {  // adds the time spent here to the communicator's count, however it ends
+      std::atomic<int64_t>& total;
+      Clock::time_point t0 = Clock::now();
+      ~Timed() {
+        total += std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - t0).count();
+      }
+    } timed{*s.waited_ns};
     std::unique_lock<std::mutex> lock(s.mu);
     const auto deadline = s.event.queued + std::chrono::duration_cast<Clock::duration>(
                                                std::chrono::duration<double>(s.timeout_s));
@@ -650,6 +658,7 @@ WorkPtr MpiCommunicator::barrier_async() {
 WorkPtr MpiCommunicator::enqueue(std::shared_ptr<MpiOp> op) {
   std::shared_ptr<OpState> state = op->state;
   state->event.queued = Clock::now();
+  state->waited_ns = waited_ns_;
   {
     std::lock_guard<std::mutex> lock(mutex_);
     LOOM_CHECK(!stop_, "communicator ", name_, ": operation issued during destruction");

@@ -36,10 +36,10 @@ int checked_rank(const Communicator& pp, const ScheduleShape& shape) {
   return pp.rank();
 }
 
-std::vector<IssuePlan> all_plans(ScheduleKind kind, const ScheduleShape& shape) {
+std::vector<std::vector<Instruction>> all_lists(ScheduleKind kind, const ScheduleShape& shape) {
   std::vector<std::vector<Instruction>> lists;
   for (int r = 0; r < shape.stages; ++r) lists.push_back(make_schedule(kind, shape, r));
-  return communication_order(shape, lists);
+  return lists;
 }
 
 }  // namespace
@@ -50,7 +50,8 @@ PipelineExecutor::PipelineExecutor(Communicator& pp, ScheduleKind kind, const Sc
     : pp_(pp),
       shape_(shape),
       list_(make_schedule(kind, shape, checked_rank(pp, shape))),
-      plan_(all_plans(kind, shape).at(static_cast<size_t>(pp.rank()))),
+      plan_(communication_order(shape, all_lists(kind, shape)).at(static_cast<size_t>(pp.rank()))),
+      bubble_(simulate(shape, all_lists(kind, shape)).bubble_fraction(pp.rank())),
       act_shape_(std::move(activation_shape)),
       dtype_(dtype),
       device_(device) {}
@@ -67,11 +68,12 @@ PipelineStats PipelineExecutor::run(const ChunkCallbacks& cb) {
   for (size_t i = 0; i < list_.size(); ++i) {
     if (list_[i].op == Op::kBwd) last_bwd = i;
   }
-  auto wait = [&](WorkPtr& w) {
+  st.schedule_bubble = bubble_;
+  auto wait = [&](WorkPtr& w, double& waited) {
     const auto t0 = Clock::now();
     w->wait();
     w.reset();
-    st.wait_s += since(t0);
+    waited += since(t0);
   };
 
   // One group of transfers: every RECV into a fresh buffer of its slot, every SEND of the
@@ -145,7 +147,7 @@ PipelineStats PipelineExecutor::run(const ChunkCallbacks& cb) {
       if (g > 0) {
         LOOM_CHECK(s.act_recv != nullptr, "pipeline: FWD mb ", ins.mb, " chunk ", ins.chunk,
                    " without a RECV_ACT before it");
-        wait(s.act_recv);
+        wait(s.act_recv, st.recv_wait_s);
         s.input = s.act_buf;
         s.act_buf = Tensor();
         s.input.set_requires_grad(true);
@@ -160,7 +162,7 @@ PipelineStats PipelineExecutor::run(const ChunkCallbacks& cb) {
       if (g < last_stage) {
         LOOM_CHECK(s.grad_recv != nullptr, "pipeline: BWD mb ", ins.mb, " chunk ", ins.chunk,
                    " without a RECV_GRAD before it");
-        wait(s.grad_recv);
+        wait(s.grad_recv, st.recv_wait_s);
       }
       if (cb.before_backward) cb.before_backward(i == last_bwd);
       const auto t0 = Clock::now();
@@ -182,7 +184,7 @@ PipelineStats PipelineExecutor::run(const ChunkCallbacks& cb) {
     const Tensor l64 = ops::to_dtype(l, DType::kF64);
     st.loss_sum = st.loss_sum.defined() ? ops::add(st.loss_sum, l64) : l64;
   }
-  for (WorkPtr& w : sends) wait(w);
+  for (WorkPtr& w : sends) wait(w, st.send_wait_s);
   st.total_s = since(t_start);
   return st;
 }

@@ -48,12 +48,21 @@ struct ChunkCallbacks {
 
 // Host times: on a GPU they measure issue, not kernels (an NCCL wait does not block the host).
 struct PipelineStats {
-  double total_s = 0;    // the step's wall time in run()
-  double compute_s = 0;  // inside FWD and BWD
-  double wait_s = 0;     // blocked on receives and, at the end, on sends
+  double total_s = 0;      // the step's wall time in run()
+  double compute_s = 0;    // inside FWD and BWD
+  double recv_wait_s = 0;  // blocked on receives (bubble, stage imbalance and transfers)
+  double send_wait_s = 0;  // blocked at the end of the step on sends (transfers only)
+  // The schedule's own idle fraction on this rank (Note [Pipeline cost model]: equal stages,
+  // transfers free).
+  double schedule_bubble = 0;
   Tensor loss_sum;  // Σ of the last stage's losses, f64 where they are (undefined on other ranks)
   int peak_in_flight = 0;
   double idle_fraction() const { return total_s > 0 ? 1.0 - compute_s / total_s : 0.0; }
+  // The idle time the schedule alone would give at this step's compute time: what a receive
+  // wait beyond it spent on transfers or on slower stages.
+  double schedule_bubble_s() const {
+    return schedule_bubble < 1 ? compute_s * schedule_bubble / (1 - schedule_bubble) : 0.0;
+  }
 };
 
 class PipelineExecutor {
@@ -76,6 +85,7 @@ class PipelineExecutor {
   ScheduleShape shape_;
   std::vector<Instruction> list_;
   IssuePlan plan_;
+  double bubble_;  // the schedule's idle fraction on this rank (simulate())
   std::vector<int64_t> act_shape_;
   DType dtype_;
   Device device_;

@@ -9,7 +9,8 @@
 // TrainModelParallel4.* on 4 (with pp2 too, and MiCS over dp·cp), TrainModelParallel8.* on 8
 // (the compositions dp2·tp2·pp2, tp2·cp2·pp2 and dp2·cp2·tp2, each also with ZeRO-1, plus
 // dp2·tp2·pp2+sp with ZeRO-3 and tp2·cp2·pp2 with ZeRO-2); each case skips itself at the other
-// world sizes.
+// world sizes. The step line's exposed communication names tp, cp, the pipeline's sends and the
+// gradient sync exactly where the layout has them.
 // loom-mpi-test: ranks 2 4 8
 // loom-multihost-test: 2x2 2x4
 //
@@ -188,6 +189,20 @@ void expect_matches_single(const Case& k) {
     EXPECT_NEAR(v, want, kLossRelTol * std::abs(want));
   }
   if (ctx.rank() == 0) expect_same_throughput_definition(log.str(), ranks, slog.str());
+  if (ctx.rank() == 0) {  // exposed communication names each group waited on (Note [Exposed comm])
+    const size_t at = log.str().rfind("\nstep ");
+    const std::string line = log.str().substr(at + 1, log.str().find('\n', at + 1) - at - 1);
+    const size_t from = line.find("| comm exposed ");
+    ASSERT_NE(from, std::string::npos) << line;
+    const std::string comm = line.substr(from, line.find(" | ", from + 2) - from);
+    auto has = [&](const std::string& part) {  // "(tp 1.2 ms, cp …": a part of the breakdown
+      return comm.find("(" + part + " ") != std::string::npos ||
+             comm.find(", " + part + " ") != std::string::npos;
+    };
+    EXPECT_EQ(has("tp"), k.tp > 1) << comm;
+    EXPECT_EQ(has("cp"), k.cp > 1) << comm;
+    EXPECT_EQ(has("pipeline sends"), k.pp > 1) << comm;
+  }
   if (ctx.rank() == 0) {  // the start line counts the whole model on every layout
     const std::string whole =
         "model: " + k.arch + ", " +

@@ -3,7 +3,7 @@
 // no wait), many queued operations complete correctly and in issue order, the observer sees
 // every operation, and send/recv rings (including large, rendezvous-sized messages) work —
 // also as send_recv_async groups under NCCL's rules (Note [NCCL rules on MPI]), where separate
-// crossed sends deadlock.
+// crossed sends deadlock; the time callers block in wait() is counted.
 // loom-mpi-test: ranks 4
 #include <gtest/gtest.h>
 
@@ -127,6 +127,28 @@ TEST(Async, GroupsProgressIndependently) {
   wy->wait();
   EXPECT_TRUE(same_bits(x, sum_of_inputs(500, {1000}, DType::kF64)));
   EXPECT_TRUE(same_bits(y, sum_of_inputs(501, {1000}, DType::kF64)));
+}
+
+TEST(Async, WaitedSecondsCountTheCallersBlockedTime) {
+  // Rank 0 joins an all-reduce 0.3 s late: every other rank blocks in wait() for about that
+  // long, and its communicator counts it (Communicator::waited_s: the trainer's tp and cp
+  // exposed communication); a wait on a finished operation adds next to nothing.
+  auto c = world_comm();
+  EXPECT_EQ(c->waited_s(), 0.0);
+  c->barrier();
+  const double before = c->waited_s();
+  if (world_rank() == 0) std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  Tensor x = member_input(world_rank(), 510, {64}, DType::kF64);
+  c->all_reduce(x, ReduceOp::kSum);
+  const double waited = c->waited_s() - before;
+  if (world_rank() != 0) {
+    EXPECT_GE(waited, 0.25) << "rank " << world_rank();
+  }
+  WorkPtr w = c->barrier_async();
+  while (!w->is_done()) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  const double done_before = c->waited_s();
+  w->wait();
+  EXPECT_LT(c->waited_s() - done_before, 0.1);  // microseconds; 0.1 s: a descheduled thread
 }
 
 TEST(SendRecv, RingOfAsyncSendsAndReceives) {

@@ -96,6 +96,15 @@ void check(ScheduleKind kind, int v, int m) {
   EXPECT_EQ(st.peak_in_flight, sim.peak_in_flight[static_cast<size_t>(ctx.pp_rank())]);
   EXPECT_GT(st.compute_s, 0.0);
   EXPECT_GE(st.total_s, st.compute_s);
+  // The waits are inside the step and apart from compute; the bubble is the simulator's, which
+  // for GPipe and 1F1B is (p−1)/(m+p−1) on every rank (Note [Pipeline cost model]).
+  EXPECT_LE(st.compute_s + st.recv_wait_s + st.send_wait_s, st.total_s);
+  EXPECT_EQ(st.schedule_bubble, sim.bubble_fraction(ctx.pp_rank()));
+  if (kind != ScheduleKind::kInterleaved) {
+    EXPECT_DOUBLE_EQ(st.schedule_bubble, (p - 1.0) / (m + p - 1.0));
+  }
+  EXPECT_DOUBLE_EQ(st.schedule_bubble_s(),
+                   st.compute_s * st.schedule_bubble / (1 - st.schedule_bubble));
   ctx.world().barrier();
 }
 
