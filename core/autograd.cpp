@@ -49,6 +49,16 @@ std::vector<Tensor> AccumulateGrad::apply(std::vector<Tensor>&& grad_outputs) {
   return {};
 }
 
+bool AccumulateGrad::offer_partial(const Tensor& contribution) {
+  std::shared_ptr<TensorImpl> impl = leaf.lock();
+  if (!impl || impl->partial_hooks.empty() || !contribution.defined()) return false;
+  Tensor self(impl);
+  for (GradPartialHook& h : impl->partial_hooks) {
+    if (h(self, contribution)) return true;
+  }
+  return false;
+}
+
 uint64_t next_sequence_nr() { return t_next_sequence_nr; }
 
 bool grad_enabled() { return t_grad_enabled; }
@@ -143,6 +153,11 @@ void run_backward(const std::vector<Tensor>& outputs, const std::vector<Tensor>&
 
   std::unordered_map<Node*, std::vector<Tensor>> buffers;
   auto deliver = [&](Node* n, int input_nr, const Tensor& g) {
+    // Not the last edge into a leaf's accumulator: offer it early (Note [Partial gradients]).
+    if (n->runs_first() && deps[n] > 1 && !(capture && capture->count(n))) {
+      auto* acc = dynamic_cast<AccumulateGrad*>(n);
+      if (acc != nullptr && acc->offer_partial(g)) return;
+    }
     std::vector<Tensor>& buf = buffers[n];
     if (buf.empty()) buf.resize(n->num_outputs());
     if (!buf[input_nr].defined()) {

@@ -11,6 +11,15 @@
 // accumulator as soon as it is ready rather than in creation order (a leaf's accumulator is
 // created at its first use ever, so creation order would put every hook at the very end).
 //
+// Note [Partial gradients]: a leaf used k times (a tied embedding: the input lookup and the
+// output projection) receives k contributions; AccumulateGrad runs once, after the last, so a
+// hook there cannot start reducing the first until backward reaches the last use — for a tied
+// embedding, the end of backward. A partial hook (Tensor::register_grad_partial_hook) is offered
+// each contribution that arrives while others are still to come, as it arrives; if it takes it
+// (data parallelism all-reduces it at once), the engine adds it nowhere, and the leaf's .grad
+// and ready hooks see only the contributions nobody took. A contribution not taken is summed as
+// before. Contributions to leaves captured by backward_capture are never offered.
+//
 // Note [Grad mode is thread-local]: NoGradGuard flips a thread_local flag, the one piece of
 // implicit state in the core; communication threads never record graph.
 #pragma once
@@ -77,6 +86,9 @@ class AccumulateGrad final : public Node {
   explicit AccumulateGrad(const std::shared_ptr<TensorImpl>& leaf);
   std::vector<Tensor> apply(std::vector<Tensor>&& grad_outputs) override;
   bool runs_first() const override { return true; }
+  // Offers an early contribution to the leaf's partial hooks (Note [Partial gradients]);
+  // true when one took it.
+  bool offer_partial(const Tensor& contribution);
   std::weak_ptr<TensorImpl> leaf;
 };
 

@@ -185,6 +185,12 @@ void Tensor::register_grad_ready_hook(GradReadyHook hook) {
   impl_->hooks.push_back(std::move(hook));
 }
 
+void Tensor::register_grad_partial_hook(GradPartialHook hook) {
+  LOOM_CHECK(is_leaf() && requires_grad(),
+             "register_grad_partial_hook: only on leaves that require grad");
+  impl_->partial_hooks.push_back(std::move(hook));
+}
+
 Tensor make_view(const Tensor& base, const Shape& shape, const Shape& strides, int64_t offset) {
   auto impl = std::make_shared<TensorImpl>();
   impl->storage = base.storage();

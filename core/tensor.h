@@ -31,6 +31,11 @@ class Node;
 
 // A hook run when a leaf's gradient for the current backward is final (see core/autograd.h).
 using GradReadyHook = std::function<void(Tensor& leaf)>;
+// A hook offered each contribution to a leaf's gradient that arrives while others are still to
+// come in this backward (a leaf used several times: Note [Partial gradients] in
+// core/autograd.h). Returns true when it took the contribution: the engine then adds it
+// nowhere.
+using GradPartialHook = std::function<bool(Tensor& leaf, const Tensor& contribution)>;
 
 struct TensorImpl {
   std::shared_ptr<Storage> storage;
@@ -47,6 +52,7 @@ struct TensorImpl {
   int output_nr = 0;                                 // which output of grad_fn this is
   std::shared_ptr<autograd::Node> grad_accumulator;  // leaves only, created on first use
   std::vector<GradReadyHook> hooks;                  // leaves only
+  std::vector<GradPartialHook> partial_hooks;        // leaves only
 
   // Where these values sit in a parallel layout (core/placement.h); null: the whole tensor.
   std::shared_ptr<const Placement> placement;
@@ -116,6 +122,8 @@ class Tensor {
   Tensor detach() const;
   // Registers a hook that fires when this leaf's gradient is final in a backward pass.
   void register_grad_ready_hook(GradReadyHook hook);
+  // Registers a hook offered this leaf's early contributions (Note [Partial gradients]).
+  void register_grad_partial_hook(GradPartialHook hook);
 
   // Forwards to differentiable ops in core/ops/ (see there for semantics).
   Tensor reshape(const Shape& shape) const;

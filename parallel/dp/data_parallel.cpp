@@ -8,8 +8,13 @@
 #include <algorithm>
 #include <chrono>
 
+#include "core/autograd.h"
+#include "core/ops/elementwise.h"
+#include "core/ops/view.h"
+#include "kernels/copy.h"
 #include "optim/adamw.h"
 #include "parallel/dp/sharded_optimizer.h"
+#include "parallel/dp/sparse_rows.h"
 #include "parallel/dp/zero3.h"
 #include "parallel/odc/odc_gatherer.h"
 
@@ -71,9 +76,22 @@ DataParallel::DataParallel(const std::vector<NamedTensors>& units, Communicator&
   zero_grad();
   build_optimizer();
   buckets_->install_hooks([this](int b) { on_bucket_complete(b); });
+  shortcuts_ = config_.zero_stage <= 1 && dp_.size() > 1 && config_.overlap && !gatherer_;
+  row_mode_.assign(in_flight_.size(), RowMode::kUntried);
+  deferred_.assign(in_flight_.size(), 0);
+  early_launched_.assign(in_flight_.size(), 0);
+  if (shortcuts_) {
+    buckets_->install_partial_hooks([this](size_t p, const Tensor& g) { return on_partial(p, g); });
+  }
 }
 
 DataParallel::~DataParallel() {
+  for (Early& e : early_) {
+    try {
+      e.work->wait();
+    } catch (...) {  // as below
+    }
+  }
   for (InFlight& f : in_flight_) {
     try {
       if (f.first) f.first->wait();
@@ -174,10 +192,56 @@ void DataParallel::launch(int bucket, DpEventKind kind) {
   buckets_->ensure_grad_buffer(bucket);
   GradBucket& b = buckets_->bucket(bucket);
   b.sealed = true;
+  if (rows_candidate(bucket)) {  // Note [Early contributions and sparse rows]
+    deferred_[static_cast<size_t>(bucket)] = 1;
+    launch_order_.push_back(bucket);
+    log_.log(DpEventKind::kDeferred, bucket, "sparse rows");
+    return;
+  }
   in_flight_[static_cast<size_t>(bucket)].first = grad_sync_->first_hop(b.grad_flat, b.grad_shard);
   launch_order_.push_back(bucket);
   if (kind == DpEventKind::kLaunch) log_.add_launched_early(static_cast<int64_t>(b.plan.bytes()));
   log_.log(kind, bucket, grad_sync_->first_op());
+}
+
+bool DataParallel::on_partial(size_t param, const Tensor& g) {
+  if (!sync_) return false;  // an accumulation micro-batch: the engine sums it as before
+  const BucketParam& p = buckets_->params()[param];
+  buckets_->ensure_grad_buffer(p.bucket);
+  GradBucket& b = buckets_->bucket(p.bucket);
+  const int64_t n = p.tensor.numel();
+  Tensor view = flat_view(b.grad_flat, {n}, p.offset);  // the parameter's .grad, flat
+  autograd::NoGradGuard no_grad;
+  Tensor sum = ops::add(view, ops::reshape(ops::to_dtype(g, view.dtype()), {n})).contiguous();
+  kernels::call_kernel<kernels::fill_k>(view, 0.0);
+  early_.push_back({param, sum, dp_.all_reduce_async(sum, ReduceOp::kAvg)});
+  early_launched_[static_cast<size_t>(p.bucket)] = 1;
+  log_.log(DpEventKind::kEarlyLaunch, p.bucket, p.name);
+  return true;
+}
+
+bool DataParallel::rows_candidate(int bucket) const {
+  if (!shortcuts_ || row_mode_[static_cast<size_t>(bucket)] == RowMode::kDense) return false;
+  const GradBucket& b = buckets_->bucket(bucket);
+  if (b.plan.params.size() != 1) return false;
+  const Tensor& t = buckets_->params()[b.plan.params[0]].tensor;
+  // Tall, as embedding tables are (vocabulary ≫ width); no block's weight is 8× taller than wide.
+  return t.dim() == 2 && t.shape()[0] >= 8 * t.shape()[1] && t.device().is_cpu();
+}
+
+void DataParallel::reduce_rows(int bucket) {
+  const size_t bi = static_cast<size_t>(bucket);
+  GradBucket& b = buckets_->bucket(bucket);
+  const BucketParam& p = buckets_->params()[b.plan.params[0]];
+  Tensor g = flat_view(b.grad_flat, p.tensor.shape(), p.offset);
+  const dp::SparseRowsResult r = dp::all_reduce_rows_avg(g, dp_);
+  row_mode_[bi] = r.sparse ? RowMode::kSparse : RowMode::kDense;
+  log_.log(DpEventKind::kSparseRows, bucket,
+           p.name + ": " + std::to_string(r.rows_sent) + " of " +
+               std::to_string(p.tensor.shape()[0]) + " rows");
+  // Its dense part went in backward when an early contribution carried it.
+  if (early_launched_[bi]) log_.add_launched_early(static_cast<int64_t>(b.plan.bytes()));
+  deferred_[bi] = 0;
 }
 
 void DataParallel::zero_grad() {
@@ -224,6 +288,10 @@ void DataParallel::finish_buckets() {
   }
   for (int bi : launch_order_) {
     InFlight& f = in_flight_[static_cast<size_t>(bi)];
+    if (deferred_[static_cast<size_t>(bi)]) {  // stages 0-1 only: no second hop
+      reduce_rows(bi);
+      continue;
+    }
     f.first->wait();
     if (grad_sync_->has_second_hop()) {
       f.second = grad_sync_->second_hop(buckets_->bucket(bi).grad_shard);
@@ -236,6 +304,15 @@ void DataParallel::finish_buckets() {
     f = InFlight{};
     buckets_->bucket(bi).sealed = false;
   }
+  for (Early& e : early_) {  // the early contributions join the rest, averaged alike
+    e.work->wait();
+    const BucketParam& p = buckets_->params()[e.param];
+    Tensor view = flat_view(buckets_->bucket(p.bucket).grad_flat, {p.tensor.numel()}, p.offset);
+    autograd::NoGradGuard no_grad;
+    ops::add_(view, e.sum);
+  }
+  early_.clear();
+  std::fill(early_launched_.begin(), early_launched_.end(), 0);
   if (config_.zero_stage >= 2) {  // only the reduced shard is kept (Note [ZeRO memory formulas])
     for (int b = 0; b < buckets_->size(); ++b) buckets_->drop_grad_buffer(b);
   }

@@ -42,6 +42,28 @@
 // update every bucket's shard is all-gathered over the shard group. Stage 0 keeps one plain
 // optimizer over the whole parameters on every rank.
 //
+// Note [Early contributions and sparse rows]: at stages 0 and 1 (whole-bucket all-reduces,
+// overlap on, dp > 1) two shortcuts serve the gradient that would otherwise be final last and
+// reduced whole at the end of backward — a tied embedding's (its output projection runs first
+// in backward, its input lookup last):
+//   early contributions: a parameter used several times is offered each contribution but the
+//     last as it arrives (Note [Partial gradients] in core/autograd.h). On a sync micro-batch
+//     its .grad (the earlier micro-batches' sum) plus the contribution is all-reduced (avg) at
+//     once, asynchronously, and .grad is zeroed, so the rest of backward overlaps it and the
+//     bucket's own reduction carries only the later contributions; finish_gradient_sync adds the
+//     two. Accumulation micro-batches decline the offer (the engine sums as before).
+//   sparse rows: a bucket holding one tall 2-d host parameter (rows ≥ 8 × columns: embedding
+//     tables, and an untied output projection of the same shape) is, on its first sync step, left to
+//     finish_gradient_sync, which averages it with dp::all_reduce_rows_avg (parallel/dp/
+//     sparse_rows.h): a row mask all-reduced, then only the rows some rank has non-zero. Each
+//     element is the same average either way. A table whose gradient proved sparse (at most half
+//     its rows) stays on that path; one whose gradient was dense goes back to being reduced from
+//     its hook in backward from the next step on. An input lookup's gradient is sparse: a batch
+//     of T tokens touches at most T rows of the table.
+// Each rank decides alike (the same graph, the same all-reduced mask), so every communicator
+// sees the same operations in the same order everywhere. Not at stages 2-3, on a GPU (the row
+// count would need a device synchronisation), or with overlap off (the measurement baseline).
+//
 // Note [ZeRO-3]: built from parameter units (Note [Parameter units] in layers/transformer.h),
 // one bucket per unit; its Zero3Gatherer (parallel/dp/zero3.h) is the model's UnitHooks.
 // Between uses a rank holds only its shard of each unit's parameters (param_shard, persistent),
@@ -211,6 +233,12 @@ class DataParallel final {
   struct InFlight {  // stages 0-2: a bucket's reduction, from its launch to the step's wait
     WorkPtr first, second;
   };
+  struct Early {  // an early contribution's all-reduce (Note [Early contributions and sparse rows])
+    size_t param = 0;
+    Tensor sum;  // (numel): the parameter's .grad then plus the contribution, averaged in place
+    WorkPtr work;
+  };
+  enum class RowMode : uint8_t { kUntried, kSparse, kDense };
   struct Piece {  // an optimiser ParamRef: [begin, end) of bucket `bucket`'s flat space
     int bucket = 0;
     int64_t begin = 0, end = 0;
@@ -225,6 +253,11 @@ class DataParallel final {
   Placement owned_placement(const dp::BucketParam& p) const;
   void on_bucket_complete(int bucket);
   void launch(int bucket, DpEventKind kind);
+  // Note [Early contributions and sparse rows]: the partial hook; whether a bucket goes the
+  // sparse-rows way this step; that reduction, in finish_gradient_sync.
+  bool on_partial(size_t param, const Tensor& g);
+  bool rows_candidate(int bucket) const;
+  void reduce_rows(int bucket);
   void finish_buckets();
   Tensor piece_grad(size_t k) const;
   void gather_parameters();
@@ -245,6 +278,13 @@ class DataParallel final {
   std::unique_ptr<optim::Optimizer> optimizer_;
   bool sync_ = true;
   bool synced_ = false;  // reductions complete, step not yet taken
+  // Note [Early contributions and sparse rows]: whether they apply to this engine; the step's
+  // early reductions; per bucket, its row mode, whether it waits for finish_gradient_sync's
+  // sparse reduction, and whether an early contribution of its parameter went in backward.
+  bool shortcuts_ = false;
+  std::vector<Early> early_;
+  std::vector<RowMode> row_mode_;
+  std::vector<char> deferred_, early_launched_;
 };
 
 }  // namespace loom::parallel

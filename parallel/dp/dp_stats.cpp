@@ -33,6 +33,12 @@ const char* dp_event_kind_name(DpEventKind kind) {
       return "gather";
     case DpEventKind::kMarker:
       return "marker";
+    case DpEventKind::kEarlyLaunch:
+      return "early_launch";
+    case DpEventKind::kDeferred:
+      return "deferred";
+    case DpEventKind::kSparseRows:
+      return "sparse_rows";
     case DpEventKind::kPrefetch:
       return "prefetch";
     case DpEventKind::kRelease:

@@ -28,6 +28,10 @@ enum class DpEventKind {
   kGather,         // ZeRO parameter all_gather issued: after the optimiser step (stages 1, 2),
                    // or when a unit is needed and was not prefetched (stage 3)
   kMarker,         // DataParallel::mark(): the caller's own event (e.g. a backward node ran)
+  kEarlyLaunch,    // a parameter's early contribution all-reduced from its partial hook,
+                   // during backward (Note [Early contributions and sparse rows])
+  kDeferred,       // a bucket left to finish_gradient_sync for a sparse-rows reduction
+  kSparseRows,     // that reduction (detail: the parameter, rows sent of rows)
   // Stage 3 (Note [ZeRO-3] in parallel/dp/data_parallel.h); `bucket` is the unit.
   kPrefetch,        // a unit's all_gather issued ahead of its use (next unit in compute order)
   kRelease,         // a unit's gathered parameters freed

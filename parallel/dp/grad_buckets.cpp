@@ -81,6 +81,17 @@ void GradBuckets::install_hooks(std::function<void(int bucket)> on_complete) {
   }
 }
 
+void GradBuckets::install_partial_hooks(
+    std::function<bool(size_t param, const Tensor& g)> on_partial) {
+  auto shared = std::make_shared<std::function<bool(size_t, const Tensor&)>>(std::move(on_partial));
+  for (size_t i = 0; i < params_.size(); ++i) {
+    std::shared_ptr<HookLink> link = link_;
+    params_[i].tensor.register_grad_partial_hook([link, shared, i](Tensor&, const Tensor& g) {
+      return link->owner != nullptr && (*shared)(i, g);
+    });
+  }
+}
+
 void GradBuckets::on_grad_ready(size_t index, Tensor& leaf) {
   BucketParam& p = params_[index];
   GradBucket& b = bucket(p.bucket);

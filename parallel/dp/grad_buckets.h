@@ -69,6 +69,9 @@ class GradBuckets {
   // bucket there, counts the bucket down and calls on_complete(bucket) when the bucket's last
   // gradient of this backward has arrived.
   void install_hooks(std::function<void(int bucket)> on_complete);
+  // Registers every parameter's partial hook (Note [Partial gradients] in core/autograd.h):
+  // on_partial(param index, contribution) says whether it took an early contribution.
+  void install_partial_hooks(std::function<bool(size_t param, const Tensor& g)> on_partial);
 
   int size() const { return static_cast<int>(buckets_.size()); }
   GradBucket& bucket(int b) { return buckets_.at(static_cast<size_t>(b)); }

@@ -1,5 +1,6 @@
 // tests/core/autograd_test.cpp — the tape: shared sub-expressions, accumulation into .grad,
-// gradient-ready hooks (once per parameter, with the final gradient), backward with explicit
+// gradient-ready hooks (once per parameter, with the final gradient), partial hooks (offered a
+// leaf's early contributions: Note [Partial gradients]), backward with explicit
 // output gradients, no-grad mode, and activation checkpointing (same gradients, fewer bytes).
 #include "core/autograd.h"
 
@@ -58,6 +59,47 @@ TEST(Autograd, HooksFireOncePerParameterWithTheFinalGradient) {
   EXPECT_EQ(std::count(fired.begin(), fired.end(), "w"), 1);
   EXPECT_EQ(std::count(fired.begin(), fired.end(), "b"), 1);
   EXPECT_EQ(w_grad_at_hook, w.grad().to_vector());  // nothing was added after the hook
+}
+
+// w used three times: y = sum((h2·wᵀ) ⊙ h2), h2 = (x·wᵀ + b)·w + b.
+Tensor three_uses(const Tensor& x, const Tensor& w, const Tensor& b) {
+  Tensor h = ops::add(ops::matmul(x, w, false, true), b);
+  Tensor h2 = ops::add(ops::matmul(h, w), b);
+  return ops::sum(ops::mul(ops::matmul(h2, w, false, true), h2));
+}
+
+TEST(Autograd, PartialHooksAreOfferedEveryContributionButTheLast) {
+  Generator gen(13);
+  Tensor w = random({4, 4}, gen), b = random({4}, gen), x = random({5, 4}, gen, DType::kF64, false);
+  autograd::backward(three_uses(x, w, b));
+  const std::vector<double> want = w.grad().to_vector();
+  w.zero_grad();
+  b.zero_grad();
+  // Taken: the hook sums what it took; .grad holds the rest; together they are the gradient,
+  // and the ready hook still fires once, after the offers.
+  Tensor taken = Tensor::zeros({4, 4}, DType::kF64);
+  int offers = 0, ready = 0;
+  w.register_grad_partial_hook([&](Tensor& leaf, const Tensor& g) {
+    EXPECT_TRUE(leaf.same(w));
+    EXPECT_EQ(ready, 0);
+    ++offers;
+    taken = ops::add(taken, g);
+    return true;
+  });
+  w.register_grad_ready_hook([&](Tensor&) { ++ready; });
+  autograd::backward(three_uses(x, w, b));
+  EXPECT_EQ(offers, 2);  // three uses: two early contributions, the last one to .grad
+  EXPECT_EQ(ready, 1);
+  std::vector<double> got = ops::add(taken, w.grad()).to_vector();
+  EXPECT_LT(rel_error(got, want), 1e-14);
+  EXPECT_GT(rel_error(w.grad().to_vector(), want), 1e-3);  // .grad alone lacks what was taken
+
+  // Declined: the engine sums every contribution as without hooks, bit for bit.
+  Tensor v = random({4, 4}, gen);
+  ops::copy_(v, w.detach());
+  v.register_grad_partial_hook([&](Tensor&, const Tensor&) { return false; });
+  autograd::backward(three_uses(x, v, b));
+  EXPECT_EQ(v.grad().to_vector(), want);
 }
 
 TEST(Autograd, BackwardWithExplicitOutputGradients) {
