@@ -53,8 +53,8 @@
 //     bucket's own reduction carries only the later contributions; finish_gradient_sync adds the
 //     two. Accumulation micro-batches decline the offer (the engine sums as before).
 //   sparse rows: a bucket holding one tall 2-d host parameter (rows ≥ 8 × columns: embedding
-//     tables, and an untied output projection of the same shape) is, on its first sync step, left to
-//     finish_gradient_sync, which averages it with dp::all_reduce_rows_avg (parallel/dp/
+//     tables, and an untied output projection of the same shape) is, on its first sync step, left
+//     to finish_gradient_sync, which averages it with dp::all_reduce_rows_avg (parallel/dp/
 //     sparse_rows.h): a row mask all-reduced, then only the rows some rank has non-zero. Each
 //     element is the same average either way. A table whose gradient proved sparse (at most half
 //     its rows) stays on that path; one whose gradient was dense goes back to being reduced from

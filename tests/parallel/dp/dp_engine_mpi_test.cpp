@@ -1,9 +1,9 @@
 // tests/parallel/dp/dp_engine_mpi_test.cpp — the DataParallel engine's mechanics: bucket planning
 // (reverse order, byte budget, dtype split, shard padding), overlap proven from the engine's
 // own event log (Note [Data-parallel event log]), accumulation micro-batches launching
-// nothing, a tied table's early part and sparse rows (Note [Early contributions and sparse rows]), per-rank memory against Note [ZeRO memory formulas], and sharded optimiser state
-// names and coverage.
-// loom-mpi-test: ranks 2 4
+// nothing, a tied table's early part and sparse rows (Note [Early contributions and sparse rows]),
+// per-rank memory against Note [ZeRO memory formulas], and sharded optimiser state names and
+// coverage. loom-mpi-test: ranks 2 4
 #include <gtest/gtest.h>
 
 #include <algorithm>
