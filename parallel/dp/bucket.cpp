@@ -32,9 +32,11 @@ void close_bucket(BucketPlan& b, int shard_count, std::vector<BucketPlan>& out) 
 }  // namespace
 
 std::vector<BucketPlan> plan_buckets(const std::vector<Tensor>& params, size_t bucket_bytes,
-                                     int shard_count) {
+                                     int shard_count, const std::vector<bool>& alone) {
   LOOM_CHECK(shard_count >= 1, "data_parallel: shard count must be >= 1, got ", shard_count);
   LOOM_CHECK(bucket_bytes > 0, "data_parallel: bucket_bytes must be > 0");
+  LOOM_CHECK(alone.empty() || alone.size() == params.size(), "data_parallel: ", alone.size(),
+             " 'alone' flags for ", params.size(), " parameters");
   for (size_t i = 0; i < params.size(); ++i) {
     check_param(params[i], params[0], i);
     for (size_t j = 0; j < i; ++j) {
@@ -47,13 +49,15 @@ std::vector<BucketPlan> plan_buckets(const std::vector<Tensor>& params, size_t b
   for (size_t k = params.size(); k-- > 0;) {
     const Tensor& p = params[k];
     const bool dtype_differs = !cur.params.empty() && cur.dtype != p.dtype();
-    if (dtype_differs || (!cur.params.empty() && cur.bytes() + p.nbytes() > bucket_bytes)) {
+    const bool own = !alone.empty() && alone[k];
+    if (dtype_differs || own || (!cur.params.empty() && cur.bytes() + p.nbytes() > bucket_bytes)) {
       close_bucket(cur, shard_count, out);
     }
     cur.dtype = p.dtype();
     cur.params.push_back(k);
     cur.offsets.push_back(cur.numel);
     cur.numel += p.numel();
+    if (own) close_bucket(cur, shard_count, out);
   }
   close_bucket(cur, shard_count, out);
   return out;

@@ -31,10 +31,11 @@ inline constexpr int64_t kShardAlign = 16;  // elements; 64 bytes of f32
 // Assigns parameters to buckets in REVERSE list order (registration order is roughly forward
 // order, so reverse is roughly the order backward finishes gradients). A bucket closes before a
 // parameter that would take it past bucket_bytes, or whose dtype differs; a parameter larger
-// than bucket_bytes gets a bucket of its own. Every parameter must be a contiguous f32 or f64
-// tensor on the same device, and appear once.
+// than bucket_bytes gets a bucket of its own, as does every parameter `alone` names (when
+// given: one flag per parameter). Every parameter must be a contiguous f32 or f64 tensor on the
+// same device, and appear once.
 std::vector<BucketPlan> plan_buckets(const std::vector<Tensor>& params, size_t bucket_bytes,
-                                     int shard_count);
+                                     int shard_count, const std::vector<bool>& alone = {});
 
 // A contiguous view of `flat` (1-d) with `shape`, starting at element `offset`.
 Tensor flat_view(const Tensor& flat, const Shape& shape, int64_t offset);

@@ -25,6 +25,13 @@ using dp::flat_view;
 using dp::GradBucket;
 
 namespace {
+// A parameter that may be reduced by rows (Note [Early contributions and sparse rows]): a host
+// table, tall as embedding tables are (vocabulary ≫ width); no block's weight is 8× taller
+// than wide.
+bool rows_table(const Tensor& t) {
+  return t.dim() == 2 && t.shape()[0] >= 8 * t.shape()[1] && t.device().is_cpu();
+}
+
 // "<param>[<begin>:<end>]", element offsets in the flattened parameter.
 std::string piece_name(const std::string& param, int64_t begin, int64_t end) {
   return param + "[" + std::to_string(begin) + ":" + std::to_string(end) + "]";
@@ -54,6 +61,10 @@ DataParallel::DataParallel(const std::vector<NamedTensors>& units, Communicator&
   bo.shard_rank = shard_comm_->rank();
   bo.shard_grads = config.zero_stage >= 2;
   bo.decay_rule = config.decay_rule;
+  // Note [Early contributions and sparse rows]: stages 0-1 (no gatherer), overlap on, dp > 1;
+  // a table that may be reduced by rows gets a bucket of its own.
+  shortcuts_ = config.zero_stage <= 1 && dp.size() > 1 && config.overlap;
+  if (shortcuts_) bo.alone = [](const Tensor& t) { return rows_table(t); };
   buckets_ = std::make_unique<dp::GradBuckets>(units, bo, log_);
   in_flight_.resize(static_cast<size_t>(buckets_->size()));
   for (const BucketParam& p : buckets_->params()) {  // every replica holds the same values
@@ -76,7 +87,6 @@ DataParallel::DataParallel(const std::vector<NamedTensors>& units, Communicator&
   zero_grad();
   build_optimizer();
   buckets_->install_hooks([this](int b) { on_bucket_complete(b); });
-  shortcuts_ = config_.zero_stage <= 1 && dp_.size() > 1 && config_.overlap && !gatherer_;
   row_mode_.assign(in_flight_.size(), RowMode::kUntried);
   deferred_.assign(in_flight_.size(), 0);
   early_launched_.assign(in_flight_.size(), 0);
@@ -224,9 +234,7 @@ bool DataParallel::rows_candidate(int bucket) const {
   if (!shortcuts_ || row_mode_[static_cast<size_t>(bucket)] == RowMode::kDense) return false;
   const GradBucket& b = buckets_->bucket(bucket);
   if (b.plan.params.size() != 1) return false;
-  const Tensor& t = buckets_->params()[b.plan.params[0]].tensor;
-  // Tall, as embedding tables are (vocabulary ≫ width); no block's weight is 8× taller than wide.
-  return t.dim() == 2 && t.shape()[0] >= 8 * t.shape()[1] && t.device().is_cpu();
+  return rows_table(buckets_->params()[b.plan.params[0]].tensor);
 }
 
 void DataParallel::reduce_rows(int bucket) {

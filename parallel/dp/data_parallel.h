@@ -52,14 +52,14 @@
 //     once, asynchronously, and .grad is zeroed, so the rest of backward overlaps it and the
 //     bucket's own reduction carries only the later contributions; finish_gradient_sync adds the
 //     two. Accumulation micro-batches decline the offer (the engine sums as before).
-//   sparse rows: a bucket holding one tall 2-d host parameter (rows ≥ 8 × columns: embedding
-//     tables, and an untied output projection of the same shape) is, on its first sync step, left
-//     to finish_gradient_sync, which averages it with dp::all_reduce_rows_avg (parallel/dp/
-//     sparse_rows.h): a row mask all-reduced, then only the rows some rank has non-zero. Each
-//     element is the same average either way. A table whose gradient proved sparse (at most half
-//     its rows) stays on that path; one whose gradient was dense goes back to being reduced from
-//     its hook in backward from the next step on. An input lookup's gradient is sparse: a batch
-//     of T tokens touches at most T rows of the table.
+//   sparse rows: a tall 2-d host parameter (rows ≥ 8 × columns: embedding tables, and an
+//     untied output projection of the same shape) gets a bucket of its own, which on its first
+//     sync step is left to finish_gradient_sync, which averages it with dp::all_reduce_rows_avg
+//     (parallel/dp/ sparse_rows.h): a row mask all-reduced, then only the rows some rank has
+//     non-zero. Each element is the same average either way. A table whose gradient proved sparse
+//     (at most half its rows) stays on that path; one whose gradient was dense goes back to being
+//     reduced from its hook in backward from the next step on. An input lookup's gradient is
+//     sparse: a batch of T tokens touches at most T rows of the table.
 // Each rank decides alike (the same graph, the same all-reduced mask), so every communicator
 // sees the same operations in the same order everywhere. Not at stages 2-3, on a GPU (the row
 // count would need a device synchronisation), or with overlap off (the measurement baseline).

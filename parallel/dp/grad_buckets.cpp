@@ -41,13 +41,15 @@ void GradBuckets::build(const std::vector<NamedTensors>& units) {
   LOOM_CHECK(!params_.empty(), "data_parallel: no trainable parameters");
   for (const std::vector<size_t>& group : groups) {
     std::vector<Tensor> tensors;
+    std::vector<bool> alone;
     size_t group_bytes = 0;
     for (size_t i : group) {
       tensors.push_back(params_[i].tensor);
+      alone.push_back(!per_unit && options_.alone && options_.alone(params_[i].tensor));
       group_bytes += params_[i].tensor.nbytes();
     }
     const size_t budget = per_unit ? group_bytes + 1 : options_.bucket_bytes;  // a unit: 1 bucket
-    std::vector<BucketPlan> plans = plan_buckets(tensors, budget, options_.shard_count);
+    std::vector<BucketPlan> plans = plan_buckets(tensors, budget, options_.shard_count, alone);
     LOOM_CHECK(!per_unit || plans.size() == 1, "data_parallel: parameter unit ", buckets_.size(),
                " mixes dtypes; a unit must be one bucket");
     for (BucketPlan& plan : plans) {

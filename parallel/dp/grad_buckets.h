@@ -53,6 +53,8 @@ struct GradBucketsOptions {
   int shard_rank = 0;
   bool shard_grads = false;  // keep a (shard_numel) grad_shard per bucket (ZeRO-2/3)
   optim::DecayRule decay_rule = optim::DecayRule::kDefault;
+  // Parameters that get a bucket of their own (not with per_unit); empty: none.
+  std::function<bool(const Tensor&)> alone;
 };
 
 class GradBuckets {

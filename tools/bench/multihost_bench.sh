@@ -4,7 +4,7 @@
 # (tools/cluster), each host's link rate-limited so that compute : network matches a GPU
 # cluster, and the layouts whose point is communication run on it. Prints one markdown row per
 # run: layout, hosts × ranks, link rate, ms per step, tokens/s and exposed communication (the
-# trainer's own `comm exposed`, Note [Exposed comm]; pipelines: their idle fraction), means over
+# trainer's own `comm exposed`, Note [Exposed comm]; pipelines also their idle fraction), means over
 # the steps after the first two. Needs root. Takes ~10 minutes; benchmark, not a test.
 #
 # The scale (SCALE, default 1): an H100 does ~700e12 bf16 FLOP/s on a 400 Gb/s (50e9 B/s)
@@ -14,9 +14,11 @@
 # a link 10× slower (across racks, or a cloud network). The compute side is scaled too: 8192
 # tokens per rank and step (batch 128 × 64), so that a step's FLOP per gradient byte (1.5 ×
 # tokens ≈ 12,000) is near the 14,000 of the GPU side — gpt2-tiny at the quick-start's 512
-# tokens per rank would be 18× more network-bound than any real run. RUNS: all (default), dp
-# (the data-parallel rows alone, for the slow scale) or sft (the packed SFT rows). Logs are
-# kept in $LOOM_BENCH_LOGS (default /tmp/loom_mh_bench_logs).
+# tokens per rank would be 18× more network-bound than any real run. RUNS: all (default) or
+# the groups to run, space-separated: dp (one host, DDP overlap on and off: the slow scale's
+# rows), zero (dp 4, ZeRO-3, MiCS), model (a larger model, ~15 minutes), sft (packed SFT,
+# ZeRO-3 and ODC), pp (1F1B and interleaved). Logs are kept in $LOOM_BENCH_LOGS (default
+# /tmp/loom_mh_bench_logs).
 set -euo pipefail
 build=${1:?usage: multihost_bench.sh BUILD_DIR [SCALE [RUNS]]}
 scale=${2:-1}
@@ -55,6 +57,7 @@ echo "| --- | --- | --- | --- | --- | --- |"
 run() {
   local name=$1 hosts=$2 ppn=$3 steps=$4
   shift 4
+  case " $runs " in *" all "* | *" $group "*) ;; *) return ;; esac
   local rate
   rate=$(printf '%.0fkbit' "$(echo "$per_rank_mbit * $ppn * 1000" | bc -l)")
   "$cluster" down "$id" >/dev/null 2>&1 || true
@@ -84,30 +87,38 @@ run() {
     }
     END {
       if (n == 0) { printf "| %s | %s | %s | no steps | | |\n", name, shape, rate; exit }
-      comm = has_ex ? sprintf("%.0f ms (%.0f %%)", ex / n, 100 * ex / ms) : \
-             has_idle ? sprintf("pipeline idle %.0f %%", idle / n) : "—"
+      comm = has_ex ? sprintf("%.0f ms (%.0f %%)", ex / n, 100 * ex / ms) : "—"
+      if (has_idle) comm = comm sprintf("; pipeline idle %.0f %%", idle / n)
       printf "| %s | %s | %s | %.0f | %.0f | %s |\n", name, shape, rate, ms / n, tok / n, comm
     }' "$log"
 }
 
 F="data.train=$work/fortunes/train_*.bin"
 B=data.batch_size=128
-if [ "$runs" != sft ]; then
+group=dp
 run "one host (dp 1)" 1 1 6 --set "$F" --set $B
 run "DDP, overlap on" 2 1 6 --set "$F" --set $B
 run "DDP, overlap off" 2 1 6 --set "$F" --set $B --set parallel.overlap=false
-[ "$runs" = dp ] && exit 0
+group=zero
 run "DDP dp 4" 4 1 6 --set "$F" --set $B
 run "ZeRO-3" 2 2 6 --set "$F" --set $B --set parallel.zero_stage=3
 run "MiCS, partition = host" 2 2 6 --set "$F" --set $B --set parallel.zero_stage=3 \
   --set parallel.mics_partition_size=2
-fi
+# A model whose blocks hold most of the compute and the gradient bytes (12 × 512: 37.7 M
+# parameters in the blocks, 25.8 M in the tied table): 5 steps, means over steps 3-5.
+group=model
+M=(--set model.n_layer=12 --set model.n_embd=512 --set model.n_head=8)
+run "gpt2 12×512, one host" 1 1 5 --set "$F" --set $B "${M[@]}"
+run "gpt2 12×512, DDP, overlap on" 2 1 5 --set "$F" --set $B "${M[@]}"
+run "gpt2 12×512, DDP, overlap off" 2 1 5 --set "$F" --set $B "${M[@]}" \
+  --set parallel.overlap=false
+group=sft
 C="data.train=$work/chat/train_*.bin"
 run "SFT packed, ZeRO-3" 2 2 6 --set "$C" --set data.packing=true --set data.seq_len=256 \
   --set data.batch_size=8 --set parallel.zero_stage=3
 run "SFT packed, ODC" 2 2 6 --set "$C" --set data.packing=true --set data.seq_len=256 \
   --set data.batch_size=8 --set parallel.zero_stage=3 --set parallel.odc=true
-[ "$runs" = sft ] && exit 0
+group=pp
 run "pp 2 1F1B" 2 1 6 --set "$F" --set data.batch_size=16 --set parallel.dp=1 \
   --set parallel.pp=2 --set optim.grad_accum=8
 run "pp 2 interleaved (vpp 2)" 2 1 6 --set "$F" --set data.batch_size=16 --set parallel.dp=1 \

@@ -1,9 +1,10 @@
 // tests/parallel/dp/dp_engine_mpi_test.cpp — the DataParallel engine's mechanics: bucket planning
-// (reverse order, byte budget, dtype split, shard padding), overlap proven from the engine's
-// own event log (Note [Data-parallel event log]), accumulation micro-batches launching
-// nothing, a tied table's early part and sparse rows (Note [Early contributions and sparse rows]),
-// per-rank memory against Note [ZeRO memory formulas], and sharded optimiser state names and
-// coverage. loom-mpi-test: ranks 2 4
+// (reverse order, byte budget, dtype split, shard padding, tables alone), overlap proven from
+// the engine's own event log (Note [Data-parallel event log]), accumulation micro-batches
+// launching nothing, a tied table's early part and sparse rows (Note [Early contributions and
+// sparse rows]), per-rank memory against Note [ZeRO memory formulas], and sharded optimiser
+// state names and coverage.
+// loom-mpi-test: ranks 2 4
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -42,6 +43,11 @@ TEST(DataParallelBuckets, ReverseOrderBudgetDtypeAndPadding) {
   EXPECT_EQ(plans[3].padded_numel, 32);  // multiple of 2 shards × 16 elements
   EXPECT_EQ(plans[3].shard_numel, 16);
   EXPECT_EQ(plans[1].padded_numel, 128);
+  // A parameter flagged `alone` closes the bucket before it and gets its own.
+  const auto split = dp::plan_buckets(params, 1000, 2, {false, true, false, false, false});
+  ASSERT_EQ(split.size(), 4u);
+  EXPECT_EQ(split[2].params, (std::vector<size_t>{1}));
+  EXPECT_EQ(split[3].params, (std::vector<size_t>{0}));
 }
 
 TEST(DataParallelBuckets, RehomedParameterSharesTheFlatBuffer) {
@@ -67,7 +73,8 @@ void check_overlap(int zero_stage, int micro) {
   DataParallel dp(model.named_parameters(), ctx.dp(), dp_config(zero_stage, 4 << 10));
   const int n_params = static_cast<int>(model.named_parameters().size());
   ASSERT_GE(dp.num_buckets(), 4);
-  for (int s = 0; s < 3; ++s) {  // steps 2+ exercise Note [Fresh gradient accumulators]
+  for (int s = 0; s < 3;
+       ++s) {  // steps 2+: hooks fire in backward every step (Note [Gradient-ready hooks])
     SCOPED_TRACE(::testing::Message() << "step " << s);
     auto [ids, targets] = testing::global_batch(s);
     dp.zero_grad();
@@ -218,7 +225,7 @@ Tensor marker(const Tensor& x, DataParallel& dp, int k) {
 
 // A chain of gelu(h·W_k) layers, one bucket per layer, markers between layers. Overlap with
 // compute means a bucket's reduction is issued while earlier layers' backward is still to run,
-// on every step (step 0 and later: Note [Fresh gradient accumulators]).
+// on every step (step 0 and later: Note [Gradient-ready hooks] in core/autograd.h).
 TEST(DataParallelOverlap, ReductionStartsWhileBackwardStillComputes) {
   const int world = testing::world_size();
   ParallelContext ctx =
