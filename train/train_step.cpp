@@ -44,6 +44,7 @@ PendingStep Trainer::State::train_step() {
   plan.zero_grad();
   const double tp_waited = ctx ? ctx->tp().waited_s() : 0;  // Note [Exposed comm]
   const double cp_waited = ctx ? ctx->cp().waited_s() : 0;
+  const double pp_waited = ctx ? ctx->pp().waited_s() : 0;
   KernelChoices kernel_choices(cfg.train);
   // This rank's share of its replica's loss: the step runner is the one branch on the layout.
   const DropoutKey dropout{dropout_seed, step, 0};  // the masks of this step's coordinates
@@ -71,6 +72,7 @@ PendingStep Trainer::State::train_step() {
   if (ctx) {
     pending.tp_wait_s = ctx->tp().waited_s() - tp_waited;
     pending.cp_wait_s = ctx->cp().waited_s() - cp_waited;
+    pending.pp_wait_s = ctx->pp().waited_s() - pp_waited;
   }
   return pending;
 }
@@ -151,7 +153,10 @@ void Trainer::State::report(PendingStep& p, Clock::time_point& since) {
 //                     DpStepStats::blocked_s);
 //   tp, cp            the tensor- and context-parallel layers' waits on their groups
 //                     (Communicator::waited_s; they wait on the compute thread);
-//   pipeline sends    the pipeline's wait, at the end of the step, for its sends to complete.
+//   pipeline sends    the pipeline's wait, at the end of the step, for its sends to complete;
+//   tied exchange and loss  the pp group's other waits (Communicator::waited_s less the
+//                     executor's): the tied embedding's gradient exchange between the first
+//                     and last stages, and the loss broadcast.
 // Under imbalance the waits include waiting for slower ranks. A pipeline's waits on receives
 // are not in it: they hold the schedule's bubble and the stages' imbalance as well as transfer
 // time, and no rank can tell them apart by itself. The pipeline field gives them next to the
@@ -180,7 +185,12 @@ ExposedComm exposed_comm(const PendingStep& p, bool dp, bool tp, bool cp, bool p
   }
   if (tp) add("tp", p.tp_wait_s);
   if (cp) add("cp", p.cp_wait_s);
-  if (pipe) add("pipeline sends", p.pipe_stats.send_wait_s);
+  if (pipe) {
+    add("pipeline sends", p.pipe_stats.send_wait_s);
+    // The pp group's other waits: the tied embedding's exchange and the loss broadcast.
+    const double rest = p.pp_wait_s - p.pipe_stats.recv_wait_s - p.pipe_stats.send_wait_s;
+    add("tied exchange and loss", std::max(0.0, rest));
+  }
   c.any = !c.parts.empty();
   return c;
 }
@@ -256,12 +266,15 @@ void Trainer::State::log_step(const PendingStep& p, double dt) {
       metrics->write(r.step, {{"train/loss_scale", scaler->scale()},
                               {"train/skipped", r.skipped ? 1.0 : 0.0}});
     if (comm.any) {
-      metrics->write(r.step, {{"comm/exposed_s", comm.total_s},
-                              {"comm/grad_sync_wait_s", dp_stats.exposed_wait_s},
-                              {"comm/gather_wait_s", dp_stats.blocked_s - dp_stats.exposed_wait_s},
-                              {"comm/tp_wait_s", p.tp_wait_s},
-                              {"comm/cp_wait_s", p.cp_wait_s},
-                              {"comm/pp_send_wait_s", p.pipe_stats.send_wait_s}});
+      metrics->write(
+          r.step, {{"comm/exposed_s", comm.total_s},
+                   {"comm/grad_sync_wait_s", dp_stats.exposed_wait_s},
+                   {"comm/gather_wait_s", dp_stats.blocked_s - dp_stats.exposed_wait_s},
+                   {"comm/tp_wait_s", p.tp_wait_s},
+                   {"comm/cp_wait_s", p.cp_wait_s},
+                   {"comm/pp_send_wait_s", p.pipe_stats.send_wait_s},
+                   {"comm/pp_other_wait_s", std::max(0.0, p.pp_wait_s - p.pipe_stats.recv_wait_s -
+                                                              p.pipe_stats.send_wait_s)}});
     }
     if (plan.dp) metrics->write(r.step, {{"comm/overlap_fraction", dp_stats.overlap_fraction()}});
     if (plan.pipe) {

@@ -64,6 +64,9 @@ struct PendingStep {
   parallel::pp::PipelineStats pipe_stats;  // pipeline parallelism: this step's schedule
   // Tensor and context parallelism: the compute thread's waits on their groups in this step
   double tp_wait_s = 0, cp_wait_s = 0;
+  // Pipeline parallelism: the compute thread's waits on the pp group in this step (the
+  // executor's receives and sends, the tied-embedding exchange, the loss broadcast)
+  double pp_wait_s = 0;
   // data.packing: the step's input tokens, and how they split over the dp ranks (before padding)
   int64_t packed_tokens = 0;
   std::vector<int64_t> rank_tokens, rank_micro_batches;

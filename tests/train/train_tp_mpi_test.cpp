@@ -202,6 +202,7 @@ void expect_matches_single(const Case& k) {
     EXPECT_EQ(has("tp"), k.tp > 1) << comm;
     EXPECT_EQ(has("cp"), k.cp > 1) << comm;
     EXPECT_EQ(has("pipeline sends"), k.pp > 1) << comm;
+    EXPECT_EQ(has("tied exchange and loss"), k.pp > 1) << comm;
   }
   if (ctx.rank() == 0) {  // the start line counts the whole model on every layout
     const std::string whole =

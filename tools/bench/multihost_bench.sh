@@ -17,7 +17,7 @@
 # tokens per rank would be 18× more network-bound than any real run. RUNS: all (default) or
 # the groups to run, space-separated: dp (one host, DDP overlap on and off: the slow scale's
 # rows), zero (dp 4, ZeRO-3, MiCS), model (a larger model, ~15 minutes), sft (packed SFT,
-# ZeRO-3 and ODC), pp (1F1B and interleaved). Logs are kept in $LOOM_BENCH_LOGS (default
+# ZeRO-3 and ODC), skew (the same on skewed lengths), pp (1F1B and interleaved). Logs are kept in $LOOM_BENCH_LOGS (default
 # /tmp/loom_mh_bench_logs).
 set -euo pipefail
 build=${1:?usage: multihost_bench.sh BUILD_DIR [SCALE [RUNS]]}
@@ -118,6 +118,27 @@ run "SFT packed, ZeRO-3" 2 2 6 --set "$C" --set data.packing=true --set data.seq
   --set data.batch_size=8 --set parallel.zero_stage=3
 run "SFT packed, ODC" 2 2 6 --set "$C" --set data.packing=true --set data.seq_len=256 \
   --set data.batch_size=8 --set parallel.zero_stage=3 --set parallel.odc=true
+# Skewed lengths (ODC's case): one document in 8 is ~210 tokens, the rest ~15, split over the
+# ranks as they come (data.balance none), so the ranks' micro-batch counts differ; ZeRO-3 pads
+# every rank to the largest count (its per-unit gathers need every rank), ODC does not.
+group=skew
+if case " $runs " in *" all "* | *" skew "*) true ;; *) false ;; esac; then
+  python3 - "$work/skew.jsonl" <<'PY'
+import random, sys
+random.seed(7)
+words = "alpha bravo charlie delta echo foxtrot golf hotel india juliet kilo lima mike".split()
+with open(sys.argv[1], "w") as f:
+    for i in range(2000):
+        n = 200 if i % 8 == 0 else 4
+        text = " ".join(random.choice(words) for _ in range(n))
+        f.write('{"prompt": "Continue the list.", "response": "%s"}\n' % text)
+PY
+  "$prepare" --input "$work/skew.jsonl" --format chat --out-dir "$work/skew" >/dev/null 2>&1
+fi
+S=(--set "data.train=$work/skew/train_*.bin" --set data.packing=true --set data.seq_len=256
+  --set data.batch_size=8 --set parallel.zero_stage=3)
+run "SFT skewed, ZeRO-3" 2 2 6 "${S[@]}"
+run "SFT skewed, ODC" 2 2 6 "${S[@]}" --set parallel.odc=true
 group=pp
 run "pp 2 1F1B" 2 1 6 --set "$F" --set data.batch_size=16 --set parallel.dp=1 \
   --set parallel.pp=2 --set optim.grad_accum=8
