@@ -97,6 +97,7 @@ void visit_fields(Config& c, V&& v) {
   v("parallel", "mics_partition_size", p.mics_partition_size);
   v("parallel", "bucket_mb", p.bucket_mb);
   v("parallel", "overlap", p.overlap);
+  v("parallel", "table_shortcuts", p.table_shortcuts);
   v("parallel", "odc", p.odc);
   v("parallel", "odc_deterministic", p.odc_deterministic);
   v("parallel", "comm_timeout_s", p.comm_timeout_s);

@@ -107,6 +107,9 @@ struct ParallelConfig {
   int64_t mics_partition_size = 0;  // > 0: MiCS, shard inside groups of this many dp·cp ranks
   double bucket_mb = 25;            // gradient bucket size
   bool overlap = true;              // false: reduce only after backward (to measure overlap)
+  // false: no early tied-table part and no sparse rows (Note [Early contributions and sparse
+  // rows] in parallel/dp/data_parallel.h), to measure what they do
+  bool table_shortcuts = true;
   double comm_timeout_s = 300;      // a collective slower than this reports op and group
   bool tp_across_hosts = false;     // allow tensor-parallel groups that span hosts
   // ODC (zero_stage 3 only): one-sided parameter pulls and gradient pushes, one synchronisation

@@ -193,6 +193,7 @@ void apply_data_parallel(TrainPlan& plan, const Config& cfg) {
   c.zero_stage = static_cast<int>(pc.zero_stage);
   c.bucket_bytes = static_cast<size_t>(pc.bucket_mb * (1 << 20));
   c.overlap = pc.overlap;
+  c.table_shortcuts = pc.table_shortcuts;
   c.odc = pc.odc;  // Note [ODC] in parallel/odc/odc_gatherer.h
   c.odc_deterministic = pc.odc_deterministic;
   c.odc_timeout_s = pc.comm_timeout_s;

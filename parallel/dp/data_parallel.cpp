@@ -63,7 +63,7 @@ DataParallel::DataParallel(const std::vector<NamedTensors>& units, Communicator&
   bo.decay_rule = config.decay_rule;
   // Note [Early contributions and sparse rows]: stages 0-1 (no gatherer), overlap on, dp > 1;
   // a table that may be reduced by rows gets a bucket of its own.
-  shortcuts_ = config.zero_stage <= 1 && dp.size() > 1 && config.overlap;
+  shortcuts_ = config.zero_stage <= 1 && dp.size() > 1 && config.overlap && config.table_shortcuts;
   if (shortcuts_) bo.alone = [](const Tensor& t) { return rows_table(t); };
   buckets_ = std::make_unique<dp::GradBuckets>(units, bo, log_);
   in_flight_.resize(static_cast<size_t>(buckets_->size()));

@@ -62,7 +62,10 @@
 //     sparse: a batch of T tokens touches at most T rows of the table.
 // Each rank decides alike (the same graph, the same all-reduced mask), so every communicator
 // sees the same operations in the same order everywhere. Not at stages 2-3, on a GPU (the row
-// count would need a device synchronisation), or with overlap off (the measurement baseline).
+// count would need a device synchronisation), or with overlap or table_shortcuts off (the
+// measurement baselines). They pay where backward has compute left after the output projection
+// (a model whose blocks hold its compute); on gpt2-tiny, whose projection is 88 % of its compute,
+// the rows they add cost more than the overlap they buy (docs/performance.md, "Across hosts").
 //
 // Note [ZeRO-3]: built from parameter units (Note [Parameter units] in layers/transformer.h),
 // one bucket per unit; its Zero3Gatherer (parallel/dp/zero3.h) is the model's UnitHooks.
@@ -122,6 +125,8 @@ struct DataParallelConfig {
   std::string replica_axis = kAxisMicsReplica;
   bool broadcast_parameters = true;  // copy dp rank 0's parameters to every rank at start
   bool overlap = true;  // false: launch every reduction in finish_gradient_sync (for measuring)
+  // false: neither shortcut of Note [Early contributions and sparse rows] (for measuring)
+  bool table_shortcuts = true;
   // Stage 3 only: ODC, one-sided pulls and pushes synchronised once per step instead of the
   // per-unit collectives (Note [ODC] in parallel/odc/odc_gatherer.h); with deterministic, the
   // pushes go to per-origin slots added in rank order (bitwise reproducible, S× gradient window).

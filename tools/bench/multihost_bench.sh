@@ -17,7 +17,8 @@
 # tokens per rank would be 18× more network-bound than any real run. RUNS: all (default) or
 # the groups to run, space-separated: dp (one host, DDP overlap on and off: the slow scale's
 # rows), zero (dp 4, ZeRO-3, MiCS), model (a larger model, ~15 minutes), sft (packed SFT,
-# ZeRO-3 and ODC), skew (the same on skewed lengths), pp (1F1B and interleaved). Logs are kept in $LOOM_BENCH_LOGS (default
+# ZeRO-3 and ODC), skew (the same on skewed lengths), pp (1F1B and interleaved), ab (the DDP
+# overlap-on rows of dp and model without parallel.table_shortcuts). Logs are kept in $LOOM_BENCH_LOGS (default
 # /tmp/loom_mh_bench_logs).
 set -euo pipefail
 build=${1:?usage: multihost_bench.sh BUILD_DIR [SCALE [RUNS]]}
@@ -112,6 +113,13 @@ run "gpt2 12×512, one host" 1 1 5 --set "$F" --set $B "${M[@]}"
 run "gpt2 12×512, DDP, overlap on" 2 1 5 --set "$F" --set $B "${M[@]}"
 run "gpt2 12×512, DDP, overlap off" 2 1 5 --set "$F" --set $B "${M[@]}" \
   --set parallel.overlap=false
+# What the tied-table shortcuts do (Note [Early contributions and sparse rows]): the overlap-on
+# rows again without them.
+group=ab
+run "DDP, overlap on, no table shortcuts" 2 1 6 --set "$F" --set $B \
+  --set parallel.table_shortcuts=false
+run "gpt2 12×512, DDP, overlap on, no table shortcuts" 2 1 5 --set "$F" --set $B "${M[@]}" \
+  --set parallel.table_shortcuts=false
 group=sft
 C="data.train=$work/chat/train_*.bin"
 run "SFT packed, ZeRO-3" 2 2 6 --set "$C" --set data.packing=true --set data.seq_len=256 \
