@@ -110,8 +110,8 @@ struct ParallelConfig {
   // false: no early tied-table part and no sparse rows (Note [Early contributions and sparse
   // rows] in parallel/dp/data_parallel.h), to measure what they do
   bool table_shortcuts = true;
-  double comm_timeout_s = 300;      // a collective slower than this reports op and group
-  bool tp_across_hosts = false;     // allow tensor-parallel groups that span hosts
+  double comm_timeout_s = 300;   // a collective slower than this reports op and group
+  bool tp_across_hosts = false;  // allow tensor-parallel groups that span hosts
   // ODC (zero_stage 3 only): one-sided parameter pulls and gradient pushes, one synchronisation
   // per step, so ranks may run different numbers of micro-batches (Note [ODC] in
   // parallel/odc/odc_gatherer.h); deterministic: per-origin gradient slots added in rank order.
