@@ -193,7 +193,8 @@ TEST(TrainPipeline2, LlamaMatchesSingleProcessExactly) {
   expect_matches_single({.arch = "llama"}, true);
 }
 
-// Dropout (Note [Pipeline dropout]): every stage draws the single-process masks of its blocks.
+// Dropout (Note [Dropout by coordinates] in layers/dropout_key.h): every stage draws the
+// single-process masks of its blocks.
 TEST(TrainPipeline2, DropoutMatchesSingleProcess) { expect_matches_single({.dropout = 0.1}); }
 TEST(TrainPipeline2, InterleavedVpp2DropoutWithCheckpointingMatchesSingleProcess) {
   expect_matches_single(

@@ -16,10 +16,12 @@
 # tokens ≈ 12,000) is near the 14,000 of the GPU side — gpt2-tiny at the quick-start's 512
 # tokens per rank would be 18× more network-bound than any real run. RUNS: all (default) or
 # the groups to run, space-separated: dp (one host, DDP overlap on and off: the slow scale's
-# rows), zero (dp 4, ZeRO-3, MiCS), model (a larger model, ~15 minutes), sft (packed SFT,
-# ZeRO-3 and ODC), skew (the same on skewed lengths), pp (1F1B and interleaved), ab (the DDP
-# overlap-on rows of dp and model without parallel.table_shortcuts). Logs are kept in $LOOM_BENCH_LOGS (default
-# /tmp/loom_mh_bench_logs).
+# rows), zero (dp 4, ZeRO-3, MiCS), model (a larger model, ~15 minutes), model-zero (its
+# ZeRO-3 and MiCS on 2 × 2, ~15 minutes), sft (packed SFT, ZeRO-3 and ODC), skew (the same on
+# skewed lengths), pp (1F1B and interleaved), ab (the DDP overlap-on rows of dp and model
+# without parallel.table_shortcuts). Logs are kept in $LOOM_BENCH_LOGS (default
+# /tmp/loom_mh_bench_logs). LOOM_BENCH_STEPS overrides every run's step count (the means are
+# over the steps after the first two).
 set -euo pipefail
 build=${1:?usage: multihost_bench.sh BUILD_DIR [SCALE [RUNS]]}
 scale=${2:-1}
@@ -59,6 +61,7 @@ run() {
   local name=$1 hosts=$2 ppn=$3 steps=$4
   shift 4
   case " $runs " in *" all "* | *" $group "*) ;; *) return ;; esac
+  steps=${LOOM_BENCH_STEPS:-$steps}
   local rate
   rate=$(printf '%.0fkbit' "$(echo "$per_rank_mbit * $ppn * 1000" | bc -l)")
   "$cluster" down "$id" >/dev/null 2>&1 || true
@@ -113,6 +116,10 @@ run "gpt2 12×512, one host" 1 1 5 --set "$F" --set $B "${M[@]}"
 run "gpt2 12×512, DDP, overlap on" 2 1 5 --set "$F" --set $B "${M[@]}"
 run "gpt2 12×512, DDP, overlap off" 2 1 5 --set "$F" --set $B "${M[@]}" \
   --set parallel.overlap=false
+group=model-zero
+run "gpt2 12×512, ZeRO-3" 2 2 4 --set "$F" --set $B "${M[@]}" --set parallel.zero_stage=3
+run "gpt2 12×512, MiCS, partition = host" 2 2 4 --set "$F" --set $B "${M[@]}" \
+  --set parallel.zero_stage=3 --set parallel.mics_partition_size=2
 # What the tied-table shortcuts do (Note [Early contributions and sparse rows]): the overlap-on
 # rows again without them.
 group=ab
