@@ -1,9 +1,9 @@
 // parallel/dp/sparse_rows.h — the average over a data-parallel group of a 2-d gradient most of
 // whose rows are zero (an embedding table's lookup gradient: a batch of T tokens touches at most
 // T of its rows), sending only the rows some rank has non-zero (Note [Early contributions and
-// sparse rows] in parallel/dp/data_parallel.h says when DataParallel uses it). Host tensors only: the row count
-// must be known on the host to size the packed buffer, which on a GPU would cost a device
-// synchronisation per step (Note [Device step] in train/train_step.cpp).
+// sparse rows] in parallel/dp/data_parallel.h says when DataParallel uses it). Host tensors only:
+// the row count must be known on the host to size the packed buffer, which on a GPU would cost a
+// device synchronisation per step (Note [Device step] in train/train_step.cpp).
 #pragma once
 
 #include <cstdint>
