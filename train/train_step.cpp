@@ -172,6 +172,12 @@ struct ExposedComm {
   std::vector<std::pair<std::string, double>> parts;
 };
 
+// The pp group's waits beyond the executor's: the tied embedding's exchange and the loss
+// broadcast.
+double pp_other_wait_s(const PendingStep& p) {
+  return std::max(0.0, p.pp_wait_s - p.pipe_stats.recv_wait_s - p.pipe_stats.send_wait_s);
+}
+
 ExposedComm exposed_comm(const PendingStep& p, bool dp, bool tp, bool cp, bool pipe) {
   ExposedComm c;
   auto add = [&](const char* what, double s) {
@@ -187,9 +193,7 @@ ExposedComm exposed_comm(const PendingStep& p, bool dp, bool tp, bool cp, bool p
   if (cp) add("cp", p.cp_wait_s);
   if (pipe) {
     add("pipeline sends", p.pipe_stats.send_wait_s);
-    // The pp group's other waits: the tied embedding's exchange and the loss broadcast.
-    const double rest = p.pp_wait_s - p.pipe_stats.recv_wait_s - p.pipe_stats.send_wait_s;
-    add("tied exchange and loss", std::max(0.0, rest));
+    add("tied exchange and loss", pp_other_wait_s(p));
   }
   c.any = !c.parts.empty();
   return c;
@@ -266,15 +270,13 @@ void Trainer::State::log_step(const PendingStep& p, double dt) {
       metrics->write(r.step, {{"train/loss_scale", scaler->scale()},
                               {"train/skipped", r.skipped ? 1.0 : 0.0}});
     if (comm.any) {
-      metrics->write(
-          r.step, {{"comm/exposed_s", comm.total_s},
-                   {"comm/grad_sync_wait_s", dp_stats.exposed_wait_s},
-                   {"comm/gather_wait_s", dp_stats.blocked_s - dp_stats.exposed_wait_s},
-                   {"comm/tp_wait_s", p.tp_wait_s},
-                   {"comm/cp_wait_s", p.cp_wait_s},
-                   {"comm/pp_send_wait_s", p.pipe_stats.send_wait_s},
-                   {"comm/pp_other_wait_s", std::max(0.0, p.pp_wait_s - p.pipe_stats.recv_wait_s -
-                                                              p.pipe_stats.send_wait_s)}});
+      metrics->write(r.step, {{"comm/exposed_s", comm.total_s},
+                              {"comm/grad_sync_wait_s", dp_stats.exposed_wait_s},
+                              {"comm/gather_wait_s", dp_stats.blocked_s - dp_stats.exposed_wait_s},
+                              {"comm/tp_wait_s", p.tp_wait_s},
+                              {"comm/cp_wait_s", p.cp_wait_s},
+                              {"comm/pp_send_wait_s", p.pipe_stats.send_wait_s},
+                              {"comm/pp_other_wait_s", pp_other_wait_s(p)}});
     }
     if (plan.dp) metrics->write(r.step, {{"comm/overlap_fraction", dp_stats.overlap_fraction()}});
     if (plan.pipe) {

@@ -5,8 +5,8 @@
 // is complete, and says which range of every bucket this rank owns when the buckets are sharded.
 // It communicates nothing and steps no optimizer: DataParallel launches a complete bucket's sync
 // (parallel/dp/data_parallel.h), Zero3Gatherer gathers and releases parameter buffers
-// (parallel/dp/zero3.h). Note [Data-parallel gradient flow] in data_parallel.h says how the
-// gradients reach the buckets.
+// (parallel/dp/zero3.h). Note [Data-parallel gradient flow] in parallel/dp/data_parallel.h says how
+// the gradients reach the buckets.
 #pragma once
 
 #include <algorithm>

@@ -49,7 +49,8 @@ class UnitGatherer : public UnitHooks {
     return units_.at(static_cast<size_t>(unit)).param_shard;
   }
   // The owned values were written (the optimiser's step): collective over the shard group, every
-  // rank calls it at the same point; ODC publishes them now (Note [ODC] in odc_gatherer.h).
+  // rank calls it at the same point; ODC publishes them now (Note [ODC] in
+  // parallel/odc/odc_gatherer.h).
   virtual void parameters_changed() {}
   // Writable views of the owned values were handed out (DataParallel::owned_pieces, e.g. for a
   // checkpoint load): ODC publishes them again at the next start_step() or acquire().

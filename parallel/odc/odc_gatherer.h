@@ -51,10 +51,11 @@
 //   (parallel.odc_deterministic: false), for memory, and the mode is for debugging and
 //   reproducibility studies.
 // On CUDA tensors the windows are CUDA IPC ones (one node; compiled, never run) and the
-// deterministic layout is always used (Note [ODC over CUDA IPC] in cuda_ipc_window.cpp).
-// Memory in all: parameter window Ψ/S, gradient window Ψ/S (deterministic: Ψ), besides ZeRO-3's
-// own shards (the owned parameter shard, kept apart from the published copy so that the
-// optimiser can write it while nobody reads it; grad_shard; optimiser state).
+// deterministic layout is always used (Note [ODC over CUDA IPC] in
+// parallel/odc/cuda_ipc_window.cpp). Memory in all: parameter window Ψ/S, gradient window Ψ/S
+// (deterministic: Ψ), besides ZeRO-3's own shards (the owned parameter shard, kept apart from the
+// published copy so that the optimiser can write it while nobody reads it; grad_shard; optimiser
+// state).
 #pragma once
 
 #include <cstdint>
