@@ -34,7 +34,7 @@ std::string placement_str(const Placement& p) {
     os << "; dim " << s.dim << " over " << s.axis << ":";
     for (size_t i = 0; i < s.runs.size(); ++i) {
       os << (i ? ", " : " ") << s.runs[i].local << "→" << s.runs[i].global << " ("
-         << s.runs[i].length << ")";
+         << s.runs[i].length << (s.runs[i].counted ? "" : ", not counted here") << ")";
     }
   }
   if (!p.replicated.empty()) {
@@ -42,6 +42,7 @@ std::string placement_str(const Placement& p) {
     for (size_t i = 0; i < p.replicated.size(); ++i) os << (i ? ", " : "") << p.replicated[i];
   }
   if (!p.tied_to.empty()) os << "; tied to " << p.tied_to;
+  if (!p.counted) os << "; not counted here";
   return os.str();
 }
 

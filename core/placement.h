@@ -14,6 +14,13 @@
 // pipeline stage's parameters live at one pp coordinate). `tied_to` marks a copy of another
 // parameter (the last stage's wte for the LM head): its gradient is summed into the primary's
 // and it is neither counted nor saved.
+//
+// Note [Holders that no axis names]: some schemes give a value to k of the N ranks of an axis
+// (SDP: a slice of a block's MLP to the k workers the cover draws), which `replicated` cannot
+// say. Such a scheme marks on every holder but one (its choice, the same on every rank) the
+// runs (PlacementRun::counted) or the whole tensor (Placement::counted) as not counted here:
+// the global gradient norm and the checkpoint writer then count and store each element once
+// (parallel/gradients.h), and no scheme writes its own norm or checkpoint rule.
 #pragma once
 
 #include <cstdint>
@@ -26,6 +33,7 @@ struct PlacementRun {
   int64_t local = 0;   // first index along the dim in this rank's tensor
   int64_t global = 0;  // … and in the global tensor
   int64_t length = 0;
+  bool counted = true;  // false: another holder's copy counts (Note [Holders that no axis names])
   bool operator==(const PlacementRun&) const = default;
 };
 
@@ -41,6 +49,7 @@ struct Placement {
   std::vector<PlacementSplit> splits;   // at most one per dim
   std::vector<std::string> replicated;  // axes holding these same values (Note [Placement])
   std::string tied_to;                  // non-empty: a copy of that parameter
+  bool counted = true;  // false: another holder's copy counts (Note [Holders that no axis names])
 
   // The split along `axis`, or null.
   const PlacementSplit* split_over(const std::string& axis) const;

@@ -53,12 +53,12 @@ LOOM_HD bool loss_scale_update(double norm, double growth_interval, double& scal
 
 // out (0-d f64) = clip_factor(sqrt(sq_sum), max_norm) for sq_sum (0-d f64, the gradients' global
 // sum of squares), on sq_sum's device: clipping without reading the norm back (Note [Device
-// step] in train/trainer.cpp). max_norm > 0.
+// step] in train/train_step.cpp). max_norm > 0.
 LOOM_DECLARE_KERNEL(clip_factor_forward,
                     void(const loom::Tensor& sq_sum, double max_norm, loom::Tensor& out));
 
 // One step of dynamic loss scaling where the numbers lie (Note [Device step] in
-// train/trainer.cpp). sq_sum (0-d f64): Σ g² of the *scaled* gradients, every rank's parts
+// train/train_step.cpp). sq_sum (0-d f64): Σ g² of the *scaled* gradients, every rank's parts
 // summed; state (f64 [3], contiguous): {scale, good_steps, skipped_steps}, updated in place by
 // Note [Loss scale rule] applied to sqrt(sq_sum) / scale; factor (0-d f64) receives what the
 // optimizer multiplies the gradients by: clip_factor(sqrt(sq_sum) / scale, max_norm) / scale

@@ -13,7 +13,7 @@
 //   blocks     BlockSelection: which transformer blocks this rank builds, their residual
 //              scale, which of them are frozen (Note [Block selection]).
 // A default-constructed LayerContext is one device (Linear, Embedding, ops::causal_attention,
-// ops::softmax_cross_entropy, the whole sequence). parallel/layer_context.h builds the mesh one
+// ops::softmax_cross_entropy, the whole sequence). parallel/mesh_layers.h builds the mesh one
 // (tensor, sequence and context parallelism); a new scheme replaces one member (SDP the linear
 // factory, Ulysses the attention function) and touches no layer.
 //
@@ -32,7 +32,7 @@
 // Note [Per-block MLP layers]: the MLP's layers come from mlp_in / mlp_out, which carry the
 // block's index, rather than from column / row: a scheme that splits each block's hidden units
 // differently (SDP's forward masking keeps worker w's units of block l, parallel/sdp/
-// packed_layers.h) needs to know which block it builds for, and counting calls in construction
+// forward_masking.h) needs to know which block it builds for, and counting calls in construction
 // order would tie the factory to one model's build order. The attention's two layers come the
 // same way from attn_in (the fused qkv column layer, segments {q, k, v}) and attn_out (proj),
 // so a scheme may keep different heads per block (SDP's heads option, Note [SDP packed heads]).
@@ -103,7 +103,7 @@ class LinearLayer : public Module {
   virtual bool plain() const { return false; }
   // The features this rank's layer outputs (takes): the rows (columns) of its weight, unless
   // a layer computes with more than its registered weight (SDP's backward-masked layers also
-  // multiply by a frozen part, parallel/sdp/packed_layers.h), which overrides them. The
+  // multiply by a frozen part, parallel/sdp/backward_masking.h), which overrides them. The
   // attention reads its local head counts from these (Note [Per-block MLP layers]).
   virtual int64_t out_features() const { return weight().size(0); }
   virtual int64_t in_features() const { return weight().size(1); }

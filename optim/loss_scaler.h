@@ -5,7 +5,7 @@
 // (Note [Loss scale rule] in kernels/reduce.h). Holds its numbers on the host (saved in
 // checkpoints through state()/set_state()); once to(device) is called, the numbers that count
 // live on that device and each step is decided there without a host read (step_factor; Note
-// [Device step] in train/trainer.cpp), the host copy being refreshed by the caller (mirror)
+// [Device step] in train/train_step.cpp), the host copy being refreshed by the caller (mirror)
 // from what it reads back.
 #pragma once
 

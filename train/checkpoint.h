@@ -1,7 +1,8 @@
 // train/checkpoint.h — native checkpoints: a directory `step_00000123/` holding `meta.yaml`
 // (format version, step, the run's state as key/value pairs, the effective config) and
 // `tensors_<rank>.safetensors` (one per writing rank). Every stored tensor is one piece of a
-// global, layout-free tensor (Note [Pieces] in train/pieces.h): its name is the global tensor's
+// global, layout-free tensor (Note [Pieces] in core/tensor_piece.h): its name is the global
+// tensor's
 // ("model.wte.weight", "optim.exp_avg.wte.weight"), its metadata says which piece it is and
 // holds a CRC-32C per 1 MiB block. A run of any layout reads each of its own pieces from the
 // stored pieces that overlap it, and only the byte ranges it needs (CheckpointReader): the
@@ -23,7 +24,7 @@
 #include <vector>
 
 #include "core/tensor.h"
-#include "train/pieces.h"
+#include "core/tensor_piece.h"
 
 namespace loom {
 namespace parallel {

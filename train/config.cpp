@@ -12,7 +12,6 @@
 #include "layers/transformer.h"
 #include "parallel/pp/partition.h"
 #include "parallel/pp/schedule.h"
-#include "parallel/sdp/assignment.h"
 
 namespace loom {
 namespace {
@@ -378,71 +377,28 @@ std::string non_default_keys(const Config& c, const std::string& section) {
   return keys;
 }
 
-// parallel.sdp (docs/parallel.md, "SDP"): either regime at either level over the dp group, or
-// over groups of parallel.sdp.workers of it (data-parallel copies of one SDP group); the cover
-// is built here (cheap) so that its errors — coverage, holder graph, sizes — come at load time.
+// parallel.sdp (docs/parallel.md, "SDP"): SDP's own checks (parallel/sdp/options.h), and a key
+// set while SDP is off, which would be ignored, refused.
 void validate_sdp_config(const Config& c) {
-  const SdpConfig& s = c.parallel.sdp;
+  const parallel::sdp::SdpOptions& s = c.parallel.sdp;
   const ParallelConfig& p = c.parallel;
-  require(s.mode == "none" || s.mode == "forward" || s.mode == "backward",
-          "parallel.sdp.mode: unknown mode '" + s.mode + "' (none, forward, backward)");
-  require(s.level == "neuron" || s.level == "block",
-          "parallel.sdp.level: unknown level '" + s.level + "' (neuron, block)");
-  require(s.seed >= 0, "parallel.sdp.seed: must be non-negative, got " + str(s.seed));
-  require(s.coverage > 0 && s.coverage <= 1,
-          "parallel.sdp.coverage: must be in (0, 1], got " + str(s.coverage));
-  require(s.workers >= 0,
-          "parallel.sdp.workers: must be >= 0 (0: parallel.dp), got " + str(s.workers));
-  if (s.mode == "none") {  // a key set for SDP while it is off would be ignored: refuse it
+  parallel::sdp::SdpLayout layout;
+  layout.dp = p.dp;
+  layout.tp = p.tp;
+  layout.pp = p.pp;
+  layout.cp = p.cp;
+  layout.zero_stage = p.zero_stage;
+  layout.mics_partition_size = p.mics_partition_size;
+  layout.odc = p.odc;
+  layout.packing = c.data.packing;
+  layout.init_from = !c.train.init_from.empty();
+  parallel::sdp::validate(s, layout, c.model);
+  if (!s.on()) {
     const std::string keys = non_default_keys(c, "parallel.sdp");
     const char* them = keys.find(',') == std::string::npos ? "it" : "them";
     require(keys.empty(), keys + ": set, but parallel.sdp.mode is none (SDP is off) and would " +
                               "ignore " + them + "; set parallel.sdp.mode (forward or backward) " +
                               "or remove " + them);
-    return;
-  }
-  const int64_t n = sdp_workers(c);
-  require(n >= 2,
-          "parallel.sdp.mode: SDP needs at least 2 workers (parallel.sdp.workers, or "
-          "parallel.dp when it is 0), got " +
-              str(n));
-  require(p.dp % n == 0, "parallel.sdp.workers: " + str(n) + " does not divide parallel.dp " +
-                             str(p.dp) + " (the dp group holds parallel.dp / workers copies)");
-  require(p.tp == 1 && p.pp == 1 && p.cp == 1,
-          "parallel.sdp.mode: SDP runs over parallel.dp alone; set parallel.tp, parallel.pp and "
-          "parallel.cp to 1 (got " +
-              str(p.tp) + ", " + str(p.pp) + ", " + str(p.cp) + ")");
-  require(p.zero_stage == 0 && !p.odc && p.mics_partition_size == 0,
-          "parallel.sdp.mode: SDP keeps each worker's subnetwork whole; set parallel.zero_stage "
-          "to 0 (got " +
-              str(p.zero_stage) +
-              "), parallel.odc false and "
-              "parallel.mics_partition_size 0");
-  require(!c.data.packing, "parallel.sdp.mode: data.packing is not supported with SDP yet");
-  require(s.mode != "backward" || c.train.init_from.empty(),
-          "parallel.sdp.mode: model.init_from is not supported with backward masking yet (the "
-          "frozen copies are not loaded from it; forward masking supports it)");
-  parallel::sdp::CoverOptions o;
-  o.workers = static_cast<int>(n);
-  o.coverage = s.coverage;
-  o.seed = static_cast<uint64_t>(s.seed);
-  require(!s.heads || s.level == "neuron",
-          "parallel.sdp.heads: attention heads are covered at the neuron level only (a block "
-          "holds all its heads; got level " +
-              s.level + ")");
-  if (s.heads) {  // a cover of each block's KV groups, drawn with seed + 1 (train/plan.cpp)
-    const std::vector<int64_t> groups(static_cast<size_t>(c.model.n_layer), c.model.kv_heads());
-    parallel::sdp::CoverOptions h = o;
-    h.seed += 1;
-    parallel::sdp::assign_neurons(h, groups,
-                                  c.model.n_kv_head > 0 ? "model.n_kv_head" : "model.n_head");
-  }
-  if (s.level == "block") {
-    parallel::sdp::assign_blocks(o, c.model.n_layer);  // ConfigError naming the keys
-  } else {
-    const std::vector<int64_t> units(static_cast<size_t>(c.model.n_layer),
-                                     c.model.ffn_hidden_size());
-    parallel::sdp::assign_neurons(o, units);  // ConfigError naming parallel.sdp.coverage, …
   }
 }
 
@@ -625,10 +581,6 @@ DType train_dtype(const std::string& name) {
 
 int64_t pipeline_microbatches(const Config& c) {
   return c.parallel.microbatches > 0 ? c.parallel.microbatches : c.optim.grad_accum;
-}
-
-int64_t sdp_workers(const Config& c) {
-  return c.parallel.sdp.workers > 0 ? c.parallel.sdp.workers : c.parallel.dp;
 }
 
 int64_t global_batch_sequences(const Config& c) {

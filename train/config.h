@@ -14,6 +14,7 @@
 #include "core/dtype.h"
 #include "core/error.h"
 #include "layers/model_config.h"
+#include "parallel/sdp/options.h"
 
 namespace loom {
 
@@ -90,17 +91,6 @@ struct CheckpointConfig {
   bool async = false;  // write the files on a background thread (Note [Asynchronous checkpoints])
 };
 
-// parallel.sdp: subnetwork data parallelism (docs/parallel.md, "SDP"; parallel/sdp/). Written
-// as a mapping under parallel (parallel: {sdp: {mode: forward, coverage: 0.5}}).
-struct SdpConfig {
-  std::string mode = "none";     // none | forward | backward (the masking regime)
-  std::string level = "neuron";  // neuron | block (what a subnetwork is made of)
-  double coverage = 1.0;         // C: the fraction of each layer's units a worker holds
-  int64_t seed = 0;              // the cover's draw
-  int64_t workers = 0;           // N, the SDP group; 0: parallel.dp (dp / N data-parallel copies)
-  bool heads = false;            // neuron level, forward masking: attention heads covered too
-};
-
 struct ParallelConfig {
   int64_t dp = 1;          // data-parallel ranks; must equal the MPI world size
   int64_t zero_stage = 0;  // 0 DDP, 1 optimizer state sharded, 2 + gradients, 3 + parameters
@@ -133,7 +123,10 @@ struct ParallelConfig {
   int64_t tp = 1;                  // tensor-parallel ranks (heads, MLP hidden, vocabulary split)
   int64_t cp = 1;                  // context-parallel ranks (the sequence split, ring attention)
   bool sequence_parallel = false;  // with tp > 1: norms/dropout/residual on sequence chunks
-  SdpConfig sdp;
+  // parallel.sdp: subnetwork data parallelism (docs/parallel.md, "SDP"), written as a mapping
+  // under parallel (parallel: {sdp: {mode: forward, coverage: 0.5}}); its options and their
+  // validation are SDP's (parallel/sdp/options.h).
+  parallel::sdp::SdpOptions sdp;
 };
 
 struct LoggingConfig {
@@ -164,8 +157,6 @@ int64_t pipeline_microbatches(const Config& c);
 // (optim.grad_accum, or the pipeline's) of every data-parallel replica (parallel.dp; context,
 // tensor and pipeline parallelism split a sequence, they do not add any).
 int64_t global_batch_sequences(const Config& c);
-// parallel.sdp's N: parallel.sdp.workers, or parallel.dp when it is 0.
-int64_t sdp_workers(const Config& c);
 // A train.dtype / train.precision value (f64, f32, bf16, f16; validated when parsed) as a DType.
 DType train_dtype(const std::string& name);
 // parallel.backend resolved: true when the communicators are NCCL's (nccl, or auto on cuda).

@@ -19,12 +19,12 @@
 #include "core/autograd.h"
 #include "core/error.h"
 #include "core/ops/view.h"
+#include "core/tensor_piece.h"
 #include "layers/transformer.h"
 #include "train/checkpoint.h"
 #include "train/config.h"
 #include "train/hf_format.h"
 #include "train/llmc_format.h"
-#include "train/pieces.h"
 #include "train/safetensors.h"
 
 namespace loom {

@@ -1,8 +1,8 @@
 // train/readback.h — Readback: a step's few numbers (its loss, its gradients' sum of squares)
 // copied from the device into pinned host memory behind the step's work, and read only when the
 // trainer reports the step, so the host never waits for the device inside a step (Note [Device
-// step] in train/trainer.cpp). CPU tensors are read at once. One Readback per trainer; it owns a
-// small pinned buffer of kSlots slots, each held by one pending read until that read is
+// step] in train/train_step.cpp). CPU tensors are read at once. One Readback per trainer; it
+// owns a small pinned buffer of kSlots slots, each held by one pending read until that read is
 // destroyed.
 #pragma once
 

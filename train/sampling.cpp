@@ -19,7 +19,7 @@ namespace loom {
 // over the world per check (negligible beside a forward).
 bool Trainer::State::stop_requested() {
   bool stop = opt.stop != nullptr && opt.stop->load();
-  if (ctx && plan.collective_forward()) {
+  if (ctx && plan.collective_forward) {
     Tensor flag = Tensor::full({1}, stop ? 1.0 : 0.0, DType::kF64);
     ctx->world().all_reduce(flag, parallel::ReduceOp::kMax);
     stop = flag.item() > 0;
@@ -68,11 +68,7 @@ double Trainer::evaluate() {
     s.ctx->cp().all_reduce(t, parallel::ReduceOp::kSum);
     mean = t.item();
   }
-  if (s.plan.sdp) {  // each worker evaluated its own subnetwork: their mean (Note [SDP plan])
-    Tensor t = Tensor::full({1}, mean, DType::kF64);
-    s.ctx->dp().all_reduce(t, parallel::ReduceOp::kAvg);
-    mean = t.item();
-  }
+  mean = s.plan.engine->evaluation_loss(mean);  // SDP: the workers' subnetworks' mean
   s.model().train();
   return mean;
 }
@@ -128,10 +124,8 @@ std::vector<double> Trainer::next_token_logits(const std::vector<int32_t>& conte
     }
     if (cp > 1) s.ctx->cp().all_reduce(row, parallel::ReduceOp::kSum);  // one rank holds it
   }
-  if (s.plan.pipe) {  // the last stage's row
-    if (!logits.defined()) row = Tensor::empty({vp}, DType::kF64, s.device);
-    s.ctx->pp().broadcast(row, s.plan.pipe->last_stage_rank());
-  }
+  if (!logits.defined()) row = Tensor::empty({vp}, DType::kF64, s.device);
+  s.plan.runner->share_head_row(row);  // under pp the last stage's
   if (was_training) s.model().train();
   std::vector<double> out = row.to(Device::cpu()).to_vector();
   out.resize(static_cast<size_t>(mc.vocab_size));

@@ -27,7 +27,6 @@ LocalBatch local_batch(const Batch& b, const SequenceLayout& layout) {
 }
 
 int cp_size(const StepRunnerParts& p) { return p.ctx ? p.ctx->cp_size() : 1; }
-int dp_size(const StepRunnerParts& p) { return p.dp && p.ctx ? p.ctx->dp_size() : 1; }
 
 // Micro-batch weights of a packed step (Note [Packed loss]): c_m / N, N at least 1.
 double packed_weight(const PackedMicroBatch& mb, const PackedStep& step) {
@@ -55,7 +54,7 @@ class PlainRunner final : public StepRunner {
   Tensor forward_backward_packed(const PackedStep& step, const DropoutKey& dropout,
                                  const optim::LossScaler* scaler) override {
     // × dp: data parallelism averages over the dp ranks (Note [Packed loss]).
-    const double dp = static_cast<double>(dp_size(p_));
+    const double dp = static_cast<double>(p_.data_ranks);
     const Tensor sum = accumulate(
         static_cast<int64_t>(step.micro.size()), dp, dropout, scaler,
         [&](int64_t m, const DropoutKey* key) {
@@ -103,7 +102,7 @@ class PlainRunner final : public StepRunner {
                     const optim::LossScaler* scaler, Forward&& forward) {
     Tensor loss_sum;
     for (int64_t m = 0; m < count; ++m) {
-      if (p_.dp) p_.dp->set_sync(m == count - 1);  // reduce once per step, after the last
+      p_.engine->begin_micro_batch(m, count);  // the last arms the gradient sync
       const auto t_fwd = Clock::now();
       DropoutKey key = dropout;
       key.micro = m;
@@ -132,14 +131,14 @@ class PipelineRunner final : public StepRunner {
                           const optim::LossScaler* scaler) override {
     const auto [inputs, targets] = batches(loader, p_.micro_batches);
     const auto t0 = Clock::now();
-    parallel::DataParallel* dp = p_.dp;
-    Tensor loss = ops::reshape(p_.pipe->forward_backward(
-                                   inputs, targets, &dropout,
-                                   [dp](bool last) {
-                                     if (dp) dp->set_sync(last);
-                                   },
-                                   scaler ? scaler->device_scale() : Tensor()),
-                               {1});
+    parallel::GradientEngine* engine = p_.engine;
+    const int64_t count = p_.micro_batches;
+    Tensor loss = ops::reshape(
+        p_.pipe->forward_backward(  // the schedule's last backward arms
+            inputs, targets, &dropout,
+            [engine, count](bool last) { engine->begin_micro_batch(last ? count - 1 : -1, count); },
+            scaler ? scaler->device_scale() : Tensor()),
+        {1});
     const int cp = cp_size(p_);
     if (cp > 1) {  // the loss carried the ×cp for backward: this rank's share
       loss = ops::div(loss, Tensor::full({1}, static_cast<double>(cp), DType::kF64, loss.device()));
@@ -162,7 +161,12 @@ class PipelineRunner final : public StepRunner {
 
   int64_t micro_batches() const override { return p_.micro_batches; }
   std::string name() const override { return "pipeline"; }
-  parallel::pp::PipelineStats stats() const override { return p_.pipe->last_stats(); }
+  std::optional<parallel::pp::PipelineStats> stats() const override {
+    return p_.pipe->last_stats();
+  }
+  void share_head_row(Tensor& row) override {
+    p_.ctx->pp().broadcast(row, p_.pipe->last_stage_rank());
+  }
 
  private:
   // The next `count` batches as the pipeline takes them: under cp this rank's chunks.

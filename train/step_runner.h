@@ -1,11 +1,12 @@
 // train/step_runner.h — StepRunner: how one optimizer step's forward and backward run on this
-// rank, the only place the trainer's behaviour depends on the layout: plainly (micro-batch
-// accumulation, each micro-batch through the whole local model) or through pipeline stages
-// under a schedule. Both read the same batches from the same loader, cut this rank's
-// context-parallel chunks of each sequence, scale the loss for accumulation, context
-// parallelism and loss scaling the same way, and leave the gradients in the parameters' .grad
-// (or the data-parallel buckets) for TrainPlan::finalize_gradients. They also run validation
-// and the forward of sampling. Nothing here reduces gradients or steps an optimizer.
+// rank: plainly (micro-batch accumulation, each micro-batch through the whole local model) or
+// through pipeline stages under a schedule. Both read the same batches from the same loader, cut
+// this rank's context-parallel chunks of each sequence, scale the loss for accumulation, context
+// parallelism and loss scaling the same way, tell the gradient engine where each micro-batch
+// starts (GradientEngine::begin_micro_batch: the one place a gradient sync is armed), and leave
+// the gradients in the parameters' .grad (or the engine's buffers) for GradientEngine::finish
+// (parallel/engine.h). They also run validation and the forward of sampling. Nothing here
+// reduces gradients or steps an optimizer.
 //
 // Note [Model-parallel step]: under parallel.tp/cp every rank of a data-parallel replica reads
 // the same batch; cp rank r keeps its two load-balanced chunks of each sequence with their
@@ -26,6 +27,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 
 #include "core/rng.h"
 #include "core/tensor.h"
@@ -34,7 +36,7 @@
 #include "layers/build_context.h"
 #include "layers/transformer.h"
 #include "optim/loss_scaler.h"
-#include "parallel/dp/data_parallel.h"
+#include "parallel/engine.h"
 #include "parallel/parallel_context.h"
 #include "parallel/pp/pipeline.h"
 
@@ -71,19 +73,23 @@ class StepRunner {
   virtual Tensor logits(const Tensor& ids, const Tensor& pos, int64_t rows) = 0;
   virtual int64_t micro_batches() const = 0;
   virtual std::string name() const = 0;
-  // This step's pipeline schedule statistics (empty for the plain runner).
-  virtual parallel::pp::PipelineStats stats() const { return {}; }
+  // This step's pipeline schedule statistics (none for the plain runner).
+  virtual std::optional<parallel::pp::PipelineStats> stats() const { return std::nullopt; }
+  // Gives every rank the row of logits the ranks holding the head computed (the last stage's,
+  // under pp; the plain runner's ranks all hold it). Collective like logits().
+  virtual void share_head_row(Tensor& row) { (void)row; }
 };
 
 // What both runners read.
 struct StepRunnerParts {
   Transformer* model = nullptr;
   parallel::pp::TransformerPipeline* pipe = nullptr;  // the pipelined runner's
-  parallel::DataParallel* dp = nullptr;               // null: no data-parallel engine
+  parallel::GradientEngine* engine = nullptr;         // told where each micro-batch starts
   parallel::ParallelContext* ctx = nullptr;           // null: one process
   // Which tokens of each sequence this rank holds (the model's layout: layers/build_context.h).
   std::shared_ptr<const SequenceLayout> layout = single_device_layout();
   int64_t micro_batches = 1;  // optim.grad_accum, or the pipeline's micro-batches
+  int64_t data_ranks = 1;     // the ranks the engine averages gradients over (Note [Packed loss])
   TraceRecorder* trace = nullptr;
 };
 

@@ -41,7 +41,7 @@ PendingStep Trainer::State::train_step() {
     // Every rank plans the whole step, so all skip alike (Note [Loss tokens and the cut]).
     if (packed->global_loss_tokens == 0) return skipped_step(*packed);
   }
-  plan.zero_grad();
+  plan.engine->zero_grad();
   const double tp_waited = ctx ? ctx->tp().waited_s() : 0;  // Note [Exposed comm]
   const double cp_waited = ctx ? ctx->cp().waited_s() : 0;
   const double pp_waited = ctx ? ctx->pp().waited_s() : 0;
@@ -58,8 +58,8 @@ PendingStep Trainer::State::train_step() {
     share = plan.runner->forward_backward(*train_loader, dropout, scaler.get());
   }
   const auto t_sync = Clock::now();
-  const Tensor sq_sum = plan.finalize_gradients();  // Note [Gradient finalisation]
-  const Tensor loss = plan.global_loss(share);      // the global batch's, on the device
+  const Tensor sq_sum = plan.engine->finish();  // Note [Engine step] in parallel/engine.h
+  const Tensor loss = plan.global_loss(share);  // the global batch's, on the device
   const auto t_opt = Clock::now();
   finish_step(pending, loss, sq_sum);
   if (trace) {
@@ -67,7 +67,7 @@ PendingStep Trainer::State::train_step() {
     trace->span("compute", "clip + optimizer + parameter gather", t_opt, Clock::now());
   }
   r.step = ++step;
-  if (plan.dp) pending.dp_stats = plan.dp->last_step_stats();
+  if (const parallel::DpStepStats* st = plan.engine->sync_stats()) pending.dp_stats = *st;
   pending.pipe_stats = plan.runner->stats();
   if (ctx) {
     pending.tp_wait_s = ctx->tp().waited_s() - tp_waited;
@@ -114,7 +114,7 @@ void Trainer::State::finish_step(PendingStep& pending, const Tensor& loss, const
       factor = optim::clip_scale_tensor(ops::reshape(sq_sum, {}), cfg.optim.grad_clip);
   }
   pending.numbers = readback.start(ops::cat(numbers, 0));  // Note [Device step]
-  plan.step(r.lr, factor);
+  plan.engine->step(r.lr, factor);
 }
 
 void Trainer::State::report(PendingStep& p, Clock::time_point& since) {
@@ -139,7 +139,7 @@ void Trainer::State::report(PendingStep& p, Clock::time_point& since) {
   }
   const Clock::time_point ready = p.numbers.ready_at();
   p.r.seconds = std::chrono::duration<double>(ready - since).count();
-  p.r.comm_blocked_s = p.dp_stats.blocked_s;
+  p.r.comm_blocked_s = p.dp_stats ? p.dp_stats->blocked_s : 0;
   log_step(p, p.r.seconds);
   since = ready;
 }
@@ -175,24 +175,25 @@ struct ExposedComm {
 // The pp group's waits beyond the executor's: the tied embedding's exchange and the loss
 // broadcast.
 double pp_other_wait_s(const PendingStep& p) {
-  return std::max(0.0, p.pp_wait_s - p.pipe_stats.recv_wait_s - p.pipe_stats.send_wait_s);
+  if (!p.pipe_stats) return 0;
+  return std::max(0.0, p.pp_wait_s - p.pipe_stats->recv_wait_s - p.pipe_stats->send_wait_s);
 }
 
-ExposedComm exposed_comm(const PendingStep& p, bool dp, bool tp, bool cp, bool pipe) {
+ExposedComm exposed_comm(const PendingStep& p, bool tp, bool cp) {
   ExposedComm c;
   auto add = [&](const char* what, double s) {
     c.parts.emplace_back(what, s);
     c.total_s += s;
   };
-  if (dp) {
-    add("gradient sync", p.dp_stats.exposed_wait_s);
-    const double gathers = p.dp_stats.blocked_s - p.dp_stats.exposed_wait_s;
+  if (p.dp_stats) {
+    add("gradient sync", p.dp_stats->exposed_wait_s);
+    const double gathers = p.dp_stats->blocked_s - p.dp_stats->exposed_wait_s;
     if (gathers > 5e-5) add("parameter gathers", gathers);
   }
   if (tp) add("tp", p.tp_wait_s);
   if (cp) add("cp", p.cp_wait_s);
-  if (pipe) {
-    add("pipeline sends", p.pipe_stats.send_wait_s);
+  if (p.pipe_stats) {
+    add("pipeline sends", p.pipe_stats->send_wait_s);
     add("tied exchange and loss", pp_other_wait_s(p));
   }
   c.any = !c.parts.empty();
@@ -203,7 +204,7 @@ ExposedComm exposed_comm(const PendingStep& p, bool dp, bool tp, bool cp, bool p
 
 void Trainer::State::log_step(const PendingStep& p, double dt) {
   const StepRecord& r = p.r;
-  const parallel::DpStepStats& dp_stats = p.dp_stats;
+  const parallel::DpStepStats dp_stats = p.dp_stats.value_or(parallel::DpStepStats{});
   // Note [Throughput]: tok/s is the whole job's — the tokens of one global batch (every dp
   // replica's micro-batches; a sequence counted once however cp, tp or pp split it) per second
   // of step time — and MFU is those tokens' model FLOPs over the peak of every rank in the job
@@ -220,8 +221,7 @@ void Trainer::State::log_step(const PendingStep& p, double dt) {
                           : cfg.data.seq_len;
   const double mfu = model().flops_per_token(flops_len) * tokens / dt / (peak_flops * ranks);
   const AllocatorStats mem = allocator_for(device.type).stats();
-  const ExposedComm comm = exposed_comm(p, plan.dp != nullptr, ctx && ctx->tp_size() > 1,
-                                        ctx && ctx->cp_size() > 1, plan.pipe != nullptr);
+  const ExposedComm comm = exposed_comm(p, ctx && ctx->tp_size() > 1, ctx && ctx->cp_size() > 1);
   if (r.step % cfg.train.log_every == 0 || r.step == cfg.train.steps) {
     *log << "step " << r.step << "/" << cfg.train.steps << " | loss " << fmt(r.loss, 4) << " | lr "
          << fmt(r.lr, 2, true) << " | norm " << fmt(r.grad_norm, 3) << " | " << fmt(dt * 1e3, 1)
@@ -239,7 +239,7 @@ void Trainer::State::log_step(const PendingStep& p, double dt) {
         }
         *log << ")";
       }
-      if (plan.dp) {
+      if (p.dp_stats) {
         *log << ", launched in backward " << fmt(100 * dp_stats.overlap_fraction(), 0) << "%";
       }
     }
@@ -249,8 +249,8 @@ void Trainer::State::log_step(const PendingStep& p, double dt) {
           std::minmax_element(p.rank_micro_batches.begin(), p.rank_micro_batches.end());
       *log << " | rank tokens " << *lo << "-" << *hi << ", micro-batches " << *mlo << "-" << *mhi;
     }
-    if (plan.pipe) {
-      const parallel::pp::PipelineStats& ps = p.pipe_stats;
+    if (p.pipe_stats) {
+      const parallel::pp::PipelineStats& ps = *p.pipe_stats;
       *log << " | pipeline idle " << fmt(100 * ps.idle_fraction(), 0) << "% (rank " << ctx->rank()
            << "): receives " << fmt(ps.recv_wait_s * 1e3, 1) << " ms, the schedule's bubble "
            << fmt(ps.schedule_bubble_s() * 1e3, 1) << " ms";
@@ -275,13 +275,14 @@ void Trainer::State::log_step(const PendingStep& p, double dt) {
                               {"comm/gather_wait_s", dp_stats.blocked_s - dp_stats.exposed_wait_s},
                               {"comm/tp_wait_s", p.tp_wait_s},
                               {"comm/cp_wait_s", p.cp_wait_s},
-                              {"comm/pp_send_wait_s", p.pipe_stats.send_wait_s},
+                              {"comm/pp_send_wait_s", p.pipe_stats ? p.pipe_stats->send_wait_s : 0},
                               {"comm/pp_other_wait_s", pp_other_wait_s(p)}});
     }
-    if (plan.dp) metrics->write(r.step, {{"comm/overlap_fraction", dp_stats.overlap_fraction()}});
-    if (plan.pipe) {
-      metrics->write(r.step, {{"pp/recv_wait_s", p.pipe_stats.recv_wait_s},
-                              {"pp/schedule_bubble_s", p.pipe_stats.schedule_bubble_s()}});
+    if (p.dp_stats)
+      metrics->write(r.step, {{"comm/overlap_fraction", dp_stats.overlap_fraction()}});
+    if (p.pipe_stats) {
+      metrics->write(r.step, {{"pp/recv_wait_s", p.pipe_stats->recv_wait_s},
+                              {"pp/schedule_bubble_s", p.pipe_stats->schedule_bubble_s()}});
     }
   }
 }

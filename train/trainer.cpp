@@ -139,8 +139,7 @@ void Trainer::State::build() {
   schedule = {o.schedule, o.lr, o.min_lr, o.warmup_steps, cfg.train.steps, o.decay_fraction};
 
   const DataConfig& d = cfg.data;
-  const bool replicas = plan.dp || plan.sdp;  // each dp rank reads its own batches
-  const int dp_rank = replicas ? ctx->dp_rank() : 0, dp_size = replicas ? ctx->dp_size() : 1;
+  const int64_t dp_rank = plan.data_rank, dp_size = plan.data_ranks;  // this replica's batches
   if (d.packing) {  // whole documents (Note [Packed steps] in data/packed_loader.h)
     PackingOptions po;
     po.docs_per_rank = d.batch_size;
@@ -152,7 +151,7 @@ void Trainer::State::build() {
     const double linear = model().flops_per_token(0);
     po.cost = {model().flops_per_token(1) - linear, linear};
     // ZeRO-3's per-unit collectives need every rank to run as many micro-batches; ODC does not.
-    po.equal_micro_batches = plan.dp && plan.dp->zero_stage() == 3 && !cfg.parallel.odc;
+    po.equal_micro_batches = plan.engine->equal_micro_batches();
     po.rank = dp_rank;
     po.world_size = dp_size;
     po.seed = d.seed;
@@ -261,7 +260,7 @@ std::string Trainer::checkpoint_root() const {
 }
 
 std::vector<std::pair<std::string, Tensor>> Trainer::parameters() const {
-  return s_->plan.zero3() ? s_->plan.dp->full_parameters() : s_->model().named_parameters();
+  return s_->plan.parameters();
 }
 
 std::vector<std::pair<std::string, Tensor>> Trainer::trained_parameters() const {
@@ -290,7 +289,7 @@ std::vector<StepRecord> Trainer::run() {
     }
     const int64_t n = p.r.step;
     const bool validate = s.has_val() && t.val_every > 0 && (n % t.val_every == 0 || n == t.steps);
-    const bool sample_now = (s.is_main() || s.plan.collective_forward()) && t.sample_every > 0 &&
+    const bool sample_now = (s.is_main() || s.plan.collective_forward) && t.sample_every > 0 &&
                             (n % t.sample_every == 0 || n == t.steps);
     bool stop =
         (s.opt.stop && s.opt.stop->load()) || (s.opt.stop_at_step > 0 && n >= s.opt.stop_at_step);
@@ -324,8 +323,8 @@ std::vector<StepRecord> Trainer::run() {
   }
   s.finish_pending_save();  // the exit waits for a checkpoint still being written
   s.run_lock.reset();       // the run's files are complete: another run may use out_dir
-  if (s.plan.dp)
-    *s.log << "end of run, " << s.plan.dp->describe() << "\n";  // with transient peaks (ZeRO-3)
+  if (const std::string end = s.plan.engine->describe_end(); !end.empty())
+    *s.log << "end of run, " << end << "\n";  // with transient peaks (ZeRO-3)
   if (s.trace) {
     if (s.ctx) s.ctx->set_observer(nullptr);
     s.trace->write(s.opt.profile_path);

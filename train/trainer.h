@@ -83,7 +83,7 @@ class Trainer {
   double evaluate();
   // Text generated from <|endoftext|> with the configured temperature and top-k. Collective
   // under ZeRO-3 and tp/cp/pp (every rank calls it and gets the same text, Note [Sampling
-  // across ranks] in train/trainer.cpp).
+  // across ranks] in train/sampling.cpp).
   std::string sample(int64_t tokens);
   // The logits (real vocabulary) of the token after `context` (the last model.max_seq_len
   // tokens, fewer when the layout needs a multiple), the same on every rank. Collective like

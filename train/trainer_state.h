@@ -1,9 +1,9 @@
 // train/trainer_state.h — Trainer::State, private to the trainer's files: the plan (model,
-// step runner, gradient finalisation, optimizer: train/plan.h) and the loop's own state
+// step runner, gradient engine: train/plan.h) and the loop's own state
 // (generators, loaders, loss scaler, schedule, step count, log). Its methods live by concern:
 //   train/trainer.cpp      construction and the loop (run)
 //   train/train_step.cpp   one step: launch, finish on the device, report and log
-//   train/train_state.cpp  checkpoints: save, resume, initial weights
+//   train/checkpointing.cpp  checkpoints: save, resume, initial weights
 //   train/sampling.cpp     validation, next-token logits, sampling
 // Nothing outside train/ includes it.
 #pragma once
@@ -11,6 +11,7 @@
 #include <chrono>
 #include <iosfwd>
 #include <memory>
+#include <optional>
 #include <ostream>
 #include <string>
 #include <utility>
@@ -60,8 +61,9 @@ struct PendingStep {
   // [loss, Σ g²] (under loss scaling: of the scaled gradients, then the scale the step used and
   // the loss scaler's state after it)
   Readback::Pending numbers;
-  parallel::DpStepStats dp_stats;          // data parallelism: this step's communication
-  parallel::pp::PipelineStats pipe_stats;  // pipeline parallelism: this step's schedule
+  // The engine's gradient sync and the pipeline's schedule in this step, where they exist
+  std::optional<parallel::DpStepStats> dp_stats;
+  std::optional<parallel::pp::PipelineStats> pipe_stats;
   // Tensor and context parallelism: the compute thread's waits on their groups in this step
   double tp_wait_s = 0, cp_wait_s = 0;
   // Pipeline parallelism: the compute thread's waits on the pp group in this step (the
@@ -138,7 +140,7 @@ struct Trainer::State {
   // dt: the step's seconds; the step's communication and schedule statistics.
   void log_step(const PendingStep& p, double dt);
 
-  // train/train_state.cpp (Note [Exact resume] in train/trainer.h).
+  // train/checkpointing.cpp (Note [Exact resume] in train/trainer.h).
   void save();
   // Note [Stopping inside long loops] (train/sampling.cpp); collective when the forward is.
   bool stop_requested();

@@ -45,7 +45,7 @@
 // recv_async) therefore deadlocks unless NCCL can buffer the messages: issue the transfers
 // that must progress together as one send_recv_async group (a ring step, an exchange), and
 // order the groups the same way on every member (the pipeline: Note [Communication order] in
-// parallel/pp/schedule.h).
+// parallel/pp/simulate.h).
 #pragma once
 
 #include <memory>

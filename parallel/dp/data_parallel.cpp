@@ -16,7 +16,6 @@
 #include "parallel/dp/sharded_optimizer.h"
 #include "parallel/dp/sparse_rows.h"
 #include "parallel/dp/zero3.h"
-#include "parallel/odc/odc_gatherer.h"
 
 namespace loom::parallel {
 
@@ -74,12 +73,8 @@ DataParallel::DataParallel(const std::vector<NamedTensors>& units, Communicator&
     t.set_placement(std::move(pl));
   }
   if (config_.broadcast_parameters) broadcast_parameters();
-  if (config_.zero_stage == 3 && config_.odc) {  // Note [ODC] in parallel/odc/odc_gatherer.h
-    odc::OdcOptions o;
-    o.deterministic = config_.odc_deterministic;
-    o.overlap = config_.overlap;
-    o.timeout_s = config_.odc_timeout_s;
-    gatherer_ = std::make_unique<odc::OdcGatherer>(*buckets_, *shard_comm_, *grad_sync_, log_, o);
+  if (config_.zero_stage == 3 && config_.gatherer) {  // the plan's (ODC's)
+    gatherer_ = config_.gatherer(*buckets_, *shard_comm_, *grad_sync_, log_, config_.overlap);
   } else if (config_.zero_stage == 3) {
     gatherer_ = std::make_unique<dp::Zero3Gatherer>(*buckets_, *shard_comm_, *grad_sync_, log_,
                                                     config_.overlap);
@@ -118,10 +113,8 @@ void DataParallel::validate_groups(MicsGroups mics, bool per_unit) const {
   LOOM_CHECK(stage < 3 || per_unit,
              "data_parallel: ZeRO-3 gathers parameters per unit; build DataParallel from "
              "parameter units (Transformer::parameter_units())");
-  LOOM_CHECK(stage == 3 || !config_.odc,
-             "data_parallel: ODC (parallel.odc) needs zero_stage 3, got ", stage);
-  LOOM_CHECK(config_.odc || !config_.odc_deterministic,
-             "data_parallel: odc_deterministic needs odc");
+  LOOM_CHECK(stage == 3 || !config_.gatherer,
+             "data_parallel: a parameter gatherer (ODC's) needs zero_stage 3, got ", stage);
   LOOM_CHECK((mics.partition == nullptr) == (mics.replica == nullptr),
              "data_parallel: MiCS needs both the partition and the replica communicator");
   if (mics.partition == nullptr) return;
@@ -152,12 +145,12 @@ void DataParallel::build_optimizer() {
     LOOM_CHECK(optimizer_ != nullptr, "DataParallel: the optimizer factory made no optimizer");
     return;
   }
-  for (OwnedPiece& p : owned_pieces())
+  for (HeldPiece& p : owned_pieces())
     refs.push_back({std::move(p.name), std::move(p.values), true});
   size_t k = 0;
   buckets_->for_each_owned_piece([&](int bucket, const BucketParam& p, int64_t lo, int64_t hi) {
     refs[k++].decay = p.decay;
-    pieces_.push_back({bucket, lo, hi});
+    ranges_.push_back({bucket, lo, hi});
   });
   // Stages 1-2 all-gather the updated shards; stage 3's next forward gathers per unit.
   const bool gather = config_.zero_stage < 3;
@@ -169,12 +162,10 @@ void DataParallel::build_optimizer() {
       });
 }
 
-std::vector<DataParallel::OwnedPiece> DataParallel::owned_pieces() const {
-  std::vector<OwnedPiece> out;
+std::vector<HeldPiece> DataParallel::owned_pieces() const {
+  std::vector<HeldPiece> out;
   if (config_.zero_stage == 0) {
-    for (const BucketParam& p : buckets_->params())
-      out.push_back(
-          {p.name, p.name, p.tensor, p.tensor, 0, p.tensor.numel(), p.tensor.placement()});
+    for (const BucketParam& p : buckets_->params()) out.push_back(held_whole(p.name, p.tensor));
     return out;
   }
   if (gatherer_) gatherer_->parameters_may_change();  // the views are writable
@@ -182,10 +173,24 @@ std::vector<DataParallel::OwnedPiece> DataParallel::owned_pieces() const {
     const Tensor view = gatherer_ ? flat_view(gatherer_->owned_values(bucket), {hi - lo},
                                               lo - buckets_->owned_begin(bucket))
                                   : flat_view(buckets_->bucket(bucket).param_flat, {hi - lo}, lo);
-    out.push_back({piece_name(p.name, lo - p.offset, hi - p.offset), p.name, p.tensor, view,
-                   lo - p.offset, hi - p.offset, owned_placement(p)});
+    const Placement whole = p.tensor.placement();
+    out.push_back({piece_name(p.name, lo - p.offset, hi - p.offset), p.name, view,
+                   piece_of(whole, p.tensor.shape(), lo - p.offset, hi - p.offset),
+                   owned_placement(p)});
   });
   return out;
+}
+
+std::vector<HeldPiece> DataParallel::held_parameters() const {
+  if (config_.zero_stage == 3) return owned_pieces();
+  std::vector<HeldPiece> out;
+  for (const BucketParam& p : buckets_->params()) out.push_back(held_whole(p.name, p.tensor));
+  return out;
+}
+
+std::optional<NamedTensors> DataParallel::whole_parameters() {
+  if (config_.zero_stage < 3) return std::nullopt;
+  return full_parameters();
 }
 
 void DataParallel::on_bucket_complete(int bucket) {
@@ -331,7 +336,7 @@ void DataParallel::finish_buckets() {
 // The gradient of optimiser piece k (stages >= 1): a view of the bucket's flat gradient (stage 1,
 // whole buckets reduced) or of its reduced shard (stages 2, 3).
 Tensor DataParallel::piece_grad(size_t k) const {
-  const Piece& pc = pieces_[k];
+  const OwnedRange& pc = ranges_[k];
   const GradBucket& b = buckets_->bucket(pc.bucket);
   const int64_t len = pc.end - pc.begin;
   return config_.zero_stage == 1
@@ -353,23 +358,31 @@ NamedTensors DataParallel::owned_grad_pieces() const {
   return out;
 }
 
-std::vector<GradPiece> DataParallel::grad_pieces() {
+std::vector<HeldPiece> DataParallel::grad_pieces() {
   if (!synced_) finish_gradient_sync();
-  std::vector<GradPiece> out;
-  if (config_.zero_stage == 0) {  // whole gradients, replicated over config.axes
-    for (const BucketParam& p : buckets_->params()) {
-      out.push_back({flat_view(buckets_->bucket(p.bucket).grad_flat, {p.tensor.numel()}, p.offset),
-                     p.tensor.placement()});
-    }
-    return out;
-  }
+  std::vector<HeldPiece> out;
+  if (config_.zero_stage == 0) return exchange_gradients();  // whole, replicated over the axes
   size_t k = 0;  // the optimizer's pieces, in the same order
   buckets_->for_each_owned_piece([&](int, const BucketParam& p, int64_t lo, int64_t hi) {
     Placement pl = owned_placement(p);
     pl.global_shape = {hi - lo};  // a 1-d piece: only `replicated` and `tied_to` matter here
     pl.splits.clear();
-    out.push_back({piece_grad(k++), std::move(pl)});
+    out.push_back({piece_name(p.name, lo - p.offset, hi - p.offset), p.name, piece_grad(k++),
+                   piece_of(p.tensor.placement(), p.tensor.shape(), lo - p.offset, hi - p.offset),
+                   std::move(pl)});
   });
+  return out;
+}
+
+std::vector<HeldPiece> DataParallel::exchange_gradients() {
+  if (config_.zero_stage >= 2) return grad_pieces();
+  std::vector<HeldPiece> out;  // the whole gradients (stage 1: every bucket was all-reduced)
+  for (const BucketParam& p : buckets_->params()) {
+    const Placement pl = p.tensor.placement();
+    out.push_back({p.name, p.name,
+                   flat_view(buckets_->bucket(p.bucket).grad_flat, {p.tensor.numel()}, p.offset),
+                   piece_of(pl, p.tensor.shape()), pl});
+  }
   return out;
 }
 

@@ -14,7 +14,8 @@
 // grad_pieces() says which pieces this rank owns, so the global gradient norm is
 // parallel/gradients.h's, as for every layout.
 //
-// Use, per optimiser step with M micro-batches:
+// It is a GradientEngine (parallel/engine.h): the trainer drives it through that seam. Used
+// directly, per optimiser step with M micro-batches:
 //   dp.zero_grad();
 //   for m in 0..M-1: dp.set_sync(m == M-1); loss_m = model.loss(rows_m) / M; backward(loss_m);
 //   dp.finish_gradient_sync();          // waits for the reductions; gradients are now averaged
@@ -87,8 +88,8 @@
 // the recomputation runs inside the unit's backward, after its gather. With config.odc the
 // gatherer is odc::OdcGatherer instead (parallel/odc/odc_gatherer.h): the same layout and
 // schedule, one-sided transfers, one synchronisation per step (Note [ODC]); both are
-// dp::UnitGatherers (parallel/dp/unit_gatherer.h).
-//
+// dp::UnitGatherers (parallel/dp/unit_gatherer.h), and the plan injects which one
+// (DataParallelConfig::gatherer): this folder does not know ODC.
 #pragma once
 
 #include <cstddef>
@@ -107,6 +108,7 @@
 #include "parallel/dp/grad_buckets.h"
 #include "parallel/dp/grad_sync.h"
 #include "parallel/dp/unit_gatherer.h"
+#include "parallel/engine.h"
 #include "parallel/gradients.h"
 #include "parallel/mesh.h"
 
@@ -127,12 +129,12 @@ struct DataParallelConfig {
   bool overlap = true;  // false: launch every reduction in finish_gradient_sync (for measuring)
   // false: neither shortcut of Note [Early contributions and sparse rows] (for measuring)
   bool table_shortcuts = true;
-  // Stage 3 only: ODC, one-sided pulls and pushes synchronised once per step instead of the
-  // per-unit collectives (Note [ODC] in parallel/odc/odc_gatherer.h); with deterministic, the
-  // pushes go to per-origin slots added in rank order (bitwise reproducible, S× gradient window).
-  bool odc = false;
-  bool odc_deterministic = false;
-  double odc_timeout_s = 300;  // a one-sided transfer slower than this throws
+  // Stage 3 only: makes the parameter gatherer; empty: ZeRO-3's collectives (dp::Zero3Gatherer).
+  // The plan sets ODC's here (Note [ODC] in parallel/odc/odc_gatherer.h).
+  dp::GathererFactory gatherer;
+  // Whether the gatherer needs every rank to run as many micro-batches per step (ZeRO-3's
+  // per-unit collectives do; ODC's one-sided transfers do not).
+  bool gatherer_equal_micro_batches = true;
 };
 
 // MiCS groups: shard within `partition` (size P), replicate across `replica` (size dp / P).
@@ -142,7 +144,7 @@ struct MicsGroups {
   Communicator* replica = nullptr;
 };
 
-class DataParallel final {
+class DataParallel final : public GradientEngine {
  public:
   // named: the model's trainable parameters (Module::named_parameters()), identical in order
   // and shapes on every rank; they are re-homed into flat buffers here. The communicators must
@@ -165,7 +167,23 @@ class DataParallel final {
 
   // Zeroes the gradient buckets and points every parameter's .grad at its bucket view (stage
   // 3: starts a step; unit gradient buffers appear in each unit's backward).
-  void zero_grad();
+  void zero_grad() override;
+  // The engine seam (parallel/engine.h): the last micro-batch arms the sync (set_sync).
+  void begin_micro_batch(int64_t m, int64_t count) override { set_sync(m == count - 1); }
+  void step(double lr, const Tensor& factor) override { step_scaled(lr, factor); }
+  std::vector<HeldPiece> trained_pieces() const override { return owned_pieces(); }
+  // Whole local parameters at stages 0-2, the owned shards at stage 3.
+  std::vector<HeldPiece> held_parameters() const override;
+  NamedTensors optimizer_state() override { return state_tensors(); }
+  int64_t optimizer_steps() const override { return step_count(); }
+  void set_optimizer_steps(int64_t n) override { set_step_count(n); }
+  std::optional<NamedTensors> whole_parameters() override;
+  bool collective_forward() const override { return config_.zero_stage == 3; }
+  bool equal_micro_batches() const override {
+    return config_.zero_stage == 3 && config_.gatherer_equal_micro_batches;
+  }
+  const DpStepStats* sync_stats() const override { return &log_.last(); }
+  std::string describe_end() override { return describe(); }
   // Whether the next backward is the last micro-batch of the step (reductions launch from its
   // hooks). Default true. With false, gradients only accumulate in the buckets. Stage 3
   // reduce-scatters every micro-batch regardless (Note [ZeRO-3]).
@@ -179,7 +197,7 @@ class DataParallel final {
   // gradients, replicated over config.axes; at stages 1-3 the owned pieces, which no other rank
   // of the shard group holds (with MiCS, replicated over the replica axis). What the global
   // gradient norm sums (parallel/gradients.h). Calls finish_gradient_sync() first when needed.
-  std::vector<GradPiece> grad_pieces();
+  std::vector<HeldPiece> grad_pieces();
   // The owned gradients as views, named like the optimiser state's pieces
   // ("<param>[<begin>:<end>]", stages 1-3) or by parameter (stage 0, whole gradients). Valid
   // after finish_gradient_sync() until step(); writing them changes what step() applies.
@@ -203,23 +221,15 @@ class DataParallel final {
   // Appends a kMarker event to the current step's log, on the same counter as the hooks and
   // launches (Note [Data-parallel event log]); tests call it from backward functions.
   void mark(std::string detail) { log_.log(DpEventKind::kMarker, -1, std::move(detail)); }
-  std::string describe() const;  // layout and memory, one line, for printing at start
+  std::string describe() const override;  // layout and memory, one line, for printing at start
 
-  // What this rank owns of one parameter: at stages 1-3 a flat range [begin, end) of it (the
+  // What this rank owns of each parameter: at stages 1-3 a flat range [begin, end) of it (the
   // optimizer's piece, named "<param>[<begin>:<end>]"), at stage 0 the whole parameter (named
   // by it). `values` is a view (writing it sets the values; at stage 3 the only copy between
   // uses); `placement` says which ranks hold the same piece (Note [Placement]): the
   // parameter's, with the data-parallel axes taken out at stages 1-3 (and the MiCS replica
   // axis in).
-  struct OwnedPiece {
-    std::string name;
-    std::string param;
-    Tensor parameter;  // the whole (local) parameter, for its shape and placement
-    Tensor values;
-    int64_t begin = 0, end = 0;
-    Placement placement;
-  };
-  std::vector<OwnedPiece> owned_pieces() const;
+  std::vector<HeldPiece> owned_pieces() const;
   // Copies of every whole parameter in the model's order. At stage 3 this all-gathers each
   // unit (collective over the shard group: call it on every rank).
   NamedTensors full_parameters();
@@ -244,7 +254,7 @@ class DataParallel final {
     WorkPtr work;
   };
   enum class RowMode : uint8_t { kUntried, kSparse, kDense };
-  struct Piece {  // an optimiser ParamRef: [begin, end) of bucket `bucket`'s flat space
+  struct OwnedRange {  // an optimiser ParamRef: [begin, end) of bucket `bucket`'s flat space
     int bucket = 0;
     int64_t begin = 0, end = 0;
   };
@@ -266,6 +276,12 @@ class DataParallel final {
   void finish_buckets();
   Tensor piece_grad(size_t k) const;
   void gather_parameters();
+  // The engine's part of finish() (Note [Engine step] in parallel/engine.h): the sync, the
+  // gradients the norm counts (grad_pieces), and those the pipeline's tied exchange gets —
+  // whole at stages 0-1, where the stages' buckets differ, the owned pieces at stages 2-3.
+  void sync() override { finish_gradient_sync(); }
+  std::vector<HeldPiece> gradients() override { return grad_pieces(); }
+  std::vector<HeldPiece> exchange_gradients() override;
 
   Communicator& dp_;
   Communicator* shard_comm_;    // dp_, or the MiCS partition
@@ -277,7 +293,7 @@ class DataParallel final {
   std::unique_ptr<dp::UnitGatherer> gatherer_;  // stage 3: ZeRO-3's or ODC's
   std::vector<InFlight> in_flight_;             // per bucket (stages 0-2)
   std::vector<int> launch_order_;               // buckets in the order their first hop was issued
-  std::vector<Piece> pieces_;                   // parallel to optimizer_->params() at stages 1-3
+  std::vector<OwnedRange> ranges_;              // parallel to optimizer_->params() at stages 1-3
   // Stage 0: the inner optimizer over the whole parameters; stages 1-3: a ShardedOptimizer
   // wrapping it over the owned pieces (sharded_optimizer.h).
   std::unique_ptr<optim::Optimizer> optimizer_;

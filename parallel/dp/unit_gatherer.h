@@ -11,6 +11,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -120,5 +121,10 @@ class UnitGatherer : public UnitHooks {
                                 // it lives
   int64_t gathered_bytes_ = 0, peak_gathered_bytes_ = 0;
 };
+
+// Makes a stage-3 gatherer over DataParallel's buckets, shard group, sync strategy and event
+// log (`overlap`: DataParallelConfig::overlap). The plan chooses the scheme (ZeRO-3's, ODC's).
+using GathererFactory = std::function<std::unique_ptr<UnitGatherer>(
+    GradBuckets& buckets, Communicator& shard, GradSync& sync, DpStepLog& log, bool overlap)>;
 
 }  // namespace loom::parallel::dp

@@ -203,4 +203,13 @@ std::string OdcGatherer::describe() const {
          params_->name().substr(params_->name().rfind(' ') + 1);
 }
 
+dp::GathererFactory gatherer_factory(const OdcOptions& options) {
+  return [options](dp::GradBuckets& buckets, Communicator& shard, dp::GradSync& sync,
+                   DpStepLog& log, bool overlap) -> std::unique_ptr<dp::UnitGatherer> {
+    OdcOptions o = options;
+    o.overlap = overlap;
+    return std::make_unique<OdcGatherer>(buckets, shard, sync, log, o);
+  };
+}
+
 }  // namespace loom::parallel::odc

@@ -139,4 +139,8 @@ class OdcGatherer final : public dp::UnitGatherer {
 // The windows OdcGatherer needs over `shard` for these buckets (MPI RMA: make_mpi_window).
 int64_t odc_slot_numel(const dp::GradBuckets& buckets);
 
+// ODC as DataParallel's stage-3 gatherer (DataParallelConfig::gatherer): OdcGatherers with
+// these options, their overlap DataParallel's.
+dp::GathererFactory gatherer_factory(const OdcOptions& options);
+
 }  // namespace loom::parallel::odc

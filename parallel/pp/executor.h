@@ -29,6 +29,7 @@
 #include "core/tensor.h"
 #include "parallel/comm/communicator.h"
 #include "parallel/pp/schedule.h"
+#include "parallel/pp/simulate.h"
 
 namespace loom::parallel::pp {
 

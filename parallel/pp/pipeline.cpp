@@ -44,6 +44,7 @@ TransformerPipeline::TransformerPipeline(const Transformer& model, Communicator&
                 model.device()) {  // what crosses stages
   const bool tied = model.config().tie_embeddings;
   for (auto& [name, t] : model.named_parameters()) {
+    if (t.impl() == model.wte_weight().impl()) table_name_ = name;  // the model says which
     for (int g : stages_of_parameter(name, boundaries_, tied)) {
       if (g % shape_.stages == pp.rank()) {
         params_.emplace_back(name, t);
@@ -66,7 +67,11 @@ bool TransformerPipeline::tied_shared() const {
 bool TransformerPipeline::is_tied_copy(const std::string& name) const {
   // The last stage is on rank p−1; with p = 1 and v > 1 the copy is the same tensor.
   return tied_shared() && shape_.stages > 1 && pp_.rank() == shape_.stages - 1 &&
-         name == "wte.weight";
+         is_tied_table(name);
+}
+
+bool TransformerPipeline::is_tied_table(const std::string& name) const {
+  return name == table_name_;
 }
 
 int64_t TransformerPipeline::release_other_stages(Transformer& model) const {
@@ -126,23 +131,6 @@ Tensor TransformerPipeline::forward_backward(const std::vector<Tensor>& inputs,
   return ops::reshape(loss, {});
 }
 
-void TransformerPipeline::sync_tied_gradients() {
-  if (!tied_shared() || shape_.stages == 1) return;
-  const int first = 0, last = shape_.stages - 1;
-  if (pp_.rank() != first && pp_.rank() != last) return;
-  Tensor w = model_.wte_weight();
-  Tensor g = w.grad();
-  LOOM_CHECK(g.defined(), "pipeline: the tied embedding has no gradient on pp rank ", pp_.rank());
-  const int peer = pp_.rank() == first ? last : first;
-  Tensor mine = g.contiguous();
-  Tensor theirs = Tensor::empty_like(mine);
-  exchange(pp_, mine, theirs, peer);
-  autograd::NoGradGuard no_grad;
-  // first + last on both ranks: the same bits (Note [Tied embeddings across stages]).
-  const Tensor sum = pp_.rank() == first ? ops::add(mine, theirs) : ops::add(theirs, mine);
-  ops::copy_(g, sum);
-}
-
 TransformerPipeline::StageUnits TransformerPipeline::parameter_units() const {
   std::set<std::string> mine;
   for (const auto& [name, t] : params_) mine.insert(name);
@@ -156,7 +144,7 @@ TransformerPipeline::StageUnits TransformerPipeline::parameter_units() const {
       if (!mine.count(name)) continue;
       if (is_tied_copy(name)) {
         tied.emplace_back(name, t);
-      } else if (u == 0 && name == "wte.weight" && tied_shared()) {  // alone, as on the last stage
+      } else if (u == 0 && is_tied_table(name) && tied_shared()) {  // alone, as on the last stage
         out.buckets[u].push_back(static_cast<int>(out.units.size()));
         out.units.push_back({{name, t}});
       } else {
@@ -175,19 +163,17 @@ TransformerPipeline::StageUnits TransformerPipeline::parameter_units() const {
   return out;
 }
 
-void TransformerPipeline::sync_tied_gradient_pieces(
-    const std::vector<std::pair<std::string, Tensor>>& pieces) {
+void TransformerPipeline::sync_tied_gradients(const std::vector<HeldPiece>& gradients) {
   if (!tied_shared() || shape_.stages == 1) return;
   const int first = 0, last = shape_.stages - 1;
   if (pp_.rank() != first && pp_.rank() != last) return;
   std::vector<Tensor> views;
   std::vector<double> ranges;  // begin, end of each piece: both ranks must hold the same
-  for (const auto& [name, g] : pieces) {
-    if (name.rfind("wte.weight[", 0) != 0) continue;
-    views.push_back(g);
-    const size_t open = name.find('['), colon = name.find(':', open);
-    ranges.push_back(std::stod(name.substr(open + 1, colon - open - 1)));
-    ranges.push_back(std::stod(name.substr(colon + 1)));
+  for (const HeldPiece& g : gradients) {
+    if (!is_tied_table(g.param)) continue;
+    views.push_back(g.values);
+    ranges.push_back(static_cast<double>(g.piece.begin));
+    ranges.push_back(static_cast<double>(g.piece.end));
   }
   const int peer = pp_.rank() == first ? last : first;
   if (!tied_ranges_checked_) {  // the layout never changes: checked on the first step only

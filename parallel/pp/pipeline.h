@@ -8,7 +8,7 @@
 //
 // Use, per optimiser step with m micro-batches (the single-process run's grad_accum):
 //   zero the gradients; loss = pipe.forward_backward(inputs, targets, &dropout_key);
-//   (data parallel: finish the dp gradient sync); pipe.sync_tied_gradients();
+//   (data parallel: finish the dp gradient sync); pipe.sync_tied_gradients(gradients);
 //   sq = global_grad_sq_sum(parameter_grad_pieces(params), &ctx, device); clip; optimiser step
 //   over pipe.named_parameters()
 //   (or, as the trainer, clip on the device: Note [Device step] in train/train_step.cpp).
@@ -29,6 +29,7 @@
 
 #include "core/rng.h"
 #include "core/tensor.h"
+#include "core/tensor_piece.h"
 #include "layers/transformer.h"
 #include "layers/unit_hooks.h"
 #include "parallel/comm/communicator.h"
@@ -121,9 +122,6 @@ class TransformerPipeline {
                       const std::function<Tensor(const Tensor& x)>& at_last);
   // The pp rank holding the last stage.
   int last_stage_rank() const { return (shape_.num_global_stages() - 1) % shape_.stages; }
-  // Exchanges the tied embedding's gradient between the first and last stage and leaves the
-  // sum on both (no-op when untied or pp = 1). Call once gradients are final.
-  void sync_tied_gradients();
 
   // Sharded data parallelism (ZeRO-2/3) under the pipeline, Note [Sharded stages]: this rank's
   // parameters in units, one data-parallel bucket each.
@@ -134,19 +132,21 @@ class TransformerPipeline {
     std::vector<std::vector<int>> buckets;
   };
   StageUnits parameter_units() const;
-  // The tied-embedding exchange of sync_tied_gradients() on sharded gradients: `pieces` are
-  // this rank's owned gradient pieces ("<param>[<begin>:<end>]" views, DataParallel::
-  // owned_grad_pieces()); those of wte.weight are exchanged with the other stage's rank of
-  // the same data-parallel index, which owns the same ranges (checked on the first call), and
-  // both keep the sum.
-  void sync_tied_gradient_pieces(const std::vector<std::pair<std::string, Tensor>>& pieces);
+  // Exchanges the tied embedding's gradient between the first and the last stage and leaves the
+  // sum on both (no-op when untied or pp = 1), once gradients are final: `gradients` are those
+  // the optimizer will read (GradientEngine, Note [Engine step] in parallel/engine.h), whole or
+  // owned pieces; those of the tied table are exchanged with the other stage's rank of the same
+  // data-parallel index, which holds the same ranges (checked on the first call, Note [Sharded
+  // stages]), and both keep the sum.
+  void sync_tied_gradients(const std::vector<HeldPiece>& gradients);
 
   const PipelineStats& last_stats() const { return stats_; }
   const std::vector<int64_t>& boundaries() const { return boundaries_; }
   std::string describe() const;  // one line: schedule, stages, this rank's blocks
 
  private:
-  bool tied_shared() const;  // tied embeddings held by two stages
+  bool tied_shared() const;                           // tied embeddings held by two stages
+  bool is_tied_table(const std::string& name) const;  // the model's input table (wte)
 
   const Transformer& model_;
   Communicator& pp_;
@@ -155,9 +155,10 @@ class TransformerPipeline {
   int64_t batch_, seq_len_;
   std::vector<int64_t> boundaries_;
   std::vector<std::pair<std::string, Tensor>> params_;
+  std::string table_name_;  // the model's token-embedding table (the tied one when tied)
   PipelineExecutor executor_;
   PipelineStats stats_;
-  bool tied_ranges_checked_ = false;  // sync_tied_gradient_pieces: shard ranges verified once
+  bool tied_ranges_checked_ = false;  // sync_tied_gradients: the ranges verified once
 };
 
 }  // namespace loom::parallel::pp

@@ -7,7 +7,7 @@
 
 #include "core/error.h"
 #include "core/placement.h"
-#include "parallel/sdp/packed_layers.h"
+#include "parallel/sdp/neuron_masking.h"
 
 namespace loom::parallel::sdp {
 namespace {

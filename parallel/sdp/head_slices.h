@@ -1,5 +1,5 @@
 // parallel/sdp/head_slices.h — the gradient-sync slices of the heads option's packed attention
-// (forward masking, Note [SDP packed heads] in parallel/sdp/packed_layers.h; backward masking's
+// (forward masking, Note [SDP packed heads] in parallel/sdp/forward_masking.h; backward masking's
 // trained part, Note [SDP backward-masked heads]): for each block and each slice of the heads
 // cover that a worker holds, the pieces of the block's packed qkv weight (and bias) and proj
 // weight that hold the slice's kv groups, with the slice's holders and a global id; and, for
@@ -26,7 +26,7 @@
 // so the last block's slices come first (backward finishes them first, Note [SDP overlapped
 // sync]) and an id names the same piece on every holder. The ids lie in
 // [id_base, id_base + head_slice_id_span(...)). The frozen copies (frozen_parameters(),
-// parallel/sdp/packed_layers.h: the unheld groups' rows and columns, packed ascending, with
+// parallel/sdp/backward_masking.h: the unheld groups' rows and columns, packed ascending, with
 // their own kAxisSdp placement, the same global shapes) give the same pieces of the slices the
 // worker does not hold: the same p (the frozen list has the same attention parameters in the
 // same order), hence the holders' ids.

@@ -1,6 +1,6 @@
 // parallel/sdp/sdp_sync.cpp — SDP's slices, the sync overlapped with backward, the global norm
 // and the publication (see the header, Notes [SDP gradient slices], [SDP overlapped sync],
-// [SDP global norm], [SDP replicas], [SDP publication]).
+// [SDP replicas], [SDP publication]).
 #include "parallel/sdp/sdp_sync.h"
 
 #include <algorithm>
@@ -11,9 +11,8 @@
 #include "core/error.h"
 #include "core/ops/view.h"
 #include "kernels/copy.h"
-#include "optim/clip.h"
 #include "parallel/sdp/head_slices.h"
-#include "parallel/sdp/packed_layers.h"
+#include "parallel/sdp/neuron_masking.h"
 
 namespace loom::parallel::sdp {
 namespace {
@@ -228,7 +227,7 @@ std::vector<int> SdpSync::dp_ranks(const std::vector<int>& workers) const {
   return out;  // ascending: workers are ascending within [0, n)
 }
 
-bool SdpSync::writes(const SdpSliceSpec& s) const {
+bool SdpSync::counts(const SdpSliceSpec& s) const {
   return replica_ == 0 && !s.holders.empty() && s.holders.front() == worker_;
 }
 
@@ -264,7 +263,7 @@ void SdpSync::on_grad_ready(size_t index, Tensor& /*leaf*/) {
   const int fired = ++fired_[index];
   LOOM_CHECK(fired <= micro_batches_, "SDP: gradient of '", params_[index].first, "' arrived ",
              fired, " times in a step of ", micro_batches_,
-             " micro-batches; call finish() (finalize_gradients) and zero_grad() before another "
+             " micro-batches; call finish() (the engine's finish) and zero_grad() before another "
              "backward");
   adopt(index);
   if (fired < micro_batches_) return;
@@ -281,16 +280,11 @@ void SdpSync::finish() {
   std::fill(fired_.begin(), fired_.end(), 0);
 }
 
-Tensor SdpSync::grad_sq_sum(Device device) const {
-  std::vector<Tensor> counted;
-  for (const SdpSliceSpec& s : setup_.slices) {
-    if (!writes(s)) continue;
-    if (!params_[s.param].second.placement().tied_to.empty()) continue;
-    counted.push_back(slice_view(buffers_[s.param], s));
-  }
-  Tensor sq = ops::reshape(optim::grad_sq_sum_tensor(counted, device), {1});
-  if (dp_.size() > 1) dp_.all_reduce(sq, ReduceOp::kSum);
-  return ops::reshape(sq, {});
+void SdpSync::set_micro_batches(int micro_batches) {
+  LOOM_CHECK(micro_batches >= 1, "SDP: micro_batches must be at least 1, got ", micro_batches);
+  LOOM_CHECK(std::all_of(fired_.begin(), fired_.end(), [](int f) { return f == 0; }),
+             "SDP: set_micro_batches inside a step (after a backward, before finish())");
+  micro_batches_ = micro_batches;
 }
 
 std::string SdpSync::describe() const {

@@ -1,6 +1,6 @@
 // parallel/sdp/sdp_sync.h — SdpSync: what the training plan needs of SDP (subnetwork data
 // parallelism, arXiv 2507.09029; docs/parallel.md, "SDP") at either level and in either regime:
-// from a worker's model (built with one of the contexts of parallel/sdp/packed_layers.h or
+// from a worker's model (built by parallel/sdp/forward_masking.h, backward_masking.h or
 // parallel/sdp/block_level.h) and its slice list (SdpSetup, Note [SDP setup]) it runs the
 // gradient sync over holder sets (a SliceSync over the dp group) overlapped with backward,
 // computes the global Σ g² counting every element once, says which rank stores each slice in a
@@ -25,7 +25,7 @@
 // gradient is final. SliceSync issues a holder set's buckets in ascending id, and the ids run in
 // the order backward finishes the blocks (Note [SDP gradient slices]), so the last block's
 // averages are on the wire while the earlier blocks' backward runs. finish() (from
-// finalize_gradients) launches what no hook launched (a parameter that got no gradient in some
+// the engine's finish()) launches what no hook launched (a parameter that got no gradient in some
 // micro-batch: its buffer keeps the zeros or the partial sum), waits, and the averages land in
 // the buffers, which are the gradients: no per-step copy and no second gradient copy beside
 // backward's. Counting instead of a "last micro-batch" flag keeps the step runner unaware of SDP:
@@ -37,10 +37,12 @@
 // tests prove the overlap from it (a launch before an earlier block's hook).
 //
 // Note [SDP global norm]: Σ g² counts each element of the full model's gradient once: the
-// replicated parameters on dp rank 0 only, each slice on its lowest holder only; then one sum
-// over the dp group. Since replicated gradients and each slice are equal on all their holders
-// after the sync, this is the Σ g² of the (virtual) full model's averaged gradient. At coverage
-// 1 every slice's lowest holder is rank 0, and the sum is data parallelism's.
+// replicated parameters on dp rank 0 only, each slice on its lowest holder of copy 0 only
+// (counts()); SdpEngine writes that into the placements (Note [SDP checkpoints] in
+// parallel/sdp/sdp_engine.h) and the one norm of parallel/gradients.h sums over the world. Since
+// replicated gradients and each slice are equal on all their holders after the sync, this is the
+// Σ g² of the (virtual) full model's averaged gradient. At coverage 1 every slice's lowest holder
+// is rank 0, and the sum is data parallelism's.
 //
 // Note [SDP publication]: under backward masking every worker runs the full forward, so it keeps
 // a frozen copy of each slice it does not hold (decision 3 of docs/parallel.md). After the
@@ -125,7 +127,7 @@ struct SdpEvent {
 // the same cover, so dp rank d trains worker (d mod N)'s subnetwork on its own batches. A slice's
 // gradient is averaged over its k holders in every copy (k·R ranks: one communicator per holder
 // set, as without replicas), the replicated parameters over all dp ranks; the norm counts a slice
-// on its lowest holder of copy 0, and a checkpoint stores it from there (writes()). Backward
+// on its lowest holder of copy 0, and a checkpoint stores it from there (counts()). Backward
 // masking publishes inside each copy (its own group of N ranks).
 class SdpSync {
  public:
@@ -151,11 +153,12 @@ class SdpSync {
   void publish();
   // The step's events in order (Note [SDP overlapped sync]), cleared by zero_grad().
   const std::vector<SdpEvent>& events() const { return events_; }
-  // Note [SDP global norm]: a 0-d f64 tensor on `device`, the same on every rank. Collective.
-  Tensor grad_sq_sum(Device device) const;
-  // Whether this rank stores slice `s` in a checkpoint (and counts it in the norm): its lowest
-  // holder in copy 0 (Note [SDP replicas]).
-  bool writes(const SdpSliceSpec& s) const;
+  // Whether this rank counts slice `s` in the norm and stores it in a checkpoint: its lowest
+  // holder in copy 0 (Notes [SDP global norm], [SDP replicas]).
+  bool counts(const SdpSliceSpec& s) const;
+  // The backwards of the coming steps (the step runner's micro-batches, given through the
+  // engine seam): the last one launches the sync (Note [SDP overlapped sync]).
+  void set_micro_batches(int micro_batches);
   int worker() const { return worker_; }
   int replica() const { return replica_; }
   const SdpSetup& setup() const { return setup_; }

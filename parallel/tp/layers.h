@@ -1,7 +1,7 @@
 // parallel/tp/layers.h — Megatron's tensor-parallel layers over a TP group: ColumnParallelLinear
 // (output features split, per segment), RowParallelLinear (input features split) and
 // VocabParallelEmbedding (table rows split), the LinearLayer / EmbeddingLayer implementations
-// the mesh's linear factory hands to the model (parallel/layer_context.h, layers/
+// the mesh's linear factory hands to the model (parallel/mesh_layers.h, layers/
 // build_context.h). They keep Linear's and
 // Embedding's parameter names ("weight", "bias") and layouts, holding only this rank's part:
 // for a column layer with segments (the fused qkv: q, k, v rows) that part is this rank's

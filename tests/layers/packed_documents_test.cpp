@@ -16,7 +16,7 @@
 #include "core/ops/attention.h"
 #include "core/ops/elementwise.h"
 #include "core/ops/view.h"
-#include "parallel/layer_context.h"
+#include "parallel/mesh_layers.h"
 #include "tests/gradcheck.h"
 #include "tests/layers/tiny_models.h"
 

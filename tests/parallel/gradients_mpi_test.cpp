@@ -72,7 +72,9 @@ void expect_global_sum(const Axes& data_axes) {
   const std::vector<Tensor> params = {with_grad(qkv_part, pq), with_grad(norm, pn),
                                       with_grad(flat.narrow(0, 4 * data, 4), pf),
                                       with_grad(wte, pw), with_grad(wte, copy)};
-  const Tensor got = global_grad_sq_sum(parameter_grad_pieces(params), &ctx, Device::cpu());
+  std::vector<std::pair<std::string, Tensor>> named;
+  for (const Tensor& p : params) named.emplace_back("p" + std::to_string(named.size()), p);
+  const Tensor got = global_grad_sq_sum(parameter_grad_pieces(named), &ctx, Device::cpu());
   const double want = sq(qkv) + sq(norm) + sq(flat) + sq(wte);
   EXPECT_NEAR(got.item(), want, 1e-12 * want) << ctx.str();
   EXPECT_EQ(got.dim(), 0);

@@ -22,6 +22,7 @@
 #include <string>
 #include <vector>
 
+#include "parallel/odc/odc_gatherer.h"
 #include "parallel/odc/window.h"
 #include "tests/parallel/dp/dp_test_util.h"
 #include "tests/parallel/mpi_test_util.h"
@@ -44,9 +45,11 @@ constexpr double kNormRelTol = 1e-4;
 
 DataParallelConfig odc_config(bool deterministic) {
   DataParallelConfig c = dp_config(3, 0);
-  c.odc = true;
-  c.odc_deterministic = deterministic;
-  c.odc_timeout_s = testing::kTestCommTimeoutS;
+  odc::OdcOptions o;
+  o.deterministic = deterministic;
+  o.timeout_s = testing::kTestCommTimeoutS;
+  c.gatherer = odc::gatherer_factory(o);
+  c.gatherer_equal_micro_batches = false;
   return c;
 }
 
@@ -422,7 +425,7 @@ TEST(OdcConfig, NeedsZeroStage3) {
   ParallelContext ctx = make_ctx(testing::world_size(), 0);
   Transformer model(testing::dp_tiny_gpt());
   DataParallelConfig c = dp_config(2, 1 << 20);
-  c.odc = true;
+  c.gatherer = odc::gatherer_factory(odc::OdcOptions{});
   EXPECT_ANY_THROW(DataParallel(model.parameter_units(), ctx.dp(), c));
   try {
     parse_config_text("model: {arch: gpt2}\nparallel: {zero_stage: 2, odc: true}\n");

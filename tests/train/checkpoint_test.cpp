@@ -99,7 +99,7 @@ TEST(Checkpoint, SaveLoadRoundTrip) {
   }
 }
 
-// Each stored tensor is a piece of its global tensor (train/pieces.h): its metadata says which
+// Each stored tensor is a piece of its global tensor (core/tensor_piece.h): its metadata says which
 // (a split as runs, a ZeRO range as a flat range) and holds its block checksums; a reader fills
 // any other piece from the stored ones, and names what it cannot fill. (Pieces spread over
 // several files: the trainer's cross-layout tests, tests/train/train_reshard_mpi_test.cpp.)

@@ -1,5 +1,5 @@
 // tools/bench/pp_bench.cpp — measured pipeline bubble per schedule against the formula
-// (p−1)/(v·m+p−1) of Note [Pipeline cost model] (parallel/pp/schedule.h). A measurement, not a
+// (p−1)/(v·m+p−1) of Note [Pipeline cost model] (parallel/pp/simulate.h). A measurement, not a
 // test: run under mpirun with pp = the number of ranks, e.g.
 //   OMP_NUM_THREADS=1 mpirun -np 2 build/bin/pp_bench [--layers 8] [--embd 128] [--steps 3]
 // Each rank runs a TransformerPipeline over a GPT-2 of `layers` blocks on random tokens (no

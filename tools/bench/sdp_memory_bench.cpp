@@ -9,7 +9,7 @@
 //   params   Σ bytes of every tensor the worker holds of the model, each once: the model's
 //            parameters (at the block level under backward masking the unheld blocks too, frozen:
 //            requires_grad false) and neuron backward masking's frozen copies (SdpSync::frozen());
-//   grads    Σ bytes of the trained parameters' gradients after finalize_gradients;
+//   grads    Σ bytes of the trained parameters' gradients after the engine's finish();
 //   optim    Σ bytes of the optimizer state (AdamW m and v);
 //   peak     the CPU allocator's peak live bytes during the second step above the bytes live at
 //            its start (activations and the step's transients, backward masking's publication);
@@ -42,7 +42,7 @@
 #include "layers/transformer.h"
 #include "parallel/launcher.h"
 #include "parallel/parallel_context.h"
-#include "parallel/sdp/packed_layers.h"
+#include "parallel/sdp/neuron_masking.h"
 #include "parallel/sdp/sdp_sync.h"
 #include "train/config.h"
 #include "train/plan.h"
@@ -196,8 +196,8 @@ Row measure(const Args& a, const Way& w, const Full& full, ParallelContext& ctx)
   const Config cfg = parse_config_text(yaml(a, ctx.world_size(), w));
   Allocator& al = allocator_for(DeviceType::kCpu);
   TrainPlan plan = build_plan(cfg, &ctx, Device{}, PlanHooks{});
-  LOOM_CHECK(w.sdp() == (plan.sdp != nullptr), "sdp_memory_bench: ", w.name(),
-             " built the wrong plan");
+  const bool sdp = plan.engine->describe().rfind("sdp:", 0) == 0;  // SdpEngine's line
+  LOOM_CHECK(w.sdp() == sdp, "sdp_memory_bench: ", w.name(), " built the wrong plan");
   Generator gen(100 + static_cast<uint64_t>(ctx.rank()));
   const Tensor ids = randint({a.batch, a.seq}, 0, a.vocab, gen, DType::kI32);
   const Tensor targets = randint({a.batch, a.seq}, 0, a.vocab, gen, DType::kI32);
@@ -205,18 +205,18 @@ Row measure(const Args& a, const Way& w, const Full& full, ParallelContext& ctx)
   for (int step = 0; step < 2; ++step) {  // the second step measured (optimizer state exists)
     const int64_t start = al.stats().current_bytes;
     al.reset_peak();
-    plan.zero_grad();
+    plan.engine->zero_grad();
+    plan.engine->begin_micro_batch(0, 1);
     autograd::backward(plan.model->loss(ids, targets));
-    plan.finalize_gradients();
+    plan.engine->finish();
     r.grads = static_cast<double>(bytes_of(plan.trained(), true));
-    plan.step(1e-3, Tensor());
+    plan.engine->step(1e-3, Tensor());
     r.peak = static_cast<double>(al.stats().peak_bytes - start);
   }
   // Held: the model's parameters and the frozen copies, each tensor once (at the block level the
   // frozen blocks are model parameters; at the neuron level extra tensors).
   std::vector<std::pair<std::string, Tensor>> held = plan.model->named_parameters();
-  if (plan.sdp)
-    for (const auto& f : plan.sdp->frozen()) held.push_back(f);
+  for (const HeldPiece& p : plan.engine->held_parameters()) held.emplace_back(p.param, p.values);
   std::unordered_set<const void*> seen;
   int64_t held_bytes = 0, held_elements = 0;
   for (const auto& [name, t] : held) {
@@ -225,7 +225,7 @@ Row measure(const Args& a, const Way& w, const Full& full, ParallelContext& ctx)
     held_elements += t.numel();
   }
   r.params = static_cast<double>(held_bytes);
-  r.optim = static_cast<double>(bytes_of(plan.optimizer_state(), false));
+  r.optim = static_cast<double>(bytes_of(plan.engine->optimizer_state(), false));
   int64_t trained = 0;
   for (const auto& [name, p] : plan.trained()) {
     trained += p.numel();

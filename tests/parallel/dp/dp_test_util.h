@@ -66,8 +66,8 @@ inline DataParallelConfig dp_config(int zero_stage, size_t bucket_bytes) {
 // The global gradient norm of the engine's owned pieces (parallel/gradients.h), then the
 // optimizer step clipped to kMaxNorm on the device; returns the norm before clipping.
 inline double clip_and_step(DataParallel& dp, const ParallelContext& ctx, double lr) {
-  const std::vector<GradPiece> pieces = dp.grad_pieces();
-  const Device device = pieces.empty() ? Device::cpu() : pieces.front().grad.device();
+  const std::vector<HeldPiece> pieces = dp.grad_pieces();
+  const Device device = pieces.empty() ? Device::cpu() : pieces.front().values.device();
   const Tensor sq = global_grad_sq_sum(pieces, &ctx, device);
   const double norm = std::sqrt(sq.item());
   dp.step_scaled(lr, optim::clip_scale_tensor(sq, kMaxNorm));

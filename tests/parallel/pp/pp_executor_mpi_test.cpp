@@ -12,6 +12,7 @@
 #include "core/ops/reduce.h"
 #include "core/rng.h"
 #include "parallel/pp/executor.h"
+#include "parallel/pp/simulate.h"
 #include "tests/parallel/mpi_test_util.h"
 
 namespace loom::parallel::pp {

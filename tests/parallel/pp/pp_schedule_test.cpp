@@ -1,7 +1,7 @@
 // tests/parallel/pp/pp_schedule_test.cpp — the pipeline schedules' lists alone (no MPI): for many
 // (p, v, m) every rank's list simulates without deadlock, forwards precede backwards, sends
 // match receives, and the makespan, bubble and peak in-flight activations equal the formulas of
-// Note [Pipeline cost model] (parallel/pp/schedule.h). Also: broken lists are caught, bad
+// Note [Pipeline cost model] (parallel/pp/simulate.h). Also: broken lists are caught, bad
 // shapes give errors naming the config key, and the communication order the executor issues
 // (Note [Communication order]) runs under NCCL's in-order rules where the naive order
 // deadlocks.
@@ -11,6 +11,7 @@
 
 #include "core/error.h"
 #include "parallel/pp/schedule.h"
+#include "parallel/pp/simulate.h"
 
 namespace loom::parallel::pp {
 namespace {

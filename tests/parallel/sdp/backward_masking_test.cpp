@@ -1,5 +1,5 @@
 // tests/parallel/sdp/backward_masking_test.cpp — SDP backward masking at the neuron level
-// (parallel/sdp/packed_layers.h, Note [SDP backward masking layers]) in one process, f64 tiny
+// (parallel/sdp/backward_masking.h, Note [SDP backward masking layers]) in one process, f64 tiny
 // GPT-2 and Llama models, every worker of several (N, k, seed) at coverage 1/2 and 1/4: after the
 // same init the owned parameters and the frozen tensors are the default model's owned and
 // unowned rows / columns and reassemble it exactly through their placements; with the pieces of
@@ -9,6 +9,8 @@
 // tensor by its global name with the unowned runs; coverage 1 is the default model bit for bit;
 // the owned placements are forward masking's; zero_rows_from; the layers' backward against finite
 // differences; the factory's errors.
+#include "parallel/sdp/backward_masking.h"
+
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -24,13 +26,13 @@
 #include "core/ops/elementwise.h"
 #include "core/ops/matmul.h"
 #include "core/ops/view.h"
+#include "core/tensor_piece.h"
 #include "layers/mlp.h"
 #include "layers/transformer.h"
-#include "parallel/sdp/packed_layers.h"
+#include "parallel/sdp/forward_masking.h"
 #include "tests/gradcheck.h"
 #include "tests/layers/tiny_models.h"
 #include "tests/parallel/sdp/sdp_test_util.h"
-#include "train/pieces.h"
 
 namespace loom::parallel::sdp {
 namespace {

@@ -1,5 +1,5 @@
 // tests/parallel/sdp/head_masking_test.cpp — SDP forward masking's heads option (Note [SDP packed
-// heads] in parallel/sdp/packed_layers.h, Note [SDP head slices] in parallel/sdp/head_slices.h)
+// heads] in parallel/sdp/forward_masking.h, Note [SDP head slices] in parallel/sdp/head_slices.h)
 // in one process, f64, a GPT-2 with 8 heads and Llamas with 4 and 8 kv groups (GQA, 2 query
 // heads each), every worker of N = 4 (k = 2, 3) and N = 8 (k = 2, 4): after the same init a
 // worker's packed attention weights are the owned kv groups' q, k, v rows and query columns of
@@ -31,15 +31,16 @@
 #include "core/ops/elementwise.h"
 #include "core/ops/matmul.h"
 #include "core/ops/view.h"
+#include "core/tensor_piece.h"
 #include "layers/attention.h"
 #include "layers/transformer.h"
+#include "parallel/sdp/backward_masking.h"
+#include "parallel/sdp/forward_masking.h"
 #include "parallel/sdp/head_slices.h"
-#include "parallel/sdp/packed_layers.h"
 #include "parallel/sdp/sdp_sync.h"
 #include "tests/gradcheck.h"
 #include "tests/layers/tiny_models.h"
 #include "tests/parallel/sdp/sdp_test_util.h"
-#include "train/pieces.h"
 
 namespace loom::parallel::sdp {
 namespace {

@@ -19,7 +19,7 @@
 #include "core/rng.h"
 #include "layers/transformer.h"
 #include "parallel/comm/mpi_communicator.h"
-#include "parallel/sdp/packed_layers.h"
+#include "parallel/sdp/forward_masking.h"
 #include "parallel/sdp/sdp_sync.h"
 #include "tests/layers/tiny_models.h"
 #include "tests/parallel/mpi_test_util.h"

@@ -15,7 +15,7 @@
 #include "core/ops/view.h"
 #include "core/rng.h"
 #include "layers/transformer.h"
-#include "parallel/sdp/packed_layers.h"
+#include "parallel/sdp/forward_masking.h"
 #include "tests/layers/tiny_models.h"
 
 namespace loom::parallel::sdp {

@@ -20,11 +20,11 @@
 #include "core/error.h"
 #include "core/ops/view.h"
 #include "core/tensor.h"
+#include "core/tensor_piece.h"
 #include "layers/build_context.h"
 #include "layers/transformer.h"
 #include "parallel/sdp/assignment.h"
 #include "tests/layers/tiny_models.h"
-#include "train/pieces.h"
 
 namespace loom::parallel::sdp::test_util {
 

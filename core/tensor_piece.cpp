@@ -1,6 +1,6 @@
-// train/pieces.cpp — piece geometry, its text form, and the overlap walk (Note [Pieces] in
-// train/pieces.h).
-#include "train/pieces.h"
+// core/tensor_piece.cpp — piece geometry, its text form, and the overlap walk (Note [Pieces] in
+// core/tensor_piece.h).
+#include "core/tensor_piece.h"
 
 #include <algorithm>
 #include <cstring>
@@ -119,6 +119,7 @@ TensorPiece piece_of(const Placement& pl, const Shape& local_shape, int64_t begi
     LOOM_CHECK(s.dim >= 0 && static_cast<size_t>(s.dim) < local_shape.size(),
                "piece_of: split dim ", s.dim, " out of range");
     p.runs[static_cast<size_t>(s.dim)] = s.runs;
+    for (PlacementRun& r : p.runs[static_cast<size_t>(s.dim)]) r.counted = true;  // where, not who
   }
   const int64_t n = shape_numel(local_shape);
   p.begin = begin;
@@ -127,6 +128,10 @@ TensorPiece piece_of(const Placement& pl, const Shape& local_shape, int64_t begi
   LOOM_CHECK(p.box_shape() == local_shape, "piece_of: placement ", placement_str(pl),
              " describes a ", shape_str(p.box_shape()), " tensor, not ", shape_str(local_shape));
   return p;
+}
+
+HeldPiece held_whole(const std::string& param, const Tensor& t) {
+  return {param, param, t, piece_of(t.placement(), t.shape()), t.placement()};
 }
 
 std::string piece_str(const TensorPiece& p) {

@@ -1,8 +1,8 @@
-// train/train_state.cpp — the trainer's state on disk (Note [Exact resume] in train/trainer.h):
+// train/checkpointing.cpp — the trainer's state on disk (Note [Exact resume] in train/trainer.h):
 // the checkpoint it writes — every parameter and optimizer state as pieces of its global,
-// layout-free tensor (Note [Pieces] in train/pieces.h), each written once, by the copy its
-// placement counts — and resuming from one written by any layout. (train.init_from's initial
-// weights: load_model_weights in train/convert.h.)
+// layout-free tensor (Note [Pieces] in core/tensor_piece.h), each written once, by the copy its
+// placement counts — and resuming from one written by any layout, whatever the gradient engine.
+// (train.init_from's initial weights: load_model_weights in train/convert.h.)
 #include <yaml-cpp/yaml.h>
 
 #include <exception>
@@ -13,7 +13,6 @@
 
 #include "core/ops/view.h"
 #include "parallel/gradients.h"
-#include "parallel/sdp/packed_layers.h"
 #include "train/checkpoint.h"
 #include "train/trainer_state.h"
 
@@ -28,71 +27,23 @@ namespace {
 // piece's metadata, not its name, says which part of the global tensor it holds.
 std::string param_key(const std::string& param) { return "model." + param; }
 
-// An optimizer state tensor with the piece it belongs to.
-struct StatePiece {
-  std::string key;  // "optim.<kind>.<param>"
-  Tensor tensor;
-  const TrainedPiece* piece;
-};
-
-std::vector<StatePiece> state_pieces(const TrainPlan& plan,
-                                     const std::vector<TrainedPiece>& pieces) {
-  std::map<std::string, const TrainedPiece*> by_name;
-  for (const TrainedPiece& p : pieces) by_name[p.name] = &p;
-  std::vector<StatePiece> out;
-  for (auto& [name, t] : plan.optimizer_state()) {
+// The optimizer's state tensors as pieces: each the piece of its parameter (its placement too),
+// keyed "optim.<kind>.<param>".
+std::vector<HeldPiece> state_pieces(parallel::GradientEngine& engine,
+                                    const std::vector<HeldPiece>& pieces) {
+  std::map<std::string, const HeldPiece*> by_name;
+  for (const HeldPiece& p : pieces) by_name[p.name] = &p;
+  std::vector<HeldPiece> out;
+  for (auto& [name, t] : engine.optimizer_state()) {
     const size_t dot = name.find('.');
     auto it = dot == std::string::npos ? by_name.end() : by_name.find(name.substr(dot + 1));
     LOOM_CHECK(it != by_name.end(), "checkpoint: optimizer state '", name,
                "' names no parameter piece the optimizer steps");
-    out.push_back({"optim." + name.substr(0, dot) + "." + it->second->param, t, it->second});
+    const HeldPiece& p = *it->second;
+    out.push_back(
+        {"optim." + name.substr(0, dot) + "." + p.param, p.param, t, p.piece, p.placement});
   }
   return out;
-}
-
-// Note [SDP checkpoints]: an SDP run's checkpoint is an ordinary one: every element of every
-// global tensor stored exactly once, so any layout resumes it — the same SDP run, another
-// cover, or one process (which is its consolidation into the full model; `convert` then writes
-// Hugging Face files). Each slice (parallel/sdp/sdp_sync.h) is stored by its lowest holder of
-// data-parallel copy 0 (SdpSync::writes), the replicated parameters by dp rank 0: a packed
-// parameter becomes one piece per rank whose runs are the slices that rank stores (their values
-// gathered into one contiguous tensor); its optimizer state the same piece of the state. A
-// resume reads each rank's own packed pieces, and under backward masking its frozen copies, from
-// whichever files hold them.
-void add_sdp_pieces(const parallel::sdp::SdpSync& sdp, size_t param, const std::string& key,
-                    const Tensor& values, const Placement& placement,
-                    std::vector<CheckpointTensor>& out) {
-  std::vector<const parallel::sdp::SdpSliceSpec*> mine;
-  for (const parallel::sdp::SdpSliceSpec& s : sdp.slices())
-    if (s.param == param && sdp.writes(s)) mine.push_back(&s);
-  if (mine.empty()) return;
-  if (mine.front()->length < 0) {  // whole: a replicated parameter, or a block's
-    out.push_back({key, values, piece_of(placement, values.shape())});
-    return;
-  }
-  const int64_t dim = mine.front()->dim;
-  const PlacementSplit* split = placement.split_over(parallel::sdp::kAxisSdp);
-  LOOM_CHECK(split != nullptr && split->dim == dim, "checkpoint: '", key,
-             "' has SDP slices but no split over '", parallel::sdp::kAxisSdp, "' on dim ", dim);
-  TensorPiece piece;
-  piece.global_shape = placement.global_shape;
-  piece.runs.resize(static_cast<size_t>(values.dim()));
-  std::vector<Tensor> parts;
-  int64_t local = 0;
-  for (const parallel::sdp::SdpSliceSpec* s : mine) {
-    int64_t global = -1;
-    for (const PlacementRun& r : split->runs)
-      if (s->local_begin >= r.local && s->local_begin + s->length <= r.local + r.length)
-        global = r.global + (s->local_begin - r.local);
-    LOOM_CHECK(global >= 0, "checkpoint: slice ", s->id, " of '", key, "' is outside its runs");
-    piece.runs[static_cast<size_t>(dim)].push_back({local, global, s->length});
-    parts.push_back(ops::narrow(values, dim, s->local_begin, s->length));
-    local += s->length;
-  }
-  Tensor packed = parts.size() == 1 ? ops::contiguous(parts[0]) : ops::cat(parts, dim);
-  piece.begin = 0;
-  piece.end = packed.numel();
-  out.push_back({key, packed, piece});
 }
 
 }  // namespace
@@ -219,20 +170,13 @@ void Trainer::State::resume_from(const std::string& dir) {
     *log << "resume: the checkpoint is at train.steps (" << r.step()
          << "): nothing is left to train; raise train.steps to continue\n";
   }
-  // Each rank reads its own pieces of every parameter and state (Note [Pieces]): the whole
-  // local parameters (their tensor-parallel parts, this stage's), or at ZeRO-3 the owned shards.
-  const std::vector<TrainedPiece> pieces = plan.trained_pieces();
-  if (plan.zero3()) {
-    for (const TrainedPiece& p : pieces) r.read(param_key(p.param), p.piece, p.values);
-  } else {
-    for (const auto& [name, p] : plan.trained())
-      r.read(param_key(name), piece_of(p.placement(), p.shape()), p);
-  }
-  for (const StatePiece& s : state_pieces(plan, pieces)) r.read(s.key, s.piece->piece, s.tensor);
-  if (plan.sdp) {  // backward masking's frozen copies (Note [SDP checkpoints])
-    for (const auto& [name, t] : plan.sdp->frozen())
-      r.read(param_key(name), piece_of(t.placement(), t.shape()), t);
-  }
+  // Each rank reads its own pieces of every parameter and state (Note [Pieces] in
+  // core/tensor_piece.h): the whole local parameters (their tensor-parallel parts, this stage's,
+  // SDP's frozen copies), or at ZeRO-3 the owned shards — what the engine holds.
+  for (const HeldPiece& p : plan.engine->held_parameters())
+    r.read(param_key(p.param), p.piece, p.values);
+  for (const HeldPiece& s : state_pieces(*plan.engine, plan.engine->trained_pieces()))
+    r.read(s.name, s.piece, s.values);
   const std::map<std::string, std::string>& state = r.state();
   auto text = [&](const std::string& key, const std::string& why) {
     auto it = state.find(key);
@@ -252,7 +196,7 @@ void Trainer::State::resume_from(const std::string& dir) {
   const int64_t steps = static_cast<int64_t>(num("optim.step_count"));
   LOOM_INPUT_CHECK(steps <= r.step(), dir, ": optim.step_count ", steps, " exceeds the step ",
                    r.step());
-  plan.set_optimizer_steps(steps);
+  plan.engine->set_optimizer_steps(steps);
   const LoaderState position{static_cast<int64_t>(num("loader.epoch")),
                              static_cast<int64_t>(num("loader.position"))};
   try {
@@ -295,30 +239,20 @@ void Trainer::State::save() {
   CheckpointContents c;
   c.step = step;
   c.config_yaml = config_to_yaml(cfg);
-  // One copy of each piece (Note [Placement]): data-parallel replicas, parameters replicated
-  // over tp and tied copies leave it to the copy that counts.
-  const std::vector<TrainedPiece> pieces = plan.trained_pieces();
-  if (plan.sdp) {                         // Note [SDP checkpoints]
-    std::map<std::string, size_t> index;  // SdpSync's parameters are plan.trained(), in order
-    for (const TrainedPiece& p : pieces) index.emplace(p.param, index.size());
-    for (const TrainedPiece& p : pieces)
-      add_sdp_pieces(*plan.sdp, index.at(p.param), param_key(p.param), p.values, p.placement,
-                     c.tensors);
-    for (const StatePiece& s : state_pieces(plan, pieces))
-      add_sdp_pieces(*plan.sdp, index.at(s.piece->param), s.key, s.tensor, s.piece->placement,
-                     c.tensors);
-  } else {
-    for (const TrainedPiece& p : pieces) {
-      if (parallel::counted_here(p.placement, ctx))
-        c.tensors.push_back({param_key(p.param), p.values, p.piece});
-    }
-    for (const StatePiece& s : state_pieces(plan, pieces)) {
-      if (parallel::counted_here(s.piece->placement, ctx))
-        c.tensors.push_back({s.key, s.tensor, s.piece->piece});
-    }
+  // One copy of each element (Note [Placement] in core/placement.h): data-parallel replicas,
+  // parameters replicated over tp, tied copies and SDP's other holders leave it to the copy
+  // that counts (parallel/gradients.h, counted_part).
+  const std::vector<HeldPiece> pieces = plan.engine->trained_pieces();
+  for (const HeldPiece& p : pieces) {
+    if (auto part = parallel::counted_part(p, ctx))
+      c.tensors.push_back({param_key(p.param), part->first, part->second});
+  }
+  for (const HeldPiece& s : state_pieces(*plan.engine, pieces)) {
+    if (auto part = parallel::counted_part(s, ctx))
+      c.tensors.push_back({s.name, part->first, part->second});
   }
   const LoaderState ls = loader_state();
-  c.state = {{"optim.step_count", std::to_string(plan.optimizer_steps())},
+  c.state = {{"optim.step_count", std::to_string(plan.engine->optimizer_steps())},
              {"loader.epoch", std::to_string(ls.epoch)},
              {"loader.position", std::to_string(ls.position)},
              {"data.train", data_fingerprint()},

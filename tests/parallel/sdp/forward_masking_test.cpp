@@ -1,5 +1,5 @@
-// tests/parallel/sdp/packed_layers_test.cpp — SDP forward masking at the neuron level
-// (parallel/sdp/packed_layers.h) in one process, f64 tiny GPT-2 and Llama models, every worker of
+// tests/parallel/sdp/forward_masking_test.cpp — SDP forward masking at the neuron level
+// (parallel/sdp/forward_masking.h) in one process, f64 tiny GPT-2 and Llama models, every worker of
 // several (N, k, seed): the packed MLP weights are the owned rows/columns of the default model's
 // after the same init (and everything else equal); the logits, loss and gradients equal those of
 // a reference built independently from the default model (unowned rows of fc / gate / up and
@@ -8,7 +8,7 @@
 // workers' pieces cover every element k times); the packed weights have ⌊kU/N⌋ or ⌈kU/N⌉ rows;
 // coverage 1 is the default model bit for bit; the packed layers' backward against finite
 // differences; the factory's errors.
-#include "parallel/sdp/packed_layers.h"
+#include "parallel/sdp/forward_masking.h"
 
 #include <gtest/gtest.h>
 
@@ -23,12 +23,12 @@
 #include "core/ops/activation.h"
 #include "core/ops/elementwise.h"
 #include "core/ops/view.h"
+#include "core/tensor_piece.h"
 #include "layers/mlp.h"
 #include "layers/transformer.h"
 #include "tests/gradcheck.h"
 #include "tests/layers/tiny_models.h"
 #include "tests/parallel/sdp/sdp_test_util.h"
-#include "train/pieces.h"
 
 namespace loom::parallel::sdp {
 namespace {

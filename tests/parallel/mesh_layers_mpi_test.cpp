@@ -1,4 +1,4 @@
-// tests/parallel/layer_context_mpi_test.cpp — one Transformer built with mesh_layer_context over
+// tests/parallel/mesh_layers_mpi_test.cpp — one Transformer built with mesh_layer_context over
 // the tp and cp groups (tensor parallelism with and without sequence parallelism, context
 // parallelism with ring attention, and both), GPT-2 and Llama (grouped-query heads), against
 // the single-process model computed on every rank: the same loss, and every parameter's
@@ -21,7 +21,7 @@
 #include "core/rng.h"
 #include "layers/transformer.h"
 #include "parallel/cp/ring_attention.h"
-#include "parallel/layer_context.h"
+#include "parallel/mesh_layers.h"
 #include "parallel/tp/comm_ops.h"
 #include "tests/parallel/mpi_test_util.h"
 #include "tests/parallel/tp/tp_test_util.h"

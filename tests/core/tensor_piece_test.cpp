@@ -1,9 +1,9 @@
-// tests/train/pieces_test.cpp — TensorPiece (train/pieces.h): random global tensors cut by one
-// random layout (a split dim with segments, like a fused qkv part, then ZeRO flat ranges of each
-// part) are copied into the pieces of another random layout; every destination element must be
+// tests/core/tensor_piece_test.cpp — TensorPiece (core/tensor_piece.h): random global tensors cut
+// by one random layout (a split dim with segments, like a fused qkv part, then ZeRO flat ranges of
+// each part) are copied into the pieces of another random layout; every destination element must be
 // filled exactly once with the value a brute-force, element-by-element mapping gives. Also the
 // text form's round trip and its errors, and what a piece that is not covered reports.
-#include "train/pieces.h"
+#include "core/tensor_piece.h"
 
 #include <gtest/gtest.h>
 

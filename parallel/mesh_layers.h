@@ -1,4 +1,4 @@
-// parallel/layer_context.h — mesh_layer_context: the LayerContext (layers/build_context.h) of
+// parallel/mesh_layers.h — mesh_layer_context: the LayerContext (layers/build_context.h) of
 // one rank over its tensor-parallel and context-parallel groups. Its capabilities are the
 // parallel/tp layers (column, row and vocab-parallel, with sequence parallelism's region ops),
 // ring attention over cp (parallel/cp), the vocab-parallel, context-averaged loss, and the

@@ -1,6 +1,6 @@
-// parallel/layer_context.cpp — mesh_layer_context (see the header): the tensor-parallel linear
+// parallel/mesh_layers.cpp — mesh_layer_context (see the header): the tensor-parallel linear
 // factory, the sequence/context-parallel layout, ring attention and the vocab-parallel loss.
-#include "parallel/layer_context.h"
+#include "parallel/mesh_layers.h"
 
 #include <memory>
 #include <utility>

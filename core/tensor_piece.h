@@ -1,5 +1,5 @@
-// train/pieces.h — TensorPiece: which elements of a global (layout-free) tensor one rank's tensor
-// holds, and the copy of the elements two pieces share. This is what makes a checkpoint
+// core/tensor_piece.h — TensorPiece: which elements of a global (layout-free) tensor one rank's
+// tensor holds, and the copy of the elements two pieces share. This is what makes a checkpoint
 // reshardable: every stored tensor says which piece of its global tensor it is, and a run with
 // any other layout fills each of its own pieces from whichever stored pieces overlap it
 // (Note [Pieces]). Pure arithmetic over host memory: nothing here reads files or communicates.
@@ -37,6 +37,20 @@ struct TensorPiece {
   int64_t numel() const { return end - begin; }
   bool operator==(const TensorPiece&) const = default;
 };
+
+// One tensor this rank holds as a piece of a global tensor: a parameter (whole, a tensor-parallel
+// part, a ZeRO shard), its gradient, or an optimizer state tensor. What the engines list
+// (parallel/engine.h), the global norm sums and checkpoints store.
+struct HeldPiece {
+  std::string name;     // the optimizer's name for it (its state is "<kind>.<name>"), or the key
+  std::string param;    // the global parameter's name
+  Tensor values;        // this rank's values (a view)
+  TensorPiece piece;    // which elements of the global tensor they are
+  Placement placement;  // which ranks hold the same values, and whose copy counts
+};
+
+// A piece for each tensor: the whole local tensor under its placement.
+HeldPiece held_whole(const std::string& param, const Tensor& t);
 
 // The piece a tensor of `local_shape` with placement `pl` holds (an empty placement: the whole
 // tensor), restricted to the flat range [begin, end) of it (end < 0: to its last element).

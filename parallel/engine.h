@@ -1,0 +1,110 @@
+// parallel/engine.h — GradientEngine: the seam every data-parallel-like scheme plugs into. An
+// engine owns how this rank's gradients become final and how its parameters are updated: the
+// optimizer alone (LocalEngine, parallel/local_engine.h), data parallelism with DDP, ZeRO 1-3,
+// MiCS or ODC (parallel/dp/data_parallel.h), SDP (parallel/sdp/sdp_engine.h). The trainer calls
+// only this interface (train/plan.h: TrainPlan = model + step runner + engine); it never asks
+// which scheme runs. Contract per optimizer step of M micro-batches (Note [Engine step]):
+//   engine.zero_grad();
+//   for m in 0..M-1: engine.begin_micro_batch(m, M); forward; backward;   (the step runner)
+//   sq = engine.finish();       // gradients final (synced, exchanged); the global Σ g²
+//   engine.step(lr, factor);    // every gradient × factor (clipping, loss scaling)
+// What it trains and holds is described by pieces with placements (core/tensor_piece.h), so the
+// checkpoint writer and the global norm (parallel/gradients.h) cover every scheme unchanged.
+//
+// Note [Engine step]: finish() is the one place a step's gradients become final: the scheme's
+// sync (waiting for what backward launched), then the exchange the plan injected (the pipeline's
+// tied embedding, Note [Tied embeddings across stages] in parallel/pp/partition.h) over the
+// gradients the optimizer will read, then the global Σ g² of those same gradients from their
+// placements (Note [Global Σ g²] in parallel/gradients.h), left on the device. A scheme that
+// needs the last micro-batch to arm its sync learns it from begin_micro_batch, which the step
+// runner calls for every micro-batch (the pipeline's schedule calls it as each backward starts,
+// with m = count − 1 for the step's last one).
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "core/tensor.h"
+#include "core/tensor_piece.h"
+#include "parallel/dp/dp_stats.h"
+
+namespace loom::parallel {
+
+class ParallelContext;
+
+using NamedTensors = std::vector<std::pair<std::string, Tensor>>;
+
+// Between the sync and the norm: gets the gradients the optimizer will read (Note [Engine step]).
+using GradientExchange = std::function<void(const std::vector<HeldPiece>& gradients)>;
+
+class GradientEngine {
+ public:
+  virtual ~GradientEngine() = default;
+
+  // Before a step's first backward: gradients zeroed (or pointed at the scheme's buffers).
+  virtual void zero_grad() = 0;
+  // Before micro-batch m of `count` (the runner's; Note [Engine step]); m = -1: a backward that
+  // is not the step's last, of a micro-batch the pipeline's schedule does not number.
+  virtual void begin_micro_batch(int64_t m, int64_t count) {
+    (void)m;
+    (void)count;
+  }
+  // Note [Engine step]: the global Σ g² as a 0-d f64 tensor on the device, the same on every
+  // rank. Collective.
+  Tensor finish();
+  // The optimizer step at lr with every gradient multiplied by `factor` (0-d f64 on the device,
+  // undefined: 1; not finite: the step is skipped, Note [Device step] in train/train_step.cpp).
+  virtual void step(double lr, const Tensor& factor) = 0;
+
+  // What the optimizer steps on this rank, in its order: its state is "<kind>.<name>" of these.
+  // Their placements say whose copy a checkpoint stores (Note [Placement] in core/placement.h).
+  virtual std::vector<HeldPiece> trained_pieces() const = 0;
+  // What a resume fills on this rank: the parameters' values it holds (whole local parameters,
+  // ZeRO-3's owned shards, SDP's frozen copies too).
+  virtual std::vector<HeldPiece> held_parameters() const = 0;
+  virtual NamedTensors optimizer_state() = 0;
+  virtual int64_t optimizer_steps() const = 0;
+  virtual void set_optimizer_steps(int64_t n) = 0;
+  // Copies of the whole parameters when this rank does not hold them between steps (ZeRO-3: a
+  // collective gather); nullopt: the model's own parameters are whole.
+  virtual std::optional<NamedTensors> whole_parameters() { return std::nullopt; }
+  // Whether a forward gathers parameters from other ranks (ZeRO-3 with collectives: every rank
+  // must run as many micro-batches, and sampling is collective).
+  virtual bool collective_forward() const { return false; }
+  // Whether every rank must run as many micro-batches per step (per-micro-batch collectives).
+  virtual bool equal_micro_batches() const { return collective_forward(); }
+  // A validation loss of this rank's model as the run reports it: each rank's subnetwork's mean
+  // when the ranks train different ones (SDP); this rank's own otherwise. Collective when it
+  // reduces.
+  virtual double evaluation_loss(double local) { return local; }
+  // This step's gradient-sync statistics; null for an engine without a sync.
+  virtual const DpStepStats* sync_stats() const { return nullptr; }
+  virtual std::string describe() const = 0;          // for the start of the log ("" alone)
+  virtual std::string describe_end() { return ""; }  // for the end of the run (memory peaks)
+
+  // Set by the plan (Note [Engine step]); the context the norm reduces over (null: one process).
+  void set_exchange(GradientExchange exchange) { exchange_ = std::move(exchange); }
+  void set_context(const ParallelContext* ctx, Device device) {
+    ctx_ = ctx;
+    device_ = device;
+  }
+
+ protected:
+  // The scheme's part of finish(): wait for the sync; the gradients the optimizer reads, with
+  // placements (views: the exchange writes them in place).
+  virtual void sync() = 0;
+  virtual std::vector<HeldPiece> gradients() = 0;
+  // Those the exchange gets, when they differ (data parallelism's whole gradients at stage 1).
+  virtual std::vector<HeldPiece> exchange_gradients() { return gradients(); }
+
+ private:
+  GradientExchange exchange_;
+  const ParallelContext* ctx_ = nullptr;
+  Device device_ = Device::cpu();
+};
+
+}  // namespace loom::parallel

@@ -1,0 +1,19 @@
+// parallel/local_engine.cpp — the optimizer alone behind the engine seam (see the header).
+#include "parallel/local_engine.h"
+
+#include "parallel/gradients.h"
+
+namespace loom::parallel {
+
+LocalEngine::LocalEngine(NamedTensors params, std::unique_ptr<optim::Optimizer> optimizer)
+    : params_(std::move(params)), optimizer_(std::move(optimizer)) {}
+
+std::vector<HeldPiece> LocalEngine::trained_pieces() const {
+  std::vector<HeldPiece> out;
+  for (const auto& [name, p] : params_) out.push_back(held_whole(name, p));
+  return out;
+}
+
+std::vector<HeldPiece> LocalEngine::gradients() { return parameter_grad_pieces(params_); }
+
+}  // namespace loom::parallel
