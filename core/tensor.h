@@ -13,6 +13,7 @@
 #include "core/device.h"
 #include "core/dtype.h"
 #include "core/error.h"
+#include "core/param_role.h"
 #include "core/placement.h"
 #include "core/storage.h"
 
@@ -56,6 +57,8 @@ struct TensorImpl {
 
   // Where these values sit in a parallel layout (core/placement.h); null: the whole tensor.
   std::shared_ptr<const Placement> placement;
+  // What a parameter is in its model (core/param_role.h); null: not a model's parameter.
+  std::shared_ptr<const ParamRole> role;
 };
 
 class Tensor {
@@ -118,6 +121,9 @@ class Tensor {
   Placement placement() const;
   void set_placement(Placement p);
   bool has_placement() const { return impl_->placement != nullptr; }
+  // core/param_role.h: set by the model that registers the parameter; null when none did.
+  const ParamRole* role() const { return impl_->role.get(); }
+  void set_role(ParamRole r) { impl_->role = std::make_shared<const ParamRole>(std::move(r)); }
   // A new handle to the same data with no autograd history (shares storage).
   Tensor detach() const;
   // Registers a hook that fires when this leaf's gradient is final in a backward pass.

@@ -65,6 +65,7 @@ class DataLoader {
   int64_t steps_per_epoch() const { return num_windows_ / (B_ * world_size_); }
   int64_t batch_size() const { return B_; }
   int64_t seq_len() const { return T_; }
+  int world_size() const { return world_size_; }
 
  private:
   void ensure_permutation();

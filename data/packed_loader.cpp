@@ -131,9 +131,9 @@ int64_t PackedLoader::loss_tokens(const Doc& d) const {
   return std::count(mask.begin(), mask.end(), uint8_t{1});
 }
 
-PackedMicroBatch PackedLoader::pack(const std::vector<int64_t>& step_docs,
-                                    const std::vector<int64_t>& members) const {
-  PackedMicroBatch mb;
+MicroBatch PackedLoader::pack(const std::vector<int64_t>& step_docs,
+                              const std::vector<int64_t>& members) const {
+  MicroBatch mb;
   int64_t L = 0;
   for (int64_t m : members)
     L += docs_[static_cast<size_t>(step_docs[static_cast<size_t>(m)])].inputs;

@@ -28,11 +28,12 @@
 //
 // Note [Loss tokens and the cut]: the cut can remove loss tokens — a long system prompt pushes
 // the assistant's reply past max_len. PackedLoader counts, when it opens the shards, the loss
-// tokens kept and lost and the documents left with none (stats(); the trainer logs them), and
-// refuses data with no loss token left, naming the key and max_len. A step whose documents hold
-// no loss token has global_loss_tokens 0; the trainer skips it with a warning (no update: weight
-// decay and the moments would move the weights with nothing learnt), and validation leaves such
-// a step out of its mean (train/train_step.cpp, train/sampling.cpp).
+// tokens kept and lost and the documents left with none (stats(); the trainer logs them, as
+// PackedSource::summary in data/step_source.h words them), and refuses data with no loss token
+// left, naming the key and max_len. A step whose documents hold no loss token has
+// global_loss_tokens 0; the trainer skips it with a warning (no update: weight decay and the
+// moments would move the weights with nothing learnt), and validation leaves such a step out of
+// its mean (train/train_step.cpp, train/sampling.cpp).
 #pragma once
 
 #include <cstdint>
@@ -44,6 +45,7 @@
 #include "data/balance.h"
 #include "data/documents.h"
 #include "data/loader.h"
+#include "data/step_data.h"
 
 namespace loom {
 
@@ -74,20 +76,10 @@ struct PackedDataStats {
   int64_t no_loss_documents = 0;  // no loss token within the cut
 };
 
-// One packed row of this rank: documents side by side.
-struct PackedMicroBatch {
-  Tensor inputs;     // i32 (1, L), CPU
-  Tensor targets;    // i32 (1, L), CPU: the next token, or -100 where it is not a loss token
-  Tensor positions;  // i32 (L), CPU: 0, 1, … restarting at each document
-  Tensor doc_start;  // i32 (L), CPU: the row index where each token's document starts
-  int64_t documents = 0;
-  int64_t loss_tokens = 0;  // targets that are not -100
-  int64_t tokens() const { return inputs.defined() ? inputs.size(1) : 0; }
-};
-
-// The step as this rank runs it, with what every rank knows of the others.
+// The step as this rank runs it, with what every rank knows of the others. Each micro-batch is
+// one packed row (1, L) of documents side by side, with their positions and starts.
 struct PackedStep {
-  std::vector<PackedMicroBatch> micro;      // this rank's, in order; at least one
+  std::vector<MicroBatch> micro;            // this rank's, in order; at least one
   int64_t global_loss_tokens = 0;           // over every rank's documents of the step
   int64_t global_tokens = 0;                // input tokens of the whole step
   std::vector<int64_t> rank_tokens;         // input tokens of each rank's share
@@ -116,8 +108,7 @@ class PackedLoader {
     int64_t index;   // in its shard
     int64_t inputs;  // input tokens after the cut (≥ 1)
   };
-  PackedMicroBatch pack(const std::vector<int64_t>& step_docs,
-                        const std::vector<int64_t>& members) const;
+  MicroBatch pack(const std::vector<int64_t>& step_docs, const std::vector<int64_t>& members) const;
   int64_t loss_tokens(const Doc& d) const;
   void count_cut(std::span<const uint8_t> mask, int64_t kept);
 

@@ -172,6 +172,22 @@ Transformer::Transformer(const ModelConfig& config, DType dtype, Device device,
     lm_head_ = linear_->column(C, {Vp}, false, dtype, device);
     register_module("lm_head", *lm_head_);
   }
+  record_roles();
+}
+
+// Note [Parameter roles]: every parameter's ParamRole (core/param_role.h), from the modules that
+// hold it: the input tables' (wte, wpe), each held block's under its global index with the
+// names inside the block, and the rest (final norm, head) — the structure the constructor just
+// built, so nothing downstream parses "blocks.<l>." names.
+void Transformer::record_roles() {
+  auto mark = [](const Module& m, const std::string& prefix, ParamRole::Part part, int64_t block) {
+    for (auto [name, p] : m.named_parameters()) p.set_role({part, block, prefix + name});
+  };
+  mark(*this, "", ParamRole::Part::kOutput, -1);  // then refined below
+  mark(*wte_, "wte.", ParamRole::Part::kInput, -1);
+  if (wpe_) mark(*wpe_, "wpe.", ParamRole::Part::kInput, -1);
+  for (size_t k = 0; k < blocks_.size(); ++k)
+    mark(*blocks_[k], "", ParamRole::Part::kBlock, held_[k]);
 }
 
 void Transformer::init_weights(Generator& gen) {
@@ -324,12 +340,13 @@ Tensor Transformer::leave(int unit, const Tensor& out) const {
 std::vector<std::vector<std::pair<std::string, Tensor>>> Transformer::parameter_units() const {
   const size_t head = static_cast<size_t>(config_.n_layer) + 1;  // Note [Parameter units]
   std::vector<std::vector<std::pair<std::string, Tensor>>> units(head + 1);
-  for (auto& [name, p] : named_parameters()) {
+  for (auto& [name, p] : named_parameters()) {  // by role (Note [Parameter roles])
     size_t unit = head;
-    if (name.rfind("wte.", 0) == 0 || name.rfind("wpe.", 0) == 0) {
+    const ParamRole* role = p.role();
+    if (role != nullptr && role->part == ParamRole::Part::kInput) {
       unit = 0;
-    } else if (name.rfind("blocks.", 0) == 0) {
-      unit = 1 + std::stoul(name.substr(7, name.find('.', 7) - 7));
+    } else if (block_of(role) >= 0) {
+      unit = 1 + static_cast<size_t>(block_of(role));
     }
     units[unit].emplace_back(name, p);
   }

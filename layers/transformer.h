@@ -154,6 +154,7 @@ class Transformer : public Module {
   const Tensor& head_weight() const;
 
  private:
+  void record_roles();  // Note [Parameter roles] in layers/transformer.cpp
   // ZeRO-3 hooks around each parameter unit (layers/unit_hooks.h); no-ops without hooks.
   void enter(int unit) const;
   Tensor leave(int unit, const Tensor& out) const;

@@ -75,7 +75,7 @@ int guarded(const std::function<int()>& fn) {
 }
 
 #if LOOM_HAS_MPI
-// Note [RMA component]: ODC's windows (parallel/odc/mpi_window.cpp) need an MPI one-sided
+// Note [RMA component]: ODC's windows (parallel/comm/mpi_window.cpp) need an MPI one-sided
 // component that serves them. On one host Open MPI's osc/sm always does; across hosts Open MPI
 // 4.1 under MPI_THREAD_MULTIPLE picks by default a component that fails at MPI_Win_allocate
 // (osc/pt2pt refuses multi-threaded use; osc/rdma needs a BTL with RDMA), and osc/ucx, which

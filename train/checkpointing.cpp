@@ -153,7 +153,7 @@ void Trainer::State::resume_from(const std::string& dir) {
   check_resume_config(r);
   // The data the position belongs to (Note [Data fingerprint]); checkpoints before it have none.
   if (const auto saved = r.state().find("data.train"); saved != r.state().end()) {
-    const std::string change = data_change(saved->second, data_fingerprint());
+    const std::string change = data_change(saved->second, train_data->fingerprint());
     if (!change.empty()) {
       throw ConfigError("data.train: the data changed since checkpoint " + dir +
                         " was written: " + change +
@@ -200,7 +200,7 @@ void Trainer::State::resume_from(const std::string& dir) {
   const LoaderState position{static_cast<int64_t>(num("loader.epoch")),
                              static_cast<int64_t>(num("loader.position"))};
   try {
-    set_loader_state(position);
+    train_data->set_state(position);
   } catch (const Error&) {  // outside this data: other shards, or another data.seq_len
     throw ConfigError("data.train: checkpoint " + dir + "'s data position (epoch " +
                       std::to_string(position.epoch) + ", entry " +
@@ -251,11 +251,11 @@ void Trainer::State::save() {
     if (auto part = parallel::counted_part(s, ctx))
       c.tensors.push_back({s.name, part->first, part->second});
   }
-  const LoaderState ls = loader_state();
+  const LoaderState ls = train_data->state();
   c.state = {{"optim.step_count", std::to_string(plan.engine->optimizer_steps())},
              {"loader.epoch", std::to_string(ls.epoch)},
              {"loader.position", std::to_string(ls.position)},
-             {"data.train", data_fingerprint()},
+             {"data.train", train_data->fingerprint()},
              {"rng.sample.seed", std::to_string(sample_gen.state().seed)},
              {"rng.sample.offset", std::to_string(sample_gen.state().offset)}};
   if (scaler) {

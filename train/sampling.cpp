@@ -33,25 +33,17 @@ double Trainer::evaluate() {
   autograd::NoGradGuard no_grad;
   KernelChoices kernel_choices(s.cfg.train);
   s.model().eval();
-  if (s.packed_val)
-    s.packed_val->set_state({0, 0});
-  else
-    s.val_loader->set_state({0, 0});
-  // The mean over the val batches; under cp this rank's share of it. A stop request ends the
-  // loop early (Note [Stopping inside long loops]): the mean of the batches done.
-  // A packed batch without loss tokens has no loss: it is left out of the mean (Note [Loss
-  // tokens and the cut] in data/packed_loader.h); every rank plans it alike.
+  s.val_data->set_state({0, 0});
+  // The mean over the val batches (one window batch, or one packed step, each); under cp this
+  // rank's share of it. A stop request ends the loop early (Note [Stopping inside long loops]):
+  // the mean of the batches done. A batch without loss tokens has no loss: it is left out of the
+  // mean (Note [Loss tokens and the cut] in data/packed_loader.h); every rank plans it alike.
   double sum = 0;
   int64_t done = 0, counted = 0;
   while (done < s.cfg.train.val_steps && !(done > 0 && s.stop_requested())) {
-    if (s.packed_val) {
-      const PackedStep step = s.packed_val->next();
-      if (step.global_loss_tokens > 0) {
-        sum += s.plan.runner->evaluate_packed(step);
-        ++counted;
-      }
-    } else {
-      sum += s.plan.runner->evaluate(*s.val_loader, 1);
+    const StepData batch = s.val_data->next_step();
+    if (batch.global_loss_tokens > 0) {
+      sum += s.plan.runner->evaluate(batch);
       ++counted;
     }
     ++done;

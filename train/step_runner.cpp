@@ -1,7 +1,6 @@
 // train/step_runner.cpp — the plain and the pipelined step runners (see train/step_runner.h).
 #include "train/step_runner.h"
 
-#include <algorithm>
 #include <chrono>
 #include <utility>
 #include <vector>
@@ -16,69 +15,40 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-// This rank's context-parallel part of one batch (the whole batch without cp).
-struct LocalBatch {
-  Tensor inputs, targets, positions;  // positions undefined: arange (Note [Host ids])
-};
-
-LocalBatch local_batch(const Batch& b, const SequenceLayout& layout) {
-  return {layout.local_sequence(b.inputs, 1), layout.local_sequence(b.targets, 1),
-          layout.local_positions(b.inputs.size(1))};
-}
-
 int cp_size(const StepRunnerParts& p) { return p.ctx ? p.ctx->cp_size() : 1; }
 
-// Micro-batch weights of a packed step (Note [Packed loss]): c_m / N, N at least 1.
-double packed_weight(const PackedMicroBatch& mb, const PackedStep& step) {
-  return static_cast<double>(mb.loss_tokens) /
-         static_cast<double>(std::max<int64_t>(step.global_loss_tokens, 1));
-}
+// How a step's micro-batch losses l_m become what this rank backpropagates and returns (Note
+// [Model-parallel step], Note [Packed loss]): loss_m = StepData::weight(m) · l_m where `weigh`,
+// backward of `backward` · loss_m, and the share `share` · Σ_m loss_m; a factor of 1 is not
+// applied.
+struct LossRule {
+  bool weigh;
+  double backward;
+  double share;
+};
 
 class PlainRunner final : public StepRunner {
  public:
   explicit PlainRunner(const StepRunnerParts& parts) : p_(parts) {}
 
-  Tensor forward_backward(DataLoader& loader, const DropoutKey& dropout,
+  Tensor forward_backward(const StepData& step, const DropoutKey& dropout,
                           const optim::LossScaler* scaler) override {
-    const int64_t accum = p_.micro_batches;
-    // × cp: data parallelism averages over dp·cp ranks (Note [Model-parallel step]).
-    return ops::reshape(accumulate(accum, static_cast<double>(cp_size(p_)), dropout, scaler,
-                                   [&](int64_t, const DropoutKey* key) {
-                                     const Tensor loss =
-                                         loss_of(local_batch(loader.next(), *p_.layout), key);
-                                     return accum > 1 ? ops::scale(loss, 1.0 / accum) : loss;
-                                   }),
-                        {1});
+    LOOM_CHECK(step.loss != StepLoss::kMean || step.micro_batches() == p_.micro_batches,
+               "plain step runner: a window step of ", step.micro_batches(),
+               " micro-batches, expected ", p_.micro_batches);
+    const LossRule rule = loss_rule(step);
+    const Tensor sum = accumulate(step, rule, dropout, scaler);
+    return ops::reshape(rule.share != 1.0 ? ops::scale(sum, rule.share) : sum, {1});
   }
 
-  Tensor forward_backward_packed(const PackedStep& step, const DropoutKey& dropout,
-                                 const optim::LossScaler* scaler) override {
-    // × dp: data parallelism averages over the dp ranks (Note [Packed loss]).
-    const double dp = static_cast<double>(p_.data_ranks);
-    const Tensor sum = accumulate(
-        static_cast<int64_t>(step.micro.size()), dp, dropout, scaler,
-        [&](int64_t m, const DropoutKey* key) {
-          const PackedMicroBatch& mb = step.micro[static_cast<size_t>(m)];
-          return ops::scale(p_.model->loss(mb.inputs, mb.targets, mb.positions, key, mb.doc_start),
-                            packed_weight(mb, step));
-        });
-    return ops::reshape(dp > 1 ? ops::scale(sum, dp) : sum, {1});
-  }
-
-  double evaluate_packed(const PackedStep& step) override {
-    double loss = 0;
-    for (const PackedMicroBatch& mb : step.micro) {
-      loss += packed_weight(mb, step) *
-              p_.model->loss(mb.inputs, mb.targets, mb.positions, nullptr, mb.doc_start).item();
+  double evaluate(const StepData& step) override {
+    double sum = 0;
+    for (size_t m = 0; m < step.micro.size(); ++m) {
+      const double l = loss_of(step.micro[m], nullptr).item();
+      sum += step.loss == StepLoss::kTokens ? step.weight(m) * l : l;
     }
-    return loss;
-  }
-
-  double evaluate(DataLoader& loader, int64_t batches) override {
-    double mean = 0;
-    for (int64_t i = 0; i < batches; ++i)
-      mean += loss_of(local_batch(loader.next(), *p_.layout), nullptr).item();
-    return mean / static_cast<double>(batches);
+    // Windows: the micro-batches' mean; documents: the weights made the sum the step's loss.
+    return step.loss == StepLoss::kMean ? sum / static_cast<double>(step.micro.size()) : sum;
   }
 
   Tensor logits(const Tensor& ids, const Tensor& pos, int64_t) override {
@@ -89,26 +59,44 @@ class PlainRunner final : public StepRunner {
   std::string name() const override { return "plain"; }
 
  private:
-  Tensor loss_of(const LocalBatch& b, const DropoutKey* gen) const {
-    if (!b.positions.defined()) return p_.model->loss(b.inputs, b.targets, gen);
-    return p_.model->loss(b.inputs, b.targets, b.positions, gen);
+  LossRule loss_rule(const StepData& step) const {
+    if (step.loss == StepLoss::kMean) {  // × cp: data parallelism averages over dp·cp ranks
+      return {step.micro_batches() > 1, static_cast<double>(cp_size(p_)), 1.0};
+    }
+    const double dp = static_cast<double>(p_.data_ranks);  // × dp: it averages over dp ranks
+    return {true, dp, dp};
   }
 
-  // Micro-batches 0..count-1: loss_m = forward(m, key with micro = m), this rank's weighted
-  // share; backward of factor · loss_m (undoing the data-parallel average), the gradient sync
-  // armed on the last. Returns Σ_m loss_m, f64 on the device.
-  template <typename Forward>
-  Tensor accumulate(int64_t count, double factor, const DropoutKey& dropout,
-                    const optim::LossScaler* scaler, Forward&& forward) {
+  // A micro-batch's mean loss: packed rows whole, with their positions and document starts;
+  // window rows cut to this rank's part by the model's layout (Note [Model-parallel step]).
+  Tensor loss_of(const MicroBatch& mb, const DropoutKey* key) const {
+    if (mb.doc_start.defined())
+      return p_.model->loss(mb.inputs, mb.targets, mb.positions, key, mb.doc_start);
+    const SequenceLayout& layout = *p_.layout;
+    const Tensor inputs = layout.local_sequence(mb.inputs, 1);
+    const Tensor targets = layout.local_sequence(mb.targets, 1);
+    const Tensor positions = layout.local_positions(mb.inputs.size(1));  // undefined: arange
+    if (!positions.defined()) return p_.model->loss(inputs, targets, key);
+    return p_.model->loss(inputs, targets, positions, key);
+  }
+
+  // Micro-batches 0..M-1: loss_m = rule applied to the loss with key.micro = m; backward of it
+  // (undoing the data-parallel average), the gradient sync armed on the last. Returns Σ_m loss_m,
+  // f64 on the device.
+  Tensor accumulate(const StepData& step, const LossRule& rule, const DropoutKey& dropout,
+                    const optim::LossScaler* scaler) {
+    const int64_t count = step.micro_batches();
     Tensor loss_sum;
     for (int64_t m = 0; m < count; ++m) {
       p_.engine->begin_micro_batch(m, count);  // the last arms the gradient sync
       const auto t_fwd = Clock::now();
       DropoutKey key = dropout;
       key.micro = m;
-      const Tensor loss = forward(m, &key);
+      const auto i = static_cast<size_t>(m);
+      Tensor loss = loss_of(step.micro[i], &key);
+      if (rule.weigh) loss = ops::scale(loss, step.weight(i));
       const auto t_bwd = Clock::now();
-      const Tensor seed = factor != 1.0 ? ops::scale(loss, factor) : loss;
+      const Tensor seed = rule.backward != 1.0 ? ops::scale(loss, rule.backward) : loss;
       autograd::backward(scaler ? scaler->scale_loss(seed) : seed);
       if (p_.trace) {
         p_.trace->span("compute", "forward", t_fwd, t_bwd);
@@ -127,9 +115,11 @@ class PipelineRunner final : public StepRunner {
  public:
   explicit PipelineRunner(const StepRunnerParts& parts) : p_(parts) {}
 
-  Tensor forward_backward(DataLoader& loader, const DropoutKey& dropout,
+  Tensor forward_backward(const StepData& step, const DropoutKey& dropout,
                           const optim::LossScaler* scaler) override {
-    const auto [inputs, targets] = batches(loader, p_.micro_batches);
+    const auto [inputs, targets] = batches(step);
+    LOOM_CHECK(step.micro_batches() == p_.micro_batches, "pipeline step runner: a step of ",
+               step.micro_batches(), " micro-batches, the schedule runs ", p_.micro_batches);
     const auto t0 = Clock::now();
     parallel::GradientEngine* engine = p_.engine;
     const int64_t count = p_.micro_batches;
@@ -148,8 +138,8 @@ class PipelineRunner final : public StepRunner {
   }
 
   // A forward-only pass through the stages (Note [Pipeline evaluation]).
-  double evaluate(DataLoader& loader, int64_t count) override {
-    const auto [inputs, targets] = batches(loader, count);
+  double evaluate(const StepData& step) override {
+    const auto [inputs, targets] = batches(step);
     return p_.pipe->evaluate(inputs, targets);
   }
 
@@ -169,13 +159,15 @@ class PipelineRunner final : public StepRunner {
   }
 
  private:
-  // The next `count` batches as the pipeline takes them: under cp this rank's chunks.
-  std::pair<std::vector<Tensor>, std::vector<Tensor>> batches(DataLoader& loader, int64_t count) {
+  // The step's micro-batches as the pipeline takes them: under cp this rank's chunks. Windows
+  // only: packed documents under pp are refused by the config (train/config.cpp).
+  std::pair<std::vector<Tensor>, std::vector<Tensor>> batches(const StepData& step) const {
+    LOOM_CHECK(step.loss == StepLoss::kMean,
+               "data.packing: the pipeline step runner takes fixed-length windows only");
     std::vector<Tensor> inputs, targets;
-    for (int64_t i = 0; i < count; ++i) {
-      Batch b = loader.next();
-      inputs.push_back(p_.layout->local_sequence(b.inputs, 1));
-      targets.push_back(p_.layout->local_sequence(b.targets, 1));
+    for (const MicroBatch& mb : step.micro) {
+      inputs.push_back(p_.layout->local_sequence(mb.inputs, 1));
+      targets.push_back(p_.layout->local_sequence(mb.targets, 1));
     }
     return {std::move(inputs), std::move(targets)};
   }
@@ -184,15 +176,6 @@ class PipelineRunner final : public StepRunner {
 };
 
 }  // namespace
-
-Tensor StepRunner::forward_backward_packed(const PackedStep&, const DropoutKey&,
-                                           const optim::LossScaler*) {
-  LOOM_FAIL("data.packing: the ", name(), " step runner does not take packed steps");
-}
-
-double StepRunner::evaluate_packed(const PackedStep&) {
-  LOOM_FAIL("data.packing: the ", name(), " step runner does not take packed steps");
-}
 
 std::unique_ptr<StepRunner> make_plain_runner(const StepRunnerParts& parts) {
   return std::make_unique<PlainRunner>(parts);

@@ -4,7 +4,6 @@
 // metrics (train/trainer_state.h).
 #include <algorithm>
 #include <cmath>
-#include <optional>
 
 #include "core/ops/elementwise.h"
 #include "core/ops/view.h"
@@ -35,28 +34,20 @@ PendingStep Trainer::State::train_step() {
   PendingStep pending;
   StepRecord& r = pending.r;
   r.lr = schedule.lr_at(step);
-  std::optional<PackedStep> packed;
-  if (packed_train) {
-    packed = packed_train->next();
-    // Every rank plans the whole step, so all skip alike (Note [Loss tokens and the cut]).
-    if (packed->global_loss_tokens == 0) return skipped_step(*packed);
-  }
+  const StepData data = train_data->next_step();
+  // Every rank plans the whole step, so all skip alike (Note [Loss tokens and the cut]).
+  if (data.global_loss_tokens == 0) return skipped_step(data);
   plan.engine->zero_grad();
   const double tp_waited = ctx ? ctx->tp().waited_s() : 0;  // Note [Exposed comm]
   const double cp_waited = ctx ? ctx->cp().waited_s() : 0;
   const double pp_waited = ctx ? ctx->pp().waited_s() : 0;
   KernelChoices kernel_choices(cfg.train);
-  // This rank's share of its replica's loss: the step runner is the one branch on the layout.
+  // This rank's share of the step's loss: the step runner is the one branch on the layout.
   const DropoutKey dropout{dropout_seed, step, 0};  // the masks of this step's coordinates
-  Tensor share;
-  if (packed) {  // whole documents, Note [Packed loss]
-    share = plan.runner->forward_backward_packed(*packed, dropout, scaler.get());
-    pending.packed_tokens = packed->global_tokens;
-    pending.rank_tokens = packed->rank_tokens;
-    pending.rank_micro_batches = packed->rank_micro_batches;
-  } else {
-    share = plan.runner->forward_backward(*train_loader, dropout, scaler.get());
-  }
+  const Tensor share = plan.runner->forward_backward(data, dropout, scaler.get());
+  pending.tokens = data.global_tokens;
+  pending.rank_tokens = data.rank_tokens;
+  pending.rank_micro_batches = data.rank_micro_batches;
   const auto t_sync = Clock::now();
   const Tensor sq_sum = plan.engine->finish();  // Note [Engine step] in parallel/engine.h
   const Tensor loss = plan.global_loss(share);  // the global batch's, on the device
@@ -77,17 +68,17 @@ PendingStep Trainer::State::train_step() {
   return pending;
 }
 
-// A packed step whose documents hold no loss token (Note [Loss tokens and the cut] in
+// A step whose documents hold no loss token (Note [Loss tokens and the cut] in
 // data/packed_loader.h): no forward, backward or update — the weights, the optimizer's moments
 // and step count stay as they are — but the step counts (the schedule and the data move on, as
 // they would in an uninterrupted run) and is reported with a warning.
-PendingStep Trainer::State::skipped_step(const PackedStep& packed) {
+PendingStep Trainer::State::skipped_step(const StepData& data) {
   PendingStep pending;
   pending.r.lr = schedule.lr_at(step);
   pending.r.loss = std::nan("");
   pending.r.skipped = true;
   pending.no_loss_tokens = true;
-  pending.packed_tokens = packed.global_tokens;
+  pending.tokens = data.global_tokens;
   pending.r.step = ++step;
   return pending;
 }
@@ -211,14 +202,11 @@ void Trainer::State::log_step(const PendingStep& p, double dt) {
   // (world size × the per-rank peak). One definition for every layout; with even work it equals
   // each rank's own MFU.
   const double ranks = ctx ? static_cast<double>(ctx->world_size()) : 1.0;
-  // Packed steps count their documents' tokens, and their FLOPs at the mean document length
-  // (a lower bound of the attention FLOPs: Σ s² ≥ (Σ s)² / n).
-  const double tokens = p.packed_tokens > 0
-                            ? static_cast<double>(p.packed_tokens)
-                            : static_cast<double>(global_batch_sequences(cfg) * cfg.data.seq_len);
-  const int64_t flops_len =
-      p.packed_tokens > 0 ? std::max<int64_t>(1, p.packed_tokens / global_batch_sequences(cfg))
-                          : cfg.data.seq_len;
+  // A step counts its input tokens (windows: the global batch's sequences × data.seq_len), and
+  // their FLOPs at the mean sequence length (for documents a lower bound of the attention
+  // FLOPs: Σ s² ≥ (Σ s)² / n).
+  const double tokens = static_cast<double>(p.tokens);
+  const int64_t flops_len = std::max<int64_t>(1, p.tokens / global_batch_sequences(cfg));
   const double mfu = model().flops_per_token(flops_len) * tokens / dt / (peak_flops * ranks);
   const AllocatorStats mem = allocator_for(device.type).stats();
   const ExposedComm comm = exposed_comm(p, ctx && ctx->tp_size() > 1, ctx && ctx->cp_size() > 1);

@@ -56,7 +56,7 @@ std::vector<std::string> expand_shards(const std::string& pattern, const char* k
 
 // train.device → the device this process trains on: the CPU, or the GPU numbered by the
 // launcher's node-local rank modulo the GPUs this process sees (a parallel context with NCCL
-// communicators overrides it with the GPU it picked: Trainer::State::build).
+// communicators overrides it with the GPU it picked: Trainer::State::build_device_and_scaler).
 Device resolve_device(const TrainConfig& t) {
   if (t.device == "cpu") return Device::cpu();
   if (!kernels::Registry::instance().has(kernels::device_count_k::kName, DeviceType::kCuda)) {
@@ -70,23 +70,25 @@ Device resolve_device(const TrainConfig& t) {
   return Device::cuda(local_rank % visible);
 }
 
-// One line on what the cut at data.seq_len does to packed data (Note [Loss tokens and the cut]).
-void log_cut(std::ostream& log, const PackedLoader& data) {
-  const PackedDataStats& st = data.stats();
-  const int64_t all = st.loss_tokens + st.cut_loss_tokens;
-  log << data.options().key << ": " << st.documents << " documents, " << st.loss_tokens
-      << " loss tokens";
-  if (st.cut_documents == 0) {
-    log << "; none longer than data.seq_len " << data.options().max_len << "\n";
-    return;
-  }
-  log << "; " << st.cut_documents << " longer than data.seq_len " << data.options().max_len
-      << " are cut, losing " << st.cut_loss_tokens << " of " << all << " loss tokens ("
-      << fmt(100.0 * static_cast<double>(st.cut_loss_tokens) / static_cast<double>(all), 1)
-      << " %)";
-  if (st.no_loss_documents > 0)
-    log << "; " << st.no_loss_documents << " documents keep no loss token";
-  log << "\n";
+// This replica's packing of data.train (Note [Packed steps] in data/packed_loader.h).
+PackingOptions packing_options(const Config& cfg, const TrainPlan& plan) {
+  const DataConfig& d = cfg.data;
+  PackingOptions po;
+  po.docs_per_rank = d.batch_size;
+  po.max_len = d.seq_len;
+  po.max_tokens =
+      d.max_tokens_per_microbatch > 0 ? d.max_tokens_per_microbatch : d.batch_size * d.seq_len;
+  po.balance = parse_balance_mode(d.balance);
+  // a·s² + b·s: the model's FLOPs of a document of s tokens (Note [Model FLOPs]).
+  const double linear = plan.model->flops_per_token(0);
+  po.cost = {plan.model->flops_per_token(1) - linear, linear};
+  // ZeRO-3's per-unit collectives need every rank to run as many micro-batches; ODC does not.
+  po.equal_micro_batches = plan.engine->equal_micro_batches();
+  po.rank = static_cast<int>(plan.data_rank);
+  po.world_size = static_cast<int>(plan.data_ranks);
+  po.seed = d.seed;
+  po.vocab_size = cfg.model.vocab_size;
+  return po;
 }
 
 }  // namespace
@@ -114,11 +116,30 @@ double measure_gemm_flops(Device device, DType dtype) {
   return best;
 }
 
+// Construction, step by step; the order is the order of the side effects (the generators'
+// seeds first, the model's initial weights drawn before anything else uses their generator, the
+// device before its first use, the data before the out_dir is locked).
 void Trainer::State::build() {
-  const ModelConfig& mc = cfg.model;
-  Generator init_gen(cfg.train.seed);
+  seed_generators();
+  build_device_and_scaler();
+  build_training_plan();
+  build_data();
+  lock_out_dir();
+  write_effective_config();
+  open_metrics();
+  find_peak_flops();
+  log_setup();
+}
+
+// The streams of train.seed: the initial weights draw from the seed itself
+// (build_training_plan), dropout from seed + 1 (Note [Dropout by coordinates]), sampling from
+// seed + 2.
+void Trainer::State::seed_generators() {
   dropout_seed = cfg.train.seed + 1;
   sample_gen = Generator(cfg.train.seed + 2);
+}
+
+void Trainer::State::build_device_and_scaler() {
   device = resolve_device(cfg.train);
   // A context with NCCL communicators has picked this rank's GPU already: train there.
   if (!device.is_cpu() && ctx && !ctx->device().is_cpu()) device = ctx->device();
@@ -128,6 +149,12 @@ void Trainer::State::build() {
     scaler = std::make_unique<optim::LossScaler>(cfg.train.initial_loss_scale);
     scaler->to(device);  // decided there (Note [Device step])
   }
+}
+
+// The model (its initial weights the first draw from train.seed), its engine and step runner
+// (train/plan.h); the learning-rate schedule.
+void Trainer::State::build_training_plan() {
+  Generator init_gen(cfg.train.seed);
   PlanHooks hooks;
   hooks.trace = trace.get();
   hooks.init = [&](Transformer& m) {  // the single process's draw, before anything is sharded
@@ -137,80 +164,93 @@ void Trainer::State::build() {
   plan = build_plan(cfg, ctx, device, hooks);
   const OptimConfig& o = cfg.optim;
   schedule = {o.schedule, o.lr, o.min_lr, o.warmup_steps, cfg.train.steps, o.decay_fraction};
+}
 
+// The step sources of data.train and data.val (data/step_source.h): this replica's share of
+// each training step, and every validation step whole on every rank.
+void Trainer::State::build_data() {
   const DataConfig& d = cfg.data;
-  const int64_t dp_rank = plan.data_rank, dp_size = plan.data_ranks;  // this replica's batches
+  auto opened = [&](std::unique_ptr<StepSource> source) {
+    if (const std::string line = source->summary(); !line.empty()) *log << line << "\n";
+    return source;
+  };
   if (d.packing) {  // whole documents (Note [Packed steps] in data/packed_loader.h)
-    PackingOptions po;
-    po.docs_per_rank = d.batch_size;
-    po.max_len = d.seq_len;
-    po.max_tokens =
-        d.max_tokens_per_microbatch > 0 ? d.max_tokens_per_microbatch : d.batch_size * d.seq_len;
-    po.balance = parse_balance_mode(d.balance);
-    // a·s² + b·s: the model's FLOPs of a document of s tokens (Note [Model FLOPs]).
-    const double linear = model().flops_per_token(0);
-    po.cost = {model().flops_per_token(1) - linear, linear};
-    // ZeRO-3's per-unit collectives need every rank to run as many micro-batches; ODC does not.
-    po.equal_micro_batches = plan.engine->equal_micro_batches();
-    po.rank = dp_rank;
-    po.world_size = dp_size;
-    po.seed = d.seed;
-    po.vocab_size = cfg.model.vocab_size;
-    packed_train = std::make_unique<PackedLoader>(expand_shards(d.train, "data.train"), po);
-    log_cut(*log, *packed_train);
-    if (!d.val.empty()) {  // every rank evaluates each whole validation step, as below
-      po.docs_per_rank = d.batch_size * dp_size;  // the global minibatch's documents
+    PackingOptions po = packing_options(cfg, plan);
+    train_data = opened(std::make_unique<PackedSource>(
+        std::make_unique<PackedLoader>(expand_shards(d.train, "data.train"), po)));
+    if (!d.val.empty()) {
+      po.docs_per_rank = d.batch_size * plan.data_ranks;  // the global minibatch's documents
       po.rank = 0;
       po.world_size = 1;
       po.equal_micro_batches = false;
       po.key = "data.val";
-      packed_val = std::make_unique<PackedLoader>(expand_shards(d.val, "data.val"), po);
-      log_cut(*log, *packed_val);
+      val_data = opened(std::make_unique<PackedSource>(
+          std::make_unique<PackedLoader>(expand_shards(d.val, "data.val"), po)));
     }
-  } else {
-    train_loader =
-        std::make_unique<DataLoader>(expand_shards(d.train, "data.train"), d.batch_size, d.seq_len,
-                                     dp_rank, dp_size, d.seed, cfg.model.vocab_size);
-    if (!d.val.empty()) {
-      val_loader = std::make_unique<DataLoader>(expand_shards(d.val, "data.val"), d.batch_size,
-                                                d.seq_len, 0, 1, d.seed, cfg.model.vocab_size);
-    }
+    return;
   }
-  {  // one run per out_dir: rank 0 locks it, and every rank stops alike when it cannot
-    std::string busy;
-    if (is_main()) {
-      try {
-        run_lock = std::make_unique<RunLock>(cfg.train.out_dir);
-      } catch (const ConfigError& e) {
-        busy = e.what();
-      }
-    }
-    Tensor flag = Tensor::full({1}, busy.empty() ? 0.0 : 1.0, DType::kF64);
-    if (ctx) ctx->world().all_reduce(flag, parallel::ReduceOp::kMax);
-    if (flag.item() != 0.0)
-      throw ConfigError(busy.empty() ? "train.out_dir: in use by another run (see rank 0)" : busy);
+  // Windows: a step is the runner's micro-batches (optim.grad_accum, or the pipeline's) of this
+  // replica's batches; a validation step one whole batch.
+  train_data = opened(std::make_unique<WindowSource>(
+      std::make_unique<DataLoader>(expand_shards(d.train, "data.train"), d.batch_size, d.seq_len,
+                                   plan.data_rank, plan.data_ranks, d.seed, cfg.model.vocab_size),
+      plan.runner->micro_batches()));
+  if (!d.val.empty()) {
+    val_data = opened(std::make_unique<WindowSource>(
+        std::make_unique<DataLoader>(expand_shards(d.val, "data.val"), d.batch_size, d.seq_len, 0,
+                                     1, d.seed, cfg.model.vocab_size),
+        1));
   }
-  fs::create_directories(cfg.train.out_dir);
+}
+
+// One run per out_dir: rank 0 locks it, and every rank stops alike when it cannot.
+void Trainer::State::lock_out_dir() {
+  std::string busy;
   if (is_main()) {
-    // The effective config (every key, defaults included) beside the run's checkpoints and
-    // metrics; printed in full only with --print-config, so the first screen shows training.
-    const fs::path path = fs::path(cfg.train.out_dir) / "config.yaml";
-    std::ofstream out(path);
-    out << config_to_yaml(cfg);
-    if (!out.flush())
-      throw std::runtime_error("cannot write the effective config to " + path.string());
-    *log << "effective config: " << path.string() << " (--print-config prints it)\n";
+    try {
+      run_lock = std::make_unique<RunLock>(cfg.train.out_dir);
+    } catch (const ConfigError& e) {
+      busy = e.what();
+    }
   }
+  Tensor flag = Tensor::full({1}, busy.empty() ? 0.0 : 1.0, DType::kF64);
+  if (ctx) ctx->world().all_reduce(flag, parallel::ReduceOp::kMax);
+  if (flag.item() != 0.0)
+    throw ConfigError(busy.empty() ? "train.out_dir: in use by another run (see rank 0)" : busy);
+}
+
+// The effective config (every key, defaults included) beside the run's checkpoints and
+// metrics; printed in full only with --print-config, so the first screen shows training.
+void Trainer::State::write_effective_config() {
+  fs::create_directories(cfg.train.out_dir);
+  if (!is_main()) return;
+  const fs::path path = fs::path(cfg.train.out_dir) / "config.yaml";
+  std::ofstream out(path);
+  out << config_to_yaml(cfg);
+  if (!out.flush())
+    throw std::runtime_error("cannot write the effective config to " + path.string());
+  *log << "effective config: " << path.string() << " (--print-config prints it)\n";
+}
+
+void Trainer::State::open_metrics() {
   if (is_main() && (cfg.logging.jsonl || cfg.logging.tensorboard)) {
     metrics = std::make_unique<MetricsWriter>(cfg.train.out_dir, cfg.logging.jsonl,
                                               cfg.logging.tensorboard);
   }
+}
+
+void Trainer::State::find_peak_flops() {
   if (cfg.train.peak_flops > 0) {
     peak_flops = cfg.train.peak_flops;
-  } else {
-    kernels::AllowTf32Guard tf32(cfg.train.allow_tf32);
-    peak_flops = measure_gemm_flops(device, train_dtype(cfg.train.precision));
+    return;
   }
+  kernels::AllowTf32Guard tf32(cfg.train.allow_tf32);
+  peak_flops = measure_gemm_flops(device, train_dtype(cfg.train.precision));
+}
+
+// The model, the device and its peak, the plan's layout and the global batch.
+void Trainer::State::log_setup() const {
+  const ModelConfig& mc = cfg.model;
   // The whole model's counts, whatever this rank holds; then what this rank trains when that
   // is a part (tensor-parallel parts, its pipeline stages).
   int64_t trained = 0;

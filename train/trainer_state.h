@@ -1,7 +1,7 @@
 // train/trainer_state.h — Trainer::State, private to the trainer's files: the plan (model,
 // step runner, gradient engine: train/plan.h) and the loop's own state
-// (generators, loaders, loss scaler, schedule, step count, log). Its methods live by concern:
-//   train/trainer.cpp      construction and the loop (run)
+// (generators, step sources, loss scaler, schedule, step count, log). Its methods live by concern:
+//   train/trainer.cpp      construction (build and its steps) and the loop (run)
 //   train/train_step.cpp   one step: launch, finish on the device, report and log
 //   train/checkpointing.cpp  checkpoints: save, resume, initial weights
 //   train/sampling.cpp     validation, next-token logits, sampling
@@ -18,8 +18,7 @@
 #include <vector>
 
 #include "core/rng.h"
-#include "data/loader.h"
-#include "data/packed_loader.h"
+#include "data/step_source.h"
 #include "data/tokenizer.h"
 #include "kernels/attention.h"
 #include "kernels/matmul.h"
@@ -69,10 +68,11 @@ struct PendingStep {
   // Pipeline parallelism: the compute thread's waits on the pp group in this step (the
   // executor's receives and sends, the tied-embedding exchange, the loss broadcast)
   double pp_wait_s = 0;
-  // data.packing: the step's input tokens, and how they split over the dp ranks (before padding)
-  int64_t packed_tokens = 0;
+  // The step's input tokens (every rank's); with data.packing how they split over the dp ranks
+  // (before padding: StepData)
+  int64_t tokens = 0;
   std::vector<int64_t> rank_tokens, rank_micro_batches;
-  // A packed step without loss tokens, skipped (Trainer::State::skipped_step): no numbers
+  // A step without loss tokens, skipped (Trainer::State::skipped_step): no numbers
   bool no_loss_tokens = false;
 };
 
@@ -92,12 +92,10 @@ struct Trainer::State {
   std::unique_ptr<TraceRecorder> trace;  // --profile
   std::ostream discard{nullptr};         // the log of ranks other than 0
   optim::LrSchedule schedule;
-  // Fixed-length windows (DataLoader), or with data.packing whole documents (PackedLoader):
-  // one of each pair is set (val ones only with data.val).
-  std::unique_ptr<DataLoader> train_loader;
-  std::unique_ptr<DataLoader> val_loader;
-  std::unique_ptr<PackedLoader> packed_train;
-  std::unique_ptr<PackedLoader> packed_val;
+  // The steps' data (data/step_source.h): fixed-length windows, or with data.packing whole
+  // documents. val_data only with data.val.
+  std::unique_ptr<StepSource> train_data;
+  std::unique_ptr<StepSource> val_data;
   std::unique_ptr<Tokenizer> tokenizer;
   std::unique_ptr<MetricsWriter> metrics;
   Readback readback;  // the device step's numbers (Note [Device step])
@@ -108,27 +106,25 @@ struct Trainer::State {
   std::unique_ptr<RunLock> run_lock;
 
   Transformer& model() const { return *plan.model; }
-  void build();  // train/trainer.cpp
+  // train/trainer.cpp: build() runs these steps in this order.
+  void build();
+  void seed_generators();
+  void build_device_and_scaler();
+  void build_training_plan();  // the model's initial weights drawn first from train.seed
+  void build_data();
+  void lock_out_dir();
+  void write_effective_config();
+  void open_metrics();
+  void find_peak_flops();
+  void log_setup() const;
   bool is_main() const { return !ctx || ctx->rank() == 0; }
   int tp_size() const { return ctx ? ctx->tp_size() : 1; }
   int cp_size() const { return ctx ? ctx->cp_size() : 1; }
-  bool has_val() const { return val_loader || packed_val; }
-  LoaderState loader_state() const {
-    return packed_train ? packed_train->state() : train_loader->state();
-  }
-  void set_loader_state(LoaderState state) {
-    if (packed_train)
-      packed_train->set_state(state);
-    else
-      train_loader->set_state(state);
-  }
-  std::string data_fingerprint() const {  // Note [Data fingerprint] in data/loader.h
-    return packed_train ? packed_train->fingerprint() : train_loader->fingerprint();
-  }
+  bool has_val() const { return val_data != nullptr; }
 
   // train/train_step.cpp (Note [Device step]).
   PendingStep train_step();
-  PendingStep skipped_step(const PackedStep& packed);  // no loss tokens: no update
+  PendingStep skipped_step(const StepData& data);  // no loss tokens: no update
   // The end of every step, after the gradients are final: loss (the global batch's, one element)
   // and Σ g² (every rank's parts summed) on the device. Starts reading both and runs the
   // optimizer with the factor computed on the device: clipping, and under loss scaling the

@@ -67,6 +67,8 @@ struct P2P {
   static P2P recv(Tensor t, int src, int tag) { return {Kind::kRecv, std::move(t), src, tag}; }
 };
 
+class OneSidedWindow;  // parallel/comm/one_sided.h
+
 class Communicator {
  public:
   virtual ~Communicator() = default;
@@ -124,6 +126,19 @@ class Communicator {
   void send(Tensor t, int dst, int tag = 0) { send_async(std::move(t), dst, tag)->wait(); }
   void recv(Tensor t, int src, int tag = 0) { recv_async(std::move(t), src, tag)->wait(); }
   void barrier() { barrier_async()->wait(); }
+
+  // Note [Communicator capabilities]: what some backends can do beyond the collectives, asked of
+  // the interface (never by casting to a backend). A backend without one keeps the default,
+  // which throws naming the group and what it lacks.
+  // A communicator over `members` (ranks of this group, ascending), made by the members only
+  // (collective over them); `tag` keeps concurrent creations apart. MPI: MPI_Comm_create_group.
+  virtual std::unique_ptr<Communicator> subgroup(const std::vector<int>& members,
+                                                 const std::string& name, double timeout_s,
+                                                 int tag);
+  // A window of `numel` elements of `dtype` on every member, zeroed, for one-sided transfers
+  // (parallel/comm/one_sided.h); collective over the group. MPI: RMA (mpi_window.cpp).
+  virtual std::unique_ptr<OneSidedWindow> one_sided_window(int64_t numel, DType dtype,
+                                                           std::string name, double timeout_s);
 
   // Seconds callers have spent blocked in wait() on this communicator's operations since it
   // was made (host time: MpiCommunicator counts them; a GPU backend's wait does not block the

@@ -75,6 +75,14 @@ class MpiCommunicator final : public Communicator {
   void set_observer(CommObserver observer) override;
   double timeout_s() const { return timeout_s_; }
   MPI_Comm mpi_comm() const { return comm_; }
+  // Capabilities (Note [Communicator capabilities] in parallel/comm/communicator.h):
+  // MPI_Comm_create_group over the members (create); an RMA window (mpi_window.cpp).
+  std::unique_ptr<Communicator> subgroup(const std::vector<int>& members, const std::string& name,
+                                         double timeout_s, int tag) override {
+    return create(comm_, members, name, timeout_s, tag);
+  }
+  std::unique_ptr<OneSidedWindow> one_sided_window(int64_t numel, DType dtype, std::string name,
+                                                   double timeout_s) override;
 
   // Supported dtypes: reductions (all_reduce, reduce_scatter) f32, f64, bf16, f16, i32, i64
   // (kAvg: the floating ones; bf16/f16 reduced in f32 and rounded once); data movement (all_gather,

@@ -45,7 +45,7 @@ std::unique_ptr<OneSidedWindow> make_window(Communicator& shard, const dp::GradB
     return make_cuda_ipc_window(shard, numel, units_dtype(buckets),
                                 buckets.bucket(0).param_flat.device().index, std::move(name));
   }
-  return make_mpi_window(shard, numel, units_dtype(buckets), std::move(name), timeout_s);
+  return shard.one_sided_window(numel, units_dtype(buckets), std::move(name), timeout_s);
 }
 }  // namespace
 

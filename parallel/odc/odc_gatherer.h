@@ -3,7 +3,7 @@
 // 2026, arXiv 2601.19362): the same layout as Zero3Gatherer (parallel/dp/zero3.h; rank r of the
 // shard group owns elements [r·n, (r+1)·n) of every unit, so the optimiser pieces, placements
 // and checkpoints are ZeRO-3's), but every transfer is one-sided through OneSidedWindows
-// (parallel/odc/window.h) and the group synchronises once per step. It owns its windows (its
+// (parallel/comm/one_sided.h) and the group synchronises once per step. It owns its windows (its
 // base dp::UnitGatherer holds the owned parameter shards and runs the hook schedule); it does not
 // own the buckets, the communicators, the MiCS second hop (GradSync) or the optimizer. DataParallel
 // builds it at stage 3 when DataParallelConfig::odc.
@@ -52,7 +52,7 @@
 //   reproducibility studies.
 // On CUDA tensors the windows are CUDA IPC ones (one node; compiled, never run) and the
 // deterministic layout is always used (Note [ODC over CUDA IPC] in
-// parallel/odc/cuda_ipc_window.cpp). Memory in all: parameter window Ψ/S, gradient window Ψ/S
+// parallel/comm/cuda_ipc_window.cpp). Memory in all: parameter window Ψ/S, gradient window Ψ/S
 // (deterministic: Ψ), besides ZeRO-3's own shards (the owned parameter shard, kept apart from the
 // published copy so that the optimiser can write it while nobody reads it; grad_shard; optimiser
 // state).
@@ -65,11 +65,11 @@
 
 #include "core/tensor.h"
 #include "parallel/comm/communicator.h"
+#include "parallel/comm/one_sided.h"
 #include "parallel/dp/dp_stats.h"
 #include "parallel/dp/grad_buckets.h"
 #include "parallel/dp/grad_sync.h"
 #include "parallel/dp/unit_gatherer.h"
-#include "parallel/odc/window.h"
 
 namespace loom::parallel::odc {
 
@@ -136,7 +136,8 @@ class OdcGatherer final : public dp::UnitGatherer {
   bool unpublished_finish_ = false;  // finish() zeroed the gradient window; no barrier since
 };
 
-// The windows OdcGatherer needs over `shard` for these buckets (MPI RMA: make_mpi_window).
+// The windows OdcGatherer needs over `shard` for these buckets (MPI RMA:
+// Communicator::one_sided_window).
 int64_t odc_slot_numel(const dp::GradBuckets& buckets);
 
 // ODC as DataParallel's stage-3 gatherer (DataParallelConfig::gatherer): OdcGatherers with

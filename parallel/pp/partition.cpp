@@ -41,23 +41,25 @@ std::vector<int64_t> partition_layers(int64_t n_layer, int num_stages, const std
   return b;
 }
 
-std::vector<int> stages_of_parameter(const std::string& name, const std::vector<int64_t>& b,
-                                     bool tied_embeddings) {
+std::vector<int> stages_of_parameter(const std::string& name, const Tensor& p,
+                                     const std::vector<int64_t>& b, bool tied_table) {
   const int last = static_cast<int>(b.size()) - 2;
-  auto starts = [&](const char* prefix) { return name.rfind(prefix, 0) == 0; };
-  if (starts("wte.")) {
-    if (tied_embeddings && last > 0) return {0, last};
+  const ParamRole* role = p.role();
+  LOOM_CHECK(role != nullptr, "pipeline: parameter '", name,
+             "' has no role in a model (a Transformer records them, core/param_role.h)");
+  if (role->part == ParamRole::Part::kInput) {
+    if (tied_table && last > 0) return {0, last};
     return {0};
   }
-  if (starts("wpe.")) return {0};
-  if (starts("blocks.")) {
-    const int64_t i = std::stoll(name.substr(7));
+  if (role->part == ParamRole::Part::kBlock) {
     for (int s = 0; s <= last; ++s) {
-      if (i >= b[static_cast<size_t>(s)] && i < b[static_cast<size_t>(s) + 1]) return {s};
+      if (role->block >= b[static_cast<size_t>(s)] && role->block < b[static_cast<size_t>(s) + 1])
+        return {s};
     }
-    LOOM_FAIL("pipeline: block of parameter '", name, "' is outside the partition");
+    LOOM_FAIL("pipeline: block ", role->block, " of parameter '", name,
+              "' is outside the partition");
   }
-  return {last};  // ln_f / norm_f, lm_head
+  return {last};  // the final norm, an untied head
 }
 
 }  // namespace loom::parallel::pp

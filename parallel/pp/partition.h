@@ -22,6 +22,8 @@
 #include <string>
 #include <vector>
 
+#include "core/tensor.h"
+
 namespace loom::parallel::pp {
 
 // Boundaries b (S+1 entries, b[0] = 0, b[S] = n_layer): stage s runs blocks [b[s], b[s+1]).
@@ -29,9 +31,10 @@ namespace loom::parallel::pp {
 std::vector<int64_t> partition_layers(int64_t n_layer, int num_stages,
                                       const std::string& layout = "");
 
-// The global stages holding parameter `name` (a Transformer::named_parameters() name): one,
-// or two for the tied wte.weight (first and last) when tied and S > 1.
-std::vector<int> stages_of_parameter(const std::string& name,
-                                     const std::vector<int64_t>& boundaries, bool tied_embeddings);
+// The global stages holding parameter `p` (named `name`, for errors) by its ParamRole
+// (core/param_role.h): one, or two for the tied input table (first and last; `tied_table`: p is
+// the table the head reuses) when S > 1.
+std::vector<int> stages_of_parameter(const std::string& name, const Tensor& p,
+                                     const std::vector<int64_t>& boundaries, bool tied_table);
 
 }  // namespace loom::parallel::pp

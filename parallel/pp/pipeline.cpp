@@ -44,8 +44,9 @@ TransformerPipeline::TransformerPipeline(const Transformer& model, Communicator&
                 model.device()) {  // what crosses stages
   const bool tied = model.config().tie_embeddings;
   for (auto& [name, t] : model.named_parameters()) {
-    if (t.impl() == model.wte_weight().impl()) table_name_ = name;  // the model says which
-    for (int g : stages_of_parameter(name, boundaries_, tied)) {
+    const bool table = t.impl() == model.wte_weight().impl();  // the model says which
+    if (table) table_name_ = name;
+    for (int g : stages_of_parameter(name, t, boundaries_, tied && table)) {
       if (g % shape_.stages == pp.rank()) {
         params_.emplace_back(name, t);
         break;

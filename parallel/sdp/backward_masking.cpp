@@ -283,7 +283,11 @@ std::vector<std::pair<std::string, Tensor>> match_frozen(
   }
   std::vector<std::pair<std::string, Tensor>> out;
   out.reserve(found.size());
-  for (auto& [i, t] : found) out.emplace_back(named[i].first, t);
+  for (auto& [i, t] : found) {  // the frozen part is the same parameter: its owned part's role
+    Tensor frozen = t;
+    if (const ParamRole* role = named[i].second.role()) frozen.set_role(*role);
+    out.emplace_back(named[i].first, frozen);
+  }
   return out;
 }
 

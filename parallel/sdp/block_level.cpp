@@ -20,8 +20,8 @@ void check_worker(const BlockAssignment& cover, int worker, const char* what) {
              cover.n_layer);
 }
 
-// "blocks.<l>.rest" → "rest" (the parameter's name inside its block).
-std::string name_in_block(const std::string& name) { return name.substr(name.find('.', 7) + 1); }
+// The parameter's name inside its block (its ParamRole).
+std::string name_in_block(const Tensor& p) { return p.role()->name; }
 
 }  // namespace
 
@@ -41,24 +41,19 @@ LayerContext block_masking_context(const BlockAssignment& cover, int worker, boo
   return ctx;
 }
 
-int64_t block_of_parameter(const std::string& name, int64_t n_layer) {
-  const std::string prefix = "blocks.";
-  if (name.rfind(prefix, 0) != 0) return -1;
-  const size_t end = name.find('.', prefix.size());
-  const std::string digits = name.substr(
-      prefix.size(), end == std::string::npos ? std::string::npos : end - prefix.size());
-  const bool numeric = !digits.empty() && digits.size() <= 18 &&
-                       std::all_of(digits.begin(), digits.end(),
-                                   [](unsigned char c) { return std::isdigit(c) != 0; });
-  const int64_t l = numeric ? std::stoll(digits) : -1;
-  LOOM_CHECK(end != std::string::npos && numeric && l < n_layer, "sdp: parameter '", name,
-             "' is not named blocks.<l>.… with l a block of model.n_layer = ", n_layer);
+int64_t block_of_parameter(const std::string& name, const Tensor& p, int64_t n_layer) {
+  LOOM_CHECK(p.role() != nullptr, "sdp: parameter '", name,
+             "' has no role in a model (a Transformer records them, core/param_role.h)");
+  const int64_t l = block_of(p.role());
+  LOOM_CHECK(l < n_layer, "sdp: parameter '", name, "' is in block ", l,
+             ", not a block of model.n_layer = ", n_layer);
   return l;
 }
 
-bool holds_parameter(const BlockAssignment& cover, int worker, const std::string& name) {
+bool holds_parameter(const BlockAssignment& cover, int worker, const std::string& name,
+                     const Tensor& p) {
   check_worker(cover, worker, "holds_parameter");
-  const int64_t l = block_of_parameter(name, cover.n_layer);
+  const int64_t l = block_of_parameter(name, p, cover.n_layer);
   return l < 0 || cover.holds(worker, l);
 }
 
@@ -73,7 +68,7 @@ std::vector<SdpSliceSpec> block_slices(const BlockAssignment& cover,
   std::map<int64_t, std::vector<size_t>> by_block;  // block → its parameters' indices, in order
   std::vector<size_t> replicated;
   for (size_t i = 0; i < params.size(); ++i) {
-    const int64_t l = block_of_parameter(params[i].first, cover.n_layer);
+    const int64_t l = block_of_parameter(params[i].first, params[i].second, cover.n_layer);
     if (l < 0) {
       replicated.push_back(i);
     } else {
@@ -82,7 +77,7 @@ std::vector<SdpSliceSpec> block_slices(const BlockAssignment& cover,
   }
   for (const auto& [l, indices] : by_block) {
     std::vector<std::string> names;
-    for (size_t i : indices) names.push_back(name_in_block(params[i].first));
+    for (size_t i : indices) names.push_back(name_in_block(params[i].second));
     if (layout_block < 0) {
       layout = names;
       layout_block = l;

@@ -45,13 +45,15 @@ namespace loom::parallel::sdp {
 // masking holds every block, scale 1, and freezes the blocks the worker does not hold.
 LayerContext block_masking_context(const BlockAssignment& cover, int worker, bool forward_masking);
 
-// The block of a parameter named "blocks.<l>.…", or -1 for any other name. An error naming the
-// parameter when <l> is not a block index of a model of n_layer blocks.
-int64_t block_of_parameter(const std::string& name, int64_t n_layer);
+// The block of parameter `p` (named `name`, for errors) by its ParamRole (core/param_role.h), or
+// -1 outside the blocks. An error naming the parameter when it has no role (not a model's) or
+// its block is not one of a model of n_layer blocks.
+int64_t block_of_parameter(const std::string& name, const Tensor& p, int64_t n_layer);
 
-// Whether worker `worker` holds (trains) parameter `name`: a block parameter iff the worker holds
-// its block; every other parameter is replicated (true).
-bool holds_parameter(const BlockAssignment& cover, int worker, const std::string& name);
+// Whether worker `worker` holds (trains) parameter `p` (named `name`): a block parameter iff
+// the worker holds its block; every other parameter is replicated (true).
+bool holds_parameter(const BlockAssignment& cover, int worker, const std::string& name,
+                     const Tensor& p);
 
 // The sync slices of `params` (a worker's named parameters, any subset of blocks; Note [SDP
 // block slices]): one whole slice (length −1) per parameter, ascending id, holders ascending.

@@ -12,27 +12,12 @@
 namespace loom::parallel::sdp {
 namespace {
 
-bool ends_with(const std::string& s, const std::string& suffix) {
-  return s.size() >= suffix.size() &&
-         s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
-}
+// The parameter's name inside its block (its ParamRole, core/param_role.h), "" outside blocks.
+std::string role_in_block(const Tensor& t) { return block_of(t.role()) >= 0 ? t.role()->name : ""; }
 
-bool is_qkv(const std::string& name) {
-  return ends_with(name, ".attn.qkv.weight") || ends_with(name, ".attn.qkv.bias");
-}
-
-// The block index of "blocks.<l>.…", or -1.
-int64_t block_index(const std::string& name) {
-  const std::string prefix = "blocks.";
-  if (name.rfind(prefix, 0) != 0) return -1;
-  const size_t end = name.find('.', prefix.size());
-  if (end == std::string::npos || end == prefix.size()) return -1;
-  int64_t l = 0;
-  for (size_t i = prefix.size(); i < end; ++i) {
-    if (name[i] < '0' || name[i] > '9') return -1;
-    l = l * 10 + (name[i] - '0');
-  }
-  return l;
+bool is_qkv(const Tensor& t) {
+  const std::string r = role_in_block(t);
+  return r == "attn.qkv.weight" || r == "attn.qkv.bias";
 }
 
 // Per block: the indices into params of its packed attention parameters, in params' order.
@@ -42,8 +27,8 @@ std::map<int64_t, std::vector<size_t>> packed_by_block(
   std::map<int64_t, std::vector<size_t>> out;
   for (size_t i = 0; i < params.size(); ++i) {
     const std::string& name = params[i].first;
-    if (!is_packed_head_parameter(name)) continue;
-    const int64_t l = block_index(name);
+    if (!is_packed_head_parameter(params[i].second)) continue;
+    const int64_t l = block_of(params[i].second.role());
     LOOM_CHECK(l >= 0 && l < n_layer, "SDP heads: attention parameter '", name,
                "' is not in a block of the heads cover (", n_layer, " layers)");
     LOOM_CHECK(params[i].second.placement().split_over(kAxisSdp) != nullptr,
@@ -54,7 +39,7 @@ std::map<int64_t, std::vector<size_t>> packed_by_block(
   return out;
 }
 
-int64_t pieces_of(const std::string& name) { return is_qkv(name) ? 3 : 1; }
+int64_t pieces_of(const Tensor& t) { return is_qkv(t) ? 3 : 1; }
 
 // P of Note [SDP head slices]: the most pieces of any block.
 int64_t pieces_per_block(const std::map<int64_t, std::vector<size_t>>& blocks,
@@ -62,7 +47,7 @@ int64_t pieces_per_block(const std::map<int64_t, std::vector<size_t>>& blocks,
   int64_t most = 0;
   for (const auto& [l, members] : blocks) {
     int64_t n = 0;
-    for (size_t i : members) n += pieces_of(params[i].first);
+    for (size_t i : members) n += pieces_of(params[i].second);
     most = std::max(most, n);
   }
   return most;
@@ -70,8 +55,8 @@ int64_t pieces_per_block(const std::map<int64_t, std::vector<size_t>>& blocks,
 
 }  // namespace
 
-bool is_packed_head_parameter(const std::string& name) {
-  return is_qkv(name) || ends_with(name, ".attn.proj.weight");
+bool is_packed_head_parameter(const Tensor& p) {
+  return is_qkv(p) || role_in_block(p) == "attn.proj.weight";
 }
 
 int64_t head_slice_id_span(const NeuronAssignment& heads,
@@ -95,10 +80,10 @@ std::vector<SdpSliceSpec> head_slices(const NeuronAssignment& heads, int worker,
     // Q and R = Q + 2K from the block's proj and qkv weights' global shapes.
     int64_t q_rows = -1, all_rows = -1;
     for (size_t i : members) {
-      const std::string& name = params[i].first;
       const Placement p = params[i].second.placement();
-      if (ends_with(name, ".attn.qkv.weight")) all_rows = p.global_shape.at(0);
-      if (ends_with(name, ".attn.proj.weight")) q_rows = p.global_shape.at(1);
+      const std::string role = role_in_block(params[i].second);
+      if (role == "attn.qkv.weight") all_rows = p.global_shape.at(0);
+      if (role == "attn.proj.weight") q_rows = p.global_shape.at(1);
     }
     LOOM_CHECK(q_rows > 0 && all_rows > q_rows, "SDP heads: block ", l,
                " lacks its packed attn.qkv.weight or attn.proj.weight");
@@ -112,7 +97,7 @@ std::vector<SdpSliceSpec> head_slices(const NeuronAssignment& heads, int worker,
       const std::string& name = params[i].first;
       const Placement placement = params[i].second.placement();
       const PlacementSplit* split = placement.split_over(kAxisSdp);
-      const bool qkv = is_qkv(name);
+      const bool qkv = is_qkv(params[i].second);
       for (int s = 0; s < static_cast<int>(cover.slices.size()); ++s) {
         const UnitSlice& us = cover.slices[static_cast<size_t>(s)];
         if (us.size() == 0 || cover.holds(worker, s) != held) continue;
@@ -140,7 +125,7 @@ std::vector<SdpSliceSpec> head_slices(const NeuronAssignment& heads, int worker,
                      held ? " holds" : " keeps a frozen copy of");
         }
       }
-      position += pieces_of(name);
+      position += pieces_of(params[i].second);
     }
   }
   std::sort(out.begin(), out.end(),

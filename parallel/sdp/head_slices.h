@@ -43,9 +43,10 @@
 
 namespace loom::parallel::sdp {
 
-// Whether `name` is one of a block's attention parameters that the heads option packs
-// (".attn.qkv.weight", ".attn.qkv.bias", ".attn.proj.weight"; not the proj bias, whole).
-bool is_packed_head_parameter(const std::string& name);
+// Whether `parameter` is one of a block's attention parameters that the heads option packs (by
+// its ParamRole, core/param_role.h: attn.qkv.weight, attn.qkv.bias, attn.proj.weight; not the
+// proj bias, whole).
+bool is_packed_head_parameter(const Tensor& parameter);
 
 // The slices of worker `worker`'s packed attention parameters among `params` (its model's
 // named_parameters(), built with the heads cover `heads`), in ascending id (Note [SDP head

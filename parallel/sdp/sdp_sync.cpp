@@ -15,17 +15,6 @@
 #include "parallel/sdp/neuron_masking.h"
 
 namespace loom::parallel::sdp {
-namespace {
-
-// The block index of "blocks.<l>.…", or -1.
-int64_t block_of(const std::string& name) {
-  const std::string prefix = "blocks.";
-  if (name.rfind(prefix, 0) != 0) return -1;
-  const size_t end = name.find('.', prefix.size());
-  return std::stoll(name.substr(prefix.size(), end - prefix.size()));
-}
-
-}  // namespace
 
 std::vector<SdpSliceSpec> sdp_slices(const NeuronAssignment& cover, int worker,
                                      const std::vector<std::pair<std::string, Tensor>>& params,
@@ -41,8 +30,8 @@ std::vector<SdpSliceSpec> sdp_slices(const NeuronAssignment& cover, int worker,
   int64_t packed_per_block = 0;
   for (size_t i = 0; i < params.size(); ++i) {
     if (params[i].second.placement().split_over(kAxisSdp) == nullptr) continue;
-    if (is_packed_head_parameter(params[i].first)) continue;  // head_slices' (heads option)
-    const int64_t l = block_of(params[i].first);
+    if (is_packed_head_parameter(params[i].second)) continue;  // head_slices' (heads option)
+    const int64_t l = block_of(params[i].second.role());
     LOOM_CHECK(l >= 0 && l < n_layer, "SDP: packed parameter '", params[i].first,
                "' is not in a block of the cover (", n_layer, " layers)");
     position[i] = per_block[static_cast<size_t>(l)]++;
@@ -59,8 +48,8 @@ std::vector<SdpSliceSpec> sdp_slices(const NeuronAssignment& cover, int worker,
       out.push_back({next_replicated++, i, 0, 0, -1, all});
       continue;
     }
-    if (is_packed_head_parameter(name)) continue;  // the heads option's: head_slices lists them
-    const int64_t l = block_of(name);
+    if (is_packed_head_parameter(p)) continue;  // the heads option's: head_slices lists them
+    const int64_t l = block_of(p.role());
     const LayerCover& layer = cover.layers[static_cast<size_t>(l)];
     for (int s = 0; s < static_cast<int>(layer.slices.size()); ++s) {
       const UnitSlice& us = layer.slices[static_cast<size_t>(s)];
@@ -114,8 +103,8 @@ void merge_head_slices(std::vector<SdpSliceSpec>& slices, const NeuronAssignment
   const int64_t h = head_slice_id_span(heads, params) / std::max<int64_t>(n * layers, 1);
   int64_t p = 0;  // packed MLP parameters per block, as sdp_slices counts them
   for (const auto& [name, t] : params) {
-    if (t.placement().split_over(kAxisSdp) != nullptr && !is_packed_head_parameter(name) &&
-        block_of(name) == 0)
+    if (t.placement().split_over(kAxisSdp) != nullptr && !is_packed_head_parameter(t) &&
+        block_of(t.role()) == 0)
       ++p;
   }
   const int64_t per_block = n * (p + h), mlp_ids = layers * n * p;

@@ -78,10 +78,10 @@ struct SdpSliceSpec {
 };
 
 // The slices of `params` (this worker's model, as named_parameters() lists it: packed MLP
-// parameters are recognised by their split over kAxisSdp, their block by the "blocks.<l>."
-// prefix), in ascending id. `held`: the packed runs are the worker's own units (its trained
-// parameters), else the units it does not hold (backward masking's frozen copies, listed in the
-// same parameter order as the trained ones, so the ids agree). The attention parameters packed
+// parameters are recognised by their split over kAxisSdp, their block by their ParamRole,
+// core/param_role.h), in ascending id. `held`: the packed runs are the worker's own units (its
+// trained parameters), else the units it does not hold (backward masking's frozen copies, listed in
+// the same parameter order as the trained ones, so the ids agree). The attention parameters packed
 // by forward masking's heads option (is_packed_head_parameter) are left out: they follow the
 // heads cover, and head_slices (parallel/sdp/head_slices.h) lists them. Pure: unit-testable
 // without communication. Errors name the parameter when a packed run does not cover whole slices.

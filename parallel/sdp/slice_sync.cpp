@@ -13,10 +13,6 @@
 #include "core/ops/view.h"
 #include "parallel/sdp/slice_list.h"
 
-#if LOOM_HAS_MPI
-#include "parallel/comm/mpi_communicator.h"
-#endif
-
 namespace loom::parallel::sdp {
 
 struct SliceSync::Slice {
@@ -112,28 +108,13 @@ std::vector<std::vector<int>> check_records(const std::vector<std::vector<SliceR
 
 std::string holder_group_name(const std::vector<int>& holders) { return "sdp" + set_str(holders); }
 
-#if LOOM_HAS_MPI
 HolderGroupFactory holder_group_factory(Communicator& dp, double timeout_s) {
   constexpr int kCreateTag = 0x5d0;  // MPI_Comm_create_group's tags: kCreateTag + set index
   return [&dp, timeout_s](const std::vector<int>& members, const std::string& name, int index) {
-    auto* mpi = dynamic_cast<MpiCommunicator*>(&dp);
-    LOOM_CHECK(mpi != nullptr, "SliceSync: holder group ", name, " needs group ", dp.name(),
-               " to be an MPI communicator (SDP's NCCL holder groups are not built yet)");
-    const int tag = kCreateTag + index % 4096;  // within MPI's guaranteed tag range (32767)
-    std::unique_ptr<Communicator> comm =
-        MpiCommunicator::create(mpi->mpi_comm(), members, name, timeout_s, tag);
-    return comm;
+    const int tag = kCreateTag + index % 4096;          // within MPI's guaranteed tag range (32767)
+    return dp.subgroup(members, name, timeout_s, tag);  // refused by a backend without them
   };
 }
-#else
-HolderGroupFactory holder_group_factory(Communicator& dp, double) {
-  return [&dp](const std::vector<int>&, const std::string& name, int) {
-    LOOM_FAIL("SliceSync: holder group ", name, " of group ", dp.name(),
-              " needs MPI; this build has none");
-    return std::unique_ptr<Communicator>();
-  };
-}
-#endif
 
 SliceSync::SliceSync(Communicator& dp, std::vector<HeldSlice> slices, SliceSyncOptions options) {
   std::sort(slices.begin(), slices.end(),

@@ -72,8 +72,7 @@ PackingOptions options(int rank, int world, BalanceMode balance) {
 }
 
 // The documents of a packed row, recovered from its starts, as (inputs, targets) sequences.
-std::vector<std::pair<std::vector<int32_t>, std::vector<int32_t>>> unpack(
-    const PackedMicroBatch& mb) {
+std::vector<std::pair<std::vector<int32_t>, std::vector<int32_t>>> unpack(const MicroBatch& mb) {
   std::vector<std::pair<std::vector<int32_t>, std::vector<int32_t>>> out;
   const int64_t L = mb.tokens();
   const int32_t* in = mb.inputs.data<int32_t>();
@@ -125,7 +124,7 @@ TEST(PackedLoader, RanksSplitTheSingleProcessStepIntoCorrectRows) {
     for (int step = 0; step < 13; ++step) {  // 270 / 24 = 11 steps per epoch: rolls over
       const PackedStep whole = single.next();
       std::multiset<size_t> want, got;
-      for (const PackedMicroBatch& mb : whole.micro)
+      for (const MicroBatch& mb : whole.micro)
         for (const auto& seq : unpack(mb)) want.insert(identify(c, seq.first));
       int64_t loss_tokens = 0;
       for (int r = 0; r < 4; ++r) {
@@ -133,7 +132,7 @@ TEST(PackedLoader, RanksSplitTheSingleProcessStepIntoCorrectRows) {
         EXPECT_EQ(s.global_loss_tokens, whole.global_loss_tokens);
         EXPECT_EQ(s.global_tokens, whole.global_tokens);
         int64_t tokens = 0;
-        for (const PackedMicroBatch& mb : s.micro) {
+        for (const MicroBatch& mb : s.micro) {
           EXPECT_LE(mb.tokens(), 64);
           tokens += mb.tokens();
           for (const auto& seq : unpack(mb)) {

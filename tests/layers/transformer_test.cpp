@@ -66,6 +66,36 @@ std::vector<std::string> names_of(const Module& m) {
   return out;
 }
 
+// Note [Parameter roles] in layers/transformer.cpp: every parameter carries its part, block and
+// name there; the test reads the same from the names (its own parse), for both architectures
+// and an untied head.
+TEST(Transformer, EveryParameterHasItsRole) {
+  for (ModelConfig c : {tiny_gpt2(), tiny_llama()}) {
+    for (bool tied : {true, false}) {
+      c.tie_embeddings = tied;
+      Transformer m(c);
+      int blocks = 0;
+      for (const auto& [name, p] : m.named_parameters()) {
+        const ParamRole* r = p.role();
+        ASSERT_NE(r, nullptr) << name;
+        if (name.rfind("blocks.", 0) == 0) {
+          const size_t dot = name.find('.', 7);
+          EXPECT_EQ(r->part, ParamRole::Part::kBlock) << name;
+          EXPECT_EQ(r->block, std::stoll(name.substr(7, dot - 7))) << name;
+          EXPECT_EQ(r->name, name.substr(dot + 1)) << name;
+          ++blocks;
+        } else {
+          const bool input = name.rfind("wte.", 0) == 0 || name.rfind("wpe.", 0) == 0;
+          EXPECT_EQ(r->part, input ? ParamRole::Part::kInput : ParamRole::Part::kOutput) << name;
+          EXPECT_EQ(r->block, -1) << name;
+          EXPECT_EQ(r->name, name);
+        }
+      }
+      EXPECT_GT(blocks, 0);
+    }
+  }
+}
+
 TEST(Transformer, Gpt2ParameterNamesAndShapes) {
   Transformer m(tiny_gpt2());
   std::vector<std::string> expected = {"wte.weight", "wpe.weight"};

@@ -22,8 +22,8 @@
 #include <string>
 #include <vector>
 
+#include "parallel/comm/one_sided.h"
 #include "parallel/odc/odc_gatherer.h"
-#include "parallel/odc/window.h"
 #include "tests/parallel/dp/dp_test_util.h"
 #include "tests/parallel/mpi_test_util.h"
 #include "tests/train/train_test_util.h"
@@ -70,7 +70,7 @@ TEST(OdcWindow, GetsEveryOwnersValuesAndSumsEveryOriginsAccumulates) {
   ParallelContext ctx = make_ctx(testing::world_size(), 0);
   const int S = ctx.dp_size(), r = ctx.dp_rank();
   const int64_t n = 37;
-  auto w = odc::make_mpi_window(ctx.dp(), 2 * n, DType::kF32, "test window", 30);
+  auto w = ctx.dp().one_sided_window(2 * n, DType::kF32, "test window", 30);
   ASSERT_EQ(w->size(), S);
   ASSERT_EQ(w->rank(), r);
   w->write_local(0, Tensor::from_vector(iota_values(n, 1000.0f * r), {n}));
@@ -114,7 +114,7 @@ TEST(OdcWindow, SlotsReduceInRankOrder) {
   ParallelContext ctx = make_ctx(testing::world_size(), 0);
   const int S = ctx.dp_size(), r = ctx.dp_rank();
   const int64_t n = 53;
-  auto w = odc::make_mpi_window(ctx.dp(), S * n, DType::kF32, "slot window", 30);
+  auto w = ctx.dp().one_sided_window(S * n, DType::kF32, "slot window", 30);
   std::vector<WorkPtr> works;
   std::vector<Tensor> mine;
   for (int rep = 0; rep < 2; ++rep)
@@ -151,7 +151,7 @@ TEST(OdcWindow, BarrierWithAStoppedMemberFailsInTimeNamingIt) {
   const int S = ctx.dp_size(), r = ctx.dp_rank();
   const int late = S - 1;
   const double timeout_s = 1.5;
-  auto w = odc::make_mpi_window(ctx.dp(), 8, DType::kF32, "stall window", timeout_s);
+  auto w = ctx.dp().one_sided_window(8, DType::kF32, "stall window", timeout_s);
   w->write_local(0, Tensor::full({8}, static_cast<double>(r)));
   std::vector<int> pids(static_cast<size_t>(S));
   const int pid = getpid();

@@ -129,7 +129,7 @@ void expect_forward_masking_matches(bool llama, const Case& cs, double dropout) 
     // The worker has exactly the full model's parameters it holds, under the same names.
     std::set<std::string> want_names;
     for (auto& [name, p] : fp) {
-      if (holds_parameter(a, w, name)) want_names.insert(name);
+      if (holds_parameter(a, w, name, p)) want_names.insert(name);
     }
     std::set<std::string> names;
     for (auto& [name, p] : m.named_parameters()) names.insert(name);
@@ -405,13 +405,15 @@ TEST(SdpBlockLevel, BlockSlicesErrorsAndHoldings) {
   for (int w = 0; w < cs.workers; ++w) {
     for (auto& [name, p] : params) {
       const int64_t l = block_in_name(name);
-      EXPECT_EQ(holds_parameter(a, w, name), l < 0 || a.holds(w, l)) << name;
+      EXPECT_EQ(holds_parameter(a, w, name, p), l < 0 || a.holds(w, l)) << name;
     }
   }
-  EXPECT_THROW(holds_parameter(a, 0, "blocks.x.attn.qkv.weight"), Error);
-  EXPECT_THROW(holds_parameter(a, 0, "blocks.4.attn.qkv.weight"), Error);  // n_layer 4
-  EXPECT_THROW(holds_parameter(a, 0, "blocks.1"), Error);
-  EXPECT_THROW(holds_parameter(a, cs.workers, "wte.weight"), Error);
+  // A tensor that is no model's parameter (no role), and a block outside the cover's n_layer.
+  EXPECT_THROW(holds_parameter(a, 0, "loose", Tensor::zeros({2})), Error);
+  Tensor outside = Tensor::zeros({2});
+  outside.set_role({ParamRole::Part::kBlock, cs.n_layer, "attn.qkv.weight"});
+  EXPECT_THROW(holds_parameter(a, 0, "outside", outside), Error);
+  EXPECT_THROW(holds_parameter(a, cs.workers, "wte.weight", full.wte_weight()), Error);
   // A block that lists other parameters than the others.
   auto bad = params;
   bad.erase(std::find_if(bad.begin(), bad.end(),

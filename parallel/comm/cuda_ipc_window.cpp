@@ -1,4 +1,4 @@
-// parallel/odc/cuda_ipc_window.cpp — the CUDA IPC OneSidedWindow (see parallel/odc/window.h)
+// parallel/comm/cuda_ipc_window.cpp — the CUDA IPC OneSidedWindow (see parallel/comm/one_sided.h)
 // for GPUs of one node: each rank's window is its own cudaMalloc, whose IPC handle every member
 // opens, so a peer's window is a device pointer. Compiled only in CUDA builds (LOOM_HAS_NCCL);
 // COMPILED, NEVER RUN: no GPU was available when it was written (docs/parallel.md, "ODC").
@@ -19,7 +19,7 @@
 #include <utility>
 
 #include "core/error.h"
-#include "parallel/odc/window.h"
+#include "parallel/comm/one_sided.h"
 
 #if LOOM_HAS_NCCL
 #include <cuda_runtime.h>
@@ -32,7 +32,7 @@
 #include "kernels/cuda/cuda_device.cuh"
 #endif
 
-namespace loom::parallel::odc {
+namespace loom::parallel {
 
 #if LOOM_HAS_NCCL
 namespace {
@@ -276,4 +276,4 @@ std::unique_ptr<OneSidedWindow> make_cuda_ipc_window(Communicator& group, int64_
 
 #endif
 
-}  // namespace loom::parallel::odc
+}  // namespace loom::parallel

@@ -1,5 +1,6 @@
-// parallel/odc/mpi_window.cpp — the MPI RMA OneSidedWindow (see parallel/odc/window.h) and
-// join_works. CPU tensors only; the CUDA design is in docs/parallel.md ("ODC").
+// parallel/comm/mpi_window.cpp — the MPI RMA OneSidedWindow (see parallel/comm/one_sided.h:
+// MpiCommunicator::one_sided_window) and join_works. CPU tensors only; the CUDA design is in
+// docs/parallel.md ("ODC").
 //
 // Note [ODC over MPI RMA]: the window's memory is MPI's (not MPI_Win_create over a Loom tensor:
 // Open MPI's shared-memory one-sided component, osc/sm, serves only windows MPI allocates), over
@@ -55,7 +56,7 @@
 #include <utility>
 
 #include "core/error.h"
-#include "parallel/odc/window.h"
+#include "parallel/comm/one_sided.h"
 
 #if LOOM_HAS_MPI
 #include <mpi.h>
@@ -63,7 +64,7 @@
 #include "parallel/comm/mpi_communicator.h"
 #endif
 
-namespace loom::parallel::odc {
+namespace loom::parallel {
 namespace {
 
 class JoinedWork final : public Work {
@@ -505,22 +506,12 @@ class MpiWindow final : public OneSidedWindow {
 
 }  // namespace
 
-std::unique_ptr<OneSidedWindow> make_mpi_window(Communicator& group, int64_t numel, DType dtype,
-                                                std::string name, double timeout_s) {
-  auto* mpi = dynamic_cast<MpiCommunicator*>(&group);
-  LOOM_CHECK(mpi != nullptr, name, ": ODC's MPI windows need an MPI communicator for group ",
-             group.name(), " (the GPU path is described in docs/parallel.md, \"ODC\")");
-  return std::make_unique<MpiWindow>(mpi->mpi_comm(), numel, dtype, std::move(name), timeout_s);
+std::unique_ptr<OneSidedWindow> MpiCommunicator::one_sided_window(int64_t numel, DType dtype,
+                                                                  std::string name,
+                                                                  double timeout_s) {
+  return std::make_unique<MpiWindow>(comm_, numel, dtype, std::move(name), timeout_s);
 }
 
-#else  // !LOOM_HAS_MPI
+#endif  // LOOM_HAS_MPI (without it there is no MpiCommunicator: the default refuses)
 
-std::unique_ptr<OneSidedWindow> make_mpi_window(Communicator& group, int64_t, DType,
-                                                std::string name, double) {
-  LOOM_FAIL(name, ": ODC needs MPI one-sided windows; this build has no MPI (group ", group.name(),
-            ")");
-}
-
-#endif
-
-}  // namespace loom::parallel::odc
+}  // namespace loom::parallel

@@ -1,10 +1,11 @@
-// parallel/odc/window.h — OneSidedWindow: memory each member of a group exposes to the others
-// for one-sided transfers (ODC, Note [ODC] in parallel/odc/odc_gatherer.h). A member reads a
-// range of an owner's window (get) or adds a buffer into it (accumulate) without the owner
+// parallel/comm/one_sided.h — OneSidedWindow: memory each member of a group exposes to the
+// others for one-sided transfers (used by ODC, Note [ODC] in parallel/odc/odc_gatherer.h). A member
+// reads a range of an owner's window (get) or adds a buffer into it (accumulate) without the owner
 // making any call; the only synchronisation is flush (this rank's accumulates complete at their
 // targets) and barrier (collective: everything flushed before it is visible to every member
 // after it). Local operations act on the rank's own window between barriers. Backends: MPI RMA
-// over the group's MPI communicator (make_mpi_window, CPU tensors) and CUDA IPC between the GPUs
+// over the group's MPI communicator (Communicator::one_sided_window of an MpiCommunicator,
+// parallel/comm/mpi_window.cpp, CPU tensors) and CUDA IPC between the GPUs
 // of one node (make_cuda_ipc_window, CUDA tensors; compiled, not yet run). The interface knows
 // nothing of parameters, units or optimisers; nothing here is a collective except creation, barrier
 // and destruction.
@@ -18,7 +19,7 @@
 #include "core/tensor.h"
 #include "parallel/comm/communicator.h"
 
-namespace loom::parallel::odc {
+namespace loom::parallel {
 
 class OneSidedWindow {
  public:
@@ -55,14 +56,6 @@ class OneSidedWindow {
                             const Tensor& out) = 0;
 };
 
-// A window of `numel` elements of `dtype` on every member of `group`, zeroed (collective over
-// the group). MPI RMA (an MPI window over a communicator of its own with the group's members,
-// passive target for the window's whole life: Note [ODC over MPI RMA] in mpi_window.cpp).
-// `group` must be an MpiCommunicator (a build without MPI throws). Work::wait() throws after
-// timeout_s seconds, naming the window and the owner.
-std::unique_ptr<OneSidedWindow> make_mpi_window(Communicator& group, int64_t numel, DType dtype,
-                                                std::string name, double timeout_s);
-
 // A window over the GPUs of one node (CUDA IPC: Note [ODC over CUDA IPC] in
 // cuda_ipc_window.cpp), on device `device` of this rank, for CUDA tensors; `group`'s CPU path
 // exchanges the IPC handles and runs the barrier. Accumulates are exact only into locations
@@ -73,4 +66,4 @@ std::unique_ptr<OneSidedWindow> make_cuda_ipc_window(Communicator& group, int64_
 // One Work for several: done when all are; wait() waits for each in order.
 WorkPtr join_works(std::vector<WorkPtr> works);
 
-}  // namespace loom::parallel::odc
+}  // namespace loom::parallel
