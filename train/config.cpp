@@ -10,6 +10,8 @@
 #include "core/yaml_util.h"
 #include "kernels/attention.h"
 #include "layers/transformer.h"
+#include "parallel/dp/options.h"
+#include "parallel/odc/options.h"
 #include "parallel/pp/partition.h"
 #include "parallel/pp/schedule.h"
 
@@ -536,29 +538,11 @@ void validate_config(const Config& c) {
           "checkpoint.keep: must be non-negative, got " + str(c.checkpoint.keep));
   const ParallelConfig& p = c.parallel;
   require(p.dp >= 1, "parallel.dp: must be positive, got " + str(p.dp));
-  require(p.zero_stage >= 0 && p.zero_stage <= 3,
-          "parallel.zero_stage: " + str(p.zero_stage) + " is not supported (0, 1, 2 or 3)");
-  require(p.mics_partition_size >= 0,
-          "parallel.mics_partition_size: must be non-negative, got " + str(p.mics_partition_size));
-  // MiCS partitions the dp·cp reduction group (Note [MiCS groups] in parallel/mesh.h).
-  require(
-      p.mics_partition_size == 0 || (p.dp * p.cp) % p.mics_partition_size == 0,
-      "parallel.mics_partition_size: " + str(p.mics_partition_size) +
-          " does not divide parallel.dp " + str(p.dp) +
-          (p.cp > 1 ? " × parallel.cp " + str(p.cp) + " = " + str(p.dp * p.cp) : std::string()));
-  require(p.mics_partition_size == 0 || p.zero_stage >= 1,
-          "parallel.mics_partition_size: MiCS shards optimizer state; set parallel.zero_stage to "
-          "1, 2 or 3");
-  require(p.bucket_mb > 0, "parallel.bucket_mb: must be positive, got " + str(p.bucket_mb));
+  parallel::validate(
+      parallel::DpOptions{p.dp, p.cp, p.zero_stage, p.mics_partition_size, p.bucket_mb});
   require(p.comm_timeout_s > 0,
           "parallel.comm_timeout_s: must be positive, got " + str(p.comm_timeout_s));
-  require(!p.odc || p.zero_stage == 3,
-          "parallel.odc: ODC pulls parameter shards and pushes gradient pieces of ZeRO-3's layout; "
-          "set parallel.zero_stage to 3 (got " +
-              str(p.zero_stage) + ")");
-  require(!p.odc_deterministic || p.odc, "parallel.odc_deterministic: needs parallel.odc: true");
-  require(!p.odc || p.pp == 1,
-          "parallel.odc: not supported with pipeline parallelism (parallel.pp " + str(p.pp) + ")");
+  parallel::odc::validate({p.odc, p.odc_deterministic, p.zero_stage, p.pp});
   require(
       p.backend == "auto" || p.backend == "nccl" || p.backend == "mpi" ||
           p.backend == "mpi_nccl_rules",

@@ -131,7 +131,7 @@ SlicePublisher::SlicePublisher(Communicator& group, std::vector<PublishedSlice> 
       Region region;
       int64_t size = 0;
       for (size_t i : specs[j].slices) {
-        region.pieces.push_back({size, slices[i].values});
+        region.slices.push_back({size, slices[i].values});
         size += slices[i].values.numel();
       }
       region.flat = buffers[static_cast<size_t>(specs[j].dtype)].narrow(0, start[j], size);
@@ -144,7 +144,7 @@ SlicePublisher::SlicePublisher(Communicator& group, std::vector<PublishedSlice> 
 
 void SlicePublisher::publish() {
   for (Region& region : pack_) {
-    for (const Piece& piece : region.pieces) {
+    for (const StagedSlice& piece : region.slices) {
       Tensor dst =
           region.flat.narrow(0, piece.offset, piece.values.numel()).view(piece.values.shape());
       ops::copy_(dst, piece.values);
@@ -164,7 +164,7 @@ void SlicePublisher::publish() {
     }
   }
   for (Region& region : unpack_) {
-    for (Piece& piece : region.pieces) {
+    for (StagedSlice& piece : region.slices) {
       ops::copy_(
           piece.values,
           region.flat.narrow(0, piece.offset, piece.values.numel()).view(piece.values.shape()));

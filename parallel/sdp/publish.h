@@ -89,13 +89,13 @@ class SlicePublisher {
   std::string describe() const;
 
  private:
-  struct Piece {  // one slice inside a staging region
+  struct StagedSlice {  // one slice inside a staging region
     int64_t offset = 0;
     Tensor values;
   };
   struct Region {  // a contiguous part of a staging buffer, packed or unpacked as a whole
     Tensor flat;
-    std::vector<Piece> pieces;
+    std::vector<StagedSlice> slices;
   };
   struct Message {
     int peer = 0;
