@@ -8,8 +8,12 @@ namespace loom::parallel {
 
 Tensor GradientEngine::finish() {
   sync();
-  if (exchange_) exchange_(exchange_gradients());
-  return global_grad_sq_sum(gradients(), ctx_, device_);
+  const std::vector<HeldPiece> grads = gradients();  // views: the exchange writes through them
+  if (exchange_) {
+    const std::vector<HeldPiece> other = exchange_gradients();
+    exchange_(other.empty() ? grads : other);
+  }
+  return global_grad_sq_sum(grads, ctx_, device_);
 }
 
 }  // namespace loom::parallel

@@ -98,8 +98,9 @@ class GradientEngine {
   // placements (views: the exchange writes them in place).
   virtual void sync() = 0;
   virtual std::vector<HeldPiece> gradients() = 0;
-  // Those the exchange gets, when they differ (data parallelism's whole gradients at stage 1).
-  virtual std::vector<HeldPiece> exchange_gradients() { return gradients(); }
+  // Those the exchange gets when they differ from gradients() (data parallelism's whole
+  // gradients at stage 1); empty: the same.
+  virtual std::vector<HeldPiece> exchange_gradients() { return {}; }
 
  private:
   GradientExchange exchange_;

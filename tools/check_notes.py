@@ -139,12 +139,11 @@ def scan(root):
 
 
 def resolve(root, citing, path):
-    """The cited path relative to root: as written, else relative to the citing file's folder."""
-    for cand in (path, os.path.join(os.path.dirname(citing), path)):
-        cand = os.path.normpath(cand)
-        if os.path.exists(os.path.join(root, cand)):
-            return cand
-    return None
+    """The cited path relative to root, as written: citations name the file in full (DESIGN:
+    `Note [X] in FULL/PATH`), so a bare or folder-relative name does not resolve."""
+    del citing
+    cand = os.path.normpath(path)
+    return cand if os.path.exists(os.path.join(root, cand)) else None
 
 
 def main(argv):

@@ -41,7 +41,6 @@ void apply_model_parallel(TrainPlan& plan, const Config& cfg, const PlanHooks& h
     plan.layers = parallel::mesh_layer_context(ctx->tp(), ctx->cp(), cfg.parallel.sequence_parallel,
                                                std::move(spans));
     model_parallel = true;
-    plan.collective_forward = true;
     std::ostringstream os;
     os << "model parallel: tp " << ctx->tp_size()
        << (cfg.parallel.sequence_parallel ? " (sequence parallel)" : "") << ", cp "
@@ -93,7 +92,6 @@ void apply_pipeline(TrainPlan& plan, const Config& cfg) {
   const int64_t released = plan.pipe->release_other_stages(*plan.model);
   plan.layout = plan.pipe->describe() + "; " + std::to_string(released) +
                 " parameters of other stages released\n" + plan.layout;
-  plan.collective_forward = true;
 }
 
 // The pipeline's tied embedding, exchanged between the sync and the norm (Note [Engine step] in
@@ -183,7 +181,6 @@ void apply_engine(TrainPlan& plan, const Config& cfg) {
       named.emplace_back(r.name, r.param);
     dp = std::make_unique<parallel::DataParallel>(named, group, c, mics);
   }
-  if (dp->collective_forward()) plan.collective_forward = true;
   plan.engine = std::move(dp);
 }
 
@@ -241,6 +238,11 @@ Tensor TrainPlan::global_loss(Tensor share) const {
   if (ctx->cp_size() > 1) ctx->cp().all_reduce(share, parallel::ReduceOp::kSum);  // the shares
   if (ctx->dp_size() > 1) ctx->dp().all_reduce(share, parallel::ReduceOp::kAvg);
   return share;
+}
+
+bool TrainPlan::collective_forward() const {
+  const bool model_parallel = ctx != nullptr && (ctx->tp_size() > 1 || ctx->cp_size() > 1);
+  return model_parallel || pipe != nullptr || engine->collective_forward();
 }
 
 std::string TrainPlan::describe() const {

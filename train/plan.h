@@ -53,8 +53,6 @@ struct TrainPlan {
   std::unique_ptr<StepRunner> runner;
   parallel::ParallelContext* ctx = nullptr;  // null: one process
   Device device;
-  // Whether a forward involves other ranks (ZeRO-3 gathers, tp/cp collectives, pp stages).
-  bool collective_forward = false;
   // Which of the data's replicas this rank reads (data-parallel replicas read their own
   // batches; every other rank of a replica reads the same ones).
   int64_t data_rank = 0, data_ranks = 1;
@@ -67,6 +65,8 @@ struct TrainPlan {
   // The loss of the global batch from this rank's share of its replica's (StepRunner): summed
   // over cp, averaged over dp; the same on every rank.
   Tensor global_loss(Tensor share) const;
+  // Whether a forward involves other ranks (tp/cp collectives, pp stages, ZeRO-3 gathers).
+  bool collective_forward() const;
   std::string describe() const;
 };
 

@@ -19,7 +19,7 @@ namespace loom {
 // over the world per check (negligible beside a forward).
 bool Trainer::State::stop_requested() {
   bool stop = opt.stop != nullptr && opt.stop->load();
-  if (ctx && plan.collective_forward) {
+  if (ctx && plan.collective_forward()) {
     Tensor flag = Tensor::full({1}, stop ? 1.0 : 0.0, DType::kF64);
     ctx->world().all_reduce(flag, parallel::ReduceOp::kMax);
     stop = flag.item() > 0;

@@ -329,7 +329,7 @@ std::vector<StepRecord> Trainer::run() {
     }
     const int64_t n = p.r.step;
     const bool validate = s.has_val() && t.val_every > 0 && (n % t.val_every == 0 || n == t.steps);
-    const bool sample_now = (s.is_main() || s.plan.collective_forward) && t.sample_every > 0 &&
+    const bool sample_now = (s.is_main() || s.plan.collective_forward()) && t.sample_every > 0 &&
                             (n % t.sample_every == 0 || n == t.steps);
     bool stop =
         (s.opt.stop && s.opt.stop->load()) || (s.opt.stop_at_step > 0 && n >= s.opt.stop_at_step);

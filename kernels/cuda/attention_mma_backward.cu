@@ -6,8 +6,8 @@
 // tile) walks the key tiles up to its rows for dq (S = Q Kᵀ, dP = dout Vᵀ, dQ += dS K). Tiles
 // stream through double-buffered shared memory with cp.async; products are mma.sync m16n8k16
 // with f32 accumulation; P and dS are rounded to the input format as mma operands (Note [mma
-// fragments] in attention_mma.cuh). Each gradient element has one writer, which adds its f32
-// sum to the stored value once. With packed documents (Note [Packed documents] in
+// fragments] in kernels/cuda/attention_mma.cuh). Each gradient element has one writer, which adds
+// its f32 sum to the stored value once. With packed documents (Note [Packed documents] in
 // kernels/attention.h; separate instantiations, kDocs, so the plain kernels keep their
 // registers) the dk/dv block walks the query tiles only up to the end of its last
 // key's document and the dq block starts at its first row's document, masking per element.

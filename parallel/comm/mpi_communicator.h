@@ -1,7 +1,7 @@
 // parallel/comm/mpi_communicator.h — MpiCommunicator: the Communicator for CPU tensors over
 // one MPI sub-communicator (and for CUDA tensors, staged through pinned host memory: Note
-// [Staging CUDA tensors] in mpi_communicator.cpp). It owns one worker thread that starts the
-// queued operations in issue order with nonblocking MPI and polls them to completion, so
+// [Staging CUDA tensors] in parallel/comm/mpi_communicator.cpp). It owns one worker thread that
+// starts the queued operations in issue order with nonblocking MPI and polls them to completion, so
 // collectives progress while the caller computes (see Note [MPI communicator thread]). It
 // never reduces with MPI: reductions are sums in rank order done here (Note [Deterministic
 // reductions]). It does not create the mesh's groups (ParallelContext does) and does not

@@ -57,9 +57,10 @@ class OneSidedWindow {
 };
 
 // A window over the GPUs of one node (CUDA IPC: Note [ODC over CUDA IPC] in
-// cuda_ipc_window.cpp), on device `device` of this rank, for CUDA tensors; `group`'s CPU path
-// exchanges the IPC handles and runs the barrier. Accumulates are exact only into locations
-// no other origin writes (per-origin slots). A build without CUDA throws. Compiled, never run.
+// parallel/comm/cuda_ipc_window.cpp), on device `device` of this rank, for CUDA tensors; `group`'s
+// CPU path exchanges the IPC handles and runs the barrier. Accumulates are exact only into
+// locations no other origin writes (per-origin slots). A build without CUDA throws. Compiled, never
+// run.
 std::unique_ptr<OneSidedWindow> make_cuda_ipc_window(Communicator& group, int64_t numel,
                                                      DType dtype, int device, std::string name);
 

@@ -361,7 +361,7 @@ NamedTensors DataParallel::owned_grad_pieces() const {
 std::vector<HeldPiece> DataParallel::grad_pieces() {
   if (!synced_) finish_gradient_sync();
   std::vector<HeldPiece> out;
-  if (config_.zero_stage == 0) return exchange_gradients();  // whole, replicated over the axes
+  if (config_.zero_stage == 0) return whole_gradients();  // replicated over the axes
   size_t k = 0;  // the optimizer's pieces, in the same order
   buckets_->for_each_owned_piece([&](int, const BucketParam& p, int64_t lo, int64_t hi) {
     Placement pl = owned_placement(p);
@@ -375,8 +375,11 @@ std::vector<HeldPiece> DataParallel::grad_pieces() {
 }
 
 std::vector<HeldPiece> DataParallel::exchange_gradients() {
-  if (config_.zero_stage >= 2) return grad_pieces();
-  std::vector<HeldPiece> out;  // the whole gradients (stage 1: every bucket was all-reduced)
+  return config_.zero_stage == 1 ? whole_gradients() : std::vector<HeldPiece>{};
+}
+
+std::vector<HeldPiece> DataParallel::whole_gradients() const {
+  std::vector<HeldPiece> out;  // stages 0-1: every bucket was all-reduced whole
   for (const BucketParam& p : buckets_->params()) {
     const Placement pl = p.tensor.placement();
     out.push_back({p.name, p.name,

@@ -278,10 +278,12 @@ class DataParallel final : public GradientEngine {
   void gather_parameters();
   // The engine's part of finish() (Note [Engine step] in parallel/engine.h): the sync, the
   // gradients the norm counts (grad_pieces), and those the pipeline's tied exchange gets —
-  // whole at stages 0-1, where the stages' buckets differ, the owned pieces at stages 2-3.
+  // whole at stages 0-1, where the stages' buckets differ (at stage 1 not the norm's owned
+  // pieces: exchange_gradients), the owned pieces at stages 2-3.
   void sync() override { finish_gradient_sync(); }
   std::vector<HeldPiece> gradients() override { return grad_pieces(); }
   std::vector<HeldPiece> exchange_gradients() override;
+  std::vector<HeldPiece> whole_gradients() const;  // views of the whole gradients (stages 0-1)
 
   Communicator& dp_;
   Communicator* shard_comm_;    // dp_, or the MiCS partition

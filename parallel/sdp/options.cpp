@@ -1,7 +1,6 @@
 // parallel/sdp/options.cpp — SDP's validation, covers and worker layers (see the header).
 #include "parallel/sdp/options.h"
 
-#include <sstream>
 #include <vector>
 
 #include "core/error.h"
@@ -11,16 +10,6 @@
 
 namespace loom::parallel::sdp {
 namespace {
-
-template <typename T>
-std::string str(const T& v) {  // as the config's other messages print numbers
-  std::ostringstream os;
-  os << v;
-  return os.str();
-}
-void require(bool ok, const std::string& message) {
-  if (!ok) throw ConfigError(message);
-}
 
 CoverOptions cover_options(const SdpOptions& o, int64_t dp) {
   CoverOptions c;
@@ -35,41 +24,45 @@ CoverOptions cover_options(const SdpOptions& o, int64_t dp) {
 int64_t workers_of(const SdpOptions& o, int64_t dp) { return o.workers > 0 ? o.workers : dp; }
 
 void validate(const SdpOptions& s, const SdpLayout& p, const ModelConfig& model) {
-  require(s.mode == "none" || s.mode == "forward" || s.mode == "backward",
-          "parallel.sdp.mode: unknown mode '" + s.mode + "' (none, forward, backward)");
-  require(s.level == "neuron" || s.level == "block",
-          "parallel.sdp.level: unknown level '" + s.level + "' (neuron, block)");
-  require(s.seed >= 0, "parallel.sdp.seed: must be non-negative, got " + str(s.seed));
-  require(s.coverage > 0 && s.coverage <= 1,
-          "parallel.sdp.coverage: must be in (0, 1], got " + str(s.coverage));
-  require(s.workers >= 0,
-          "parallel.sdp.workers: must be >= 0 (0: parallel.dp), got " + str(s.workers));
+  LOOM_CONFIG_CHECK(s.mode == "none" || s.mode == "forward" || s.mode == "backward",
+                    "parallel.sdp.mode: unknown mode '" + s.mode + "' (none, forward, backward)");
+  LOOM_CONFIG_CHECK(s.level == "neuron" || s.level == "block",
+                    "parallel.sdp.level: unknown level '" + s.level + "' (neuron, block)");
+  LOOM_CONFIG_CHECK(s.seed >= 0, "parallel.sdp.seed: must be non-negative, got ", s.seed);
+  LOOM_CONFIG_CHECK(s.coverage > 0 && s.coverage <= 1,
+                    "parallel.sdp.coverage: must be in (0, 1], got ", s.coverage);
+  LOOM_CONFIG_CHECK(s.workers >= 0, "parallel.sdp.workers: must be >= 0 (0: parallel.dp), got ",
+                    s.workers);
   if (!s.on()) return;
   const int64_t n = workers_of(s, p.dp);
-  require(n >= 2,
-          "parallel.sdp.mode: SDP needs at least 2 workers (parallel.sdp.workers, or "
-          "parallel.dp when it is 0), got " +
-              str(n));
-  require(p.dp % n == 0, "parallel.sdp.workers: " + str(n) + " does not divide parallel.dp " +
-                             str(p.dp) + " (the dp group holds parallel.dp / workers copies)");
-  require(p.tp == 1 && p.pp == 1 && p.cp == 1,
-          "parallel.sdp.mode: SDP runs over parallel.dp alone; set parallel.tp, parallel.pp and "
-          "parallel.cp to 1 (got " +
-              str(p.tp) + ", " + str(p.pp) + ", " + str(p.cp) + ")");
-  require(p.zero_stage == 0 && !p.odc && p.mics_partition_size == 0,
-          "parallel.sdp.mode: SDP keeps each worker's subnetwork whole; set parallel.zero_stage "
-          "to 0 (got " +
-              str(p.zero_stage) +
-              "), parallel.odc false and "
-              "parallel.mics_partition_size 0");
-  require(!p.packing, "parallel.sdp.mode: data.packing is not supported with SDP yet");
-  require(s.mode != "backward" || !p.init_from,
-          "parallel.sdp.mode: model.init_from is not supported with backward masking yet (the "
-          "frozen copies are not loaded from it; forward masking supports it)");
-  require(!s.heads || s.level == "neuron",
-          "parallel.sdp.heads: attention heads are covered at the neuron level only (a block "
-          "holds all its heads; got level " +
-              s.level + ")");
+  LOOM_CONFIG_CHECK(n >= 2,
+                    "parallel.sdp.mode: SDP needs at least 2 workers (parallel.sdp.workers, or "
+                    "parallel.dp when it is 0), got ",
+                    n);
+  LOOM_CONFIG_CHECK(p.dp % n == 0, "parallel.sdp.workers: ", n, " does not divide parallel.dp ",
+                    p.dp, " (the dp group holds parallel.dp / workers copies)");
+  LOOM_CONFIG_CHECK(
+      p.tp == 1 && p.pp == 1 && p.cp == 1,
+      "parallel.sdp.mode: SDP runs over parallel.dp alone; set parallel.tp, parallel.pp and "
+      "parallel.cp to 1 (got ",
+      p.tp, ", ", p.pp, ", ", p.cp, ")");
+  LOOM_CONFIG_CHECK(
+      p.zero_stage == 0 && !p.odc && p.mics_partition_size == 0,
+      "parallel.sdp.mode: SDP keeps each worker's subnetwork whole; set parallel.zero_stage "
+      "to 0 (got ",
+      p.zero_stage,
+      "), parallel.odc false and "
+      "parallel.mics_partition_size 0");
+  LOOM_CONFIG_CHECK(!p.packing, "parallel.sdp.mode: data.packing is not supported with SDP yet");
+  LOOM_CONFIG_CHECK(
+      s.mode != "backward" || !p.init_from,
+      "parallel.sdp.mode: model.init_from is not supported with backward masking yet (the "
+      "frozen copies are not loaded from it; forward masking supports it)");
+  LOOM_CONFIG_CHECK(
+      !s.heads || s.level == "neuron",
+      "parallel.sdp.heads: attention heads are covered at the neuron level only (a block "
+      "holds all its heads; got level " +
+          s.level + ")");
   if (s.heads) heads_cover(s, model, p.dp);  // ConfigError naming model.n_kv_head, …
   if (s.blocks())
     block_cover(s, model, p.dp);  // ConfigError naming the keys

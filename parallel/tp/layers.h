@@ -14,8 +14,9 @@
 // the group in backward and arrives complete.
 //
 // Each layer's GEMMs overlap its TP communication wherever the dependency allows (Note [TP
-// communication overlap] in layers.cpp); with a SpanSink the layers report their GEMM spans,
-// which the profiler draws beside the communicators' events, so the overlap shows in a trace.
+// communication overlap] in parallel/tp/layers.cpp); with a SpanSink the layers report their GEMM
+// spans, which the profiler draws beside the communicators' events, so the overlap shows in a
+// trace.
 #pragma once
 
 #include <chrono>
@@ -60,7 +61,8 @@ class ColumnParallelLinear : public LinearLayer {
 
   Communicator* tp_;
   bool sequence_parallel_;
-  std::vector<int64_t> segments_;  // Note [Column-parallel backward overlap] in layers.cpp
+  std::vector<int64_t>
+      segments_;  // Note [Column-parallel backward overlap] in parallel/tp/layers.cpp
   int64_t in_features_;
   Tensor weight_, bias_;
   SpanSinkPtr spans_;

@@ -47,7 +47,7 @@ inline ModelConfig dp_tiny_gpt() {
 }
 
 // AdamW as every equivalence test runs it (eps 1e-6: Note [Equivalence tolerance] in
-// dp_equivalence_mpi_test.cpp).
+// tests/parallel/dp/dp_equivalence_mpi_test.cpp).
 inline std::unique_ptr<optim::AdamW> make_adamw(std::vector<optim::ParamRef> refs) {
   return std::make_unique<optim::AdamW>(std::move(refs), 0.9, 0.95, 1e-6, 0.1);
 }
