@@ -23,6 +23,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <optional>
 #include <string>
 #include <utility>
@@ -37,6 +38,12 @@ namespace loom::parallel {
 class ParallelContext;
 
 using NamedTensors = std::vector<std::pair<std::string, Tensor>>;
+
+// Where a run is: its steps done and its data position (LoaderState's, data/loader.h).
+struct RunPosition {
+  int64_t step = 0;
+  int64_t data_epoch = 0, data_position = 0;
+};
 
 // Between the sync and the norm: gets the gradients the optimizer will read (Note [Engine step]).
 using GradientExchange = std::function<void(const std::vector<HeldPiece>& gradients)>;
@@ -54,8 +61,8 @@ class GradientEngine {
     (void)count;
   }
   // Note [Engine step]: the global Σ g² as a 0-d f64 tensor on the device, the same on every
-  // rank. Collective.
-  Tensor finish();
+  // rank. Collective. (Virtual for an engine that wraps another: it forwards.)
+  virtual Tensor finish();
   // The optimizer step at lr with every gradient multiplied by `factor` (0-d f64 on the device,
   // undefined: 1; not finite: the step is skipped, Note [Device step] in train/train_step.cpp).
   virtual void step(double lr, const Tensor& factor) = 0;
@@ -83,6 +90,24 @@ class GradientEngine {
   virtual double evaluation_loss(double local) { return local; }
   // This step's gradient-sync statistics; null for an engine without a sync.
   virtual const DpStepStats* sync_stats() const { return nullptr; }
+  // Note [Joining running peers]: called once before the run's first step with where it starts
+  // (`here`: 0, or a checkpoint's step and data position) and how to learn, during step(),
+  // where the run is after the step being finished (`now`). An engine whose peers already train
+  // (DiLoCo's islands, parallel/diloco/diloco_engine.h) fills this rank's parameters from them,
+  // resets the optimizer's state, and returns where the peers are; nullopt: start at `here`.
+  // Collective over the world.
+  virtual std::optional<RunPosition> start(const RunPosition& here,
+                                           std::function<RunPosition()> now) {
+    (void)here;
+    (void)now;
+    return std::nullopt;
+  }
+  // Note [Engine state]: what a checkpoint keeps beyond the parameters and the optimizer's state
+  // (DiLoCo's outer weights and momentum): pieces stored under their names (a resume fills
+  // their values, then calls restore_state with the counters saved beside them).
+  virtual std::vector<HeldPiece> engine_state() { return {}; }
+  virtual std::map<std::string, std::string> engine_counters() const { return {}; }
+  virtual void restore_state(const std::map<std::string, std::string>& counters) { (void)counters; }
   virtual std::string describe() const = 0;          // for the start of the log ("" alone)
   virtual std::string describe_end() { return ""; }  // for the end of the run (memory peaks)
 

@@ -11,6 +11,7 @@ packages=(
   build-essential cmake ninja-build pkg-config git python3 python3-pip
   libopenblas-openmp-dev libeigen3-dev libyaml-cpp-dev
   libopenmpi-dev openmpi-bin
+  libgloo-dev  # parallel/diloco: the collectives between islands, over TCP
   libgtest-dev googletest libbenchmark-dev nlohmann-json3-dev
   clang-format-14  # tools/check_format.sh (CI checks formatting with this version)
   strace  # tools/check_isa.sh checks that its build runs nothing it built

@@ -178,6 +178,9 @@ void Trainer::State::resume_from(const std::string& dir) {
   for (const HeldPiece& s : state_pieces(*plan.engine, plan.engine->trained_pieces()))
     r.read(s.name, s.piece, s.values);
   const std::map<std::string, std::string>& state = r.state();
+  // Note [Engine state] in parallel/engine.h: the scheme's own pieces and counters.
+  for (const HeldPiece& s : plan.engine->engine_state()) r.read(s.name, s.piece, s.values);
+  plan.engine->restore_state(state);
   auto text = [&](const std::string& key, const std::string& why) {
     auto it = state.find(key);
     LOOM_INPUT_CHECK(it != state.end(), dir, ": checkpoint state has no '", key, "'", why);
@@ -251,6 +254,10 @@ void Trainer::State::save() {
     if (auto part = parallel::counted_part(s, ctx))
       c.tensors.push_back({s.name, part->first, part->second});
   }
+  for (const HeldPiece& s : plan.engine->engine_state()) {  // Note [Engine state]
+    if (auto part = parallel::counted_part(s, ctx))
+      c.tensors.push_back({s.name, part->first, part->second});
+  }
   const LoaderState ls = train_data->state();
   c.state = {{"optim.step_count", std::to_string(plan.engine->optimizer_steps())},
              {"loader.epoch", std::to_string(ls.epoch)},
@@ -258,6 +265,7 @@ void Trainer::State::save() {
              {"data.train", train_data->fingerprint()},
              {"rng.sample.seed", std::to_string(sample_gen.state().seed)},
              {"rng.sample.offset", std::to_string(sample_gen.state().offset)}};
+  for (const auto& [key, value] : plan.engine->engine_counters()) c.state[key] = value;
   if (scaler) {
     const optim::LossScalerState ls_state = scaler->state();
     std::ostringstream scale;

@@ -119,6 +119,25 @@ void visit_fields(Config& c, V&& v) {
   v("parallel.sdp", "seed", p.sdp.seed);
   v("parallel.sdp", "workers", p.sdp.workers);
   v("parallel.sdp", "heads", p.sdp.heads);
+  parallel::diloco::DilocoOptions& lo = p.diloco;
+  v("parallel.diloco", "islands", lo.islands);
+  v("parallel.diloco", "island", lo.island);
+  v("parallel.diloco", "rendezvous", lo.rendezvous);
+  v("parallel.diloco", "address", lo.address);
+  v("parallel.diloco", "inner_steps", lo.inner_steps);
+  v("parallel.diloco", "outer", lo.outer);
+  v("parallel.diloco", "outer_lr", lo.outer_lr);
+  v("parallel.diloco", "outer_momentum", lo.outer_momentum);
+  v("parallel.diloco", "fragments", lo.fragments);
+  v("parallel.diloco", "overlap_steps", lo.overlap_steps);
+  v("parallel.diloco", "fragment_alpha", lo.fragment_alpha);
+  v("parallel.diloco", "quantize", lo.quantize);
+  v("parallel.diloco", "quantize_scaling", lo.quantize_scaling);
+  v("parallel.diloco", "quantize_block", lo.quantize_block);
+  v("parallel.diloco", "error_feedback", lo.error_feedback);
+  v("parallel.diloco", "lanes", lo.lanes);
+  v("parallel.diloco", "quorum_timeout_s", lo.quorum_timeout_s);
+  v("parallel.diloco", "join_timeout_s", lo.join_timeout_s);
 }
 
 // Note [Nested sections]: a section name with a dot ("parallel.sdp") is a mapping under its
@@ -553,6 +572,15 @@ void validate_config(const Config& c) {
   validate_pipeline_config(c);
   validate_model_parallel_config(c);
   validate_sdp_config(c);
+  parallel::diloco::validate(p.diloco, {p.dp * p.pp * p.cp * p.tp, t.steps, p.sdp.on()});
+  if (!p.diloco.on()) {
+    const std::string keys = non_default_keys(c, "parallel.diloco");
+    require(keys.empty(), keys + ": set, but parallel.diloco.islands is 0 (DiLoCo is off); set " +
+                              "parallel.diloco.islands or remove the keys");
+  }
+  require(!p.diloco.on() || p.diloco.islands == 1 || !c.data.packing,
+          "parallel.diloco: islands > 1 with data.packing is not supported yet (each island's "
+          "packed steps would be weighted by every island's tokens)");
 }
 
 DType train_dtype(const std::string& name) {

@@ -14,6 +14,7 @@
 #include "core/dtype.h"
 #include "core/error.h"
 #include "layers/model_config.h"
+#include "parallel/diloco/options.h"
 #include "parallel/sdp/options.h"
 
 namespace loom {
@@ -127,6 +128,9 @@ struct ParallelConfig {
   // under parallel (parallel: {sdp: {mode: forward, coverage: 0.5}}); its options and their
   // validation are SDP's (parallel/sdp/options.h).
   parallel::sdp::SdpOptions sdp;
+  // parallel.diloco: islands that sync every inner_steps (docs/parallel.md, "DiLoCo"); its
+  // options and checks are DiLoCo's (parallel/diloco/options.h).
+  parallel::diloco::DilocoOptions diloco;
 };
 
 struct LoggingConfig {

@@ -2,6 +2,7 @@
 // stages, the gradient engine and the step runner; and the plan's loss reduction.
 #include "train/plan.h"
 
+#include <map>
 #include <optional>
 #include <sstream>
 
@@ -9,6 +10,7 @@
 #include "optim/adamw.h"
 #include "optim/decay_rule.h"
 #include "optim/sgd.h"
+#include "parallel/diloco/diloco_engine.h"
 #include "parallel/dp/data_parallel.h"
 #include "parallel/gradients.h"
 #include "parallel/local_engine.h"
@@ -184,6 +186,35 @@ void apply_engine(TrainPlan& plan, const Config& cfg) {
   plan.engine = std::move(dp);
 }
 
+// 4. DiLoCo (Note [DiLoCo] in parallel/diloco/diloco_engine.h): an outer loop around the engine
+// just built. The island's data-parallel replicas become replicas island·D.. of islands·D.
+void apply_diloco(TrainPlan& plan, const Config& cfg, const PlanHooks& hooks) {
+  const parallel::diloco::DilocoOptions& o = cfg.parallel.diloco;
+  if (!o.on()) return;
+  plan.data_rank += o.island * plan.data_ranks;
+  plan.data_ranks *= o.islands;
+  if (o.islands > 1) {  // dropout draws the masks of these rows of the all-island batch
+    plan.model->set_batch_slice(
+        {plan.data_rank * cfg.data.batch_size, plan.data_ranks * cfg.data.batch_size});
+  }
+  std::map<std::string, int64_t> fragment;
+  for (const auto& [name, t] : plan.model->named_parameters()) {
+    const ParamRole* role = t.role();
+    fragment[name] = parallel::diloco::fragment_of(
+        block_of(role), role != nullptr && role->part == ParamRole::Part::kInput, o.fragments);
+  }
+  parallel::diloco::DilocoParts parts;
+  parts.options = o;
+  parts.inner = std::move(plan.engine);
+  parts.world = plan.ctx ? &plan.ctx->world() : nullptr;
+  parts.ctx = plan.ctx;
+  parts.fragment_of = [fragment](const std::string& param) { return fragment.at(param); };
+  parts.op_timeout_s = cfg.parallel.comm_timeout_s;
+  parts.total_steps = cfg.train.steps;
+  parts.log = hooks.log;
+  plan.engine = std::make_unique<parallel::diloco::DilocoEngine>(std::move(parts));
+}
+
 }  // namespace
 
 optim::OptimizerFactory optimizer_factory(const OptimConfig& o) {
@@ -208,6 +239,8 @@ TrainPlan build_plan(const Config& cfg, parallel::ParallelContext* ctx, Device d
   apply_engine(plan, cfg);
   plan.engine->set_context(ctx, device);
   add_tied_exchange(plan);
+  const int64_t engine_ranks = plan.data_ranks;  // the replicas the engine averages over
+  apply_diloco(plan, cfg, hooks);
   StepRunnerParts parts;
   parts.model = plan.model.get();
   parts.pipe = plan.pipe.get();
@@ -216,7 +249,7 @@ TrainPlan build_plan(const Config& cfg, parallel::ParallelContext* ctx, Device d
   parts.layout = plan.layers.layout;
   parts.trace = hooks.trace;
   parts.micro_batches = plan.pipe ? pipeline_microbatches(cfg) : cfg.optim.grad_accum;
-  parts.data_ranks = plan.data_ranks;
+  parts.data_ranks = engine_ranks;
   plan.runner = plan.pipe ? make_pipeline_runner(parts) : make_plain_runner(parts);
   return plan;
 }

@@ -15,6 +15,7 @@
 #pragma once
 
 #include <functional>
+#include <iosfwd>
 #include <memory>
 #include <string>
 #include <utility>
@@ -38,6 +39,7 @@ class TraceRecorder;
 struct PlanHooks {
   std::function<void(Transformer& model)> init;
   TraceRecorder* trace = nullptr;
+  std::ostream* log = nullptr;  // for a scheme's own lines (DiLoCo's rounds); null: none
 };
 
 struct TrainPlan {

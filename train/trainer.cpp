@@ -157,6 +157,7 @@ void Trainer::State::build_training_plan() {
   Generator init_gen(cfg.train.seed);
   PlanHooks hooks;
   hooks.trace = trace.get();
+  hooks.log = log;
   hooks.init = [&](Transformer& m) {  // the single process's draw, before anything is sharded
     m.init_weights(init_gen);
     if (!cfg.train.init_from.empty()) load_model_weights(m, cfg.train.init_from, *log);
@@ -289,6 +290,25 @@ Trainer::Trainer(Config config, TrainerOptions options) : s_(std::make_unique<St
   }
   s_->build();
   if (!options.resume.empty()) s_->resume(options.resume);
+  s_->join_peers();
+}
+
+// Note [Joining running peers] in parallel/engine.h: the engine learns where the run starts and
+// may move it to where its running peers are (a DiLoCo island restarting while the others
+// train). Inside engine.step() the step being finished is not counted yet: `now` counts it.
+void Trainer::State::join_peers() {
+  const LoaderState d = train_data->state();
+  const parallel::RunPosition here{step, d.epoch, d.position};
+  auto now = [this] {
+    const LoaderState at = train_data->state();
+    return parallel::RunPosition{step + 1, at.epoch, at.position};
+  };
+  const std::optional<parallel::RunPosition> at = plan.engine->start(here, now);
+  if (!at) return;
+  step = at->step;
+  train_data->set_state({at->data_epoch, at->data_position});
+  if (metrics) metrics->resumed_at(step);
+  *log << "joined running peers: continuing at step " << step << "\n";
 }
 
 Trainer::~Trainer() = default;

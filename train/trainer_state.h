@@ -117,6 +117,7 @@ struct Trainer::State {
   void open_metrics();
   void find_peak_flops();
   void log_setup() const;
+  void join_peers();  // after build and resume (Note [Joining running peers])
   bool is_main() const { return !ctx || ctx->rank() == 0; }
   int tp_size() const { return ctx ? ctx->tp_size() : 1; }
   int cp_size() const { return ctx ? ctx->cp_size() : 1; }
