@@ -197,18 +197,16 @@ void apply_diloco(TrainPlan& plan, const Config& cfg, const PlanHooks& hooks) {
     plan.model->set_batch_slice(
         {plan.data_rank * cfg.data.batch_size, plan.data_ranks * cfg.data.batch_size});
   }
-  std::map<std::string, int64_t> fragment;
-  for (const auto& [name, t] : plan.model->named_parameters()) {
-    const ParamRole* role = t.role();
-    fragment[name] = parallel::diloco::fragment_of(
-        block_of(role), role != nullptr && role->part == ParamRole::Part::kInput, o.fragments);
-  }
+  std::map<std::string, int64_t> block;  // Note [Fragments] in parallel/diloco/options.h
+  for (const auto& [name, t] : plan.model->named_parameters()) block[name] = block_of(t.role());
   parallel::diloco::DilocoParts parts;
   parts.options = o;
   parts.inner = std::move(plan.engine);
   parts.world = plan.ctx ? &plan.ctx->world() : nullptr;
   parts.ctx = plan.ctx;
-  parts.fragment_of = [fragment](const std::string& param) { return fragment.at(param); };
+  parts.fragments_of = [block, p = o.fragments](const std::string& param, const Shape& shape) {
+    return parallel::diloco::fragment_ranges(block.at(param), shape, p);
+  };
   parts.op_timeout_s = cfg.parallel.comm_timeout_s;
   parts.total_steps = cfg.train.steps;
   parts.log = hooks.log;

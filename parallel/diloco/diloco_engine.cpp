@@ -90,7 +90,7 @@ DilocoEngine::DilocoEngine(DilocoParts p)
   const int size = world_ ? world_->size() : 1;
   const int lanes = o_.lanes > 0 ? static_cast<int>(o_.lanes) : size;
   RankPieces mine{inner_->held_parameters(), counted_pieces()};
-  lanes_ = std::make_unique<IslandLanes>(world_, lanes, mine, o_.fragments, p.fragment_of);
+  lanes_ = std::make_unique<IslandLanes>(world_, lanes, mine, o_.fragments, p.fragments_of);
   for (int64_t f = 0; f < o_.fragments; ++f) {
     outer_.emplace_back(outer_options(o_), lanes_->lane_size(f));
     feedback_.emplace_back(lanes_->lane_size(f));

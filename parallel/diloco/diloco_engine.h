@@ -46,8 +46,8 @@ struct DilocoParts {
   std::unique_ptr<GradientEngine> inner;  // the island's engine, already built
   Communicator* world = nullptr;          // the island's ranks (null: one)
   const ParallelContext* ctx = nullptr;   // the island's context (null: one rank)
-  std::function<int64_t(const std::string& param)> fragment_of;
-  double op_timeout_s = 300;    // parallel.comm_timeout_s: an exchange's deadline
+  FragmentsOf fragments_of;               // Note [Fragments] in parallel/diloco/options.h
+  double op_timeout_s = 300;              // parallel.comm_timeout_s: an exchange's deadline
   int64_t total_steps = 0;      // train.steps: no sync whose write-back would fall after it
   std::ostream* log = nullptr;  // one line per round (rank 0's log)
 };

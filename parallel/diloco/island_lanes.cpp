@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <map>
+#include <set>
 #include <sstream>
 
 #include "core/error.h"
@@ -46,7 +47,7 @@ std::vector<float> host_values(const Tensor& values) {
 }  // namespace
 
 IslandLanes::IslandLanes(Communicator* world, int lanes, const RankPieces& mine, int64_t fragments,
-                         const std::function<int64_t(const std::string&)>& fragment_of)
+                         const FragmentsOf& ranges)
     : world_(world), lanes_(lanes) {
   if (world_ != nullptr) {
     rank_ = world_->rank();
@@ -54,68 +55,89 @@ IslandLanes::IslandLanes(Communicator* world, int lanes, const RankPieces& mine,
   }
   LOOM_CHECK(lanes_ >= 1 && lanes_ <= size_, "diloco: ", lanes_, " lanes on ", size_, " ranks");
   lane_ = rank_ < lanes_ ? rank_ : -1;
-  // Every rank's pieces, as text: "H|C <fragment> <param>\t<piece>" a line.
+  // Every rank's pieces, as text: "H|C <param>\t<piece>\t<fragment>:<begin>:<end>,…" a line.
   std::ostringstream os;
   for (const auto* list : {&mine.held, &mine.counted}) {
     for (const HeldPiece& p : *list) {
-      os << (list == &mine.held ? 'H' : 'C') << ' ' << fragment_of(p.param) << ' ' << p.param
-         << '\t' << piece_str(p.piece) << '\n';
+      os << (list == &mine.held ? 'H' : 'C') << ' ' << p.param << '\t' << piece_str(p.piece)
+         << '\t';
+      for (const FragmentRange& r : ranges(p.param, p.piece.global_shape))
+        os << r.fragment << ':' << r.begin << ':' << r.end << ',';
+      os << '\n';
     }
   }
   held_.resize(size_);
   counted_.resize(size_);
   const std::vector<std::string> texts = all_gather_text(world_, os.str());
-  std::map<std::string, std::pair<int64_t, Shape>> params;  // name → fragment, global shape
+  struct Param {
+    Shape shape;
+    std::vector<FragmentRange> ranges;
+  };
+  std::map<std::string, Param> params;  // sorted by name
   for (int r = 0; r < size_; ++r) {
     std::istringstream in(texts[r]);
     std::string line;
     while (std::getline(in, line)) {
-      const size_t tab = line.find('\t');
-      std::istringstream head(line.substr(0, tab));
-      char kind = 0;
+      const size_t tab = line.find('\t'), tab2 = line.find('\t', tab + 1);
       Desc d;
-      head >> kind >> d.fragment >> d.param;
-      d.piece = parse_piece(line.substr(tab + 1), "diloco lanes: rank " + std::to_string(r));
-      params[d.param] = {d.fragment, d.piece.global_shape};
-      (kind == 'H' ? held_ : counted_)[r].push_back(std::move(d));
+      d.param = line.substr(2, tab - 2);
+      d.piece = parse_piece(line.substr(tab + 1, tab2 - tab - 1),
+                            "diloco lanes: rank " + std::to_string(r));
+      Param& p = params[d.param];
+      p.shape = d.piece.global_shape;
+      p.ranges.clear();
+      std::istringstream rs(line.substr(tab2 + 1));
+      FragmentRange fr;
+      char c1 = 0, c2 = 0, comma = 0;
+      while (rs >> fr.fragment >> c1 >> fr.begin >> c2 >> fr.end >> comma) p.ranges.push_back(fr);
+      (line[0] == 'H' ? held_ : counted_)[r].push_back(std::move(d));
     }
   }
   // The fragments' sizes and every lane's segments (names sorted: the map's order).
   fragment_size_.assign(fragments, 0);
-  uint64_t h = 1469598103934665603ull;  // FNV-1a over names and shapes
+  uint64_t h = 1469598103934665603ull;  // FNV-1a over names, shapes and fragments
   auto mix = [&h](const std::string& s) {
     for (unsigned char c : s) h = (h ^ c) * 1099511628211ull;
   };
-  for (const auto& [name, fs] : params) {
-    LOOM_CHECK(fs.first >= 0 && fs.first < fragments, "diloco: '", name, "' in fragment ",
-               fs.first);
-    fragment_size_[fs.first] += shape_numel(fs.second);
+  for (const auto& [name, p] : params) {
     mix(name);
-    mix(std::to_string(fs.first));
-    for (int64_t d : fs.second) mix(std::to_string(d));
+    for (int64_t d : p.shape) mix(std::to_string(d));
+    for (const FragmentRange& r : p.ranges) {
+      LOOM_CHECK(r.fragment >= 0 && r.fragment < fragments, "diloco: '", name, "' in fragment ",
+                 r.fragment);
+      fragment_size_[r.fragment] += r.end - r.begin;
+      mix(std::to_string(r.fragment));
+      mix(std::to_string(r.begin));
+    }
   }
   digest_ = h;
   all_segments_.assign(lanes_, std::vector<std::vector<LaneSegment>>(fragments));
   for (int64_t f = 0; f < fragments; ++f) {
     const int64_t n = fragment_size_[f];
-    int64_t at = 0;  // the parameter's start in the fragment
-    for (const auto& [name, fs] : params) {
-      if (fs.first != f) continue;
-      const int64_t numel = shape_numel(fs.second);
-      const int64_t row = fs.second.empty() ? 1 : fs.second.back();
-      for (int l = 0; l < lanes_; ++l) {
-        const int64_t lo = n * l / lanes_, hi = n * (l + 1) / lanes_;
-        const int64_t b = std::max(lo, at), e = std::min(hi, at + numel);
-        if (b >= e) continue;
-        std::vector<LaneSegment>& segs = all_segments_[l][f];
-        const int64_t offset =
-            segs.empty() ? 0 : segs.back().offset + segs.back().end - segs.back().begin;
-        segs.push_back({name, fs.second, b - at, e - at, offset, row});
+    int64_t at = 0;  // the range's start in the fragment
+    for (const auto& [name, p] : params) {
+      const int64_t row = p.shape.empty() ? 1 : p.shape.back();
+      for (const FragmentRange& r : p.ranges) {
+        if (r.fragment != f) continue;
+        const int64_t len = r.end - r.begin;
+        for (int l = 0; l < lanes_; ++l) {
+          const int64_t lo = n * l / lanes_, hi = n * (l + 1) / lanes_;
+          const int64_t b = std::max(lo, at), e = std::min(hi, at + len);
+          if (b >= e) continue;
+          std::vector<LaneSegment>& segs = all_segments_[l][f];
+          const int64_t offset =
+              segs.empty() ? 0 : segs.back().offset + segs.back().end - segs.back().begin;
+          segs.push_back({name, p.shape, r.begin + b - at, r.begin + e - at, offset, row});
+        }
+        at += len;
       }
-      at += numel;
     }
   }
   segments_ = lane_ >= 0 ? all_segments_[lane_] : std::vector<std::vector<LaneSegment>>(fragments);
+  fragment_params_.resize(fragments);
+  for (const auto& [name, p] : params) {
+    for (const FragmentRange& r : p.ranges) fragment_params_[r.fragment].insert(name);
+  }
 }
 
 int64_t IslandLanes::lane_size(int64_t f) const {
@@ -128,7 +150,6 @@ void IslandLanes::walk(const std::vector<Desc>& pieces, int lane, int64_t f,
   const std::vector<LaneSegment>& segs = all_segments_[lane][f];
   for (size_t i = 0; i < pieces.size(); ++i) {
     const Desc& d = pieces[i];
-    if (d.fragment != f) continue;
     for (const LaneSegment& s : segs) {
       if (s.param != d.param) continue;
       TensorPiece range = whole_piece(d.piece.global_shape);
@@ -146,7 +167,7 @@ std::vector<float> IslandLanes::gather(int64_t f, const std::vector<HeldPiece>& 
              " counted pieces, ", counted_[rank_].size(), " at construction");
   std::vector<std::vector<float>> host(counted.size());
   for (size_t i = 0; i < counted.size(); ++i) {
-    if (counted_[rank_][i].fragment == f) host[i] = host_values(counted[i].values);
+    if (touches(counted_[rank_][i], f)) host[i] = host_values(counted[i].values);
   }
   std::vector<float> lane(lane_ >= 0 ? static_cast<size_t>(lane_size(f)) : 0);
   std::vector<P2P> ops;
@@ -193,18 +214,27 @@ void IslandLanes::scatter(int64_t f, const std::vector<float>& values, double al
                           const std::vector<HeldPiece>& held) {
   LOOM_CHECK(held.size() == held_[rank_].size(), "diloco lanes: ", held.size(), " held pieces, ",
              held_[rank_].size(), " at construction");
-  std::vector<std::vector<float>> incoming(held.size());  // the lanes' values, in place
+  // The pieces' own values, the fragment's elements replaced (mixed) as they arrive.
+  std::vector<std::vector<float>> own(held.size());
   for (size_t i = 0; i < held.size(); ++i) {
-    if (held_[rank_][i].fragment == f)
-      incoming[i].resize(static_cast<size_t>(held[i].piece.numel()));
+    if (touches(held_[rank_][i], f)) own[i] = host_values(held[i].values);
   }
+  auto put = [&](size_t i, int64_t local, const float* v, int64_t count) {
+    float* o = own[i].data() + local;
+    if (alpha == 0) {
+      std::copy_n(v, count, o);
+      return;
+    }
+    for (int64_t k = 0; k < count; ++k)
+      o[k] = static_cast<float>(alpha * o[k] + (1 - alpha) * static_cast<double>(v[k]));
+  };
   std::vector<P2P> ops;
   std::vector<std::pair<int, Tensor>> recvs;
   if (lane_ >= 0) {  // what this lane sends to each rank
     for (int r = 0; r < size_; ++r) {
       if (r == rank_) {
         walk(held_[r], lane_, f, [&](size_t i, int64_t local, int64_t at, int64_t count) {
-          std::copy_n(values.begin() + at, count, incoming[i].begin() + local);
+          put(i, local, values.data() + at, count);
         });
         continue;
       }
@@ -233,22 +263,19 @@ void IslandLanes::scatter(int64_t f, const std::vector<float>& values, double al
   for (auto& [l, buf] : recvs) {
     const float* v = buf.data<float>();
     walk(held_[rank_], l, f, [&](size_t i, int64_t local, int64_t, int64_t count) {
-      std::copy_n(v, count, incoming[i].begin() + local);
+      put(i, local, v, count);
       v += count;
     });
   }
   for (size_t i = 0; i < held.size(); ++i) {
-    if (held_[rank_][i].fragment != f) continue;
+    if (own[i].empty()) continue;
     Tensor dst = held[i].values;
-    std::vector<float>& v = incoming[i];
-    if (alpha != 0) {
-      const std::vector<float> own = host_values(dst);
-      for (size_t k = 0; k < v.size(); ++k)
-        v[k] = static_cast<float>(alpha * own[k] + (1 - alpha) * static_cast<double>(v[k]));
-    }
-    Tensor src = Tensor::from_vector(v, dst.shape()).to(dst.dtype()).to(dst.device());
-    ops::copy_(dst, src);
+    ops::copy_(dst, Tensor::from_vector(own[i], dst.shape()).to(dst.dtype()).to(dst.device()));
   }
+}
+
+bool IslandLanes::touches(const Desc& d, int64_t f) const {
+  return fragment_params_[f].count(d.param) > 0;
 }
 
 }  // namespace loom::parallel::diloco

@@ -16,17 +16,22 @@
 
 #include <cstdint>
 #include <functional>
+#include <set>
 #include <string>
 #include <vector>
 
 #include "core/tensor.h"
 #include "core/tensor_piece.h"
+#include "parallel/diloco/options.h"
 
 namespace loom::parallel {
 class Communicator;
 }
 
 namespace loom::parallel::diloco {
+
+using FragmentsOf =
+    std::function<std::vector<FragmentRange>(const std::string& param, const Shape& shape)>;
 
 // A parameter's range in a lane: elements [begin, end) of the whole flattened parameter, at
 // `offset` in the lane's vector; `row` its last dimension (quantisation's row scaling).
@@ -46,9 +51,11 @@ struct RankPieces {
 
 class IslandLanes {
  public:
-  // world: the island's ranks (null: one rank); lanes ≥ 1; fragment_of: a parameter's fragment.
+  // world: the island's ranks (null: one rank); lanes ≥ 1; ranges: which elements of a
+  // parameter (of this rank's pieces) belong to which fragment (Note [Fragments] in
+  // parallel/diloco/options.h).
   IslandLanes(Communicator* world, int lanes, const RankPieces& mine, int64_t fragments,
-              const std::function<int64_t(const std::string& param)>& fragment_of);
+              const FragmentsOf& ranges);
 
   int lane() const { return lane_; }  // this rank's lane; −1: none
   int lanes() const { return lanes_; }
@@ -73,14 +80,13 @@ class IslandLanes {
  private:
   struct Desc {  // a piece as every rank knows it
     std::string param;
-    int64_t fragment = 0;
     TensorPiece piece;
   };
-  // Calls fn(piece index, local index, lane offset, count) for every run piece `d` shares
+  // Calls fn(piece index, local index, lane offset, count) for every run the pieces share
   // with lane l's segments of fragment f, in the order both sides enumerate.
   void walk(const std::vector<Desc>& pieces, int lane, int64_t f,
             const std::function<void(size_t, int64_t, int64_t, int64_t)>& fn) const;
-  std::vector<LaneSegment> lane_segments(int lane, int64_t f) const;
+  bool touches(const Desc& d, int64_t f) const;  // whether d's parameter has elements in f
 
   Communicator* world_ = nullptr;
   int rank_ = 0, size_ = 1, lanes_ = 1, lane_ = 0;
@@ -88,6 +94,7 @@ class IslandLanes {
   std::vector<std::vector<LaneSegment>> segments_;                   // this lane's, per fragment
   std::vector<std::vector<std::vector<LaneSegment>>> all_segments_;  // [lane][fragment]
   std::vector<int64_t> fragment_size_;
+  std::vector<std::set<std::string>> fragment_params_;
   uint64_t digest_ = 0;
 };
 

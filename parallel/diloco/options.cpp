@@ -51,9 +51,16 @@ void validate(const DilocoOptions& o, const DilocoLayout& layout) {
                     "parallel.diloco: not supported with SDP (parallel.sdp.mode) inside an island");
 }
 
-int64_t fragment_of(int64_t block, bool input, int64_t fragments) {
-  if (block >= 0) return block % fragments;
-  return input ? 0 : fragments - 1;
+std::vector<FragmentRange> fragment_ranges(int64_t block, const Shape& shape, int64_t fragments) {
+  const int64_t numel = shape_numel(shape);
+  if (block >= 0) return {{block % fragments, 0, numel}};
+  const int64_t rows = shape.empty() ? 1 : shape[0], row = rows > 0 ? numel / rows : 0;
+  std::vector<FragmentRange> out;
+  for (int64_t f = 0; f < fragments; ++f) {
+    const int64_t b = rows * f / fragments, e = rows * (f + 1) / fragments;
+    if (b < e) out.push_back({f, b * row, e * row});
+  }
+  return out;
 }
 
 bool syncs_at(const DilocoOptions& o, int64_t step, int64_t fragment) {

@@ -5,6 +5,9 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
+
+#include "core/tensor.h"
 
 namespace loom::parallel::diloco {
 
@@ -45,9 +48,18 @@ struct DilocoLayout {
 // Throws ConfigError naming the parallel.diloco key when the options do not fit.
 void validate(const DilocoOptions& o, const DilocoLayout& layout);
 
-// The fragment of a parameter (Streaming DiLoCo: blocks strided over the fragments, the input
-// tables with the first, the output part with the last); `block` −1 outside the blocks.
-int64_t fragment_of(int64_t block, bool input, int64_t fragments);
+// Elements [begin, end) of a whole flattened parameter that belong to `fragment`.
+struct FragmentRange {
+  int64_t fragment = 0, begin = 0, end = 0;
+};
+
+// Note [Fragments]: Streaming DiLoCo's fragments. A block's parameters belong to fragment
+// block mod P (strided over the blocks, as the paper's); every other parameter (the token and
+// position tables, the final norm, an untied head) is cut by rows into P near-equal parts, part
+// f in fragment f: a small model's vocabulary table holds most of its weights, and whole it
+// would make one fragment several times the others (and the peak bandwidth with it). `block`:
+// −1 outside the blocks.
+std::vector<FragmentRange> fragment_ranges(int64_t block, const Shape& shape, int64_t fragments);
 
 // Whether fragment f starts a sync after the run's step `step` (1-based): at the steps
 // f·H/P + k·H (k ≥ 0, and step > 0), so with P = 1 every H steps.

@@ -39,6 +39,19 @@ float grad(int island, int64_t s, size_t p, int64_t k) {
                             0.1 * island);
 }
 
+// "a" stands for a table (cut by rows over the fragments), "b" for a parameter of block 1
+// (Note [Fragments] in parallel/diloco/options.h).
+int64_t block_of_param(const std::string& name) { return name == "a" ? -1 : 1; }
+
+// The fragment of element k of parameter p.
+int64_t fragment_of_element(size_t p, int64_t k, int64_t fragments) {
+  for (const FragmentRange& r :
+       fragment_ranges(block_of_param(kParams[p].first), kParams[p].second, fragments)) {
+    if (k >= r.begin && k < r.end) return r.fragment;
+  }
+  return -1;
+}
+
 NamedTensors initial_params() {
   NamedTensors out;
   for (size_t p = 0; p < kParams.size(); ++p) {
@@ -91,8 +104,8 @@ std::vector<std::vector<std::vector<float>>> run_island(DilocoOptions o, int isl
   DilocoParts parts;
   parts.options = o;
   parts.inner = adamw_engine(params);
-  parts.fragment_of = [&](const std::string& name) {
-    return name == "a" ? int64_t{0} : o.fragments - 1;
+  parts.fragments_of = [&](const std::string& name, const Shape& shape) {
+    return fragment_ranges(block_of_param(name), shape, o.fragments);
   };
   parts.op_timeout_s = 30;
   parts.total_steps = steps;
@@ -113,7 +126,8 @@ std::vector<std::vector<std::vector<float>>> run_island(DilocoOptions o, int isl
 }
 
 // The reference: the islands' inner AdamW run separately, the outer step in double (Note
-// [DiLoCo] in parallel/diloco/diloco_engine.h). `quantise`: the Δ each island sends.
+// [DiLoCo] in parallel/diloco/diloco_engine.h), element by element in its fragment.
+// `quantise` (one fragment only): the Δ each island sends.
 std::vector<std::vector<std::vector<std::vector<float>>>> reference(
     const DilocoOptions& o, int islands, int64_t steps,
     const std::function<std::vector<float>(int island, int64_t f, const std::vector<float>&)>&
@@ -124,7 +138,9 @@ std::vector<std::vector<std::vector<std::vector<float>>>> reference(
     params[i] = initial_params();
     inner.push_back(adamw_engine(params[i]));
   }
-  auto frag = [&](size_t p) { return p == 0 ? int64_t{0} : o.fragments - 1; };
+  auto frag = [&](size_t p, size_t k) {
+    return fragment_of_element(p, static_cast<int64_t>(k), o.fragments);
+  };
   // θ and the momentum per parameter, in double.
   std::vector<std::vector<double>> theta(kParams.size()), buf(kParams.size());
   for (size_t p = 0; p < kParams.size(); ++p) {
@@ -145,9 +161,9 @@ std::vector<std::vector<std::vector<std::vector<float>>>> reference(
     auto write_back = [&](int64_t f) {
       for (int i = 0; i < islands; ++i) {
         for (size_t p = 0; p < kParams.size(); ++p) {
-          if (frag(p) != f) continue;
           float* w = params[i][p].second.data<float>();
           for (size_t k = 0; k < theta[p].size(); ++k) {
+            if (frag(p, k) != f) continue;
             const float outer = static_cast<float>(theta[p][k]);
             w[k] = static_cast<float>(o.fragment_alpha * w[k] + (1 - o.fragment_alpha) * outer);
           }
@@ -158,17 +174,17 @@ std::vector<std::vector<std::vector<std::vector<float>>>> reference(
     for (int64_t f = 0; f < o.fragments; ++f) {
       if (!syncs_at(o, s, f) || s + o.overlap_steps > steps) continue;
       for (size_t p = 0; p < kParams.size(); ++p) {
-        if (frag(p) != f) continue;
         std::vector<double> avg(theta[p].size(), 0.0);
         for (int i = 0; i < islands; ++i) {
           std::vector<float> delta(theta[p].size());
           const std::vector<float> phi = flat(params[i], p);
           for (size_t k = 0; k < delta.size(); ++k)
             delta[k] = static_cast<float>(theta[p][k]) - phi[k];
-          if (quantise) delta = quantise(i, f, delta);
+          if (quantise) delta = quantise(i, f, delta);  // one fragment: whole parameters
           for (size_t k = 0; k < delta.size(); ++k) avg[k] += delta[k];
         }
         for (size_t k = 0; k < avg.size(); ++k) {
+          if (frag(p, k) != f) continue;
           const double g = avg[k] / islands;
           buf[p][k] = mu * buf[p][k] + g;
           theta[p][k] -= lr * (g + mu * buf[p][k]);
@@ -215,9 +231,51 @@ void check_islands(const DilocoOptions& o, int islands, int64_t steps,
   EXPECT_EQ(got[0][steps], got[islands - 1][steps]);
 }
 
+TEST(DilocoFragments, BlocksStridedTablesCutByRows) {
+  EXPECT_EQ(fragment_ranges(5, {3, 4}, 4).size(), 1u);
+  EXPECT_EQ(fragment_ranges(5, {3, 4}, 4)[0].fragment, 1);
+  EXPECT_EQ(fragment_ranges(5, {3, 4}, 4)[0].end, 12);
+  const std::vector<FragmentRange> t = fragment_ranges(-1, {10, 3}, 4);  // rows 2,3,2,3
+  ASSERT_EQ(t.size(), 4u);
+  int64_t at = 0;
+  for (size_t f = 0; f < t.size(); ++f) {
+    EXPECT_EQ(t[f].fragment, static_cast<int64_t>(f));
+    EXPECT_EQ(t[f].begin, at);
+    EXPECT_EQ((t[f].end - t[f].begin) % 3, 0);
+    at = t[f].end;
+  }
+  EXPECT_EQ(at, 30);
+  EXPECT_EQ(fragment_ranges(-1, {2}, 4).size(), 2u);  // fewer rows than fragments
+  DilocoOptions o;
+  o.inner_steps = 8;
+  o.fragments = 4;
+  EXPECT_TRUE(syncs_at(o, 8, 0) && syncs_at(o, 16, 0) && !syncs_at(o, 4, 0));
+  EXPECT_TRUE(syncs_at(o, 2, 1) && syncs_at(o, 10, 1) && syncs_at(o, 6, 3) && !syncs_at(o, 0, 0));
+}
+
 TEST(DilocoEngine, OuterNesterovStepMatchesTheReference) {
   const std::string dir = temp_dir();
   check_islands(options(dir, 2), 2, 9);
+  fs::remove_all(dir);
+}
+
+TEST(DilocoEngine, OneIslandAveragingIsPlainTraining) {
+  const std::string dir = temp_dir();
+  DilocoOptions o = options(dir, 1);
+  o.outer = "average";
+  const auto got = run_island(o, 0, 9);
+  NamedTensors params = initial_params();
+  std::unique_ptr<LocalEngine> plain = adamw_engine(params);
+  for (int64_t s = 1; s <= 9; ++s) {
+    plain->zero_grad();
+    set_grads(params, 0, s - 1);
+    plain->step(kLr, Tensor());
+    for (size_t p = 0; p < params.size(); ++p) {
+      const std::vector<float> want = flat(params, p);
+      for (size_t k = 0; k < want.size(); ++k)  // θ − (θ − φ) rounds once: φ to f32 rounding
+        ASSERT_NEAR(got[s][p][k], want[k], 1e-7 + 1e-6 * std::fabs(want[k])) << s;
+    }
+  }
   fs::remove_all(dir);
 }
 
