@@ -484,10 +484,12 @@ std::optional<RunPosition> DilocoEngine::start(const RunPosition& here,
   }
 }
 
-// Note [Engine state] in parallel/engine.h: θ, the momentum and error feedback's residual of this
-// lane's ranges, as pieces of their parameters ("diloco.outer.<param>", "diloco.momentum.",
-// "diloco.residual."), so a resume with other lanes reshards them; a round still in flight
-// (τ > 0) is waited for, and its write-back saved as counters.
+// Note [Engine state] in parallel/engine.h: θ, the momentum and error feedback's residual of
+// each fragment as pieces of one layout-free vector per fragment and kind
+// ("diloco.f<fragment>.outer", ".momentum", ".residual": the fragment's elements in lane order,
+// Note [Lanes] in parallel/diloco/island_lanes.h), this lane's range of it; a resume with other
+// lanes reshards them (the model and the fragments must stay). A round still in flight (τ > 0)
+// is waited for, and its write-back saved as counters.
 std::vector<HeldPiece> DilocoEngine::engine_state() {
   if (pending_ && pending_->thread.joinable()) pending_->thread.join();
   staged_.clear();
@@ -502,13 +504,11 @@ std::vector<HeldPiece> DilocoEngine::engine_state() {
         continue;
       Tensor t = Tensor::from_vector(*values, {static_cast<int64_t>(values->size())});
       staged_.push_back(t);
-      for (const LaneSegment& s : lanes_->segments(f)) {
-        TensorPiece piece = whole_piece(s.shape);
-        piece.begin = s.begin;
-        piece.end = s.end;
-        out.push_back({"diloco." + kind + "." + s.param, s.param,
-                       t.narrow(0, s.offset, s.end - s.begin), piece, Placement{}});
-      }
+      TensorPiece piece = whole_piece({lanes_->fragment_size(f)});
+      piece.begin = lanes_->lane_begin(f);
+      piece.end = piece.begin + t.numel();
+      const std::string key = "diloco.f" + std::to_string(f) + "." + kind;
+      out.push_back({key, key, t, piece, Placement{}});
     }
   }
   return out;

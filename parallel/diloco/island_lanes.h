@@ -63,6 +63,8 @@ class IslandLanes {
   // This rank's lane's segments of fragment f (empty without a lane) and their elements.
   const std::vector<LaneSegment>& segments(int64_t f) const { return segments_[f]; }
   int64_t lane_size(int64_t f) const;
+  // Where this lane's range starts in fragment f's elements (lane order: Note [Lanes]).
+  int64_t lane_begin(int64_t f) const { return lane_ < 0 ? 0 : fragment_size_[f] * lane_ / lanes_; }
   // The whole fragment's elements and a digest of its parameters' names and shapes (islands
   // must train the same model).
   int64_t fragment_size(int64_t f) const { return fragment_size_[f]; }
