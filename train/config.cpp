@@ -199,8 +199,11 @@ struct Writer {
     const std::string s = section;
     if (current != s) {
       const size_t dot = s.find('.');
-      if (dot != std::string::npos && current == s.substr(0, dot)) {  // nested in current
+      const std::string parent = dot == std::string::npos ? "" : s.substr(0, dot);
+      if (dot != std::string::npos && current == parent) {  // nested in current
         out << YAML::Key << s.substr(dot + 1) << YAML::Value << YAML::BeginMap;
+      } else if (dot != std::string::npos && current.rfind(parent + ".", 0) == 0) {  // a sibling
+        out << YAML::EndMap << YAML::Key << s.substr(dot + 1) << YAML::Value << YAML::BeginMap;
       } else {
         if (!current.empty()) out << YAML::EndMap;
         if (current.find('.') != std::string::npos) out << YAML::EndMap;

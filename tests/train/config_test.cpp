@@ -556,3 +556,59 @@ TEST(Config, GlobalBatchDerivesGradAccum) {
 
 }  // namespace
 }  // namespace loom
+
+namespace loom {
+namespace {
+
+// parallel.diloco (a mapping under parallel): defaults, the file and overrides, the effective
+// config; every refusal names its key.
+TEST(Config, DilocoKeysNameTheKeys) {
+  const Config d = parse_config_text("");
+  EXPECT_FALSE(d.parallel.diloco.on());
+  EXPECT_EQ(d.parallel.diloco.outer, "nesterov");
+  EXPECT_EQ(d.parallel.diloco.outer_lr, 0.7);
+  EXPECT_EQ(d.parallel.diloco.outer_momentum, 0.9);
+  const std::vector<std::string> on = {"parallel.diloco.islands=3",
+                                       "parallel.diloco.rendezvous=/shared/job"};
+  auto with = [&](std::vector<std::string> extra) {
+    std::vector<std::string> all = on;
+    all.insert(all.end(), extra.begin(), extra.end());
+    return all;
+  };
+  const Config c = parse_config_text(
+      "parallel:\n  diloco:\n    islands: 4\n    island: 2\n    rendezvous: /r\n"
+      "    inner_steps: 40\n    fragments: 4\n    overlap_steps: 2\n    quantize: int4\n");
+  EXPECT_EQ(c.parallel.diloco.islands, 4);
+  EXPECT_EQ(c.parallel.diloco.bits(), 4);
+  const Config back = parse_config_text(config_to_yaml(c));
+  EXPECT_EQ(back.parallel.diloco.overlap_steps, 2);
+  EXPECT_EQ(back.parallel.diloco.rendezvous, "/r");
+  EXPECT_EQ(error_of("", {"parallel.diloco.islands=2"}),
+            "parallel.diloco.rendezvous: islands meet through a directory they all reach; set it "
+            "(one per job)");
+  EXPECT_EQ(error_of("", with({"parallel.diloco.island=3"})),
+            "parallel.diloco.island: 3 is not an island of parallel.diloco.islands 3 (0..2)");
+  EXPECT_EQ(error_of("", with({"parallel.diloco.outer=adam"})),
+            "parallel.diloco.outer: 'adam' (nesterov, sgd or average)");
+  EXPECT_EQ(error_of("", with({"parallel.diloco.fragments=3", "parallel.diloco.inner_steps=10"})),
+            "parallel.diloco.fragments: 3 must divide parallel.diloco.inner_steps 10 (the "
+            "fragments sync at offsets H/P apart)");
+  EXPECT_NE(error_of("", with({"parallel.diloco.fragments=2", "parallel.diloco.inner_steps=10",
+                               "parallel.diloco.overlap_steps=5"}))
+                .find("parallel.diloco.overlap_steps: must be in 0..4"),
+            std::string::npos);
+  EXPECT_EQ(error_of("", with({"parallel.diloco.quantize=int2"})),
+            "parallel.diloco.quantize: 'int2' (none, int8 or int4)");
+  EXPECT_EQ(error_of("", with({"parallel.diloco.lanes=2"})),
+            "parallel.diloco.lanes: must be in 0..1 (the island's ranks; got 2)");
+  EXPECT_EQ(error_of("", {"parallel.diloco.inner_steps=5"}),
+            "parallel.diloco.inner_steps: set, but parallel.diloco.islands is 0 (DiLoCo is off); "
+            "set parallel.diloco.islands or remove the keys");
+  EXPECT_NE(error_of("", with({"data.packing=true"}))
+                .find("parallel.diloco: islands > 1 with "
+                      "data.packing is not supported yet"),
+            std::string::npos);
+}
+
+}  // namespace
+}  // namespace loom
