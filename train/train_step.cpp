@@ -108,7 +108,7 @@ void Trainer::State::finish_step(PendingStep& pending, const Tensor& loss, const
   plan.engine->step(r.lr, factor);
 }
 
-void Trainer::State::report(PendingStep& p, Clock::time_point& since) {
+void Trainer::State::report(PendingStep& p, Clock::time_point& since, bool last_launched) {
   if (p.no_loss_tokens) {
     const Clock::time_point now = Clock::now();
     p.r.seconds = std::chrono::duration<double>(now - since).count();
@@ -128,7 +128,8 @@ void Trainer::State::report(PendingStep& p, Clock::time_point& since) {
     if (!p.r.skipped) p.r.grad_norm /= v[2];
     scaler->mirror({v[3], v[4], v[5]});
   }
-  const Clock::time_point ready = p.numbers.ready_at();
+  const Clock::time_point ready =
+      last_launched ? std::max(p.numbers.ready_at(), Clock::now()) : p.numbers.ready_at();
   p.r.seconds = std::chrono::duration<double>(ready - since).count();
   p.r.comm_blocked_s = p.dp_stats ? p.dp_stats->blocked_s : 0;
   log_step(p, p.r.seconds);

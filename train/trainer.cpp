@@ -332,8 +332,8 @@ std::vector<StepRecord> Trainer::run() {
   const TrainConfig& t = s.cfg.train;
   std::vector<StepRecord> records;
   Clock::time_point since = Clock::now();  // the start of the interval the next report times
-  auto report = [&](PendingStep& p) {
-    s.report(p, since);
+  auto report = [&](PendingStep& p, bool last_launched) {
+    s.report(p, since, last_launched);
     records.push_back(p.r);
     if (s.opt.callbacks.after_report) s.opt.callbacks.after_report(*this, p.r);
   };
@@ -344,7 +344,7 @@ std::vector<StepRecord> Trainer::run() {
     PendingStep p = s.train_step();
     if (cb.after_update) cb.after_update(*this, p.r.step);
     if (prev) {  // the device is busy with p while the host waits for prev's numbers
-      report(*prev);
+      report(*prev, false);
       prev.reset();
     }
     const int64_t n = p.r.step;
@@ -364,7 +364,7 @@ std::vector<StepRecord> Trainer::run() {
       prev.emplace(std::move(p));
       continue;
     }
-    report(p);
+    report(p, true);
     if (validate) {
       const double v = evaluate();
       *s.log << "step " << n << " | val loss " << fmt(v, 4) << "\n";

@@ -132,8 +132,10 @@ struct Trainer::State {
   // unscaling and the skip of an overflowed step (Note [Device step]).
   void finish_step(PendingStep& pending, const Tensor& loss, const Tensor& sq_sum);
   // Completes p's record (waiting for its numbers if they are still on their way) and logs it,
-  // timed from `since`, which becomes the moment its numbers reached the host.
-  void report(PendingStep& p, Clock::time_point& since);
+  // timed from `since`, which becomes the moment its numbers reached the host — or, when p is
+  // the last step launched (nothing after it absorbs the rest of its work: the optimizer, a
+  // scheme's step-end exchange such as DiLoCo's sync), the moment it is reported.
+  void report(PendingStep& p, Clock::time_point& since, bool last_launched);
   // dt: the step's seconds; the step's communication and schedule statistics.
   void log_step(const PendingStep& p, double dt);
 

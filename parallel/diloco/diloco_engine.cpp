@@ -135,7 +135,7 @@ Member DilocoEngine::me() const {
 
 void DilocoEngine::step(double lr, const Tensor& factor) {
   inner_->step(lr, factor);
-  ++step_;
+  step_ = now_ ? now_().step : step_ + 1;  // the run's count (a skipped step counts too)
   if (pending_ && pending_->write_back_at == step_) {
     std::unique_ptr<Round> r = std::move(pending_);
     if (r->thread.joinable()) r->thread.join();
@@ -179,13 +179,13 @@ void DilocoEngine::run_round(Round& r) {
   try {
     if (r.quorum.round.empty()) r.quorum = link_->form(r.key, me(), !met_);
     exchange(r);
-  } catch (const LinkError& e) {
+  } catch (const std::exception& e) {  // the link, or the rendezvous directory: no commit here
     r.failure = e.what();
     r.commit = false;
     if (r.link) {
       try {
         r.link->conclude(false);
-      } catch (const LinkError&) {
+      } catch (const std::exception&) {
       }
     }
   }

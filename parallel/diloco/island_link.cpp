@@ -3,7 +3,6 @@
 #include "parallel/diloco/island_link.h"
 
 #include <arpa/inet.h>
-#include <fcntl.h>
 #include <gloo/allgather.h>
 #include <gloo/allreduce.h>
 #include <gloo/rendezvous/context.h>

@@ -7,9 +7,9 @@
 #             the final weights equal the single-process run on both islands' batches (the
 #             synchronous data-parallel step) to f32 rounding;
 #   layouts   island 0 dp 2 (ZeRO-1, 2 × 4 sequences) and island 1 tp 2 (8 sequences), 2 ranks
-#             each: after the last sync both
-#             islands hold the same weights bit for bit, and they equal (to f32 rounding) the
-#             same job with both islands dp 2;
+#             each, then island 0 ZeRO-3 and island 1 pp 2: after the last sync both islands of
+#             a job hold the same weights bit for bit, equal (to f32 rounding) to the same job
+#             with both islands dp 2;
 #   resume    2 islands, streaming (2 fragments, overlap 1) with int4 outer gradients, stopped at
 #             a step where a fragment's exchange is in flight, resumed from the checkpoints
 #             (a new rendezvous directory): the final weights equal the uninterrupted run's bit
@@ -34,6 +34,9 @@ fail() {
 if ! why=$("$cluster" check 2>&1); then
   echo "multihost: skipped: $why"
   exit 77
+fi
+if [ "$mode" = sync ] || [ "$mode" = layouts ]; then
+  python3 -c "import numpy" 2>/dev/null || { echo "multihost: skipped: no numpy"; exit 77; }
 fi
 "$cluster" sweep
 id=$(printf 'd%x' $(($$ % 65536)))
@@ -133,8 +136,18 @@ case "$mode" in
     island 1 2 "$work/b1.log" "$work/b1" "$work/rvb" "${run[@]}" --set parallel.dp=2
     p1=$!
     wait_all "$p0" "$p1"
-    for r in a0 a1 b0; do export_weights "$work/$r" "$work/$r.bin"; done
+    # Island 0 ZeRO-3 (shards), island 1 two pipeline stages (the tied table's copy on the last).
+    island 0 2 "$work/c0.log" "$work/c0" "$work/rvc" "${run[@]}" --set parallel.dp=2 \
+      --set parallel.zero_stage=3
+    p0=$!
+    island 1 2 "$work/c1.log" "$work/c1" "$work/rvc" "${run[@]}" --set parallel.pp=2 \
+      --set data.batch_size=8
+    p1=$!
+    wait_all "$p0" "$p1"
+    for r in a0 a1 b0 c0 c1; do export_weights "$work/$r" "$work/$r.bin"; done
     cmp -s "$work/a0.bin" "$work/a1.bin" || fail "islands dp 2 and tp 2 end with other weights"
+    cmp -s "$work/c0.bin" "$work/c1.bin" || fail "islands ZeRO-3 and pp 2 end with other weights"
+    expect_close "$work/c1.bin" "$work/b0.bin" 1e-4
     # TP's split GEMMs add the same terms in other orders (f32 rounding), which AdamW spreads
     # (2e-5 on parameters in tests/train/train_tp_mpi_test.cpp) and the outer Nesterov step
     # (lr 0.7, momentum 0.9) scales further: 1e-4 (measured 3.3e-5).
@@ -169,7 +182,8 @@ case "$mode" in
     ;;
   failure)
     islands=3
-    run=(--set train.steps=40 --set parallel.diloco.inner_steps=4 --set train.val_every=8
+    # Long enough (~10 s) that the restarted island finds the others still training.
+    run=(--set train.steps=120 --set parallel.diloco.inner_steps=4 --set train.val_every=20
       --set data.val="$work/data/train_*.bin" --set train.val_steps=2)
     for k in 0 1 2; do
       island "$k" 1 "$work/k$k.log" "$work/k$k" "$work/rv" "${run[@]}"
@@ -193,8 +207,8 @@ case "$mode" in
     wait_all "$p0" "$p1" "$p2"
     grep -q "joined the running islands" "$work/k2b.log" || fail "island 2 did not rejoin"
     ! grep -q "resumed from" "$work"/*.log || fail "a run restarted from a checkpoint"
-    v0=$(grep "^step 40 | val loss" "$work/k0.log") v1=$(grep "^step 40 | val loss" "$work/k1.log")
-    v2=$(grep "^step 40 | val loss" "$work/k2b.log")
+    v0=$(grep "^step 120 | val loss" "$work/k0.log") v1=$(grep "^step 120 | val loss" "$work/k1.log")
+    v2=$(grep "^step 120 | val loss" "$work/k2b.log")
     [ -n "$v0" ] && [ "$v0" = "$v1" ] && [ "$v1" = "$v2" ] ||
       fail "the islands end with other validation losses: '$v0' '$v1' '$v2'"
     echo "island 0: $(grep -c committed "$work/k0.log") rounds committed ($killed before the kill);" \

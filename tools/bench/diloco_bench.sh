@@ -105,28 +105,37 @@ diloco() {
 echo "| method | islands × ranks | link | s training (steps) | s to target | MB to target | val @ $steps | MB sent (tc) | largest round/island |"
 echo "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"
 target=""
-row() {  # NAME CURVE_FILE TOTAL_S MB NOTE PEAK
-  local name=$1 c=$2 total=$3 mb=$4 peak=$5
-  local hit val
+# row NAME CURVE_FILE TOTAL_S MB PEAK [ISLAND_LOG]: the bytes to the target are the share of
+# the rounds (from the island's log) or, without one, of the steps up to the target's step.
+row() {
+  local name=$1 c=$2 total=$3 mb=$4 peak=$5 rounds=${6:-}
+  local hit hit_step val frac
   hit=$(awk -v t="$target" '$3 <= t {print $2; exit}' "$c")
+  hit_step=$(awk -v t="$target" '$3 <= t {print $1; exit}' "$c")
   val=$(tail -1 "$c" | awk '{printf "%.4f", $3}')
   local mb_hit="—" s_hit="not reached"
   if [ -n "$hit" ]; then
     s_hit=$hit
-    mb_hit=$(echo "$mb * $hit / $total" | bc -l | xargs printf '%.1f')
+    if [ -n "$rounds" ]; then
+      frac=$(sed -n 's/^diloco: round .*(step \([0-9]*\),.*/\1/p' "$rounds" |
+        awk -v s="$hit_step" '{n++; if ($1 <= s) k++} END {print (n ? k / n : 0)}')
+    else
+      frac=$(echo "$hit_step / $steps" | bc -l)
+    fi
+    mb_hit=$(echo "$mb * $frac" | bc -l | xargs printf '%.1f')
   fi
   echo "| $name | $islands × 2 | $rate | $(printf '%.0f' "$total") ($steps) | $s_hit | $mb_hit | $val | $(printf '%.1f' "$mb") | $peak |"
 }
 
 for m in $runs; do
   out="$logs/$m-${islands}x2-$rate"
+  if [ "$m" = ddp ] && [ -n "${LOOM_BENCH_TARGET:-}" ]; then  # a target given: no baseline run
+    target=$LOOM_BENCH_TARGET
+    continue
+  fi
   rm -rf "$out" "$out".*
   case "$m" in
     ddp)
-      if [ -n "${LOOM_BENCH_TARGET:-}" ]; then  # a target given: no baseline run
-        target=$LOOM_BENCH_TARGET
-        continue
-      fi
       set_rate 10gbit
       ddp "$steps" "$out.full"
       curve "$out.full/metrics.jsonl" >"$out.curve"
@@ -173,7 +182,7 @@ print(sum(t)/len(t)/1e3)")
       peak=$(sed -n 's/.*MiB sent to other islands by this island (at most \([0-9.]*\) MiB in one round.*/\1/p' \
         "$out.i0.log" | head -1)
       row "$name" "$out.curve" "$total" "$(echo "($b1 - $b0) / 1000000" | bc -l)" \
-        "$(printf '%.2f MiB' "${peak:-0}")"
+        "$(printf '%.2f MiB' "${peak:-0}")" "$out.i0.log"
       ;;
     *) echo "diloco_bench: unknown method $m" >&2; exit 1 ;;
   esac
