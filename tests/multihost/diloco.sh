@@ -8,8 +8,8 @@
 #             synchronous data-parallel step) to f32 rounding;
 #   layouts   island 0 dp 2 (ZeRO-1, 2 × 4 sequences) and island 1 tp 2 (8 sequences), 2 ranks
 #             each, then island 0 ZeRO-3 and island 1 pp 2: after the last sync both islands of
-#             a job hold the same weights bit for bit, equal (to f32 rounding) to the same job
-#             with both islands dp 2;
+#             a job hold the same weights bit for bit, and the first job's equal (to f32
+#             rounding) the same job with both islands dp 2;
 #   resume    2 islands, streaming (2 fragments, overlap 1) with int4 outer gradients, stopped at
 #             a step where a fragment's exchange is in flight, resumed from the checkpoints
 #             (a new rendezvous directory): the final weights equal the uninterrupted run's bit
@@ -136,18 +136,18 @@ case "$mode" in
     island 1 2 "$work/b1.log" "$work/b1" "$work/rvb" "${run[@]}" --set parallel.dp=2
     p1=$!
     wait_all "$p0" "$p1"
-    # Island 0 ZeRO-3 (shards), island 1 two pipeline stages (the tied table's copy on the last).
+    # Island 0 ZeRO-3 (shards), island 1 two pipeline stages (the tied table's copy on the last),
+    # 2 micro-batches each: their data differ from job b's, so only their agreement is checked.
     island 0 2 "$work/c0.log" "$work/c0" "$work/rvc" "${run[@]}" --set parallel.dp=2 \
-      --set parallel.zero_stage=3
+      --set parallel.zero_stage=3 --set optim.grad_accum=2
     p0=$!
     island 1 2 "$work/c1.log" "$work/c1" "$work/rvc" "${run[@]}" --set parallel.pp=2 \
-      --set data.batch_size=8
+      --set optim.grad_accum=2
     p1=$!
     wait_all "$p0" "$p1"
     for r in a0 a1 b0 c0 c1; do export_weights "$work/$r" "$work/$r.bin"; done
     cmp -s "$work/a0.bin" "$work/a1.bin" || fail "islands dp 2 and tp 2 end with other weights"
     cmp -s "$work/c0.bin" "$work/c1.bin" || fail "islands ZeRO-3 and pp 2 end with other weights"
-    expect_close "$work/c1.bin" "$work/b0.bin" 1e-4
     # TP's split GEMMs add the same terms in other orders (f32 rounding), which AdamW spreads
     # (2e-5 on parameters in tests/train/train_tp_mpi_test.cpp) and the outer Nesterov step
     # (lr 0.7, momentum 0.9) scales further: 1e-4 (measured 3.3e-5).
