@@ -1,7 +1,9 @@
 // tools/train.cpp — `train --config FILE [--set section.key=value]... [--resume latest|DIR]`.
 // `--eval` trains nothing: it evaluates the model as built (its initial weights, model.init_from,
 // or --resume's checkpoint: e.g. an SDP run's, consolidated into the full model by one
-// process) on train.val_steps batches of data.val and prints `val loss X`.
+// process) on train.val_steps batches of data.val and prints `val loss X`. `--plan` trains
+// nothing either: it prints the predicted memory of every rank of the layout (train/planner/,
+// docs/planning.md), from the config alone, in one process.
 // Thin: parses arguments, installs the SIGINT/SIGTERM handler, starts MPI (a plain run is a
 // world of one; `mpirun -np N train … --set parallel.dp=N` runs data parallel, and
 // parallel.pp=P pipeline parallel on dp·P ranks), runs the
@@ -17,6 +19,7 @@
 #include "parallel/launcher.h"
 #include "parallel/parallel_context.h"
 #include "train/config.h"
+#include "train/planner/memory.h"
 #include "train/trainer.h"
 
 namespace {
@@ -29,7 +32,7 @@ extern "C" void on_signal(int) {
 
 int usage() {
   std::cerr << "usage: train --config FILE [--set section.key=value]... [--resume latest|DIR]"
-               " [--stop-at STEP] [--profile] [--print-config] [--eval]\n";
+               " [--stop-at STEP] [--profile] [--print-config] [--eval] [--plan]\n";
   return 2;
 }
 
@@ -39,7 +42,7 @@ int main(int argc, char** argv) {
   std::string config_path;
   std::vector<std::string> overrides;
   loom::TrainerOptions options;
-  bool eval_only = false;
+  bool eval_only = false, plan_only = false;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     if ((a == "--config" || a == "--set" || a == "--resume" || a == "--stop-at") && i + 1 >= argc)
@@ -69,12 +72,31 @@ int main(int argc, char** argv) {
       options.print_config = true;
     else if (a == "--eval")
       eval_only = true;
+    else if (a == "--plan")
+      plan_only = true;
     else if (a == "-h" || a == "--help")
       return usage(), 0;
     else
       return usage();
   }
   if (config_path.empty()) return usage();
+  if (plan_only) {  // one process, no MPI: the plan of every rank, equal ones printed once
+    try {
+      const loom::Config config = loom::load_config(config_path, overrides);
+      loom::validate_config(config);
+      std::string last_body;
+      for (const loom::planner::MemoryPlan& p : loom::planner::plan_memory_all(config)) {
+        const std::string text = loom::planner::format_memory_plan(p);
+        const std::string body = text.substr(text.find('\n'));
+        if (body != last_body) std::cout << text;
+        last_body = body;
+      }
+    } catch (const loom::ConfigError& e) {
+      std::cerr << "config error: " << e.what() << "\n";
+      return 2;
+    }
+    return 0;
+  }
 
   std::atomic<bool> stop{false};
   g_stop = &stop;

@@ -1,0 +1,208 @@
+// train/planner/memory.cpp — the memory plan of a layout (see train/planner/memory.h): this
+// rank's parameter tensors and gradient buckets from the config, then the step replayed on a
+// byte counter (train/planner/replay.h).
+#include "train/planner/memory.h"
+
+#include <algorithm>
+#include <iomanip>
+#include <sstream>
+
+#include "core/dtype.h"
+#include "core/error.h"
+#include "train/planner/replay.h"
+
+namespace loom::planner {
+namespace {
+
+// The model's trained tensors in the order the model registers them (layers/transformer.cpp),
+// in elements.
+std::vector<int64_t> parameter_numels(const ModelConfig& m) {
+  const int64_t C = m.n_embd, D = m.head_dim(), q = m.n_head * D, kv = m.kv_heads() * D;
+  const int64_t F = m.ffn_hidden_size(), V = m.padded_vocab();
+  std::vector<int64_t> p = {V * C};
+  const bool llama = m.is_llama();
+  if (!llama) p.push_back(m.max_seq_len * C);
+  for (int64_t l = 0; l < m.n_layer; ++l) {
+    if (llama) {
+      for (int64_t n : {C, (q + 2 * kv) * C, C * q, C, F * C, F * C, C * F}) p.push_back(n);
+    } else {
+      for (int64_t n : {C, C, (q + 2 * kv) * C, q + 2 * kv, C * q, C, C, C, F * C, F, C * F, C})
+        p.push_back(n);
+    }
+  }
+  p.push_back(C);
+  if (!llama) p.push_back(C);
+  if (!m.tie_embeddings) p.push_back(V * C);
+  return p;
+}
+
+int64_t round_up(int64_t n, int64_t k) { return (n + k - 1) / k * k; }
+
+// parallel/dp/bucket.cpp plan_buckets: reverse order, closed when the next tensor would pass
+// the byte budget; each padded to a multiple of shards·16 elements. Returns padded sizes.
+std::vector<int64_t> bucket_sizes(const std::vector<int64_t>& numels, int64_t elem_bytes,
+                                  int64_t budget_bytes, int64_t shards) {
+  std::vector<int64_t> out;
+  int64_t cur = 0;
+  bool open = false;
+  auto close = [&] {
+    if (!open) return;
+    out.push_back(round_up(std::max<int64_t>(cur, 1), shards * 16));
+    cur = 0;
+    open = false;
+  };
+  for (size_t k = numels.size(); k-- > 0;) {
+    if (open && (cur + numels[k]) * elem_bytes > budget_bytes) close();
+    cur += numels[k];
+    open = true;
+  }
+  close();
+  return out;
+}
+
+std::string mib(int64_t bytes) {
+  std::ostringstream s;
+  const bool small = bytes < (1 << 20);
+  s << std::fixed << std::setprecision(2) << static_cast<double>(bytes) / (small ? 1024 : 1 << 20)
+    << (small ? " KiB" : " MiB");
+  return s.str();
+}
+
+void refuse_unplanned(const Config& c) {
+  const ParallelConfig& p = c.parallel;
+  auto refuse = [](const std::string& key, const std::string& why) {
+    throw ConfigError(key + ": the memory planner does not model " + why + " yet");
+  };
+  if (p.tp > 1) refuse("parallel.tp", "tensor parallelism");
+  if (p.pp > 1) refuse("parallel.pp", "pipeline stages");
+  if (p.cp > 1) refuse("parallel.cp", "context parallelism");
+  if (p.odc) refuse("parallel.odc", "ODC's windows");
+  if (p.sdp.on()) refuse("parallel.sdp", "SDP's subnetworks");
+  if (p.diloco.on()) refuse("parallel.diloco", "DiLoCo's host state");
+  if (c.data.packing) refuse("data.packing", "packed documents");
+  if (c.model.dropout > 0) refuse("model.dropout", "dropout masks");
+  if (c.train.precision != c.train.dtype) refuse("train.precision", "mixed precision");
+}
+
+}  // namespace
+
+MemoryPlan plan_memory(const Config& cfg, const RankCoord& rank) {
+  refuse_unplanned(cfg);
+  const ModelConfig& m = cfg.model;
+  const ParallelConfig& par = cfg.parallel;
+  const int64_t e = static_cast<int64_t>(dtype_size(train_dtype(cfg.train.dtype)));
+  const bool dp = par.dp > 1;
+  const int64_t zero = dp ? par.zero_stage : 0;
+  const int64_t shards = !dp ? 1 : (par.mics_partition_size > 0 ? par.mics_partition_size : par.dp);
+  const int64_t states = cfg.optim.name == "sgd" ? (cfg.optim.momentum > 0 ? 1 : 0) : 2;
+
+  const std::vector<int64_t> numels = parameter_numels(m);
+  int64_t psi = 0;
+  for (int64_t n : numels) psi += n;
+  // Data parallelism re-homes the parameters into padded buckets (ZeRO-3: one per unit).
+  std::vector<int64_t> buckets = {psi};
+  if (dp) {
+    LOOM_CONFIG_CHECK(zero < 3,
+                      "parallel.zero_stage: the memory planner does not model ZeRO-3's "
+                      "gathered units yet");
+    buckets = bucket_sizes(numels, e, static_cast<int64_t>(par.bucket_mb * (1 << 20)), shards);
+  }
+  int64_t padded = 0;
+  for (int64_t b : buckets) padded += b;
+  const int64_t shard = padded / shards;
+
+  MemoryPlan plan;
+  plan.rank = rank;
+  auto line = [&](const std::string& what, int64_t bytes, const std::string& formula) {
+    plan.lines.push_back({what, bytes, formula});
+  };
+  ByteTimeline tl;
+  std::vector<ByteTimeline::Id> held;
+  auto hold = [&](int64_t bytes) {
+    if (bytes > 0) held.push_back(tl.alloc(bytes));
+  };
+  tl.set_phase("between steps");
+  line("parameters", padded * e, dp ? "e·Ψ_padded (buckets)" : "e·Ψ");
+  hold(padded * e);
+  const int64_t opt_elems = states * (zero >= 1 ? shard : padded);
+  line("optimizer state", opt_elems * e,
+       std::to_string(states) + "·e·Ψ" + (zero >= 1 ? "/N" : std::string()));
+  hold(opt_elems * e);
+  if (dp && zero <= 1) {
+    line("gradient buckets", padded * e, "e·Ψ_padded");
+    hold(padded * e);
+  } else if (zero == 2) {
+    line("gradient shards", shard * e, "e·Ψ_padded/N");
+    hold(shard * e);
+  }
+  // The step's batch: every micro-batch's ids and targets (i32), read before the step.
+  const int64_t B = cfg.data.batch_size, T = cfg.data.seq_len, micro = cfg.optim.grad_accum;
+  const int64_t batch_bytes = micro * 2 * B * T * 4;
+  line("batch", batch_bytes, "2·m·B·T·4 (ids and targets)");
+  hold(batch_bytes);
+  plan.persistent_bytes = tl.current();
+
+  ReplayShape s;
+  s.llama = m.is_llama();
+  s.tied = m.tie_embeddings;
+  s.checkpointing = m.activation_checkpointing;
+  s.B = B;
+  s.T = T;
+  s.C = m.n_embd;
+  s.q = m.n_head * m.head_dim();
+  s.kv = m.kv_heads() * m.head_dim();
+  s.heads = m.n_head;
+  s.F = m.ffn_hidden_size();
+  s.V = m.padded_vocab();
+  s.max_positions = m.max_seq_len;
+  s.e = e;
+  s.s = e;  // statistics, lse and loss rows: f32 for f32, f64 for f64
+  const int64_t base = tl.current();
+  if (zero == 2) {  // the full buckets, from zero_grad to the sync
+    line("gradient buckets (during the step)", padded * e, "e·Ψ_padded");
+    hold(padded * e);
+  }
+  ReplayGrads grads;
+  int64_t activation_peak = 0;
+  for (int64_t mb = 0; mb < micro; ++mb) {
+    s.keep_weight_grads = !dp && mb == 0;  // a single process's first .grad is the buffer
+    StageActivations a = replay_forward(tl, s, m.n_layer, true, true);
+    if (mb == 0) activation_peak = tl.current() - base;
+    replay_backward(tl, s, a, 0, grads, true, true);
+  }
+  plan.peak_bytes = tl.peak();
+  plan.peak_at = tl.peak_at();
+  if (cfg.train.device != "cpu") {  // the CUDA kernels' workspaces are not in the replay
+    plan.peak_at += " (train.device " + cfg.train.device +
+                    ": replayed as on the CPU, not yet checked on a GPU)";
+  }
+  if (!dp) line("gradients (during the step)", psi * e, "e·Ψ, from the first backward");
+  line("activations (end of forward)", activation_peak - (zero == 2 ? padded * e : 0),
+       "Σ saved per block + head (docs/planning.md)");
+  line("step peak", plan.peak_bytes, "replayed (Note [Memory timeline])");
+  return plan;
+}
+
+std::vector<MemoryPlan> plan_memory_all(const Config& cfg) {
+  const ParallelConfig& p = cfg.parallel;
+  std::vector<MemoryPlan> out;
+  for (int64_t pp = 0; pp < p.pp; ++pp)
+    for (int64_t dp = 0; dp < p.dp; ++dp)
+      for (int64_t cp = 0; cp < p.cp; ++cp)
+        for (int64_t tp = 0; tp < p.tp; ++tp) out.push_back(plan_memory(cfg, {dp, pp, cp, tp}));
+  return out;
+}
+
+std::string format_memory_plan(const MemoryPlan& plan) {
+  std::ostringstream o;
+  const RankCoord& r = plan.rank;
+  o << "rank (dp " << r.dp << ", pp " << r.pp << ", cp " << r.cp << ", tp " << r.tp << ")\n";
+  for (const MemoryLine& l : plan.lines) {
+    o << "  " << std::left << std::setw(30) << l.what << std::right << std::setw(12) << mib(l.bytes)
+      << "   " << l.formula << "\n";
+  }
+  o << "  peak at: " << plan.peak_at << "\n";
+  return o.str();
+}
+
+}  // namespace loom::planner

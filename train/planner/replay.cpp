@@ -1,0 +1,340 @@
+// train/planner/replay.cpp — ByteTimeline and the replay of a transformer's forward and
+// backward (see train/planner/replay.h). Each step below names the op whose allocations it
+// mirrors; "saved" tensors stay until that op's backward node has run (core/autograd.cpp
+// releases a node after it runs), the rest are freed where the C++ temporaries die.
+#include "train/planner/replay.h"
+
+#include "core/error.h"
+
+namespace loom::planner {
+
+ByteTimeline::Id ByteTimeline::alloc(int64_t bytes) {
+  const Id id = next_++;
+  live_[id] = bytes;
+  current_ += bytes;
+  if (current_ > peak_) {
+    peak_ = current_;
+    peak_at_ = phase_;
+  }
+  return id;
+}
+
+void ByteTimeline::free(Id id) {
+  auto it = live_.find(id);
+  LOOM_CHECK(it != live_.end(), "memory replay: handle ", id, " freed twice or never allocated");
+  current_ -= it->second;
+  live_.erase(it);
+}
+
+namespace {
+
+using Id = ByteTimeline::Id;
+
+// A weight's gradient leaving its node: kept as .grad or added into an existing buffer.
+void weight_grad(ByteTimeline& tl, const ReplayShape& s, ReplayGrads& grads, int64_t elements) {
+  const Id g = tl.alloc(elements * s.e);
+  if (s.keep_weight_grads) {
+    grads.kept.push_back(g);
+  } else {
+    tl.free(g);
+  }
+}
+
+// One block's forward (layers/block.cpp forward_region); x stays the caller's. Returns the
+// saved handles and sets *out to the block's output.
+BlockTape block_forward(ByteTimeline& tl, const ReplayShape& s, Id x, Id* out) {
+  const int64_t N = s.B * s.T, C = s.C, e = s.e;
+  BlockTape b;
+  b.x = x;
+  // norm1 (core/ops/norm.cpp): y, then mean and rstd (LayerNorm) or rstd (RMSNorm).
+  b.y1 = tl.alloc(N * C * e);
+  b.st1 = tl.alloc(N * s.s);
+  if (!s.llama) b.st1b = tl.alloc(N * s.s);
+  // qkv (ops::linear with bias, or ops::matmul): its output; the input is a view of y1.
+  const Id qkv = tl.alloc(N * (s.q + 2 * s.kv) * e);
+  Id rq = 0, rk = 0;
+  if (s.llama) {  // ops::rope copies its (strided) input, writes y, frees the copy
+    Id c = tl.alloc(N * s.q * e);
+    rq = tl.alloc(N * s.q * e);
+    tl.free(c);
+    c = tl.alloc(N * s.kv * e);
+    rk = tl.alloc(N * s.kv * e);
+    tl.free(c);
+  }
+  // causal_attention: contiguous q, k, v (the (B, H, T, D) views are strided), out, lse.
+  b.qc = tl.alloc(N * s.q * e);
+  b.kc = tl.alloc(N * s.kv * e);
+  b.vc = tl.alloc(N * s.kv * e);
+  b.att = tl.alloc(N * s.q * e);
+  b.lse = tl.alloc(s.B * s.heads * s.T * s.s);
+  b.ytr = tl.alloc(N * s.q * e);     // reshape of the transposed output: a copy
+  const Id a = tl.alloc(N * C * e);  // proj
+  tl.free(qkv);                      // the attention forward's locals die
+  if (s.llama) {
+    tl.free(rq);
+    tl.free(rk);
+  }
+  b.h = tl.alloc(N * C * e);  // x + a
+  b.y2 = tl.alloc(N * C * e);
+  b.st2 = tl.alloc(N * s.s);
+  if (!s.llama) b.st2b = tl.alloc(N * s.s);
+  Id m = 0;
+  if (s.llama) {  // gate, up, swiglu, down (SwiGluMlp::forward)
+    b.gate = tl.alloc(N * s.F * e);
+    b.up = tl.alloc(N * s.F * e);
+    b.act = tl.alloc(N * s.F * e);
+    m = tl.alloc(N * C * e);
+  } else {  // ops::gelu_mlp: pre and y kept, gelu(pre) for the second GEMM freed
+    b.pre = tl.alloc(N * s.F * e);
+    m = tl.alloc(N * C * e);
+    const Id hid = tl.alloc(N * s.F * e);
+    tl.free(hid);
+  }
+  *out = tl.alloc(N * C * e);  // h + m
+  tl.free(a);                  // forward_region's locals
+  tl.free(m);
+  return b;
+}
+
+// The backward of one block; g (the gradient at its output) is consumed. Returns the gradient
+// at its input.
+Id block_backward(ByteTimeline& tl, const ReplayShape& s, BlockTape& b, Id g, ReplayGrads& grads) {
+  const int64_t N = s.B * s.T, C = s.C, e = s.e, q3 = s.q + 2 * s.kv;
+  const bool bias = !s.llama;
+  Id dn2 = 0;  // the gradient at norm2's output
+  if (s.llama) {
+    // down: da (N, F), dW; frees act.
+    const Id da = tl.alloc(N * s.F * e);
+    weight_grad(tl, s, grads, C * s.F);
+    tl.free(b.act);
+    // swiglu: dgate, dup; frees gate and up; da dies.
+    const Id dgate = tl.alloc(N * s.F * e), dup = tl.alloc(N * s.F * e);
+    tl.free(b.gate);
+    tl.free(b.up);
+    tl.free(da);
+    // up (the newer node) then gate: dx each, summed where they meet (norm2's output).
+    const Id dxu = tl.alloc(N * C * e);
+    weight_grad(tl, s, grads, s.F * C);
+    tl.free(dup);
+    const Id dxg = tl.alloc(N * C * e);
+    weight_grad(tl, s, grads, s.F * C);
+    tl.free(b.y2);
+    dn2 = tl.alloc(N * C * e);
+    tl.free(dxu);
+    tl.free(dxg);
+    tl.free(dgate);
+  } else {
+    // gelu_mlp: dpre, db_fc, dx, dW_fc, gelu(pre) again, dW_proj, db_proj.
+    const Id dpre = tl.alloc(N * s.F * e);  // dies with its scope, before gelu(pre) again
+    weight_grad(tl, s, grads, s.F);
+    dn2 = tl.alloc(N * C * e);
+    weight_grad(tl, s, grads, s.F * C);
+    tl.free(dpre);
+    const Id hid = tl.alloc(N * s.F * e);
+    weight_grad(tl, s, grads, C * s.F);
+    tl.free(hid);
+    weight_grad(tl, s, grads, C);
+    tl.free(b.pre);
+    tl.free(b.y2);
+  }
+  // norm2: dx, dw (, db); frees its statistics and h.
+  const Id dx2 = tl.alloc(N * C * e);
+  weight_grad(tl, s, grads, C);
+  if (bias) weight_grad(tl, s, grads, C);
+  tl.free(b.st2);
+  if (b.st2b) tl.free(b.st2b);
+  tl.free(b.h);
+  tl.free(dn2);
+  // h's two consumers (the residual and norm2) meet: a sum.
+  const Id gh = tl.alloc(N * C * e);
+  tl.free(g);
+  tl.free(dx2);
+  // proj: dx (N, q), dW (, db); frees its input.
+  const Id dproj = tl.alloc(N * s.q * e);
+  weight_grad(tl, s, grads, C * s.q);
+  if (bias) weight_grad(tl, s, grads, C);
+  tl.free(b.ytr);
+  // attention: dq, dk, dv, then the strided incoming gradient made contiguous.
+  const Id dq = tl.alloc(N * s.q * e), dk = tl.alloc(N * s.kv * e), dv = tl.alloc(N * s.kv * e);
+  const Id gc = tl.alloc(N * s.q * e);
+  tl.free(gc);
+  tl.free(b.qc);
+  tl.free(b.kc);
+  tl.free(b.vc);
+  tl.free(b.att);
+  tl.free(b.lse);
+  tl.free(dproj);
+  // Back to (B, T, features): v's reshape copies; llama's rope writes dx (and copies its strided
+  // input), gpt2's reshapes of q and k copy.
+  const Id dv2 = tl.alloc(N * s.kv * e);
+  tl.free(dv);
+  Id dk2 = 0, dq2 = 0;
+  if (s.llama) {
+    dk2 = tl.alloc(N * s.kv * e);
+    Id c = tl.alloc(N * s.kv * e);
+    tl.free(c);
+    tl.free(dk);
+    dq2 = tl.alloc(N * s.q * e);
+    c = tl.alloc(N * s.q * e);
+    tl.free(c);
+    tl.free(dq);
+  } else {
+    dk2 = tl.alloc(N * s.kv * e);
+    tl.free(dk);
+    dq2 = tl.alloc(N * s.q * e);
+    tl.free(dq);
+  }
+  // split's backward: one (N, q + 2kv) cat.
+  const Id dqkv = tl.alloc(N * q3 * e);
+  tl.free(dq2);
+  tl.free(dk2);
+  tl.free(dv2);
+  // qkv: dx, dW (, db); frees y1.
+  const Id dn1 = tl.alloc(N * C * e);
+  weight_grad(tl, s, grads, q3 * C);
+  if (bias) weight_grad(tl, s, grads, q3);
+  tl.free(b.y1);
+  tl.free(dqkv);
+  // norm1: dx, dw (, db); frees its statistics and the block's input.
+  const Id dx1 = tl.alloc(N * C * e);
+  weight_grad(tl, s, grads, C);
+  if (bias) weight_grad(tl, s, grads, C);
+  tl.free(b.st1);
+  if (b.st1b) tl.free(b.st1b);
+  tl.free(b.x);
+  tl.free(dn1);
+  // x's two consumers (the residual and norm1) meet.
+  const Id gx = tl.alloc(N * C * e);
+  tl.free(gh);
+  tl.free(dx1);
+  return gx;
+}
+
+// A checkpointed block (core/checkpoint.cpp): the region runs with its graph, which is dropped
+// at once; the input and the output stay. Backward recomputes the region, then runs it back.
+BlockTape checkpointed_forward(ByteTimeline& tl, const ReplayShape& s, Id x, Id* out) {
+  Id region_out = 0;
+  BlockTape region = block_forward(tl, s, x, &region_out);
+  BlockTape kept;
+  kept.x = x;
+  for (Id id : {region.y1, region.st1, region.st1b, region.qc, region.kc, region.vc, region.att,
+                region.lse, region.ytr, region.h, region.y2, region.st2, region.st2b, region.pre,
+                region.gate, region.up, region.act}) {
+    if (id) tl.free(id);
+  }
+  *out = region_out;
+  return kept;
+}
+
+// The region's backward captures its parameters' gradients and hands them to the accumulators
+// only when the checkpoint node returns; the incoming gradient stays in the engine's buffer
+// until then (core/checkpoint.cpp CheckpointNode::apply).
+Id checkpointed_backward(ByteTimeline& tl, const ReplayShape& s, BlockTape& kept, Id g,
+                         ReplayGrads& grads) {
+  Id again = 0;
+  const Id x_alias = tl.alloc(0);  // the node keeps its input until it returns
+  BlockTape region = block_forward(tl, s, x_alias, &again);
+  ReplayShape captured = s;
+  captured.keep_weight_grads = true;
+  ReplayGrads held;
+  const Id g_alias = tl.alloc(0);  // the region frees this alias; g itself stays
+  const Id gx = block_backward(tl, captured, region, g_alias, held);
+  tl.free(again);
+  tl.free(g);
+  tl.free(kept.x);
+  for (Id id : held.kept) {
+    if (s.keep_weight_grads) {
+      grads.kept.push_back(id);
+    } else {
+      tl.free(id);
+    }
+  }
+  return gx;
+}
+
+}  // namespace
+
+StageActivations replay_forward(ByteTimeline& tl, const ReplayShape& s, int64_t blocks, bool embed,
+                                bool head, ByteTimeline::Id input) {
+  const int64_t N = s.B * s.T, C = s.C, e = s.e;
+  StageActivations a;
+  Id x = input;
+  if (embed) {
+    tl.set_phase("forward: embeddings");
+    if (s.llama) {
+      x = tl.alloc(N * C * e);
+    } else {  // wte rows + wpe rows (T, C) broadcast; the positions stay for wpe's backward
+      a.positions = tl.alloc(s.T * 4);
+      const Id tok = tl.alloc(N * C * e), pos = tl.alloc(s.T * C * e);
+      x = tl.alloc(N * C * e);
+      tl.free(tok);
+      tl.free(pos);
+    }
+  }
+  for (int64_t i = 0; i < blocks; ++i) {
+    tl.set_phase("forward: block " + std::to_string(i));
+    Id out = 0;
+    a.blocks.push_back(s.checkpointing ? checkpointed_forward(tl, s, x, &out)
+                                       : block_forward(tl, s, x, &out));
+    x = out;
+  }
+  if (!head) {
+    a.output = x;
+    return a;
+  }
+  tl.set_phase("forward: head and loss");
+  a.embed_x = x;  // the last block's output, saved by the final norm
+  a.hf = tl.alloc(N * C * e);
+  a.stf = tl.alloc(N * s.s);
+  if (!s.llama) a.stfb = tl.alloc(N * s.s);
+  a.logits = tl.alloc(N * s.V * e);
+  const Id rows = tl.alloc(N * s.s);
+  a.lse = tl.alloc(N * s.s);
+  tl.free(rows);
+  return a;
+}
+
+ByteTimeline::Id replay_backward(ByteTimeline& tl, const ReplayShape& s, StageActivations& a,
+                                 ByteTimeline::Id grad_in, ReplayGrads& grads, bool embed,
+                                 bool head) {
+  const int64_t N = s.B * s.T, C = s.C, e = s.e;
+  Id g = grad_in;
+  if (head) {
+    tl.set_phase("backward: loss and head");
+    const Id dlogits = tl.alloc(N * s.V * e);  // softmax_cross_entropy's dx
+    tl.free(a.logits);
+    tl.free(a.lse);
+    const Id dh = tl.alloc(N * C * e);  // the head GEMM's dx, then dW (V, C)
+    weight_grad(tl, s, grads, s.V * C);
+    tl.free(a.hf);
+    tl.free(dlogits);
+    g = tl.alloc(N * C * e);  // the final norm's dx, dw (, db)
+    weight_grad(tl, s, grads, C);
+    if (!s.llama) weight_grad(tl, s, grads, C);
+    tl.free(a.stf);
+    if (a.stfb) tl.free(a.stfb);
+    tl.free(a.embed_x);
+    tl.free(dh);
+  }
+  for (int64_t i = static_cast<int64_t>(a.blocks.size()); i-- > 0;) {
+    tl.set_phase("backward: block " + std::to_string(i));
+    BlockTape& b = a.blocks[static_cast<size_t>(i)];
+    g = s.checkpointing ? checkpointed_backward(tl, s, b, g, grads)
+                        : block_backward(tl, s, b, g, grads);
+  }
+  if (!embed) return g;
+  tl.set_phase("backward: embeddings");
+  ReplayShape tied = s;
+  tied.keep_weight_grads = s.keep_weight_grads && !s.tied;  // the head's dW is wte's .grad
+  if (!s.llama) {
+    const Id dpos = tl.alloc(s.T * C * e);  // the broadcast add's sum over rows
+    weight_grad(tl, s, grads, s.max_positions * C);
+    tl.free(a.positions);
+    tl.free(dpos);
+  }
+  weight_grad(tl, tied, grads, s.V * C);
+  tl.free(g);
+  return 0;
+}
+
+}  // namespace loom::planner

@@ -1,0 +1,87 @@
+// train/planner/replay.h — the byte counter the memory planner replays a step on (Note [Memory
+// timeline] in train/planner/memory.h) and the replay of one transformer's forward and backward:
+// embeddings, blocks (GPT-2 and Llama, optionally checkpointed), final norm, head and loss.
+// Sizes are this rank's (tensor parallelism divides heads, hidden and vocabulary).
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+namespace loom::planner {
+
+// Allocations and frees by handle; current and peak bytes, and where the peak fell.
+class ByteTimeline {
+ public:
+  using Id = int64_t;
+  Id alloc(int64_t bytes);
+  void free(Id id);  // a handle of 0 bytes or already freed is an error of the replay
+  void set_phase(std::string phase) { phase_ = std::move(phase); }
+  int64_t current() const { return current_; }
+  int64_t peak() const { return peak_; }
+  const std::string& peak_at() const { return peak_at_; }
+
+ private:
+  std::map<Id, int64_t> live_;
+  Id next_ = 1;
+  int64_t current_ = 0, peak_ = 0;
+  std::string phase_, peak_at_;
+};
+
+// The shapes one rank's replay needs, in elements, and the byte sizes of its dtypes.
+struct ReplayShape {
+  bool llama = false;
+  bool tied = true;  // the head reads wte (gpt2)
+  bool checkpointing = false;
+  int64_t B = 1, T = 1;              // rows of a micro-batch and this rank's tokens per row
+  int64_t C = 0;                     // n_embd
+  int64_t q = 0, kv = 0, heads = 0;  // this rank's query and kv features, query heads
+  int64_t F = 0;                     // this rank's MLP hidden
+  int64_t V = 0;                     // this rank's (padded) vocabulary rows
+  int64_t max_positions = 0;         // gpt2: wpe's rows (model.max_seq_len)
+  int64_t e = 4;                     // bytes of the compute dtype
+  int64_t s = 4;                     // bytes of norm statistics, attention lse and loss rows
+  // How a weight's gradient lands: kept as the parameter's .grad (the first micro-batch of a
+  // single process), or added into a buffer that exists (later micro-batches, data-parallel
+  // buckets) and freed.
+  bool keep_weight_grads = true;
+};
+
+// Per-block weight-gradient bytes that stay as .grad when keep_weight_grads (the replay adds
+// them to the timeline; the caller frees them at zero_grad).
+struct ReplayGrads {
+  std::vector<ByteTimeline::Id> kept;
+};
+
+// What one block's backward frees: its saved tensors (handles on the timeline).
+struct BlockTape {
+  ByteTimeline::Id x = 0;                      // the block's input (saved by its first norm)
+  ByteTimeline::Id y1 = 0, st1 = 0, st1b = 0;  // norm1 output and statistics
+  ByteTimeline::Id qc = 0, kc = 0, vc = 0, att = 0, lse = 0;  // attention's saved tensors
+  ByteTimeline::Id ytr = 0;                           // the heads put back in rows (proj's input)
+  ByteTimeline::Id h = 0, y2 = 0, st2 = 0, st2b = 0;  // the residual after attention, norm2's
+  ByteTimeline::Id pre = 0;                           // gpt2: the fused MLP's pre-activation
+  ByteTimeline::Id gate = 0, up = 0, act = 0;         // llama: SwiGLU's inputs and output
+};
+
+// The forward of one micro-batch through `blocks` blocks, with the embeddings when `embed` and
+// the final norm, head and loss when `head`; what backward needs stays on the timeline.
+struct StageActivations {
+  std::vector<BlockTape> blocks;
+  ByteTimeline::Id positions = 0, embed_x = 0;  // gpt2: wpe's saved positions
+  ByteTimeline::Id hf = 0, stf = 0, stfb = 0;   // final norm output and statistics
+  ByteTimeline::Id logits = 0, lse = 0;         // the loss's saved tensors
+  ByteTimeline::Id output = 0;                  // the last block's output (no head)
+};
+
+StageActivations replay_forward(ByteTimeline& tl, const ReplayShape& s, int64_t blocks, bool embed,
+                                bool head, ByteTimeline::Id input = 0);
+// The backward of those activations; `grad_in` is the gradient arriving at the stage's output
+// (0 at the loss). Leaves the gradient of the stage's input on the timeline (returned, 0 when
+// the stage embeds).
+ByteTimeline::Id replay_backward(ByteTimeline& tl, const ReplayShape& s, StageActivations& a,
+                                 ByteTimeline::Id grad_in, ReplayGrads& grads, bool embed,
+                                 bool head);
+
+}  // namespace loom::planner
