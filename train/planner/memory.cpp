@@ -156,12 +156,12 @@ MemoryPlan plan_memory(const Config& cfg, const RankCoord& rank) {
   s.V = m.padded_vocab();
   s.max_positions = m.max_seq_len;
   s.e = e;
-  s.s = e;  // statistics, lse and loss rows: f32 for f32, f64 for f64
-  const int64_t base = tl.current();
+  s.s = e;          // statistics, lse and loss rows: f32 for f32, f64 for f64
   if (zero == 2) {  // the full buckets, from zero_grad to the sync
     line("gradient buckets (during the step)", padded * e, "e·Ψ_padded");
     hold(padded * e);
   }
+  const int64_t base = tl.current();
   ReplayGrads grads;
   int64_t activation_peak = 0;
   for (int64_t mb = 0; mb < micro; ++mb) {
@@ -177,7 +177,7 @@ MemoryPlan plan_memory(const Config& cfg, const RankCoord& rank) {
                     ": replayed as on the CPU, not yet checked on a GPU)";
   }
   if (!dp) line("gradients (during the step)", psi * e, "e·Ψ, from the first backward");
-  line("activations (end of forward)", activation_peak - (zero == 2 ? padded * e : 0),
+  line("activations (end of forward)", activation_peak,
        "Σ saved per block + head (docs/planning.md)");
   line("step peak", plan.peak_bytes, "replayed (Note [Memory timeline])");
   return plan;
@@ -198,7 +198,7 @@ std::string format_memory_plan(const MemoryPlan& plan) {
   const RankCoord& r = plan.rank;
   o << "rank (dp " << r.dp << ", pp " << r.pp << ", cp " << r.cp << ", tp " << r.tp << ")\n";
   for (const MemoryLine& l : plan.lines) {
-    o << "  " << std::left << std::setw(30) << l.what << std::right << std::setw(12) << mib(l.bytes)
+    o << "  " << std::left << std::setw(36) << l.what << std::right << std::setw(12) << mib(l.bytes)
       << "   " << l.formula << "\n";
   }
   o << "  peak at: " << plan.peak_at << "\n";

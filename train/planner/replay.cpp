@@ -54,12 +54,13 @@ BlockTape block_forward(ByteTimeline& tl, const ReplayShape& s, Id x, Id* out) {
   const Id qkv = tl.alloc(N * (s.q + 2 * s.kv) * e);
   Id rq = 0, rk = 0;
   if (s.llama) {  // ops::rope copies its (strided) input, writes y, frees the copy
-    Id c = tl.alloc(N * s.q * e);
-    rq = tl.alloc(N * s.q * e);
-    tl.free(c);
-    c = tl.alloc(N * s.kv * e);
-    rk = tl.alloc(N * s.kv * e);
-    tl.free(c);
+    auto rope = [&](int64_t features) {
+      const Id copy = tl.alloc(N * features * e), y = tl.alloc(N * features * e);
+      tl.free(copy);
+      return y;
+    };
+    rq = rope(s.q);
+    rk = rope(s.kv);
   }
   // causal_attention: contiguous q, k, v (the (B, H, T, D) views are strided), out, lse.
   b.qc = tl.alloc(N * s.q * e);
@@ -94,6 +95,39 @@ BlockTape block_forward(ByteTimeline& tl, const ReplayShape& s, Id x, Id* out) {
   tl.free(a);                  // forward_region's locals
   tl.free(m);
   return b;
+}
+
+// A norm's backward (core/ops/norm.cpp): dx, dw (, db); the node's release frees its
+// statistics and saved input, the incoming gradient dy dies with the engine's buffer. dx then
+// meets `other`, the residual's pass-through gradient of the same tensor: the autograd engine
+// sums them, and both addends die.
+struct NormSaved {
+  Id stat = 0, stat_b = 0, input = 0;
+};
+Id norm_backward_at_fork(ByteTimeline& tl, const ReplayShape& s, ReplayGrads& grads,
+                         const NormSaved& saved, Id dy, Id other) {
+  const int64_t rows_by_c = s.B * s.T * s.C * s.e;
+  const Id dx = tl.alloc(rows_by_c);
+  weight_grad(tl, s, grads, s.C);
+  if (!s.llama) weight_grad(tl, s, grads, s.C);
+  tl.free(saved.stat);
+  if (saved.stat_b) tl.free(saved.stat_b);
+  tl.free(saved.input);
+  tl.free(dy);
+  const Id sum = tl.alloc(rows_by_c);
+  tl.free(other);
+  tl.free(dx);
+  return sum;
+}
+
+// q's or k's gradient (B, H, T, D) back to rows of `features`: gpt2's reshape copies; llama's
+// rope writes dx and copies its strided incoming gradient for the kernel, which then dies.
+Id back_to_rows(ByteTimeline& tl, const ReplayShape& s, Id d, int64_t features) {
+  const int64_t bytes = s.B * s.T * features * s.e;
+  const Id rows = tl.alloc(bytes);
+  if (s.llama) tl.free(tl.alloc(bytes));
+  tl.free(d);
+  return rows;
 }
 
 // The backward of one block; g (the gradient at its output) is consumed. Returns the gradient
@@ -137,18 +171,8 @@ Id block_backward(ByteTimeline& tl, const ReplayShape& s, BlockTape& b, Id g, Re
     tl.free(b.pre);
     tl.free(b.y2);
   }
-  // norm2: dx, dw (, db); frees its statistics and h.
-  const Id dx2 = tl.alloc(N * C * e);
-  weight_grad(tl, s, grads, C);
-  if (bias) weight_grad(tl, s, grads, C);
-  tl.free(b.st2);
-  if (b.st2b) tl.free(b.st2b);
-  tl.free(b.h);
-  tl.free(dn2);
-  // h's two consumers (the residual and norm2) meet: a sum.
-  const Id gh = tl.alloc(N * C * e);
-  tl.free(g);
-  tl.free(dx2);
+  // norm2's backward, then h's two consumers (the residual and norm2) meet.
+  const Id gh = norm_backward_at_fork(tl, s, grads, {b.st2, b.st2b, b.h}, dn2, g);
   // proj: dx (N, q), dW (, db); frees its input.
   const Id dproj = tl.alloc(N * s.q * e);
   weight_grad(tl, s, grads, C * s.q);
@@ -164,26 +188,11 @@ Id block_backward(ByteTimeline& tl, const ReplayShape& s, BlockTape& b, Id g, Re
   tl.free(b.att);
   tl.free(b.lse);
   tl.free(dproj);
-  // Back to (B, T, features): v's reshape copies; llama's rope writes dx (and copies its strided
-  // input), gpt2's reshapes of q and k copy.
+  // Back to (B, T, features): v's reshape copies; q and k likewise, or through rope's backward.
   const Id dv2 = tl.alloc(N * s.kv * e);
   tl.free(dv);
-  Id dk2 = 0, dq2 = 0;
-  if (s.llama) {
-    dk2 = tl.alloc(N * s.kv * e);
-    Id c = tl.alloc(N * s.kv * e);
-    tl.free(c);
-    tl.free(dk);
-    dq2 = tl.alloc(N * s.q * e);
-    c = tl.alloc(N * s.q * e);
-    tl.free(c);
-    tl.free(dq);
-  } else {
-    dk2 = tl.alloc(N * s.kv * e);
-    tl.free(dk);
-    dq2 = tl.alloc(N * s.q * e);
-    tl.free(dq);
-  }
+  const Id dk2 = back_to_rows(tl, s, dk, s.kv);
+  const Id dq2 = back_to_rows(tl, s, dq, s.q);
   // split's backward: one (N, q + 2kv) cat.
   const Id dqkv = tl.alloc(N * q3 * e);
   tl.free(dq2);
@@ -195,18 +204,8 @@ Id block_backward(ByteTimeline& tl, const ReplayShape& s, BlockTape& b, Id g, Re
   if (bias) weight_grad(tl, s, grads, q3);
   tl.free(b.y1);
   tl.free(dqkv);
-  // norm1: dx, dw (, db); frees its statistics and the block's input.
-  const Id dx1 = tl.alloc(N * C * e);
-  weight_grad(tl, s, grads, C);
-  if (bias) weight_grad(tl, s, grads, C);
-  tl.free(b.st1);
-  if (b.st1b) tl.free(b.st1b);
-  tl.free(b.x);
-  tl.free(dn1);
-  // x's two consumers (the residual and norm1) meet.
-  const Id gx = tl.alloc(N * C * e);
-  tl.free(gh);
-  tl.free(dx1);
+  // norm1's backward, then x's two consumers (the residual and norm1) meet.
+  const Id gx = norm_backward_at_fork(tl, s, grads, {b.st1, b.st1b, b.x}, dn1, gh);
   return gx;
 }
 
@@ -255,10 +254,10 @@ Id checkpointed_backward(ByteTimeline& tl, const ReplayShape& s, BlockTape& kept
 }  // namespace
 
 StageActivations replay_forward(ByteTimeline& tl, const ReplayShape& s, int64_t blocks, bool embed,
-                                bool head, ByteTimeline::Id input) {
+                                bool head) {
   const int64_t N = s.B * s.T, C = s.C, e = s.e;
   StageActivations a;
-  Id x = input;
+  Id x = 0;
   if (embed) {
     tl.set_phase("forward: embeddings");
     if (s.llama) {
@@ -278,10 +277,7 @@ StageActivations replay_forward(ByteTimeline& tl, const ReplayShape& s, int64_t 
                                        : block_forward(tl, s, x, &out));
     x = out;
   }
-  if (!head) {
-    a.output = x;
-    return a;
-  }
+  if (!head) return a;
   tl.set_phase("forward: head and loss");
   a.embed_x = x;  // the last block's output, saved by the final norm
   a.hf = tl.alloc(N * C * e);

@@ -16,7 +16,7 @@ class ByteTimeline {
  public:
   using Id = int64_t;
   Id alloc(int64_t bytes);
-  void free(Id id);  // a handle of 0 bytes or already freed is an error of the replay
+  void free(Id id);  // freeing a handle twice is an error of the replay (0-byte aliases are fine)
   void set_phase(std::string phase) { phase_ = std::move(phase); }
   int64_t current() const { return current_; }
   int64_t peak() const { return peak_; }
@@ -72,11 +72,10 @@ struct StageActivations {
   ByteTimeline::Id positions = 0, embed_x = 0;  // gpt2: wpe's saved positions
   ByteTimeline::Id hf = 0, stf = 0, stfb = 0;   // final norm output and statistics
   ByteTimeline::Id logits = 0, lse = 0;         // the loss's saved tensors
-  ByteTimeline::Id output = 0;                  // the last block's output (no head)
 };
 
 StageActivations replay_forward(ByteTimeline& tl, const ReplayShape& s, int64_t blocks, bool embed,
-                                bool head, ByteTimeline::Id input = 0);
+                                bool head);
 // The backward of those activations; `grad_in` is the gradient arriving at the stage's output
 // (0 at the loss). Leaves the gradient of the stage's input on the timeline (returned, 0 when
 // the stage embeds).
