@@ -140,7 +140,7 @@ std::vector<GroupSpec> group_specs(const DeviceMesh& mesh, int rank,
   return out;
 }
 
-DeviceMesh mesh_of(const ParallelOptions& options, int world_size) {
+[[maybe_unused]] DeviceMesh mesh_of(const ParallelOptions& options, int world_size) {
   if (options.axes.empty()) return DeviceMesh(options.shape, world_size, options.order);
   DeviceMesh mesh(options.axes, world_size);
   for (const char* a : {kAxisTp, kAxisCp, kAxisDp, kAxisPp}) {

@@ -14,10 +14,10 @@ cd "$(dirname "$0")/.."
 build=${1:-build-gpu}
 cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DLOOM_CUDA=ON \
   -DLOOM_CUDA_ARCHITECTURES=90 -DLOOM_MPI=OFF -DLOOM_WERROR=ON -DLOOM_ARCH= >/dev/null
-ninja -C "$build" -j"$(nproc)" cuda_tests conformance_tests gpu_kernels_bench train dump_logits convert
+ninja -C "$build" -j"$(nproc)" cuda_tests conformance_tests gpu_kernels_bench train dump_logits convert prepare_data
 stage=$(mktemp -d)
 mkdir -p "$stage/bundle/bin" "$stage/bundle/lib"
-cp "$build"/bin/{cuda_tests,conformance_tests,gpu_kernels_bench,train,dump_logits,convert} "$stage/bundle/bin/"
+cp "$build"/bin/{cuda_tests,conformance_tests,gpu_kernels_bench,train,dump_logits,convert,prepare_data} "$stage/bundle/bin/"
 cp "$build"/lib/libloom.so "$stage/bundle/lib/"
 echo "$(git describe --always --dirty) built $(date -u +%Y-%m-%dT%H:%MZ)" >"$stage/bundle/REVISION"
 # Every non-system, non-CUDA library the programs load, resolved here.

@@ -175,8 +175,9 @@ PY
   : >"$OUT/train.log"
   # model config, micro-batch, sequence length, steps, attention kernel (train.attention_kernel:
   # the 350M model once more with cuDNN's attention, to compare end to end)
-  for run in "gpt2-124m 32 1024 20 loom" "gpt2-350m 32 1024 15 loom" "gpt2-350m 32 1024 10 cudnn" \
-             "gpt2-1.5b 16 1024 10 loom" "llama-1b 8 2048 10 loom"; do
+  # (The runs PyTorch is compared with first; the 1.5B model last, when time is left.)
+  for run in "gpt2-124m 32 1024 20 loom" "gpt2-350m 32 1024 15 loom" "llama-1b 8 2048 10 loom" \
+             "gpt2-350m 32 1024 10 cudnn" "gpt2-1.5b 16 1024 10 loom"; do
     read -r cfg b t steps attn <<<"$run"
     if (($(limit 150) < 30)); then note "training: $cfg ($attn) not run: out of time"; continue; fi
     echo "=== $cfg B=$b T=$t attention=$attn" >>"$OUT/train.log"
@@ -208,6 +209,24 @@ PY
       --set checkpoint.at_end=false >>"$OUT/train.log" 2>&1
     echo "=== exit $?" >>"$OUT/train.log"
   fi
+fi
+
+# --- 3b. the same models in PyTorch ------------------------------------------------------------
+# transformers' GPT-2 and Llama, bf16 autocast, SDPA, fused AdamW, same batch and sequence
+# length, eager and torch.compile (tools/bench/torch_baseline.py); MFU over the same GEMM rate.
+if [[ $skip_train == 0 ]]; then
+  stamp "PyTorch baseline"
+  : >"$OUT/torch.log"
+  for run in "gpt2-124m 32 1024 eager" "gpt2-124m 32 1024 compile" "gpt2-350m 32 1024 eager" \
+             "llama-1b 8 2048 eager" "gpt2-350m 32 1024 compile" "llama-1b 8 2048 compile"; do
+    read -r cfg b t mode <<<"$run"
+    if (($(limit 120) < 25)); then note "PyTorch: $cfg $mode not run: out of time"; continue; fi
+    timeout -s KILL "$(limit 120)" python3 tools/bench/torch_baseline.py --config "configs/$cfg.yaml" \
+      --batch "$b" --seq "$t" --steps 10 --warmup 3 $([[ $mode == compile ]] && echo --compile) \
+      --peak-flops "$peak_flops" >>"$OUT/torch.log" 2>&1
+    rc=$?
+    ((rc != 0)) && echo "torch_baseline: $cfg $mode exit $rc" >>"$OUT/torch.log"
+  done
 fi
 
 # --- 4. logits against PyTorch -----------------------------------------------------------------
@@ -261,6 +280,25 @@ for name, lines in runs.items():
           f"peak mem {peak.group(1) if peak else '?'}  ({len(lines)} steps, exit {status.get(name, '?')})")
     if name + " error" in status:
         print(f"    {status[name + ' error']}")
+PY
+    echo
+    echo "== PyTorch on the same GPU (tools/bench/torch_baseline.py; Loom/PyTorch = tok/s ratio)"
+    python3 - "$OUT/train.log" "$OUT/torch.log" <<'PY'
+import re, statistics, sys
+loom, cur = {}, None
+for line in open(sys.argv[1]):
+    if line.startswith("=== ") and not line.startswith("=== exit"):
+        f = line[4:].split(); cur = f[0] if f[-1] == "attention=loom" else None; loom.setdefault(cur, [])
+    elif cur and re.search(r"\bstep\s+\d+", line) and (m := re.search(r"([0-9.,]+) tok/s", line)):
+        loom[cur].append(float(m.group(1).replace(",", "")))
+for line in open(sys.argv[2]):
+    if m := re.match(r"torch_baseline: (\S+) (\S+) .*tok/s (\d+) MFU ([0-9.na]+)%", line):
+        v = loom.get(m.group(1)) or []
+        lt = statistics.median(v[3:] or v) if v else float("nan")
+        print(f"{m.group(1):10s} torch {m.group(2):7s} {int(m.group(3)):>9d} tok/s MFU {m.group(4):>5s}%"
+              f"   Loom {lt:>9.0f} tok/s   Loom/PyTorch {lt / int(m.group(3)):.2f}")
+    elif line.startswith("torch_baseline:") or "Error" in line:
+        print("  " + line.strip()[:160])
 PY
   fi
   echo
