@@ -15,7 +15,12 @@
 # and the later stages fit a budget for the whole script (GPU_CHECK_BUDGET_S, below); it is
 # sized to finish in about 8 minutes on an H200.
 #
-#   tools/gpu_check.sh [--skip-train] [--only-tests] [--suites=A,B,...] [--memcheck]
+#   tools/gpu_check.sh [--skip-train] [--only-tests] [--stages=LIST] [--suites=A,B,...] [--memcheck]
+# --stages runs only those of tests,conformance,kernels,train,sft,torch,logits (default all;
+# --only-tests is tests,conformance; --skip-train leaves out train, sft and torch). The Loom and
+# PyTorch run lists can be replaced (GPU_CHECK_TRAIN_RUNS, GPU_CHECK_TORCH_RUNS: ';'-separated
+# entries of the lists below); without the kernels stage, GPU_CHECK_PEAK_TFLOPS gives the GEMM
+# rate that MFU is counted against.
 # --suites runs only those CUDA test suites (e.g. to rerun the failed ones after a fix);
 # --memcheck runs each suite under compute-sanitizer's memcheck (much slower: pair it with
 # --only-tests and --suites; it needs a machine where the sanitizer sees the GPU, KINDS.md).
@@ -23,19 +28,20 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-$PWD/gpu_check_out}
 mkdir -p "$OUT"
-skip_train=0
-only_tests=0
+stages=tests,conformance,kernels,train,sft,torch,logits
 only_suites=""
 memcheck=()
 for a in "$@"; do
   case "$a" in
-    --skip-train) skip_train=1 ;;
-    --only-tests) only_tests=1 ;;
+    --skip-train) stages=tests,conformance,kernels,logits ;;
+    --only-tests) stages=tests,conformance ;;
+    --stages=*) stages=${a#--stages=} ;;
     --suites=*) only_suites=${a#--suites=} ;;
     --memcheck) memcheck=(compute-sanitizer --tool memcheck --error-exitcode 99 --print-limit 20) ;;
-    *) echo "usage: tools/gpu_check.sh [--skip-train] [--only-tests] [--suites=A,B,...] [--memcheck]" >&2; exit 2 ;;
+    *) echo "usage: tools/gpu_check.sh [--skip-train] [--only-tests] [--stages=LIST] [--suites=A,B,...] [--memcheck]" >&2; exit 2 ;;
   esac
 done
+want() { [[ ",$stages," == *",$1,"* ]]; }
 summary="$OUT/summary.txt"
 : >"$summary"
 note() { echo "$*" | tee -a "$summary"; }
@@ -104,8 +110,9 @@ fi
 # --- 1. CUDA tests -----------------------------------------------------------------------------
 # One process per test suite: a kernel that corrupts the CUDA context (an illegal address is
 # sticky) then fails only its own suite, not every test after it. 300 s for all, 120 s per suite.
-stamp "CUDA tests"
 : >"$OUT/cuda_tests.log"
+if want tests; then
+stamp "CUDA tests"
 # (Suite lines end with "."; gtest_main's "Running main() from …" does not.)
 suites=$("$bin/cuda_tests" --gtest_list_tests 2>>"$OUT/cuda_tests.log" | awk '/^[^ ].*\.$/ {sub(/\.$/, "", $1); print $1}')
 [[ -n "$only_suites" ]] && suites=$(echo "$suites" | grep -Fx -f <(tr ',' '\n' <<<"$only_suites"))
@@ -127,9 +134,10 @@ failed=$(grep "^\[  FAILED  \] [A-Za-z0-9_/]*\.[A-Za-z0-9_/]* (" "$OUT/cuda_test
 skipped=$(grep "^\[  SKIPPED \] .* (" "$OUT/cuda_tests.log" | sort -u | grep -c .)
 note "cuda_tests: $(echo "$suites" | grep -c .) suites, $passed passed, $(echo -n "$failed" | grep -c .) failed, $skipped skipped${crashed:+, crashed or timed out:$crashed}"
 [[ -n "$failed" ]] && echo "$failed" | sed 's/^/  /' | tee -a "$summary"
+fi
 # The conformance table's CUDA entries (<op>_<case>_cuda; the CPU-only checks ran in CI), in one
 # process, at most 90 s.
-if [[ -x $bin/conformance_tests && -z "$only_suites" ]]; then
+if want conformance && [[ -x $bin/conformance_tests && -z "$only_suites" ]]; then
   stamp "conformance table on CUDA"
   timeout -k 10 "$(limit 90)" "${memcheck[@]}" "$bin/conformance_tests" --gtest_filter='*_cuda' \
     --gtest_color=no >"$OUT/conformance_tests.log" 2>&1
@@ -141,11 +149,14 @@ if [[ -x $bin/conformance_tests && -z "$only_suites" ]]; then
   note "conformance_tests (cuda): $c_passed passed, $(echo -n "$c_failed" | grep -c .) failed, $c_skipped skipped$( ((rc != 0 && rc != 1)) && echo ", exit $rc (crash or time limit)")"
   [[ -n "$c_failed" ]] && echo "$c_failed" | sed 's/^/  /' | tee -a "$summary"
 fi
-[[ $only_tests == 1 ]] && { stamp done; cat "$summary"; exit 0; }
+want kernels || want train || want sft || want torch || want logits || { stamp done; cat "$summary"; exit 0; }
 
 # --- 2. ceilings and kernels -------------------------------------------------------------------
-stamp "kernel benchmark"
-if (($(limit 180) >= 30)); then
+: >"$OUT/kernels.log"
+want kernels && stamp "kernel benchmark"
+if ! want kernels; then
+  :
+elif (($(limit 180) >= 30)); then
   # Line-buffered: what was measured survives a timeout.
   timeout -k 10 "$(limit 180)" stdbuf -oL "$bin/gpu_kernels_bench" --benchmark_color=false >"$OUT/kernels.log" 2>&1
 else
@@ -156,10 +167,12 @@ gemm_tflops=$(sed -n 's/^ceilings: copy .* bf16 GEMM \([0-9.]*\) TFLOP\/s/\1/p' 
 [[ -z "$gemm_tflops" ]] &&
   gemm_tflops=$(sed -n 's/^ceilings: device-to-device copy .* bf16 GEMM 8192^3 \([0-9.]*\) TFLOP\/s.*/\1/p' \
     "$OUT/kernels.log" | head -1)
-peak_flops=$(python3 -c "print(float('${gemm_tflops:-0}') * 1e12)")
+[[ -z "$gemm_tflops" ]] && gemm_tflops=${GPU_CHECK_PEAK_TFLOPS:-0}
+peak_flops=$(python3 -c "print(float('$gemm_tflops') * 1e12)")
 
 # --- 3. training steps -------------------------------------------------------------------------
-if [[ $skip_train == 0 ]]; then
+: >"$OUT/train.log"
+if want train || want sft; then
   stamp "training steps"
   synth=/tmp/loom_synth
   mkdir -p "$synth"
@@ -172,12 +185,13 @@ for name, n in (("train_000.bin", 4_000_000), ("val_000.bin", 200_000)):
         f.write(struct.pack("<256i", 20240520, 1, n, *([0] * 253)))
         f.write(struct.pack(f"<{n}H", *(rng.randrange(50257) for _ in range(n))))
 PY
-  : >"$OUT/train.log"
   # model config, micro-batch, sequence length, steps, attention kernel (train.attention_kernel:
   # the 350M model once more with cuDNN's attention, to compare end to end)
   # (The runs PyTorch is compared with first; the 1.5B model last, when time is left.)
-  for run in "gpt2-124m 32 1024 20 loom" "gpt2-350m 32 1024 15 loom" "llama-1b 8 2048 10 loom" \
-             "gpt2-350m 32 1024 10 cudnn" "gpt2-1.5b 16 1024 10 loom"; do
+  train_runs="gpt2-124m 32 1024 20 loom;gpt2-350m 32 1024 15 loom;llama-1b 8 2048 10 loom;gpt2-350m 32 1024 10 cudnn;gpt2-1.5b 16 1024 10 loom"
+  want train || train_runs=""
+  IFS=';' read -ra runs <<<"${GPU_CHECK_TRAIN_RUNS-$train_runs}"
+  for run in "${runs[@]}"; do
     read -r cfg b t steps attn <<<"$run"
     if (($(limit 150) < 30)); then note "training: $cfg ($attn) not run: out of time"; continue; fi
     echo "=== $cfg B=$b T=$t attention=$attn" >>"$OUT/train.log"
@@ -196,10 +210,11 @@ PY
   done
   # Packed SFT documents on the device (data.packing: the block-diagonal attention kernels end to
   # end, bf16), from the shipped chat sample; ODC itself needs MPI, which this build leaves out.
-  if (($(limit 90) >= 30)) && [[ -x $bin/prepare_data ]]; then
+  # (--bpe-dir: the bundle's programs live outside this tree, so they cannot find it themselves.)
+  if want sft && (($(limit 90) >= 30)) && [[ -x $bin/prepare_data ]]; then
     echo "=== sft-tiny packed on cuda" >>"$OUT/train.log"
     rm -rf /tmp/loom_chat
-    "$bin/prepare_data" --format chat --input data/samples/chat_sample.jsonl \
+    "$bin/prepare_data" --format chat --input data/samples/chat_sample.jsonl --bpe-dir data/gpt2-bpe \
       --out-dir /tmp/loom_chat >>"$OUT/train.log" 2>&1
     timeout -s KILL "$(limit 90)" "$bin/train" --config configs/sft-tiny.yaml \
       --set 'model.init_from=""' --set parallel.dp=1 --set parallel.zero_stage=0 --set parallel.odc=false \
@@ -214,11 +229,12 @@ fi
 # --- 3b. the same models in PyTorch ------------------------------------------------------------
 # transformers' GPT-2 and Llama, bf16 autocast, SDPA, fused AdamW, same batch and sequence
 # length, eager and torch.compile (tools/bench/torch_baseline.py); MFU over the same GEMM rate.
-if [[ $skip_train == 0 ]]; then
+: >"$OUT/torch.log"
+if want torch; then
   stamp "PyTorch baseline"
-  : >"$OUT/torch.log"
-  for run in "gpt2-124m 32 1024 eager" "gpt2-124m 32 1024 compile" "gpt2-350m 32 1024 eager" \
-             "llama-1b 8 2048 eager" "gpt2-350m 32 1024 compile" "llama-1b 8 2048 compile"; do
+  torch_runs="gpt2-124m 32 1024 eager;gpt2-124m 32 1024 compile;gpt2-350m 32 1024 eager;llama-1b 8 2048 eager;gpt2-350m 32 1024 compile;llama-1b 8 2048 compile"
+  IFS=';' read -ra runs <<<"${GPU_CHECK_TORCH_RUNS-$torch_runs}"
+  for run in "${runs[@]}"; do
     read -r cfg b t mode <<<"$run"
     if (($(limit 120) < 25)); then note "PyTorch: $cfg $mode not run: out of time"; continue; fi
     timeout -s KILL "$(limit 120)" python3 tools/bench/torch_baseline.py --config "configs/$cfg.yaml" \
@@ -230,6 +246,7 @@ if [[ $skip_train == 0 ]]; then
 fi
 
 # --- 4. logits against PyTorch -----------------------------------------------------------------
+if want logits; then
 stamp "logits against PyTorch"
 # What is left of the budget, at most 120 s and at least 5 s, per command.
 logits_limit() { local l=$(($(left) - 10)); ((l > 120)) && l=120; ((l < 5)) && l=5; echo "$l"; }
@@ -248,6 +265,9 @@ if [[ -x $bin/convert ]]; then
     >>"$OUT/logits.log" 2>&1
   echo "=== check_hf_roundtrip exit $?" >>"$OUT/logits.log"
 fi
+else
+  : >"$OUT/logits.log"
+fi
 
 # --- the table ---------------------------------------------------------------------------------
 stamp "done"
@@ -255,7 +275,7 @@ stamp "done"
   echo
   echo "== kernels (fraction of the measured ceilings)"
   sed -n '/^kernel  *time (us)/,$p' "$OUT/kernels.log"
-  if [[ $skip_train == 0 ]]; then
+  if want train || want sft || want torch; then
     echo
     echo "== training (bf16, one GPU; median of the step lines after the first 3)"
     python3 - "$OUT/train.log" <<'PY'

@@ -4,7 +4,8 @@
 // column-major library as their transposes (Note [Row-major through cuBLASLt]). f64, and
 // layouts cuBLASLt has no algorithm for, go through cuBLAS (GemmStridedBatchedEx). Everything
 // runs on compute_stream(); nothing here synchronises the host or allocates device memory after
-// the first call on a thread.
+// the first call on a thread, except the unfused 16-bit epilogues' f32 scratch (Note [Unfused
+// epilogues]), taken from the caching allocator.
 //
 // Note [GEMM plans]: a plan (matmul descriptor, three layouts, the algorithm the heuristic
 // chose) is built once per shape key — dtypes, compute type, flags, sizes, leading dims,
@@ -23,12 +24,13 @@
 #include <type_traits>
 #include <utility>
 
+#include "kernels/copy.h"
 #include "kernels/cuda/cublaslt_handle.cuh"
 #include "kernels/cuda/cuda_check.cuh"
 #include "kernels/cuda/cuda_device.cuh"
 #include "kernels/cuda/dtype_convert.cuh"
 #include "kernels/cuda/gelu.cuh"
-#include "kernels/cuda/vec_map.cuh"
+#include "kernels/cuda/vec_map.cuh"  // LOOM_CUDA_DISPATCH_FLOAT
 #include "kernels/matmul.h"
 #include "kernels/reduce.h"
 
@@ -292,18 +294,42 @@ __global__ void __launch_bounds__(kThreads) gemm_scale_kernel(T* c, int64_t n, d
   }
 }
 
-// pre (m, n) += bias (n) per row; with kGelu also out (m, n) = gelu(pre) of the stored pre.
+// Note [Unfused epilogues]: where the fused cuBLASLt epilogue cannot run (an aux ld that is not a
+// multiple of 8, no algorithm), the product goes to an accumulator of acc_t<T> (f32 for bf16/f16:
+// an f32 scratch from the caching allocator; the output itself for f32/f64), and one kernel adds
+// the bias, applies GELU or its derivative to the unrounded value and rounds once — as the fused
+// epilogue does. Rounding the product to 16 bits first and applying GELU to the rounded value
+// made the two paths differ by more than the 16-bit tolerance on the first GPU run (a 1×1 GELU in
+// GELU's negative tail, a bias gradient summed from rounded products).
+
+// pre (m, n) = acc + bias (n) per row, rounded once; with kGelu also out (m, n) = gelu of the
+// unrounded sum. acc may be pre itself (f32/f64).
 template <typename T, bool kGelu>
 __global__ void __launch_bounds__(kThreads)
-    bias_epilogue_kernel(T* pre, T* out, const T* bias, int64_t m, int64_t n) {
+    bias_epilogue_kernel(const acc_t<T>* acc, T* pre, T* out, const T* bias, int64_t m, int64_t n) {
   using A = acc_t<T>;
   const int64_t total = m * n;
   const int64_t step = static_cast<int64_t>(gridDim.x) * blockDim.x;
   for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < total;
        i += step) {
-    const T v = convert<T>(convert<A>(pre[i]) + convert<A>(bias[i % n]));
-    pre[i] = v;
-    if constexpr (kGelu) out[i] = convert<T>(gelu_value(convert<A>(v)));  // gelu.cuh
+    const A v = acc[i] + convert<A>(bias[i % n]);
+    pre[i] = convert<T>(v);
+    if constexpr (kGelu) out[i] = convert<T>(gelu_value(v));  // gelu.cuh
+  }
+}
+
+// dpre (m, n) = acc · gelu'(pre), rounded once; acc keeps the unrounded product for the bias
+// gradient (acc may be dpre itself for f32/f64).
+template <typename T>
+__global__ void __launch_bounds__(kThreads)
+    dgelu_epilogue_kernel(acc_t<T>* acc, const T* pre, T* dpre, int64_t total) {
+  using A = acc_t<T>;
+  const int64_t step = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < total;
+       i += step) {
+    const A v = acc[i] * gelu_grad(convert<A>(pre[i]));
+    acc[i] = v;
+    dpre[i] = convert<T>(v);
   }
 }
 
@@ -393,21 +419,39 @@ void check_bias(const Tensor& bias, const Tensor& c, const char* name) {
              shape_str(bias.shape()), " ", dtype_name(bias.dtype()));
 }
 
-// The unfused epilogue: pre += bias per row (and out = gelu(pre) when out is given).
-void launch_bias_epilogue(Tensor& pre, Tensor* out, const Tensor& bias, const char* name) {
+bool is_half_dtype(DType dt) { return dt == DType::kBF16 || dt == DType::kF16; }
+
+// The accumulator of an unfused epilogue (Note [Unfused epilogues]): an f32 scratch shaped like
+// out for 16-bit outputs, else out itself.
+Tensor epilogue_accumulator(const Tensor& out) {
+  return is_half_dtype(out.dtype()) ? Tensor::empty(out.shape(), DType::kF32, out.device()) : out;
+}
+
+// The GEMM of g into acc (the accumulator above) instead of g's own output.
+void run_gemm_into(LtGemm g, Tensor& acc, int device, const char* name) {
+  g.d = acc.raw_data();
+  g.out_dtype = acc.dtype();
+  run_gemm(g, device, 1.0, 0.0, name);
+}
+
+// The unfused bias epilogue: pre = acc + bias per row (and out = gelu of it when out is given).
+void launch_bias_epilogue(const Tensor& acc, Tensor& pre, Tensor* out, const Tensor& bias,
+                          const char* name) {
   const int64_t m = pre.size(0), n = pre.size(1);
   if (m * n == 0) return;
   LOOM_DISPATCH_ALL(pre.dtype(), name, [&] {
     if constexpr (std::is_floating_point_v<scalar_t> || kIsHalf<scalar_t>) {
+      using A = acc_t<scalar_t>;
+      const A* a = static_cast<const A*>(acc.raw_data());
       scalar_t* p = static_cast<scalar_t*>(pre.raw_data());
       const scalar_t* bs = static_cast<const scalar_t*>(bias.raw_data());
       const unsigned blocks = grid_for(m * n, kThreads);
       if (out != nullptr) {
         bias_epilogue_kernel<scalar_t, true><<<blocks, kThreads, 0, compute_stream()>>>(
-            p, static_cast<scalar_t*>(out->raw_data()), bs, m, n);
+            a, p, static_cast<scalar_t*>(out->raw_data()), bs, m, n);
       } else {
         bias_epilogue_kernel<scalar_t, false>
-            <<<blocks, kThreads, 0, compute_stream()>>>(p, p, bs, m, n);
+            <<<blocks, kThreads, 0, compute_stream()>>>(a, p, p, bs, m, n);
       }
     } else {
       LOOM_FAIL(name, ": dtype ", dtype_name(pre.dtype()), " not supported");
@@ -423,8 +467,9 @@ void gemm_bias_cuda(const Tensor& a, const Tensor& b, const Tensor& bias, Tensor
   check_bias(bias, c, "gemm_bias");
   const LtGemm g = describe(a, b, c, trans_a, trans_b, "gemm_bias");
   if (try_fused(g, device, CUBLASLT_EPILOGUE_BIAS, bias.raw_data(), nullptr)) return;
-  run_gemm(g, device, 1.0, 0.0, "gemm_bias");
-  launch_bias_epilogue(c, nullptr, bias, "gemm_bias");
+  Tensor acc = epilogue_accumulator(c);
+  run_gemm_into(g, acc, device, "gemm_bias");
+  launch_bias_epilogue(acc, c, nullptr, bias, "gemm_bias");
 }
 
 void gemm_bias_gelu_cuda(const Tensor& a, const Tensor& b, const Tensor& bias, Tensor& pre,
@@ -438,22 +483,10 @@ void gemm_bias_gelu_cuda(const Tensor& a, const Tensor& b, const Tensor& bias, T
   const LtGemm g = describe(a, b, c, trans_a, trans_b, "gemm_bias_gelu");
   if (try_fused(g, device, CUBLASLT_EPILOGUE_GELU_AUX_BIAS, bias.raw_data(), pre.raw_data()))
     return;
-  LtGemm into_pre = g;
-  into_pre.d = pre.raw_data();
-  run_gemm(into_pre, device, 1.0, 0.0, "gemm_bias_gelu");
-  launch_bias_epilogue(pre, &c, bias, "gemm_bias_gelu");
+  Tensor acc = epilogue_accumulator(pre);
+  run_gemm_into(g, acc, device, "gemm_bias_gelu");
+  launch_bias_epilogue(acc, pre, &c, bias, "gemm_bias_gelu");
 }
-
-// dpre ← dpre · gelu'(pre)   (input pre; output dpre, read): the unfused DGELU, the derivative
-// of gelu.cuh as in gelu_backward (activation.cu), which accumulates instead.
-struct DgeluInPlaceFn {
-  static constexpr bool kReadsOut = true;
-  template <int V, typename C>
-  __device__ void apply(int64_t, C (&x)[1][V], C (&y)[1][V]) const {
-#pragma unroll
-    for (int j = 0; j < V; ++j) y[0][j] *= gelu_grad(x[0][j]);
-  }
-};
 
 // Note [DGELU_BGRAD through cuBLASLt]: with the library's D = dpreᵀ (m = our N rows, n = our M
 // columns; Note [Row-major through cuBLASLt]), CUBLASLT_EPILOGUE_DGELU_BGRAD computes
@@ -488,19 +521,26 @@ void gemm_dgelu_bgrad_cuda(const Tensor& a, const Tensor& b, const Tensor& pre, 
   if (try_fused(g, device, CUBLASLT_EPILOGUE_DGELU_BGRAD, dbias.raw_data(), pre.raw_data())) {
     return;
   }
-  run_gemm(g, device, 1.0, 0.0, "gemm_dgelu_bgrad");
+  Tensor acc = epilogue_accumulator(dpre);
+  run_gemm_into(g, acc, device, "gemm_dgelu_bgrad");
   const int64_t m = dpre.size(0), n = dpre.size(1);
   if (m * n > 0) {
     LOOM_CUDA_DISPATCH_FLOAT(dpre.dtype(), "gemm_dgelu_bgrad", [&] {
-      using T = scalar_t;
-      MapPtrs<1, 1, T> p;
-      p.in[0] = static_cast<const T*>(pre.raw_data());
-      p.out[0] = static_cast<T*>(dpre.raw_data());
-      launch_map<T>(p, m * n, DgeluInPlaceFn{});
+      using A = acc_t<scalar_t>;
+      dgelu_epilogue_kernel<scalar_t><<<grid_for(m * n, kThreads), kThreads, 0, compute_stream()>>>(
+          static_cast<A*>(acc.raw_data()), static_cast<const scalar_t*>(pre.raw_data()),
+          static_cast<scalar_t*>(dpre.raw_data()), m * n);
     });
+    LOOM_CUDA_LAUNCH_CHECK();
   }
-  // dbias = Σ over the rows (zeros when M == 0).
-  find_kernel<sum_dim_forward_k>(DeviceType::kCuda)(dpre, 1, m, n, dbias);
+  // dbias = Σ over the rows of the unrounded products (zeros when M == 0), rounded once.
+  if (acc.dtype() == dbias.dtype()) {
+    find_kernel<sum_dim_forward_k>(DeviceType::kCuda)(acc, 1, m, n, dbias);
+  } else {
+    Tensor sum = Tensor::empty({n}, acc.dtype(), dbias.device());
+    find_kernel<sum_dim_forward_k>(DeviceType::kCuda)(acc, 1, m, n, sum);
+    find_kernel<copy_k>(DeviceType::kCuda)(sum, dbias);
+  }
 }
 
 }  // namespace

@@ -174,8 +174,10 @@ TEST_F(CudaRuntimeTest, StagedUploadsKeepTheirBytesAndStreamOrder) {
   Generator gen(19);
   const Tensor a = randn({2048, 2048}, gen).to(Device::cuda()), b = randn({2048, 2048}, gen);
   Tensor b_gpu = b.to(Device::cuda());
-  const Tensor c = ops::matmul(a, b_gpu);          // queued: reads b_gpu
-  ops::copy_(b_gpu, Tensor::zeros({2048, 2048}));  // the upload must wait for the GEMM
+  const Tensor c = ops::matmul(a, b_gpu);  // queued: reads b_gpu
+  // An upload, then a device copy into b_gpu: both must wait for the GEMM (copy_ works within
+  // one device; an upload is Tensor::to).
+  ops::copy_(b_gpu, Tensor::zeros({2048, 2048}).to(Device::cuda()));
   std::vector<Tensor> want, got;
   for (int i = 0; i < 40; ++i) {
     Tensor h = randn({1000 + 37 * i}, gen);
