@@ -62,7 +62,9 @@ limit() { local l=$(($(left) - 60)); ((l > $1)) && l=$1; ((l < 1)) && l=1; echo 
   nvcc --version | tail -2
   uname -a
   python3 -c 'import torch, transformers; print("torch", torch.__version__, "transformers", transformers.__version__)'
-} >"$OUT/env.txt" 2>&1
+} >/tmp/loom_gpu_env.txt 2>&1
+# (The device tool brings back 8 files: the machine's description goes at the end of the
+# summary rather than into a file of its own, the unpack log only when unpacking failed.)
 note "device: $(nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>/dev/null)"
 
 # CUDA libraries: the toolkit's, then the ones PyTorch's wheels carry (cuBLAS, NCCL).
@@ -80,11 +82,12 @@ if [[ -f .gpu/bundle.tar.xz ]]; then
   stamp "using the prebuilt bundle"
   rm -rf /tmp/loom_bundle && mkdir -p /tmp/loom_bundle
   # tar needs an xz binary; Python's tarfile does not.
-  tar -C /tmp/loom_bundle -xJf .gpu/bundle.tar.xz 2>"$OUT/unpack.log" ||
+  tar -C /tmp/loom_bundle -xJf .gpu/bundle.tar.xz 2>/tmp/loom_unpack.log ||
     python3 -c "import sys, tarfile; tarfile.open(sys.argv[1]).extractall(sys.argv[2])" \
-      .gpu/bundle.tar.xz /tmp/loom_bundle 2>>"$OUT/unpack.log"
+      .gpu/bundle.tar.xz /tmp/loom_bundle 2>>/tmp/loom_unpack.log
   bin=/tmp/loom_bundle/bundle/bin
-  [[ -x $bin/train && -x $bin/cuda_tests ]] || { note "bundle unpack failed (unpack.log)"; exit 1; }
+  [[ -x $bin/train && -x $bin/cuda_tests ]] ||
+    { cp /tmp/loom_unpack.log "$OUT/unpack.log"; note "bundle unpack failed (unpack.log)"; exit 1; }
   [[ -f /tmp/loom_bundle/bundle/REVISION ]] && note "bundle: $(cat /tmp/loom_bundle/bundle/REVISION)"
   export LD_LIBRARY_PATH=/tmp/loom_bundle/bundle/lib:$cuda_libs:${LD_LIBRARY_PATH:-}
 else
@@ -149,7 +152,8 @@ if want conformance && [[ -x $bin/conformance_tests && -z "$only_suites" ]]; the
   note "conformance_tests (cuda): $c_passed passed, $(echo -n "$c_failed" | grep -c .) failed, $c_skipped skipped$( ((rc != 0 && rc != 1)) && echo ", exit $rc (crash or time limit)")"
   [[ -n "$c_failed" ]] && echo "$c_failed" | sed 's/^/  /' | tee -a "$summary"
 fi
-want kernels || want train || want sft || want torch || want logits || { stamp done; cat "$summary"; exit 0; }
+want kernels || want train || want sft || want torch || want logits ||
+  { stamp done; cat /tmp/loom_gpu_env.txt >>"$summary"; cat "$summary"; exit 0; }
 
 # --- 2. ceilings and kernels -------------------------------------------------------------------
 : >"$OUT/kernels.log"
@@ -324,3 +328,8 @@ PY
   echo
   grep "compare_logits_torch\|check_hf_roundtrip\|error\|Error\|^=== " "$OUT/logits.log" | head -8
 } | tee -a "$summary"
+{
+  echo
+  echo "== the machine"
+  cat /tmp/loom_gpu_env.txt
+} >>"$summary"
