@@ -5,6 +5,7 @@
 // loom-mpi-test: ranks 1 2
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <sstream>
 
@@ -21,7 +22,7 @@ namespace {
 struct Layout {
   std::string name;
   std::string model = "arch: gpt2, n_layer: 3, n_head: 4, n_embd: 64";
-  int64_t dp = 1, zero = 0, accum = 1;
+  int64_t dp = 1, zero = 0, accum = 1, pp = 1;
   std::string extra = "";  // more "section.key=value" overrides
 };
 
@@ -35,7 +36,8 @@ Config config_of(const Layout& l, const std::string& dir) {
     << dir << "/" << l.name << "}\n"
     << "checkpoint: {every: 0, keep: 0, at_end: false}\n"
     << "logging: {jsonl: false, tensorboard: false}\n"
-    << "parallel: {dp: " << l.dp << ", zero_stage: " << l.zero << ", bucket_mb: 0.05}\n";
+    << "parallel: {dp: " << l.dp << ", pp: " << l.pp << ", zero_stage: " << l.zero
+    << ", bucket_mb: 0.05}\n";
   std::vector<std::string> overrides;
   std::istringstream extra(l.extra);
   for (std::string kv; extra >> kv;) overrides.push_back(kv);
@@ -43,13 +45,15 @@ Config config_of(const Layout& l, const std::string& dir) {
 }
 
 void expect_planned_peak(const Layout& l) {
-  if (testing::world_size() != l.dp) GTEST_SKIP() << l.name << " runs on " << l.dp << " ranks";
+  if (testing::world_size() != l.dp * l.pp)
+    GTEST_SKIP() << l.name << " runs on " << l.dp * l.pp << " ranks";
   ParallelOptions po;
   po.shape.dp = static_cast<int>(l.dp);
+  po.shape.pp = static_cast<int>(l.pp);
   ParallelContext ctx = ParallelContext::create(po);
   const std::string dir = testing::shared_train_data(ctx, "loom_plan_memory");
   const Config cfg = config_of(l, dir);
-  const planner::MemoryPlan plan = planner::plan_memory(cfg, {ctx.dp_rank(), 0, 0, 0});
+  const planner::MemoryPlan plan = planner::plan_memory(cfg, {ctx.dp_rank(), ctx.pp_rank(), 0, 0});
   std::ostringstream log;
   TrainerOptions o = testing::trainer_options(log, &ctx);
   Allocator& a = allocator_for(DeviceType::kCpu);
@@ -62,14 +66,21 @@ void expect_planned_peak(const Layout& l) {
   };
   Trainer(cfg, o).run();
   ASSERT_GT(measured, 0);
-  const double err =
-      static_cast<double>(plan.peak_bytes - measured) / static_cast<double>(measured);
-  EXPECT_LE(std::abs(err), 0.02) << l.name << ": predicted " << plan.peak_bytes
-                                 << " bytes, measured " << measured << " (" << 100 * err << " %)\n"
-                                 << planner::format_memory_plan(plan);
-  std::printf("%s: predicted %lld, measured %lld bytes (%+.3f %%), peak at %s\n", l.name.c_str(),
-              static_cast<long long>(plan.peak_bytes), static_cast<long long>(measured), 100 * err,
-              plan.peak_at.c_str());
+  // Within 2 % of the prediction; where the prediction is a range (a pipeline's sends complete
+  // when the peer's receive is posted, which is timing), within 2 % of the range.
+  const double m = static_cast<double>(measured);
+  const double below = (static_cast<double>(plan.peak_low_bytes) - m) / m;
+  const double above = (m - static_cast<double>(plan.peak_bytes)) / m;
+  const double err = std::max(below, above) > 0 ? std::max(below, above) : 0.0;
+  EXPECT_LE(err, 0.02) << l.name << ": predicted " << plan.peak_low_bytes << ".." << plan.peak_bytes
+                       << " bytes, measured " << measured << "\n"
+                       << planner::format_memory_plan(plan);
+  std::printf(
+      "%s: predicted %lld..%lld, measured %lld bytes (%+.3f %% of the upper bound), "
+      "peak at %s\n",
+      l.name.c_str(), static_cast<long long>(plan.peak_low_bytes),
+      static_cast<long long>(plan.peak_bytes), static_cast<long long>(measured),
+      100 * (static_cast<double>(plan.peak_bytes) - m) / m, plan.peak_at.c_str());
   ctx.world().barrier();
 }
 
@@ -96,5 +107,39 @@ TEST(PlanMemory, Zero1Dp2Accumulation) {
   expect_planned_peak({.name = "z1_accum", .dp = 2, .zero = 1, .accum = 2});
 }
 
+// Pipelines (Note [Pipeline memory] in train/planner/pipeline.h): 4 blocks on 2 ranks.
+const char* kGpt2Four = "arch: gpt2, n_layer: 4, n_head: 4, n_embd: 64";
+const char* kLlamaFour = "arch: llama, n_layer: 4, n_head: 4, n_kv_head: 2, n_embd: 64";
+TEST(PlanMemory, PipelineGpipe) {
+  expect_planned_peak({.name = "pp_gpipe",
+                       .model = kGpt2Four,
+                       .accum = 4,
+                       .pp = 2,
+                       .extra = "parallel.schedule=gpipe"});
+}
+TEST(PlanMemory, Pipeline1F1B) {
+  expect_planned_peak({.name = "pp_1f1b", .model = kGpt2Four, .accum = 4, .pp = 2});
+}
+TEST(PlanMemory, Pipeline1F1BWiderBatch) {
+  expect_planned_peak({.name = "pp_1f1b_b8",
+                       .model = kGpt2Four,
+                       .accum = 4,
+                       .pp = 2,
+                       .extra = "data.batch_size=8"});
+}
+TEST(PlanMemory, PipelineInterleaved) {
+  expect_planned_peak({.name = "pp_interleaved",
+                       .model = kGpt2Four,
+                       .accum = 4,
+                       .pp = 2,
+                       .extra = "parallel.schedule=interleaved parallel.vpp=2"});
+}
+TEST(PlanMemory, PipelineLlamaCheckpointing) {
+  expect_planned_peak({.name = "pp_llama_ckpt",
+                       .model = kLlamaFour,
+                       .accum = 4,
+                       .pp = 2,
+                       .extra = "model.activation_checkpointing=true"});
+}
 }  // namespace
 }  // namespace loom::parallel

@@ -1,6 +1,6 @@
 // train/planner/memory.cpp — the memory plan of a layout (see train/planner/memory.h): this
 // rank's parameter tensors and gradient buckets from the config, then the step replayed on a
-// byte counter (train/planner/replay.h).
+// byte counter (train/planner/replay.h; a pipeline rank's step: train/planner/pipeline.h).
 #include "train/planner/memory.h"
 
 #include <algorithm>
@@ -9,31 +9,55 @@
 
 #include "core/dtype.h"
 #include "core/error.h"
+#include "parallel/pp/partition.h"
+#include "train/planner/pipeline.h"
 #include "train/planner/replay.h"
 
 namespace loom::planner {
 namespace {
 
-// The model's trained tensors in the order the model registers them (layers/transformer.cpp),
-// in elements.
-std::vector<int64_t> parameter_numels(const ModelConfig& m) {
+// One trained tensor of the model, in elements, and where a pipeline puts it (core/param_role.h:
+// the embeddings are inputs, the final norm and an untied head outputs).
+struct ParamTensor {
+  int64_t numel = 0;
+  enum class Part { kInput, kBlock, kOutput } part = Part::kBlock;
+  int64_t block = -1;
+  bool table = false;  // wte: the head's weight too when tied
+};
+
+// The model's trained tensors in the order the model registers them (layers/transformer.cpp).
+std::vector<ParamTensor> model_parameters(const ModelConfig& m) {
+  using Part = ParamTensor::Part;
   const int64_t C = m.n_embd, D = m.head_dim(), q = m.n_head * D, kv = m.kv_heads() * D;
   const int64_t F = m.ffn_hidden_size(), V = m.padded_vocab();
-  std::vector<int64_t> p = {V * C};
+  std::vector<ParamTensor> p = {{V * C, Part::kInput, -1, true}};
   const bool llama = m.is_llama();
-  if (!llama) p.push_back(m.max_seq_len * C);
+  if (!llama) p.push_back({m.max_seq_len * C, Part::kInput});
   for (int64_t l = 0; l < m.n_layer; ++l) {
-    if (llama) {
-      for (int64_t n : {C, (q + 2 * kv) * C, C * q, C, F * C, F * C, C * F}) p.push_back(n);
-    } else {
-      for (int64_t n : {C, C, (q + 2 * kv) * C, q + 2 * kv, C * q, C, C, C, F * C, F, C * F, C})
-        p.push_back(n);
-    }
+    const std::vector<int64_t> sizes =
+        llama ? std::vector<int64_t>{C, (q + 2 * kv) * C, C * q, C, F * C, F * C, C * F}
+              : std::vector<int64_t>{
+                    C, C, (q + 2 * kv) * C, q + 2 * kv, C * q, C, C, C, F * C, F, C * F, C};
+    for (int64_t n : sizes) p.push_back({n, Part::kBlock, l});
   }
-  p.push_back(C);
-  if (!llama) p.push_back(C);
-  if (!m.tie_embeddings) p.push_back(V * C);
+  p.push_back({C, Part::kOutput});
+  if (!llama) p.push_back({C, Part::kOutput});
+  if (!m.tie_embeddings) p.push_back({V * C, Part::kOutput});
   return p;
+}
+
+// The global stages a tensor lives on (parallel/pp/partition.cpp stages_of_parameter): the
+// tied table on the first and the last.
+std::vector<int> stages_of(const ParamTensor& t, const std::vector<int64_t>& b, bool tied) {
+  const int last = static_cast<int>(b.size()) - 2;
+  if (t.part == ParamTensor::Part::kInput) {
+    if (t.table && tied && last > 0) return {0, last};
+    return {0};
+  }
+  if (t.part == ParamTensor::Part::kOutput) return {last};
+  int g = 0;
+  while (t.block >= b[static_cast<size_t>(g) + 1]) ++g;
+  return {g};
 }
 
 int64_t round_up(int64_t n, int64_t k) { return (n + k - 1) / k * k; }
@@ -74,7 +98,8 @@ void refuse_unplanned(const Config& c) {
     throw ConfigError(key + ": the memory planner does not model " + why + " yet");
   };
   if (p.tp > 1) refuse("parallel.tp", "tensor parallelism");
-  if (p.pp > 1) refuse("parallel.pp", "pipeline stages");
+  if (p.pp > 1 && p.dp > 1 && p.zero_stage >= 2)
+    refuse("parallel.zero_stage", "a pipeline stage's sharded parameter units");
   if (p.cp > 1) refuse("parallel.cp", "context parallelism");
   if (p.odc) refuse("parallel.odc", "ODC's windows");
   if (p.sdp.on()) refuse("parallel.sdp", "SDP's subnetworks");
@@ -96,7 +121,23 @@ MemoryPlan plan_memory(const Config& cfg, const RankCoord& rank) {
   const int64_t shards = !dp ? 1 : (par.mics_partition_size > 0 ? par.mics_partition_size : par.dp);
   const int64_t states = cfg.optim.name == "sgd" ? (cfg.optim.momentum > 0 ? 1 : 0) : 2;
 
-  const std::vector<int64_t> numels = parameter_numels(m);
+  // This rank's tensors: all of them, or those of its pipeline chunks (Note [Pipeline stages
+  // and chunks] in parallel/pp/schedule.h).
+  const bool pipeline = par.pp > 1;
+  const parallel::pp::ScheduleShape shape{static_cast<int>(par.pp), static_cast<int>(par.vpp),
+                                          static_cast<int>(pipeline_microbatches(cfg))};
+  const std::vector<int64_t> boundaries =
+      pipeline ? parallel::pp::partition_layers(m.n_layer, shape.num_global_stages(), par.pp_layout)
+               : std::vector<int64_t>{0, m.n_layer};
+  std::vector<int64_t> numels;
+  for (const ParamTensor& t : model_parameters(m)) {
+    for (int g : stages_of(t, boundaries, m.tie_embeddings)) {
+      if (g % shape.stages == rank.pp) {
+        numels.push_back(t.numel);
+        break;
+      }
+    }
+  }
   int64_t psi = 0;
   for (int64_t n : numels) psi += n;
   // Data parallelism re-homes the parameters into padded buckets (ZeRO-3: one per unit).
@@ -136,7 +177,8 @@ MemoryPlan plan_memory(const Config& cfg, const RankCoord& rank) {
     hold(shard * e);
   }
   // The step's batch: every micro-batch's ids and targets (i32), read before the step.
-  const int64_t B = cfg.data.batch_size, T = cfg.data.seq_len, micro = cfg.optim.grad_accum;
+  const int64_t B = cfg.data.batch_size, T = cfg.data.seq_len;
+  const int64_t micro = pipeline ? shape.microbatches : cfg.optim.grad_accum;
   const int64_t batch_bytes = micro * 2 * B * T * 4;
   line("batch", batch_bytes, "2·m·B·T·4 (ids and targets)");
   hold(batch_bytes);
@@ -144,7 +186,7 @@ MemoryPlan plan_memory(const Config& cfg, const RankCoord& rank) {
 
   ReplayShape s;
   s.llama = m.is_llama();
-  s.tied = m.tie_embeddings;
+  s.tied = m.tie_embeddings && !pipeline;  // a pipeline's last stage holds its own copy
   s.checkpointing = m.activation_checkpointing;
   s.B = B;
   s.T = T;
@@ -164,7 +206,24 @@ MemoryPlan plan_memory(const Config& cfg, const RankCoord& rank) {
   const int64_t base = tl.current();
   ReplayGrads grads;
   int64_t activation_peak = 0;
-  for (int64_t mb = 0; mb < micro; ++mb) {
+  if (pipeline) {
+    PipelineReplay pr;
+    pr.kind = parallel::pp::parse_schedule(par.schedule);
+    pr.shape = shape;
+    pr.rank = static_cast<int>(rank.pp);
+    pr.boundaries = boundaries;
+    pr.local_grads = !dp;
+    const bool ends = rank.pp == 0 || rank.pp == par.pp - 1;
+    if (m.tie_embeddings && ends) pr.tied_exchange_elements = m.padded_vocab() * m.n_embd;
+    ByteTimeline early = tl;  // the lower bound: sends complete at once
+    ReplayGrads early_grads;
+    pr.late_sends = false;
+    replay_pipeline_step(early, s, pr, early_grads);
+    plan.peak_low_bytes = early.peak();
+    pr.late_sends = true;
+    replay_pipeline_step(tl, s, pr, grads);
+  }
+  for (int64_t mb = 0; mb < (pipeline ? 0 : micro); ++mb) {
     s.keep_weight_grads = !dp && mb == 0;  // a single process's first .grad is the buffer
     StageActivations a = replay_forward(tl, s, m.n_layer, true, true);
     if (mb == 0) activation_peak = tl.current() - base;
@@ -172,14 +231,25 @@ MemoryPlan plan_memory(const Config& cfg, const RankCoord& rank) {
   }
   plan.peak_bytes = tl.peak();
   plan.peak_at = tl.peak_at();
+  if (!pipeline) plan.peak_low_bytes = plan.peak_bytes;
   if (cfg.train.device != "cpu") {  // the CUDA kernels' workspaces are not in the replay
     plan.peak_at += " (train.device " + cfg.train.device +
                     ": replayed as on the CPU, not yet checked on a GPU)";
   }
   if (!dp) line("gradients (during the step)", psi * e, "e·Ψ, from the first backward");
-  line("activations (end of forward)", activation_peak,
-       "Σ saved per block + head (docs/planning.md)");
+  if (pipeline) {
+    line("step at its peak, above the held", plan.peak_bytes - base,
+         "saved activations of the micro-batches in flight, transfer buffers, .grad "
+         "(Note [Pipeline memory])");
+  } else {
+    line("activations (end of forward)", activation_peak,
+         "Σ saved per block + head (docs/planning.md)");
+  }
   line("step peak", plan.peak_bytes, "replayed (Note [Memory timeline])");
+  if (plan.peak_low_bytes != plan.peak_bytes) {
+    line("step peak, sends complete at once", plan.peak_low_bytes,
+         "the lower bound (Note [Pipeline memory])");
+  }
   return plan;
 }
 

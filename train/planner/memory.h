@@ -39,7 +39,10 @@ struct MemoryPlan {
   std::vector<MemoryLine> lines;  // what is held between steps, then the step's peak parts
   int64_t persistent_bytes = 0;   // held between steps (parameters, state, buffers)
   int64_t peak_bytes = 0;         // the predicted peak of the allocator during a step
-  std::string peak_at;            // where in the step the peak falls ("backward of block 3, mb 0")
+  // The peak if every transfer completed as soon as it is issued; below peak_bytes only where
+  // that is timing (a pipeline's sends, Note [Pipeline memory] in train/planner/pipeline.h).
+  int64_t peak_low_bytes = 0;
+  std::string peak_at;  // where in the step the peak falls ("backward of block 3, mb 0")
 };
 
 // The predicted memory of `rank` for the config's layout (parallel.* with dp·pp·cp·tp ranks).

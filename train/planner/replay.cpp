@@ -14,7 +14,7 @@ ByteTimeline::Id ByteTimeline::alloc(int64_t bytes) {
   current_ += bytes;
   if (current_ > peak_) {
     peak_ = current_;
-    peak_at_ = phase_;
+    peak_at_ = context_ + phase_;
   }
   return id;
 }
@@ -158,8 +158,13 @@ Id block_backward(ByteTimeline& tl, const ReplayShape& s, BlockTape& b, Id g, Re
     tl.free(dxg);
     tl.free(dgate);
   } else {
-    // gelu_mlp: dpre, db_fc, dx, dW_fc, gelu(pre) again, dW_proj, db_proj.
+    // gelu_mlp: dpre, db_fc, dx, dW_fc, gelu(pre) again, dW_proj, db_proj. The CPU's unfused
+    // gemm_dgelu_bgrad (kernels/cpu/matmul.cpp) computes the product into a scratch of dpre's
+    // size first.
     const Id dpre = tl.alloc(N * s.F * e);  // dies with its scope, before gelu(pre) again
+    const Id db1 = tl.alloc(s.F * e);
+    tl.free(tl.alloc(N * s.F * e));
+    tl.free(db1);
     weight_grad(tl, s, grads, s.F);
     dn2 = tl.alloc(N * C * e);
     weight_grad(tl, s, grads, s.F * C);
@@ -254,10 +259,10 @@ Id checkpointed_backward(ByteTimeline& tl, const ReplayShape& s, BlockTape& kept
 }  // namespace
 
 StageActivations replay_forward(ByteTimeline& tl, const ReplayShape& s, int64_t blocks, bool embed,
-                                bool head) {
+                                bool head, Id input) {
   const int64_t N = s.B * s.T, C = s.C, e = s.e;
   StageActivations a;
-  Id x = 0;
+  Id x = input;
   if (embed) {
     tl.set_phase("forward: embeddings");
     if (s.llama) {
@@ -277,7 +282,10 @@ StageActivations replay_forward(ByteTimeline& tl, const ReplayShape& s, int64_t 
                                        : block_forward(tl, s, x, &out));
     x = out;
   }
-  if (!head) return a;
+  if (!head) {
+    a.output = x;
+    return a;
+  }
   tl.set_phase("forward: head and loss");
   a.embed_x = x;  // the last block's output, saved by the final norm
   a.hf = tl.alloc(N * C * e);

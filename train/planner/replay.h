@@ -18,6 +18,8 @@ class ByteTimeline {
   Id alloc(int64_t bytes);
   void free(Id id);  // freeing a handle twice is an error of the replay (0-byte aliases are fine)
   void set_phase(std::string phase) { phase_ = std::move(phase); }
+  // Said before every phase in peak_at() ("mb 2, chunk 0: "), e.g. by a pipeline's replay.
+  void set_context(std::string context) { context_ = std::move(context); }
   int64_t current() const { return current_; }
   int64_t peak() const { return peak_; }
   const std::string& peak_at() const { return peak_at_; }
@@ -26,7 +28,7 @@ class ByteTimeline {
   std::map<Id, int64_t> live_;
   Id next_ = 1;
   int64_t current_ = 0, peak_ = 0;
-  std::string phase_, peak_at_;
+  std::string phase_, context_, peak_at_;
 };
 
 // The shapes one rank's replay needs, in elements, and the byte sizes of its dtypes.
@@ -69,13 +71,16 @@ struct BlockTape {
 // the final norm, head and loss when `head`; what backward needs stays on the timeline.
 struct StageActivations {
   std::vector<BlockTape> blocks;
+  ByteTimeline::Id output = 0;                  // without the head: the last block's output
   ByteTimeline::Id positions = 0, embed_x = 0;  // gpt2: wpe's saved positions
   ByteTimeline::Id hf = 0, stf = 0, stfb = 0;   // final norm output and statistics
   ByteTimeline::Id logits = 0, lse = 0;         // the loss's saved tensors
 };
 
+// Without `embed`, `input` is the stage's input (the caller's handle: the first block saves it).
+// Without `head`, the last block's output stays on the timeline as `output`, the caller's.
 StageActivations replay_forward(ByteTimeline& tl, const ReplayShape& s, int64_t blocks, bool embed,
-                                bool head);
+                                bool head, ByteTimeline::Id input = 0);
 // The backward of those activations; `grad_in` is the gradient arriving at the stage's output
 // (0 at the loss). Leaves the gradient of the stage's input on the timeline (returned, 0 when
 // the stage embeds).
