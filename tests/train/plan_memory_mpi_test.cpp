@@ -2,7 +2,7 @@
 // the allocator: for each layout, the trainer runs 3 steps, the peak is reset before step 2 (the
 // optimizer state exists by then), and the peak bytes the CPU allocator counted during steps 2
 // and 3 must be the plan's predicted step peak for this rank within 2 %.
-// loom-mpi-test: ranks 1 2
+// loom-mpi-test: ranks 1 2 4
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -140,6 +140,14 @@ TEST(PlanMemory, PipelineLlamaCheckpointing) {
                        .accum = 4,
                        .pp = 2,
                        .extra = "model.activation_checkpointing=true"});
+}
+// A pipeline of data-parallel stages (4 ranks): buckets of each stage's parameters.
+TEST(PlanMemory, PipelineDdp) {
+  expect_planned_peak({.name = "pp2_dp2", .model = kGpt2Four, .dp = 2, .accum = 4, .pp = 2});
+}
+TEST(PlanMemory, PipelineZero1) {
+  expect_planned_peak(
+      {.name = "pp2_z1", .model = kGpt2Four, .dp = 2, .zero = 1, .accum = 4, .pp = 2});
 }
 }  // namespace
 }  // namespace loom::parallel
