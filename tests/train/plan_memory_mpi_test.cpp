@@ -23,6 +23,7 @@ struct Layout {
   std::string name;
   std::string model = "arch: gpt2, n_layer: 3, n_head: 4, n_embd: 64";
   int64_t dp = 1, zero = 0, accum = 1, pp = 1;
+  int64_t mics = 0;        // parallel.mics_partition_size
   std::string extra = "";  // more "section.key=value" overrides
 };
 
@@ -37,7 +38,7 @@ Config config_of(const Layout& l, const std::string& dir) {
     << "checkpoint: {every: 0, keep: 0, at_end: false}\n"
     << "logging: {jsonl: false, tensorboard: false}\n"
     << "parallel: {dp: " << l.dp << ", pp: " << l.pp << ", zero_stage: " << l.zero
-    << ", bucket_mb: 0.05}\n";
+    << ", mics_partition_size: " << l.mics << ", bucket_mb: 0.05}\n";
   std::vector<std::string> overrides;
   std::istringstream extra(l.extra);
   for (std::string kv; extra >> kv;) overrides.push_back(kv);
@@ -50,6 +51,7 @@ void expect_planned_peak(const Layout& l) {
   ParallelOptions po;
   po.shape.dp = static_cast<int>(l.dp);
   po.shape.pp = static_cast<int>(l.pp);
+  po.mics_partition_size = static_cast<int>(l.mics);
   ParallelContext ctx = ParallelContext::create(po);
   const std::string dir = testing::shared_train_data(ctx, "loom_plan_memory");
   const Config cfg = config_of(l, dir);
@@ -105,6 +107,22 @@ TEST(PlanMemory, Zero1Dp2) { expect_planned_peak({.name = "z1", .dp = 2, .zero =
 TEST(PlanMemory, Zero2Dp2) { expect_planned_peak({.name = "z2", .dp = 2, .zero = 2}); }
 TEST(PlanMemory, Zero1Dp2Accumulation) {
   expect_planned_peak({.name = "z1_accum", .dp = 2, .zero = 1, .accum = 2});
+}
+
+// ZeRO-3's units (Note [ZeRO-3 memory] in train/planner/zero3.h) and MiCS over them.
+TEST(PlanMemory, Zero3Dp2) { expect_planned_peak({.name = "z3", .dp = 2, .zero = 3}); }
+TEST(PlanMemory, Zero3Dp2Accumulation) {
+  expect_planned_peak({.name = "z3_accum", .dp = 2, .zero = 3, .accum = 2});
+}
+TEST(PlanMemory, Zero3LlamaCheckpointing) {
+  expect_planned_peak({.name = "z3_llama_ckpt",
+                       .model = "arch: llama, n_layer: 3, n_head: 4, n_kv_head: 2, n_embd: 64",
+                       .dp = 2,
+                       .zero = 3,
+                       .extra = "model.activation_checkpointing=true"});
+}
+TEST(PlanMemory, MicsZero3) {
+  expect_planned_peak({.name = "mics", .dp = 4, .zero = 3, .mics = 2});
 }
 
 // Pipelines (Note [Pipeline memory] in train/planner/pipeline.h): 4 blocks on 2 ranks.

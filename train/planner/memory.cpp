@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <iomanip>
+#include <optional>
 #include <sstream>
 
 #include "core/dtype.h"
@@ -12,6 +13,7 @@
 #include "parallel/pp/partition.h"
 #include "train/planner/pipeline.h"
 #include "train/planner/replay.h"
+#include "train/planner/zero3.h"
 
 namespace loom::planner {
 namespace {
@@ -140,12 +142,19 @@ MemoryPlan plan_memory(const Config& cfg, const RankCoord& rank) {
   }
   int64_t psi = 0;
   for (int64_t n : numels) psi += n;
-  // Data parallelism re-homes the parameters into padded buckets (ZeRO-3: one per unit).
+  // Data parallelism re-homes the parameters into padded buckets (ZeRO-3: one per unit, Note
+  // [Parameter units] in layers/transformer.h).
   std::vector<int64_t> buckets = {psi};
-  if (dp) {
-    LOOM_CONFIG_CHECK(zero < 3,
-                      "parallel.zero_stage: the memory planner does not model ZeRO-3's "
-                      "gathered units yet");
+  if (zero == 3) {
+    buckets.assign(static_cast<size_t>(m.n_layer) + 2, 0);
+    for (const ParamTensor& t : model_parameters(m)) {
+      const size_t u = t.part == ParamTensor::Part::kInput    ? 0
+                       : t.part == ParamTensor::Part::kOutput ? buckets.size() - 1
+                                                              : static_cast<size_t>(t.block) + 1;
+      buckets[u] += t.numel;
+    }
+    for (int64_t& b : buckets) b = round_up(std::max<int64_t>(b, 1), shards * 16);
+  } else if (dp) {
     buckets = bucket_sizes(numels, e, static_cast<int64_t>(par.bucket_mb * (1 << 20)), shards);
   }
   int64_t padded = 0;
@@ -163,8 +172,13 @@ MemoryPlan plan_memory(const Config& cfg, const RankCoord& rank) {
     if (bytes > 0) held.push_back(tl.alloc(bytes));
   };
   tl.set_phase("between steps");
-  line("parameters", padded * e, dp ? "e·Ψ_padded (buckets)" : "e·Ψ");
-  hold(padded * e);
+  if (zero == 3) {  // the owned shards; the units' full buffers only while gathered
+    line("parameters (owned shards)", shard * e, "e·Ψ_padded/N (units)");
+    hold(shard * e);
+  } else {
+    line("parameters", padded * e, dp ? "e·Ψ_padded (buckets)" : "e·Ψ");
+    hold(padded * e);
+  }
   const int64_t opt_elems = states * (zero >= 1 ? shard : padded);
   line("optimizer state", opt_elems * e,
        std::to_string(states) + "·e·Ψ" + (zero >= 1 ? "/N" : std::string()));
@@ -172,7 +186,7 @@ MemoryPlan plan_memory(const Config& cfg, const RankCoord& rank) {
   if (dp && zero <= 1) {
     line("gradient buckets", padded * e, "e·Ψ_padded");
     hold(padded * e);
-  } else if (zero == 2) {
+  } else if (zero >= 2) {
     line("gradient shards", shard * e, "e·Ψ_padded/N");
     hold(shard * e);
   }
@@ -223,15 +237,36 @@ MemoryPlan plan_memory(const Config& cfg, const RankCoord& rank) {
     pr.late_sends = true;
     replay_pipeline_step(tl, s, pr, grads);
   }
-  for (int64_t mb = 0; mb < (pipeline ? 0 : micro); ++mb) {
-    s.keep_weight_grads = !dp && mb == 0;  // a single process's first .grad is the buffer
-    StageActivations a = replay_forward(tl, s, m.n_layer, true, true);
-    if (mb == 0) activation_peak = tl.current() - base;
-    replay_backward(tl, s, a, 0, grads, true, true);
+  // The plain runner's micro-batches; ZeRO-3's reductions complete at once (late false) or
+  // one unit later (Note [ZeRO-3 memory] in train/planner/zero3.h).
+  auto micro_batches = [&](ByteTimeline& t, ReplayGrads& g, bool late) {
+    ReplayShape rs = s;
+    std::optional<Zero3Units> units;
+    if (zero == 3) {
+      units.emplace(t, buckets, shards, e, late);
+      rs.units = &*units;
+    }
+    // DDP's table shortcut takes the head's wte gradient in the syncing micro-batch
+    // (parallel/dp/data_parallel.cpp on_partial).
+    const bool shortcuts = dp && zero <= 1 && par.overlap && par.table_shortcuts;
+    for (int64_t mb = 0; mb < micro; ++mb) {
+      rs.keep_weight_grads = !dp && mb == 0;  // a single process's first .grad is the buffer
+      rs.tied_partial_taken = shortcuts && mb == micro - 1;
+      StageActivations a = replay_forward(t, rs, m.n_layer, true, true);
+      if (mb == 0 && late) activation_peak = t.current() - base;
+      replay_backward(t, rs, a, 0, g, true, true);
+    }
+    if (units) units->finish();
+  };
+  if (!pipeline) {
+    ByteTimeline early = tl;
+    ReplayGrads early_grads;
+    micro_batches(early, early_grads, false);
+    plan.peak_low_bytes = early.peak();
+    micro_batches(tl, grads, true);
   }
   plan.peak_bytes = tl.peak();
   plan.peak_at = tl.peak_at();
-  if (!pipeline) plan.peak_low_bytes = plan.peak_bytes;
   if (cfg.train.device != "cpu") {  // the CUDA kernels' workspaces are not in the replay
     plan.peak_at += " (train.device " + cfg.train.device +
                     ": replayed as on the CPU, not yet checked on a GPU)";
@@ -247,8 +282,8 @@ MemoryPlan plan_memory(const Config& cfg, const RankCoord& rank) {
   }
   line("step peak", plan.peak_bytes, "replayed (Note [Memory timeline])");
   if (plan.peak_low_bytes != plan.peak_bytes) {
-    line("step peak, sends complete at once", plan.peak_low_bytes,
-         "the lower bound (Note [Pipeline memory])");
+    line("step peak, transfers complete at once", plan.peak_low_bytes,
+         "the lower bound (Note [Pipeline memory], Note [ZeRO-3 memory])");
   }
   return plan;
 }

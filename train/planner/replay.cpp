@@ -263,8 +263,11 @@ StageActivations replay_forward(ByteTimeline& tl, const ReplayShape& s, int64_t 
   const int64_t N = s.B * s.T, C = s.C, e = s.e;
   StageActivations a;
   Id x = input;
+  UnitEvents* u = s.units;
+  const int head_unit = static_cast<int>(blocks) + 1;
   if (embed) {
     tl.set_phase("forward: embeddings");
+    if (u) u->before_forward(0);
     if (s.llama) {
       x = tl.alloc(N * C * e);
     } else {  // wte rows + wpe rows (T, C) broadcast; the positions stay for wpe's backward
@@ -274,24 +277,31 @@ StageActivations replay_forward(ByteTimeline& tl, const ReplayShape& s, int64_t 
       tl.free(tok);
       tl.free(pos);
     }
+    if (u) u->after_forward(0);
   }
   for (int64_t i = 0; i < blocks; ++i) {
     tl.set_phase("forward: block " + std::to_string(i));
+    if (u) u->before_forward(static_cast<int>(i) + 1);
     Id out = 0;
     a.blocks.push_back(s.checkpointing ? checkpointed_forward(tl, s, x, &out)
                                        : block_forward(tl, s, x, &out));
     x = out;
+    if (u) u->after_forward(static_cast<int>(i) + 1);
   }
   if (!head) {
     a.output = x;
     return a;
   }
   tl.set_phase("forward: head and loss");
-  a.embed_x = x;  // the last block's output, saved by the final norm
+  if (u) u->before_forward(head_unit);
+  if (u && s.tied) u->before_forward(0);  // the tied head reads wte
+  a.embed_x = x;                          // the last block's output, saved by the final norm
   a.hf = tl.alloc(N * C * e);
   a.stf = tl.alloc(N * s.s);
   if (!s.llama) a.stfb = tl.alloc(N * s.s);
   a.logits = tl.alloc(N * s.V * e);
+  if (u && s.tied) u->after_forward(0);
+  if (u) u->after_forward(head_unit);
   const Id rows = tl.alloc(N * s.s);
   a.lse = tl.alloc(N * s.s);
   tl.free(rows);
@@ -302,14 +312,24 @@ ByteTimeline::Id replay_backward(ByteTimeline& tl, const ReplayShape& s, StageAc
                                  ByteTimeline::Id grad_in, ReplayGrads& grads, bool embed,
                                  bool head) {
   const int64_t N = s.B * s.T, C = s.C, e = s.e;
+  UnitEvents* u = s.units;
+  const int head_unit = static_cast<int>(a.blocks.size()) + 1;
   Id g = grad_in;
   if (head) {
     tl.set_phase("backward: loss and head");
     const Id dlogits = tl.alloc(N * s.V * e);  // softmax_cross_entropy's dx
     tl.free(a.logits);
     tl.free(a.lse);
+    if (u) u->before_backward(head_unit);  // the identities wrapping the logits
+    if (u && s.tied) u->before_backward(0);
     const Id dh = tl.alloc(N * C * e);  // the head GEMM's dx, then dW (V, C)
-    weight_grad(tl, s, grads, s.V * C);
+    if (s.tied && !s.tied_partial_taken) {
+      a.table_grad = tl.alloc(s.V * C * e);  // held for the embedding's contribution
+    } else {
+      ReplayShape taken = s;
+      taken.keep_weight_grads = s.keep_weight_grads && !s.tied;
+      weight_grad(tl, taken, grads, s.V * C);
+    }
     tl.free(a.hf);
     tl.free(dlogits);
     g = tl.alloc(N * C * e);  // the final norm's dx, dw (, db)
@@ -319,25 +339,39 @@ ByteTimeline::Id replay_backward(ByteTimeline& tl, const ReplayShape& s, StageAc
     if (a.stfb) tl.free(a.stfb);
     tl.free(a.embed_x);
     tl.free(dh);
+    if (u) u->gradients_ready(head_unit);
   }
   for (int64_t i = static_cast<int64_t>(a.blocks.size()); i-- > 0;) {
     tl.set_phase("backward: block " + std::to_string(i));
+    if (u) u->before_backward(static_cast<int>(i) + 1);
     BlockTape& b = a.blocks[static_cast<size_t>(i)];
     g = s.checkpointing ? checkpointed_backward(tl, s, b, g, grads)
                         : block_backward(tl, s, b, g, grads);
+    if (u) u->gradients_ready(static_cast<int>(i) + 1);
   }
   if (!embed) return g;
   tl.set_phase("backward: embeddings");
-  ReplayShape tied = s;
-  tied.keep_weight_grads = s.keep_weight_grads && !s.tied;  // the head's dW is wte's .grad
+  if (u) u->before_backward(0);
   if (!s.llama) {
     const Id dpos = tl.alloc(s.T * C * e);  // the broadcast add's sum over rows
     weight_grad(tl, s, grads, s.max_positions * C);
     tl.free(a.positions);
     tl.free(dpos);
   }
-  weight_grad(tl, tied, grads, s.V * C);
+  if (a.table_grad) {  // the engine sums the two contributions; the sum lands as the gradient
+    const Id emb = tl.alloc(s.V * C * e), sum = tl.alloc(s.V * C * e);
+    tl.free(a.table_grad);
+    tl.free(emb);
+    if (s.keep_weight_grads) {
+      grads.kept.push_back(sum);
+    } else {
+      tl.free(sum);
+    }
+  } else {
+    weight_grad(tl, s, grads, s.V * C);
+  }
   tl.free(g);
+  if (u) u->gradients_ready(0);
   return 0;
 }
 

@@ -31,6 +31,19 @@ class ByteTimeline {
   std::string phase_, context_, peak_at_;
 };
 
+// The unit hooks' side of the step (ZeRO-3: Note [Parameter units] in layers/transformer.h,
+// Note [ZeRO-3] in parallel/dp/data_parallel.h), told where the model brackets each unit: unit
+// 0 the embeddings (re-entered by a tied head), 1 + i block i, n_layer + 1 the final norm and
+// head. The replay calls them at the same points of the step as the model calls its hooks.
+class UnitEvents {
+ public:
+  virtual ~UnitEvents() = default;
+  virtual void before_forward(int unit) = 0;
+  virtual void after_forward(int unit) = 0;
+  virtual void before_backward(int unit) = 0;  // the unit's backward identity runs
+  virtual void gradients_ready(int unit) = 0;  // its last parameter gradient has landed
+};
+
 // The shapes one rank's replay needs, in elements, and the byte sizes of its dtypes.
 struct ReplayShape {
   bool llama = false;
@@ -48,6 +61,11 @@ struct ReplayShape {
   // single process), or added into a buffer that exists (later micro-batches, data-parallel
   // buckets) and freed.
   bool keep_weight_grads = true;
+  UnitEvents* units = nullptr;  // ZeRO-3's gatherer, or none
+  // A tied table's gradient from the head is taken at once by a partial-gradient hook (DDP's
+  // table shortcut in a syncing micro-batch); otherwise the autograd engine holds it until the
+  // embedding's arrives and sums the two (Note [Partial gradients] in core/autograd.h).
+  bool tied_partial_taken = false;
 };
 
 // Per-block weight-gradient bytes that stay as .grad when keep_weight_grads (the replay adds
@@ -75,6 +93,7 @@ struct StageActivations {
   ByteTimeline::Id positions = 0, embed_x = 0;  // gpt2: wpe's saved positions
   ByteTimeline::Id hf = 0, stf = 0, stfb = 0;   // final norm output and statistics
   ByteTimeline::Id logits = 0, lse = 0;         // the loss's saved tensors
+  ByteTimeline::Id table_grad = 0;              // the head's wte gradient the engine holds
 };
 
 // Without `embed`, `input` is the stage's input (the caller's handle: the first block saves it).
