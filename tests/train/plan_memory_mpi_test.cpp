@@ -102,6 +102,17 @@ TEST(PlanMemory, LlamaCheckpointingAccumulation) {
                        .accum = 2,
                        .extra = "model.activation_checkpointing=true"});
 }
+// Mixed precision: f32 masters computing in f64, the CPU's check of the casts' plumbing (Note
+// [Precision] in train/config.h); on a GPU the same replay runs with bf16.
+TEST(PlanMemory, Gpt2MixedPrecision) {
+  expect_planned_peak({.name = "gpt2_mixed", .extra = "train.precision=f64"});
+}
+TEST(PlanMemory, LlamaMixedPrecisionCheckpointing) {
+  expect_planned_peak({.name = "llama_mixed_ckpt",
+                       .model = "arch: llama, n_layer: 3, n_head: 4, n_kv_head: 2, n_embd: 64",
+                       .accum = 2,
+                       .extra = "train.precision=f64 model.activation_checkpointing=true"});
+}
 TEST(PlanMemory, Ddp2) { expect_planned_peak({.name = "ddp2", .dp = 2}); }
 TEST(PlanMemory, Zero1Dp2) { expect_planned_peak({.name = "z1", .dp = 2, .zero = 1}); }
 TEST(PlanMemory, Zero2Dp2) { expect_planned_peak({.name = "z2", .dp = 2, .zero = 2}); }
@@ -120,6 +131,9 @@ TEST(PlanMemory, Zero3LlamaCheckpointing) {
                        .dp = 2,
                        .zero = 3,
                        .extra = "model.activation_checkpointing=true"});
+}
+TEST(PlanMemory, Zero3MixedPrecision) {
+  expect_planned_peak({.name = "z3_mixed", .dp = 2, .zero = 3, .extra = "train.precision=f64"});
 }
 TEST(PlanMemory, MicsZero3) {
   expect_planned_peak({.name = "mics", .dp = 4, .zero = 3, .mics = 2});

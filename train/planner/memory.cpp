@@ -108,7 +108,6 @@ void refuse_unplanned(const Config& c) {
   if (p.diloco.on()) refuse("parallel.diloco", "DiLoCo's host state");
   if (c.data.packing) refuse("data.packing", "packed documents");
   if (c.model.dropout > 0) refuse("model.dropout", "dropout masks");
-  if (c.train.precision != c.train.dtype) refuse("train.precision", "mixed precision");
 }
 
 }  // namespace
@@ -211,8 +210,13 @@ MemoryPlan plan_memory(const Config& cfg, const RankCoord& rank) {
   s.F = m.ffn_hidden_size();
   s.V = m.padded_vocab();
   s.max_positions = m.max_seq_len;
-  s.e = e;
-  s.s = e;          // statistics, lse and loss rows: f32 for f32, f64 for f64
+  // Mixed precision (Note [Precision] in train/config.h): activations in the compute dtype,
+  // statistics in f32 for the 16-bit ones (kernels/norm.h norm_stat_dtype).
+  const int64_t ce = static_cast<int64_t>(dtype_size(train_dtype(cfg.train.precision)));
+  s.e = ce;
+  s.w = ce != e ? e : 0;
+  s.s = ce < 4 ? 4 : ce;  // statistics, lse and loss rows
+  s.cuda = cfg.train.device == "cuda";
   if (zero == 2) {  // the full buckets, from zero_grad to the sync
     line("gradient buckets (during the step)", padded * e, "e·Ψ_padded");
     hold(padded * e);
@@ -267,9 +271,8 @@ MemoryPlan plan_memory(const Config& cfg, const RankCoord& rank) {
   }
   plan.peak_bytes = tl.peak();
   plan.peak_at = tl.peak_at();
-  if (cfg.train.device != "cpu") {  // the CUDA kernels' workspaces are not in the replay
-    plan.peak_at += " (train.device " + cfg.train.device +
-                    ": replayed as on the CPU, not yet checked on a GPU)";
+  if (s.cuda) {  // cuBLASLt's and cuDNN's workspaces are not Loom's allocations
+    plan.peak_at += " (cuda: Loom's allocations, without the libraries' workspaces)";
   }
   if (!dp) line("gradients (during the step)", psi * e, "e·Ψ, from the first backward");
   if (pipeline) {

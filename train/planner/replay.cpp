@@ -30,9 +30,25 @@ namespace {
 
 using Id = ByteTimeline::Id;
 
-// A weight's gradient leaving its node: kept as .grad or added into an existing buffer.
+bool mixed(const ReplayShape& s) { return s.w != 0 && s.w != s.e; }
+
+// A parameter's compute-dtype cast for one use (mixed precision), or nothing.
+Id param_cast(ByteTimeline& tl, const ReplayShape& s, int64_t elements) {
+  return mixed(s) ? tl.alloc(elements * s.e) : 0;
+}
+void drop(ByteTimeline& tl, Id id) {
+  if (id) tl.free(id);
+}
+
+// A weight's gradient leaving its node: kept as .grad or added into an existing buffer. Mixed
+// precision: computed in the compute dtype, cast back to the master's by the cast's backward.
 void weight_grad(ByteTimeline& tl, const ReplayShape& s, ReplayGrads& grads, int64_t elements) {
-  const Id g = tl.alloc(elements * s.e);
+  Id g = tl.alloc(elements * s.e);
+  if (mixed(s)) {
+    const Id master = tl.alloc(elements * s.w);
+    tl.free(g);
+    g = master;
+  }
   if (s.keep_weight_grads) {
     grads.kept.push_back(g);
   } else {
@@ -46,12 +62,18 @@ BlockTape block_forward(ByteTimeline& tl, const ReplayShape& s, Id x, Id* out) {
   const int64_t N = s.B * s.T, C = s.C, e = s.e;
   BlockTape b;
   b.x = x;
+  const int64_t norm_params = s.llama ? C : 2 * C;  // weight (, bias): layer_norm keeps both
   // norm1 (core/ops/norm.cpp): y, then mean and rstd (LayerNorm) or rstd (RMSNorm).
+  b.cn1 = param_cast(tl, s, norm_params);
   b.y1 = tl.alloc(N * C * e);
   b.st1 = tl.alloc(N * s.s);
   if (!s.llama) b.st1b = tl.alloc(N * s.s);
-  // qkv (ops::linear with bias, or ops::matmul): its output; the input is a view of y1.
+  // qkv (ops::linear with bias, or ops::matmul): its output; the input is a view of y1. Its
+  // weight's cast stays with the node, the bias's dies with the call.
+  b.cqkv = param_cast(tl, s, (s.q + 2 * s.kv) * C);
+  const Id bqkv = s.llama ? 0 : param_cast(tl, s, s.q + 2 * s.kv);
   const Id qkv = tl.alloc(N * (s.q + 2 * s.kv) * e);
+  drop(tl, bqkv);
   Id rq = 0, rk = 0;
   if (s.llama) {  // ops::rope copies its (strided) input, writes y, frees the copy
     auto rope = [&](int64_t features) {
@@ -68,28 +90,41 @@ BlockTape block_forward(ByteTimeline& tl, const ReplayShape& s, Id x, Id* out) {
   b.vc = tl.alloc(N * s.kv * e);
   b.att = tl.alloc(N * s.q * e);
   b.lse = tl.alloc(s.B * s.heads * s.T * s.s);
-  b.ytr = tl.alloc(N * s.q * e);     // reshape of the transposed output: a copy
+  b.ytr = tl.alloc(N * s.q * e);  // reshape of the transposed output: a copy
+  b.cproj = param_cast(tl, s, C * s.q);
+  const Id bproj = s.llama ? 0 : param_cast(tl, s, C);
   const Id a = tl.alloc(N * C * e);  // proj
-  tl.free(qkv);                      // the attention forward's locals die
+  drop(tl, bproj);
+  tl.free(qkv);  // the attention forward's locals die
   if (s.llama) {
     tl.free(rq);
     tl.free(rk);
   }
   b.h = tl.alloc(N * C * e);  // x + a
+  b.cn2 = param_cast(tl, s, norm_params);
   b.y2 = tl.alloc(N * C * e);
   b.st2 = tl.alloc(N * s.s);
   if (!s.llama) b.st2b = tl.alloc(N * s.s);
   Id m = 0;
   if (s.llama) {  // gate, up, swiglu, down (SwiGluMlp::forward)
+    b.cm1 = param_cast(tl, s, s.F * C);
     b.gate = tl.alloc(N * s.F * e);
+    b.cm2 = param_cast(tl, s, s.F * C);
     b.up = tl.alloc(N * s.F * e);
     b.act = tl.alloc(N * s.F * e);
+    b.cm3 = param_cast(tl, s, C * s.F);
     m = tl.alloc(N * C * e);
   } else {  // ops::gelu_mlp: pre and y kept, gelu(pre) for the second GEMM freed
+    b.cm1 = param_cast(tl, s, s.F * C);
+    const Id b1 = param_cast(tl, s, s.F);
+    b.cm2 = param_cast(tl, s, C * s.F);
+    const Id b2 = param_cast(tl, s, C);
     b.pre = tl.alloc(N * s.F * e);
     m = tl.alloc(N * C * e);
     const Id hid = tl.alloc(N * s.F * e);
     tl.free(hid);
+    drop(tl, b1);
+    drop(tl, b2);
   }
   *out = tl.alloc(N * C * e);  // h + m
   tl.free(a);                  // forward_region's locals
@@ -102,7 +137,7 @@ BlockTape block_forward(ByteTimeline& tl, const ReplayShape& s, Id x, Id* out) {
 // meets `other`, the residual's pass-through gradient of the same tensor: the autograd engine
 // sums them, and both addends die.
 struct NormSaved {
-  Id stat = 0, stat_b = 0, input = 0;
+  Id stat = 0, stat_b = 0, input = 0, cast = 0;
 };
 Id norm_backward_at_fork(ByteTimeline& tl, const ReplayShape& s, ReplayGrads& grads,
                          const NormSaved& saved, Id dy, Id other) {
@@ -113,6 +148,7 @@ Id norm_backward_at_fork(ByteTimeline& tl, const ReplayShape& s, ReplayGrads& gr
   tl.free(saved.stat);
   if (saved.stat_b) tl.free(saved.stat_b);
   tl.free(saved.input);
+  drop(tl, saved.cast);
   tl.free(dy);
   const Id sum = tl.alloc(rows_by_c);
   tl.free(other);
@@ -141,6 +177,7 @@ Id block_backward(ByteTimeline& tl, const ReplayShape& s, BlockTape& b, Id g, Re
     const Id da = tl.alloc(N * s.F * e);
     weight_grad(tl, s, grads, C * s.F);
     tl.free(b.act);
+    drop(tl, b.cm3);
     // swiglu: dgate, dup; frees gate and up; da dies.
     const Id dgate = tl.alloc(N * s.F * e), dup = tl.alloc(N * s.F * e);
     tl.free(b.gate);
@@ -150,20 +187,23 @@ Id block_backward(ByteTimeline& tl, const ReplayShape& s, BlockTape& b, Id g, Re
     const Id dxu = tl.alloc(N * C * e);
     weight_grad(tl, s, grads, s.F * C);
     tl.free(dup);
+    drop(tl, b.cm2);
     const Id dxg = tl.alloc(N * C * e);
     weight_grad(tl, s, grads, s.F * C);
     tl.free(b.y2);
+    drop(tl, b.cm1);
     dn2 = tl.alloc(N * C * e);
     tl.free(dxu);
     tl.free(dxg);
     tl.free(dgate);
   } else {
-    // gelu_mlp: dpre, db_fc, dx, dW_fc, gelu(pre) again, dW_proj, db_proj. The CPU's unfused
-    // gemm_dgelu_bgrad (kernels/cpu/matmul.cpp) computes the product into a scratch of dpre's
-    // size first.
+    // gelu_mlp: dpre, db_fc, dx, dW_fc, gelu(pre) again, dW_proj, db_proj; gemm_dgelu_bgrad's
+    // scratch as ReplayShape::cuda says.
     const Id dpre = tl.alloc(N * s.F * e);  // dies with its scope, before gelu(pre) again
     const Id db1 = tl.alloc(s.F * e);
-    tl.free(tl.alloc(N * s.F * e));
+    const bool half = e < 4;
+    const int64_t scratch = !s.cuda ? N * s.F * e : !half || s.F % 8 == 0 ? 0 : N * s.F * 4;
+    if (scratch) tl.free(tl.alloc(scratch));
     tl.free(db1);
     weight_grad(tl, s, grads, s.F);
     dn2 = tl.alloc(N * C * e);
@@ -175,14 +215,17 @@ Id block_backward(ByteTimeline& tl, const ReplayShape& s, BlockTape& b, Id g, Re
     weight_grad(tl, s, grads, C);
     tl.free(b.pre);
     tl.free(b.y2);
+    drop(tl, b.cm1);
+    drop(tl, b.cm2);
   }
   // norm2's backward, then h's two consumers (the residual and norm2) meet.
-  const Id gh = norm_backward_at_fork(tl, s, grads, {b.st2, b.st2b, b.h}, dn2, g);
+  const Id gh = norm_backward_at_fork(tl, s, grads, {b.st2, b.st2b, b.h, b.cn2}, dn2, g);
   // proj: dx (N, q), dW (, db); frees its input.
   const Id dproj = tl.alloc(N * s.q * e);
   weight_grad(tl, s, grads, C * s.q);
   if (bias) weight_grad(tl, s, grads, C);
   tl.free(b.ytr);
+  drop(tl, b.cproj);
   // attention: dq, dk, dv, then the strided incoming gradient made contiguous.
   const Id dq = tl.alloc(N * s.q * e), dk = tl.alloc(N * s.kv * e), dv = tl.alloc(N * s.kv * e);
   const Id gc = tl.alloc(N * s.q * e);
@@ -208,9 +251,10 @@ Id block_backward(ByteTimeline& tl, const ReplayShape& s, BlockTape& b, Id g, Re
   weight_grad(tl, s, grads, q3 * C);
   if (bias) weight_grad(tl, s, grads, q3);
   tl.free(b.y1);
+  drop(tl, b.cqkv);
   tl.free(dqkv);
   // norm1's backward, then x's two consumers (the residual and norm1) meet.
-  const Id gx = norm_backward_at_fork(tl, s, grads, {b.st1, b.st1b, b.x}, dn1, gh);
+  const Id gx = norm_backward_at_fork(tl, s, grads, {b.st1, b.st1b, b.x, b.cn1}, dn1, gh);
   return gx;
 }
 
@@ -221,9 +265,10 @@ BlockTape checkpointed_forward(ByteTimeline& tl, const ReplayShape& s, Id x, Id*
   BlockTape region = block_forward(tl, s, x, &region_out);
   BlockTape kept;
   kept.x = x;
-  for (Id id : {region.y1, region.st1, region.st1b, region.qc, region.kc, region.vc, region.att,
-                region.lse, region.ytr, region.h, region.y2, region.st2, region.st2b, region.pre,
-                region.gate, region.up, region.act}) {
+  for (Id id : {region.y1,   region.st1,   region.st1b, region.qc,  region.kc,  region.vc,
+                region.att,  region.lse,   region.ytr,  region.h,   region.y2,  region.st2,
+                region.st2b, region.pre,   region.gate, region.up,  region.act, region.cn1,
+                region.cqkv, region.cproj, region.cn2,  region.cm1, region.cm2, region.cm3}) {
     if (id) tl.free(id);
   }
   *out = region_out;
@@ -268,11 +313,18 @@ StageActivations replay_forward(ByteTimeline& tl, const ReplayShape& s, int64_t 
   if (embed) {
     tl.set_phase("forward: embeddings");
     if (u) u->before_forward(0);
+    // A lookup reads the master table; under mixed precision its rows are then cast.
+    auto lookup = [&](int64_t rows) {
+      if (!mixed(s)) return tl.alloc(rows * C * e);
+      const Id master = tl.alloc(rows * C * s.w), cast = tl.alloc(rows * C * e);
+      tl.free(master);
+      return cast;
+    };
     if (s.llama) {
-      x = tl.alloc(N * C * e);
+      x = lookup(N);
     } else {  // wte rows + wpe rows (T, C) broadcast; the positions stay for wpe's backward
       a.positions = tl.alloc(s.T * 4);
-      const Id tok = tl.alloc(N * C * e), pos = tl.alloc(s.T * C * e);
+      const Id tok = lookup(N), pos = lookup(s.T);
       x = tl.alloc(N * C * e);
       tl.free(tok);
       tl.free(pos);
@@ -296,9 +348,11 @@ StageActivations replay_forward(ByteTimeline& tl, const ReplayShape& s, int64_t 
   if (u) u->before_forward(head_unit);
   if (u && s.tied) u->before_forward(0);  // the tied head reads wte
   a.embed_x = x;                          // the last block's output, saved by the final norm
+  a.cnf = param_cast(tl, s, s.llama ? C : 2 * C);
   a.hf = tl.alloc(N * C * e);
   a.stf = tl.alloc(N * s.s);
   if (!s.llama) a.stfb = tl.alloc(N * s.s);
+  a.chead = param_cast(tl, s, s.V * C);
   a.logits = tl.alloc(N * s.V * e);
   if (u && s.tied) u->after_forward(0);
   if (u) u->after_forward(head_unit);
@@ -322,15 +376,21 @@ ByteTimeline::Id replay_backward(ByteTimeline& tl, const ReplayShape& s, StageAc
     tl.free(a.lse);
     if (u) u->before_backward(head_unit);  // the identities wrapping the logits
     if (u && s.tied) u->before_backward(0);
-    const Id dh = tl.alloc(N * C * e);  // the head GEMM's dx, then dW (V, C)
-    if (s.tied && !s.tied_partial_taken) {
-      a.table_grad = tl.alloc(s.V * C * e);  // held for the embedding's contribution
+    const Id dh = tl.alloc(N * C * e);      // the head GEMM's dx, then dW (V, C)
+    if (s.tied && !s.tied_partial_taken) {  // held for the embedding's contribution
+      a.table_grad = tl.alloc(s.V * C * e);
+      if (mixed(s)) {  // what the engine holds is the cast back to the master dtype
+        const Id master = tl.alloc(s.V * C * s.w);
+        tl.free(a.table_grad);
+        a.table_grad = master;
+      }
     } else {
       ReplayShape taken = s;
       taken.keep_weight_grads = s.keep_weight_grads && !s.tied;
       weight_grad(tl, taken, grads, s.V * C);
     }
     tl.free(a.hf);
+    drop(tl, a.chead);
     tl.free(dlogits);
     g = tl.alloc(N * C * e);  // the final norm's dx, dw (, db)
     weight_grad(tl, s, grads, C);
@@ -338,6 +398,7 @@ ByteTimeline::Id replay_backward(ByteTimeline& tl, const ReplayShape& s, StageAc
     tl.free(a.stf);
     if (a.stfb) tl.free(a.stfb);
     tl.free(a.embed_x);
+    drop(tl, a.cnf);
     tl.free(dh);
     if (u) u->gradients_ready(head_unit);
   }
@@ -352,14 +413,22 @@ ByteTimeline::Id replay_backward(ByteTimeline& tl, const ReplayShape& s, StageAc
   if (!embed) return g;
   tl.set_phase("backward: embeddings");
   if (u) u->before_backward(0);
+  // The tables' gradients are computed in the master dtype (the lookups read the masters);
+  // under mixed precision the rows' gradient is cast back first.
+  ReplayShape table = s;
+  table.e = mixed(s) ? s.w : s.e;
+  table.w = 0;
   if (!s.llama) {
     const Id dpos = tl.alloc(s.T * C * e);  // the broadcast add's sum over rows
-    weight_grad(tl, s, grads, s.max_positions * C);
+    const Id dpos_master = mixed(s) ? tl.alloc(s.T * C * s.w) : 0;
+    weight_grad(tl, table, grads, s.max_positions * C);
     tl.free(a.positions);
+    drop(tl, dpos_master);
     tl.free(dpos);
   }
+  const Id g_master = mixed(s) ? tl.alloc(N * C * s.w) : 0;
   if (a.table_grad) {  // the engine sums the two contributions; the sum lands as the gradient
-    const Id emb = tl.alloc(s.V * C * e), sum = tl.alloc(s.V * C * e);
+    const Id emb = tl.alloc(s.V * C * table.e), sum = tl.alloc(s.V * C * table.e);
     tl.free(a.table_grad);
     tl.free(emb);
     if (s.keep_weight_grads) {
@@ -368,8 +437,9 @@ ByteTimeline::Id replay_backward(ByteTimeline& tl, const ReplayShape& s, StageAc
       tl.free(sum);
     }
   } else {
-    weight_grad(tl, s, grads, s.V * C);
+    weight_grad(tl, table, grads, s.V * C);
   }
+  drop(tl, g_master);
   tl.free(g);
   if (u) u->gradients_ready(0);
   return 0;

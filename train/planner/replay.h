@@ -56,7 +56,16 @@ struct ReplayShape {
   int64_t V = 0;                     // this rank's (padded) vocabulary rows
   int64_t max_positions = 0;         // gpt2: wpe's rows (model.max_seq_len)
   int64_t e = 4;                     // bytes of the compute dtype
-  int64_t s = 4;                     // bytes of norm statistics, attention lse and loss rows
+  // Bytes of the master (parameter) dtype when it differs from the compute dtype (mixed
+  // precision, Note [Compute dtype] in layers/module.h), else 0: every parameter use is then a
+  // cast held by the op that saves it, and a weight's gradient is cast back to the master dtype.
+  int64_t w = 0;
+  // The kernels' scratch differs by device: the CPU's gemm_dgelu_bgrad computes into a scratch of
+  // dpre's size; CUDA's runs fused in cuBLASLt's epilogue for 16-bit dtypes when F is a multiple
+  // of 8, else into an f32 accumulator (16-bit) or dpre itself (Note [Unfused epilogues] in
+  // kernels/cuda/matmul.cu).
+  bool cuda = false;
+  int64_t s = 4;  // bytes of norm statistics, attention lse and loss rows
   // How a weight's gradient lands: kept as the parameter's .grad (the first micro-batch of a
   // single process), or added into a buffer that exists (later micro-batches, data-parallel
   // buckets) and freed.
@@ -83,6 +92,9 @@ struct BlockTape {
   ByteTimeline::Id h = 0, y2 = 0, st2 = 0, st2b = 0;  // the residual after attention, norm2's
   ByteTimeline::Id pre = 0;                           // gpt2: the fused MLP's pre-activation
   ByteTimeline::Id gate = 0, up = 0, act = 0;         // llama: SwiGLU's inputs and output
+  // Mixed precision: the parameters' compute-dtype casts the ops keep for backward (norm1, qkv,
+  // proj, norm2, then the MLP's: gpt2 fc and proj, llama gate, up and down).
+  ByteTimeline::Id cn1 = 0, cqkv = 0, cproj = 0, cn2 = 0, cm1 = 0, cm2 = 0, cm3 = 0;
 };
 
 // The forward of one micro-batch through `blocks` blocks, with the embeddings when `embed` and
@@ -94,6 +106,7 @@ struct StageActivations {
   ByteTimeline::Id hf = 0, stf = 0, stfb = 0;   // final norm output and statistics
   ByteTimeline::Id logits = 0, lse = 0;         // the loss's saved tensors
   ByteTimeline::Id table_grad = 0;              // the head's wte gradient the engine holds
+  ByteTimeline::Id cnf = 0, chead = 0;          // mixed precision: final norm's and head's casts
 };
 
 // Without `embed`, `input` is the stage's input (the caller's handle: the first block saves it).
