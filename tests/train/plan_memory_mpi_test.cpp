@@ -113,6 +113,14 @@ TEST(PlanMemory, LlamaMixedPrecisionCheckpointing) {
                        .accum = 2,
                        .extra = "train.precision=f64 model.activation_checkpointing=true"});
 }
+TEST(PlanMemory, Gpt2Dropout) {
+  expect_planned_peak({.name = "gpt2_dropout", .accum = 2, .extra = "model.dropout=0.1"});
+}
+TEST(PlanMemory, LlamaDropoutCheckpointing) {
+  expect_planned_peak({.name = "llama_dropout_ckpt",
+                       .model = "arch: llama, n_layer: 3, n_head: 4, n_kv_head: 2, n_embd: 64",
+                       .extra = "model.dropout=0.1 model.activation_checkpointing=true"});
+}
 TEST(PlanMemory, Ddp2) { expect_planned_peak({.name = "ddp2", .dp = 2}); }
 TEST(PlanMemory, Zero1Dp2) { expect_planned_peak({.name = "z1", .dp = 2, .zero = 1}); }
 TEST(PlanMemory, Zero2Dp2) { expect_planned_peak({.name = "z2", .dp = 2, .zero = 2}); }
@@ -131,6 +139,9 @@ TEST(PlanMemory, Zero3LlamaCheckpointing) {
                        .dp = 2,
                        .zero = 3,
                        .extra = "model.activation_checkpointing=true"});
+}
+TEST(PlanMemory, Zero3Dropout) {
+  expect_planned_peak({.name = "z3_dropout", .dp = 2, .zero = 3, .extra = "model.dropout=0.1"});
 }
 TEST(PlanMemory, Zero3MixedPrecision) {
   expect_planned_peak({.name = "z3_mixed", .dp = 2, .zero = 3, .extra = "train.precision=f64"});

@@ -107,7 +107,6 @@ void refuse_unplanned(const Config& c) {
   if (p.sdp.on()) refuse("parallel.sdp", "SDP's subnetworks");
   if (p.diloco.on()) refuse("parallel.diloco", "DiLoCo's host state");
   if (c.data.packing) refuse("data.packing", "packed documents");
-  if (c.model.dropout > 0) refuse("model.dropout", "dropout masks");
 }
 
 }  // namespace
@@ -217,6 +216,7 @@ MemoryPlan plan_memory(const Config& cfg, const RankCoord& rank) {
   s.w = ce != e ? e : 0;
   s.s = ce < 4 ? 4 : ce;  // statistics, lse and loss rows
   s.cuda = cfg.train.device == "cuda";
+  s.dropout = m.dropout > 0;
   if (zero == 2) {  // the full buckets, from zero_grad to the sync
     line("gradient buckets (during the step)", padded * e, "e·Ψ_padded");
     hold(padded * e);

@@ -93,8 +93,13 @@ BlockTape block_forward(ByteTimeline& tl, const ReplayShape& s, Id x, Id* out) {
   b.ytr = tl.alloc(N * s.q * e);  // reshape of the transposed output: a copy
   b.cproj = param_cast(tl, s, C * s.q);
   const Id bproj = s.llama ? 0 : param_cast(tl, s, C);
-  const Id a = tl.alloc(N * C * e);  // proj
+  Id a = tl.alloc(N * C * e);  // proj
   drop(tl, bproj);
+  if (s.dropout) {  // the dropped copy replaces the branch
+    const Id dropped = tl.alloc(N * C * e);
+    tl.free(a);
+    a = dropped;
+  }
   tl.free(qkv);  // the attention forward's locals die
   if (s.llama) {
     tl.free(rq);
@@ -125,6 +130,11 @@ BlockTape block_forward(ByteTimeline& tl, const ReplayShape& s, Id x, Id* out) {
     tl.free(hid);
     drop(tl, b1);
     drop(tl, b2);
+  }
+  if (s.dropout) {
+    const Id dropped = tl.alloc(N * C * e);
+    tl.free(m);
+    m = dropped;
   }
   *out = tl.alloc(N * C * e);  // h + m
   tl.free(a);                  // forward_region's locals
@@ -172,12 +182,15 @@ Id block_backward(ByteTimeline& tl, const ReplayShape& s, BlockTape& b, Id g, Re
   const int64_t N = s.B * s.T, C = s.C, e = s.e, q3 = s.q + 2 * s.kv;
   const bool bias = !s.llama;
   Id dn2 = 0;  // the gradient at norm2's output
+  // Dropout's backward writes the branch's gradient anew; the MLP's first node consumes it.
+  const Id dm = s.dropout ? tl.alloc(N * C * e) : 0;
   if (s.llama) {
     // down: da (N, F), dW; frees act.
     const Id da = tl.alloc(N * s.F * e);
     weight_grad(tl, s, grads, C * s.F);
     tl.free(b.act);
     drop(tl, b.cm3);
+    drop(tl, dm);
     // swiglu: dgate, dup; frees gate and up; da dies.
     const Id dgate = tl.alloc(N * s.F * e), dup = tl.alloc(N * s.F * e);
     tl.free(b.gate);
@@ -217,15 +230,18 @@ Id block_backward(ByteTimeline& tl, const ReplayShape& s, BlockTape& b, Id g, Re
     tl.free(b.y2);
     drop(tl, b.cm1);
     drop(tl, b.cm2);
+    drop(tl, dm);
   }
   // norm2's backward, then h's two consumers (the residual and norm2) meet.
   const Id gh = norm_backward_at_fork(tl, s, grads, {b.st2, b.st2b, b.h, b.cn2}, dn2, g);
-  // proj: dx (N, q), dW (, db); frees its input.
+  // proj (after the attention branch's dropout): dx (N, q), dW (, db); frees its input.
+  const Id da = s.dropout ? tl.alloc(N * C * e) : 0;
   const Id dproj = tl.alloc(N * s.q * e);
   weight_grad(tl, s, grads, C * s.q);
   if (bias) weight_grad(tl, s, grads, C);
   tl.free(b.ytr);
   drop(tl, b.cproj);
+  drop(tl, da);
   // attention: dq, dk, dv, then the strided incoming gradient made contiguous.
   const Id dq = tl.alloc(N * s.q * e), dk = tl.alloc(N * s.kv * e), dv = tl.alloc(N * s.kv * e);
   const Id gc = tl.alloc(N * s.q * e);

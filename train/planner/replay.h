@@ -65,6 +65,9 @@ struct ReplayShape {
   // of 8, else into an f32 accumulator (16-bit) or dpre itself (Note [Unfused epilogues] in
   // kernels/cuda/matmul.cu).
   bool cuda = false;
+  // model.dropout > 0 (Block::residual_dropout): each branch's output is replaced by its dropped
+  // copy; the masks are counters, nothing is saved, and backward writes one more gradient.
+  bool dropout = false;
   int64_t s = 4;  // bytes of norm statistics, attention lse and loss rows
   // How a weight's gradient lands: kept as the parameter's .grad (the first micro-batch of a
   // single process), or added into a buffer that exists (later micro-batches, data-parallel
