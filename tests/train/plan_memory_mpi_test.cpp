@@ -146,6 +146,10 @@ TEST(PlanMemory, Zero3Dropout) {
 TEST(PlanMemory, Zero3MixedPrecision) {
   expect_planned_peak({.name = "z3_mixed", .dp = 2, .zero = 3, .extra = "train.precision=f64"});
 }
+TEST(PlanMemory, OdcAccumulation) {
+  expect_planned_peak(
+      {.name = "odc_accum", .dp = 2, .zero = 3, .accum = 2, .extra = "parallel.odc=true"});
+}
 TEST(PlanMemory, MicsZero3) {
   expect_planned_peak({.name = "mics", .dp = 4, .zero = 3, .mics = 2});
 }

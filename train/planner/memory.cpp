@@ -103,7 +103,6 @@ void refuse_unplanned(const Config& c) {
   if (p.pp > 1 && p.dp > 1 && p.zero_stage >= 2)
     refuse("parallel.zero_stage", "a pipeline stage's sharded parameter units");
   if (p.cp > 1) refuse("parallel.cp", "context parallelism");
-  if (p.odc) refuse("parallel.odc", "ODC's windows");
   if (p.sdp.on()) refuse("parallel.sdp", "SDP's subnetworks");
   if (p.diloco.on()) refuse("parallel.diloco", "DiLoCo's host state");
   if (c.data.packing) refuse("data.packing", "packed documents");
@@ -247,7 +246,7 @@ MemoryPlan plan_memory(const Config& cfg, const RankCoord& rank) {
     ReplayShape rs = s;
     std::optional<Zero3Units> units;
     if (zero == 3) {
-      units.emplace(t, buckets, shards, e, late);
+      units.emplace(t, buckets, shards, e, late, !par.odc);
       rs.units = &*units;
     }
     // DDP's table shortcut takes the head's wte gradient in the syncing micro-batch
@@ -284,6 +283,12 @@ MemoryPlan plan_memory(const Config& cfg, const RankCoord& rank) {
          "Σ saved per block + head (docs/planning.md)");
   }
   line("step peak", plan.peak_bytes, "replayed (Note [Memory timeline])");
+  if (par.odc && zero == 3) {  // Note [ODC] in parallel/odc/odc_gatherer.h
+    const int64_t grad_window = par.odc_deterministic ? shards * shard : shard;
+    line("ODC windows (MPI's memory, apart)", (shard + grad_window) * e,
+         par.odc_deterministic ? "e·Ψ_padded/N (parameters) + e·Ψ_padded (per-origin slots)"
+                               : "2·e·Ψ_padded/N (parameters, gradients)");
+  }
   if (plan.peak_low_bytes != plan.peak_bytes) {
     line("step peak, transfers complete at once", plan.peak_low_bytes,
          "the lower bound (Note [Pipeline memory], Note [ZeRO-3 memory])");

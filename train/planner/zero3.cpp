@@ -8,12 +8,13 @@
 namespace loom::planner {
 
 Zero3Units::Zero3Units(ByteTimeline& tl, std::vector<int64_t> units, int64_t shards, int64_t e,
-                       bool late_reductions)
+                       bool late_reductions, bool partials)
     : tl_(tl),
       units_(std::move(units)),
       shards_(shards),
       e_(e),
       late_(late_reductions),
+      partials_(partials),
       gathered_(units_.size(), 0),
       grad_(units_.size(), 0),
       uses_(units_.size(), 0),
@@ -65,7 +66,8 @@ void Zero3Units::gradients_ready(int unit) {
   release(unit);
   reap(false);  // send_gradient reaps first
   Reduce r;
-  if (shard_written_.at(static_cast<size_t>(unit))) r.partial = tl_.alloc(bytes(unit) / shards_);
+  if (partials_ && shard_written_.at(static_cast<size_t>(unit)))
+    r.partial = tl_.alloc(bytes(unit) / shards_);
   r.grad = std::exchange(grad_.at(static_cast<size_t>(unit)), 0);
   for (Reduce& o : reduces_) ++o.sent_after;
   reduces_.push_back(r);

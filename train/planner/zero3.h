@@ -12,6 +12,9 @@
 // gradient send, or the step's end), with a shard-sized partial for every micro-batch after the
 // first. When a reduction completes is timing: the lower bound reaps it at the next reap point
 // (it completed at once), the upper holds each until one more unit's gradients have been sent.
+// ODC (parallel/odc/odc_gatherer.h) has the same schedule with one-sided pulls and pushes: a
+// push accumulates into the owner's gradient window, so there is no partial; its windows are
+// MPI's memory, outside Loom's allocator (the plan lists them apart).
 #pragma once
 
 #include <cstdint>
@@ -25,7 +28,7 @@ class Zero3Units final : public UnitEvents {
  public:
   // units: each unit's padded elements; shard: its shard's (padded / shards); e: bytes each.
   Zero3Units(ByteTimeline& tl, std::vector<int64_t> units, int64_t shards, int64_t e,
-             bool late_reductions);
+             bool late_reductions, bool partials = true);
 
   void before_forward(int unit) override;
   void after_forward(int unit) override;
@@ -48,7 +51,7 @@ class Zero3Units final : public UnitEvents {
   ByteTimeline& tl_;
   std::vector<int64_t> units_;
   int64_t shards_, e_;
-  bool late_;
+  bool late_, partials_;
   std::vector<ByteTimeline::Id> gathered_, grad_;
   std::vector<int> uses_;
   std::vector<bool> shard_written_;
