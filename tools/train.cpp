@@ -3,7 +3,8 @@
 // or --resume's checkpoint: e.g. an SDP run's, consolidated into the full model by one
 // process) on train.val_steps batches of data.val and prints `val loss X`. `--plan` trains
 // nothing either: it prints the predicted memory of every rank of the layout (train/planner/,
-// docs/planning.md), from the config alone, in one process.
+// docs/planning.md), from the config alone, in one process; with `--device NAME` also whether
+// each rank fits on that GPU (train/planner/devices.h).
 // Thin: parses arguments, installs the SIGINT/SIGTERM handler, starts MPI (a plain run is a
 // world of one; `mpirun -np N train … --set parallel.dp=N` runs data parallel, and
 // parallel.pp=P pipeline parallel on dp·P ranks), runs the
@@ -19,6 +20,7 @@
 #include "parallel/launcher.h"
 #include "parallel/parallel_context.h"
 #include "train/config.h"
+#include "train/planner/devices.h"
 #include "train/planner/memory.h"
 #include "train/trainer.h"
 
@@ -32,7 +34,8 @@ extern "C" void on_signal(int) {
 
 int usage() {
   std::cerr << "usage: train --config FILE [--set section.key=value]... [--resume latest|DIR]"
-               " [--stop-at STEP] [--profile] [--print-config] [--eval] [--plan]\n";
+               " [--stop-at STEP] [--profile] [--print-config] [--eval] [--plan [--device "
+               "a100|h100|h200]]\n";
   return 2;
 }
 
@@ -43,9 +46,12 @@ int main(int argc, char** argv) {
   std::vector<std::string> overrides;
   loom::TrainerOptions options;
   bool eval_only = false, plan_only = false;
+  std::string plan_device;  // --device NAME: --plan also says whether each rank fits on one
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
-    if ((a == "--config" || a == "--set" || a == "--resume" || a == "--stop-at") && i + 1 >= argc)
+    if ((a == "--config" || a == "--set" || a == "--resume" || a == "--stop-at" ||
+         a == "--device") &&
+        i + 1 >= argc)
       return usage();
     if (a == "--config")
       config_path = argv[++i];
@@ -74,6 +80,8 @@ int main(int argc, char** argv) {
       eval_only = true;
     else if (a == "--plan")
       plan_only = true;
+    else if (a == "--device" && i + 1 < argc)
+      plan_device = argv[++i];
     else if (a == "-h" || a == "--help")
       return usage(), 0;
     else
@@ -85,8 +93,11 @@ int main(int argc, char** argv) {
       const loom::Config config = loom::load_config(config_path, overrides);
       loom::validate_config(config);
       std::string last_body;
+      const loom::planner::DeviceSpec* device =
+          plan_device.empty() ? nullptr : &loom::planner::find_device(plan_device);
       for (const loom::planner::MemoryPlan& p : loom::planner::plan_memory_all(config)) {
-        const std::string text = loom::planner::format_memory_plan(p);
+        std::string text = loom::planner::format_memory_plan(p);
+        if (device) text += loom::planner::format_fit(p, *device);
         const std::string body = text.substr(text.find('\n'));
         if (body != last_body) std::cout << text;
         last_body = body;
