@@ -22,7 +22,7 @@ namespace {
 struct Layout {
   std::string name;
   std::string model = "arch: gpt2, n_layer: 3, n_head: 4, n_embd: 64";
-  int64_t dp = 1, zero = 0, accum = 1, pp = 1;
+  int64_t dp = 1, zero = 0, accum = 1, pp = 1, tp = 1;
   int64_t mics = 0;        // parallel.mics_partition_size
   std::string extra = "";  // more "section.key=value" overrides
 };
@@ -37,8 +37,8 @@ Config config_of(const Layout& l, const std::string& dir) {
     << dir << "/" << l.name << "}\n"
     << "checkpoint: {every: 0, keep: 0, at_end: false}\n"
     << "logging: {jsonl: false, tensorboard: false}\n"
-    << "parallel: {dp: " << l.dp << ", pp: " << l.pp << ", zero_stage: " << l.zero
-    << ", mics_partition_size: " << l.mics << ", bucket_mb: 0.05}\n";
+    << "parallel: {dp: " << l.dp << ", pp: " << l.pp << ", tp: " << l.tp
+    << ", zero_stage: " << l.zero << ", mics_partition_size: " << l.mics << ", bucket_mb: 0.05}\n";
   std::vector<std::string> overrides;
   std::istringstream extra(l.extra);
   for (std::string kv; extra >> kv;) overrides.push_back(kv);
@@ -46,16 +46,18 @@ Config config_of(const Layout& l, const std::string& dir) {
 }
 
 void expect_planned_peak(const Layout& l) {
-  if (testing::world_size() != l.dp * l.pp)
-    GTEST_SKIP() << l.name << " runs on " << l.dp * l.pp << " ranks";
+  if (testing::world_size() != l.dp * l.pp * l.tp)
+    GTEST_SKIP() << l.name << " runs on " << l.dp * l.pp * l.tp << " ranks";
   ParallelOptions po;
   po.shape.dp = static_cast<int>(l.dp);
   po.shape.pp = static_cast<int>(l.pp);
+  po.shape.tp = static_cast<int>(l.tp);
   po.mics_partition_size = static_cast<int>(l.mics);
   ParallelContext ctx = ParallelContext::create(po);
   const std::string dir = testing::shared_train_data(ctx, "loom_plan_memory");
   const Config cfg = config_of(l, dir);
-  const planner::MemoryPlan plan = planner::plan_memory(cfg, {ctx.dp_rank(), ctx.pp_rank(), 0, 0});
+  const planner::MemoryPlan plan =
+      planner::plan_memory(cfg, {ctx.dp_rank(), ctx.pp_rank(), 0, ctx.tp_rank()});
   std::ostringstream log;
   TrainerOptions o = testing::trainer_options(log, &ctx);
   Allocator& a = allocator_for(DeviceType::kCpu);
@@ -188,6 +190,22 @@ TEST(PlanMemory, PipelineLlamaCheckpointing) {
                        .pp = 2,
                        .extra = "model.activation_checkpointing=true"});
 }
+// Tensor parallelism without sequence parallelism: the TP layers' own temporaries (row layers'
+// halves, column layers' bias adds, the vocab-parallel lookup and loss).
+TEST(PlanMemory, TensorParallel) { expect_planned_peak({.name = "tp2", .tp = 2}); }
+TEST(PlanMemory, TensorParallelLlamaCheckpointing) {
+  expect_planned_peak({.name = "tp2_llama_ckpt",
+                       .model = "arch: llama, n_layer: 3, n_head: 4, n_kv_head: 2, n_embd: 64",
+                       .tp = 2,
+                       .extra = "model.activation_checkpointing=true"});
+}
+TEST(PlanMemory, TensorParallelMixedPrecisionAccumulation) {
+  expect_planned_peak({.name = "tp2_mixed", .accum = 2, .tp = 2, .extra = "train.precision=f64"});
+}
+TEST(PlanMemory, TensorParallelZero1) {
+  expect_planned_peak({.name = "tp2_dp2_z1", .dp = 2, .zero = 1, .tp = 2});
+}
+
 // A pipeline of data-parallel stages (4 ranks): buckets of each stage's parameters.
 TEST(PlanMemory, PipelineDdp) {
   expect_planned_peak({.name = "pp2_dp2", .model = kGpt2Four, .dp = 2, .accum = 4, .pp = 2});

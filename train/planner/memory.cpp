@@ -27,11 +27,14 @@ struct ParamTensor {
   bool table = false;  // wte: the head's weight too when tied
 };
 
-// The model's trained tensors in the order the model registers them (layers/transformer.cpp).
-std::vector<ParamTensor> model_parameters(const ModelConfig& m) {
+// The model's trained tensors in the order the model registers them (layers/transformer.cpp),
+// as one of `tp` tensor-parallel ranks holds them (parallel/tp/layers.h: qkv, fc, gate and up
+// split by rows, proj and down by columns, the vocabulary by rows; norms, biases of row layers
+// and wpe whole).
+std::vector<ParamTensor> model_parameters(const ModelConfig& m, int64_t tp = 1) {
   using Part = ParamTensor::Part;
-  const int64_t C = m.n_embd, D = m.head_dim(), q = m.n_head * D, kv = m.kv_heads() * D;
-  const int64_t F = m.ffn_hidden_size(), V = m.padded_vocab();
+  const int64_t C = m.n_embd, D = m.head_dim(), q = m.n_head * D / tp, kv = m.kv_heads() * D / tp;
+  const int64_t F = m.ffn_hidden_size() / tp, V = m.padded_vocab() / tp;
   std::vector<ParamTensor> p = {{V * C, Part::kInput, -1, true}};
   const bool llama = m.is_llama();
   if (!llama) p.push_back({m.max_seq_len * C, Part::kInput});
@@ -99,7 +102,7 @@ void refuse_unplanned(const Config& c) {
   auto refuse = [](const std::string& key, const std::string& why) {
     throw ConfigError(key + ": the memory planner does not model " + why + " yet");
   };
-  if (p.tp > 1) refuse("parallel.tp", "tensor parallelism");
+  if (p.tp > 1 && p.sequence_parallel) refuse("parallel.sequence_parallel", "sequence parallelism");
   if (p.pp > 1 && p.dp > 1 && p.zero_stage >= 2)
     refuse("parallel.zero_stage", "a pipeline stage's sharded parameter units");
   if (p.cp > 1) refuse("parallel.cp", "context parallelism");
@@ -129,7 +132,7 @@ MemoryPlan plan_memory(const Config& cfg, const RankCoord& rank) {
       pipeline ? parallel::pp::partition_layers(m.n_layer, shape.num_global_stages(), par.pp_layout)
                : std::vector<int64_t>{0, m.n_layer};
   std::vector<int64_t> numels;
-  for (const ParamTensor& t : model_parameters(m)) {
+  for (const ParamTensor& t : model_parameters(m, par.tp)) {
     for (int g : stages_of(t, boundaries, m.tie_embeddings)) {
       if (g % shape.stages == rank.pp) {
         numels.push_back(t.numel);
@@ -144,7 +147,7 @@ MemoryPlan plan_memory(const Config& cfg, const RankCoord& rank) {
   std::vector<int64_t> buckets = {psi};
   if (zero == 3) {
     buckets.assign(static_cast<size_t>(m.n_layer) + 2, 0);
-    for (const ParamTensor& t : model_parameters(m)) {
+    for (const ParamTensor& t : model_parameters(m, par.tp)) {
       const size_t u = t.part == ParamTensor::Part::kInput    ? 0
                        : t.part == ParamTensor::Part::kOutput ? buckets.size() - 1
                                                               : static_cast<size_t>(t.block) + 1;
@@ -202,11 +205,12 @@ MemoryPlan plan_memory(const Config& cfg, const RankCoord& rank) {
   s.B = B;
   s.T = T;
   s.C = m.n_embd;
-  s.q = m.n_head * m.head_dim();
-  s.kv = m.kv_heads() * m.head_dim();
-  s.heads = m.n_head;
-  s.F = m.ffn_hidden_size();
-  s.V = m.padded_vocab();
+  s.tp = par.tp;  // this rank's heads, hidden and vocabulary
+  s.q = m.n_head * m.head_dim() / par.tp;
+  s.kv = m.kv_heads() * m.head_dim() / par.tp;
+  s.heads = m.n_head / par.tp;
+  s.F = m.ffn_hidden_size() / par.tp;
+  s.V = m.padded_vocab() / par.tp;
   s.max_positions = m.max_seq_len;
   // Mixed precision (Note [Precision] in train/config.h): activations in the compute dtype,
   // statistics in f32 for the 16-bit ones (kernels/norm.h norm_stat_dtype).

@@ -56,6 +56,31 @@ void weight_grad(ByteTimeline& tl, const ReplayShape& s, ReplayGrads& grads, int
   }
 }
 
+bool bqkv_needed(const ReplayShape& s) { return !s.llama; }
+
+// A RowParallelLinear's forward without sequence parallelism (parallel/tp/layers.cpp): the rows
+// in two halves, each a contiguous copy of the input's half (when B > 1) multiplied while the
+// previous half's all-reduce runs, then concatenated; GPT-2's bias is added outside the layer's
+// node (its cast, under mixed precision, is the caller's). Returns the output (B, T, C).
+Id tp_row_forward(ByteTimeline& tl, const ReplayShape& s, int64_t in) {
+  const int64_t C = s.C, e = s.e, half = s.T / 2;
+  std::vector<Id> parts;
+  for (int64_t len : {half, s.T - half}) {
+    if (len == 0) continue;
+    const Id copy = s.B > 1 ? tl.alloc(s.B * len * in * e) : 0;
+    parts.push_back(tl.alloc(s.B * len * C * e));
+    drop(tl, copy);
+  }
+  Id y = tl.alloc(s.B * s.T * C * e);
+  for (Id p : parts) tl.free(p);
+  if (!s.llama) {  // ops::add(y, bias)
+    const Id with_bias = tl.alloc(s.B * s.T * C * e);
+    tl.free(y);
+    y = with_bias;
+  }
+  return y;
+}
+
 // One block's forward (layers/block.cpp forward_region); x stays the caller's. Returns the
 // saved handles and sets *out to the block's output.
 BlockTape block_forward(ByteTimeline& tl, const ReplayShape& s, Id x, Id* out) {
@@ -72,7 +97,12 @@ BlockTape block_forward(ByteTimeline& tl, const ReplayShape& s, Id x, Id* out) {
   // weight's cast stays with the node, the bias's dies with the call.
   b.cqkv = param_cast(tl, s, (s.q + 2 * s.kv) * C);
   const Id bqkv = s.llama ? 0 : param_cast(tl, s, s.q + 2 * s.kv);
-  const Id qkv = tl.alloc(N * (s.q + 2 * s.kv) * e);
+  Id qkv = tl.alloc(N * (s.q + 2 * s.kv) * e);
+  if (s.tp > 1 && bqkv_needed(s)) {  // the column layer adds its bias after the GEMM
+    const Id with_bias = tl.alloc(N * (s.q + 2 * s.kv) * e);
+    tl.free(qkv);
+    qkv = with_bias;
+  }
   drop(tl, bqkv);
   Id rq = 0, rk = 0;
   if (s.llama) {  // ops::rope copies its (strided) input, writes y, frees the copy
@@ -93,7 +123,7 @@ BlockTape block_forward(ByteTimeline& tl, const ReplayShape& s, Id x, Id* out) {
   b.ytr = tl.alloc(N * s.q * e);  // reshape of the transposed output: a copy
   b.cproj = param_cast(tl, s, C * s.q);
   const Id bproj = s.llama ? 0 : param_cast(tl, s, C);
-  Id a = tl.alloc(N * C * e);  // proj
+  Id a = s.tp > 1 ? tp_row_forward(tl, s, s.q) : tl.alloc(N * C * e);  // proj
   drop(tl, bproj);
   if (s.dropout) {  // the dropped copy replaces the branch
     const Id dropped = tl.alloc(N * C * e);
@@ -118,7 +148,19 @@ BlockTape block_forward(ByteTimeline& tl, const ReplayShape& s, Id x, Id* out) {
     b.up = tl.alloc(N * s.F * e);
     b.act = tl.alloc(N * s.F * e);
     b.cm3 = param_cast(tl, s, C * s.F);
-    m = tl.alloc(N * C * e);
+    m = s.tp > 1 ? tp_row_forward(tl, s, s.F) : tl.alloc(N * C * e);
+  } else if (s.tp > 1) {  // Mlp unfused: column fc (+ bias), gelu, row proj (+ bias)
+    b.cm1 = param_cast(tl, s, s.F * C);
+    const Id b1 = param_cast(tl, s, s.F);
+    const Id out = tl.alloc(N * s.F * e);
+    b.pre = tl.alloc(N * s.F * e);
+    tl.free(out);
+    drop(tl, b1);
+    b.act = tl.alloc(N * s.F * e);  // gelu(pre): the row layer keeps it
+    b.cm2 = param_cast(tl, s, C * s.F);
+    const Id b2 = param_cast(tl, s, C);
+    m = tp_row_forward(tl, s, s.F);
+    drop(tl, b2);
   } else {  // ops::gelu_mlp: pre and y kept, gelu(pre) for the second GEMM freed
     b.cm1 = param_cast(tl, s, s.F * C);
     const Id b1 = param_cast(tl, s, s.F);
@@ -209,6 +251,24 @@ Id block_backward(ByteTimeline& tl, const ReplayShape& s, BlockTape& b, Id g, Re
     tl.free(dxu);
     tl.free(dxg);
     tl.free(dgate);
+  } else if (s.tp > 1) {
+    // Unfused under TP: the proj bias's add (db), the row node (dx, dW; frees gelu's output),
+    // gelu's backward (frees pre), the column node (dx, all-reduced in place; dW, db).
+    weight_grad(tl, s, grads, C);
+    const Id dact = tl.alloc(N * s.F * e);
+    weight_grad(tl, s, grads, C * s.F);
+    tl.free(b.act);
+    drop(tl, b.cm2);
+    drop(tl, dm);
+    const Id dpre = tl.alloc(N * s.F * e);
+    tl.free(b.pre);
+    tl.free(dact);
+    dn2 = tl.alloc(N * C * e);
+    weight_grad(tl, s, grads, s.F * C);
+    weight_grad(tl, s, grads, s.F);
+    tl.free(b.y2);
+    drop(tl, b.cm1);
+    tl.free(dpre);
   } else {
     // gelu_mlp: dpre, db_fc, dx, dW_fc, gelu(pre) again, dW_proj, db_proj; gemm_dgelu_bgrad's
     // scratch as ReplayShape::cuda says.
@@ -336,11 +396,30 @@ StageActivations replay_forward(ByteTimeline& tl, const ReplayShape& s, int64_t 
       tl.free(master);
       return cast;
     };
+    // Tensor parallel: VocabParallelEmbedding (parallel/tp/layers.cpp) — this rank's ids (i64)
+    // and row mask (master dtype) kept for backward, the masked lookup, its cast, and the
+    // all-reduced sum (a fresh tensor).
+    auto tp_lookup = [&]() {
+      const int64_t me = mixed(s) ? s.w : e;
+      a.tp_ids = tl.alloc(N * 8);
+      a.tp_mask = tl.alloc(N * me);
+      const Id rows = tl.alloc(N * C * me);
+      Id partial = tl.alloc(N * C * me);
+      tl.free(rows);
+      if (mixed(s)) {
+        const Id cast = tl.alloc(N * C * e);
+        tl.free(partial);
+        partial = cast;
+      }
+      const Id sum = tl.alloc(N * C * e);
+      tl.free(partial);
+      return sum;
+    };
     if (s.llama) {
-      x = lookup(N);
+      x = s.tp > 1 ? tp_lookup() : lookup(N);
     } else {  // wte rows + wpe rows (T, C) broadcast; the positions stay for wpe's backward
       a.positions = tl.alloc(s.T * 4);
-      const Id tok = lookup(N), pos = lookup(s.T);
+      const Id tok = s.tp > 1 ? tp_lookup() : lookup(N), pos = lookup(s.T);
       x = tl.alloc(N * C * e);
       tl.free(tok);
       tl.free(pos);
@@ -368,10 +447,23 @@ StageActivations replay_forward(ByteTimeline& tl, const ReplayShape& s, int64_t 
   a.hf = tl.alloc(N * C * e);
   a.stf = tl.alloc(N * s.s);
   if (!s.llama) a.stfb = tl.alloc(N * s.s);
+  if (s.tp > 1) {  // copy_to_region: the head's input is a copy (its backward all-reduces)
+    const Id copy = tl.alloc(N * C * e);
+    tl.free(a.hf);
+    a.hf = copy;
+  }
   a.chead = param_cast(tl, s, s.V * C);
   a.logits = tl.alloc(N * s.V * e);
   if (u && s.tied) u->after_forward(0);
   if (u) u->after_forward(head_unit);
+  if (s.tp > 1) {  // vocab_parallel_cross_entropy (parallel/tp/cross_entropy.cpp)
+    const Id lse_local = tl.alloc(N * s.s), target_logit = tl.alloc(N * s.s);
+    const Id lses = tl.alloc(s.tp * N * s.s), target_sum = tl.alloc(N * s.s);
+    a.lse = tl.alloc(N * s.s);
+    const Id row_loss = tl.alloc(N * 8);
+    for (Id id : {lse_local, target_logit, lses, target_sum, row_loss}) tl.free(id);
+    return a;
+  }
   const Id rows = tl.alloc(N * s.s);
   a.lse = tl.alloc(N * s.s);
   tl.free(rows);
@@ -408,6 +500,11 @@ ByteTimeline::Id replay_backward(ByteTimeline& tl, const ReplayShape& s, StageAc
     tl.free(a.hf);
     drop(tl, a.chead);
     tl.free(dlogits);
+    Id dh_in = dh;
+    if (s.tp > 1) {  // copy_to_region's backward: the all-reduced copy
+      dh_in = tl.alloc(N * C * e);
+      tl.free(dh);
+    }
     g = tl.alloc(N * C * e);  // the final norm's dx, dw (, db)
     weight_grad(tl, s, grads, C);
     if (!s.llama) weight_grad(tl, s, grads, C);
@@ -415,7 +512,7 @@ ByteTimeline::Id replay_backward(ByteTimeline& tl, const ReplayShape& s, StageAc
     if (a.stfb) tl.free(a.stfb);
     tl.free(a.embed_x);
     drop(tl, a.cnf);
-    tl.free(dh);
+    tl.free(dh_in);
     if (u) u->gradients_ready(head_unit);
   }
   for (int64_t i = static_cast<int64_t>(a.blocks.size()); i-- > 0;) {
@@ -443,6 +540,11 @@ ByteTimeline::Id replay_backward(ByteTimeline& tl, const ReplayShape& s, StageAc
     tl.free(dpos);
   }
   const Id g_master = mixed(s) ? tl.alloc(N * C * s.w) : 0;
+  Id dmasked = 0;  // TP: the row mask's product's backward, then the lookup's
+  if (a.tp_mask) {
+    dmasked = tl.alloc(N * C * (mixed(s) ? s.w : e));
+    tl.free(a.tp_mask);
+  }
   if (a.table_grad) {  // the engine sums the two contributions; the sum lands as the gradient
     const Id emb = tl.alloc(s.V * C * table.e), sum = tl.alloc(s.V * C * table.e);
     tl.free(a.table_grad);
@@ -455,6 +557,8 @@ ByteTimeline::Id replay_backward(ByteTimeline& tl, const ReplayShape& s, StageAc
   } else {
     weight_grad(tl, table, grads, s.V * C);
   }
+  drop(tl, a.tp_ids);
+  drop(tl, dmasked);
   drop(tl, g_master);
   tl.free(g);
   if (u) u->gradients_ready(0);

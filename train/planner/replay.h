@@ -68,6 +68,9 @@ struct ReplayShape {
   // model.dropout > 0 (Block::residual_dropout): each branch's output is replaced by its dropped
   // copy; the masks are counters, nothing is saved, and backward writes one more gradient.
   bool dropout = false;
+  // Tensor parallelism over `tp` ranks without sequence parallelism (parallel/tp/layers.h): q,
+  // kv, heads, F and V above are this rank's; the TP layers' own temporaries are replayed.
+  int64_t tp = 1;
   int64_t s = 4;  // bytes of norm statistics, attention lse and loss rows
   // How a weight's gradient lands: kept as the parameter's .grad (the first micro-batch of a
   // single process), or added into a buffer that exists (later micro-batches, data-parallel
@@ -110,6 +113,7 @@ struct StageActivations {
   ByteTimeline::Id logits = 0, lse = 0;         // the loss's saved tensors
   ByteTimeline::Id table_grad = 0;              // the head's wte gradient the engine holds
   ByteTimeline::Id cnf = 0, chead = 0;          // mixed precision: final norm's and head's casts
+  ByteTimeline::Id tp_ids = 0, tp_mask = 0;     // TP: the vocab-parallel lookup's saved tensors
 };
 
 // Without `embed`, `input` is the stage's input (the caller's handle: the first block saves it).
