@@ -202,6 +202,22 @@ TEST(PlanMemory, TensorParallelLlamaCheckpointing) {
 TEST(PlanMemory, TensorParallelMixedPrecisionAccumulation) {
   expect_planned_peak({.name = "tp2_mixed", .accum = 2, .tp = 2, .extra = "train.precision=f64"});
 }
+TEST(PlanMemory, SequenceParallel) {
+  expect_planned_peak({.name = "tp2_sp", .tp = 2, .extra = "parallel.sequence_parallel=true"});
+}
+TEST(PlanMemory, SequenceParallelLlamaMixedPrecision) {
+  expect_planned_peak({.name = "tp2_sp_llama_mixed",
+                       .model = "arch: llama, n_layer: 3, n_head: 4, n_kv_head: 2, n_embd: 64",
+                       .accum = 2,
+                       .tp = 2,
+                       .extra = "parallel.sequence_parallel=true train.precision=f64"});
+}
+TEST(PlanMemory, SequenceParallelCheckpointing) {
+  expect_planned_peak(
+      {.name = "tp2_sp_ckpt",
+       .tp = 2,
+       .extra = "parallel.sequence_parallel=true model.activation_checkpointing=true"});
+}
 TEST(PlanMemory, TensorParallelZero1) {
   expect_planned_peak({.name = "tp2_dp2_z1", .dp = 2, .zero = 1, .tp = 2});
 }

@@ -102,7 +102,6 @@ void refuse_unplanned(const Config& c) {
   auto refuse = [](const std::string& key, const std::string& why) {
     throw ConfigError(key + ": the memory planner does not model " + why + " yet");
   };
-  if (p.tp > 1 && p.sequence_parallel) refuse("parallel.sequence_parallel", "sequence parallelism");
   if (p.pp > 1 && p.dp > 1 && p.zero_stage >= 2)
     refuse("parallel.zero_stage", "a pipeline stage's sharded parameter units");
   if (p.cp > 1) refuse("parallel.cp", "context parallelism");
@@ -206,6 +205,7 @@ MemoryPlan plan_memory(const Config& cfg, const RankCoord& rank) {
   s.T = T;
   s.C = m.n_embd;
   s.tp = par.tp;  // this rank's heads, hidden and vocabulary
+  s.sp = par.tp > 1 && par.sequence_parallel;
   s.q = m.n_head * m.head_dim() / par.tp;
   s.kv = m.kv_heads() * m.head_dim() / par.tp;
   s.heads = m.n_head / par.tp;

@@ -37,7 +37,7 @@ void replay_pipeline_step(ByteTimeline& tl, const ReplayShape& s, const Pipeline
   const std::vector<pp::Instruction>& list = lists.at(static_cast<size_t>(p.rank));
   std::vector<Id> in_transit;  // gradients held by sends that may not have completed
   const int last = shape.num_global_stages() - 1;
-  const int64_t act_bytes = s.B * s.T * s.C * s.e;
+  const int64_t act_bytes = s.B * (s.sp ? s.T / s.tp : s.T) * s.C * s.e;  // the stream's rows
   std::map<std::pair<int, int>, Slot> slots;
   std::set<int> chunks_with_grads;
   auto context = [&](const pp::Instruction& ins) {

@@ -40,10 +40,11 @@ void drop(ByteTimeline& tl, Id id) {
   if (id) tl.free(id);
 }
 
-// A weight's gradient leaving its node: kept as .grad or added into an existing buffer. Mixed
-// precision: computed in the compute dtype, cast back to the master's by the cast's backward.
-void weight_grad(ByteTimeline& tl, const ReplayShape& s, ReplayGrads& grads, int64_t elements) {
-  Id g = tl.alloc(elements * s.e);
+// A weight's gradient `g` (compute dtype, on the timeline) leaving its node: kept as .grad or
+// added into an existing buffer. Mixed precision: cast back to the master's by the cast's
+// backward first.
+void land_weight_grad(ByteTimeline& tl, const ReplayShape& s, ReplayGrads& grads, Id g,
+                      int64_t elements) {
   if (mixed(s)) {
     const Id master = tl.alloc(elements * s.w);
     tl.free(g);
@@ -54,6 +55,137 @@ void weight_grad(ByteTimeline& tl, const ReplayShape& s, ReplayGrads& grads, int
   } else {
     tl.free(g);
   }
+}
+void weight_grad(ByteTimeline& tl, const ReplayShape& s, ReplayGrads& grads, int64_t elements) {
+  land_weight_grad(tl, s, grads, tl.alloc(elements * s.e), elements);
+}
+
+// Rows of the residual stream: B·T, or B·T/tp under sequence parallelism.
+int64_t stream_rows(const ReplayShape& s) { return s.sp ? s.B * s.T / s.tp : s.B * s.T; }
+
+// A parameter every TP rank holds whole, used on sequence chunks (norms, row layers' biases):
+// through copy_to_region, a copy (of the cast, under mixed precision) the op may keep, and in
+// backward a gradient all-reduced into a fresh tensor. Without SP: the cast, if any.
+Id replicated_use(ByteTimeline& tl, const ReplayShape& s, int64_t elements) {
+  if (!s.sp) return param_cast(tl, s, elements);
+  const Id cast = param_cast(tl, s, elements);
+  const Id copy = tl.alloc(elements * s.e);
+  drop(tl, cast);
+  return copy;
+}
+void replicated_grad(ByteTimeline& tl, const ReplayShape& s, ReplayGrads& grads, int64_t elements) {
+  if (!s.sp) return weight_grad(tl, s, grads, elements);
+  const Id g = tl.alloc(elements * s.e), sum = tl.alloc(elements * s.e);
+  tl.free(g);
+  land_weight_grad(tl, s, grads, sum, elements);
+}
+
+// ColumnParallelLinear under SP (parallel/tp/layers.cpp): forward, a ring all-gather of the
+// input chunks, each multiplied (+ bias) as it passes, then concatenated to all rows.
+Id tp_column_forward_sp(ByteTimeline& tl, const ReplayShape& s, int64_t in, int64_t out,
+                        bool bias) {
+  const int64_t rows = stream_rows(s), e = s.e;
+  std::vector<Id> parts;
+  Id held = 0;  // the last received chunk
+  for (int64_t step = 0; step < s.tp; ++step) {
+    const Id next = step < s.tp - 1 ? tl.alloc(rows * in * e) : 0;
+    Id part = tl.alloc(rows * out * e);
+    if (bias) {
+      const Id with_bias = tl.alloc(rows * out * e);
+      tl.free(part);
+      part = with_bias;
+    }
+    parts.push_back(part);
+    if (next) {
+      drop(tl, held);
+      held = next;
+    }
+  }
+  drop(tl, held);
+  const Id y = tl.alloc(s.B * s.T * out * e);
+  for (Id p : parts) tl.free(p);
+  return y;
+}
+// Backward: the input all-gathered again, dX over all rows reduce-scattered (its send buffer a
+// copy), the gathered chunks concatenated for dW. Returns this rank's dX rows; the caller frees
+// the saved input, the cast and the incoming gradient.
+Id tp_column_backward_sp(ByteTimeline& tl, const ReplayShape& s, ReplayGrads& grads, int64_t in,
+                         int64_t out, bool bias) {
+  const int64_t N = s.B * s.T, e = s.e;
+  const Id gathered = tl.alloc(N * in * e), dx_full = tl.alloc(N * in * e);
+  const Id send = tl.alloc(N * in * e), dx = tl.alloc(stream_rows(s) * in * e);
+  const Id x_full = tl.alloc(N * in * e);
+  weight_grad(tl, s, grads, out * in);
+  if (bias) weight_grad(tl, s, grads, out);
+  for (Id id : {x_full, send, dx_full, gathered}) tl.free(id);
+  return dx;
+}
+// RowParallelLinear under SP: forward, a ring reduce-scatter — each chunk's rows of the input
+// copied (B > 1) and multiplied, the partial sum received added, the result sent on (kept until
+// the sends complete); then GPT-2's bias through copy_to_region. Returns (B, T/tp, C).
+Id tp_row_forward_sp(ByteTimeline& tl, const ReplayShape& s, int64_t in) {
+  const int64_t rows = stream_rows(s), e = s.e, C = s.C;
+  std::vector<Id> sent;
+  Id incoming = 0, y = 0;
+  for (int64_t step = 0; step < s.tp; ++step) {
+    const Id copy = s.B > 1 ? tl.alloc(rows * in * e) : 0;
+    Id part = tl.alloc(rows * C * e);
+    drop(tl, copy);
+    if (step > 0) {
+      const Id sum = tl.alloc(rows * C * e);
+      tl.free(part);
+      part = sum;
+    }
+    if (step < s.tp - 1) {
+      const Id buffer = tl.alloc(rows * C * e);
+      drop(tl, incoming);
+      incoming = buffer;
+      sent.push_back(part);
+    } else {
+      y = part;
+    }
+  }
+  for (Id p : sent) tl.free(p);
+  drop(tl, incoming);
+  if (!s.llama) {
+    const Id b = replicated_use(tl, s, C), with_bias = tl.alloc(rows * C * e);
+    tl.free(y);
+    tl.free(b);
+    y = with_bias;
+  }
+  return y;
+}
+// Backward: a ring all-gather of dY, each chunk's dX rows and its dW term (the input's rows
+// copied when B > 1) while the next travels, the dW terms summed, dX concatenated. The caller
+// frees the saved input and the cast; the incoming dY is the caller's.
+Id tp_row_backward_sp(ByteTimeline& tl, const ReplayShape& s, ReplayGrads& grads, int64_t in) {
+  const int64_t rows = stream_rows(s), e = s.e, C = s.C;
+  std::vector<Id> dx_parts;
+  Id held = 0, dw = 0;
+  for (int64_t step = 0; step < s.tp; ++step) {
+    const Id next = step < s.tp - 1 ? tl.alloc(rows * C * e) : 0;
+    dx_parts.push_back(tl.alloc(rows * in * e));
+    const Id copy = s.B > 1 ? tl.alloc(rows * in * e) : 0;
+    const Id d = tl.alloc(C * in * e);
+    drop(tl, copy);
+    if (dw) {
+      const Id sum = tl.alloc(C * in * e);
+      tl.free(dw);
+      tl.free(d);
+      dw = sum;
+    } else {
+      dw = d;
+    }
+    if (next) {
+      drop(tl, held);
+      held = next;
+    }
+  }
+  drop(tl, held);
+  const Id dx = tl.alloc(s.B * s.T * in * e);
+  for (Id p : dx_parts) tl.free(p);
+  land_weight_grad(tl, s, grads, dw, C * in);
+  return dx;
 }
 
 bool bqkv_needed(const ReplayShape& s) { return !s.llama; }
@@ -84,21 +216,22 @@ Id tp_row_forward(ByteTimeline& tl, const ReplayShape& s, int64_t in) {
 // One block's forward (layers/block.cpp forward_region); x stays the caller's. Returns the
 // saved handles and sets *out to the block's output.
 BlockTape block_forward(ByteTimeline& tl, const ReplayShape& s, Id x, Id* out) {
-  const int64_t N = s.B * s.T, C = s.C, e = s.e;
+  const int64_t N = s.B * s.T, C = s.C, e = s.e, Nr = stream_rows(s);
   BlockTape b;
   b.x = x;
   const int64_t norm_params = s.llama ? C : 2 * C;  // weight (, bias): layer_norm keeps both
   // norm1 (core/ops/norm.cpp): y, then mean and rstd (LayerNorm) or rstd (RMSNorm).
-  b.cn1 = param_cast(tl, s, norm_params);
-  b.y1 = tl.alloc(N * C * e);
-  b.st1 = tl.alloc(N * s.s);
-  if (!s.llama) b.st1b = tl.alloc(N * s.s);
+  b.cn1 = replicated_use(tl, s, norm_params);
+  b.y1 = tl.alloc(Nr * C * e);
+  b.st1 = tl.alloc(Nr * s.s);
+  if (!s.llama) b.st1b = tl.alloc(Nr * s.s);
   // qkv (ops::linear with bias, or ops::matmul): its output; the input is a view of y1. Its
   // weight's cast stays with the node, the bias's dies with the call.
   b.cqkv = param_cast(tl, s, (s.q + 2 * s.kv) * C);
   const Id bqkv = s.llama ? 0 : param_cast(tl, s, s.q + 2 * s.kv);
-  Id qkv = tl.alloc(N * (s.q + 2 * s.kv) * e);
-  if (s.tp > 1 && bqkv_needed(s)) {  // the column layer adds its bias after the GEMM
+  Id qkv = s.sp ? tp_column_forward_sp(tl, s, C, s.q + 2 * s.kv, !s.llama)
+                : tl.alloc(N * (s.q + 2 * s.kv) * e);
+  if (s.tp > 1 && !s.sp && bqkv_needed(s)) {  // the column layer adds its bias after the GEMM
     const Id with_bias = tl.alloc(N * (s.q + 2 * s.kv) * e);
     tl.free(qkv);
     qkv = with_bias;
@@ -122,11 +255,13 @@ BlockTape block_forward(ByteTimeline& tl, const ReplayShape& s, Id x, Id* out) {
   b.lse = tl.alloc(s.B * s.heads * s.T * s.s);
   b.ytr = tl.alloc(N * s.q * e);  // reshape of the transposed output: a copy
   b.cproj = param_cast(tl, s, C * s.q);
-  const Id bproj = s.llama ? 0 : param_cast(tl, s, C);
-  Id a = s.tp > 1 ? tp_row_forward(tl, s, s.q) : tl.alloc(N * C * e);  // proj
+  const Id bproj = s.llama || s.sp ? 0 : param_cast(tl, s, C);
+  Id a = s.sp       ? tp_row_forward_sp(tl, s, s.q)
+         : s.tp > 1 ? tp_row_forward(tl, s, s.q)
+                    : tl.alloc(N * C * e);  // proj
   drop(tl, bproj);
   if (s.dropout) {  // the dropped copy replaces the branch
-    const Id dropped = tl.alloc(N * C * e);
+    const Id dropped = tl.alloc(Nr * C * e);
     tl.free(a);
     a = dropped;
   }
@@ -135,31 +270,37 @@ BlockTape block_forward(ByteTimeline& tl, const ReplayShape& s, Id x, Id* out) {
     tl.free(rq);
     tl.free(rk);
   }
-  b.h = tl.alloc(N * C * e);  // x + a
-  b.cn2 = param_cast(tl, s, norm_params);
-  b.y2 = tl.alloc(N * C * e);
-  b.st2 = tl.alloc(N * s.s);
-  if (!s.llama) b.st2b = tl.alloc(N * s.s);
+  b.h = tl.alloc(Nr * C * e);  // x + a
+  b.cn2 = replicated_use(tl, s, norm_params);
+  b.y2 = tl.alloc(Nr * C * e);
+  b.st2 = tl.alloc(Nr * s.s);
+  if (!s.llama) b.st2b = tl.alloc(Nr * s.s);
   Id m = 0;
   if (s.llama) {  // gate, up, swiglu, down (SwiGluMlp::forward)
     b.cm1 = param_cast(tl, s, s.F * C);
-    b.gate = tl.alloc(N * s.F * e);
+    b.gate = s.sp ? tp_column_forward_sp(tl, s, C, s.F, false) : tl.alloc(N * s.F * e);
     b.cm2 = param_cast(tl, s, s.F * C);
-    b.up = tl.alloc(N * s.F * e);
+    b.up = s.sp ? tp_column_forward_sp(tl, s, C, s.F, false) : tl.alloc(N * s.F * e);
     b.act = tl.alloc(N * s.F * e);
     b.cm3 = param_cast(tl, s, C * s.F);
-    m = s.tp > 1 ? tp_row_forward(tl, s, s.F) : tl.alloc(N * C * e);
+    m = s.sp       ? tp_row_forward_sp(tl, s, s.F)
+        : s.tp > 1 ? tp_row_forward(tl, s, s.F)
+                   : tl.alloc(N * C * e);
   } else if (s.tp > 1) {  // Mlp unfused: column fc (+ bias), gelu, row proj (+ bias)
     b.cm1 = param_cast(tl, s, s.F * C);
     const Id b1 = param_cast(tl, s, s.F);
-    const Id out = tl.alloc(N * s.F * e);
-    b.pre = tl.alloc(N * s.F * e);
-    tl.free(out);
+    if (s.sp) {
+      b.pre = tp_column_forward_sp(tl, s, C, s.F, true);
+    } else {
+      const Id out = tl.alloc(N * s.F * e);
+      b.pre = tl.alloc(N * s.F * e);
+      tl.free(out);
+    }
     drop(tl, b1);
     b.act = tl.alloc(N * s.F * e);  // gelu(pre): the row layer keeps it
     b.cm2 = param_cast(tl, s, C * s.F);
-    const Id b2 = param_cast(tl, s, C);
-    m = tp_row_forward(tl, s, s.F);
+    const Id b2 = s.sp ? 0 : param_cast(tl, s, C);
+    m = s.sp ? tp_row_forward_sp(tl, s, s.F) : tp_row_forward(tl, s, s.F);
     drop(tl, b2);
   } else {  // ops::gelu_mlp: pre and y kept, gelu(pre) for the second GEMM freed
     b.cm1 = param_cast(tl, s, s.F * C);
@@ -174,12 +315,12 @@ BlockTape block_forward(ByteTimeline& tl, const ReplayShape& s, Id x, Id* out) {
     drop(tl, b2);
   }
   if (s.dropout) {
-    const Id dropped = tl.alloc(N * C * e);
+    const Id dropped = tl.alloc(Nr * C * e);
     tl.free(m);
     m = dropped;
   }
-  *out = tl.alloc(N * C * e);  // h + m
-  tl.free(a);                  // forward_region's locals
+  *out = tl.alloc(Nr * C * e);  // h + m
+  tl.free(a);                   // forward_region's locals
   tl.free(m);
   return b;
 }
@@ -193,10 +334,10 @@ struct NormSaved {
 };
 Id norm_backward_at_fork(ByteTimeline& tl, const ReplayShape& s, ReplayGrads& grads,
                          const NormSaved& saved, Id dy, Id other) {
-  const int64_t rows_by_c = s.B * s.T * s.C * s.e;
+  const int64_t rows_by_c = stream_rows(s) * s.C * s.e;
   const Id dx = tl.alloc(rows_by_c);
-  weight_grad(tl, s, grads, s.C);
-  if (!s.llama) weight_grad(tl, s, grads, s.C);
+  replicated_grad(tl, s, grads, s.C);
+  if (!s.llama) replicated_grad(tl, s, grads, s.C);
   tl.free(saved.stat);
   if (saved.stat_b) tl.free(saved.stat_b);
   tl.free(saved.input);
@@ -221,15 +362,29 @@ Id back_to_rows(ByteTimeline& tl, const ReplayShape& s, Id d, int64_t features) 
 // The backward of one block; g (the gradient at its output) is consumed. Returns the gradient
 // at its input.
 Id block_backward(ByteTimeline& tl, const ReplayShape& s, BlockTape& b, Id g, ReplayGrads& grads) {
-  const int64_t N = s.B * s.T, C = s.C, e = s.e, q3 = s.q + 2 * s.kv;
+  const int64_t N = s.B * s.T, C = s.C, e = s.e, q3 = s.q + 2 * s.kv, Nr = stream_rows(s);
   const bool bias = !s.llama;
   Id dn2 = 0;  // the gradient at norm2's output
   // Dropout's backward writes the branch's gradient anew; the MLP's first node consumes it.
-  const Id dm = s.dropout ? tl.alloc(N * C * e) : 0;
+  const Id dm = s.dropout ? tl.alloc(Nr * C * e) : 0;
+  // A column layer's dX (all-reduced in place, or under SP reduce-scattered) and dW (, db).
+  auto column_backward = [&](int64_t out, bool with_bias) {
+    if (s.sp) return tp_column_backward_sp(tl, s, grads, C, out, with_bias);
+    const Id dx = tl.alloc(Nr * C * e);
+    weight_grad(tl, s, grads, out * C);
+    if (with_bias) weight_grad(tl, s, grads, out);
+    return dx;
+  };
+  // A row layer's (or a plain linear's) dX over all rows and dW.
+  auto row_backward = [&](int64_t in) {
+    if (s.sp) return tp_row_backward_sp(tl, s, grads, in);
+    const Id dx = tl.alloc(N * in * e);
+    weight_grad(tl, s, grads, C * in);
+    return dx;
+  };
   if (s.llama) {
     // down: da (N, F), dW; frees act.
-    const Id da = tl.alloc(N * s.F * e);
-    weight_grad(tl, s, grads, C * s.F);
+    const Id da = row_backward(s.F);
     tl.free(b.act);
     drop(tl, b.cm3);
     drop(tl, dm);
@@ -239,33 +394,28 @@ Id block_backward(ByteTimeline& tl, const ReplayShape& s, BlockTape& b, Id g, Re
     tl.free(b.up);
     tl.free(da);
     // up (the newer node) then gate: dx each, summed where they meet (norm2's output).
-    const Id dxu = tl.alloc(N * C * e);
-    weight_grad(tl, s, grads, s.F * C);
+    const Id dxu = column_backward(s.F, false);
     tl.free(dup);
     drop(tl, b.cm2);
-    const Id dxg = tl.alloc(N * C * e);
-    weight_grad(tl, s, grads, s.F * C);
+    const Id dxg = column_backward(s.F, false);
     tl.free(b.y2);
     drop(tl, b.cm1);
-    dn2 = tl.alloc(N * C * e);
+    dn2 = tl.alloc(Nr * C * e);
     tl.free(dxu);
     tl.free(dxg);
     tl.free(dgate);
   } else if (s.tp > 1) {
     // Unfused under TP: the proj bias's add (db), the row node (dx, dW; frees gelu's output),
     // gelu's backward (frees pre), the column node (dx, all-reduced in place; dW, db).
-    weight_grad(tl, s, grads, C);
-    const Id dact = tl.alloc(N * s.F * e);
-    weight_grad(tl, s, grads, C * s.F);
+    replicated_grad(tl, s, grads, C);
+    const Id dact = row_backward(s.F);
     tl.free(b.act);
     drop(tl, b.cm2);
     drop(tl, dm);
     const Id dpre = tl.alloc(N * s.F * e);
     tl.free(b.pre);
     tl.free(dact);
-    dn2 = tl.alloc(N * C * e);
-    weight_grad(tl, s, grads, s.F * C);
-    weight_grad(tl, s, grads, s.F);
+    dn2 = column_backward(s.F, true);
     tl.free(b.y2);
     drop(tl, b.cm1);
     tl.free(dpre);
@@ -295,10 +445,10 @@ Id block_backward(ByteTimeline& tl, const ReplayShape& s, BlockTape& b, Id g, Re
   // norm2's backward, then h's two consumers (the residual and norm2) meet.
   const Id gh = norm_backward_at_fork(tl, s, grads, {b.st2, b.st2b, b.h, b.cn2}, dn2, g);
   // proj (after the attention branch's dropout): dx (N, q), dW (, db); frees its input.
-  const Id da = s.dropout ? tl.alloc(N * C * e) : 0;
-  const Id dproj = tl.alloc(N * s.q * e);
-  weight_grad(tl, s, grads, C * s.q);
-  if (bias) weight_grad(tl, s, grads, C);
+  const Id da = s.dropout ? tl.alloc(Nr * C * e) : 0;
+  if (bias && s.tp > 1) replicated_grad(tl, s, grads, C);  // the row layer's bias, added apart
+  const Id dproj = row_backward(s.q);
+  if (bias && s.tp == 1) weight_grad(tl, s, grads, C);
   tl.free(b.ytr);
   drop(tl, b.cproj);
   drop(tl, da);
@@ -323,9 +473,7 @@ Id block_backward(ByteTimeline& tl, const ReplayShape& s, BlockTape& b, Id g, Re
   tl.free(dk2);
   tl.free(dv2);
   // qkv: dx, dW (, db); frees y1.
-  const Id dn1 = tl.alloc(N * C * e);
-  weight_grad(tl, s, grads, q3 * C);
-  if (bias) weight_grad(tl, s, grads, q3);
+  const Id dn1 = column_backward(q3, bias);
   tl.free(b.y1);
   drop(tl, b.cqkv);
   tl.free(dqkv);
@@ -411,16 +559,28 @@ StageActivations replay_forward(ByteTimeline& tl, const ReplayShape& s, int64_t 
         tl.free(partial);
         partial = cast;
       }
-      const Id sum = tl.alloc(N * C * e);
+      Id sum = 0;
+      if (s.sp) {  // reduce_scatter_to_sequence: a send copy, this rank's rows
+        const Id send = tl.alloc(N * C * e);
+        sum = tl.alloc(stream_rows(s) * C * e);
+        tl.free(send);
+      } else {
+        sum = tl.alloc(N * C * e);
+      }
       tl.free(partial);
       return sum;
     };
     if (s.llama) {
       x = s.tp > 1 ? tp_lookup() : lookup(N);
     } else {  // wte rows + wpe rows (T, C) broadcast; the positions stay for wpe's backward
-      a.positions = tl.alloc(s.T * 4);
-      const Id tok = s.tp > 1 ? tp_lookup() : lookup(N), pos = lookup(s.T);
-      x = tl.alloc(N * C * e);
+      const int64_t R = s.sp ? s.T / s.tp : s.T;  // this rank's rows of the sequence
+      a.positions = tl.alloc(R * 4);
+      const Id tok = s.tp > 1 ? tp_lookup() : lookup(N);
+      // Under SP wpe is used through copy_to_region: a copy of the master table for the lookup.
+      const Id table = s.sp ? tl.alloc(s.max_positions * C * (mixed(s) ? s.w : e)) : 0;
+      const Id pos = lookup(R);
+      drop(tl, table);
+      x = tl.alloc(stream_rows(s) * C * e);
       tl.free(tok);
       tl.free(pos);
     }
@@ -443,11 +603,17 @@ StageActivations replay_forward(ByteTimeline& tl, const ReplayShape& s, int64_t 
   if (u) u->before_forward(head_unit);
   if (u && s.tied) u->before_forward(0);  // the tied head reads wte
   a.embed_x = x;                          // the last block's output, saved by the final norm
-  a.cnf = param_cast(tl, s, s.llama ? C : 2 * C);
-  a.hf = tl.alloc(N * C * e);
-  a.stf = tl.alloc(N * s.s);
-  if (!s.llama) a.stfb = tl.alloc(N * s.s);
-  if (s.tp > 1) {  // copy_to_region: the head's input is a copy (its backward all-reduces)
+  a.cnf = replicated_use(tl, s, s.llama ? C : 2 * C);
+  const int64_t Nr = stream_rows(s);
+  a.hf = tl.alloc(Nr * C * e);
+  a.stf = tl.alloc(Nr * s.s);
+  if (!s.llama) a.stfb = tl.alloc(Nr * s.s);
+  if (s.sp) {  // gather_from_sequence: all rows (a gather buffer, then their concatenation)
+    const Id all = tl.alloc(N * C * e), rows = tl.alloc(N * C * e);
+    tl.free(all);
+    tl.free(a.hf);
+    a.hf = rows;
+  } else if (s.tp > 1) {  // copy_to_region: the head's input is a copy (its backward all-reduces)
     const Id copy = tl.alloc(N * C * e);
     tl.free(a.hf);
     a.hf = copy;
@@ -501,13 +667,18 @@ ByteTimeline::Id replay_backward(ByteTimeline& tl, const ReplayShape& s, StageAc
     drop(tl, a.chead);
     tl.free(dlogits);
     Id dh_in = dh;
-    if (s.tp > 1) {  // copy_to_region's backward: the all-reduced copy
+    if (s.sp) {  // gather_from_sequence's backward: reduce-scatter (a send copy, this rank's rows)
+      const Id send = tl.alloc(N * C * e);
+      dh_in = tl.alloc(stream_rows(s) * C * e);
+      tl.free(send);
+      tl.free(dh);
+    } else if (s.tp > 1) {  // copy_to_region's backward: the all-reduced copy
       dh_in = tl.alloc(N * C * e);
       tl.free(dh);
     }
-    g = tl.alloc(N * C * e);  // the final norm's dx, dw (, db)
-    weight_grad(tl, s, grads, C);
-    if (!s.llama) weight_grad(tl, s, grads, C);
+    g = tl.alloc(stream_rows(s) * C * e);  // the final norm's dx, dw (, db)
+    replicated_grad(tl, s, grads, C);
+    if (!s.llama) replicated_grad(tl, s, grads, C);
     tl.free(a.stf);
     if (a.stfb) tl.free(a.stfb);
     tl.free(a.embed_x);
@@ -532,12 +703,25 @@ ByteTimeline::Id replay_backward(ByteTimeline& tl, const ReplayShape& s, StageAc
   table.e = mixed(s) ? s.w : s.e;
   table.w = 0;
   if (!s.llama) {
-    const Id dpos = tl.alloc(s.T * C * e);  // the broadcast add's sum over rows
-    const Id dpos_master = mixed(s) ? tl.alloc(s.T * C * s.w) : 0;
-    weight_grad(tl, table, grads, s.max_positions * C);
+    const int64_t R = s.sp ? s.T / s.tp : s.T;
+    const Id dpos = tl.alloc(R * C * e);  // the broadcast add's sum over rows
+    const Id dpos_master = mixed(s) ? tl.alloc(R * C * s.w) : 0;
+    if (s.sp) {  // through copy_to_region: the table's gradient all-reduced into a copy
+      ReplayShape copied = table;
+      copied.sp = true;
+      replicated_grad(tl, copied, grads, s.max_positions * C);
+    } else {
+      weight_grad(tl, table, grads, s.max_positions * C);
+    }
     tl.free(a.positions);
     drop(tl, dpos_master);
     tl.free(dpos);
+  }
+  Id g_full = 0;  // SP: reduce_scatter_to_sequence's backward gathers all rows
+  if (s.sp) {
+    const Id all = tl.alloc(N * C * e);
+    g_full = tl.alloc(N * C * e);
+    tl.free(all);
   }
   const Id g_master = mixed(s) ? tl.alloc(N * C * s.w) : 0;
   Id dmasked = 0;  // TP: the row mask's product's backward, then the lookup's
@@ -560,6 +744,7 @@ ByteTimeline::Id replay_backward(ByteTimeline& tl, const ReplayShape& s, StageAc
   drop(tl, a.tp_ids);
   drop(tl, dmasked);
   drop(tl, g_master);
+  drop(tl, g_full);
   tl.free(g);
   if (u) u->gradients_ready(0);
   return 0;

@@ -68,9 +68,12 @@ struct ReplayShape {
   // model.dropout > 0 (Block::residual_dropout): each branch's output is replaced by its dropped
   // copy; the masks are counters, nothing is saved, and backward writes one more gradient.
   bool dropout = false;
-  // Tensor parallelism over `tp` ranks without sequence parallelism (parallel/tp/layers.h): q,
-  // kv, heads, F and V above are this rank's; the TP layers' own temporaries are replayed.
+  // Tensor parallelism over `tp` ranks (parallel/tp/layers.h): q, kv, heads, F and V above are
+  // this rank's; the TP layers' own temporaries are replayed. With sequence parallelism the
+  // residual stream (norms, residual adds, dropout, the block's input and output) holds B·T/tp
+  // rows; column layers gather them and row layers reduce-scatter back.
   int64_t tp = 1;
+  bool sp = false;
   int64_t s = 4;  // bytes of norm statistics, attention lse and loss rows
   // How a weight's gradient lands: kept as the parameter's .grad (the first micro-batch of a
   // single process), or added into a buffer that exists (later micro-batches, data-parallel
