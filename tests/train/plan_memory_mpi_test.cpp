@@ -22,7 +22,7 @@ namespace {
 struct Layout {
   std::string name;
   std::string model = "arch: gpt2, n_layer: 3, n_head: 4, n_embd: 64";
-  int64_t dp = 1, zero = 0, accum = 1, pp = 1, tp = 1;
+  int64_t dp = 1, zero = 0, accum = 1, pp = 1, tp = 1, cp = 1;
   int64_t mics = 0;        // parallel.mics_partition_size
   std::string extra = "";  // more "section.key=value" overrides
 };
@@ -37,7 +37,7 @@ Config config_of(const Layout& l, const std::string& dir) {
     << dir << "/" << l.name << "}\n"
     << "checkpoint: {every: 0, keep: 0, at_end: false}\n"
     << "logging: {jsonl: false, tensorboard: false}\n"
-    << "parallel: {dp: " << l.dp << ", pp: " << l.pp << ", tp: " << l.tp
+    << "parallel: {dp: " << l.dp << ", pp: " << l.pp << ", tp: " << l.tp << ", cp: " << l.cp
     << ", zero_stage: " << l.zero << ", mics_partition_size: " << l.mics << ", bucket_mb: 0.05}\n";
   std::vector<std::string> overrides;
   std::istringstream extra(l.extra);
@@ -46,18 +46,19 @@ Config config_of(const Layout& l, const std::string& dir) {
 }
 
 void expect_planned_peak(const Layout& l) {
-  if (testing::world_size() != l.dp * l.pp * l.tp)
-    GTEST_SKIP() << l.name << " runs on " << l.dp * l.pp * l.tp << " ranks";
+  const int64_t ranks = l.dp * l.pp * l.tp * l.cp;
+  if (testing::world_size() != ranks) GTEST_SKIP() << l.name << " runs on " << ranks << " ranks";
   ParallelOptions po;
   po.shape.dp = static_cast<int>(l.dp);
   po.shape.pp = static_cast<int>(l.pp);
   po.shape.tp = static_cast<int>(l.tp);
+  po.shape.cp = static_cast<int>(l.cp);
   po.mics_partition_size = static_cast<int>(l.mics);
   ParallelContext ctx = ParallelContext::create(po);
   const std::string dir = testing::shared_train_data(ctx, "loom_plan_memory");
   const Config cfg = config_of(l, dir);
   const planner::MemoryPlan plan =
-      planner::plan_memory(cfg, {ctx.dp_rank(), ctx.pp_rank(), 0, ctx.tp_rank()});
+      planner::plan_memory(cfg, {ctx.dp_rank(), ctx.pp_rank(), ctx.cp_rank(), ctx.tp_rank()});
   std::ostringstream log;
   TrainerOptions o = testing::trainer_options(log, &ctx);
   Allocator& a = allocator_for(DeviceType::kCpu);
@@ -217,6 +218,15 @@ TEST(PlanMemory, SequenceParallelCheckpointing) {
       {.name = "tp2_sp_ckpt",
        .tp = 2,
        .extra = "parallel.sequence_parallel=true model.activation_checkpointing=true"});
+}
+// Context parallelism: ring attention on T/cp tokens, gradients reduced over cp.
+TEST(PlanMemory, ContextParallel) { expect_planned_peak({.name = "cp2", .cp = 2}); }
+TEST(PlanMemory, ContextParallelLlamaCheckpointing) {
+  expect_planned_peak({.name = "cp2_llama_ckpt",
+                       .model = "arch: llama, n_layer: 3, n_head: 4, n_kv_head: 2, n_embd: 64",
+                       .accum = 2,
+                       .cp = 2,
+                       .extra = "model.activation_checkpointing=true"});
 }
 TEST(PlanMemory, TensorParallelZero1) {
   expect_planned_peak({.name = "tp2_dp2_z1", .dp = 2, .zero = 1, .tp = 2});

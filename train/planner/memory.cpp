@@ -104,7 +104,6 @@ void refuse_unplanned(const Config& c) {
   };
   if (p.pp > 1 && p.dp > 1 && p.zero_stage >= 2)
     refuse("parallel.zero_stage", "a pipeline stage's sharded parameter units");
-  if (p.cp > 1) refuse("parallel.cp", "context parallelism");
   if (p.sdp.on()) refuse("parallel.sdp", "SDP's subnetworks");
   if (p.diloco.on()) refuse("parallel.diloco", "DiLoCo's host state");
   if (c.data.packing) refuse("data.packing", "packed documents");
@@ -117,9 +116,11 @@ MemoryPlan plan_memory(const Config& cfg, const RankCoord& rank) {
   const ModelConfig& m = cfg.model;
   const ParallelConfig& par = cfg.parallel;
   const int64_t e = static_cast<int64_t>(dtype_size(train_dtype(cfg.train.dtype)));
-  const bool dp = par.dp > 1;
+  // Gradients are reduced over dp·cp (each cp rank holds part of the same samples' gradients).
+  const bool dp = par.dp * par.cp > 1;
   const int64_t zero = dp ? par.zero_stage : 0;
-  const int64_t shards = !dp ? 1 : (par.mics_partition_size > 0 ? par.mics_partition_size : par.dp);
+  const int64_t shards =
+      !dp ? 1 : (par.mics_partition_size > 0 ? par.mics_partition_size : par.dp * par.cp);
   const int64_t states = cfg.optim.name == "sgd" ? (cfg.optim.momentum > 0 ? 1 : 0) : 2;
 
   // This rank's tensors: all of them, or those of its pipeline chunks (Note [Pipeline stages
@@ -190,7 +191,7 @@ MemoryPlan plan_memory(const Config& cfg, const RankCoord& rank) {
     hold(shard * e);
   }
   // The step's batch: every micro-batch's ids and targets (i32), read before the step.
-  const int64_t B = cfg.data.batch_size, T = cfg.data.seq_len;
+  const int64_t B = cfg.data.batch_size, T = cfg.data.seq_len;  // T: the whole sequence
   const int64_t micro = pipeline ? shape.microbatches : cfg.optim.grad_accum;
   const int64_t batch_bytes = micro * 2 * B * T * 4;
   line("batch", batch_bytes, "2·m·B·T·4 (ids and targets)");
@@ -202,10 +203,12 @@ MemoryPlan plan_memory(const Config& cfg, const RankCoord& rank) {
   s.tied = m.tie_embeddings && !pipeline;  // a pipeline's last stage holds its own copy
   s.checkpointing = m.activation_checkpointing;
   s.B = B;
-  s.T = T;
+  s.T = T / par.cp;  // this rank's tokens (parallel/cp: two chunks of T/2cp each)
+  s.cp = par.cp;
   s.C = m.n_embd;
   s.tp = par.tp;  // this rank's heads, hidden and vocabulary
   s.sp = par.tp > 1 && par.sequence_parallel;
+  s.mesh = par.tp > 1 || par.cp > 1;
   s.q = m.n_head * m.head_dim() / par.tp;
   s.kv = m.kv_heads() * m.head_dim() / par.tp;
   s.heads = m.n_head / par.tp;

@@ -5,6 +5,7 @@
 #include "train/planner/replay.h"
 
 #include "core/error.h"
+#include "train/planner/ring_replay.h"
 
 namespace loom::planner {
 
@@ -196,15 +197,20 @@ bool bqkv_needed(const ReplayShape& s) { return !s.llama; }
 // node (its cast, under mixed precision, is the caller's). Returns the output (B, T, C).
 Id tp_row_forward(ByteTimeline& tl, const ReplayShape& s, int64_t in) {
   const int64_t C = s.C, e = s.e, half = s.T / 2;
-  std::vector<Id> parts;
-  for (int64_t len : {half, s.T - half}) {
-    if (len == 0) continue;
-    const Id copy = s.B > 1 ? tl.alloc(s.B * len * in * e) : 0;
-    parts.push_back(tl.alloc(s.B * len * C * e));
-    drop(tl, copy);
+  Id y = 0;
+  if (s.tp == 1) {  // one rank (a mesh for context parallelism): one GEMM
+    y = tl.alloc(s.B * s.T * C * e);
+  } else {
+    std::vector<Id> parts;
+    for (int64_t len : {half, s.T - half}) {
+      if (len == 0) continue;
+      const Id copy = s.B > 1 ? tl.alloc(s.B * len * in * e) : 0;
+      parts.push_back(tl.alloc(s.B * len * C * e));
+      drop(tl, copy);
+    }
+    y = tl.alloc(s.B * s.T * C * e);
+    for (Id p : parts) tl.free(p);
   }
-  Id y = tl.alloc(s.B * s.T * C * e);
-  for (Id p : parts) tl.free(p);
   if (!s.llama) {  // ops::add(y, bias)
     const Id with_bias = tl.alloc(s.B * s.T * C * e);
     tl.free(y);
@@ -231,7 +237,7 @@ BlockTape block_forward(ByteTimeline& tl, const ReplayShape& s, Id x, Id* out) {
   const Id bqkv = s.llama ? 0 : param_cast(tl, s, s.q + 2 * s.kv);
   Id qkv = s.sp ? tp_column_forward_sp(tl, s, C, s.q + 2 * s.kv, !s.llama)
                 : tl.alloc(N * (s.q + 2 * s.kv) * e);
-  if (s.tp > 1 && !s.sp && bqkv_needed(s)) {  // the column layer adds its bias after the GEMM
+  if (s.mesh && !s.sp && bqkv_needed(s)) {  // the column layer adds its bias after the GEMM
     const Id with_bias = tl.alloc(N * (s.q + 2 * s.kv) * e);
     tl.free(qkv);
     qkv = with_bias;
@@ -248,17 +254,22 @@ BlockTape block_forward(ByteTimeline& tl, const ReplayShape& s, Id x, Id* out) {
     rk = rope(s.kv);
   }
   // causal_attention: contiguous q, k, v (the (B, H, T, D) views are strided), out, lse.
-  b.qc = tl.alloc(N * s.q * e);
-  b.kc = tl.alloc(N * s.kv * e);
-  b.vc = tl.alloc(N * s.kv * e);
-  b.att = tl.alloc(N * s.q * e);
-  b.lse = tl.alloc(s.B * s.heads * s.T * s.s);
+  Id result = 0;  // ring attention's output, alive until the projection has run
+  if (s.cp > 1) {
+    result = ring_attention_forward(tl, s, b);
+  } else {
+    b.qc = tl.alloc(N * s.q * e);
+    b.kc = tl.alloc(N * s.kv * e);
+    b.vc = tl.alloc(N * s.kv * e);
+    b.att = tl.alloc(N * s.q * e);
+    b.lse = tl.alloc(s.B * s.heads * s.T * s.s);
+  }
   b.ytr = tl.alloc(N * s.q * e);  // reshape of the transposed output: a copy
   b.cproj = param_cast(tl, s, C * s.q);
   const Id bproj = s.llama || s.sp ? 0 : param_cast(tl, s, C);
-  Id a = s.sp       ? tp_row_forward_sp(tl, s, s.q)
-         : s.tp > 1 ? tp_row_forward(tl, s, s.q)
-                    : tl.alloc(N * C * e);  // proj
+  Id a = s.sp     ? tp_row_forward_sp(tl, s, s.q)
+         : s.mesh ? tp_row_forward(tl, s, s.q)
+                  : tl.alloc(N * C * e);  // proj
   drop(tl, bproj);
   if (s.dropout) {  // the dropped copy replaces the branch
     const Id dropped = tl.alloc(Nr * C * e);
@@ -266,6 +277,7 @@ BlockTape block_forward(ByteTimeline& tl, const ReplayShape& s, Id x, Id* out) {
     a = dropped;
   }
   tl.free(qkv);  // the attention forward's locals die
+  drop(tl, result);
   if (s.llama) {
     tl.free(rq);
     tl.free(rk);
@@ -283,10 +295,10 @@ BlockTape block_forward(ByteTimeline& tl, const ReplayShape& s, Id x, Id* out) {
     b.up = s.sp ? tp_column_forward_sp(tl, s, C, s.F, false) : tl.alloc(N * s.F * e);
     b.act = tl.alloc(N * s.F * e);
     b.cm3 = param_cast(tl, s, C * s.F);
-    m = s.sp       ? tp_row_forward_sp(tl, s, s.F)
-        : s.tp > 1 ? tp_row_forward(tl, s, s.F)
-                   : tl.alloc(N * C * e);
-  } else if (s.tp > 1) {  // Mlp unfused: column fc (+ bias), gelu, row proj (+ bias)
+    m = s.sp     ? tp_row_forward_sp(tl, s, s.F)
+        : s.mesh ? tp_row_forward(tl, s, s.F)
+                 : tl.alloc(N * C * e);
+  } else if (s.mesh) {  // Mlp unfused: column fc (+ bias), gelu, row proj (+ bias)
     b.cm1 = param_cast(tl, s, s.F * C);
     const Id b1 = param_cast(tl, s, s.F);
     if (s.sp) {
@@ -404,7 +416,7 @@ Id block_backward(ByteTimeline& tl, const ReplayShape& s, BlockTape& b, Id g, Re
     tl.free(dxu);
     tl.free(dxg);
     tl.free(dgate);
-  } else if (s.tp > 1) {
+  } else if (s.mesh) {
     // Unfused under TP: the proj bias's add (db), the row node (dx, dW; frees gelu's output),
     // gelu's backward (frees pre), the column node (dx, all-reduced in place; dW, db).
     replicated_grad(tl, s, grads, C);
@@ -446,21 +458,31 @@ Id block_backward(ByteTimeline& tl, const ReplayShape& s, BlockTape& b, Id g, Re
   const Id gh = norm_backward_at_fork(tl, s, grads, {b.st2, b.st2b, b.h, b.cn2}, dn2, g);
   // proj (after the attention branch's dropout): dx (N, q), dW (, db); frees its input.
   const Id da = s.dropout ? tl.alloc(Nr * C * e) : 0;
-  if (bias && s.tp > 1) replicated_grad(tl, s, grads, C);  // the row layer's bias, added apart
+  if (bias && s.mesh) replicated_grad(tl, s, grads, C);  // the row layer's bias, added apart
   const Id dproj = row_backward(s.q);
-  if (bias && s.tp == 1) weight_grad(tl, s, grads, C);
+  if (bias && !s.mesh) weight_grad(tl, s, grads, C);
   tl.free(b.ytr);
   drop(tl, b.cproj);
   drop(tl, da);
   // attention: dq, dk, dv, then the strided incoming gradient made contiguous.
-  const Id dq = tl.alloc(N * s.q * e), dk = tl.alloc(N * s.kv * e), dv = tl.alloc(N * s.kv * e);
-  const Id gc = tl.alloc(N * s.q * e);
-  tl.free(gc);
-  tl.free(b.qc);
-  tl.free(b.kc);
-  tl.free(b.vc);
-  tl.free(b.att);
-  tl.free(b.lse);
+  Id dq = 0, dk = 0, dv = 0;
+  if (s.cp > 1) {
+    const RingGrads r = ring_attention_backward(tl, s, b);
+    dq = r.dq;
+    dk = r.dk;
+    dv = r.dv;
+  } else {
+    dq = tl.alloc(N * s.q * e);
+    dk = tl.alloc(N * s.kv * e);
+    dv = tl.alloc(N * s.kv * e);
+    const Id gc = tl.alloc(N * s.q * e);
+    tl.free(gc);
+    tl.free(b.qc);
+    tl.free(b.kc);
+    tl.free(b.vc);
+    tl.free(b.att);
+    tl.free(b.lse);
+  }
   tl.free(dproj);
   // Back to (B, T, features): v's reshape copies; q and k likewise, or through rope's backward.
   const Id dv2 = tl.alloc(N * s.kv * e);
@@ -571,11 +593,11 @@ StageActivations replay_forward(ByteTimeline& tl, const ReplayShape& s, int64_t 
       return sum;
     };
     if (s.llama) {
-      x = s.tp > 1 ? tp_lookup() : lookup(N);
+      x = s.mesh ? tp_lookup() : lookup(N);
     } else {  // wte rows + wpe rows (T, C) broadcast; the positions stay for wpe's backward
       const int64_t R = s.sp ? s.T / s.tp : s.T;  // this rank's rows of the sequence
       a.positions = tl.alloc(R * 4);
-      const Id tok = s.tp > 1 ? tp_lookup() : lookup(N);
+      const Id tok = s.mesh ? tp_lookup() : lookup(N);
       // Under SP wpe is used through copy_to_region: a copy of the master table for the lookup.
       const Id table = s.sp ? tl.alloc(s.max_positions * C * (mixed(s) ? s.w : e)) : 0;
       const Id pos = lookup(R);
@@ -613,7 +635,7 @@ StageActivations replay_forward(ByteTimeline& tl, const ReplayShape& s, int64_t 
     tl.free(all);
     tl.free(a.hf);
     a.hf = rows;
-  } else if (s.tp > 1) {  // copy_to_region: the head's input is a copy (its backward all-reduces)
+  } else if (s.mesh) {  // copy_to_region: the head's input is a copy (its backward all-reduces)
     const Id copy = tl.alloc(N * C * e);
     tl.free(a.hf);
     a.hf = copy;
@@ -622,7 +644,7 @@ StageActivations replay_forward(ByteTimeline& tl, const ReplayShape& s, int64_t 
   a.logits = tl.alloc(N * s.V * e);
   if (u && s.tied) u->after_forward(0);
   if (u) u->after_forward(head_unit);
-  if (s.tp > 1) {  // vocab_parallel_cross_entropy (parallel/tp/cross_entropy.cpp)
+  if (s.mesh) {  // vocab_parallel_cross_entropy (parallel/tp/cross_entropy.cpp)
     const Id lse_local = tl.alloc(N * s.s), target_logit = tl.alloc(N * s.s);
     const Id lses = tl.alloc(s.tp * N * s.s), target_sum = tl.alloc(N * s.s);
     a.lse = tl.alloc(N * s.s);
@@ -672,7 +694,7 @@ ByteTimeline::Id replay_backward(ByteTimeline& tl, const ReplayShape& s, StageAc
       dh_in = tl.alloc(stream_rows(s) * C * e);
       tl.free(send);
       tl.free(dh);
-    } else if (s.tp > 1) {  // copy_to_region's backward: the all-reduced copy
+    } else if (s.mesh) {  // copy_to_region's backward: the all-reduced copy
       dh_in = tl.alloc(N * C * e);
       tl.free(dh);
     }

@@ -74,6 +74,13 @@ struct ReplayShape {
   // rows; column layers gather them and row layers reduce-scatter back.
   int64_t tp = 1;
   bool sp = false;
+  // The model is built from the mesh's layers (parallel/mesh_layers.h: tp > 1 or cp > 1): the
+  // TP layers' code paths run even over one TP rank (no fused MLP, the vocab-parallel lookup
+  // and loss, the head's input copied).
+  bool mesh = false;
+  // Context parallelism over `cp` ranks: T above is this rank's T/cp tokens, and attention is
+  // parallel/cp/ring_attention.cpp's (train/planner/ring_replay.h).
+  int64_t cp = 1;
   int64_t s = 4;  // bytes of norm statistics, attention lse and loss rows
   // How a weight's gradient lands: kept as the parameter's .grad (the first micro-batch of a
   // single process), or added into a buffer that exists (later micro-batches, data-parallel
