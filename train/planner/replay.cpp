@@ -5,7 +5,9 @@
 #include "train/planner/replay.h"
 
 #include "core/error.h"
+#include "train/planner/replay_steps.h"
 #include "train/planner/ring_replay.h"
+#include "train/planner/tp_replay.h"
 
 namespace loom::planner {
 
@@ -30,204 +32,19 @@ void ByteTimeline::free(Id id) {
 namespace {
 
 using Id = ByteTimeline::Id;
-
-bool mixed(const ReplayShape& s) { return s.w != 0 && s.w != s.e; }
-
-// A parameter's compute-dtype cast for one use (mixed precision), or nothing.
-Id param_cast(ByteTimeline& tl, const ReplayShape& s, int64_t elements) {
-  return mixed(s) ? tl.alloc(elements * s.e) : 0;
-}
-void drop(ByteTimeline& tl, Id id) {
-  if (id) tl.free(id);
-}
-
-// A weight's gradient `g` (compute dtype, on the timeline) leaving its node: kept as .grad or
-// added into an existing buffer. Mixed precision: cast back to the master's by the cast's
-// backward first.
-void land_weight_grad(ByteTimeline& tl, const ReplayShape& s, ReplayGrads& grads, Id g,
-                      int64_t elements) {
-  if (mixed(s)) {
-    const Id master = tl.alloc(elements * s.w);
-    tl.free(g);
-    g = master;
-  }
-  if (s.keep_weight_grads) {
-    grads.kept.push_back(g);
-  } else {
-    tl.free(g);
-  }
-}
-void weight_grad(ByteTimeline& tl, const ReplayShape& s, ReplayGrads& grads, int64_t elements) {
-  land_weight_grad(tl, s, grads, tl.alloc(elements * s.e), elements);
-}
-
-// Rows of the residual stream: B·T, or B·T/tp under sequence parallelism.
-int64_t stream_rows(const ReplayShape& s) { return s.sp ? s.B * s.T / s.tp : s.B * s.T; }
-
-// A parameter every TP rank holds whole, used on sequence chunks (norms, row layers' biases):
-// through copy_to_region, a copy (of the cast, under mixed precision) the op may keep, and in
-// backward a gradient all-reduced into a fresh tensor. Without SP: the cast, if any.
-Id replicated_use(ByteTimeline& tl, const ReplayShape& s, int64_t elements) {
-  if (!s.sp) return param_cast(tl, s, elements);
-  const Id cast = param_cast(tl, s, elements);
-  const Id copy = tl.alloc(elements * s.e);
-  drop(tl, cast);
-  return copy;
-}
-void replicated_grad(ByteTimeline& tl, const ReplayShape& s, ReplayGrads& grads, int64_t elements) {
-  if (!s.sp) return weight_grad(tl, s, grads, elements);
-  const Id g = tl.alloc(elements * s.e), sum = tl.alloc(elements * s.e);
-  tl.free(g);
-  land_weight_grad(tl, s, grads, sum, elements);
-}
-
-// ColumnParallelLinear under SP (parallel/tp/layers.cpp): forward, a ring all-gather of the
-// input chunks, each multiplied (+ bias) as it passes, then concatenated to all rows.
-Id tp_column_forward_sp(ByteTimeline& tl, const ReplayShape& s, int64_t in, int64_t out,
-                        bool bias) {
-  const int64_t rows = stream_rows(s), e = s.e;
-  std::vector<Id> parts;
-  Id held = 0;  // the last received chunk
-  for (int64_t step = 0; step < s.tp; ++step) {
-    const Id next = step < s.tp - 1 ? tl.alloc(rows * in * e) : 0;
-    Id part = tl.alloc(rows * out * e);
-    if (bias) {
-      const Id with_bias = tl.alloc(rows * out * e);
-      tl.free(part);
-      part = with_bias;
-    }
-    parts.push_back(part);
-    if (next) {
-      drop(tl, held);
-      held = next;
-    }
-  }
-  drop(tl, held);
-  const Id y = tl.alloc(s.B * s.T * out * e);
-  for (Id p : parts) tl.free(p);
-  return y;
-}
-// Backward: the input all-gathered again, dX over all rows reduce-scattered (its send buffer a
-// copy), the gathered chunks concatenated for dW. Returns this rank's dX rows; the caller frees
-// the saved input, the cast and the incoming gradient.
-Id tp_column_backward_sp(ByteTimeline& tl, const ReplayShape& s, ReplayGrads& grads, int64_t in,
-                         int64_t out, bool bias) {
-  const int64_t N = s.B * s.T, e = s.e;
-  const Id gathered = tl.alloc(N * in * e), dx_full = tl.alloc(N * in * e);
-  const Id send = tl.alloc(N * in * e), dx = tl.alloc(stream_rows(s) * in * e);
-  const Id x_full = tl.alloc(N * in * e);
-  weight_grad(tl, s, grads, out * in);
-  if (bias) weight_grad(tl, s, grads, out);
-  for (Id id : {x_full, send, dx_full, gathered}) tl.free(id);
-  return dx;
-}
-// RowParallelLinear under SP: forward, a ring reduce-scatter — each chunk's rows of the input
-// copied (B > 1) and multiplied, the partial sum received added, the result sent on (kept until
-// the sends complete); then GPT-2's bias through copy_to_region. Returns (B, T/tp, C).
-Id tp_row_forward_sp(ByteTimeline& tl, const ReplayShape& s, int64_t in) {
-  const int64_t rows = stream_rows(s), e = s.e, C = s.C;
-  std::vector<Id> sent;
-  Id incoming = 0, y = 0;
-  for (int64_t step = 0; step < s.tp; ++step) {
-    const Id copy = s.B > 1 ? tl.alloc(rows * in * e) : 0;
-    Id part = tl.alloc(rows * C * e);
-    drop(tl, copy);
-    if (step > 0) {
-      const Id sum = tl.alloc(rows * C * e);
-      tl.free(part);
-      part = sum;
-    }
-    if (step < s.tp - 1) {
-      const Id buffer = tl.alloc(rows * C * e);
-      drop(tl, incoming);
-      incoming = buffer;
-      sent.push_back(part);
-    } else {
-      y = part;
-    }
-  }
-  for (Id p : sent) tl.free(p);
-  drop(tl, incoming);
-  if (!s.llama) {
-    const Id b = replicated_use(tl, s, C), with_bias = tl.alloc(rows * C * e);
-    tl.free(y);
-    tl.free(b);
-    y = with_bias;
-  }
-  return y;
-}
-// Backward: a ring all-gather of dY, each chunk's dX rows and its dW term (the input's rows
-// copied when B > 1) while the next travels, the dW terms summed, dX concatenated. The caller
-// frees the saved input and the cast; the incoming dY is the caller's.
-Id tp_row_backward_sp(ByteTimeline& tl, const ReplayShape& s, ReplayGrads& grads, int64_t in) {
-  const int64_t rows = stream_rows(s), e = s.e, C = s.C;
-  std::vector<Id> dx_parts;
-  Id held = 0, dw = 0;
-  for (int64_t step = 0; step < s.tp; ++step) {
-    const Id next = step < s.tp - 1 ? tl.alloc(rows * C * e) : 0;
-    dx_parts.push_back(tl.alloc(rows * in * e));
-    const Id copy = s.B > 1 ? tl.alloc(rows * in * e) : 0;
-    const Id d = tl.alloc(C * in * e);
-    drop(tl, copy);
-    if (dw) {
-      const Id sum = tl.alloc(C * in * e);
-      tl.free(dw);
-      tl.free(d);
-      dw = sum;
-    } else {
-      dw = d;
-    }
-    if (next) {
-      drop(tl, held);
-      held = next;
-    }
-  }
-  drop(tl, held);
-  const Id dx = tl.alloc(s.B * s.T * in * e);
-  for (Id p : dx_parts) tl.free(p);
-  land_weight_grad(tl, s, grads, dw, C * in);
-  return dx;
-}
+using namespace steps;  // NOLINT(build/namespaces): the replay's shared steps
 
 bool bqkv_needed(const ReplayShape& s) { return !s.llama; }
-
-// A RowParallelLinear's forward without sequence parallelism (parallel/tp/layers.cpp): the rows
-// in two halves, each a contiguous copy of the input's half (when B > 1) multiplied while the
-// previous half's all-reduce runs, then concatenated; GPT-2's bias is added outside the layer's
-// node (its cast, under mixed precision, is the caller's). Returns the output (B, T, C).
-Id tp_row_forward(ByteTimeline& tl, const ReplayShape& s, int64_t in) {
-  const int64_t C = s.C, e = s.e, half = s.T / 2;
-  Id y = 0;
-  if (s.tp == 1) {  // one rank (a mesh for context parallelism): one GEMM
-    y = tl.alloc(s.B * s.T * C * e);
-  } else {
-    std::vector<Id> parts;
-    for (int64_t len : {half, s.T - half}) {
-      if (len == 0) continue;
-      const Id copy = s.B > 1 ? tl.alloc(s.B * len * in * e) : 0;
-      parts.push_back(tl.alloc(s.B * len * C * e));
-      drop(tl, copy);
-    }
-    y = tl.alloc(s.B * s.T * C * e);
-    for (Id p : parts) tl.free(p);
-  }
-  if (!s.llama) {  // ops::add(y, bias)
-    const Id with_bias = tl.alloc(s.B * s.T * C * e);
-    tl.free(y);
-    y = with_bias;
-  }
-  return y;
-}
 
 // One block's forward (layers/block.cpp forward_region); x stays the caller's. Returns the
 // saved handles and sets *out to the block's output.
 BlockTape block_forward(ByteTimeline& tl, const ReplayShape& s, Id x, Id* out) {
-  const int64_t N = s.B * s.T, C = s.C, e = s.e, Nr = stream_rows(s);
+  const int64_t N = s.B * s.T, C = s.C, e = s.e, Nr = tp::stream_rows(s);
   BlockTape b;
   b.x = x;
   const int64_t norm_params = s.llama ? C : 2 * C;  // weight (, bias): layer_norm keeps both
   // norm1 (core/ops/norm.cpp): y, then mean and rstd (LayerNorm) or rstd (RMSNorm).
-  b.cn1 = replicated_use(tl, s, norm_params);
+  b.cn1 = tp::replicated_use(tl, s, norm_params);
   b.y1 = tl.alloc(Nr * C * e);
   b.st1 = tl.alloc(Nr * s.s);
   if (!s.llama) b.st1b = tl.alloc(Nr * s.s);
@@ -235,7 +52,7 @@ BlockTape block_forward(ByteTimeline& tl, const ReplayShape& s, Id x, Id* out) {
   // weight's cast stays with the node, the bias's dies with the call.
   b.cqkv = param_cast(tl, s, (s.q + 2 * s.kv) * C);
   const Id bqkv = s.llama ? 0 : param_cast(tl, s, s.q + 2 * s.kv);
-  Id qkv = s.sp ? tp_column_forward_sp(tl, s, C, s.q + 2 * s.kv, !s.llama)
+  Id qkv = s.sp ? tp::column_forward_sp(tl, s, C, s.q + 2 * s.kv, !s.llama)
                 : tl.alloc(N * (s.q + 2 * s.kv) * e);
   if (s.mesh && !s.sp && bqkv_needed(s)) {  // the column layer adds its bias after the GEMM
     const Id with_bias = tl.alloc(N * (s.q + 2 * s.kv) * e);
@@ -267,8 +84,8 @@ BlockTape block_forward(ByteTimeline& tl, const ReplayShape& s, Id x, Id* out) {
   b.ytr = tl.alloc(N * s.q * e);  // reshape of the transposed output: a copy
   b.cproj = param_cast(tl, s, C * s.q);
   const Id bproj = s.llama || s.sp ? 0 : param_cast(tl, s, C);
-  Id a = s.sp     ? tp_row_forward_sp(tl, s, s.q)
-         : s.mesh ? tp_row_forward(tl, s, s.q)
+  Id a = s.sp     ? tp::row_forward_sp(tl, s, s.q)
+         : s.mesh ? tp::row_forward(tl, s, s.q)
                   : tl.alloc(N * C * e);  // proj
   drop(tl, bproj);
   if (s.dropout) {  // the dropped copy replaces the branch
@@ -283,26 +100,26 @@ BlockTape block_forward(ByteTimeline& tl, const ReplayShape& s, Id x, Id* out) {
     tl.free(rk);
   }
   b.h = tl.alloc(Nr * C * e);  // x + a
-  b.cn2 = replicated_use(tl, s, norm_params);
+  b.cn2 = tp::replicated_use(tl, s, norm_params);
   b.y2 = tl.alloc(Nr * C * e);
   b.st2 = tl.alloc(Nr * s.s);
   if (!s.llama) b.st2b = tl.alloc(Nr * s.s);
   Id m = 0;
   if (s.llama) {  // gate, up, swiglu, down (SwiGluMlp::forward)
     b.cm1 = param_cast(tl, s, s.F * C);
-    b.gate = s.sp ? tp_column_forward_sp(tl, s, C, s.F, false) : tl.alloc(N * s.F * e);
+    b.gate = s.sp ? tp::column_forward_sp(tl, s, C, s.F, false) : tl.alloc(N * s.F * e);
     b.cm2 = param_cast(tl, s, s.F * C);
-    b.up = s.sp ? tp_column_forward_sp(tl, s, C, s.F, false) : tl.alloc(N * s.F * e);
+    b.up = s.sp ? tp::column_forward_sp(tl, s, C, s.F, false) : tl.alloc(N * s.F * e);
     b.act = tl.alloc(N * s.F * e);
     b.cm3 = param_cast(tl, s, C * s.F);
-    m = s.sp     ? tp_row_forward_sp(tl, s, s.F)
-        : s.mesh ? tp_row_forward(tl, s, s.F)
+    m = s.sp     ? tp::row_forward_sp(tl, s, s.F)
+        : s.mesh ? tp::row_forward(tl, s, s.F)
                  : tl.alloc(N * C * e);
   } else if (s.mesh) {  // Mlp unfused: column fc (+ bias), gelu, row proj (+ bias)
     b.cm1 = param_cast(tl, s, s.F * C);
     const Id b1 = param_cast(tl, s, s.F);
     if (s.sp) {
-      b.pre = tp_column_forward_sp(tl, s, C, s.F, true);
+      b.pre = tp::column_forward_sp(tl, s, C, s.F, true);
     } else {
       const Id out = tl.alloc(N * s.F * e);
       b.pre = tl.alloc(N * s.F * e);
@@ -312,7 +129,7 @@ BlockTape block_forward(ByteTimeline& tl, const ReplayShape& s, Id x, Id* out) {
     b.act = tl.alloc(N * s.F * e);  // gelu(pre): the row layer keeps it
     b.cm2 = param_cast(tl, s, C * s.F);
     const Id b2 = s.sp ? 0 : param_cast(tl, s, C);
-    m = s.sp ? tp_row_forward_sp(tl, s, s.F) : tp_row_forward(tl, s, s.F);
+    m = s.sp ? tp::row_forward_sp(tl, s, s.F) : tp::row_forward(tl, s, s.F);
     drop(tl, b2);
   } else {  // ops::gelu_mlp: pre and y kept, gelu(pre) for the second GEMM freed
     b.cm1 = param_cast(tl, s, s.F * C);
@@ -346,10 +163,10 @@ struct NormSaved {
 };
 Id norm_backward_at_fork(ByteTimeline& tl, const ReplayShape& s, ReplayGrads& grads,
                          const NormSaved& saved, Id dy, Id other) {
-  const int64_t rows_by_c = stream_rows(s) * s.C * s.e;
+  const int64_t rows_by_c = tp::stream_rows(s) * s.C * s.e;
   const Id dx = tl.alloc(rows_by_c);
-  replicated_grad(tl, s, grads, s.C);
-  if (!s.llama) replicated_grad(tl, s, grads, s.C);
+  tp::replicated_grad(tl, s, grads, s.C);
+  if (!s.llama) tp::replicated_grad(tl, s, grads, s.C);
   tl.free(saved.stat);
   if (saved.stat_b) tl.free(saved.stat_b);
   tl.free(saved.input);
@@ -374,14 +191,14 @@ Id back_to_rows(ByteTimeline& tl, const ReplayShape& s, Id d, int64_t features) 
 // The backward of one block; g (the gradient at its output) is consumed. Returns the gradient
 // at its input.
 Id block_backward(ByteTimeline& tl, const ReplayShape& s, BlockTape& b, Id g, ReplayGrads& grads) {
-  const int64_t N = s.B * s.T, C = s.C, e = s.e, q3 = s.q + 2 * s.kv, Nr = stream_rows(s);
+  const int64_t N = s.B * s.T, C = s.C, e = s.e, q3 = s.q + 2 * s.kv, Nr = tp::stream_rows(s);
   const bool bias = !s.llama;
   Id dn2 = 0;  // the gradient at norm2's output
   // Dropout's backward writes the branch's gradient anew; the MLP's first node consumes it.
   const Id dm = s.dropout ? tl.alloc(Nr * C * e) : 0;
   // A column layer's dX (all-reduced in place, or under SP reduce-scattered) and dW (, db).
   auto column_backward = [&](int64_t out, bool with_bias) {
-    if (s.sp) return tp_column_backward_sp(tl, s, grads, C, out, with_bias);
+    if (s.sp) return tp::column_backward_sp(tl, s, grads, C, out, with_bias);
     const Id dx = tl.alloc(Nr * C * e);
     weight_grad(tl, s, grads, out * C);
     if (with_bias) weight_grad(tl, s, grads, out);
@@ -389,7 +206,7 @@ Id block_backward(ByteTimeline& tl, const ReplayShape& s, BlockTape& b, Id g, Re
   };
   // A row layer's (or a plain linear's) dX over all rows and dW.
   auto row_backward = [&](int64_t in) {
-    if (s.sp) return tp_row_backward_sp(tl, s, grads, in);
+    if (s.sp) return tp::row_backward_sp(tl, s, grads, in);
     const Id dx = tl.alloc(N * in * e);
     weight_grad(tl, s, grads, C * in);
     return dx;
@@ -419,7 +236,7 @@ Id block_backward(ByteTimeline& tl, const ReplayShape& s, BlockTape& b, Id g, Re
   } else if (s.mesh) {
     // Unfused under TP: the proj bias's add (db), the row node (dx, dW; frees gelu's output),
     // gelu's backward (frees pre), the column node (dx, all-reduced in place; dW, db).
-    replicated_grad(tl, s, grads, C);
+    tp::replicated_grad(tl, s, grads, C);
     const Id dact = row_backward(s.F);
     tl.free(b.act);
     drop(tl, b.cm2);
@@ -458,7 +275,7 @@ Id block_backward(ByteTimeline& tl, const ReplayShape& s, BlockTape& b, Id g, Re
   const Id gh = norm_backward_at_fork(tl, s, grads, {b.st2, b.st2b, b.h, b.cn2}, dn2, g);
   // proj (after the attention branch's dropout): dx (N, q), dW (, db); frees its input.
   const Id da = s.dropout ? tl.alloc(Nr * C * e) : 0;
-  if (bias && s.mesh) replicated_grad(tl, s, grads, C);  // the row layer's bias, added apart
+  if (bias && s.mesh) tp::replicated_grad(tl, s, grads, C);  // the row layer's bias, added apart
   const Id dproj = row_backward(s.q);
   if (bias && !s.mesh) weight_grad(tl, s, grads, C);
   tl.free(b.ytr);
@@ -584,7 +401,7 @@ StageActivations replay_forward(ByteTimeline& tl, const ReplayShape& s, int64_t 
       Id sum = 0;
       if (s.sp) {  // reduce_scatter_to_sequence: a send copy, this rank's rows
         const Id send = tl.alloc(N * C * e);
-        sum = tl.alloc(stream_rows(s) * C * e);
+        sum = tl.alloc(tp::stream_rows(s) * C * e);
         tl.free(send);
       } else {
         sum = tl.alloc(N * C * e);
@@ -602,7 +419,7 @@ StageActivations replay_forward(ByteTimeline& tl, const ReplayShape& s, int64_t 
       const Id table = s.sp ? tl.alloc(s.max_positions * C * (mixed(s) ? s.w : e)) : 0;
       const Id pos = lookup(R);
       drop(tl, table);
-      x = tl.alloc(stream_rows(s) * C * e);
+      x = tl.alloc(tp::stream_rows(s) * C * e);
       tl.free(tok);
       tl.free(pos);
     }
@@ -625,8 +442,8 @@ StageActivations replay_forward(ByteTimeline& tl, const ReplayShape& s, int64_t 
   if (u) u->before_forward(head_unit);
   if (u && s.tied) u->before_forward(0);  // the tied head reads wte
   a.embed_x = x;                          // the last block's output, saved by the final norm
-  a.cnf = replicated_use(tl, s, s.llama ? C : 2 * C);
-  const int64_t Nr = stream_rows(s);
+  a.cnf = tp::replicated_use(tl, s, s.llama ? C : 2 * C);
+  const int64_t Nr = tp::stream_rows(s);
   a.hf = tl.alloc(Nr * C * e);
   a.stf = tl.alloc(Nr * s.s);
   if (!s.llama) a.stfb = tl.alloc(Nr * s.s);
@@ -691,16 +508,16 @@ ByteTimeline::Id replay_backward(ByteTimeline& tl, const ReplayShape& s, StageAc
     Id dh_in = dh;
     if (s.sp) {  // gather_from_sequence's backward: reduce-scatter (a send copy, this rank's rows)
       const Id send = tl.alloc(N * C * e);
-      dh_in = tl.alloc(stream_rows(s) * C * e);
+      dh_in = tl.alloc(tp::stream_rows(s) * C * e);
       tl.free(send);
       tl.free(dh);
     } else if (s.mesh) {  // copy_to_region's backward: the all-reduced copy
       dh_in = tl.alloc(N * C * e);
       tl.free(dh);
     }
-    g = tl.alloc(stream_rows(s) * C * e);  // the final norm's dx, dw (, db)
-    replicated_grad(tl, s, grads, C);
-    if (!s.llama) replicated_grad(tl, s, grads, C);
+    g = tl.alloc(tp::stream_rows(s) * C * e);  // the final norm's dx, dw (, db)
+    tp::replicated_grad(tl, s, grads, C);
+    if (!s.llama) tp::replicated_grad(tl, s, grads, C);
     tl.free(a.stf);
     if (a.stfb) tl.free(a.stfb);
     tl.free(a.embed_x);
@@ -731,7 +548,7 @@ ByteTimeline::Id replay_backward(ByteTimeline& tl, const ReplayShape& s, StageAc
     if (s.sp) {  // through copy_to_region: the table's gradient all-reduced into a copy
       ReplayShape copied = table;
       copied.sp = true;
-      replicated_grad(tl, copied, grads, s.max_positions * C);
+      tp::replicated_grad(tl, copied, grads, s.max_positions * C);
     } else {
       weight_grad(tl, table, grads, s.max_positions * C);
     }
