@@ -240,5 +240,13 @@ TEST(PlanMemory, PipelineZero1) {
   expect_planned_peak(
       {.name = "pp2_z1", .model = kGpt2Four, .dp = 2, .zero = 1, .accum = 4, .pp = 2});
 }
+TEST(PlanMemory, PipelineZero2) {
+  expect_planned_peak(
+      {.name = "pp2_z2", .model = kGpt2Four, .dp = 2, .zero = 2, .accum = 4, .pp = 2});
+}
+TEST(PlanMemory, PipelineZero3) {
+  expect_planned_peak(
+      {.name = "pp2_z3", .model = kGpt2Four, .dp = 2, .zero = 3, .accum = 4, .pp = 2});
+}
 }  // namespace
 }  // namespace loom::parallel

@@ -67,6 +67,47 @@ std::vector<int> stages_of(const ParamTensor& t, const std::vector<int64_t>& b, 
 
 int64_t round_up(int64_t n, int64_t k) { return (n + k - 1) / k * k; }
 
+// A pipeline rank's parameter units under ZeRO-2/3 (Note [Sharded stages] in
+// parallel/pp/pipeline.h), in elements: its tensors grouped by the model's unit (Note [Parameter
+// units] in layers/transformer.h) in run order, with the tied table alone on the first rank and,
+// as the tied copy, after the head on the last.
+std::vector<int64_t> stage_units(const std::vector<ParamTensor>& params,
+                                 const std::vector<int64_t>& boundaries, int64_t n_layer, bool tied,
+                                 int stages, int rank,
+                                 std::vector<std::vector<int>>* of = nullptr) {
+  const bool tied_shared = tied && boundaries.size() > 2;
+  std::vector<int64_t> units;
+  int64_t tied_copy = 0;
+  if (of) of->assign(static_cast<size_t>(n_layer) + 2, {});
+  auto add = [&](int64_t u, int64_t n) {
+    if (of) (*of)[static_cast<size_t>(u)].push_back(static_cast<int>(units.size()));
+    units.push_back(n);
+  };
+  for (int64_t u = 0; u <= n_layer + 1; ++u) {
+    int64_t alone = 0, rest = 0;
+    for (const ParamTensor& t : params) {
+      const int64_t unit = t.part == ParamTensor::Part::kInput    ? 0
+                           : t.part == ParamTensor::Part::kOutput ? n_layer + 1
+                                                                  : t.block + 1;
+      if (unit != u) continue;
+      bool owned = false;
+      for (int g : stages_of(t, boundaries, tied)) owned = owned || g % stages == rank;
+      if (!owned) continue;
+      if (t.table && tied_shared && rank == stages - 1) {
+        tied_copy += t.numel;
+      } else if (t.table && tied_shared) {
+        alone += t.numel;
+      } else {
+        rest += t.numel;
+      }
+    }
+    if (alone) add(u, alone);
+    if (rest) add(u, rest);
+  }
+  if (tied_copy) add(0, tied_copy);
+  return units;
+}
+
 // parallel/dp/bucket.cpp plan_buckets: reverse order, closed when the next tensor would pass
 // the byte budget; each padded to a multiple of shards·16 elements. Returns padded sizes.
 std::vector<int64_t> bucket_sizes(const std::vector<int64_t>& numels, int64_t elem_bytes,
@@ -102,8 +143,6 @@ void refuse_unplanned(const Config& c) {
   auto refuse = [](const std::string& key, const std::string& why) {
     throw ConfigError(key + ": the memory planner does not model " + why + " yet");
   };
-  if (p.pp > 1 && p.dp > 1 && p.zero_stage >= 2)
-    refuse("parallel.zero_stage", "a pipeline stage's sharded parameter units");
   if (p.sdp.on()) refuse("parallel.sdp", "SDP's subnetworks");
   if (p.diloco.on()) refuse("parallel.diloco", "DiLoCo's host state");
   if (c.data.packing) refuse("data.packing", "packed documents");
@@ -145,7 +184,12 @@ MemoryPlan plan_memory(const Config& cfg, const RankCoord& rank) {
   // Data parallelism re-homes the parameters into padded buckets (ZeRO-3: one per unit, Note
   // [Parameter units] in layers/transformer.h).
   std::vector<int64_t> buckets = {psi};
-  if (zero == 3) {
+  std::vector<std::vector<int>> stage_of;  // pipeline ZeRO-3: the model's unit → the stage's
+  if (pipeline && zero >= 2) {             // the stage's units, one bucket each
+    buckets = stage_units(model_parameters(m, par.tp), boundaries, m.n_layer, m.tie_embeddings,
+                          shape.stages, static_cast<int>(rank.pp), &stage_of);
+    for (int64_t& b : buckets) b = round_up(std::max<int64_t>(b, 1), shards * 16);
+  } else if (zero == 3) {
     buckets.assign(static_cast<size_t>(m.n_layer) + 2, 0);
     for (const ParamTensor& t : model_parameters(m, par.tp)) {
       const size_t u = t.part == ParamTensor::Part::kInput    ? 0
@@ -201,6 +245,8 @@ MemoryPlan plan_memory(const Config& cfg, const RankCoord& rank) {
   ReplayShape s;
   s.llama = m.is_llama();
   s.tied = m.tie_embeddings && !pipeline;  // a pipeline's last stage holds its own copy
+  s.head_reads_table = m.tie_embeddings;
+  s.layers = m.n_layer;
   s.checkpointing = m.activation_checkpointing;
   s.B = B;
   s.T = T / par.cp;  // this rank's tokens (parallel/cp: two chunks of T/2cp each)
@@ -238,14 +284,30 @@ MemoryPlan plan_memory(const Config& cfg, const RankCoord& rank) {
     pr.boundaries = boundaries;
     pr.local_grads = !dp;
     const bool ends = rank.pp == 0 || rank.pp == par.pp - 1;
-    if (m.tie_embeddings && ends) pr.tied_exchange_elements = m.padded_vocab() * m.n_embd;
-    ByteTimeline early = tl;  // the lower bound: sends complete at once
+    if (m.tie_embeddings && ends) {  // this rank's table, or its owned shard under ZeRO-2/3
+      const int64_t table = m.padded_vocab() / par.tp * m.n_embd;
+      pr.tied_exchange_elements = zero >= 2 ? round_up(table, shards * 16) / shards : table;
+    }
+    // One step on `t`; under ZeRO-3 the stage's units gathered (Note [ZeRO-3 memory]).
+    auto step = [&](ByteTimeline& t, ReplayGrads& g, bool late) {
+      std::optional<Zero3Units> inner;
+      std::optional<StageUnitEvents> units;
+      pr.late_sends = late;
+      pr.units = nullptr;
+      pr.finish_units = nullptr;
+      if (zero == 3) {
+        inner.emplace(t, buckets, shards, e, late, !par.odc);
+        units.emplace(*inner, stage_of);
+        pr.units = &*units;
+        pr.finish_units = [&inner] { inner->finish(); };
+      }
+      replay_pipeline_step(t, s, pr, g);
+    };
+    ByteTimeline early = tl;  // the lower bound: transfers complete at once
     ReplayGrads early_grads;
-    pr.late_sends = false;
-    replay_pipeline_step(early, s, pr, early_grads);
+    step(early, early_grads, false);
     plan.peak_low_bytes = early.peak();
-    pr.late_sends = true;
-    replay_pipeline_step(tl, s, pr, grads);
+    step(tl, grads, true);
   }
   // The plain runner's micro-batches; ZeRO-3's reductions complete at once (late false) or
   // one unit later (Note [ZeRO-3 memory] in train/planner/zero3.h).

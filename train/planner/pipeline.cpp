@@ -88,11 +88,16 @@ void replay_pipeline_step(ByteTimeline& tl, const ReplayShape& s, const Pipeline
         slot.act_buf = 0;
         alias = tl.alloc(0);
       }
-      slot.acts = replay_forward(tl, s, blocks, embed, head, alias);
+      ReplayShape fs = s;
+      fs.units = p.units;
+      fs.first_block = p.boundaries.at(static_cast<size_t>(g));
+      slot.acts = replay_forward(tl, fs, blocks, embed, head, alias);
       slot.output = slot.acts.output;
       continue;
     }
     ReplayShape bs = s;
+    bs.units = p.units;
+    bs.first_block = p.boundaries.at(static_cast<size_t>(g));
     bs.keep_weight_grads = p.local_grads && chunks_with_grads.insert(ins.chunk).second;
     const Id grad_alias = head ? 0 : tl.alloc(0);  // the slot owns the received gradient
     const Id gin = replay_backward(tl, bs, slot.acts, grad_alias, grads, embed, head);
@@ -110,6 +115,7 @@ void replay_pipeline_step(ByteTimeline& tl, const ReplayShape& s, const Pipeline
   }
   tl.set_context("");
   for (Id id : in_transit) tl.free(id);  // the step waits for its sends
+  if (p.finish_units) p.finish_units();
   LOOM_CHECK(slots.empty(), "memory replay: ", slots.size(), " pipeline slots left at the end");
   if (p.tied_exchange_elements > 0) {  // mine (cat), theirs, sum
     tl.set_phase("the step's end: tied embedding exchange");

@@ -29,6 +29,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <vector>
 
 #include "parallel/pp/schedule.h"
@@ -44,6 +45,10 @@ struct PipelineReplay {
   bool local_grads = true;             // weight gradients become .grad (no data parallelism)
   int64_t tied_exchange_elements = 0;  // the tied table's elements on the first/last rank, or 0
   bool late_sends = true;              // sent gradients held until the next BWD (above)
+  // ZeRO-3 over the stage's units (the model's unit numbers mapped to them; the caller's), and
+  // what the gatherer does at the step's end.
+  UnitEvents* units = nullptr;
+  std::function<void()> finish_units;
 };
 
 // Replays the step on `tl`; .grad tensors created go to grads.kept (the caller frees them).

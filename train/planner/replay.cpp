@@ -372,7 +372,7 @@ StageActivations replay_forward(ByteTimeline& tl, const ReplayShape& s, int64_t 
   StageActivations a;
   Id x = input;
   UnitEvents* u = s.units;
-  const int head_unit = static_cast<int>(blocks) + 1;
+  const int head_unit = static_cast<int>(s.layers > 0 ? s.layers : blocks) + 1;
   if (embed) {
     tl.set_phase("forward: embeddings");
     if (u) u->before_forward(0);
@@ -427,12 +427,12 @@ StageActivations replay_forward(ByteTimeline& tl, const ReplayShape& s, int64_t 
   }
   for (int64_t i = 0; i < blocks; ++i) {
     tl.set_phase("forward: block " + std::to_string(i));
-    if (u) u->before_forward(static_cast<int>(i) + 1);
+    if (u) u->before_forward(static_cast<int>(s.first_block + i) + 1);
     Id out = 0;
     a.blocks.push_back(s.checkpointing ? checkpointed_forward(tl, s, x, &out)
                                        : block_forward(tl, s, x, &out));
     x = out;
-    if (u) u->after_forward(static_cast<int>(i) + 1);
+    if (u) u->after_forward(static_cast<int>(s.first_block + i) + 1);
   }
   if (!head) {
     a.output = x;
@@ -440,8 +440,8 @@ StageActivations replay_forward(ByteTimeline& tl, const ReplayShape& s, int64_t 
   }
   tl.set_phase("forward: head and loss");
   if (u) u->before_forward(head_unit);
-  if (u && s.tied) u->before_forward(0);  // the tied head reads wte
-  a.embed_x = x;                          // the last block's output, saved by the final norm
+  if (u && s.head_reads_table) u->before_forward(0);  // the tied head reads wte
+  a.embed_x = x;  // the last block's output, saved by the final norm
   a.cnf = tp::replicated_use(tl, s, s.llama ? C : 2 * C);
   const int64_t Nr = tp::stream_rows(s);
   a.hf = tl.alloc(Nr * C * e);
@@ -459,7 +459,7 @@ StageActivations replay_forward(ByteTimeline& tl, const ReplayShape& s, int64_t 
   }
   a.chead = param_cast(tl, s, s.V * C);
   a.logits = tl.alloc(N * s.V * e);
-  if (u && s.tied) u->after_forward(0);
+  if (u && s.head_reads_table) u->after_forward(0);
   if (u) u->after_forward(head_unit);
   if (s.mesh) {  // vocab_parallel_cross_entropy (parallel/tp/cross_entropy.cpp)
     const Id lse_local = tl.alloc(N * s.s), target_logit = tl.alloc(N * s.s);
@@ -480,7 +480,8 @@ ByteTimeline::Id replay_backward(ByteTimeline& tl, const ReplayShape& s, StageAc
                                  bool head) {
   const int64_t N = s.B * s.T, C = s.C, e = s.e;
   UnitEvents* u = s.units;
-  const int head_unit = static_cast<int>(a.blocks.size()) + 1;
+  const int head_unit =
+      static_cast<int>(s.layers > 0 ? s.layers : static_cast<int64_t>(a.blocks.size())) + 1;
   Id g = grad_in;
   if (head) {
     tl.set_phase("backward: loss and head");
@@ -488,7 +489,7 @@ ByteTimeline::Id replay_backward(ByteTimeline& tl, const ReplayShape& s, StageAc
     tl.free(a.logits);
     tl.free(a.lse);
     if (u) u->before_backward(head_unit);  // the identities wrapping the logits
-    if (u && s.tied) u->before_backward(0);
+    if (u && s.head_reads_table) u->before_backward(0);
     const Id dh = tl.alloc(N * C * e);      // the head GEMM's dx, then dW (V, C)
     if (s.tied && !s.tied_partial_taken) {  // held for the embedding's contribution
       a.table_grad = tl.alloc(s.V * C * e);
@@ -501,6 +502,8 @@ ByteTimeline::Id replay_backward(ByteTimeline& tl, const ReplayShape& s, StageAc
       ReplayShape taken = s;
       taken.keep_weight_grads = s.keep_weight_grads && !s.tied;
       weight_grad(tl, taken, grads, s.V * C);
+      // A pipeline's last stage: the head's is the copy's only gradient, so its unit is ready.
+      if (u && s.head_reads_table && !s.tied) u->gradients_ready(0);
     }
     tl.free(a.hf);
     drop(tl, a.chead);
@@ -527,11 +530,11 @@ ByteTimeline::Id replay_backward(ByteTimeline& tl, const ReplayShape& s, StageAc
   }
   for (int64_t i = static_cast<int64_t>(a.blocks.size()); i-- > 0;) {
     tl.set_phase("backward: block " + std::to_string(i));
-    if (u) u->before_backward(static_cast<int>(i) + 1);
+    if (u) u->before_backward(static_cast<int>(s.first_block + i) + 1);
     BlockTape& b = a.blocks[static_cast<size_t>(i)];
     g = s.checkpointing ? checkpointed_backward(tl, s, b, g, grads)
                         : block_backward(tl, s, b, g, grads);
-    if (u) u->gradients_ready(static_cast<int>(i) + 1);
+    if (u) u->gradients_ready(static_cast<int>(s.first_block + i) + 1);
   }
   if (!embed) return g;
   tl.set_phase("backward: embeddings");

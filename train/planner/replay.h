@@ -87,6 +87,11 @@ struct ReplayShape {
   // buckets) and freed.
   bool keep_weight_grads = true;
   UnitEvents* units = nullptr;  // ZeRO-3's gatherer, or none
+  // The units' numbering is the model's: a pipeline chunk's first block is `first_block`, the
+  // head's unit is layers + 1 (0: the blocks replayed here), and a tied head re-enters unit 0
+  // when `head_reads_table` (on a pipeline's last stage: its copy of the table).
+  int64_t first_block = 0, layers = 0;
+  bool head_reads_table = false;
   // A tied table's gradient from the head is taken at once by a partial-gradient hook (DDP's
   // table shortcut in a syncing micro-batch); otherwise the autograd engine holds it until the
   // embedding's arrives and sums the two (Note [Partial gradients] in core/autograd.h).

@@ -83,4 +83,20 @@ void Zero3Units::finish() {
   std::fill(shard_written_.begin(), shard_written_.end(), false);
 }
 
+void StageUnitEvents::before_forward(int unit) {
+  for (int b : of(unit)) inner_.before_forward(b);
+}
+
+void StageUnitEvents::after_forward(int unit) {  // innermost first
+  for (auto it = of(unit).rbegin(); it != of(unit).rend(); ++it) inner_.after_forward(*it);
+}
+
+void StageUnitEvents::before_backward(int unit) {  // the outermost identity runs first
+  for (int b : of(unit)) inner_.before_backward(b);
+}
+
+void StageUnitEvents::gradients_ready(int unit) {
+  for (int b : of(unit)) inner_.gradients_ready(b);
+}
+
 }  // namespace loom::planner

@@ -18,6 +18,7 @@
 #pragma once
 
 #include <cstdint>
+#include <utility>
 #include <vector>
 
 #include "train/planner/replay.h"
@@ -56,6 +57,24 @@ class Zero3Units final : public UnitEvents {
   std::vector<int> uses_;
   std::vector<bool> shard_written_;
   std::vector<Reduce> reduces_;
+};
+
+// A pipeline stage's units (Note [Sharded stages] in parallel/pp/pipeline.h): the model's unit u
+// maps to the stage's buckets of[u] (the first rank's embeddings split into the table and the
+// rest; the last rank's tied copy under unit 0), as parallel::pp::StageUnitHooks maps them.
+class StageUnitEvents final : public UnitEvents {
+ public:
+  StageUnitEvents(UnitEvents& inner, std::vector<std::vector<int>> of)
+      : inner_(inner), of_(std::move(of)) {}
+  void before_forward(int unit) override;
+  void after_forward(int unit) override;
+  void before_backward(int unit) override;
+  void gradients_ready(int unit) override;
+
+ private:
+  const std::vector<int>& of(int unit) const { return of_.at(static_cast<size_t>(unit)); }
+  UnitEvents& inner_;
+  std::vector<std::vector<int>> of_;
 };
 
 }  // namespace loom::planner
