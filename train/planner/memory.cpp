@@ -10,6 +10,8 @@
 
 #include "core/dtype.h"
 #include "core/error.h"
+#include "layers/transformer.h"
+#include "parallel/diloco/options.h"
 #include "parallel/pp/partition.h"
 #include "train/planner/pipeline.h"
 #include "train/planner/replay.h"
@@ -138,13 +140,17 @@ std::string mib(int64_t bytes) {
   return s.str();
 }
 
+// A rank's index in the world (the mesh's order: tp fastest, then cp, dp, pp).
+int64_t rank_index(const ParallelConfig& p, const RankCoord& r) {
+  return ((r.pp * p.dp + r.dp) * p.cp + r.cp) * p.tp + r.tp;
+}
+
 void refuse_unplanned(const Config& c) {
   const ParallelConfig& p = c.parallel;
   auto refuse = [](const std::string& key, const std::string& why) {
     throw ConfigError(key + ": the memory planner does not model " + why + " yet");
   };
   if (p.sdp.on()) refuse("parallel.sdp", "SDP's subnetworks");
-  if (p.diloco.on()) refuse("parallel.diloco", "DiLoCo's host state");
   if (c.data.packing) refuse("data.packing", "packed documents");
 }
 
@@ -352,6 +358,21 @@ MemoryPlan plan_memory(const Config& cfg, const RankCoord& rank) {
          "Σ saved per block + head (docs/planning.md)");
   }
   line("step peak", plan.peak_bytes, "replayed (Note [Memory timeline])");
+  if (par.diloco.on()) {  // Note [Lanes] in parallel/diloco/island_lanes.h: host vectors
+    const parallel::diloco::DilocoOptions& o = par.diloco;
+    const int64_t island_ranks = par.dp * par.pp * par.cp * par.tp;
+    const int64_t lanes = o.lanes > 0 ? o.lanes : island_ranks;
+    if (rank_index(par, rank) < lanes) {
+      const int64_t per_lane = (count_parameters(m) + lanes - 1) / lanes;
+      const bool momentum = o.outer != "average" && o.outer_momentum > 0;
+      const bool residual = o.bits() > 0 && o.error_feedback;
+      const int64_t vectors = 1 + (momentum ? 1 : 0) + (residual ? 1 : 0);
+      line("DiLoCo outer state (host memory, apart)", vectors * per_lane * 4,
+           std::to_string(vectors) + "·4·Ψ/L (outer weights" + (momentum ? ", momentum" : "") +
+               (residual ? ", quantisation residual" : "") + "; L = " + std::to_string(lanes) +
+               " lanes), plus a lane's gather buffer during an exchange");
+    }
+  }
   if (par.odc && zero == 3) {  // Note [ODC] in parallel/odc/odc_gatherer.h
     const int64_t grad_window = par.odc_deterministic ? shards * shard : shard;
     line("ODC windows (MPI's memory, apart)", (shard + grad_window) * e,
