@@ -22,6 +22,7 @@
 #include "train/config.h"
 #include "train/planner/devices.h"
 #include "train/planner/memory.h"
+#include "train/planner/search.h"
 #include "train/trainer.h"
 
 namespace {
@@ -35,7 +36,7 @@ extern "C" void on_signal(int) {
 int usage() {
   std::cerr << "usage: train --config FILE [--set section.key=value]... [--resume latest|DIR]"
                " [--stop-at STEP] [--profile] [--print-config] [--eval] [--plan [--device "
-               "a100|h100|h200]]\n";
+               "a100|h100|h200] [--search --gpus N]]\n";
   return 2;
 }
 
@@ -46,11 +47,13 @@ int main(int argc, char** argv) {
   std::vector<std::string> overrides;
   loom::TrainerOptions options;
   bool eval_only = false, plan_only = false;
-  std::string plan_device;  // --device NAME: --plan also says whether each rank fits on one
+  std::string plan_device;   // --device NAME: --plan also says whether each rank fits on one
+  bool plan_search = false;  // --search --gpus N: every layout of N GPUs that fits (--plan)
+  std::string plan_gpus;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     if ((a == "--config" || a == "--set" || a == "--resume" || a == "--stop-at" ||
-         a == "--device") &&
+         a == "--device" || a == "--gpus") &&
         i + 1 >= argc)
       return usage();
     if (a == "--config")
@@ -82,6 +85,10 @@ int main(int argc, char** argv) {
       plan_only = true;
     else if (a == "--device" && i + 1 < argc)
       plan_device = argv[++i];
+    else if (a == "--search")
+      plan_search = true;
+    else if (a == "--gpus" && i + 1 < argc)
+      plan_gpus = argv[++i];
     else if (a == "-h" || a == "--help")
       return usage(), 0;
     else
@@ -95,6 +102,21 @@ int main(int argc, char** argv) {
       std::string last_body;
       const loom::planner::DeviceSpec* device =
           plan_device.empty() ? nullptr : &loom::planner::find_device(plan_device);
+      if (plan_search) {
+        LOOM_CONFIG_CHECK(device != nullptr, "--search: needs --device NAME (a100, h100, h200)");
+        int64_t gpus = 0;
+        size_t used = 0;
+        try {
+          gpus = std::stoll(plan_gpus, &used);
+        } catch (const std::exception&) {
+          used = 0;
+        }
+        LOOM_CONFIG_CHECK(used == plan_gpus.size() && !plan_gpus.empty() && gpus >= 1,
+                          "--gpus: expected a positive number of GPUs, got '", plan_gpus, "'");
+        std::cout << loom::planner::format_search(
+            loom::planner::search_layouts(config, gpus, *device), gpus, *device);
+        return 0;
+      }
       for (const loom::planner::MemoryPlan& p : loom::planner::plan_memory_all(config)) {
         std::string text = loom::planner::format_memory_plan(p);
         if (device) text += loom::planner::format_fit(p, *device);
