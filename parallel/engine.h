@@ -60,6 +60,11 @@ class GradientEngine {
     (void)m;
     (void)count;
   }
+  // Σ g² over every gradient element this rank holds now, before any reduction: a 0-d f64
+  // tensor on the device, or undefined where the engine cannot tell (ZeRO-2/3 and the others
+  // reduce as backward runs). Called after an accumulation micro-batch's backward, for the
+  // gradient noise scale (Note [Gradient noise scale] in train/noise_scale.h).
+  virtual Tensor local_grad_sum_squares() { return Tensor(); }
   // Note [Engine step]: the global Σ g² as a 0-d f64 tensor on the device, the same on every
   // rank. Collective. (Virtual for an engine that wraps another: it forwards.)
   virtual Tensor finish();

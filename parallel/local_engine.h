@@ -28,6 +28,7 @@ class LocalEngine final : public GradientEngine {
  protected:
   void sync() override {}
   std::vector<HeldPiece> gradients() override;
+  Tensor local_grad_sum_squares() override;
 
  private:
   NamedTensors params_;

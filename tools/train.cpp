@@ -10,6 +10,7 @@
 // parallel.pp=P pipeline parallel on dp·P ranks), runs the
 // Trainer. Config errors print one line naming the key and exit with code 2; any other error
 // on any rank ends the whole job with the message and the rank (exit code 1).
+#include <cmath>
 #include <csignal>
 #include <cstring>
 #include <iomanip>
@@ -36,7 +37,7 @@ extern "C" void on_signal(int) {
 int usage() {
   std::cerr << "usage: train --config FILE [--set section.key=value]... [--resume latest|DIR]"
                " [--stop-at STEP] [--profile] [--print-config] [--eval] [--plan [--device "
-               "a100|h100|h200] [--search --gpus N]]\n";
+               "a100|h100|h200] [--search --gpus N] [--noise-scale TOKENS]]\n";
   return 2;
 }
 
@@ -50,10 +51,12 @@ int main(int argc, char** argv) {
   std::string plan_device;   // --device NAME: --plan also says whether each rank fits on one
   bool plan_search = false;  // --search --gpus N: every layout of N GPUs that fits (--plan)
   std::string plan_gpus;
+  std::string plan_noise;  // --noise-scale TOKENS (a run's train/noise_scale_tokens): --plan
+                           // says the critical batch it implies and the dp degree reaching it
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     if ((a == "--config" || a == "--set" || a == "--resume" || a == "--stop-at" ||
-         a == "--device" || a == "--gpus") &&
+         a == "--device" || a == "--gpus" || a == "--noise-scale") &&
         i + 1 >= argc)
       return usage();
     if (a == "--config")
@@ -87,6 +90,8 @@ int main(int argc, char** argv) {
       plan_device = argv[++i];
     else if (a == "--search")
       plan_search = true;
+    else if (a == "--noise-scale" && i + 1 < argc)
+      plan_noise = argv[++i];
     else if (a == "--gpus" && i + 1 < argc)
       plan_gpus = argv[++i];
     else if (a == "-h" || a == "--help")
@@ -99,6 +104,28 @@ int main(int argc, char** argv) {
     try {
       const loom::Config config = loom::load_config(config_path, overrides);
       loom::validate_config(config);
+      if (!plan_noise.empty()) {  // Note [Gradient noise scale] in train/noise_scale.h
+        double tokens = 0;
+        size_t used = 0;
+        try {
+          tokens = std::stod(plan_noise, &used);
+        } catch (const std::exception&) {
+          used = 0;
+        }
+        LOOM_CONFIG_CHECK(used == plan_noise.size() && tokens > 0,
+                          "--noise-scale: expected a positive number of tokens, got '", plan_noise,
+                          "'");
+        const double per_replica = static_cast<double>(
+            config.data.batch_size * config.data.seq_len * config.optim.grad_accum);
+        const double now = per_replica * static_cast<double>(config.parallel.dp);
+        std::cout << std::fixed << std::setprecision(0) << "critical batch ≈ " << tokens
+                  << " tokens (the noise scale; McCandlish et al. 2018): "
+                  << tokens / static_cast<double>(config.data.seq_len)
+                  << " sequences; this config's global batch is " << now << " tokens, "
+                  << std::setprecision(2) << now / tokens << "× it; data.batch_size × "
+                  << "optim.grad_accum × dp reaches it at dp " << std::setprecision(0)
+                  << std::ceil(tokens / per_replica) << "\n";
+      }
       std::string last_body;
       const loom::planner::DeviceSpec* device =
           plan_device.empty() ? nullptr : &loom::planner::find_device(plan_device);

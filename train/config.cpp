@@ -77,6 +77,7 @@ void visit_fields(Config& c, V&& v) {
   v("train", "initial_loss_scale", t.initial_loss_scale);
   v("train", "peak_flops", t.peak_flops);
   v("train", "log_every", t.log_every);
+  v("train", "noise_scale", t.noise_scale);
   v("train", "val_every", t.val_every);
   v("train", "val_steps", t.val_steps);
   v("train", "sample_every", t.sample_every);
@@ -553,6 +554,17 @@ void validate_config(const Config& c) {
   require(t.temperature > 0, "train.temperature: must be positive, got " + str(t.temperature));
   require(t.top_k >= 0, "train.top_k: must be non-negative, got " + str(t.top_k));
   require(t.peak_flops >= 0, "train.peak_flops: must be non-negative, got " + str(t.peak_flops));
+  if (t.noise_scale) {  // Note [Gradient noise scale] in train/noise_scale.h
+    const ParallelConfig& np = c.parallel;
+    require(c.optim.grad_accum >= 2,
+            "train.noise_scale: needs optim.grad_accum >= 2 (the first micro-batch's gradient is "
+            "the small batch), got " +
+                str(c.optim.grad_accum));
+    require(np.tp == 1 && np.pp == 1 && np.cp == 1 && np.zero_stage <= 1 && !np.odc &&
+                !np.sdp.on() && !np.diloco.on() && !c.data.packing,
+            "train.noise_scale: needs data parallelism alone (one process, DDP or ZeRO-1, "
+            "windows): the other layouts reduce gradients while backward runs");
+  }
   require(!t.out_dir.empty(), "train.out_dir: must not be empty");
   require(c.checkpoint.every >= 0,
           "checkpoint.every: must be non-negative, got " + str(c.checkpoint.every));

@@ -69,6 +69,9 @@ struct TrainConfig {
   double initial_loss_scale = 65536.0;
   double peak_flops = 0;  // FLOP/s for MFU; 0 = measure with a short SGEMM at start
   int64_t log_every = 1;
+  // The gradient noise scale (train/noise_scale.h) as a metric: needs optim.grad_accum >= 2 and
+  // data parallelism alone (one process, DDP or ZeRO-1).
+  bool noise_scale = false;
   int64_t val_every = 50;  // 0 disables
   int64_t val_steps = 10;
   int64_t sample_every = 100;  // 0 disables

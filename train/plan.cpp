@@ -247,6 +247,7 @@ TrainPlan build_plan(const Config& cfg, parallel::ParallelContext* ctx, Device d
   parts.layout = plan.layers.layout;
   parts.trace = hooks.trace;
   parts.micro_batches = plan.pipe ? pipeline_microbatches(cfg) : cfg.optim.grad_accum;
+  parts.probe_first_micro_batch = cfg.train.noise_scale;
   parts.data_ranks = engine_ranks;
   plan.runner = plan.pipe ? make_pipeline_runner(parts) : make_plain_runner(parts);
   return plan;

@@ -87,6 +87,7 @@ class PlainRunner final : public StepRunner {
                     const optim::LossScaler* scaler) {
     const int64_t count = step.micro_batches();
     Tensor loss_sum;
+    first_sq_ = Tensor();
     for (int64_t m = 0; m < count; ++m) {
       p_.engine->begin_micro_batch(m, count);  // the last arms the gradient sync
       const auto t_fwd = Clock::now();
@@ -102,13 +103,25 @@ class PlainRunner final : public StepRunner {
         p_.trace->span("compute", "forward", t_fwd, t_bwd);
         p_.trace->span("compute", "backward", t_bwd, Clock::now());
       }
+      if (m == 0 && count > 1 && p_.probe_first_micro_batch) {
+        // Note [Gradient noise scale]: before the next micro-batch adds to the buffers; undone
+        // the weight and factor its loss was scaled by (the loss scaler's: by the trainer).
+        const Tensor sq = p_.engine->local_grad_sum_squares();
+        const double k = (rule.weigh ? step.weight(0) : 1.0) * rule.backward;
+        if (sq.defined()) first_sq_ = ops::scale(sq, 1.0 / (k * k));
+      }
       const Tensor l = ops::to_dtype(loss.detach(), DType::kF64);
       loss_sum = loss_sum.defined() ? ops::add(loss_sum, l) : l;
     }
     return loss_sum;
   }
 
+ public:
+  Tensor first_micro_batch_sum_squares() const override { return first_sq_; }
+
+ private:
   StepRunnerParts p_;
+  Tensor first_sq_;
 };
 
 class PipelineRunner final : public StepRunner {

@@ -72,6 +72,10 @@ class StepRunner {
   virtual std::string name() const = 0;
   // This step's pipeline schedule statistics (none for the plain runner).
   virtual std::optional<parallel::pp::PipelineStats> stats() const { return std::nullopt; }
+  // With StepRunnerParts::probe_first_micro_batch, the last step's first micro-batch's Σ g² of
+  // the gradient of its mean loss, on this rank before any reduction (Note [Gradient noise
+  // scale] in train/noise_scale.h): a 0-d f64 device tensor; undefined where there is none.
+  virtual Tensor first_micro_batch_sum_squares() const { return Tensor(); }
   // Gives every rank the row of logits the ranks holding the head computed (the last stage's,
   // under pp; the plain runner's ranks all hold it). Collective like logits().
   virtual void share_head_row(Tensor& row) { (void)row; }
@@ -88,6 +92,7 @@ struct StepRunnerParts {
   int64_t micro_batches = 1;  // optim.grad_accum, or the pipeline's micro-batches
   int64_t data_ranks = 1;     // the ranks the engine averages gradients over (Note [Packed loss])
   TraceRecorder* trace = nullptr;
+  bool probe_first_micro_batch = false;  // train.noise_scale
 };
 
 std::unique_ptr<StepRunner> make_plain_runner(const StepRunnerParts& parts);

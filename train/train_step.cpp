@@ -104,6 +104,13 @@ void Trainer::State::finish_step(PendingStep& pending, const Tensor& loss, const
     if (cfg.optim.grad_clip > 0)
       factor = optim::clip_scale_tensor(ops::reshape(sq_sum, {}), cfg.optim.grad_clip);
   }
+  if (cfg.train.noise_scale) {  // Note [Gradient noise scale] in train/noise_scale.h
+    const Tensor first = plan.runner->first_micro_batch_sum_squares();
+    if (first.defined()) {
+      pending.noise_index = static_cast<int>(numbers.size());
+      numbers.push_back(ops::reshape(ops::to_dtype(first, DType::kF64), {1}));
+    }
+  }
   pending.numbers = readback.start(ops::cat(numbers, 0));  // Note [Device step]
   plan.engine->step(r.lr, factor);
 }
@@ -127,6 +134,15 @@ void Trainer::State::report(PendingStep& p, Clock::time_point& since, bool last_
     p.r.skipped = !std::isfinite(p.r.grad_norm);
     if (!p.r.skipped) p.r.grad_norm /= v[2];
     scaler->mirror({v[3], v[4], v[5]});
+  }
+  if (p.noise_index >= 0 && !p.r.skipped) {  // both norms of the unscaled gradients
+    double small_sq = v[static_cast<size_t>(p.noise_index)];
+    if (scaler) small_sq /= v[2] * v[2];
+    const double b_small = static_cast<double>(cfg.data.batch_size * cfg.data.seq_len);
+    const double b_big = static_cast<double>(p.tokens);
+    if (b_big > b_small && std::isfinite(small_sq))
+      noise.add(small_sq, p.r.grad_norm * p.r.grad_norm, b_small, b_big);
+    p.r.noise_scale = noise.tokens();
   }
   const Clock::time_point ready =
       last_launched ? std::max(p.numbers.ready_at(), Clock::now()) : p.numbers.ready_at();
@@ -218,6 +234,7 @@ void Trainer::State::log_step(const PendingStep& p, double dt) {
          << fmt(static_cast<double>(mem.peak_bytes) / (1 << 20), 1) << " MiB";
     if (scaler)
       *log << " | loss scale " << scaler->scale() << (r.skipped ? " (overflow: step skipped)" : "");
+    if (r.noise_scale) *log << " | noise scale " << fmt(*r.noise_scale, 0) << " tok";
     if (comm.any) {  // every wait of the compute thread on the network (Note [Exposed comm])
       *log << " | comm exposed " << fmt(comm.total_s * 1e3, 1) << " ms";
       if (comm.parts.size() > 1 || comm.parts[0].first != "gradient sync") {
@@ -255,6 +272,11 @@ void Trainer::State::log_step(const PendingStep& p, double dt) {
                             {"perf/tokens_per_s", tokens / dt},
                             {"perf/mfu", mfu},
                             {"mem/peak_bytes", static_cast<double>(mem.peak_bytes)}});
+    if (r.noise_scale) {
+      metrics->write(r.step, {{"train/noise_scale_tokens", *r.noise_scale},
+                              {"train/noise_S", noise.noise()},
+                              {"train/noise_G2", noise.signal()}});
+    }
     if (scaler)
       metrics->write(r.step, {{"train/loss_scale", scaler->scale()},
                               {"train/skipped", r.skipped ? 1.0 : 0.0}});

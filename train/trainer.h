@@ -15,6 +15,7 @@
 #include <functional>
 #include <iosfwd>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -36,6 +37,8 @@ struct StepRecord {
   // Data parallelism: seconds this rank's compute thread was blocked waiting for communication
   // (gathers, pulls, the step's final synchronisation), the idle time imbalance shows up as.
   double comm_blocked_s = 0;
+  // train.noise_scale: the gradient noise scale so far, in tokens (train/noise_scale.h)
+  std::optional<double> noise_scale;
 };
 
 class Trainer;

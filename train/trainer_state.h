@@ -28,6 +28,7 @@
 #include "parallel/gradients.h"
 #include "parallel/pp/executor.h"
 #include "train/metrics.h"
+#include "train/noise_scale.h"
 #include "train/plan.h"
 #include "train/profiler.h"
 #include "train/readback.h"
@@ -74,6 +75,8 @@ struct PendingStep {
   std::vector<int64_t> rank_tokens, rank_micro_batches;
   // A step without loss tokens, skipped (Trainer::State::skipped_step): no numbers
   bool no_loss_tokens = false;
+  // train.noise_scale: where the first micro-batch's Σ g² sits in `numbers`, or -1
+  int noise_index = -1;
 };
 
 std::string fmt(double v, int precision, bool sci = false);
@@ -98,6 +101,7 @@ struct Trainer::State {
   std::unique_ptr<StepSource> val_data;
   std::unique_ptr<Tokenizer> tokenizer;
   std::unique_ptr<MetricsWriter> metrics;
+  NoiseScale noise;   // train.noise_scale (Note [Gradient noise scale] in train/noise_scale.h)
   Readback readback;  // the device step's numbers (Note [Device step])
   int64_t step = 0;
   double peak_flops = 0;

@@ -10,6 +10,7 @@
 
 #include "core/autograd.h"
 #include "core/ops/elementwise.h"
+#include "core/ops/reduce.h"
 #include "core/ops/view.h"
 #include "kernels/copy.h"
 #include "optim/adamw.h"
@@ -266,6 +267,19 @@ void DataParallel::zero_grad() {
   else
     buckets_->zero();
   synced_ = false;
+}
+
+Tensor DataParallel::local_grad_sum_squares() {
+  if (config_.zero_stage > 1 || sync_ || gatherer_) return Tensor();
+  autograd::NoGradGuard no_grad;
+  Tensor sum;
+  for (int b = 0; b < buckets_->size(); ++b) {
+    const Tensor& g = buckets_->bucket(b).grad_flat;
+    if (!g.defined()) continue;
+    const Tensor s = ops::sum_squares(g);
+    sum = sum.defined() ? ops::add(sum, s) : s;
+  }
+  return sum;
 }
 
 void DataParallel::set_sync(bool sync) {

@@ -170,6 +170,8 @@ class DataParallel final : public GradientEngine {
   void zero_grad() override;
   // The engine seam (parallel/engine.h): the last micro-batch arms the sync (set_sync).
   void begin_micro_batch(int64_t m, int64_t count) override { set_sync(m == count - 1); }
+  // Stages 0-1 between syncs: the buckets hold this rank's local gradient; else undefined.
+  Tensor local_grad_sum_squares() override;
   void step(double lr, const Tensor& factor) override { step_scaled(lr, factor); }
   std::vector<HeldPiece> trained_pieces() const override { return owned_pieces(); }
   // Whole local parameters at stages 0-2, the owned shards at stage 3.

@@ -92,6 +92,42 @@ TEST(Trainer, LossFallsWellBelowLogVocab) {
   EXPECT_EQ(lines, 40);
 }
 
+// train.noise_scale (train/noise_scale.h): one process with accumulation reports it every step,
+// in the log line and the metrics; layouts that cannot serve it are refused naming the key.
+TEST(Trainer, ReportsTheGradientNoiseScale) {
+  const std::string dir = make_data("noise");
+  std::ostringstream log;
+  Config cfg = tiny_config(dir, 6);
+  cfg.train.noise_scale = true;
+  cfg.train.log_every = 1;
+  Trainer t(cfg, quiet(log));
+  const auto records = t.run();
+  ASSERT_EQ(records.size(), 6u);
+  for (const StepRecord& r : records) {
+    ASSERT_TRUE(r.noise_scale.has_value()) << "step " << r.step;
+    EXPECT_TRUE(std::isfinite(*r.noise_scale)) << "step " << r.step;
+  }
+  EXPECT_NE(log.str().find("noise scale"), std::string::npos) << log.str();
+  std::ifstream jsonl(dir + "/run/metrics.jsonl");
+  std::stringstream all;
+  all << jsonl.rdbuf();
+  EXPECT_NE(all.str().find("train/noise_scale_tokens"), std::string::npos);
+
+  Config one = tiny_config(dir, 10);
+  one.train.noise_scale = true;
+  one.optim.grad_accum = 1;
+  try {
+    validate_config(one);
+    FAIL() << "noise_scale without accumulation must be refused";
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("train.noise_scale"), std::string::npos) << e.what();
+  }
+  Config tp = tiny_config(dir, 10);
+  tp.train.noise_scale = true;
+  tp.parallel.tp = 2;
+  EXPECT_THROW(validate_config(tp), ConfigError);
+}
+
 TEST(Trainer, ResumeIsBitIdentical) {
   const std::string dir_a = make_data("resume_a"), dir_b = make_data("resume_b");
   std::ostringstream log;
