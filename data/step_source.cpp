@@ -17,6 +17,16 @@ WindowSource::WindowSource(std::unique_ptr<DataLoader> loader, int64_t micro_bat
              micro_batches_);
 }
 
+void StepSource::set_micro_batches(int64_t m) {
+  LOOM_FAIL("this step source packs its own micro-batches; set_micro_batches(", m,
+            ") is for windows");
+}
+
+void WindowSource::set_micro_batches(int64_t m) {
+  LOOM_CHECK(m >= 1, "WindowSource: micro-batches must be positive, got ", m);
+  micro_batches_ = m;
+}
+
 StepData WindowSource::next_step() {
   StepData step;
   step.loss = StepLoss::kMean;

@@ -28,6 +28,9 @@ class StepSource {
   // What opening the data found that the log should say, one line without its newline ("" for
   // nothing): for documents the cut at max_len (Note [Loss tokens and the cut]).
   virtual std::string summary() const { return ""; }
+  // Windows: the micro-batches of the steps from now on (train.batch_ramp_steps, Note [Batch
+  // ramp] in train/config.h); documents pack their own and refuse.
+  virtual void set_micro_batches(int64_t m);
 };
 
 // Windows: a step is the loader's next `micro_batches` (B, T) batches, one micro-batch each
@@ -41,6 +44,7 @@ class WindowSource final : public StepSource {
   void set_state(LoaderState state) override { loader_->set_state(state); }
   std::string fingerprint() const override { return loader_->fingerprint(); }
   const DataLoader& loader() const { return *loader_; }
+  void set_micro_batches(int64_t m) override;
 
  private:
   std::unique_ptr<DataLoader> loader_;

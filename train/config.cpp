@@ -3,6 +3,7 @@
 
 #include <yaml-cpp/yaml.h>
 
+#include <algorithm>
 #include <cmath>
 #include <set>
 #include <sstream>
@@ -78,6 +79,8 @@ void visit_fields(Config& c, V&& v) {
   v("train", "peak_flops", t.peak_flops);
   v("train", "log_every", t.log_every);
   v("train", "noise_scale", t.noise_scale);
+  v("train", "batch_ramp_steps", t.batch_ramp_steps);
+  v("train", "batch_ramp_start", t.batch_ramp_start);
   v("train", "val_every", t.val_every);
   v("train", "val_steps", t.val_steps);
   v("train", "sample_every", t.sample_every);
@@ -554,6 +557,18 @@ void validate_config(const Config& c) {
   require(t.temperature > 0, "train.temperature: must be positive, got " + str(t.temperature));
   require(t.top_k >= 0, "train.top_k: must be non-negative, got " + str(t.top_k));
   require(t.peak_flops >= 0, "train.peak_flops: must be non-negative, got " + str(t.peak_flops));
+  if (t.batch_ramp_steps != 0) {  // Note [Batch ramp] in train/config.h
+    require(t.batch_ramp_steps > 0,
+            "train.batch_ramp_steps: must be 0 (off) or positive, got " + str(t.batch_ramp_steps));
+    require(t.batch_ramp_start >= 1 && t.batch_ramp_start < c.optim.grad_accum,
+            "train.batch_ramp_start: must be at least 1 and below optim.grad_accum " +
+                str(c.optim.grad_accum) + " (the ramp grows the accumulation), got " +
+                str(t.batch_ramp_start));
+    require(
+        c.parallel.pp == 1 && !c.data.packing && !c.parallel.sdp.on() && !c.parallel.diloco.on(),
+        "train.batch_ramp_steps: needs fixed-length windows and the plain step runner (no "
+        "pipeline, packing, SDP or DiLoCo)");
+  }
   if (t.noise_scale) {  // Note [Gradient noise scale] in train/noise_scale.h
     const ParallelConfig& np = c.parallel;
     require(c.optim.grad_accum >= 2,
@@ -613,6 +628,12 @@ int64_t pipeline_microbatches(const Config& c) {
 int64_t global_batch_sequences(const Config& c) {
   const int64_t micro = c.parallel.pp > 1 ? pipeline_microbatches(c) : c.optim.grad_accum;
   return c.data.batch_size * c.parallel.dp * micro;
+}
+
+int64_t ramp_micro_batches(const Config& c, int64_t step) {
+  const int64_t M = c.optim.grad_accum, S = c.train.batch_ramp_start, R = c.train.batch_ramp_steps;
+  if (R <= 0 || step > R) return M;
+  return std::min(M, S + (M - S) * (step - 1) / R);
 }
 
 bool uses_nccl(const Config& c) {

@@ -72,6 +72,12 @@ struct TrainConfig {
   // The gradient noise scale (train/noise_scale.h) as a metric: needs optim.grad_accum >= 2 and
   // data parallelism alone (one process, DDP or ZeRO-1).
   bool noise_scale = false;
+  // Note [Batch ramp]: over the first batch_ramp_steps steps the global batch grows linearly
+  // from batch_ramp_start accumulation micro-batches to optim.grad_accum (step t runs
+  // min(M, S + floor((M − S)·(t − 1)/R)) of them, M = grad_accum, S = start, R = steps), the
+  // micro-batch and the data-parallel degree fixed; 0 = off. Windows and the plain runner only.
+  int64_t batch_ramp_steps = 0;
+  int64_t batch_ramp_start = 1;
   int64_t val_every = 50;  // 0 disables
   int64_t val_steps = 10;
   int64_t sample_every = 100;  // 0 disables
@@ -168,6 +174,9 @@ int64_t global_batch_sequences(const Config& c);
 DType train_dtype(const std::string& name);
 // parallel.backend resolved: true when the communicators are NCCL's (nccl, or auto on cuda).
 bool uses_nccl(const Config& c);
+// The accumulation micro-batches of step t (1-based) under train.batch_ramp_steps (Note [Batch
+// ramp]); optim.grad_accum without a ramp.
+int64_t ramp_micro_batches(const Config& c, int64_t step);
 // Impossible values and combinations, each naming its key(s).
 void validate_config(const Config& c);
 // The effective configuration as YAML (every key, defaults included).

@@ -33,9 +33,11 @@ class PlainRunner final : public StepRunner {
 
   Tensor forward_backward(const StepData& step, const DropoutKey& dropout,
                           const optim::LossScaler* scaler) override {
-    LOOM_CHECK(step.loss != StepLoss::kMean || step.micro_batches() == p_.micro_batches,
+    // (Fewer under a batch ramp: Note [Batch ramp] in train/config.h.)
+    LOOM_CHECK(step.loss != StepLoss::kMean ||
+                   (step.micro_batches() >= 1 && step.micro_batches() <= p_.micro_batches),
                "plain step runner: a window step of ", step.micro_batches(),
-               " micro-batches, expected ", p_.micro_batches);
+               " micro-batches, expected at most ", p_.micro_batches);
     const LossRule rule = loss_rule(step);
     const Tensor sum = accumulate(step, rule, dropout, scaler);
     return ops::reshape(rule.share != 1.0 ? ops::scale(sum, rule.share) : sum, {1});

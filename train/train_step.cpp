@@ -34,6 +34,8 @@ PendingStep Trainer::State::train_step() {
   PendingStep pending;
   StepRecord& r = pending.r;
   r.lr = schedule.lr_at(step);
+  if (cfg.train.batch_ramp_steps > 0)  // Note [Batch ramp] in train/config.h
+    train_data->set_micro_batches(ramp_micro_batches(cfg, step + 1));
   const StepData data = train_data->next_step();
   // Every rank plans the whole step, so all skip alike (Note [Loss tokens and the cut]).
   if (data.global_loss_tokens == 0) return skipped_step(data);
@@ -223,7 +225,9 @@ void Trainer::State::log_step(const PendingStep& p, double dt) {
   // their FLOPs at the mean sequence length (for documents a lower bound of the attention
   // FLOPs: Σ s² ≥ (Σ s)² / n).
   const double tokens = static_cast<double>(p.tokens);
-  const int64_t flops_len = std::max<int64_t>(1, p.tokens / global_batch_sequences(cfg));
+  const int64_t flops_len = cfg.data.packing
+                                ? std::max<int64_t>(1, p.tokens / global_batch_sequences(cfg))
+                                : cfg.data.seq_len;
   const double mfu = model().flops_per_token(flops_len) * tokens / dt / (peak_flops * ranks);
   const AllocatorStats mem = allocator_for(device.type).stats();
   const ExposedComm comm = exposed_comm(p, ctx && ctx->tp_size() > 1, ctx && ctx->cp_size() > 1);

@@ -128,6 +128,47 @@ TEST(Trainer, ReportsTheGradientNoiseScale) {
   EXPECT_THROW(validate_config(tp), ConfigError);
 }
 
+// Note [Batch ramp] in train/config.h: a ramped run (accumulation 1, 1, 2, 2, 3, 3 over six
+// steps) is bit for bit the chain of plain runs with those accumulations, each resuming the
+// last's checkpoint: the same data positions, schedule and optimizer state.
+TEST(Trainer, BatchRampIsTheChainOfPlainRuns) {
+  const std::string dir_a = make_data("ramp_a"), dir_b = make_data("ramp_b");
+  std::ostringstream log;
+  Config ramped = tiny_config(dir_a, 6);
+  ramped.optim.grad_accum = 3;
+  ramped.train.batch_ramp_steps = 4;
+  ramped.train.batch_ramp_start = 1;
+  for (int64_t t = 1; t <= 6; ++t)
+    EXPECT_EQ(ramp_micro_batches(ramped, t), t <= 2 ? 1 : t <= 4 ? 2 : 3) << "step " << t;
+  Trainer a(ramped, quiet(log));
+  const auto full = a.run();
+  ASSERT_EQ(full.size(), 6u);
+
+  std::vector<StepRecord> chain;
+  Config plain = tiny_config(dir_b, 6);
+  for (const auto& [accum, stop] : {std::pair<int64_t, int64_t>{1, 2}, {2, 4}, {3, 0}}) {
+    plain.optim.grad_accum = accum;
+    Trainer t(plain, quiet(log, chain.empty() ? "" : "latest", stop));
+    const auto part = t.run();
+    chain.insert(chain.end(), part.begin(), part.end());
+    if (stop == 0) {
+      const auto pa = a.parameters(), pb = t.parameters();
+      ASSERT_EQ(pa.size(), pb.size());
+      for (size_t i = 0; i < pa.size(); ++i)
+        EXPECT_EQ(pa[i].second.to_vector(), pb[i].second.to_vector()) << pa[i].first;
+    }
+  }
+  ASSERT_EQ(chain.size(), full.size()) << log.str();
+  for (size_t i = 0; i < full.size(); ++i) {
+    EXPECT_EQ(chain[i].loss, full[i].loss) << "step " << i + 1;  // bit-identical
+    EXPECT_EQ(chain[i].grad_norm, full[i].grad_norm) << "step " << i + 1;
+  }
+  Config bad = tiny_config(dir_a, 6);
+  bad.train.batch_ramp_steps = 4;
+  bad.train.batch_ramp_start = 2;  // not below grad_accum 2
+  EXPECT_THROW(validate_config(bad), ConfigError);
+}
+
 TEST(Trainer, ResumeIsBitIdentical) {
   const std::string dir_a = make_data("resume_a"), dir_b = make_data("resume_b");
   std::ostringstream log;
