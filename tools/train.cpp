@@ -10,17 +10,18 @@
 // parallel.pp=P pipeline parallel on dp·P ranks), runs the
 // Trainer. Config errors print one line naming the key and exit with code 2; any other error
 // on any rank ends the whole job with the message and the rank (exit code 1).
-#include <cmath>
 #include <csignal>
 #include <cstring>
 #include <iomanip>
 #include <iostream>
 #include <memory>
+#include <optional>
 
 #include "core/error.h"
 #include "parallel/launcher.h"
 #include "parallel/parallel_context.h"
 #include "train/config.h"
+#include "train/noise_scale.h"
 #include "train/planner/devices.h"
 #include "train/planner/memory.h"
 #include "train/planner/search.h"
@@ -32,6 +33,31 @@ std::atomic<bool>* g_stop = nullptr;  // main's flag, for the signal handler onl
 
 extern "C" void on_signal(int) {
   if (g_stop) g_stop->store(true);
+}
+
+// `text`, the whole of it, as a positive integer or number; none otherwise (the caller names
+// the flag).
+std::optional<int64_t> positive_integer(const std::string& text) {
+  size_t used = 0;
+  int64_t v = 0;
+  try {
+    v = std::stoll(text, &used);
+  } catch (const std::exception&) {
+    return std::nullopt;
+  }
+  if (used != text.size() || v <= 0) return std::nullopt;
+  return v;
+}
+std::optional<double> positive_number(const std::string& text) {
+  size_t used = 0;
+  double v = 0;
+  try {
+    v = std::stod(text, &used);
+  } catch (const std::exception&) {
+    return std::nullopt;
+  }
+  if (used != text.size() || !(v > 0)) return std::nullopt;
+  return v;
 }
 
 int usage() {
@@ -68,16 +94,12 @@ int main(int argc, char** argv) {
     else if (a == "--stop-at") {
       // A positive step, validated like a config key (exit 2, naming the flag).
       const std::string v = argv[++i];
-      size_t used = 0;
-      try {
-        options.stop_at_step = std::stoll(v, &used);
-      } catch (const std::exception&) {
-        used = 0;
-      }
-      if (used != v.size() || v.empty() || options.stop_at_step <= 0) {
+      const std::optional<int64_t> step = positive_integer(v);
+      if (!step) {
         std::cerr << "config error: --stop-at: expected a positive step, got '" << v << "'\n";
         return 2;
       }
+      options.stop_at_step = *step;
     } else if (a == "--profile")
       options.profile_path = "profile";  // resolved per rank below
     else if (a == "--print-config")
@@ -105,48 +127,27 @@ int main(int argc, char** argv) {
       const loom::Config config = loom::load_config(config_path, overrides);
       loom::validate_config(config);
       if (!plan_noise.empty()) {  // Note [Gradient noise scale] in train/noise_scale.h
-        double tokens = 0;
-        size_t used = 0;
-        try {
-          tokens = std::stod(plan_noise, &used);
-        } catch (const std::exception&) {
-          used = 0;
-        }
-        LOOM_CONFIG_CHECK(used == plan_noise.size() && tokens > 0,
+        const std::optional<double> tokens = positive_number(plan_noise);
+        LOOM_CONFIG_CHECK(tokens.has_value(),
                           "--noise-scale: expected a positive number of tokens, got '", plan_noise,
                           "'");
-        const double per_replica = static_cast<double>(
-            config.data.batch_size * config.data.seq_len * config.optim.grad_accum);
-        const double now = per_replica * static_cast<double>(config.parallel.dp);
-        std::cout << std::fixed << std::setprecision(0) << "critical batch ≈ " << tokens
-                  << " tokens (the noise scale; McCandlish et al. 2018): "
-                  << tokens / static_cast<double>(config.data.seq_len)
-                  << " sequences; this config's global batch is " << now << " tokens, "
-                  << std::setprecision(2) << now / tokens << "× it; data.batch_size × "
-                  << "optim.grad_accum × dp reaches it at dp " << std::setprecision(0)
-                  << std::ceil(tokens / per_replica) << "\n";
+        std::cout << loom::format_critical_batch(config, *tokens);
       }
       std::string last_body;
       const loom::planner::DeviceSpec* device =
           plan_device.empty() ? nullptr : &loom::planner::find_device(plan_device);
       if (plan_search) {
         LOOM_CONFIG_CHECK(device != nullptr, "--search: needs --device NAME (a100, h100, h200)");
-        int64_t gpus = 0;
-        size_t used = 0;
-        try {
-          gpus = std::stoll(plan_gpus, &used);
-        } catch (const std::exception&) {
-          used = 0;
-        }
-        LOOM_CONFIG_CHECK(used == plan_gpus.size() && !plan_gpus.empty() && gpus >= 1,
-                          "--gpus: expected a positive number of GPUs, got '", plan_gpus, "'");
+        const std::optional<int64_t> gpus = positive_integer(plan_gpus);
+        LOOM_CONFIG_CHECK(gpus.has_value(), "--gpus: expected a positive number of GPUs, got '",
+                          plan_gpus, "'");
         std::cout << loom::planner::format_search(
-            loom::planner::search_layouts(config, gpus, *device), gpus, *device);
+            loom::planner::search_layouts(config, *gpus, *device), *gpus, *device);
         return 0;
       }
       for (const loom::planner::MemoryPlan& p : loom::planner::plan_memory_all(config)) {
         std::string text = loom::planner::format_memory_plan(p);
-        if (device) text += loom::planner::format_fit(p, *device);
+        if (device) text += loom::planner::format_fit(p.peak_bytes, *device);
         const std::string body = text.substr(text.find('\n'));
         if (body != last_body) std::cout << text;
         last_body = body;

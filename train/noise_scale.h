@@ -17,6 +17,9 @@
 
 #include <cstdint>
 #include <optional>
+#include <string>
+
+#include "train/config.h"
 
 namespace loom {
 
@@ -35,5 +38,10 @@ class NoiseScale {
   double s_ = 0, g2_ = 0;
   int64_t steps_ = 0;
 };
+
+// What a noise scale of `tokens` says of the config's batch (`train --plan --noise-scale N`): the
+// critical batch in tokens and sequences, the config's global batch against it, and the
+// data-parallel degree that reaches it with the config's micro-batch and accumulation.
+std::string format_critical_batch(const Config& config, double tokens);
 
 }  // namespace loom

@@ -395,12 +395,14 @@ void gemm_cuda(const Tensor& a, const Tensor& b, Tensor& c, bool trans_a, bool t
   run_gemm(g, c.device().index, alpha, beta, "gemm");
 }
 
+bool is_half_dtype(DType dt) { return dt == DType::kBF16 || dt == DType::kF16; }
+
 // Tries the fused epilogue (16-bit inputs only: for f32/f64 the unfused path keeps the CPU's
 // accuracy); true when it ran. bias is the bias (or, for DGELU_BGRAD, the bias gradient) vector
 // of length g.m, of g.out_dtype; aux the GELU input matrix (ld g.m, g.out_dtype) or null.
 bool try_fused(LtGemm g, int device, cublasLtEpilogue_t epilogue, const void* bias,
                const void* aux) {
-  if (g.in_dtype != DType::kBF16 && g.in_dtype != DType::kF16) return false;
+  if (!is_half_dtype(g.in_dtype)) return false;
   if (g.k == 0 || g.m * g.n == 0) return false;
   if (aux != nullptr && g.m % 8 != 0) return false;  // the aux ld must be a multiple of 8
   g.epilogue = epilogue;
@@ -418,8 +420,6 @@ void check_bias(const Tensor& bias, const Tensor& c, const char* name) {
              name, ": bias must be contiguous (", c.size(1), ") ", dtype_name(c.dtype()), ", got ",
              shape_str(bias.shape()), " ", dtype_name(bias.dtype()));
 }
-
-bool is_half_dtype(DType dt) { return dt == DType::kBF16 || dt == DType::kF16; }
 
 // The accumulator of an unfused epilogue (Note [Unfused epilogues]): an f32 scratch shaped like
 // out for 16-bit outputs, else out itself.

@@ -19,6 +19,7 @@
 #include "core/ops/reduce.h"
 #include "core/rng.h"
 #include "layers/transformer.h"
+#include "tests/layers/tiny_models.h"
 #include "train/config.h"
 #include "train/trainer.h"
 
@@ -72,12 +73,9 @@ std::vector<double> flat_grad(Transformer& model) {
 }
 
 TEST(NoiseScale, AgreesWithTheVarianceOfPerMicroBatchGradients) {
-  ModelConfig mc;
-  mc.arch = "gpt2";
+  ModelConfig mc = testing::tiny_gpt2();  // wider, for 16 symbols of 16-token rows
   mc.vocab_size = 64;
   mc.vocab_multiple = 32;
-  mc.n_layer = 2;
-  mc.n_head = 2;
   mc.n_embd = 32;
   mc.max_seq_len = 16;
   Transformer model(mc, DType::kF64);

@@ -27,13 +27,12 @@ TEST(PlanDevices, KnownNamesResolveAndOthersAreAConfigError) {
 
 TEST(PlanDevices, FitsOnlyWithinTheDevicesMemoryAndSaysWhatItLeavesOut) {
   const DeviceSpec& h100 = find_device("h100");
-  MemoryPlan plan;
-  plan.peak_bytes = h100.memory_bytes - kCublasLtWorkspaceBytes;
-  EXPECT_TRUE(fits(plan, h100));
-  EXPECT_EQ(format_fit(plan, h100).rfind("  fits on h100", 0), 0U) << format_fit(plan, h100);
-  plan.peak_bytes += 1;
-  EXPECT_FALSE(fits(plan, h100));
-  const std::string text = format_fit(plan, h100);
+  int64_t peak = h100.memory_bytes - kCublasLtWorkspaceBytes;
+  EXPECT_TRUE(fits(peak, h100));
+  EXPECT_EQ(format_fit(peak, h100).rfind("  fits on h100", 0), 0U) << format_fit(peak, h100);
+  peak += 1;
+  EXPECT_FALSE(fits(peak, h100));
+  const std::string text = format_fit(peak, h100);
   EXPECT_EQ(text.rfind("  does NOT fit on h100", 0), 0U) << text;
   EXPECT_NE(text.find("CUDA context"), std::string::npos) << text;
 }

@@ -30,16 +30,16 @@ const DeviceSpec& find_device(const std::string& name) {
   throw ConfigError("--device: unknown device '" + name + "' (known: " + known + ")");
 }
 
-bool fits(const MemoryPlan& plan, const DeviceSpec& device) {
-  return plan.peak_bytes + kCublasLtWorkspaceBytes <= device.memory_bytes;
+bool fits(int64_t peak_bytes, const DeviceSpec& device) {
+  return peak_bytes + kCublasLtWorkspaceBytes <= device.memory_bytes;
 }
 
-std::string format_fit(const MemoryPlan& plan, const DeviceSpec& device) {
+std::string format_fit(int64_t peak_bytes, const DeviceSpec& device) {
   const double gib = static_cast<double>(int64_t{1} << 30);
-  const int64_t need = plan.peak_bytes + kCublasLtWorkspaceBytes;
+  const int64_t need = peak_bytes + kCublasLtWorkspaceBytes;
   std::ostringstream o;
   o << std::fixed << std::setprecision(2);
-  if (fits(plan, device)) {
+  if (fits(peak_bytes, device)) {
     o << "  fits on " << device.name << ": step peak + cuBLASLt workspace " << need / gib
       << " GiB of " << device.memory_bytes / gib << " GiB (" << std::setprecision(1)
       << 100.0 * static_cast<double>(device.memory_bytes - need) /

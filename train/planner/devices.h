@@ -7,8 +7,6 @@
 #include <string>
 #include <vector>
 
-#include "train/planner/memory.h"
-
 namespace loom::planner {
 
 struct DeviceSpec {
@@ -30,10 +28,10 @@ const DeviceSpec& find_device(const std::string& name);
 // workspace (kernels/cuda/cublaslt_handle.cuh, one per device).
 constexpr int64_t kCublasLtWorkspaceBytes = int64_t{32} << 20;
 
-// "fits on h200: …" or "does NOT fit on h200: …" for one rank's plan: the step peak plus the
-// workspace against the device's memory, and what is not counted (the CUDA context, cuDNN's and
-// NCCL's own buffers).
-std::string format_fit(const MemoryPlan& plan, const DeviceSpec& device);
-bool fits(const MemoryPlan& plan, const DeviceSpec& device);
+// "fits on h200: …" or "does NOT fit on h200: …" for a rank's step peak (MemoryPlan::peak_bytes)
+// plus the workspace against the device's memory, and what is not counted (the CUDA context,
+// cuDNN's and NCCL's own buffers).
+std::string format_fit(int64_t peak_bytes, const DeviceSpec& device);
+bool fits(int64_t peak_bytes, const DeviceSpec& device);
 
 }  // namespace loom::planner

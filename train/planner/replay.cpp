@@ -22,6 +22,12 @@ ByteTimeline::Id ByteTimeline::alloc(int64_t bytes) {
   return id;
 }
 
+void ByteTimeline::replace(Id& id, int64_t bytes) {
+  const Id next = alloc(bytes);
+  free(id);
+  id = next;
+}
+
 void ByteTimeline::free(Id id) {
   auto it = live_.find(id);
   LOOM_CHECK(it != live_.end(), "memory replay: handle ", id, " freed twice or never allocated");
@@ -33,8 +39,6 @@ namespace {
 
 using Id = ByteTimeline::Id;
 using namespace steps;  // NOLINT(build/namespaces): the replay's shared steps
-
-bool bqkv_needed(const ReplayShape& s) { return !s.llama; }
 
 // One block's forward (layers/block.cpp forward_region); x stays the caller's. Returns the
 // saved handles and sets *out to the block's output.
@@ -54,10 +58,8 @@ BlockTape block_forward(ByteTimeline& tl, const ReplayShape& s, Id x, Id* out) {
   const Id bqkv = s.llama ? 0 : param_cast(tl, s, s.q + 2 * s.kv);
   Id qkv = s.sp ? tp::column_forward_sp(tl, s, C, s.q + 2 * s.kv, !s.llama)
                 : tl.alloc(N * (s.q + 2 * s.kv) * e);
-  if (s.mesh && !s.sp && bqkv_needed(s)) {  // the column layer adds its bias after the GEMM
-    const Id with_bias = tl.alloc(N * (s.q + 2 * s.kv) * e);
-    tl.free(qkv);
-    qkv = with_bias;
+  if (s.mesh && !s.sp && !s.llama) {  // the column layer adds its bias after the GEMM
+    tl.replace(qkv, N * (s.q + 2 * s.kv) * e);
   }
   drop(tl, bqkv);
   Id rq = 0, rk = 0;
@@ -89,9 +91,7 @@ BlockTape block_forward(ByteTimeline& tl, const ReplayShape& s, Id x, Id* out) {
                   : tl.alloc(N * C * e);  // proj
   drop(tl, bproj);
   if (s.dropout) {  // the dropped copy replaces the branch
-    const Id dropped = tl.alloc(Nr * C * e);
-    tl.free(a);
-    a = dropped;
+    tl.replace(a, Nr * C * e);
   }
   tl.free(qkv);  // the attention forward's locals die
   drop(tl, result);
@@ -144,9 +144,7 @@ BlockTape block_forward(ByteTimeline& tl, const ReplayShape& s, Id x, Id* out) {
     drop(tl, b2);
   }
   if (s.dropout) {
-    const Id dropped = tl.alloc(Nr * C * e);
-    tl.free(m);
-    m = dropped;
+    tl.replace(m, Nr * C * e);
   }
   *out = tl.alloc(Nr * C * e);  // h + m
   tl.free(a);                   // forward_region's locals
@@ -394,9 +392,7 @@ StageActivations replay_forward(ByteTimeline& tl, const ReplayShape& s, int64_t 
       Id partial = tl.alloc(N * C * me);
       tl.free(rows);
       if (mixed(s)) {
-        const Id cast = tl.alloc(N * C * e);
-        tl.free(partial);
-        partial = cast;
+        tl.replace(partial, N * C * e);
       }
       Id sum = 0;
       if (s.sp) {  // reduce_scatter_to_sequence: a send copy, this rank's rows
@@ -453,9 +449,7 @@ StageActivations replay_forward(ByteTimeline& tl, const ReplayShape& s, int64_t 
     tl.free(a.hf);
     a.hf = rows;
   } else if (s.mesh) {  // copy_to_region: the head's input is a copy (its backward all-reduces)
-    const Id copy = tl.alloc(N * C * e);
-    tl.free(a.hf);
-    a.hf = copy;
+    tl.replace(a.hf, N * C * e);
   }
   a.chead = param_cast(tl, s, s.V * C);
   a.logits = tl.alloc(N * s.V * e);
@@ -494,9 +488,7 @@ ByteTimeline::Id replay_backward(ByteTimeline& tl, const ReplayShape& s, StageAc
     if (s.tied && !s.tied_partial_taken) {  // held for the embedding's contribution
       a.table_grad = tl.alloc(s.V * C * e);
       if (mixed(s)) {  // what the engine holds is the cast back to the master dtype
-        const Id master = tl.alloc(s.V * C * s.w);
-        tl.free(a.table_grad);
-        a.table_grad = master;
+        tl.replace(a.table_grad, s.V * C * s.w);
       }
     } else {
       ReplayShape taken = s;

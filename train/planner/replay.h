@@ -17,6 +17,9 @@ class ByteTimeline {
   using Id = int64_t;
   Id alloc(int64_t bytes);
   void free(Id id);  // freeing a handle twice is an error of the replay (0-byte aliases are fine)
+  // An op's result of `bytes` takes `id`'s place: allocated while the old one is alive, which is
+  // then freed (a bias added, a cast, a copy that replaces its input).
+  void replace(Id& id, int64_t bytes);
   void set_phase(std::string phase) { phase_ = std::move(phase); }
   // Said before every phase in peak_at() ("mb 2, chunk 0: "), e.g. by a pipeline's replay.
   void set_context(std::string context) { context_ = std::move(context); }

@@ -26,11 +26,7 @@ inline void drop(ByteTimeline& tl, Id id) {
 // backward first.
 inline void land_weight_grad(ByteTimeline& tl, const ReplayShape& s, ReplayGrads& grads, Id g,
                              int64_t elements) {
-  if (mixed(s)) {
-    const Id master = tl.alloc(elements * s.w);
-    tl.free(g);
-    g = master;
-  }
+  if (mixed(s)) tl.replace(g, elements * s.w);
   if (s.keep_weight_grads) {
     grads.kept.push_back(g);
   } else {

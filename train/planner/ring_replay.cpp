@@ -31,9 +31,7 @@ Id ring_attention_forward(ByteTimeline& tl, const ReplayShape& s, BlockTape& b) 
   b.lse = tl.alloc(rows * stat_bytes(s));  // and their log-sum-exps
   const Id block_out = tl.alloc(N / 2 * s.q * e), block_lse = tl.alloc(rows / 2 * stat_bytes(s));
   for (int64_t step = 0; step + 1 < s.cp; ++step) {  // the next rank's k and v
-    const Id next = tl.alloc(2 * N * s.kv * e);
-    tl.free(kv);
-    kv = next;
+    tl.replace(kv, 2 * N * s.kv * e);
   }
   const Id result = tl.alloc(N * s.q * e);
   b.kc = pack_kv(tl, s);  // kept for backward
@@ -62,9 +60,7 @@ RingGrads ring_attention_backward(ByteTimeline& tl, const ReplayShape& s, BlockT
   for (int64_t step = 0; step < s.cp; ++step) {
     const Id next = step + 1 < s.cp ? tl.alloc(2 * N * s.kv * e) : 0;
     if (s.cp > 1) {  // the gradient accumulator travels on
-      const Id dkv_next = tl.alloc(2 * N * s.kv * e);
-      tl.free(dkv);
-      dkv = dkv_next;
+      tl.replace(dkv, 2 * N * s.kv * e);
     }
     if (next) {
       if (kv) tl.free(kv);

@@ -80,10 +80,8 @@ std::vector<LayoutCandidate> search_layouts(const Config& base, int64_t gpus,
             try {
               validate_config(c.config);
               c.peak_bytes = largest_peak(c.config);
-              MemoryPlan plan;
-              plan.peak_bytes = c.peak_bytes;
-              c.fits = fits(plan, device);
-              if (!c.fits) c.reason = format_fit(plan, device).substr(2);
+              c.fits = fits(c.peak_bytes, device);
+              if (!c.fits) c.reason = format_fit(c.peak_bytes, device).substr(2);
             } catch (const ConfigError& e) {
               c.reason = e.what();
             }

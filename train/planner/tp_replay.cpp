@@ -40,9 +40,7 @@ Id column_forward_sp(ByteTimeline& tl, const ReplayShape& s, int64_t in, int64_t
     const Id next = step < s.tp - 1 ? tl.alloc(rows * in * e) : 0;
     Id part = tl.alloc(rows * out * e);
     if (bias) {
-      const Id with_bias = tl.alloc(rows * out * e);
-      tl.free(part);
-      part = with_bias;
+      tl.replace(part, rows * out * e);
     }
     parts.push_back(part);
     if (next) {
@@ -81,9 +79,7 @@ Id row_forward_sp(ByteTimeline& tl, const ReplayShape& s, int64_t in) {
     Id part = tl.alloc(rows * C * e);
     drop(tl, copy);
     if (step > 0) {
-      const Id sum = tl.alloc(rows * C * e);
-      tl.free(part);
-      part = sum;
+      tl.replace(part, rows * C * e);
     }
     if (step < s.tp - 1) {
       const Id buffer = tl.alloc(rows * C * e);
@@ -158,9 +154,7 @@ Id row_forward(ByteTimeline& tl, const ReplayShape& s, int64_t in) {
     for (Id p : parts) tl.free(p);
   }
   if (!s.llama) {  // ops::add(y, bias)
-    const Id with_bias = tl.alloc(s.B * s.T * C * e);
-    tl.free(y);
-    y = with_bias;
+    tl.replace(y, s.B * s.T * C * e);
   }
   return y;
 }
