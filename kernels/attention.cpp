@@ -41,6 +41,11 @@ bool cudnn_attention_handles(DType dtype, int64_t seq_len, int64_t head_dim) {
 std::string cudnn_attention_graph_check(DType, const Shape&, const Shape&, int) {
   LOOM_FAIL("cudnn_attention_graph_check: this build has no cuDNN attention");
 }
-#endif  // else kernels/cuda/attention_cudnn.cpp defines it
+
+bool cudnn_attention_loadable(std::string* why) {
+  if (why != nullptr) *why = "this build has no cuDNN attention";
+  return false;
+}
+#endif  // else kernels/cuda/attention_cudnn.cpp defines them
 
 }  // namespace loom::kernels

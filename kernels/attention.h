@@ -86,6 +86,10 @@ bool cudnn_attention_requested();
 // frontend headers, tools/install_deps.sh).
 bool cudnn_attention_built();
 
+// Whether this process can use cuDNN's attention: the build has it and libcudnn.so.9 loads
+// (train.attention_kernel: auto). When not, `why` (if given) says which of the two failed.
+bool cudnn_attention_loadable(std::string* why = nullptr);
+
 // Whether cuDNN's attention takes this dtype, sequence length (cuDNN refuses T = 1) and head
 // size in this build (alignment is checked per call by the launcher).
 bool cudnn_attention_handles(DType dtype, int64_t seq_len, int64_t head_dim);

@@ -445,8 +445,9 @@ void validate_precision(const TrainConfig& t) {
               " needs train.device: cuda (the CPU kernels compute in f32 and f64 only)");
   require(!t.allow_tf32 || t.device == "cuda",
           "train.allow_tf32: TF32 is a CUDA feature; set train.device: cuda");
-  require(t.attention_kernel == "loom" || t.attention_kernel == "cudnn",
-          "train.attention_kernel: unknown value '" + t.attention_kernel + "' (loom, cudnn)");
+  require(
+      t.attention_kernel == "auto" || t.attention_kernel == "loom" || t.attention_kernel == "cudnn",
+      "train.attention_kernel: unknown value '" + t.attention_kernel + "' (auto, loom, cudnn)");
   require(t.attention_kernel != "cudnn" || t.device == "cuda",
           "train.attention_kernel: cudnn is a CUDA feature; set train.device: cuda");
   require(

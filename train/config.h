@@ -60,9 +60,10 @@ struct TrainConfig {
   std::string dtype = "f32";      // parameters (master weights) and optimizer state: f32 | f64
   std::string precision = "f32";  // forward/backward compute dtype, Note [Precision]
   bool allow_tf32 = false;        // cuda: f32 GEMMs may use TF32 tensor cores
-  // cuda: loom (Loom's flash kernels) | cudnn (cuDNN's fused attention where it handles the
-  // case, Note [cuDNN attention] in kernels/attention.h)
-  std::string attention_kernel = "loom";
+  // cuda: auto (cudnn where this build has it, libcudnn loads and the precision is bf16/f16;
+  // else loom) | loom (Loom's flash kernels) | cudnn (cuDNN's fused attention where it handles
+  // the case, Note [cuDNN attention] in kernels/attention.h)
+  std::string attention_kernel = "auto";
   // Dynamic loss scaling (optim/loss_scaler.h): auto (on for f16 only) | dynamic (any precision)
   // | none (not with f16); the first scale, rounded down to a power of two.
   std::string loss_scaling = "auto";

@@ -31,7 +31,7 @@ double Trainer::evaluate() {
   State& s = *s_;
   LOOM_CHECK(s.has_val(), "evaluate: no validation data (data.val is empty)");
   autograd::NoGradGuard no_grad;
-  KernelChoices kernel_choices(s.cfg.train);
+  KernelChoices kernel_choices(s.cfg.train, s.cudnn_attention);
   s.model().eval();
   s.val_data->set_state({0, 0});
   // The mean over the val batches (one window batch, or one packed step, each); under cp this
@@ -77,7 +77,7 @@ std::vector<double> Trainer::next_token_logits(const std::vector<int32_t>& conte
   State& s = *s_;
   const ModelConfig& mc = s.cfg.model;
   autograd::NoGradGuard no_grad;
-  KernelChoices kernel_choices(s.cfg.train, KernelChoices::Use::kSampling);
+  KernelChoices kernel_choices(s.cfg.train, s.cudnn_attention, KernelChoices::Use::kSampling);
   const bool was_training = s.model().training();
   s.model().eval();
   const int cp = s.cp_size(), tp = s.tp_size();

@@ -43,7 +43,7 @@ PendingStep Trainer::State::train_step() {
   const double tp_waited = ctx ? ctx->tp().waited_s() : 0;  // Note [Exposed comm]
   const double cp_waited = ctx ? ctx->cp().waited_s() : 0;
   const double pp_waited = ctx ? ctx->pp().waited_s() : 0;
-  KernelChoices kernel_choices(cfg.train);
+  KernelChoices kernel_choices(cfg.train, cudnn_attention);
   // This rank's share of the step's loss: the step runner is the one branch on the layout.
   const DropoutKey dropout{dropout_seed, step, 0};  // the masks of this step's coordinates
   const Tensor share = plan.runner->forward_backward(data, dropout, scaler.get());

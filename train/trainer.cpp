@@ -131,6 +131,26 @@ void Trainer::State::build() {
   log_setup();
 }
 
+bool resolve_attention_kernel(const TrainConfig& t, const Device& device, std::string* why) {
+  if (t.attention_kernel != "auto") {
+    *why = (t.attention_kernel == "cudnn" ? "cuDNN's fused attention where it handles the case"
+                                          : "Loom's kernels") +
+           std::string(" (train.attention_kernel: ") + t.attention_kernel + ")";
+    return t.attention_kernel == "cudnn";
+  }
+  std::string reason;
+  if (device.is_cpu()) {
+    reason = "the CPU has Loom's kernels only";
+  } else if (t.precision != "bf16" && t.precision != "f16") {
+    reason = "cuDNN's attention takes bf16/f16 only, the compute is " + t.precision;
+  } else if (kernels::cudnn_attention_loadable(&reason)) {
+    *why = "cuDNN's fused attention where it handles the case (train.attention_kernel: auto)";
+    return true;
+  }
+  *why = "Loom's kernels (train.attention_kernel: auto; " + reason + ")";
+  return false;
+}
+
 // The streams of train.seed: the initial weights draw from the seed itself
 // (build_training_plan), dropout from seed + 1 (Note [Dropout by coordinates]), sampling from
 // seed + 2.
@@ -144,6 +164,7 @@ void Trainer::State::build_device_and_scaler() {
   // A context with NCCL communicators has picked this rank's GPU already: train there.
   if (!device.is_cpu() && ctx && !ctx->device().is_cpu()) device = ctx->device();
   set_current_device(device);  // before this rank's first CUDA call (no context on GPU 0)
+  cudnn_attention = resolve_attention_kernel(cfg.train, device, &attention_choice);
   if (cfg.train.loss_scaling == "dynamic" ||
       (cfg.train.loss_scaling == "auto" && cfg.train.precision == "f16")) {
     scaler = std::make_unique<optim::LossScaler>(cfg.train.initial_loss_scale);
@@ -267,6 +288,7 @@ void Trainer::State::log_setup() const {
   // Which OpenBLAS kernel set the CPU GEMMs (and so the peak above) ran on.
   if (device.is_cpu()) *log << "; OpenBLAS " << kernels::cpu_blas_core() << " kernels";
   *log << "\n";
+  if (!device.is_cpu()) *log << "attention: " << attention_choice << "\n";
   *log << plan.describe();
   if (ctx) *log << ctx->topology() << "\n";  // how the groups map to hosts
   if (cfg.data.global_batch > 0) {           // Note [Global batch] in train/config.cpp

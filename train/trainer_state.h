@@ -40,9 +40,10 @@ namespace loom {
 using Clock = std::chrono::steady_clock;
 
 // The config's kernel choices for the calling thread, for a scope: TF32 for f32 GEMMs (Note
-// [TF32]) and cuDNN's attention (Note [cuDNN attention]). Held around every step, evaluation
-// and sampling. Sampling grows the context one token at a time, and cuDNN would build (and
-// keep) a graph for every new length, so sampling keeps Loom's attention kernels.
+// [TF32]) and cuDNN's attention (Note [cuDNN attention]; `cudnn_attention` is
+// train.attention_kernel as resolved at construction, resolve_attention_kernel). Held around
+// every step, evaluation and sampling. Sampling grows the context one token at a time, and cuDNN
+// would build (and keep) a graph for every new length, so sampling keeps Loom's attention kernels.
 class CheckpointReader;
 class CheckpointWriter;
 
@@ -50,9 +51,15 @@ struct KernelChoices {
   enum class Use { kStep, kSampling };
   kernels::AllowTf32Guard tf32;
   kernels::CudnnAttentionGuard attention;
-  explicit KernelChoices(const TrainConfig& t, Use use = Use::kStep)
-      : tf32(t.allow_tf32), attention(t.attention_kernel == "cudnn" && use == Use::kStep) {}
+  KernelChoices(const TrainConfig& t, bool cudnn_attention, Use use = Use::kStep)
+      : tf32(t.allow_tf32), attention(cudnn_attention && use == Use::kStep) {}
 };
+
+// train.attention_kernel on this device: cudnn → true, loom → false; auto → true on CUDA with
+// bf16/f16 compute where cuDNN's attention is built and libcudnn loads (measured faster in every
+// case on an H200, docs/performance.md), else false. `why` gets the reason for the choice, for
+// the setup log.
+bool resolve_attention_kernel(const TrainConfig& t, const Device& device, std::string* why);
 
 // A step as train_step() leaves it: its record, still without the numbers the device computed,
 // and the read of those numbers (Note [Device step]).
@@ -88,6 +95,8 @@ struct Trainer::State {
   std::ostream* log;
   TrainPlan plan;
   Device device;                              // train.device, resolved
+  bool cudnn_attention = false;               // train.attention_kernel, resolved
+  std::string attention_choice;               // why (resolve_attention_kernel), for the log
   std::unique_ptr<optim::LossScaler> scaler;  // train.loss_scaling (f16 by default)
   uint64_t dropout_seed = 0;                  // train.seed + 1 (Note [Dropout by coordinates])
   Generator sample_gen{0};

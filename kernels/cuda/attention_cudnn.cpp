@@ -65,9 +65,9 @@ namespace {
 
 namespace fe = ::cudnn_frontend;
 
-// Loads libcudnn.so.9 once per process; throws, naming the library and the loader's message,
-// when it cannot.
-void load_cudnn() {
+// Loads libcudnn.so.9 once per process; returns the loader's message when it could not (empty
+// when it is loaded).
+const std::string& cudnn_load_failure() {
   static std::once_flag once;
   static std::string failure;
   std::call_once(once, [] {
@@ -77,7 +77,13 @@ void load_cudnn() {
       failure = why != nullptr ? why : "unknown dlopen error";
     }
   });
-  LOOM_CHECK(fe::cudnn_dlhandle != nullptr, "cuDNN attention: cannot load libcudnn.so.9 (", failure,
+  return failure;
+}
+
+// Loads libcudnn.so.9; throws, naming the library and the loader's message, when it cannot.
+void load_cudnn() {
+  const std::string& failure = cudnn_load_failure();
+  LOOM_CHECK(failure.empty(), "cuDNN attention: cannot load libcudnn.so.9 (", failure,
              "); put cuDNN 9 on the library path or set train.attention_kernel: loom");
 }
 
@@ -285,6 +291,12 @@ std::string cudnn_attention_graph_check(DType dtype, const Shape& q_shape, const
     if (!err.is_good()) return err.get_message();
   }
   return "";
+}
+
+bool cudnn_attention_loadable(std::string* why) {
+  const std::string& failure = cuda::cudnn_load_failure();
+  if (why != nullptr && !failure.empty()) *why = "cannot load libcudnn.so.9: " + failure;
+  return failure.empty();
 }
 
 }  // namespace loom::kernels

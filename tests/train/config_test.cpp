@@ -249,9 +249,10 @@ TEST(Config, PrecisionAndDeviceKeys) {
 }
 
 TEST(Config, AttentionKernel) {
-  EXPECT_EQ(parse_config_text("").train.attention_kernel, "loom");
+  EXPECT_EQ(parse_config_text("").train.attention_kernel, "auto");
   EXPECT_EQ(error_of("train: {device: cuda, attention_kernel: flash}\n"),
-            "train.attention_kernel: unknown value 'flash' (loom, cudnn)");
+            "train.attention_kernel: unknown value 'flash' (auto, loom, cudnn)");
+  EXPECT_EQ(error_of("train: {attention_kernel: auto}\n"), "");  // Loom's kernels on the CPU
   EXPECT_EQ(error_of("train: {attention_kernel: cudnn}\n"),
             "train.attention_kernel: cudnn is a CUDA feature; set train.device: cuda");
   // Accepted on cuda exactly when this build has the cuDNN path.
