@@ -11,6 +11,7 @@
 // Trainer. Config errors print one line naming the key and exit with code 2; any other error
 // on any rank ends the whole job with the message and the rank (exit code 1).
 #include <csignal>
+#include <cstdlib>
 #include <cstring>
 #include <iomanip>
 #include <iostream>
@@ -23,8 +24,10 @@
 #include "train/config.h"
 #include "train/noise_scale.h"
 #include "train/planner/devices.h"
+#include "train/planner/links.h"
 #include "train/planner/memory.h"
 #include "train/planner/search.h"
+#include "train/planner/step_time.h"
 #include "train/trainer.h"
 
 namespace {
@@ -63,7 +66,8 @@ std::optional<double> positive_number(const std::string& text) {
 int usage() {
   std::cerr << "usage: train --config FILE [--set section.key=value]... [--resume latest|DIR]"
                " [--stop-at STEP] [--profile] [--print-config] [--eval] [--plan [--device "
-               "a100|h100|h200] [--search --gpus N] [--noise-scale TOKENS]]\n";
+               "a100|h100|h200] [--search --gpus N] [--noise-scale TOKENS] [--time "
+               "[--ranks-per-host N]]] [--calibrate-links] [--calibration FILE]\n";
   return 2;
 }
 
@@ -79,10 +83,20 @@ int main(int argc, char** argv) {
   std::string plan_gpus;
   std::string plan_noise;  // --noise-scale TOKENS (a run's train/noise_scale_tokens): --plan
                            // says the critical batch it implies and the dp degree reaching it
+  // --time: --plan also predicts the step time (train/planner/step_time.h) from the calibration
+  // file (--calibration FILE, default $LOOM_CALIBRATION or ~/.cache/loom/calibration.json),
+  // measuring what it lacks; --ranks-per-host N places the world's ranks on hosts (default: one
+  // host). --calibrate-links (under mpirun) measures the cluster's links into that file.
+  bool plan_time = false, calibrate_links = false;
+  std::string ranks_per_host = "0", calibration_path;
+  if (const char* env = std::getenv("LOOM_CALIBRATION")) calibration_path = env;
+  if (calibration_path.empty() && std::getenv("HOME") != nullptr)
+    calibration_path = std::string(std::getenv("HOME")) + "/.cache/loom/calibration.json";
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     if ((a == "--config" || a == "--set" || a == "--resume" || a == "--stop-at" ||
-         a == "--device" || a == "--gpus" || a == "--noise-scale") &&
+         a == "--device" || a == "--gpus" || a == "--noise-scale" || a == "--calibration" ||
+         a == "--ranks-per-host") &&
         i + 1 >= argc)
       return usage();
     if (a == "--config")
@@ -116,6 +130,14 @@ int main(int argc, char** argv) {
       plan_noise = argv[++i];
     else if (a == "--gpus" && i + 1 < argc)
       plan_gpus = argv[++i];
+    else if (a == "--time")
+      plan_time = true;
+    else if (a == "--calibrate-links")
+      calibrate_links = true;
+    else if (a == "--calibration")
+      calibration_path = argv[++i];
+    else if (a == "--ranks-per-host")
+      ranks_per_host = argv[++i];
     else if (a == "-h" || a == "--help")
       return usage(), 0;
     else
@@ -151,6 +173,20 @@ int main(int argc, char** argv) {
         const std::string body = text.substr(text.find('\n'));
         if (body != last_body) std::cout << text;
         last_body = body;
+      }
+      if (plan_time) {  // Note [Step-time model] in train/planner/step_time.h
+        const std::optional<int64_t> per_host =
+            ranks_per_host == "0" ? std::optional<int64_t>(0) : positive_integer(ranks_per_host);
+        LOOM_CONFIG_CHECK(per_host.has_value(),
+                          "--ranks-per-host: expected a positive number, got '", ranks_per_host,
+                          "'");
+        loom::planner::Calibration cal(calibration_path);
+        const loom::planner::StepTimePlan t =
+            loom::planner::plan_step_time(config, cal, loom::planner::links_from(cal, *per_host));
+        cal.save();
+        std::cout << "step time (predicted; " << cal.device() << ", calibration "
+                  << calibration_path << "):\n"
+                  << loom::planner::format_step_time(t);
       }
     } catch (const loom::ConfigError& e) {
       std::cerr << "config error: " << e.what() << "\n";
@@ -188,6 +224,14 @@ int main(int argc, char** argv) {
     if (!options.profile_path.empty()) {
       options.profile_path =
           config.train.out_dir + "/trace_rank" + std::to_string(mpi.rank()) + ".json";
+    }
+    if (calibrate_links) {  // train/planner/links.h
+      LOOM_CONFIG_CHECK(ctx != nullptr,
+                        "--calibrate-links: run it under mpirun with at least 2 ranks");
+      loom::planner::Calibration cal(calibration_path);
+      const std::string line = loom::planner::calibrate_links(*ctx, config, cal);
+      if (mpi.rank() == 0) std::cout << "links: " << line << " -> " << calibration_path << "\n";
+      return 0;
     }
     const bool has_val = !config.data.val.empty();
     loom::Trainer trainer(std::move(config), options);

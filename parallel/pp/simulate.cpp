@@ -37,8 +37,9 @@ struct SimRank {
 
 class Simulator {
  public:
-  Simulator(const ScheduleShape& s, const std::vector<std::vector<Instruction>>& lists)
-      : s_(s), lists_(lists), ranks_(lists.size()) {
+  Simulator(const ScheduleShape& s, const std::vector<std::vector<Instruction>>& lists,
+            const StageCosts* costs)
+      : s_(s), lists_(lists), costs_(costs), ranks_(lists.size()) {
     res_.busy.assign(lists.size(), 0);
     res_.peak_in_flight.assign(lists.size(), 0);
     for (const auto& l : lists) res_.time.emplace_back(l.size(), 0L);
@@ -46,6 +47,9 @@ class Simulator {
 
   SimulationResult run() {
     if (static_cast<int>(lists_.size()) != s_.stages) return fail("expected one list per stage");
+    const size_t stages = static_cast<size_t>(s_.num_global_stages());
+    if (costs_ && (costs_->fwd.size() != stages || costs_->bwd.size() != stages))
+      return fail("expected a forward and a backward cost per global stage");
     bool progress = true;
     while (progress && res_.error.empty()) {
       progress = false;
@@ -109,8 +113,9 @@ class Simulator {
           start = std::max(start, it->second);
         }
         res_.time[static_cast<size_t>(r)][st.pc] = start;
-        st.clock = start + 1;
-        res_.busy[static_cast<size_t>(r)] += 1;
+        const long cost = costs_ ? costs_->fwd[static_cast<size_t>(g)] : 1;
+        st.clock = start + cost;
+        res_.busy[static_cast<size_t>(r)] += cost;
         st.fwd_done.insert(key);
         res_.peak_in_flight[static_cast<size_t>(r)] =
             std::max(res_.peak_in_flight[static_cast<size_t>(r)], ++st.in_flight);
@@ -126,8 +131,9 @@ class Simulator {
           start = std::max(start, it->second);
         }
         res_.time[static_cast<size_t>(r)][st.pc] = start;
-        st.clock = start + 2;
-        res_.busy[static_cast<size_t>(r)] += 2;
+        const long cost = costs_ ? costs_->bwd[static_cast<size_t>(g)] : 2;
+        st.clock = start + cost;
+        res_.busy[static_cast<size_t>(r)] += cost;
         st.bwd_done.insert(key);
         --st.in_flight;
         break;
@@ -143,7 +149,8 @@ class Simulator {
                  false;
         if (!(grad ? st.bwd_done : st.fwd_done).count(key))
           return fail(where + "sends before computing"), false;
-        channels_[{r, ins.peer, grad}].push_back({ins.mb, to, st.clock});
+        channels_[{r, ins.peer, grad}].push_back(
+            {ins.mb, to, st.clock + (costs_ ? costs_->transfer : 0)});
         res_.time[static_cast<size_t>(r)][st.pc] = st.clock;
         break;
       }
@@ -174,6 +181,7 @@ class Simulator {
 
   const ScheduleShape& s_;
   const std::vector<std::vector<Instruction>>& lists_;
+  const StageCosts* costs_;
   std::vector<SimRank> ranks_;
   std::map<Channel, std::deque<Message>> channels_;
   SimulationResult res_;
@@ -182,8 +190,9 @@ class Simulator {
 }  // namespace
 
 SimulationResult simulate(const ScheduleShape& shape,
-                          const std::vector<std::vector<Instruction>>& lists) {
-  return Simulator(shape, lists).run();
+                          const std::vector<std::vector<Instruction>>& lists,
+                          const StageCosts* costs) {
+  return Simulator(shape, lists, costs).run();
 }
 
 std::vector<IssuePlan> communication_order(const ScheduleShape& shape,

@@ -14,6 +14,9 @@
 //                 and drain slots costs one chunk, 1/v of a stage).
 // Peak in-flight activations (micro-batch chunks forwarded but not yet backwarded) on rank r:
 //   GPipe m;  1F1B min(m, p−r);  interleaved min(v·m, 2·(p−r−1) + (v−1)·p + 1).
+// Given StageCosts, the same run prices each global stage's FWD and BWD on its own and adds a
+// transfer time to every message (the step-time model's use: train/planner/step_time.h, in
+// microseconds); the formulas above are for the default costs.
 #pragma once
 
 #include <string>
@@ -37,13 +40,21 @@ struct SimulationResult {
   double bubble_fraction(int rank) const;
 };
 
-// Runs lists[r] for every rank r together: sends complete at once, each RECV blocks until the
-// matching send has run. Checks that every FWD/BWD of (mb, chunk) runs exactly once, each BWD
-// after its FWD; that each RECV receives, in order per (sender, receiver, kind), exactly what
-// the peer sent for it, and that no message is left unreceived; and that no rank blocks
-// forever (a deadlock names each blocked rank's instruction).
+// Durations for simulate() (any integer unit): per global stage its chunk's forward and
+// backward, and the time a message takes to arrive after it is sent.
+struct StageCosts {
+  std::vector<long> fwd, bwd;  // indexed by global stage (num_global_stages() entries)
+  long transfer = 0;
+};
+
+// Runs lists[r] for every rank r together: sends complete at once (or after costs->transfer),
+// each RECV blocks until the matching send has run. Checks that every FWD/BWD of (mb, chunk) runs
+// exactly once, each BWD after its FWD; that each RECV receives, in order per (sender, receiver,
+// kind), exactly what the peer sent for it, and that no message is left unreceived; and that no
+// rank blocks forever (a deadlock names each blocked rank's instruction).
 SimulationResult simulate(const ScheduleShape& shape,
-                          const std::vector<std::vector<Instruction>>& lists);
+                          const std::vector<std::vector<Instruction>>& lists,
+                          const StageCosts* costs = nullptr);
 
 // Note [Communication order]: NCCL runs one communicator's point-to-point operations one
 // after another in issue order, and a send completes only once the peer's matching receive

@@ -66,6 +66,33 @@ TEST(PipelineSchedule, InterleavedMatchesFormula) {
   }
 }
 
+// StageCosts: the default costs (1, 2, no transfer) give the default run exactly; an
+// unbalanced pipeline is priced by its slow stage: with stage 0 nearly free, 1F1B over p = 2
+// takes stage 0's first forward, m of stage 1's forward + backward, then stage 0's last
+// backward, plus the transfers on that path.
+TEST(PipelineSchedule, StageCostsPriceEachStage) {
+  for (ScheduleKind kind :
+       {ScheduleKind::kGpipe, ScheduleKind::k1F1B, ScheduleKind::kInterleaved}) {
+    const ScheduleShape s{2, kind == ScheduleKind::kInterleaved ? 2 : 1, 4};
+    const auto lists = all_lists(kind, s);
+    const StageCosts unit{std::vector<long>(static_cast<size_t>(s.num_global_stages()), 1),
+                          std::vector<long>(static_cast<size_t>(s.num_global_stages()), 2), 0};
+    const SimulationResult a = simulate(s, lists), b = simulate(s, lists, &unit);
+    ASSERT_TRUE(a.ok && b.ok) << a.error << b.error;
+    EXPECT_EQ(a.makespan, b.makespan);
+    EXPECT_EQ(a.busy, b.busy);
+    EXPECT_EQ(a.time, b.time);
+  }
+  const ScheduleShape s{2, 1, 4};
+  const StageCosts skewed{{1, 100}, {2, 200}, 5};
+  const SimulationResult r = simulate(s, all_lists(ScheduleKind::k1F1B, s), &skewed);
+  ASSERT_TRUE(r.ok) << r.error;
+  EXPECT_EQ(r.busy[1], 4 * 300);
+  EXPECT_EQ(r.makespan, 1 + 5 + 4 * 300 + 5 + 2);
+  const StageCosts short_list{{1}, {2}, 0};
+  EXPECT_FALSE(simulate(s, all_lists(ScheduleKind::k1F1B, s), &short_list).ok);
+}
+
 TEST(PipelineSchedule, OneFOneBHoldsFewerActivationsThanGpipe) {
   const ScheduleShape s{4, 1, 16};
   const SimulationResult g = check(ScheduleKind::kGpipe, s), f = check(ScheduleKind::k1F1B, s);

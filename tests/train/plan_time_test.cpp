@@ -1,0 +1,195 @@
+// tests/train/plan_time_test.cpp — the step-time model (train/planner/step_time.h) and its
+// calibration cache (train/planner/calibrate.h): measurements are kept in the cache file and
+// read back instead of measured again; the model composes the measured parts exactly as Note
+// [Step-time model] writes (one process, accumulation, the data-parallel buckets against the
+// links, a pipeline's makespan from the simulator); what it does not cover is refused naming
+// the key. No time is asserted: every expectation is computed from the calibration's own
+// numbers. (Predicted against measured step times: tools/bench/step_time_bench.sh.)
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <cmath>
+#include <filesystem>
+#include <iomanip>
+#include <sstream>
+#include <string>
+
+#include "core/error.h"
+#include "layers/transformer.h"
+#include "train/config.h"
+#include "train/planner/calibrate.h"
+#include "train/planner/step_time.h"
+
+namespace loom::planner {
+namespace {
+
+Config tiny(const std::string& extra = "") {
+  return parse_config_text(
+      "model: {arch: gpt2, vocab_size: 64, vocab_multiple: 64, n_layer: 4, n_head: 2, n_embd: 16,"
+      " max_seq_len: 16}\n"
+      "data: {train: x.bin, batch_size: 2, seq_len: 16}\n" +
+      extra);
+}
+
+std::string temp_path(const std::string& name) {
+  return (std::filesystem::temp_directory_path() /
+          ("loom_plan_time_" + std::to_string(::getpid()) + "_" + name))
+      .string();
+}
+
+const StepTimePlan& check_line(const StepTimePlan& p, const std::string& what, double want) {
+  for (const TimeLine& l : p.lines) {
+    if (l.what == what) {
+      EXPECT_NEAR(l.seconds, want, 1e-12 + 1e-9 * want) << what;
+      return p;
+    }
+  }
+  ADD_FAILURE() << "no line '" << what << "'";
+  return p;
+}
+
+// A link whose every collective costs α + n/β (measured over 2 ranks).
+LinkModel uniform(double alpha, double beta) {
+  LinkModel l;
+  l.all_reduce = l.all_gather = l.reduce_scatter = l.send = {alpha, beta};
+  return l;
+}
+
+TEST(PlanTime, CalibrationIsCachedByDeviceAndShape) {
+  const std::string path = temp_path("cache.json");
+  const Config cfg = tiny();
+  PassTimes block, lin;
+  double opt = 0;
+  {
+    Calibration cal(path);
+    block = cal.block(cfg.model, cfg.train, 2, 16);
+    lin = cal.linear(32, 16, 48, true, "f32");
+    opt = cal.optimizer("adamw", 1000, "f32");
+    EXPECT_GT(block.total(), 0);
+    EXPECT_GT(lin.total(), 0);
+    EXPECT_GT(opt, 0);
+    cal.set_link("intra/bandwidth", 1e9);
+    cal.save();
+  }
+  ASSERT_TRUE(std::filesystem::exists(path));
+  Calibration again(path);  // read back: the same numbers, not a new measurement
+  EXPECT_EQ(again.block(cfg.model, cfg.train, 2, 16).fwd, block.fwd);
+  EXPECT_EQ(again.block(cfg.model, cfg.train, 2, 16).bwd, block.bwd);
+  EXPECT_EQ(again.linear(32, 16, 48, true, "f32").bwd, lin.bwd);
+  EXPECT_EQ(again.optimizer("adamw", 1000, "f32"), opt);
+  EXPECT_EQ(again.link("intra/bandwidth").value_or(0), 1e9);
+  EXPECT_FALSE(again.link("inter/bandwidth").has_value());
+  std::filesystem::remove(path);
+}
+
+TEST(PlanTime, ABadCacheFileIsNamed) {
+  const std::string path = temp_path("bad.json");
+  {
+    std::FILE* f = std::fopen(path.c_str(), "w");
+    std::fputs("[1, 2", f);
+    std::fclose(f);
+  }
+  try {
+    Calibration cal(path);
+    FAIL() << "a file that is not a calibration must be refused";
+  } catch (const InputError& e) {
+    EXPECT_NE(std::string(e.what()).find(path + ": not a calibration file"), std::string::npos)
+        << e.what();
+  }
+  std::filesystem::remove(path);
+}
+
+TEST(PlanTime, OneProcessIsMicroBatchesOfBlocksAndRestPlusTheUpdate) {
+  Calibration cal;
+  for (int64_t accum : {1, 3}) {
+    const Config cfg = tiny("optim: {grad_accum: " + std::to_string(accum) + "}\n");
+    const PassTimes block = cal.block(cfg.model, cfg.train, 2, 16);
+    const PassTimes rest = cal.rest(cfg.model, cfg.train, 2, 16);
+    const StepTimePlan p = plan_step_time(cfg, cal, {});
+    const double compute = accum * (4 * block.total() + rest.total());
+    check_line(p, "compute", compute);
+    const double opt = p.lines.at(1).seconds;
+    EXPECT_NEAR(p.step_s, compute + opt, 1e-12);
+    EXPECT_NEAR(p.tokens_per_s, 2.0 * 16 * accum / p.step_s, 1e-6);
+    EXPECT_EQ(p.exposed_comm_s, 0);
+  }
+}
+
+TEST(PlanTime, DataParallelExposesOnlyWhatRunsPastBackward) {
+  Calibration cal;
+  const Config base = tiny("parallel: {dp: 2}\n");
+  const PassTimes block = cal.block(base.model, base.train, 2, 16);
+  const PassTimes rest = cal.rest(base.model, base.train, 2, 16);
+  const double bwd = 4 * block.bwd + rest.bwd;
+  const double params = static_cast<double>(count_parameters(base.model));
+  const double bytes = params * 4;
+  // One bucket (the whole model is far below 25 MB): ready at the end of backward, so the
+  // all-reduce is exposed whole, α + n/β over the 2 ranks it was measured on.
+  ClusterLinks links;
+  links.intra = uniform(1e-4, 1e8);
+  const double all_reduce = 1e-4 + bytes / 1e8;
+  StepTimePlan p = plan_step_time(base, cal, links);
+  check_line(p, "dp gradients", all_reduce);
+  // Buckets of a quarter of the gradients: the first three overlap backward when the link is
+  // fast enough; what is left is the last bucket's time (each bucket's all-reduce is below a
+  // quarter of backward here by construction of the link).
+  std::ostringstream bucket;
+  bucket << std::setprecision(17) << bytes / 4 / 1e6;
+  Config small = tiny("parallel: {dp: 2, bucket_mb: " + bucket.str() + "}\n");
+  const double quarter = 0.1 * bwd;  // each bucket's all-reduce (α = 0: n/β)
+  links.intra = uniform(0, (bytes / 4) / quarter);
+  p = plan_step_time(small, cal, links);
+  check_line(p, "dp gradients", quarter);
+  // Without overlap every bucket waits for the end of backward.
+  small.parallel.overlap = false;
+  p = plan_step_time(small, cal, links);
+  check_line(p, "dp gradients", 4 * quarter);
+  // A link between hosts that was never measured is named.
+  links.ranks_per_host = 1;
+  try {
+    plan_step_time(base, cal, links);
+    FAIL() << "an unmeasured link must be refused";
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("no measured link between hosts"), std::string::npos)
+        << e.what();
+  }
+}
+
+TEST(PlanTime, APipelineIsTheSimulatorsMakespanWithEachStagesTimes) {
+  Calibration cal;
+  ClusterLinks links;
+  links.intra = uniform(0, 1e30);  // transfers free: only the schedule
+  for (const std::string schedule : {"gpipe", "1f1b"}) {
+    const Config cfg =
+        tiny("parallel: {pp: 2, schedule: " + schedule + "}\noptim: {grad_accum: 4}\n");
+    const PassTimes block = cal.block(cfg.model, cfg.train, 2, 16);
+    const PassTimes rest = cal.rest(cfg.model, cfg.train, 2, 16);
+    const double last = 2 * block.total() + rest.total();  // the slowest stage: 2 blocks + rest
+    const StepTimePlan p = plan_step_time(cfg, cal, links);
+    check_line(p, "compute", 4 * last);
+    // Stage 0 (2 blocks) feeds stage 1 faster than it computes, so the last stage works without
+    // a gap from stage 0's first forward to its last backward: the bubble is those two.
+    double bubble = -1;
+    for (const TimeLine& l : p.lines)
+      if (l.what == "pipeline bubble") bubble = l.seconds;
+    EXPECT_NEAR(bubble, 2 * block.fwd + 2 * block.bwd, 1e-5) << schedule;
+  }
+}
+
+TEST(PlanTime, WhatTheModelDoesNotCoverIsNamed) {
+  Calibration cal;
+  for (const auto& [extra, key] : std::vector<std::pair<std::string, std::string>>{
+           {"parallel: {dp: 2, zero_stage: 3, odc: true}\n", "parallel.odc"},
+           {"parallel: {dp: 2, zero_stage: 3, mics_partition_size: 1}\n",
+            "parallel.mics_partition_size"}}) {
+    try {
+      plan_step_time(tiny(extra), cal, {});
+      FAIL() << key << " must be refused";
+    } catch (const ConfigError& e) {
+      EXPECT_EQ(std::string(e.what()).rfind(key + ":", 0), 0U) << e.what();
+    }
+  }
+}
+
+}  // namespace
+}  // namespace loom::planner

@@ -1,0 +1,97 @@
+#!/usr/bin/env bash
+# tools/bench/step_time_bench.sh BUILD_DIR [RATE] — the step-time model against measurement
+# (issue 32; Note [Step-time model] in train/planner/step_time.h; docs/planning.md "Step time"):
+# for each layout, `train --plan --time` (predicted) and the median step time of a short run
+# (measured, the steps after the first two), and their error, as one markdown row each. One rank
+# per core (OMP_NUM_THREADS=1). Calibrates first, into a fresh file: the links within a host
+# (`mpirun -np 2 train --calibrate-links`) and, where a cluster can be made (root, network
+# namespaces: tools/cluster), between two hosts whose links are limited to RATE (default
+# 100mbit); the compute is measured by the first plan that needs each shape. Benchmark, not a
+# test: about 10 minutes on 2 cores.
+set -euo pipefail
+build=${1:?usage: step_time_bench.sh BUILD_DIR [RATE]}
+rate=${2:-100mbit}
+root=$(cd "$(dirname "$0")/../.." && pwd)
+bin="$(cd "$build" && pwd)/bin"
+cluster="$root/tools/cluster/cluster.sh"
+work=$(mktemp -d /tmp/loom_step_time_XXXXXX)
+id=$(printf 't%x' $$ | cut -c1-6)
+cleanup() {
+  "$cluster" down "$id" >/dev/null 2>&1 || true
+  rm -rf "$work"
+}
+trap cleanup EXIT
+export OMP_NUM_THREADS=1 LOOM_CALIBRATION="$work/calibration.json"
+steps=${LOOM_BENCH_STEPS:-10}
+"$bin/prepare_data" --input /usr/share/games/fortunes --format fortunes --out-dir "$work/data" \
+  >/dev/null 2>&1
+common=(--config "$root/configs/gpt2-tiny.yaml" --set "data.train=$work/data/train_*.bin"
+  --set "data.val=''" --set train.steps="$steps" --set train.log_every=1
+  --set train.sample_every=0 --set train.val_every=0 --set optim.warmup_steps=1
+  --set checkpoint.at_end=false --set train.peak_flops=1e12 --set parallel.comm_timeout_s=600)
+mpi=(mpirun --allow-run-as-root --oversubscribe -x OMP_NUM_THREADS -x LOOM_CALIBRATION)
+
+"${mpi[@]}" -np 2 "$bin/train" "${common[@]}" --set parallel.dp=2 --calibrate-links >&2
+hosts=0
+if "$cluster" check >/dev/null 2>&1; then
+  LOOM_CLUSTER_OWNER=$$ "$cluster" up "$id" 2 "$rate" >&2
+  "$cluster" mpirun "$id" 1 -x OMP_NUM_THREADS -x LOOM_CALIBRATION "$bin/train" "${common[@]}" \
+    --set parallel.dp=2 --calibrate-links >&2
+  hosts=2
+else
+  echo "step_time_bench: no cluster here ($("$cluster" check)): one host only" >&2
+fi
+
+echo "| layout | ranks | predicted ms | measured ms | error |"
+echo "| --- | --- | ---: | ---: | ---: |"
+errors=()
+# row NAME NP HOSTS ARGS...: predicted and measured step time of one layout.
+row() {
+  local name=$1 np=$2 on_hosts=$3
+  shift 3
+  local per_host=0 log="$work/$(echo "$name" | tr -c 'A-Za-z0-9\n' '_').log"
+  ((on_hosts > 1)) && per_host=$((np / on_hosts))
+  local predicted
+  predicted=$("$bin/train" "${common[@]}" "$@" --set train.out_dir="$work/plan" --plan --time \
+    --ranks-per-host "$per_host" | sed -n 's/^  step *\([0-9.]*\) ms.*/\1/p')
+  if ((np == 1)); then
+    "$bin/train" "${common[@]}" "$@" --set train.out_dir="$work/run" >"$log" 2>&1
+  elif ((on_hosts > 1)); then
+    "$cluster" mpirun "$id" "$per_host" -x OMP_NUM_THREADS "$bin/train" "${common[@]}" "$@" \
+      --set train.out_dir="$work/run" >"$log" 2>&1
+  else
+    "${mpi[@]}" -np "$np" "$bin/train" "${common[@]}" "$@" --set train.out_dir="$work/run" \
+      >"$log" 2>&1
+  fi
+  rm -rf "$work/run"
+  local measured
+  measured=$(grep '^step ' "$log" | tail -n +3 | sed -n 's/.*| \([0-9.]*\) ms |.*/\1/p' | sort -n |
+    awk '{v[NR] = $1} END {print (NR % 2) ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2}')
+  local err
+  err=$(echo "($predicted - $measured) / $measured * 100" | bc -l)
+  errors+=("$err")
+  printf '| %s | %s | %.1f | %.1f | %+.1f %% |\n' "$name" "$np" "$predicted" "$measured" "$err"
+}
+row "one process" 1 1
+row "one process, grad_accum 2" 1 1 --set optim.grad_accum=2
+row "one process, checkpointing" 1 1 --set model.activation_checkpointing=true
+row "dp 2 DDP" 2 1 --set parallel.dp=2
+row "dp 2 DDP, no overlap" 2 1 --set parallel.dp=2 --set parallel.overlap=false
+row "dp 2 ZeRO-1" 2 1 --set parallel.dp=2 --set parallel.zero_stage=1
+row "dp 2 ZeRO-2" 2 1 --set parallel.dp=2 --set parallel.zero_stage=2
+row "dp 2 ZeRO-3" 2 1 --set parallel.dp=2 --set parallel.zero_stage=3
+row "tp 2" 2 1 --set parallel.tp=2
+row "tp 2 + sp" 2 1 --set parallel.tp=2 --set parallel.sequence_parallel=true
+row "cp 2" 2 1 --set parallel.cp=2
+row "pp 2 1F1B, m 4" 2 1 --set parallel.pp=2 --set optim.grad_accum=4
+row "pp 2 GPipe, m 4" 2 1 --set parallel.pp=2 --set optim.grad_accum=4 --set parallel.schedule=gpipe
+row "pp 2 interleaved v 2, m 4" 2 1 --set parallel.pp=2 --set parallel.vpp=2 \
+  --set optim.grad_accum=4 --set parallel.schedule=interleaved
+if ((hosts == 2)); then
+  row "2 hosts ($rate) dp 2 DDP" 2 2 --set parallel.dp=2
+  row "2 hosts ($rate) dp 2 ZeRO-3" 2 2 --set parallel.dp=2 --set parallel.zero_stage=3
+  row "2 hosts ($rate) pp 2 1F1B, m 4" 2 2 --set parallel.pp=2 --set optim.grad_accum=4
+fi
+printf '%s\n' "${errors[@]}" | awk '{print ($1 < 0 ? -$1 : $1)}' | sort -n |
+  awk '{v[NR] = $1} END {m = (NR % 2) ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2;
+       printf "\n%d layouts: median |error| %.1f %%, worst %.1f %%\n", NR, m, v[NR]}'

@@ -1,0 +1,326 @@
+// train/planner/calibrate.cpp — the measurements of Note [Compute calibration] and their cache
+// file.
+#include "train/planner/calibrate.h"
+
+#include <omp.h>
+
+#include <algorithm>
+#include <chrono>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <sstream>
+#include <vector>
+
+#include "core/autograd.h"
+#include "core/ops/activation.h"
+#include "core/ops/attention.h"
+#include "core/ops/cross_entropy.h"
+#include "core/ops/matmul.h"
+#include "core/rng.h"
+#include "kernels/matmul.h"
+#include "layers/dropout_key.h"
+#include "layers/linear.h"
+#include "layers/transformer.h"
+#include "optim/adamw.h"
+#include "optim/clip.h"
+#include "optim/sgd.h"
+
+namespace loom::planner {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+double since(Clock::time_point t0) {
+  return std::chrono::duration<double>(Clock::now() - t0).count();
+}
+
+// The median of `reps` timed runs of fwd() then bwd() after one warm-up; each repetition is
+// repeated until it lasts 20 ms (small shapes), its time divided by the count.
+PassTimes time_passes(const std::function<Tensor()>& fwd, const std::function<void(Tensor)>& bwd,
+                      const std::function<void()>& reset, int reps = 5) {
+  bwd(fwd());
+  reset();
+  int inner = 1;
+  {
+    const auto t0 = Clock::now();
+    bwd(fwd());
+    reset();
+    const double once = since(t0);
+    inner = std::clamp(static_cast<int>(0.02 / std::max(once, 1e-7)), 1, 1000);
+  }
+  std::vector<double> f, b;
+  for (int r = 0; r < reps; ++r) {
+    double tf = 0, tb = 0;
+    for (int i = 0; i < inner; ++i) {
+      auto t0 = Clock::now();
+      Tensor y = fwd();
+      tf += since(t0);
+      t0 = Clock::now();
+      bwd(std::move(y));
+      tb += since(t0);
+      reset();
+    }
+    f.push_back(tf / inner);
+    b.push_back(tb / inner);
+  }
+  std::nth_element(f.begin(), f.begin() + reps / 2, f.end());
+  std::nth_element(b.begin(), b.begin() + reps / 2, b.end());
+  return {f[reps / 2], b[reps / 2]};
+}
+
+// The step-time model calibrates on the CPU only so far (a GPU's passes would need a device
+// synchronisation around each).
+Device device_of(const TrainConfig& t) {
+  if (t.device != "cpu") {
+    throw ConfigError("train.device: " + t.device +
+                      ": --plan's step time is calibrated on the CPU only so far "
+                      "(docs/planning.md); the memory plan does not need it");
+  }
+  return Device::cpu();
+}
+
+// The model dtype and its compute dtype (mixed precision: f32 master, 16-bit compute).
+DType master_dtype(const TrainConfig& t) { return train_dtype(t.dtype); }
+
+std::string shape_key(std::initializer_list<int64_t> dims) {
+  std::ostringstream s;
+  bool first = true;
+  for (int64_t d : dims) {
+    s << (first ? "" : "x") << d;
+    first = false;
+  }
+  return s.str();
+}
+
+// The model's settings that change its time, for the cache key.
+std::string model_key(const ModelConfig& m, const TrainConfig& t, int64_t B, int64_t T) {
+  std::ostringstream s;
+  s << m.arch << " C" << m.n_embd << " H" << m.n_head << " KV" << m.n_kv_head << " V"
+    << m.padded_vocab() << " tied" << m.tie_embeddings << " ckpt" << m.activation_checkpointing
+    << " drop" << m.dropout << " " << t.dtype << "/" << t.precision << " B" << B << " T" << T;
+  return s.str();
+}
+
+}  // namespace
+
+Calibration::Calibration(std::string path) : path_(std::move(path)) {
+  std::ostringstream d;
+  d << "cpu " << kernels::cpu_blas_core() << " ×" << omp_get_max_threads() << " threads";
+  device_ = d.str();
+  if (path_.empty() || !std::filesystem::exists(path_)) return;
+  std::ifstream in(path_);
+  nlohmann::json j = nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
+  LOOM_INPUT_CHECK(j.is_object(), path_,
+                   ": not a calibration file (a JSON object of devices); remove it to measure "
+                   "again");
+  if (j.contains(device_) && j[device_].is_object()) {
+    for (auto& [k, v] : j[device_].items()) {
+      if (v.is_number()) times_[k] = v.get<double>();
+    }
+  }
+  if (j.contains("links") && j["links"].is_object()) {
+    for (auto& [k, v] : j["links"].items()) {
+      if (v.is_number()) links_[k] = v.get<double>();
+    }
+  }
+}
+
+void Calibration::set_link(const std::string& what, double value) {
+  links_[what] = value;
+  changed_ = true;
+}
+
+std::optional<double> Calibration::link(const std::string& what) const {
+  auto it = links_.find(what);
+  if (it == links_.end()) return std::nullopt;
+  return it->second;
+}
+
+void Calibration::save() const {
+  if (path_.empty() || !changed_) return;
+  nlohmann::json j = nlohmann::json::object();
+  if (std::filesystem::exists(path_)) {
+    std::ifstream in(path_);
+    nlohmann::json old = nlohmann::json::parse(in, nullptr, false);
+    if (old.is_object()) j = old;
+  }
+  nlohmann::json mine = nlohmann::json::object();
+  for (const auto& [k, v] : times_) mine[k] = v;
+  j[device_] = mine;
+  nlohmann::json links = nlohmann::json::object();
+  for (const auto& [k, v] : links_) links[k] = v;
+  j["links"] = links;
+  const std::filesystem::path p(path_);
+  if (p.has_parent_path()) std::filesystem::create_directories(p.parent_path());
+  const std::string tmp = path_ + ".tmp";
+  {
+    std::ofstream out(tmp);
+    out << j.dump(1) << "\n";
+    LOOM_INPUT_CHECK(static_cast<bool>(out), path_, ": cannot write the calibration file");
+  }
+  std::filesystem::rename(tmp, path_);
+}
+
+PassTimes Calibration::cached(const std::string& key, const std::function<PassTimes()>& measure) {
+  auto f = times_.find(key + "/fwd"), b = times_.find(key + "/bwd");
+  if (f != times_.end() && b != times_.end()) return {f->second, b->second};
+  const PassTimes t = measure();
+  times_[key + "/fwd"] = t.fwd;
+  times_[key + "/bwd"] = t.bwd;
+  changed_ = true;
+  return t;
+}
+
+// Times the config's model at L = 1 and L = 3 and stores the block and the rest (Note [Compute
+// calibration]).
+void Calibration::model_times(const ModelConfig& m, const TrainConfig& t, int64_t B, int64_t T) {
+  const std::string key = model_key(m, t, B, T);
+  if (times_.count("block " + key + "/fwd") && times_.count("rest " + key + "/fwd")) return;
+  const PassTimes one = model_now(m, t, B, T, 1), three = model_now(m, t, B, T, 3);
+  const PassTimes block{std::max(0.0, (three.fwd - one.fwd) / 2),
+                        std::max(0.0, (three.bwd - one.bwd) / 2)};
+  times_["block " + key + "/fwd"] = block.fwd;
+  times_["block " + key + "/bwd"] = block.bwd;
+  times_["rest " + key + "/fwd"] = std::max(0.0, one.fwd - block.fwd);
+  times_["rest " + key + "/bwd"] = std::max(0.0, one.bwd - block.bwd);
+  changed_ = true;
+}
+
+PassTimes Calibration::model_now(const ModelConfig& m, const TrainConfig& t, int64_t B, int64_t T,
+                                 int64_t layers) {
+  ModelConfig mc = m;
+  mc.n_layer = layers;
+  Transformer model(mc, master_dtype(t), device_of(t));
+  Generator gen(1);
+  model.init_weights(gen);
+  if (t.precision != t.dtype) model.set_compute_dtype(train_dtype(t.precision));
+  model.train();
+  Tensor ids = randint({B, T}, 0, m.vocab_size, gen, DType::kI32);
+  Tensor targets = randint({B, T}, 0, m.vocab_size, gen, DType::kI32);
+  const DropoutKey key{1, 0, 0};
+  const DropoutKey* dropout = m.dropout > 0 ? &key : nullptr;
+  return time_passes([&] { return model.loss(ids, targets, dropout); },
+                     [](Tensor loss) { autograd::backward(loss); }, [&] { model.zero_grad(); });
+}
+
+PassTimes Calibration::block(const ModelConfig& m, const TrainConfig& t, int64_t B, int64_t T) {
+  model_times(m, t, B, T);
+  const std::string key = "block " + model_key(m, t, B, T);
+  return {times_.at(key + "/fwd"), times_.at(key + "/bwd")};
+}
+
+PassTimes Calibration::rest(const ModelConfig& m, const TrainConfig& t, int64_t B, int64_t T) {
+  model_times(m, t, B, T);
+  const std::string key = "rest " + model_key(m, t, B, T);
+  return {times_.at(key + "/fwd"), times_.at(key + "/bwd")};
+}
+
+PassTimes Calibration::linear(int64_t rows, int64_t in, int64_t out, bool bias,
+                              const std::string& dtype) {
+  const std::string key = "linear " + shape_key({rows, in, out}) + (bias ? " bias " : " ") + dtype;
+  return cached(key, [&] {
+    const DType dt = train_dtype(dtype);
+    Linear layer(in, out, bias, dt);
+    Generator gen(2);
+    layer.init(gen, 0.02);
+    Tensor x = randn({rows, in}, gen, dt, 0.0, 1.0);
+    x.set_requires_grad(true);
+    Tensor dy = randn({rows, out}, gen, dt, 0.0, 1.0);
+    return time_passes([&] { return layer.forward(x); },
+                       [&](Tensor y) { autograd::backward({y}, {dy}); },
+                       [&] {
+                         layer.zero_grad();
+                         x.zero_grad();
+                       });
+  });
+}
+
+PassTimes Calibration::attention(int64_t B, int64_t heads, int64_t kv_heads, int64_t T, int64_t D,
+                                 const std::string& dtype) {
+  const std::string key = "attention " + shape_key({B, heads, kv_heads, T, D}) + " " + dtype;
+  return cached(key, [&] {
+    const DType dt = train_dtype(dtype);
+    Generator gen(3);
+    Tensor q = randn({B, heads, T, D}, gen, dt, 0.0, 1.0);
+    Tensor k = randn({B, kv_heads, T, D}, gen, dt, 0.0, 1.0);
+    Tensor v = randn({B, kv_heads, T, D}, gen, dt, 0.0, 1.0);
+    for (Tensor* p : {&q, &k, &v}) p->set_requires_grad(true);
+    Tensor dy = randn({B, heads, T, D}, gen, dt, 0.0, 1.0);
+    return time_passes([&] { return ops::causal_attention(q, k, v); },
+                       [&](Tensor y) { autograd::backward({y}, {dy}); },
+                       [&] {
+                         for (Tensor* p : {&q, &k, &v}) p->zero_grad();
+                       });
+  });
+}
+
+PassTimes Calibration::mlp(int64_t rows, int64_t C, int64_t F, bool fused,
+                           const std::string& dtype) {
+  const std::string key =
+      std::string(fused ? "mlp fused " : "mlp ") + shape_key({rows, C, F}) + " " + dtype;
+  return cached(key, [&] {
+    const DType dt = train_dtype(dtype);
+    Linear fc(C, F, true, dt), proj(F, C, true, dt);
+    Generator gen(5);
+    fc.init(gen, 0.02);
+    proj.init(gen, 0.02);
+    Tensor x = randn({rows, C}, gen, dt, 0.0, 1.0);
+    x.set_requires_grad(true);
+    Tensor dy = randn({rows, C}, gen, dt, 0.0, 1.0);
+    return time_passes(
+        [&] {
+          return fused ? ops::gelu_mlp(x, fc.weight(), fc.bias(), proj.weight(), proj.bias())
+                       : proj.forward(ops::gelu(fc.forward(x)));
+        },
+        [&](Tensor y) { autograd::backward({y}, {dy}); },
+        [&] {
+          fc.zero_grad();
+          proj.zero_grad();
+          x.zero_grad();
+        });
+  });
+}
+
+PassTimes Calibration::cross_entropy(int64_t rows, int64_t V, const std::string& dtype) {
+  const std::string key = "cross_entropy " + shape_key({rows, V}) + " " + dtype;
+  return cached(key, [&] {
+    const DType dt = train_dtype(dtype);
+    Generator gen(6);
+    Tensor logits = randn({rows, V}, gen, dt, 0.0, 1.0);
+    logits.set_requires_grad(true);
+    Tensor targets = randint({rows}, 0, V, gen, DType::kI32);
+    return time_passes([&] { return ops::softmax_cross_entropy(logits, targets); },
+                       [](Tensor loss) { autograd::backward(loss); }, [&] { logits.zero_grad(); });
+  });
+}
+
+double Calibration::optimizer(const std::string& name, int64_t n, const std::string& dtype) {
+  const std::string key = "optimizer " + name + " " + std::to_string(n) + " " + dtype;
+  return cached(key, [&] { return PassTimes{optimizer_now(name, n, dtype), 0}; }).fwd;
+}
+
+double Calibration::optimizer_now(const std::string& name, int64_t n, const std::string& dtype) {
+  const DType dt = train_dtype(dtype);
+  Generator gen(4);
+  Tensor p = randn({n}, gen, dt, 0.0, 1.0);
+  p.set_requires_grad(true);
+  p.set_grad(randn({n}, gen, dt, 0.0, 1.0));
+  std::unique_ptr<optim::Optimizer> opt;
+  if (name == "sgd") {
+    opt = std::make_unique<optim::SGD>(std::vector<optim::ParamRef>{{"p", p, true}}, 0.9, 0.0);
+  } else {
+    opt = std::make_unique<optim::AdamW>(std::vector<optim::ParamRef>{{"p", p, true}}, 0.9, 0.95,
+                                         1e-8, 0.1);
+  }
+  // As the trainer steps: the gradients' squared norm, the clip factor from it, the update.
+  return time_passes(
+             [&] {
+               const Tensor sq = optim::grad_sq_sum_tensor({p.grad()});
+               opt->step_scaled(1e-4, optim::clip_scale_tensor(sq, 1.0));
+               return Tensor();
+             },
+             [](Tensor) {}, [] {})
+      .fwd;
+}
+
+}  // namespace loom::planner

@@ -1,0 +1,121 @@
+// train/planner/links.cpp — the link calibration of train/planner/links.h.
+#include "train/planner/links.h"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <functional>
+#include <iomanip>
+#include <sstream>
+#include <vector>
+
+#include "core/error.h"
+#include "core/tensor.h"
+#include "layers/transformer.h"
+#include "train/config.h"
+
+namespace loom::planner {
+namespace {
+
+enum class Kind { kAllReduce, kAllGather, kReduceScatter, kSend };
+
+// The median of 7 timed calls of one collective over a buffer of n f32 elements (after 2
+// untimed), every rank's time maxed (the collective ends when its slowest member does). A send
+// goes from rank 0 to rank 1 (the others only synchronise).
+double time_collective(parallel::Communicator& c, Kind kind, int64_t n) {
+  const int g = c.size();
+  n = (n + g - 1) / g * g;
+  Tensor full = Tensor::zeros({n}, DType::kF32), part = Tensor::zeros({n / g}, DType::kF32);
+  auto once = [&] {
+    switch (kind) {
+      case Kind::kAllReduce:
+        c.all_reduce_async(full, parallel::ReduceOp::kSum)->wait();
+        break;
+      case Kind::kAllGather:
+        c.all_gather_async(part, full)->wait();
+        break;
+      case Kind::kReduceScatter:
+        c.reduce_scatter_async(full, part, parallel::ReduceOp::kSum)->wait();
+        break;
+      case Kind::kSend:
+        if (c.rank() == 0) c.send_async(full, 1, 7)->wait();
+        if (c.rank() == 1) c.recv_async(full, 0, 7)->wait();
+        break;
+    }
+  };
+  for (int i = 0; i < 2; ++i) once();
+  std::vector<double> times;
+  for (int i = 0; i < 7; ++i) {
+    c.barrier_async()->wait();
+    const auto t0 = std::chrono::steady_clock::now();
+    once();
+    times.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+  }
+  std::nth_element(times.begin(), times.begin() + 3, times.end());
+  Tensor m = Tensor::full({1}, times[3], DType::kF64);
+  c.all_reduce_async(m, parallel::ReduceOp::kMax)->wait();
+  return m.data<double>()[0];
+}
+
+}  // namespace
+
+std::string calibrate_links(const parallel::ParallelContext& ctx, const Config& cfg,
+                            Calibration& cal) {
+  parallel::Communicator& world = ctx.world();
+  const int g = world.size();
+  LOOM_CONFIG_CHECK(g >= 2, "--calibrate-links: run it under mpirun with at least 2 ranks");
+  // One host or several: every rank's hostname hash, gathered.
+  char name[256] = {};
+  gethostname(name, sizeof(name) - 1);
+  Tensor mine = Tensor::full({1}, static_cast<double>(std::hash<std::string>{}(name) % (1LL << 52)),
+                             DType::kF64);
+  Tensor all = Tensor::zeros({g}, DType::kF64);
+  world.all_gather_async(mine, all)->wait();
+  const double* h = all.data<double>();
+  const bool one_host = std::all_of(h, h + g, [&](double x) { return x == h[0]; });
+  const std::string cls = one_host ? "intra" : "inter";
+  cal.set_link(cls + "/ranks", g);
+  // Each collective at two buffer sizes, 4 KiB and 8 MiB: t = α + n/β.
+  std::ostringstream o;
+  o << cls << " (" << g << " ranks):" << std::fixed << std::setprecision(1);
+  const int64_t small = 1024, large = 2 << 20;
+  for (auto [kind, label] : {std::pair<Kind, const char*>{Kind::kAllReduce, "all_reduce"},
+                             {Kind::kAllGather, "all_gather"},
+                             {Kind::kReduceScatter, "reduce_scatter"},
+                             {Kind::kSend, "send"}}) {
+    const double ts = time_collective(world, kind, small), tl = time_collective(world, kind, large);
+    const double beta = static_cast<double>(large - small) * 4 / std::max(tl - ts, 1e-9);
+    const double alpha = std::max(0.0, ts - small * 4 / beta);
+    cal.set_link(cls + "/" + label + "/latency", alpha);
+    cal.set_link(cls + "/" + label + "/bandwidth", beta);
+    o << " " << label << " α " << alpha * 1e6 << " µs β " << beta / 1e6 << " MB/s;";
+  }
+  // Compute alone (rank 0; the others wait in a barrier) and all at once.
+  const int64_t B = cfg.data.batch_size, T = cfg.data.seq_len;
+  double alone = 0;
+  if (ctx.rank() == 0) alone = cal.model_now(cfg.model, cfg.train, B, T, 1).total();
+  world.barrier_async()->wait();
+  const double together = cal.model_now(cfg.model, cfg.train, B, T, 1).total();
+  Tensor ratio = Tensor::full({1}, ctx.rank() == 0 ? together / alone : 0.0, DType::kF64);
+  world.all_reduce_async(ratio, parallel::ReduceOp::kMax)->wait();
+  const double slowdown = std::max(1.0, ratio.data<double>()[0]);
+  cal.set_link(cls + "/slowdown/" + std::to_string(g), slowdown);
+  // The same for the optimizer's update (memory-bound, where sharing a CPU costs most).
+  const int64_t n = count_parameters(cfg.model);
+  double update_alone = 0;
+  if (ctx.rank() == 0) update_alone = cal.optimizer_now(cfg.optim.name, n, cfg.train.dtype);
+  world.barrier_async()->wait();
+  const double update_together = cal.optimizer_now(cfg.optim.name, n, cfg.train.dtype);
+  Tensor r2 =
+      Tensor::full({1}, ctx.rank() == 0 ? update_together / update_alone : 0.0, DType::kF64);
+  world.all_reduce_async(r2, parallel::ReduceOp::kMax)->wait();
+  const double memory_slowdown = std::max(1.0, r2.data<double>()[0]);
+  cal.set_link(cls + "/memory_slowdown/" + std::to_string(g), memory_slowdown);
+  if (ctx.rank() == 0) cal.save();
+  o << " with " << g << " ranks at once: compute ×" << std::setprecision(3) << slowdown
+    << ", optimizer ×" << memory_slowdown;
+  return o.str();
+}
+
+}  // namespace loom::planner

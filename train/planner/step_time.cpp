@@ -1,0 +1,385 @@
+// train/planner/step_time.cpp — Note [Step-time model]: a rank's compute from the calibration,
+// its groups' collectives from the links, the data-parallel buckets' overlap and the pipeline's
+// makespan.
+#include "train/planner/step_time.h"
+
+#include <algorithm>
+#include <cmath>
+#include <iomanip>
+#include <sstream>
+
+#include "core/error.h"
+#include "layers/transformer.h"
+#include "parallel/pp/partition.h"
+#include "parallel/pp/schedule.h"
+#include "parallel/pp/simulate.h"
+
+namespace loom::planner {
+namespace {
+
+struct Lin {
+  int64_t in, out;
+  bool column;  // tensor parallelism splits the output (column) or the input (row)
+};
+
+// The linear layers of one block (layers/attention.cpp, layers/mlp.cpp).
+std::vector<Lin> block_linears(const ModelConfig& m) {
+  const int64_t C = m.n_embd, D = C / m.n_head, q = m.n_head * D, kv = m.kv_heads() * D;
+  const int64_t F = m.ffn_hidden_size();
+  std::vector<Lin> l = {{C, q + 2 * kv, true}, {q, C, false}};
+  if (m.arch == "llama") {
+    l.push_back({C, F, true});
+    l.push_back({C, F, true});
+    l.push_back({F, C, false});
+  } else {
+    l.push_back({C, F, true});
+    l.push_back({F, C, false});
+  }
+  return l;
+}
+
+// A collective's time on a link (Note [Step-time model]).
+enum class Coll { kAllReduce, kReduceScatter, kAllGather, kSend };
+// The ring's steps and byte factor of a collective over g ranks.
+std::pair<double, double> ring(Coll c, int64_t g) {
+  switch (c) {
+    case Coll::kAllReduce:
+      return {2.0 * (g - 1), 2.0 * (g - 1) / g};
+    case Coll::kReduceScatter:
+    case Coll::kAllGather:
+      return {static_cast<double>(g - 1), static_cast<double>(g - 1) / g};
+    case Coll::kSend:
+      break;
+  }
+  return {1.0, 1.0};
+}
+
+double coll_time(Coll c, double bytes, int64_t g, const LinkModel& link) {
+  if (g <= 1 || bytes <= 0) return 0;
+  const CollectiveFit& fit = c == Coll::kAllReduce       ? link.all_reduce
+                             : c == Coll::kAllGather     ? link.all_gather
+                             : c == Coll::kReduceScatter ? link.reduce_scatter
+                                                         : link.send;
+  const auto [steps, factor] = ring(c, g);
+  const auto [steps0, factor0] = ring(c, link.ranks);
+  return fit.latency_s * steps / steps0 + bytes / fit.bytes_per_s * factor / factor0;
+}
+
+std::string ms(double s) {
+  std::ostringstream o;
+  o << std::fixed << std::setprecision(1) << s * 1e3 << " ms";
+  return o.str();
+}
+
+}  // namespace
+
+ClusterLinks links_from(const Calibration& cal, int64_t ranks_per_host) {
+  ClusterLinks l;
+  l.ranks_per_host = ranks_per_host;
+  for (auto [cls, link] :
+       {std::pair<std::string, LinkModel*>{"intra", &l.intra}, {"inter", &l.inter}}) {
+    link->ranks = static_cast<int64_t>(cal.link(cls + "/ranks").value_or(2));
+    for (auto [name, fit] :
+         {std::pair<std::string, CollectiveFit*>{"all_reduce", &link->all_reduce},
+          {"all_gather", &link->all_gather},
+          {"reduce_scatter", &link->reduce_scatter},
+          {"send", &link->send}}) {
+      fit->latency_s = cal.link(cls + "/" + name + "/latency").value_or(0);
+      fit->bytes_per_s = cal.link(cls + "/" + name + "/bandwidth").value_or(0);
+    }
+  }
+  return l;
+}
+
+StepTimePlan plan_step_time(const Config& cfg, Calibration& cal, const ClusterLinks& links) {
+  const ModelConfig& m = cfg.model;
+  const ParallelConfig& p = cfg.parallel;
+  const TrainConfig& t = cfg.train;
+  LOOM_CONFIG_CHECK(!p.odc, "parallel.odc: the step-time model does not cover ODC yet");
+  LOOM_CONFIG_CHECK(!p.sdp.on(), "parallel.sdp: the step-time model does not cover SDP yet");
+  LOOM_CONFIG_CHECK(p.diloco.islands == 0,
+                    "parallel.diloco: the step-time model does not cover DiLoCo yet");
+  LOOM_CONFIG_CHECK(!cfg.data.packing,
+                    "data.packing: the step-time model does not cover packed documents yet");
+  LOOM_CONFIG_CHECK(p.mics_partition_size == 0,
+                    "parallel.mics_partition_size: the step-time model does not cover MiCS yet");
+  const int64_t dp = p.dp, tp = p.tp, cp = p.cp, pp = p.pp, vpp = p.vpp;
+  const int64_t world = dp * tp * cp * pp;
+  // The slowest link each group crosses: ranks are placed tp fastest, then cp, dp, pp (Note
+  // [Memory timeline]'s mesh order), ranks_per_host consecutive ranks per host.
+  auto link_of = [&](int64_t stride, int64_t size) -> const LinkModel& {
+    const int64_t per_host = links.ranks_per_host > 0 ? links.ranks_per_host : world;
+    const bool crosses = stride * size > per_host;
+    const LinkModel& l = crosses ? links.inter : links.intra;
+    LOOM_CONFIG_CHECK(size <= 1 || l.measured(), "--plan's step time: no measured ",
+                      crosses ? "link between hosts" : "link within a host",
+                      " (run `train --calibrate-links` under mpirun on the cluster first)");
+    return l;
+  };
+  const LinkModel& tp_link = link_of(1, tp);
+  const LinkModel& cp_link = link_of(tp, cp);
+  // Gradients are averaged, and ZeRO shards, over the dp·cp ranks holding one tp part
+  // (parallel/dp: the dp_cp group): context-parallel ranks reduce like data-parallel ones.
+  const int64_t dpc = dp * cp;
+  const LinkModel& dp_link = link_of(tp, dpc);
+  const LinkModel& pp_link = link_of(tp * cp * dp, pp);
+
+  const int64_t B = cfg.data.batch_size, T = cfg.data.seq_len, Tr = T / cp, rows = B * Tr;
+  const int64_t C = m.n_embd, H = m.n_head, KV = m.kv_heads(), D = C / H;
+  const std::string& prec = t.precision;
+  const double e = static_cast<double>(dtype_size(train_dtype(prec)));
+  const double ge = static_cast<double>(dtype_size(train_dtype(t.dtype)));  // gradient bytes
+  const int64_t micro = pp > 1 ? pipeline_microbatches(cfg) : cfg.optim.grad_accum;
+
+  // One block and the rest at this rank's micro-batch, corrected to its shapes (Note [Compute
+  // calibration]). The mesh's layers (tp or cp > 1) compute GPT-2's MLP unfused and the loss
+  // vocabulary-parallel, even over one tensor-parallel rank.
+  PassTimes block = cal.block(m, t, B, Tr), rest = cal.rest(m, t, B, Tr);
+  const PassTimes block_measured = block;
+  std::ostringstream corrections;
+  auto add = [](PassTimes& a, const PassTimes& b, double k) {
+    a.fwd = std::max(0.0, a.fwd + k * b.fwd);
+    a.bwd = std::max(0.0, a.bwd + k * b.bwd);
+  };
+  const bool gpt2 = m.arch == "gpt2", mesh = tp > 1 || cp > 1;
+  const int64_t F = m.ffn_hidden_size(), Vp = m.padded_vocab();
+  const int64_t h = H / tp, kvh = std::max<int64_t>(1, KV / tp);
+  PassTimes block_parts;  // the block's linears, MLP and attention at the full shape
+  if (mesh) {
+    const std::vector<Lin> lins = block_linears(m);
+    for (size_t i = 0; i < lins.size(); ++i) {
+      const Lin& l = lins[i];
+      if (gpt2 && i >= 2) continue;  // the MLP, below
+      const PassTimes full = cal.linear(rows, l.in, l.out, gpt2, prec);
+      add(block_parts, full, 1);
+      if (tp == 1) continue;
+      add(block,
+          l.column ? cal.linear(rows, l.in, l.out / tp, gpt2, prec)
+                   : cal.linear(rows, l.in / tp, l.out, gpt2, prec),
+          1);
+      add(block, full, -1);
+    }
+    if (gpt2) {
+      const PassTimes fused = cal.mlp(rows, C, F, true, prec);
+      add(block_parts, fused, 1);
+      add(block, cal.mlp(rows, C, F / tp, false, prec), 1);
+      add(block, fused, -1);
+    }
+    const PassTimes attn_full = cal.attention(B, H, KV, Tr, D, prec);
+    add(block_parts, attn_full, 1);
+    if (tp > 1) {
+      add(block, cal.attention(B, h, kvh, Tr, D, prec), 1);
+      add(block, attn_full, -1);
+      add(rest, cal.linear(rows, C, Vp / tp, false, prec), 1);
+      add(rest, cal.linear(rows, C, Vp, false, prec), -1);
+      add(rest, cal.cross_entropy(rows, Vp / tp, prec), 1);
+      add(rest, cal.cross_entropy(rows, Vp, prec), -1);
+      corrections << "; tp: the rank's linears, heads, vocabulary part and loss measured";
+    }
+    if (p.sequence_parallel) {  // norms, residual adds, dropout on B·T/tp rows
+      const PassTimes other{std::max(0.0, block_measured.fwd - block_parts.fwd),
+                            std::max(0.0, block_measured.bwd - block_parts.bwd)};
+      add(block, other, -(1.0 - 1.0 / tp));
+      corrections << "; sp: the rest of a block ÷ tp";
+    }
+    if (cp > 1) {  // ring attention: 1/cp of the whole sequence's causal attention
+      add(block, cal.attention(B, h, kvh, T, D, prec), 1.0 / cp);
+      add(block, cal.attention(B, h, kvh, Tr, D, prec), -1);
+      corrections << "; cp: attention = whole-sequence attention ÷ cp";
+    }
+    if (gpt2) corrections << "; the mesh's unfused MLP";
+  }
+  // Ranks sharing a machine compute slower together than alone (train/planner/links.h).
+  double slowdown = 1;
+  if (world > 1) {
+    const bool one_host = links.ranks_per_host == 0 || links.ranks_per_host >= world;
+    const std::string key =
+        std::string(one_host ? "intra" : "inter") + "/slowdown/" + std::to_string(world);
+    slowdown = cal.link(key).value_or(1.0);
+    if (slowdown != 1.0) {
+      add(block, block, slowdown - 1);
+      add(rest, rest, slowdown - 1);
+      std::ostringstream k;
+      k << "; ×" << std::setprecision(3) << slowdown << " (" << world
+        << " ranks computing at once, measured)";
+      corrections << k.str();
+    }
+  }
+
+  // Tensor and context parallelism, per block and micro-batch, on the critical path.
+  double tp_block = 0, cp_block = 0;
+  if (tp > 1) {
+    const double act = rows * C * e;
+    tp_block = p.sequence_parallel ? 2 * coll_time(Coll::kAllGather, act, tp, tp_link) +
+                                         2 * coll_time(Coll::kReduceScatter, act, tp, tp_link)
+                                   : 4 * coll_time(Coll::kAllReduce, act, tp, tp_link);
+  }
+  if (cp > 1) {
+    const double kvb = 2.0 * B * kvh * Tr * D * e;
+    const double ring = 3.0 * (cp - 1) * coll_time(Coll::kSend, kvb, 2, cp_link);
+    cp_block = std::max(0.0, ring - cal.attention(B, h, kvh, T, D, prec).total() / cp);
+  }
+
+  // Per global stage (pp·vpp of them; one without a pipeline): forward and backward of one
+  // micro-batch, its collectives included (a third forward, two thirds backward).
+  const std::vector<int64_t> bounds =
+      parallel::pp::partition_layers(m.n_layer, static_cast<int>(pp * vpp), p.pp_layout);
+  const int64_t stages = pp * vpp;
+  std::vector<double> sf(stages), sb(stages), scomp(stages);
+  for (int64_t g = 0; g < stages; ++g) {
+    const double n = static_cast<double>(bounds[g + 1] - bounds[g]);
+    const bool last = g == stages - 1;
+    const double comm = n * (tp_block + cp_block);
+    sf[g] = n * block.fwd + (last ? rest.fwd : 0) + comm / 3;
+    sb[g] = n * block.bwd + (last ? rest.bwd : 0) + 2 * comm / 3;
+    scomp[g] = n * block.total() + (last ? rest.total() : 0);
+  }
+  // The slowest rank (its chunks' compute).
+  std::vector<double> rank_compute(pp, 0), rank_blocks(pp, 0);
+  for (int64_t g = 0; g < stages; ++g) {
+    rank_compute[g % pp] += scomp[g];
+    rank_blocks[g % pp] += static_cast<double>(bounds[g + 1] - bounds[g]);
+  }
+  const int64_t slowest =
+      std::max_element(rank_compute.begin(), rank_compute.end()) - rank_compute.begin();
+  const double blocks_slowest = rank_blocks[slowest];
+
+  // Parameters this rank updates (÷ tp; its stage's; ÷ dp under ZeRO ≥ 1).
+  ModelConfig m1 = m, m2 = m;
+  m1.n_layer = 1;
+  m2.n_layer = 2;
+  const double per_block = static_cast<double>(count_parameters(m2) - count_parameters(m1));
+  const double outside = static_cast<double>(count_parameters(m1)) - per_block;
+  const double ends = pp == 1 ? outside : (slowest == 0 || slowest == pp - 1 ? outside / 2 : 0);
+  const double stage_params = (blocks_slowest * per_block + ends) / tp;
+  const double owned = p.zero_stage >= 1 ? stage_params / dpc : stage_params;
+  double optimizer = cal.optimizer(cfg.optim.name, static_cast<int64_t>(owned), t.dtype);
+  if (world > 1) {  // memory-bound: its own measured slowdown (train/planner/links.h)
+    const bool one_host = links.ranks_per_host == 0 || links.ranks_per_host >= world;
+    optimizer *= cal.link(std::string(one_host ? "intra" : "inter") + "/memory_slowdown/" +
+                          std::to_string(world))
+                     .value_or(1.0);
+  }
+
+  StepTimePlan plan;
+  const double compute = micro * rank_compute[slowest];
+  std::ostringstream f;
+  f << micro << " micro-batches × (" << blocks_slowest << " blocks × " << ms(block.total())
+    << (slowest == pp - 1 ? " + rest " + ms(rest.total()) : std::string()) << ")"
+    << corrections.str();
+  plan.lines.push_back({"compute", compute, f.str()});
+  plan.lines.push_back({"optimizer", optimizer,
+                        "update of " + std::to_string(static_cast<int64_t>(owned)) +
+                            " parameters (measured " + cfg.optim.name + ")"});
+  const double tp_s = micro * blocks_slowest * tp_block, cp_s = micro * blocks_slowest * cp_block;
+  if (tp > 1) {
+    plan.lines.push_back(
+        {"tp collectives", tp_s,
+         std::string(p.sequence_parallel ? "2 all-gathers + 2 reduce-scatters" : "4 all-reduces") +
+             " of B·T/cp·C per block and micro-batch"});
+  }
+  if (cp > 1) {
+    plan.lines.push_back({"cp ring", cp_s,
+                          "3·(cp−1) K,V blocks per block and micro-batch, less the attention "
+                          "they overlap"});
+  }
+
+  // Data parallelism: the buckets of the last micro-batch's backward.
+  double dp_s = 0;
+  if (dpc > 1) {
+    const double grad_bytes = stage_params * ge;
+    const double bucket = p.bucket_mb * 1e6;
+    const double bwd = blocks_slowest * block.bwd + (slowest == pp - 1 ? rest.bwd : 0);
+    if (p.zero_stage <= 2) {
+      // Gradients become ready evenly over backward; buckets of bucket_mb in that order.
+      const Coll c = p.zero_stage == 2 ? Coll::kReduceScatter : Coll::kAllReduce;
+      double done = 0, ready_bytes = 0;
+      while (ready_bytes < grad_bytes) {
+        const double n = std::min(bucket, grad_bytes - ready_bytes);
+        ready_bytes += n;
+        const double ready = p.overlap ? bwd * ready_bytes / grad_bytes : bwd;
+        done = std::max(done, ready) + coll_time(c, n, dpc, dp_link);
+      }
+      dp_s = std::max(0.0, done - bwd);
+      if (p.zero_stage >= 1) dp_s += coll_time(Coll::kAllGather, grad_bytes * e / ge, dpc, dp_link);
+      plan.lines.push_back({"dp gradients", dp_s,
+                            std::string(p.zero_stage == 2 ? "reduce-scatter" : "all-reduce") +
+                                " of the buckets past the end of backward" +
+                                (p.zero_stage >= 1 ? " + all-gather of the updated shards" : "")});
+    } else {
+      // ZeRO-3: each block's gathers (forward, backward) prefetched one unit ahead, its
+      // reduce-scatter as backward goes; the last one exposed.
+      const double unit_bytes = per_block / tp * e;
+      const double ag = coll_time(Coll::kAllGather, unit_bytes, dpc, dp_link);
+      const double rs = coll_time(Coll::kReduceScatter, per_block / tp * ge, dpc, dp_link);
+      const double outside_ag = coll_time(Coll::kAllGather, outside / tp * e, dpc, dp_link);
+      // The embeddings' and the head's units are each gathered for forward and backward; a tied
+      // head is the embeddings' unit, gathered for the embedding's forward, the head's forward and
+      // the backward (parallel/dp/unit_gatherer.cpp; Note [ZeRO-3 memory]).
+      const double outside_gathers = m.tie_embeddings ? 3 : 2;
+      dp_s = micro * (blocks_slowest *
+                          (std::max(0.0, ag - block.fwd) + std::max(0.0, ag + rs - block.bwd)) +
+                      outside_gathers * outside_ag) +
+             coll_time(Coll::kReduceScatter, outside / tp * ge, dpc, dp_link) + rs;
+      plan.lines.push_back({"dp ZeRO-3", dp_s,
+                            "per block and micro-batch: gathers past the block's forward and "
+                            "gather + reduce-scatter past its backward; the embeddings' and "
+                            "head's gathers (tied: the table 3 times); the last reduce-scatters"});
+    }
+  }
+
+  // The micro-batches: one after another, or the pipeline schedule's makespan.
+  double main_s = compute + tp_s + cp_s;
+  double bubble = 0;
+  if (pp > 1) {
+    namespace ppn = parallel::pp;
+    const ppn::ScheduleKind kind = ppn::parse_schedule(p.schedule);
+    const ppn::ScheduleShape shape{static_cast<int>(pp), static_cast<int>(vpp),
+                                   static_cast<int>(micro)};
+    std::vector<std::vector<ppn::Instruction>> lists;
+    for (int r = 0; r < pp; ++r) lists.push_back(ppn::make_schedule(kind, shape, r));
+    ppn::StageCosts costs;
+    const auto us = [](double sec) { return std::max<long>(1, std::lround(sec * 1e6)); };
+    for (int64_t g = 0; g < stages; ++g) {
+      costs.fwd.push_back(us(sf[g]));
+      costs.bwd.push_back(us(sb[g]));
+    }
+    costs.transfer = std::lround(coll_time(Coll::kSend, rows * C * e, 2, pp_link) * 1e6);
+    const ppn::SimulationResult sim = ppn::simulate(shape, lists, &costs);
+    LOOM_CHECK(sim.ok, "step-time model: the schedule does not simulate: ", sim.error);
+    const double makespan = static_cast<double>(sim.makespan) * 1e-6;
+    bubble = std::max(0.0, makespan - main_s);
+    main_s = makespan;
+    double tied = 0;
+    if (m.tie_embeddings) {  // both ways at once (parallel/pp/pipeline.cpp); shards under ZeRO-2/3
+      tied = coll_time(Coll::kSend, Vp * C / tp * ge / (p.zero_stage >= 2 ? dpc : 1), 2, pp_link);
+    }
+    bubble += tied;
+    main_s += tied;
+    plan.lines.push_back({"pipeline bubble", bubble,
+                          "simulate() with each stage's measured times and transfers: makespan − "
+                          "the slowest rank's work" +
+                              std::string(m.tie_embeddings ? "; the tied table's exchange" : "")});
+  }
+  const double step = main_s + dp_s + optimizer;
+  plan.step_s = step;
+  plan.compute_s = compute + optimizer;
+  plan.exposed_comm_s = tp_s + cp_s + dp_s;
+  plan.bubble_s = bubble;
+  const double tokens = static_cast<double>(B) * T * dp * micro;
+  plan.tokens_per_s = tokens / step;
+  return plan;
+}
+
+std::string format_step_time(const StepTimePlan& plan) {
+  std::ostringstream o;
+  for (const TimeLine& l : plan.lines)
+    o << "  " << std::left << std::setw(18) << l.what << std::right << std::setw(12)
+      << ms(l.seconds) << "  " << l.formula << "\n";
+  o << "  " << std::left << std::setw(18) << "step" << std::right << std::setw(12)
+    << ms(plan.step_s) << "  " << std::fixed << std::setprecision(0) << plan.tokens_per_s
+    << " tokens/s\n";
+  return o.str();
+}
+
+}  // namespace loom::planner

@@ -1,0 +1,89 @@
+// train/planner/step_time.h — the predicted time of one training step of a layout, composed from
+// measured parts (Note [Step-time model]): the compute of each rank from the calibration
+// (train/planner/calibrate.h), the communication of each group from the measured links of the
+// cluster (LinkModel), the pipeline's bubble from the schedule simulator (parallel/pp/simulate.h)
+// and the overlap the data-parallel engine gets from its gradient buckets.
+//
+// Note [Step-time model]: for the slowest rank (every pipeline stage is priced; the step is the
+// pipeline's makespan, so the slowest stage sets it), per step:
+//   compute  = m · (L_r · block + rest_r) + optimizer(Ψ_r)
+//     m micro-batches; L_r blocks on the rank; block and rest measured at the rank's micro-batch
+//     (B rows of T/cp tokens) and corrected to the rank's shapes (Note [Compute calibration]);
+//     Ψ_r the parameters the rank updates (÷ tp, ÷ pp stage, ÷ dp under ZeRO ≥ 1).
+//   tp, cp   = every collective of the layer paths, on the critical path (the compute waits on
+//     each): tp 4 all-reduces (or with sequence parallelism 2 all-gathers + 2 reduce-scatters) of
+//     B·T/cp·C elements per block and micro-batch, and the vocabulary-parallel head's; cp: the
+//     ring's (cp − 1) K,V blocks forward and twice that backward per block and micro-batch, less
+//     the attention compute they overlap with.
+//   dp       = the gradient buckets (parallel.bucket_mb) reduced in the order backward fills them,
+//     each starting when its last gradient is ready and the previous one is done: only what runs
+//     past the end of backward is exposed (parallel.overlap false: all of it); ZeRO-1/2 add the
+//     all-gather of the updated parameter shards; ZeRO-3 gathers each unit's parameters before
+//     its forward and backward (prefetched one unit ahead: exposed where a gather is longer than
+//     the unit's compute) and reduce-scatters its gradients as backward goes.
+//   pp       = the schedule's makespan from simulate() in units of one chunk's forward (1) and
+//     backward (2), scaled by the slowest stage's (fwd + bwd) / 3, plus one activation transfer
+//     per stage boundary on the fill and one gradient transfer on the drain.
+// A collective over n bytes (its whole buffer: all-reduce's, all-gather's output,
+// reduce-scatter's input; a send's message) costs α + n/β on the group's slowest link, α and β
+// measured per collective and link class (`train --calibrate-links`: between ranks of one host,
+// and between hosts) over g₀ ranks; over g ranks the ring algorithms' step counts and byte
+// factors scale them (all-reduce 2(g−1) steps, factor 2(g−1)/g; reduce-scatter and all-gather
+// g−1 steps, factor (g−1)/g; a send 1 step, factor 1).
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "train/config.h"
+#include "train/planner/calibrate.h"
+#include "train/planner/memory.h"
+
+namespace loom::planner {
+
+// One collective on one link class: seconds per call and buffer bytes per second.
+struct CollectiveFit {
+  double latency_s = 0;
+  double bytes_per_s = 0;
+};
+
+// One link class as measured over `ranks` ranks.
+struct LinkModel {
+  int64_t ranks = 2;
+  CollectiveFit all_reduce, all_gather, reduce_scatter, send;
+  bool measured() const { return all_reduce.bytes_per_s > 0; }
+};
+
+// Where the ranks are: ranks_per_host consecutive world ranks share a host (0: all on one), and
+// the two link classes.
+struct ClusterLinks {
+  int64_t ranks_per_host = 0;
+  LinkModel intra, inter;
+};
+
+struct TimeLine {
+  std::string what;     // "compute", "tp collectives", …
+  double seconds = 0;   // per step, on the slowest rank
+  std::string formula;  // how it is computed (docs/planning.md)
+};
+
+struct StepTimePlan {
+  std::vector<TimeLine> lines;
+  double step_s = 0;
+  double tokens_per_s = 0;
+  double compute_s = 0, exposed_comm_s = 0, bubble_s = 0;
+};
+
+// The predicted step time of the config's layout on this process's device (the calibration's)
+// and the cluster's links. Throws ConfigError naming the key for what it cannot predict
+// (ODC, SDP, DiLoCo, packed documents, and a group whose link was not measured).
+StepTimePlan plan_step_time(const Config& cfg, Calibration& cal, const ClusterLinks& links);
+
+// A printable table ("compute  812.4 ms  m·(L_r·block + rest_r) + optimizer …").
+std::string format_step_time(const StepTimePlan& plan);
+
+// The cluster's links as a calibration file keeps them ("link intra/latency" …), and back.
+ClusterLinks links_from(const Calibration& cal, int64_t ranks_per_host);
+
+}  // namespace loom::planner
