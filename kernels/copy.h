@@ -16,6 +16,9 @@ LOOM_DECLARE_KERNEL(copy_device_to_host, void(const loom::Tensor& src, loom::Ten
 LOOM_DECLARE_KERNEL(copy_host_to_device, void(const loom::Tensor& src_host, loom::Tensor& dst));
 // Number of devices of the registering type visible to this process (0 when none).
 LOOM_DECLARE_KERNEL(device_count, int());
+// The product name of device `index` of the registering type ("NVIDIA H200"), for keys of
+// per-device measurements (train/planner/calibrate.h).
+LOOM_DECLARE_KERNEL(device_name, std::string(int index));
 // Makes device `index` of the registering type current for the calling thread (CUDA:
 // cudaSetDevice), so that work issued without a device guard, and every guard's restore, stay
 // on the rank's own GPU instead of creating a context on device 0.

@@ -59,6 +59,7 @@
   X(copy_device_to_host)                    \
   X(copy_host_to_device)                    \
   X(device_count)                           \
+  X(device_name)                            \
   X(set_current_device)                     \
   X(pinned_host_alloc)                      \
   X(pinned_host_free)                       \

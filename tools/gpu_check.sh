@@ -7,7 +7,8 @@
 #   2. measures the device's ceilings (copy GB/s, bf16 GEMM TFLOP/s) and every kernel against them
 #      (attention both as Loom's kernels and through cuDNN, to keep the faster as the default),
 #   3. trains GPT-2 124M, 350M (also with cuDNN's attention), 1.5B and Llama ~1B for a few steps
-#      on synthetic tokens (tokens/s, MFU against the measured GEMM ceiling, peak memory),
+#      on synthetic tokens (tokens/s, MFU against the measured GEMM ceiling, peak memory), each
+#      run first predicted by the step-time model (`train --plan --time`, docs/planning.md),
 #   4. compares GPT-2 124M forward logits with PyTorch/transformers on the same weights, and
 #      Hugging Face directories converted both ways (tools/check_hf_roundtrip.py),
 # and prints a short table last. Full logs go under $OUT (the device tool's folder; default
@@ -203,17 +204,23 @@ PY
     read -r cfg b t steps attn <<<"$run"
     if (($(limit 150) < 30)); then note "training: $cfg ($attn) not run: out of time"; continue; fi
     echo "=== $cfg B=$b T=$t attention=$attn" >>"$OUT/train.log"
-    # KILL: train stops gracefully on SIGTERM, finishing its step and writing a checkpoint.
     # warmup_steps 0: the configs' warmup is longer than these runs (a config error otherwise).
-    timeout -s KILL "$(limit 150)" "$bin/train" --config "configs/$cfg.yaml" \
-      --set "data.train=$synth/train_*.bin" --set "data.val=$synth/val_*.bin" \
-      --set data.batch_size="$b" --set data.seq_len="$t" --set optim.grad_accum=1 \
-      --set optim.warmup_steps=0 --set train.log_every=1 \
-      --set train.steps="$steps" --set train.device=cuda --set train.precision=bf16 \
-      --set train.peak_flops="$peak_flops" --set train.val_every=0 --set train.sample_every=0 \
-      --set train.attention_kernel="$attn" \
-      --set train.out_dir="/tmp/loom_runs/$cfg-$attn" --set checkpoint.at_end=false \
-      >>"$OUT/train.log" 2>&1
+    args=(--config "configs/$cfg.yaml"
+      --set "data.train=$synth/train_*.bin" --set "data.val=$synth/val_*.bin"
+      --set data.batch_size="$b" --set data.seq_len="$t" --set optim.grad_accum=1
+      --set optim.warmup_steps=0 --set train.log_every=1
+      --set train.steps="$steps" --set train.device=cuda --set train.precision=bf16
+      --set train.peak_flops="$peak_flops" --set train.val_every=0 --set train.sample_every=0
+      --set train.attention_kernel="$attn"
+      --set train.out_dir="/tmp/loom_runs/$cfg-$attn" --set checkpoint.at_end=false)
+    # The step-time model's prediction first (train/planner/step_time.h; it calibrates on this
+    # GPU the shapes it has not measured), then the measured run.
+    pred=$(timeout -s KILL "$(limit 60)" "$bin/train" "${args[@]}" --plan --time \
+      --calibration /tmp/loom_calibration.json 2>>"$OUT/train.log" |
+      sed -n 's/^  step *\([0-9.]*\) ms.*/\1/p')
+    echo "=== predicted step ${pred:-?} ms" >>"$OUT/train.log"
+    # KILL: train stops gracefully on SIGTERM, finishing its step and writing a checkpoint.
+    timeout -s KILL "$(limit 150)" "$bin/train" "${args[@]}" >>"$OUT/train.log" 2>&1
     echo "=== exit $?" >>"$OUT/train.log"
   done
   # Packed SFT documents on the device (data.packing: the block-diagonal attention kernels end to
@@ -288,10 +295,12 @@ stamp "done"
     echo "== training (bf16, one GPU; median of the step lines after the first 3)"
     python3 - "$OUT/train.log" <<'PY'
 import re, statistics, sys
-runs, cur, status = {}, None, {}
+runs, cur, status, predicted = {}, None, {}, {}
 for line in open(sys.argv[1]):
     if line.startswith("=== exit "):
         status[cur] = line.split()[2]
+    elif line.startswith("=== predicted step "):
+        predicted[cur] = line.split()[3]
     elif line.startswith("=== "):
         cur = line[4:].strip(); runs[cur] = []
     elif cur and re.search(r"\bstep\s+\d+", line) and "tok/s" in line:
@@ -306,6 +315,13 @@ for name, lines in runs.items():
     peak = re.search(r"peak ([0-9.]+ \w+)", rows[-1]) if rows else None
     print(f"{name:28s} {med(r'([0-9.,]+) tok/s'):>10.0f} tok/s  MFU {med(r'MFU ([0-9.]+)%'):5.1f}%  "
           f"peak mem {peak.group(1) if peak else '?'}  ({len(lines)} steps, exit {status.get(name, '?')})")
+    if name in predicted:  # the step-time model (train --plan --time) against the median step
+        ms = med(r"\| ([0-9.]+) ms \|")
+        try:
+            p = float(predicted[name])
+            print(f"    step predicted {p:.1f} ms, measured {ms:.1f} ms: {100 * (p - ms) / ms:+.1f} %")
+        except ValueError:
+            print(f"    step predicted ? (see train.log), measured {ms:.1f} ms")
     if name + " error" in status:
         print(f"    {status[name + ' error']}")
 PY
@@ -315,7 +331,7 @@ PY
 import re, statistics, sys
 loom, cur = {}, None
 for line in open(sys.argv[1]):
-    if line.startswith("=== ") and not line.startswith("=== exit"):
+    if line.startswith("=== ") and not line.startswith(("=== exit", "=== predicted")):
         f = line[4:].split(); cur = f[0] if f[-1] == "attention=loom" else None; loom.setdefault(cur, [])
     elif cur and re.search(r"\bstep\s+\d+", line) and (m := re.search(r"([0-9.,]+) tok/s", line)):
         loom[cur].append(float(m.group(1).replace(",", "")))

@@ -180,7 +180,7 @@ int main(int argc, char** argv) {
         LOOM_CONFIG_CHECK(per_host.has_value(),
                           "--ranks-per-host: expected a positive number, got '", ranks_per_host,
                           "'");
-        loom::planner::Calibration cal(calibration_path);
+        loom::planner::Calibration cal(calibration_path, config.train);
         const loom::planner::StepTimePlan t =
             loom::planner::plan_step_time(config, cal, loom::planner::links_from(cal, *per_host));
         cal.save();
@@ -228,7 +228,7 @@ int main(int argc, char** argv) {
     if (calibrate_links) {  // train/planner/links.h
       LOOM_CONFIG_CHECK(ctx != nullptr,
                         "--calibrate-links: run it under mpirun with at least 2 ranks");
-      loom::planner::Calibration cal(calibration_path);
+      loom::planner::Calibration cal(calibration_path, config.train);
       const std::string line = loom::planner::calibrate_links(*ctx, config, cal);
       if (mpi.rank() == 0) std::cout << "links: " << line << " -> " << calibration_path << "\n";
       return 0;

@@ -111,4 +111,10 @@ class Trainer {
 // FLOP/s of a short square GEMM in `dtype` on `device` (the practical peak used for MFU).
 double measure_gemm_flops(Device device = {}, DType dtype = DType::kF32);
 
+// train.attention_kernel on this device: cudnn → true, loom → false; auto → true on CUDA with
+// bf16/f16 compute where cuDNN's attention is built and libcudnn loads (measured faster in every
+// case on an H200, docs/performance.md), else false. `why` gets the reason for the choice, for
+// the setup log (the planner's calibration makes the same choice).
+bool resolve_attention_kernel(const TrainConfig& t, const Device& device, std::string* why);
+
 }  // namespace loom

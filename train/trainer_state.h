@@ -55,12 +55,6 @@ struct KernelChoices {
       : tf32(t.allow_tf32), attention(cudnn_attention && use == Use::kStep) {}
 };
 
-// train.attention_kernel on this device: cudnn → true, loom → false; auto → true on CUDA with
-// bf16/f16 compute where cuDNN's attention is built and libcudnn loads (measured faster in every
-// case on an H200, docs/performance.md), else false. `why` gets the reason for the choice, for
-// the setup log.
-bool resolve_attention_kernel(const TrainConfig& t, const Device& device, std::string* why);
-
 // A step as train_step() leaves it: its record, still without the numbers the device computed,
 // and the read of those numbers (Note [Device step]).
 struct PendingStep {

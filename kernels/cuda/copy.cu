@@ -1,10 +1,10 @@
-// kernels/cuda/copy.cu — CUDA data movement: host↔device transfers, device_count, fill and the
-// strided, dtype-converting device copy. Device-side work runs on the compute stream
-// (kernels/cuda/cuda_device.cuh). Uploads up to kMaxStagedBytes go through pinned staging blocks
-// and return without waiting (Note [Asynchronous uploads]); larger uploads and every download
-// are blocking cudaMemcpy calls, which order themselves after all earlier work. Conversions give
-// the CPU kernels' bits (kernels/cuda/dtype_convert.cuh). Must not synchronise the host except
-// in the blocking transfers.
+// kernels/cuda/copy.cu — CUDA data movement: host↔device transfers, device_count and
+// device_name, fill and the strided, dtype-converting device copy. Device-side work runs on
+// the compute stream (kernels/cuda/cuda_device.cuh). Uploads up to kMaxStagedBytes go through
+// pinned staging blocks and return without waiting (Note [Asynchronous uploads]); larger
+// uploads and every download are blocking cudaMemcpy calls, which order themselves after all
+// earlier work. Conversions give the CPU kernels' bits (kernels/cuda/dtype_convert.cuh). Must
+// not synchronise the host except in the blocking transfers.
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -286,6 +286,12 @@ int device_count_cuda() {
   return 0;
 }
 
+std::string device_name_cuda(int index) {
+  cudaDeviceProp prop{};
+  CUDA_CHECK(cudaGetDeviceProperties(&prop, index));
+  return prop.name;
+}
+
 void set_current_device_cuda(int index) {
   LOOM_CHECK(index >= 0 && index < device_count_cuda(), "cuda: no device ", index, " (",
              device_count_cuda(), " visible)");
@@ -299,6 +305,7 @@ LOOM_REGISTER_KERNEL(fill, kCuda, fill_cuda);
 LOOM_REGISTER_KERNEL(copy_host_to_device, kCuda, copy_host_to_device_cuda);
 LOOM_REGISTER_KERNEL(copy_device_to_host, kCuda, copy_device_to_host_cuda);
 LOOM_REGISTER_KERNEL(device_count, kCuda, device_count_cuda);
+LOOM_REGISTER_KERNEL(device_name, kCuda, device_name_cuda);
 LOOM_REGISTER_KERNEL(set_current_device, kCuda, set_current_device_cuda);
 
 }  // namespace loom::kernels::cuda

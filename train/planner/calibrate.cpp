@@ -13,11 +13,14 @@
 #include <vector>
 
 #include "core/autograd.h"
+#include "core/device.h"
 #include "core/ops/activation.h"
 #include "core/ops/attention.h"
 #include "core/ops/cross_entropy.h"
 #include "core/ops/matmul.h"
 #include "core/rng.h"
+#include "kernels/attention.h"
+#include "kernels/copy.h"
 #include "kernels/matmul.h"
 #include "layers/dropout_key.h"
 #include "layers/linear.h"
@@ -25,6 +28,7 @@
 #include "optim/adamw.h"
 #include "optim/clip.h"
 #include "optim/sgd.h"
+#include "train/trainer.h"
 
 namespace loom::planner {
 namespace {
@@ -34,16 +38,35 @@ double since(Clock::time_point t0) {
   return std::chrono::duration<double>(Clock::now() - t0).count();
 }
 
+// N(0, 1) values of dtype dt on dev (drawn in f32: 16-bit types are converted).
+Tensor normal(const Shape& shape, Generator& gen, DType dt, Device dev) {
+  return randn(shape, gen, DType::kF32, 0.0, 1.0, dev).to(dt);
+}
+
+// Waits for the work that produces t (a GPU runs asynchronously): reads one element of it.
+void wait_for(const Tensor& t) {
+  if (!t.defined() || t.device().is_cpu()) return;
+  Tensor x = t;
+  for (int64_t d = 0; d < x.dim(); ++d) x = x.narrow(d, 0, 1);
+  (void)x.to(Device::cpu());
+}
+
 // The median of `reps` timed runs of fwd() then bwd() after one warm-up; each repetition is
-// repeated until it lasts 20 ms (small shapes), its time divided by the count.
-PassTimes time_passes(const std::function<Tensor()>& fwd, const std::function<void(Tensor)>& bwd,
+// repeated until it lasts 20 ms (small shapes), its time divided by the count. Each pass
+// returns a tensor it wrote last, waited for before its time is taken.
+PassTimes time_passes(const std::function<Tensor()>& fwd, const std::function<Tensor(Tensor)>& bwd,
                       const std::function<void()>& reset, int reps = 5) {
-  bwd(fwd());
+  auto both = [&] {
+    Tensor y = fwd();
+    wait_for(y);
+    wait_for(bwd(std::move(y)));
+  };
+  both();
   reset();
   int inner = 1;
   {
     const auto t0 = Clock::now();
-    bwd(fwd());
+    both();
     reset();
     const double once = since(t0);
     inner = std::clamp(static_cast<int>(0.02 / std::max(once, 1e-7)), 1, 1000);
@@ -54,9 +77,10 @@ PassTimes time_passes(const std::function<Tensor()>& fwd, const std::function<vo
     for (int i = 0; i < inner; ++i) {
       auto t0 = Clock::now();
       Tensor y = fwd();
+      wait_for(y);
       tf += since(t0);
       t0 = Clock::now();
-      bwd(std::move(y));
+      wait_for(bwd(std::move(y)));
       tb += since(t0);
       reset();
     }
@@ -68,15 +92,12 @@ PassTimes time_passes(const std::function<Tensor()>& fwd, const std::function<vo
   return {f[reps / 2], b[reps / 2]};
 }
 
-// The step-time model calibrates on the CPU only so far (a GPU's passes would need a device
-// synchronisation around each).
+// The device this process calibrates: the CPU, or the first GPU it sees.
 Device device_of(const TrainConfig& t) {
-  if (t.device != "cpu") {
-    throw ConfigError("train.device: " + t.device +
-                      ": --plan's step time is calibrated on the CPU only so far "
-                      "(docs/planning.md); the memory plan does not need it");
-  }
-  return Device::cpu();
+  if (t.device == "cpu") return Device::cpu();
+  LOOM_CONFIG_CHECK(device_count(DeviceType::kCuda) > 0, "train.device: ", t.device,
+                    ": --plan --time measures on the device, and this process sees no GPU");
+  return Device::cuda(0);
 }
 
 // The model dtype and its compute dtype (mixed precision: f32 master, 16-bit compute).
@@ -101,11 +122,26 @@ std::string model_key(const ModelConfig& m, const TrainConfig& t, int64_t B, int
   return s.str();
 }
 
+// The trainer's kernel choices (train/trainer_state.h KernelChoices) around a measurement.
+struct KernelGuards {
+  kernels::AllowTf32Guard tf32;
+  kernels::CudnnAttentionGuard attention;
+  KernelGuards(bool allow_tf32, bool cudnn) : tf32(allow_tf32), attention(cudnn) {}
+};
+
 }  // namespace
 
-Calibration::Calibration(std::string path) : path_(std::move(path)) {
+Calibration::Calibration(std::string path, const TrainConfig& t)
+    : path_(std::move(path)), dev_(device_of(t)), tf32_(t.allow_tf32) {
+  std::string attention;
+  cudnn_attention_ = resolve_attention_kernel(t, dev_, &attention);
   std::ostringstream d;
-  d << "cpu " << kernels::cpu_blas_core() << " ×" << omp_get_max_threads() << " threads";
+  if (dev_.is_cpu()) {
+    d << "cpu " << kernels::cpu_blas_core() << " ×" << omp_get_max_threads() << " threads";
+  } else {
+    d << kernels::find_kernel<kernels::device_name_k>(DeviceType::kCuda)(dev_.index)
+      << (tf32_ ? ", tf32" : "") << (cudnn_attention_ ? ", cuDNN attention" : "");
+  }
   device_ = d.str();
   if (path_.empty() || !std::filesystem::exists(path_)) return;
   std::ifstream in(path_);
@@ -164,6 +200,7 @@ void Calibration::save() const {
 PassTimes Calibration::cached(const std::string& key, const std::function<PassTimes()>& measure) {
   auto f = times_.find(key + "/fwd"), b = times_.find(key + "/bwd");
   if (f != times_.end() && b != times_.end()) return {f->second, b->second};
+  const KernelGuards guards(tf32_, cudnn_attention_);
   const PassTimes t = measure();
   times_[key + "/fwd"] = t.fwd;
   times_[key + "/bwd"] = t.bwd;
@@ -188,19 +225,25 @@ void Calibration::model_times(const ModelConfig& m, const TrainConfig& t, int64_
 
 PassTimes Calibration::model_now(const ModelConfig& m, const TrainConfig& t, int64_t B, int64_t T,
                                  int64_t layers) {
+  const KernelGuards guards(tf32_, cudnn_attention_);
   ModelConfig mc = m;
   mc.n_layer = layers;
-  Transformer model(mc, master_dtype(t), device_of(t));
+  Transformer model(mc, master_dtype(t), dev_);
   Generator gen(1);
   model.init_weights(gen);
   if (t.precision != t.dtype) model.set_compute_dtype(train_dtype(t.precision));
   model.train();
-  Tensor ids = randint({B, T}, 0, m.vocab_size, gen, DType::kI32);
-  Tensor targets = randint({B, T}, 0, m.vocab_size, gen, DType::kI32);
+  Tensor ids = randint({B, T}, 0, m.vocab_size, gen, DType::kI32, dev_);
+  Tensor targets = randint({B, T}, 0, m.vocab_size, gen, DType::kI32, dev_);
   const DropoutKey key{1, 0, 0};
   const DropoutKey* dropout = m.dropout > 0 ? &key : nullptr;
+  const Tensor first = model.named_parameters().front().second;
   return time_passes([&] { return model.loss(ids, targets, dropout); },
-                     [](Tensor loss) { autograd::backward(loss); }, [&] { model.zero_grad(); });
+                     [&](Tensor loss) {
+                       autograd::backward(loss);
+                       return first.grad();
+                     },
+                     [&] { model.zero_grad(); });
 }
 
 PassTimes Calibration::block(const ModelConfig& m, const TrainConfig& t, int64_t B, int64_t T) {
@@ -220,14 +263,17 @@ PassTimes Calibration::linear(int64_t rows, int64_t in, int64_t out, bool bias,
   const std::string key = "linear " + shape_key({rows, in, out}) + (bias ? " bias " : " ") + dtype;
   return cached(key, [&] {
     const DType dt = train_dtype(dtype);
-    Linear layer(in, out, bias, dt);
+    Linear layer(in, out, bias, dt, dev_);
     Generator gen(2);
     layer.init(gen, 0.02);
-    Tensor x = randn({rows, in}, gen, dt, 0.0, 1.0);
+    Tensor x = normal({rows, in}, gen, dt, dev_);
     x.set_requires_grad(true);
-    Tensor dy = randn({rows, out}, gen, dt, 0.0, 1.0);
+    Tensor dy = normal({rows, out}, gen, dt, dev_);
     return time_passes([&] { return layer.forward(x); },
-                       [&](Tensor y) { autograd::backward({y}, {dy}); },
+                       [&](Tensor y) {
+                         autograd::backward({y}, {dy});
+                         return x.grad();
+                       },
                        [&] {
                          layer.zero_grad();
                          x.zero_grad();
@@ -241,13 +287,16 @@ PassTimes Calibration::attention(int64_t B, int64_t heads, int64_t kv_heads, int
   return cached(key, [&] {
     const DType dt = train_dtype(dtype);
     Generator gen(3);
-    Tensor q = randn({B, heads, T, D}, gen, dt, 0.0, 1.0);
-    Tensor k = randn({B, kv_heads, T, D}, gen, dt, 0.0, 1.0);
-    Tensor v = randn({B, kv_heads, T, D}, gen, dt, 0.0, 1.0);
+    Tensor q = normal({B, heads, T, D}, gen, dt, dev_);
+    Tensor k = normal({B, kv_heads, T, D}, gen, dt, dev_);
+    Tensor v = normal({B, kv_heads, T, D}, gen, dt, dev_);
     for (Tensor* p : {&q, &k, &v}) p->set_requires_grad(true);
-    Tensor dy = randn({B, heads, T, D}, gen, dt, 0.0, 1.0);
+    Tensor dy = normal({B, heads, T, D}, gen, dt, dev_);
     return time_passes([&] { return ops::causal_attention(q, k, v); },
-                       [&](Tensor y) { autograd::backward({y}, {dy}); },
+                       [&](Tensor y) {
+                         autograd::backward({y}, {dy});
+                         return q.grad();
+                       },
                        [&] {
                          for (Tensor* p : {&q, &k, &v}) p->zero_grad();
                        });
@@ -260,19 +309,22 @@ PassTimes Calibration::mlp(int64_t rows, int64_t C, int64_t F, bool fused,
       std::string(fused ? "mlp fused " : "mlp ") + shape_key({rows, C, F}) + " " + dtype;
   return cached(key, [&] {
     const DType dt = train_dtype(dtype);
-    Linear fc(C, F, true, dt), proj(F, C, true, dt);
+    Linear fc(C, F, true, dt, dev_), proj(F, C, true, dt, dev_);
     Generator gen(5);
     fc.init(gen, 0.02);
     proj.init(gen, 0.02);
-    Tensor x = randn({rows, C}, gen, dt, 0.0, 1.0);
+    Tensor x = normal({rows, C}, gen, dt, dev_);
     x.set_requires_grad(true);
-    Tensor dy = randn({rows, C}, gen, dt, 0.0, 1.0);
+    Tensor dy = normal({rows, C}, gen, dt, dev_);
     return time_passes(
         [&] {
           return fused ? ops::gelu_mlp(x, fc.weight(), fc.bias(), proj.weight(), proj.bias())
                        : proj.forward(ops::gelu(fc.forward(x)));
         },
-        [&](Tensor y) { autograd::backward({y}, {dy}); },
+        [&](Tensor y) {
+          autograd::backward({y}, {dy});
+          return x.grad();
+        },
         [&] {
           fc.zero_grad();
           proj.zero_grad();
@@ -286,11 +338,15 @@ PassTimes Calibration::cross_entropy(int64_t rows, int64_t V, const std::string&
   return cached(key, [&] {
     const DType dt = train_dtype(dtype);
     Generator gen(6);
-    Tensor logits = randn({rows, V}, gen, dt, 0.0, 1.0);
+    Tensor logits = normal({rows, V}, gen, dt, dev_);
     logits.set_requires_grad(true);
-    Tensor targets = randint({rows}, 0, V, gen, DType::kI32);
+    Tensor targets = randint({rows}, 0, V, gen, DType::kI32, dev_);
     return time_passes([&] { return ops::softmax_cross_entropy(logits, targets); },
-                       [](Tensor loss) { autograd::backward(loss); }, [&] { logits.zero_grad(); });
+                       [&](Tensor loss) {
+                         autograd::backward(loss);
+                         return logits.grad();
+                       },
+                       [&] { logits.zero_grad(); });
   });
 }
 
@@ -300,11 +356,12 @@ double Calibration::optimizer(const std::string& name, int64_t n, const std::str
 }
 
 double Calibration::optimizer_now(const std::string& name, int64_t n, const std::string& dtype) {
+  const KernelGuards guards(tf32_, cudnn_attention_);
   const DType dt = train_dtype(dtype);
   Generator gen(4);
-  Tensor p = randn({n}, gen, dt, 0.0, 1.0);
+  Tensor p = normal({n}, gen, dt, dev_);
   p.set_requires_grad(true);
-  p.set_grad(randn({n}, gen, dt, 0.0, 1.0));
+  p.set_grad(normal({n}, gen, dt, dev_));
   std::unique_ptr<optim::Optimizer> opt;
   if (name == "sgd") {
     opt = std::make_unique<optim::SGD>(std::vector<optim::ParamRef>{{"p", p, true}}, 0.9, 0.0);
@@ -317,9 +374,9 @@ double Calibration::optimizer_now(const std::string& name, int64_t n, const std:
              [&] {
                const Tensor sq = optim::grad_sq_sum_tensor({p.grad()});
                opt->step_scaled(1e-4, optim::clip_scale_tensor(sq, 1.0));
-               return Tensor();
+               return p;
              },
-             [](Tensor) {}, [] {})
+             [](Tensor) { return Tensor(); }, [] {})
       .fwd;
 }
 

@@ -39,8 +39,11 @@ struct PassTimes {
 class Calibration {
  public:
   // `path` empty: nothing is read or written (every measurement is taken in this process).
-  explicit Calibration(std::string path = "");
-  // What this process computes on: the CPU's BLAS kernel set and thread count, or the GPU's name.
+  // Measures on t's device (the CPU, or the first GPU) with the kernels the trainer would choose
+  // there (train.allow_tf32, train.attention_kernel).
+  explicit Calibration(std::string path = "", const TrainConfig& t = TrainConfig{});
+  // What this process computes on: the CPU's BLAS kernel set and thread count, or the GPU's name
+  // and its kernel choices.
   const std::string& device() const { return device_; }
 
   // One block / the rest of the config's model (dropout, checkpointing and dtype as configured;
@@ -79,6 +82,8 @@ class Calibration {
   void model_times(const ModelConfig& m, const TrainConfig& t, int64_t B, int64_t T);
 
   std::string path_, device_;
+  Device dev_;
+  bool tf32_ = false, cudnn_attention_ = false;
   std::map<std::string, double> times_;  // this device's entries ("key/fwd", "key/bwd")
   std::map<std::string, double> links_;
   bool changed_ = false;
