@@ -155,16 +155,29 @@ int main(int argc, char** argv) {
                           "'");
         std::cout << loom::format_critical_batch(config, *tokens);
       }
+      // --ranks-per-host: 0 (the default) puts every rank on one host.
+      const std::optional<int64_t> per_host_flag =
+          ranks_per_host == "0" ? std::optional<int64_t>(0) : positive_integer(ranks_per_host);
+      LOOM_CONFIG_CHECK(per_host_flag.has_value(),
+                        "--ranks-per-host: expected a positive number, got '", ranks_per_host, "'");
+      const int64_t per_host = *per_host_flag;
       std::string last_body;
       const loom::planner::DeviceSpec* device =
           plan_device.empty() ? nullptr : &loom::planner::find_device(plan_device);
       if (plan_search) {
-        LOOM_CONFIG_CHECK(device != nullptr, "--search: needs --device NAME (a100, h100, h200)");
+        LOOM_CONFIG_CHECK(device != nullptr,
+                          "--search: needs --device NAME (a100, h100, h200, or cpu)");
         const std::optional<int64_t> gpus = positive_integer(plan_gpus);
         LOOM_CONFIG_CHECK(gpus.has_value(), "--gpus: expected a positive number of GPUs, got '",
                           plan_gpus, "'");
-        std::cout << loom::planner::format_search(
-            loom::planner::search_layouts(config, *gpus, *device), *gpus, *device);
+        std::vector<loom::planner::LayoutCandidate> found =
+            loom::planner::search_layouts(config, *gpus, *device);
+        if (plan_time) {  // ranked by the step-time model (train/planner/step_time.h)
+          loom::planner::Calibration cal(calibration_path, config.train);
+          loom::planner::rank_by_step_time(found, cal, loom::planner::links_from(cal, per_host));
+          cal.save();
+        }
+        std::cout << loom::planner::format_search(found, *gpus, *device);
         return 0;
       }
       for (const loom::planner::MemoryPlan& p : loom::planner::plan_memory_all(config)) {
@@ -175,14 +188,9 @@ int main(int argc, char** argv) {
         last_body = body;
       }
       if (plan_time) {  // Note [Step-time model] in train/planner/step_time.h
-        const std::optional<int64_t> per_host =
-            ranks_per_host == "0" ? std::optional<int64_t>(0) : positive_integer(ranks_per_host);
-        LOOM_CONFIG_CHECK(per_host.has_value(),
-                          "--ranks-per-host: expected a positive number, got '", ranks_per_host,
-                          "'");
         loom::planner::Calibration cal(calibration_path, config.train);
         const loom::planner::StepTimePlan t =
-            loom::planner::plan_step_time(config, cal, loom::planner::links_from(cal, *per_host));
+            loom::planner::plan_step_time(config, cal, loom::planner::links_from(cal, per_host));
         cal.save();
         std::cout << "step time (predicted; " << cal.device() << ", calibration "
                   << calibration_path << "):\n"

@@ -81,7 +81,7 @@ TEST(PlanSearch, FitsExactlyWhenTheLargestRankFitsAndThoseComeFirst) {
   }
   EXPECT_TRUE(seen_misfit);
   const std::string table = format_search(all, 2, device);
-  EXPECT_NE(table.find("not yet by predicted speed"), std::string::npos) << table;
+  EXPECT_NE(table.find("not by predicted speed: add --time"), std::string::npos) << table;
 }
 
 }  // namespace

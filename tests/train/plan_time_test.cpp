@@ -3,8 +3,8 @@
 // read back instead of measured again; the model composes the measured parts exactly as Note
 // [Step-time model] writes (one process, accumulation, the data-parallel buckets against the
 // links, a pipeline's makespan from the simulator); what it does not cover is refused naming
-// the key. No time is asserted: every expectation is computed from the calibration's own
-// numbers. (Predicted against measured step times: tools/bench/step_time_bench.sh.)
+// the key; the search ranks by it. No time is asserted: every expectation is computed from the
+// calibration's own numbers. (Predicted against measured: tools/bench/step_time_bench.sh.)
 #include <gtest/gtest.h>
 #include <unistd.h>
 
@@ -18,6 +18,8 @@
 #include "layers/transformer.h"
 #include "train/config.h"
 #include "train/planner/calibrate.h"
+#include "train/planner/devices.h"
+#include "train/planner/search.h"
 #include "train/planner/step_time.h"
 
 namespace loom::planner {
@@ -174,6 +176,37 @@ TEST(PlanTime, APipelineIsTheSimulatorsMakespanWithEachStagesTimes) {
       if (l.what == "pipeline bubble") bubble = l.seconds;
     EXPECT_NEAR(bubble, 2 * block.fwd + 2 * block.bwd, 1e-5) << schedule;
   }
+}
+
+// `--search … --time`: every layout that fits gets a prediction, and they are listed fastest
+// first, each with the options that make it; the ones that do not fit keep their reason.
+TEST(PlanTime, TheSearchRanksTheLayoutsThatFitByPredictedTokensPerSecond) {
+  Calibration cal;
+  ClusterLinks links;
+  links.intra = uniform(1e-5, 1e9);
+  std::vector<LayoutCandidate> found =
+      search_layouts(tiny("optim: {grad_accum: 2}\n"), 2, find_device("cpu"));
+  rank_by_step_time(found, cal, links);
+  ASSERT_FALSE(found.empty());
+  bool seen_unranked = false;
+  double previous = 1e300;
+  int ranked = 0;
+  for (const LayoutCandidate& c : found) {
+    if (c.tokens_per_s > 0) {
+      EXPECT_FALSE(seen_unranked) << c.layout << " is ranked after an unranked layout";
+      EXPECT_LE(c.tokens_per_s, previous) << c.layout;
+      previous = c.tokens_per_s;
+      EXPECT_NEAR(c.tokens_per_s, 2.0 * 16 * 2 / c.step_s, 1e-6 * c.tokens_per_s) << c.layout;
+      EXPECT_NE(c.overrides.find("--set parallel.dp="), std::string::npos) << c.layout;
+      ++ranked;
+    } else {
+      seen_unranked = true;
+      EXPECT_FALSE(c.reason.empty()) << c.layout;
+    }
+  }
+  EXPECT_GE(ranked, 4);  // dp 2 with ZeRO 0..3 at least
+  const std::string text = format_search(found, 2, find_device("cpu"));
+  EXPECT_NE(text.find("ranked by predicted tokens/s"), std::string::npos) << text;
 }
 
 TEST(PlanTime, WhatTheModelDoesNotCoverIsNamed) {

@@ -7,7 +7,8 @@
 # (`mpirun -np 2 train --calibrate-links`) and, where a cluster can be made (root, network
 # namespaces: tools/cluster), between two hosts whose links are limited to RATE (default
 # 100mbit); the compute is measured by the first plan that needs each shape. Benchmark, not a
-# test: about 10 minutes on 2 cores.
+# test: about 10 minutes on 2 cores, and 4 more for the search's part (STEP_TIME_BENCH_PARTS:
+# "table search", the default, or either).
 set -euo pipefail
 build=${1:?usage: step_time_bench.sh BUILD_DIR [RATE]}
 rate=${2:-100mbit}
@@ -42,8 +43,7 @@ else
   echo "step_time_bench: no cluster here ($("$cluster" check)): one host only" >&2
 fi
 
-echo "| layout | ranks | predicted ms | measured ms | error |"
-echo "| --- | --- | ---: | ---: | ---: |"
+parts=" ${STEP_TIME_BENCH_PARTS:-table search} "
 errors=()
 # row NAME NP HOSTS ARGS...: predicted and measured step time of one layout.
 row() {
@@ -72,6 +72,9 @@ row() {
   errors+=("$err")
   printf '| %s | %s | %.1f | %.1f | %+.1f %% |\n' "$name" "$np" "$predicted" "$measured" "$err"
 }
+if [[ $parts == *" table "* ]]; then
+echo "| layout | ranks | predicted ms | measured ms | error |"
+echo "| --- | --- | ---: | ---: | ---: |"
 row "one process" 1 1
 row "one process, grad_accum 2" 1 1 --set optim.grad_accum=2
 row "one process, checkpointing" 1 1 --set model.activation_checkpointing=true
@@ -95,3 +98,36 @@ fi
 printf '%s\n' "${errors[@]}" | awk '{print ($1 < 0 ? -$1 : $1)}' | sort -n |
   awk '{v[NR] = $1} END {m = (NR % 2) ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2;
        printf "\n%d layouts: median |error| %.1f %%, worst %.1f %%\n", NR, m, v[NR]}'
+fi
+[[ $parts == *" search "* ]] || exit 0
+
+# The search's ranking against measurement: `--plan --search --gpus 2 --device cpu --time` over
+# the base config with a global batch of 16 sequences (dp 2, or accumulation 2), then the first
+# SEARCH_TOP (default 8) candidates measured; the search's first choice must be the fastest
+# measured or within 5 % of it.
+echo
+echo "| search rank | layout | predicted tok/s | measured tok/s |"
+echo "| ---: | --- | ---: | ---: |"
+"$bin/train" "${common[@]}" --set optim.grad_accum=2 --set train.out_dir="$work/plan" --plan \
+  --search --gpus 2 --device cpu --time >"$work/search_all"
+grep '^  fits' "$work/search_all" | sed -n "1,${SEARCH_TOP:-8}p" >"$work/search"
+rank=0 best=0 first=0
+while IFS= read -r line; do
+  rank=$((rank + 1))
+  layout=$(echo "$line" | cut -c8-53 | sed 's/ *$//')
+  predicted=$(echo "$line" | sed -n 's/.* \([0-9]*\) tok\/s.*/\1/p')
+  read -ra sets <<<"$(echo "$line" | sed 's/.*ms   //')"
+  log="$work/search_$rank.log"
+  "${mpi[@]}" -np 2 "$bin/train" "${common[@]}" --set optim.grad_accum=2 "${sets[@]}" \
+    --set train.out_dir="$work/run" >"$log" 2>&1 </dev/null
+  rm -rf "$work/run"
+  ms=$(grep '^step ' "$log" | tail -n +3 | sed -n 's/.*| \([0-9.]*\) ms |.*/\1/p' | sort -n |
+    awk '{v[NR] = $1} END {print (NR % 2) ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2}')
+  tok=$(echo "16 * 64 / ($ms / 1000)" | bc -l)
+  printf '| %d | %s | %s | %.0f |\n' "$rank" "$layout" "$predicted" "$tok"
+  ((rank == 1)) && first=$tok
+  if (($(echo "$tok > $best" | bc -l))); then best=$tok; fi
+done <"$work/search"
+printf '\nthe search'"'"'s first choice measures %.0f tok/s, the fastest measured %.0f: %.1f %% slower\n' \
+  "$first" "$best" "$(echo "($best - $first) / $best * 100" | bc -l)"
+

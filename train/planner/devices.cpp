@@ -2,6 +2,8 @@
 // train/planner/devices.h).
 #include "train/planner/devices.h"
 
+#include <unistd.h>
+
 #include <iomanip>
 #include <sstream>
 
@@ -21,13 +23,27 @@ const std::vector<DeviceSpec>& device_table() {
   return table;
 }
 
+// This machine's memory as one device (`--device cpu`: the CPU test bed's ranks share it).
+const DeviceSpec& host_device() {
+  static const DeviceSpec host = [] {
+    DeviceSpec d;
+    d.name = "cpu";
+    d.model = "this machine's memory";
+    d.memory_bytes = static_cast<int64_t>(sysconf(_SC_PHYS_PAGES)) * sysconf(_SC_PAGE_SIZE);
+    d.checked = "this machine";
+    return d;
+  }();
+  return host;
+}
+
 const DeviceSpec& find_device(const std::string& name) {
+  if (name == "cpu") return host_device();
   std::string known;
   for (const DeviceSpec& d : device_table()) {
     if (d.name == name) return d;
     known += (known.empty() ? "" : ", ") + d.name;
   }
-  throw ConfigError("--device: unknown device '" + name + "' (known: " + known + ")");
+  throw ConfigError("--device: unknown device '" + name + "' (known: " + known + ", cpu)");
 }
 
 bool fits(int64_t peak_bytes, const DeviceSpec& device) {

@@ -21,7 +21,8 @@ struct DeviceSpec {
 
 // The table, in the order `train --plan --device` lists them.
 const std::vector<DeviceSpec>& device_table();
-// The entry named `name`; ConfigError naming `--device` and the known names otherwise.
+// The entry named `name` ("cpu": this machine's memory, for the CPU test bed); ConfigError
+// naming `--device` and the known names otherwise.
 const DeviceSpec& find_device(const std::string& name);
 
 // Bytes of the device that Loom's allocator does not count but a step needs: cuBLASLt's

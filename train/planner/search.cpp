@@ -77,6 +77,15 @@ std::vector<LayoutCandidate> search_layouts(const Config& base, int64_t gpus,
               continue;
             }
             c.config.optim.grad_accum = global / (micro * dp);
+            std::ostringstream set;
+            set << "--set parallel.dp=" << dp << " --set parallel.tp=" << tp
+                << " --set parallel.pp=" << pp << " --set parallel.cp=" << cp
+                << " --set parallel.zero_stage=" << zero
+                << " --set parallel.sequence_parallel=" << (tp > 1 ? "true" : "false")
+                << " --set model.activation_checkpointing=" << (ckpt ? "true" : "false")
+                << " --set optim.grad_accum=" << c.config.optim.grad_accum
+                << " --set parallel.microbatches=0";
+            c.overrides = set.str();
             try {
               validate_config(c.config);
               c.peak_bytes = largest_peak(c.config);
@@ -102,21 +111,52 @@ std::vector<LayoutCandidate> search_layouts(const Config& base, int64_t gpus,
   return out;
 }
 
+void rank_by_step_time(std::vector<LayoutCandidate>& candidates, Calibration& cal,
+                       const ClusterLinks& links) {
+  for (LayoutCandidate& c : candidates) {
+    if (!c.fits) continue;
+    try {
+      const StepTimePlan t = plan_step_time(c.config, cal, links);
+      c.step_s = t.step_s;
+      c.tokens_per_s = t.tokens_per_s;
+    } catch (const ConfigError& e) {
+      c.reason = std::string("speed not predicted: ") + e.what();
+    }
+  }
+  std::stable_sort(candidates.begin(), candidates.end(),
+                   [](const LayoutCandidate& a, const LayoutCandidate& b) {
+                     auto rank = [](const LayoutCandidate& c) {
+                       return c.fits ? (c.tokens_per_s > 0 ? 0 : 1) : 2;
+                     };
+                     if (rank(a) != rank(b)) return rank(a) < rank(b);
+                     return a.tokens_per_s > b.tokens_per_s;
+                   });
+}
+
 std::string format_search(const std::vector<LayoutCandidate>& candidates, int64_t gpus,
                           const DeviceSpec& device) {
   std::ostringstream o;
   int64_t fit = 0;
-  for (const LayoutCandidate& c : candidates) fit += c.fits ? 1 : 0;
+  bool ranked = false;
+  for (const LayoutCandidate& c : candidates) {
+    fit += c.fits ? 1 : 0;
+    ranked = ranked || c.tokens_per_s > 0;
+  }
   o << fit << " of " << candidates.size() << " layouts of " << gpus << " × " << device.name
-    << " fit (listed by least model splitting, not yet by predicted speed: "
-       "docs/planning.md)\n";
+    << (ranked ? " fit (ranked by predicted tokens/s: train --plan --time, docs/planning.md)\n"
+               : " fit (listed by least model splitting, not by predicted speed: add --time, "
+                 "docs/planning.md)\n");
   const double gib = static_cast<double>(int64_t{1} << 30);
   for (const LayoutCandidate& c : candidates) {
     o << "  " << (c.fits ? "fits " : "no   ") << std::left << std::setw(46) << c.layout;
     if (c.peak_bytes > 0)
       o << std::right << std::fixed << std::setprecision(2) << std::setw(9) << c.peak_bytes / gib
         << " GiB";
+    if (c.tokens_per_s > 0)
+      o << std::fixed << std::setprecision(0) << std::setw(10) << c.tokens_per_s << " tok/s"
+        << std::setprecision(1) << std::setw(9) << c.step_s * 1e3 << " ms";
     if (!c.reason.empty()) o << "   " << c.reason;
+    if (ranked && c.tokens_per_s > 0) o << "   " << c.overrides;
     o << "\n";
   }
   return o.str();
