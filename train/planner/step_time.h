@@ -9,21 +9,26 @@
 //   compute  = m · (L_r · block + rest_r) + optimizer(Ψ_r)
 //     m micro-batches; L_r blocks on the rank; block and rest measured at the rank's micro-batch
 //     (B rows of T/cp tokens) and corrected to the rank's shapes (Note [Compute calibration]);
-//     Ψ_r the parameters the rank updates (÷ tp, ÷ pp stage, ÷ dp under ZeRO ≥ 1).
+//     Ψ_r the parameters the rank updates (÷ tp, its pp stage's, ÷ dp·cp under ZeRO ≥ 1).
 //   tp, cp   = every collective of the layer paths, on the critical path (the compute waits on
 //     each): tp 4 all-reduces (or with sequence parallelism 2 all-gathers + 2 reduce-scatters) of
-//     B·T/cp·C elements per block and micro-batch, and the vocabulary-parallel head's; cp: the
-//     ring's (cp − 1) K,V blocks forward and twice that backward per block and micro-batch, less
-//     the attention compute they overlap with.
-//   dp       = the gradient buckets (parallel.bucket_mb) reduced in the order backward fills them,
+//     B·T/cp·C elements per block and micro-batch (the vocabulary-parallel loss's small
+//     reductions are not priced); cp: the ring's (cp − 1) K,V blocks forward and twice that
+//     backward per block and micro-batch, less the attention compute they overlap with.
+//   dp       = over the dp·cp group (context-parallel ranks reduce gradients like data-parallel
+//     ones): the gradient buckets (parallel.bucket_mb) reduced in the order backward fills them,
 //     each starting when its last gradient is ready and the previous one is done: only what runs
 //     past the end of backward is exposed (parallel.overlap false: all of it); ZeRO-1/2 add the
 //     all-gather of the updated parameter shards; ZeRO-3 gathers each unit's parameters before
 //     its forward and backward (prefetched one unit ahead: exposed where a gather is longer than
 //     the unit's compute) and reduce-scatters its gradients as backward goes.
-//   pp       = the schedule's makespan from simulate() in units of one chunk's forward (1) and
-//     backward (2), scaled by the slowest stage's (fwd + bwd) / 3, plus one activation transfer
-//     per stage boundary on the fill and one gradient transfer on the drain.
+//   pp       = the schedule's makespan from simulate() (parallel/pp/simulate.h) given each
+//     global stage's measured forward and backward (its blocks, the rest on the last stage, its
+//     collectives) and the measured transfer of one activation (StageCosts), so unbalanced
+//     stages are priced as they run; the bubble is the makespan less the slowest rank's work,
+//     plus the tied table's exchange between the first and last stage.
+//   Ranks sharing one machine's cores and memory compute slower together than alone: the
+//     factors `--calibrate-links` measures multiply compute and the optimizer.
 // A collective over n bytes (its whole buffer: all-reduce's, all-gather's output,
 // reduce-scatter's input; a send's message) costs α + n/β on the group's slowest link, α and β
 // measured per collective and link class (`train --calibrate-links`: between ranks of one host,
