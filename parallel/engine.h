@@ -65,6 +65,14 @@ class GradientEngine {
   // reduce as backward runs). Called after an accumulation micro-batch's backward, for the
   // gradient noise scale (Note [Gradient noise scale] in train/noise_scale.h).
   virtual Tensor local_grad_sum_squares() { return Tensor(); }
+  // The same without accumulation: with `on`, before the step's (only) backward, the engine sums
+  // this rank's Σ g² of each gradient as it hands it to its reduction, which
+  // local_grad_sum_squares() returns once the step's reductions are issued (finish() has run).
+  // Returns false where the engine cannot (it shards gradients first, or has no reduction).
+  virtual bool probe_unreduced_grads(bool on) {
+    (void)on;
+    return false;
+  }
   // Note [Engine step]: the global Σ g² as a 0-d f64 tensor on the device, the same on every
   // rank. Collective. (Virtual for an engine that wraps another: it forwards.)
   virtual Tensor finish();

@@ -572,10 +572,11 @@ void validate_config(const Config& c) {
   }
   if (t.noise_scale) {  // Note [Gradient noise scale] in train/noise_scale.h
     const ParallelConfig& np = c.parallel;
-    require(c.optim.grad_accum >= 2,
-            "train.noise_scale: needs optim.grad_accum >= 2 (the first micro-batch's gradient is "
-            "the small batch), got " +
-                str(c.optim.grad_accum));
+    require(c.optim.grad_accum >= 2 || np.dp >= 2,
+            "train.noise_scale: needs optim.grad_accum >= 2 or parallel.dp >= 2 (the first "
+            "micro-batch's gradient, or each rank's before the reduction, is the small batch), "
+            "got optim.grad_accum " +
+                str(c.optim.grad_accum) + " and parallel.dp " + str(np.dp));
     require(np.tp == 1 && np.pp == 1 && np.cp == 1 && np.zero_stage <= 1 && !np.odc &&
                 !np.sdp.on() && !np.diloco.on() && !c.data.packing,
             "train.noise_scale: needs data parallelism alone (one process, DDP or ZeRO-1, "

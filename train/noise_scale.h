@@ -10,9 +10,12 @@
 // moving average (β = 0.9) before the ratio, as the paper does. In Loom (train.noise_scale):
 // G_s is this rank's first accumulation micro-batch's gradient of its mean loss (B_s = its
 // tokens) — read from the gradient buffers before the next micro-batch adds to them
-// (GradientEngine::local_grad_sum_squares: one process, DDP and ZeRO-1) — and G_b the step's
-// gradient, averaged over every rank and micro-batch (B_b = the step's tokens), whose norm the
-// step reports anyway. Needs optim.grad_accum ≥ 2.
+// (GradientEngine::local_grad_sum_squares: one process, DDP and ZeRO-1) — or, without
+// accumulation under DDP / ZeRO-1, this rank's gradient of its micro-batch, summed bucket by
+// bucket as the engine hands each to its all-reduce (GradientEngine::probe_unreduced_grads;
+// early contributions of a tied table are declined then, so it reaches its bucket whole) — and
+// G_b the step's gradient, averaged over every rank and micro-batch (B_b = the step's tokens),
+// whose norm the step reports anyway. Needs optim.grad_accum ≥ 2 or parallel.dp ≥ 2.
 #pragma once
 
 #include <cstdint>

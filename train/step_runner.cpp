@@ -90,6 +90,11 @@ class PlainRunner final : public StepRunner {
     const int64_t count = step.micro_batches();
     Tensor loss_sum;
     first_sq_ = Tensor();
+    // Note [Gradient noise scale]: without accumulation the small batch is this rank's whole
+    // micro-batch, read by the engine as it hands each gradient bucket to its reduction.
+    const bool probe = count == 1 && p_.probe_first_micro_batch;
+    probing_ = p_.engine->probe_unreduced_grads(probe) && probe;
+    probe_factor_ = rule.weigh ? step.weight(0) * rule.backward : rule.backward;
     for (int64_t m = 0; m < count; ++m) {
       p_.engine->begin_micro_batch(m, count);  // the last arms the gradient sync
       const auto t_fwd = Clock::now();
@@ -119,11 +124,17 @@ class PlainRunner final : public StepRunner {
   }
 
  public:
-  Tensor first_micro_batch_sum_squares() const override { return first_sq_; }
+  Tensor first_micro_batch_sum_squares() const override {
+    if (!probing_) return first_sq_;
+    const Tensor sq = p_.engine->local_grad_sum_squares();  // complete once finish() has run
+    return sq.defined() ? ops::scale(sq, 1.0 / (probe_factor_ * probe_factor_)) : sq;
+  }
 
  private:
   StepRunnerParts p_;
   Tensor first_sq_;
+  bool probing_ = false;
+  double probe_factor_ = 1;  // the weight and factor the probed micro-batch's loss was scaled by
 };
 
 class PipelineRunner final : public StepRunner {

@@ -74,7 +74,9 @@ class StepRunner {
   virtual std::optional<parallel::pp::PipelineStats> stats() const { return std::nullopt; }
   // With StepRunnerParts::probe_first_micro_batch, the last step's first micro-batch's Σ g² of
   // the gradient of its mean loss, on this rank before any reduction (Note [Gradient noise
-  // scale] in train/noise_scale.h): a 0-d f64 device tensor; undefined where there is none.
+  // scale] in train/noise_scale.h; without accumulation the engine's probe of its one
+  // micro-batch, complete once the engine's finish() has run): a 0-d f64 device tensor;
+  // undefined where there is none.
   virtual Tensor first_micro_batch_sum_squares() const { return Tensor(); }
   // Gives every rank the row of logits the ranks holding the head computed (the last stage's,
   // under pp; the plain runner's ranks all hold it). Collective like logits().

@@ -208,6 +208,11 @@ void DataParallel::launch(int bucket, DpEventKind kind) {
   buckets_->ensure_grad_buffer(bucket);
   GradBucket& b = buckets_->bucket(bucket);
   b.sealed = true;
+  if (probe_) {  // this rank's gradient, before the reduction overwrites it
+    autograd::NoGradGuard no_grad;
+    const Tensor s = ops::sum_squares(b.grad_flat);
+    probe_sq_ = probe_sq_.defined() ? ops::add(probe_sq_, s) : s;
+  }
   if (rows_candidate(bucket)) {  // Note [Early contributions and sparse rows]
     deferred_[static_cast<size_t>(bucket)] = 1;
     launch_order_.push_back(bucket);
@@ -221,7 +226,9 @@ void DataParallel::launch(int bucket, DpEventKind kind) {
 }
 
 bool DataParallel::on_partial(size_t param, const Tensor& g) {
-  if (!sync_) return false;  // an accumulation micro-batch: the engine sums it as before
+  // An accumulation micro-batch, or a probed one (probe_unreduced_grads): the engine sums it as
+  // before.
+  if (!sync_ || probe_) return false;
   const BucketParam& p = buckets_->params()[param];
   buckets_->ensure_grad_buffer(p.bucket);
   GradBucket& b = buckets_->bucket(p.bucket);
@@ -269,7 +276,15 @@ void DataParallel::zero_grad() {
   synced_ = false;
 }
 
+bool DataParallel::probe_unreduced_grads(bool on) {
+  if (on && (config_.zero_stage > 1 || gatherer_)) return false;
+  probe_ = on;
+  probe_sq_ = Tensor();
+  return true;
+}
+
 Tensor DataParallel::local_grad_sum_squares() {
+  if (probe_) return probe_sq_;
   if (config_.zero_stage > 1 || sync_ || gatherer_) return Tensor();
   autograd::NoGradGuard no_grad;
   Tensor sum;

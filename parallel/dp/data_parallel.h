@@ -170,8 +170,13 @@ class DataParallel final : public GradientEngine {
   void zero_grad() override;
   // The engine seam (parallel/engine.h): the last micro-batch arms the sync (set_sync).
   void begin_micro_batch(int64_t m, int64_t count) override { set_sync(m == count - 1); }
-  // Stages 0-1 between syncs: the buckets hold this rank's local gradient; else undefined.
+  // Stages 0-1 between syncs: the buckets hold this rank's local gradient; while probing, what
+  // the probe summed; else undefined.
   Tensor local_grad_sum_squares() override;
+  // Stages 0-1: each bucket's Σ g² is taken as it is launched (before its all-reduce, or its
+  // deferral to the sparse-rows reduction), and early contributions are declined so that a tied
+  // table's gradient reaches its bucket whole (Note [Early contributions and sparse rows]).
+  bool probe_unreduced_grads(bool on) override;
   void step(double lr, const Tensor& factor) override { step_scaled(lr, factor); }
   std::vector<HeldPiece> trained_pieces() const override { return owned_pieces(); }
   // Whole local parameters at stages 0-2, the owned shards at stage 3.
@@ -302,6 +307,8 @@ class DataParallel final : public GradientEngine {
   // wrapping it over the owned pieces (sharded_optimizer.h).
   std::unique_ptr<optim::Optimizer> optimizer_;
   bool sync_ = true;
+  bool probe_ = false;   // probe_unreduced_grads
+  Tensor probe_sq_;      // what it summed this step
   bool synced_ = false;  // reductions complete, step not yet taken
   // Note [Early contributions and sparse rows]: whether they apply to this engine; the step's
   // early reductions; per bucket, its row mode, whether it waits for finish_gradient_sync's

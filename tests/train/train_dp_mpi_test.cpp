@@ -1,7 +1,8 @@
 // tests/train/train_dp_mpi_test.cpp — the trainer under mpirun with parallel.dp = world
 // size and ZeRO-1 or ZeRO-3: its losses match the single-process run on the same global batch (to
 // f32 rounding), and stopping, resuming from the sharded checkpoint and continuing reproduces the
-// uninterrupted data-parallel run bit for bit.
+// uninterrupted data-parallel run bit for bit; the gradient noise scale without accumulation is
+// one process's with it.
 // loom-mpi-test: ranks 2
 // loom-multihost-test: 2x1
 #include <gtest/gtest.h>
@@ -119,6 +120,49 @@ void check_matches_and_resumes(int zero_stage) {
 }
 
 TEST(TrainDataParallel, MatchesSingleProcessAndResumesExactly) { check_matches_and_resumes(1); }
+
+// train.noise_scale without accumulation (Note [Gradient noise scale] in train/noise_scale.h):
+// each rank's gradient before its all-reduce is the small batch. Rank 0's estimate is then the
+// one a single process makes accumulating the same global batch in dp micro-batches, whose first
+// is rank 0's rows: the same two norms, up to summation order.
+TEST(TrainDataParallel, NoiseScaleWithoutAccumulationIsOneProcessAccumulating) {
+  ParallelOptions po;
+  po.shape.dp = testing::world_size();
+  ParallelContext ctx = ParallelContext::create(po);
+  const int dp = ctx.dp_size();
+  const std::string dir = testing::shared_train_data(ctx, "loom_train_dp");
+  std::ostringstream log;
+  for (int zero : {0, 1}) {
+    const std::string tag = "_z" + std::to_string(zero);
+    Config a = config_for(dir, dir + "/noise" + tag, dp, 4, zero);
+    a.train.noise_scale = true;
+    a.train.steps = 4;
+    const auto ra = Trainer(a, testing::trainer_options(log, &ctx)).run();
+    Config b =
+        config_for(dir, dir + "/noise_single" + tag + "_" + std::to_string(ctx.rank()), 1, 4);
+    b.optim.grad_accum = dp;
+    b.train.noise_scale = true;
+    b.train.steps = 4;
+    const auto rb = Trainer(b, testing::trainer_options(log, nullptr)).run();
+    ASSERT_EQ(ra.size(), rb.size());
+    int compared = 0;
+    for (size_t i = 0; i < ra.size(); ++i) {
+      EXPECT_NEAR(ra[i].loss, rb[i].loss, 1e-5 * std::abs(rb[i].loss)) << tag << " step " << i + 1;
+      if (ctx.rank() != 0) continue;
+      // (None while the averaged |G|² is not yet positive: then on both sides.)
+      ASSERT_EQ(ra[i].noise_scale.has_value(), rb[i].noise_scale.has_value())
+          << tag << " step " << i + 1;
+      if (!rb[i].noise_scale) continue;
+      EXPECT_NEAR(*ra[i].noise_scale, *rb[i].noise_scale, 1e-3 * std::abs(*rb[i].noise_scale))
+          << tag << " step " << i + 1;
+      ++compared;
+    }
+    if (ctx.rank() == 0) {
+      EXPECT_GE(compared, 2) << tag;
+    }
+  }
+  ctx.world().barrier();
+}
 // ZeRO-3: parameters are sharded, so each rank checkpoints its parameter shard and resumes it.
 TEST(TrainDataParallel, Zero3MatchesSingleProcessAndResumesExactly) {
   check_matches_and_resumes(3);
