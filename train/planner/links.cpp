@@ -14,31 +14,30 @@
 #include "core/tensor.h"
 #include "layers/transformer.h"
 #include "train/config.h"
+#include "train/planner/step_time.h"
 
 namespace loom::planner {
 namespace {
 
-enum class Kind { kAllReduce, kAllGather, kReduceScatter, kSend };
-
 // The median of 7 timed calls of one collective over a buffer of n f32 elements (after 2
 // untimed), every rank's time maxed (the collective ends when its slowest member does). A send
 // goes from rank 0 to rank 1 (the others only synchronise).
-double time_collective(parallel::Communicator& c, Kind kind, int64_t n) {
+double time_collective(parallel::Communicator& c, Collective kind, int64_t n) {
   const int g = c.size();
   n = (n + g - 1) / g * g;
   Tensor full = Tensor::zeros({n}, DType::kF32), part = Tensor::zeros({n / g}, DType::kF32);
   auto once = [&] {
     switch (kind) {
-      case Kind::kAllReduce:
+      case Collective::kAllReduce:
         c.all_reduce_async(full, parallel::ReduceOp::kSum)->wait();
         break;
-      case Kind::kAllGather:
+      case Collective::kAllGather:
         c.all_gather_async(part, full)->wait();
         break;
-      case Kind::kReduceScatter:
+      case Collective::kReduceScatter:
         c.reduce_scatter_async(full, part, parallel::ReduceOp::kSum)->wait();
         break;
-      case Kind::kSend:
+      case Collective::kSend:
         if (c.rank() == 0) c.send_async(full, 1, 7)->wait();
         if (c.rank() == 1) c.recv_async(full, 0, 7)->wait();
         break;
@@ -80,10 +79,8 @@ std::string calibrate_links(const parallel::ParallelContext& ctx, const Config& 
   std::ostringstream o;
   o << cls << " (" << g << " ranks):" << std::fixed << std::setprecision(1);
   const int64_t small = 1024, large = 2 << 20;
-  for (auto [kind, label] : {std::pair<Kind, const char*>{Kind::kAllReduce, "all_reduce"},
-                             {Kind::kAllGather, "all_gather"},
-                             {Kind::kReduceScatter, "reduce_scatter"},
-                             {Kind::kSend, "send"}}) {
+  for (Collective kind : kCollectives) {
+    const std::string label = collective_name(kind);
     const double ts = time_collective(world, kind, small), tl = time_collective(world, kind, large);
     const double beta = static_cast<double>(large - small) * 4 / std::max(tl - ts, 1e-9);
     const double alpha = std::max(0.0, ts - small * 4 / beta);

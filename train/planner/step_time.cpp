@@ -39,7 +39,7 @@ std::vector<Lin> block_linears(const ModelConfig& m) {
 }
 
 // A collective's time on a link (Note [Step-time model]).
-enum class Coll { kAllReduce, kReduceScatter, kAllGather, kSend };
+using Coll = Collective;
 // The ring's steps and byte factor of a collective over g ranks.
 std::pair<double, double> ring(Coll c, int64_t g) {
   switch (c) {
@@ -56,10 +56,7 @@ std::pair<double, double> ring(Coll c, int64_t g) {
 
 double coll_time(Coll c, double bytes, int64_t g, const LinkModel& link) {
   if (g <= 1 || bytes <= 0) return 0;
-  const CollectiveFit& fit = c == Coll::kAllReduce       ? link.all_reduce
-                             : c == Coll::kAllGather     ? link.all_gather
-                             : c == Coll::kReduceScatter ? link.reduce_scatter
-                                                         : link.send;
+  const CollectiveFit& fit = link.fit(c);
   const auto [steps, factor] = ring(c, g);
   const auto [steps0, factor0] = ring(c, link.ranks);
   return fit.latency_s * steps / steps0 + bytes / fit.bytes_per_s * factor / factor0;
@@ -73,20 +70,34 @@ std::string ms(double s) {
 
 }  // namespace
 
+const char* collective_name(Collective c) {
+  switch (c) {
+    case Collective::kAllReduce:
+      return "all_reduce";
+    case Collective::kAllGather:
+      return "all_gather";
+    case Collective::kReduceScatter:
+      return "reduce_scatter";
+    case Collective::kSend:
+      break;
+  }
+  return "send";
+}
+
 ClusterLinks links_from(const Calibration& cal, int64_t ranks_per_host) {
   ClusterLinks l;
   l.ranks_per_host = ranks_per_host;
   for (auto [cls, link] :
        {std::pair<std::string, LinkModel*>{"intra", &l.intra}, {"inter", &l.inter}}) {
     link->ranks = static_cast<int64_t>(cal.link(cls + "/ranks").value_or(2));
-    for (auto [name, fit] :
-         {std::pair<std::string, CollectiveFit*>{"all_reduce", &link->all_reduce},
-          {"all_gather", &link->all_gather},
-          {"reduce_scatter", &link->reduce_scatter},
-          {"send", &link->send}}) {
-      fit->latency_s = cal.link(cls + "/" + name + "/latency").value_or(0);
-      fit->bytes_per_s = cal.link(cls + "/" + name + "/bandwidth").value_or(0);
+    for (Collective c : kCollectives) {
+      const std::string key = cls + "/" + collective_name(c);
+      link->fit(c) = {cal.link(key + "/latency").value_or(0),
+                      cal.link(key + "/bandwidth").value_or(0)};
     }
+    const std::string ranks = std::to_string(link->ranks);
+    link->compute_slowdown = cal.link(cls + "/slowdown/" + ranks).value_or(1.0);
+    link->memory_slowdown = cal.link(cls + "/memory_slowdown/" + ranks).value_or(1.0);
   }
   return l;
 }
@@ -189,21 +200,19 @@ StepTimePlan plan_step_time(const Config& cfg, Calibration& cal, const ClusterLi
     }
     if (gpt2) corrections << "; the mesh's unfused MLP";
   }
-  // Ranks sharing a machine compute slower together than alone (train/planner/links.h).
-  double slowdown = 1;
-  if (world > 1) {
-    const bool one_host = links.ranks_per_host == 0 || links.ranks_per_host >= world;
-    const std::string key =
-        std::string(one_host ? "intra" : "inter") + "/slowdown/" + std::to_string(world);
-    slowdown = cal.link(key).value_or(1.0);
-    if (slowdown != 1.0) {
-      add(block, block, slowdown - 1);
-      add(rest, rest, slowdown - 1);
-      std::ostringstream k;
-      k << "; ×" << std::setprecision(3) << slowdown << " (" << world
-        << " ranks computing at once, measured)";
-      corrections << k.str();
-    }
+  // Ranks sharing a machine compute slower together than alone (train/planner/links.h): the
+  // factors measured for this many ranks placed this way.
+  const bool one_host = links.ranks_per_host == 0 || links.ranks_per_host >= world;
+  const LinkModel& placed = one_host ? links.intra : links.inter;
+  const bool contended = world > 1 && placed.ranks == world;
+  const double slowdown = contended ? placed.compute_slowdown : 1.0;
+  if (slowdown != 1.0) {
+    add(block, block, slowdown - 1);
+    add(rest, rest, slowdown - 1);
+    std::ostringstream k;
+    k << "; ×" << std::setprecision(3) << slowdown << " (" << world
+      << " ranks computing at once, measured)";
+    corrections << k.str();
   }
 
   // Tensor and context parallelism, per block and micro-batch, on the critical path.
@@ -253,13 +262,8 @@ StepTimePlan plan_step_time(const Config& cfg, Calibration& cal, const ClusterLi
   const double ends = pp == 1 ? outside : (slowest == 0 || slowest == pp - 1 ? outside / 2 : 0);
   const double stage_params = (blocks_slowest * per_block + ends) / tp;
   const double owned = p.zero_stage >= 1 ? stage_params / dpc : stage_params;
-  double optimizer = cal.optimizer(cfg.optim.name, static_cast<int64_t>(owned), t.dtype);
-  if (world > 1) {  // memory-bound: its own measured slowdown (train/planner/links.h)
-    const bool one_host = links.ranks_per_host == 0 || links.ranks_per_host >= world;
-    optimizer *= cal.link(std::string(one_host ? "intra" : "inter") + "/memory_slowdown/" +
-                          std::to_string(world))
-                     .value_or(1.0);
-  }
+  const double optimizer = cal.optimizer(cfg.optim.name, static_cast<int64_t>(owned), t.dtype) *
+                           (contended ? placed.memory_slowdown : 1.0);  // memory-bound: its own
 
   StepTimePlan plan;
   const double compute = micro * rank_compute[slowest];
@@ -363,9 +367,6 @@ StepTimePlan plan_step_time(const Config& cfg, Calibration& cal, const ClusterLi
   }
   const double step = main_s + dp_s + optimizer;
   plan.step_s = step;
-  plan.compute_s = compute + optimizer;
-  plan.exposed_comm_s = tp_s + cp_s + dp_s;
-  plan.bubble_s = bubble;
   const double tokens = static_cast<double>(B) * T * dp * micro;
   plan.tokens_per_s = tokens / step;
   return plan;

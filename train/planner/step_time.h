@@ -47,17 +47,27 @@
 
 namespace loom::planner {
 
+// The collectives the engines use, as the link calibration measures them.
+enum class Collective { kAllReduce, kAllGather, kReduceScatter, kSend };
+constexpr Collective kCollectives[] = {Collective::kAllReduce, Collective::kAllGather,
+                                       Collective::kReduceScatter, Collective::kSend};
+const char* collective_name(Collective c);  // "all_reduce", … (the calibration file's keys)
+
 // One collective on one link class: seconds per call and buffer bytes per second.
 struct CollectiveFit {
   double latency_s = 0;
   double bytes_per_s = 0;
 };
 
-// One link class as measured over `ranks` ranks.
+// One link class as measured over `ranks` ranks (`train --calibrate-links`), and how much slower
+// those ranks computed and updated all at once than one alone (1 where not measured).
 struct LinkModel {
   int64_t ranks = 2;
-  CollectiveFit all_reduce, all_gather, reduce_scatter, send;
-  bool measured() const { return all_reduce.bytes_per_s > 0; }
+  CollectiveFit fits[4];  // by Collective
+  double compute_slowdown = 1, memory_slowdown = 1;
+  CollectiveFit& fit(Collective c) { return fits[static_cast<int>(c)]; }
+  const CollectiveFit& fit(Collective c) const { return fits[static_cast<int>(c)]; }
+  bool measured() const { return fit(Collective::kAllReduce).bytes_per_s > 0; }
 };
 
 // Where the ranks are: ranks_per_host consecutive world ranks share a host (0: all on one), and
@@ -77,7 +87,6 @@ struct StepTimePlan {
   std::vector<TimeLine> lines;
   double step_s = 0;
   double tokens_per_s = 0;
-  double compute_s = 0, exposed_comm_s = 0, bubble_s = 0;
 };
 
 // The predicted step time of the config's layout on this process's device (the calibration's)
@@ -88,7 +97,8 @@ StepTimePlan plan_step_time(const Config& cfg, Calibration& cal, const ClusterLi
 // A printable table ("compute  812.4 ms  m·(L_r·block + rest_r) + optimizer …").
 std::string format_step_time(const StepTimePlan& plan);
 
-// The cluster's links as a calibration file keeps them ("link intra/latency" …), and back.
+// The cluster's links as the calibration file keeps them ("intra/all_reduce/latency", …,
+// "intra/slowdown/<ranks>", "intra/memory_slowdown/<ranks>"; train/planner/links.h).
 ClusterLinks links_from(const Calibration& cal, int64_t ranks_per_host);
 
 }  // namespace loom::planner
