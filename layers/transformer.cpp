@@ -384,14 +384,18 @@ int64_t Transformer::num_parameters(bool exclude_padding) const {
   return n;
 }
 
+double model_flops_per_token(const ModelConfig& config, int64_t T) {
+  int64_t n = count_parameters(config);
+  if (!config.is_llama()) n -= config.max_seq_len * config.n_embd;         // wpe
+  if (!config.tie_embeddings) n -= config.padded_vocab() * config.n_embd;  // untied wte
+  const double L = static_cast<double>(config.n_layer), C = static_cast<double>(config.n_embd);
+  return 6.0 * static_cast<double>(n) + 12.0 * L * C * static_cast<double>(T);
+}
+
 double Transformer::flops_per_token(int64_t T) const {
   // From the config, not this rank's tensors: the whole model's FLOPs however tp, pp or cp shard
   // it (Note [Throughput] in train/train_step.cpp divides the job's FLOPs by its ranks).
-  int64_t n = count_parameters(config_);
-  if (!config_.is_llama()) n -= config_.max_seq_len * config_.n_embd;         // wpe
-  if (!config_.tie_embeddings) n -= config_.padded_vocab() * config_.n_embd;  // untied wte
-  const double L = static_cast<double>(config_.n_layer), C = static_cast<double>(config_.n_embd);
-  return 6.0 * static_cast<double>(n) + 12.0 * L * C * static_cast<double>(T);
+  return model_flops_per_token(config_, T);
 }
 
 }  // namespace loom

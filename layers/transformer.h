@@ -62,6 +62,8 @@ void validate(const ModelConfig& config);
 // exclude_padding the tables count vocab_size rows instead of padded_vocab() (the published
 // GPT-2 sizes, e.g. 124,439,808 for gpt2-124M, are of this kind).
 int64_t count_parameters(const ModelConfig& config, bool exclude_padding = false);
+// The FLOPs of one token of a T-token sequence, forward and backward (Note [Model FLOPs]).
+double model_flops_per_token(const ModelConfig& config, int64_t T);
 
 class Transformer : public Module {
  public:

@@ -17,7 +17,8 @@
 # sized to finish in about 8 minutes on an H200.
 #
 #   tools/gpu_check.sh [--skip-train] [--only-tests] [--stages=LIST] [--suites=A,B,...] [--memcheck]
-# --stages runs only those of tests,conformance,kernels,train,sft,torch,logits (default all;
+# --stages runs only those of tests,conformance,kernels,train,sft,plan,torch,logits (default all
+# but plan;
 # --only-tests is tests,conformance; --skip-train leaves out train, sft and torch). The Loom and
 # PyTorch run lists can be replaced (GPU_CHECK_TRAIN_RUNS, GPU_CHECK_TORCH_RUNS: ';'-separated
 # entries of the lists below); without the kernels stage, GPU_CHECK_PEAK_TFLOPS gives the GEMM
@@ -157,7 +158,7 @@ if want conformance && [[ -x $bin/conformance_tests && -z "$only_suites" ]]; the
   note "conformance_tests (cuda): $c_passed passed, $(echo -n "$c_failed" | grep -c .) failed, $c_skipped skipped$( ((rc != 0 && rc != 1)) && echo ", exit $rc (crash or time limit)")"
   [[ -n "$c_failed" ]] && echo "$c_failed" | sed 's/^/  /' | tee -a "$summary"
 fi
-want kernels || want train || want sft || want torch || want logits ||
+want kernels || want train || want sft || want plan || want torch || want logits ||
   { stamp done; cat /tmp/loom_gpu_env.txt >>"$summary"; cat "$summary"; exit 0; }
 
 # --- 2. ceilings and kernels -------------------------------------------------------------------
@@ -201,9 +202,12 @@ PY
   want train || train_runs=""
   IFS=';' read -ra runs <<<"${GPU_CHECK_TRAIN_RUNS-$train_runs}"
   for run in "${runs[@]}"; do
-    read -r cfg b t steps attn <<<"$run"
+    # Fields after the attention kernel are more `--set` options (e.g. model.n_layer=4).
+    read -r cfg b t steps attn extra <<<"$run"
+    sets=()
+    for kv in $extra; do sets+=(--set "$kv"); done
     if (($(limit 150) < 30)); then note "training: $cfg ($attn) not run: out of time"; continue; fi
-    echo "=== $cfg B=$b T=$t attention=$attn" >>"$OUT/train.log"
+    echo "=== $cfg B=$b T=$t attention=$attn${extra:+ $extra}" >>"$OUT/train.log"
     # warmup_steps 0: the configs' warmup is longer than these runs (a config error otherwise).
     args=(--config "configs/$cfg.yaml"
       --set "data.train=$synth/train_*.bin" --set "data.val=$synth/val_*.bin"
@@ -212,11 +216,11 @@ PY
       --set train.steps="$steps" --set train.device=cuda --set train.precision=bf16
       --set train.peak_flops="$peak_flops" --set train.val_every=0 --set train.sample_every=0
       --set train.attention_kernel="$attn"
-      --set train.out_dir="/tmp/loom_runs/$cfg-$attn" --set checkpoint.at_end=false)
+      --set train.out_dir="/tmp/loom_runs/$cfg-$attn" --set checkpoint.at_end=false "${sets[@]}")
     # The step-time model's prediction first (train/planner/step_time.h; it calibrates on this
     # GPU the shapes it has not measured), then the measured run.
     pred=$(timeout -s KILL "$(limit 60)" "$bin/train" "${args[@]}" --plan --time \
-      --calibration /tmp/loom_calibration.json 2>>"$OUT/train.log" |
+      --calibration "$OUT/calibration.json" 2>>"$OUT/train.log" |
       sed -n 's/^  step *\([0-9.]*\) ms.*/\1/p')
     echo "=== predicted step ${pred:-?} ms" >>"$OUT/train.log"
     # KILL: train stops gracefully on SIGTERM, finishing its step and writing a checkpoint.
@@ -239,6 +243,36 @@ PY
       --set checkpoint.at_end=false >>"$OUT/train.log" 2>&1
     echo "=== exit $?" >>"$OUT/train.log"
   fi
+fi
+
+# --- 3a. GPU cluster plans: the step-time model calibrated on this GPU -------------------------
+# Each entry (';'-separated): a config and `--set` options of a multi-GPU layout. `train --plan
+# --time --device h200` measures on this GPU every shape a rank of that layout computes (Note
+# [Compute calibration]) into $OUT/calibration.json, with the links from the device's data
+# sheet (Note [Data-sheet links]); a machine without a GPU replays the file and prints the same
+# plans (docs/planning.md, "GPU clusters").
+if want plan; then
+  stamp "GPU cluster plans"
+  b16="--set train.precision=bf16 --set optim.grad_accum=1"
+  plan_runs="gpt2-124m $b16 --set data.batch_size=64 --set data.seq_len=1024 --set parallel.dp=8"
+  plan_runs+=";llama3-8b $b16 --set data.batch_size=2 --set parallel.dp=8 --set parallel.zero_stage=3 --set model.activation_checkpointing=true"
+  plan_runs+=";llama3-8b $b16 --set data.batch_size=2 --set parallel.dp=8 --set parallel.zero_stage=3"
+  plan_runs+=";llama3-8b $b16 --set data.batch_size=4 --set optim.grad_accum=4 --set parallel.dp=32 --set parallel.tp=8 --set parallel.sequence_parallel=true --set parallel.zero_stage=3 --set model.activation_checkpointing=true --set model.n_layer=80 --set model.n_embd=8192 --set model.n_head=64 --set model.ffn_hidden=28672"
+  plan_runs+=";llama3-8b --set train.precision=bf16 --set data.batch_size=2 --set optim.grad_accum=8 --search --gpus 8"
+  IFS=';' read -ra runs <<<"${GPU_CHECK_PLAN_RUNS-$plan_runs}"
+  # An earlier run's file (GPU_CHECK_CALIBRATION): its shapes are not measured again. Each plan
+  # gets GPU_CHECK_PLAN_LIMIT_S seconds (a 70B-wide block takes minutes to calibrate).
+  [[ -f ${GPU_CHECK_CALIBRATION:-} ]] && cp "$GPU_CHECK_CALIBRATION" "$OUT/calibration.json"
+  plan_limit=${GPU_CHECK_PLAN_LIMIT_S:-120}
+  for run in "${runs[@]}"; do
+    if (($(limit "$plan_limit") < 20)); then note "plan: not run (out of time): $run"; continue; fi
+    read -ra words <<<"$run"
+    echo "=== plan: $run" >>"$OUT/plan.log"
+    timeout -s KILL "$(limit "$plan_limit")" "$bin/train" --config "configs/${words[0]}.yaml" \
+      "${words[@]:1}" --set train.device=cuda --plan --time --device h200 \
+      --calibration "$OUT/calibration.json" >>"$OUT/plan.log" 2>&1
+    echo "=== exit $?" >>"$OUT/plan.log"
+  done
 fi
 
 # --- 3b. the same models in PyTorch ------------------------------------------------------------
@@ -287,6 +321,11 @@ fi
 # --- the table ---------------------------------------------------------------------------------
 stamp "done"
 {
+  if want plan; then
+    echo
+    echo "== GPU cluster plans (predicted; plan.log, calibration.json)"
+    grep -E '^=== |^  step |^  \w.*(fits|does NOT fit)|error' "$OUT/plan.log" | cut -c1-200
+  fi
   echo
   echo "== kernels (fraction of the measured ceilings)"
   sed -n '/^kernel  *time (us)/,$p' "$OUT/kernels.log"

@@ -63,6 +63,16 @@ std::optional<double> positive_number(const std::string& text) {
   return v;
 }
 
+// The links of --plan --time: a GPU's data sheet with --device a100|h100|h200 (Note [Data-sheet
+// links] in train/planner/step_time.h), else what `--calibrate-links` measured into the file.
+loom::planner::ClusterLinks plan_links(const loom::planner::Calibration& cal,
+                                       const loom::planner::DeviceSpec* device,
+                                       int64_t ranks_per_host) {
+  if (device != nullptr && device->network_bytes_per_s > 0)
+    return loom::planner::links_from_sheet(*device, ranks_per_host);
+  return loom::planner::links_from(cal, ranks_per_host);
+}
+
 int usage() {
   std::cerr << "usage: train --config FILE [--set section.key=value]... [--resume latest|DIR]"
                " [--stop-at STEP] [--profile] [--print-config] [--eval] [--plan [--device "
@@ -173,8 +183,8 @@ int main(int argc, char** argv) {
         std::vector<loom::planner::LayoutCandidate> found =
             loom::planner::search_layouts(config, *gpus, *device);
         if (plan_time) {  // ranked by the step-time model (train/planner/step_time.h)
-          loom::planner::Calibration cal(calibration_path, config.train);
-          loom::planner::rank_by_step_time(found, cal, loom::planner::links_from(cal, per_host));
+          loom::planner::Calibration cal(calibration_path, config.train, device->cuda_name);
+          loom::planner::rank_by_step_time(found, cal, plan_links(cal, device, per_host));
           cal.save();
         }
         std::cout << loom::planner::format_search(found, *gpus, *device);
@@ -188,13 +198,21 @@ int main(int argc, char** argv) {
         last_body = body;
       }
       if (plan_time) {  // Note [Step-time model] in train/planner/step_time.h
-        loom::planner::Calibration cal(calibration_path, config.train);
-        const loom::planner::StepTimePlan t =
-            loom::planner::plan_step_time(config, cal, loom::planner::links_from(cal, per_host));
+        loom::planner::Calibration cal(calibration_path, config.train,
+                                       device ? device->cuda_name : "");
+        const loom::planner::ClusterLinks links = plan_links(cal, device, per_host);
+        const loom::planner::StepTimePlan t = loom::planner::plan_step_time(config, cal, links);
         cal.save();
-        std::cout << "step time (predicted; " << cal.device() << ", calibration "
-                  << calibration_path << "):\n"
-                  << loom::planner::format_step_time(t);
+        std::cout << "step time (predicted; " << cal.device()
+                  << (cal.replay_only() ? " as measured there" : "") << ", calibration "
+                  << calibration_path << "; links "
+                  << (links.intra.source == "measured"
+                          ? "measured (--calibrate-links)"
+                          : "from " + device->name + "'s data sheet, unchecked, " +
+                                std::to_string(links.ranks_per_host) + " per host")
+                  << "):\n"
+                  << loom::planner::format_step_time(
+                         t, device && device->bf16_flops > 0 ? device : nullptr);
       }
     } catch (const loom::ConfigError& e) {
       std::cerr << "config error: " << e.what() << "\n";

@@ -10,7 +10,9 @@
 
 #include <cmath>
 #include <filesystem>
+#include <fstream>
 #include <iomanip>
+#include <nlohmann/json.hpp>
 #include <sstream>
 #include <string>
 
@@ -209,12 +211,151 @@ TEST(PlanTime, TheSearchRanksTheLayoutsThatFitByPredictedTokensPerSecond) {
   EXPECT_NE(text.find("ranked by predicted tokens/s"), std::string::npos) << text;
 }
 
+// Note [Data-sheet links]: a GPU's links before any cluster was measured are rings at the
+// sheet's rates with NCCL's per-step latencies, within a host and (ranks_per_host apart) between
+// hosts; the plan's MFU is the model's FLOPs at the predicted tokens/s over the sheet's rate.
+TEST(PlanTime, ADataSheetLinkIsARingAtTheSheetsRates) {
+  Calibration cal;
+  const DeviceSpec& h100 = find_device("h100");
+  const ClusterLinks links = links_from_sheet(h100, 0);
+  EXPECT_EQ(links.ranks_per_host, 8);
+  EXPECT_EQ(links.intra.source, "data sheet");
+  for (const int64_t dp : {8, 16}) {
+    const Config cfg = tiny("parallel: {dp: " + std::to_string(dp) + "}\n");
+    const double bytes = static_cast<double>(count_parameters(cfg.model)) * 4;
+    const double g = static_cast<double>(dp);
+    // One bucket, ready at the end of backward: the whole all-reduce is exposed. 8 ranks share
+    // a host (NVLink, 450 GB/s one way); 16 span two (the network, 50 GB/s per GPU).
+    const double want = dp == 8 ? 2 * (g - 1) * 3.4e-6 + bytes * 2 * (g - 1) / g / 450e9
+                                : 2 * (g - 1) * 14e-6 + bytes * 2 * (g - 1) / g / 50e9;
+    const StepTimePlan p = plan_step_time(cfg, cal, links);
+    check_line(p, "dp gradients", want);
+    EXPECT_EQ(p.ranks, dp);
+    EXPECT_EQ(p.flops_per_token, model_flops_per_token(cfg.model, 16));
+    const double mfu = p.flops_per_token * p.tokens_per_s / (989e12 * g);
+    std::ostringstream pct;
+    pct << std::fixed << std::setprecision(1) << "MFU " << 100 * mfu << " %";
+    EXPECT_NE(format_step_time(p, &h100).find(pct.str()), std::string::npos)
+        << format_step_time(p, &h100) << " lacks " << pct.str();
+  }
+  try {
+    links_from_sheet(find_device("cpu"), 0);
+    FAIL() << "the CPU has no data-sheet links";
+  } catch (const ConfigError& e) {
+    EXPECT_EQ(std::string(e.what()).rfind("--device cpu:", 0), 0U) << e.what();
+  }
+}
+
+// A plan for a GPU this machine does not have reads what was measured on one (the file's entries
+// under that GPU's name) and measures nothing; a shape the file lacks is named.
+TEST(PlanTime, APlanForAnAbsentGpuReplaysItsMeasurementsAndNamesAMissingOne) {
+  const std::string path = temp_path("replay.json"), gpu = "NVIDIA H100 80GB HBM3";
+  const Config cfg = tiny("optim: {grad_accum: 2}\n");
+  double step = 0;
+  {
+    Calibration here(path);
+    step = plan_step_time(cfg, here, {}).step_s;
+    here.save();
+    // What a run on that GPU would have written: the same entries under its name.
+    std::ifstream in(path);
+    nlohmann::json j = nlohmann::json::parse(in);
+    j[gpu] = j[here.device()];
+    j.erase(here.device());
+    std::ofstream(path) << j.dump();
+  }
+  Calibration there(path, cfg.train, gpu);
+  EXPECT_TRUE(there.replay_only());
+  EXPECT_EQ(there.device(), gpu);  // f32 compute: no cuDNN attention, no TF32
+  EXPECT_EQ(plan_step_time(cfg, there, {}).step_s, step);
+  Config other = cfg;
+  other.data.batch_size = 3;
+  try {
+    plan_step_time(other, there, {});
+    FAIL() << "a shape measured nowhere must be named, not measured on this machine";
+  } catch (const ConfigError& e) {
+    const std::string what = e.what();
+    EXPECT_NE(what.find("has no measurement of 'block "), std::string::npos) << what;
+    EXPECT_NE(what.find(" B3 T16' on " + gpu), std::string::npos) << what;
+  }
+  std::filesystem::remove(path);
+}
+
+// MiCS (parallel/dp/data_parallel.h): ZeRO within partitions of P consecutive dp ranks, the
+// gradient shards all-reduced across the dp/P replicas after backward.
+TEST(PlanTime, MicsShardsWithinPartitionsAndAllReducesTheShardsAcrossReplicas) {
+  Calibration cal;
+  ClusterLinks links;
+  const double alpha = 1e-4, beta = 1e8;
+  links.intra = uniform(alpha, beta);
+  const Config base = tiny("parallel: {dp: 4, zero_stage: 2, mics_partition_size: 2}\n");
+  const double params = static_cast<double>(count_parameters(base.model));
+  const double bytes = params * 4;
+  // One bucket, ready at the end of backward: its reduce-scatter over the partition (2 ranks),
+  // the shard's all-reduce across the 2 replicas, the updated shard's all-gather over the
+  // partition — each α + n/β at the 2 ranks the link was measured over.
+  StepTimePlan p = plan_step_time(base, cal, links);
+  check_line(p, "dp gradients",
+             (alpha + bytes / beta) + (alpha + bytes / 2 / beta) + (alpha + bytes / beta));
+  EXPECT_NE(
+      p.lines[1].formula.find("update of " + std::to_string(count_parameters(base.model) / 2)),
+      std::string::npos)
+      << p.lines[1].formula;  // the optimizer updates the partition's shard
+  // ZeRO-3: the same as ZeRO-3 over one partition, plus the replicas' all-reduce of the shard.
+  Config mics3 = base, plain3 = base;
+  mics3.parallel.zero_stage = plain3.parallel.zero_stage = 3;
+  plain3.parallel.dp = 2;
+  plain3.parallel.mics_partition_size = 0;
+  auto line = [](const StepTimePlan& q, const std::string& what) {
+    for (const TimeLine& l : q.lines)
+      if (l.what == what) return l.seconds;
+    ADD_FAILURE() << "no line " << what;
+    return 0.0;
+  };
+  EXPECT_NEAR(line(plan_step_time(mics3, cal, links), "dp ZeRO-3") -
+                  line(plan_step_time(plain3, cal, links), "dp ZeRO-3"),
+              alpha + bytes / 2 / beta, 1e-12);
+}
+
+// ODC (Note [ODC] in parallel/odc/odc_gatherer.h): ZeRO-3's schedule with each unit pulled and
+// pushed one-sidedly, priced at the one-sided rates, plus two barriers per step; a calibration
+// without one-sided measurements is named.
+TEST(PlanTime, OdcIsZero3AtTheOneSidedRatesPlusTwoBarriers) {
+  Calibration cal;
+  const Config zero3 = tiny("parallel: {dp: 2, zero_stage: 3}\n");
+  Config odc = zero3;
+  odc.parallel.odc = true;
+  auto dp_line = [](const StepTimePlan& q) {
+    for (const TimeLine& l : q.lines)
+      if (l.what == "dp ZeRO-3") return l.seconds;
+    ADD_FAILURE() << "no dp ZeRO-3 line";
+    return 0.0;
+  };
+  ClusterLinks links;
+  links.intra = uniform(1e-4, 1e8);
+  // The same fits for one-sided transfers as for the collectives: only the barriers differ.
+  EXPECT_NEAR(dp_line(plan_step_time(odc, cal, links)) - dp_line(plan_step_time(zero3, cal, links)),
+              2 * 1e-4, 1e-12);
+  // Pulls four times slower: ODC's line grows, ZeRO-3's does not.
+  ClusterLinks slow_pulls = links;
+  slow_pulls.intra.fit(Collective::kGet) = {1e-4, 0.25e8};
+  EXPECT_GT(dp_line(plan_step_time(odc, cal, slow_pulls)),
+            dp_line(plan_step_time(odc, cal, links)));
+  EXPECT_EQ(dp_line(plan_step_time(zero3, cal, slow_pulls)),
+            dp_line(plan_step_time(zero3, cal, links)));
+  ClusterLinks none = links;
+  none.intra.fit(Collective::kGet) = {};
+  try {
+    plan_step_time(odc, cal, none);
+    FAIL() << "a calibration without one-sided transfers must be named";
+  } catch (const ConfigError& e) {
+    EXPECT_EQ(std::string(e.what()).rfind("parallel.odc:", 0), 0U) << e.what();
+  }
+}
+
 TEST(PlanTime, WhatTheModelDoesNotCoverIsNamed) {
   Calibration cal;
   for (const auto& [extra, key] : std::vector<std::pair<std::string, std::string>>{
-           {"parallel: {dp: 2, zero_stage: 3, odc: true}\n", "parallel.odc"},
-           {"parallel: {dp: 2, zero_stage: 3, mics_partition_size: 1}\n",
-            "parallel.mics_partition_size"}}) {
+           {"parallel: {dp: 2, sdp: {mode: forward}}\n", "parallel.sdp"}}) {
     try {
       plan_step_time(tiny(extra), cal, {});
       FAIL() << key << " must be refused";

@@ -14,10 +14,12 @@
 
 #include "core/autograd.h"
 #include "core/device.h"
+#include "core/error.h"
 #include "core/ops/activation.h"
 #include "core/ops/attention.h"
 #include "core/ops/cross_entropy.h"
 #include "core/ops/matmul.h"
+#include "core/ops/view.h"
 #include "core/rng.h"
 #include "kernels/attention.h"
 #include "kernels/copy.h"
@@ -28,6 +30,8 @@
 #include "optim/adamw.h"
 #include "optim/clip.h"
 #include "optim/sgd.h"
+#include "parallel/comm/communicator.h"
+#include "parallel/cp/ring_attention.h"
 #include "train/trainer.h"
 
 namespace loom::planner {
@@ -92,6 +96,46 @@ PassTimes time_passes(const std::function<Tensor()>& fwd, const std::function<Te
   return {f[reps / 2], b[reps / 2]};
 }
 
+// Rank 0 of a ring of `size` members that are all this process: what it sends to its successor
+// it receives from its predecessor (a local copy, done at once). Only the point-to-point calls
+// ring attention makes (parallel/comm/ring.h) are served.
+class LoopbackRing final : public parallel::Communicator {
+ public:
+  explicit LoopbackRing(int size) : size_(size) {}
+  int rank() const override { return 0; }
+  int size() const override { return size_; }
+  const std::string& name() const override { return name_; }
+  parallel::WorkPtr send_async(Tensor t, int, int) override {
+    sent_ = std::move(t);
+    return done();
+  }
+  parallel::WorkPtr recv_async(Tensor t, int, int) override {
+    LOOM_CHECK(sent_.defined() && sent_.shape() == t.shape(), "loopback ring: unmatched receive");
+    ops::copy_(t, sent_);
+    sent_ = Tensor();
+    return done();
+  }
+  parallel::WorkPtr all_reduce_async(Tensor, parallel::ReduceOp) override { return unused(); }
+  parallel::WorkPtr reduce_scatter_async(Tensor, Tensor, parallel::ReduceOp) override {
+    return unused();
+  }
+  parallel::WorkPtr all_gather_async(Tensor, Tensor) override { return unused(); }
+  parallel::WorkPtr all_to_all_async(Tensor, Tensor) override { return unused(); }
+  parallel::WorkPtr broadcast_async(Tensor, int) override { return unused(); }
+  parallel::WorkPtr barrier_async() override { return unused(); }
+
+ private:
+  struct Done final : parallel::Work {
+    void wait() override {}
+    bool is_done() const override { return true; }
+  };
+  static parallel::WorkPtr done() { return std::make_shared<Done>(); }
+  parallel::WorkPtr unused() const { LOOM_FAIL("loopback ring: only send and receive"); }
+  int size_;
+  std::string name_ = "loopback";
+  Tensor sent_;
+};
+
 // The device this process calibrates: the CPU, or the first GPU it sees.
 Device device_of(const TrainConfig& t) {
   if (t.device == "cpu") return Device::cpu();
@@ -131,16 +175,32 @@ struct KernelGuards {
 
 }  // namespace
 
-Calibration::Calibration(std::string path, const TrainConfig& t)
-    : path_(std::move(path)), dev_(device_of(t)), tf32_(t.allow_tf32) {
-  std::string attention;
-  cudnn_attention_ = resolve_attention_kernel(t, dev_, &attention);
+Calibration::Calibration(std::string path, const TrainConfig& t, const std::string& gpu)
+    : path_(std::move(path)), tf32_(t.allow_tf32) {
+  const bool on_that_gpu =
+      gpu.empty() || (t.device != "cpu" && device_count(DeviceType::kCuda) > 0 &&
+                      kernels::find_kernel<kernels::device_name_k>(DeviceType::kCuda)(0) == gpu);
   std::ostringstream d;
-  if (dev_.is_cpu()) {
-    d << "cpu " << kernels::cpu_blas_core() << " ×" << omp_get_max_threads() << " threads";
+  // A GPU's entries are keyed by its name and the kernel choices that change its times.
+  const auto choices = [&] {
+    return std::string(tf32_ ? ", tf32" : "") + (cudnn_attention_ ? ", cuDNN attention" : "");
+  };
+  if (on_that_gpu) {
+    dev_ = device_of(t);
+    std::string attention;
+    cudnn_attention_ = resolve_attention_kernel(t, dev_, &attention);
+    if (dev_.is_cpu()) {
+      d << "cpu " << kernels::cpu_blas_core() << " ×" << omp_get_max_threads() << " threads";
+    } else {
+      d << kernels::find_kernel<kernels::device_name_k>(DeviceType::kCuda)(dev_.index) << choices();
+    }
   } else {
-    d << kernels::find_kernel<kernels::device_name_k>(DeviceType::kCuda)(dev_.index)
-      << (tf32_ ? ", tf32" : "") << (cudnn_attention_ ? ", cuDNN attention" : "");
+    // The trainer's choice on that GPU (train/trainer.h resolve_attention_kernel, where the
+    // build has cuDNN and it loads): cuDNN's attention for bf16/f16 unless told otherwise.
+    replay_ = true;
+    const bool half = t.precision == "bf16" || t.precision == "f16";
+    cudnn_attention_ = t.attention_kernel == "cudnn" || (t.attention_kernel == "auto" && half);
+    d << gpu << choices();
   }
   device_ = d.str();
   if (path_.empty() || !std::filesystem::exists(path_)) return;
@@ -197,9 +257,17 @@ void Calibration::save() const {
   std::filesystem::rename(tmp, path_);
 }
 
+void Calibration::missing(const std::string& key) const {
+  throw ConfigError("--plan --time: the calibration file " + path_ + " has no measurement of '" +
+                    key + "' on " + device_ +
+                    " (this machine has no such GPU): run the same command once on that GPU, "
+                    "which measures what the file lacks, and bring the file here");
+}
+
 PassTimes Calibration::cached(const std::string& key, const std::function<PassTimes()>& measure) {
   auto f = times_.find(key + "/fwd"), b = times_.find(key + "/bwd");
   if (f != times_.end() && b != times_.end()) return {f->second, b->second};
+  if (replay_) missing(key);
   const KernelGuards guards(tf32_, cudnn_attention_);
   const PassTimes t = measure();
   times_[key + "/fwd"] = t.fwd;
@@ -213,6 +281,7 @@ PassTimes Calibration::cached(const std::string& key, const std::function<PassTi
 void Calibration::model_times(const ModelConfig& m, const TrainConfig& t, int64_t B, int64_t T) {
   const std::string key = model_key(m, t, B, T);
   if (times_.count("block " + key + "/fwd") && times_.count("rest " + key + "/fwd")) return;
+  if (replay_) missing("block " + key);
   const PassTimes one = model_now(m, t, B, T, 1), three = model_now(m, t, B, T, 3);
   const PassTimes block{std::max(0.0, (three.fwd - one.fwd) / 2),
                         std::max(0.0, (three.bwd - one.bwd) / 2)};
@@ -293,6 +362,30 @@ PassTimes Calibration::attention(int64_t B, int64_t heads, int64_t kv_heads, int
     for (Tensor* p : {&q, &k, &v}) p->set_requires_grad(true);
     Tensor dy = normal({B, heads, T, D}, gen, dt, dev_);
     return time_passes([&] { return ops::causal_attention(q, k, v); },
+                       [&](Tensor y) {
+                         autograd::backward({y}, {dy});
+                         return q.grad();
+                       },
+                       [&] {
+                         for (Tensor* p : {&q, &k, &v}) p->zero_grad();
+                       });
+  });
+}
+
+PassTimes Calibration::ring_attention(int64_t B, int64_t heads, int64_t kv_heads, int64_t T_local,
+                                      int64_t D, int64_t cp, const std::string& dtype) {
+  const std::string key =
+      "ring_attention " + shape_key({B, heads, kv_heads, T_local, D, cp}) + " " + dtype;
+  return cached(key, [&] {
+    const DType dt = train_dtype(dtype);
+    LoopbackRing ring(static_cast<int>(cp));
+    Generator gen(7);
+    Tensor q = normal({B, heads, T_local, D}, gen, dt, dev_);
+    Tensor k = normal({B, kv_heads, T_local, D}, gen, dt, dev_);
+    Tensor v = normal({B, kv_heads, T_local, D}, gen, dt, dev_);
+    for (Tensor* p : {&q, &k, &v}) p->set_requires_grad(true);
+    Tensor dy = normal({B, heads, T_local, D}, gen, dt, dev_);
+    return time_passes([&] { return parallel::cp::ring_attention(q, k, v, 0.0, ring); },
                        [&](Tensor y) {
                          autograd::backward({y}, {dy});
                          return q.grad();

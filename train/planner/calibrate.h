@@ -11,9 +11,10 @@
 // config that differ by one block: t(block) = (t(L = 3) − t(L = 1)) / 2, and the rest is
 // t(L = 1) − t(block), forward and backward apart (the median of several timed repetitions
 // after a warm-up). Shapes a rank computes that one process does not (a tensor-parallel rank's
-// column and row layers, its share of the heads; a context-parallel rank's attention over the
-// whole sequence in pieces) are corrected with the measured time of exactly those linear layers
-// and attention calls, against the same calls at the full shape. What the correction leaves
+// column and row layers, its share of the heads; a context-parallel rank's ring attention, run
+// by one process as rank 0 of a loopback ring whose transfers are local copies) are corrected
+// with the measured time of exactly those linear layers and attention calls, against the same
+// calls at the full shape. What the correction leaves
 // at the full shape (norms, residual adds and the autograd overhead of one block) is the
 // block's measured time minus its measured linears and attention.
 #pragma once
@@ -41,10 +42,16 @@ class Calibration {
   // `path` empty: nothing is read or written (every measurement is taken in this process).
   // Measures on t's device (the CPU, or the first GPU) with the kernels the trainer would choose
   // there (train.allow_tf32, train.attention_kernel).
-  explicit Calibration(std::string path = "", const TrainConfig& t = TrainConfig{});
-  // What this process computes on: the CPU's BLAS kernel set and thread count, or the GPU's name
-  // and its kernel choices.
+  // `gpu` (a driver's device name, "NVIDIA H200"): the plan is for that GPU. Where this process
+  // computes on one, it measures as above; elsewhere it only reads that GPU's entries from the
+  // file (measured there earlier), and a shape the file lacks is a ConfigError naming it.
+  explicit Calibration(std::string path = "", const TrainConfig& t = TrainConfig{},
+                       const std::string& gpu = "");
+  // What the times are of: the CPU's BLAS kernel set and thread count, or the GPU's name and its
+  // kernel choices.
   const std::string& device() const { return device_; }
+  // True where the times are read from the file only (a GPU this process does not have).
+  bool replay_only() const { return replay_; }
 
   // One block / the rest of the config's model (dropout, checkpointing and dtype as configured;
   // no parallelism) for a micro-batch of B rows of T tokens.
@@ -59,6 +66,12 @@ class Calibration {
   // Causal attention over (B, heads, T, D) (kv heads `kv_heads`), forward and backward.
   PassTimes attention(int64_t B, int64_t heads, int64_t kv_heads, int64_t T, int64_t D,
                       const std::string& dtype);
+  // A context-parallel rank's ring attention (parallel/cp/ring_attention.h) over cp ranks, its
+  // local queries and keys (B, heads|kv_heads, T_local, D), forward and backward: the block
+  // kernels, merges and copies it runs, with each ring transfer replaced by a local copy (the
+  // transfers are priced from the links).
+  PassTimes ring_attention(int64_t B, int64_t heads, int64_t kv_heads, int64_t T_local, int64_t D,
+                           int64_t cp, const std::string& dtype);
   // GPT-2's MLP (rows × C → F → C, biases): fused (ops::gelu_mlp, the single-device layer) or
   // as the mesh's layers compute it (two linears and a GELU apart).
   PassTimes mlp(int64_t rows, int64_t C, int64_t F, bool fused, const std::string& dtype);
@@ -81,9 +94,12 @@ class Calibration {
   PassTimes cached(const std::string& key, const std::function<PassTimes()>& measure);
   void model_times(const ModelConfig& m, const TrainConfig& t, int64_t B, int64_t T);
 
+  // The entry `key` of a plan for a GPU this process does not have: a ConfigError.
+  [[noreturn]] void missing(const std::string& key) const;
+
   std::string path_, device_;
   Device dev_;
-  bool tf32_ = false, cudnn_attention_ = false;
+  bool tf32_ = false, cudnn_attention_ = false, replay_ = false;
   std::map<std::string, double> times_;  // this device's entries ("key/fwd", "key/bwd")
   std::map<std::string, double> links_;
   bool changed_ = false;

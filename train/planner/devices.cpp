@@ -12,13 +12,17 @@
 namespace loom::planner {
 
 const std::vector<DeviceSpec>& device_table() {
+  // Networks: DGX A100 has 8 × 200 Gb/s HDR InfiniBand, DGX H100 / H200 8 × 400 Gb/s NDR.
   static const std::vector<DeviceSpec> table = {
-      {"a100", "NVIDIA A100 (SXM, 80 GB HBM2e)", int64_t{81920} << 20, 312e12, 2.039e12, 600e9, ""},
-      {"h100", "NVIDIA H100 (SXM, 80 GB HBM3)", int64_t{81559} << 20, 989e12, 3.35e12, 900e9, ""},
+      {"a100", "NVIDIA A100 (SXM, 80 GB HBM2e)", int64_t{81920} << 20, 312e12, 2.039e12, 600e9,
+       25e9, 8, "NVIDIA A100-SXM4-80GB", ""},
+      {"h100", "NVIDIA H100 (SXM, 80 GB HBM3)", int64_t{81559} << 20, 989e12, 3.35e12, 900e9, 50e9,
+       8, "NVIDIA H100 80GB HBM3", ""},
       {"h200", "NVIDIA H200 (SXM, 141 GB HBM3e)", int64_t{143771} << 20, 989e12, 4.8e12, 900e9,
+       50e9, 8, "NVIDIA H200",
        "one measured 2026-12-04 (docs/performance.md): 143,771 MiB, an 8192^3 bf16 GEMM at 789.4 "
-       "TFLOP/s (80 % of the sheet's rate), a device copy at 4,251 GB/s (89 %); NVLink not "
-       "measured (one GPU)"},
+       "TFLOP/s (80 % of the sheet's rate), a device copy at 4,251 GB/s (89 %); NVLink and the "
+       "network not measured (one GPU)"},
   };
   return table;
 }

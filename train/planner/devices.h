@@ -16,7 +16,12 @@ struct DeviceSpec {
   double bf16_flops = 0;        // dense, per second
   double hbm_bytes_per_s = 0;   // read + write
   double link_bytes_per_s = 0;  // NVLink, all links, both directions
-  std::string checked;          // what was measured on one, and when; empty: data sheet only
+  // Between hosts, per GPU and direction: the network of the vendor's 8-GPU system (one NIC per
+  // GPU), and how many GPUs one host has.
+  double network_bytes_per_s = 0;
+  int64_t gpus_per_host = 8;
+  std::string cuda_name;  // what the driver calls it (cudaDeviceProp::name): the calibration's key
+  std::string checked;    // what was measured on one, and when; empty: data sheet only
 };
 
 // The table, in the order `train --plan --device` lists them.

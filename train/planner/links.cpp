@@ -13,6 +13,7 @@
 #include "core/error.h"
 #include "core/tensor.h"
 #include "layers/transformer.h"
+#include "parallel/comm/one_sided.h"
 #include "train/config.h"
 #include "train/planner/step_time.h"
 
@@ -26,6 +27,22 @@ double time_collective(parallel::Communicator& c, Collective kind, int64_t n) {
   const int g = c.size();
   n = (n + g - 1) / g * g;
   Tensor full = Tensor::zeros({n}, DType::kF32), part = Tensor::zeros({n / g}, DType::kF32);
+  // ODC's window: each rank owns n/g elements of the unit (Note [ODC]).
+  std::unique_ptr<parallel::OneSidedWindow> window;
+  if (kind == Collective::kGet || kind == Collective::kAccumulate)
+    window = c.one_sided_window(n / g, DType::kF32, "calibrate-links", 300);
+  // One pull (or push) of the pieces the other g − 1 owners hold, in ODC's rotated order.
+  auto one_sided = [&](bool get) {
+    std::vector<parallel::WorkPtr> works;
+    for (int k = 1; k < g; ++k) {
+      const int owner = (c.rank() + k) % g;
+      Tensor piece = full.narrow(0, owner * (n / g), n / g);
+      works.push_back(get ? window->get_async(owner, 0, piece)
+                          : window->accumulate_async(owner, 0, piece));
+    }
+    for (auto& w : works) w->wait();
+    if (!get) window->flush();
+  };
   auto once = [&] {
     switch (kind) {
       case Collective::kAllReduce:
@@ -40,6 +57,12 @@ double time_collective(parallel::Communicator& c, Collective kind, int64_t n) {
       case Collective::kSend:
         if (c.rank() == 0) c.send_async(full, 1, 7)->wait();
         if (c.rank() == 1) c.recv_async(full, 0, 7)->wait();
+        break;
+      case Collective::kGet:
+        one_sided(true);
+        break;
+      case Collective::kAccumulate:
+        one_sided(false);
         break;
     }
   };
@@ -81,6 +104,12 @@ std::string calibrate_links(const parallel::ParallelContext& ctx, const Config& 
   const int64_t small = 1024, large = 2 << 20;
   for (Collective kind : kCollectives) {
     const std::string label = collective_name(kind);
+    if ((kind == Collective::kGet || kind == Collective::kAccumulate) && uses_nccl(cfg)) {
+      // ODC's GPU windows are CUDA IPC ones (parallel/comm/cuda_ipc_window.cpp), not the
+      // world communicator's: not measured here.
+      o << " " << label << ": not measured on GPUs;";
+      continue;
+    }
     const double ts = time_collective(world, kind, small), tl = time_collective(world, kind, large);
     const double beta = static_cast<double>(large - small) * 4 / std::max(tl - ts, 1e-9);
     const double alpha = std::max(0.0, ts - small * 4 / beta);

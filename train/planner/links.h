@@ -1,12 +1,14 @@
 // train/planner/links.h — measures the links of the cluster a job runs on, for the step-time
 // model (Note [Step-time model] in train/planner/step_time.h): `train --calibrate-links` under
-// mpirun times each collective the engine uses (all-reduce, all-gather, reduce-scatter, a send)
-// at two buffer sizes over the world and fits t = α + n/β to each. Run with every rank on one host
-// it measures the link class "intra" (shared memory); with one rank per host, "inter" (the hosts'
-// network). The result goes into the calibration file beside the devices' measurements.
-// It also measures how much slower a rank computes when every rank of the job computes at once
-// than alone (ranks sharing a CPU's memory bandwidth and caches; 1 for GPUs of their own): the
-// config's one-block model, timed on rank 0 alone and then on every rank together, stored as
+// mpirun times each collective the engine uses (all-reduce, all-gather, reduce-scatter, a send,
+// and ODC's one-sided pulls and pushes of a unit through an MPI window; not on GPUs, whose ODC
+// windows are CUDA IPC ones) at two buffer sizes over the world and fits t = α + n/β to each. Run
+// with every rank on one host it measures the link class "intra" (shared memory); with one rank per
+// host, "inter" (the hosts' network). The result goes into the calibration file beside the devices'
+// measurements. It also measures how much slower a rank computes when every rank of the job
+// computes at once than alone (ranks sharing a CPU's memory bandwidth and caches; 1 for GPUs of
+// their own): the config's one-block model, timed on rank 0 alone and then on every rank together,
+// stored as
 // "<class>/slowdown/<ranks>" and applied by the step-time model to layouts of that many ranks
 // placed the same way.
 #pragma once

@@ -47,6 +47,8 @@ std::pair<double, double> ring(Coll c, int64_t g) {
       return {2.0 * (g - 1), 2.0 * (g - 1) / g};
     case Coll::kReduceScatter:
     case Coll::kAllGather:
+    case Coll::kGet:  // the g − 1 pieces of a unit, one from (or to) each other owner
+    case Coll::kAccumulate:
       return {static_cast<double>(g - 1), static_cast<double>(g - 1) / g};
     case Coll::kSend:
       break;
@@ -78,6 +80,10 @@ const char* collective_name(Collective c) {
       return "all_gather";
     case Collective::kReduceScatter:
       return "reduce_scatter";
+    case Collective::kGet:
+      return "odc_get";
+    case Collective::kAccumulate:
+      return "odc_accumulate";
     case Collective::kSend:
       break;
   }
@@ -102,18 +108,35 @@ ClusterLinks links_from(const Calibration& cal, int64_t ranks_per_host) {
   return l;
 }
 
+ClusterLinks links_from_sheet(const DeviceSpec& device, int64_t ranks_per_host) {
+  LOOM_CONFIG_CHECK(device.network_bytes_per_s > 0, "--device ", device.name,
+                    ": the step time needs a GPU's links (a100, h100, h200)");
+  ClusterLinks l;
+  l.ranks_per_host = ranks_per_host > 0 ? ranks_per_host : device.gpus_per_host;
+  // Note [Data-sheet links]: α per ring step and the ring's link rate, written as the fits a
+  // 2-rank calibration would give (coll_time scales them to the group's size).
+  const auto sheet = [](LinkModel& link, double step_latency_s, double bytes_per_s) {
+    link.ranks = 2;
+    link.source = "data sheet";
+    for (Collective c : kCollectives) {
+      const auto [steps, factor] = ring(c, 2);
+      link.fit(c) = {step_latency_s * steps, bytes_per_s / factor};
+    }
+  };
+  sheet(l.intra, 3.4e-6, device.link_bytes_per_s / 2);
+  sheet(l.inter, 14e-6, device.network_bytes_per_s);
+  return l;
+}
+
 StepTimePlan plan_step_time(const Config& cfg, Calibration& cal, const ClusterLinks& links) {
   const ModelConfig& m = cfg.model;
   const ParallelConfig& p = cfg.parallel;
   const TrainConfig& t = cfg.train;
-  LOOM_CONFIG_CHECK(!p.odc, "parallel.odc: the step-time model does not cover ODC yet");
   LOOM_CONFIG_CHECK(!p.sdp.on(), "parallel.sdp: the step-time model does not cover SDP yet");
   LOOM_CONFIG_CHECK(p.diloco.islands == 0,
                     "parallel.diloco: the step-time model does not cover DiLoCo yet");
   LOOM_CONFIG_CHECK(!cfg.data.packing,
                     "data.packing: the step-time model does not cover packed documents yet");
-  LOOM_CONFIG_CHECK(p.mics_partition_size == 0,
-                    "parallel.mics_partition_size: the step-time model does not cover MiCS yet");
   const int64_t dp = p.dp, tp = p.tp, cp = p.cp, pp = p.pp, vpp = p.vpp;
   const int64_t world = dp * tp * cp * pp;
   // The slowest link each group crosses: ranks are placed tp fastest, then cp, dp, pp (Note
@@ -122,9 +145,11 @@ StepTimePlan plan_step_time(const Config& cfg, Calibration& cal, const ClusterLi
     const int64_t per_host = links.ranks_per_host > 0 ? links.ranks_per_host : world;
     const bool crosses = stride * size > per_host;
     const LinkModel& l = crosses ? links.inter : links.intra;
-    LOOM_CONFIG_CHECK(size <= 1 || l.measured(), "--plan's step time: no measured ",
+    LOOM_CONFIG_CHECK(size <= 1 || l.known(), "--plan's step time: no measured ",
                       crosses ? "link between hosts" : "link within a host",
-                      " (run `train --calibrate-links` under mpirun on the cluster first)");
+                      " (run `train --calibrate-links` under mpirun on the cluster first, or plan "
+                      "for a GPU's data "
+                      "sheet with --device a100|h100|h200)");
     return l;
   };
   const LinkModel& tp_link = link_of(1, tp);
@@ -133,6 +158,13 @@ StepTimePlan plan_step_time(const Config& cfg, Calibration& cal, const ClusterLi
   // (parallel/dp: the dp_cp group): context-parallel ranks reduce like data-parallel ones.
   const int64_t dpc = dp * cp;
   const LinkModel& dp_link = link_of(tp, dpc);
+  // ZeRO shards over the shard group: the dp·cp group, or with MiCS its partitions of
+  // consecutive members (parallel/mesh.h partition_group); the partitions' corresponding
+  // members form the replica groups, over which MiCS all-reduces the gradient shards.
+  const int64_t shard = p.mics_partition_size > 0 ? p.mics_partition_size : dpc;
+  const int64_t replicas = dpc / shard;
+  const LinkModel& shard_link = link_of(tp, shard);
+  const LinkModel& replica_link = link_of(tp * shard, replicas);
   const LinkModel& pp_link = link_of(tp * cp * dp, pp);
 
   const int64_t B = cfg.data.batch_size, T = cfg.data.seq_len, Tr = T / cp, rows = B * Tr;
@@ -193,10 +225,10 @@ StepTimePlan plan_step_time(const Config& cfg, Calibration& cal, const ClusterLi
       add(block, other, -(1.0 - 1.0 / tp));
       corrections << "; sp: the rest of a block ÷ tp";
     }
-    if (cp > 1) {  // ring attention: 1/cp of the whole sequence's causal attention
-      add(block, cal.attention(B, h, kvh, T, D, prec), 1.0 / cp);
+    if (cp > 1) {  // the rank's ring attention (its block kernels and merges), measured
+      add(block, cal.ring_attention(B, h, kvh, Tr, D, cp, prec), 1);
       add(block, cal.attention(B, h, kvh, Tr, D, prec), -1);
-      corrections << "; cp: attention = whole-sequence attention ÷ cp";
+      corrections << "; cp: the rank's ring attention measured";
     }
     if (gpt2) corrections << "; the mesh's unfused MLP";
   }
@@ -215,22 +247,30 @@ StepTimePlan plan_step_time(const Config& cfg, Calibration& cal, const ClusterLi
     corrections << k.str();
   }
 
-  // Tensor and context parallelism, per block and micro-batch, on the critical path.
-  double tp_block = 0, cp_block = 0;
+  // Tensor and context parallelism, per block and micro-batch, on the critical path; forward
+  // and backward apart. Backward runs the transpose of each forward collective (the same bytes),
+  // and with checkpointing the recomputed forward runs its collectives again.
+  const bool recompute = m.activation_checkpointing;
+  double tp_fwd = 0, tp_bwd = 0, cp_fwd = 0, cp_bwd = 0;
   if (tp > 1) {
     const double act = rows * C * e;
-    tp_block = p.sequence_parallel ? 2 * coll_time(Coll::kAllGather, act, tp, tp_link) +
-                                         2 * coll_time(Coll::kReduceScatter, act, tp, tp_link)
-                                   : 4 * coll_time(Coll::kAllReduce, act, tp, tp_link);
+    tp_fwd = p.sequence_parallel ? 2 * coll_time(Coll::kAllGather, act, tp, tp_link) +
+                                       2 * coll_time(Coll::kReduceScatter, act, tp, tp_link)
+                                 : 2 * coll_time(Coll::kAllReduce, act, tp, tp_link);
+    tp_bwd = tp_fwd * (recompute ? 2 : 1);
   }
   if (cp > 1) {
-    const double kvb = 2.0 * B * kvh * Tr * D * e;
-    const double ring = 3.0 * (cp - 1) * coll_time(Coll::kSend, kvb, 2, cp_link);
-    cp_block = std::max(0.0, ring - cal.attention(B, h, kvh, T, D, prec).total() / cp);
+    // The ring passes K,V forward (cp − 1 hops, each behind the compute of its step) and again
+    // backward, where the gradient accumulators follow, cp hops each waited for at once
+    // (parallel/cp/ring_attention.cpp).
+    const double hop = coll_time(Coll::kSend, 2.0 * B * kvh * Tr * D * e, 2, cp_link);
+    const PassTimes ring = cal.ring_attention(B, h, kvh, Tr, D, cp, prec);
+    cp_fwd = std::max(0.0, (cp - 1) * hop - ring.fwd);
+    cp_bwd = std::max(0.0, (cp - 1) * hop - ring.bwd) + cp * hop + (recompute ? cp_fwd : 0);
   }
 
   // Per global stage (pp·vpp of them; one without a pipeline): forward and backward of one
-  // micro-batch, its collectives included (a third forward, two thirds backward).
+  // micro-batch, its collectives included.
   const std::vector<int64_t> bounds =
       parallel::pp::partition_layers(m.n_layer, static_cast<int>(pp * vpp), p.pp_layout);
   const int64_t stages = pp * vpp;
@@ -238,9 +278,8 @@ StepTimePlan plan_step_time(const Config& cfg, Calibration& cal, const ClusterLi
   for (int64_t g = 0; g < stages; ++g) {
     const double n = static_cast<double>(bounds[g + 1] - bounds[g]);
     const bool last = g == stages - 1;
-    const double comm = n * (tp_block + cp_block);
-    sf[g] = n * block.fwd + (last ? rest.fwd : 0) + comm / 3;
-    sb[g] = n * block.bwd + (last ? rest.bwd : 0) + 2 * comm / 3;
+    sf[g] = n * (block.fwd + tp_fwd + cp_fwd) + (last ? rest.fwd : 0);
+    sb[g] = n * (block.bwd + tp_bwd + cp_bwd) + (last ? rest.bwd : 0);
     scomp[g] = n * block.total() + (last ? rest.total() : 0);
   }
   // The slowest rank (its chunks' compute).
@@ -261,7 +300,7 @@ StepTimePlan plan_step_time(const Config& cfg, Calibration& cal, const ClusterLi
   const double outside = static_cast<double>(count_parameters(m1)) - per_block;
   const double ends = pp == 1 ? outside : (slowest == 0 || slowest == pp - 1 ? outside / 2 : 0);
   const double stage_params = (blocks_slowest * per_block + ends) / tp;
-  const double owned = p.zero_stage >= 1 ? stage_params / dpc : stage_params;
+  const double owned = p.zero_stage >= 1 ? stage_params / shard : stage_params;
   const double optimizer = cal.optimizer(cfg.optim.name, static_cast<int64_t>(owned), t.dtype) *
                            (contended ? placed.memory_slowdown : 1.0);  // memory-bound: its own
 
@@ -275,17 +314,21 @@ StepTimePlan plan_step_time(const Config& cfg, Calibration& cal, const ClusterLi
   plan.lines.push_back({"optimizer", optimizer,
                         "update of " + std::to_string(static_cast<int64_t>(owned)) +
                             " parameters (measured " + cfg.optim.name + ")"});
-  const double tp_s = micro * blocks_slowest * tp_block, cp_s = micro * blocks_slowest * cp_block;
+  const double tp_s = micro * blocks_slowest * (tp_fwd + tp_bwd),
+               cp_s = micro * blocks_slowest * (cp_fwd + cp_bwd);
   if (tp > 1) {
     plan.lines.push_back(
         {"tp collectives", tp_s,
-         std::string(p.sequence_parallel ? "2 all-gathers + 2 reduce-scatters" : "4 all-reduces") +
-             " of B·T/cp·C per block and micro-batch"});
+         std::string("per block and micro-batch, of B·T/cp·C: forward ") +
+             (p.sequence_parallel ? "2 all-gathers + 2 reduce-scatters" : "2 all-reduces") +
+             ", backward their transposes" +
+             (recompute ? ", the recomputed forward's again" : "")});
   }
   if (cp > 1) {
     plan.lines.push_back({"cp ring", cp_s,
-                          "3·(cp−1) K,V blocks per block and micro-batch, less the attention "
-                          "they overlap"});
+                          std::string("per block and micro-batch: cp−1 K,V hops forward and "
+                                      "backward past the ring's compute, and cp gradient hops") +
+                              (recompute ? "; the recomputed forward's again" : "")});
   }
 
   // Data parallelism: the buckets of the last micro-batch's backward.
@@ -295,28 +338,45 @@ StepTimePlan plan_step_time(const Config& cfg, Calibration& cal, const ClusterLi
     const double bucket = p.bucket_mb * 1e6;
     const double bwd = blocks_slowest * block.bwd + (slowest == pp - 1 ? rest.bwd : 0);
     if (p.zero_stage <= 2) {
-      // Gradients become ready evenly over backward; buckets of bucket_mb in that order.
-      const Coll c = p.zero_stage == 2 ? Coll::kReduceScatter : Coll::kAllReduce;
+      // Gradients become ready evenly over backward; buckets of bucket_mb in that order: ZeRO-2
+      // reduce-scatters them over the shard group, the others all-reduce over dp·cp.
+      const bool scatter = p.zero_stage == 2;
+      const Coll c = scatter ? Coll::kReduceScatter : Coll::kAllReduce;
       double done = 0, ready_bytes = 0;
       while (ready_bytes < grad_bytes) {
         const double n = std::min(bucket, grad_bytes - ready_bytes);
         ready_bytes += n;
         const double ready = p.overlap ? bwd * ready_bytes / grad_bytes : bwd;
-        done = std::max(done, ready) + coll_time(c, n, dpc, dp_link);
+        done = std::max(done, ready) +
+               (scatter ? coll_time(c, n, shard, shard_link) : coll_time(c, n, dpc, dp_link));
       }
       dp_s = std::max(0.0, done - bwd);
-      if (p.zero_stage >= 1) dp_s += coll_time(Coll::kAllGather, grad_bytes * e / ge, dpc, dp_link);
-      plan.lines.push_back({"dp gradients", dp_s,
-                            std::string(p.zero_stage == 2 ? "reduce-scatter" : "all-reduce") +
-                                " of the buckets past the end of backward" +
-                                (p.zero_stage >= 1 ? " + all-gather of the updated shards" : "")});
+      // MiCS's second hop: the shards all-reduced across the replicas after backward.
+      const double second_hop =
+          scatter ? coll_time(Coll::kAllReduce, grad_bytes / shard, replicas, replica_link) : 0;
+      dp_s += second_hop;
+      if (p.zero_stage >= 1)
+        dp_s += coll_time(Coll::kAllGather, grad_bytes * e / ge, shard, shard_link);
+      plan.lines.push_back(
+          {"dp gradients", dp_s,
+           std::string(scatter ? "reduce-scatter" : "all-reduce") +
+               " of the buckets past the end of backward" +
+               (second_hop > 0 ? " + the shards' all-reduce across replicas" : "") +
+               (p.zero_stage >= 1 ? " + all-gather of the updated shards" : "")});
     } else {
       // ZeRO-3: each block's gathers (forward, backward) prefetched one unit ahead, its
       // reduce-scatter as backward goes; the last one exposed.
+      // ODC pulls and pushes each unit one-sidedly instead (Note [ODC]): the same bytes at the
+      // one-sided rates, no per-unit synchronisation, two barriers per step.
+      LOOM_CONFIG_CHECK(!p.odc || shard_link.fit(Coll::kGet).bytes_per_s > 0,
+                        "parallel.odc: the calibration file has no measured one-sided transfers "
+                        "(run `train --calibrate-links` under mpirun again)");
+      const Coll gather = p.odc ? Coll::kGet : Coll::kAllGather;
+      const Coll scatter = p.odc ? Coll::kAccumulate : Coll::kReduceScatter;
       const double unit_bytes = per_block / tp * e;
-      const double ag = coll_time(Coll::kAllGather, unit_bytes, dpc, dp_link);
-      const double rs = coll_time(Coll::kReduceScatter, per_block / tp * ge, dpc, dp_link);
-      const double outside_ag = coll_time(Coll::kAllGather, outside / tp * e, dpc, dp_link);
+      const double ag = coll_time(gather, unit_bytes, shard, shard_link);
+      const double rs = coll_time(scatter, per_block / tp * ge, shard, shard_link);
+      const double outside_ag = coll_time(gather, outside / tp * e, shard, shard_link);
       // The embeddings' and the head's units are each gathered for forward and backward; a tied
       // head is the embeddings' unit, gathered for the embedding's forward, the head's forward and
       // the backward (parallel/dp/unit_gatherer.cpp; Note [ZeRO-3 memory]).
@@ -324,11 +384,27 @@ StepTimePlan plan_step_time(const Config& cfg, Calibration& cal, const ClusterLi
       dp_s = micro * (blocks_slowest *
                           (std::max(0.0, ag - block.fwd) + std::max(0.0, ag + rs - block.bwd)) +
                       outside_gathers * outside_ag) +
-             coll_time(Coll::kReduceScatter, outside / tp * ge, dpc, dp_link) + rs;
-      plan.lines.push_back({"dp ZeRO-3", dp_s,
-                            "per block and micro-batch: gathers past the block's forward and "
-                            "gather + reduce-scatter past its backward; the embeddings' and "
-                            "head's gathers (tied: the table 3 times); the last reduce-scatters"});
+             coll_time(scatter, outside / tp * ge, shard, shard_link) + rs;
+      if (p.odc) {  // finish()'s and publish's barriers: a message's latency around the group
+        const auto [steps, _] = ring(Coll::kAllReduce, shard);
+        const auto [steps0, __] = ring(Coll::kAllReduce, shard_link.ranks);
+        dp_s += 2 * shard_link.fit(Coll::kAllReduce).latency_s * steps / steps0;
+      }
+      // MiCS: the summed shards all-reduced across the replicas, unit by unit, after backward.
+      const double second_hop =
+          coll_time(Coll::kAllReduce, stage_params / shard * ge, replicas, replica_link);
+      dp_s += second_hop;
+      plan.lines.push_back(
+          {"dp ZeRO-3", dp_s,
+           std::string(p.odc ? "ODC, one-sided: per block and micro-batch: pulls past the "
+                               "block's forward and pull + push past its backward; the "
+                               "embeddings' and head's pulls"
+                             : "per block and micro-batch: gathers past the block's forward and "
+                               "gather + reduce-scatter past its backward; the embeddings' and "
+                               "head's gathers") +
+               (m.tie_embeddings ? " (tied: the table 3 times)" : "") +
+               (p.odc ? "; the last pushes; 2 barriers" : "; the last reduce-scatters") +
+               (second_hop > 0 ? "; the shards' all-reduce across replicas" : "")});
     }
   }
 
@@ -369,17 +445,28 @@ StepTimePlan plan_step_time(const Config& cfg, Calibration& cal, const ClusterLi
   plan.step_s = step;
   const double tokens = static_cast<double>(B) * T * dp * micro;
   plan.tokens_per_s = tokens / step;
+  plan.ranks = world;
+  plan.flops_per_token = model_flops_per_token(m, T);
   return plan;
 }
 
-std::string format_step_time(const StepTimePlan& plan) {
+std::string format_step_time(const StepTimePlan& plan, const DeviceSpec* device) {
   std::ostringstream o;
   for (const TimeLine& l : plan.lines)
     o << "  " << std::left << std::setw(18) << l.what << std::right << std::setw(12)
       << ms(l.seconds) << "  " << l.formula << "\n";
   o << "  " << std::left << std::setw(18) << "step" << std::right << std::setw(12)
     << ms(plan.step_s) << "  " << std::fixed << std::setprecision(0) << plan.tokens_per_s
-    << " tokens/s\n";
+    << " tokens/s";
+  if (plan.ranks > 1)
+    o << " (" << plan.tokens_per_s / static_cast<double>(plan.ranks) << " per rank)";
+  if (device != nullptr && device->bf16_flops > 0) {
+    const double mfu = plan.flops_per_token * plan.tokens_per_s /
+                       (device->bf16_flops * static_cast<double>(plan.ranks));
+    o << std::setprecision(1) << ", MFU " << 100 * mfu << " % of the sheet's "
+      << std::setprecision(0) << device->bf16_flops / 1e12 << " TFLOP/s";
+  }
+  o << "\n";
   return o.str();
 }
 

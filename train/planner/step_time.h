@@ -11,17 +11,25 @@
 //     (B rows of T/cp tokens) and corrected to the rank's shapes (Note [Compute calibration]);
 //     Ψ_r the parameters the rank updates (÷ tp, its pp stage's, ÷ dp·cp under ZeRO ≥ 1).
 //   tp, cp   = every collective of the layer paths, on the critical path (the compute waits on
-//     each): tp 4 all-reduces (or with sequence parallelism 2 all-gathers + 2 reduce-scatters) of
-//     B·T/cp·C elements per block and micro-batch (the vocabulary-parallel loss's small
-//     reductions are not priced); cp: the ring's (cp − 1) K,V blocks forward and twice that
-//     backward per block and micro-batch, less the attention compute they overlap with.
+//     each): tp forward 2 all-reduces (or with sequence parallelism 2 all-gathers + 2
+//     reduce-scatters) of B·T/cp·C elements per block and micro-batch, backward their transposes
+//     (parallel/tp/comm_ops.h: the same bytes), and with checkpointing the recomputed forward's
+//     again (the vocabulary-parallel loss's small reductions are not priced); cp: the ring's
+//     cp − 1 K,V hops forward and backward per block and micro-batch, each pass less the ring
+//     attention's compute it overlaps, plus the cp hops of the gradient accumulators backward
+//     (waited for at once), and the recomputed forward's again.
 //   dp       = over the dp·cp group (context-parallel ranks reduce gradients like data-parallel
 //     ones): the gradient buckets (parallel.bucket_mb) reduced in the order backward fills them,
 //     each starting when its last gradient is ready and the previous one is done: only what runs
 //     past the end of backward is exposed (parallel.overlap false: all of it); ZeRO-1/2 add the
 //     all-gather of the updated parameter shards; ZeRO-3 gathers each unit's parameters before
 //     its forward and backward (prefetched one unit ahead: exposed where a gather is longer than
-//     the unit's compute) and reduce-scatters its gradients as backward goes.
+//     the unit's compute) and reduce-scatters its gradients as backward goes. With MiCS
+//     (parallel.mics_partition_size P) ZeRO shards, gathers and reduce-scatters within the
+//     partitions of P consecutive dp·cp ranks, and ZeRO-2/3 add the all-reduce of the gradient
+//     shards across the dp·cp/P replicas after backward (parallel/dp/data_parallel.h). ODC
+//     (Note [ODC] in parallel/odc/odc_gatherer.h) is ZeRO-3's schedule with one-sided pulls and
+//     pushes (kGet, kAccumulate) in place of the gathers and reduce-scatters, and two barriers.
 //   pp       = the schedule's makespan from simulate() (parallel/pp/simulate.h) given each
 //     global stage's measured forward and backward (its blocks, the rest on the last stage, its
 //     collectives) and the measured transfer of one activation (StageCosts), so unbalanced
@@ -43,14 +51,19 @@
 
 #include "train/config.h"
 #include "train/planner/calibrate.h"
+#include "train/planner/devices.h"
 #include "train/planner/memory.h"
 
 namespace loom::planner {
 
-// The collectives the engines use, as the link calibration measures them.
-enum class Collective { kAllReduce, kAllGather, kReduceScatter, kSend };
-constexpr Collective kCollectives[] = {Collective::kAllReduce, Collective::kAllGather,
-                                       Collective::kReduceScatter, Collective::kSend};
+// The collectives the engines use, as the link calibration measures them; kGet and kAccumulate
+// are ODC's one-sided pulls and pushes of a unit (Note [ODC] in parallel/odc/odc_gatherer.h),
+// measured and priced like the all-gather and reduce-scatter they replace: a buffer of n bytes
+// is a unit, of which a rank pulls (or pushes) the g − 1 pieces other ranks own.
+enum class Collective { kAllReduce, kAllGather, kReduceScatter, kSend, kGet, kAccumulate };
+constexpr Collective kCollectives[] = {Collective::kAllReduce,     Collective::kAllGather,
+                                       Collective::kReduceScatter, Collective::kSend,
+                                       Collective::kGet,           Collective::kAccumulate};
 const char* collective_name(Collective c);  // "all_reduce", … (the calibration file's keys)
 
 // One collective on one link class: seconds per call and buffer bytes per second.
@@ -60,14 +73,16 @@ struct CollectiveFit {
 };
 
 // One link class as measured over `ranks` ranks (`train --calibrate-links`), and how much slower
-// those ranks computed and updated all at once than one alone (1 where not measured).
+// those ranks computed and updated all at once than one alone (1 where not measured); or as a
+// data sheet describes it (links_from_sheet).
 struct LinkModel {
   int64_t ranks = 2;
-  CollectiveFit fits[4];  // by Collective
+  std::string source = "measured";  // or "data sheet"
+  CollectiveFit fits[6];            // by Collective
   double compute_slowdown = 1, memory_slowdown = 1;
   CollectiveFit& fit(Collective c) { return fits[static_cast<int>(c)]; }
   const CollectiveFit& fit(Collective c) const { return fits[static_cast<int>(c)]; }
-  bool measured() const { return fit(Collective::kAllReduce).bytes_per_s > 0; }
+  bool known() const { return fit(Collective::kAllReduce).bytes_per_s > 0; }
 };
 
 // Where the ranks are: ranks_per_host consecutive world ranks share a host (0: all on one), and
@@ -87,18 +102,30 @@ struct StepTimePlan {
   std::vector<TimeLine> lines;
   double step_s = 0;
   double tokens_per_s = 0;
+  int64_t ranks = 1;
+  double flops_per_token = 0;  // the model's (Note [Model FLOPs] in layers/transformer.h)
 };
 
 // The predicted step time of the config's layout on this process's device (the calibration's)
 // and the cluster's links. Throws ConfigError naming the key for what it cannot predict
-// (ODC, SDP, DiLoCo, packed documents, and a group whose link was not measured).
+// (SDP, DiLoCo, packed documents, and a group whose link was not measured).
 StepTimePlan plan_step_time(const Config& cfg, Calibration& cal, const ClusterLinks& links);
 
-// A printable table ("compute  812.4 ms  m·(L_r·block + rest_r) + optimizer …").
-std::string format_step_time(const StepTimePlan& plan);
+// A printable table ("compute  812.4 ms  m·(L_r·block + rest_r) + optimizer …"); with `device`,
+// also the MFU against its data sheet's dense bf16 rate.
+std::string format_step_time(const StepTimePlan& plan, const DeviceSpec* device = nullptr);
 
 // The cluster's links as the calibration file keeps them ("intra/all_reduce/latency", …,
 // "intra/slowdown/<ranks>", "intra/memory_slowdown/<ranks>"; train/planner/links.h).
 ClusterLinks links_from(const Calibration& cal, int64_t ranks_per_host);
+
+// Note [Data-sheet links]: a GPU cluster's links before anything was measured on it — within a
+// host the NVLink rate one way (half the sheet's both-ways figure), between hosts the network
+// rate per GPU (one NIC per GPU, as the vendors' 8-GPU systems have), both at the rate a ring
+// reaches (bus bandwidth = link rate), and the latency per ring step NCCL's own tuning model
+// uses for its ring/Simple protocol (src/graph/tuning.cc: 3.4 µs over NVLink, 14 µs over the
+// network). Unchecked (no cluster was measured): the plan says so. ranks_per_host 0: the
+// device's GPUs per host.
+ClusterLinks links_from_sheet(const DeviceSpec& device, int64_t ranks_per_host);
 
 }  // namespace loom::planner
