@@ -136,6 +136,30 @@ class LoopbackRing final : public parallel::Communicator {
   Tensor sent_;
 };
 
+// An attention call on random q (B, heads, T, D) and k, v (B, kv_heads, T, D), forward and
+// backward (the gradient of q waited for).
+struct AttentionShape {
+  int64_t B, heads, kv_heads, T, D;
+};
+PassTimes time_attention(
+    const AttentionShape& a, DType dt, Device dev,
+    const std::function<Tensor(const Tensor&, const Tensor&, const Tensor&)>& f) {
+  Generator gen(3);
+  Tensor q = normal({a.B, a.heads, a.T, a.D}, gen, dt, dev);
+  Tensor k = normal({a.B, a.kv_heads, a.T, a.D}, gen, dt, dev);
+  Tensor v = normal({a.B, a.kv_heads, a.T, a.D}, gen, dt, dev);
+  for (Tensor* p : {&q, &k, &v}) p->set_requires_grad(true);
+  Tensor dy = normal({a.B, a.heads, a.T, a.D}, gen, dt, dev);
+  return time_passes([&] { return f(q, k, v); },
+                     [&](Tensor y) {
+                       autograd::backward({y}, {dy});
+                       return q.grad();
+                     },
+                     [&] {
+                       for (Tensor* p : {&q, &k, &v}) p->zero_grad();
+                     });
+}
+
 // The device this process calibrates: the CPU, or the first GPU it sees.
 Device device_of(const TrainConfig& t) {
   if (t.device == "cpu") return Device::cpu();
@@ -354,21 +378,10 @@ PassTimes Calibration::attention(int64_t B, int64_t heads, int64_t kv_heads, int
                                  const std::string& dtype) {
   const std::string key = "attention " + shape_key({B, heads, kv_heads, T, D}) + " " + dtype;
   return cached(key, [&] {
-    const DType dt = train_dtype(dtype);
-    Generator gen(3);
-    Tensor q = normal({B, heads, T, D}, gen, dt, dev_);
-    Tensor k = normal({B, kv_heads, T, D}, gen, dt, dev_);
-    Tensor v = normal({B, kv_heads, T, D}, gen, dt, dev_);
-    for (Tensor* p : {&q, &k, &v}) p->set_requires_grad(true);
-    Tensor dy = normal({B, heads, T, D}, gen, dt, dev_);
-    return time_passes([&] { return ops::causal_attention(q, k, v); },
-                       [&](Tensor y) {
-                         autograd::backward({y}, {dy});
-                         return q.grad();
-                       },
-                       [&] {
-                         for (Tensor* p : {&q, &k, &v}) p->zero_grad();
-                       });
+    return time_attention({B, heads, kv_heads, T, D}, train_dtype(dtype), dev_,
+                          [](const Tensor& q, const Tensor& k, const Tensor& v) {
+                            return ops::causal_attention(q, k, v);
+                          });
   });
 }
 
@@ -377,22 +390,11 @@ PassTimes Calibration::ring_attention(int64_t B, int64_t heads, int64_t kv_heads
   const std::string key =
       "ring_attention " + shape_key({B, heads, kv_heads, T_local, D, cp}) + " " + dtype;
   return cached(key, [&] {
-    const DType dt = train_dtype(dtype);
     LoopbackRing ring(static_cast<int>(cp));
-    Generator gen(7);
-    Tensor q = normal({B, heads, T_local, D}, gen, dt, dev_);
-    Tensor k = normal({B, kv_heads, T_local, D}, gen, dt, dev_);
-    Tensor v = normal({B, kv_heads, T_local, D}, gen, dt, dev_);
-    for (Tensor* p : {&q, &k, &v}) p->set_requires_grad(true);
-    Tensor dy = normal({B, heads, T_local, D}, gen, dt, dev_);
-    return time_passes([&] { return parallel::cp::ring_attention(q, k, v, 0.0, ring); },
-                       [&](Tensor y) {
-                         autograd::backward({y}, {dy});
-                         return q.grad();
-                       },
-                       [&] {
-                         for (Tensor* p : {&q, &k, &v}) p->zero_grad();
-                       });
+    return time_attention({B, heads, kv_heads, T_local, D}, train_dtype(dtype), dev_,
+                          [&](const Tensor& q, const Tensor& k, const Tensor& v) {
+                            return parallel::cp::ring_attention(q, k, v, 0.0, ring);
+                          });
   });
 }
 

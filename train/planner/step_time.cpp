@@ -147,9 +147,8 @@ StepTimePlan plan_step_time(const Config& cfg, Calibration& cal, const ClusterLi
     const LinkModel& l = crosses ? links.inter : links.intra;
     LOOM_CONFIG_CHECK(size <= 1 || l.known(), "--plan's step time: no measured ",
                       crosses ? "link between hosts" : "link within a host",
-                      " (run `train --calibrate-links` under mpirun on the cluster first, or plan "
-                      "for a GPU's data "
-                      "sheet with --device a100|h100|h200)");
+                      " (run `train --calibrate-links` under mpirun on the cluster first, or "
+                      "plan for a GPU's data sheet with --device a100|h100|h200)");
     return l;
   };
   const LinkModel& tp_link = link_of(1, tp);
