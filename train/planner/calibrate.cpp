@@ -136,6 +136,15 @@ class LoopbackRing final : public parallel::Communicator {
   Tensor sent_;
 };
 
+// The backward pass time_passes times for a layer's output y: y's gradient dy propagated, and
+// the input x's gradient, written last, returned to be waited for.
+std::function<Tensor(Tensor)> backward_to(const Tensor& x, const Tensor& dy) {
+  return [x, dy](Tensor y) {
+    autograd::backward({y}, {dy});
+    return x.grad();
+  };
+}
+
 // An attention call on random q (B, heads, T, D) and k, v (B, kv_heads, T, D), forward and
 // backward (the gradient of q waited for).
 struct AttentionShape {
@@ -150,11 +159,7 @@ PassTimes time_attention(
   Tensor v = normal({a.B, a.kv_heads, a.T, a.D}, gen, dt, dev);
   for (Tensor* p : {&q, &k, &v}) p->set_requires_grad(true);
   Tensor dy = normal({a.B, a.heads, a.T, a.D}, gen, dt, dev);
-  return time_passes([&] { return f(q, k, v); },
-                     [&](Tensor y) {
-                       autograd::backward({y}, {dy});
-                       return q.grad();
-                     },
+  return time_passes([&] { return f(q, k, v); }, backward_to(q, dy),
                      [&] {
                        for (Tensor* p : {&q, &k, &v}) p->zero_grad();
                      });
@@ -362,11 +367,7 @@ PassTimes Calibration::linear(int64_t rows, int64_t in, int64_t out, bool bias,
     Tensor x = normal({rows, in}, gen, dt, dev_);
     x.set_requires_grad(true);
     Tensor dy = normal({rows, out}, gen, dt, dev_);
-    return time_passes([&] { return layer.forward(x); },
-                       [&](Tensor y) {
-                         autograd::backward({y}, {dy});
-                         return x.grad();
-                       },
+    return time_passes([&] { return layer.forward(x); }, backward_to(x, dy),
                        [&] {
                          layer.zero_grad();
                          x.zero_grad();
@@ -416,10 +417,7 @@ PassTimes Calibration::mlp(int64_t rows, int64_t C, int64_t F, bool fused,
           return fused ? ops::gelu_mlp(x, fc.weight(), fc.bias(), proj.weight(), proj.bias())
                        : proj.forward(ops::gelu(fc.forward(x)));
         },
-        [&](Tensor y) {
-          autograd::backward({y}, {dy});
-          return x.grad();
-        },
+        backward_to(x, dy),
         [&] {
           fc.zero_grad();
           proj.zero_grad();
