@@ -5,7 +5,10 @@
 // smallest cached block of at least its rounded size and at most twice it (blocks are never
 // split, so the cap bounds the waste). A loop that repeats the same shapes therefore reaches a
 // steady state with no call to the system allocator: no page faults on the CPU, no cudaMalloc
-// (which synchronises the device) on the GPU. Not thread-safe: the owning allocator locks.
+// (which synchronises the device) on the GPU. Shapes that grow from step to step (packed
+// micro-batches) pass every cached block now and then; the CPU allocator then grows the largest
+// smaller one (take_below; Note [Growing a block] in core/allocator.cpp). Not thread-safe: the
+// owning allocator locks.
 #pragma once
 
 #include <cstddef>
@@ -29,6 +32,19 @@ class BlockCache {
   void* take(size_t size, size_t* got) {
     auto it = free_.lower_bound(size);
     if (it == free_.end() || it->first > 2 * size) return nullptr;
+    void* block = it->second;
+    *got = it->first;
+    cached_bytes_ -= it->first;
+    free_.erase(it);
+    return block;
+  }
+
+  // The largest cached block smaller than `size` (to be grown: Note [Growing a block] in
+  // core/allocator.cpp), or null; *got receives its size.
+  void* take_below(size_t size, size_t* got) {
+    auto it = free_.lower_bound(size);
+    if (it == free_.begin()) return nullptr;
+    --it;
     void* block = it->second;
     *got = it->first;
     cached_bytes_ -= it->first;

@@ -34,13 +34,6 @@ std::string fmt(double v, int precision, bool sci) {
   return os.str();
 }
 
-double seconds_since(Clock::time_point t0) {
-  return std::chrono::duration<double>(Clock::now() - t0).count();
-}
-
-namespace {
-
-// Shard files matching a glob, sorted; names the key when nothing matches.
 std::vector<std::string> expand_shards(const std::string& pattern, const char* key) {
   glob_t g{};
   const int rc = ::glob(pattern.c_str(), 0, nullptr, &g);
@@ -53,6 +46,12 @@ std::vector<std::string> expand_shards(const std::string& pattern, const char* k
     throw ConfigError(std::string(key) + ": no shard file matches '" + pattern + "'");
   return out;
 }
+
+double seconds_since(Clock::time_point t0) {
+  return std::chrono::duration<double>(Clock::now() - t0).count();
+}
+
+namespace {
 
 // train.device → the device this process trains on: the CPU, or the GPU numbered by the
 // launcher's node-local rank modulo the GPUs this process sees (a parallel context with NCCL
@@ -70,8 +69,10 @@ Device resolve_device(const TrainConfig& t) {
   return Device::cuda(local_rank % visible);
 }
 
-// This replica's packing of data.train (Note [Packed steps] in data/packed_loader.h).
-PackingOptions packing_options(const Config& cfg, const TrainPlan& plan) {
+}  // namespace
+
+PackingOptions packing_options(const Config& cfg, int64_t data_rank, int64_t data_ranks,
+                               bool equal_micro_batches) {
   const DataConfig& d = cfg.data;
   PackingOptions po;
   po.docs_per_rank = d.batch_size;
@@ -80,18 +81,15 @@ PackingOptions packing_options(const Config& cfg, const TrainPlan& plan) {
       d.max_tokens_per_microbatch > 0 ? d.max_tokens_per_microbatch : d.batch_size * d.seq_len;
   po.balance = parse_balance_mode(d.balance);
   // a·s² + b·s: the model's FLOPs of a document of s tokens (Note [Model FLOPs]).
-  const double linear = plan.model->flops_per_token(0);
-  po.cost = {plan.model->flops_per_token(1) - linear, linear};
-  // ZeRO-3's per-unit collectives need every rank to run as many micro-batches; ODC does not.
-  po.equal_micro_batches = plan.engine->equal_micro_batches();
-  po.rank = static_cast<int>(plan.data_rank);
-  po.world_size = static_cast<int>(plan.data_ranks);
+  const double linear = model_flops_per_token(cfg.model, 0);
+  po.cost = {model_flops_per_token(cfg.model, 1) - linear, linear};
+  po.equal_micro_batches = equal_micro_batches;
+  po.rank = static_cast<int>(data_rank);
+  po.world_size = static_cast<int>(data_ranks);
   po.seed = d.seed;
   po.vocab_size = cfg.model.vocab_size;
   return po;
 }
-
-}  // namespace
 
 double measure_gemm_flops(Device device, DType dtype) {
   autograd::NoGradGuard no_grad;
@@ -197,7 +195,9 @@ void Trainer::State::build_data() {
     return source;
   };
   if (d.packing) {  // whole documents (Note [Packed steps] in data/packed_loader.h)
-    PackingOptions po = packing_options(cfg, plan);
+    // ZeRO-3's per-unit collectives need every rank to run as many micro-batches; ODC does not.
+    PackingOptions po =
+        packing_options(cfg, plan.data_rank, plan.data_ranks, plan.engine->equal_micro_batches());
     train_data = opened(std::make_unique<PackedSource>(
         std::make_unique<PackedLoader>(expand_shards(d.train, "data.train"), po)));
     if (!d.val.empty()) {

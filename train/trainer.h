@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "core/tensor.h"
+#include "data/packed_loader.h"
 #include "train/config.h"
 
 namespace loom {
@@ -107,6 +108,16 @@ class Trainer {
   struct State;
   std::unique_ptr<State> s_;
 };
+
+// The shard files matching a glob (data.train, data.val), sorted; a ConfigError naming `key`
+// when nothing matches.
+std::vector<std::string> expand_shards(const std::string& pattern, const char* key);
+
+// Data rank `data_rank` of `data_ranks`'s packing of data.train (Note [Packed steps] in
+// data/packed_loader.h); `equal_micro_batches` as the engine needs it (ZeRO-3 with collectives).
+// The trainer's and the planner's (train/planner/packed_steps.h) one source.
+PackingOptions packing_options(const Config& cfg, int64_t data_rank, int64_t data_ranks,
+                               bool equal_micro_batches);
 
 // FLOP/s of a short square GEMM in `dtype` on `device` (the practical peak used for MFU).
 double measure_gemm_flops(Device device = {}, DType dtype = DType::kF32);

@@ -3,9 +3,13 @@
 #include "core/tensor.h"
 
 #include <gtest/gtest.h>
+#include <sys/resource.h>
 
 #include <cmath>
+#include <fstream>
+#include <string>
 
+#include "core/block_cache.h"
 #include "core/ops/view.h"
 #include "core/rng.h"
 #include "kernels/registry.h"
@@ -150,6 +154,55 @@ TEST(Allocator, CountsCurrentAndPeakBytes) {
   }
   EXPECT_EQ(a.stats().current_bytes, before.current_bytes);
   EXPECT_GE(a.stats().peak_bytes, before.current_bytes + 8000);
+}
+
+// Note [Block cache]: a request takes the smallest cached block of its size up to twice it;
+// take_below hands out the largest block below a request (to be grown).
+TEST(Allocator, BlockCacheTakesTheBlockThatFits) {
+  constexpr size_t MiB = size_t{1} << 20;
+  EXPECT_EQ(BlockCache::block_size_for(1000), 1024U);
+  EXPECT_EQ(BlockCache::block_size_for(MiB + 1), 2 * MiB);
+  int blocks[3];
+  BlockCache cache;
+  cache.put(&blocks[0], 4 * MiB);
+  cache.put(&blocks[1], 8 * MiB);
+  cache.put(&blocks[2], 20 * MiB);
+  size_t got = 0;
+  EXPECT_EQ(cache.take(9 * MiB, &got), nullptr);  // 20 MiB is more than twice 9
+  EXPECT_EQ(cache.take(4 * MiB, &got), &blocks[0]);
+  EXPECT_EQ(got, 4 * MiB);
+  EXPECT_EQ(cache.take_below(10 * MiB, &got), &blocks[1]);
+  EXPECT_EQ(got, 8 * MiB);
+  EXPECT_EQ(cache.take_below(10 * MiB, &got), nullptr);
+  EXPECT_EQ(cache.cached_bytes(), 20 * MiB);
+}
+
+// Note [Growing a block] in core/allocator.cpp: a request a little larger than every cached
+// block grows the largest one, so only the growth is fresh pages (counted as minor faults).
+TEST(Allocator, GrowsACachedBlockInsteadOfMappingFreshPages) {
+  std::ifstream thp("/sys/kernel/mm/transparent_hugepage/enabled");
+  std::string mode;
+  std::getline(thp, mode);
+  if (mode.find("[always]") != std::string::npos)
+    GTEST_SKIP() << "transparent huge pages always on: fresh pages fault once per 2 MiB";
+  Allocator& a = allocator_for(DeviceType::kCpu);
+  a.release_cached();
+  auto minor_faults = [] {
+    rusage u{};
+    getrusage(RUSAGE_SELF, &u);
+    return static_cast<int64_t>(u.ru_minflt);
+  };
+  constexpr int64_t kFloats = int64_t{64} << 18;  // 64 MiB
+  { Tensor::full({kFloats}, 1.0, DType::kF32); }  // touched, then cached
+  const int64_t before = minor_faults();
+  {
+    Tensor grown = Tensor::full({kFloats * 5 / 4 + 1}, 2.0, DType::kF32);  // 80 MiB + 4 B
+    EXPECT_EQ(grown.data<float>()[kFloats], 2.0f);
+  }
+  const int64_t faults = minor_faults() - before;
+  const int64_t pages = kFloats * 5 / 4 * 4 / 4096;  // a fresh 80 MiB block's first touches
+  EXPECT_LT(faults, pages / 2) << "the 64 MiB block was not grown: " << faults << " faults";
+  a.release_cached();
 }
 
 TEST(Allocator, MissingBackendIsAClearError) {

@@ -7,9 +7,11 @@
 
 #include <algorithm>
 #include <cmath>
+#include <filesystem>
 #include <sstream>
 
 #include "core/allocator.h"
+#include "data/documents.h"
 #include "parallel/parallel_context.h"
 #include "tests/parallel/mpi_test_util.h"
 #include "tests/train/train_test_util.h"
@@ -25,12 +27,40 @@ struct Layout {
   int64_t dp = 1, zero = 0, accum = 1, pp = 1, tp = 1, cp = 1;
   int64_t mics = 0;        // parallel.mics_partition_size
   std::string extra = "";  // more "section.key=value" overrides
+  bool packed = false;     // data.packing over packed_documents(): every micro-batch full
 };
+
+// Document shards whose documents are all seq_len + 1 = 65 tokens (64 inputs), so that with a
+// budget of 128 tokens every packed micro-batch is full: the memory plan's upper bound (Note
+// [Packed steps] in data/packed_loader.h) is then the step's real shape. Written by rank 0
+// under dir/docs. Collective.
+void packed_documents(ParallelContext& ctx, const std::string& dir) {
+  if (ctx.rank() == 0) {
+    std::filesystem::create_directories(dir + "/docs");
+    std::vector<int32_t> tokens;
+    std::vector<uint8_t> mask;
+    std::vector<int64_t> offsets = {0};
+    uint32_t x = 5;
+    for (int d = 0; d < 64; ++d) {
+      for (int i = 0; i < 65; ++i) {
+        x = x * 1103515245u + 12345u;
+        tokens.push_back(static_cast<int32_t>((x >> 16) % 300));
+        mask.push_back(i >= 32 ? 1 : 0);
+      }
+      offsets.push_back(static_cast<int64_t>(tokens.size()));
+    }
+    write_document_shard(dir + "/docs/train_000000.bin", tokens, mask, offsets);
+  }
+  ctx.world().barrier();
+}
 
 Config config_of(const Layout& l, const std::string& dir) {
   std::ostringstream y;
   y << "model: {" << l.model << ", vocab_size: 300, vocab_multiple: 64, max_seq_len: 64}\n"
-    << "data: {train: " << dir << "/data/train_*.bin, batch_size: 4, seq_len: 64}\n"
+    << "data: {train: " << dir
+    << (l.packed ? "/docs/train_*.bin, packing: true, max_tokens_per_microbatch: 128"
+                 : "/data/train_*.bin")
+    << ", batch_size: 4, seq_len: 64}\n"
     << "optim: {lr: 1.0e-3, grad_accum: " << l.accum << "}\n"
     << "train: {steps: 3, peak_flops: 1.0e10, log_every: 100, val_every: 0, sample_every: 0, "
        "out_dir: "
@@ -56,6 +86,7 @@ void expect_planned_peak(const Layout& l) {
   po.mics_partition_size = static_cast<int>(l.mics);
   ParallelContext ctx = ParallelContext::create(po);
   const std::string dir = testing::shared_train_data(ctx, "loom_plan_memory");
+  if (l.packed) packed_documents(ctx, dir);
   const Config cfg = config_of(l, dir);
   const planner::MemoryPlan plan =
       planner::plan_memory(cfg, {ctx.dp_rank(), ctx.pp_rank(), ctx.cp_rank(), ctx.tp_rank()});
@@ -155,6 +186,26 @@ TEST(PlanMemory, OdcAccumulation) {
 }
 TEST(PlanMemory, MicsZero3) {
   expect_planned_peak({.name = "mics", .dp = 4, .zero = 3, .mics = 2});
+}
+
+// Packed documents: one row of the budget's tokens per micro-batch, with positions and
+// document starts; the ranks' micro-batch counts as the engine runs them.
+TEST(PlanMemory, PackedDocuments) { expect_planned_peak({.name = "packed", .packed = true}); }
+TEST(PlanMemory, PackedLlamaCheckpointing) {
+  expect_planned_peak({.name = "packed_llama_ckpt",
+                       .model = "arch: llama, n_layer: 3, n_head: 4, n_kv_head: 2, n_embd: 64",
+                       .extra = "model.activation_checkpointing=true",
+                       .packed = true});
+}
+TEST(PlanMemory, PackedDdp2) {
+  expect_planned_peak({.name = "packed_ddp2", .dp = 2, .packed = true});
+}
+TEST(PlanMemory, PackedZero3Dp2) {
+  expect_planned_peak({.name = "packed_z3", .dp = 2, .zero = 3, .packed = true});
+}
+TEST(PlanMemory, PackedOdc) {
+  expect_planned_peak(
+      {.name = "packed_odc", .dp = 2, .zero = 3, .extra = "parallel.odc=true", .packed = true});
 }
 
 // Pipelines (Note [Pipeline memory] in train/planner/pipeline.h): 4 blocks on 2 ranks.

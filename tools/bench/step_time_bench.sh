@@ -7,8 +7,11 @@
 # (`mpirun -np 2 train --calibrate-links`) and, where a cluster can be made (root, network
 # namespaces: tools/cluster), between two hosts whose links are limited to RATE (default
 # 100mbit); the compute is measured by the first plan that needs each shape. Benchmark, not a
-# test: about 10 minutes on 2 cores, and 4 more for the search's part (STEP_TIME_BENCH_PARTS:
-# "table search", the default, or either).
+# test: about 10 minutes on 2 cores, 4 more for the search's part and 3 for packed documents'
+# (STEP_TIME_BENCH_PARTS: "table search packed", the default, or any of them). Packed rows
+# (configs/sft-tiny.yaml on the shipped chat sample, Note [Packed step time] in
+# train/planner/packed_steps.h) compare the plan's mean step over the run's steps with the
+# measured mean of the steps after the first: their steps differ by their documents.
 set -euo pipefail
 build=${1:?usage: step_time_bench.sh BUILD_DIR [RATE]}
 rate=${2:-100mbit}
@@ -43,7 +46,8 @@ else
   echo "step_time_bench: no cluster here ($("$cluster" check)): one host only" >&2
 fi
 
-parts=" ${STEP_TIME_BENCH_PARTS:-table search} "
+parts=" ${STEP_TIME_BENCH_PARTS:-table search packed} "
+base=("${common[@]}") stat=median
 errors=()
 # row NAME NP HOSTS ARGS...: predicted and measured step time of one layout.
 row() {
@@ -52,25 +56,36 @@ row() {
   local per_host=0 log="$work/$(echo "$name" | tr -c 'A-Za-z0-9\n' '_').log"
   ((on_hosts > 1)) && per_host=$((np / on_hosts))
   local predicted
-  predicted=$("$bin/train" "${common[@]}" "$@" --set train.out_dir="$work/plan" --plan --time \
+  predicted=$("$bin/train" "${base[@]}" "$@" --set train.out_dir="$work/plan" --plan --time \
     --ranks-per-host "$per_host" | sed -n 's/^  step *\([0-9.]*\) ms.*/\1/p')
   if ((np == 1)); then
-    "$bin/train" "${common[@]}" "$@" --set train.out_dir="$work/run" >"$log" 2>&1
+    "$bin/train" "${base[@]}" "$@" --set train.out_dir="$work/run" >"$log" 2>&1
   elif ((on_hosts > 1)); then
-    "$cluster" mpirun "$id" "$per_host" -x OMP_NUM_THREADS "$bin/train" "${common[@]}" "$@" \
+    "$cluster" mpirun "$id" "$per_host" -x OMP_NUM_THREADS "$bin/train" "${base[@]}" "$@" \
       --set train.out_dir="$work/run" >"$log" 2>&1
   else
-    "${mpi[@]}" -np "$np" "$bin/train" "${common[@]}" "$@" --set train.out_dir="$work/run" \
+    "${mpi[@]}" -np "$np" "$bin/train" "${base[@]}" "$@" --set train.out_dir="$work/run" \
       >"$log" 2>&1
   fi
   rm -rf "$work/run"
   local measured
-  measured=$(grep '^step ' "$log" | tail -n +3 | sed -n 's/.*| \([0-9.]*\) ms |.*/\1/p' | sort -n |
-    awk '{v[NR] = $1} END {print (NR % 2) ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2}')
+  if [[ $stat == mean ]]; then
+    measured=$(grep '^step ' "$log" | tail -n +2 | sed -n 's/.*| \([0-9.]*\) ms |.*/\1/p' |
+      awk '{s += $1} END {print s / NR}')
+  else
+    measured=$(grep '^step ' "$log" | tail -n +3 | sed -n 's/.*| \([0-9.]*\) ms |.*/\1/p' |
+      sort -n |
+      awk '{v[NR] = $1} END {print (NR % 2) ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2}')
+  fi
   local err
   err=$(echo "($predicted - $measured) / $measured * 100" | bc -l)
   errors+=("$err")
   printf '| %s | %s | %.1f | %.1f | %+.1f %% |\n' "$name" "$np" "$predicted" "$measured" "$err"
+}
+summary() {
+  printf '%s\n' "${errors[@]}" | awk '{print ($1 < 0 ? -$1 : $1)}' | sort -n |
+    awk '{v[NR] = $1} END {m = (NR % 2) ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2;
+         printf "\n%d layouts: median |error| %.1f %%, worst %.1f %%\n", NR, m, v[NR]}'
 }
 if [[ $parts == *" table "* ]]; then
 echo "| layout | ranks | predicted ms | measured ms | error |"
@@ -99,9 +114,27 @@ if ((hosts == 2)); then
   row "2 hosts ($rate) dp 2 ZeRO-3" 2 2 --set parallel.dp=2 --set parallel.zero_stage=3
   row "2 hosts ($rate) pp 2 1F1B, m 4" 2 2 --set parallel.pp=2 --set optim.grad_accum=4
 fi
-printf '%s\n' "${errors[@]}" | awk '{print ($1 < 0 ? -$1 : $1)}' | sort -n |
-  awk '{v[NR] = $1} END {m = (NR % 2) ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2;
-       printf "\n%d layouts: median |error| %.1f %%, worst %.1f %%\n", NR, m, v[NR]}'
+summary
+fi
+if [[ $parts == *" packed "* ]]; then
+  "$bin/prepare_data" --format chat --input "$root/data/samples/chat_sample.jsonl" \
+    --out-dir "$work/chat" >/dev/null 2>&1
+  base=(--config "$root/configs/sft-tiny.yaml" --set "data.train=$work/chat/train_*.bin"
+    --set "data.val=''" --set "model.init_from=''" --set train.steps=12 --set train.log_every=1
+    --set train.sample_every=0 --set train.val_every=0 --set checkpoint.every=0
+    --set checkpoint.at_end=false --set parallel.comm_timeout_s=600)
+  stat=mean errors=()
+  echo
+  echo "| packed documents (sft-tiny, chat sample) | ranks | predicted ms | measured ms | error |"
+  echo "| --- | --- | ---: | ---: | ---: |"
+  row "one process" 1 1 --set parallel.dp=1 --set parallel.zero_stage=0 --set parallel.odc=false
+  row "dp 2 DDP, balance flops" 2 1 --set parallel.zero_stage=0 --set parallel.odc=false
+  row "dp 2 ZeRO-3, balance flops" 2 1 --set parallel.odc=false
+  row "dp 2 ODC, balance flops" 2 1
+  row "dp 2 ZeRO-3, balance none" 2 1 --set parallel.odc=false --set data.balance=none
+  row "dp 2 ODC, balance none" 2 1 --set data.balance=none
+  summary
+  base=("${common[@]}") stat=median
 fi
 [[ $parts == *" search "* ]] || exit 0
 

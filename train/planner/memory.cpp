@@ -151,7 +151,6 @@ void refuse_unplanned(const Config& c) {
     throw ConfigError(key + ": the memory planner does not model " + why + " yet");
   };
   if (p.sdp.on()) refuse("parallel.sdp", "SDP's subnetworks");
-  if (c.data.packing) refuse("data.packing", "packed documents");
 }
 
 }  // namespace
@@ -240,11 +239,24 @@ MemoryPlan plan_memory(const Config& cfg, const RankCoord& rank) {
     line("gradient shards", shard * e, "e·Ψ_padded/N");
     hold(shard * e);
   }
-  // The step's batch: every micro-batch's ids and targets (i32), read before the step.
-  const int64_t B = cfg.data.batch_size, T = cfg.data.seq_len;  // T: the whole sequence
-  const int64_t micro = pipeline ? shape.microbatches : cfg.optim.grad_accum;
-  const int64_t batch_bytes = micro * 2 * B * T * 4;
-  line("batch", batch_bytes, "2·m·B·T·4 (ids and targets)");
+  // The step's batch: every micro-batch's ids and targets (i32), read before the step. Packed
+  // documents (Note [Packed steps] in data/packed_loader.h): micro-batches of one row of at most
+  // M = max_tokens_per_microbatch tokens, each with positions and document starts (i32 too),
+  // planned full (the most a micro-batch holds: an upper bound) and as many as the rank's
+  // batch_size · seq_len tokens fill (all of them under balance none).
+  const DataConfig& d = cfg.data;
+  const bool packing = d.packing;
+  const int64_t budget =
+      d.max_tokens_per_microbatch > 0 ? d.max_tokens_per_microbatch : d.batch_size * d.seq_len;
+  const int64_t B = packing ? 1 : d.batch_size;
+  const int64_t T = packing ? budget : d.seq_len;  // T: the whole sequence
+  const int64_t micro = pipeline  ? shape.microbatches
+                        : packing ? (d.batch_size * d.seq_len + budget - 1) / budget
+                                  : cfg.optim.grad_accum;
+  const int64_t batch_bytes = micro * (packing ? 4 : 2) * B * T * 4;
+  line("batch", batch_bytes,
+       packing ? "4·m·M·4 (ids, targets, positions, document starts; m = ⌈B·T/M⌉ full rows)"
+               : "2·m·B·T·4 (ids and targets)");
   hold(batch_bytes);
   plan.persistent_bytes = tl.current();
 
@@ -275,6 +287,7 @@ MemoryPlan plan_memory(const Config& cfg, const RankCoord& rank) {
   s.s = ce < 4 ? 4 : ce;  // statistics, lse and loss rows
   s.cuda = cfg.train.device == "cuda";
   s.dropout = m.dropout > 0;
+  s.packed = packing;
   if (zero == 2) {  // the full buckets, from zero_grad to the sync
     line("gradient buckets (during the step)", padded * e, "e·Ψ_padded");
     hold(padded * e);

@@ -255,19 +255,25 @@ Id block_backward(ByteTimeline& tl, const ReplayShape& s, BlockTape& b, Id g, Re
     const int64_t scratch = !s.cuda ? N * s.F * e : !half || s.F % 8 == 0 ? 0 : N * s.F * 4;
     if (scratch) tl.free(tl.alloc(scratch));
     tl.free(db1);
-    weight_grad(tl, s, grads, s.F);
+    // The node's four parameter gradients are its outputs: alive until it returns, then each
+    // lands (kept as .grad, or added into one and freed) after the node's release.
+    const Id gb1 = tl.alloc(s.F * e);
     dn2 = tl.alloc(N * C * e);
-    weight_grad(tl, s, grads, s.F * C);
+    const Id gw1 = tl.alloc(s.F * C * e);
     tl.free(dpre);
     const Id hid = tl.alloc(N * s.F * e);
-    weight_grad(tl, s, grads, C * s.F);
+    const Id gw2 = tl.alloc(C * s.F * e);
     tl.free(hid);
-    weight_grad(tl, s, grads, C);
+    const Id gb2 = tl.alloc(C * e);
     tl.free(b.pre);
     tl.free(b.y2);
     drop(tl, b.cm1);
     drop(tl, b.cm2);
     drop(tl, dm);
+    land_weight_grad(tl, s, grads, gb1, s.F);
+    land_weight_grad(tl, s, grads, gw1, s.F * C);
+    land_weight_grad(tl, s, grads, gw2, C * s.F);
+    land_weight_grad(tl, s, grads, gb2, C);
   }
   // norm2's backward, then h's two consumers (the residual and norm2) meet.
   const Id gh = norm_backward_at_fork(tl, s, grads, {b.st2, b.st2b, b.h, b.cn2}, dn2, g);
@@ -408,8 +414,8 @@ StageActivations replay_forward(ByteTimeline& tl, const ReplayShape& s, int64_t 
     if (s.llama) {
       x = s.mesh ? tp_lookup() : lookup(N);
     } else {  // wte rows + wpe rows (T, C) broadcast; the positions stay for wpe's backward
-      const int64_t R = s.sp ? s.T / s.tp : s.T;  // this rank's rows of the sequence
-      a.positions = tl.alloc(R * 4);
+      const int64_t R = s.sp ? s.T / s.tp : s.T;     // this rank's rows of the sequence
+      a.positions = s.packed ? 0 : tl.alloc(R * 4);  // packed: the batch's own positions
       const Id tok = s.mesh ? tp_lookup() : lookup(N);
       // Under SP wpe is used through copy_to_region: a copy of the master table for the lookup.
       const Id table = s.sp ? tl.alloc(s.max_positions * C * (mixed(s) ? s.w : e)) : 0;
@@ -547,7 +553,7 @@ ByteTimeline::Id replay_backward(ByteTimeline& tl, const ReplayShape& s, StageAc
     } else {
       weight_grad(tl, table, grads, s.max_positions * C);
     }
-    tl.free(a.positions);
+    drop(tl, a.positions);
     drop(tl, dpos_master);
     tl.free(dpos);
   }

@@ -71,6 +71,9 @@ struct ReplayShape {
   // model.dropout > 0 (Block::residual_dropout): each branch's output is replaced by its dropped
   // copy; the masks are counters, nothing is saved, and backward writes one more gradient.
   bool dropout = false;
+  // Packed documents (data.packing): the micro-batch brings its positions (the step's batch),
+  // where a window's are made for the call.
+  bool packed = false;
   // Tensor parallelism over `tp` ranks (parallel/tp/layers.h): q, kv, heads, F and V above are
   // this rank's; the TP layers' own temporaries are replayed. With sequence parallelism the
   // residual stream (norms, residual adds, dropout, the block's input and output) holds B·T/tp

@@ -13,6 +13,7 @@
 #include "parallel/pp/partition.h"
 #include "parallel/pp/schedule.h"
 #include "parallel/pp/simulate.h"
+#include "train/planner/packed_steps.h"
 
 namespace loom::planner {
 namespace {
@@ -40,6 +41,10 @@ std::vector<Lin> block_linears(const ModelConfig& m) {
 
 // A collective's time on a link (Note [Step-time model]).
 using Coll = Collective;
+
+// The packed run's steps the model reads from the data (Note [Packed step time]): its first
+// ones, at most this many.
+constexpr int64_t kPackedPlanSteps = 32;
 // The ring's steps and byte factor of a collective over g ranks.
 std::pair<double, double> ring(Coll c, int64_t g) {
   switch (c) {
@@ -135,8 +140,6 @@ StepTimePlan plan_step_time(const Config& cfg, Calibration& cal, const ClusterLi
   LOOM_CONFIG_CHECK(!p.sdp.on(), "parallel.sdp: the step-time model does not cover SDP yet");
   LOOM_CONFIG_CHECK(p.diloco.islands == 0,
                     "parallel.diloco: the step-time model does not cover DiLoCo yet");
-  LOOM_CONFIG_CHECK(!cfg.data.packing,
-                    "data.packing: the step-time model does not cover packed documents yet");
   const int64_t dp = p.dp, tp = p.tp, cp = p.cp, pp = p.pp, vpp = p.vpp;
   const int64_t world = dp * tp * cp * pp;
   // The slowest link each group crosses: ranks are placed tp fastest, then cp, dp, pp (Note
@@ -166,17 +169,28 @@ StepTimePlan plan_step_time(const Config& cfg, Calibration& cal, const ClusterLi
   const LinkModel& replica_link = link_of(tp * shard, replicas);
   const LinkModel& pp_link = link_of(tp * cp * dp, pp);
 
-  const int64_t B = cfg.data.batch_size, T = cfg.data.seq_len, Tr = T / cp, rows = B * Tr;
+  // Packed documents (Note [Packed step time] in train/planner/packed_steps.h): the run's first
+  // steps read from its data; the calibration's shapes are one row of their mean length.
+  const bool packing = cfg.data.packing;
+  const PackedSteps packed_plan =
+      packing ? plan_packed_steps(cfg, std::min<int64_t>(t.steps, kPackedPlanSteps))
+              : PackedSteps{};
+  const int64_t B = packing ? 1 : cfg.data.batch_size;
+  const int64_t T = packing ? packed_plan.reference : cfg.data.seq_len, Tr = T / cp, rows = B * Tr;
   const int64_t C = m.n_embd, H = m.n_head, KV = m.kv_heads(), D = C / H;
   const std::string& prec = t.precision;
   const double e = static_cast<double>(dtype_size(train_dtype(prec)));
   const double ge = static_cast<double>(dtype_size(train_dtype(t.dtype)));  // gradient bytes
-  const int64_t micro = pp > 1 ? pipeline_microbatches(cfg) : cfg.optim.grad_accum;
+  int64_t micro = pp > 1 ? pipeline_microbatches(cfg) : cfg.optim.grad_accum;
 
   // One block and the rest at this rank's micro-batch, corrected to its shapes (Note [Compute
   // calibration]). The mesh's layers (tp or cp > 1) compute GPT-2's MLP unfused and the loss
   // vocabulary-parallel, even over one tensor-parallel rank.
-  PassTimes block = cal.block(m, t, B, Tr), rest = cal.rest(m, t, B, Tr);
+  // Packed: positions restart in each document, so the row of M tokens is measured on a model
+  // whose position table reaches M (GPT-2's wpe; the passes' cost does not depend on its size).
+  ModelConfig measured = m;
+  if (packing) measured.max_seq_len = std::max(m.max_seq_len, T);
+  PassTimes block = cal.block(measured, t, B, Tr), rest = cal.rest(measured, t, B, Tr);
   const PassTimes block_measured = block;
   std::ostringstream corrections;
   auto add = [](PassTimes& a, const PassTimes& b, double k) {
@@ -246,6 +260,28 @@ StepTimePlan plan_step_time(const Config& cfg, Calibration& cal, const ClusterLi
     corrections << k.str();
   }
 
+  // Packed documents: the step's compute from its micro-batches as the ranks meet; the mean
+  // micro-batch's block and rest price the data-parallel overlap below.
+  double packed_compute = 0, packed_micro = 0;
+  if (packing) {
+    const bool per_unit = p.zero_stage == 3 && !p.odc && dpc > 1;
+    const PackedCompute pc =
+        price_packed_steps(packed_plan, m.n_layer, block, rest, cal.attention(B, H, KV, T, D, prec),
+                           cal.cross_entropy(B * T, m.padded_vocab(), prec), per_unit);
+    packed_compute = pc.compute_s;
+    packed_micro = pc.micro_batches;
+    block = pc.block;
+    rest = pc.rest;
+    micro = std::max<int64_t>(1, std::lround(pc.micro_batches));
+    std::ostringstream k;
+    k << std::setprecision(3) << "; packed: " << packed_plan.steps.size()
+      << " steps of the data, blocks and rest measured at 1 × " << T
+      << " and priced per document (Note [Packed step time]), "
+      << (per_unit ? "each micro-batch waiting for the slowest rank's"
+                   : "the slowest rank's micro-batches");
+    corrections << k.str();
+  }
+
   // Tensor and context parallelism, per block and micro-batch, on the critical path; forward
   // and backward apart. Backward runs the transpose of each forward collective (the same bytes),
   // and with checkpointing the recomputed forward runs its collectives again.
@@ -304,9 +340,11 @@ StepTimePlan plan_step_time(const Config& cfg, Calibration& cal, const ClusterLi
                            (contended ? placed.memory_slowdown : 1.0);  // memory-bound: its own
 
   StepTimePlan plan;
-  const double compute = micro * rank_compute[slowest];
+  const double compute = packing ? packed_compute : micro * rank_compute[slowest];
   std::ostringstream f;
-  f << micro << " micro-batches × (" << blocks_slowest << " blocks × " << ms(block.total())
+  if (packing) f << std::setprecision(3) << packed_micro << " (mean) ";
+  f << (packing ? "" : std::to_string(micro) + " ") << "micro-batches × (" << blocks_slowest
+    << " blocks × " << ms(block.total())
     << (slowest == pp - 1 ? " + rest " + ms(rest.total()) : std::string()) << ")"
     << corrections.str();
   plan.lines.push_back({"compute", compute, f.str()});
@@ -442,10 +480,14 @@ StepTimePlan plan_step_time(const Config& cfg, Calibration& cal, const ClusterLi
   }
   const double step = main_s + dp_s + optimizer;
   plan.step_s = step;
-  const double tokens = static_cast<double>(B) * T * dp * micro;
+  const double tokens =
+      packing ? packed_plan.tokens_per_step : static_cast<double>(B) * T * dp * micro;
   plan.tokens_per_s = tokens / step;
   plan.ranks = world;
-  plan.flops_per_token = model_flops_per_token(m, T);
+  // Packed: the FLOPs at the mean document length, as the trainer's log (train/train_step.cpp).
+  const double sequences = static_cast<double>(cfg.data.batch_size * dp);
+  plan.flops_per_token =
+      model_flops_per_token(m, packing ? std::max<int64_t>(1, std::lround(tokens / sequences)) : T);
   return plan;
 }
 

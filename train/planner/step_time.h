@@ -35,6 +35,10 @@
 //     collectives) and the measured transfer of one activation (StageCosts), so unbalanced
 //     stages are priced as they run; the bubble is the makespan less the slowest rank's work,
 //     plus the tied table's exchange between the first and last stage.
+//   packed documents (data.packing): the compute is the data's: the run's first steps as the
+//     trainer's loader cuts them, each micro-batch priced by its documents (Note [Packed step
+//     time] in train/planner/packed_steps.h), the ranks meeting at the step's end or, ZeRO-3
+//     with collectives, at every micro-batch; the collectives priced at the mean micro-batch.
 //   Ranks sharing one machine's cores and memory compute slower together than alone: the
 //     factors `--calibrate-links` measures multiply compute and the optimizer.
 // A collective over n bytes (its whole buffer: all-reduce's, all-gather's output,
@@ -108,7 +112,9 @@ struct StepTimePlan {
 
 // The predicted step time of the config's layout on this process's device (the calibration's)
 // and the cluster's links. Throws ConfigError naming the key for what it cannot predict
-// (SDP, DiLoCo, packed documents, and a group whose link was not measured).
+// (SDP, DiLoCo, and a group whose link was not measured). Packed documents (data.packing): the
+// compute of the run's first steps read from its data (Note [Packed step time] in
+// train/planner/packed_steps.h).
 StepTimePlan plan_step_time(const Config& cfg, Calibration& cal, const ClusterLinks& links);
 
 // A printable table ("compute  812.4 ms  m·(L_r·block + rest_r) + optimizer …"); with `device`,
