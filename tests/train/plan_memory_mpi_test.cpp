@@ -208,6 +208,42 @@ TEST(PlanMemory, PackedOdc) {
       {.name = "packed_odc", .dp = 2, .zero = 3, .extra = "parallel.odc=true", .packed = true});
 }
 
+// SDP under forward masking (Note [SDP packed MLP], [SDP block masking] in parallel/sdp): 4
+// workers each holding half of every MLP (k = 2), or half of the blocks; each worker's own
+// subnetwork differs, so every rank is checked against its own plan.
+TEST(PlanMemory, SdpNeurons) {
+  expect_planned_peak({.name = "sdp_neurons",
+                       .dp = 4,
+                       .extra = "parallel.sdp.mode=forward parallel.sdp.coverage=0.5"});
+}
+TEST(PlanMemory, SdpNeuronsCheckpointing) {  // the peak in a block: the packed MLP's backward
+  expect_planned_peak({.name = "sdp_neurons_ckpt",
+                       .dp = 4,
+                       .extra = "parallel.sdp.mode=forward parallel.sdp.coverage=0.5 "
+                                "model.activation_checkpointing=true"});
+}
+TEST(PlanMemory, SdpNeuronsLlamaCheckpointing) {
+  expect_planned_peak({.name = "sdp_neurons_llama",
+                       .model = "arch: llama, n_layer: 3, n_head: 4, n_kv_head: 2, n_embd: 64",
+                       .dp = 4,
+                       .extra = "parallel.sdp.mode=forward parallel.sdp.coverage=0.5 "
+                                "model.activation_checkpointing=true"});
+}
+TEST(PlanMemory, SdpBlocksCheckpointing) {
+  expect_planned_peak({.name = "sdp_blocks_ckpt",
+                       .model = "arch: gpt2, n_layer: 4, n_head: 4, n_embd: 64",
+                       .dp = 4,
+                       .extra = "parallel.sdp.mode=forward parallel.sdp.level=block "
+                                "parallel.sdp.coverage=0.5 model.activation_checkpointing=true"});
+}
+TEST(PlanMemory, SdpBlocks) {
+  expect_planned_peak({.name = "sdp_blocks",
+                       .model = "arch: gpt2, n_layer: 4, n_head: 4, n_embd: 64",
+                       .dp = 4,
+                       .extra = "parallel.sdp.mode=forward parallel.sdp.level=block "
+                                "parallel.sdp.coverage=0.5 model.dropout=0.1"});
+}
+
 // Pipelines (Note [Pipeline memory] in train/planner/pipeline.h): 4 blocks on 2 ranks.
 const char* kGpt2Four = "arch: gpt2, n_layer: 4, n_head: 4, n_embd: 64";
 const char* kLlamaFour = "arch: llama, n_layer: 4, n_head: 4, n_kv_head: 2, n_embd: 64";

@@ -13,6 +13,7 @@
 #include "layers/transformer.h"
 #include "parallel/diloco/options.h"
 #include "parallel/pp/partition.h"
+#include "parallel/sdp/options.h"
 #include "train/planner/pipeline.h"
 #include "train/planner/replay.h"
 #include "train/planner/zero3.h"
@@ -29,18 +30,57 @@ struct ParamTensor {
   bool table = false;  // wte: the head's weight too when tied
 };
 
+// An SDP worker's subnetwork under forward masking (Note [SDP packed MLP] in
+// parallel/sdp/forward_masking.h, Note [SDP block masking] in parallel/sdp/block_level.h): its
+// MLP hidden in each block (the neuron level's cover), or the blocks it holds (the block
+// level's), and the rescaling.
+struct SdpWorker {
+  bool on = false;
+  std::vector<int64_t> ffn;     // per block (neuron level)
+  std::vector<int64_t> blocks;  // held, ascending (block level; empty: every block)
+  bool scaled_mlp_out = false;  // neuron level, coverage < 1
+  double branch_scale = 1.0;    // block level: N/k
+};
+
+SdpWorker sdp_worker(const Config& c, const RankCoord& rank) {
+  const parallel::sdp::SdpOptions& o = c.parallel.sdp;
+  SdpWorker w;
+  if (!o.on()) return w;
+  w.on = true;
+  const int64_t n = parallel::sdp::workers_of(o, c.parallel.dp);
+  const int worker = static_cast<int>(rank.dp % n);
+  if (o.blocks()) {
+    const parallel::sdp::BlockAssignment cover =
+        parallel::sdp::block_cover(o, c.model, c.parallel.dp);
+    w.blocks = cover.owned_blocks(worker);
+    w.branch_scale = static_cast<double>(cover.workers) / cover.replication;
+  } else {
+    const parallel::sdp::NeuronAssignment cover =
+        parallel::sdp::neuron_cover(o, c.model, c.parallel.dp);
+    for (const parallel::sdp::LayerCover& l : cover.layers) w.ffn.push_back(l.owned_count(worker));
+    w.scaled_mlp_out = cover.replication != cover.workers;
+  }
+  return w;
+}
+
 // The model's trained tensors in the order the model registers them (layers/transformer.cpp),
 // as one of `tp` tensor-parallel ranks holds them (parallel/tp/layers.h: qkv, fc, gate and up
 // split by rows, proj and down by columns, the vocabulary by rows; norms, biases of row layers
-// and wpe whole).
-std::vector<ParamTensor> model_parameters(const ModelConfig& m, int64_t tp = 1) {
+// and wpe whole), or as an SDP worker holds them.
+std::vector<ParamTensor> model_parameters(const ModelConfig& m, int64_t tp = 1,
+                                          const SdpWorker* sdp = nullptr) {
   using Part = ParamTensor::Part;
   const int64_t C = m.n_embd, D = m.head_dim(), q = m.n_head * D / tp, kv = m.kv_heads() * D / tp;
-  const int64_t F = m.ffn_hidden_size() / tp, V = m.padded_vocab() / tp;
+  const int64_t V = m.padded_vocab() / tp;
   std::vector<ParamTensor> p = {{V * C, Part::kInput, -1, true}};
   const bool llama = m.is_llama();
   if (!llama) p.push_back({m.max_seq_len * C, Part::kInput});
   for (int64_t l = 0; l < m.n_layer; ++l) {
+    if (sdp && !sdp->blocks.empty() &&
+        !std::binary_search(sdp->blocks.begin(), sdp->blocks.end(), l))
+      continue;
+    const int64_t F =
+        sdp && !sdp->ffn.empty() ? sdp->ffn[static_cast<size_t>(l)] : m.ffn_hidden_size() / tp;
     const std::vector<int64_t> sizes =
         llama ? std::vector<int64_t>{C, (q + 2 * kv) * C, C * q, C, F * C, F * C, C * F}
               : std::vector<int64_t>{
@@ -150,7 +190,10 @@ void refuse_unplanned(const Config& c) {
   auto refuse = [](const std::string& key, const std::string& why) {
     throw ConfigError(key + ": the memory planner does not model " + why + " yet");
   };
-  if (p.sdp.on()) refuse("parallel.sdp", "SDP's subnetworks");
+  if (p.sdp.on() && !p.sdp.forward()) {
+    refuse("parallel.sdp.mode", "backward masking (its frozen copies and publication)");
+  }
+  if (p.sdp.on() && p.sdp.heads) refuse("parallel.sdp.heads", "SDP's covered attention heads");
 }
 
 }  // namespace
@@ -159,6 +202,7 @@ MemoryPlan plan_memory(const Config& cfg, const RankCoord& rank) {
   refuse_unplanned(cfg);
   const ModelConfig& m = cfg.model;
   const ParallelConfig& par = cfg.parallel;
+  const SdpWorker sdp = sdp_worker(cfg, rank);
   const int64_t e = static_cast<int64_t>(dtype_size(train_dtype(cfg.train.dtype)));
   // Gradients are reduced over dp·cp (each cp rank holds part of the same samples' gradients).
   const bool dp = par.dp * par.cp > 1;
@@ -176,7 +220,7 @@ MemoryPlan plan_memory(const Config& cfg, const RankCoord& rank) {
       pipeline ? parallel::pp::partition_layers(m.n_layer, shape.num_global_stages(), par.pp_layout)
                : std::vector<int64_t>{0, m.n_layer};
   std::vector<int64_t> numels;
-  for (const ParamTensor& t : model_parameters(m, par.tp)) {
+  for (const ParamTensor& t : model_parameters(m, par.tp, &sdp)) {
     for (int g : stages_of(t, boundaries, m.tie_embeddings)) {
       if (g % shape.stages == rank.pp) {
         numels.push_back(t.numel);
@@ -203,7 +247,7 @@ MemoryPlan plan_memory(const Config& cfg, const RankCoord& rank) {
       buckets[u] += t.numel;
     }
     for (int64_t& b : buckets) b = round_up(std::max<int64_t>(b, 1), shards * 16);
-  } else if (dp) {
+  } else if (dp && !sdp.on) {
     buckets = bucket_sizes(numels, e, static_cast<int64_t>(par.bucket_mb * (1 << 20)), shards);
   }
   int64_t padded = 0;
@@ -225,14 +269,22 @@ MemoryPlan plan_memory(const Config& cfg, const RankCoord& rank) {
     line("parameters (owned shards)", shard * e, "e·Ψ_padded/N (units)");
     hold(shard * e);
   } else {
-    line("parameters", padded * e, dp ? "e·Ψ_padded (buckets)" : "e·Ψ");
+    line("parameters", padded * e,
+         sdp.on ? "e·Ψ_w (this SDP worker's subnetwork)"
+         : dp   ? "e·Ψ_padded (buckets)"
+                : "e·Ψ");
     hold(padded * e);
   }
   const int64_t opt_elems = states * (zero >= 1 ? shard : padded);
   line("optimizer state", opt_elems * e,
        std::to_string(states) + "·e·Ψ" + (zero >= 1 ? "/N" : std::string()));
   hold(opt_elems * e);
-  if (dp && zero <= 1) {
+  if (sdp.on) {  // SdpSync's .grad buffers and SliceSync's buckets (parallel/sdp/sdp_sync.h)
+    line("gradients (SDP's buffers)", padded * e, "e·Ψ_w");
+    hold(padded * e);
+    line("SDP sync buckets", padded * e, "e·Ψ_w (every slice has k ≥ 2 holders)");
+    hold(padded * e);
+  } else if (dp && zero <= 1) {
     line("gradient buckets", padded * e, "e·Ψ_padded");
     hold(padded * e);
   } else if (zero >= 2) {
@@ -264,7 +316,8 @@ MemoryPlan plan_memory(const Config& cfg, const RankCoord& rank) {
   s.llama = m.is_llama();
   s.tied = m.tie_embeddings && !pipeline;  // a pipeline's last stage holds its own copy
   s.head_reads_table = m.tie_embeddings;
-  s.layers = m.n_layer;
+  const int64_t blocks = sdp.blocks.empty() ? m.n_layer : static_cast<int64_t>(sdp.blocks.size());
+  s.layers = blocks;
   s.checkpointing = m.activation_checkpointing;
   s.B = B;
   s.T = T / par.cp;  // this rank's tokens (parallel/cp: two chunks of T/2cp each)
@@ -288,6 +341,9 @@ MemoryPlan plan_memory(const Config& cfg, const RankCoord& rank) {
   s.cuda = cfg.train.device == "cuda";
   s.dropout = m.dropout > 0;
   s.packed = packing;
+  s.block_ffn = sdp.ffn;
+  s.scaled_mlp_out = sdp.scaled_mlp_out;
+  s.branch_scale = sdp.branch_scale;
   if (zero == 2) {  // the full buckets, from zero_grad to the sync
     line("gradient buckets (during the step)", padded * e, "e·Ψ_padded");
     hold(padded * e);
@@ -339,11 +395,11 @@ MemoryPlan plan_memory(const Config& cfg, const RankCoord& rank) {
     }
     // DDP's table shortcut takes the head's wte gradient in the syncing micro-batch
     // (parallel/dp/data_parallel.cpp on_partial).
-    const bool shortcuts = dp && zero <= 1 && par.overlap && par.table_shortcuts;
+    const bool shortcuts = dp && zero <= 1 && par.overlap && par.table_shortcuts && !sdp.on;
     for (int64_t mb = 0; mb < micro; ++mb) {
       rs.keep_weight_grads = !dp && mb == 0;  // a single process's first .grad is the buffer
       rs.tied_partial_taken = shortcuts && mb == micro - 1;
-      StageActivations a = replay_forward(t, rs, m.n_layer, true, true);
+      StageActivations a = replay_forward(t, rs, blocks, true, true);
       if (mb == 0 && late) activation_peak = t.current() - base;
       replay_backward(t, rs, a, 0, g, true, true);
     }

@@ -93,7 +93,8 @@ BlockTape block_forward(ByteTimeline& tl, const ReplayShape& s, Id x, Id* out) {
   if (s.dropout) {  // the dropped copy replaces the branch
     tl.replace(a, Nr * C * e);
   }
-  tl.free(qkv);  // the attention forward's locals die
+  if (s.branch_scale != 1.0) tl.replace(a, Nr * C * e);  // SDP's block level: the scaled copy
+  tl.free(qkv);                                          // the attention forward's locals die
   drop(tl, result);
   if (s.llama) {
     tl.free(rq);
@@ -115,6 +116,19 @@ BlockTape block_forward(ByteTimeline& tl, const ReplayShape& s, Id x, Id* out) {
     m = s.sp     ? tp::row_forward_sp(tl, s, s.F)
         : s.mesh ? tp::row_forward(tl, s, s.F)
                  : tl.alloc(N * C * e);
+    if (s.scaled_mlp_out) tl.replace(m, N * C * e);  // SDP: down's rescaled partial sum
+  } else if (s.scaled_mlp_out) {  // SDP's packed MLP (parallel/sdp/forward_masking.cpp)
+    b.cm1 = param_cast(tl, s, s.F * C);
+    const Id b1 = param_cast(tl, s, s.F);
+    b.pre = tl.alloc(N * s.F * e);  // fc: ops::linear with its bias
+    drop(tl, b1);
+    b.act = tl.alloc(N * s.F * e);  // gelu(pre): proj keeps it
+    const Id b2 = param_cast(tl, s, C);
+    b.cm2 = param_cast(tl, s, C * s.F);
+    m = tl.alloc(N * C * e);  // proj without its bias, then scaled, then the bias added
+    tl.replace(m, N * C * e);
+    tl.replace(m, N * C * e);
+    drop(tl, b2);
   } else if (s.mesh) {  // Mlp unfused: column fc (+ bias), gelu, row proj (+ bias)
     b.cm1 = param_cast(tl, s, s.F * C);
     const Id b1 = param_cast(tl, s, s.F);
@@ -146,6 +160,7 @@ BlockTape block_forward(ByteTimeline& tl, const ReplayShape& s, Id x, Id* out) {
   if (s.dropout) {
     tl.replace(m, Nr * C * e);
   }
+  if (s.branch_scale != 1.0) tl.replace(m, Nr * C * e);
   *out = tl.alloc(Nr * C * e);  // h + m
   tl.free(a);                   // forward_region's locals
   tl.free(m);
@@ -176,6 +191,18 @@ Id norm_backward_at_fork(ByteTimeline& tl, const ReplayShape& s, ReplayGrads& gr
   return sum;
 }
 
+// The gradient a residual branch's last ops write before its first node runs: SDP's scale
+// (the branch's last op), then dropout's, which frees the scale's once it has run; 0 for none.
+Id branch_grad(ByteTimeline& tl, const ReplayShape& s, int64_t bytes) {
+  Id g = s.branch_scale != 1.0 ? tl.alloc(bytes) : 0;
+  if (s.dropout) {
+    const Id d = tl.alloc(bytes);
+    drop(tl, g);
+    g = d;
+  }
+  return g;
+}
+
 // q's or k's gradient (B, H, T, D) back to rows of `features`: gpt2's reshape copies; llama's
 // rope writes dx and copies its strided incoming gradient for the kernel, which then dies.
 Id back_to_rows(ByteTimeline& tl, const ReplayShape& s, Id d, int64_t features) {
@@ -192,8 +219,9 @@ Id block_backward(ByteTimeline& tl, const ReplayShape& s, BlockTape& b, Id g, Re
   const int64_t N = s.B * s.T, C = s.C, e = s.e, q3 = s.q + 2 * s.kv, Nr = tp::stream_rows(s);
   const bool bias = !s.llama;
   Id dn2 = 0;  // the gradient at norm2's output
-  // Dropout's backward writes the branch's gradient anew; the MLP's first node consumes it.
-  const Id dm = s.dropout ? tl.alloc(Nr * C * e) : 0;
+  // Dropout's backward writes the branch's gradient anew (and SDP's scale before it, each node
+  // freeing what it consumed); the MLP's first node consumes it.
+  const Id dm = branch_grad(tl, s, Nr * C * e);
   // A column layer's dX (all-reduced in place, or under SP reduce-scattered) and dW (, db).
   auto column_backward = [&](int64_t out, bool with_bias) {
     if (s.sp) return tp::column_backward_sp(tl, s, grads, C, out, with_bias);
@@ -210,10 +238,12 @@ Id block_backward(ByteTimeline& tl, const ReplayShape& s, BlockTape& b, Id g, Re
     return dx;
   };
   if (s.llama) {
-    // down: da (N, F), dW; frees act.
+    // SDP: the scale's gradient first. down: da (N, F), dW; frees act.
+    const Id ds = s.scaled_mlp_out ? tl.alloc(N * C * e) : 0;
     const Id da = row_backward(s.F);
     tl.free(b.act);
     drop(tl, b.cm3);
+    drop(tl, ds);
     drop(tl, dm);
     // swiglu: dgate, dup; frees gate and up; da dies.
     const Id dgate = tl.alloc(N * s.F * e), dup = tl.alloc(N * s.F * e);
@@ -231,6 +261,23 @@ Id block_backward(ByteTimeline& tl, const ReplayShape& s, BlockTape& b, Id g, Re
     tl.free(dxu);
     tl.free(dxg);
     tl.free(dgate);
+  } else if (s.scaled_mlp_out) {
+    // SDP's packed MLP: the bias add (db), the scale (a fresh gradient), proj (dx, dW; frees
+    // gelu's output), gelu's backward (frees pre), fc (dx, dW, db).
+    weight_grad(tl, s, grads, C);
+    const Id ds = tl.alloc(N * C * e);
+    drop(tl, dm);
+    const Id dact = row_backward(s.F);
+    tl.free(b.act);
+    drop(tl, b.cm2);
+    tl.free(ds);
+    const Id dpre = tl.alloc(N * s.F * e);
+    tl.free(b.pre);
+    tl.free(dact);
+    dn2 = column_backward(s.F, true);
+    tl.free(b.y2);
+    drop(tl, b.cm1);
+    tl.free(dpre);
   } else if (s.mesh) {
     // Unfused under TP: the proj bias's add (db), the row node (dx, dW; frees gelu's output),
     // gelu's backward (frees pre), the column node (dx, all-reduced in place; dW, db).
@@ -278,7 +325,7 @@ Id block_backward(ByteTimeline& tl, const ReplayShape& s, BlockTape& b, Id g, Re
   // norm2's backward, then h's two consumers (the residual and norm2) meet.
   const Id gh = norm_backward_at_fork(tl, s, grads, {b.st2, b.st2b, b.h, b.cn2}, dn2, g);
   // proj (after the attention branch's dropout): dx (N, q), dW (, db); frees its input.
-  const Id da = s.dropout ? tl.alloc(Nr * C * e) : 0;
+  const Id da = branch_grad(tl, s, Nr * C * e);
   if (bias && s.mesh) tp::replicated_grad(tl, s, grads, C);  // the row layer's bias, added apart
   const Id dproj = row_backward(s.q);
   if (bias && !s.mesh) weight_grad(tl, s, grads, C);
@@ -368,6 +415,13 @@ Id checkpointed_backward(ByteTimeline& tl, const ReplayShape& s, BlockTape& kept
   return gx;
 }
 
+// The shape of block `block` (its MLP hidden under SDP's neuron level).
+ReplayShape with_block_ffn(const ReplayShape& s, int64_t block) {
+  ReplayShape b = s;
+  if (!s.block_ffn.empty()) b.F = s.block_ffn[static_cast<size_t>(block)];
+  return b;
+}
+
 }  // namespace
 
 StageActivations replay_forward(ByteTimeline& tl, const ReplayShape& s, int64_t blocks, bool embed,
@@ -431,8 +485,9 @@ StageActivations replay_forward(ByteTimeline& tl, const ReplayShape& s, int64_t 
     tl.set_phase("forward: block " + std::to_string(i));
     if (u) u->before_forward(static_cast<int>(s.first_block + i) + 1);
     Id out = 0;
-    a.blocks.push_back(s.checkpointing ? checkpointed_forward(tl, s, x, &out)
-                                       : block_forward(tl, s, x, &out));
+    const ReplayShape bs = with_block_ffn(s, s.first_block + i);
+    a.blocks.push_back(s.checkpointing ? checkpointed_forward(tl, bs, x, &out)
+                                       : block_forward(tl, bs, x, &out));
     x = out;
     if (u) u->after_forward(static_cast<int>(s.first_block + i) + 1);
   }
@@ -530,8 +585,9 @@ ByteTimeline::Id replay_backward(ByteTimeline& tl, const ReplayShape& s, StageAc
     tl.set_phase("backward: block " + std::to_string(i));
     if (u) u->before_backward(static_cast<int>(s.first_block + i) + 1);
     BlockTape& b = a.blocks[static_cast<size_t>(i)];
-    g = s.checkpointing ? checkpointed_backward(tl, s, b, g, grads)
-                        : block_backward(tl, s, b, g, grads);
+    const ReplayShape bs = with_block_ffn(s, s.first_block + i);
+    g = s.checkpointing ? checkpointed_backward(tl, bs, b, g, grads)
+                        : block_backward(tl, bs, b, g, grads);
     if (u) u->gradients_ready(static_cast<int>(s.first_block + i) + 1);
   }
   if (!embed) return g;

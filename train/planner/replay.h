@@ -74,6 +74,15 @@ struct ReplayShape {
   // Packed documents (data.packing): the micro-batch brings its positions (the step's batch),
   // where a window's are made for the call.
   bool packed = false;
+  // SDP under forward masking (parallel/sdp, Note [SDP packed MLP] and Note [SDP block
+  // masking]): each block's MLP hidden on this worker (empty: F for every block); the MLP's
+  // output layer rescaled (coverage < 1 at the neuron level: GPT-2's MLP then runs unfused — fc
+  // with its bias, GELU, proj, the scale, proj's bias added apart; Llama's down then scaled); or
+  // each residual branch rescaled (the block level), which like dropout replaces the branch in
+  // forward and writes one more gradient in backward.
+  std::vector<int64_t> block_ffn;
+  bool scaled_mlp_out = false;
+  double branch_scale = 1.0;
   // Tensor parallelism over `tp` ranks (parallel/tp/layers.h): q, kv, heads, F and V above are
   // this rank's; the TP layers' own temporaries are replayed. With sequence parallelism the
   // residual stream (norms, residual adds, dropout, the block's input and output) holds B·T/tp
