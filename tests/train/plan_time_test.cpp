@@ -352,10 +352,41 @@ TEST(PlanTime, OdcIsZero3AtTheOneSidedRatesPlusTwoBarriers) {
   }
 }
 
+// SDP under forward masking: the worker's packed MLP measured in place of the full one, its
+// update and its sync — the held slices over their k holders as backward goes, then the
+// replicated parameters over all N workers after backward.
+TEST(PlanTime, SdpIsTheWorkersSubnetworkAndItsHolderSetsSync) {
+  Calibration cal;
+  ClusterLinks links;
+  links.intra = uniform(1e-4, 1e8);
+  const Config full = tiny("parallel: {dp: 4}\n");
+  const Config sdp = tiny("parallel: {dp: 4, sdp: {mode: forward, coverage: 0.5}}\n");
+  const ModelConfig& m = sdp.model;
+  const int64_t rows = 2 * 16, C = 16, F = m.ffn_hidden_size(), Fw = F / 2;
+  const PassTimes block = cal.block(m, sdp.train, 2, 16), rest = cal.rest(m, sdp.train, 2, 16);
+  const PassTimes packed = cal.mlp(rows, C, Fw, false, "f32"),
+                  fused = cal.mlp(rows, C, F, true, "f32");
+  check_line(plan_step_time(sdp, cal, links), "compute",
+             4 * (block.total() + packed.total() - fused.total()) + rest.total());
+  // Parameters: the full model's less the MLP units not held (fc row, bias, proj column).
+  const double psi =
+      static_cast<double>(count_parameters(m)) - 4.0 * static_cast<double>(F - Fw) * (2 * C + 1);
+  check_line(plan_step_time(sdp, cal, links), "optimizer",
+             cal.optimizer("adamw", static_cast<int64_t>(psi), "f32"));
+  // One bucket of slices (k = 2: 2 steps, byte factor 1 over the 2-rank fit), ready at the end
+  // of backward; then the replicated parameters over 4 workers (6 steps, factor 3/2 ÷ 1).
+  const double slices = 4.0 * Fw * (2 * C + 1) * 4, replicated = psi * 4 - slices;
+  const double want = (1e-4 + slices / 1e8) + (3 * 1e-4 + replicated * 1.5 / 1e8);
+  check_line(plan_step_time(sdp, cal, links), "SDP sync", want);
+  EXPECT_LT(plan_step_time(sdp, cal, links).lines[1].seconds,
+            plan_step_time(full, cal, links).lines[1].seconds);  // a smaller update
+}
+
 TEST(PlanTime, WhatTheModelDoesNotCoverIsNamed) {
   Calibration cal;
   for (const auto& [extra, key] : std::vector<std::pair<std::string, std::string>>{
-           {"parallel: {dp: 2, sdp: {mode: forward}}\n", "parallel.sdp"}}) {
+           {"parallel: {dp: 2, sdp: {mode: backward}}\n", "parallel.sdp.mode"},
+           {"parallel: {dp: 2, sdp: {mode: forward, heads: true}}\n", "parallel.sdp.heads"}}) {
     try {
       plan_step_time(tiny(extra), cal, {});
       FAIL() << key << " must be refused";

@@ -13,9 +13,9 @@
 #include "layers/transformer.h"
 #include "parallel/diloco/options.h"
 #include "parallel/pp/partition.h"
-#include "parallel/sdp/options.h"
 #include "train/planner/pipeline.h"
 #include "train/planner/replay.h"
+#include "train/planner/sdp_worker.h"
 #include "train/planner/zero3.h"
 
 namespace loom::planner {
@@ -29,39 +29,6 @@ struct ParamTensor {
   int64_t block = -1;
   bool table = false;  // wte: the head's weight too when tied
 };
-
-// An SDP worker's subnetwork under forward masking (Note [SDP packed MLP] in
-// parallel/sdp/forward_masking.h, Note [SDP block masking] in parallel/sdp/block_level.h): its
-// MLP hidden in each block (the neuron level's cover), or the blocks it holds (the block
-// level's), and the rescaling.
-struct SdpWorker {
-  bool on = false;
-  std::vector<int64_t> ffn;     // per block (neuron level)
-  std::vector<int64_t> blocks;  // held, ascending (block level; empty: every block)
-  bool scaled_mlp_out = false;  // neuron level, coverage < 1
-  double branch_scale = 1.0;    // block level: N/k
-};
-
-SdpWorker sdp_worker(const Config& c, const RankCoord& rank) {
-  const parallel::sdp::SdpOptions& o = c.parallel.sdp;
-  SdpWorker w;
-  if (!o.on()) return w;
-  w.on = true;
-  const int64_t n = parallel::sdp::workers_of(o, c.parallel.dp);
-  const int worker = static_cast<int>(rank.dp % n);
-  if (o.blocks()) {
-    const parallel::sdp::BlockAssignment cover =
-        parallel::sdp::block_cover(o, c.model, c.parallel.dp);
-    w.blocks = cover.owned_blocks(worker);
-    w.branch_scale = static_cast<double>(cover.workers) / cover.replication;
-  } else {
-    const parallel::sdp::NeuronAssignment cover =
-        parallel::sdp::neuron_cover(o, c.model, c.parallel.dp);
-    for (const parallel::sdp::LayerCover& l : cover.layers) w.ffn.push_back(l.owned_count(worker));
-    w.scaled_mlp_out = cover.replication != cover.workers;
-  }
-  return w;
-}
 
 // The model's trained tensors in the order the model registers them (layers/transformer.cpp),
 // as one of `tp` tensor-parallel ranks holds them (parallel/tp/layers.h: qkv, fc, gate and up
@@ -202,7 +169,7 @@ MemoryPlan plan_memory(const Config& cfg, const RankCoord& rank) {
   refuse_unplanned(cfg);
   const ModelConfig& m = cfg.model;
   const ParallelConfig& par = cfg.parallel;
-  const SdpWorker sdp = sdp_worker(cfg, rank);
+  const SdpWorker sdp = sdp_worker(cfg, static_cast<int>(rank.dp));
   const int64_t e = static_cast<int64_t>(dtype_size(train_dtype(cfg.train.dtype)));
   // Gradients are reduced over dp·cp (each cp rank holds part of the same samples' gradients).
   const bool dp = par.dp * par.cp > 1;

@@ -13,7 +13,9 @@
 #include "parallel/pp/partition.h"
 #include "parallel/pp/schedule.h"
 #include "parallel/pp/simulate.h"
+#include "parallel/sdp/options.h"
 #include "train/planner/packed_steps.h"
+#include "train/planner/sdp_worker.h"
 
 namespace loom::planner {
 namespace {
@@ -137,7 +139,15 @@ StepTimePlan plan_step_time(const Config& cfg, Calibration& cal, const ClusterLi
   const ModelConfig& m = cfg.model;
   const ParallelConfig& p = cfg.parallel;
   const TrainConfig& t = cfg.train;
-  LOOM_CONFIG_CHECK(!p.sdp.on(), "parallel.sdp: the step-time model does not cover SDP yet");
+  LOOM_CONFIG_CHECK(!p.sdp.on() || p.sdp.forward(),
+                    "parallel.sdp.mode: the step-time model covers SDP's forward masking only "
+                    "(backward masking's publication is not priced yet)");
+  LOOM_CONFIG_CHECK(!p.sdp.on() || !p.sdp.heads,
+                    "parallel.sdp.heads: the step-time model does not cover SDP's covered heads "
+                    "yet");
+  LOOM_CONFIG_CHECK(!p.sdp.on() || parallel::sdp::workers_of(p.sdp, p.dp) == p.dp,
+                    "parallel.sdp.workers: the step-time model covers one SDP group over all of "
+                    "parallel.dp only");
   LOOM_CONFIG_CHECK(p.diloco.islands == 0,
                     "parallel.diloco: the step-time model does not cover DiLoCo yet");
   const int64_t dp = p.dp, tp = p.tp, cp = p.cp, pp = p.pp, vpp = p.vpp;
@@ -245,6 +255,40 @@ StepTimePlan plan_step_time(const Config& cfg, Calibration& cal, const ClusterLi
     }
     if (gpt2) corrections << "; the mesh's unfused MLP";
   }
+  // SDP under forward masking (Note [SDP packed MLP] in parallel/sdp/forward_masking.h): the
+  // worker with the most MLP units (neuron level; its MLP measured in place of the full one:
+  // GPT-2's unfused below coverage 1) or C·n_layer blocks (block level; the branches' scales,
+  // two elementwise ops per block, are not priced).
+  SdpWorker sdp;
+  int64_t sdp_ffn = F;
+  if (p.sdp.on()) {
+    int64_t most = -1;
+    for (int64_t r = 0; r < dp; ++r) {
+      SdpWorker w = sdp_worker(cfg, static_cast<int>(r));
+      int64_t widest = 0;
+      for (int64_t units : w.ffn) widest = std::max(widest, units);
+      if (widest > most) {
+        most = widest;
+        sdp = std::move(w);
+      }
+    }
+    if (!sdp.ffn.empty()) {
+      sdp_ffn = most;
+      if (gpt2) {
+        add(block, cal.mlp(rows, C, most, !sdp.scaled_mlp_out, prec), 1);
+        add(block, cal.mlp(rows, C, F, true, prec), -1);
+      } else {
+        add(block, cal.linear(rows, C, most, false, prec), 2);
+        add(block, cal.linear(rows, C, F, false, prec), -2);
+        add(block, cal.linear(rows, most, C, false, prec), 1);
+        add(block, cal.linear(rows, F, C, false, prec), -1);
+      }
+      corrections << "; SDP: the worker's MLP (" << most << " of " << F << " units) measured";
+    } else {
+      corrections << "; SDP: the worker's " << sdp.blocks.size() << " of " << m.n_layer
+                  << " blocks";
+    }
+  }
   // Ranks sharing a machine compute slower together than alone (train/planner/links.h): the
   // factors measured for this many ranks placed this way.
   const bool one_host = links.ranks_per_host == 0 || links.ranks_per_host >= world;
@@ -306,8 +350,9 @@ StepTimePlan plan_step_time(const Config& cfg, Calibration& cal, const ClusterLi
 
   // Per global stage (pp·vpp of them; one without a pipeline): forward and backward of one
   // micro-batch, its collectives included.
-  const std::vector<int64_t> bounds =
-      parallel::pp::partition_layers(m.n_layer, static_cast<int>(pp * vpp), p.pp_layout);
+  const std::vector<int64_t> bounds = parallel::pp::partition_layers(
+      sdp.blocks.empty() ? m.n_layer : static_cast<int64_t>(sdp.blocks.size()),
+      static_cast<int>(pp * vpp), p.pp_layout);
   const int64_t stages = pp * vpp;
   std::vector<double> sf(stages), sb(stages), scomp(stages);
   for (int64_t g = 0; g < stages; ++g) {
@@ -334,7 +379,11 @@ StepTimePlan plan_step_time(const Config& cfg, Calibration& cal, const ClusterLi
   const double per_block = static_cast<double>(count_parameters(m2) - count_parameters(m1));
   const double outside = static_cast<double>(count_parameters(m1)) - per_block;
   const double ends = pp == 1 ? outside : (slowest == 0 || slowest == pp - 1 ? outside / 2 : 0);
-  const double stage_params = (blocks_slowest * per_block + ends) / tp;
+  // An SDP worker's blocks hold its MLP units only: per hidden unit GPT-2's fc row, bias and
+  // proj column, Llama's gate, up and down.
+  const double unit_params = gpt2 ? 2.0 * C + 1 : 3.0 * C;
+  const double block_params = per_block - static_cast<double>(F - sdp_ffn) * unit_params;
+  const double stage_params = (blocks_slowest * block_params + ends) / tp;
   const double owned = p.zero_stage >= 1 ? stage_params / shard : stage_params;
   const double optimizer = cal.optimizer(cfg.optim.name, static_cast<int64_t>(owned), t.dtype) *
                            (contended ? placed.memory_slowdown : 1.0);  // memory-bound: its own
@@ -374,7 +423,32 @@ StepTimePlan plan_step_time(const Config& cfg, Calibration& cal, const ClusterLi
     const double grad_bytes = stage_params * ge;
     const double bucket = p.bucket_mb * 1e6;
     const double bwd = blocks_slowest * block.bwd + (slowest == pp - 1 ? rest.bwd : 0);
-    if (p.zero_stage <= 2) {
+    if (p.sdp.on()) {
+      // SDP (Note [SDP overlapped sync] in parallel/sdp/sdp_sync.h): the held slices (the MLP
+      // units' rows and columns, or whole blocks) averaged over their k holders as backward
+      // finishes them, in buckets; the replicated parameters over all N workers after backward
+      // (their set's first bucket holds the embeddings, whose gradient is ready last).
+      const double slices =
+          blocks_slowest * (sdp.ffn.empty() ? block_params : sdp_ffn * unit_params) * ge;
+      const double replicated = stage_params * ge - slices;
+      double done = 0, ready_bytes = 0;
+      while (ready_bytes < slices) {
+        const double n = std::min(bucket, slices - ready_bytes);
+        ready_bytes += n;
+        done = std::max(done, bwd * ready_bytes / slices) +
+               coll_time(Coll::kAllReduce, n, sdp.replication, dp_link);
+      }
+      done = std::max(done, bwd);
+      for (double left = replicated; left > 0; left -= bucket)
+        done += coll_time(Coll::kAllReduce, std::min(bucket, left), sdp.workers, dp_link);
+      dp_s = done - bwd;
+      plan.lines.push_back({"SDP sync", dp_s,
+                            "all-reduce of the held slices over their " +
+                                std::to_string(sdp.replication) +
+                                " holders past the end of backward, then of the replicated "
+                                "parameters over the " +
+                                std::to_string(sdp.workers) + " workers"});
+    } else if (p.zero_stage <= 2) {
       // Gradients become ready evenly over backward; buckets of bucket_mb in that order: ZeRO-2
       // reduce-scatters them over the shard group, the others all-reduce over dp·cp.
       const bool scatter = p.zero_stage == 2;
