@@ -8,7 +8,9 @@
 # namespaces: tools/cluster), between two hosts whose links are limited to RATE (default
 # 100mbit); the compute is measured by the first plan that needs each shape. Benchmark, not a
 # test: about 10 minutes on 2 cores, 4 more for the search's part and 3 for packed documents'
-# (STEP_TIME_BENCH_PARTS: "table search packed", the default, or any of them). Packed rows
+# (STEP_TIME_BENCH_PARTS: "table search packed", the default, or any of them; "four" adds the
+# layouts that need 4 ranks — SDP, MiCS — oversubscribing the 2 cores with their own 4-rank
+# link calibration, 4 minutes). Packed rows
 # (configs/sft-tiny.yaml on the shipped chat sample, Note [Packed step time] in
 # train/planner/packed_steps.h) compare the plan's mean step over the run's steps with the
 # measured mean of the steps after the first: their steps differ by their documents.
@@ -135,6 +137,30 @@ if [[ $parts == *" packed "* ]]; then
   row "dp 2 ODC, balance none" 2 1 --set data.balance=none
   summary
   base=("${common[@]}") stat=median
+fi
+if [[ $parts == *" four "* ]]; then
+  # 4 ranks (2 per core): SDP under forward masking and MiCS against DDP and ZeRO-3 on the same
+  # ranks; a calibration of its own, the links and the compute slowdown measured with 4 ranks
+  # at once.
+  two_ranks=$LOOM_CALIBRATION
+  export LOOM_CALIBRATION="$work/calibration_4.json"
+  "${mpi[@]}" -np 4 "$bin/train" "${common[@]}" --set parallel.dp=4 --calibrate-links >&2
+  errors=()
+  echo
+  echo "| 4 ranks on 2 cores (gpt2-tiny) | ranks | predicted ms | measured ms | error |"
+  echo "| --- | --- | ---: | ---: | ---: |"
+  row "dp 4 DDP" 4 1 --set parallel.dp=4
+  row "SDP neurons, coverage 0.5" 4 1 --set parallel.dp=4 --set parallel.sdp.mode=forward \
+    --set parallel.sdp.coverage=0.5
+  row "SDP blocks, coverage 0.5" 4 1 --set parallel.dp=4 --set parallel.sdp.mode=forward \
+    --set parallel.sdp.level=block --set parallel.sdp.coverage=0.5
+  row "dp 4 ZeRO-3" 4 1 --set parallel.dp=4 --set parallel.zero_stage=3
+  row "MiCS: ZeRO-3, partitions of 2" 4 1 --set parallel.dp=4 --set parallel.zero_stage=3 \
+    --set parallel.mics_partition_size=2
+  row "MiCS: ZeRO-2, partitions of 2" 4 1 --set parallel.dp=4 --set parallel.zero_stage=2 \
+    --set parallel.mics_partition_size=2
+  summary
+  export LOOM_CALIBRATION=$two_ranks
 fi
 [[ $parts == *" search "* ]] || exit 0
 

@@ -41,12 +41,12 @@ std::vector<Lin> block_linears(const ModelConfig& m) {
   return l;
 }
 
+// The packed run's steps the model reads from the data (Note [Packed step time] in
+// train/planner/packed_steps.h): its first ones, at most this many.
+constexpr int64_t kPackedPlanSteps = 32;
+
 // A collective's time on a link (Note [Step-time model]).
 using Coll = Collective;
-
-// The packed run's steps the model reads from the data (Note [Packed step time]): its first
-// ones, at most this many.
-constexpr int64_t kPackedPlanSteps = 32;
 // The ring's steps and byte factor of a collective over g ranks.
 std::pair<double, double> ring(Coll c, int64_t g) {
   switch (c) {
