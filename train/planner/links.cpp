@@ -138,9 +138,29 @@ std::string calibrate_links(const parallel::ParallelContext& ctx, const Config& 
   world.all_reduce_async(r2, parallel::ReduceOp::kMax)->wait();
   const double memory_slowdown = std::max(1.0, r2.data<double>()[0]);
   cal.set_link(cls + "/memory_slowdown/" + std::to_string(g), memory_slowdown);
+  // The overlap cost (Note [Overlap cost] in train/planner/links.h): the same compute with
+  // all-reduces running behind it on every rank's communicator thread, about as long as the
+  // compute; the compute's extra time over theirs.
+  const double ar_large = cal.link(cls + "/all_reduce/latency").value_or(0) +
+                          large * 4.0 / cal.link(cls + "/all_reduce/bandwidth").value_or(1e30);
+  const int calls = std::clamp(static_cast<int>(together / std::max(ar_large, 1e-9)), 1, 64);
+  std::vector<Tensor> buffers;
+  std::vector<parallel::WorkPtr> behind;
+  world.barrier_async()->wait();
+  for (int i = 0; i < calls; ++i) {
+    buffers.push_back(Tensor::zeros({large}, DType::kF32));
+    behind.push_back(world.all_reduce_async(buffers.back(), parallel::ReduceOp::kSum));
+  }
+  const double overlapped = cal.model_now(cfg.model, cfg.train, B, T, 1).total();
+  for (auto& w : behind) w->wait();
+  Tensor r3 = Tensor::full({1}, (overlapped - together) / (calls * ar_large), DType::kF64);
+  world.all_reduce_async(r3, parallel::ReduceOp::kMax)->wait();
+  const double overlap_cost = std::clamp(r3.data<double>()[0], 0.0, 1.0);
+  cal.set_link(cls + "/overlap_cost/" + std::to_string(g), overlap_cost);
   if (ctx.rank() == 0) cal.save();
   o << " with " << g << " ranks at once: compute ×" << std::setprecision(3) << slowdown
-    << ", optimizer ×" << memory_slowdown;
+    << ", optimizer ×" << memory_slowdown << "; a collective behind compute costs it "
+    << overlap_cost << " of its time";
   return o.str();
 }
 

@@ -11,6 +11,16 @@
 // stored as
 // "<class>/slowdown/<ranks>" and applied by the step-time model to layouts of that many ranks
 // placed the same way.
+//
+// Note [Overlap cost]: a collective the engine runs behind compute (data-parallel buckets during
+// backward, ZeRO-3's prefetched gathers, the cp ring's hops) is free only where the device has
+// something else to run it with: a GPU's copy engines and NVLink, not a CPU whose cores all
+// compute (the reduction's copies and sums then take a core's time from the compute). The
+// calibration measures the fraction κ: the one-block model timed on every rank together, then
+// again while every rank's communicator thread runs all-reduces of 8 MiB for about as long;
+// κ = the compute's extra time ÷ the all-reduces' time, in [0, 1], stored as
+// "<class>/overlap_cost/<ranks>". The step-time model adds κ × the hidden part of every
+// overlapped collective (0 where not measured: GPUs with data-sheet links).
 #pragma once
 
 #include <string>

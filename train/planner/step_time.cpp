@@ -111,6 +111,7 @@ ClusterLinks links_from(const Calibration& cal, int64_t ranks_per_host) {
     const std::string ranks = std::to_string(link->ranks);
     link->compute_slowdown = cal.link(cls + "/slowdown/" + ranks).value_or(1.0);
     link->memory_slowdown = cal.link(cls + "/memory_slowdown/" + ranks).value_or(1.0);
+    link->overlap_cost = cal.link(cls + "/overlap_cost/" + ranks).value_or(0.0);
   }
   return l;
 }
@@ -344,8 +345,11 @@ StepTimePlan plan_step_time(const Config& cfg, Calibration& cal, const ClusterLi
     // (parallel/cp/ring_attention.cpp).
     const double hop = coll_time(Coll::kSend, 2.0 * B * kvh * Tr * D * e, 2, cp_link);
     const PassTimes ring = cal.ring_attention(B, h, kvh, Tr, D, cp, prec);
-    cp_fwd = std::max(0.0, (cp - 1) * hop - ring.fwd);
-    cp_bwd = std::max(0.0, (cp - 1) * hop - ring.bwd) + cp * hop + (recompute ? cp_fwd : 0);
+    // What the compute hides still costs κ of it (Note [Overlap cost] in train/planner/links.h).
+    const double k = cp_link.overlap_cost;
+    cp_fwd = std::max(0.0, (cp - 1) * hop - ring.fwd) + k * std::min((cp - 1) * hop, ring.fwd);
+    cp_bwd = std::max(0.0, (cp - 1) * hop - ring.bwd) + k * std::min((cp - 1) * hop, ring.bwd) +
+             cp * hop + (recompute ? cp_fwd : 0);
   }
 
   // Per global stage (pp·vpp of them; one without a pipeline): forward and backward of one
@@ -431,14 +435,16 @@ StepTimePlan plan_step_time(const Config& cfg, Calibration& cal, const ClusterLi
       const double slices =
           blocks_slowest * (sdp.ffn.empty() ? block_params : sdp_ffn * unit_params) * ge;
       const double replicated = stage_params * ge - slices;
-      double done = 0, ready_bytes = 0;
+      double done = 0, ready_bytes = 0, busy = 0;
       while (ready_bytes < slices) {
         const double n = std::min(bucket, slices - ready_bytes);
         ready_bytes += n;
-        done = std::max(done, bwd * ready_bytes / slices) +
-               coll_time(Coll::kAllReduce, n, sdp.replication, dp_link);
+        const double t_n = coll_time(Coll::kAllReduce, n, sdp.replication, dp_link);
+        done = std::max(done, bwd * ready_bytes / slices) + t_n;
+        busy += t_n;
       }
-      done = std::max(done, bwd);
+      const double hidden = std::max(0.0, busy - std::max(0.0, done - bwd));
+      done = std::max(done, bwd) + dp_link.overlap_cost * hidden;
       for (double left = replicated; left > 0; left -= bucket)
         done += coll_time(Coll::kAllReduce, std::min(bucket, left), sdp.workers, dp_link);
       dp_s = done - bwd;
@@ -453,15 +459,19 @@ StepTimePlan plan_step_time(const Config& cfg, Calibration& cal, const ClusterLi
       // reduce-scatters them over the shard group, the others all-reduce over dp·cp.
       const bool scatter = p.zero_stage == 2;
       const Coll c = scatter ? Coll::kReduceScatter : Coll::kAllReduce;
-      double done = 0, ready_bytes = 0;
+      double done = 0, ready_bytes = 0, busy = 0;
       while (ready_bytes < grad_bytes) {
         const double n = std::min(bucket, grad_bytes - ready_bytes);
         ready_bytes += n;
         const double ready = p.overlap ? bwd * ready_bytes / grad_bytes : bwd;
-        done = std::max(done, ready) +
-               (scatter ? coll_time(c, n, shard, shard_link) : coll_time(c, n, dpc, dp_link));
+        const double t_n =
+            scatter ? coll_time(c, n, shard, shard_link) : coll_time(c, n, dpc, dp_link);
+        done = std::max(done, ready) + t_n;
+        busy += t_n;
       }
       dp_s = std::max(0.0, done - bwd);
+      // What backward hid still costs κ of it (Note [Overlap cost] in train/planner/links.h).
+      dp_s += (scatter ? shard_link : dp_link).overlap_cost * std::max(0.0, busy - dp_s);
       // MiCS's second hop: the shards all-reduced across the replicas after backward.
       const double second_hop =
           scatter ? coll_time(Coll::kAllReduce, grad_bytes / shard, replicas, replica_link) : 0;
@@ -492,8 +502,13 @@ StepTimePlan plan_step_time(const Config& cfg, Calibration& cal, const ClusterLi
       // head is the embeddings' unit, gathered for the embedding's forward, the head's forward and
       // the backward (parallel/dp/unit_gatherer.cpp; Note [ZeRO-3 memory]).
       const double outside_gathers = m.tie_embeddings ? 3 : 2;
+      // What the blocks hide still costs κ of it (Note [Overlap cost] in train/planner/links.h);
+      // ODC's pulls and pushes on a CPU are MPI_Rget/MPI_Raccumulate copies made by the calling
+      // thread (parallel/comm/mpi_window.cpp): nothing is hidden.
+      const double k = p.odc && t.device == "cpu" ? 1.0 : shard_link.overlap_cost;
       dp_s = micro * (blocks_slowest *
-                          (std::max(0.0, ag - block.fwd) + std::max(0.0, ag + rs - block.bwd)) +
+                          (std::max(0.0, ag - block.fwd) + std::max(0.0, ag + rs - block.bwd) +
+                           k * (std::min(ag, block.fwd) + std::min(ag + rs, block.bwd))) +
                       outside_gathers * outside_ag) +
              coll_time(scatter, outside / tp * ge, shard, shard_link) + rs;
       if (p.odc) {  // finish()'s and publish's barriers: a message's latency around the group

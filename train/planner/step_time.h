@@ -84,6 +84,7 @@ struct LinkModel {
   std::string source = "measured";  // or "data sheet"
   CollectiveFit fits[6];            // by Collective
   double compute_slowdown = 1, memory_slowdown = 1;
+  double overlap_cost = 0;  // Note [Overlap cost] in train/planner/links.h
   CollectiveFit& fit(Collective c) { return fits[static_cast<int>(c)]; }
   const CollectiveFit& fit(Collective c) const { return fits[static_cast<int>(c)]; }
   bool known() const { return fit(Collective::kAllReduce).bytes_per_s > 0; }
