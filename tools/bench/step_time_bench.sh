@@ -166,31 +166,43 @@ fi
 
 # The search's ranking against measurement: `--plan --search --gpus 2 --device cpu --time` over
 # the base config with a global batch of 16 sequences (dp 2, or accumulation 2), then the first
-# SEARCH_TOP (default 8) candidates measured; the search's first choice must be the fastest
-# measured or within 5 % of it.
+# SEARCH_TOP (default 8) candidates measured twice, in rank order and then in reverse (a run's
+# place in the sequence moved its time by ~5 %: the first measured ran slower), each candidate's
+# tokens/s the mean of its two runs; the search's first choice must be the fastest measured or
+# within 5 % of it.
 echo
-echo "| search rank | layout | predicted tok/s | measured tok/s |"
+echo "| search rank | layout | predicted tok/s | measured tok/s (the two runs) |"
 echo "| ---: | --- | ---: | ---: |"
 "$bin/train" "${common[@]}" --set optim.grad_accum=2 --set train.out_dir="$work/plan" --plan \
   --search --gpus 2 --device cpu --time >"$work/search_all"
 grep '^  fits' "$work/search_all" | sed -n "1,${SEARCH_TOP:-8}p" >"$work/search"
-rank=0 best=0 first=0
-while IFS= read -r line; do
-  rank=$((rank + 1))
-  layout=$(echo "$line" | cut -c8-53 | sed 's/ *$//')
-  predicted=$(echo "$line" | sed -n 's/.* \([0-9]*\) tok\/s.*/\1/p')
+mapfile -t candidates <"$work/search"
+# measure INDEX: one run of candidate INDEX (0-based), its tokens/s on stdout.
+measure() {
+  local line=${candidates[$1]} log="$work/search_$1_$RANDOM.log"
   read -ra sets <<<"$(echo "$line" | sed 's/.*ms   //')"
-  log="$work/search_$rank.log"
   "${mpi[@]}" -np 2 "$bin/train" "${common[@]}" --set optim.grad_accum=2 "${sets[@]}" \
     --set train.out_dir="$work/run" >"$log" 2>&1 </dev/null
   rm -rf "$work/run"
+  local ms
   ms=$(grep '^step ' "$log" | tail -n +3 | sed -n 's/.*| \([0-9.]*\) ms |.*/\1/p' | sort -n |
     awk '{v[NR] = $1} END {print (NR % 2) ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2}')
-  tok=$(echo "16 * 64 / ($ms / 1000)" | bc -l)
-  printf '| %d | %s | %s | %.0f |\n' "$rank" "$layout" "$predicted" "$tok"
-  ((rank == 1)) && first=$tok
+  echo "16 * 64 / ($ms / 1000)" | bc -l
+}
+n=${#candidates[@]}
+declare -a run1 run2
+for ((i = 0; i < n; ++i)); do run1[i]=$(measure "$i"); done
+for ((i = n - 1; i >= 0; --i)); do run2[i]=$(measure "$i"); done
+best=0 first=0
+for ((i = 0; i < n; ++i)); do
+  line=${candidates[$i]}
+  layout=$(echo "$line" | cut -c8-53 | sed 's/ *$//')
+  predicted=$(echo "$line" | sed -n 's/.* \([0-9]*\) tok\/s.*/\1/p')
+  tok=$(echo "(${run1[i]} + ${run2[i]}) / 2" | bc -l)
+  printf '| %d | %s | %s | %.0f (%.0f, %.0f) |\n' $((i + 1)) "$layout" "$predicted" "$tok" \
+    "${run1[i]}" "${run2[i]}"
+  ((i == 0)) && first=$tok
   if (($(echo "$tok > $best" | bc -l))); then best=$tok; fi
-done <"$work/search"
+done
 printf '\nthe search'"'"'s first choice measures %.0f tok/s, the fastest measured %.0f: %.1f %% slower\n' \
   "$first" "$best" "$(echo "($best - $first) / $best * 100" | bc -l)"
-
