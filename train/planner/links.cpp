@@ -144,13 +144,13 @@ std::string calibrate_links(const parallel::ParallelContext& ctx, const Config& 
   const double ar_large = cal.link(cls + "/all_reduce/latency").value_or(0) +
                           large * 4.0 / cal.link(cls + "/all_reduce/bandwidth").value_or(1e30);
   const int calls = std::clamp(static_cast<int>(together / std::max(ar_large, 1e-9)), 1, 64);
-  std::vector<Tensor> buffers;
+  // One buffer for all of them: the communicator runs one collective at a time, in issue
+  // order (the sums are garbage; only the time counts).
+  Tensor buffer = Tensor::zeros({large}, DType::kF32);
   std::vector<parallel::WorkPtr> behind;
   world.barrier_async()->wait();
-  for (int i = 0; i < calls; ++i) {
-    buffers.push_back(Tensor::zeros({large}, DType::kF32));
-    behind.push_back(world.all_reduce_async(buffers.back(), parallel::ReduceOp::kSum));
-  }
+  for (int i = 0; i < calls; ++i)
+    behind.push_back(world.all_reduce_async(buffer, parallel::ReduceOp::kSum));
   const double overlapped = cal.model_now(cfg.model, cfg.train, B, T, 1).total();
   for (auto& w : behind) w->wait();
   Tensor r3 = Tensor::full({1}, (overlapped - together) / (calls * ar_large), DType::kF64);

@@ -70,8 +70,8 @@ PackedCompute price_packed_steps(const PackedSteps& plan, int64_t n_layer, const
   const double layers = static_cast<double>(n_layer);
   PackedCompute out;
   int64_t count = 0;
-  // One micro-batch's block and rest (Note [Packed step time]).
-  auto price = [&](const PackedMicroBatch& mb, PassTimes* b, PassTimes* r) {
+  // One micro-batch's time (Note [Packed step time]); its block and rest summed into out's.
+  auto price = [&](const PackedMicroBatch& mb) {
     double L = 0, sq = 0;
     const double l = static_cast<double>(mb.loss_tokens) / M;
     for (int64_t s : mb.documents) {
@@ -79,25 +79,22 @@ PackedCompute price_packed_steps(const PackedSteps& plan, int64_t n_layer, const
       sq += static_cast<double>(s) * static_cast<double>(s);
     }
     const double f = L / M, a = sq / (M * M);
-    b->fwd = std::max(0.0, block.fwd - attention.fwd) * f + attention.fwd * a;
-    b->bwd = std::max(0.0, block.bwd - attention.bwd) * f + attention.bwd * a;
-    r->fwd = std::max(0.0, rest.fwd - loss.fwd) * f + loss.fwd * l;
-    r->bwd = std::max(0.0, rest.bwd - loss.bwd) * f + loss.bwd * l;
-    out.block.fwd += b->fwd;
-    out.block.bwd += b->bwd;
-    out.rest.fwd += r->fwd;
-    out.rest.bwd += r->bwd;
+    const PassTimes b{std::max(0.0, block.fwd - attention.fwd) * f + attention.fwd * a,
+                      std::max(0.0, block.bwd - attention.bwd) * f + attention.bwd * a};
+    const PassTimes r{std::max(0.0, rest.fwd - loss.fwd) * f + loss.fwd * l,
+                      std::max(0.0, rest.bwd - loss.bwd) * f + loss.bwd * l};
+    out.block.fwd += b.fwd;
+    out.block.bwd += b.bwd;
+    out.rest.fwd += r.fwd;
+    out.rest.bwd += r.bwd;
     ++count;
-    return layers * b->total() + r->total();
+    return layers * b.total() + r.total();
   };
   for (const std::vector<RankMicroBatches>& step : plan.steps) {
     std::vector<std::vector<double>> times(step.size());
     size_t most = 0;
     for (size_t r = 0; r < step.size(); ++r) {
-      for (const PackedMicroBatch& mb : step[r]) {
-        PassTimes b, re;
-        times[r].push_back(price(mb, &b, &re));
-      }
+      for (const PackedMicroBatch& mb : step[r]) times[r].push_back(price(mb));
       most = std::max(most, times[r].size());
     }
     double compute = 0, micro = 0;

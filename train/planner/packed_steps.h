@@ -16,10 +16,10 @@
 // row's M²; the cross-entropy kernels skip an ignored target's row (SFT trains on the replies
 // only), so the loss costs its loss tokens. M is the planned micro-batches' mean length rounded
 // up to 64 tokens, not the budget: a pass's time per token is not constant over lengths (on the
-// CPU a 1024-token row's head and loss ran 1.8× a 576-token one's, the logits leaving the
-// caches), so the calibration is made where the micro-batches are. A padding micro-batch (ZeRO-3
-// with collectives: one ignored token) is priced as one token. The ranks then meet as the engine
-// makes them:
+// CPU test bed, per token, sft-tiny's head and loss cost 7 % more at 1024 tokens than at 576 and
+// its blocks 16 % less), so the calibration is made where the micro-batches are. A padding
+// micro-batch (ZeRO-3 with collectives: one ignored token) is priced as one token. The ranks then
+// meet as the engine makes them:
 //   sync at the end   (one process, DDP, ZeRO-1/2: the gradients' reduction after backward;
 //                     ODC: its barriers) the step's compute is the slowest rank's sum;
 //   sync per unit     (ZeRO-3 with collectives: every micro-batch's gathers join every rank)

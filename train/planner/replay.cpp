@@ -261,31 +261,26 @@ Id block_backward(ByteTimeline& tl, const ReplayShape& s, BlockTape& b, Id g, Re
     tl.free(dxu);
     tl.free(dxg);
     tl.free(dgate);
-  } else if (s.scaled_mlp_out) {
-    // SDP's packed MLP: the bias add (db), the scale (a fresh gradient), proj (dx, dW; frees
-    // gelu's output), gelu's backward (frees pre), fc (dx, dW, db).
-    weight_grad(tl, s, grads, C);
-    const Id ds = tl.alloc(N * C * e);
-    drop(tl, dm);
+  } else if (s.scaled_mlp_out || s.mesh) {
+    // Unfused: proj's bias added apart (db; under TP through copy_to_region), SDP's scale (a
+    // fresh gradient), the row node (dx, dW; frees gelu's output), gelu's backward (frees pre),
+    // the column node (dx, all-reduced in place under TP; dW, db).
+    Id ds = 0;
+    if (s.scaled_mlp_out) {
+      weight_grad(tl, s, grads, C);
+      ds = tl.alloc(N * C * e);
+      drop(tl, dm);
+    } else {
+      tp::replicated_grad(tl, s, grads, C);
+    }
     const Id dact = row_backward(s.F);
     tl.free(b.act);
     drop(tl, b.cm2);
-    tl.free(ds);
-    const Id dpre = tl.alloc(N * s.F * e);
-    tl.free(b.pre);
-    tl.free(dact);
-    dn2 = column_backward(s.F, true);
-    tl.free(b.y2);
-    drop(tl, b.cm1);
-    tl.free(dpre);
-  } else if (s.mesh) {
-    // Unfused under TP: the proj bias's add (db), the row node (dx, dW; frees gelu's output),
-    // gelu's backward (frees pre), the column node (dx, all-reduced in place; dW, db).
-    tp::replicated_grad(tl, s, grads, C);
-    const Id dact = row_backward(s.F);
-    tl.free(b.act);
-    drop(tl, b.cm2);
-    drop(tl, dm);
+    if (s.scaled_mlp_out) {
+      tl.free(ds);
+    } else {
+      drop(tl, dm);
+    }
     const Id dpre = tl.alloc(N * s.F * e);
     tl.free(b.pre);
     tl.free(dact);
