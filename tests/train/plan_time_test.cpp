@@ -22,6 +22,7 @@
 #include "train/config.h"
 #include "train/planner/calibrate.h"
 #include "train/planner/devices.h"
+#include "train/planner/dp_backward.h"
 #include "train/planner/search.h"
 #include "train/planner/step_time.h"
 
@@ -135,16 +136,20 @@ TEST(PlanTime, DataParallelExposesOnlyWhatRunsPastBackward) {
   const double all_reduce = 1e-4 + bytes / 1e8;
   StepTimePlan p = plan_step_time(base, cal, links);
   check_line(p, "dp gradients", all_reduce);
-  // Buckets of a quarter of the gradients: the first three overlap backward when the link is
-  // fast enough; what is left is the last bucket's time (each bucket's all-reduce is below a
-  // quarter of backward here by construction of the link).
+  // Buckets of a quarter of the gradients (Note [Buckets on the link]): the head's backward
+  // runs first and fills none (its table is tied: complete only with the lookup's, at the
+  // end); the blocks' 4 × 3280 parameters fill the first three at the ends of blocks 2, 3 and 4,
+  // the last bucket is the rest's. A bucket's all-reduce is shorter than a block's backward
+  // here, so the first is done before the next launches: the last two run past backward.
   std::ostringstream bucket;
   bucket << std::setprecision(17) << bytes / 4 / 1e6;
   Config small = tiny("parallel: {dp: 2, bucket_mb: " + bucket.str() + "}\n");
   const double quarter = 0.1 * bwd;  // each bucket's all-reduce (α = 0: n/β)
+  ASSERT_LT(quarter, block.bwd);
+  ASSERT_EQ(params, 4 * 3280 + 1312);  // the bucket boundaries above
   links.intra = uniform(0, (bytes / 4) / quarter);
   p = plan_step_time(small, cal, links);
-  check_line(p, "dp gradients", quarter);
+  check_line(p, "dp gradients", 2 * quarter);
   // Without overlap every bucket waits for the end of backward.
   small.parallel.overlap = false;
   p = plan_step_time(small, cal, links);
@@ -408,6 +413,105 @@ TEST(PlanTime, AHiddenCollectiveCostsTheMeasuredFractionOfItsTime) {
   EXPECT_LT(hidden0, full);  // backward hides some buckets
   EXPECT_NEAR(dp_line(overlapped, 1), full, 1e-12 + 1e-9 * full);
   EXPECT_NEAR(dp_line(overlapped, 0.5), (hidden0 + full) / 2, 1e-12 + 1e-9 * full);
+}
+
+// Note [Buckets on the link] by hand: the head's backward, then blocks that each fill a bucket;
+// an early bucket launched after the head; a ring that waits for the link.
+TEST(PlanTime, BucketsQueueOnTheLinkAndTheRingWaitsBehindThem) {
+  BackwardShape s;
+  s.head_bwd = 10;
+  s.blocks = 3;
+  s.block_bwd = 4;
+  s.block_bytes = 100;
+  s.bucket_bytes = 100;
+  const auto at = [](double seconds_per_byte) {
+    return [seconds_per_byte](double n) { return n * seconds_per_byte; };
+  };
+  // Buckets launched at 14, 18, 22 (the end), each 2 long: only the last runs past backward.
+  BackwardSync r = simulate_backward_sync(s, at(0.02));
+  EXPECT_DOUBLE_EQ(r.exposed, 2);
+  EXPECT_DOUBLE_EQ(r.busy, 6);
+  // Each 6 long: they queue (14–20, 20–26, 26–32): 10 past the end at 22.
+  r = simulate_backward_sync(s, at(0.06));
+  EXPECT_DOUBLE_EQ(r.exposed, 10);
+  // A table's 500 bytes after the head (10–20 at 0.02), and an end bucket of 50 bytes: the
+  // blocks' buckets queue behind it (20–22, 22–24, 24–26), then the end's (26–27).
+  s.early_bytes = 500;
+  s.end_bytes = 50;
+  r = simulate_backward_sync(s, at(0.02));
+  EXPECT_DOUBLE_EQ(r.exposed, 5);
+  // A ring whose first hop comes 1 into each block waits for the link: block 1's hop at 11
+  // waits until 20 (9), its block ends at 23 and fills a bucket (23–25); block 2's hop at 24
+  // waits 1 more, block 2 ends at 28 (28–30); block 3's hop at 29 waits 1, it ends at 33
+  // (33–35), and the end's bucket runs 35–36: 3 past backward.
+  s.ring_waits = true;
+  s.before_ring = 1;
+  r = simulate_backward_sync(s, at(0.02));
+  EXPECT_DOUBLE_EQ(r.ring_wait, 11);
+  EXPECT_DOUBLE_EQ(r.exposed, 3);
+  // Without overlap nothing launches before the end (22 without the ring): all 17 after it.
+  s.ring_waits = false;
+  s.overlap = false;
+  r = simulate_backward_sync(s, at(0.02));
+  EXPECT_DOUBLE_EQ(r.exposed, 17);
+}
+
+// A tall table (vocabulary ≥ 8 × width) on a host at ZeRO 0–1 with overlap (Note [Early
+// contributions and sparse rows] in parallel/dp/data_parallel.h): its dense part in a bucket of
+// its own after the head, its lookup's rows after backward (a mask, the union's rows and the
+// host's measured work); elsewhere (ZeRO-2, a GPU, shortcuts off) plain buckets.
+TEST(PlanTime, ATallTableIsReducedEarlyAndByRows) {
+  const Config cfg = parse_config_text(
+      "model: {arch: gpt2, vocab_size: 1024, vocab_multiple: 64, n_layer: 2, n_head: 2, n_embd: "
+      "16, max_seq_len: 64}\n"
+      "data: {train: x.bin, batch_size: 2, seq_len: 16}\nparallel: {dp: 2}\n");
+  TableSync t = table_sync(cfg, 2 * 16 * 2, 4.0);
+  EXPECT_DOUBLE_EQ(t.early_bytes, 1024.0 * 16 * 4);
+  EXPECT_DOUBLE_EQ(t.head_bytes, 0);
+  EXPECT_DOUBLE_EQ(t.end_bytes, 0);
+  ASSERT_EQ(t.rows.size(), 1U);  // wpe: 64 rows are not 8 × 16 tall
+  EXPECT_EQ(t.rows[0].rows, 1024);
+  EXPECT_EQ(t.rows[0].used, 64);  // the step's tokens over dp
+  EXPECT_TRUE(t.rows[0].early);
+  // More tokens than half the rows: the lookup is dense, reduced whole at the end.
+  t = table_sync(cfg, 600, 4.0);
+  EXPECT_TRUE(t.rows.empty());
+  EXPECT_DOUBLE_EQ(t.end_bytes, 1024.0 * 16 * 4);
+  // An untied head: the head's bucket early, the table's rows without an early part.
+  Config untied = cfg;
+  untied.model.tie_embeddings = false;
+  t = table_sync(untied, 64, 4.0);
+  EXPECT_DOUBLE_EQ(t.covered, 2 * 1024.0 * 16 * 4);
+  ASSERT_EQ(t.rows.size(), 1U);
+  EXPECT_FALSE(t.rows[0].early);
+  for (const std::string& off : {"zero_stage: 2", "table_shortcuts: false", "overlap: false"}) {
+    const Config plain = parse_config_text(
+        "model: {arch: gpt2, vocab_size: 1024, vocab_multiple: 64, n_layer: 2, "
+        "n_head: 2, n_embd: 16, max_seq_len: 64}\n"
+        "data: {train: x.bin, batch_size: 2, seq_len: 16}\nparallel: {dp: 2, " +
+        off + "}\n");
+    t = table_sync(plain, 64, 4.0);
+    EXPECT_TRUE(t.rows.empty()) << off;
+    EXPECT_DOUBLE_EQ(t.early_bytes, 0) << off;
+    EXPECT_DOUBLE_EQ(t.end_bytes, 1024.0 * 16 * 4) << off;  // tied: complete at the end
+  }
+  // The plan's line: the buckets (one, at the end: the blocks' and the rest's; the table's
+  // early one hidden by the blocks is at most its own time) plus the rows' collectives and the
+  // measured host work.
+  Calibration cal;
+  ClusterLinks links;
+  links.intra = uniform(1e-4, 1e8);
+  const StepTimePlan p = plan_step_time(cfg, cal, links);
+  const double rows_part = (1e-4 + 1024 * 4.0 / 1e8) + (1e-4 + 64 * 16 * 4.0 / 1e8) +
+                           cal.table_rows(1024, 16, 64, true, "f32");
+  double line = -1;
+  for (const TimeLine& l : p.lines)
+    if (l.what == "dp gradients") line = l.seconds;
+  const double params = static_cast<double>(count_parameters(cfg.model));
+  const double rest_bucket = 1e-4 + (params - 1024.0 * 16) * 4 / 1e8;
+  const double early = 1e-4 + 1024.0 * 16 * 4 / 1e8;
+  EXPECT_GE(line, rows_part + rest_bucket - 1e-12);
+  EXPECT_LE(line, rows_part + rest_bucket + early + 1e-12);
 }
 
 TEST(PlanTime, WhatTheModelDoesNotCoverIsNamed) {

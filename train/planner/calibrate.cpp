@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -18,6 +19,7 @@
 #include "core/ops/activation.h"
 #include "core/ops/attention.h"
 #include "core/ops/cross_entropy.h"
+#include "core/ops/elementwise.h"
 #include "core/ops/matmul.h"
 #include "core/ops/view.h"
 #include "core/rng.h"
@@ -32,6 +34,7 @@
 #include "optim/sgd.h"
 #include "parallel/comm/communicator.h"
 #include "parallel/cp/ring_attention.h"
+#include "parallel/dp/sparse_rows.h"
 #include "train/trainer.h"
 
 namespace loom::planner {
@@ -57,9 +60,11 @@ void wait_for(const Tensor& t) {
 
 // The median of `reps` timed runs of fwd() then bwd() after one warm-up; each repetition is
 // repeated until it lasts 20 ms (small shapes), its time divided by the count. Each pass
-// returns a tensor it wrote last, waited for before its time is taken.
+// returns a tensor it wrote last, waited for before its time is taken. `timed`, when given, is
+// called once before the timed repetitions begin (after the warm-up).
 PassTimes time_passes(const std::function<Tensor()>& fwd, const std::function<Tensor(Tensor)>& bwd,
-                      const std::function<void()>& reset, int reps = 5) {
+                      const std::function<void()>& reset, int reps = 5,
+                      const std::function<void()>& timed = {}) {
   auto both = [&] {
     Tensor y = fwd();
     wait_for(y);
@@ -75,6 +80,7 @@ PassTimes time_passes(const std::function<Tensor()>& fwd, const std::function<Te
     const double once = since(t0);
     inner = std::clamp(static_cast<int>(0.02 / std::max(once, 1e-7)), 1, 1000);
   }
+  if (timed) timed();
   std::vector<double> f, b;
   for (int r = 0; r < reps; ++r) {
     double tf = 0, tb = 0;
@@ -97,8 +103,9 @@ PassTimes time_passes(const std::function<Tensor()>& fwd, const std::function<Te
 }
 
 // Rank 0 of a ring of `size` members that are all this process: what it sends to its successor
-// it receives from its predecessor (a local copy, done at once). Only the point-to-point calls
-// ring attention makes (parallel/comm/ring.h) are served.
+// it receives from its predecessor (a local copy, done at once); an all-reduce leaves this
+// member's values as they are (the sparse-rows reduction's host work is what is timed; its
+// transfers are priced from the links). Only those calls are served.
 class LoopbackRing final : public parallel::Communicator {
  public:
   explicit LoopbackRing(int size) : size_(size) {}
@@ -115,7 +122,7 @@ class LoopbackRing final : public parallel::Communicator {
     sent_ = Tensor();
     return done();
   }
-  parallel::WorkPtr all_reduce_async(Tensor, parallel::ReduceOp) override { return unused(); }
+  parallel::WorkPtr all_reduce_async(Tensor, parallel::ReduceOp) override { return done(); }
   parallel::WorkPtr reduce_scatter_async(Tensor, Tensor, parallel::ReduceOp) override {
     return unused();
   }
@@ -322,7 +329,7 @@ void Calibration::model_times(const ModelConfig& m, const TrainConfig& t, int64_
 }
 
 PassTimes Calibration::model_now(const ModelConfig& m, const TrainConfig& t, int64_t B, int64_t T,
-                                 int64_t layers) {
+                                 int64_t layers, const std::function<void()>& timed) {
   const KernelGuards guards(tf32_, cudnn_attention_);
   ModelConfig mc = m;
   mc.n_layer = layers;
@@ -341,7 +348,7 @@ PassTimes Calibration::model_now(const ModelConfig& m, const TrainConfig& t, int
                        autograd::backward(loss);
                        return first.grad();
                      },
-                     [&] { model.zero_grad(); });
+                     [&] { model.zero_grad(); }, 5, timed);
 }
 
 PassTimes Calibration::block(const ModelConfig& m, const TrainConfig& t, int64_t B, int64_t T) {
@@ -441,6 +448,40 @@ PassTimes Calibration::cross_entropy(int64_t rows, int64_t V, const std::string&
                        },
                        [&] { logits.zero_grad(); });
   });
+}
+
+double Calibration::table_rows(int64_t rows, int64_t cols, int64_t used, bool early,
+                               const std::string& dtype) {
+  const std::string key =
+      "table_rows " + shape_key({rows, cols, used}) + (early ? " early " : " ") + dtype;
+  return cached(key,
+                [&] {
+                  const DType dt = train_dtype(dtype);
+                  Tensor g = Tensor::zeros({rows, cols}, dt);
+                  Generator gen(5);
+                  const Tensor values = normal({used, cols}, gen, dt, Device::cpu());
+                  const Tensor sum = normal({rows, cols}, gen, dt, Device::cpu());
+                  const int64_t stride = std::max<int64_t>(1, rows / std::max<int64_t>(1, used));
+                  LoopbackRing group(2);
+                  // As DataParallel::finish_buckets does on a host: the rows' reduction, then the
+                  // early part.
+                  return time_passes(
+                      [&] {
+                        parallel::dp::all_reduce_rows_avg(g, group);
+                        if (early) ops::add_(g, sum);
+                        return g;
+                      },
+                      [](Tensor) { return Tensor(); },
+                      [&] {  // the next step's gradient: zero but for the rows its batch used
+                        std::memset(g.raw_data(), 0, g.nbytes());
+                        const size_t row = static_cast<size_t>(cols) * dtype_size(dt);
+                        for (int64_t k = 0; k < used && k * stride < rows; ++k) {
+                          std::memcpy(static_cast<char*>(g.raw_data()) + k * stride * row,
+                                      static_cast<const char*>(values.raw_data()) + k * row, row);
+                        }
+                      });
+                })
+      .fwd;
 }
 
 double Calibration::optimizer(const std::string& name, int64_t n, const std::string& dtype) {

@@ -58,9 +58,10 @@ class Calibration {
   PassTimes block(const ModelConfig& m, const TrainConfig& t, int64_t B, int64_t T);
   PassTimes rest(const ModelConfig& m, const TrainConfig& t, int64_t B, int64_t T);
   // The config's model with `layers` blocks, measured now (not cached): what
-  // `--calibrate-links` times alone and with every rank computing at once.
+  // `--calibrate-links` times alone and with every rank computing at once; `timed` (optional)
+  // runs once after the warm-up, just before the timed passes (the median of 5).
   PassTimes model_now(const ModelConfig& m, const TrainConfig& t, int64_t B, int64_t T,
-                      int64_t layers);
+                      int64_t layers, const std::function<void()>& timed = {});
   // A linear layer (rows × in → out, with bias or not), forward and backward.
   PassTimes linear(int64_t rows, int64_t in, int64_t out, bool bias, const std::string& dtype);
   // Causal attention over (B, heads, T, D) (kv heads `kv_heads`), forward and backward.
@@ -77,6 +78,11 @@ class Calibration {
   PassTimes mlp(int64_t rows, int64_t C, int64_t F, bool fused, const std::string& dtype);
   // The softmax cross-entropy of rows × V logits (the loss's local work).
   PassTimes cross_entropy(int64_t rows, int64_t V, const std::string& dtype);
+  // The host work of a table's sparse-rows reduction at the end of a data-parallel step
+  // (Note [Early contributions and sparse rows] in parallel/dp/data_parallel.h): the row mask of
+  // a rows × cols gradient `used` of whose rows are non-zero, the rows packed and unpacked, and,
+  // `early`, the early contribution added; seconds (the transfers are priced from the links).
+  double table_rows(int64_t rows, int64_t cols, int64_t used, bool early, const std::string& dtype);
   // The optimizer's update (AdamW, or SGD) of n parameters, seconds; optimizer_now measures
   // it again (not cached).
   double optimizer(const std::string& name, int64_t n, const std::string& dtype);

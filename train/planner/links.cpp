@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <functional>
 #include <iomanip>
 #include <sstream>
@@ -139,21 +140,28 @@ std::string calibrate_links(const parallel::ParallelContext& ctx, const Config& 
   const double memory_slowdown = std::max(1.0, r2.data<double>()[0]);
   cal.set_link(cls + "/memory_slowdown/" + std::to_string(g), memory_slowdown);
   // The overlap cost (Note [Overlap cost] in train/planner/links.h): the same compute with
-  // all-reduces running behind it on every rank's communicator thread, about as long as the
-  // compute; the compute's extra time over theirs.
+  // all-reduces running behind it on every rank's communicator thread, issued after the warm-up
+  // and enough to last through the timed passes (5, each ≥ 20 ms; twice that to be sure); the
+  // compute's extra time over the time the all-reduces ran beside it (all of the pass).
   const double ar_large = cal.link(cls + "/all_reduce/latency").value_or(0) +
                           large * 4.0 / cal.link(cls + "/all_reduce/bandwidth").value_or(1e30);
-  const int calls = std::clamp(static_cast<int>(together / std::max(ar_large, 1e-9)), 1, 64);
+  const int calls = std::clamp(
+      static_cast<int>(std::ceil(10 * std::max(together, 0.02) / std::max(ar_large, 1e-9))), 1,
+      1024);
   // One buffer for all of them: the communicator runs one collective at a time, in issue
   // order (the sums are garbage; only the time counts).
   Tensor buffer = Tensor::zeros({large}, DType::kF32);
   std::vector<parallel::WorkPtr> behind;
   world.barrier_async()->wait();
-  for (int i = 0; i < calls; ++i)
-    behind.push_back(world.all_reduce_async(buffer, parallel::ReduceOp::kSum));
-  const double overlapped = cal.model_now(cfg.model, cfg.train, B, T, 1).total();
+  const double overlapped =
+      cal.model_now(cfg.model, cfg.train, B, T, 1,
+                    [&] {
+                      for (int i = 0; i < calls; ++i)
+                        behind.push_back(world.all_reduce_async(buffer, parallel::ReduceOp::kSum));
+                    })
+          .total();
   for (auto& w : behind) w->wait();
-  Tensor r3 = Tensor::full({1}, (overlapped - together) / (calls * ar_large), DType::kF64);
+  Tensor r3 = Tensor::full({1}, (overlapped - together) / overlapped, DType::kF64);
   world.all_reduce_async(r3, parallel::ReduceOp::kMax)->wait();
   const double overlap_cost = std::clamp(r3.data<double>()[0], 0.0, 1.0);
   cal.set_link(cls + "/overlap_cost/" + std::to_string(g), overlap_cost);

@@ -17,8 +17,10 @@
 // something else to run it with: a GPU's copy engines and NVLink, not a CPU whose cores all
 // compute (the reduction's copies and sums then take a core's time from the compute). The
 // calibration measures the fraction κ: the one-block model timed on every rank together, then
-// again while every rank's communicator thread runs all-reduces of 8 MiB for about as long;
-// κ = the compute's extra time ÷ the all-reduces' time, in [0, 1], stored as
+// again while every rank's communicator thread runs all-reduces of 8 MiB through all of its
+// timed passes (issued after the warm-up; issued before it, as a first version did, they ended
+// during it and the median of the timed passes saw none: κ = 0.001–0.01 where it is 0.17–0.18
+// on the same 2-core machine); κ = the compute's extra time ÷ the pass's, in [0, 1], stored as
 // "<class>/overlap_cost/<ranks>". The step-time model adds κ × the hidden part of every
 // overlapped collective (0 where not measured: GPUs with data-sheet links).
 #pragma once

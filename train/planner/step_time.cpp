@@ -14,6 +14,7 @@
 #include "parallel/pp/schedule.h"
 #include "parallel/pp/simulate.h"
 #include "parallel/sdp/options.h"
+#include "train/planner/dp_backward.h"
 #include "train/planner/packed_steps.h"
 #include "train/planner/sdp_worker.h"
 
@@ -455,23 +456,46 @@ StepTimePlan plan_step_time(const Config& cfg, Calibration& cal, const ClusterLi
                                 "parameters over the " +
                                 std::to_string(sdp.workers) + " workers"});
     } else if (p.zero_stage <= 2) {
-      // Gradients become ready evenly over backward; buckets of bucket_mb in that order: ZeRO-2
-      // reduce-scatters them over the shard group, the others all-reduce over dp·cp.
+      // Note [Buckets on the link] in train/planner/dp_backward.h: ZeRO-2 reduce-scatters the
+      // buckets over the shard group, stages 0–1 all-reduce them over dp·cp.
       const bool scatter = p.zero_stage == 2;
-      const Coll c = scatter ? Coll::kReduceScatter : Coll::kAllReduce;
-      double done = 0, ready_bytes = 0, busy = 0;
-      while (ready_bytes < grad_bytes) {
-        const double n = std::min(bucket, grad_bytes - ready_bytes);
-        ready_bytes += n;
-        const double ready = p.overlap ? bwd * ready_bytes / grad_bytes : bwd;
-        const double t_n =
-            scatter ? coll_time(c, n, shard, shard_link) : coll_time(c, n, dpc, dp_link);
-        done = std::max(done, ready) + t_n;
-        busy += t_n;
+      const LinkModel& link = scatter ? shard_link : dp_link;
+      const TableSync tables = table_sync(cfg, B * T * dp * micro, ge);
+      BackwardShape bs;
+      bs.head_bwd = slowest == pp - 1 ? rest.bwd : 0;
+      bs.blocks = static_cast<int64_t>(blocks_slowest);
+      bs.block_bwd = block.bwd + tp_bwd + cp_bwd;
+      if (cp > 1) {
+        const Lin qkv = block_linears(m)[0];
+        bs.before_ring =
+            std::max(0.0, block.bwd - cal.ring_attention(B, h, kvh, Tr, D, cp, prec).bwd -
+                              cal.linear(rows, qkv.in, qkv.out / tp, gpt2, prec).bwd);
+        bs.ring_waits = true;
       }
-      dp_s = std::max(0.0, done - bwd);
+      bs.block_bytes = block_params / tp * ge;
+      bs.head_bytes = tables.head_bytes;
+      bs.early_bytes = tables.early_bytes;
+      bs.end_bytes = std::max(0.0, grad_bytes - blocks_slowest * bs.block_bytes - tables.covered) +
+                     tables.end_bytes;
+      bs.bucket_bytes = bucket;
+      bs.overlap = p.overlap;
+      const BackwardSync sync = simulate_backward_sync(bs, [&](double n) {
+        return scatter ? coll_time(Coll::kReduceScatter, n, shard, shard_link)
+                       : coll_time(Coll::kAllReduce, n, dpc, dp_link);
+      });
       // What backward hid still costs κ of it (Note [Overlap cost] in train/planner/links.h).
-      dp_s += (scatter ? shard_link : dp_link).overlap_cost * std::max(0.0, busy - dp_s);
+      dp_s = sync.exposed + link.overlap_cost * std::max(0.0, sync.busy - sync.exposed) +
+             sync.ring_wait;
+      // The tables reduced by rows at the end: a row mask (f32) and the union's rows, and the
+      // host's work on them (measured; memory-bound: the ranks' slowdown together).
+      double rows_s = 0;
+      for (const RowsTable& r : tables.rows) {
+        rows_s += coll_time(Coll::kAllReduce, r.rows * 4.0, dpc, dp_link) +
+                  coll_time(Coll::kAllReduce, r.used * r.cols * ge, dpc, dp_link) +
+                  cal.table_rows(r.rows, r.cols, r.used, r.early, t.dtype) *
+                      (contended ? placed.memory_slowdown : 1.0);
+      }
+      dp_s += rows_s;
       // MiCS's second hop: the shards all-reduced across the replicas after backward.
       const double second_hop =
           scatter ? coll_time(Coll::kAllReduce, grad_bytes / shard, replicas, replica_link) : 0;
@@ -482,6 +506,9 @@ StepTimePlan plan_step_time(const Config& cfg, Calibration& cal, const ClusterLi
           {"dp gradients", dp_s,
            std::string(scatter ? "reduce-scatter" : "all-reduce") +
                " of the buckets past the end of backward" +
+               (tables.early_bytes > 0 ? " (the table's dense part launched after the head)" : "") +
+               (sync.ring_wait > 0 ? " + the ring's hops queued behind them" : "") +
+               (rows_s > 0 ? " + the tables' rows" : "") +
                (second_hop > 0 ? " + the shards' all-reduce across replicas" : "") +
                (p.zero_stage >= 1 ? " + all-gather of the updated shards" : "")});
     } else {

@@ -21,8 +21,10 @@
 //   dp       = over the dp·cp group (context-parallel ranks reduce gradients like data-parallel
 //     ones): the gradient buckets (parallel.bucket_mb) reduced in the order backward fills them,
 //     each starting when its last gradient is ready and the previous one is done: only what runs
-//     past the end of backward is exposed (parallel.overlap false: all of it); ZeRO-1/2 add the
-//     all-gather of the updated parameter shards; ZeRO-3 gathers each unit's parameters before
+//     past the end of backward is exposed (parallel.overlap false: all of it), and a
+//     context-parallel ring's hops wait behind them (Note [Buckets on the link] in
+//     train/planner/dp_backward.h, with the tables' early buckets and sparse rows); ZeRO-1/2 add
+//     the all-gather of the updated parameter shards; ZeRO-3 gathers each unit's parameters before
 //     its forward and backward (prefetched one unit ahead: exposed where a gather is longer than
 //     the unit's compute) and reduce-scatters its gradients as backward goes. With MiCS
 //     (parallel.mics_partition_size P) ZeRO shards, gathers and reduce-scatters within the
