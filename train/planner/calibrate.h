@@ -9,14 +9,15 @@
 // on a CPU the small GEMMs, the element-wise kernels and the autograd bookkeeping of a small
 // model run far from any peak — but measured as the difference of two models built from the
 // config that differ by one block: t(block) = (t(L = 3) − t(L = 1)) / 2, and the rest is
-// t(L = 1) − t(block), forward and backward apart (the median of several timed repetitions
-// after a warm-up). Shapes a rank computes that one process does not (a tensor-parallel rank's
-// column and row layers, its share of the heads; a context-parallel rank's ring attention, run
-// by one process as rank 0 of a loopback ring whose transfers are local copies) are corrected
-// with the measured time of exactly those linear layers and attention calls, against the same
-// calls at the full shape. What the correction leaves
-// at the full shape (norms, residual adds and the autograd overhead of one block) is the
-// block's measured time minus its measured linears and attention.
+// t(L = 1) − t(block), forward and backward apart: the two models' passes alternate after a
+// warm-up, 9 pairs, and the block is the median of the pairs' differences, the rest the median
+// of the 1-block passes less it (a drift of the machine's speed moves both of a pair alike). Shapes
+// a rank computes that one process does not (a tensor-parallel rank's column and row layers, its
+// share of the heads; a context-parallel rank's ring attention, run by one process as rank 0 of a
+// loopback ring whose transfers are local copies) are corrected with the measured time of exactly
+// those linear layers and attention calls, against the same calls at the full shape. What the
+// correction leaves at the full shape (norms, residual adds and the autograd overhead of one block)
+// is the block's measured time minus its measured linears and attention.
 #pragma once
 
 #include <cstdint>
