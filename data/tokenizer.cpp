@@ -1,6 +1,7 @@
-// data/tokenizer.cpp — GPT-2 byte-level BPE: loading encoder.json/vocab.bpe, the hand-written
-// pre-tokenizer, and the merge loop. No std::regex and no global mutable state: every table and
-// the word cache live in the Tokenizer's Impl.
+// data/tokenizer.cpp — the tokenizer's pipeline (added tokens, normalizer, pre-tokenizers, BPE
+// with its merge loop and word cache), GPT-2's hand-written pre-tokenizer and byte alphabet, and
+// GPT-2's own files (encoder.json/vocab.bpe). No std::regex and no global mutable state: every
+// table and the word cache live in the Tokenizer's Impl (data/tokenizer_impl.h).
 #include "data/tokenizer.h"
 
 #include <algorithm>
@@ -13,6 +14,7 @@
 #include <unordered_map>
 
 #include "core/error.h"
+#include "data/tokenizer_impl.h"
 #include "data/unicode_tables.h"
 
 namespace loom {
@@ -152,68 +154,6 @@ constexpr std::array<int16_t, 324> make_unicode_to_byte() {
 }
 constexpr std::array<int16_t, 324> kUnicodeToByte = make_unicode_to_byte();
 
-// A token string of encoder.json / vocab.bpe → the bytes it stands for; false when a character is
-// outside the alphabet.
-bool alphabet_to_bytes(std::string_view s, std::string& bytes) {
-  bytes.clear();
-  for (size_t i = 0; i < s.size();) {
-    const CodePoint c = decode_cp(s, i);
-    if (c.cp >= kUnicodeToByte.size() || kUnicodeToByte[c.cp] < 0) return false;
-    bytes += static_cast<char>(kUnicodeToByte[c.cp]);
-    i += static_cast<size_t>(c.len);
-  }
-  return true;
-}
-
-// The merge ranks: an open-addressing table (linear probing, Fibonacci hashing) keyed by the
-// pair (left id << 32 | right id). Lookups are the inner loop of BPE.
-class MergeTable {
- public:
-  struct Entry {
-    uint64_t key = kEmpty;
-    int32_t rank = 0, merged = 0;
-  };
-
-  static uint64_t key(int32_t left, int32_t right) {
-    return (static_cast<uint64_t>(static_cast<uint32_t>(left)) << 32) |
-           static_cast<uint32_t>(right);
-  }
-  void reserve(size_t n) {  // call once, before any insert
-    bits_ = 4;
-    while ((size_t{1} << bits_) < 2 * n) ++bits_;
-    slots_.assign(size_t{1} << bits_, Entry{});
-  }
-  // Like GPT-2's dict(zip(merges, range(...))): a repeated pair keeps its last rank.
-  void insert_or_assign(uint64_t k, int32_t rank, int32_t merged) {
-    size_t i = slot(k);
-    while (slots_[i].key != kEmpty && slots_[i].key != k) i = (i + 1) & mask();
-    if (slots_[i].key == kEmpty) ++size_;
-    slots_[i] = {k, rank, merged};
-  }
-  const Entry* find(uint64_t k) const {
-    for (size_t i = slot(k);; i = (i + 1) & mask()) {
-      if (slots_[i].key == k) return &slots_[i];
-      if (slots_[i].key == kEmpty) return nullptr;
-    }
-  }
-  size_t size() const { return size_; }
-
- private:
-  static constexpr uint64_t kEmpty = ~uint64_t{0};
-  size_t mask() const { return slots_.size() - 1; }
-  size_t slot(uint64_t k) const {
-    return static_cast<size_t>((k * 0x9E3779B97F4A7C15ull) >> (64 - bits_));
-  }
-  std::vector<Entry> slots_;
-  int bits_ = 0;
-  size_t size_ = 0;
-};
-
-struct StringHash {
-  using is_transparent = void;
-  size_t operator()(std::string_view s) const { return std::hash<std::string_view>{}(s); }
-};
-
 std::string read_file(const std::string& path, const char* what) {
   std::ifstream in(path, std::ios::binary);
   LOOM_CHECK(in.good(), path, ": cannot open ", what);
@@ -233,105 +173,19 @@ std::vector<std::string_view> gpt2_pretokenize(std::string_view text) {
 }
 
 // ---------------------------------------------------------------------------------------------
-// Tokenizer.
+// The BPE core.
 
-struct Tokenizer::Impl {
-  struct Sym {  // one symbol of the word being merged, in a linked list
-    int32_t id, prev, next;
-  };
-  struct Cand {  // a mergeable adjacent pair (left symbol at pos)
-    int32_t rank, pos, left, right, merged;
-  };
-
-  std::vector<std::string> id_bytes;  // id → the bytes it stands for
-  std::array<int32_t, 256> byte_id{};
-  MergeTable merges;
-  int32_t eot = -1;
-  std::unordered_map<std::string, std::vector<int32_t>, StringHash, std::equal_to<>> cache;
-  std::vector<Sym> syms;  // scratch for bpe()
-  std::vector<Cand> heap, pending;
-
-  void load_encoder(const std::string& path, std::unordered_map<std::string, int32_t>& bytes_to_id);
-  void load_merges(const std::string& path,
-                   const std::unordered_map<std::string, int32_t>& bytes_to_id);
-  void add_cand(std::vector<Cand>& v, int32_t a, int32_t b) const;
-  void bpe(std::string_view word, std::vector<int32_t>& out);
-  void encode_word(std::string_view word, std::vector<int32_t>& out);
-  void encode_ordinary(std::string_view text, std::vector<int32_t>& out);
-};
-
-void Tokenizer::Impl::load_encoder(const std::string& path,
-                                   std::unordered_map<std::string, int32_t>& bytes_to_id) {
-  nlohmann::json j;
-  try {
-    j = nlohmann::json::parse(read_file(path, "encoder.json"));
-  } catch (const nlohmann::json::exception& e) {
-    LOOM_FAIL(path, ": invalid JSON: ", e.what());
-  }
-  LOOM_CHECK(j.is_object() && !j.empty(), path, ": expected a JSON object {token: id}");
-  id_bytes.assign(j.size(), std::string());
-  std::vector<bool> seen(j.size(), false);
-  for (const auto& [key, value] : j.items()) {
-    LOOM_CHECK(value.is_number_integer(), path, ": id of token \"", key, "\" is not an integer");
-    const int64_t id = value.get<int64_t>();
-    LOOM_CHECK(id >= 0 && id < static_cast<int64_t>(j.size()) && !seen[id], path, ": token \"", key,
-               "\" has id ", id, ", not a unique id in [0, ", j.size(), ")");
-    seen[id] = true;
-    std::string bytes;
-    LOOM_CHECK(alphabet_to_bytes(key, bytes), path, ": token \"", key,
-               "\" has a character outside GPT-2's byte alphabet");
-    if (key == kEotText) {
-      eot = static_cast<int32_t>(id);  // special: never reachable by merging text
-    } else {
-      bytes_to_id[bytes] = static_cast<int32_t>(id);
-    }
-    id_bytes[id] = std::move(bytes);
-  }
-  LOOM_CHECK(eot >= 0, path, ": no ", kEotText, " token");
-  for (int b = 0; b < 256; ++b) {
-    const auto it = bytes_to_id.find(std::string(1, static_cast<char>(b)));
-    LOOM_CHECK(it != bytes_to_id.end(), path, ": no token for byte ", b);
-    byte_id[b] = it->second;
-  }
+void MergeTable::reserve(size_t n) {
+  bits_ = 4;
+  while ((size_t{1} << bits_) < 2 * n) ++bits_;
+  slots_.assign(size_t{1} << bits_, Entry{});
 }
 
-void Tokenizer::Impl::load_merges(const std::string& path,
-                                  const std::unordered_map<std::string, int32_t>& bytes_to_id) {
-  std::ifstream in(path, std::ios::binary);
-  LOOM_CHECK(in.good(), path, ": cannot open vocab.bpe");
-  const auto to_bytes = [&](std::string_view s, int64_t line_no) {
-    std::string bytes;
-    LOOM_CHECK(alphabet_to_bytes(s, bytes), path, ":", line_no,
-               ": character outside GPT-2's byte alphabet");
-    return bytes;
-  };
-  const auto id_of = [&](const std::string& bytes, int64_t line_no, std::string_view line) {
-    const auto it = bytes_to_id.find(bytes);
-    LOOM_CHECK(it != bytes_to_id.end(), path, ":", line_no, ": merge \"", line,
-               "\" uses or makes a token missing from encoder.json");
-    return it->second;
-  };
-  std::string line;
-  int64_t line_no = 0;
-  int32_t rank = 0;
-  std::vector<MergeTable::Entry> pairs;
-  while (std::getline(in, line)) {
-    ++line_no;
-    if (!line.empty() && line.back() == '\r') line.pop_back();
-    if (line.empty() || (line_no == 1 && line.starts_with("#version"))) continue;
-    const size_t sp = line.find(' ');
-    LOOM_CHECK(sp != std::string::npos && sp > 0 && sp + 1 < line.size() &&
-                   line.find(' ', sp + 1) == std::string::npos,
-               path, ":", line_no, ": expected \"left right\", got \"", line, "\"");
-    const std::string left = to_bytes(std::string_view(line).substr(0, sp), line_no);
-    const std::string right = to_bytes(std::string_view(line).substr(sp + 1), line_no);
-    const int32_t a = id_of(left, line_no, line), b = id_of(right, line_no, line);
-    const int32_t m = id_of(left + right, line_no, line);
-    pairs.push_back({MergeTable::key(a, b), rank++, m});
-  }
-  LOOM_CHECK(!pairs.empty(), path, ": no merges");
-  merges.reserve(pairs.size());
-  for (const auto& e : pairs) merges.insert_or_assign(e.key, e.rank, e.merged);
+void MergeTable::insert_or_assign(uint64_t k, int32_t rank, int32_t merged) {
+  size_t i = slot(k);
+  while (slots_[i].key != kEmpty && slots_[i].key != k) i = (i + 1) & mask();
+  if (slots_[i].key == kEmpty) ++size_;
+  slots_[i] = {k, rank, merged};
 }
 
 void Tokenizer::Impl::add_cand(std::vector<Cand>& v, int32_t a, int32_t b) const {
@@ -344,13 +198,13 @@ void Tokenizer::Impl::add_cand(std::vector<Cand>& v, int32_t a, int32_t b) const
 // Note [BPE merge order]: GPT-2 repeatedly takes the lowest-ranked adjacent pair and merges all
 // its occurrences left to right. A min-heap of (rank, position) gives the same result in
 // O(n log n): each round pops every candidate of the current rank in position order (stale ones,
-// whose symbols changed, are skipped) and only then admits the pairs the round created.
-void Tokenizer::Impl::bpe(std::string_view word, std::vector<int32_t>& out) {
-  const auto n = static_cast<int32_t>(word.size());
+// whose symbols changed, are skipped) and only then admits the pairs the round created. (The
+// `tokenizers` library admits them at once; the results agree, since a merge only creates pairs
+// holding the merged symbol, which cannot be the pair being merged.)
+void Tokenizer::Impl::bpe(const std::vector<int32_t>& symbols, std::vector<int32_t>& out) {
+  const auto n = static_cast<int32_t>(symbols.size());
   syms.resize(static_cast<size_t>(n));
-  for (int32_t k = 0; k < n; ++k) {
-    syms[k] = {byte_id[static_cast<uint8_t>(word[k])], k - 1, k + 1 < n ? k + 1 : -1};
-  }
+  for (int32_t k = 0; k < n; ++k) syms[k] = {symbols[k], k - 1, k + 1 < n ? k + 1 : -1};
   const auto later = [](const Cand& x, const Cand& y) {
     return x.rank != y.rank ? x.rank > y.rank : x.pos > y.pos;
   };
@@ -379,32 +233,277 @@ void Tokenizer::Impl::bpe(std::string_view word, std::vector<int32_t>& out) {
       std::push_heap(heap.begin(), heap.end(), later);
     }
   }
-  for (int32_t k = 0; k >= 0; k = syms[k].next) out.push_back(syms[k].id);
+  if (n > 0)
+    for (int32_t k = 0; k >= 0; k = syms[k].next) out.push_back(syms[k].id);
 }
 
 void Tokenizer::Impl::encode_word(std::string_view word, std::vector<int32_t>& out) {
-  if (word.size() == 1) {
+  if (word.empty()) return;
+  if (alphabet == Alphabet::kBytes && word.size() == 1) {
     out.push_back(byte_id[static_cast<uint8_t>(word[0])]);
     return;
+  }
+  if (ignore_merges) {  // a word the vocabulary holds whole is that token
+    if (const auto it = piece_id.find(word); it != piece_id.end()) {
+      out.push_back(it->second);
+      return;
+    }
   }
   if (const auto it = cache.find(word); it != cache.end()) {
     out.insert(out.end(), it->second.begin(), it->second.end());
     return;
   }
+  initial.clear();
+  if (alphabet == Alphabet::kBytes) {
+    for (const char c : word) initial.push_back(byte_id[static_cast<uint8_t>(c)]);
+  } else {
+    for (size_t i = 0; i < word.size();) {
+      const auto len = static_cast<size_t>(decode_cp(word, i).len);
+      const std::string_view ch = word.substr(i, len);
+      i += len;
+      if (const auto it = piece_id.find(ch); it != piece_id.end()) {
+        initial.push_back(it->second);
+        continue;
+      }
+      bool fallback = true;  // the bytes' <0xXX> tokens, when the vocabulary has all of them
+      for (const char c : ch) fallback = fallback && byte_id[static_cast<uint8_t>(c)] >= 0;
+      if (fallback) {
+        for (const char c : ch) initial.push_back(byte_id[static_cast<uint8_t>(c)]);
+      } else {
+        LOOM_CHECK(unk >= 0, source, ": the character \"", ch,
+                   "\" is not in the vocabulary and there is no unk_token or byte fallback");
+        if (!(fuse_unk && !initial.empty() && initial.back() == unk)) initial.push_back(unk);
+      }
+    }
+  }
   const size_t start = out.size();
-  bpe(word, out);
+  bpe(initial, out);
   if (word.size() > kMaxCachedWordBytes) return;
   if (cache.size() >= kMaxCacheEntries) cache.clear();
   cache.emplace(std::string(word), std::vector<int32_t>(out.begin() + start, out.end()));
 }
 
-void Tokenizer::Impl::encode_ordinary(std::string_view text, std::vector<int32_t>& out) {
-  for (size_t i = 0; i < text.size();) {
-    const size_t e = pretoken_end(text, i);
-    encode_word(text.substr(i, e - i), out);
-    i = e;
+// ---------------------------------------------------------------------------------------------
+// The pipeline: added tokens, normalizer, pre-tokenizer, model (Note [Hugging Face tokenizers]
+// in data/hf_tokenizer.cpp; GPT-2's own files are the case of no normalizer, GPT-2's
+// pre-tokenizer and one special token).
+
+void Tokenizer::Impl::pre_tokenize(size_t step, std::string_view text, bool at_start,
+                                   const std::function<void(std::string_view)>& emit) {
+  if (step == pre.size()) {
+    emit(text);
+    return;
+  }
+  const PreStep& p = pre[step];
+  const auto next = [&](std::string_view piece, bool first) {
+    pre_tokenize(step + 1, piece, first, emit);
+  };
+  switch (p.kind) {
+    case PreStep::kGpt2: {
+      if (p.add_prefix_space && !text.empty() && text[0] != ' ') {
+        const std::string spaced = " " + std::string(text);
+        for (size_t i = 0; i < spaced.size();) {
+          const size_t e = pretoken_end(spaced, i);
+          next(std::string_view(spaced).substr(i, e - i), at_start && i == 0);
+          i = e;
+        }
+        return;
+      }
+      for (size_t i = 0; i < text.size();) {
+        const size_t e = pretoken_end(text, i);
+        next(text.substr(i, e - i), at_start && i == 0);
+        i = e;
+      }
+      return;
+    }
+    case PreStep::kSplit: {  // the matches and the gaps between them, each a piece
+      const auto* subject = reinterpret_cast<PCRE2_SPTR8>(text.data());
+      size_t at = 0;
+      while (at < text.size()) {
+        const int rc = pcre2_match_8(p.regex.code.get(), subject, text.size(), at,
+                                     PCRE2_NO_UTF_CHECK, p.regex.match.get(), nullptr);
+        if (rc == PCRE2_ERROR_NOMATCH) break;
+        LOOM_CHECK(rc > 0, source, ": pre_tokenizer Split: the pattern failed to match (PCRE2 ", rc,
+                   ")");
+        const PCRE2_SIZE* ov = pcre2_get_ovector_pointer_8(p.regex.match.get());
+        size_t b = ov[0], e = ov[1];
+        if (e == b) {  // an empty match: not a piece; move on by one character
+          at = b + static_cast<size_t>(b < text.size() ? decode_cp(text, b).len : 1);
+          continue;
+        }
+        if (b > at) next(text.substr(at, b - at), at_start && at == 0);
+        next(text.substr(b, e - b), at_start && b == 0);
+        at = e;
+      }
+      if (at < text.size()) next(text.substr(at), at_start && at == 0);
+      return;
+    }
+    case PreStep::kMetaspace: {
+      std::string m;
+      if (p.prepend_always || (p.prepend_first && at_start)) {
+        if (!text.starts_with(p.replacement) && !text.starts_with(" ")) m = p.replacement;
+      }
+      for (const char c : text) {
+        if (c == ' ')
+          m += p.replacement;
+        else
+          m += c;
+      }
+      if (!p.split) {
+        next(m, at_start);
+        return;
+      }
+      // Each piece starts at a replacement character (the text before the first one is its own).
+      std::string_view v = m;
+      size_t begin = 0;
+      for (size_t i = p.replacement.size(); i <= v.size(); ++i) {
+        if (i == v.size() || v.substr(i).starts_with(p.replacement)) {
+          if (i > begin) next(v.substr(begin, i - begin), at_start && begin == 0);
+          begin = i;
+          if (i == v.size()) break;
+          i += p.replacement.size() - 1;
+        }
+      }
+      return;
+    }
   }
 }
+
+void Tokenizer::Impl::encode_segment(std::string_view text, bool at_start,
+                                     std::vector<int32_t>& out) {
+  if (text.empty()) return;
+  const std::string normalized =
+      normalizer.empty() ? std::string() : normalize_text(normalizer, text);
+  const std::string_view t = normalizer.empty() ? text : std::string_view(normalized);
+  if (pre.empty()) {
+    encode_word(t, out);
+    return;
+  }
+  pre_tokenize(0, t, at_start, [&](std::string_view word) { encode_word(word, out); });
+}
+
+void Tokenizer::Impl::index_added() {
+  std::stable_sort(added.begin(), added.end(), [](const AddedToken& a, const AddedToken& b) {
+    return a.content.size() > b.content.size();
+  });
+  added_first.fill(false);
+  for (const AddedToken& t : added) added_first[static_cast<uint8_t>(t.content[0])] = true;
+}
+
+// Added tokens are found in the raw text, leftmost then longest (special ones only with
+// allow_special); the text between them is encoded segment by segment, lstrip/rstrip taking the
+// whitespace beside a token into it.
+void Tokenizer::Impl::encode(std::string_view text, bool allow_special, std::vector<int32_t>& out) {
+  size_t seg = 0;  // start of the current segment
+  bool strip_next = false;
+  const auto is_space = [](char c) { return c == ' ' || c == '\t' || c == '\n' || c == '\r'; };
+  for (size_t i = 0; i < text.size(); ++i) {
+    if (!added_first[static_cast<uint8_t>(text[i])]) continue;
+    const AddedToken* hit = nullptr;
+    for (const AddedToken& t : added) {
+      if ((t.special && !allow_special) || !text.substr(i).starts_with(t.content)) continue;
+      hit = &t;
+      break;
+    }
+    if (hit == nullptr) continue;
+    size_t seg_end = i;
+    if (strip_next)
+      while (seg < seg_end && is_space(text[seg])) ++seg;
+    if (hit->lstrip)
+      while (seg_end > seg && is_space(text[seg_end - 1])) --seg_end;
+    encode_segment(text.substr(seg, seg_end - seg), seg == 0, out);
+    out.push_back(hit->id);
+    i += hit->content.size();
+    seg = i;
+    strip_next = hit->rstrip;
+    --i;
+  }
+  if (strip_next)
+    while (seg < text.size() && is_space(text[seg])) ++seg;
+  encode_segment(text.substr(seg), seg == 0, out);
+}
+
+// ---------------------------------------------------------------------------------------------
+// GPT-2's files: encoder.json (token → id) and vocab.bpe (the merges).
+
+namespace {
+
+void load_encoder(Tokenizer::Impl& im, const std::string& path) {
+  nlohmann::json j;
+  try {
+    j = nlohmann::json::parse(read_file(path, "encoder.json"));
+  } catch (const nlohmann::json::exception& e) {
+    LOOM_FAIL(path, ": invalid JSON: ", e.what());
+  }
+  LOOM_CHECK(j.is_object() && !j.empty(), path, ": expected a JSON object {token: id}");
+  im.id_bytes.assign(j.size(), std::string());
+  std::vector<bool> seen(j.size(), false);
+  for (const auto& [key, value] : j.items()) {
+    LOOM_CHECK(value.is_number_integer(), path, ": id of token \"", key, "\" is not an integer");
+    const int64_t id = value.get<int64_t>();
+    LOOM_CHECK(id >= 0 && id < static_cast<int64_t>(j.size()) && !seen[id], path, ": token \"", key,
+               "\" has id ", id, ", not a unique id in [0, ", j.size(), ")");
+    seen[id] = true;
+    std::string bytes;
+    LOOM_CHECK(alphabet_to_bytes(key, bytes), path, ": token \"", key,
+               "\" has a character outside GPT-2's byte alphabet");
+    if (key == kEotText) {
+      im.eot = static_cast<int32_t>(id);  // special: never reachable by merging text
+      im.added.push_back({key, im.eot, true, false, false});
+    } else {
+      im.piece_id[bytes] = static_cast<int32_t>(id);
+    }
+    im.id_bytes[id] = key == kEotText ? key : std::move(bytes);
+  }
+  LOOM_CHECK(im.eot >= 0, path, ": no ", kEotText, " token");
+  for (int b = 0; b < 256; ++b) {
+    const auto it = im.piece_id.find(std::string(1, static_cast<char>(b)));
+    LOOM_CHECK(it != im.piece_id.end(), path, ": no token for byte ", b);
+    im.byte_id[b] = it->second;
+  }
+}
+
+void load_merges(Tokenizer::Impl& im, const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  LOOM_CHECK(in.good(), path, ": cannot open vocab.bpe");
+  const auto to_bytes = [&](std::string_view s, int64_t line_no) {
+    std::string bytes;
+    LOOM_CHECK(alphabet_to_bytes(s, bytes), path, ":", line_no,
+               ": character outside GPT-2's byte alphabet");
+    return bytes;
+  };
+  const auto id_of = [&](const std::string& bytes, int64_t line_no, std::string_view line) {
+    const auto it = im.piece_id.find(bytes);
+    LOOM_CHECK(it != im.piece_id.end(), path, ":", line_no, ": merge \"", line,
+               "\" uses or makes a token missing from encoder.json");
+    return it->second;
+  };
+  std::string line;
+  int64_t line_no = 0;
+  int32_t rank = 0;
+  std::vector<MergeTable::Entry> pairs;
+  while (std::getline(in, line)) {
+    ++line_no;
+    if (!line.empty() && line.back() == '\r') line.pop_back();
+    if (line.empty() || (line_no == 1 && line.starts_with("#version"))) continue;
+    const size_t sp = line.find(' ');
+    LOOM_CHECK(sp != std::string::npos && sp > 0 && sp + 1 < line.size() &&
+                   line.find(' ', sp + 1) == std::string::npos,
+               path, ":", line_no, ": expected \"left right\", got \"", line, "\"");
+    const std::string left = to_bytes(std::string_view(line).substr(0, sp), line_no);
+    const std::string right = to_bytes(std::string_view(line).substr(sp + 1), line_no);
+    const int32_t a = id_of(left, line_no, line), b = id_of(right, line_no, line);
+    const int32_t m = id_of(left + right, line_no, line);
+    pairs.push_back({MergeTable::key(a, b), rank++, m});
+  }
+  LOOM_CHECK(!pairs.empty(), path, ": no merges");
+  im.merges.reserve(pairs.size());
+  for (const auto& e : pairs) im.merges.insert_or_assign(e.key, e.rank, e.merged);
+}
+
+}  // namespace
+
+Tokenizer::Tokenizer() : impl_(std::make_unique<Impl>()) {}
 
 Tokenizer::Tokenizer(const std::string& bpe_dir)
     : Tokenizer((fs::path(bpe_dir) / "encoder.json").string(),
@@ -412,9 +511,11 @@ Tokenizer::Tokenizer(const std::string& bpe_dir)
 
 Tokenizer::Tokenizer(const std::string& encoder_json_path, const std::string& vocab_bpe_path)
     : impl_(std::make_unique<Impl>()) {
-  std::unordered_map<std::string, int32_t> bytes_to_id;
-  impl_->load_encoder(encoder_json_path, bytes_to_id);
-  impl_->load_merges(vocab_bpe_path, bytes_to_id);
+  load_encoder(*impl_, encoder_json_path);
+  load_merges(*impl_, vocab_bpe_path);
+  impl_->pre.push_back({Impl::PreStep::kGpt2, {}, "", false, false, false, false});
+  impl_->index_added();
+  impl_->source = "gpt2 BPE " + fs::path(encoder_json_path).parent_path().string();
 }
 
 Tokenizer::~Tokenizer() = default;
@@ -430,18 +531,7 @@ std::vector<int32_t> Tokenizer::encode(std::string_view text, bool allow_special
 
 void Tokenizer::encode_append(std::string_view text, bool allow_special,
                               std::vector<int32_t>& out) {
-  if (!allow_special) {
-    impl_->encode_ordinary(text, out);
-    return;
-  }
-  const std::string_view eot_text = kEotText;
-  for (;;) {
-    const size_t at = text.find(eot_text);
-    impl_->encode_ordinary(text.substr(0, at), out);
-    if (at == std::string_view::npos) break;
-    out.push_back(impl_->eot);
-    text.remove_prefix(at + eot_text.size());
-  }
+  impl_->encode(text, allow_special, out);
 }
 
 std::string Tokenizer::decode(std::span<const int32_t> ids) const {
@@ -450,17 +540,42 @@ std::string Tokenizer::decode(std::span<const int32_t> ids) const {
   for (size_t i = 0; i < ids.size(); ++i) {
     LOOM_CHECK(ids[i] >= 0 && ids[i] < n, "Tokenizer::decode: id ", ids[i], " at position ", i,
                " is outside the vocabulary [0, ", n, ")");
-    out += impl_->id_bytes[static_cast<size_t>(ids[i])];
+    const auto id = static_cast<size_t>(ids[i]);
+    out +=
+        i == 0 && !impl_->id_first_bytes.empty() ? impl_->id_first_bytes[id] : impl_->id_bytes[id];
   }
+  if (impl_->strip_leading_space && !out.empty() && out[0] == ' ') out.erase(0, 1);
   return out;
 }
 
 int32_t Tokenizer::vocab_size() const { return static_cast<int32_t>(impl_->id_bytes.size()); }
 int32_t Tokenizer::eot_id() const { return impl_->eot; }
+int32_t Tokenizer::bos_id() const { return impl_->bos; }
+const std::vector<int32_t>& Tokenizer::sequence_prefix() const { return impl_->prefix; }
+const std::vector<int32_t>& Tokenizer::sequence_suffix() const { return impl_->suffix; }
+int32_t Tokenizer::token_id(std::string_view content) const {
+  for (const Impl::AddedToken& t : impl_->added)
+    if (t.content == content) return t.id;
+  return -1;
+}
+const std::string& Tokenizer::source() const { return impl_->source; }
 size_t Tokenizer::cache_size() const { return impl_->cache.size(); }
 void Tokenizer::clear_cache() { impl_->cache.clear(); }
 
 // ---------------------------------------------------------------------------------------------
+
+// A token string of encoder.json / vocab.bpe → the bytes it stands for; false when a character is
+// outside the alphabet.
+bool alphabet_to_bytes(std::string_view s, std::string& bytes) {
+  bytes.clear();
+  for (size_t i = 0; i < s.size();) {
+    const CodePoint c = decode_cp(s, i);
+    if (c.cp >= kUnicodeToByte.size() || kUnicodeToByte[c.cp] < 0) return false;
+    bytes += static_cast<char>(kUnicodeToByte[c.cp]);
+    i += static_cast<size_t>(c.len);
+  }
+  return true;
+}
 
 namespace {
 bool has_bpe_files(const fs::path& dir) {

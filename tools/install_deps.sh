@@ -12,6 +12,7 @@ packages=(
   libopenblas-openmp-dev libeigen3-dev libyaml-cpp-dev
   libopenmpi-dev openmpi-bin
   libgloo-dev  # parallel/diloco: the collectives between islands, over TCP
+  libpcre2-dev libutf8proc-dev  # data/hf_tokenizer.cpp: regex pre-tokenizers, normalizers
   libgtest-dev googletest libbenchmark-dev nlohmann-json3-dev
   clang-format-14  # tools/check_format.sh (CI checks formatting with this version)
   strace  # tools/check_isa.sh checks that its build runs nothing it built

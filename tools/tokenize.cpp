@@ -1,8 +1,12 @@
-// tools/tokenize.cpp — the `tokenize` command: GPT-2 BPE from the shell.
-//   tokenize encode [--allow-special] [--bpe-dir DIR]   UTF-8 text on stdin → JSON id array
-//   tokenize decode [--bpe-dir DIR]                     JSON id array on stdin → text
-// Thin: parses arguments and calls data/tokenizer.h. The BPE directory defaults to $LOOM_BPE_DIR
-// or the repository's data/gpt2-bpe found from the executable (see find_bpe_dir).
+// tools/tokenize.cpp — the `tokenize` command: a tokenizer from the shell.
+//   tokenize encode [--allow-special] [--sequence] [--jsonl] [--tokenizer SPEC] [--bpe-dir DIR]
+//       UTF-8 text on stdin → a JSON id array (--jsonl: a JSON string per line → an array per
+//       line; --sequence: with the tokenizer's ids around a sequence, BOS for Llama)
+//   tokenize decode [--jsonl] [--tokenizer SPEC] [--bpe-dir DIR]
+//       a JSON id array on stdin → text (--jsonl: an array per line → a JSON string per line)
+// Thin: parses arguments and calls data/tokenizer.h. SPEC is gpt2 (the default: the BPE
+// directory from --bpe-dir, $LOOM_BPE_DIR or the repository's data/gpt2-bpe, see find_bpe_dir)
+// or hf:PATH (a Hugging Face tokenizer.json, or a directory holding one).
 #include <cstdio>
 #include <cstdlib>
 #include <exception>
@@ -18,13 +22,15 @@
 namespace {
 
 constexpr const char* kUsage =
-    "usage: tokenize encode [--allow-special] [--bpe-dir DIR]  (text on stdin -> JSON ids)\n"
-    "       tokenize decode [--bpe-dir DIR]                    (JSON ids on stdin -> text)\n";
+    "usage: tokenize encode [--allow-special] [--sequence] [--jsonl] [--tokenizer gpt2|hf:PATH]\n"
+    "                       [--bpe-dir DIR]                (text on stdin -> JSON ids)\n"
+    "       tokenize decode [--jsonl] [--tokenizer gpt2|hf:PATH] [--bpe-dir DIR]\n"
+    "                                                      (JSON ids on stdin -> text)\n";
 
 struct Args {
   std::string mode;
-  std::string bpe_dir;
-  bool allow_special = false;
+  std::string bpe_dir, tokenizer = "gpt2";
+  bool allow_special = false, sequence = false, jsonl = false;
 };
 
 [[noreturn]] void usage_error(const std::string& msg) {
@@ -38,6 +44,13 @@ Args parse_args(int argc, char** argv) {
     const std::string arg = argv[i];
     if (arg == "--allow-special") {
       a.allow_special = true;
+    } else if (arg == "--sequence") {
+      a.sequence = true;
+    } else if (arg == "--jsonl") {
+      a.jsonl = true;
+    } else if (arg == "--tokenizer") {
+      if (i + 1 >= argc) usage_error("--tokenizer needs gpt2 or hf:PATH");
+      a.tokenizer = argv[++i];
     } else if (arg == "--bpe-dir") {
       if (i + 1 >= argc) usage_error("--bpe-dir needs a directory");
       a.bpe_dir = argv[++i];
@@ -51,7 +64,8 @@ Args parse_args(int argc, char** argv) {
     }
   }
   if (a.mode.empty()) usage_error("say encode or decode");
-  if (a.allow_special && a.mode == "decode") usage_error("--allow-special is for encode");
+  if ((a.allow_special || a.sequence) && a.mode == "decode")
+    usage_error("--allow-special and --sequence are for encode");
   return a;
 }
 
@@ -60,43 +74,72 @@ std::string read_stdin() {
   return std::string(std::istreambuf_iterator<char>(std::cin), std::istreambuf_iterator<char>());
 }
 
-std::vector<int32_t> parse_ids(const std::string& text, int32_t vocab_size) {
-  nlohmann::json j;
+nlohmann::json parse_json(const std::string& text, const std::string& where) {
   try {
-    j = nlohmann::json::parse(text);
+    return nlohmann::json::parse(text);
   } catch (const nlohmann::json::exception& e) {
-    LOOM_FAIL("tokenize decode: stdin is not JSON: ", e.what());
+    LOOM_INPUT_FAIL("tokenize: ", where, " is not JSON (", e.what(), ")");
   }
-  LOOM_CHECK(j.is_array(), "tokenize decode: stdin must be a JSON array of token ids");
+}
+
+std::vector<int32_t> parse_ids(const std::string& text, int32_t vocab_size,
+                               const std::string& where) {
+  const nlohmann::json j = parse_json(text, where);
+  LOOM_INPUT_CHECK(j.is_array(), "tokenize decode: ", where, " must be a JSON array of token ids");
   std::vector<int32_t> ids;
   ids.reserve(j.size());
   for (size_t i = 0; i < j.size(); ++i) {
-    LOOM_CHECK(
+    LOOM_INPUT_CHECK(
         j[i].is_number_integer() && j[i].get<int64_t>() >= 0 && j[i].get<int64_t>() < vocab_size,
-        "tokenize decode: element ", i, " (", j[i].dump(), ") is not a token id in [0, ",
-        vocab_size, ")");
+        "tokenize decode: ", where, ": element ", i, " (", j[i].dump(),
+        ") is not a token id in [0, ", vocab_size, ")");
     ids.push_back(static_cast<int32_t>(j[i].get<int64_t>()));
   }
   return ids;
 }
 
+std::string ids_json(const std::vector<int32_t>& ids) {
+  std::string out = "[";
+  for (size_t i = 0; i < ids.size(); ++i) {
+    if (i > 0) out += ',';
+    out += std::to_string(ids[i]);
+  }
+  return out + "]";
+}
+
 int run(int argc, char** argv) {
   const Args args = parse_args(argc, argv);
-  loom::Tokenizer tok(loom::find_bpe_dir(args.bpe_dir));
-  const std::string input = read_stdin();
-  if (args.mode == "encode") {
-    const std::vector<int32_t> ids = tok.encode(input, args.allow_special);
-    std::string out = "[";
-    for (size_t i = 0; i < ids.size(); ++i) {
-      if (i > 0) out += ',';
-      out += std::to_string(ids[i]);
+  loom::Tokenizer tok = loom::load_tokenizer(args.tokenizer, args.bpe_dir);
+  const auto encode = [&](const std::string& text) {
+    std::vector<int32_t> ids;
+    if (args.sequence) ids = tok.sequence_prefix();
+    tok.encode_append(text, args.allow_special, ids);
+    if (args.sequence)
+      ids.insert(ids.end(), tok.sequence_suffix().begin(), tok.sequence_suffix().end());
+    return ids;
+  };
+  std::string out;
+  if (args.jsonl) {  // one JSON value per line, both ways
+    std::ios::sync_with_stdio(false);
+    std::string line;
+    for (int64_t n = 1; std::getline(std::cin, line); ++n) {
+      const std::string where = "stdin line " + std::to_string(n);
+      if (args.mode == "encode") {
+        const nlohmann::json j = parse_json(line, where);
+        LOOM_INPUT_CHECK(j.is_string(), "tokenize encode: ", where, " is not a JSON string");
+        out += ids_json(encode(j.get<std::string>())) + "\n";
+      } else {
+        out += nlohmann::json(tok.decode(parse_ids(line, tok.vocab_size(), where)))
+                   .dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) +
+               "\n";
+      }
     }
-    out += "]\n";
-    std::fwrite(out.data(), 1, out.size(), stdout);
+  } else if (args.mode == "encode") {
+    out = ids_json(encode(read_stdin())) + "\n";
   } else {
-    const std::string text = tok.decode(parse_ids(input, tok.vocab_size()));
-    std::fwrite(text.data(), 1, text.size(), stdout);
+    out = tok.decode(parse_ids(read_stdin(), tok.vocab_size(), "stdin"));
   }
+  std::fwrite(out.data(), 1, out.size(), stdout);
   return std::fflush(stdout) == 0 ? 0 : 1;
 }
 
