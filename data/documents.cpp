@@ -91,7 +91,7 @@ int64_t check_docs_header(const std::string& p, const int32_t (&header)[5], int6
                    file_bytes, " bytes");
   uint32_t stored = 0;
   std::memcpy(&stored, &header[4], 4);
-  const uint32_t actual = shard_token_checksum(shard.span());
+  const uint32_t actual = shard_token_checksum(shard.tokens());
   if (stored != actual) {
     char hex[64];
     std::snprintf(hex, sizeof(hex), "%08x but its tokens give %08x", stored, actual);
@@ -104,15 +104,17 @@ int64_t check_docs_header(const std::string& p, const int32_t (&header)[5], int6
 
 }  // namespace
 
-uint32_t shard_token_checksum(std::span<const uint16_t> tokens) {
-  constexpr int64_t kBlockTokens = (int64_t{1} << 20) / 2;  // 1 MiB of uint16
-  const auto n = static_cast<int64_t>(tokens.size());
+uint32_t shard_token_checksum(TokenSpan tokens) {
+  const int64_t kBlockTokens = (int64_t{1} << 20) / tokens.width();  // 1 MiB of tokens
+  const auto n = tokens.size();
   const int64_t blocks = (n + kBlockTokens - 1) / kBlockTokens;
   std::vector<uint32_t> crcs(static_cast<size_t>(blocks));
 #pragma omp parallel for schedule(static)
   for (int64_t b = 0; b < blocks; ++b) {
     const int64_t begin = b * kBlockTokens, len = std::min(kBlockTokens, n - begin);
-    crcs[static_cast<size_t>(b)] = crc32c(tokens.data() + begin, static_cast<size_t>(len) * 2);
+    crcs[static_cast<size_t>(b)] =
+        crc32c(static_cast<const char*>(tokens.data()) + begin * tokens.width(),
+               static_cast<size_t>(len * tokens.width()));
   }
   return crc32c(crcs.data(), crcs.size() * 4);  // the host is little-endian (as the files are)
 }
@@ -131,12 +133,12 @@ bool has_document_index(const std::string& shard_path) {
 }
 
 void write_document_shard(const std::string& shard_path, std::span<const int32_t> tokens,
-                          std::span<const uint8_t> loss_mask,
-                          std::span<const int64_t> doc_offsets) {
+                          std::span<const uint8_t> loss_mask, std::span<const int64_t> doc_offsets,
+                          int width) {
   check_document_inputs(shard_path, tokens, loss_mask, doc_offsets);
-  write_shard(shard_path, tokens);  // checks the count and that every token fits uint16
+  write_shard(shard_path, tokens, width);  // checks the count and that every token fits
   // The checksum of the bytes as written (read back through the mapping).
-  const uint32_t checksum = shard_token_checksum(ShardReader(shard_path).span());
+  const uint32_t checksum = shard_token_checksum(ShardReader(shard_path).tokens());
   write_docs_file(docs_path_for(shard_path), static_cast<int64_t>(tokens.size()), checksum,
                   loss_mask, doc_offsets);
 }
@@ -208,9 +210,9 @@ DocumentReader::DocumentReader(const std::string& shard_path)
 }
 
 void DocumentReader::check_vocab(int64_t vocab_size) const {
-  const int64_t at = first_token_at_or_above(shard_.span(), vocab_size);
+  const int64_t at = first_token_at_or_above(shard_.tokens(), vocab_size);
   if (at < 0) return;
-  const uint16_t* t = shard_.tokens();
+  const TokenSpan t = shard_.tokens();
   const int64_t d = std::upper_bound(offsets_, offsets_ + num_docs_ + 1, at) - offsets_ - 1;
   LOOM_INPUT_FAIL(path(), ": token ", t[at], " at offset ", at, " (document ", d, ", position ",
                   at - offsets_[d], " of its ", doc_length(d),

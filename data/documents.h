@@ -42,7 +42,7 @@ inline constexpr int64_t kDocsHeaderBytes = kDocsHeaderInts * 4;
 // those block checksums as little-endian uint32s; 0 for no tokens. The table-driven CRC is not
 // hardware-accelerated (about 2.5 s per GB on one core), so the blocks are checksummed in
 // parallel (OpenMP): every byte is covered at open, at a fraction of a second per shard.
-uint32_t shard_token_checksum(std::span<const uint16_t> tokens);
+uint32_t shard_token_checksum(TokenSpan tokens);
 
 // The sidecar of a shard: "dir/train_000000.bin" -> "dir/train_000000.docs" (a path that does
 // not end in ".bin" gets ".docs" appended).
@@ -53,10 +53,11 @@ bool has_document_index(const std::string& shard_path);
 // Writes X.bin (write_shard) and X.docs, each via a .tmp file and a rename, the .docs last (so a
 // .docs never describes a .bin that is still being written). Checks its inputs (loom::Error):
 // one mask value per token, each 0 or 1, offsets as in Note [Document index format], every
-// document's first mask 0, tokens that fit uint16. A file that cannot be written is a
-// loom::InputError naming it.
+// document's first mask 0, tokens that fit `width` bytes (2 or 4, write_shard). A file that
+// cannot be written is a loom::InputError naming it.
 void write_document_shard(const std::string& shard_path, std::span<const int32_t> tokens,
-                          std::span<const uint8_t> loss_mask, std::span<const int64_t> doc_offsets);
+                          std::span<const uint8_t> loss_mask, std::span<const int64_t> doc_offsets,
+                          int width = 2);
 
 // A document shard mapped read-only. The constructor validates the whole pair (the .bin as
 // ShardReader does; the .docs's size, header, the .bin's checksum, offsets and every mask value)
@@ -76,8 +77,8 @@ class DocumentReader {
   int64_t num_tokens() const { return shard_.num_tokens(); }
   int64_t doc_begin(int64_t d) const { return offsets_[d]; }  // token offset in the shard
   int64_t doc_length(int64_t d) const { return offsets_[d + 1] - offsets_[d]; }
-  std::span<const uint16_t> doc_tokens(int64_t d) const {
-    return {shard_.tokens() + offsets_[d], static_cast<size_t>(doc_length(d))};
+  TokenSpan doc_tokens(int64_t d) const {
+    return shard_.tokens().subspan(offsets_[d], doc_length(d));
   }
   std::span<const uint8_t> doc_mask(int64_t d) const {
     return {mask_ + offsets_[d], static_cast<size_t>(doc_length(d))};
@@ -86,7 +87,7 @@ class DocumentReader {
   std::span<const int64_t> offsets() const {
     return {offsets_, static_cast<size_t>(num_docs_ + 1)};
   }
-  std::span<const uint16_t> tokens() const { return shard_.span(); }
+  TokenSpan tokens() const { return shard_.tokens(); }
   std::span<const uint8_t> loss_mask() const { return {mask_, static_cast<size_t>(num_tokens())}; }
   // Tokens with mask 1 in the shard (counted once, when it is opened).
   int64_t num_loss_tokens() const { return num_loss_tokens_; }

@@ -48,7 +48,7 @@ namespace {
 
 // Every token of a shard below vocab_size, else an error naming the shard and the offset.
 void check_tokens(const ShardReader& shard, int64_t vocab_size) {
-  const int64_t at = first_token_at_or_above(shard.span(), vocab_size);
+  const int64_t at = first_token_at_or_above(shard.tokens(), vocab_size);
   if (at < 0) return;
   LOOM_INPUT_FAIL(shard.path(), ": token ", shard.tokens()[at], " at offset ", at, " (of ",
                   shard.num_tokens(), " tokens) is outside model.vocab_size ", vocab_size,
@@ -142,8 +142,7 @@ void DataLoader::copy_window(int64_t window, int32_t* dst) const {
     const ShardReader& shard = shards_[s];
     const int64_t off = pos - shard_start_[s];
     const int64_t n = std::min(left, shard.num_tokens() - off);
-    const uint16_t* src = shard.tokens() + off;
-    for (int64_t k = 0; k < n; ++k) dst[k] = src[k];
+    shard.tokens().subspan(off, n).copy_to(dst);
     dst += n;
     pos += n;
     left -= n;

@@ -157,12 +157,12 @@ MicroBatch PackedLoader::pack(const std::vector<int64_t>& step_docs,
   for (int64_t m : members) {
     const Doc& d = docs_[static_cast<size_t>(step_docs[static_cast<size_t>(m)])];
     const DocumentReader& r = shards_[static_cast<size_t>(d.shard)];
-    const std::span<const uint16_t> tok = r.doc_tokens(d.index);
+    const TokenSpan tok = r.doc_tokens(d.index);
     const std::span<const uint8_t> mask = r.doc_mask(d.index);
     for (int64_t i = 0; i < d.inputs; ++i) {
-      in[at + i] = tok[static_cast<size_t>(i)];
+      in[at + i] = tok[i];
       const bool counted = mask[static_cast<size_t>(i + 1)] != 0;
-      tg[at + i] = counted ? tok[static_cast<size_t>(i + 1)] : -100;
+      tg[at + i] = counted ? tok[i + 1] : -100;
       mb.loss_tokens += counted ? 1 : 0;
       pos[at + i] = static_cast<int32_t>(i);
       start[at + i] = static_cast<int32_t>(at);

@@ -72,12 +72,13 @@ void walk_directory(const fs::path& dir, InputFormat format, std::vector<std::st
 // document fits one shard). The shard paths go to `paths` as they are written.
 class ShardStream {
  public:
-  ShardStream(std::string dir, std::string prefix, int64_t shard_tokens, bool with_docs,
+  ShardStream(std::string dir, std::string prefix, int64_t shard_tokens, bool with_docs, int width,
               std::vector<std::string>& paths)
       : dir_(std::move(dir)),
         prefix_(std::move(prefix)),
         shard_tokens_(shard_tokens),
         with_docs_(with_docs),
+        width_(width),
         paths_(paths) {}
 
   // `mask`: with_docs only, one value per token.
@@ -103,9 +104,9 @@ class ShardStream {
     std::snprintf(name, sizeof(name), "%s_%06zu.bin", prefix_.c_str(), paths_.size());
     paths_.push_back((fs::path(dir_) / name).string());
     if (with_docs_) {
-      write_document_shard(paths_.back(), buffer_, mask_, offsets_);
+      write_document_shard(paths_.back(), buffer_, mask_, offsets_, width_);
     } else {
-      write_shard(paths_.back(), std::span<const int32_t>(buffer_));
+      write_shard(paths_.back(), std::span<const int32_t>(buffer_), width_);
     }
     buffer_.clear();
     mask_.clear();
@@ -118,6 +119,7 @@ class ShardStream {
   std::string dir_, prefix_;
   int64_t shard_tokens_;
   bool with_docs_;
+  int width_;
   std::vector<std::string>& paths_;
   std::vector<int32_t> buffer_;
   std::vector<uint8_t> mask_;        // with_docs_: one per buffered token
@@ -133,8 +135,10 @@ void check_options(const PrepareOptions& opts, const Tokenizer& tokenizer) {
                     opts.val_fraction, ": outside [0, 1)");
   LOOM_CONFIG_CHECK(opts.shard_tokens > 0 && opts.shard_tokens <= INT32_MAX, "--shard-tokens ",
                     opts.shard_tokens, ": outside [1, 2^31)");
-  LOOM_CONFIG_CHECK(tokenizer.vocab_size() <= 65536, "--bpe-dir: a vocabulary of ",
-                    tokenizer.vocab_size(), " tokens does not fit the shard's uint16 tokens");
+  LOOM_CONFIG_CHECK(!tokenizer.sequence_prefix().empty() || tokenizer.eot_id() >= 0, "--tokenizer ",
+                    tokenizer.source(),
+                    ": names no token to start or end a document (no BOS template and no "
+                    "eos_token in its tokenizer_config.json)");
   LOOM_CONFIG_CHECK(opts.chat_template.empty() || opts.format == InputFormat::kChat,
                     "--chat-template: for --format chat only");
 }
@@ -280,8 +284,10 @@ void prepare_into(const PrepareOptions& opts, const std::vector<std::string>& fi
   }
   prepare_out_dir(opts.out_dir);
 
-  ShardStream train(opts.out_dir, "train", opts.shard_tokens, chat, res.train_shards);
-  ShardStream val(opts.out_dir, "val", opts.shard_tokens, chat, res.val_shards);
+  // uint16 tokens where the vocabulary fits them (llm.c's GPT-2 shards), else uint32.
+  const int width = shard_width(tokenizer.vocab_size());
+  ShardStream train(opts.out_dir, "train", opts.shard_tokens, chat, width, res.train_shards);
+  ShardStream val(opts.out_dir, "val", opts.shard_tokens, chat, width, res.val_shards);
   const int64_t k = val_every(opts.val_fraction);
   std::vector<int32_t> tokens;
   std::vector<uint8_t> mask;  // chat only
@@ -311,8 +317,16 @@ void prepare_into(const PrepareOptions& opts, const std::vector<std::string>& fi
       chat_documents(f, text, *renderer, opts.shard_tokens, tokens, mask, emit_at);
     } else {
       for (const std::string_view doc : split_documents(text, opts.format)) {
-        tokens.assign(1, tokenizer.eot_id());
+        // A document: the tokenizer's template around its text (BOS for Llama), else the end
+        // token before it (GPT-2's <|endoftext|> as llm.c writes it).
+        const std::vector<int32_t>& before = tokenizer.sequence_prefix();
+        if (before.empty())
+          tokens.assign(1, tokenizer.eot_id());
+        else
+          tokens.assign(before.begin(), before.end());
         tokenizer.encode_append(doc, /*allow_special=*/false, tokens);
+        tokens.insert(tokens.end(), tokenizer.sequence_suffix().begin(),
+                      tokenizer.sequence_suffix().end());
         emit_at(static_cast<size_t>(doc.data() + doc.size() - text.data()));
       }
     }

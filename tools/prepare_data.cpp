@@ -2,6 +2,7 @@
 // chat/instruction JSONL into document shards with loss masks (--format chat).
 //   prepare_data --input PATH... --out-dir DIR [--val-fraction 0.05] [--shard-tokens N]
 //                [--format text|fortunes|chat] [--chat-template FILE] [--bpe-dir DIR]
+//                [--tokenizer gpt2|hf:PATH]
 // Thin: parses arguments, draws the progress bar on stderr, and calls data/prepare.h. A failure
 // is one line on stderr, "prepare_data: <what is wrong>" (exit 2 for a bad option, else 1).
 #include <algorithm>
@@ -20,7 +21,7 @@ namespace {
 constexpr const char* kUsage =
     "usage: prepare_data --input PATH... --out-dir DIR [--val-fraction 0.05]\n"
     "                    [--shard-tokens 100000000] [--format text|fortunes|chat]\n"
-    "                    [--chat-template FILE] [--bpe-dir DIR]\n"
+    "                    [--chat-template FILE] [--bpe-dir DIR] [--tokenizer gpt2|hf:PATH]\n"
     "  text:     documents are separated by the text <|endoftext|> (else one per file)\n"
     "  fortunes: documents are separated by lines holding only %; directories skip *.dat,\n"
     "            *.u8, symlinks and off/ (e.g. --input /usr/share/games/fortunes)\n"
@@ -40,7 +41,7 @@ constexpr const char* kUsage =
 
 struct Args {
   loom::PrepareOptions opts;
-  std::string bpe_dir;
+  std::string bpe_dir, tokenizer = "gpt2";
 };
 
 double parse_number(const std::string& flag, const char* text) {
@@ -77,6 +78,8 @@ Args parse_args(int argc, char** argv) {
       a.opts.chat_template = value();
     } else if (arg == "--bpe-dir") {
       a.bpe_dir = value();
+    } else if (arg == "--tokenizer") {
+      a.tokenizer = value();
     } else if (arg == "-h" || arg == "--help") {
       std::fputs(kUsage, stdout);
       std::exit(0);
@@ -123,7 +126,7 @@ class ProgressBar {
 
 int run(int argc, char** argv) {
   const Args args = parse_args(argc, argv);
-  loom::Tokenizer tokenizer(loom::find_bpe_dir(args.bpe_dir));
+  loom::Tokenizer tokenizer = loom::load_tokenizer(args.tokenizer, args.bpe_dir);
   ProgressBar bar;
   loom::PrepareResult r;
   try {

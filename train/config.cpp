@@ -51,6 +51,7 @@ void visit_fields(Config& c, V&& v) {
   v("data", "packing", d.packing);
   v("data", "max_tokens_per_microbatch", d.max_tokens_per_microbatch);
   v("data", "balance", d.balance);
+  v("data", "tokenizer", d.tokenizer);
   OptimConfig& o = c.optim;
   v("optim", "name", o.name);
   v("optim", "lr", o.lr);
@@ -470,6 +471,9 @@ void validate_packing(const Config& c) {
   const ParallelConfig& p = c.parallel;
   require(d.balance == "none" || d.balance == "tokens" || d.balance == "flops",
           "data.balance: '" + d.balance + "' is not one of none, tokens, flops");
+  require(d.tokenizer == "gpt2" || (d.tokenizer.starts_with("hf:") && d.tokenizer.size() > 3),
+          "data.tokenizer: '" + d.tokenizer +
+              "' is not gpt2 or hf:PATH (a tokenizer.json or a directory holding one)");
   require(d.max_tokens_per_microbatch >= 0 && d.max_tokens_per_microbatch <= (int64_t{1} << 40),
           "data.max_tokens_per_microbatch: must be in [0, 2^40] (0 = data.batch_size × "
           "data.seq_len), got " +

@@ -34,6 +34,9 @@ struct DataConfig {
   bool packing = false;
   int64_t max_tokens_per_microbatch = 0;
   std::string balance = "none";  // none | tokens | flops: how a step's documents split over dp
+  // The tokenizer the shards were prepared with (prepare_data --tokenizer): gpt2 or hf:PATH;
+  // sampling encodes and decodes with it.
+  std::string tokenizer = "gpt2";
 };
 
 struct OptimConfig {

@@ -126,10 +126,18 @@ std::vector<double> Trainer::next_token_logits(const std::vector<int32_t>& conte
 
 std::string Trainer::sample(int64_t n) {
   State& s = *s_;
-  if (!s.tokenizer) s.tokenizer = std::make_unique<Tokenizer>(find_bpe_dir());
-  // <|endoftext|> starts the text; a model with a smaller vocabulary (tests) starts from id 0.
+  if (!s.tokenizer) {
+    s.tokenizer = std::make_unique<Tokenizer>(load_tokenizer(s.cfg.data.tokenizer));
+    LOOM_CONFIG_CHECK(
+        s.cfg.data.tokenizer == "gpt2" || s.tokenizer->vocab_size() <= s.cfg.model.vocab_size,
+        "data.tokenizer: ", s.tokenizer->source(), " has ", s.tokenizer->vocab_size(),
+        " tokens, more than model.vocab_size ", s.cfg.model.vocab_size);
+  }
+  // The tokenizer's template starts the text (BOS), else <|endoftext|>; a model with a smaller
+  // vocabulary (tests) starts from id 0.
+  std::vector<int32_t> ids = s.tokenizer->sequence_prefix();
   const int32_t eot = s.tokenizer->eot_id();
-  std::vector<int32_t> ids = {eot < s.cfg.model.vocab_size ? eot : 0};
+  if (ids.empty()) ids = {eot >= 0 && eot < s.cfg.model.vocab_size ? eot : 0};
   for (int64_t i = 0; i < n && !s.stop_requested(); ++i) {
     const std::vector<double> row = next_token_logits(ids);
     // Temperature, then keep the top-k logits, then sample from the softmax of what is left.

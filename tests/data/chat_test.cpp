@@ -390,7 +390,7 @@ TEST(Chat, PrepareOnTheShippedSample) {
     const auto [reader, k] = i % 20 == 0 ? val_order[next_val++] : train_order[next_train++];
     const auto t = reader->doc_tokens(k);
     const auto m = reader->doc_mask(k);
-    const std::vector<int32_t> ids(t.begin(), t.end());
+    const std::vector<int32_t> ids = t.to_vector();
     ASSERT_EQ(ids.front(), 50256) << "conversation " << i;
     ASSERT_EQ(decode(tok, where_mask(ids, m, 1)), assistant_text(lines[i]))
         << "conversation " << i << ": " << lines[i];

@@ -87,14 +87,15 @@ TEST(Documents, RoundTripAndLayout) {
   const std::vector<uint16_t> u16(s.tokens.begin(), s.tokens.end());
   const uint32_t block = crc32c(u16.data(), 2 * u16.size());
   EXPECT_EQ(read_at<uint32_t>(bytes, 16), crc32c(&block, 4));
-  EXPECT_EQ(read_at<uint32_t>(bytes, 16), shard_token_checksum(u16));
+  EXPECT_EQ(read_at<uint32_t>(bytes, 16),
+            shard_token_checksum(TokenSpan(u16.data(), static_cast<int64_t>(u16.size()), 2)));
   for (size_t i = 20; i < 1024; ++i) ASSERT_EQ(bytes[i], 0) << "header byte " << i;
   for (size_t d = 0; d < 4; ++d) EXPECT_EQ(read_at<int64_t>(bytes, 1024 + 8 * d), s.offsets[d]);
   for (size_t i = 0; i < 8; ++i) EXPECT_EQ(static_cast<uint8_t>(bytes[1056 + i]), s.mask[i]);
   // The .bin is an ordinary shard.
   ShardReader shard(bin);
   ASSERT_EQ(shard.num_tokens(), 8);
-  EXPECT_EQ(shard.span()[5], 20);
+  EXPECT_EQ(shard.tokens()[5], 20);
 
   DocumentReader r(bin);
   EXPECT_EQ(r.path(), bin);
@@ -110,7 +111,8 @@ TEST(Documents, RoundTripAndLayout) {
     EXPECT_EQ(r.doc_length(d), s.offsets[d + 1] - s.offsets[d]);
     const auto t = r.doc_tokens(d);
     const auto m = r.doc_mask(d);
-    EXPECT_EQ(std::vector<uint16_t>(t.begin(), t.end()), want_tokens[d]) << "document " << d;
+    const std::vector<int32_t> got = t.to_vector();
+    EXPECT_EQ(std::vector<uint16_t>(got.begin(), got.end()), want_tokens[d]) << "document " << d;
     EXPECT_EQ(std::vector<uint8_t>(m.begin(), m.end()), want_mask[d]) << "document " << d;
   }
   EXPECT_EQ(std::vector<int64_t>(r.offsets().begin(), r.offsets().end()), s.offsets);
@@ -283,11 +285,13 @@ TEST(Documents, UnwritableSidecarIsAnInputError) {
 TEST(Documents, ChecksumCoversEveryBlock) {
   std::vector<uint16_t> t(1'300'000);
   for (size_t i = 0; i < t.size(); ++i) t[i] = static_cast<uint16_t>(i * 7919);
-  const uint32_t base = shard_token_checksum(t);
+  const uint32_t base =
+      shard_token_checksum(TokenSpan(t.data(), static_cast<int64_t>(t.size()), 2));
   for (const size_t at : {size_t{0}, size_t{524'288}, t.size() - 1}) {
     std::vector<uint16_t> u = t;
     u[at] ^= 1;
-    EXPECT_NE(shard_token_checksum(u), base) << at;
+    EXPECT_NE(shard_token_checksum(TokenSpan(u.data(), static_cast<int64_t>(u.size()), 2)), base)
+        << at;
   }
   EXPECT_EQ(shard_token_checksum({}), 0u);
 }

@@ -18,6 +18,8 @@
 #include <vector>
 
 #include "core/error.h"
+#include "data/prepare.h"
+#include "data/shard.h"
 #include "data/tokenizer.h"
 #include "tests/data/data_test_util.h"
 
@@ -140,6 +142,33 @@ TEST(HfTokenizer, AddedTokensTemplateAndEos) {
   EXPECT_EQ(t.encode("hi<|eos|>", false), ids({256, '<', '|', 'e', 'o', 's', '|', '>'}));
   EXPECT_EQ(t.encode("hi  <tool>  hi", false), ids({256, 259, 256}));
   EXPECT_EQ(t.decode(ids({257, 256, 258})), "<|bos|>hi<|eos|>");
+}
+
+// prepare_data with a Hugging Face tokenizer: each document is the template around its text
+// (BOS first, no end token), and a vocabulary over 65,536 ids gets uint32 shards.
+TEST(HfTokenizer, PrepareDataWritesTheTemplateAndWideShards) {
+  data_test::TempDir dir;
+  json j = byte_level({{"h", "i"}});
+  j["added_tokens"] = json::array({added("<|bos|>", 70000, true), added("<|eos|>", 70001, true)});
+  j["post_processor"] = {
+      {"type", "TemplateProcessing"},
+      {"single",
+       {{{"SpecialToken", {{"id", "<|bos|>"}, {"type_id", 0}}}},
+        {{"Sequence", {{"id", "A"}, {"type_id", 0}}}}}},
+      {"pair", json::array()},
+      {"special_tokens",
+       {{"<|bos|>", {{"id", "<|bos|>"}, {"ids", {70000}}, {"tokens", {"<|bos|>"}}}}}}};
+  Tokenizer t = Tokenizer::from_hf(write(dir, j));
+  data_test::write_bytes(dir.file("in.txt"), "hi hi<|endoftext|>hi");
+  PrepareOptions o;
+  o.inputs = {dir.file("in.txt")};
+  o.out_dir = dir.file("out");
+  o.val_fraction = 0;
+  const PrepareResult r = prepare_data(o, t, nullptr);
+  ASSERT_EQ(r.train_shards.size(), 1U);
+  ShardReader shard(r.train_shards[0]);
+  EXPECT_EQ(shard.width(), 4);
+  EXPECT_EQ(shard.tokens().to_vector(), ids({70000, 256, ' ', 256, 70000, 256}));
 }
 
 // Llama 2's layout: Prepend("▁") and Replace(" " → "▁"), no pre-tokenizer, characters with

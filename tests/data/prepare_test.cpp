@@ -25,7 +25,8 @@ std::vector<int32_t> read_shards(const std::vector<std::string>& paths) {
   std::vector<int32_t> out;
   for (const auto& p : paths) {
     ShardReader r(p);
-    out.insert(out.end(), r.span().begin(), r.span().end());
+    const std::vector<int32_t> t = r.tokens().to_vector();
+    out.insert(out.end(), t.begin(), t.end());
   }
   return out;
 }

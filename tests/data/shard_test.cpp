@@ -63,7 +63,7 @@ TEST(Shard, RoundTripAndLayout) {
   ASSERT_EQ(r.num_tokens(), 6);
   for (size_t i = 0; i < tokens.size(); ++i) EXPECT_EQ(r.tokens()[i], tokens[i]);
   ShardReader moved = std::move(r);  // the mapping moves with the reader
-  EXPECT_EQ(moved.span()[2], 50256);
+  EXPECT_EQ(moved.tokens()[2], 50256);
 }
 
 TEST(Shard, EmptyAndUint16Shards) {
@@ -72,7 +72,47 @@ TEST(Shard, EmptyAndUint16Shards) {
   EXPECT_EQ(ShardReader(dir.file("empty.bin")).num_tokens(), 0);
   const std::vector<uint16_t> u16 = {9, 8, 7};
   write_shard(dir.file("u16.bin"), std::span<const uint16_t>(u16));
-  EXPECT_EQ(ShardReader(dir.file("u16.bin")).span()[1], 8);
+  EXPECT_EQ(ShardReader(dir.file("u16.bin")).tokens()[1], 8);
+}
+
+// Vocabularies over 65,536 (Llama 3's 128,256): llm.c's uint32 shards (magic 20240801, version
+// 7), read back alike; the width a vocabulary needs.
+TEST(Shard, Uint32ShardsForLargeVocabularies) {
+  data_test::TempDir dir;
+  const std::vector<int32_t> tokens = {128000, 9906, 1917, 128001, 70000, 0};
+  write_shard(dir.file("w.bin"), tokens, 4);
+  std::ifstream in(dir.file("w.bin"), std::ios::binary);
+  int32_t header[3];
+  in.read(reinterpret_cast<char*>(header), sizeof header);
+  EXPECT_EQ(header[0], 20240801);
+  EXPECT_EQ(header[1], 7);
+  EXPECT_EQ(header[2], 6);
+  EXPECT_EQ(std::filesystem::file_size(dir.file("w.bin")), 1024u + 4 * tokens.size());
+  ShardReader r(dir.file("w.bin"));
+  EXPECT_EQ(r.width(), 4);
+  EXPECT_EQ(r.tokens().to_vector(), tokens);
+  EXPECT_EQ(first_token_at_or_above(r.tokens(), 128001), 3);
+  EXPECT_EQ(first_token_at_or_above(r.tokens(), 128002), -1);
+  int32_t window[3];
+  r.tokens().subspan(2, 3).copy_to(window);
+  EXPECT_EQ(window[0], 1917);
+  EXPECT_EQ(window[2], 70000);
+  EXPECT_EQ(shard_width(50257), 2);
+  EXPECT_EQ(shard_width(65536), 2);
+  EXPECT_EQ(shard_width(128256), 4);
+  // A uint16 shard's magic with a uint32 shard's version is refused, naming both.
+  std::ifstream whole(dir.file("w.bin"), std::ios::binary);
+  std::string bytes((std::istreambuf_iterator<char>(whole)), std::istreambuf_iterator<char>());
+  const int32_t magic16 = 20240520;
+  std::memcpy(bytes.data(), &magic16, 4);
+  data_test::write_bytes(dir.file("bad.bin"), bytes);
+  try {
+    ShardReader bad(dir.file("bad.bin"));
+    ADD_FAILURE() << "a version that does not go with the magic must be refused";
+  } catch (const InputError& e) {
+    EXPECT_NE(std::string(e.what()).find("unsupported shard version 7"), std::string::npos)
+        << e.what();
+  }
 }
 
 TEST(Shard, RejectsTokensOutsideUint16) {

@@ -340,6 +340,16 @@ TEST(Config, RefusesASecondYamlDocument) {
   }
 }
 
+// data.tokenizer: gpt2 (the default) or hf:PATH, anything else named.
+TEST(Config, TokenizerKey) {
+  EXPECT_EQ(parse_config_text("").data.tokenizer, "gpt2");
+  EXPECT_EQ(parse_config_text("data:\n  tokenizer: hf:models/llama\n").data.tokenizer,
+            "hf:models/llama");
+  EXPECT_EQ(error_of("data:\n  tokenizer: llama3\n"),
+            "data.tokenizer: 'llama3' is not gpt2 or hf:PATH (a tokenizer.json or a directory "
+            "holding one)");
+}
+
 // Every shipped config validates, and the model sizes match the published parameter counts.
 TEST(Config, PackingKeys) {
   const Config c = parse_config_text(
