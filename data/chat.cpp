@@ -9,6 +9,7 @@
 
 #include "core/error.h"
 #include "core/yaml_util.h"
+#include "data/chat_jinja.h"
 #include "data/prepare.h"  // is_blank
 
 namespace loom {
@@ -268,8 +269,18 @@ ChatRenderer::ChatRenderer(const ChatTemplate& tmpl, Tokenizer& tokenizer) : tok
   }
 }
 
+ChatRenderer::ChatRenderer(JinjaChatTemplate tmpl, Tokenizer& tokenizer)
+    : jinja_(std::make_unique<JinjaChatTemplate>(std::move(tmpl))), tokenizer_(tokenizer) {}
+
+ChatRenderer::~ChatRenderer() = default;
+ChatRenderer::ChatRenderer(ChatRenderer&&) noexcept = default;
+
 void ChatRenderer::render(const Conversation& conv, std::vector<int32_t>& tokens,
                           std::vector<uint8_t>& mask) {
+  if (jinja_) {
+    render_jinja(conv, tokens, mask);
+    return;
+  }
   tokens.assign(1, tokenizer_.eot_id());
   mask.assign(1, 0);
   for (const ChatTurn& turn : conv) {

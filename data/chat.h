@@ -6,6 +6,7 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -13,6 +14,8 @@
 #include "data/tokenizer.h"
 
 namespace loom {
+
+class JinjaChatTemplate;  // data/chat_jinja.h
 
 enum class ChatRole { kSystem, kUser, kAssistant };
 const char* chat_role_name(ChatRole role);  // "system" | "user" | "assistant"
@@ -57,10 +60,17 @@ ChatTemplate load_chat_template(const std::string& path);
 class ChatRenderer {
  public:
   ChatRenderer(const ChatTemplate& tmpl, Tokenizer& tokenizer);
+  // A model's own Jinja template (Note [Jinja chat rendering] in data/chat_jinja.cpp).
+  ChatRenderer(JinjaChatTemplate tmpl, Tokenizer& tokenizer);
+  ~ChatRenderer();
+  ChatRenderer(ChatRenderer&&) noexcept;
   // Replaces tokens and mask with the conversation's document (Note [Chat rendering]).
   void render(const Conversation& conv, std::vector<int32_t>& tokens, std::vector<uint8_t>& mask);
 
  private:
+  void render_jinja(const Conversation& conv, std::vector<int32_t>& tokens,
+                    std::vector<uint8_t>& mask);  // data/chat_jinja.cpp
+  std::unique_ptr<JinjaChatTemplate> jinja_;
   struct Pieces {
     std::vector<int32_t> prefix, suffix;
   };

@@ -516,6 +516,21 @@ Tokenizer Tokenizer::from_hf(const std::string& path) {
   if (fs::is_regular_file(cfg_path, ec)) {
     const json cfg = read_json(cfg_path.string());
     const std::string bos = config_token(cfg, "bos_token"), eos = config_token(cfg, "eos_token");
+    im.bos_text = bos;
+    im.eos_text = eos;
+    // chat_template: a string, or named templates [{"name", "template"}] of which "default".
+    if (cfg.contains("chat_template")) {
+      const json& t = cfg.at("chat_template");
+      if (t.is_string()) {
+        im.chat_template = t.get<std::string>();
+      } else if (t.is_array()) {
+        for (const json& named : t)
+          if (named.is_object() && named.value("name", "") == "default")
+            im.chat_template = named.value("template", "");
+      }
+      LOOM_INPUT_CHECK(!im.chat_template.empty() || t.is_null(), cfg_path.string(),
+                       ": chat_template: expected a string or a list holding a \"default\" one");
+    }
     if (!bos.empty()) im.bos = tok.token_id(bos) >= 0 ? tok.token_id(bos) : -1;
     if (!eos.empty()) im.eot = tok.token_id(eos) >= 0 ? tok.token_id(eos) : -1;
     if (!eos.empty() && im.eot < 0) {

@@ -13,6 +13,7 @@
 #include "core/error.h"
 #include "core/read_file.h"
 #include "data/chat.h"
+#include "data/chat_jinja.h"
 #include "data/documents.h"
 #include "data/shard.h"
 
@@ -277,7 +278,9 @@ void prepare_into(const PrepareOptions& opts, const std::vector<std::string>& fi
   }
   const bool chat = opts.format == InputFormat::kChat;
   std::optional<ChatRenderer> renderer;
-  if (chat) {
+  if (chat && opts.chat_template.empty() && !tokenizer.chat_template().empty()) {
+    renderer.emplace(JinjaChatTemplate::of(tokenizer), tokenizer);  // the model's own template
+  } else if (chat) {
     renderer.emplace(opts.chat_template.empty() ? default_chat_template()
                                                 : load_chat_template(opts.chat_template),
                      tokenizer);

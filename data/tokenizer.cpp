@@ -559,6 +559,9 @@ int32_t Tokenizer::token_id(std::string_view content) const {
   return -1;
 }
 const std::string& Tokenizer::source() const { return impl_->source; }
+const std::string& Tokenizer::chat_template() const { return impl_->chat_template; }
+const std::string& Tokenizer::bos_text() const { return impl_->bos_text; }
+const std::string& Tokenizer::eos_text() const { return impl_->eos_text; }
 size_t Tokenizer::cache_size() const { return impl_->cache.size(); }
 void Tokenizer::clear_cache() { impl_->cache.clear(); }
 

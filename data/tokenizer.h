@@ -56,8 +56,13 @@ class Tokenizer {
   const std::vector<int32_t>& sequence_prefix() const;
   const std::vector<int32_t>& sequence_suffix() const;
   int32_t token_id(std::string_view added_token) const;  // an added token's id, -1 if none
-  const std::string& source() const;                     // "gpt2 BPE DIR" or "hf:PATH"
-  size_t cache_size() const;                             // words memoised so far
+  // A Hugging Face model's tokenizer_config.json: its Jinja chat_template (empty: none) and the
+  // texts of its bos_token and eos_token (data/chat_jinja.h renders the template with them).
+  const std::string& chat_template() const;
+  const std::string& bos_text() const;
+  const std::string& eos_text() const;
+  const std::string& source() const;  // "gpt2 BPE DIR" or "hf:PATH"
+  size_t cache_size() const;          // words memoised so far
   void clear_cache();
 
  private:

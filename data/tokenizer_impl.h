@@ -105,7 +105,8 @@ struct Tokenizer::Impl {
   std::vector<int32_t> prefix, suffix;  // the post-processor's ids around a sequence
   bool strip_leading_space = false;     // the decoder drops the decoded text's first space
   int32_t eot = -1, bos = -1;
-  std::string source;  // what was loaded ("gpt2 BPE DIR", "hf:PATH")
+  std::string bos_text, eos_text, chat_template;  // from tokenizer_config.json
+  std::string source;                             // what was loaded ("gpt2 BPE DIR", "hf:PATH")
 
   // ---- scratch (one Tokenizer per thread).
   struct Sym {  // one symbol of the word being merged, in a linked list

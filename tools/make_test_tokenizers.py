@@ -6,7 +6,8 @@ tokenizers), so each is in the format real models ship:
   OUT_DIR/gpt2/      GPT-2's shipped BPE (data/gpt2-bpe) as a tokenizer.json: ByteLevel with
                      GPT-2's regex, <|endoftext|> special.
   OUT_DIR/bytesplit/ the same vocabulary behind Llama 3's layout: NFC normalizer, a Split regex
-                     (Llama 3's pattern), ByteLevel without regex, ignore_merges, a BOS template.
+                     (Llama 3's pattern), ByteLevel without regex, ignore_merges, a BOS template,
+                     Llama 3's and ChatML's control tokens as special tokens.
   OUT_DIR/spbpe/     SentencePiece-style BPE with byte fallback in Llama 2's layout (Prepend and
                      Replace normalizers, no pre-tokenizer, <0xXX> byte tokens, Replace/
                      ByteFallback/Fuse/Strip decoder, "<s> $A" template), trained here on the
@@ -59,9 +60,9 @@ def main():
         pre_tokenizers.Split(Regex(LLAMA3_PATTERN), behavior="isolated", invert=False),
         pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
     split.decoder = decoders.ByteLevel()
-    split.add_special_tokens([AddedToken("<|begin_of_text|>", special=True, normalized=False),
-                              AddedToken("<|end_of_text|>", special=True, normalized=False),
-                              AddedToken("<|eot_id|>", special=True, normalized=False)])
+    split.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in (
+        "<|begin_of_text|>", "<|end_of_text|>", "<|eot_id|>", "<|start_header_id|>",
+        "<|end_header_id|>", "<|im_start|>", "<|im_end|>")])
     bos = split.token_to_id("<|begin_of_text|>")
     split.post_processor = processors.Sequence([
         processors.ByteLevel(trim_offsets=False),

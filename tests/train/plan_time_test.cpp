@@ -484,9 +484,9 @@ TEST(PlanTime, ATallTableIsReducedEarlyAndByRows) {
   EXPECT_DOUBLE_EQ(t.covered, 2 * 1024.0 * 16 * 4);
   ASSERT_EQ(t.rows.size(), 1U);
   EXPECT_FALSE(t.rows[0].early);
-  for (const std::string& off : {"zero_stage: 2", "table_shortcuts: false", "overlap: false"}) {
+  for (const char* off : {"zero_stage: 2", "table_shortcuts: false", "overlap: false"}) {
     const Config plain = parse_config_text(
-        "model: {arch: gpt2, vocab_size: 1024, vocab_multiple: 64, n_layer: 2, "
+        std::string("model: {arch: gpt2, vocab_size: 1024, vocab_multiple: 64, n_layer: 2, ") +
         "n_head: 2, n_embd: 16, max_seq_len: 64}\n"
         "data: {train: x.bin, batch_size: 2, seq_len: 16}\nparallel: {dp: 2, " +
         off + "}\n");
