@@ -1,12 +1,15 @@
 // data/prepare.cpp — prepare_data's library: input listing, document splitting (or chat
-// rendering), tokenization and train/val shard streams. Deterministic and single-threaded;
-// prints nothing.
+// rendering), tokenization (text documents on every thread, Note [Parallel tokenization]) and
+// train/val shard streams. Deterministic whatever the threads; prints nothing.
 #include "data/prepare.h"
+
+#include <omp.h>
 
 #include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <exception>
 #include <filesystem>
 #include <optional>
 
@@ -19,6 +22,8 @@
 
 namespace loom {
 namespace {
+
+constexpr size_t kBatchDocs = 4096;  // documents tokenized together (Note [Parallel tokenization])
 
 namespace fs = std::filesystem;
 
@@ -292,6 +297,15 @@ void prepare_into(const PrepareOptions& opts, const std::vector<std::string>& fi
   ShardStream train(opts.out_dir, "train", opts.shard_tokens, chat, width, res.train_shards);
   ShardStream val(opts.out_dir, "val", opts.shard_tokens, chat, width, res.val_shards);
   const int64_t k = val_every(opts.val_fraction);
+  // One tokenizer per thread (Note [Parallel tokenization]): the caller's and clones.
+  std::vector<Tokenizer> clones;
+  std::vector<Tokenizer*> workers = {&tokenizer};
+  if (!chat) {
+    for (int t = 1; t < std::max(1, omp_get_max_threads()); ++t)
+      clones.push_back(tokenizer.clone());
+    for (Tokenizer& c : clones) workers.push_back(&c);
+  }
+  std::vector<std::vector<int32_t>> batch;
   std::vector<int32_t> tokens;
   std::vector<uint8_t> mask;  // chat only
   int64_t last_report = 0;
@@ -319,18 +333,38 @@ void prepare_into(const PrepareOptions& opts, const std::vector<std::string>& fi
     if (chat) {
       chat_documents(f, text, *renderer, opts.shard_tokens, tokens, mask, emit_at);
     } else {
-      for (const std::string_view doc : split_documents(text, opts.format)) {
-        // A document: the tokenizer's template around its text (BOS for Llama), else the end
-        // token before it (GPT-2's <|endoftext|> as llm.c writes it).
-        const std::vector<int32_t>& before = tokenizer.sequence_prefix();
-        if (before.empty())
-          tokens.assign(1, tokenizer.eot_id());
-        else
-          tokens.assign(before.begin(), before.end());
-        tokenizer.encode_append(doc, /*allow_special=*/false, tokens);
-        tokens.insert(tokens.end(), tokenizer.sequence_suffix().begin(),
-                      tokenizer.sequence_suffix().end());
-        emit_at(static_cast<size_t>(doc.data() + doc.size() - text.data()));
+      // Note [Parallel tokenization]: the documents are tokenized in batches, each document by
+      // one thread with its own Tokenizer (clones: the tables shared in content, the caches
+      // apart), and emitted in order, so the shards are the same bytes whatever the threads.
+      const std::vector<std::string_view> docs = split_documents(text, opts.format);
+      for (size_t b = 0; b < docs.size(); b += kBatchDocs) {
+        const size_t n = std::min(kBatchDocs, docs.size() - b);
+        batch.resize(n);
+        std::vector<std::exception_ptr> failed(n);
+#pragma omp parallel for schedule(dynamic, 8) num_threads(static_cast <int>(workers.size()))
+        for (int64_t k = 0; k < static_cast<int64_t>(n); ++k) {
+          Tokenizer& t = *workers[static_cast<size_t>(omp_get_thread_num())];
+          std::vector<int32_t>& out = batch[static_cast<size_t>(k)];
+          try {
+            // A document: the tokenizer's template around its text (BOS for Llama), else the
+            // end token before it (GPT-2's <|endoftext|> as llm.c writes it).
+            const std::vector<int32_t>& before = t.sequence_prefix();
+            if (before.empty())
+              out.assign(1, t.eot_id());
+            else
+              out.assign(before.begin(), before.end());
+            t.encode_append(docs[b + static_cast<size_t>(k)], /*allow_special=*/false, out);
+            out.insert(out.end(), t.sequence_suffix().begin(), t.sequence_suffix().end());
+          } catch (...) {
+            failed[static_cast<size_t>(k)] = std::current_exception();
+          }
+        }
+        for (size_t k = 0; k < n; ++k) {
+          if (failed[k]) std::rethrow_exception(failed[k]);
+          tokens.swap(batch[k]);
+          const std::string_view doc = docs[b + k];
+          emit_at(static_cast<size_t>(doc.data() + doc.size() - text.data()));
+        }
       }
     }
     prog.bytes_done += static_cast<int64_t>(text.size());

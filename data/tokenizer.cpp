@@ -518,6 +518,19 @@ Tokenizer::Tokenizer(const std::string& encoder_json_path, const std::string& vo
   impl_->source = "gpt2 BPE " + fs::path(encoder_json_path).parent_path().string();
 }
 
+Tokenizer Tokenizer::clone() const {
+  Tokenizer t;
+  *t.impl_ = *impl_;
+  t.impl_->cache.clear();
+  for (Impl::PreStep& p : t.impl_->pre) {
+    if (p.regex.code) {
+      p.regex.match.reset(pcre2_match_data_create_from_pattern_8(p.regex.code.get(), nullptr),
+                          pcre2_match_data_free_8);
+    }
+  }
+  return t;
+}
+
 Tokenizer::~Tokenizer() = default;
 Tokenizer::Tokenizer(Tokenizer&&) noexcept = default;
 Tokenizer& Tokenizer::operator=(Tokenizer&&) noexcept = default;

@@ -30,6 +30,8 @@ class Tokenizer {
   // present, tokenizer_config.json, whose bos_token and eos_token name BOS and the end of a
   // document). What it does not support is refused naming the field (loom::InputError).
   static Tokenizer from_hf(const std::string& path);
+  // A copy for another thread: the same tables, its own scratch, word cache and regex matches.
+  Tokenizer clone() const;
   ~Tokenizer();
   Tokenizer(Tokenizer&&) noexcept;
   Tokenizer& operator=(Tokenizer&&) noexcept;

@@ -4,6 +4,7 @@
 #include "data/prepare.h"
 
 #include <gtest/gtest.h>
+#include <omp.h>
 #include <sys/wait.h>
 
 #include <cstdlib>
@@ -134,6 +135,34 @@ TEST(Prepare, DeterministicAndNoValWhenFractionIsZero) {
   EXPECT_EQ(read_shards(a.train_shards), read_shards(b.train_shards));
   EXPECT_EQ(tok.decode(read_shards(a.train_shards)),
             "<|endoftext|>a fortune\n<|endoftext|>another one\n<|endoftext|>a third\n");
+}
+
+// Note [Parallel tokenization]: documents are tokenized on every thread in batches and written in
+// order, so one thread and four give the same shards (more documents than one batch holds).
+TEST(Prepare, TheSameShardsOnAnyNumberOfThreads) {
+  data_test::TempDir in("in"), out("out");
+  std::string text;
+  for (int i = 0; i < 9000; ++i)
+    text += "fortune " + std::to_string(i * 7919 % 10007) + (i % 3 ? " says hi\n%\n" : " é😀\n%\n");
+  data_test::write_bytes(in.file("f"), text);
+  PrepareOptions opts;
+  opts.inputs = {in.path().string()};
+  opts.format = InputFormat::kFortunes;
+  Tokenizer tok(data_test::bpe_dir());
+  const int threads = omp_get_max_threads();
+  omp_set_num_threads(1);
+  opts.out_dir = out.file("1");
+  const PrepareResult a = prepare_data(opts, tok);
+  omp_set_num_threads(4);
+  opts.out_dir = out.file("4");
+  const PrepareResult b = prepare_data(opts, tok);
+  omp_set_num_threads(threads);
+  EXPECT_EQ(a.documents, 9000);
+  EXPECT_EQ(read_shards(a.train_shards), read_shards(b.train_shards));
+  EXPECT_EQ(read_shards(a.val_shards), read_shards(b.val_shards));
+  const std::vector<int32_t> first = read_shards(a.train_shards);
+  EXPECT_EQ(tok.decode(std::vector<int32_t>(first.begin(), first.begin() + 8)).substr(0, 21),
+            "<|endoftext|>fortune ");
 }
 
 TEST(Prepare, AllValIsAnError) {
