@@ -374,6 +374,36 @@ void load_model_weights(Transformer& model, const std::string& from, std::ostrea
   log << "init_from: llm.c model file " << from << "\n";
 }
 
+// A Hugging Face destination gets the tokenizer's files where convert knows them: a Hugging
+// Face source's own, or, from a Loom checkpoint, those beside its run's data.tokenizer (hf:PATH).
+std::vector<fs::path> tokenizer_files(const Location& src, const Model& m) {
+  fs::path dir;
+  if (src.kind == "hf") {
+    dir = src.path;
+  } else if (m.from_checkpoint && !m.rest.config_yaml.empty()) {
+    // Only the one key: the run's config was checked when it ran.
+    std::string spec;
+    try {
+      const YAML::Node t = YAML::Load(m.rest.config_yaml)["data"]["tokenizer"];
+      if (t && t.IsScalar()) spec = t.as<std::string>();
+    } catch (const YAML::Exception&) {  // not the key's business: read_model read the rest
+    }
+    if (spec.starts_with("hf:")) {
+      const fs::path p = spec.substr(3);
+      std::error_code ec;
+      dir = fs::is_directory(p, ec) ? p : p.parent_path();
+    }
+  }
+  std::vector<fs::path> out;
+  if (dir.empty()) return out;
+  for (const char* name :
+       {"tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "tokenizer.model"}) {
+    std::error_code ec;
+    if (fs::is_regular_file(dir / name, ec)) out.push_back(dir / name);
+  }
+  return out;
+}
+
 std::string convert_model(const std::string& from, const std::string& to,
                           const ConvertOptions& options) {
   Location src = parse_location(from, "--from");
@@ -400,6 +430,14 @@ std::string convert_model(const std::string& from, const std::string& to,
   if (dst.kind == "llmc") check_llmc_writable(m.config, dst.path);
   if (options.progress) *options.progress << "convert: writing " << to << "\n";
   write_model(m, dst.kind, dst.kind == "loom" ? out.folder() : out.path(), options);
+  if (dst.kind == "hf") {
+    for (const fs::path& f : tokenizer_files(src, m)) {
+      std::error_code ec;
+      fs::copy_file(f, fs::path(out.path()) / f.filename(), ec);
+      LOOM_INPUT_CHECK(!ec, f.string(), ": cannot copy the tokenizer file into ", to, ": ",
+                       ec.message());
+    }
+  }
   out.commit();
   return target;
 }

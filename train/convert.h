@@ -7,6 +7,9 @@
 //              train.init_from takes it); as a destination, a checkpoints root: the checkpoint
 //              is written as DIR/step_<step>/, one file of whole tensors (a consolidated
 //              checkpoint that any layout reads, and train.init_from takes).
+// A Hugging Face destination also gets the tokenizer's files (tokenizer.json,
+// tokenizer_config.json, special_tokens_map.json, tokenizer.model) where convert knows them: from
+// a Hugging Face source, or beside a Loom checkpoint's data.tokenizer (hf:PATH).
 // A destination that holds anything is refused unless forced, and is written beside itself and
 // renamed into place whole (Note [Convert destinations] in train/convert.cpp); a model is never
 // written onto its own source. NaN or infinite weights, and values the written dtype cannot hold

@@ -200,6 +200,43 @@ TEST(Convert, CheckpointRoundTripsThroughHfAndLlmc) {
   EXPECT_NE(bad.str().find("tensor 'model.w' is corrupt"), std::string::npos) << bad.str();
 }
 
+// A Hugging Face export carries the tokenizer's files where convert knows them: from a Loom
+// checkpoint whose run names data.tokenizer hf:DIR, and from a Hugging Face source; a run on
+// GPT-2's files gets none.
+TEST(Convert, HfExportsCarryTheTokenizerFiles) {
+  const std::string root = fresh_dir("cv_tok");
+  fs::create_directories(root + "/tok");
+  for (const char* f : {"tokenizer.json", "tokenizer_config.json"}) {
+    std::ofstream(root + "/tok/" + f) << "{\"file\": \"" << f << "\"}";
+  }
+  Config cfg;
+  cfg.model = tiny_gpt2();
+  cfg.data.tokenizer = "hf:" + root + "/tok";
+  CheckpointContents ck;
+  ck.step = 3;
+  ck.config_yaml = config_to_yaml(cfg);
+  for (const auto& [name, t] : weights_of(cfg.model, false))
+    ck.tensors.push_back(whole_tensor("model." + name, t));
+  const std::string src = save_checkpoint(root + "/src", ck, 0);
+  ConvertOptions o;
+  o.vocab_multiple = cfg.model.vocab_multiple;
+  const std::string hf = convert_model("loom:" + src, "hf:" + root + "/hf", o);
+  const auto read = [](const std::string& path) {
+    std::ifstream in(path);
+    return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+  };
+  EXPECT_EQ(read(hf + "/tokenizer.json"), "{\"file\": \"tokenizer.json\"}");
+  EXPECT_EQ(read(hf + "/tokenizer_config.json"), "{\"file\": \"tokenizer_config.json\"}");
+  EXPECT_FALSE(fs::exists(hf + "/tokenizer.model"));
+  const std::string again = convert_model("hf:" + hf, "hf:" + root + "/hf2", o);
+  EXPECT_EQ(read(again + "/tokenizer.json"), "{\"file\": \"tokenizer.json\"}");
+  cfg.data.tokenizer = "gpt2";
+  ck.config_yaml = config_to_yaml(cfg);
+  const std::string plain = save_checkpoint(root + "/plain", ck, 0);
+  EXPECT_FALSE(
+      fs::exists(convert_model("loom:" + plain, "hf:" + root + "/hf3", o) + "/tokenizer.json"));
+}
+
 // The Python safetensors package (a reader Loom did not write) opens an export and finds the
 // names, shapes and values. Skipped with the reason when python3 or the package is missing
 // (tools/test.sh installs it with pip).
