@@ -18,7 +18,8 @@ namespace loom {
 //   added_tokens   found in the raw text before anything else, leftmost and longest (special
 //                  ones only when encode's allow_special is set; non-special ones always),
 //                  lstrip/rstrip taking the whitespace beside them; single_word is refused.
-//   normalizer     null, NFC/NFD/NFKC/NFKD and Lowercase (utf8proc), Prepend, Replace of a
+//   normalizer     null, NFC/NFD/NFKC/NFKD and Lowercase (utf8proc; per code point, so a Greek
+//                  final capital sigma lowers to σ, not ς), Prepend, Replace of a
 //                  String, a Sequence of them — applied to each stretch of text between added
 //                  tokens (as the library does, so a Prepend("▁") normalizer prefixes each).
 //   pre_tokenizer  null (the stretch is one word), Split with a Regex or String pattern and
@@ -254,14 +255,13 @@ void read_decoder(const Reader& r, const json& j, const std::string& field, Deco
   }
 }
 
-void read_post(const Reader& r, const json& j, const std::string& field,
-               const std::unordered_map<std::string, int32_t>& specials, Tokenizer::Impl& im) {
+void read_post(const Reader& r, const json& j, const std::string& field, Tokenizer::Impl& im) {
   if (j.is_null()) return;
   const std::string t = r.type(j, field);
   if (t == "Sequence") {
     const json& list = r.at(j, "processors", field + ".processors");
     for (size_t i = 0; i < list.size(); ++i)
-      read_post(r, list[i], field + ".processors[" + std::to_string(i) + "]", specials, im);
+      read_post(r, list[i], field + ".processors[" + std::to_string(i) + "]", im);
   } else if (t == "ByteLevel") {
   } else if (t == "TemplateProcessing") {
     const json& single = r.at(j, "single", field + ".single");
@@ -282,7 +282,6 @@ void read_post(const Reader& r, const json& j, const std::string& field,
         (after ? im.suffix : im.prefix).push_back(id.get<int32_t>());
       }
     }
-    (void)specials;
   } else {
     r.fail(field + ".type", "'" + t + "' is not supported");
   }
@@ -334,7 +333,23 @@ std::string normalize_text(const std::vector<Tokenizer::Impl::NormStep>& steps,
         if (n.kind == N::kNfd) options |= UTF8PROC_DECOMPOSE;
         if (n.kind == N::kNfkc) options |= UTF8PROC_COMPOSE | UTF8PROC_COMPAT;
         if (n.kind == N::kNfkd) options |= UTF8PROC_DECOMPOSE | UTF8PROC_COMPAT;
-        if (n.kind == N::kLowercase) options |= UTF8PROC_CASEFOLD;
+        if (n.kind == N::kLowercase) {  // each code point's lowercase (not case folding: ß stays)
+          std::string out;
+          utf8proc_int32_t cp;
+          for (size_t at = 0; at < s.size();) {
+            const auto len =
+                utf8proc_iterate(reinterpret_cast<const utf8proc_uint8_t*>(s.data()) + at,
+                                 static_cast<utf8proc_ssize_t>(s.size() - at), &cp);
+            if (len <= 0) {  // an invalid byte, kept
+              out += s[at++];
+              continue;
+            }
+            out += utf8(static_cast<uint32_t>(utf8proc_tolower(cp)));
+            at += static_cast<size_t>(len);
+          }
+          s = std::move(out);
+          break;
+        }
         std::string out;
         size_t at = 0;
         while (at < s.size()) {
@@ -489,7 +504,6 @@ Tokenizer Tokenizer::from_hf(const std::string& path) {
   }
 
   // Added tokens.
-  std::unordered_map<std::string, int32_t> specials;
   for (size_t i = 0; i < added.size(); ++i) {
     const std::string f = "added_tokens[" + std::to_string(i) + "]";
     const json& a = added[i];
@@ -504,11 +518,10 @@ Tokenizer Tokenizer::from_hf(const std::string& path) {
                        r.flag(a, "lstrip", f + ".lstrip"), r.flag(a, "rstrip", f + ".rstrip")};
     im.id_bytes[static_cast<size_t>(t.id)] = decoded(content, false);
     if (dec.metaspace_first) im.id_first_bytes[static_cast<size_t>(t.id)] = decoded(content, true);
-    specials[content] = t.id;
     im.added.push_back(std::move(t));
   }
   im.index_added();
-  read_post(r, j.value("post_processor", json()), "post_processor", specials, im);
+  read_post(r, j.value("post_processor", json()), "post_processor", im);
   im.strip_leading_space = dec.strip_first;
 
   // BOS and the end of a document from tokenizer_config.json, where there is one.

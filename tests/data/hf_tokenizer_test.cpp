@@ -111,6 +111,10 @@ TEST(HfTokenizer, ByteLevelSplitsByTheRegexAndMerges) {
   Tokenizer w = Tokenizer::from_hf(write(dir, j, "w"));
   EXPECT_EQ(w.encode("hello"), ids({300}));
   EXPECT_EQ(w.encode("help"), ids({259, 'l', 'p'}));
+  // A Lowercase normalizer: each code point's lowercase (not case folding: ß stays ß).
+  j["normalizer"] = {{"type", "Lowercase"}};
+  Tokenizer lower = Tokenizer::from_hf(write(dir, j, "lower"));
+  EXPECT_EQ(lower.decode(lower.encode("\xC3\x84Bc \xC3\x9F")), "\xC3\xA4bc \xC3\x9F");  // "Äbc ß"
 }
 
 TEST(HfTokenizer, AddedTokensTemplateAndEos) {
