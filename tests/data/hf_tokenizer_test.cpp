@@ -114,7 +114,10 @@ TEST(HfTokenizer, ByteLevelSplitsByTheRegexAndMerges) {
   // A Lowercase normalizer: each code point's lowercase (not case folding: ß stays ß).
   j["normalizer"] = {{"type", "Lowercase"}};
   Tokenizer lower = Tokenizer::from_hf(write(dir, j, "lower"));
-  EXPECT_EQ(lower.decode(lower.encode("\xC3\x84Bc \xC3\x9F")), "\xC3\xA4bc \xC3\x9F");  // "Äbc ß"
+  EXPECT_EQ(lower.decode(lower.encode("\xC3\x84"  // "Äbc ß" → "äbc ß"
+                                      "Bc \xC3\x9F")),
+            "\xC3\xA4"
+            "bc \xC3\x9F");
 }
 
 TEST(HfTokenizer, AddedTokensTemplateAndEos) {
