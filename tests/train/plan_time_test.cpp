@@ -361,6 +361,37 @@ TEST(PlanTime, OdcIsZero3AtTheOneSidedRatesPlusTwoBarriers) {
   }
 }
 
+// Note [Idle and busy links] by hand: over a link slow enough that no block's gather hides,
+// only the embeddings' and head's forward gathers run at the idle rate — a tied table twice,
+// untied tables once (both in one), the backward gathers and reduce-scatters at the busy rate.
+TEST(PlanTime, OnlyTheTablesForwardGathersRunOnAnIdleLink) {
+  Calibration cal;
+  const double beta = 1e3;  // bytes/s: a block's gather takes seconds, its compute microseconds
+  auto zero3_line = [&](const Config& cfg, double idle) {
+    ClusterLinks links;
+    links.intra = uniform(0, beta);
+    for (Collective c : kCollectives) links.intra.fit(c).idle_bytes_per_s = idle;
+    for (const TimeLine& l : plan_step_time(cfg, cal, links).lines)
+      if (l.what == "dp ZeRO-3") return l.seconds;
+    ADD_FAILURE() << "no dp ZeRO-3 line";
+    return 0.0;
+  };
+  for (bool tied : {true, false}) {
+    SCOPED_TRACE(tied ? "tied" : "untied");
+    Config cfg = tiny("parallel: {dp: 2, zero_stage: 3}\n");
+    cfg.model.tie_embeddings = tied;
+    ModelConfig one = cfg.model, two = cfg.model;
+    one.n_layer = 1;
+    two.n_layer = 2;
+    const double per_block =
+        static_cast<double>(count_parameters(two)) - static_cast<double>(count_parameters(one));
+    const double outside = static_cast<double>(count_parameters(one)) - per_block;
+    const double x = outside * 4 / beta;  // the tables' gather at the busy rate (f32, 2 ranks)
+    const double busy = zero3_line(cfg, 0);
+    EXPECT_NEAR(busy - zero3_line(cfg, 2 * beta), (tied ? 2 : 1) * x / 2, 1e-9 * busy);
+  }
+}
+
 // SDP under forward masking: the worker's packed MLP measured in place of the full one, its
 // update and its sync — the held slices over their k holders as backward goes, then the
 // replicated parameters over all N workers after backward.

@@ -10,7 +10,8 @@
 # test: about 10 minutes on 2 cores, 4 more for the search's part and 3 for packed documents'
 # (STEP_TIME_BENCH_PARTS: "table search packed", the default, or any of them; "four" adds the
 # layouts that need 4 ranks — SDP, MiCS — oversubscribing the 2 cores with their own 4-rank
-# link calibration, 4 minutes). Packed rows
+# link calibration, 4 minutes; STEP_TIME_BENCH_ROWS: a regular expression, only the rows whose
+# layout matches it, e.g. "hosts"). Packed rows
 # (configs/sft-tiny.yaml on the shipped chat sample, Note [Packed step time] in
 # train/planner/packed_steps.h) compare the plan's mean step over the run's steps with the
 # measured mean of the steps after the first: their steps differ by their documents.
@@ -55,6 +56,7 @@ errors=()
 row() {
   local name=$1 np=$2 on_hosts=$3
   shift 3
+  [[ $name =~ ${STEP_TIME_BENCH_ROWS:-.} ]] || return 0
   local per_host=0 log="$work/$(echo "$name" | tr -c 'A-Za-z0-9\n' '_').log"
   ((on_hosts > 1)) && per_host=$((np / on_hosts))
   local predicted

@@ -155,6 +155,12 @@ run() {
 # osc/ucx) tells hosts apart by the machine's boot id, not the hostname, so across these
 # namespaces it would move one-sided data through shared memory, past the links and their rate
 # limits: UCX_TLS=tcp,self keeps it on the network (inside a host that is the loopback).
+# Open MPI's TCP sockets are limited to 256 KiB each way: the kernel's autotuned buffers (up to
+# 4 MiB) queued ~300 ms of one rank's data ahead of MPI's own control messages on the same
+# connection, and an exchange between two hosts after a barrier ran either both ways at once or
+# one way at a time, flipping from call to call (8 MB all-gathers at 100 Mbit/s: 24 or 12-15
+# MB/s; with 256 KiB, 22–24 in 29 of 30 such calls). The link's bandwidth-delay product is a
+# few KiB.
 
 mpirun_args() {
   local dir net
@@ -164,7 +170,8 @@ mpirun_args() {
     "--mca btl self,vader,tcp --mca btl_tcp_if_include $net.0/24" \
     "--mca oob_tcp_if_include $net.0/24 --mca mpi_yield_when_idle 1" \
     "--mca oob_tcp_keepalive_time 5 --mca oob_tcp_keepalive_intvl 1" \
-    "--mca oob_tcp_keepalive_probes 3 -x UCX_TLS=tcp,self"
+    "--mca oob_tcp_keepalive_probes 3 -x UCX_TLS=tcp,self" \
+    "--mca btl_tcp_sndbuf 262144 --mca btl_tcp_rcvbuf 262144"
 }
 
 mpirun_on() {

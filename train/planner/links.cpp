@@ -21,13 +21,13 @@
 namespace loom::planner {
 namespace {
 
-// The mean of 7 calls of one collective over a buffer of n f32 elements, one after another
-// as the engines issue them (after 2 untimed), every rank's time maxed (the collective ends
-// when its slowest member does). A send goes from rank 0 to rank 1 (the others only
-// synchronise). Separated by barriers, as a first version timed them, calls over a
-// rate-limited TCP link between two hosts ran in two modes (an all-gather at 12 or 23 MB/s),
-// and which one a calibration saw moved a 2-host ZeRO-3 prediction by 40 %.
-double time_collective(parallel::Communicator& c, Collective kind, int64_t n) {
+// One collective's time over a buffer of n f32 elements, every rank's time maxed (the
+// collective ends when its slowest member does). A send goes from rank 0 to rank 1 (the others
+// only synchronise). Busy link (idle = false): the mean of 7 calls one after another as the
+// engines issue buckets (after 2 untimed). Idle link: the median of 7 calls each issued after a
+// barrier, so that whatever the previous call left in flight has arrived (Note [Idle and busy
+// links] in train/planner/links.h).
+double time_collective(parallel::Communicator& c, Collective kind, int64_t n, bool idle) {
   const int g = c.size();
   n = (n + g - 1) / g * g;
   Tensor full = Tensor::zeros({n}, DType::kF32), part = Tensor::zeros({n / g}, DType::kF32);
@@ -70,15 +70,32 @@ double time_collective(parallel::Communicator& c, Collective kind, int64_t n) {
         break;
     }
   };
+  // The slowest rank's time of what `body` timed on each.
+  auto slowest = [&](double seconds) {
+    Tensor m = Tensor::full({1}, seconds, DType::kF64);
+    c.all_reduce_async(m, parallel::ReduceOp::kMax)->wait();
+    return m.data<double>()[0];
+  };
+  using Clock = std::chrono::steady_clock;
+  const auto since = [](Clock::time_point t0) {
+    return std::chrono::duration<double>(Clock::now() - t0).count();
+  };
   for (int i = 0; i < 2; ++i) once();
   c.barrier_async()->wait();
-  const auto t0 = std::chrono::steady_clock::now();
+  if (idle) {
+    std::vector<double> calls;
+    for (int i = 0; i < 7; ++i) {
+      c.barrier_async()->wait();
+      const auto t0 = Clock::now();
+      once();
+      calls.push_back(slowest(since(t0)));
+    }
+    std::nth_element(calls.begin(), calls.begin() + 3, calls.end());
+    return calls[3];
+  }
+  const auto t0 = Clock::now();
   for (int i = 0; i < 7; ++i) once();
-  Tensor m = Tensor::full(
-      {1}, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() / 7,
-      DType::kF64);
-  c.all_reduce_async(m, parallel::ReduceOp::kMax)->wait();
-  return m.data<double>()[0];
+  return slowest(since(t0) / 7);
 }
 
 }  // namespace
@@ -111,12 +128,17 @@ std::string calibrate_links(const parallel::ParallelContext& ctx, const Config& 
       o << " " << label << ": not measured on GPUs;";
       continue;
     }
-    const double ts = time_collective(world, kind, small), tl = time_collective(world, kind, large);
+    const double ts = time_collective(world, kind, small, false),
+                 tl = time_collective(world, kind, large, false),
+                 tl_idle = time_collective(world, kind, large, true);
     const double beta = static_cast<double>(large - small) * 4 / std::max(tl - ts, 1e-9);
     const double alpha = std::max(0.0, ts - small * 4 / beta);
+    const double beta_idle = static_cast<double>(large) * 4 / std::max(tl_idle - alpha, 1e-9);
     cal.set_link(cls + "/" + label + "/latency", alpha);
     cal.set_link(cls + "/" + label + "/bandwidth", beta);
-    o << " " << label << " α " << alpha * 1e6 << " µs β " << beta / 1e6 << " MB/s;";
+    cal.set_link(cls + "/" + label + "/idle_bandwidth", beta_idle);
+    o << " " << label << " α " << alpha * 1e6 << " µs β " << beta / 1e6 << " MB/s (idle link "
+      << beta_idle / 1e6 << ");";
   }
   // Compute alone (rank 0; the others wait in a barrier) and all at once.
   const int64_t B = cfg.data.batch_size, T = cfg.data.seq_len;

@@ -23,6 +23,19 @@
 // on the same 2-core machine); κ = the compute's extra time ÷ the pass's, in [0, 1], stored as
 // "<class>/overlap_cost/<ranks>". The step-time model adds κ × the hidden part of every
 // overlapped collective (0 where not measured: GPUs with data-sheet links).
+//
+// Note [Idle and busy links]: a link's rate can depend on what ran on it just before. Over the
+// 2-host test bed (TCP through tbf at 100 Mbit/s each way, a 200 ms queue), a 26 MB all-gather
+// or all-to-all between two hosts took 1.10 s when issued after a barrier (23.6 MB/s: both
+// directions at the line rate) and 1.9–2.0 s on average when issued back to back (13.5 MB/s;
+// single calls 1.1 to 2.3 s): a call issued while the previous one's data is still queued runs
+// with both directions' queues full. Each collective is therefore timed both ways at the large
+// size — back to back ("bandwidth", with the small size's latency) and each call after a barrier
+// ("idle_bandwidth") — and the step-time model prices a collective at the idle rate where the
+// engine issues it onto a link its compute left idle (ZeRO-3's and ODC's gathers of a unit that
+// the previous unit's compute hides; the tables' gathers), at the busy rate where it queues
+// behind another (buckets, reduce-scatters after a backward's gather). Within a host the two
+// agree to a few per cent.
 #pragma once
 
 #include <string>
@@ -32,8 +45,9 @@
 
 namespace loom::planner {
 
-// Collective: every rank of ctx.world() calls it. Stores the class's "latency" and "bandwidth"
-// in `cal` (rank 0 saves it) and returns a line for the log ("inter: α 41.2 µs, β 19.8 MB/s").
+// Collective: every rank of ctx.world() calls it. Stores the class's "latency", "bandwidth" and
+// "idle_bandwidth" in `cal` (rank 0 saves it) and returns a line for the log ("inter: α 41.2 µs,
+// β 19.8 MB/s").
 std::string calibrate_links(const parallel::ParallelContext& ctx, const Config& cfg,
                             Calibration& cal);
 

@@ -64,12 +64,15 @@ std::pair<double, double> ring(Coll c, int64_t g) {
   return {1.0, 1.0};
 }
 
-double coll_time(Coll c, double bytes, int64_t g, const LinkModel& link) {
+// idle: issued onto a link nothing else is using (Note [Idle and busy links] in
+// train/planner/links.h).
+double coll_time(Coll c, double bytes, int64_t g, const LinkModel& link, bool idle = false) {
   if (g <= 1 || bytes <= 0) return 0;
   const CollectiveFit& fit = link.fit(c);
   const auto [steps, factor] = ring(c, g);
   const auto [steps0, factor0] = ring(c, link.ranks);
-  return fit.latency_s * steps / steps0 + bytes / fit.bytes_per_s * factor / factor0;
+  const double rate = idle && fit.idle_bytes_per_s > 0 ? fit.idle_bytes_per_s : fit.bytes_per_s;
+  return fit.latency_s * steps / steps0 + bytes / rate * factor / factor0;
 }
 
 std::string ms(double s) {
@@ -107,7 +110,8 @@ ClusterLinks links_from(const Calibration& cal, int64_t ranks_per_host) {
     for (Collective c : kCollectives) {
       const std::string key = cls + "/" + collective_name(c);
       link->fit(c) = {cal.link(key + "/latency").value_or(0),
-                      cal.link(key + "/bandwidth").value_or(0)};
+                      cal.link(key + "/bandwidth").value_or(0),
+                      cal.link(key + "/idle_bandwidth").value_or(0)};
     }
     const std::string ranks = std::to_string(link->ranks);
     link->compute_slowdown = cal.link(cls + "/slowdown/" + ranks).value_or(1.0);
@@ -129,7 +133,7 @@ ClusterLinks links_from_sheet(const DeviceSpec& device, int64_t ranks_per_host) 
     link.source = "data sheet";
     for (Collective c : kCollectives) {
       const auto [steps, factor] = ring(c, 2);
-      link.fit(c) = {step_latency_s * steps, bytes_per_s / factor};
+      link.fit(c) = {step_latency_s * steps, bytes_per_s / factor, bytes_per_s / factor};
     }
   };
   sheet(l.intra, 3.4e-6, device.link_bytes_per_s / 2);
@@ -521,14 +525,22 @@ StepTimePlan plan_step_time(const Config& cfg, Calibration& cal, const ClusterLi
                         "(run `train --calibrate-links` under mpirun again)");
       const Coll gather = p.odc ? Coll::kGet : Coll::kAllGather;
       const Coll scatter = p.odc ? Coll::kAccumulate : Coll::kReduceScatter;
+      // A block's gather runs on an idle link where the previous block's compute hides it, else
+      // behind the previous gather; a reduce-scatter follows a backward's prefetched gather. The
+      // embeddings' and head's forward gathers start on an idle link, their backward ones behind
+      // the first blocks' prefetches (a 2-host trace: the tied table's forward gathers 1.10 and
+      // 1.09 s, its backward one 2.19 s; Note [Idle and busy links] in train/planner/links.h).
       const double unit_bytes = per_block / tp * e;
-      const double ag = coll_time(gather, unit_bytes, shard, shard_link);
+      const double ag_idle = coll_time(gather, unit_bytes, shard, shard_link, true);
+      const double ag =
+          ag_idle <= block.fwd ? ag_idle : coll_time(gather, unit_bytes, shard, shard_link);
       const double rs = coll_time(scatter, per_block / tp * ge, shard, shard_link);
-      const double outside_ag = coll_time(gather, outside / tp * e, shard, shard_link);
       // The embeddings' and the head's units are each gathered for forward and backward; a tied
       // head is the embeddings' unit, gathered for the embedding's forward, the head's forward and
       // the backward (parallel/dp/unit_gatherer.cpp; Note [ZeRO-3 memory]).
-      const double outside_gathers = m.tie_embeddings ? 3 : 2;
+      const double outside_ag = (m.tie_embeddings ? 2 : 1) *
+                                    coll_time(gather, outside / tp * e, shard, shard_link, true) +
+                                coll_time(gather, outside / tp * e, shard, shard_link);
       // What the blocks hide still costs κ of it (Note [Overlap cost] in train/planner/links.h);
       // ODC's pulls and pushes on a CPU are MPI_Rget/MPI_Raccumulate copies made by the calling
       // thread (parallel/comm/mpi_window.cpp): nothing is hidden.
@@ -536,7 +548,7 @@ StepTimePlan plan_step_time(const Config& cfg, Calibration& cal, const ClusterLi
       dp_s = micro * (blocks_slowest *
                           (std::max(0.0, ag - block.fwd) + std::max(0.0, ag + rs - block.bwd) +
                            k * (std::min(ag, block.fwd) + std::min(ag + rs, block.bwd))) +
-                      outside_gathers * outside_ag) +
+                      outside_ag) +
              coll_time(scatter, outside / tp * ge, shard, shard_link) + rs;
       if (p.odc) {  // finish()'s and publish's barriers: a message's latency around the group
         const auto [steps, _] = ring(Coll::kAllReduce, shard);

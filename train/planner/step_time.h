@@ -72,10 +72,13 @@ constexpr Collective kCollectives[] = {Collective::kAllReduce,     Collective::k
                                        Collective::kGet,           Collective::kAccumulate};
 const char* collective_name(Collective c);  // "all_reduce", … (the calibration file's keys)
 
-// One collective on one link class: seconds per call and buffer bytes per second.
+// One collective on one link class: seconds per call and buffer bytes per second, issued behind
+// another and issued onto an idle link (Note [Idle and busy links] in train/planner/links.h; 0:
+// not measured apart, the same).
 struct CollectiveFit {
   double latency_s = 0;
   double bytes_per_s = 0;
+  double idle_bytes_per_s = 0;
 };
 
 // One link class as measured over `ranks` ranks (`train --calibrate-links`), and how much slower
