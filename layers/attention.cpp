@@ -3,6 +3,7 @@
 
 #include "core/ops/rope.h"
 #include "core/ops/view.h"
+#include "layers/rope_scaling.h"
 
 namespace loom {
 
@@ -13,17 +14,17 @@ CausalSelfAttention::CausalSelfAttention(const ModelConfig& config, DType dtype,
       n_kv_head_(config.kv_heads()),
       head_dim_(config.head_dim()),
       rope_(config.is_llama()),
-      rope_theta_(config.rope_theta) {
+      rope_freqs_(config.is_llama() ? rope_frequencies(config) : kernels::RopeFrequencies{}) {
   const int64_t C = config.n_embd, D = head_dim_, q = n_head_ * D, kv = n_kv_head_ * D;
-  const bool bias = !config.is_llama();
+
   const int split = ctx.linear->feature_split();
   LOOM_CHECK(n_head_ % split == 0 && n_kv_head_ % split == 0, "CausalSelfAttention: ", n_head_,
              " query and ", n_kv_head_, " kv heads do not divide by the tensor-parallel size ",
              split);
   LOOM_CHECK(n_kv_head_ > 0 && n_head_ % n_kv_head_ == 0, "CausalSelfAttention: ", n_head_,
              " query heads are not a multiple of the ", n_kv_head_, " kv heads (model.n_kv_head)");
-  qkv_ = ctx.linear->attn_in(layer, C, {q, kv, kv}, bias, dtype, device);
-  proj_ = ctx.linear->attn_out(layer, q, C, bias, dtype, device);
+  qkv_ = ctx.linear->attn_in(layer, C, {q, kv, kv}, config.has_qkv_bias(), dtype, device);
+  proj_ = ctx.linear->attn_out(layer, q, C, config.has_proj_bias(), dtype, device);
   // Note [Per-block MLP layers]: the heads this rank computes are those of the built qkv layer,
   // whole kv groups (g query heads, one k and one v head each).
   const int64_t g = n_head_ / n_kv_head_, group = (g + 2) * D, out = qkv_->out_features();
@@ -50,8 +51,8 @@ Tensor CausalSelfAttention::forward(const Tensor& x, const Tensor& positions,
   Tensor k = ops::reshape(parts[1], {B, T, n_kv_head_, D});
   Tensor v = ops::reshape(parts[2], {B, T, n_kv_head_, D});
   if (rope_) {
-    q = ops::rope(q, positions, rope_theta_);
-    k = ops::rope(k, positions, rope_theta_);
+    q = ops::rope(q, positions, rope_freqs_);
+    k = ops::rope(k, positions, rope_freqs_);
   }
   // (B, T, H, D) → (B, H, T, D) for the attention op, and back.
   const Tensor qh = ops::transpose(q, 1, 2), kh = ops::transpose(k, 1, 2),

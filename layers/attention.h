@@ -12,6 +12,7 @@
 #include <memory>
 
 #include "core/tensor.h"
+#include "kernels/rope.h"
 #include "layers/build_context.h"
 #include "layers/model_config.h"
 #include "layers/module.h"
@@ -20,7 +21,8 @@ namespace loom {
 
 class CausalSelfAttention : public Module {
  public:
-  // Sizes from config (n_embd, n_head, kv_heads()); biases for gpt2, none and RoPE for llama.
+  // Sizes from config (n_embd, n_head, kv_heads(), head_dim()); biases for gpt2; for llama RoPE
+  // (scaled per config.rope_scaling) and the biases the config names.
   // qkv is ctx.linear's attn_in for block `layer` (a column layer with segments {q, k, v},
   // split by heads), proj its attn_out (a row layer); this rank computes the heads the built
   // qkv layer's output holds (Note [Per-block MLP layers] in layers/build_context.h: n_head/s
@@ -43,9 +45,9 @@ class CausalSelfAttention : public Module {
   AttentionFn attention_;
   int64_t n_head_, n_kv_head_, head_dim_;  // heads on this rank
   bool rope_;
-  double rope_theta_;
-  std::unique_ptr<LinearLayer> qkv_;   // (Hq + 2·Hkv)·D × C, Note [Fused qkv layout]
-  std::unique_ptr<LinearLayer> proj_;  // C × Hq·D
+  kernels::RopeFrequencies rope_freqs_;  // layers/rope_scaling.h
+  std::unique_ptr<LinearLayer> qkv_;     // (Hq + 2·Hkv)·D × C, Note [Fused qkv layout]
+  std::unique_ptr<LinearLayer> proj_;    // C × Hq·D
 };
 
 }  // namespace loom

@@ -22,7 +22,8 @@ std::unique_ptr<Norm> make_norm(const ModelConfig& c, DType dtype, Device device
 std::unique_ptr<FeedForward> make_mlp(const ModelConfig& c, DType dtype, Device device,
                                       const LayerContext& ctx, int64_t layer) {
   if (c.is_llama())
-    return std::make_unique<SwiGluMlp>(c.n_embd, c.ffn_hidden_size(), dtype, device, ctx, layer);
+    return std::make_unique<SwiGluMlp>(c.n_embd, c.ffn_hidden_size(), c.has_mlp_bias(), dtype,
+                                       device, ctx, layer);
   return std::make_unique<Mlp>(c.n_embd, c.ffn_hidden_size(), true, dtype, device, ctx, layer);
 }
 

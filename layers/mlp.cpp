@@ -28,11 +28,11 @@ void Mlp::init(Generator& gen, double std, double out_std) {
   proj_->init(gen, out_std);
 }
 
-SwiGluMlp::SwiGluMlp(int64_t dim, int64_t hidden, DType dtype, Device device,
+SwiGluMlp::SwiGluMlp(int64_t dim, int64_t hidden, bool bias, DType dtype, Device device,
                      const LayerContext& ctx, int64_t layer)
-    : gate_(ctx.linear->mlp_in(layer, dim, hidden, false, dtype, device)),
-      up_(ctx.linear->mlp_in(layer, dim, hidden, false, dtype, device)),
-      down_(ctx.linear->mlp_out(layer, hidden, dim, false, dtype, device)) {
+    : gate_(ctx.linear->mlp_in(layer, dim, hidden, bias, dtype, device)),
+      up_(ctx.linear->mlp_in(layer, dim, hidden, bias, dtype, device)),
+      down_(ctx.linear->mlp_out(layer, hidden, dim, bias, dtype, device)) {
   register_module("gate", *gate_);
   register_module("up", *up_);
   register_module("down", *down_);

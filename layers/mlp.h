@@ -1,6 +1,6 @@
 // layers/mlp.h — the position-wise feed-forward layers behind one FeedForward interface:
 // Mlp (GPT-2: fc → GELU-tanh → proj, with biases; one fused op, ops::gelu_mlp, on one device)
-// and SwiGluMlp (Llama: down(silu(gate·x) ⊙ up·x), no biases).
+// and SwiGluMlp (Llama: down(silu(gate·x) ⊙ up·x), biases optional).
 #pragma once
 
 #include <cstdint>
@@ -40,9 +40,10 @@ class Mlp final : public FeedForward {
 
 class SwiGluMlp final : public FeedForward {
  public:
-  // gate and up: ctx.linear's mlp_in, down its mlp_out, for block `layer`.
-  SwiGluMlp(int64_t dim, int64_t hidden, DType dtype = DType::kF32, Device device = {},
-            const LayerContext& ctx = {}, int64_t layer = 0);
+  // gate and up: ctx.linear's mlp_in, down its mlp_out, for block `layer`; biases on all three
+  // with `bias` (Llama's mlp_bias).
+  SwiGluMlp(int64_t dim, int64_t hidden, bool bias = false, DType dtype = DType::kF32,
+            Device device = {}, const LayerContext& ctx = {}, int64_t layer = 0);
   Tensor forward(const Tensor& x) const override;
   void init(Generator& gen, double std, double out_std) override;
 

@@ -19,10 +19,10 @@ double yarn_mscale(double factor, double mscale) {
 
 void validate_rope_scaling(const ModelConfig& c) {
   const RopeScaling& r = c.rope_scaling;
-  LOOM_CONFIG_CHECK(r.type == "none" || r.type == "linear" || r.type == "llama3" ||
-                        r.type == "yarn",
-                    "model.rope_scaling.type: '", r.type,
-                    "' is not one Loom computes (none, linear, llama3 or yarn)");
+  LOOM_CONFIG_CHECK(
+      r.type == "none" || r.type == "linear" || r.type == "llama3" || r.type == "yarn",
+      "model.rope_scaling.type: '", r.type,
+      "' is not one Loom computes (none, linear, llama3 or yarn)");
   if (r.type == "none") return;
   LOOM_CONFIG_CHECK(c.is_llama(), "model.rope_scaling: only a llama model has RoPE");
   LOOM_CONFIG_CHECK(r.factor > 0 || (r.type == "yarn" && r.factor == 0),
@@ -31,9 +31,10 @@ void validate_rope_scaling(const ModelConfig& c) {
     LOOM_CONFIG_CHECK(r.original_max_seq_len > 0,
                       "model.rope_scaling.original_max_seq_len: llama3 needs the pre-training "
                       "context length");
-    LOOM_CONFIG_CHECK(r.high_freq_factor > r.low_freq_factor && r.low_freq_factor > 0,
-                      "model.rope_scaling: llama3 needs 0 < low_freq_factor < high_freq_factor, got ",
-                      r.low_freq_factor, " and ", r.high_freq_factor);
+    LOOM_CONFIG_CHECK(
+        r.high_freq_factor > r.low_freq_factor && r.low_freq_factor > 0,
+        "model.rope_scaling: llama3 needs 0 < low_freq_factor < high_freq_factor, got ",
+        r.low_freq_factor, " and ", r.high_freq_factor);
   }
   if (r.type == "yarn") {
     LOOM_CONFIG_CHECK(r.beta_fast > 0 && r.beta_slow > 0,
@@ -58,13 +59,14 @@ kernels::RopeFrequencies rope_frequencies(const ModelConfig& c) {
       if (w > low_wavelen) {
         x /= r.factor;
       } else if (w >= high_wavelen) {
-        const double smooth = (L / w - r.low_freq_factor) / (r.high_freq_factor - r.low_freq_factor);
+        const double smooth =
+            (L / w - r.low_freq_factor) / (r.high_freq_factor - r.low_freq_factor);
         x = (1 - smooth) * x / r.factor + smooth * x;
       }
     }
   } else if (r.type == "yarn") {
-    const double L = static_cast<double>(r.original_max_seq_len > 0 ? r.original_max_seq_len
-                                                                     : c.max_seq_len);
+    const double L =
+        static_cast<double>(r.original_max_seq_len > 0 ? r.original_max_seq_len : c.max_seq_len);
     // transformers: factor unset → max_position_embeddings / original_max_position_embeddings.
     const double factor = r.factor > 0 ? r.factor : static_cast<double>(c.max_seq_len) / L;
     const double dim = static_cast<double>(d), base = c.rope_theta;

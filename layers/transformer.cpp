@@ -11,6 +11,7 @@
 #include "core/ops/matmul.h"
 #include "kernels/attention.h"
 #include "layers/init.h"
+#include "layers/rope_scaling.h"
 
 namespace loom {
 
@@ -82,14 +83,27 @@ void validate(const ModelConfig& c) {
                     c.ffn_hidden);
   if (c.is_llama() && c.ffn_hidden == 0)
     require_positive("ffn_multiple", static_cast<double>(c.ffn_multiple));
-  LOOM_CONFIG_CHECK(c.n_embd % c.n_head == 0, "model.n_embd: ", c.n_embd,
+  LOOM_CONFIG_CHECK(c.explicit_head_dim >= 0,
+                    "model.head_dim: must be 0 (n_embd / n_head) or "
+                    "positive, got ",
+                    c.explicit_head_dim);
+  LOOM_CONFIG_CHECK(c.explicit_head_dim > 0 || c.n_embd % c.n_head == 0, "model.n_embd: ", c.n_embd,
                     " is not divisible by model.n_head ", c.n_head);
+  LOOM_CONFIG_CHECK(
+      c.is_llama() || c.explicit_head_dim == 0 || c.explicit_head_dim * c.n_head == c.n_embd,
+      "model.head_dim: a gpt2 model's heads are n_embd / n_head wide");
+  LOOM_CONFIG_CHECK(c.is_llama() || !(c.attention_bias || c.qkv_bias || c.mlp_bias),
+                    "model.attention_bias / qkv_bias / mlp_bias: for llama models (gpt2 has every "
+                    "bias)");
   LOOM_CONFIG_CHECK(c.n_head % c.kv_heads() == 0, "model.n_kv_head: ", c.n_kv_head,
                     " does not divide model.n_head ", c.n_head);
-  LOOM_CONFIG_CHECK(!c.is_llama() || c.head_dim() % 2 == 0,
-                    "model.n_embd: head dim n_embd/n_head = ", c.head_dim(),
-                    " must be even for RoPE (llama)");
+  LOOM_CONFIG_CHECK(
+      !c.is_llama() || c.head_dim() % 2 == 0,
+      c.explicit_head_dim > 0 ? "model.head_dim: " : "model.n_embd: head dim n_embd/n_head = ",
+      c.head_dim(), " must be even for RoPE (llama)");
   if (c.is_llama()) require_positive("rope_theta", c.rope_theta);
+  validate_rope_scaling(c);
+  LOOM_CONFIG_CHECK(c.sliding_window >= 0, "model.sliding_window: must be 0 (none) or positive");
   require_positive("norm_eps", c.norm_eps);
   require_positive("init_std", c.init_std);
   LOOM_CONFIG_CHECK(c.dropout >= 0.0 && c.dropout < 1.0, "model.dropout: must be in [0, 1), got ",
@@ -103,14 +117,15 @@ void validate(const ModelConfig& c) {
                                {"n_head", c.n_head},
                                {"n_kv_head", c.n_kv_head},
                                {"n_embd", c.n_embd},
+                               {"head_dim", c.explicit_head_dim},
                                {"max_seq_len", c.max_seq_len},
                                {"ffn_hidden", c.ffn_hidden},
                                {"ffn_multiple", c.ffn_multiple}}) {
     LOOM_CONFIG_CHECK(v < kMaxDim, "model.", key, ": ", v,
                       " exceeds the largest size Loom allocates (", kMaxDim - 1, ")");
   }
-  const int64_t widest =
-      std::max({c.padded_vocab(), c.max_seq_len, c.ffn_hidden_size(), 3 * c.n_embd});
+  const int64_t widest = std::max({c.padded_vocab(), c.max_seq_len, c.ffn_hidden_size(),
+                                   3 * c.n_embd, (c.n_head + 2 * c.kv_heads()) * c.head_dim()});
   LOOM_CONFIG_CHECK(widest * c.n_embd <= kMaxElements, "model.n_embd: ", c.n_embd, " × ", widest,
                     " rows makes a tensor of more than 2^40 elements");
 }
@@ -124,7 +139,9 @@ int64_t count_parameters(const ModelConfig& c, bool exclude_padding) {
   const int64_t norm = llama ? C : 2 * C;
   int64_t layer = 2 * norm + C * (q + 2 * kv) + q * C;  // norms, qkv, proj
   layer += llama ? 3 * C * H : 2 * C * H;
-  if (!llama) layer += (q + 2 * kv) + C + H + C;  // biases: qkv, proj, fc, mlp.proj
+  if (c.has_qkv_bias()) layer += q + 2 * kv;
+  if (c.has_proj_bias()) layer += C;
+  if (c.has_mlp_bias()) layer += (llama ? 2 * H : H) + C;  // gate and up (or fc), down (proj)
   int64_t n = V * C + c.n_layer * layer + norm;
   if (!llama) n += c.max_seq_len * C;  // wpe
   if (!c.tie_embeddings) n += V * C;   // lm_head
@@ -388,8 +405,11 @@ double model_flops_per_token(const ModelConfig& config, int64_t T) {
   int64_t n = count_parameters(config);
   if (!config.is_llama()) n -= config.max_seq_len * config.n_embd;         // wpe
   if (!config.tie_embeddings) n -= config.padded_vocab() * config.n_embd;  // untied wte
-  const double L = static_cast<double>(config.n_layer), C = static_cast<double>(config.n_embd);
-  return 6.0 * static_cast<double>(n) + 12.0 * L * C * static_cast<double>(T);
+  // Attention's scores and weighted sum: 12·L·(n_head·head_dim)·T (n_embd wide unless head_dim
+  // is set).
+  const double L = static_cast<double>(config.n_layer),
+               Q = static_cast<double>(config.n_head * config.head_dim());
+  return 6.0 * static_cast<double>(n) + 12.0 * L * Q * static_cast<double>(T);
 }
 
 double Transformer::flops_per_token(int64_t T) const {

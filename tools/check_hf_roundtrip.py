@@ -1,8 +1,12 @@
 #!/usr/bin/env python3
 """tools/check_hf_roundtrip.py — transformers against Loom's Hugging Face conversion, both ways.
 
-For a small GPT-2 and a small Llama (grouped-query heads, untied head), all on the CPU in f64:
-  1. transformers builds a randomly initialised model and saves it (save_pretrained, safetensors);
+For a small GPT-2, a small Llama (grouped-query heads, untied head) and the families in Llama's
+layout (Note [Hugging Face families] in train/hf_format.h: Llama with each RoPE scaling — llama3,
+linear, yarn —, an explicit head_dim and every bias; Qwen2; Mistral with its head_dim and sliding
+window), all on the CPU in f64:
+  1. transformers builds a randomly initialised model (biases and norm weights drawn too: its
+     own init sets them to 0 and 1) and saves it (save_pretrained, safetensors);
   2. `convert` reads that directory into a Loom checkpoint, and writes the checkpoint back out as
      a Hugging Face directory;
   3. `dump_logits` runs Loom's forward on the checkpoint's weights (model.init_from);
@@ -67,11 +71,49 @@ def main():
                   f"n_embd: {C}, ffn_hidden: 96, max_seq_len: {T}, norm_eps: 1.0e-5, "
                   f"tie_embeddings: false}}"),
     }
+    llama_args = dict(vocab_size=V, hidden_size=C, intermediate_size=96, num_hidden_layers=L,
+                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=T,
+                      rms_norm_eps=1e-5, tie_word_embeddings=False)
+    llama_yaml = (f"arch: llama, vocab_size: {V}, n_layer: {L}, n_head: 4, n_kv_head: 2, "
+                  f"n_embd: {C}, ffn_hidden: 96, max_seq_len: {T}, norm_eps: 1.0e-5, "
+                  f"tie_embeddings: false")
+    # RoPE scalings whose pre-training context (8 or 16) is below T, so every branch of each
+    # formula turns some of the 12 frequencies of head_dim 24.
+    scalings = {
+        "llama3": ({"rope_type": "llama3", "rope_theta": 10000.0, "factor": 8.0,
+                    "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                    "original_max_position_embeddings": 8},
+                   "{type: llama3, factor: 8, low_freq_factor: 1, high_freq_factor: 4, "
+                   "original_max_seq_len: 8}"),
+        "linear": ({"rope_type": "linear", "rope_theta": 10000.0, "factor": 2.0},
+                   "{type: linear, factor: 2}"),
+        "yarn": ({"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0,
+                  "original_max_position_embeddings": 16},
+                 "{type: yarn, factor: 4, original_max_seq_len: 16}"),
+    }
+    for kind, (rope, rope_yaml) in scalings.items():
+        cases["llama_" + kind] = (
+            transformers.LlamaConfig(**llama_args, head_dim=24, rope_parameters=rope,
+                                     attention_bias=True, mlp_bias=True),
+            transformers.LlamaForCausalLM,
+            f"model: {{{llama_yaml}, head_dim: 24, attention_bias: true, mlp_bias: true, "
+            f"rope_scaling: {rope_yaml}}}")
+    cases["qwen2"] = (transformers.Qwen2Config(**llama_args), transformers.Qwen2ForCausalLM,
+                      f"model: {{{llama_yaml}, qkv_bias: true}}")
+    cases["mistral"] = (transformers.MistralConfig(**llama_args, head_dim=32, sliding_window=64),
+                        transformers.MistralForCausalLM,
+                        f"model: {{{llama_yaml}, head_dim: 32, sliding_window: 64}}")
     worst_all = 0.0
     for name, (cfg, cls, yaml) in cases.items():
         w = os.path.join(a.work, name)
         os.makedirs(w, exist_ok=True)
         model = cls(cfg).eval()
+        with torch.no_grad():
+            for pname, p in model.named_parameters():
+                if pname.endswith(".bias") and "ln" not in pname:
+                    p.normal_(0.0, 0.05)
+                elif "norm" in pname or ".ln" in pname:
+                    p.normal_(1.0, 0.1)
         model.save_pretrained(os.path.join(w, "hf_in"), safe_serialization=True)
         run = lambda *args: subprocess.run(args, check=True, capture_output=True, text=True).stdout
         ckpt = run(os.path.join(a.bin, "convert"), "--from", "hf:" + os.path.join(w, "hf_in"),

@@ -31,16 +31,33 @@ void visit_fields(Config& c, V&& v) {
   v("model", "n_head", m.n_head);
   v("model", "n_kv_head", m.n_kv_head);
   v("model", "n_embd", m.n_embd);
+  v("model", "head_dim", m.explicit_head_dim);
   v("model", "max_seq_len", m.max_seq_len);
   v("model", "ffn_hidden", m.ffn_hidden);
   v("model", "ffn_multiple", m.ffn_multiple);
   v("model", "rope_theta", m.rope_theta);
+  v("model", "attention_bias", m.attention_bias);
+  v("model", "qkv_bias", m.qkv_bias);
+  v("model", "mlp_bias", m.mlp_bias);
+  v("model", "sliding_window", m.sliding_window);
   v("model", "norm_eps", m.norm_eps);
   v("model", "dropout", m.dropout);
   v("model", "init_std", m.init_std);
   v("model", "tie_embeddings", m.tie_embeddings);
   v("model", "activation_checkpointing", m.activation_checkpointing);
   v("model", "init_from", c.train.init_from);
+  RopeScaling& rs = m.rope_scaling;
+  v("model.rope_scaling", "type", rs.type);
+  v("model.rope_scaling", "factor", rs.factor);
+  v("model.rope_scaling", "low_freq_factor", rs.low_freq_factor);
+  v("model.rope_scaling", "high_freq_factor", rs.high_freq_factor);
+  v("model.rope_scaling", "original_max_seq_len", rs.original_max_seq_len);
+  v("model.rope_scaling", "beta_fast", rs.beta_fast);
+  v("model.rope_scaling", "beta_slow", rs.beta_slow);
+  v("model.rope_scaling", "attention_factor", rs.attention_factor);
+  v("model.rope_scaling", "mscale", rs.mscale);
+  v("model.rope_scaling", "mscale_all_dim", rs.mscale_all_dim);
+  v("model.rope_scaling", "truncate", rs.truncate);
   DataConfig& d = c.data;
   v("data", "train", d.train);
   v("data", "val", d.val);
@@ -511,6 +528,11 @@ void validate_config(const Config& c) {
   require(
       d.seq_len <= c.model.max_seq_len,
       "data.seq_len: " + str(d.seq_len) + " exceeds model.max_seq_len " + str(c.model.max_seq_len));
+  require(c.model.sliding_window == 0 || d.seq_len <= c.model.sliding_window,
+          "model.sliding_window: data.seq_len " + str(d.seq_len) + " is longer than the model's " +
+              str(c.model.sliding_window) +
+              "-token attention window, and Loom's attention has no sliding window (sequences up "
+              "to the window see the same attention)");
   validate_packing(c);
   const OptimConfig& o = c.optim;
   require(o.name == "adamw" || o.name == "sgd",

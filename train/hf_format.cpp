@@ -71,10 +71,24 @@ std::vector<HfTensor> hf_tensors(const ModelConfig& c, const std::string& gpt2_p
                       h + "self_attn.v_proj.weight"},
                      {q, kv, kv},
                      {q + 2 * kv, C}});
+      if (c.has_qkv_bias()) {
+        out.push_back({b + "attn.qkv.bias",
+                       {h + "self_attn.q_proj.bias", h + "self_attn.k_proj.bias",
+                        h + "self_attn.v_proj.bias"},
+                       {q, kv, kv},
+                       {q + 2 * kv}});
+      }
       out.push_back({b + "attn.proj.weight", {h + "self_attn.o_proj.weight"}, {}, {C, q}});
+      if (c.has_proj_bias())
+        out.push_back({b + "attn.proj.bias", {h + "self_attn.o_proj.bias"}, {}, {C}});
       out.push_back({b + "mlp.gate.weight", {h + "mlp.gate_proj.weight"}, {}, {F, C}});
       out.push_back({b + "mlp.up.weight", {h + "mlp.up_proj.weight"}, {}, {F, C}});
       out.push_back({b + "mlp.down.weight", {h + "mlp.down_proj.weight"}, {}, {C, F}});
+      if (c.has_mlp_bias()) {
+        out.push_back({b + "mlp.gate.bias", {h + "mlp.gate_proj.bias"}, {}, {F}});
+        out.push_back({b + "mlp.up.bias", {h + "mlp.up_proj.bias"}, {}, {F}});
+        out.push_back({b + "mlp.down.bias", {h + "mlp.down_proj.bias"}, {}, {C}});
+      }
       out.push_back({b + "attn_norm.weight", {h + "input_layernorm.weight"}, {}, {C}});
       out.push_back({b + "mlp_norm.weight", {h + "post_attention_layernorm.weight"}, {}, {C}});
     }
@@ -87,7 +101,7 @@ std::vector<HfTensor> hf_tensors(const ModelConfig& c, const std::string& gpt2_p
 
 // The shape a Hugging Face tensor has in the file.
 Shape file_shape(const HfTensor& t, size_t k, const ModelConfig& c) {
-  if (t.hf.size() > 1) return {t.rows[k], t.shape[1]};
+  if (t.hf.size() > 1) return t.shape.size() == 1 ? Shape{t.rows[k]} : Shape{t.rows[k], t.shape[1]};
   if (t.vocab) return {c.vocab_size, t.shape[1]};
   if (t.transpose) return {t.shape[1], t.shape[0]};
   return t.shape;
@@ -189,14 +203,68 @@ bool skipped_buffer(const std::string& name) {
   return ends(".attn.bias") || ends(".attn.masked_bias") || ends("rotary_emb.inv_freq");
 }
 
+// RoPE's base and scaling: rope_theta at the top and rope_scaling (transformers 4), or both in
+// rope_parameters (5); the types Loom computes (Note [RoPE scaling] in layers/rope_scaling.h),
+// any other refused naming it.
+void read_hf_rope(const json& j, const std::string& path, ModelConfig& c) {
+  json rope = json::object();
+  std::string key = "rope_parameters";
+  // Both (Loom's export writes both for transformers 4 and 5): the same; rope_scaling first.
+  for (const char* k : {"rope_scaling", "rope_parameters"}) {
+    if (j.contains(k) && j[k].is_object() && !j[k].empty()) {
+      rope = j[k];
+      key = k;
+      break;
+    }
+  }
+  const std::string where = path + ": " + key;
+  c.rope_theta =
+      field_or<double>(j, "rope_theta", field_or<double>(rope, "rope_theta", 10000.0, where), path);
+  std::string type = field_or<std::string>(rope, "rope_type", "", where);
+  if (type.empty()) type = field_or<std::string>(rope, "type", "default", where);
+  LOOM_INPUT_CHECK(
+      field_or<double>(rope, "partial_rotary_factor",
+                       field_or<double>(j, "partial_rotary_factor", 1.0, path), where) == 1.0,
+      where, ": partial_rotary_factor other than 1 is not supported");
+  if (type == "default") return;
+  LOOM_INPUT_CHECK(type == "linear" || type == "llama3" || type == "yarn", where, ": rope_type '",
+                   type, "' is not supported (default, linear, llama3 or yarn)");
+  RopeScaling& r = c.rope_scaling;
+  r.type = type;
+  // The pre-training context: at the top first (Phi-3's place), as transformers reads it.
+  const int64_t original = field_or<int64_t>(
+      j, "original_max_position_embeddings",
+      field_or<int64_t>(rope, "original_max_position_embeddings", 0, where), path);
+  if (type == "linear") {
+    r.factor = field<double>(rope, "factor", where);
+  } else if (type == "llama3") {
+    r.factor = field<double>(rope, "factor", where);
+    r.low_freq_factor = field<double>(rope, "low_freq_factor", where);
+    r.high_freq_factor = field<double>(rope, "high_freq_factor", where);
+    r.original_max_seq_len = original > 0 ? original : c.max_seq_len;
+  } else {
+    r.factor = field_or<double>(rope, "factor", 0.0, where);
+    r.original_max_seq_len = original;
+    r.attention_factor = field_or<double>(rope, "attention_factor", 0.0, where);
+    r.beta_fast = field_or<double>(rope, "beta_fast", 32.0, where);
+    r.beta_slow = field_or<double>(rope, "beta_slow", 1.0, where);
+    r.mscale = field_or<double>(rope, "mscale", 0.0, where);
+    r.mscale_all_dim = field_or<double>(rope, "mscale_all_dim", 0.0, where);
+    r.truncate = field_or<bool>(rope, "truncate", true, where);
+  }
+}
+
 }  // namespace
 
 ModelConfig read_hf_config(const std::string& dir, int64_t vocab_multiple) {
   const std::string path = (fs::path(dir) / "config.json").string();
   const json j = read_json(path);
   const std::string type = field<std::string>(j, "model_type", path);
-  LOOM_INPUT_CHECK(type == "gpt2" || type == "llama", path, ": model_type '", type,
-                   "' is not supported (gpt2 or llama)");
+  LOOM_INPUT_CHECK(type != "qwen3", path,
+                   ": model_type 'qwen3' is not supported: its per-head q/k RMSNorm (q_norm, "
+                   "k_norm) is not in Loom's attention yet");
+  LOOM_INPUT_CHECK(type == "gpt2" || type == "llama" || type == "qwen2" || type == "mistral", path,
+                   ": model_type '", type, "' is not supported (gpt2, llama, qwen2 or mistral)");
   ModelConfig c;
   c.vocab_multiple = vocab_multiple;
   c.vocab_size = field<int64_t>(j, "vocab_size", path);
@@ -213,7 +281,9 @@ ModelConfig read_hf_config(const std::string& dir, int64_t vocab_multiple) {
     LOOM_INPUT_CHECK(act == "gelu_new" || act == "gelu_pytorch_tanh", path,
                      ": activation_function '", act,
                      "' is not Loom's GPT-2 GELU (the tanh form: gelu_new)");
-  } else if (type == "llama") {
+  } else {
+    // Llama and the families that share its layout (Note [Hugging Face families] in
+    // train/hf_format.h).
     c.arch = "llama";
     c.n_layer = field<int64_t>(j, "num_hidden_layers", path);
     c.n_head = field<int64_t>(j, "num_attention_heads", path);
@@ -222,33 +292,40 @@ ModelConfig read_hf_config(const std::string& dir, int64_t vocab_multiple) {
     c.ffn_hidden = field<int64_t>(j, "intermediate_size", path);
     c.max_seq_len = field<int64_t>(j, "max_position_embeddings", path);
     c.norm_eps = field_or<double>(j, "rms_norm_eps", 1e-6, path);
-    // rope_theta at the top (transformers 4), or in rope_parameters (5).
-    c.rope_theta = field_or<double>(j, "rope_theta", 10000.0, path);
-    if (!j.contains("rope_theta") && j.contains("rope_parameters") &&
-        j["rope_parameters"].is_object())
-      c.rope_theta = field_or<double>(j["rope_parameters"], "rope_theta", 10000.0, path);
     c.tie_embeddings = field_or<bool>(j, "tie_word_embeddings", false, path);
-    LOOM_INPUT_CHECK(!field_or<bool>(j, "attention_bias", false, path) &&
-                         !field_or<bool>(j, "mlp_bias", false, path),
-                     path,
-                     ": attention_bias / mlp_bias are not supported (Loom's Llama has no biases)");
-    for (const char* key : {"rope_scaling", "rope_parameters"}) {
-      const bool plain =
-          !j.contains(key) || j[key].is_null() ||
-          (j[key].is_object() &&
-           field_or<std::string>(j[key], "rope_type", "default", path + ": " + key) == "default");
-      LOOM_INPUT_CHECK(plain, path, ": ", key, " ", j[key].dump(),
-                       " is not supported (Loom's RoPE is the default one)");
+    const int64_t head_dim = field_or<int64_t>(j, "head_dim", 0, path);
+    LOOM_INPUT_CHECK(head_dim >= 0, path, ": 'head_dim' must be positive, not ", head_dim);
+    if (head_dim > 0 && head_dim * c.n_head != c.n_embd) c.explicit_head_dim = head_dim;
+    const std::string act = field_or<std::string>(j, "hidden_act", "silu", path);
+    LOOM_INPUT_CHECK(act == "silu", path, ": hidden_act '", act,
+                     "' is not supported (Loom's SwiGLU MLP is silu's)");
+    if (type == "llama") {
+      c.attention_bias = field_or<bool>(j, "attention_bias", false, path);
+      c.mlp_bias = field_or<bool>(j, "mlp_bias", false, path);
     }
-  } else {
-    LOOM_INPUT_FAIL(path, ": model_type '", type, "' is not supported (gpt2 or llama)");
+    if (type == "qwen2") {
+      c.qkv_bias = true;  // Qwen2's q, k and v projections have biases, its output one none
+      LOOM_INPUT_CHECK(!field_or<bool>(j, "use_sliding_window", false, path), path,
+                       ": use_sliding_window true is not supported (Loom's attention has no "
+                       "sliding window)");
+    }
+    if (type == "mistral") c.sliding_window = field_or<int64_t>(j, "sliding_window", 0, path);
+    LOOM_INPUT_CHECK(c.sliding_window >= 0, path, ": 'sliding_window' must be positive, not ",
+                     c.sliding_window);
+    if (j.contains("layer_types") && j["layer_types"].is_array()) {
+      for (const json& l : j["layer_types"])
+        LOOM_INPUT_CHECK(l == "full_attention", path, ": layer_types holds ", l.dump(),
+                         ": Loom's layers are all full attention");
+    }
+    read_hf_rope(j, path, c);
   }
   try {  // the model's own rules and size bounds (Note [Size bounds]), named as the file's
     validate(c);
   } catch (const ConfigError& e) {
     LOOM_INPUT_FAIL(path, ": ", e.what());
   }
-  LOOM_INPUT_CHECK(c.vocab_size > 0 && c.n_layer > 0 && c.n_head > 0 && c.n_embd % c.n_head == 0,
+  LOOM_INPUT_CHECK(c.vocab_size > 0 && c.n_layer > 0 && c.n_head > 0 &&
+                       (c.explicit_head_dim > 0 || c.n_embd % c.n_head == 0),
                    path, ": impossible sizes (vocab ", c.vocab_size, ", layers ", c.n_layer,
                    ", heads ", c.n_head, ", n_embd ", c.n_embd, ")");
   return c;
@@ -382,22 +459,62 @@ void write_hf_model(const std::string& dir, const ModelConfig& c,
            {"tie_word_embeddings", c.tie_embeddings},
            {"torch_dtype", torch_dtype}};
   } else {
-    cfg = {{"architectures", {"LlamaForCausalLM"}},
-           {"model_type", "llama"},
+    // Note [Hugging Face families]: q, k, v biases alone are Qwen2's; a sliding window is
+    // Mistral's; anything else Llama's.
+    const std::string type = c.qkv_bias && !c.attention_bias ? "qwen2"
+                             : c.sliding_window > 0          ? "mistral"
+                                                             : "llama";
+    LOOM_CONFIG_CHECK(type != "qwen2" || !c.mlp_bias,
+                      "model.mlp_bias: a model with q, k, v biases and MLP biases has no Hugging "
+                      "Face family (Qwen2 has no MLP biases; Llama's attention_bias includes the "
+                      "output projection's)");
+    const std::string arch = type == "qwen2"     ? "Qwen2ForCausalLM"
+                             : type == "mistral" ? "MistralForCausalLM"
+                                                 : "LlamaForCausalLM";
+    const RopeScaling& r = c.rope_scaling;
+    json rope = {{"rope_type", r.type == "none" ? "default" : r.type},
+                 {"rope_theta", c.rope_theta}};
+    if (r.type == "linear") rope["factor"] = r.factor;
+    if (r.type == "llama3") {
+      rope["factor"] = r.factor;
+      rope["low_freq_factor"] = r.low_freq_factor;
+      rope["high_freq_factor"] = r.high_freq_factor;
+      rope["original_max_position_embeddings"] = r.original_max_seq_len;
+    }
+    if (r.type == "yarn") {
+      rope["factor"] = r.factor > 0 ? json(r.factor) : json(nullptr);
+      if (r.original_max_seq_len > 0)
+        rope["original_max_position_embeddings"] = r.original_max_seq_len;
+      if (r.attention_factor > 0) rope["attention_factor"] = r.attention_factor;
+      rope["beta_fast"] = r.beta_fast;
+      rope["beta_slow"] = r.beta_slow;
+      if (r.mscale > 0) rope["mscale"] = r.mscale;
+      if (r.mscale_all_dim > 0) rope["mscale_all_dim"] = r.mscale_all_dim;
+      rope["truncate"] = r.truncate;
+    }
+    cfg = {{"architectures", {arch}},
+           {"model_type", type},
            {"vocab_size", c.vocab_size},
            {"hidden_size", c.n_embd},
            {"intermediate_size", c.ffn_hidden_size()},
            {"num_hidden_layers", c.n_layer},
            {"num_attention_heads", c.n_head},
            {"num_key_value_heads", c.kv_heads()},
+           {"head_dim", c.head_dim()},
            {"max_position_embeddings", c.max_seq_len},
            {"rms_norm_eps", c.norm_eps},
-           {"rope_theta", c.rope_theta},
+           {"rope_theta", c.rope_theta},  // transformers 4 reads it here, 5 in rope_parameters
+           {"rope_parameters", rope},
            {"hidden_act", "silu"},
-           {"attention_bias", false},
-           {"mlp_bias", false},
            {"tie_word_embeddings", c.tie_embeddings},
            {"torch_dtype", torch_dtype}};
+    if (r.type != "none") cfg["rope_scaling"] = rope;  // transformers 4's key
+    if (type == "llama") {
+      cfg["attention_bias"] = c.attention_bias;
+      cfg["mlp_bias"] = c.mlp_bias;
+    }
+    if (type == "qwen2") cfg["use_sliding_window"] = false;
+    if (type == "mistral") cfg["sliding_window"] = c.sliding_window;
   }
   const std::string path = (fs::path(dir) / "config.json").string();
   {

@@ -15,7 +15,8 @@ struct RopeDims {
   int64_t b, t, h, d;
 };
 
-RopeDims rope_dims(const Tensor& x, const Tensor& positions, const Tensor& out, const char* name) {
+RopeDims rope_dims(const Tensor& x, const Tensor& positions, const RopeFrequencies& f,
+                   const Tensor& out, const char* name) {
   LOOM_CHECK(x.dim() == 4 && x.size(3) % 2 == 0, name, ": x must be (B, T, H, D) with D even, got ",
              shape_str(x.shape()));
   LOOM_CHECK(out.shape() == x.shape() && out.dtype() == x.dtype(), name, ": output must match x");
@@ -23,6 +24,8 @@ RopeDims rope_dims(const Tensor& x, const Tensor& positions, const Tensor& out, 
              ": tensors must be contiguous");
   LOOM_CHECK(positions.dim() == 1 && positions.size(0) == x.size(1), name, ": positions must be (",
              x.size(1), "), got ", shape_str(positions.shape()));
+  LOOM_CHECK(static_cast<int64_t>(f.inv_freq.size()) == x.size(3) / 2, name, ": ",
+             f.inv_freq.size(), " frequencies for head dim ", x.size(3));
   return {x.size(0), x.size(1), x.size(2), x.size(3)};
 }
 
@@ -39,21 +42,18 @@ std::vector<double> positions_as_double(const Tensor& positions) {
 // Applies the rotation (Sign = +1) or its inverse (Sign = −1) to in, writing (Accumulate =
 // false) or adding (true) into out. in, out (B, T, H, D); pos (T).
 template <typename T, int Sign, bool Accumulate>
-void rope_apply(const T* in, const std::vector<double>& pos, double theta, const RopeDims& s,
-                T* out) {
+void rope_apply(const T* in, const std::vector<double>& pos, const RopeFrequencies& f,
+                const RopeDims& s, T* out) {
   const int64_t half = s.d / 2;
-  std::vector<double> inv_freq(static_cast<size_t>(half));
-  for (int64_t i = 0; i < half; ++i) {
-    inv_freq[i] = std::pow(theta, -2.0 * static_cast<double>(i) / static_cast<double>(s.d));
-  }
+  const std::vector<double>& inv_freq = f.inv_freq;
   const int64_t per_t = std::max<int64_t>(s.b * s.h * s.d, 1);
   parallel_for(s.t, std::max<int64_t>(1, kElementGrain / per_t), [&](int64_t lo, int64_t hi) {
     std::vector<T> cs(static_cast<size_t>(half)), sn(static_cast<size_t>(half));
     for (int64_t t = lo; t < hi; ++t) {
       for (int64_t i = 0; i < half; ++i) {
         const double a = pos[t] * inv_freq[i];
-        cs[i] = static_cast<T>(std::cos(a));
-        sn[i] = static_cast<T>(Sign * std::sin(a));
+        cs[i] = static_cast<T>(f.scale * std::cos(a));
+        sn[i] = static_cast<T>(Sign * f.scale * std::sin(a));
       }
       const T* c = cs.data();
       const T* sv = sn.data();
@@ -82,19 +82,21 @@ void rope_apply(const T* in, const std::vector<double>& pos, double theta, const
   });
 }
 
-void rope_forward_cpu(const Tensor& x, const Tensor& positions, double theta, Tensor& y) {
-  const RopeDims s = rope_dims(x, positions, y, "rope_forward");
+void rope_forward_cpu(const Tensor& x, const Tensor& positions, const RopeFrequencies& f,
+                      Tensor& y) {
+  const RopeDims s = rope_dims(x, positions, f, y, "rope_forward");
   const std::vector<double> pos = positions_as_double(positions);
   LOOM_DISPATCH_FLOAT(x.dtype(), "rope_forward", [&] {
-    rope_apply<scalar_t, 1, false>(x.data<scalar_t>(), pos, theta, s, y.data<scalar_t>());
+    rope_apply<scalar_t, 1, false>(x.data<scalar_t>(), pos, f, s, y.data<scalar_t>());
   });
 }
 
-void rope_backward_cpu(const Tensor& dy, const Tensor& positions, double theta, Tensor& dx) {
-  const RopeDims s = rope_dims(dy, positions, dx, "rope_backward");
+void rope_backward_cpu(const Tensor& dy, const Tensor& positions, const RopeFrequencies& f,
+                       Tensor& dx) {
+  const RopeDims s = rope_dims(dy, positions, f, dx, "rope_backward");
   const std::vector<double> pos = positions_as_double(positions);
   LOOM_DISPATCH_FLOAT(dy.dtype(), "rope_backward", [&] {
-    rope_apply<scalar_t, -1, true>(dy.data<scalar_t>(), pos, theta, s, dx.data<scalar_t>());
+    rope_apply<scalar_t, -1, true>(dy.data<scalar_t>(), pos, f, s, dx.data<scalar_t>());
   });
 }
 

@@ -1,10 +1,10 @@
 // kernels/cuda/rope.cu — CUDA rotary position embedding, forward and backward, with the
 // contract of kernels/rope.h (Note [RoPE pairing]; the backward turns by the negative angle and
 // accumulates into dx). A first kernel builds the (T, D/2) cos/sin table with the angles in
-// double, exactly as the CPU kernel does, rounded to the compute type (f32; f64 for f64); the
-// second turns each (x_i, x_{i+D/2}) pair, 16 bytes of each half at a time when aligned. Dtypes
-// f32, f64, bf16, f16 (16-bit floats computed in f32). Allocates only its table scratch; must not
-// synchronise the host.
+// double from the given frequencies, exactly as the CPU kernel does, rounded to the compute type
+// (f32; f64 for f64); the second turns each (x_i, x_{i+D/2}) pair, 16 bytes of each half at a time
+// when aligned. Dtypes f32, f64, bf16, f16 (16-bit floats computed in f32). Allocates only its
+// table scratch; must not synchronise the host.
 #include <cuda_runtime.h>
 
 #include "kernels/cuda/cuda_check.cuh"
@@ -17,20 +17,25 @@ namespace {
 
 constexpr unsigned kThreads = 256;  // both kernels' block (their __launch_bounds__)
 
-// cs, sn (t_len, half): cos and sign·sin of positions[t] · theta^(−2i/d).
+// The frequencies as a kernel parameter (2 KiB: head dims up to 512).
+constexpr int64_t kMaxHalf = 256;
+struct InvFreq {
+  double f[kMaxHalf];
+};
+
+// cs, sn (t_len, half): scale·cos and sign·scale·sin of positions[t] · f_i.
 template <typename I, typename A>
 __global__ void __launch_bounds__(kThreads)
-    rope_table_kernel(const I* positions, int64_t t_len, int64_t half, int64_t d, double theta,
-                      double sign, A* cs, A* sn) {
+    rope_table_kernel(const I* positions, int64_t t_len, int64_t half, InvFreq inv_freq,
+                      double scale, double sign, A* cs, A* sn) {
   const int64_t n = t_len * half;
   const int64_t step = static_cast<int64_t>(gridDim.x) * blockDim.x;
   for (int64_t idx = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; idx < n;
        idx += step) {
     const int64_t t = idx / half, i = idx % half;
-    const double inv_freq = pow(theta, -2.0 * static_cast<double>(i) / static_cast<double>(d));
-    const double a = static_cast<double>(positions[t]) * inv_freq;
-    cs[idx] = static_cast<A>(cos(a));
-    sn[idx] = static_cast<A>(sign * sin(a));
+    const double a = static_cast<double>(positions[t]) * inv_freq.f[i];
+    cs[idx] = static_cast<A>(scale * cos(a));
+    sn[idx] = static_cast<A>(sign * scale * sin(a));
   }
 }
 
@@ -78,7 +83,8 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
-void check_rope(const char* op, const Tensor& x, const Tensor& positions, const Tensor& out) {
+void check_rope(const char* op, const Tensor& x, const Tensor& positions, const RopeFrequencies& f,
+                const Tensor& out) {
   LOOM_CHECK(x.dim() == 4 && x.size(3) % 2 == 0, op, ": x must be (B, T, H, D) with D even, got ",
              shape_str(x.shape()));
   LOOM_CHECK(out.shape() == x.shape() && out.dtype() == x.dtype(), op, ": output must match x");
@@ -86,6 +92,10 @@ void check_rope(const char* op, const Tensor& x, const Tensor& positions, const 
              ": tensors must be contiguous");
   LOOM_CHECK(positions.dim() == 1 && positions.size(0) == x.size(1), op, ": positions must be (",
              x.size(1), "), got ", shape_str(positions.shape()));
+  LOOM_CHECK(static_cast<int64_t>(f.inv_freq.size()) == x.size(3) / 2, op, ": ", f.inv_freq.size(),
+             " frequencies for head dim ", x.size(3));
+  LOOM_CHECK(x.size(3) / 2 <= kMaxHalf, op, ": head dim ", x.size(3), " is above the ",
+             2 * kMaxHalf, " the CUDA kernel takes");
 }
 
 template <typename T, int W>
@@ -99,13 +109,15 @@ void rope_apply_launch(const T* in, const AccT<T>* cs, const AccT<T>* sn, T* out
 }
 
 // Turns `in` by the angles of `positions` (sign +1) or back (sign −1) into `out`.
-void rope_cuda(const char* op, const Tensor& in, const Tensor& positions, double theta, double sign,
-               Tensor& out, bool accumulate) {
-  check_rope(op, in, positions, out);
+void rope_cuda(const char* op, const Tensor& in, const Tensor& positions, const RopeFrequencies& f,
+               double sign, Tensor& out, bool accumulate) {
+  check_rope(op, in, positions, f, out);
   const Shape& s = in.shape();
   const int64_t half = s[3] / 2;
   if (in.numel() == 0 || half == 0) return;
   CudaDeviceGuard guard(in.device().index);
+  InvFreq inv_freq{};
+  for (int64_t i = 0; i < half; ++i) inv_freq.f[i] = f.inv_freq[static_cast<size_t>(i)];
   LOOM_CUDA_DISPATCH_FLOAT(in.dtype(), op, [&] {
     using T = scalar_t;
     using A = AccT<T>;
@@ -115,8 +127,8 @@ void rope_cuda(const char* op, const Tensor& in, const Tensor& positions, double
     LOOM_DISPATCH_INDEX(positions.dtype(), op, [&] {
       rope_table_kernel<index_t, A>
           <<<grid_for(s[1] * half, kThreads), kThreads, 0, compute_stream()>>>(
-              static_cast<const index_t*>(positions.raw_data()), s[1], half, s[3], theta, sign, cs,
-              sn);
+              static_cast<const index_t*>(positions.raw_data()), s[1], half, inv_freq, f.scale,
+              sign, cs, sn);
     });
     LOOM_CUDA_LAUNCH_CHECK();
     constexpr int kW = kPackWidth<T>;
@@ -130,12 +142,14 @@ void rope_cuda(const char* op, const Tensor& in, const Tensor& positions, double
   });
 }
 
-void rope_forward_cuda(const Tensor& x, const Tensor& positions, double theta, Tensor& y) {
-  rope_cuda("rope_forward", x, positions, theta, 1.0, y, false);
+void rope_forward_cuda(const Tensor& x, const Tensor& positions, const RopeFrequencies& f,
+                       Tensor& y) {
+  rope_cuda("rope_forward", x, positions, f, 1.0, y, false);
 }
 
-void rope_backward_cuda(const Tensor& dy, const Tensor& positions, double theta, Tensor& dx) {
-  rope_cuda("rope_backward", dy, positions, theta, -1.0, dx, true);
+void rope_backward_cuda(const Tensor& dy, const Tensor& positions, const RopeFrequencies& f,
+                        Tensor& dx) {
+  rope_cuda("rope_backward", dy, positions, f, -1.0, dx, true);
 }
 
 }  // namespace

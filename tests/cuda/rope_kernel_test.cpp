@@ -6,6 +6,7 @@
 // CPU kernel on the values widened to f32. Tolerances, as relative errors (DESIGN §3): f32 1e-5,
 // f64 1e-12, bf16/f16 1e-2. Skips without a GPU.
 #include <algorithm>
+#include <cmath>
 #include <random>
 #include <string>
 #include <vector>
@@ -31,26 +32,33 @@ Tensor make_positions(int64_t t_len, int64_t first, bool scattered, DType pdt, G
   return Tensor::from_vector(pos, {t_len}).to(pdt);
 }
 
+// theta > 0: the plain RoPE; theta < 0: a scaled one of base −theta (every other frequency
+// divided by 8, as Llama 3's low frequencies are, and the cos/sin scaled by 1.2, as YaRN's).
 void run_case(DType dt, const Shape& shape, const Tensor& positions, double theta, Generator& gen) {
   const std::string what = std::string(dtype_name(dt)) + " " + shape_str(shape) + " positions " +
                            dtype_name(positions.dtype()) + " from " +
                            std::to_string(positions.to(DType::kF64).to_vector().at(0)) + " theta " +
                            std::to_string(theta);
+  kernels::RopeFrequencies f = kernels::RopeFrequencies::plain(std::abs(theta), shape[3]);
+  if (theta < 0) {
+    for (size_t i = 0; i < f.inv_freq.size(); i += 2) f.inv_freq[i] /= 8;
+    f.scale = 1.2;
+  }
   SCOPED_TRACE(what);
   const Tensor x = random_tensor(shape, dt, gen), dy = random_tensor(shape, dt, gen);
   const Tensor dx0 = random_tensor(shape, dt, gen);
   const Tensor gpos = positions.to(Device::cuda());
 
   Tensor gy = poisoned_cuda(shape, dt);
-  kernels::call_kernel<kernels::rope_forward_k>(x.to(Device::cuda()), gpos, theta, gy);
+  kernels::call_kernel<kernels::rope_forward_k>(x.to(Device::cuda()), gpos, f, gy);
   Tensor ry = Tensor::empty(shape, to_ref(x).dtype());
-  kernels::call_kernel<kernels::rope_forward_k>(to_ref(x), positions, theta, ry);
+  kernels::call_kernel<kernels::rope_forward_k>(to_ref(x), positions, f, ry);
   EXPECT_LT(rel_error(ry, gy), tol(dt)) << "y";
 
   Tensor gdx = dx0.to(Device::cuda());
-  kernels::call_kernel<kernels::rope_backward_k>(dy.to(Device::cuda()), gpos, theta, gdx);
+  kernels::call_kernel<kernels::rope_backward_k>(dy.to(Device::cuda()), gpos, f, gdx);
   Tensor rdx = to_ref(dx0);
-  kernels::call_kernel<kernels::rope_backward_k>(to_ref(dy), positions, theta, rdx);
+  kernels::call_kernel<kernels::rope_backward_k>(to_ref(dy), positions, f, rdx);
   EXPECT_LT(rel_error(rdx, gdx), tol(dt)) << "dx";
 }
 
@@ -66,6 +74,7 @@ TEST_F(CudaRopeTest, MatchesCpuAtOddSizesAndOffsetPositions) {
     for (const Shape& s : shapes) {
       run_case(dt, s, make_positions(s[1], 517, false, DType::kI64, gen), 10000.0, gen);
       run_case(dt, s, make_positions(s[1], 3, true, DType::kI32, gen), 500000.0, gen);
+      run_case(dt, s, make_positions(s[1], 9000, false, DType::kI32, gen), -500000.0, gen);
     }
   }
 }

@@ -132,7 +132,7 @@ TEST(Layers, NormsAndMlpsGradcheck) {
   LayerNorm ln(6, 1e-5, true, DType::kF64);
   RMSNorm rms(6, 1e-5, DType::kF64);
   Mlp mlp(6, 10, true, DType::kF64);
-  SwiGluMlp swi(6, 10, DType::kF64);
+  SwiGluMlp swi(6, 10, false, DType::kF64);
   mlp.init(gen, 0.4, 0.2);
   swi.init(gen, 0.4, 0.2);
   for (const Module* m : {static_cast<const Module*>(&ln), static_cast<const Module*>(&rms),

@@ -85,6 +85,135 @@ TEST(HfFormat, RoundTripsBitIdentical) {
   }
 }
 
+// Note [Hugging Face families]: each family's options survive an export and an import, the
+// weights bit for bit, and the directory says the family transformers knows it by.
+TEST(HfFormat, FamiliesRoundTrip) {
+  struct Family {
+    std::string type;
+    ModelConfig c;
+  };
+  std::vector<Family> families;
+  ModelConfig l3 = testing::tiny_llama();
+  l3.explicit_head_dim = 6;
+  l3.attention_bias = l3.mlp_bias = true;
+  l3.rope_scaling = {.type = "llama3",
+                     .factor = 8,
+                     .low_freq_factor = 1,
+                     .high_freq_factor = 4,
+                     .original_max_seq_len = 8};
+  families.push_back({"llama", l3});
+  ModelConfig yarn = testing::tiny_llama();
+  yarn.rope_scaling = {.type = "yarn",
+                       .factor = 4,
+                       .original_max_seq_len = 8,
+                       .beta_fast = 16,
+                       .attention_factor = 1.25,
+                       .truncate = false};
+  families.push_back({"llama", yarn});
+  ModelConfig linear = testing::tiny_llama();
+  linear.rope_scaling = {.type = "linear", .factor = 2};
+  families.push_back({"llama", linear});
+  ModelConfig qwen2 = testing::tiny_llama();
+  qwen2.qkv_bias = true;
+  families.push_back({"qwen2", qwen2});
+  ModelConfig mistral = testing::tiny_llama();
+  mistral.explicit_head_dim = 8;
+  mistral.sliding_window = 4096;
+  families.push_back({"mistral", mistral});
+  for (const Family& f : families) {
+    const ModelConfig& c = f.c;
+    SCOPED_TRACE(f.type + " " + c.rope_scaling.type);
+    const auto w = weights_of(c);
+    const std::string dir = fresh_dir("hf_family");
+    write_hf_model(dir, c, w);
+    std::ifstream in(dir + "/config.json");
+    const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    EXPECT_NE(text.find("\"model_type\": \"" + f.type + "\""), std::string::npos) << text;
+    const ModelConfig back = read_hf_config(dir, c.vocab_multiple);
+    EXPECT_EQ(back.head_dim(), c.head_dim());
+    EXPECT_EQ(back.has_qkv_bias(), c.has_qkv_bias());
+    EXPECT_EQ(back.has_proj_bias(), c.has_proj_bias());
+    EXPECT_EQ(back.has_mlp_bias(), c.has_mlp_bias());
+    EXPECT_EQ(back.sliding_window, c.sliding_window);
+    const RopeScaling &r = back.rope_scaling, &want = c.rope_scaling;
+    EXPECT_EQ(r.type, want.type);
+    if (want.type != "none") {
+      EXPECT_EQ(r.factor, want.factor);
+      EXPECT_EQ(r.original_max_seq_len, want.original_max_seq_len);
+      EXPECT_EQ(r.low_freq_factor, want.low_freq_factor);
+      EXPECT_EQ(r.high_freq_factor, want.high_freq_factor);
+      EXPECT_EQ(r.beta_fast, want.beta_fast);
+      EXPECT_EQ(r.attention_factor, want.attention_factor);
+      EXPECT_EQ(r.truncate, want.truncate);
+    }
+    expect_same(w, read_hf_weights(dir, back));
+  }
+}
+
+// config.json as transformers writes it (5.x: rope_parameters; 4.x: rope_scaling with "type"
+// and rope_theta at the top), and what is refused, named.
+TEST(HfFormat, ReadsTheFamiliesConfigsAndNamesWhatItRefuses) {
+  const std::string dir = fresh_dir("hf_family_cfg");
+  auto read = [&](const std::string& json_text) {
+    std::ofstream(dir + "/config.json", std::ios::trunc) << json_text;
+    return read_hf_config(dir);
+  };
+  auto refused = [&](const std::string& json_text) {
+    try {
+      read(json_text);
+    } catch (const InputError& e) {
+      return std::string(e.what());
+    }
+    return std::string("accepted");
+  };
+  const std::string llama =
+      R"("hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
+         "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 300,
+         "max_position_embeddings": 2048, "rms_norm_eps": 1e-06)";
+  ModelConfig c = read(R"({"model_type": "llama", "head_dim": 24, "attention_bias": true,
+      "hidden_act": "silu",
+      "rope_parameters": {"factor": 8.0, "high_freq_factor": 4.0, "low_freq_factor": 1.0,
+      "original_max_position_embeddings": 64, "rope_theta": 500000.0, "rope_type": "llama3"}, )" +
+                       llama + "}");
+  EXPECT_EQ(c.head_dim(), 24);
+  EXPECT_TRUE(c.has_qkv_bias() && c.has_proj_bias() && !c.has_mlp_bias());
+  EXPECT_EQ(c.rope_theta, 500000.0);
+  EXPECT_EQ(c.rope_scaling.type, "llama3");
+  EXPECT_EQ(c.rope_scaling.original_max_seq_len, 64);
+  c = read(R"({"model_type": "llama", "rope_theta": 20000.0,
+      "rope_scaling": {"type": "linear", "factor": 2.0}, )" +
+           llama + "}");
+  EXPECT_EQ(c.rope_theta, 20000.0);
+  EXPECT_EQ(c.rope_scaling.type, "linear");
+  EXPECT_EQ(c.rope_scaling.factor, 2.0);
+  c = read(R"({"model_type": "qwen2", "use_sliding_window": false, "sliding_window": null,
+      "layer_types": ["full_attention", "full_attention"], )" +
+           llama + "}");
+  EXPECT_TRUE(c.has_qkv_bias() && !c.has_proj_bias() && !c.has_mlp_bias());
+  EXPECT_EQ(c.head_dim(), 16);
+  c = read(R"({"model_type": "mistral", "head_dim": 32, "sliding_window": 4096, )" + llama + "}");
+  EXPECT_EQ(c.head_dim(), 32);
+  EXPECT_EQ(c.sliding_window, 4096);
+  EXPECT_EQ(c.rope_scaling.type, "none");
+  const std::pair<std::string, std::string> refusals[] = {
+      {R"({"model_type": "qwen3", )", "q_norm"},
+      {R"({"model_type": "llama", "rope_scaling": {"rope_type": "dynamic", "factor": 2.0}, )",
+       "rope_type 'dynamic' is not supported"},
+      {R"({"model_type": "llama", "rope_parameters": {"rope_type": "llama3", "factor": 8.0}, )",
+       "missing 'low_freq_factor'"},
+      {R"({"model_type": "qwen2", "use_sliding_window": true, )", "use_sliding_window"},
+      {R"({"model_type": "llama", "partial_rotary_factor": 0.5, )", "partial_rotary_factor"},
+      {R"({"model_type": "qwen2", "layer_types": ["sliding_attention", "full_attention"], )",
+       "layer_types"},
+      {R"({"model_type": "llama", "hidden_act": "gelu", )", "hidden_act 'gelu'"},
+  };
+  for (const auto& [head, words] : refusals) {
+    const std::string msg = refused(head + llama + "}");
+    EXPECT_NE(msg.find(words), std::string::npos) << msg;
+    EXPECT_NE(msg.find(dir + "/config.json"), std::string::npos) << msg;
+  }
+}
+
 // What another reader sees: transformers' names, Conv1D's (in, out) orientation, the real
 // vocabulary only, q/k/v apart.
 TEST(HfFormat, FileHoldsTransformersNamesAndOrientation) {

@@ -64,9 +64,15 @@ Config config_for(const Case& k, const std::string& dir, const std::string& out,
       << k.dropout << ", activation_checkpointing: " << (k.checkpointing ? "true" : "false")
       << "}\n";
   } else {
+    // llama_ext: the Hugging Face families' options (Note [Hugging Face families]).
     y << "model: {arch: llama, vocab_size: 64, vocab_multiple: 32, n_layer: 4, n_head: 4, "
          "n_kv_head: 2, n_embd: 32, "
-         "max_seq_len: 16, tie_embeddings: false}\n";
+         "max_seq_len: 16, tie_embeddings: false"
+      << (k.arch == "llama_ext"
+              ? ", head_dim: 12, attention_bias: true, mlp_bias: true, rope_scaling: {type: "
+                "yarn, factor: 4, original_max_seq_len: 8}"
+              : "")
+      << "}\n";
   }
   y << "data: {train: " << dir << "/data/train_*.bin, val: " << dir
     << "/data/train_*.bin, batch_size: " << batch << ", seq_len: 16}\n"
@@ -191,6 +197,9 @@ TEST(TrainPipeline2, ExplicitLayoutMatchesSingleProcess) {
 }
 TEST(TrainPipeline2, LlamaMatchesSingleProcessExactly) {
   expect_matches_single({.arch = "llama"}, true);
+}
+TEST(TrainPipeline2, LlamaFamilyMatchesSingleProcessExactly) {
+  expect_matches_single({.arch = "llama_ext"}, true);
 }
 
 // Dropout (Note [Dropout by coordinates] in layers/dropout_key.h): every stage draws the

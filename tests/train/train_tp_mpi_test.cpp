@@ -77,9 +77,18 @@ Config config_for(const Case& k, const std::string& dir, const std::string& out,
       << k.dropout << ", activation_checkpointing: " << (k.checkpointing ? "true" : "false")
       << "}\n";
   } else {
+    // llama_ext: the Hugging Face families' options (Note [Hugging Face families]) — heads of
+    // 12 over a width of 32, Llama 3's RoPE scaling over a pre-training context of 8, every
+    // bias; qwen2: q, k, v biases.
     y << "model: {arch: llama, vocab_size: 61, vocab_multiple: 32, n_layer: 2, n_head: 4, "
          "n_kv_head: 2, n_embd: 32, "
-         "max_seq_len: 16, tie_embeddings: false}\n";
+         "max_seq_len: 16, tie_embeddings: false"
+      << (k.arch == "llama_ext"
+              ? ", head_dim: 12, attention_bias: true, mlp_bias: true, rope_scaling: {type: "
+                "llama3, factor: 8, low_freq_factor: 1, high_freq_factor: 4, "
+                "original_max_seq_len: 8}"
+              : "")
+      << (k.arch == "qwen2" ? ", qkv_bias: true" : "") << "}\n";
   }
   y << "data: {train: " << dir << "/data/train_*.bin, val: " << dir
     << "/data/train_*.bin, batch_size: " << (parallel ? 4 : 4 * k.dp) << ", seq_len: 16}\n"
@@ -206,7 +215,7 @@ void expect_matches_single(const Case& k) {
   }
   if (ctx.rank() == 0) {  // the start line counts the whole model on every layout
     const std::string whole =
-        "model: " + k.arch + ", " +
+        "model: " + std::string(k.arch == "gpt2" ? "gpt2" : "llama") + ", " +
         std::to_string(loom::count_parameters(config_for(k, dir, "unused", false).model, true)) +
         " parameters (";
     EXPECT_NE(log.str().find(whole), std::string::npos) << log.str();
@@ -262,6 +271,15 @@ TEST(TrainModelParallel2, Tp2MatchesSingleProcess) { expect_matches_single({.tp 
 TEST(TrainModelParallel2, Tp2SequenceParallelLlamaMatchesSingleProcess) {
   expect_matches_single({.arch = "llama", .tp = 2, .sp = true});
 }
+TEST(TrainModelParallel2, Tp2SequenceParallelLlamaFamilyMatchesSingleProcess) {
+  expect_matches_single({.arch = "llama_ext", .tp = 2, .sp = true});
+}
+TEST(TrainModelParallel2, Cp2LlamaFamilyMatchesSingleProcess) {
+  expect_matches_single({.arch = "llama_ext", .cp = 2});
+}
+TEST(TrainModelParallel2, Dp2Zero3Qwen2MatchesSingleProcess) {
+  expect_matches_single({.arch = "qwen2", .dp = 2, .zero_stage = 3});
+}
 TEST(TrainModelParallel2, Tp2WithDropoutMatchesSingleProcess) {
   expect_matches_single({.tp = 2, .dropout = 0.1});
 }
@@ -304,6 +322,9 @@ TEST(TrainModelParallel2, Dp2Zero2WithSgdMatchesSingleProcess) {
 }
 TEST(TrainModelParallel2, Tp2ResumeIsExact) { expect_resume_exact({.tp = 2}); }
 
+TEST(TrainModelParallel4, Dp2Tp2Zero3LlamaFamilyMatchesSingleProcess) {
+  expect_matches_single({.arch = "llama_ext", .dp = 2, .tp = 2, .zero_stage = 3});
+}
 TEST(TrainModelParallel4, Dp2Tp2Zero1MatchesSingleProcess) {
   expect_matches_single({.dp = 2, .tp = 2, .zero_stage = 1});
 }

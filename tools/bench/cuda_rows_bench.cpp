@@ -152,13 +152,17 @@ void register_all() {
       Tensor x = gpu_random(s, dt, *gen), y = Tensor::empty_like(x);
       Tensor pos = gpu_positions(s[1]);
       return std::function<void()>(
-          [=]() mutable { kernels::call_kernel<kernels::rope_forward_k>(x, pos, 500000.0, y); });
+          [=, f = kernels::RopeFrequencies::plain(500000.0, s[3])]() mutable {
+            kernels::call_kernel<kernels::rope_forward_k>(x, pos, f, y);
+          });
     });
     add(shape_name("rope_backward", dt, s), 3 * bytes, [=] {
       Tensor dy = gpu_random(s, dt, *gen), dx = Tensor::zeros_like(dy);
       Tensor pos = gpu_positions(s[1]);
       return std::function<void()>(
-          [=]() mutable { kernels::call_kernel<kernels::rope_backward_k>(dy, pos, 500000.0, dx); });
+          [=, f = kernels::RopeFrequencies::plain(500000.0, s[3])]() mutable {
+            kernels::call_kernel<kernels::rope_backward_k>(dy, pos, f, dx);
+          });
     });
   }
 }

@@ -189,7 +189,9 @@ std::vector<Case> make_cases(Generator& gen) {
     for (int64_t t = 0; t < T; ++t) p[static_cast<size_t>(t)] = static_cast<int32_t>(t);
     auto pos = Tensor::from_vector(p, {T}).to(gpu());
     add("rope_forward bf16", 4.0 * B * T * H * D, 0,
-        [=]() mutable { call_kernel<kernels::rope_forward_k>(x, pos, 10000.0, y); });
+        [=, f = kernels::RopeFrequencies::plain(10000.0, D)]() mutable {
+          call_kernel<kernels::rope_forward_k>(x, pos, f, y);
+        });
     auto ids = randint({N}, 0, Vp, gen, DType::kI32).to(gpu());
     auto table = rand_gpu({Vp, C}, kBF16, gen), out = Tensor::empty({N, C}, kBF16, gpu());
     auto dtable = rand_gpu({Vp, C}, kBF16, gen), dout = rand_gpu({N, C}, kBF16, gen);

@@ -57,6 +57,36 @@ TEST_P(RopeTest, ValuesMatchReferenceLoop) {
             1e-14);
 }
 
+// A model's own frequencies and scale (layers/rope_scaling.h): values against the loop with
+// the same angles and scale, and the gradient by finite differences in f64.
+TEST(Rope, GivenFrequenciesAndScale) {
+  Generator gen(5);
+  const Tensor x = random({2, 5, 3, 8}, gen, DType::kF64, false);
+  const Tensor pos = arange_positions(5);
+  kernels::RopeFrequencies f = kernels::RopeFrequencies::plain(500.0, 8);
+  f.inv_freq[1] /= 8;
+  f.inv_freq[3] *= 0.3;
+  f.scale = 1.3;
+  const std::vector<double> xv = x.to_vector();
+  std::vector<double> want(xv.size());
+  for (int64_t b = 0; b < 2; ++b)
+    for (int64_t t = 0; t < 5; ++t)
+      for (int64_t h = 0; h < 3; ++h)
+        for (int64_t i = 0; i < 4; ++i) {
+          const double a = static_cast<double>(t) * f.inv_freq[static_cast<size_t>(i)];
+          const int64_t base = ((b * 5 + t) * 3 + h) * 8;
+          const double x1 = xv[base + i], x2 = xv[base + i + 4];
+          want[base + i] = 1.3 * (x1 * std::cos(a) - x2 * std::sin(a));
+          want[base + i + 4] = 1.3 * (x2 * std::cos(a) + x1 * std::sin(a));
+        }
+  EXPECT_LT(testing::rel_error(ops::rope(x, pos, f).to_vector(), want), 1e-14);
+  expect_gradcheck([pos, f](const std::vector<Tensor>& in) { return ops::rope(in[0], pos, f); },
+                   {random({1, 5, 2, 8}, gen, DType::kF64, true)});
+  kernels::RopeFrequencies short_f = f;
+  short_f.inv_freq.pop_back();
+  EXPECT_THROW(ops::rope(x, pos, short_f), Error);  // D/2 frequencies or none
+}
+
 INSTANTIATE_TEST_SUITE_P(Shapes, RopeTest,
                          ::testing::Values(RopeCase{{1, 1, 1, 2}, DType::kI64},
                                            RopeCase{{2, 3, 2, 6}, DType::kI32},

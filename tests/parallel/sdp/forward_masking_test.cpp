@@ -218,7 +218,7 @@ TEST(SdpPackedLayers, WorkersAverageToTheFullMlp) {
       const int64_t layer = c.n_layer - 1, d = c.n_embd, U = c.ffn_hidden_size();
       std::unique_ptr<FeedForward> full;
       if (llama) {
-        full = std::make_unique<SwiGluMlp>(d, U, DType::kF64);
+        full = std::make_unique<SwiGluMlp>(d, U, false, DType::kF64);
       } else {
         full = std::make_unique<Mlp>(d, U, true, DType::kF64);
       }
@@ -232,7 +232,7 @@ TEST(SdpPackedLayers, WorkersAverageToTheFullMlp) {
         const LayerContext ctx = forward_masking_context(a, w);
         std::unique_ptr<FeedForward> part;
         if (llama) {
-          part = std::make_unique<SwiGluMlp>(d, U, DType::kF64, Device{}, ctx, layer);
+          part = std::make_unique<SwiGluMlp>(d, U, false, DType::kF64, Device{}, ctx, layer);
         } else {
           part = std::make_unique<Mlp>(d, U, true, DType::kF64, Device{}, ctx, layer);
         }

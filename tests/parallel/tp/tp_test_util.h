@@ -40,7 +40,8 @@ inline Tensor expected_tp_part(const std::string& name, const Tensor& full, cons
     return ops::contiguous(ops::cat({chunk(segs[0], 0), chunk(segs[1], 0), chunk(segs[2], 0)}, 0));
   }
   if (ends("mlp.fc.weight") || ends("mlp.fc.bias") || ends("mlp.gate.weight") ||
-      ends("mlp.up.weight") || name == "wte.weight" || name == "lm_head.weight") {
+      ends("mlp.gate.bias") || ends("mlp.up.weight") || ends("mlp.up.bias") ||
+      name == "wte.weight" || name == "lm_head.weight") {
     return chunk(full, 0);  // column-parallel and vocab-parallel: rows
   }
   if (ends("attn.proj.weight") || ends("mlp.proj.weight") || ends("mlp.down.weight")) {
