@@ -283,8 +283,18 @@ void prepare_into(const PrepareOptions& opts, const std::vector<std::string>& fi
   }
   const bool chat = opts.format == InputFormat::kChat;
   std::optional<ChatRenderer> renderer;
+  const auto ends_with = [](const std::string& s, const std::string& tail) {
+    return s.size() >= tail.size() && s.compare(s.size() - tail.size(), tail.size(), tail) == 0;
+  };
   if (chat && opts.chat_template.empty() && !tokenizer.chat_template().empty()) {
     renderer.emplace(JinjaChatTemplate::of(tokenizer), tokenizer);  // the model's own template
+  } else if (chat && ends_with(opts.chat_template, ".jinja")) {
+    std::string source;
+    const std::string why = read_whole_file(opts.chat_template, source);
+    LOOM_CONFIG_CHECK(why.empty(), "--chat-template ", opts.chat_template, ": cannot read: ", why);
+    renderer.emplace(
+        JinjaChatTemplate(source, tokenizer.bos_text(), tokenizer.eos_text(), opts.chat_template),
+        tokenizer);
   } else if (chat) {
     renderer.emplace(opts.chat_template.empty() ? default_chat_template()
                                                 : load_chat_template(opts.chat_template),

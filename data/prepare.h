@@ -28,7 +28,9 @@ struct PrepareOptions {
   double val_fraction = 0.05;          // in [0, 1); 0 writes no val shards
   int64_t shard_tokens = 100'000'000;  // tokens per shard (the last one may be shorter)
   InputFormat format = InputFormat::kText;
-  std::string chat_template;  // kChat: a YAML template file; empty: default_chat_template()
+  // kChat: a YAML template file or a Jinja one (*.jinja, rendered with the tokenizer's bos and
+  // eos); empty: the tokenizer's own Jinja template, else default_chat_template()
+  std::string chat_template;
 };
 
 struct PrepareProgress {

@@ -31,8 +31,10 @@ constexpr const char* kUsage =
     "            directories give their *.jsonl files. Writes document shards (X.bin + X.docs:\n"
     "            document boundaries and a loss mask on the assistant turns) that hold whole\n"
     "            conversations (e.g. --input data/samples/chat_sample.jsonl)\n"
-    "  --chat-template FILE: YAML with system/user/assistant prefix and suffix strings\n"
-    "            (default: the built-in template, as in configs/chat_template.yaml)\n";
+    "  --chat-template FILE: YAML with system/user/assistant prefix and suffix strings, or a\n"
+    "            Hugging Face Jinja chat template (FILE.jinja) rendered with the tokenizer's\n"
+    "            bos/eos (default: the tokenizer's own template from tokenizer_config.json,\n"
+    "            else the built-in one, as in configs/chat_template.yaml)\n";
 
 [[noreturn]] void usage_error(const std::string& msg) {
   std::fprintf(stderr, "prepare_data: %s\n%s", msg.c_str(), kUsage);

@@ -12,6 +12,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
+#include "data/chat_jinja.h"
 #include "data/documents.h"
 #include "data/prepare.h"
 #include "tests/data/data_test_util.h"
@@ -311,6 +312,42 @@ TEST(Chat, PrepareNamesFileAndLine) {
   opts.chat_template = "configs/chat_template.yaml";
   EXPECT_THROW(prepare_data(opts, tok), ConfigError);
   EXPECT_EQ(parse_input_format("chat"), InputFormat::kChat);
+}
+
+// --chat-template FILE.jinja: a Hugging Face template from a file (for a model whose
+// tokenizer_config.json has none), rendered with the tokenizer's bos and eos; the document is
+// what ChatRenderer makes of it, its mask the reply and end-of-turn text. An unreadable file is
+// named.
+TEST(Chat, PrepareTakesAJinjaTemplateFile) {
+  data_test::TempDir in("jinja");
+  Tokenizer tok(data_test::bpe_dir());
+  const std::string source =
+      "{% for m in messages %}{{ '<|im_start|>' + m['role'] + '\\n' + m['content'] + "
+      "'<|endoftext|>' }}{% endfor %}";
+  data_test::write_bytes(in.file("t.jinja"), source);
+  data_test::write_bytes(in.file("a.jsonl"), R"({"prompt": "Hi there", "response": "Hello!"})");
+  PrepareOptions opts = chat_options({in.file("a.jsonl")}, in.file("out"));
+  opts.chat_template = in.file("t.jinja");
+  opts.val_fraction = 0;
+  const PrepareResult r = prepare_data(opts, tok);
+  ASSERT_EQ(r.train_shards.size(), 1u);
+  const DocumentReader d(r.train_shards[0]);
+  ASSERT_EQ(d.num_docs(), 1);
+  std::vector<int32_t> want;
+  std::vector<uint8_t> want_mask;
+  ChatRenderer(JinjaChatTemplate(source, tok.bos_text(), tok.eos_text(), "t"), tok)
+      .render({{ChatRole::kUser, "Hi there"}, {ChatRole::kAssistant, "Hello!"}}, want, want_mask);
+  const std::vector<int32_t> ids = d.doc_tokens(0).to_vector();
+  EXPECT_EQ(ids, want);
+  EXPECT_EQ(decode(tok, where_mask(ids, d.doc_mask(0), 1)), "Hello!<|endoftext|>");
+  opts.chat_template = in.file("missing.jinja");
+  opts.out_dir = in.file("out2");
+  try {
+    prepare_data(opts, tok);
+    FAIL() << "an unreadable template must be refused";
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find(in.file("missing.jinja")), std::string::npos) << e.what();
+  }
 }
 
 TEST(Chat, DirectoriesGiveTheirJsonlFiles) {

@@ -40,14 +40,24 @@ struct Layout {
   bool odc = false;
   bool deterministic = false;  // parallel.odc_deterministic
   std::string balance = "flops";
+  // A Llama in the Hugging Face families' options (Note [Hugging Face families]): heads of 12
+  // over a width of 32, Llama 3's RoPE scaling, every bias.
+  bool llama = false;
 };
 
 // 16 documents per step (batch_size × dp), micro-batches of at most 40 tokens.
 Config config_for(const Layout& l, const std::string& data, const std::string& out) {
   std::ostringstream y;
-  y << "model: {arch: gpt2, vocab_size: 64, vocab_multiple: 32, n_layer: 2, n_head: 2, n_embd: "
-       "32, max_seq_len: 48}\n"
-    << "data: {train: " << data << "/train_*.bin, val: " << data
+  if (l.llama) {
+    y << "model: {arch: llama, vocab_size: 64, vocab_multiple: 32, n_layer: 2, n_head: 2, "
+         "n_kv_head: 1, n_embd: 32, head_dim: 12, max_seq_len: 48, attention_bias: true, "
+         "mlp_bias: true, rope_scaling: {type: llama3, factor: 8, low_freq_factor: 1, "
+         "high_freq_factor: 4, original_max_seq_len: 16}}\n";
+  } else {
+    y << "model: {arch: gpt2, vocab_size: 64, vocab_multiple: 32, n_layer: 2, n_head: 2, n_embd: "
+         "32, max_seq_len: 48}\n";
+  }
+  y << "data: {train: " << data << "/train_*.bin, val: " << data
     << "/val_*.bin, batch_size: " << 16 / l.dp
     << ", seq_len: 40, packing: true, max_tokens_per_microbatch: 40, balance: " << l.balance
     << "}\n"
@@ -79,20 +89,29 @@ struct Single {
   double val = 0;
 };
 
-const Single& single_run() {
-  static const Single s = [] {
-    Single x;
-    auto ctx = context_for(Layout{.name = "world", .dp = testing::world_size()});
-    x.data = testing::shared_sft_data(ctx.get(), "loom_train_packed");
-    const std::string out = x.data + "/../single_" + std::to_string(ctx->rank());
-    std::ostringstream log;
-    Trainer t(config_for(Layout{}, x.data, out), testing::trainer_options(log, nullptr));
-    x.records = t.run();
-    x.val = t.evaluate();
-    x.final_checkpoint = latest_checkpoint(out + "/checkpoints");
-    ctx->world().barrier();
-    return x;
-  }();
+// The one-process run of the GPT-2 (or the Llama) model, once per test binary (collective).
+Single make_single(bool llama) {
+  Single x;
+  auto ctx = context_for(Layout{.name = "world", .dp = testing::world_size()});
+  x.data = testing::shared_sft_data(ctx.get(), "loom_train_packed");
+  const std::string out =
+      x.data + "/../single_" + (llama ? "llama_" : "") + std::to_string(ctx->rank());
+  std::ostringstream log;
+  Trainer t(config_for(Layout{.llama = llama}, x.data, out),
+            testing::trainer_options(log, nullptr));
+  x.records = t.run();
+  x.val = t.evaluate();
+  x.final_checkpoint = latest_checkpoint(out + "/checkpoints");
+  ctx->world().barrier();
+  return x;
+}
+
+const Single& single_run(bool llama = false) {
+  if (llama) {
+    static const Single s = make_single(true);
+    return s;
+  }
+  static const Single s = make_single(false);
   return s;
 }
 
@@ -108,7 +127,7 @@ void expect_matches_single(const Layout& l, const std::vector<StepRecord>& got,
 
 void run_layout(const Layout& l) {
   if (testing::world_size() != l.dp) GTEST_SKIP() << l.name << " runs on " << l.dp << " ranks";
-  const Single& want = single_run();
+  const Single& want = single_run(l.llama);
   auto ctx = context_for(l);
   const std::string out = want.data + "/../" + l.name;
   std::ostringstream log;
@@ -162,6 +181,9 @@ TEST(TrainPacked, Ddp2InOrderSplit) {
 }
 TEST(TrainPacked, Zero3Collectives2) { run_layout({.name = "z3_2", .dp = 2, .zero_stage = 3}); }
 TEST(TrainPacked, Odc2) { run_layout({.name = "odc2", .dp = 2, .zero_stage = 3, .odc = true}); }
+TEST(TrainPacked, Odc2LlamaFamily) {
+  run_layout({.name = "odc2_llama", .dp = 2, .zero_stage = 3, .odc = true, .llama = true});
+}
 TEST(TrainPacked, Odc2InOrderSplit) {
   run_layout({.name = "odc2_none", .dp = 2, .zero_stage = 3, .odc = true, .balance = "none"});
 }

@@ -1,9 +1,11 @@
 // tests/conformance/cases/rope.cpp — conformance cases of rope (core/ops/rope.h): one token of
 // one pair, odd T, several heads, head dims whose half is odd or a pack multiple, i32 and i64
 // positions from 0, and the (2, 9, 3, 64) queries of a layer at random positions in [100, 4000)
-// (not sorted, as a context-parallel rank's may be).
+// (not sorted, as a context-parallel rank's may be); and those queries under a model's scaled
+// RoPE (Llama 3's frequencies and YaRN's cos/sin scale, layers/rope_scaling.h).
 #include "core/ops/rope.h"
 
+#include "layers/rope_scaling.h"
 #include "tests/conformance/conformance.h"
 
 namespace loom::conformance {
@@ -42,6 +44,26 @@ LOOM_CONFORMANCE_CASES(rope) {
                          return Inputs{x, randint({layer[1]}, 100, 4000, gen, DType::kI64)};
                        },
                    .op = op});
+  ModelConfig m;
+  m.arch = "llama";
+  m.n_embd = 192;
+  m.n_head = 3;  // head dim 64
+  m.rope_theta = 500000.0;
+  m.rope_scaling = {.type = "llama3",
+                    .factor = 8,
+                    .low_freq_factor = 1,
+                    .high_freq_factor = 4,
+                    .original_max_seq_len = 512};
+  kernels::RopeFrequencies f = rope_frequencies(m);
+  f.scale = 1.139;  // YaRN's 0.1·ln(4) + 1
+  cases.push_back({.name = shape_name(layer) + "_scaled",
+                   .kernels = kernels,
+                   .inputs =
+                       [layer](Generator& gen) {
+                         Tensor x = grad_input(layer, gen, 3.0);
+                         return Inputs{x, randint({layer[1]}, 100, 4000, gen, DType::kI64)};
+                       },
+                   .op = [f](const Inputs& in) { return Outputs{ops::rope(in[0], in[1], f)}; }});
 }
 
 }  // namespace loom::conformance
