@@ -97,7 +97,7 @@ Single make_single(bool llama) {
   const std::string out =
       x.data + "/../single_" + (llama ? "llama_" : "") + std::to_string(ctx->rank());
   std::ostringstream log;
-  Trainer t(config_for(Layout{.llama = llama}, x.data, out),
+  Trainer t(config_for(Layout{.name = "single", .llama = llama}, x.data, out),
             testing::trainer_options(log, nullptr));
   x.records = t.run();
   x.val = t.evaluate();
