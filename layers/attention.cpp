@@ -38,6 +38,12 @@ CausalSelfAttention::CausalSelfAttention(const ModelConfig& config, DType dtype,
              " of its ", n_head_, " query heads");
   register_module("qkv", *qkv_);
   register_module("proj", *proj_);
+  if (config.qk_norm) {
+    q_norm_ = std::make_unique<RMSNorm>(D, config.norm_eps, dtype, device, ctx, true);
+    k_norm_ = std::make_unique<RMSNorm>(D, config.norm_eps, dtype, device, ctx, true);
+    register_module("q_norm", *q_norm_);
+    register_module("k_norm", *k_norm_);
+  }
 }
 
 Tensor CausalSelfAttention::forward(const Tensor& x, const Tensor& positions,
@@ -50,6 +56,10 @@ Tensor CausalSelfAttention::forward(const Tensor& x, const Tensor& positions,
   Tensor q = ops::reshape(parts[0], {B, T, n_head_, D});
   Tensor k = ops::reshape(parts[1], {B, T, n_kv_head_, D});
   Tensor v = ops::reshape(parts[2], {B, T, n_kv_head_, D});
+  if (q_norm_) {  // over each head's D, before RoPE (Qwen3)
+    q = q_norm_->forward(q);
+    k = k_norm_->forward(k);
+  }
   if (rope_) {
     q = ops::rope(q, positions, rope_freqs_);
     k = ops::rope(k, positions, rope_freqs_);
@@ -64,6 +74,10 @@ Tensor CausalSelfAttention::forward(const Tensor& x, const Tensor& positions,
 void CausalSelfAttention::init(Generator& gen, double std, double proj_std) {
   qkv_->init(gen, std);
   proj_->init(gen, proj_std);
+  if (q_norm_) {
+    q_norm_->reset();
+    k_norm_->reset();
+  }
 }
 
 }  // namespace loom

@@ -16,6 +16,7 @@
 #include "layers/build_context.h"
 #include "layers/model_config.h"
 #include "layers/module.h"
+#include "layers/norm.h"
 
 namespace loom {
 
@@ -45,9 +46,10 @@ class CausalSelfAttention : public Module {
   AttentionFn attention_;
   int64_t n_head_, n_kv_head_, head_dim_;  // heads on this rank
   bool rope_;
-  kernels::RopeFrequencies rope_freqs_;  // layers/rope_scaling.h
-  std::unique_ptr<LinearLayer> qkv_;     // (Hq + 2·Hkv)·D × C, Note [Fused qkv layout]
-  std::unique_ptr<LinearLayer> proj_;    // C × Hq·D
+  kernels::RopeFrequencies rope_freqs_;       // layers/rope_scaling.h
+  std::unique_ptr<RMSNorm> q_norm_, k_norm_;  // config.qk_norm (Qwen3)
+  std::unique_ptr<LinearLayer> qkv_;          // (Hq + 2·Hkv)·D × C, Note [Fused qkv layout]
+  std::unique_ptr<LinearLayer> proj_;         // C × Hq·D
 };
 
 }  // namespace loom

@@ -31,6 +31,7 @@ class SingleDeviceLinear final : public LinearFactory {
     return std::make_unique<Embedding>(rows, dim, dtype, device);
   }
   Tensor replicated_param(const Tensor& p) const override { return p; }
+  Tensor head_param(const Tensor& p) const override { return p; }
   Tensor column_input(const Tensor& x) const override { return x; }
 };
 

@@ -158,6 +158,10 @@ class LinearFactory {
   // biases, wpe): identity forward; its gradient arrives complete (Note [Sequence-parallel
   // region ops]).
   virtual Tensor replicated_param(const Tensor& p) const = 0;
+  // A parameter every rank holds whole but applies to this rank's attention heads only (Qwen3's
+  // per-head q/k norm weights): identity forward; its gradient, a sum over the heads, is summed
+  // over the ranks that split the heads.
+  virtual Tensor head_param(const Tensor& p) const = 0;
   // An activation x (B, R, C) as the input of a matmul against this rank's column part of a
   // weight used directly (the LM head, whose weight may be the tied table).
   virtual Tensor column_input(const Tensor& x) const = 0;

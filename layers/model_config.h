@@ -41,6 +41,8 @@ struct ModelConfig {
   bool attention_bias = false;
   bool qkv_bias = false;
   bool mlp_bias = false;
+  // llama only: an RMSNorm over each head's q and k before RoPE (Qwen3's q_norm, k_norm).
+  bool qk_norm = false;
   // Mistral's sliding-window attention span (0: none). Loom's attention has no window: a run
   // whose sequences are longer is refused (train/config.cpp), shorter ones are unaffected.
   int64_t sliding_window = 0;

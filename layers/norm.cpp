@@ -32,14 +32,16 @@ void LayerNorm::reset() {
   if (bias_.defined()) init::fill_(bias_, 0.0);
 }
 
-RMSNorm::RMSNorm(int64_t dim, double eps, DType dtype, Device device, const LayerContext& ctx)
-    : eps_(eps), linear_(ctx.linear) {
+RMSNorm::RMSNorm(int64_t dim, double eps, DType dtype, Device device, const LayerContext& ctx,
+                 bool per_head)
+    : eps_(eps), linear_(ctx.linear), per_head_(per_head) {
   LOOM_CHECK(dim > 0, "RMSNorm: dim must be positive, got ", dim);
   weight_ = register_parameter("weight", Tensor::ones({dim}, dtype, device));
 }
 
 Tensor RMSNorm::forward(const Tensor& x) const {
-  return ops::rms_norm(x, used(compute(weight_), *linear_), eps_);
+  const Tensor w = compute(weight_);
+  return ops::rms_norm(x, per_head_ ? linear_->head_param(w) : used(w, *linear_), eps_);
 }
 
 void RMSNorm::reset() { init::fill_(weight_, 1.0); }

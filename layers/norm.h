@@ -37,15 +37,18 @@ class LayerNorm final : public Norm {
 
 class RMSNorm final : public Norm {
  public:
+  // per_head: over each attention head's dim of this rank's heads (Qwen3's q/k norms), its
+  // weight used through ctx.linear->head_param, else replicated_param.
   RMSNorm(int64_t dim, double eps, DType dtype = DType::kF32, Device device = {},
-          const LayerContext& ctx = {});
+          const LayerContext& ctx = {}, bool per_head = false);
   Tensor forward(const Tensor& x) const override;
   void reset() override;
   const Tensor& weight() const { return weight_; }
 
  private:
   double eps_;
-  std::shared_ptr<const LinearFactory> linear_;  // for replicated_param
+  std::shared_ptr<const LinearFactory> linear_;  // for replicated_param / head_param
+  bool per_head_;
   Tensor weight_;
 };
 

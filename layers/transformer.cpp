@@ -95,6 +95,7 @@ void validate(const ModelConfig& c) {
   LOOM_CONFIG_CHECK(c.is_llama() || !(c.attention_bias || c.qkv_bias || c.mlp_bias),
                     "model.attention_bias / qkv_bias / mlp_bias: for llama models (gpt2 has every "
                     "bias)");
+  LOOM_CONFIG_CHECK(c.is_llama() || !c.qk_norm, "model.qk_norm: for llama models");
   LOOM_CONFIG_CHECK(c.n_head % c.kv_heads() == 0, "model.n_kv_head: ", c.n_kv_head,
                     " does not divide model.n_head ", c.n_head);
   LOOM_CONFIG_CHECK(
@@ -142,6 +143,7 @@ int64_t count_parameters(const ModelConfig& c, bool exclude_padding) {
   if (c.has_qkv_bias()) layer += q + 2 * kv;
   if (c.has_proj_bias()) layer += C;
   if (c.has_mlp_bias()) layer += (llama ? 2 * H : H) + C;  // gate and up (or fc), down (proj)
+  if (c.qk_norm) layer += 2 * c.head_dim();
   int64_t n = V * C + c.n_layer * layer + norm;
   if (!llama) n += c.max_seq_len * C;  // wpe
   if (!c.tie_embeddings) n += V * C;   // lm_head

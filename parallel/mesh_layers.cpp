@@ -43,6 +43,9 @@ class TensorParallelLinear final : public LinearFactory {
   Tensor replicated_param(const Tensor& p) const override {
     return sequence_parallel_ ? tp::copy_to_region(p, *tp_) : p;
   }
+  // Each TP rank computes its own heads: the gradient is summed over the TP group, with or
+  // without sequence parallelism.
+  Tensor head_param(const Tensor& p) const override { return tp::copy_to_region(p, *tp_); }
   // All-gathered along the sequence under sequence parallelism, else replicated with its
   // gradient summed over the TP group.
   Tensor column_input(const Tensor& x) const override {

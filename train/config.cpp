@@ -39,6 +39,7 @@ void visit_fields(Config& c, V&& v) {
   v("model", "attention_bias", m.attention_bias);
   v("model", "qkv_bias", m.qkv_bias);
   v("model", "mlp_bias", m.mlp_bias);
+  v("model", "qk_norm", m.qk_norm);
   v("model", "sliding_window", m.sliding_window);
   v("model", "norm_eps", m.norm_eps);
   v("model", "dropout", m.dropout);

@@ -89,6 +89,10 @@ std::vector<HfTensor> hf_tensors(const ModelConfig& c, const std::string& gpt2_p
         out.push_back({b + "mlp.up.bias", {h + "mlp.up_proj.bias"}, {}, {F}});
         out.push_back({b + "mlp.down.bias", {h + "mlp.down_proj.bias"}, {}, {C}});
       }
+      if (c.qk_norm) {
+        out.push_back({b + "attn.q_norm.weight", {h + "self_attn.q_norm.weight"}, {}, {D}});
+        out.push_back({b + "attn.k_norm.weight", {h + "self_attn.k_norm.weight"}, {}, {D}});
+      }
       out.push_back({b + "attn_norm.weight", {h + "input_layernorm.weight"}, {}, {C}});
       out.push_back({b + "mlp_norm.weight", {h + "post_attention_layernorm.weight"}, {}, {C}});
     }
@@ -260,11 +264,9 @@ ModelConfig read_hf_config(const std::string& dir, int64_t vocab_multiple) {
   const std::string path = (fs::path(dir) / "config.json").string();
   const json j = read_json(path);
   const std::string type = field<std::string>(j, "model_type", path);
-  LOOM_INPUT_CHECK(type != "qwen3", path,
-                   ": model_type 'qwen3' is not supported: its per-head q/k RMSNorm (q_norm, "
-                   "k_norm) is not in Loom's attention yet");
-  LOOM_INPUT_CHECK(type == "gpt2" || type == "llama" || type == "qwen2" || type == "mistral", path,
-                   ": model_type '", type, "' is not supported (gpt2, llama, qwen2 or mistral)");
+  LOOM_INPUT_CHECK(
+      type == "gpt2" || type == "llama" || type == "qwen2" || type == "qwen3" || type == "mistral",
+      path, ": model_type '", type, "' is not supported (gpt2, llama, qwen2, qwen3 or mistral)");
   ModelConfig c;
   c.vocab_multiple = vocab_multiple;
   c.vocab_size = field<int64_t>(j, "vocab_size", path);
@@ -299,12 +301,12 @@ ModelConfig read_hf_config(const std::string& dir, int64_t vocab_multiple) {
     const std::string act = field_or<std::string>(j, "hidden_act", "silu", path);
     LOOM_INPUT_CHECK(act == "silu", path, ": hidden_act '", act,
                      "' is not supported (Loom's SwiGLU MLP is silu's)");
-    if (type == "llama") {
+    if (type == "llama" || type == "qwen3")  // Qwen3's attention_bias: q, k, v and o, as Llama's
       c.attention_bias = field_or<bool>(j, "attention_bias", false, path);
-      c.mlp_bias = field_or<bool>(j, "mlp_bias", false, path);
-    }
-    if (type == "qwen2") {
-      c.qkv_bias = true;  // Qwen2's q, k and v projections have biases, its output one none
+    if (type == "llama") c.mlp_bias = field_or<bool>(j, "mlp_bias", false, path);
+    if (type == "qwen3") c.qk_norm = true;  // q_norm and k_norm over each head
+    if (type == "qwen2" || type == "qwen3") {
+      c.qkv_bias = type == "qwen2";  // Qwen2's q, k and v have biases, its output none
       LOOM_INPUT_CHECK(!field_or<bool>(j, "use_sliding_window", false, path), path,
                        ": use_sliding_window true is not supported (Loom's attention has no "
                        "sliding window)");
@@ -461,14 +463,20 @@ void write_hf_model(const std::string& dir, const ModelConfig& c,
   } else {
     // Note [Hugging Face families]: q, k, v biases alone are Qwen2's; a sliding window is
     // Mistral's; anything else Llama's.
-    const std::string type = c.qkv_bias && !c.attention_bias ? "qwen2"
-                             : c.sliding_window > 0          ? "mistral"
-                                                             : "llama";
+    const std::string type = c.qk_norm                         ? "qwen3"
+                             : c.qkv_bias && !c.attention_bias ? "qwen2"
+                             : c.sliding_window > 0            ? "mistral"
+                                                               : "llama";
+    LOOM_CONFIG_CHECK(!c.qk_norm || (!c.mlp_bias && !c.qkv_bias && c.sliding_window == 0),
+                      "model.qk_norm: a model with q/k norms and MLP biases, q/k/v biases "
+                      "alone or a sliding window has no Hugging Face family (Qwen3 has none of "
+                      "them)");
     LOOM_CONFIG_CHECK(type != "qwen2" || !c.mlp_bias,
                       "model.mlp_bias: a model with q, k, v biases and MLP biases has no Hugging "
                       "Face family (Qwen2 has no MLP biases; Llama's attention_bias includes the "
                       "output projection's)");
-    const std::string arch = type == "qwen2"     ? "Qwen2ForCausalLM"
+    const std::string arch = type == "qwen3"     ? "Qwen3ForCausalLM"
+                             : type == "qwen2"   ? "Qwen2ForCausalLM"
                              : type == "mistral" ? "MistralForCausalLM"
                                                  : "LlamaForCausalLM";
     const RopeScaling& r = c.rope_scaling;
@@ -509,11 +517,9 @@ void write_hf_model(const std::string& dir, const ModelConfig& c,
            {"tie_word_embeddings", c.tie_embeddings},
            {"torch_dtype", torch_dtype}};
     if (r.type != "none") cfg["rope_scaling"] = rope;  // transformers 4's key
-    if (type == "llama") {
-      cfg["attention_bias"] = c.attention_bias;
-      cfg["mlp_bias"] = c.mlp_bias;
-    }
-    if (type == "qwen2") cfg["use_sliding_window"] = false;
+    if (type == "llama" || type == "qwen3") cfg["attention_bias"] = c.attention_bias;
+    if (type == "llama") cfg["mlp_bias"] = c.mlp_bias;
+    if (type == "qwen2" || type == "qwen3") cfg["use_sliding_window"] = false;
     if (type == "mistral") cfg["sliding_window"] = c.sliding_window;
   }
   const std::string path = (fs::path(dir) / "config.json").string();

@@ -1,5 +1,5 @@
 // train/hf_format.h — Hugging Face model directories for GPT-2 and Llama (and the families in
-// Llama's layout: Qwen2, Mistral): `config.json` and the
+// Llama's layout: Qwen2, Qwen3, Mistral): `config.json` and the
 // weights as safetensors (one `model.safetensors`, or shards listed by
 // `model.safetensors.index.json`), read into and written from Loom's global tensors (the names
 // and shapes of a single-device Transformer). Nothing here trains or knows a parallel layout:
@@ -24,15 +24,17 @@
 //          v), o_proj.bias → attn.proj.bias, {gate,up,down}_proj.bias → mlp.{gate,up,down}.bias
 // Buffers transformers keeps in some files (attn.bias, masked_bias, rotary inv_freq) are skipped.
 //
-// Note [Hugging Face families]: model_type llama, qwen2 and mistral are one Loom architecture
-// (llama) with options: head_dim (when not hidden_size / heads), rope_scaling or rope_parameters
-// (linear, llama3, yarn: Note [RoPE scaling] in layers/rope_scaling.h), Llama's attention_bias
-// (q, k, v and o) and mlp_bias, Qwen2's q, k, v biases (model.qkv_bias), Mistral's
-// sliding_window (kept; a run with longer sequences is refused, as Loom's attention has none).
-// Written back, q, k, v biases alone make a qwen2 directory, a sliding window a mistral one,
-// anything else a llama one. Refused naming the field: qwen3 (q/k norms), Qwen2's
-// use_sliding_window, layer_types other than full attention, partial rotary factors, RoPE types
-// other than those three, hidden_act other than silu.
+// Note [Hugging Face families]: model_type llama, qwen2, qwen3 and mistral are one Loom
+// architecture (llama) with options: head_dim (when not hidden_size / heads), rope_scaling or
+// rope_parameters (linear, llama3, yarn: Note [RoPE scaling] in layers/rope_scaling.h), Llama's
+// and Qwen3's attention_bias (q, k, v and o) and Llama's mlp_bias, Qwen2's q, k, v biases
+// (model.qkv_bias), Qwen3's per-head q/k RMSNorm (model.qk_norm: self_attn.q_norm/k_norm →
+// attn.q_norm/k_norm, applied before RoPE), Mistral's sliding_window (kept; a run with longer
+// sequences is refused, as Loom's attention has none). Written back, q/k norms make a qwen3
+// directory, q, k, v biases alone a qwen2 one, a sliding window a mistral one, anything else a
+// llama one. Refused naming the field: Qwen2's and Qwen3's use_sliding_window, layer_types other
+// than full attention, partial rotary factors, RoPE types other than those three, hidden_act
+// other than silu.
 #pragma once
 
 #include <cstdint>
@@ -44,9 +46,9 @@
 
 namespace loom {
 
-// The model config.json describes (model_type gpt2, llama, qwen2 or mistral). vocab_multiple pads
-// the vocabulary as Loom does. Errors name the file and the field, in Loom's words: a value of the
-// wrong type, an integer key holding a non-integer (2.5) or a value beyond int64.
+// The model config.json describes (model_type gpt2, llama, qwen2, qwen3 or mistral). vocab_multiple
+// pads the vocabulary as Loom does. Errors name the file and the field, in Loom's words: a value of
+// the wrong type, an integer key holding a non-integer (2.5) or a value beyond int64.
 ModelConfig read_hf_config(const std::string& dir, int64_t vocab_multiple = 128);
 // Every weight of the directory as Loom's global tensors, converted to `dtype` (the files may be
 // f32, bf16 or f16), the vocabulary padded with zero rows. Errors (InputError) name the file

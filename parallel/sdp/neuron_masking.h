@@ -82,6 +82,9 @@ class NeuronMaskingLinear : public LinearFactory {
   std::unique_ptr<EmbeddingLayer> vocab_embedding(int64_t rows, int64_t dim, DType dtype,
                                                   Device device) const override;
   Tensor replicated_param(const Tensor& p) const override { return p; }
+  // Every worker computes every head (the heads option and q/k norms are refused together:
+  // parallel/sdp/options.cpp).
+  Tensor head_param(const Tensor& p) const override { return p; }
   Tensor column_input(const Tensor& x) const override { return x; }
 
   int worker() const { return worker_; }

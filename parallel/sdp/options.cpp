@@ -63,6 +63,9 @@ void validate(const SdpOptions& s, const SdpLayout& p, const ModelConfig& model)
       "parallel.sdp.heads: attention heads are covered at the neuron level only (a block "
       "holds all its heads; got level " +
           s.level + ")");
+  LOOM_CONFIG_CHECK(!s.heads || !model.qk_norm,
+                    "parallel.sdp.heads: not with model.qk_norm (the q/k norm weights of heads "
+                    "a worker does not hold would be averaged as if every worker held them)");
   if (s.heads) heads_cover(s, model, p.dp);  // ConfigError naming model.n_kv_head, …
   if (s.blocks())
     block_cover(s, model, p.dp);  // ConfigError naming the keys

@@ -116,6 +116,10 @@ TEST(HfFormat, FamiliesRoundTrip) {
   ModelConfig qwen2 = testing::tiny_llama();
   qwen2.qkv_bias = true;
   families.push_back({"qwen2", qwen2});
+  ModelConfig qwen3 = testing::tiny_llama();
+  qwen3.qk_norm = true;
+  qwen3.explicit_head_dim = 6;
+  families.push_back({"qwen3", qwen3});
   ModelConfig mistral = testing::tiny_llama();
   mistral.explicit_head_dim = 8;
   mistral.sliding_window = 4096;
@@ -135,6 +139,7 @@ TEST(HfFormat, FamiliesRoundTrip) {
     EXPECT_EQ(back.has_proj_bias(), c.has_proj_bias());
     EXPECT_EQ(back.has_mlp_bias(), c.has_mlp_bias());
     EXPECT_EQ(back.sliding_window, c.sliding_window);
+    EXPECT_EQ(back.qk_norm, c.qk_norm);
     const RopeScaling &r = back.rope_scaling, &want = c.rope_scaling;
     EXPECT_EQ(r.type, want.type);
     if (want.type != "none") {
@@ -191,12 +196,18 @@ TEST(HfFormat, ReadsTheFamiliesConfigsAndNamesWhatItRefuses) {
            llama + "}");
   EXPECT_TRUE(c.has_qkv_bias() && !c.has_proj_bias() && !c.has_mlp_bias());
   EXPECT_EQ(c.head_dim(), 16);
+  c = read(R"({"model_type": "qwen3", "head_dim": 128, "attention_bias": false,
+      "use_sliding_window": false, )" +
+           llama + "}");
+  EXPECT_TRUE(c.qk_norm);
+  EXPECT_EQ(c.head_dim(), 128);
+  EXPECT_TRUE(!c.has_qkv_bias() && !c.has_proj_bias() && !c.has_mlp_bias());
   c = read(R"({"model_type": "mistral", "head_dim": 32, "sliding_window": 4096, )" + llama + "}");
   EXPECT_EQ(c.head_dim(), 32);
   EXPECT_EQ(c.sliding_window, 4096);
   EXPECT_EQ(c.rope_scaling.type, "none");
   const std::pair<std::string, std::string> refusals[] = {
-      {R"({"model_type": "qwen3", )", "q_norm"},
+      {R"({"model_type": "gemma", )", "model_type 'gemma' is not supported"},
       {R"({"model_type": "llama", "rope_scaling": {"rope_type": "dynamic", "factor": 2.0}, )",
        "rope_type 'dynamic' is not supported"},
       {R"({"model_type": "llama", "rope_parameters": {"rope_type": "llama3", "factor": 8.0}, )",

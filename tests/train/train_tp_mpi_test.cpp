@@ -79,7 +79,7 @@ Config config_for(const Case& k, const std::string& dir, const std::string& out,
   } else {
     // llama_ext: the Hugging Face families' options (Note [Hugging Face families]) — heads of
     // 12 over a width of 32, Llama 3's RoPE scaling over a pre-training context of 8, every
-    // bias; qwen2: q, k, v biases.
+    // bias; qwen2: q, k, v biases; qwen3: q/k norms over heads of 12.
     y << "model: {arch: llama, vocab_size: 61, vocab_multiple: 32, n_layer: 2, n_head: 4, "
          "n_kv_head: 2, n_embd: 32, "
          "max_seq_len: 16, tie_embeddings: false"
@@ -88,7 +88,8 @@ Config config_for(const Case& k, const std::string& dir, const std::string& out,
                 "llama3, factor: 8, low_freq_factor: 1, high_freq_factor: 4, "
                 "original_max_seq_len: 8}"
               : "")
-      << (k.arch == "qwen2" ? ", qkv_bias: true" : "") << "}\n";
+      << (k.arch == "qwen2" ? ", qkv_bias: true" : "")
+      << (k.arch == "qwen3" ? ", head_dim: 12, qk_norm: true" : "") << "}\n";
   }
   y << "data: {train: " << dir << "/data/train_*.bin, val: " << dir
     << "/data/train_*.bin, batch_size: " << (parallel ? 4 : 4 * k.dp) << ", seq_len: 16}\n"
@@ -276,6 +277,15 @@ TEST(TrainModelParallel2, Tp2SequenceParallelLlamaFamilyMatchesSingleProcess) {
 }
 TEST(TrainModelParallel2, Cp2LlamaFamilyMatchesSingleProcess) {
   expect_matches_single({.arch = "llama_ext", .cp = 2});
+}
+TEST(TrainModelParallel2, Tp2Qwen3MatchesSingleProcess) {  // q/k norms over each rank's heads
+  expect_matches_single({.arch = "qwen3", .tp = 2});
+}
+TEST(TrainModelParallel2, Tp2SequenceParallelQwen3MatchesSingleProcess) {
+  expect_matches_single({.arch = "qwen3", .tp = 2, .sp = true});
+}
+TEST(TrainModelParallel2, Cp2Qwen3MatchesSingleProcess) {
+  expect_matches_single({.arch = "qwen3", .cp = 2});
 }
 TEST(TrainModelParallel2, Dp2Zero3Qwen2MatchesSingleProcess) {
   expect_matches_single({.arch = "qwen2", .dp = 2, .zero_stage = 3});
