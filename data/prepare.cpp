@@ -1,5 +1,5 @@
 // data/prepare.cpp — prepare_data's library: input listing, document splitting (or chat
-// rendering), tokenization (text documents on every thread, Note [Parallel tokenization]) and
+// rendering), tokenization (documents and conversations on every thread, Note [Parallel tokenization]) and
 // train/val shard streams. Deterministic whatever the threads; prints nothing.
 #include "data/prepare.h"
 
@@ -11,6 +11,7 @@
 #include <cstdio>
 #include <exception>
 #include <filesystem>
+#include <functional>
 #include <optional>
 
 #include "core/error.h"
@@ -248,10 +249,25 @@ void remove_shard(const std::string& path) {
 
 // Renders each non-blank line of a chat JSONL file into tokens/mask and calls
 // emit(bytes of `text` consumed so far) for it. Errors name "file:line".
+// Note [Parallel tokenization] for chat: each batch of kBatchDocs lines is parsed and rendered
+// on every thread (each with its own renderer over its own tokenizer), and the documents are
+// emitted in order; a line's error is raised in line order, so the first bad line is named
+// whatever the threads.
 template <typename Emit>
-void chat_documents(const std::string& file, std::string_view text, ChatRenderer& renderer,
-                    int64_t shard_tokens, std::vector<int32_t>& tokens, std::vector<uint8_t>& mask,
-                    const Emit& emit) {
+void chat_documents(const std::string& file, std::string_view text,
+                    const std::vector<ChatRenderer*>& renderers, int64_t shard_tokens,
+                    std::vector<int32_t>& tokens, std::vector<uint8_t>& mask, const Emit& emit) {
+  struct Line {
+    std::string_view text;
+    int64_t number = 0;
+    size_t end = 0;  // the input consumed once it is done
+  };
+  struct Doc {
+    std::vector<int32_t> tokens;
+    std::vector<uint8_t> mask;
+    std::exception_ptr failed;
+  };
+  std::vector<Line> lines;
   int64_t line_no = 0;
   for (size_t start = 0; start < text.size();) {
     size_t end = text.find('\n', start);
@@ -259,13 +275,34 @@ void chat_documents(const std::string& file, std::string_view text, ChatRenderer
     const std::string_view line = text.substr(start, end - start);
     start = end + 1;
     ++line_no;
-    if (is_blank(line)) continue;
-    const std::string where = file + ":" + std::to_string(line_no);
-    renderer.render(parse_conversation(line, where), tokens, mask);
-    LOOM_INPUT_CHECK(static_cast<int64_t>(tokens.size()) <= shard_tokens, where,
-                     ": the conversation is ", tokens.size(), " tokens, more than --shard-tokens ",
-                     shard_tokens, " (a document shard holds whole documents)");
-    emit(std::min(start, text.size()));
+    if (!is_blank(line)) lines.push_back({line, line_no, std::min(start, text.size())});
+  }
+  std::vector<Doc> docs;
+  for (size_t b = 0; b < lines.size(); b += kBatchDocs) {
+    const size_t n = std::min(kBatchDocs, lines.size() - b);
+    docs.assign(n, Doc{});
+#pragma omp parallel for schedule(dynamic, 8) num_threads(static_cast <int>(renderers.size()))
+    for (int64_t k = 0; k < static_cast<int64_t>(n); ++k) {
+      const Line& l = lines[b + static_cast<size_t>(k)];
+      Doc& d = docs[static_cast<size_t>(k)];
+      try {
+        const std::string where = file + ":" + std::to_string(l.number);
+        renderers[static_cast<size_t>(omp_get_thread_num())]->render(
+            parse_conversation(l.text, where), d.tokens, d.mask);
+        LOOM_INPUT_CHECK(static_cast<int64_t>(d.tokens.size()) <= shard_tokens, where,
+                         ": the conversation is ", d.tokens.size(),
+                         " tokens, more than --shard-tokens ", shard_tokens,
+                         " (a document shard holds whole documents)");
+      } catch (...) {
+        d.failed = std::current_exception();
+      }
+    }
+    for (size_t k = 0; k < n; ++k) {
+      if (docs[k].failed) std::rethrow_exception(docs[k].failed);
+      tokens.swap(docs[k].tokens);
+      mask.swap(docs[k].mask);
+      emit(lines[b + k].end);
+    }
   }
 }
 
@@ -282,23 +319,26 @@ void prepare_into(const PrepareOptions& opts, const std::vector<std::string>& fi
     prog.bytes_total += static_cast<int64_t>(size);
   }
   const bool chat = opts.format == InputFormat::kChat;
-  std::optional<ChatRenderer> renderer;
+  // The chat template, as a maker of one renderer per thread's tokenizer (Note [Parallel
+  // tokenization]): the model's own Jinja template, a Jinja file, or a YAML one.
+  std::function<ChatRenderer(Tokenizer&)> make_renderer;
   const auto ends_with = [](const std::string& s, const std::string& tail) {
     return s.size() >= tail.size() && s.compare(s.size() - tail.size(), tail.size(), tail) == 0;
   };
   if (chat && opts.chat_template.empty() && !tokenizer.chat_template().empty()) {
-    renderer.emplace(JinjaChatTemplate::of(tokenizer), tokenizer);  // the model's own template
+    make_renderer = [](Tokenizer& t) { return ChatRenderer(JinjaChatTemplate::of(t), t); };
   } else if (chat && ends_with(opts.chat_template, ".jinja")) {
     std::string source;
     const std::string why = read_whole_file(opts.chat_template, source);
     LOOM_CONFIG_CHECK(why.empty(), "--chat-template ", opts.chat_template, ": cannot read: ", why);
-    renderer.emplace(
-        JinjaChatTemplate(source, tokenizer.bos_text(), tokenizer.eos_text(), opts.chat_template),
-        tokenizer);
+    const std::string path = opts.chat_template;
+    make_renderer = [source, path](Tokenizer& t) {
+      return ChatRenderer(JinjaChatTemplate(source, t.bos_text(), t.eos_text(), path), t);
+    };
   } else if (chat) {
-    renderer.emplace(opts.chat_template.empty() ? default_chat_template()
-                                                : load_chat_template(opts.chat_template),
-                     tokenizer);
+    const ChatTemplate tmpl = opts.chat_template.empty() ? default_chat_template()
+                                                         : load_chat_template(opts.chat_template);
+    make_renderer = [tmpl](Tokenizer& t) { return ChatRenderer(tmpl, t); };
   }
   prepare_out_dir(opts.out_dir);
 
@@ -310,10 +350,14 @@ void prepare_into(const PrepareOptions& opts, const std::vector<std::string>& fi
   // One tokenizer per thread (Note [Parallel tokenization]): the caller's and clones.
   std::vector<Tokenizer> clones;
   std::vector<Tokenizer*> workers = {&tokenizer};
-  if (!chat) {
-    for (int t = 1; t < std::max(1, omp_get_max_threads()); ++t)
-      clones.push_back(tokenizer.clone());
-    for (Tokenizer& c : clones) workers.push_back(&c);
+  for (int t = 1; t < std::max(1, omp_get_max_threads()); ++t) clones.push_back(tokenizer.clone());
+  for (Tokenizer& c : clones) workers.push_back(&c);
+  std::vector<ChatRenderer> renderers;  // chat: one per worker
+  std::vector<ChatRenderer*> renderer_of;
+  if (chat) {
+    renderers.reserve(workers.size());
+    for (Tokenizer* t : workers) renderers.push_back(make_renderer(*t));
+    for (ChatRenderer& r : renderers) renderer_of.push_back(&r);
   }
   std::vector<std::vector<int32_t>> batch;
   std::vector<int32_t> tokens;
@@ -341,7 +385,7 @@ void prepare_into(const PrepareOptions& opts, const std::vector<std::string>& fi
       emit(prog.bytes_done + static_cast<int64_t>(in_file));
     };
     if (chat) {
-      chat_documents(f, text, *renderer, opts.shard_tokens, tokens, mask, emit_at);
+      chat_documents(f, text, renderer_of, opts.shard_tokens, tokens, mask, emit_at);
     } else {
       // Note [Parallel tokenization]: the documents are tokenized in batches, each document by
       // one thread with its own Tokenizer (clones: the tables shared in content, the caches

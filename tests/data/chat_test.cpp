@@ -6,6 +6,7 @@
 #include "data/chat.h"
 
 #include <gtest/gtest.h>
+#include <omp.h>
 
 #include <filesystem>
 #include <fstream>
@@ -347,6 +348,61 @@ TEST(Chat, PrepareTakesAJinjaTemplateFile) {
     FAIL() << "an unreadable template must be refused";
   } catch (const ConfigError& e) {
     EXPECT_NE(std::string(e.what()).find(in.file("missing.jinja")), std::string::npos) << e.what();
+  }
+}
+
+// Note [Parallel tokenization] for chat: one thread and four give the same document shards
+// (tokens and masks) with the YAML template and a Jinja one, and a bad line late in the file is
+// the one named either way.
+TEST(Chat, TheSameShardsOnAnyNumberOfThreads) {
+  data_test::TempDir out("threads");
+  Tokenizer tok(data_test::bpe_dir());
+  const std::string jinja =
+      (data_test::source_root() / "tests" / "data" / "testdata" / "chat_templates" / "llama3.jinja")
+          .string();
+  // Every document of the shards: its tokens and its mask, in order.
+  const auto documents = [](const PrepareResult& r) {
+    std::vector<std::pair<std::vector<int32_t>, std::vector<uint8_t>>> all;
+    for (const auto* list : {&r.train_shards, &r.val_shards}) {
+      for (const std::string& p : *list) {
+        const DocumentReader d(p);
+        for (int64_t k = 0; k < d.num_docs(); ++k) {
+          const auto m = d.doc_mask(k);
+          all.emplace_back(d.doc_tokens(k).to_vector(), std::vector<uint8_t>(m.begin(), m.end()));
+        }
+      }
+    }
+    return all;
+  };
+  const int threads = omp_get_max_threads();
+  for (const std::string& tmpl : {std::string(), jinja}) {
+    SCOPED_TRACE(tmpl.empty() ? "yaml" : "jinja");
+    PrepareOptions opts = chat_options({sample_path()}, out.file("1"));
+    opts.chat_template = tmpl;
+    omp_set_num_threads(1);
+    const PrepareResult a = prepare_data(opts, tok);
+    omp_set_num_threads(4);
+    opts.out_dir = out.file("4");
+    const PrepareResult b = prepare_data(opts, tok);
+    omp_set_num_threads(threads);
+    EXPECT_EQ(a.documents, 3000);
+    EXPECT_EQ(documents(a), documents(b));
+    fs::remove_all(out.file("1"));
+    fs::remove_all(out.file("4"));
+  }
+  // Lines 2000 and 2500 bad: line 2000 is named on any number of threads.
+  data_test::TempDir in("bad");
+  std::string text;
+  for (int i = 1; i <= 3000; ++i)
+    text += i == 2000 || i == 2500 ? std::string(R"({"prompt": 1})") + "\n"
+                                   : R"({"prompt": "a", "response": "b"})" + std::string("\n");
+  data_test::write_bytes(in.file("c.jsonl"), text);
+  for (int n : {1, 4}) {
+    omp_set_num_threads(n);
+    const std::string msg = input_error(
+        [&] { prepare_data(chat_options({in.file("c.jsonl")}, out.file("bad")), tok); });
+    omp_set_num_threads(threads);
+    EXPECT_EQ(msg.rfind(in.file("c.jsonl") + ":2000: ", 0), 0u) << msg;
   }
 }
 
