@@ -1,6 +1,6 @@
 // data/prepare.cpp — prepare_data's library: input listing, document splitting (or chat
-// rendering), tokenization (documents and conversations on every thread, Note [Parallel
-// tokenization]) and train/val shard streams. Deterministic whatever the threads; prints nothing.
+// rendering), tokenization on every thread (Note [Parallel tokenization]) and train/val shard
+// streams. Deterministic whatever the threads; prints nothing.
 #include "data/prepare.h"
 
 #include <omp.h>
