@@ -89,11 +89,15 @@ struct Single {
   double val = 0;
 };
 
-// The one-process run of the GPT-2 (or the Llama) model, once per test binary (collective).
+const Single& single_run(bool llama = false);
+
+// The one-process run of the GPT-2 (or the Llama) model, once per test binary (collective). The
+// Llama's reuses the GPT-2 run's data: preparing it again would remove the folder both runs'
+// checkpoints are in.
 Single make_single(bool llama) {
   Single x;
   auto ctx = context_for(Layout{.name = "world", .dp = testing::world_size()});
-  x.data = testing::shared_sft_data(ctx.get(), "loom_train_packed");
+  x.data = llama ? single_run().data : testing::shared_sft_data(ctx.get(), "loom_train_packed");
   const std::string out =
       x.data + "/../single_" + (llama ? "llama_" : "") + std::to_string(ctx->rank());
   std::ostringstream log;
@@ -106,7 +110,7 @@ Single make_single(bool llama) {
   return x;
 }
 
-const Single& single_run(bool llama = false) {
+const Single& single_run(bool llama) {
   if (llama) {
     static const Single s = make_single(true);
     return s;
