@@ -36,13 +36,13 @@ LOOM_CONFORMANCE_CASES(rope) {
                      .op = op});
   }
   const Shape layer = {2, 9, 3, 64};
+  const auto layer_inputs = [layer](Generator& gen) {
+    Tensor x = grad_input(layer, gen, 3.0);
+    return Inputs{x, randint({layer[1]}, 100, 4000, gen, DType::kI64)};
+  };
   cases.push_back({.name = shape_name(layer) + "_random_positions",
                    .kernels = kernels,
-                   .inputs =
-                       [layer](Generator& gen) {
-                         Tensor x = grad_input(layer, gen, 3.0);
-                         return Inputs{x, randint({layer[1]}, 100, 4000, gen, DType::kI64)};
-                       },
+                   .inputs = layer_inputs,
                    .op = op});
   ModelConfig m;
   m.arch = "llama";
@@ -58,11 +58,7 @@ LOOM_CONFORMANCE_CASES(rope) {
   f.scale = 1.139;  // YaRN's 0.1·ln(4) + 1
   cases.push_back({.name = shape_name(layer) + "_scaled",
                    .kernels = kernels,
-                   .inputs =
-                       [layer](Generator& gen) {
-                         Tensor x = grad_input(layer, gen, 3.0);
-                         return Inputs{x, randint({layer[1]}, 100, 4000, gen, DType::kI64)};
-                       },
+                   .inputs = layer_inputs,
                    .op = [f](const Inputs& in) { return Outputs{ops::rope(in[0], in[1], f)}; }});
 }
 
