@@ -167,9 +167,15 @@ std::string calibrate_links(const parallel::ParallelContext& ctx, const Config& 
   // compute's extra time over the time the all-reduces ran beside it (all of the pass).
   const double ar_large = cal.link(cls + "/all_reduce/latency").value_or(0) +
                           large * 4.0 / cal.link(cls + "/all_reduce/bandwidth").value_or(1e30);
-  const int calls = std::clamp(
-      static_cast<int>(std::ceil(10 * std::max(together, 0.02) / std::max(ar_large, 1e-9))), 1,
-      1024);
+  // Every rank must issue the same number (a rank with one all-reduce more than its peers
+  // leaves it unmatched: Open MPI's nonblocking collectives then crash or hang), so it comes
+  // from the slowest rank's pass, agreed over the ranks, not from each rank's own.
+  Tensor longest = Tensor::full({1}, together, DType::kF64);
+  world.all_reduce_async(longest, parallel::ReduceOp::kMax)->wait();
+  const int calls =
+      std::clamp(static_cast<int>(std::ceil(10 * std::max(longest.data<double>()[0], 0.02) /
+                                            std::max(ar_large, 1e-9))),
+                 1, 1024);
   // One buffer for all of them: the communicator runs one collective at a time, in issue
   // order (the sums are garbage; only the time counts).
   Tensor buffer = Tensor::zeros({large}, DType::kF32);
