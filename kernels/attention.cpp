@@ -12,14 +12,34 @@ thread_local bool t_use_cudnn = false;
 CudnnAttentionGuard::CudnnAttentionGuard(bool use) : previous_(t_use_cudnn) { t_use_cudnn = use; }
 CudnnAttentionGuard::~CudnnAttentionGuard() { t_use_cudnn = previous_; }
 
-void check_doc_start(const Tensor& doc_start, int64_t t, const char* name) {
-  if (!doc_start.defined()) return;
+namespace {
+
+// Shape and dtype; the rows on the host (or null on a device, where the rule is not checked).
+const int32_t* checked_rows(const Tensor& doc_start, int64_t t, const char* name) {
+  if (!doc_start.defined()) return nullptr;
   LOOM_CHECK(doc_start.dim() == 1 && doc_start.size(0) == t && doc_start.dtype() == DType::kI32 &&
                  doc_start.is_contiguous(),
              name, ": doc_start must be contiguous (", t, ") i32, got ",
              shape_str(doc_start.shape()), " ", dtype_name(doc_start.dtype()));
-  if (!doc_start.device().is_cpu()) return;  // the rule is checked where it is on the host
-  const int32_t* ds = doc_start.data<int32_t>();
+  return doc_start.device().is_cpu() ? doc_start.data<int32_t>() : nullptr;
+}
+
+}  // namespace
+
+void check_doc_start(const Tensor& doc_start, int64_t t, const char* name) {
+  const int32_t* ds = checked_rows(doc_start, t, name);
+  if (ds == nullptr) return;
+  for (int64_t i = 0; i < t; ++i) {
+    const int64_t prev = i == 0 ? 0 : ds[i - 1];
+    LOOM_CHECK(ds[i] >= prev && ds[i] <= i, name, ": doc_start[", i, "] = ", ds[i],
+               " must lie in [doc_start[i-1] = ", prev, ", ", i,
+               "]: each row's first key, never decreasing (doc_start[0] = 0)");
+  }
+}
+
+void check_documents(const Tensor& doc_start, int64_t t, const char* name) {
+  const int32_t* ds = checked_rows(doc_start, t, name);
+  if (ds == nullptr) return;
   for (int64_t i = 0; i < t; ++i) {
     const int64_t prev = i == 0 ? 0 : ds[i - 1];
     LOOM_CHECK(ds[i] == prev || ds[i] == i, name, ": doc_start[", i, "] = ", ds[i],

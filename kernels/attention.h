@@ -28,15 +28,19 @@
 //
 // Note [Packed documents]: SFT packing puts several documents in one row of the sequence
 // (positions restart at 0 for each) and attention must never cross a document. doc_start[i] is
-// the first token of row i's document: doc_start[0] = 0 and doc_start[i] ∈ {doc_start[i−1], i}
-// (documents are contiguous, so doc_start is non-decreasing). Undefined means one document, the
-// plain causal mask, with exactly today's results; an all-zero doc_start gives the same results
-// (bit for bit on the CPU; on CUDA through the packed instantiations, never cuDNN). The
-// kernels skip the masked work rather than compute and mask it: the CPU loops start at
-// doc_start[i]; the CUDA kernels skip whole tiles outside [doc_start of a tile's first row, the
-// tile's diagonal] (the first row has the tile's smallest doc_start) and mask elementwise only on
-// the tiles a document boundary crosses; a backward walks, for a key tile, only the query tiles
-// up to the end of its last key's document. The rule is checked on the host by
+// the first key row i attends: its document's first token, so doc_start[0] = 0 and doc_start[i]
+// ∈ {doc_start[i−1], i} (documents are contiguous; the documents' rule, check_documents). A
+// sliding window of W tokens (Mistral's; Note [Sliding window] in layers/transformer.cpp) moves it
+// to max(document start, i − W + 1). The kernels need only what both give — doc_start[0] = 0 and
+// doc_start[i−1] ≤ doc_start[i] ≤ i (non-decreasing, never past the diagonal; check_doc_start) —
+// and never ask where a document starts or ends. Undefined means the plain causal mask, with
+// exactly today's results; an all-zero doc_start gives the same results (bit for bit on the CPU;
+// on CUDA through the packed instantiations, never cuDNN). The kernels skip the masked work
+// rather than compute and mask it: the CPU loops start at doc_start[i]; the CUDA kernels skip
+// whole tiles outside [doc_start of a tile's first row, the tile's diagonal] (the first row has
+// the tile's smallest doc_start) and mask elementwise only on the tiles where a row's first key
+// falls; a backward walks, for a key tile, only the query tiles whose first row still sees its
+// last key (a later row's doc_start is no smaller). The rule is checked on the host by
 // ops::causal_attention and by the CPU kernels; the CUDA kernels trust it (checking would read
 // the device). cuDNN's attention is never used with doc_start (Note [cuDNN attention]).
 
@@ -74,10 +78,13 @@ class CudnnAttentionGuard {
   bool previous_;
 };
 
-// Checks doc_start against the contract for a sequence of t tokens (Note [Packed documents]):
-// undefined passes; else it must be (t) i32, contiguous, and when it is on the host, follow the
-// contiguity rule. `name` starts the message.
+// Checks doc_start against the kernels' contract for a sequence of t tokens (Note [Packed
+// documents]): undefined passes; else it must be (t) i32, contiguous, and when it is on the host,
+// start at 0 and never decrease nor pass the diagonal. `name` starts the message.
 void check_doc_start(const Tensor& doc_start, int64_t t, const char* name);
+// The same with the documents' rule on the host: doc_start[i] ∈ {doc_start[i−1], i} (what packed
+// documents give; Transformer checks its input with it).
+void check_documents(const Tensor& doc_start, int64_t t, const char* name);
 
 // Whether this thread asked for cuDNN attention (Note [cuDNN attention]).
 bool cudnn_attention_requested();

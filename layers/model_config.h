@@ -43,8 +43,8 @@ struct ModelConfig {
   bool mlp_bias = false;
   // llama only: an RMSNorm over each head's q and k before RoPE (Qwen3's q_norm, k_norm).
   bool qk_norm = false;
-  // Mistral's sliding-window attention span (0: none). Loom's attention has no window: a run
-  // whose sequences are longer is refused (train/config.cpp), shorter ones are unaffected.
+  // Mistral's sliding-window attention span (0: none): row i attends the W keys up to itself
+  // (Note [Sliding window] in layers/transformer.cpp).
   int64_t sliding_window = 0;
   double norm_eps = 1e-5;
   double dropout = 0.0;

@@ -284,16 +284,40 @@ Tensor Transformer::forward(const Tensor& ids, const Tensor& pos, const DropoutK
              shape_str(ids.shape()));
   LOOM_CHECK(pos.dim() == 1 && pos.size(0) == ids.size(1), "Transformer.forward: positions ",
              shape_str(pos.shape()), " do not match T = ", ids.size(1));
-  kernels::check_doc_start(doc_start, ids.size(1), "Transformer.forward");  // Note [Host ids]
+  kernels::check_documents(doc_start, ids.size(1), "Transformer.forward");  // Note [Host ids]
   return head_logits(
       run_blocks(embed(ids, pos), pos.to(device_), 0, num_blocks(), dropout, doc_start));
+}
+
+// Note [Sliding window]: with model.sliding_window W (Mistral's), row i attends keys j with
+// i − W < j ≤ i (transformers' mask: kv_idx > q_idx − sliding_window), and never across a packed
+// document. The attention kernels take each row's first key (Note [Packed documents] in
+// kernels/attention.h), so the window is max(document start, i − W + 1), made here on the host
+// once per call for every block and uploaded with the documents; sequences no longer than W
+// need none (the causal mask is the window). Under context parallelism a rank holds only part of
+// the sequence and ring attention has no per-row first key: refused (train/config.cpp refuses
+// the config first, naming model.sliding_window).
+Tensor Transformer::first_keys(const Tensor& doc_start, const Tensor& pos) const {
+  const int64_t w = config_.sliding_window, t = pos.size(0);
+  if (w == 0 || layout_->sequence_length(t) <= w)
+    return doc_start.defined() ? doc_start.detach().to(device_) : Tensor();
+  LOOM_CHECK(layout_->sequence_length(t) == t, "model.sliding_window: a ", w,
+             "-token window over sequences of ", layout_->sequence_length(t),
+             " under context parallelism is not supported (ring attention has no window)");
+  const Tensor docs = doc_start.defined() ? doc_start.detach().to(Device::cpu()) : Tensor();
+  std::vector<int32_t> first(static_cast<size_t>(t));
+  for (int64_t i = 0; i < t; ++i) {
+    const int64_t doc = docs.defined() ? docs.data<int32_t>()[i] : 0;
+    first[static_cast<size_t>(i)] = static_cast<int32_t>(std::max(doc, i - w + 1));
+  }
+  return Tensor::from_vector(first, {t}).to(device_);
 }
 
 Tensor Transformer::run_blocks(Tensor x, const Tensor& pos, int64_t begin, int64_t end,
                                const DropoutKey* dropout, const Tensor& doc_start) const {
   LOOM_CHECK(0 <= begin && begin <= end && end <= num_blocks(), "Transformer.run_blocks: [", begin,
              ", ", end, ") is not a range of the ", num_blocks(), " blocks");
-  const Tensor docs = doc_start.defined() ? doc_start.detach().to(device_) : Tensor();
+  const Tensor docs = first_keys(doc_start, pos);
   for (int64_t i = begin; i < end; ++i) {
     const int64_t slot = slot_[static_cast<size_t>(i)];
     if (slot < 0) continue;  // not held: the residual path (Note [Selected blocks])
@@ -389,7 +413,7 @@ Tensor Transformer::loss(const Tensor& ids, const Tensor& targets, const Tensor&
   LOOM_CHECK(targets.shape() == ids.shape(), "Transformer.loss: targets ",
              shape_str(targets.shape()), " do not match ids ", shape_str(ids.shape()));
   LOOM_CHECK(ids.dim() == 2, "Transformer.loss: ids must be (B, T), got ", shape_str(ids.shape()));
-  kernels::check_doc_start(doc_start, ids.size(1), "Transformer.loss");  // Note [Host ids]
+  kernels::check_documents(doc_start, ids.size(1), "Transformer.loss");  // Note [Host ids]
   return head_loss(
       run_blocks(embed(ids, pos), pos.to(device_), 0, num_blocks(), dropout, doc_start), targets);
 }

@@ -117,7 +117,8 @@ class Transformer : public Module {
   Tensor embed(const Tensor& ids, const Tensor& positions) const;
   // x (B, T, C) through blocks [begin, end) → (B, T, C) (the held ones: Note [Selected
   // blocks]). doc_start: packed documents, or undefined; on the host it is uploaded once here
-  // (check it first: forward() and loss() do).
+  // (check it first: forward() and loss() do), with model.sliding_window's window applied (Note
+  // [Sliding window] in layers/transformer.cpp; a device doc_start is read back for it).
   Tensor run_blocks(Tensor x, const Tensor& positions, int64_t begin, int64_t end,
                     const DropoutKey* dropout, const Tensor& doc_start = {}) const;
   // x (B, T, C) → final norm → logits (B, T, Vp).
@@ -160,6 +161,9 @@ class Transformer : public Module {
   // ZeRO-3 hooks around each parameter unit (layers/unit_hooks.h); no-ops without hooks.
   void enter(int unit) const;
   Tensor leave(int unit, const Tensor& out) const;
+  // Each row's first key for the attention (Note [Sliding window] in layers/transformer.cpp):
+  // doc_start with the window applied, on the model's device; undefined without either.
+  Tensor first_keys(const Tensor& doc_start, const Tensor& pos) const;
 
   ModelConfig config_;
   DType dtype_;

@@ -4,7 +4,7 @@
 For a small GPT-2, a small Llama (grouped-query heads, untied head) and the families in Llama's
 layout (Note [Hugging Face families] in train/hf_format.h: Llama with each RoPE scaling — llama3,
 linear, yarn —, an explicit head_dim and every bias; Qwen2; Qwen3 with its q/k norms; Mistral
-with its head_dim and sliding window), all on the CPU in f64:
+with its head_dim and a sliding window shorter than the sequence), all on the CPU in f64:
   1. transformers builds a randomly initialised model (biases and norm weights drawn too: its
      own init sets them to 0 and 1) and saves it (save_pretrained, safetensors);
   2. `convert` reads that directory into a Loom checkpoint, and writes the checkpoint back out as
@@ -104,9 +104,10 @@ def main():
                       transformers.Qwen3ForCausalLM,
                       f"model: {{{llama_yaml}, head_dim: 24, attention_bias: true, "
                       f"qk_norm: true}}")
-    cases["mistral"] = (transformers.MistralConfig(**llama_args, head_dim=32, sliding_window=64),
+    # A window shorter than the sequence (12 < T), so that it masks (Note [Sliding window]).
+    cases["mistral"] = (transformers.MistralConfig(**llama_args, head_dim=32, sliding_window=12),
                         transformers.MistralForCausalLM,
-                        f"model: {{{llama_yaml}, head_dim: 32, sliding_window: 64}}")
+                        f"model: {{{llama_yaml}, head_dim: 32, sliding_window: 12}}")
     worst_all = 0.0
     for name, (cfg, cls, yaml) in cases.items():
         w = os.path.join(a.work, name)

@@ -529,11 +529,11 @@ void validate_config(const Config& c) {
   require(
       d.seq_len <= c.model.max_seq_len,
       "data.seq_len: " + str(d.seq_len) + " exceeds model.max_seq_len " + str(c.model.max_seq_len));
-  require(c.model.sliding_window == 0 || d.seq_len <= c.model.sliding_window,
+  require(c.model.sliding_window == 0 || d.seq_len <= c.model.sliding_window || c.parallel.cp == 1,
           "model.sliding_window: data.seq_len " + str(d.seq_len) + " is longer than the model's " +
               str(c.model.sliding_window) +
-              "-token attention window, and Loom's attention has no sliding window (sequences up "
-              "to the window see the same attention)");
+              "-token attention window, and context parallelism (parallel.cp " +
+              str(c.parallel.cp) + ") has no sliding window: ring attention sees whole sequences");
   validate_packing(c);
   const OptimConfig& o = c.optim;
   require(o.name == "adamw" || o.name == "sgd",

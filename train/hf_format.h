@@ -29,8 +29,8 @@
 // rope_parameters (linear, llama3, yarn: Note [RoPE scaling] in layers/rope_scaling.h), Llama's
 // and Qwen3's attention_bias (q, k, v and o) and Llama's mlp_bias, Qwen2's q, k, v biases
 // (model.qkv_bias), Qwen3's per-head q/k RMSNorm (model.qk_norm: self_attn.q_norm/k_norm →
-// attn.q_norm/k_norm, applied before RoPE), Mistral's sliding_window (kept; a run with longer
-// sequences is refused, as Loom's attention has none). Written back, q/k norms make a qwen3
+// attn.q_norm/k_norm, applied before RoPE), Mistral's sliding_window (model.sliding_window: Note
+// [Sliding window] in layers/transformer.cpp). Written back, q/k norms make a qwen3
 // directory, q, k, v biases alone a qwen2 one, a sliding window a mistral one, anything else a
 // llama one. Refused naming the field: Qwen2's and Qwen3's use_sliding_window, layer_types other
 // than full attention, partial rotary factors, RoPE types other than those three, hidden_act

@@ -4,7 +4,8 @@
 // the general path (f32, and the other D), grouped-query heads, and sequence lengths that do
 // not divide the tiles (16, 32 and 64 rows); and packed documents (doc_start, Note [Packed
 // documents] in kernels/attention.h) on both paths, with documents that start inside and at the
-// edges of the tiles, one-token documents and documents longer than a tile.
+// edges of the tiles, one-token documents and documents longer than a tile; and sliding windows
+// (each row's first key moved up to i − W + 1), alone and over documents.
 // Inputs are fresh normals (scale 1/√D keeps the softmax far from one-hot); forward outputs
 // are poisoned first; backward gradients start from random contents, since the kernel
 // accumulates into them. Uses only Loom's API (no CUDA headers); every test skips itself, with
@@ -41,6 +42,7 @@ struct Case {
   int64_t b, hq, hkv, t, d;
   bool misaligned = false;         // inputs and gradients start 2 bytes into their GPU buffers
   std::vector<int64_t> docs = {};  // packed documents' lengths (summing to t), or none
+  int64_t window = 0;              // a sliding window of this many keys (0: none)
   std::string str() const {
     std::string r = std::string(dtype_name(dtype)) + " B=" + std::to_string(b) +
                     " Hq=" + std::to_string(hq) + " Hkv=" + std::to_string(hkv) +
@@ -51,17 +53,23 @@ struct Case {
       r += " ";
       r += std::to_string(n);
     }
+    if (window > 0) r += " window " + std::to_string(window);
     return r;
   }
-  // doc_start (T) i32 on the host for docs, undefined without.
+  // doc_start (T) i32 on the host for docs and the window (each row's first key: Note [Packed
+  // documents]), undefined without either.
   Tensor doc_start() const {
-    if (docs.empty()) return Tensor();
+    if (docs.empty() && window == 0) return Tensor();
     std::vector<int32_t> ds;
-    for (int64_t n : docs) {
+    for (int64_t n : docs.empty() ? std::vector<int64_t>{t} : docs) {
       const auto start = static_cast<int32_t>(ds.size());
       for (int64_t i = 0; i < n; ++i) ds.push_back(start);
     }
     EXPECT_EQ(static_cast<int64_t>(ds.size()), t) << "docs must sum to T";
+    for (int64_t i = 0; i < t && window > 0; ++i) {
+      ds[static_cast<size_t>(i)] =
+          std::max(ds[static_cast<size_t>(i)], static_cast<int32_t>(i - window + 1));
+    }
     return Tensor::from_vector(ds, {t});
   }
   Tensor gpu_doc_start() const {
@@ -264,6 +272,31 @@ TEST_F(CudaAttentionTest, PackedDocumentsBackwardMatchesCpu) {
   Generator gen(702);
   for (DType dt : {DType::kF32, DType::kBF16, DType::kF16}) {
     for (const Case& c : packed_cases(dt)) check_backward(c, gen);
+  }
+}
+
+// A sliding window (Mistral's: row i sees keys max(its document's start, i − W + 1) … i, Note
+// [Sliding window] in layers/transformer.cpp): windows narrower than a tile, equal to one, and
+// spanning several, alone and over packed documents, on both paths.
+std::vector<Case> window_cases(DType dt) {
+  std::vector<Case> cases;
+  for (int64_t d : {24, 64, 128}) {
+    for (int64_t w : {1, 37, 64, 100}) {
+      cases.push_back({dt, 2, 4, 2, 300, d, false, {}, w});
+      cases.push_back({dt, 1, 4, 1, 300, d, false, {17, 5, 200, 33, 45}, w});
+    }
+  }
+  cases.push_back({dt, 1, 4, 2, 1024, 64, false, {}, 250});
+  return cases;
+}
+
+TEST_F(CudaAttentionTest, SlidingWindowMatchesCpu) {
+  Generator gen(704);
+  for (DType dt : {DType::kF32, DType::kBF16, DType::kF16}) {
+    for (const Case& c : window_cases(dt)) {
+      check_forward(c, gen);
+      check_backward(c, gen);
+    }
   }
 }
 

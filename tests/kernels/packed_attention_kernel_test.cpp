@@ -3,11 +3,15 @@
 // documents of different lengths gives the out, lse and dq, dk, dv (from the same dout) of plain
 // causal attention run on each document alone (f64 to 1e-12, f32 to 1e-6; multi-head and
 // grouped-query); an all-zero doc_start is the plain kernel bit for bit; results do not depend
-// on the thread count; ops::causal_attention with doc_start passes the f64 finite-difference
-// gradcheck, saves doc_start for backward, and rejects a malformed doc_start with a message.
+// on the thread count; a sliding window's first keys give the softmax written out over the
+// window; ops::causal_attention with doc_start (documents, a window) passes the f64
+// finite-difference gradcheck, saves doc_start for backward, and rejects a malformed doc_start
+// with a message.
 #include <gtest/gtest.h>
 #include <omp.h>
 
+#include <algorithm>
+#include <cmath>
 #include <string>
 #include <vector>
 
@@ -155,6 +159,68 @@ TEST(PackedAttentionKernel, ResultsDoNotDependOnThreadCount) {
   omp_set_num_threads(saved);
 }
 
+// A sliding window (Note [Sliding window] in layers/transformer.cpp) is each row's first key
+// moved up to i − W + 1: against the softmax written out over exactly the keys
+// max(doc, i − W + 1) … i, in f64 (forward: out and lse).
+TEST(PackedAttentionKernel, WindowedFirstKeysEqualTheWrittenOutSoftmax) {
+  Generator gen(45);
+  const int64_t T = 18, D = 4, W = 4, Hq = 4, Hkv = 2;
+  const Tensor docs = doc_start_of({5, 1, 9, 3});
+  std::vector<int32_t> first(static_cast<size_t>(T));
+  for (int64_t i = 0; i < T; ++i)
+    first[static_cast<size_t>(i)] =
+        std::max(docs.data<int32_t>()[i], static_cast<int32_t>(i - W + 1));
+  const Tensor q = randn({1, Hq, T, D}, gen, DType::kF64),
+               k = randn({1, Hkv, T, D}, gen, DType::kF64),
+               v = randn({1, Hkv, T, D}, gen, DType::kF64);
+  const double scale = 0.6;
+  const Fwd f = forward(q, k, v, Tensor::from_vector(first, {T}), scale);
+  const double* qp = q.data<double>();
+  const double* kp = k.data<double>();
+  const double* vp = v.data<double>();
+  double worst = 0;
+  for (int64_t h = 0; h < Hq; ++h) {
+    const int64_t kvh = h / (Hq / Hkv);
+    for (int64_t i = 0; i < T; ++i) {
+      std::vector<double> s;
+      for (int64_t j = first[static_cast<size_t>(i)]; j <= i; ++j) {
+        double dot = 0;
+        for (int64_t d = 0; d < D; ++d) dot += qp[(h * T + i) * D + d] * kp[(kvh * T + j) * D + d];
+        s.push_back(scale * dot);
+      }
+      double m = -INFINITY, z = 0;
+      for (double x : s) m = std::max(m, x);
+      for (double x : s) z += std::exp(x - m);
+      worst = std::max(worst, std::abs(f.lse.data<double>()[h * T + i] - (m + std::log(z))));
+      for (int64_t d = 0; d < D; ++d) {
+        double o = 0;
+        for (size_t n = 0; n < s.size(); ++n)
+          o += std::exp(s[n] - m) / z *
+               vp[(kvh * T + first[static_cast<size_t>(i)] + static_cast<int64_t>(n)) * D + d];
+        worst = std::max(worst, std::abs(f.out.data<double>()[(h * T + i) * D + d] - o));
+      }
+    }
+  }
+  EXPECT_LE(worst, 1e-12);
+  // And the window mattered: the documents alone give other rows.
+  EXPECT_GT(rel_error(f.out, forward(q, k, v, docs, scale).out), 1e-3);
+}
+
+// The op's backward with windowed first keys against central differences in f64.
+TEST(PackedAttentionOp, GradcheckWithSlidingWindow) {
+  Generator gen(53);
+  const Tensor first =
+      Tensor::from_vector(std::vector<int32_t>{0, 0, 0, 1, 2, 5, 5, 6, 7, 8}, {10});
+  std::vector<Tensor> in = {testing::random({2, 4, 10, 3}, gen),
+                            testing::random({2, 2, 10, 3}, gen),
+                            testing::random({2, 2, 10, 3}, gen)};
+  testing::expect_gradcheck(
+      [&](const std::vector<Tensor>& x) {
+        return ops::causal_attention(x[0], x[1], x[2], 0.0, first);
+      },
+      in);
+}
+
 // The op's backward against central differences in f64, grouped-query, documents of 1 to 4.
 TEST(PackedAttentionOp, GradcheckWithDocStart) {
   Generator gen(51);
@@ -209,14 +275,13 @@ TEST(PackedAttentionOp, RejectsMalformedDocStart) {
   expect_rejected(Tensor::zeros({6}, DType::kI64), "i64");
   expect_rejected(Tensor::zeros({2, 3}, DType::kI32), "2-d");
   expect_rejected(i32({1, 1, 1, 1, 1, 1}), "doc_start[0] != 0");
-  expect_rejected(i32({0, 0, 1, 1, 1, 1}), "a start that is not the row itself");
   expect_rejected(i32({0, 0, 2, 2, 0, 0}), "decreasing");
   expect_rejected(i32({0, 0, 0, 4, 4, 6}), "past the row");
-  // Well-formed ones pass: every token alone, one document, three.
+  // Well-formed ones pass: every token alone, one document, three, a window of 3 keys.
   Generator gen(62);
   const Tensor q = randn({1, 2, 6, 4}, gen, DType::kF64);
-  for (const Tensor& ok :
-       {i32({0, 1, 2, 3, 4, 5}), i32({0, 0, 0, 0, 0, 0}), i32({0, 0, 2, 3, 3, 3})}) {
+  for (const Tensor& ok : {i32({0, 1, 2, 3, 4, 5}), i32({0, 0, 0, 0, 0, 0}),
+                           i32({0, 0, 2, 3, 3, 3}), i32({0, 0, 0, 1, 2, 3})}) {
     EXPECT_NO_THROW(ops::causal_attention(q, q, q, 0.0, ok));
   }
 }

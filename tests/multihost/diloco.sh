@@ -6,6 +6,9 @@
 #   sync      2 islands of 1 rank, H = 1, inner SGD without momentum, outer plain average:
 #             the final weights equal the single-process run on both islands' batches (the
 #             synchronous data-parallel step) to f32 rounding;
+#   family    the same with a Llama in the Hugging Face families' options (Note [Hugging Face
+#             families] in train/hf_format.h: heads of 24, every bias, Llama 3 RoPE scaling — a
+#             Llama 3.x checkpoint's shape), compared through its Hugging Face export;
 #   layouts   island 0 dp 2 (ZeRO-1, 2 × 4 sequences) and island 1 tp 2 (8 sequences), 2 ranks
 #             each, then island 0 ZeRO-3 and island 1 pp 2: after the last sync both islands of
 #             a job hold the same weights bit for bit, and the first job's equal (to f32
@@ -35,7 +38,7 @@ if ! why=$("$cluster" check 2>&1); then
   echo "multihost: skipped: $why"
   exit 77
 fi
-if [ "$mode" = sync ] || [ "$mode" = layouts ]; then
+if [ "$mode" = sync ] || [ "$mode" = family ] || [ "$mode" = layouts ]; then
   python3 -c "import numpy" 2>/dev/null || { echo "multihost: skipped: no numpy"; exit 77; }
 fi
 "$cluster" sweep
@@ -77,18 +80,33 @@ island() {
   fi
 }
 
-# The newest checkpoint of run OUT as one llm.c weights file.
+# The newest checkpoint of run OUT as one llm.c weights file (GPT-2), or with $hf set as a
+# Hugging Face directory's model.safetensors (any architecture).
 export_weights() {
+  if [ -n "${hf:-}" ]; then
+    "$convert" --from "loom:$1/checkpoints" --to "hf:$2.hf" >"$2.convert.log" 2>&1 &&
+      cp "$2.hf/model.safetensors" "$2" || fail "convert failed for $1"
+    return
+  fi
   "$convert" --from "loom:$1/checkpoints" --to "llmc:$2" >/dev/null 2>&1 ||
     fail "convert failed for $1"
 }
 
-# Max |a − b| / (1 + |b|) over two llm.c weight files, within TOL.
+# Max |a − b| / (1 + |b|) over two weight files of export_weights, within TOL.
 expect_close() {
-  python3 - "$1" "$2" "$3" <<'PY' || fail "weights of $1 and $2 differ beyond $3"
-import sys, numpy as np
-a = np.fromfile(sys.argv[1], dtype=np.float32, offset=1024)
-b = np.fromfile(sys.argv[2], dtype=np.float32, offset=1024)
+  python3 - "$1" "$2" "$3" "${hf:-}" <<'PY' || fail "weights of $1 and $2 differ beyond $3"
+import json, struct, sys, numpy as np
+def weights(path):
+    if not sys.argv[4]:
+        return np.fromfile(path, dtype=np.float32, offset=1024)
+    with open(path, "rb") as f:  # safetensors: every tensor, in name order, as f32
+        n = struct.unpack("<Q", f.read(8))[0]
+        header = json.loads(f.read(n))
+        data = f.read()
+    parts = [np.frombuffer(data[e["data_offsets"][0]:e["data_offsets"][1]], dtype=np.float32)
+             for k, e in sorted(header.items()) if k != "__metadata__"]
+    return np.concatenate(parts)
+a, b = weights(sys.argv[1]), weights(sys.argv[2])
 assert a.size == b.size and a.size > 0, (a.size, b.size)
 err = float(np.max(np.abs(a - b) / (1 + np.abs(b))))
 print(f"max relative difference {err:.3g} over {a.size} weights")
@@ -101,8 +119,16 @@ wait_all() {
   for pid in "$@"; do wait "$pid" || fail "an island failed"; done
 }
 
+if [ "$mode" = family ]; then
+  hf=1
+  base+=(--set model.arch=llama --set model.tie_embeddings=false --set model.n_kv_head=1
+    --set model.head_dim=24 --set model.attention_bias=true --set model.mlp_bias=true
+    --set model.rope_scaling.type=llama3
+    --set model.rope_scaling.factor=8 --set model.rope_scaling.original_max_seq_len=16)
+fi
+
 case "$mode" in
-  sync)
+  sync | family)
     islands=2
     sgd=(--set optim.name=sgd --set optim.momentum=0 --set optim.weight_decay=0
       --set optim.grad_clip=0 --set train.steps=6 --set checkpoint.at_end=true)

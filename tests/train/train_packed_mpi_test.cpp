@@ -41,7 +41,8 @@ struct Layout {
   bool deterministic = false;  // parallel.odc_deterministic
   std::string balance = "flops";
   // A Llama in the Hugging Face families' options (Note [Hugging Face families]): heads of 12
-  // over a width of 32, Llama 3's RoPE scaling, every bias.
+  // over a width of 32, Llama 3's RoPE scaling, every bias, and a 7-token sliding window inside
+  // the packed documents.
   bool llama = false;
 };
 
@@ -52,7 +53,7 @@ Config config_for(const Layout& l, const std::string& data, const std::string& o
     y << "model: {arch: llama, vocab_size: 64, vocab_multiple: 32, n_layer: 2, n_head: 2, "
          "n_kv_head: 1, n_embd: 32, head_dim: 12, max_seq_len: 48, attention_bias: true, "
          "mlp_bias: true, rope_scaling: {type: llama3, factor: 8, low_freq_factor: 1, "
-         "high_freq_factor: 4, original_max_seq_len: 16}}\n";
+         "high_freq_factor: 4, original_max_seq_len: 16}, sliding_window: 7}\n";
   } else {
     y << "model: {arch: gpt2, vocab_size: 64, vocab_multiple: 32, n_layer: 2, n_head: 2, n_embd: "
          "32, max_seq_len: 48}\n";

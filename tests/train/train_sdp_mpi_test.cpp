@@ -11,7 +11,9 @@
 // copy then set from a trained one; so do the logged losses and norms, and the validation loss.
 // Checkpoints: a run stopped and resumed equals the straight run bitwise, and the checkpoint of
 // an SDP run, read by one process, is the full model whose elements are the ranks' trained
-// values (consolidation); forward masking starts from a full checkpoint (model.init_from).
+// values (consolidation); forward masking starts from a full checkpoint (model.init_from). The
+// neuron level and the heads option also run a Llama with the Hugging Face families' options
+// (every bias, heads of 12, Llama 3 RoPE scaling, a sliding window; q/k norms but with heads).
 // loom-mpi-test: ranks 4 8 timeout 600
 // loom-multihost-test: 2x2
 #include <gtest/gtest.h>
@@ -41,13 +43,24 @@ namespace loom::parallel {
 namespace {
 
 // `kv_groups` > 0 (the heads option): 8 query heads in that many KV groups (GPT-2: 8 heads).
+// "llama_ext": Llama with the Hugging Face families' options at once (Note [Hugging Face
+// families] in train/hf_format.h): heads of 12, every bias, q/k norms, Llama 3's RoPE scaling and
+// a 5-token sliding window; "llama_ext_heads" the same without q/k norms, which
+// parallel.sdp.heads refuses by name.
 std::string model_yaml(const std::string& arch, int n_layer, int kv_groups = 0) {
   const std::string layers = "n_layer: " + std::to_string(n_layer);
-  if (arch == "llama") {
+  if (arch.starts_with("llama")) {
     const std::string heads = kv_groups > 0 ? "n_head: 8, n_kv_head: " + std::to_string(kv_groups)
                                             : std::string("n_head: 2, n_kv_head: 1");
+    const std::string ext =
+        arch.starts_with("llama_ext")
+            ? std::string(
+                  ", head_dim: 12, attention_bias: true, mlp_bias: true, sliding_window: "
+                  "5, rope_scaling: {type: llama3, factor: 8, original_max_seq_len: 8}") +
+                  (arch == "llama_ext" ? ", qk_norm: true" : "")
+            : "";
     return "model: {arch: llama, vocab_size: 64, vocab_multiple: 32, " + layers + ", " + heads +
-           ", n_embd: 32, ffn_multiple: 8, tie_embeddings: false, max_seq_len: 16}\n";
+           ", n_embd: 32, ffn_multiple: 8, tie_embeddings: false, max_seq_len: 16" + ext + "}\n";
   }
   return "model: {arch: gpt2, vocab_size: 64, vocab_multiple: 32, " + layers +
          ", n_head: " + std::to_string(kv_groups > 0 ? 8 : 2) + ", n_embd: 32, max_seq_len: 16}\n";
@@ -155,7 +168,8 @@ TEST(TrainSdp, CoverageOneWithAccumulationIsDataParallelism) {
 // The packed dim of an MLP parameter by its name (fc/gate/up rows, proj/down columns), -1 for
 // a parameter every worker holds whole. From the model's structure, not from placements.
 int64_t packed_dim(const std::string& name) {
-  for (const char* rows : {".mlp.fc.weight", ".mlp.fc.bias", ".mlp.gate.weight", ".mlp.up.weight"})
+  for (const char* rows : {".mlp.fc.weight", ".mlp.fc.bias", ".mlp.gate.weight", ".mlp.gate.bias",
+                           ".mlp.up.weight", ".mlp.up.bias"})
     if (name.ends_with(rows)) return 0;
   for (const char* cols : {".mlp.proj.weight", ".mlp.down.weight"})
     if (name.ends_with(cols)) return 1;
@@ -183,7 +197,7 @@ struct Mapped {
 Mapped map_head_tensor(const std::string& name, const Tensor& t, const ModelConfig& mc,
                        const sdp::NeuronAssignment& heads, int worker, bool frozen) {
   Mapped m{name, t, {}, 0, true};
-  const int64_t groups = mc.kv_heads(), g = mc.n_head / groups, d = mc.n_embd / mc.n_head;
+  const int64_t groups = mc.kv_heads(), g = mc.n_head / groups, d = mc.head_dim();
   const int64_t q_rows = groups * g * d, kv_rows = groups * d;
   const sdp::LayerCover& layer = heads.layers[static_cast<size_t>(block_of(name))];
   std::vector<int64_t> owned;  // the groups of this tensor: held (trained) or not (frozen copy)
@@ -468,10 +482,12 @@ SdpCase half(const std::string& arch, const std::string& mode, const std::string
 TEST(TrainSdp, ForwardNeuronMatchesTheReference) {
   check_against_reference(half("gpt2", "forward", "neuron"));
   check_against_reference(half("llama", "forward", "neuron"));
+  check_against_reference(half("llama_ext", "forward", "neuron"));
 }
 TEST(TrainSdp, BackwardNeuronMatchesTheReference) {
   check_against_reference(half("gpt2", "backward", "neuron"));
   check_against_reference(half("llama", "backward", "neuron"));
+  check_against_reference(half("llama_ext", "backward", "neuron"));
 }
 TEST(TrainSdp, ForwardBlockMatchesTheReference) {
   check_against_reference(half("gpt2", "forward", "block"));
@@ -486,7 +502,7 @@ TEST(TrainSdp, BackwardBlockMatchesTheReference) {
 TEST(TrainSdp, HeadsMatchTheReference) {
   const int d = testing::world_size();
   for (const char* mode : {"forward", "backward"}) {
-    for (const char* arch : {"gpt2", "llama"}) {
+    for (const char* arch : {"gpt2", "llama", "llama_ext_heads"}) {
       SdpCase c = half(arch, mode, "neuron");
       c.kv_groups = std::string(arch) == "gpt2" ? 8 : d;
       check_against_reference(c);

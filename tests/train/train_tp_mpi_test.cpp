@@ -9,7 +9,10 @@
 // TrainModelParallel4.* on 4 (with pp2 too, and MiCS over dp·cp), TrainModelParallel8.* on 8
 // (the compositions dp2·tp2·pp2, tp2·cp2·pp2 and dp2·cp2·tp2, each also with ZeRO-1, plus
 // dp2·tp2·pp2+sp with ZeRO-3 and tp2·cp2·pp2 with ZeRO-2); each case skips itself at the other
-// world sizes. The step line's exposed communication names tp, cp, the pipeline's sends and the
+// world sizes. The Hugging Face families (Note [Hugging Face families] in train/hf_format.h) have
+// rows of their own: Llama's options under tp+sp, cp and dp·tp ZeRO-3, Qwen3 under tp, tp+sp, cp
+// and MiCS, Qwen2 under ZeRO-3, Mistral's sliding window under tp+sp with checkpointing and
+// ZeRO-2. The step line's exposed communication names tp, cp, the pipeline's sends and the
 // gradient sync exactly where the layout has them.
 // loom-mpi-test: ranks 2 4 8
 // loom-multihost-test: 2x2 2x4
@@ -79,17 +82,20 @@ Config config_for(const Case& k, const std::string& dir, const std::string& out,
   } else {
     // llama_ext: the Hugging Face families' options (Note [Hugging Face families]) — heads of
     // 12 over a width of 32, Llama 3's RoPE scaling over a pre-training context of 8, every
-    // bias; qwen2: q, k, v biases; qwen3: q/k norms over heads of 12.
+    // bias; qwen2: q, k, v biases; qwen3: q/k norms over heads of 12; mistral: a 5-token
+    // sliding window over the 16-token sequences (Note [Sliding window]).
     y << "model: {arch: llama, vocab_size: 61, vocab_multiple: 32, n_layer: 2, n_head: 4, "
          "n_kv_head: 2, n_embd: 32, "
-         "max_seq_len: 16, tie_embeddings: false"
+         "max_seq_len: 16, tie_embeddings: false, activation_checkpointing: "
+      << (k.checkpointing ? "true" : "false")
       << (k.arch == "llama_ext"
               ? ", head_dim: 12, attention_bias: true, mlp_bias: true, rope_scaling: {type: "
                 "llama3, factor: 8, low_freq_factor: 1, high_freq_factor: 4, "
                 "original_max_seq_len: 8}"
               : "")
       << (k.arch == "qwen2" ? ", qkv_bias: true" : "")
-      << (k.arch == "qwen3" ? ", head_dim: 12, qk_norm: true" : "") << "}\n";
+      << (k.arch == "qwen3" ? ", head_dim: 12, qk_norm: true" : "")
+      << (k.arch == "mistral" ? ", head_dim: 12, sliding_window: 5" : "") << "}\n";
   }
   y << "data: {train: " << dir << "/data/train_*.bin, val: " << dir
     << "/data/train_*.bin, batch_size: " << (parallel ? 4 : 4 * k.dp) << ", seq_len: 16}\n"
@@ -290,6 +296,12 @@ TEST(TrainModelParallel2, Cp2Qwen3MatchesSingleProcess) {
 TEST(TrainModelParallel2, Dp2Zero3Qwen2MatchesSingleProcess) {
   expect_matches_single({.arch = "qwen2", .dp = 2, .zero_stage = 3});
 }
+TEST(TrainModelParallel2, Tp2SequenceParallelMistralMatchesSingleProcess) {
+  expect_matches_single({.arch = "mistral", .tp = 2, .sp = true, .checkpointing = true});
+}
+TEST(TrainModelParallel2, Dp2Zero2MistralMatchesSingleProcess) {
+  expect_matches_single({.arch = "mistral", .dp = 2, .zero_stage = 2});
+}
 TEST(TrainModelParallel2, Tp2WithDropoutMatchesSingleProcess) {
   expect_matches_single({.tp = 2, .dropout = 0.1});
 }
@@ -334,6 +346,9 @@ TEST(TrainModelParallel2, Tp2ResumeIsExact) { expect_resume_exact({.tp = 2}); }
 
 TEST(TrainModelParallel4, Dp2Tp2Zero3LlamaFamilyMatchesSingleProcess) {
   expect_matches_single({.arch = "llama_ext", .dp = 2, .tp = 2, .zero_stage = 3});
+}
+TEST(TrainModelParallel4, Dp4Zero3MicsQwen3MatchesSingleProcess) {  // MiCS partitions of 2
+  expect_matches_single({.arch = "qwen3", .dp = 4, .zero_stage = 3, .mics = 2});
 }
 TEST(TrainModelParallel4, Dp2Tp2Zero1MatchesSingleProcess) {
   expect_matches_single({.dp = 2, .tp = 2, .zero_stage = 1});
