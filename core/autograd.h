@@ -22,6 +22,20 @@
 //
 // Note [Grad mode is thread-local]: NoGradGuard flips a thread_local flag, the one piece of
 // implicit state in the core; communication threads never record graph.
+//
+// Note [Split backward]: zero-bubble pipelines (parallel/pp, Qi et al. 2024) run a stage's
+// backward in two passes: B, the gradient of the stage's input (what the previous stage waits
+// for), and later W, the parameters' gradients (what only the optimizer waits for).
+// backward_split(outputs, grads, inputs) runs B: a node runs iff a path leads from it to an
+// input ("on the input path"); a node that can compute some of its gradients alone (a
+// FunctionNode recorded with a PartialBackward: matmul and the linear ops, whose weight GEMMs are
+// half of backward) computes only those toward the input path and keeps the rest for W; every
+// other node, and every node only W's gradients reach, waits. The returned DeferredBackward is
+// W: run() computes the kept gradients (the partial nodes' remaining edges, then the waiting
+// nodes in the usual order), so the parameters' accumulators, and their hooks, run there. B then
+// W gives the gradients backward() gives, term for term (each op computes each gradient with
+// the same kernels; a node with several consumers sums them in the same order). The nodes and
+// their saved tensors live until W.
 #pragma once
 
 #include <functional>
@@ -51,6 +65,13 @@ class Node {
   virtual std::vector<Tensor> apply(std::vector<Tensor>&& grad_outputs) = 0;
   // Drops saved tensors once the node has run (frees activations during backward).
   virtual void release() {}
+  // Note [Split backward]: whether apply_some computes only the gradients asked for; otherwise
+  // it is apply (every gradient).
+  virtual bool computes_partially() const { return false; }
+  // The gradients of the next_edges marked in `want` (the others undefined); may be called
+  // twice with complementary masks on the same grad_outputs, then release().
+  virtual std::vector<Tensor> apply_some(const std::vector<Tensor>& grad_outputs,
+                                         const std::vector<bool>& want);
   // Runs before any other ready node (Note [Gradient-ready hooks]): leaves' accumulators.
   virtual bool runs_first() const { return false; }
 
@@ -71,13 +92,25 @@ class Node {
 class FunctionNode final : public Node {
  public:
   using Backward = std::function<std::vector<Tensor>(const std::vector<Tensor>& grad_outputs)>;
+  // Computes the gradients of the inputs marked in `want` only (Note [Split backward]).
+  using PartialBackward = std::function<std::vector<Tensor>(const std::vector<Tensor>& grad_outputs,
+                                                            const std::vector<bool>& want)>;
   FunctionNode(std::string name, int num_outputs, Backward fn)
       : Node(std::move(name), num_outputs), fn_(std::move(fn)) {}
+  FunctionNode(std::string name, int num_outputs, PartialBackward fn)
+      : Node(std::move(name), num_outputs), partial_(std::move(fn)) {}
   std::vector<Tensor> apply(std::vector<Tensor>&& grad_outputs) override;
-  void release() override { fn_ = nullptr; }
+  void release() override {
+    fn_ = nullptr;
+    partial_ = nullptr;
+  }
+  bool computes_partially() const override { return partial_ != nullptr; }
+  std::vector<Tensor> apply_some(const std::vector<Tensor>& grad_outputs,
+                                 const std::vector<bool>& want) override;
 
  private:
   Backward fn_;
+  PartialBackward partial_;
 };
 
 // Accumulates into a leaf's .grad and fires its hooks (Note [Gradient-ready hooks]).
@@ -132,6 +165,9 @@ void record(const std::shared_ptr<Node>& node, const std::vector<Tensor>& inputs
 // Convenience for the common case: one FunctionNode over `inputs` producing `outputs`.
 void record_function(const std::string& name, const std::vector<Tensor>& inputs,
                      const std::vector<Tensor*>& outputs, FunctionNode::Backward fn);
+// The same for a backward that can compute a subset of its gradients (Note [Split backward]).
+void record_partial_function(const std::string& name, const std::vector<Tensor>& inputs,
+                             const std::vector<Tensor*>& outputs, FunctionNode::PartialBackward fn);
 
 // ---- running backward ----
 // backward(loss): loss must be a scalar; its gradient is 1.
@@ -145,5 +181,33 @@ void backward(const std::vector<Tensor>& outputs, const std::vector<Tensor>& gra
 using GradCapture = std::unordered_map<const Node*, Tensor>;
 void backward_capture(const std::vector<Tensor>& outputs, const std::vector<Tensor>& grads,
                       GradCapture& capture);
+
+// Note [Split backward]: the W pass a backward_split left, movable, run at most once. Destroyed
+// without run(), its gradients are dropped.
+class DeferredBackward {
+ public:
+  DeferredBackward();
+  ~DeferredBackward();
+  DeferredBackward(DeferredBackward&&) noexcept;
+  DeferredBackward& operator=(DeferredBackward&&) noexcept;
+  DeferredBackward(const DeferredBackward&) = delete;
+  DeferredBackward& operator=(const DeferredBackward&) = delete;
+  // Computes every gradient B left (the parameters' accumulators and hooks run here).
+  void run();
+  struct State;  // the paused engine (core/autograd.cpp)
+
+ private:
+  explicit DeferredBackward(std::unique_ptr<State> state);
+  friend DeferredBackward backward_split(const std::vector<Tensor>&, const std::vector<Tensor>&,
+                                         const std::vector<Tensor>&);
+  std::unique_ptr<State> state_;
+};
+
+// B: like backward(outputs, grads), but only the gradients on the way to `inputs` (leaves
+// requiring grad; none: nothing runs) are computed now; their .grad is set as backward() would.
+// The rest is the returned W pass.
+DeferredBackward backward_split(const std::vector<Tensor>& outputs,
+                                const std::vector<Tensor>& grads,
+                                const std::vector<Tensor>& inputs);
 
 }  // namespace loom::autograd

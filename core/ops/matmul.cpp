@@ -57,13 +57,15 @@ Tensor mm(const Tensor& a, const Tensor& b, bool ta, bool tb) {
     const bool need_a = a.requires_grad(), need_b = b.requires_grad();
     Tensor sa = need_b ? a.detach() : Tensor();
     Tensor sb = need_a ? b.detach() : Tensor();
-    autograd::record_function("matmul", {a, b}, {&c}, [=](const std::vector<Tensor>& g) {
-      const Tensor& d = g[0];
-      Tensor da, db;
-      if (need_a) da = ta ? mm(sb, d, tb, true) : mm(d, sb, false, !tb);
-      if (need_b) db = tb ? mm(d, sa, true, ta) : mm(sa, d, !ta, false);
-      return std::vector<Tensor>{da, db};
-    });
+    // Partial (Note [Split backward] in core/autograd.h): either product alone.
+    autograd::record_partial_function(
+        "matmul", {a, b}, {&c}, [=](const std::vector<Tensor>& g, const std::vector<bool>& want) {
+          const Tensor& d = g[0];
+          Tensor da, db;
+          if (need_a && want[0]) da = ta ? mm(sb, d, tb, true) : mm(d, sb, false, !tb);
+          if (need_b && want[1]) db = tb ? mm(d, sa, true, ta) : mm(sa, d, !ta, false);
+          return std::vector<Tensor>{da, db};
+        });
   }
   return c;
 }
@@ -97,19 +99,22 @@ void record_linear(const char* name, const Tensor& x, const Tensor& w, const Ten
   const Shape x_shape = x.shape();
   const Tensor sx = need_w ? x2 : Tensor();
   const Tensor sw = need_x ? wc : Tensor();
-  autograd::record_function(name, {x, w, bias}, {&y}, [=](const std::vector<Tensor>& g) {
-    Tensor d = contiguous(reshape(g[0], {-1, wc.size(0)}));
-    if (pre.defined()) {
-      Tensor dpre = Tensor::zeros_like(pre);
-      if (dpre.numel() > 0) kernels::call_kernel<kernels::gelu_backward_k>(pre, d, dpre);
-      d = dpre;
-    }
-    Tensor dx, dw, db;
-    if (need_x) dx = reshape(mm(d, sw, false, false), x_shape);
-    if (need_w) dw = mm(d, sx, true, false);
-    if (need_b) db = sum(d, 0);
-    return std::vector<Tensor>{dx, dw, db};
-  });
+  // Partial (Note [Split backward] in core/autograd.h): dx alone, or dw and db alone (gelu'
+  // is applied again for the second call: elementwise, the same values).
+  autograd::record_partial_function(
+      name, {x, w, bias}, {&y}, [=](const std::vector<Tensor>& g, const std::vector<bool>& want) {
+        Tensor d = contiguous(reshape(g[0], {-1, wc.size(0)}));
+        if (pre.defined()) {
+          Tensor dpre = Tensor::zeros_like(pre);
+          if (dpre.numel() > 0) kernels::call_kernel<kernels::gelu_backward_k>(pre, d, dpre);
+          d = dpre;
+        }
+        Tensor dx, dw, db;
+        if (need_x && want[0]) dx = reshape(mm(d, sw, false, false), x_shape);
+        if (need_w && want[1]) dw = mm(d, sx, true, false);
+        if (need_b && want[2]) db = sum(d, 0);
+        return std::vector<Tensor>{dx, dw, db};
+      });
 }
 
 }  // namespace
@@ -170,29 +175,41 @@ Tensor gelu_mlp(const Tensor& x, const Tensor& w_fc, const Tensor& b_fc, const T
     const bool need_w2 = w_proj.requires_grad(), need_b2 = b_proj.requires_grad();
     const bool need_pre = need_x || need_w1 || need_b1;
     const Shape x_shape = x.shape();
-    autograd::record_function(
-        "gelu_mlp", {x, w_fc, b_fc, w_proj, b_proj}, {&y2}, [=](const std::vector<Tensor>& g) {
+    // Partial (Note [Split backward] in core/autograd.h): the gradient of the hidden
+    // pre-activation (and b_fc's, which the same kernel writes) is computed by the first call
+    // that needs it and kept for the second.
+    struct Kept {
+      Tensor dpre, db1;
+    };
+    auto kept = std::make_shared<Kept>();
+    autograd::record_partial_function(
+        "gelu_mlp", {x, w_fc, b_fc, w_proj, b_proj}, {&y2},
+        [=](const std::vector<Tensor>& g, const std::vector<bool>& want) {
           const Tensor d = contiguous(reshape(g[0], {-1, dim}));
           Tensor dx, dw1, db1, dw2, db2;
-          if (need_pre) {
-            Tensor dpre = Tensor::empty({rows, hidden}, d.dtype(), d.device());
-            if (dpre.numel() > 0) {  // the kernel writes db1 whole
-              db1 = Tensor::empty({hidden}, d.dtype(), d.device());
-              kernels::call_kernel<kernels::gemm_dgelu_bgrad_k>(d, w2, pre, dpre, db1, false,
-                                                                false);
-            } else {
-              db1 = Tensor::zeros({hidden}, d.dtype(), d.device());
+          const bool now_x = need_x && want[0], now_w1 = need_w1 && want[1],
+                     now_b1 = need_b1 && want[2];
+          if (need_pre && (now_x || now_w1 || now_b1)) {
+            if (!kept->dpre.defined()) {
+              kept->dpre = Tensor::empty({rows, hidden}, d.dtype(), d.device());
+              if (kept->dpre.numel() > 0) {  // the kernel writes db1 whole
+                kept->db1 = Tensor::empty({hidden}, d.dtype(), d.device());
+                kernels::call_kernel<kernels::gemm_dgelu_bgrad_k>(d, w2, pre, kept->dpre, kept->db1,
+                                                                  false, false);
+              } else {
+                kept->db1 = Tensor::zeros({hidden}, d.dtype(), d.device());
+              }
             }
-            if (need_x) dx = reshape(mm(dpre, w1, false, false), x_shape);
-            if (need_w1) dw1 = mm(dpre, x2, true, false);
-            if (!need_b1) db1 = Tensor();
+            if (now_x) dx = reshape(mm(kept->dpre, w1, false, false), x_shape);
+            if (now_w1) dw1 = mm(kept->dpre, x2, true, false);
+            if (now_b1) db1 = kept->db1;
           }
-          if (need_w2) {  // gelu(pre) again rather than kept: (R, H) less memory per layer
+          if (need_w2 && want[3]) {  // gelu(pre) again rather than kept: (R, H) less memory
             Tensor h = Tensor::empty({rows, hidden}, d.dtype(), d.device());
             if (h.numel() > 0) kernels::call_kernel<kernels::gelu_forward_k>(pre, h);
             dw2 = mm(d, h, true, false);
           }
-          if (need_b2) db2 = sum(d, 0);
+          if (need_b2 && want[4]) db2 = sum(d, 0);
           return std::vector<Tensor>{dx, dw1, db1, dw2, db2};
         });
   }

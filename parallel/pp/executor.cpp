@@ -64,9 +64,16 @@ PipelineStats PipelineExecutor::run(const ChunkCallbacks& cb) {
   std::vector<WorkPtr> sends;
   std::vector<Tensor> losses;  // the last stage's, summed after the last compute op
   int in_flight = 0;
+  // Split schedules (Note [Split backward] in core/autograd.h): B leaves each (mb, chunk)'s W
+  // pass here until its BWD_W; the parameters' gradients, and data parallelism's hooks, come
+  // there, so before_backward is called before each W, not before B.
+  bool split = false;
+  for (const Instruction& ins : list_) split = split || ins.op == Op::kBwdW;
+  std::map<std::pair<int, int>, autograd::DeferredBackward> deferred;
+  const Op arming = split ? Op::kBwdW : Op::kBwd;
   size_t last_bwd = list_.size();
   for (size_t i = 0; i < list_.size(); ++i) {
-    if (list_[i].op == Op::kBwd) last_bwd = i;
+    if (list_[i].op == arming) last_bwd = i;
   }
   st.schedule_bubble = bubble_;
   auto wait = [&](WorkPtr& w, double& waited) {
@@ -157,6 +164,16 @@ PipelineStats PipelineExecutor::run(const ChunkCallbacks& cb) {
       if (g == last_stage) losses.push_back(s.output.detach());
       st.compute_s += since(t0);
       st.peak_in_flight = std::max(st.peak_in_flight, ++in_flight);
+    } else if (ins.op == Op::kBwdW) {
+      auto it = deferred.find(key);
+      LOOM_CHECK(it != deferred.end(), "pipeline: BWD_W mb ", ins.mb, " chunk ", ins.chunk,
+                 " without its BWD before it");
+      if (cb.before_backward) cb.before_backward(i == last_bwd);
+      const auto t0 = Clock::now();
+      it->second.run();
+      deferred.erase(it);
+      st.compute_s += since(t0);
+      --in_flight;
     } else {
       Slot& s = slots.at(key);
       if (g < last_stage) {
@@ -164,17 +181,24 @@ PipelineStats PipelineExecutor::run(const ChunkCallbacks& cb) {
                    " without a RECV_GRAD before it");
         wait(s.grad_recv, st.recv_wait_s);
       }
-      if (cb.before_backward) cb.before_backward(i == last_bwd);
+      if (!split && cb.before_backward) cb.before_backward(i == last_bwd);
       const auto t0 = Clock::now();
+      Tensor out = s.output, seed = s.grad_buf;
       if (g == last_stage) {
-        autograd::backward(cb.loss_scale.defined()
-                               ? ops::mul(s.output, ops::to_dtype(cb.loss_scale, s.output.dtype()))
-                               : s.output);
+        out = cb.loss_scale.defined()
+                  ? ops::mul(s.output, ops::to_dtype(cb.loss_scale, s.output.dtype()))
+                  : s.output;
+        seed = Tensor::ones(out.shape(), out.dtype(), out.device());
+      }
+      if (split) {
+        std::vector<Tensor> inputs;
+        if (g > 0) inputs.push_back(s.input);
+        deferred.emplace(key, autograd::backward_split({out}, {seed}, inputs));
       } else {
-        autograd::backward({s.output}, {s.grad_buf});
+        autograd::backward({out}, {seed});
+        --in_flight;
       }
       st.compute_s += since(t0);
-      --in_flight;
       s.output = Tensor();
       s.grad_buf = Tensor();
       if (g == 0) slots.erase(key);  // nothing to send back; otherwise SEND_GRAD erases it

@@ -17,7 +17,10 @@
 //   SEND_*: of the output (or of the input's gradient); the Work handle keeps the tensor alive
 //           and is waited at the end of the step, so no buffer is reused early.
 //   FWD:    output = forward(mb, chunk, input); on the last stage the output is the loss.
-//   BWD:    backward(loss) on the last stage, else backward({output}, {received gradient}).
+//   BWD:    backward(loss) on the last stage, else backward({output}, {received gradient});
+//           in a split schedule (zb-h1) backward_split, the input's gradient only, keeping the
+//           W pass (Note [Split backward] in core/autograd.h) with the graph until
+//   BWD_W:  that W pass; before_backward is called before each BWD_W then, not before BWD.
 // Messages carry message_tag(), which MPI matches; NCCL matches messages between two ranks in
 // issue order, which the plan keeps the same on both ends. The last stage's losses are read
 // (a device-to-host copy, a synchronisation on a GPU) once, after the step's last compute.
@@ -38,8 +41,9 @@ struct ChunkCallbacks {
   // (undefined on global stage 0). Returns the activation for the next stage, or on the last
   // stage the micro-batch's scalar loss as it is to be backpropagated (already scaled).
   std::function<Tensor(int mb, int chunk, const Tensor& input)> forward;
-  // Optional: called before each BWD; `last` is true for the step's final BWD on this rank
-  // (data parallelism launches its reductions from that backward's hooks).
+  // Optional: called before each BWD (in a split schedule before each BWD_W, where the
+  // parameters' gradients come); `last` is true for the step's final one on this rank (data
+  // parallelism launches its reductions from that backward's hooks).
   std::function<void(bool last)> before_backward;
   // Optional (undefined: 1): a 0-d f64 tensor on the losses' device (dynamic loss scaling,
   // optim::LossScaler::device_scale). The last stage backpropagates loss × loss_scale and sums

@@ -3,6 +3,7 @@
 #include "parallel/pp/schedule.h"
 
 #include <algorithm>
+#include <deque>
 #include <sstream>
 
 #include "core/error.h"
@@ -23,6 +24,8 @@ const char* op_name(Op op) {
       return "SEND_GRAD";
     case Op::kRecvGrad:
       return "RECV_GRAD";
+    case Op::kBwdW:
+      return "BWD_W";
   }
   return "?";
 }
@@ -35,6 +38,8 @@ const char* schedule_name(ScheduleKind kind) {
       return "1f1b";
     case ScheduleKind::kInterleaved:
       return "interleaved";
+    case ScheduleKind::kZeroBubbleH1:
+      return "zb-h1";
   }
   return "?";
 }
@@ -43,8 +48,9 @@ ScheduleKind parse_schedule(const std::string& name) {
   if (name == "gpipe") return ScheduleKind::kGpipe;
   if (name == "1f1b") return ScheduleKind::k1F1B;
   if (name == "interleaved") return ScheduleKind::kInterleaved;
+  if (name == "zb-h1") return ScheduleKind::kZeroBubbleH1;
   throw ConfigError("parallel.schedule: unknown schedule '" + name +
-                    "' (expected gpipe, 1f1b or interleaved)");
+                    "' (expected gpipe, 1f1b, interleaved or zb-h1)");
 }
 
 std::string to_string(const Instruction& ins) {
@@ -60,7 +66,7 @@ void validate_schedule(ScheduleKind kind, const ScheduleShape& s) {
   LOOM_CONFIG_CHECK(s.virtual_stages >= 1, "parallel.vpp: must be >= 1, got ", s.virtual_stages);
   LOOM_CONFIG_CHECK(s.microbatches >= 1, "parallel.microbatches: must be >= 1, got ",
                     s.microbatches);
-  if (kind != ScheduleKind::kInterleaved) {
+  if (kind != ScheduleKind::kInterleaved) {  // gpipe, 1f1b, zb-h1
     LOOM_CONFIG_CHECK(s.virtual_stages == 1, "parallel.vpp: ", s.virtual_stages,
                       " virtual stages need parallel.schedule: interleaved (", schedule_name(kind),
                       " runs one chunk per rank)");
@@ -74,20 +80,72 @@ void validate_schedule(ScheduleKind kind, const ScheduleShape& s) {
 namespace {
 
 struct Unit {
-  bool fwd;
+  Op op;  // kFwd, kBwd or kBwdW
   int mb, chunk;
 };
 
+// Note [ZB-H1] in the header: every rank's compute order from one greedy run at unit costs.
+std::vector<std::vector<Unit>> zero_bubble_h1(const ScheduleShape& s) {
+  const int p = s.stages, m = s.microbatches;
+  constexpr long kNever = -1;
+  // act[r][mb]: when mb's activation is at rank r (rank 0: at once); grad[r][mb]: its gradient.
+  std::vector<std::vector<long>> act(p, std::vector<long>(m, kNever)),
+      grad(p, std::vector<long>(m, kNever));
+  for (int mb = 0; mb < m; ++mb) act[0][mb] = 0;
+  struct Rank {
+    int next_f = 0, next_b = 0, in_flight = 0;
+    std::deque<int> pending_w;
+    long free_at = 0;
+  };
+  std::vector<Rank> rs(p);
+  std::vector<std::vector<Unit>> out(p);
+  const auto arrived = [](long at, long t) { return at != kNever && at <= t; };
+  size_t left = static_cast<size_t>(3 * m * p);
+  for (long t = 0; left > 0; ++t) {
+    LOOM_CHECK(t <= 3L * (m + p) * p, "zb-h1: the greedy schedule did not finish (p ", p, ", m ", m,
+               ")");
+    for (int r = 0; r < p; ++r) {
+      Rank& k = rs[r];
+      if (k.free_at > t) continue;
+      if (k.next_f < m && arrived(act[r][k.next_f], t) && k.next_f - k.next_b < p - r &&
+          k.in_flight < p) {
+        const int mb = k.next_f++;
+        out[r].push_back({Op::kFwd, mb, 0});
+        ++k.in_flight;
+        if (r + 1 < p)
+          act[r + 1][mb] = t + 1;
+        else
+          grad[r][mb] = t + 1;  // the last stage's loss: its B can follow
+      } else if (k.next_b < k.next_f && arrived(grad[r][k.next_b], t)) {
+        const int mb = k.next_b++;
+        out[r].push_back({Op::kBwd, mb, 0});
+        k.pending_w.push_back(mb);
+        if (r > 0) grad[r - 1][mb] = t + 1;
+      } else if (!k.pending_w.empty()) {
+        out[r].push_back({Op::kBwdW, k.pending_w.front(), 0});
+        k.pending_w.pop_front();
+        --k.in_flight;
+      } else {
+        continue;  // waits
+      }
+      k.free_at = t + 1;
+      --left;
+    }
+  }
+  return out;
+}
+
 // The compute order of `rank` (Note [Instruction lists] in the header).
 std::vector<Unit> compute_order(ScheduleKind kind, const ScheduleShape& s, int rank) {
+  if (kind == ScheduleKind::kZeroBubbleH1) return zero_bubble_h1(s)[static_cast<size_t>(rank)];
   const int p = s.stages, v = s.virtual_stages, m = s.microbatches, n = v * m;
   auto fwd_unit = [&](int k) {
-    if (kind != ScheduleKind::kInterleaved) return Unit{true, k, 0};
-    return Unit{true, (k / (p * v)) * p + k % p, (k / p) % v};
+    if (kind != ScheduleKind::kInterleaved) return Unit{Op::kFwd, k, 0};
+    return Unit{Op::kFwd, (k / (p * v)) * p + k % p, (k / p) % v};
   };
   auto bwd_unit = [&](int k) {
-    if (kind != ScheduleKind::kInterleaved) return Unit{false, k, 0};
-    return Unit{false, (k / (p * v)) * p + k % p, v - 1 - (k / p) % v};
+    if (kind != ScheduleKind::kInterleaved) return Unit{Op::kBwd, k, 0};
+    return Unit{Op::kBwd, (k / (p * v)) * p + k % p, v - 1 - (k / p) % v};
   };
   int warmup = n;  // GPipe: every forward first
   if (kind == ScheduleKind::k1F1B) warmup = std::min(p - rank - 1, n);
@@ -113,10 +171,12 @@ std::vector<Instruction> make_schedule(ScheduleKind kind, const ScheduleShape& s
   for (const Unit& u : compute_order(kind, s, rank)) {
     const int g = s.global_stage(rank, u.chunk);
     const int prev = (g + p - 1) % p, next = (g + 1) % p;  // ranks of stages g−1 and g+1
-    if (u.fwd) {
+    if (u.op == Op::kFwd) {
       if (g > 0) out.push_back({Op::kRecvAct, u.mb, u.chunk, prev});
       out.push_back({Op::kFwd, u.mb, u.chunk, -1});
       if (g < last) out.push_back({Op::kSendAct, u.mb, u.chunk, next});
+    } else if (u.op == Op::kBwdW) {
+      out.push_back({Op::kBwdW, u.mb, u.chunk, -1});
     } else {
       if (g < last) out.push_back({Op::kRecvGrad, u.mb, u.chunk, next});
       out.push_back({Op::kBwd, u.mb, u.chunk, -1});

@@ -26,6 +26,22 @@
 //                mb (k/(p·v))·p + k mod p; in backward order the chunk is v−1−(k/p) mod v.
 //                w = min(2·(p−r−1) + (v−1)·p, n) warm-up forwards, then n−w times (FWD, BWD),
 //                then w BWDs. Needs m % p == 0.
+//   ZB-H1:       Qi et al.'s zero-bubble schedule at 1F1B's memory (Note [ZB-H1]): BWD is B
+//                (the input's gradient) and a W op (the weights' gradients, Note [Split
+//                backward] in core/autograd.h) follows later, filling what 1F1B leaves idle
+//                (v = 1).
+//
+// Note [ZB-H1]: the lists come from one greedy run of all ranks together at unit costs (F, B and
+// W one unit each: B and W share the 2 units of a BWD), each rank taking, whenever it is free
+// and in this order: the next F whose activation has arrived, if fewer than p − r micro-batches
+// are between their F and their B (1F1B's warm-up) and fewer than p between their F and their W
+// (1F1B's peak of kept activations, which its first rank reaches); the next B whose gradient has
+// arrived; the oldest W pending; else it waits. So W runs where a rank would otherwise wait or
+// where the bound holds an F back: the last rank runs F B pairs and keeps its W's for the drain,
+// the first runs F B W (the paper's figure). Makespan: 3m + p − 1 units for m ≥ p (1F1B: 3m +
+// 3(p − 1)), so the bubble is (p − 1)(F + B − W) as in the paper, a third of 1F1B's; for m < p,
+// 2m + 2p − 1. Every rank keeps at most min(m, p) micro-batches' activations, 1F1B's peak
+// (tests/parallel/pp/pp_schedule_test.cpp).
 #pragma once
 
 #include <string>
@@ -33,11 +49,15 @@
 
 namespace loom::parallel::pp {
 
-enum class Op { kFwd, kBwd, kSendAct, kRecvAct, kSendGrad, kRecvGrad };
-const char* op_name(Op op);  // "FWD", "BWD", "SEND_ACT", …
+// kBwd is the whole backward, or in a split schedule (one with kBwdW ops) its B pass; kBwdW is
+// the W pass of the same (micro-batch, chunk), after its kBwd.
+enum class Op { kFwd, kBwd, kSendAct, kRecvAct, kSendGrad, kRecvGrad, kBwdW };
+const char* op_name(Op op);  // "FWD", "BWD", "SEND_ACT", …, "BWD_W"
+inline bool is_compute(Op op) { return op == Op::kFwd || op == Op::kBwd || op == Op::kBwdW; }
 
-enum class ScheduleKind { kGpipe, k1F1B, kInterleaved };
-// "gpipe", "1f1b", "interleaved"; parse_schedule throws ConfigError naming parallel.schedule.
+enum class ScheduleKind { kGpipe, k1F1B, kInterleaved, kZeroBubbleH1 };
+// "gpipe", "1f1b", "interleaved", "zb-h1"; parse_schedule throws ConfigError naming
+// parallel.schedule.
 const char* schedule_name(ScheduleKind kind);
 ScheduleKind parse_schedule(const std::string& name);
 
@@ -59,8 +79,10 @@ struct ScheduleShape {
 };
 
 // Throws ConfigError naming the key: p, v, m >= 1 ("parallel.pp", "parallel.vpp",
-// "parallel.microbatches"); v == 1 for gpipe and 1f1b; m % p == 0 for interleaved.
+// "parallel.microbatches"); v == 1 for gpipe, 1f1b and zb-h1; m % p == 0 for interleaved.
 void validate_schedule(ScheduleKind kind, const ScheduleShape& shape);
+// Whether the kind splits backward into B and W (kBwdW ops).
+inline bool splits_backward(ScheduleKind kind) { return kind == ScheduleKind::kZeroBubbleH1; }
 // The list of `rank` (0 ≤ rank < p). Pure: the same arguments give the same list.
 std::vector<Instruction> make_schedule(ScheduleKind kind, const ScheduleShape& shape, int rank);
 

@@ -32,7 +32,7 @@ struct SimRank {
   long clock = 0;
   int in_flight = 0;
   std::map<std::pair<int, int>, long> act_arrival, grad_arrival;  // (mb, chunk) → time
-  std::set<std::pair<int, int>> fwd_done, bwd_done;
+  std::set<std::pair<int, int>> fwd_done, bwd_done, w_done;
 };
 
 class Simulator {
@@ -40,6 +40,9 @@ class Simulator {
   Simulator(const ScheduleShape& s, const std::vector<std::vector<Instruction>>& lists,
             const StageCosts* costs)
       : s_(s), lists_(lists), costs_(costs), ranks_(lists.size()) {
+    for (const auto& l : lists) {
+      for (const Instruction& ins : l) split_ = split_ || ins.op == Op::kBwdW;
+    }
     res_.busy.assign(lists.size(), 0);
     res_.peak_in_flight.assign(lists.size(), 0);
     for (const auto& l : lists) res_.time.emplace_back(l.size(), 0L);
@@ -48,7 +51,8 @@ class Simulator {
   SimulationResult run() {
     if (static_cast<int>(lists_.size()) != s_.stages) return fail("expected one list per stage");
     const size_t stages = static_cast<size_t>(s_.num_global_stages());
-    if (costs_ && (costs_->fwd.size() != stages || costs_->bwd.size() != stages))
+    if (costs_ && (costs_->fwd.size() != stages || costs_->bwd.size() != stages ||
+                   (!costs_->wgrad.empty() && costs_->wgrad.size() != stages)))
       return fail("expected a forward and a backward cost per global stage");
     bool progress = true;
     while (progress && res_.error.empty()) {
@@ -67,7 +71,8 @@ class Simulator {
     if (!blocked.str().empty()) return fail("deadlock:" + blocked.str());
     const size_t units = static_cast<size_t>(s_.virtual_stages * s_.microbatches);
     for (size_t r = 0; r < lists_.size(); ++r) {
-      if (ranks_[r].fwd_done.size() != units || ranks_[r].bwd_done.size() != units) {
+      if (ranks_[r].fwd_done.size() != units || ranks_[r].bwd_done.size() != units ||
+          (split_ && ranks_[r].w_done.size() != units)) {
         return fail("rank " + std::to_string(r) +
                     " does not run every (micro-batch, chunk) forward and backward once");
       }
@@ -131,10 +136,21 @@ class Simulator {
           start = std::max(start, it->second);
         }
         res_.time[static_cast<size_t>(r)][st.pc] = start;
-        const long cost = costs_ ? costs_->bwd[static_cast<size_t>(g)] : 2;
+        const long cost = split_ ? bwd_cost(g) - w_cost(g) : bwd_cost(g);
         st.clock = start + cost;
         res_.busy[static_cast<size_t>(r)] += cost;
         st.bwd_done.insert(key);
+        if (!split_) --st.in_flight;  // split: the activations stay until W
+        break;
+      }
+      case Op::kBwdW: {
+        if (!st.bwd_done.count(key)) return fail(where + "W before its backward"), false;
+        if (st.w_done.count(key)) return fail(where + "W runs twice"), false;
+        res_.time[static_cast<size_t>(r)][st.pc] = st.clock;
+        const long cost = w_cost(g);
+        st.clock += cost;
+        res_.busy[static_cast<size_t>(r)] += cost;
+        st.w_done.insert(key);
         --st.in_flight;
         break;
       }
@@ -179,9 +195,17 @@ class Simulator {
     return true;
   }
 
+  long bwd_cost(int g) const { return costs_ ? costs_->bwd[static_cast<size_t>(g)] : 2; }
+  long w_cost(int g) const {
+    if (!costs_) return 1;
+    return costs_->wgrad.empty() ? costs_->bwd[static_cast<size_t>(g)] / 2
+                                 : costs_->wgrad[static_cast<size_t>(g)];
+  }
+
   const ScheduleShape& s_;
   const std::vector<std::vector<Instruction>>& lists_;
   const StageCosts* costs_;
+  bool split_ = false;  // the lists have BWD_W ops: BWD is B
   std::vector<SimRank> ranks_;
   std::map<Channel, std::deque<Message>> channels_;
   SimulationResult res_;
@@ -202,7 +226,7 @@ std::vector<IssuePlan> communication_order(const ScheduleShape& shape,
   std::vector<IssuePlan> plans(lists.size());
   for (size_t r = 0; r < lists.size(); ++r) {
     const std::vector<Instruction>& list = lists[r];
-    auto is_compute = [&](size_t i) { return list[i].op == Op::kFwd || list[i].op == Op::kBwd; };
+    auto is_compute = [&](size_t i) { return pp::is_compute(list[i].op); };
     std::vector<size_t> order(list.size());
     for (size_t i = 0; i < order.size(); ++i) order[i] = i;
     // By time; at equal times transfers before compute; then list order.
@@ -279,7 +303,7 @@ class InOrderSimulator {
     res_.error = why;
     return res_;
   }
-  bool is_compute(Op op) const { return op == Op::kFwd || op == Op::kBwd; }
+  bool is_compute(Op op) const { return pp::is_compute(op); }
   size_t op_of(size_t r, size_t step) const {
     return static_cast<size_t>(plans_[r][step].ops.front());
   }
@@ -394,6 +418,11 @@ class InOrderSimulator {
     if (st.next_compute >= st.computes.size()) return false;
     const size_t step = st.computes[st.next_compute];
     const Instruction& ins = lists_[static_cast<size_t>(r)][op_of(static_cast<size_t>(r), step)];
+    if (ins.op == Op::kBwdW) {  // needs nothing received (its BWD ran before it)
+      st.step_done[step] = true;
+      ++st.next_compute;
+      return true;
+    }
     const Op need = ins.op == Op::kFwd ? Op::kRecvAct : Op::kRecvGrad;
     const auto& list = lists_[static_cast<size_t>(r)];
     for (size_t i = 0; i < list.size(); ++i) {

@@ -6,14 +6,18 @@
 // schedules here.
 //
 // Note [Pipeline cost model]: the simulator gives a chunk's FWD 1 time unit and its BWD 2
-// (backward does two GEMMs per forward GEMM); messages arrive the moment they are sent. The
+// (backward does two GEMMs per forward GEMM) — in a split schedule B 1 and W 1, a micro-batch's
+// activations held from its FWD to its W; messages arrive the moment they are sent. The
 // makespan T is when the last rank finishes; a rank's busy time is 3·v·m; its bubble is
 // T − 3·v·m (idle at the start, middle and end). The formulas the tests check, exactly:
 //   GPipe, 1F1B:  T = 3·(m + p − 1), so bubble / T = (p−1)/(m+p−1) on every rank;
 //   interleaved:  T = 3·(v·m + p − 1), so bubble / T = (p−1)/(v·m+p−1) (each of the p−1 fill
-//                 and drain slots costs one chunk, 1/v of a stage).
+//                 and drain slots costs one chunk, 1/v of a stage);
+//   ZB-H1:        T = 3·m + p − 1 for m ≥ p, so bubble / T = (p−1)/(3m+p−1), a third of
+//                 1F1B's bubble; T = 2m + 2p − 1 for m < p.
 // Peak in-flight activations (micro-batch chunks forwarded but not yet backwarded) on rank r:
-//   GPipe m;  1F1B min(m, p−r);  interleaved min(v·m, 2·(p−r−1) + (v−1)·p + 1).
+//   GPipe m;  1F1B min(m, p−r);  ZB-H1 min(m, p) (FWD to BWD_W);
+//   interleaved min(v·m, 2·(p−r−1) + (v−1)·p + 1).
 // Given StageCosts, the same run prices each global stage's FWD and BWD on its own and adds a
 // transfer time to every message (the step-time model's use: train/planner/step_time.h, in
 // microseconds); the formulas above are for the default costs.
@@ -45,6 +49,9 @@ struct SimulationResult {
 struct StageCosts {
   std::vector<long> fwd, bwd;  // indexed by global stage (num_global_stages() entries)
   long transfer = 0;
+  // Split schedules (Note [ZB-H1] in parallel/pp/schedule.h): the W part of each stage's bwd
+  // (B is the rest); empty: half of it.
+  std::vector<long> wgrad;
 };
 
 // Runs lists[r] for every rank r together: sends complete at once (or after costs->transfer),
@@ -72,7 +79,7 @@ SimulationResult simulate(const ScheduleShape& shape,
 // compute ops that started before t, whose inputs arrived before t. The executor follows the
 // order on every backend; simulate_in_order() checks it under NCCL's rules.
 struct IssueStep {
-  bool compute = false;  // one FWD or BWD, or (false) one group of transfers
+  bool compute = false;  // one FWD, BWD or BWD_W, or (false) one group of transfers
   std::vector<int> ops;  // indices into the rank's list, in issue order
 };
 using IssuePlan = std::vector<IssueStep>;

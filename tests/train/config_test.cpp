@@ -99,9 +99,9 @@ TEST(Config, ImpossibleValuesNameTheKeys) {
 }
 
 TEST(Config, PipelineKeysNameTheKeys) {
-  auto err = [](const std::string& parallel, int64_t accum) {
-    return error_of("model:\n  n_layer: 12\noptim:\n  grad_accum: " + std::to_string(accum) +
-                    "\nparallel:\n" + parallel);
+  auto err = [](const std::string& parallel, int64_t accum, const std::string& model = "") {
+    return error_of("model:\n  n_layer: 12\n" + model +
+                    "optim:\n  grad_accum: " + std::to_string(accum) + "\nparallel:\n" + parallel);
   };
   EXPECT_EQ(
       err("  pp: 5\n", 5),
@@ -123,7 +123,14 @@ TEST(Config, PipelineKeysNameTheKeys) {
                 .find("parallel.microbatches: 3 conflicts with optim.grad_accum 2"),
             std::string::npos);
   EXPECT_EQ(err("  schedule: zb\n", 1),
-            "parallel.schedule: unknown schedule 'zb' (expected gpipe, 1f1b or interleaved)");
+            "parallel.schedule: unknown schedule 'zb' (expected gpipe, 1f1b, interleaved or "
+            "zb-h1)");
+  // zb-h1 splits each backward (Note [Split backward] in core/autograd.h): a recomputed
+  // block cannot.
+  EXPECT_EQ(err("  pp: 2\n  schedule: zb-h1\n", 2), "");
+  EXPECT_NE(err("  pp: 2\n  schedule: zb-h1\n", 2, "  activation_checkpointing: true\n")
+                .find("model.activation_checkpointing: not with parallel.schedule zb-h1"),
+            std::string::npos);
   EXPECT_EQ(err("  vpp: 2\n  schedule: interleaved\n", 1),
             "parallel.vpp: virtual stages need parallel.pp > 1");
   // Valid: 4 stages of 3 blocks as 2 ranks × 2 chunks, 4 micro-batches from grad_accum.

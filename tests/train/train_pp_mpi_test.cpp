@@ -4,10 +4,11 @@
 // from the pipelined checkpoint reproduces the uninterrupted pipelined run bit for bit; the
 // validation loss (a forward-only pass through the stages, also run every 3 steps) matches the
 // single-process one.
-// TrainPipeline2.* runs on 2 ranks (pp2: each schedule, vpp2, an explicit layout, Llama, resume),
-// TrainPipeline4.* on 4 (pp4 1F1B, dp2·pp2 with ZeRO-1, 2 and 3 — GPT-2's tied embedding
-// synchronised shard by shard, vpp2 with ZeRO-3, Llama with ZeRO-2 — and the ZeRO-1 and ZeRO-3
-// resumes); each case skips itself at the other world size.
+// TrainPipeline2.* runs on 2 ranks (pp2: each schedule, zb-h1 also with the Llama families and
+// dropout, vpp2, an explicit layout, Llama, resumes), TrainPipeline4.* on 4 (pp4 1F1B and zb-h1,
+// dp2·pp2 with ZeRO-1, 2 and 3 — GPT-2's tied embedding synchronised shard by shard, vpp2 with
+// ZeRO-3, Llama with ZeRO-2, zb-h1 with ZeRO-1 and 3 — and the ZeRO-1 and ZeRO-3 resumes); each
+// case skips itself at the other world size.
 // loom-mpi-test: ranks 2 4
 // loom-multihost-test: 2x2 4x1
 //
@@ -202,6 +203,19 @@ TEST(TrainPipeline2, LlamaFamilyMatchesSingleProcessExactly) {
   expect_matches_single({.arch = "llama_ext"}, true);
 }
 
+// Zero-bubble (Note [ZB-H1] in parallel/pp/schedule.h): B and W split per micro-batch (Note
+// [Split backward] in core/autograd.h) computes every gradient with the same kernels, so the
+// untied Llama still matches exactly.
+TEST(TrainPipeline2, ZeroBubbleH1MatchesSingleProcess) {
+  expect_matches_single({.schedule = "zb-h1"});
+}
+TEST(TrainPipeline2, ZeroBubbleH1LlamaFamilyMatchesSingleProcessExactly) {
+  expect_matches_single({.arch = "llama_ext", .schedule = "zb-h1"}, true);
+}
+TEST(TrainPipeline2, ZeroBubbleH1WithDropoutMatchesSingleProcess) {
+  expect_matches_single({.schedule = "zb-h1", .dropout = 0.1});
+}
+
 // Dropout (Note [Dropout by coordinates] in layers/dropout_key.h): every stage draws the
 // single-process masks of its blocks.
 TEST(TrainPipeline2, DropoutMatchesSingleProcess) { expect_matches_single({.dropout = 0.1}); }
@@ -259,6 +273,7 @@ void expect_resumes_exactly(const Case& k) {
 }
 
 TEST(TrainPipeline2, ResumesExactly) { expect_resumes_exactly({}); }
+TEST(TrainPipeline2, ZeroBubbleH1ResumesExactly) { expect_resumes_exactly({.schedule = "zb-h1"}); }
 
 TEST(TrainPipeline4, OneFOneBMatchesSingleProcess) { expect_matches_single({.pp = 4}); }
 TEST(TrainPipeline4, DataAndPipelineMatchesSingleProcess) {
@@ -283,6 +298,16 @@ TEST(TrainPipeline4, DataAndInterleavedPipelineZero3MatchesSingleProcess) {
 }
 TEST(TrainPipeline4, DataAndPipelineZero2LlamaMatchesSingleProcess) {
   expect_matches_single({.arch = "llama", .dp = 2, .schedule = "gpipe", .zero_stage = 2});
+}
+TEST(TrainPipeline4, ZeroBubbleH1MatchesSingleProcess) {
+  expect_matches_single({.pp = 4, .schedule = "zb-h1"});
+}
+// The W passes fire data parallelism's hooks: the buckets' reductions launch from the last one.
+TEST(TrainPipeline4, DataAndZeroBubbleH1Zero1MatchesSingleProcess) {
+  expect_matches_single({.dp = 2, .schedule = "zb-h1", .zero_stage = 1});
+}
+TEST(TrainPipeline4, DataAndZeroBubbleH1Zero3MatchesSingleProcess) {
+  expect_matches_single({.dp = 2, .schedule = "zb-h1", .zero_stage = 3});
 }
 TEST(TrainPipeline4, DataAndPipelineZero3ResumesExactly) {
   expect_resumes_exactly({.dp = 2, .zero_stage = 3});

@@ -12,8 +12,10 @@
 // world sizes. The Hugging Face families (Note [Hugging Face families] in train/hf_format.h) have
 // rows of their own: Llama's options under tp+sp, cp and dp·tp ZeRO-3, Qwen3 under tp, tp+sp, cp
 // and MiCS, Qwen2 under ZeRO-3, Mistral's sliding window under tp+sp with checkpointing and
-// ZeRO-2. The step line's exposed communication names tp, cp, the pipeline's sends and the
-// gradient sync exactly where the layout has them.
+// ZeRO-2. The zero-bubble schedule (zb-h1) runs under tp2·pp2 with sequence parallelism. The step
+// line's exposed communication names tp, cp, the pipeline's sends and the gradient sync exactly
+// where the layout has them.
+//
 // loom-mpi-test: ranks 2 4 8
 // loom-multihost-test: 2x2 2x4
 //
@@ -58,6 +60,7 @@ struct Case {
   bool checkpointing = false;       // model.activation_checkpointing
   double loss_scale = 0;            // > 0: train.loss_scaling dynamic from this initial scale
   std::string optimizer = "adamw";  // optim.name: the sharded optimizer wraps either
+  std::string schedule = "1f1b";    // parallel.schedule (with pp > 1)
 };
 
 std::string tag_of(const Case& k) {
@@ -68,7 +71,8 @@ std::string tag_of(const Case& k) {
          (k.checkpointing ? "_ckpt" : "") +
          (k.loss_scale > 0 ? "_ls" + std::to_string(static_cast<int>(std::log2(k.loss_scale)))
                            : "") +
-         (k.optimizer != "adamw" ? "_" + k.optimizer : "");
+         (k.optimizer != "adamw" ? "_" + k.optimizer : "") +
+         (k.schedule != "1f1b" ? "_" + k.schedule : "");
 }
 
 Config config_for(const Case& k, const std::string& dir, const std::string& out, bool parallel) {
@@ -114,7 +118,8 @@ Config config_for(const Case& k, const std::string& dir, const std::string& out,
   if (parallel) {
     y << "parallel: {dp: " << k.dp << ", pp: " << k.pp << ", cp: " << k.cp << ", tp: " << k.tp
       << ", sequence_parallel: " << (k.sp ? "true" : "false") << ", zero_stage: " << k.zero_stage
-      << ", mics_partition_size: " << k.mics << ", bucket_mb: 0.01}\n";
+      << ", mics_partition_size: " << k.mics << ", schedule: " << k.schedule
+      << ", bucket_mb: 0.01}\n";
   }
   return parse_config_text(y.str());
 }
@@ -346,6 +351,11 @@ TEST(TrainModelParallel2, Tp2ResumeIsExact) { expect_resume_exact({.tp = 2}); }
 
 TEST(TrainModelParallel4, Dp2Tp2Zero3LlamaFamilyMatchesSingleProcess) {
   expect_matches_single({.arch = "llama_ext", .dp = 2, .tp = 2, .zero_stage = 3});
+}
+// Zero-bubble with tensor (and sequence) parallelism: the W passes hold the tp layers' weight
+// GEMMs (Note [Split backward] in core/autograd.h).
+TEST(TrainModelParallel4, Tp2Pp2ZeroBubbleH1MatchesSingleProcess) {
+  expect_matches_single({.arch = "llama_ext", .tp = 2, .pp = 2, .sp = true, .schedule = "zb-h1"});
 }
 TEST(TrainModelParallel4, Dp4Zero3MicsQwen3MatchesSingleProcess) {  // MiCS partitions of 2
   expect_matches_single({.arch = "qwen3", .dp = 4, .zero_stage = 3, .mics = 2});

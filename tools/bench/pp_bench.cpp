@@ -1,12 +1,13 @@
-// tools/bench/pp_bench.cpp — measured pipeline bubble per schedule against the formula
-// (p−1)/(v·m+p−1) of Note [Pipeline cost model] (parallel/pp/simulate.h). A measurement, not a
-// test: run under mpirun with pp = the number of ranks, e.g.
+// tools/bench/pp_bench.cpp — measured pipeline bubble per schedule against the simulator's
+// (Note [Pipeline cost model] in parallel/pp/simulate.h: (p−1)/(v·m+p−1) for GPipe, 1F1B and
+// interleaved; zb-h1's, Note [ZB-H1] in parallel/pp/schedule.h, a third of 1F1B's). A
+// measurement, not a test: run under mpirun with pp = the number of ranks, e.g.
 //   OMP_NUM_THREADS=1 mpirun -np 2 build/bin/pp_bench [--layers 8] [--embd 128] [--steps 3]
 // Each rank runs a TransformerPipeline over a GPT-2 of `layers` blocks on random tokens (no
 // optimiser), and reports the executor's own timing: idle = 1 − compute / wall of the step
 // (time blocked on receives, on sends at the end, and between ops), averaged over the steps
 // after one warm-up step. Rank 0 prints one line per (schedule, v, m) with every rank's idle
-// fraction, their mean and the formula.
+// fraction, their mean and the simulator's mean over the ranks.
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -18,6 +19,7 @@
 #include "layers/transformer.h"
 #include "parallel/launcher.h"
 #include "parallel/pp/pipeline.h"
+#include "parallel/pp/simulate.h"
 
 namespace {
 
@@ -88,7 +90,7 @@ int bench(ParallelContext& ctx, const Args& a) {
         static_cast<long long>(a.layers), static_cast<long long>(a.embd),
         static_cast<long long>(a.batch), static_cast<long long>(a.seq), a.steps);
     std::printf("%-12s %3s %3s  %-24s %8s %8s\n", "schedule", "v", "m", "idle per rank", "mean",
-                "formula");
+                "model");
   }
   struct Row {
     pp::ScheduleKind kind;
@@ -99,6 +101,7 @@ int bench(ParallelContext& ctx, const Args& a) {
     rows.push_back({pp::ScheduleKind::kGpipe, 1, m});
     rows.push_back({pp::ScheduleKind::k1F1B, 1, m});
     if (a.layers % (2 * p) == 0) rows.push_back({pp::ScheduleKind::kInterleaved, 2, m});
+    rows.push_back({pp::ScheduleKind::kZeroBubbleH1, 1, m});
   }
   for (const Row& r : rows) {
     pp::PipelineOptions po;
@@ -117,9 +120,14 @@ int bench(ParallelContext& ctx, const Args& a) {
         per += buf;
         mean += idle.data<double>()[i] / p;
       }
-      const double formula = static_cast<double>(p - 1) / static_cast<double>(r.v * r.m + p - 1);
+      const pp::ScheduleShape shape{p, r.v, r.m};
+      std::vector<std::vector<pp::Instruction>> lists;
+      for (int k = 0; k < p; ++k) lists.push_back(pp::make_schedule(r.kind, shape, k));
+      const pp::SimulationResult sim = pp::simulate(shape, lists);
+      double model_mean = 0;
+      for (int k = 0; k < p; ++k) model_mean += sim.bubble_fraction(k) / p;
       std::printf("%-12s %3d %3d  %-24s %8.3f %8.3f\n", pp::schedule_name(r.kind), r.v, r.m,
-                  per.c_str(), mean, formula);
+                  per.c_str(), mean, model_mean);
     }
   }
   return 0;

@@ -66,17 +66,66 @@ TEST(PipelineSchedule, InterleavedMatchesFormula) {
   }
 }
 
+// Note [ZB-H1]: the makespan 3m + p − 1 (m ≥ p; 2m + 2p − 1 below), every rank busy 3m units,
+// at most min(m, p) micro-batches between FWD and BWD_W on any rank, every W after its B; and
+// its bubble a third of 1F1B's at the same (p, m).
+TEST(PipelineSchedule, ZeroBubbleH1MatchesFormula) {
+  for (int p : {1, 2, 3, 4, 8}) {
+    for (int m : {1, 2, 3, 4, 5, 8, 13, 16}) {
+      SCOPED_TRACE("zb-h1 p=" + std::to_string(p) + " m=" + std::to_string(m));
+      const ScheduleShape s{p, 1, m};
+      const SimulationResult res = simulate(s, all_lists(ScheduleKind::kZeroBubbleH1, s));
+      ASSERT_TRUE(res.ok) << res.error;
+      EXPECT_EQ(res.makespan, m >= p ? 3L * m + p - 1 : 2L * m + 2 * p - 1);
+      for (int r = 0; r < p; ++r) {
+        EXPECT_EQ(res.busy[static_cast<size_t>(r)], 3L * m) << "rank " << r;
+        EXPECT_EQ(res.peak_in_flight[static_cast<size_t>(r)], std::min(m, p)) << "rank " << r;
+      }
+      int w = 0;
+      for (const Instruction& ins : make_schedule(ScheduleKind::kZeroBubbleH1, s, 0))
+        w += ins.op == Op::kBwdW ? 1 : 0;
+      EXPECT_EQ(w, m);
+      if (m >= p && p > 1) {  // idle time: (p − 1) against 1F1B's 3(p − 1)
+        const SimulationResult one = simulate(s, all_lists(ScheduleKind::k1F1B, s));
+        EXPECT_EQ(3 * (res.makespan - res.busy[0]), one.makespan - one.busy[0]);
+      }
+    }
+  }
+}
+
+// A split list whose W comes before its B, or is missing, is refused.
+TEST(PipelineSchedule, SimulatorChecksWeightPasses) {
+  const ScheduleShape s{2, 1, 2};
+  auto lists = all_lists(ScheduleKind::kZeroBubbleH1, s);
+  auto early = lists;
+  auto& l0 = early[0];
+  const auto w =
+      std::find_if(l0.begin(), l0.end(), [](const Instruction& i) { return i.op == Op::kBwdW; });
+  ASSERT_NE(w, l0.end());
+  const Instruction moved = *w;
+  l0.erase(w);
+  l0.insert(l0.begin() + 1, moved);  // right after the first FWD
+  EXPECT_NE(simulate(s, early).error.find("W before its backward"), std::string::npos);
+  auto missing = lists;
+  missing[1].erase(std::find_if(missing[1].begin(), missing[1].end(),
+                                [](const Instruction& i) { return i.op == Op::kBwdW; }));
+  EXPECT_FALSE(simulate(s, missing).ok);
+}
+
 // StageCosts: the default costs (1, 2, no transfer) give the default run exactly; an
 // unbalanced pipeline is priced by its slow stage: with stage 0 nearly free, 1F1B over p = 2
 // takes stage 0's first forward, m of stage 1's forward + backward, then stage 0's last
 // backward, plus the transfers on that path.
 TEST(PipelineSchedule, StageCostsPriceEachStage) {
-  for (ScheduleKind kind :
-       {ScheduleKind::kGpipe, ScheduleKind::k1F1B, ScheduleKind::kInterleaved}) {
+  for (ScheduleKind kind : {ScheduleKind::kGpipe, ScheduleKind::k1F1B, ScheduleKind::kInterleaved,
+                            ScheduleKind::kZeroBubbleH1}) {
     const ScheduleShape s{2, kind == ScheduleKind::kInterleaved ? 2 : 1, 4};
     const auto lists = all_lists(kind, s);
+    // zb-h1: no wgrad given, W is half of the BWD's 2 units, as in the default run.
     const StageCosts unit{std::vector<long>(static_cast<size_t>(s.num_global_stages()), 1),
-                          std::vector<long>(static_cast<size_t>(s.num_global_stages()), 2), 0};
+                          std::vector<long>(static_cast<size_t>(s.num_global_stages()), 2),
+                          0,
+                          {}};
     const SimulationResult a = simulate(s, lists), b = simulate(s, lists, &unit);
     ASSERT_TRUE(a.ok && b.ok) << a.error << b.error;
     EXPECT_EQ(a.makespan, b.makespan);
@@ -84,12 +133,12 @@ TEST(PipelineSchedule, StageCostsPriceEachStage) {
     EXPECT_EQ(a.time, b.time);
   }
   const ScheduleShape s{2, 1, 4};
-  const StageCosts skewed{{1, 100}, {2, 200}, 5};
+  const StageCosts skewed{{1, 100}, {2, 200}, 5, {}};
   const SimulationResult r = simulate(s, all_lists(ScheduleKind::k1F1B, s), &skewed);
   ASSERT_TRUE(r.ok) << r.error;
   EXPECT_EQ(r.busy[1], 4 * 300);
   EXPECT_EQ(r.makespan, 1 + 5 + 4 * 300 + 5 + 2);
-  const StageCosts short_list{{1}, {2}, 0};
+  const StageCosts short_list{{1}, {2}, 0, {}};
   EXPECT_FALSE(simulate(s, all_lists(ScheduleKind::k1F1B, s), &short_list).ok);
 }
 
@@ -217,6 +266,7 @@ TEST(PipelineSchedule, CommunicationOrderRunsUnderNcclRules) {
     for (int v = 2; v <= 3; ++v) {
       for (int m = p; m <= 3 * p; m += p) check_order(ScheduleKind::kInterleaved, {p, v, m});
     }
+    for (int m = 1; m <= 8; ++m) check_order(ScheduleKind::kZeroBubbleH1, {p, 1, m});
   }
 }
 
