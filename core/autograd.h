@@ -35,7 +35,9 @@
 // nodes in the usual order), so the parameters' accumulators, and their hooks, run there. B then
 // W gives the gradients backward() gives, term for term (each op computes each gradient with
 // the same kernels; a node with several consumers sums them in the same order). The nodes and
-// their saved tensors live until W.
+// their saved tensors live until W. A checkpointed region (core/checkpoint.h) is one node that
+// is not partial: it computes its parameters' gradients in B, but their accumulators, off the
+// input path, still run in W.
 #pragma once
 
 #include <functional>

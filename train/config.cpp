@@ -371,11 +371,6 @@ void validate_pipeline_config(const Config& c) {
   const int64_t m = pipeline_microbatches(c);
   parallel::pp::validate_schedule(
       kind, {static_cast<int>(p.pp), static_cast<int>(p.vpp), static_cast<int>(m)});
-  require(!parallel::pp::splits_backward(kind) || !c.model.activation_checkpointing,
-          "model.activation_checkpointing: not with parallel.schedule " +
-              std::string(parallel::pp::schedule_name(kind)) +
-              " yet (a recomputed block computes its weight gradients inside its input-gradient "
-              "pass, so they cannot wait for the W pass)");
   require(kind != parallel::pp::ScheduleKind::k1F1B || m >= p.pp,
           "parallel.microbatches: " + str(m) +
               " micro-batches (optim.grad_accum when 0) are fewer than parallel.pp " + str(p.pp) +

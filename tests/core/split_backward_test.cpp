@@ -2,14 +2,16 @@
 // backward] in core/autograd.h): B then W gives backward()'s gradients bit for bit (through
 // matmul, linear, linear_gelu and gelu_mlp, whose weight gradients W computes, through a norm and
 // an elementwise op that run whole, and through a parameter used twice); after B only the input
-// has its gradient, and the parameters' ready hooks fire in W; a stage with no input runs
-// nothing in B; a whole Llama chunk (biases, q/k norms) splits the same way.
+// has its gradient, and the parameters' ready hooks fire in W (also behind a checkpointed region,
+// which computes every gradient in B); a stage with no input runs nothing in B; a whole Llama
+// chunk (biases, q/k norms) splits the same way.
 #include <gtest/gtest.h>
 
 #include <memory>
 #include <vector>
 
 #include "core/autograd.h"
+#include "core/checkpoint.h"
 #include "core/ops/elementwise.h"
 #include "core/ops/matmul.h"
 #include "core/ops/norm.h"
@@ -95,6 +97,41 @@ TEST(SplitBackward, NoInputRunsEverythingInW) {
   const std::vector<Tensor*> pa = a.params(), pb = b.params();
   for (size_t i = 0; i < pa.size(); ++i)
     EXPECT_EQ(pb[i]->grad().to_vector(), pa[i]->grad().to_vector()) << "parameter " << i;
+}
+
+// A checkpointed region is one node computing every gradient in B (it is not partial), but the
+// parameters' accumulators, off the input path, still wait for W, with their hooks.
+TEST(SplitBackward, CheckpointedRegionDefersItsParametersAccumulation) {
+  Generator gen(10);
+  const Tensor x0 = randn({3, 5, 4}, gen, DType::kF64), dy = randn({3, 5, 4}, gen, DType::kF64);
+  std::vector<std::vector<double>> want;
+  for (int split = 0; split < 2; ++split) {
+    Net n = make_net(13);
+    Tensor x = x0.clone();
+    x.set_requires_grad(true);
+    int fired = 0;
+    for (Tensor* p : n.params()) p->register_grad_ready_hook([&fired](Tensor&) { ++fired; });
+    const Tensor y = checkpoint(
+        [&n](const std::vector<Tensor>& in) { return std::vector<Tensor>{forward(n, in[0])}; },
+        {x})[0];
+    if (split == 0) {
+      autograd::backward({y}, {dy});
+    } else {
+      autograd::DeferredBackward w = autograd::backward_split({y}, {dy}, {x});
+      EXPECT_TRUE(x.grad().defined());
+      for (Tensor* p : n.params()) EXPECT_FALSE(p->grad().defined());
+      EXPECT_EQ(fired, 0);
+      w.run();
+    }
+    EXPECT_EQ(fired, 8);
+    std::vector<std::vector<double>> got = {x.grad().to_vector()};
+    for (Tensor* p : n.params()) got.push_back(p->grad().to_vector());
+    if (split == 0) {
+      want = got;
+    } else {
+      EXPECT_EQ(got, want);
+    }
+  }
 }
 
 // Blocks 0 and 1 of a Llama with every bias and q/k norms, as a pipeline chunk runs them.

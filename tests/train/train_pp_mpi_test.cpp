@@ -215,6 +215,11 @@ TEST(TrainPipeline2, ZeroBubbleH1LlamaFamilyMatchesSingleProcessExactly) {
 TEST(TrainPipeline2, ZeroBubbleH1WithDropoutMatchesSingleProcess) {
   expect_matches_single({.schedule = "zb-h1", .dropout = 0.1});
 }
+// A recomputed block is one node computing every gradient in B; its parameters' accumulators
+// (and hooks) still wait for W.
+TEST(TrainPipeline2, ZeroBubbleH1WithCheckpointingMatchesSingleProcess) {
+  expect_matches_single({.schedule = "zb-h1", .dropout = 0.1, .checkpointing = true});
+}
 
 // Dropout (Note [Dropout by coordinates] in layers/dropout_key.h): every stage draws the
 // single-process masks of its blocks.
