@@ -295,15 +295,14 @@ Tensor Transformer::forward(const Tensor& ids, const Tensor& pos, const DropoutK
 // kernels/attention.h), so the window is max(document start, i − W + 1), made here on the host
 // once per call for every block and uploaded with the documents; sequences no longer than W
 // need none (the causal mask is the window). Under context parallelism a rank holds only part of
-// the sequence and ring attention has no per-row first key: refused (train/config.cpp refuses
-// the config first, naming model.sliding_window).
+// the sequence: the first keys are then the whole sequence's (T = the layout's sequence_length),
+// which Ulysses attention takes (Note [Ulysses] in parallel/cp/ulysses.h) and ring attention
+// refuses (train/config.cpp refuses that config first, naming model.sliding_window).
 Tensor Transformer::first_keys(const Tensor& doc_start, const Tensor& pos) const {
-  const int64_t w = config_.sliding_window, t = pos.size(0);
-  if (w == 0 || layout_->sequence_length(t) <= w)
-    return doc_start.defined() ? doc_start.detach().to(device_) : Tensor();
-  LOOM_CHECK(layout_->sequence_length(t) == t, "model.sliding_window: a ", w,
-             "-token window over sequences of ", layout_->sequence_length(t),
-             " under context parallelism is not supported (ring attention has no window)");
+  const int64_t w = config_.sliding_window, t = layout_->sequence_length(pos.size(0));
+  if (w == 0 || t <= w) return doc_start.defined() ? doc_start.detach().to(device_) : Tensor();
+  LOOM_CHECK(!doc_start.defined() || doc_start.size(0) == t, "model.sliding_window: documents of ",
+             doc_start.defined() ? doc_start.size(0) : 0, " tokens in a sequence of ", t);
   const Tensor docs = doc_start.defined() ? doc_start.detach().to(Device::cpu()) : Tensor();
   std::vector<int32_t> first(static_cast<size_t>(t));
   for (int64_t i = 0; i < t; ++i) {

@@ -10,6 +10,7 @@
 #include "core/ops/elementwise.h"
 #include "core/ops/view.h"
 #include "parallel/cp/ring_attention.h"
+#include "parallel/cp/ulysses.h"
 #include "parallel/tp/comm_ops.h"
 #include "parallel/tp/cross_entropy.h"
 
@@ -116,19 +117,22 @@ Tensor mesh_loss(const Tensor& logits, const Tensor& targets, int64_t ignore_ind
 }  // namespace
 
 LayerContext mesh_layer_context(Communicator& tp, Communicator& cp, bool sequence_parallel,
-                                tp::SpanSink spans) {
+                                tp::SpanSink spans, CpAttention cp_attention) {
   LayerContext ctx;
   ctx.linear = std::make_shared<const TensorParallelLinear>(
       tp, sequence_parallel, std::make_shared<const tp::SpanSink>(std::move(spans)));
-  // Heads split over tp need nothing for packed documents (doc_start is per token); ring
-  // attention's blocks have no document mask yet.
-  ctx.attention = [c = &cp](const Tensor& q, const Tensor& k, const Tensor& v,
-                            const Tensor& doc_start) {
+  // Heads split over tp need nothing for each row's first key (doc_start is per token). Under
+  // cp it is the whole sequence's (Note [Sliding window] in layers/transformer.cpp): Ulysses
+  // attends whole sequences and takes it; ring attention's blocks have no such mask yet.
+  ctx.attention = [c = &cp, cp_attention](const Tensor& q, const Tensor& k, const Tensor& v,
+                                          const Tensor& doc_start) {
     if (c->size() == 1) return ops::causal_attention(q, k, v, 0.0, doc_start);
+    if (cp_attention == CpAttention::kUlysses)
+      return cp::ulysses_attention(q, k, v, 0.0, *c, doc_start);
     LOOM_CHECK(!doc_start.defined(),
                "packed documents are not supported with context parallelism (parallel.cp > 1) "
                "yet: ring attention has no document mask (cp group of ",
-               c->size(), ")");
+               c->size(), "; parallel.cp_attention: ulysses takes a sliding window)");
     return cp::ring_attention(q, k, v, 0.0, *c);
   };
   ctx.loss = [t = &tp, c = &cp](const Tensor& logits, const Tensor& targets, int64_t ignore_index,

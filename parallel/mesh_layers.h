@@ -1,8 +1,8 @@
 // parallel/mesh_layers.h — mesh_layer_context: the LayerContext (layers/build_context.h) of
 // one rank over its tensor-parallel and context-parallel groups. Its capabilities are the
 // parallel/tp layers (column, row and vocab-parallel, with sequence parallelism's region ops),
-// ring attention over cp (parallel/cp), the vocab-parallel, context-averaged loss, and the
-// layout of this rank's tokens (its cp part) and activation rows (their TP chunk under sequence
+// ring or Ulysses attention over cp (parallel/cp), the vocab-parallel, context-averaged loss, and
+// the layout of this rank's tokens (its cp part) and activation rows (their TP chunk under sequence
 // parallelism). The context owns everything it made; the communicators (usually a
 // ParallelContext's tp() and cp()) must outlive every model built with it.
 //
@@ -21,9 +21,14 @@
 
 namespace loom::parallel {
 
+// How attention spans the cp group: ring attention (parallel/cp/ring_attention.h) or the
+// Ulysses head split (parallel/cp/ulysses.h).
+enum class CpAttention { kRing, kUlysses };
+
 // The capabilities over tp and cp. `spans` (empty: none) receives the TP layers' GEMM spans
 // (parallel/tp/layers.h), for the profiler.
 LayerContext mesh_layer_context(Communicator& tp, Communicator& cp, bool sequence_parallel,
-                                tp::SpanSink spans = {});
+                                tp::SpanSink spans = {},
+                                CpAttention cp_attention = CpAttention::kRing);
 
 }  // namespace loom::parallel

@@ -134,6 +134,7 @@ void visit_fields(Config& c, V&& v) {
   v("parallel", "pp_layout", p.pp_layout);
   v("parallel", "tp", p.tp);
   v("parallel", "cp", p.cp);
+  v("parallel", "cp_attention", p.cp_attention);
   v("parallel", "sequence_parallel", p.sequence_parallel);
   // A nested mapping: "parallel.sdp" is a section inside parallel (Note [Nested sections]).
   v("parallel.sdp", "mode", p.sdp.mode);
@@ -395,6 +396,18 @@ void validate_model_parallel_config(const Config& c) {
           "parallel.tp: " + str(p.tp) + " does not split the padded vocabulary " +
               str(m.padded_vocab()) + " into parts that each hold real tokens (model.vocab_size " +
               str(m.vocab_size) + ")");
+  require(p.cp_attention == "ring" || p.cp_attention == "ulysses",
+          "parallel.cp_attention: unknown '" + p.cp_attention + "' (ring, ulysses)");
+  if (p.cp_attention == "ulysses" && p.cp > 1) {  // Note [Ulysses] in parallel/cp/ulysses.h
+    const int64_t hq = m.n_head / p.tp, hkv = m.kv_heads() / p.tp;
+    require(hq % p.cp == 0, "model.n_head: the " + str(hq) +
+                                " heads of a tensor-parallel rank do not split over parallel.cp " +
+                                str(p.cp) + " (parallel.cp_attention: ulysses splits heads)");
+    require(hkv % p.cp == 0 || p.cp % hkv == 0,
+            "model.n_kv_head: the " + str(hkv) + " kv heads of a tensor-parallel rank neither " +
+                "split over nor divide parallel.cp " + str(p.cp) +
+                " (parallel.cp_attention: ulysses)");
+  }
   require(p.cp == 1 || c.data.seq_len % (2 * p.cp) == 0,
           "parallel.cp: data.seq_len " + str(c.data.seq_len) +
               " does not divide into 2·cp = " + str(2 * p.cp) + " chunks (causal load balancing)");
@@ -529,11 +542,13 @@ void validate_config(const Config& c) {
   require(
       d.seq_len <= c.model.max_seq_len,
       "data.seq_len: " + str(d.seq_len) + " exceeds model.max_seq_len " + str(c.model.max_seq_len));
-  require(c.model.sliding_window == 0 || d.seq_len <= c.model.sliding_window || c.parallel.cp == 1,
+  require(c.model.sliding_window == 0 || d.seq_len <= c.model.sliding_window ||
+              c.parallel.cp == 1 || c.parallel.cp_attention == "ulysses",
           "model.sliding_window: data.seq_len " + str(d.seq_len) + " is longer than the model's " +
               str(c.model.sliding_window) +
               "-token attention window, and context parallelism (parallel.cp " +
-              str(c.parallel.cp) + ") has no sliding window: ring attention sees whole sequences");
+              str(c.parallel.cp) +
+              ") with ring attention has no sliding window (parallel.cp_attention: ulysses has)");
   validate_packing(c);
   const OptimConfig& o = c.optim;
   require(o.name == "adamw" || o.name == "sgd",

@@ -134,9 +134,10 @@ struct ParallelConfig {
   std::string pp_layout = "";     // blocks per stage, e.g. "3,3,2,2"; "" = even split
   // Tensor, sequence and context parallelism (parallel/tp, parallel/cp; docs/parallel.md):
   // world = dp·pp·cp·tp.
-  int64_t tp = 1;                  // tensor-parallel ranks (heads, MLP hidden, vocabulary split)
-  int64_t cp = 1;                  // context-parallel ranks (the sequence split, ring attention)
-  bool sequence_parallel = false;  // with tp > 1: norms/dropout/residual on sequence chunks
+  int64_t tp = 1;                     // tensor-parallel ranks (heads, MLP hidden, vocabulary split)
+  int64_t cp = 1;                     // context-parallel ranks (the sequence split)
+  std::string cp_attention = "ring";  // ring | ulysses (Note [Ulysses] in parallel/cp/ulysses.h)
+  bool sequence_parallel = false;     // with tp > 1: norms/dropout/residual on sequence chunks
   // parallel.sdp: subnetwork data parallelism (docs/parallel.md, "SDP"), written as a mapping
   // under parallel (parallel: {sdp: {mode: forward, coverage: 0.5}}); its options and their
   // validation are SDP's (parallel/sdp/options.h).

@@ -40,13 +40,16 @@ void apply_model_parallel(TrainPlan& plan, const Config& cfg, const PlanHooks& h
         t->span("compute", what, b, e);
       };
     }
-    plan.layers = parallel::mesh_layer_context(ctx->tp(), ctx->cp(), cfg.parallel.sequence_parallel,
-                                               std::move(spans));
+    plan.layers = parallel::mesh_layer_context(
+        ctx->tp(), ctx->cp(), cfg.parallel.sequence_parallel, std::move(spans),
+        cfg.parallel.cp_attention == "ulysses" ? parallel::CpAttention::kUlysses
+                                               : parallel::CpAttention::kRing);
     model_parallel = true;
     std::ostringstream os;
     os << "model parallel: tp " << ctx->tp_size()
        << (cfg.parallel.sequence_parallel ? " (sequence parallel)" : "") << ", cp "
-       << ctx->cp_size() << "\n";
+       << ctx->cp_size()
+       << (ctx->cp_size() > 1 ? " (" + cfg.parallel.cp_attention + " attention)" : "") << "\n";
     plan.layout += os.str();
   }
   if (cfg.parallel.sdp.on()) {  // Note [SDP plan] in parallel/sdp/sdp_engine.h

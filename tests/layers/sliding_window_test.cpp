@@ -6,7 +6,8 @@
 // sees further through the layer below, so no per-row equality holds); activation checkpointing
 // recomputes with the same window (same loss and gradients); sequences no longer than the
 // window are plain causal attention, bit for bit. The config is refused under context
-// parallelism for sequences longer than the window, naming model.sliding_window.
+// parallelism with ring attention for sequences longer than the window, naming
+// model.sliding_window, and accepted with Ulysses attention.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -132,6 +133,8 @@ TEST(SlidingWindow, ContextParallelismIsRefusedPastTheWindow) {
     EXPECT_NE(std::string(e.what()).find("model.sliding_window"), std::string::npos) << e.what();
   }
   EXPECT_NO_THROW(parse_config_text(model + "4}\nparallel: {cp: 2}\n", {}));
+  // Ulysses attends whole sequences (Note [Ulysses] in parallel/cp/ulysses.h): accepted.
+  EXPECT_NO_THROW(parse_config_text(model + "8}\nparallel: {cp: 2, cp_attention: ulysses}\n", {}));
   EXPECT_NO_THROW(parse_config_text(model + "8}\n", {}));
 }
 

@@ -545,6 +545,25 @@ TEST(Config, FlattenedForComparisonOneLineAKey) {
 }
 
 // data.seq_len need not be even without context parallelism (the 2·cp chunks are cp's).
+// parallel.cp_attention (Note [Ulysses] in parallel/cp/ulysses.h): ring or ulysses; Ulysses
+// needs a tp rank's heads to split over cp and its kv heads to split or divide it.
+TEST(Config, UlyssesNamesTheHeadsItCannotSplit) {
+  const std::string model = "model: {n_head: 4, n_kv_head: 2, n_embd: 64, arch: llama}\n";
+  EXPECT_EQ(error_of(model + "parallel: {cp: 4, cp_attention: ulysses}\n"), "");
+  EXPECT_EQ(error_of(model + "parallel: {cp: 2, tp: 2, cp_attention: ulysses}\n"), "");
+  EXPECT_NE(error_of(model + "parallel: {cp: 8, cp_attention: ulysses}\ndata: {seq_len: 64}\n")
+                .find("model.n_head: the 4 heads of a tensor-parallel rank do not split over "
+                      "parallel.cp 8"),
+            std::string::npos);
+  EXPECT_NE(error_of("model: {n_head: 6, n_kv_head: 3, n_embd: 96, arch: llama}\n"
+                     "parallel: {cp: 2, cp_attention: ulysses}\n")
+                .find("model.n_kv_head: the 3 kv heads"),
+            std::string::npos);
+  EXPECT_NE(error_of("parallel: {cp: 2, cp_attention: star}\n")
+                .find("parallel.cp_attention: unknown 'star' (ring, ulysses)"),
+            std::string::npos);
+}
+
 TEST(Config, OddSeqLenWithoutContextParallelism) {
   EXPECT_EQ(parse_config_text("data:\n  seq_len: 15\n").data.seq_len, 15);
 }

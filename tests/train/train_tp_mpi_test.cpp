@@ -12,7 +12,9 @@
 // world sizes. The Hugging Face families (Note [Hugging Face families] in train/hf_format.h) have
 // rows of their own: Llama's options under tp+sp, cp and dp·tp ZeRO-3, Qwen3 under tp, tp+sp, cp
 // and MiCS, Qwen2 under ZeRO-3, Mistral's sliding window under tp+sp with checkpointing and
-// ZeRO-2. The zero-bubble schedule (zb-h1) runs under tp2·pp2 with sequence parallelism. The step
+// ZeRO-2. The zero-bubble schedule (zb-h1) runs under tp2·pp2 with sequence parallelism; Ulysses
+// attention (parallel.cp_attention: ulysses) under cp2 (also with dropout, Mistral's window and
+// Qwen3's grouped heads), cp2·tp2+sp, cp2·pp2 and cp4. The step
 // line's exposed communication names tp, cp, the pipeline's sends and the gradient sync exactly
 // where the layout has them.
 //
@@ -55,12 +57,13 @@ struct Case {
   bool sp = false;
   int zero_stage = 0;
   double dropout = 0.0;
-  std::string precision = "f32";    // train.precision (f64: f32 masters, f64 compute)
-  int mics = 0;                     // parallel.mics_partition_size
-  bool checkpointing = false;       // model.activation_checkpointing
-  double loss_scale = 0;            // > 0: train.loss_scaling dynamic from this initial scale
-  std::string optimizer = "adamw";  // optim.name: the sharded optimizer wraps either
-  std::string schedule = "1f1b";    // parallel.schedule (with pp > 1)
+  std::string precision = "f32";      // train.precision (f64: f32 masters, f64 compute)
+  int mics = 0;                       // parallel.mics_partition_size
+  bool checkpointing = false;         // model.activation_checkpointing
+  double loss_scale = 0;              // > 0: train.loss_scaling dynamic from this initial scale
+  std::string optimizer = "adamw";    // optim.name: the sharded optimizer wraps either
+  std::string schedule = "1f1b";      // parallel.schedule (with pp > 1)
+  std::string cp_attention = "ring";  // parallel.cp_attention (with cp > 1)
 };
 
 std::string tag_of(const Case& k) {
@@ -72,7 +75,8 @@ std::string tag_of(const Case& k) {
          (k.loss_scale > 0 ? "_ls" + std::to_string(static_cast<int>(std::log2(k.loss_scale)))
                            : "") +
          (k.optimizer != "adamw" ? "_" + k.optimizer : "") +
-         (k.schedule != "1f1b" ? "_" + k.schedule : "");
+         (k.schedule != "1f1b" ? "_" + k.schedule : "") +
+         (k.cp_attention != "ring" ? "_" + k.cp_attention : "");
 }
 
 Config config_for(const Case& k, const std::string& dir, const std::string& out, bool parallel) {
@@ -119,7 +123,7 @@ Config config_for(const Case& k, const std::string& dir, const std::string& out,
     y << "parallel: {dp: " << k.dp << ", pp: " << k.pp << ", cp: " << k.cp << ", tp: " << k.tp
       << ", sequence_parallel: " << (k.sp ? "true" : "false") << ", zero_stage: " << k.zero_stage
       << ", mics_partition_size: " << k.mics << ", schedule: " << k.schedule
-      << ", bucket_mb: 0.01}\n";
+      << ", cp_attention: " << k.cp_attention << ", bucket_mb: 0.01}\n";
   }
   return parse_config_text(y.str());
 }
@@ -298,6 +302,17 @@ TEST(TrainModelParallel2, Tp2SequenceParallelQwen3MatchesSingleProcess) {
 TEST(TrainModelParallel2, Cp2Qwen3MatchesSingleProcess) {
   expect_matches_single({.arch = "qwen3", .cp = 2});
 }
+// Ulysses (Note [Ulysses] in parallel/cp/ulysses.h): the head split; with Mistral's window over
+// the whole sequence, which ring attention refuses; with grouped-query heads (Qwen3).
+TEST(TrainModelParallel2, Cp2UlyssesMatchesSingleProcess) {
+  expect_matches_single({.cp = 2, .dropout = 0.1, .cp_attention = "ulysses"});
+}
+TEST(TrainModelParallel2, Cp2UlyssesMistralMatchesSingleProcess) {
+  expect_matches_single({.arch = "mistral", .cp = 2, .cp_attention = "ulysses"});
+}
+TEST(TrainModelParallel2, Cp2UlyssesQwen3MatchesSingleProcess) {
+  expect_matches_single({.arch = "qwen3", .cp = 2, .cp_attention = "ulysses"});
+}
 TEST(TrainModelParallel2, Dp2Zero3Qwen2MatchesSingleProcess) {
   expect_matches_single({.arch = "qwen2", .dp = 2, .zero_stage = 3});
 }
@@ -356,6 +371,18 @@ TEST(TrainModelParallel4, Dp2Tp2Zero3LlamaFamilyMatchesSingleProcess) {
 // GEMMs (Note [Split backward] in core/autograd.h).
 TEST(TrainModelParallel4, Tp2Pp2ZeroBubbleH1MatchesSingleProcess) {
   expect_matches_single({.arch = "llama_ext", .tp = 2, .pp = 2, .sp = true, .schedule = "zb-h1"});
+}
+// Ulysses with tensor parallelism (a tp rank's one kv head repeated for both cp ranks), with the
+// pipeline, and over 4 cp ranks.
+TEST(TrainModelParallel4, Cp2Tp2UlyssesSequenceParallelMatchesSingleProcess) {
+  expect_matches_single(
+      {.arch = "llama_ext", .cp = 2, .tp = 2, .sp = true, .cp_attention = "ulysses"});
+}
+TEST(TrainModelParallel4, Cp2Pp2UlyssesMatchesSingleProcess) {
+  expect_matches_single({.arch = "mistral", .cp = 2, .pp = 2, .cp_attention = "ulysses"});
+}
+TEST(TrainModelParallel4, Cp4UlyssesMatchesSingleProcess) {
+  expect_matches_single({.arch = "llama", .cp = 4, .cp_attention = "ulysses"});
 }
 TEST(TrainModelParallel4, Dp4Zero3MicsQwen3MatchesSingleProcess) {  // MiCS partitions of 2
   expect_matches_single({.arch = "qwen3", .dp = 4, .zero_stage = 3, .mics = 2});

@@ -3,12 +3,15 @@
 // (forward output and the q, k, v gradients) against ops::causal_attention of the whole
 // sequence computed locally on every rank, with multi-head and grouped-query heads. Ring
 // attention adds the same terms as the full kernel but merges them block by block (online
-// softmax), so results agree to f32 rounding: checked at 2e-5 relative.
+// softmax), so results agree to f32 rounding: checked at 2e-5 relative. Ulysses attention
+// (parallel/cp/ulysses.h) the same way, with kv heads fewer than ranks and a sliding window.
 // loom-mpi-test: ranks 2 4
 // loom-multihost-test: 2x2
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
+#include <string>
 #include <vector>
 
 #include "core/autograd.h"
@@ -18,6 +21,7 @@
 #include "core/ops/view.h"
 #include "core/rng.h"
 #include "parallel/cp/ring_attention.h"
+#include "parallel/cp/ulysses.h"
 #include "tests/parallel/mpi_test_util.h"
 
 namespace loom::parallel {
@@ -80,6 +84,48 @@ void check_ring(int64_t hq, int64_t hkv, int64_t c) {
   EXPECT_LT(rel_err(shard(fq.grad()), lq.grad()), 2e-5);
   EXPECT_LT(rel_err(shard(fk.grad()), lk.grad()), 2e-5);
   EXPECT_LT(rel_err(shard(fv.grad()), lv.grad()), 2e-5);
+}
+
+// Ulysses (Note [Ulysses] in parallel/cp/ulysses.h): the same comparison, also with kv heads
+// fewer than ranks (repeated) and a sliding window's first keys; the head split runs the full
+// kernel on whole sequences, so the agreement is to f32 rounding of the same sums.
+void check_ulysses(int64_t hq, int64_t hkv, int64_t c, int64_t window) {
+  ParallelContext ctx = cp_world();
+  Communicator& g = ctx.cp();
+  const int r = g.rank(), p = g.size();
+  SCOPED_TRACE("ulysses hq " + std::to_string(hq) + " hkv " + std::to_string(hkv) + " window " +
+               std::to_string(window));
+  const int64_t B = 2, T = 2 * p * c, D = 8;
+  Tensor first;
+  if (window > 0) {
+    std::vector<int32_t> f(static_cast<size_t>(T));
+    for (int64_t i = 0; i < T; ++i)
+      f[static_cast<size_t>(i)] = static_cast<int32_t>(std::max<int64_t>(0, i - window + 1));
+    first = Tensor::from_vector(f, {T});
+  }
+  const Tensor q = shared_rand(11, {B, hq, T, D}), k = shared_rand(12, {B, hkv, T, D});
+  const Tensor v = shared_rand(13, {B, hkv, T, D}), w = shared_rand(14, {B, hq, T, D});
+  Tensor fq = leaf(q), fk = leaf(k), fv = leaf(v);
+  Tensor full = ops::causal_attention(fq, fk, fv, 0.0, first);
+  autograd::backward(ops::sum(ops::mul(full, w)));
+
+  auto shard = [&](const Tensor& x) { return cp::shard_sequence(x, 2, r, p); };
+  Tensor lq = leaf(shard(q)), lk = leaf(shard(k)), lv = leaf(shard(v));
+  Tensor out = cp::ulysses_attention(lq, lk, lv, 0.0, g, first);
+  EXPECT_LT(rel_err(shard(full.detach()), out), 2e-5);
+  autograd::backward(ops::sum(ops::mul(out, shard(w))));
+  EXPECT_LT(rel_err(shard(fq.grad()), lq.grad()), 2e-5);
+  EXPECT_LT(rel_err(shard(fk.grad()), lk.grad()), 2e-5);
+  EXPECT_LT(rel_err(shard(fv.grad()), lv.grad()), 2e-5);
+}
+
+TEST(ContextParallel, UlyssesMatchesFullCausalAttention) {
+  const int p = testing::world_size();
+  check_ulysses(2 * p, 2 * p, 3, 0);  // two heads per rank
+  check_ulysses(2 * p, p, 2, 0);      // grouped-query, one kv head per rank
+  check_ulysses(p, 1, 1, 0);          // one kv head for every rank: repeated P times
+  check_ulysses(2 * p, 2, 3, 0);      // P a multiple of Hkv = 2 (at 2 ranks: one each)
+  check_ulysses(2 * p, 2 * p, 4, 3);  // a 3-token sliding window over 8P tokens
 }
 
 TEST(ContextParallel, RingAttentionMatchesFullCausalAttention) { check_ring(4, 4, 3); }
