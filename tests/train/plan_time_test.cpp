@@ -23,6 +23,7 @@
 #include "train/planner/calibrate.h"
 #include "train/planner/devices.h"
 #include "train/planner/dp_backward.h"
+#include "train/planner/memory.h"
 #include "train/planner/search.h"
 #include "train/planner/step_time.h"
 
@@ -549,9 +550,21 @@ TEST(PlanTime, WhatTheModelDoesNotCoverIsNamed) {
   Calibration cal;
   for (const auto& [extra, key] : std::vector<std::pair<std::string, std::string>>{
            {"parallel: {dp: 2, sdp: {mode: backward}}\n", "parallel.sdp.mode"},
-           {"parallel: {dp: 2, sdp: {mode: forward, heads: true}}\n", "parallel.sdp.heads"}}) {
+           {"parallel: {dp: 2, sdp: {mode: forward, heads: true}}\n", "parallel.sdp.heads"},
+           {"parallel: {cp: 2, cp_attention: ulysses}\n", "parallel.cp_attention"}}) {
     try {
       plan_step_time(tiny(extra), cal, {});
+      FAIL() << key << " must be refused";
+    } catch (const ConfigError& e) {
+      EXPECT_EQ(std::string(e.what()).rfind(key + ":", 0), 0U) << e.what();
+    }
+  }
+  // The memory plan: Ulysses' buffers and zb-h1's activations kept from B to W are not modelled.
+  for (const auto& [extra, key] : std::vector<std::pair<std::string, std::string>>{
+           {"parallel: {cp: 2, cp_attention: ulysses}\n", "parallel.cp_attention"},
+           {"parallel: {pp: 2, schedule: zb-h1}\noptim: {grad_accum: 2}\n", "parallel.schedule"}}) {
+    try {
+      plan_memory(tiny(extra), {0, 0, 0, 0});
       FAIL() << key << " must be refused";
     } catch (const ConfigError& e) {
       EXPECT_EQ(std::string(e.what()).rfind(key + ":", 0), 0U) << e.what();

@@ -161,6 +161,8 @@ void refuse_unplanned(const Config& c) {
     refuse("parallel.sdp.mode", "backward masking (its frozen copies and publication)");
   }
   if (p.sdp.on() && p.sdp.heads) refuse("parallel.sdp.heads", "SDP's covered attention heads");
+  if (p.cp > 1 && p.cp_attention == "ulysses")
+    refuse("parallel.cp_attention", "Ulysses attention (its all-to-all buffers)");
 }
 
 }  // namespace

@@ -145,6 +145,9 @@ StepTimePlan plan_step_time(const Config& cfg, Calibration& cal, const ClusterLi
   const ModelConfig& m = cfg.model;
   const ParallelConfig& p = cfg.parallel;
   const TrainConfig& t = cfg.train;
+  LOOM_CONFIG_CHECK(p.cp == 1 || p.cp_attention == "ring",
+                    "parallel.cp_attention: the step-time model prices ring attention only "
+                    "(Ulysses' all-to-alls are not priced yet)");
   LOOM_CONFIG_CHECK(!p.sdp.on() || p.sdp.forward(),
                     "parallel.sdp.mode: the step-time model covers SDP's forward masking only "
                     "(backward masking's publication is not priced yet)");
