@@ -284,7 +284,8 @@ Tensor Transformer::forward(const Tensor& ids, const Tensor& pos, const DropoutK
              shape_str(ids.shape()));
   LOOM_CHECK(pos.dim() == 1 && pos.size(0) == ids.size(1), "Transformer.forward: positions ",
              shape_str(pos.shape()), " do not match T = ", ids.size(1));
-  kernels::check_documents(doc_start, ids.size(1), "Transformer.forward");  // Note [Host ids]
+  // Note [Host ids]; under cp the whole sequence's documents (Note [Sliding window])
+  kernels::check_documents(doc_start, layout_->sequence_length(ids.size(1)), "Transformer.forward");
   return head_logits(
       run_blocks(embed(ids, pos), pos.to(device_), 0, num_blocks(), dropout, doc_start));
 }
@@ -412,7 +413,8 @@ Tensor Transformer::loss(const Tensor& ids, const Tensor& targets, const Tensor&
   LOOM_CHECK(targets.shape() == ids.shape(), "Transformer.loss: targets ",
              shape_str(targets.shape()), " do not match ids ", shape_str(ids.shape()));
   LOOM_CHECK(ids.dim() == 2, "Transformer.loss: ids must be (B, T), got ", shape_str(ids.shape()));
-  kernels::check_documents(doc_start, ids.size(1), "Transformer.loss");  // Note [Host ids]
+  // Note [Host ids]; under cp the whole sequence's documents (Note [Sliding window])
+  kernels::check_documents(doc_start, layout_->sequence_length(ids.size(1)), "Transformer.loss");
   return head_loss(
       run_blocks(embed(ids, pos), pos.to(device_), 0, num_blocks(), dropout, doc_start), targets);
 }

@@ -100,8 +100,9 @@ class Transformer : public Module {
   // every batch row: attention never crosses a document. The caller sets the targets that would
   // cross a boundary to -100. doc_start may be on the host, as ids and positions: checked there
   // (doc_start[0] = 0, doc_start[i] ∈ {doc_start[i−1], i}) and uploaded once per call (Note
-  // [Host ids]). Undefined: the overloads above. Not supported under context parallelism (the
-  // attention refuses it).
+  // [Host ids]). Undefined: the overloads above. Under context parallelism ids and positions
+  // are this rank's part and doc_start the whole sequence's, which Ulysses attention takes and
+  // ring attention refuses (parallel/cp).
   Tensor forward(const Tensor& ids, const Tensor& positions, const DropoutKey* dropout,
                  const Tensor& doc_start) const;
   Tensor loss(const Tensor& ids, const Tensor& targets, const Tensor& positions,

@@ -524,9 +524,9 @@ void validate_packing(const Config& c) {
           "optim.grad_accum: must be 1 with data.packing (the token budget "
           "data.max_tokens_per_microbatch sets the micro-batches), got " +
               str(c.optim.grad_accum));
-  require(p.tp == 1 && p.pp == 1 && p.cp == 1,
-          "data.packing: not supported with parallel.tp, pp or cp > 1 yet (data parallelism, "
-          "ZeRO, MiCS and ODC are)");
+  require(p.tp == 1 && p.pp == 1 && (p.cp == 1 || p.cp_attention == "ulysses"),
+          "data.packing: not supported with parallel.tp, pp, or cp > 1 with ring attention yet "
+          "(data parallelism, ZeRO, MiCS, ODC and cp with parallel.cp_attention: ulysses are)");
 }
 
 }  // namespace

@@ -27,6 +27,26 @@ struct LossRule {
   double share;
 };
 
+// A packed micro-batch's row padded to a multiple of 2·cp tokens (the load-balanced chunks, Note
+// [Causal load balancing] in parallel/cp/ring_attention.h): the padding is a document of its own
+// with no loss token (targets -100), so it changes no loss and no other document's attention.
+MicroBatch padded_for_cp(const MicroBatch& mb, int cp) {
+  const int64_t rows = mb.inputs.size(0), t = mb.inputs.size(1), n = 2 * cp;
+  const int64_t pad = (t + n - 1) / n * n - t;
+  if (pad == 0) return mb;
+  MicroBatch out = mb;
+  std::vector<int32_t> pos(static_cast<size_t>(pad)), start(static_cast<size_t>(pad));
+  for (int64_t i = 0; i < pad; ++i) {
+    pos[static_cast<size_t>(i)] = static_cast<int32_t>(i);
+    start[static_cast<size_t>(i)] = static_cast<int32_t>(t);
+  }
+  out.inputs = ops::cat({mb.inputs, Tensor::zeros({rows, pad}, mb.inputs.dtype())}, 1);
+  out.targets = ops::cat({mb.targets, Tensor::full({rows, pad}, -100, mb.targets.dtype())}, 1);
+  out.positions = ops::cat({mb.positions, Tensor::from_vector(pos, {pad})}, 0);
+  out.doc_start = ops::cat({mb.doc_start, Tensor::from_vector(start, {pad})}, 0);
+  return out;
+}
+
 class PlainRunner final : public StepRunner {
  public:
   explicit PlainRunner(const StepRunnerParts& parts) : p_(parts) {}
@@ -65,16 +85,24 @@ class PlainRunner final : public StepRunner {
     if (step.loss == StepLoss::kMean) {  // × cp: data parallelism averages over dp·cp ranks
       return {step.micro_batches() > 1, static_cast<double>(cp_size(p_)), 1.0};
     }
-    const double dp = static_cast<double>(p_.data_ranks);  // × dp: it averages over dp ranks
-    return {true, dp, dp};
+    // × dp·cp for backward: data parallelism averages over dp·cp ranks, whose cp shares of a
+    // micro-batch sum to its loss (Note [Packed loss]); × dp for the share (the cp shares are
+    // summed, the dp ones averaged).
+    const double dp = static_cast<double>(p_.data_ranks);
+    return {true, dp * static_cast<double>(cp_size(p_)), dp};
   }
 
   // A micro-batch's mean loss: packed rows whole, with their positions and document starts;
   // window rows cut to this rank's part by the model's layout (Note [Model-parallel step]).
   Tensor loss_of(const MicroBatch& mb, const DropoutKey* key) const {
+    const SequenceLayout& layout = *p_.layout;
+    if (mb.doc_start.defined() && cp_size(p_) > 1) {  // Note [Packed loss]: this rank's chunks
+      const MicroBatch m = padded_for_cp(mb, cp_size(p_));
+      return p_.model->loss(layout.local_sequence(m.inputs, 1), layout.local_sequence(m.targets, 1),
+                            layout.local_sequence(m.positions, 0), key, m.doc_start);
+    }
     if (mb.doc_start.defined())
       return p_.model->loss(mb.inputs, mb.targets, mb.positions, key, mb.doc_start);
-    const SequenceLayout& layout = *p_.layout;
     const Tensor inputs = layout.local_sequence(mb.inputs, 1);
     const Tensor targets = layout.local_sequence(mb.targets, 1);
     const Tensor positions = layout.local_positions(mb.inputs.size(1));  // undefined: arange

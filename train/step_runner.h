@@ -26,7 +26,12 @@
 // (ZeRO-3 with collectives). Every micro-batch is weighted by c_m / N (StepData::weight).
 // Data parallelism averages gradients over the dp ranks, so each rank backpropagates
 // dp·(c_m / N)·loss_m; their average is the gradient of the step's loss. Packing runs without
-// tp, pp and cp (refused by the config: train/config.cpp), so its rows are run whole.
+// tp and pp (refused by the config: train/config.cpp), so its rows are run whole — except under
+// cp with Ulysses attention (parallel.cp_attention: ulysses, parallel/cp/ulysses.h): the row is
+// padded to a multiple of 2·cp tokens with a document of no loss tokens, each cp rank keeps its
+// load-balanced chunks of ids, targets and positions and the whole row's doc_start, its loss is
+// its share (Note [Context-parallel loss] in parallel/mesh_layers.cpp), and data parallelism
+// averaging over dp·cp ranks, each backpropagates dp·cp·(c_m / N)·share.
 #pragma once
 
 #include <cstdint>

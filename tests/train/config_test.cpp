@@ -374,9 +374,12 @@ TEST(Config, PackingKeys) {
   EXPECT_EQ(error_of("data:\n  packing: true\noptim:\n  grad_accum: 2\n"),
             "optim.grad_accum: must be 1 with data.packing (the token budget "
             "data.max_tokens_per_microbatch sets the micro-batches), got 2");
-  EXPECT_EQ(error_of("data:\n  packing: true\nparallel:\n  tp: 2\n"),
-            "data.packing: not supported with parallel.tp, pp or cp > 1 yet (data parallelism, "
-            "ZeRO, MiCS and ODC are)");
+  const std::string refused =
+      "data.packing: not supported with parallel.tp, pp, or cp > 1 with ring attention yet "
+      "(data parallelism, ZeRO, MiCS, ODC and cp with parallel.cp_attention: ulysses are)";
+  EXPECT_EQ(error_of("data:\n  packing: true\nparallel:\n  tp: 2\n"), refused);
+  EXPECT_EQ(error_of("data:\n  packing: true\nparallel:\n  cp: 2\n"), refused);
+  EXPECT_EQ(error_of("data:\n  packing: true\nparallel:\n  cp: 2\n  cp_attention: ulysses\n"), "");
 }
 
 TEST(Config, ShippedConfigsValidateWithPublishedSizes) {

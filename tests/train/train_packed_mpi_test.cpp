@@ -4,8 +4,10 @@
 // counts) and MiCS 2-of-4 with both; the same global minibatch of documents each step, so the
 // losses, gradient norms and final parameters equal the single process's to f32 rounding (Note
 // [Packed loss] in train/step_runner.h: the loss is normalised by the step's loss tokens,
-// whatever the split). Also: an ODC run stopped and resumed continues exactly, and ZeRO-3 and ODC
+// whatever the split); and cp 2 with Ulysses attention (alone, with the Llama families' window,
+// and with dp 2). Also: an ODC run stopped and resumed continues exactly, and ZeRO-3 and ODC
 // resume each other's checkpoints.
+//
 // loom-mpi-test: ranks 2 4
 // loom-multihost-test: 2x2
 //
@@ -35,6 +37,7 @@ constexpr double kParamAbsTol = 2e-5;
 struct Layout {
   std::string name;
   int dp = 1;
+  int cp = 1;  // context parallelism, with Ulysses attention (packed rows: Note [Packed loss])
   int zero_stage = 0;
   int mics = 0;
   bool odc = false;
@@ -68,9 +71,10 @@ Config config_for(const Layout& l, const std::string& data, const std::string& o
     << out << "}\n"
     << "checkpoint: {every: 3, keep: 0}\n"
     << "logging: {jsonl: false, tensorboard: false}\n";
-  if (l.dp > 1) {
-    y << "parallel: {dp: " << l.dp << ", zero_stage: " << l.zero_stage
-      << ", mics_partition_size: " << l.mics << ", odc: " << (l.odc ? "true" : "false")
+  if (l.dp > 1 || l.cp > 1) {
+    y << "parallel: {dp: " << l.dp << ", cp: " << l.cp << ", cp_attention: ulysses"
+      << ", zero_stage: " << l.zero_stage << ", mics_partition_size: " << l.mics
+      << ", odc: " << (l.odc ? "true" : "false")
       << ", odc_deterministic: " << (l.deterministic ? "true" : "false") << ", bucket_mb: 0.01}\n";
   }
   return parse_config_text(y.str());
@@ -78,7 +82,7 @@ Config config_for(const Layout& l, const std::string& data, const std::string& o
 
 std::unique_ptr<ParallelContext> context_for(const Layout& l) {
   ParallelOptions po;
-  po.shape = {.dp = l.dp};
+  po.shape = {.dp = l.dp, .cp = l.cp};
   po.mics_partition_size = l.mics;
   po.comm_timeout_s = testing::kTestCommTimeoutS;
   return std::make_unique<ParallelContext>(ParallelContext::create(po));
@@ -131,7 +135,8 @@ void expect_matches_single(const Layout& l, const std::vector<StepRecord>& got,
 }
 
 void run_layout(const Layout& l) {
-  if (testing::world_size() != l.dp) GTEST_SKIP() << l.name << " runs on " << l.dp << " ranks";
+  if (testing::world_size() != l.dp * l.cp)
+    GTEST_SKIP() << l.name << " runs on " << l.dp * l.cp << " ranks";
   const Single& want = single_run(l.llama);
   auto ctx = context_for(l);
   const std::string out = want.data + "/../" + l.name;
@@ -183,6 +188,16 @@ TEST(TrainPacked, RanksGetUnequalMicroBatchCounts) {
 TEST(TrainPacked, Ddp2UnevenMicroBatches) { run_layout({.name = "ddp2", .dp = 2}); }
 TEST(TrainPacked, Ddp2InOrderSplit) {
   run_layout({.name = "ddp2_none", .dp = 2, .balance = "none"});
+}
+// Packed rows under context parallelism with Ulysses attention: each rank keeps its chunks of
+// the row padded to 2·cp tokens, attention sees the whole row's documents (and the Llama's
+// window) after the head split.
+TEST(TrainPacked, UlyssesCp2) { run_layout({.name = "ulysses_cp2", .cp = 2}); }
+TEST(TrainPacked, UlyssesCp2LlamaFamily) {
+  run_layout({.name = "ulysses_cp2_llama", .cp = 2, .llama = true});
+}
+TEST(TrainPacked, UlyssesCp2Dp2Zero1) {
+  run_layout({.name = "ulysses_cp2_dp2", .dp = 2, .cp = 2, .zero_stage = 1});
 }
 TEST(TrainPacked, Zero3Collectives2) { run_layout({.name = "z3_2", .dp = 2, .zero_stage = 3}); }
 TEST(TrainPacked, Odc2) { run_layout({.name = "odc2", .dp = 2, .zero_stage = 3, .odc = true}); }
