@@ -190,19 +190,25 @@ Tensor gelu_mlp(const Tensor& x, const Tensor& w_fc, const Tensor& b_fc, const T
           const bool now_x = need_x && want[0], now_w1 = need_w1 && want[1],
                      now_b1 = need_b1 && want[2];
           if (need_pre && (now_x || now_w1 || now_b1)) {
-            if (!kept->dpre.defined()) {
-              kept->dpre = Tensor::empty({rows, hidden}, d.dtype(), d.device());
-              if (kept->dpre.numel() > 0) {  // the kernel writes db1 whole
-                kept->db1 = Tensor::empty({hidden}, d.dtype(), d.device());
-                kernels::call_kernel<kernels::gemm_dgelu_bgrad_k>(d, w2, pre, kept->dpre, kept->db1,
-                                                                  false, false);
+            Tensor dpre = kept->dpre, dbias = kept->db1;
+            if (!dpre.defined()) {
+              dpre = Tensor::empty({rows, hidden}, d.dtype(), d.device());
+              if (dpre.numel() > 0) {  // the kernel writes db1 whole
+                dbias = Tensor::empty({hidden}, d.dtype(), d.device());
+                kernels::call_kernel<kernels::gemm_dgelu_bgrad_k>(d, w2, pre, dpre, dbias, false,
+                                                                  false);
               } else {
-                kept->db1 = Tensor::zeros({hidden}, d.dtype(), d.device());
+                dbias = Tensor::zeros({hidden}, d.dtype(), d.device());
               }
             }
-            if (now_x) dx = reshape(mm(kept->dpre, w1, false, false), x_shape);
-            if (now_w1) dw1 = mm(kept->dpre, x2, true, false);
-            if (now_b1) db1 = kept->db1;
+            if (now_x) dx = reshape(mm(dpre, w1, false, false), x_shape);
+            if (now_w1) dw1 = mm(dpre, x2, true, false);
+            if (now_b1) db1 = dbias;
+            // Kept only for a second call that needs it; else freed here, before h below.
+            const bool later =
+                (need_x && !want[0]) || (need_w1 && !want[1]) || (need_b1 && !want[2]);
+            kept->dpre = later ? dpre : Tensor();
+            kept->db1 = later ? dbias : Tensor();
           }
           if (need_w2 && want[3]) {  // gelu(pre) again rather than kept: (R, H) less memory
             Tensor h = Tensor::empty({rows, hidden}, d.dtype(), d.device());
