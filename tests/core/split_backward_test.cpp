@@ -18,6 +18,7 @@
 #include "core/ops/view.h"
 #include "core/rng.h"
 #include "layers/transformer.h"
+#include "tests/layers/tiny_models.h"
 
 namespace loom {
 namespace {
@@ -136,19 +137,10 @@ TEST(SplitBackward, CheckpointedRegionDefersItsParametersAccumulation) {
 
 // Blocks 0 and 1 of a Llama with every bias and q/k norms, as a pipeline chunk runs them.
 TEST(SplitBackward, TransformerChunkSplitsExactly) {
-  ModelConfig c;
-  c.arch = "llama";
-  c.vocab_size = 11;
-  c.vocab_multiple = 4;
-  c.n_layer = 2;
-  c.n_head = 2;
-  c.n_kv_head = 1;
-  c.n_embd = 8;
-  c.max_seq_len = 8;
+  ModelConfig c = testing::tiny_llama();
   c.attention_bias = true;
   c.mlp_bias = true;
   c.qk_norm = true;
-  c.tie_embeddings = false;
   Generator gen(9);
   const Tensor x0 = randn({2, 6, 8}, gen, DType::kF64), dy = randn({2, 6, 8}, gen, DType::kF64);
   std::vector<std::vector<double>> want;
