@@ -20,8 +20,10 @@
 // and ready hooks see only the contributions nobody took. A contribution not taken is summed as
 // before. Contributions to leaves captured by backward_capture are never offered.
 //
-// Note [Grad mode is thread-local]: NoGradGuard flips a thread_local flag, the one piece of
-// implicit state in the core; communication threads never record graph.
+// Note [Grad mode is thread-local]: NoGradGuard flips a thread_local flag; communication
+// threads never record graph. The core's one other piece of implicit state is the tape of the
+// selective-recompute region whose fn is running (Note [Selective recompute] in
+// core/checkpoint.h), set and restored the same way around exactly those calls.
 //
 // Note [Split backward]: zero-bubble pipelines (parallel/pp, Qi et al. 2024) run a stage's
 // backward in two passes: B, the gradient of the stage's input (what the previous stage waits

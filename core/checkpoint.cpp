@@ -1,12 +1,43 @@
 // core/checkpoint.cpp — see Note [Activation checkpoint] in core/checkpoint.h.
 #include "core/checkpoint.h"
 
+#include <sstream>
 #include <unordered_set>
 
 #include "core/autograd.h"
+#include "core/error.h"
 
 namespace loom {
 namespace {
+
+// What a selective region's kept ops produced, in call order (Note [Selective recompute]).
+struct KeptTape {
+  struct Entry {
+    KeptOp kind;
+    std::vector<Tensor> results;  // detached; they share the results' storage
+  };
+  KeptOps keep = 0;
+  bool replaying = false;
+  size_t next = 0;
+  std::vector<Entry> entries;
+};
+
+// The tape of the region whose fn this thread is running; null outside one and in full ones.
+thread_local KeptTape* t_tape = nullptr;
+
+// Sets this thread's tape for one call of a region's fn (exception-safe).
+class TapeScope {
+ public:
+  explicit TapeScope(KeptTape* tape) : prev_(t_tape) { t_tape = tape; }
+  ~TapeScope() { t_tape = prev_; }
+  TapeScope(const TapeScope&) = delete;
+  TapeScope& operator=(const TapeScope&) = delete;
+
+ private:
+  KeptTape* prev_;
+};
+
+const char* kept_op_name(KeptOp k) { return k == KeptOp::kMatmul ? "matmul" : "attention"; }
 
 using autograd::AccumulateGrad;
 using autograd::Edge;
@@ -61,14 +92,16 @@ class CheckpointNode final : public Node {
  public:
   CheckpointNode(CheckpointFn fn, std::vector<Tensor> saved_inputs, std::vector<bool> needs,
                  std::vector<std::shared_ptr<Node>> params, std::vector<Generator*> gens,
-                 std::vector<GeneratorState> gen_states, int num_outputs)
+                 std::vector<GeneratorState> gen_states, std::shared_ptr<KeptTape> tape,
+                 int num_outputs)
       : Node("checkpoint", num_outputs),
         fn_(std::move(fn)),
         inputs_(std::move(saved_inputs)),
         needs_(std::move(needs)),
         params_(std::move(params)),
         gens_(std::move(gens)),
-        gen_states_(std::move(gen_states)) {}
+        gen_states_(std::move(gen_states)),
+        tape_(std::move(tape)) {}
 
   std::vector<Tensor> apply(std::vector<Tensor>&& grad_outputs) override {
     std::vector<GeneratorState> now;
@@ -80,9 +113,20 @@ class CheckpointNode final : public Node {
     std::vector<Tensor> outputs;
     {
       autograd::EnableGradGuard enable;
+      if (tape_) {
+        tape_->replaying = true;
+        tape_->next = 0;
+      }
+      TapeScope scope(tape_.get());
       outputs = fn_(inputs);
     }
     for (size_t i = 0; i < gens_.size(); ++i) gens_[i]->set_state(now[i]);
+    if (tape_) {
+      LOOM_CHECK(tape_->next == tape_->entries.size(), "checkpoint: the recomputation used ",
+                 tape_->next, " of the ", tape_->entries.size(),
+                 " kept results of the region's forward (fn must be deterministic)");
+      tape_.reset();  // the fresh graph holds what its backward needs
+    }
 
     autograd::GradCapture capture;
     for (const Tensor& t : inputs) {
@@ -109,6 +153,7 @@ class CheckpointNode final : public Node {
   void release() override {
     inputs_.clear();
     fn_ = nullptr;
+    tape_.reset();
   }
 
  private:
@@ -118,20 +163,87 @@ class CheckpointNode final : public Node {
   std::vector<std::shared_ptr<Node>> params_;
   std::vector<Generator*> gens_;
   std::vector<GeneratorState> gen_states_;
+  std::shared_ptr<KeptTape> tape_;  // selective regions only (Note [Selective recompute])
 };
 
 }  // namespace
 
+KeptOps parse_kept_ops(const std::string& text, const std::string& key) {
+  KeptOps keep = 0;
+  std::stringstream in(text);
+  std::string word;
+  while (std::getline(in, word, ',')) {
+    const size_t a = word.find_first_not_of(' '), b = word.find_last_not_of(' ');
+    word = a == std::string::npos ? "" : word.substr(a, b - a + 1);
+    KeptOp k;
+    if (word == "matmul")
+      k = KeptOp::kMatmul;
+    else if (word == "attention")
+      k = KeptOp::kAttention;
+    else
+      throw ConfigError(key + ": unknown op '" + word + "' in '" + text +
+                        "' (a comma-separated list of matmul, attention)");
+    if (keep & kept_bit(k))
+      throw ConfigError(key + ": '" + word + "' is listed twice in '" + text + "'");
+    keep |= kept_bit(k);
+  }
+  if (keep == 0)
+    throw ConfigError(key + ": names no op (a comma-separated list of matmul, attention)");
+  return keep;
+}
+
+std::string kept_ops_text(KeptOps keep) {
+  std::string out;
+  for (KeptOp k : {KeptOp::kMatmul, KeptOp::kAttention}) {
+    if (!(keep & kept_bit(k))) continue;
+    if (!out.empty()) out += ",";
+    out += kept_op_name(k);
+  }
+  return out;
+}
+
+std::vector<Tensor> kept_or_computed(KeptOp kind,
+                                     const std::function<std::vector<Tensor>()>& compute) {
+  KeptTape* tape = t_tape;
+  // With grad mode off an op is a piece of another op's forward (a tensor-parallel layer's
+  // GEMM, whose result its collective then reduces in place): that op is kept, if any.
+  if (!tape || !(tape->keep & kept_bit(kind)) || !autograd::grad_enabled()) return compute();
+  if (!tape->replaying) {
+    std::vector<Tensor> results = compute();
+    KeptTape::Entry e{kind, {}};
+    for (const Tensor& t : results) e.results.push_back(t.defined() ? t.detach() : Tensor());
+    tape->entries.push_back(std::move(e));
+    return results;
+  }
+  LOOM_CHECK(tape->next < tape->entries.size(), "checkpoint: the recomputation called more ",
+             kept_op_name(kind), " ops than the region's forward (fn must be deterministic)");
+  const KeptTape::Entry& e = tape->entries[tape->next++];
+  LOOM_CHECK(e.kind == kind, "checkpoint: the recomputation called ", kept_op_name(kind),
+             " where the region's forward called ", kept_op_name(e.kind));
+  std::vector<Tensor> results;
+  for (const Tensor& t : e.results) results.push_back(t.defined() ? t.detach() : Tensor());
+  return results;
+}
+
 std::vector<Tensor> checkpoint(const CheckpointFn& fn, const std::vector<Tensor>& inputs,
-                               const std::vector<Generator*>& generators) {
-  if (!autograd::grad_enabled()) return fn(inputs);
+                               const std::vector<Generator*>& generators, KeptOps keep) {
+  if (!autograd::grad_enabled()) {
+    TapeScope scope(nullptr);  // not a region: an enclosing one's tape is not this fn's
+    return fn(inputs);
+  }
   std::vector<GeneratorState> states;
   for (Generator* g : generators) states.push_back(g->state());
   std::vector<bool> needs;
   for (const Tensor& t : inputs) needs.push_back(t.requires_grad());
   std::vector<Tensor> region_inputs = detached_inputs(inputs, needs);
   const uint64_t region_start = autograd::next_sequence_nr();
-  std::vector<Tensor> graph_outputs = fn(region_inputs);
+  auto tape = keep ? std::make_shared<KeptTape>() : nullptr;
+  if (tape) tape->keep = keep;
+  std::vector<Tensor> graph_outputs;
+  {
+    TapeScope scope(tape.get());
+    graph_outputs = fn(region_inputs);
+  }
   std::vector<std::shared_ptr<Node>> params =
       region_parameters(graph_outputs, region_inputs, region_start);
 
@@ -148,7 +260,7 @@ std::vector<Tensor> checkpoint(const CheckpointFn& fn, const std::vector<Tensor>
   for (const Tensor& t : inputs) saved.push_back(t.detach());
   auto node =
       std::make_shared<CheckpointNode>(fn, std::move(saved), std::move(needs), params, generators,
-                                       states, static_cast<int>(outputs.size()));
+                                       states, std::move(tape), static_cast<int>(outputs.size()));
   std::vector<Tensor*> out_ptrs;
   for (Tensor& o : outputs) out_ptrs.push_back(&o);
   // Edges: the region's inputs first, then its parameters' accumulators.

@@ -40,7 +40,10 @@ Block::Block(const ModelConfig& config, DType dtype, Device device, const LayerC
              int64_t layer)
     : dropout_(config.dropout),
       layer_(layer),
-      checkpointing_(config.activation_checkpointing),
+      checkpointing_(config.recomputes()),
+      kept_(config.recompute == "selective"
+                ? parse_kept_ops(config.recompute_save, "model.recompute_save")
+                : 0),
       residual_scale_(ctx.blocks ? ctx.blocks->residual_scale : 1.0),
       layout_(ctx.layout),
       norm1_(make_norm(config, dtype, device, ctx)),
@@ -109,7 +112,7 @@ Tensor Block::forward(const Tensor& x, const Tensor& positions, const DropoutKey
   CheckpointFn fn = [this, pos, docs, key, drop](const std::vector<Tensor>& in) {
     return std::vector<Tensor>{forward_region(in[0], pos, docs, &key, drop)};
   };
-  return checkpoint(fn, {x}, {})[0];
+  return checkpoint(fn, {x}, {}, kept_)[0];
 }
 
 void Block::init(Generator& gen, double std, double proj_std) {

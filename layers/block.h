@@ -2,11 +2,11 @@
 // x + mlp(norm2(x)), with dropout on both residual branches (training, config.dropout > 0; the
 // masks a function of each element's coordinates, Note [Dropout by coordinates]; with packed
 // documents the coordinates are the tokens' indices, Note [Dropout of packed documents] in
-// layers/block.cpp) and,
-// when config.activation_checkpointing, its whole forward recomputed in backward
-// (Note [Activation checkpoint] in core/checkpoint.h). With a block selection whose
-// residual_scale s ≠ 1 (Note [Block selection] in layers/build_context.h) both branches are
-// multiplied by s after their dropout: x + s·attn(norm1(x)), then h + s·mlp(norm2(h)).
+// layers/block.cpp) and, by config.recompute, its whole forward recomputed in backward ("full",
+// Note [Activation checkpoint] in core/checkpoint.h) or all of it but the results of the ops
+// config.recompute_save lists ("selective", Note [Selective recompute] there). With a block
+// selection whose residual_scale s ≠ 1 (Note [Block selection] in layers/build_context.h) both
+// branches are multiplied by s after their dropout: x + s·attn(norm1(x)), then h + s·mlp(norm2(h)).
 //
 // Parameter names follow the family: gpt2 ln_1, attn, ln_2, mlp (fc, proj); llama attn_norm,
 // attn, mlp_norm, mlp (gate, up, down).
@@ -14,6 +14,7 @@
 
 #include <memory>
 
+#include "core/checkpoint.h"
 #include "core/rng.h"
 #include "core/tensor.h"
 #include "layers/attention.h"
@@ -64,6 +65,7 @@ class Block : public Module {
   double dropout_;
   int64_t layer_;
   bool checkpointing_;
+  KeptOps kept_;  // what a selective recompute keeps; 0: full (or none)
   double residual_scale_;
   std::shared_ptr<const SequenceLayout> layout_;
   BatchSlice batch_;

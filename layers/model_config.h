@@ -50,7 +50,11 @@ struct ModelConfig {
   double dropout = 0.0;
   double init_std = 0.02;
   bool tie_embeddings = true;  // gpt2: true; llama: false
-  bool activation_checkpointing = false;
+  // model.recompute: what a block keeps for its backward — none (all it saves), full (its input:
+  // Note [Activation checkpoint] in core/checkpoint.h) or selective (its input and the results
+  // of the ops model.recompute_save lists: Note [Selective recompute] there).
+  std::string recompute = "none";
+  std::string recompute_save = "matmul,attention";
 
   int64_t padded_vocab() const {
     return (vocab_size + vocab_multiple - 1) / vocab_multiple * vocab_multiple;
@@ -61,6 +65,7 @@ struct ModelConfig {
   bool has_proj_bias() const { return !is_llama() || attention_bias; }
   bool has_mlp_bias() const { return !is_llama() || mlp_bias; }
   bool is_llama() const { return arch == "llama"; }
+  bool recomputes() const { return recompute != "none"; }
   // gpt2: 4·C. llama: 2/3 of 4·C, rounded up to ffn_multiple (the Llama recipe), unless given.
   int64_t ffn_hidden_size() const {
     if (ffn_hidden > 0) return ffn_hidden;

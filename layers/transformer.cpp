@@ -6,6 +6,7 @@
 #include <cmath>
 #include <string>
 
+#include "core/checkpoint.h"
 #include "core/ops/elementwise.h"
 #include "core/ops/embedding.h"
 #include "core/ops/matmul.h"
@@ -79,6 +80,9 @@ void validate(const ModelConfig& c) {
   require_positive("max_seq_len", static_cast<double>(c.max_seq_len));
   LOOM_CONFIG_CHECK(c.n_kv_head >= 0, "model.n_kv_head: must be 0 (= n_head) or positive, got ",
                     c.n_kv_head);
+  LOOM_CONFIG_CHECK(c.recompute == "none" || c.recompute == "full" || c.recompute == "selective",
+                    "model.recompute: unknown '", c.recompute, "' (none, full, selective)");
+  if (c.recompute == "selective") parse_kept_ops(c.recompute_save, "model.recompute_save");
   LOOM_CONFIG_CHECK(c.ffn_hidden >= 0, "model.ffn_hidden: must be 0 (default) or positive, got ",
                     c.ffn_hidden);
   if (c.is_llama() && c.ffn_hidden == 0)

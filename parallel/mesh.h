@@ -24,6 +24,12 @@ inline constexpr const char* kAxisCp = "cp";
 inline constexpr const char* kAxisTp = "tp";
 inline constexpr const char* kAxisMicsPartition = "mics_partition";
 inline constexpr const char* kAxisMicsReplica = "mics_replica";
+// Hybrid context parallelism's two axes, which split the cp group of u·r ranks into u-rank
+// Ulysses groups of consecutive cp coordinates (partition_group of {cp}) and r-rank rings of
+// the members with the same index in each (replica_group): Note [Hybrid context parallelism] in
+// parallel/cp/hybrid.h.
+inline constexpr const char* kAxisCpUlysses = "cp_ulysses";
+inline constexpr const char* kAxisCpRing = "cp_ring";
 constexpr const char* kDefaultMeshOrder = "tp-cp-dp-pp";
 
 using Axes = std::vector<std::string>;

@@ -1,5 +1,6 @@
 // parallel/mesh_layers.cpp — mesh_layer_context (see the header): the tensor-parallel linear
-// factory, the sequence/context-parallel layout, ring attention and the vocab-parallel loss.
+// factory, the sequence/context-parallel layout, ring, Ulysses or hybrid attention and the
+// vocab-parallel loss.
 #include "parallel/mesh_layers.h"
 
 #include <memory>
@@ -9,6 +10,7 @@
 #include "core/ops/attention.h"
 #include "core/ops/elementwise.h"
 #include "core/ops/view.h"
+#include "parallel/cp/hybrid.h"
 #include "parallel/cp/ring_attention.h"
 #include "parallel/cp/ulysses.h"
 #include "parallel/tp/comm_ops.h"
@@ -117,15 +119,23 @@ Tensor mesh_loss(const Tensor& logits, const Tensor& targets, int64_t ignore_ind
 }  // namespace
 
 LayerContext mesh_layer_context(Communicator& tp, Communicator& cp, bool sequence_parallel,
-                                tp::SpanSink spans, CpAttention cp_attention) {
+                                tp::SpanSink spans, CpAttention cp_attention,
+                                Communicator* cp_ulysses, Communicator* cp_ring) {
+  LOOM_CHECK(
+      cp_attention != CpAttention::kHybrid || (cp_ulysses != nullptr && cp_ring != nullptr &&
+                                               cp_ulysses->size() * cp_ring->size() == cp.size()),
+      "mesh_layer_context: hybrid attention needs the cp group's split into a Ulysses "
+      "group and a ring whose sizes multiply to cp ",
+      cp.size());
   LayerContext ctx;
   ctx.linear = std::make_shared<const TensorParallelLinear>(
       tp, sequence_parallel, std::make_shared<const tp::SpanSink>(std::move(spans)));
   // Heads split over tp need nothing for each row's first key (doc_start is per token). Under
   // cp it is the whole sequence's (Note [Sliding window] in layers/transformer.cpp): Ulysses
-  // attends whole sequences and takes it; ring attention's blocks have no such mask yet.
-  ctx.attention = [c = &cp, cp_attention](const Tensor& q, const Tensor& k, const Tensor& v,
-                                          const Tensor& doc_start) {
+  // attends whole sequences and takes it; ring attention's blocks have no such mask yet, nor
+  // has the hybrid, whose ring holds parts of the sequence.
+  ctx.attention = [c = &cp, cp_attention, cp_ulysses, cp_ring](
+                      const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& doc_start) {
     if (c->size() == 1) return ops::causal_attention(q, k, v, 0.0, doc_start);
     if (cp_attention == CpAttention::kUlysses)
       return cp::ulysses_attention(q, k, v, 0.0, *c, doc_start);
@@ -133,6 +143,8 @@ LayerContext mesh_layer_context(Communicator& tp, Communicator& cp, bool sequenc
                "packed documents are not supported with context parallelism (parallel.cp > 1) "
                "yet: ring attention has no document mask (cp group of ",
                c->size(), "; parallel.cp_attention: ulysses takes a sliding window)");
+    if (cp_attention == CpAttention::kHybrid)
+      return cp::hybrid_attention(q, k, v, 0.0, *cp_ulysses, *cp_ring);
     return cp::ring_attention(q, k, v, 0.0, *c);
   };
   ctx.loss = [t = &tp, c = &cp](const Tensor& logits, const Tensor& targets, int64_t ignore_index,

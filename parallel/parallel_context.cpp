@@ -132,6 +132,12 @@ std::vector<GroupSpec> group_specs(const DeviceMesh& mesh, int rank,
   out.push_back(
       {{kAxisMicsPartition}, kAxisMicsPartition, mesh.partition_group(rank, dp_cp, partition)});
   out.push_back({{kAxisMicsReplica}, kAxisMicsReplica, mesh.replica_group(rank, dp_cp, partition)});
+  // Note [Hybrid context parallelism] in parallel/cp/hybrid.h.
+  const int u = std::max(1, options.cp_ulysses);
+  LOOM_CONFIG_CHECK(mesh.size(kAxisCp) % u == 0, "parallel.cp_ulysses: ", u,
+                    " does not divide parallel.cp ", mesh.size(kAxisCp));
+  out.push_back({{kAxisCpUlysses}, kAxisCpUlysses, mesh.partition_group(rank, {kAxisCp}, u)});
+  out.push_back({{kAxisCpRing}, kAxisCpRing, mesh.replica_group(rank, {kAxisCp}, u)});
   for (const Axes& axes : options.groups) {
     std::string name;
     for (const std::string& a : axes) name += (name.empty() ? "" : "_") + a;

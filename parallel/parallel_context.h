@@ -9,8 +9,10 @@
 // {dp, cp} (Note [MiCS groups] in parallel/mesh.h); and whatever ParallelOptions::groups adds.
 // Every one always exists, size-1 ones included (a size-1 communicator completes its
 // collectives at once), so callers never test for absence. Without MiCS (mics_partition_size 0)
-// the partition is the whole {dp, cp} group and each replica group is the rank alone. Asking for
-// a group that was not created is an error naming it: groups are created collectively, so they
+// the partition is the whole {dp, cp} group and each replica group is the rank alone. The cp
+// group's split for hybrid attention, cp_ulysses and cp_ring (parallel/mesh.h), exists likewise:
+// without it (cp_ulysses 0) each Ulysses group is the rank alone and the ring the cp group. Asking
+// for a group that was not created is an error naming it: groups are created collectively, so they
 // cannot appear on first use.
 #pragma once
 
@@ -33,6 +35,7 @@ struct ParallelOptions {
   std::vector<MeshAxis> axes;
   std::vector<Axes> groups;     // groups beyond the standard ones (each a set of axis names)
   int mics_partition_size = 0;  // parallel.mics_partition_size; 0 means dp·cp (no MiCS)
+  int cp_ulysses = 0;           // parallel.cp_ulysses (hybrid cp attention), dividing cp; 0 means 1
   double comm_timeout_s = 0;    // 0: LOOM_COMM_TIMEOUT_S, else 300 s
   // Where the rank computes. kCuda: GPU `local_rank` (the rank's index on its node), and every
   // group's communicator is an NcclCommunicator (CPU tensors still go over MPI through it);

@@ -255,9 +255,9 @@ if want plan; then
   stamp "GPU cluster plans"
   b16="--set train.precision=bf16 --set optim.grad_accum=1"
   plan_runs="gpt2-124m $b16 --set data.batch_size=64 --set data.seq_len=1024 --set parallel.dp=8"
-  plan_runs+=";llama3-8b $b16 --set data.batch_size=2 --set parallel.dp=8 --set parallel.zero_stage=3 --set model.activation_checkpointing=true"
+  plan_runs+=";llama3-8b $b16 --set data.batch_size=2 --set parallel.dp=8 --set parallel.zero_stage=3 --set model.recompute=full"
   plan_runs+=";llama3-8b $b16 --set data.batch_size=2 --set parallel.dp=8 --set parallel.zero_stage=3"
-  plan_runs+=";llama3-8b $b16 --set data.batch_size=4 --set optim.grad_accum=4 --set parallel.dp=32 --set parallel.tp=8 --set parallel.sequence_parallel=true --set parallel.zero_stage=3 --set model.activation_checkpointing=true --set model.n_layer=80 --set model.n_embd=8192 --set model.n_head=64 --set model.ffn_hidden=28672"
+  plan_runs+=";llama3-8b $b16 --set data.batch_size=4 --set optim.grad_accum=4 --set parallel.dp=32 --set parallel.tp=8 --set parallel.sequence_parallel=true --set parallel.zero_stage=3 --set model.recompute=full --set model.n_layer=80 --set model.n_embd=8192 --set model.n_head=64 --set model.ffn_hidden=28672"
   plan_runs+=";llama3-8b --set train.precision=bf16 --set data.batch_size=2 --set optim.grad_accum=8 --search --gpus 8"
   IFS=';' read -ra runs <<<"${GPU_CHECK_PLAN_RUNS-$plan_runs}"
   # An earlier run's file (GPU_CHECK_CALIBRATION): its shapes are not measured again. Each plan

@@ -238,6 +238,7 @@ int main(int argc, char** argv) {
       p.shape.cp = static_cast<int>(config.parallel.cp);
       p.shape.tp = static_cast<int>(config.parallel.tp);
       p.mics_partition_size = static_cast<int>(config.parallel.mics_partition_size);
+      p.cp_ulysses = static_cast<int>(config.parallel.cp_ulysses);
       p.comm_timeout_s = config.parallel.comm_timeout_s;
       p.tp_across_hosts = config.parallel.tp_across_hosts;
       // parallel.backend: NCCL communicators on GPUs, or MPI ones staging CUDA tensors.

@@ -50,22 +50,24 @@ std::vector<HeldPiece> state_pieces(parallel::GradientEngine& engine,
 
 // Note [Resume compatibility]: a checkpoint continues under another config only where its
 // tensors and its data position still mean the same thing. Refused, naming each key: the model
-// (model.*), the stored dtype (train.dtype), the optimizer (optim.name: its state differs), and
-// the data stream (data.seq_len, data.seed, data.packing: windows or documents; data.train's
-// pattern only for a checkpoint without the data's fingerprint — with one, the shards
-// themselves are compared, Note [Data fingerprint] in data/loader.h, so moved data resumes).
-// Everything else may change, the parallel layout included (the pieces reshard on load), and
-// each change is logged, one line a key (`parallel.sdp.seed 0 → 7`). When the
-// global batch changes, the data continues from the same position (the windows consumed so
-// far), so the steps after the resume see other batches than the original run would have: said.
+// (model.*, but for what recompute keeps, model.recompute and recompute_save), the stored
+// dtype (train.dtype), the optimizer (optim.name: its state differs), and the data stream
+// (data.seq_len, data.seed, data.packing: windows or documents; data.train's pattern only for a
+// checkpoint without the data's fingerprint — with one, the shards themselves are compared,
+// Note [Data fingerprint] in data/loader.h, so moved data resumes). Everything else may change,
+// the parallel layout included (the pieces reshard on load), and each change is logged, one
+// line a key (`parallel.sdp.seed 0 → 7`). When the global batch changes, the data continues
+// from the same position (the windows consumed so far), so the steps after the resume see
+// other batches than the original run would have: said.
 void Trainer::State::check_resume_config(const CheckpointReader& r) {
   const std::map<std::string, std::string> saved = flatten_config(r.config_yaml()),
                                            now = flatten_config(config_to_yaml(cfg));
   const bool fingerprint = r.state().count("data.train") > 0;
   auto fixed = [&](const std::string& key) {
-    return (key.rfind("model.", 0) == 0 && key != "model.init_from") || key == "train.dtype" ||
-           key == "optim.name" || (key == "data.train" && !fingerprint) || key == "data.seq_len" ||
-           key == "data.seed" || key == "data.packing";
+    return (key.rfind("model.", 0) == 0 && key != "model.init_from" &&
+            key.rfind("model.recompute", 0) != 0) ||
+           key == "train.dtype" || key == "optim.name" || (key == "data.train" && !fingerprint) ||
+           key == "data.seq_len" || key == "data.seed" || key == "data.packing";
   };
   std::string refused;
   std::vector<std::string> changed;

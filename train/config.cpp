@@ -45,7 +45,8 @@ void visit_fields(Config& c, V&& v) {
   v("model", "dropout", m.dropout);
   v("model", "init_std", m.init_std);
   v("model", "tie_embeddings", m.tie_embeddings);
-  v("model", "activation_checkpointing", m.activation_checkpointing);
+  v("model", "recompute", m.recompute);
+  v("model", "recompute_save", m.recompute_save);
   v("model", "init_from", c.train.init_from);
   RopeScaling& rs = m.rope_scaling;
   v("model.rope_scaling", "type", rs.type);
@@ -135,6 +136,7 @@ void visit_fields(Config& c, V&& v) {
   v("parallel", "tp", p.tp);
   v("parallel", "cp", p.cp);
   v("parallel", "cp_attention", p.cp_attention);
+  v("parallel", "cp_ulysses", p.cp_ulysses);
   v("parallel", "sequence_parallel", p.sequence_parallel);
   // A nested mapping: "parallel.sdp" is a section inside parallel (Note [Nested sections]).
   v("parallel.sdp", "mode", p.sdp.mode);
@@ -252,6 +254,10 @@ void check_section_keys(const std::string& s, const YAML::Node& node,
       check_section_keys(full, kv.second, sections, keys);
       continue;
     }
+    if (full == "model.activation_checkpointing")  // the older spelling
+      throw ConfigError(full +
+                        ": now model.recompute (full for true, none for false; or "
+                        "selective)");
     if (!keys.count(full)) throw ConfigError(full + ": unknown key");
   }
 }
@@ -300,6 +306,7 @@ void apply_override(YAML::Node& root, const std::string& assignment) {
 }
 
 void resolve_global_batch(Config& c);
+void resolve_pipeline_chunks(Config& c);
 
 Config from_node(YAML::Node root, const std::vector<std::string>& overrides) {
   if (!root || root.IsNull()) root = YAML::Node(YAML::NodeType::Map);
@@ -308,6 +315,7 @@ Config from_node(YAML::Node root, const std::vector<std::string>& overrides) {
   Config c;
   visit_fields(c, Reader{root});
   resolve_global_batch(c);
+  resolve_pipeline_chunks(c);
   validate_config(c);
   return c;
 }
@@ -353,6 +361,18 @@ void resolve_global_batch(Config& c) {
   c.optim.grad_accum = accum;
 }
 
+// parallel.vpp left at 1 under a schedule that runs more chunks per rank (zb-v: 2, Note [ZB-V]
+// in parallel/pp/schedule.h) becomes that number, so `schedule: zb-v` alone is a whole
+// configuration; any other vpp is the schedule's to accept or refuse (validate_schedule).
+void resolve_pipeline_chunks(Config& c) {
+  ParallelConfig& p = c.parallel;
+  if (p.pp <= 1 || p.vpp != 1) return;
+  for (parallel::pp::ScheduleKind k : {parallel::pp::ScheduleKind::kZeroBubbleV}) {
+    if (p.schedule == parallel::pp::schedule_name(k))
+      p.vpp = parallel::pp::default_virtual_stages(k);
+  }
+}
+
 // parallel.pp, vpp, microbatches, schedule, pp_layout (parallel/pp/schedule.h and partition.h
 // check the shapes, naming the keys).
 void validate_pipeline_config(const Config& c) {
@@ -371,7 +391,8 @@ void validate_pipeline_config(const Config& c) {
   if (p.pp == 1) return;
   const int64_t m = pipeline_microbatches(c);
   parallel::pp::validate_schedule(
-      kind, {static_cast<int>(p.pp), static_cast<int>(p.vpp), static_cast<int>(m)});
+      kind, parallel::pp::schedule_shape(kind, static_cast<int>(p.pp), static_cast<int>(p.vpp),
+                                         static_cast<int>(m)));
   require(kind != parallel::pp::ScheduleKind::k1F1B || m >= p.pp,
           "parallel.microbatches: " + str(m) +
               " micro-batches (optim.grad_accum when 0) are fewer than parallel.pp " + str(p.pp) +
@@ -396,17 +417,33 @@ void validate_model_parallel_config(const Config& c) {
           "parallel.tp: " + str(p.tp) + " does not split the padded vocabulary " +
               str(m.padded_vocab()) + " into parts that each hold real tokens (model.vocab_size " +
               str(m.vocab_size) + ")");
-  require(p.cp_attention == "ring" || p.cp_attention == "ulysses",
-          "parallel.cp_attention: unknown '" + p.cp_attention + "' (ring, ulysses)");
-  if (p.cp_attention == "ulysses" && p.cp > 1) {  // Note [Ulysses] in parallel/cp/ulysses.h
+  require(p.cp_attention == "ring" || p.cp_attention == "ulysses" || p.cp_attention == "hybrid",
+          "parallel.cp_attention: unknown '" + p.cp_attention + "' (ring, ulysses, hybrid)");
+  // Note [Hybrid context parallelism] in parallel/cp/hybrid.h: u Ulysses ranks × cp/u rings.
+  const bool hybrid = p.cp_attention == "hybrid";
+  require(hybrid || p.cp_ulysses == 0,
+          "parallel.cp_ulysses: " + str(p.cp_ulysses) +
+              " Ulysses ranks need parallel.cp_attention: hybrid (got " + p.cp_attention + ")");
+  require(!hybrid || p.cp_ulysses >= 1,
+          "parallel.cp_ulysses: parallel.cp_attention: hybrid needs its Ulysses ranks (>= 1, "
+          "dividing parallel.cp " +
+              str(p.cp) + "), got " + str(p.cp_ulysses));
+  require(!hybrid || p.cp % p.cp_ulysses == 0,
+          "parallel.cp_ulysses: " + str(p.cp_ulysses) + " does not divide parallel.cp " +
+              str(p.cp) + " (parallel.cp_attention: hybrid runs cp_ulysses Ulysses ranks × cp / " +
+              "cp_ulysses ring ranks)");
+  // The heads split over the Ulysses ranks (Note [Ulysses] in parallel/cp/ulysses.h).
+  const int64_t u = hybrid ? p.cp_ulysses : p.cp_attention == "ulysses" ? p.cp : 1;
+  if (u > 1) {
     const int64_t hq = m.n_head / p.tp, hkv = m.kv_heads() / p.tp;
-    require(hq % p.cp == 0, "model.n_head: the " + str(hq) +
-                                " heads of a tensor-parallel rank do not split over parallel.cp " +
-                                str(p.cp) + " (parallel.cp_attention: ulysses splits heads)");
-    require(hkv % p.cp == 0 || p.cp % hkv == 0,
-            "model.n_kv_head: the " + str(hkv) + " kv heads of a tensor-parallel rank neither " +
-                "split over nor divide parallel.cp " + str(p.cp) +
-                " (parallel.cp_attention: ulysses)");
+    const std::string key = hybrid ? "parallel.cp_ulysses " : "parallel.cp ";
+    require(hq % u == 0, "model.n_head: the " + str(hq) +
+                             " heads of a tensor-parallel rank do not split over " + key + str(u) +
+                             " (parallel.cp_attention: " + p.cp_attention + " splits heads)");
+    require(hkv % u == 0 || u % hkv == 0, "model.n_kv_head: the " + str(hkv) +
+                                              " kv heads of a tensor-parallel rank neither " +
+                                              "split over nor divide " + key + str(u) +
+                                              " (parallel.cp_attention: " + p.cp_attention + ")");
   }
   require(p.cp == 1 || c.data.seq_len % (2 * p.cp) == 0,
           "parallel.cp: data.seq_len " + str(c.data.seq_len) +
@@ -419,7 +456,7 @@ void validate_model_parallel_config(const Config& c) {
 
 // The keys of `section` whose values differ from the defaults ("parallel.sdp.seed, …").
 std::string non_default_keys(const Config& c, const std::string& section) {
-  auto values = [&](Config cfg) {
+  auto values = [&](Config& cfg) {
     std::vector<std::pair<std::string, std::string>> out;
     visit_fields(cfg, [&](const char* s, const char* k, const auto& field) {
       if (section != s) return;
@@ -429,7 +466,8 @@ std::string non_default_keys(const Config& c, const std::string& section) {
     });
     return out;
   };
-  const auto given = values(c), defaults = values(Config{});
+  Config copy = c, fresh;
+  const auto given = values(copy), defaults = values(fresh);
   std::string keys;
   for (size_t i = 0; i < given.size(); ++i) {
     if (given[i].second != defaults[i].second) keys += (keys.empty() ? "" : ", ") + given[i].first;
@@ -547,8 +585,8 @@ void validate_config(const Config& c) {
           "model.sliding_window: data.seq_len " + str(d.seq_len) + " is longer than the model's " +
               str(c.model.sliding_window) +
               "-token attention window, and context parallelism (parallel.cp " +
-              str(c.parallel.cp) +
-              ") with ring attention has no sliding window (parallel.cp_attention: ulysses has)");
+              str(c.parallel.cp) + ") with " + c.parallel.cp_attention +
+              " attention has no sliding window (parallel.cp_attention: ulysses has)");
   validate_packing(c);
   const OptimConfig& o = c.optim;
   require(o.name == "adamw" || o.name == "sgd",

@@ -128,15 +128,16 @@ struct ParallelConfig {
   std::string backend = "auto";
   // Pipeline parallelism (parallel/pp; docs/parallel.md): world = dp·pp.
   int64_t pp = 1;                 // pipeline stages
-  int64_t vpp = 1;                // virtual stages (chunks) per pp rank; > 1 needs interleaved
+  int64_t vpp = 1;                // chunks per pp rank: interleaved (any), zb-v (2; 1 → 2)
   int64_t microbatches = 0;       // per step; 0 = optim.grad_accum (see pipeline_microbatches)
-  std::string schedule = "1f1b";  // gpipe | 1f1b | interleaved
+  std::string schedule = "1f1b";  // gpipe | 1f1b | interleaved | zb-h1 | zb-v
   std::string pp_layout = "";     // blocks per stage, e.g. "3,3,2,2"; "" = even split
   // Tensor, sequence and context parallelism (parallel/tp, parallel/cp; docs/parallel.md):
   // world = dp·pp·cp·tp.
   int64_t tp = 1;                     // tensor-parallel ranks (heads, MLP hidden, vocabulary split)
   int64_t cp = 1;                     // context-parallel ranks (the sequence split)
-  std::string cp_attention = "ring";  // ring | ulysses (Note [Ulysses] in parallel/cp/ulysses.h)
+  std::string cp_attention = "ring";  // ring | ulysses | hybrid (parallel/cp/ulysses.h, hybrid.h)
+  int64_t cp_ulysses = 0;             // hybrid: Ulysses ranks u of cp = u·r (the ring's r = cp/u)
   bool sequence_parallel = false;     // with tp > 1: norms/dropout/residual on sequence chunks
   // parallel.sdp: subnetwork data parallelism (docs/parallel.md, "SDP"), written as a mapping
   // under parallel (parallel: {sdp: {mode: forward, coverage: 0.5}}); its options and their

@@ -40,16 +40,33 @@ void apply_model_parallel(TrainPlan& plan, const Config& cfg, const PlanHooks& h
         t->span("compute", what, b, e);
       };
     }
+    const std::string& attention = cfg.parallel.cp_attention;
+    const bool hybrid = attention == "hybrid";  // parallel/cp/hybrid.h
+    LOOM_CONFIG_CHECK(
+        !hybrid || ctx->axis_size(parallel::kAxisCpUlysses) == cfg.parallel.cp_ulysses,
+        "parallel.cp_ulysses: ", cfg.parallel.cp_ulysses,
+        " needs a parallel context whose cp group splits into that many Ulysses "
+        "ranks (ParallelOptions::cp_ulysses ",
+        ctx->axis_size(parallel::kAxisCpUlysses), ")");
     plan.layers = parallel::mesh_layer_context(
         ctx->tp(), ctx->cp(), cfg.parallel.sequence_parallel, std::move(spans),
-        cfg.parallel.cp_attention == "ulysses" ? parallel::CpAttention::kUlysses
-                                               : parallel::CpAttention::kRing);
+        hybrid                   ? parallel::CpAttention::kHybrid
+        : attention == "ulysses" ? parallel::CpAttention::kUlysses
+                                 : parallel::CpAttention::kRing,
+        &ctx->group({parallel::kAxisCpUlysses}), &ctx->group({parallel::kAxisCpRing}));
     model_parallel = true;
     std::ostringstream os;
     os << "model parallel: tp " << ctx->tp_size()
        << (cfg.parallel.sequence_parallel ? " (sequence parallel)" : "") << ", cp "
        << ctx->cp_size()
-       << (ctx->cp_size() > 1 ? " (" + cfg.parallel.cp_attention + " attention)" : "") << "\n";
+       << (ctx->cp_size() > 1
+               ? " (" + attention + " attention" +
+                     (hybrid ? ": ulysses " + std::to_string(cfg.parallel.cp_ulysses) + " × ring " +
+                                   std::to_string(ctx->axis_size(parallel::kAxisCpRing))
+                             : "") +
+                     ")"
+               : "")
+       << "\n";
     plan.layout += os.str();
   }
   if (cfg.parallel.sdp.on()) {  // Note [SDP plan] in parallel/sdp/sdp_engine.h

@@ -11,6 +11,17 @@
 #include "train/trainer_state.h"
 
 namespace loom {
+namespace {
+
+// The cp layers' waits (Note [Exposed comm]): the cp group's and, under hybrid attention, its
+// Ulysses and ring groups' (Note [Hybrid context parallelism] in parallel/cp/hybrid.h).
+double cp_waited_s(const parallel::ParallelContext* ctx) {
+  if (ctx == nullptr) return 0;
+  return ctx->cp().waited_s() + ctx->group({parallel::kAxisCpUlysses}).waited_s() +
+         ctx->group({parallel::kAxisCpRing}).waited_s();
+}
+
+}  // namespace
 
 // Note [Device step]: a step — one process, or any layout of data, tensor, context and pipeline
 // parallelism, any ZeRO stage, with or without loss scaling — never waits for the device. The
@@ -41,7 +52,7 @@ PendingStep Trainer::State::train_step() {
   if (data.global_loss_tokens == 0) return skipped_step(data);
   plan.engine->zero_grad();
   const double tp_waited = ctx ? ctx->tp().waited_s() : 0;  // Note [Exposed comm]
-  const double cp_waited = ctx ? ctx->cp().waited_s() : 0;
+  const double cp_waited = cp_waited_s(ctx);
   const double pp_waited = ctx ? ctx->pp().waited_s() : 0;
   KernelChoices kernel_choices(cfg.train, cudnn_attention);
   // This rank's share of the step's loss: the step runner is the one branch on the layout.
@@ -64,7 +75,7 @@ PendingStep Trainer::State::train_step() {
   pending.pipe_stats = plan.runner->stats();
   if (ctx) {
     pending.tp_wait_s = ctx->tp().waited_s() - tp_waited;
-    pending.cp_wait_s = ctx->cp().waited_s() - cp_waited;
+    pending.cp_wait_s = cp_waited_s(ctx) - cp_waited;
     pending.pp_wait_s = ctx->pp().waited_s() - pp_waited;
   }
   return pending;

@@ -7,6 +7,7 @@
 #include <cmath>
 
 #include "core/autograd.h"
+#include "core/checkpoint.h"
 #include "core/ops/view.h"
 #include "kernels/attention.h"
 
@@ -43,11 +44,16 @@ Tensor causal_attention(const Tensor& q, const Tensor& k, const Tensor& v, doubl
                vc = contiguous(v.detach());
   // lse (B, Hq, T): f32 for 16-bit inputs (Note [Attention kernel contract]).
   const DType lse_dtype = q.dtype() == DType::kF64 ? DType::kF64 : DType::kF32;
-  Tensor out = Tensor::empty(q.shape(), q.dtype(), q.device());
-  Tensor lse = Tensor::empty({q.size(0), q.size(1), q.size(2)}, lse_dtype, q.device());
-  if (out.numel() > 0) {
-    kernels::call_kernel<kernels::attention_forward_k>(qc, kc, vc, ds, scale, out, lse);
-  }
+  // Note [Selective recompute] in core/checkpoint.h: kept, the output and lse are reused.
+  std::vector<Tensor> r = kept_or_computed(KeptOp::kAttention, [&] {
+    Tensor o = Tensor::empty(q.shape(), q.dtype(), q.device());
+    Tensor l = Tensor::empty({q.size(0), q.size(1), q.size(2)}, lse_dtype, q.device());
+    if (o.numel() > 0)
+      kernels::call_kernel<kernels::attention_forward_k>(qc, kc, vc, ds, scale, o, l);
+    return std::vector<Tensor>{o, l};
+  });
+  Tensor out = r[0];
+  const Tensor lse = r[1];
   if (autograd::needs_grad({&q, &k, &v})) {
     const Tensor out_saved = out.detach();
     autograd::record_function(

@@ -11,6 +11,7 @@
 #include "core/ops/matmul.h"
 
 #include "core/autograd.h"
+#include "core/checkpoint.h"
 #include "core/ops/reduce.h"
 #include "core/ops/view.h"
 #include "kernels/activation.h"
@@ -45,14 +46,18 @@ Tensor mm(const Tensor& a, const Tensor& b, bool ta, bool tb) {
   const int64_t n = tb ? b.size(-2) : b.size(-1);
   LOOM_CHECK(ka == kb, "matmul: inner dims differ: op(a) is (", m, ", ", ka, "), op(b) is (", kb,
              ", ", n, ")");
-  Shape out_shape = a.dim() == 3 ? Shape{a.size(0), m, n} : Shape{m, n};
-  Tensor c = Tensor::empty(out_shape, a.dtype(), a.device());
-  if (c.numel() > 0) {
-    bool fa = ta, fb = tb;
-    const Tensor ga = gemm_operand(a.detach(), fa);
-    const Tensor gb = gemm_operand(b.detach(), fb);
-    kernels::call_kernel<kernels::gemm_k>(ga, gb, c, fa, fb, 1.0, 0.0);
-  }
+  const Shape out_shape = a.dim() == 3 ? Shape{a.size(0), m, n} : Shape{m, n};
+  // Note [Selective recompute] in core/checkpoint.h: a kept product is not computed again.
+  Tensor c = kept_or_computed(KeptOp::kMatmul, [&] {
+    Tensor out = Tensor::empty(out_shape, a.dtype(), a.device());
+    if (out.numel() > 0) {
+      bool fa = ta, fb = tb;
+      const Tensor ga = gemm_operand(a.detach(), fa);
+      const Tensor gb = gemm_operand(b.detach(), fb);
+      kernels::call_kernel<kernels::gemm_k>(ga, gb, out, fa, fb, 1.0, 0.0);
+    }
+    return std::vector<Tensor>{out};
+  })[0];
   if (autograd::needs_grad({&a, &b})) {
     const bool need_a = a.requires_grad(), need_b = b.requires_grad();
     Tensor sa = need_b ? a.detach() : Tensor();
@@ -123,10 +128,12 @@ Tensor linear(const Tensor& x, const Tensor& w, const Tensor& bias) {
   if (!bias.defined()) return matmul(x, w, false, true);
   const Tensor x2 = linear_input("linear", x, w, bias);
   const Tensor wc = contiguous(w.detach());
-  Tensor y2 = Tensor::empty({x2.size(0), w.size(0)}, x.dtype(), x.device());
-  if (y2.numel() > 0) {
-    kernels::call_kernel<kernels::gemm_bias_k>(x2, wc, contiguous(bias.detach()), y2, false, true);
-  }
+  Tensor y2 = kept_or_computed(KeptOp::kMatmul, [&] {
+    Tensor y = Tensor::empty({x2.size(0), w.size(0)}, x.dtype(), x.device());
+    if (y.numel() > 0)
+      kernels::call_kernel<kernels::gemm_bias_k>(x2, wc, contiguous(bias.detach()), y, false, true);
+    return std::vector<Tensor>{y};
+  })[0];
   record_linear("linear", x, w, bias, x2, wc, Tensor(), y2);
   return reshape(y2, linear_shape(x, w));
 }
@@ -135,12 +142,17 @@ Tensor linear_gelu(const Tensor& x, const Tensor& w, const Tensor& bias) {
   LOOM_CHECK(bias.defined(), "linear_gelu: bias is required");
   const Tensor x2 = linear_input("linear_gelu", x, w, bias);
   const Tensor wc = contiguous(w.detach());
-  Tensor pre = Tensor::empty({x2.size(0), w.size(0)}, x.dtype(), x.device());
-  Tensor y2 = Tensor::empty({x2.size(0), w.size(0)}, x.dtype(), x.device());
-  if (y2.numel() > 0) {
-    kernels::call_kernel<kernels::gemm_bias_gelu_k>(x2, wc, contiguous(bias.detach()), pre, y2,
-                                                    false, true);
-  }
+  std::vector<Tensor> r = kept_or_computed(KeptOp::kMatmul, [&] {
+    Tensor p = Tensor::empty({x2.size(0), w.size(0)}, x.dtype(), x.device());
+    Tensor y = Tensor::empty({x2.size(0), w.size(0)}, x.dtype(), x.device());
+    if (y.numel() > 0) {
+      kernels::call_kernel<kernels::gemm_bias_gelu_k>(x2, wc, contiguous(bias.detach()), p, y,
+                                                      false, true);
+    }
+    return std::vector<Tensor>{p, y};
+  });
+  const Tensor pre = r[0];
+  Tensor y2 = r[1];
   record_linear("linear_gelu", x, w, bias, x2, wc, pre, y2);
   return reshape(y2, linear_shape(x, w));
 }
@@ -157,18 +169,21 @@ Tensor gelu_mlp(const Tensor& x, const Tensor& w_fc, const Tensor& b_fc, const T
   LOOM_CHECK(w_proj.dtype() == x.dtype() && b_proj.dtype() == x.dtype(), "gelu_mlp: dtypes differ");
   const Tensor w1 = contiguous(w_fc.detach()), w2 = contiguous(w_proj.detach());
   const int64_t rows = x2.size(0), hidden = w1.size(0), dim = w2.size(0);
-  Tensor pre = Tensor::empty({rows, hidden}, x.dtype(), x.device());
-  Tensor y2 = Tensor::empty({rows, dim}, x.dtype(), x.device());
-  {
+  std::vector<Tensor> r = kept_or_computed(KeptOp::kMatmul, [&] {
+    Tensor p = Tensor::empty({rows, hidden}, x.dtype(), x.device());
+    Tensor y = Tensor::empty({rows, dim}, x.dtype(), x.device());
     Tensor h = Tensor::empty({rows, hidden}, x.dtype(), x.device());  // freed after the forward
-    if (pre.numel() > 0) {
-      kernels::call_kernel<kernels::gemm_bias_gelu_k>(x2, w1, contiguous(b_fc.detach()), pre, h,
+    if (p.numel() > 0) {
+      kernels::call_kernel<kernels::gemm_bias_gelu_k>(x2, w1, contiguous(b_fc.detach()), p, h,
                                                       false, true);
     }
-    if (y2.numel() > 0)
-      kernels::call_kernel<kernels::gemm_bias_k>(h, w2, contiguous(b_proj.detach()), y2, false,
+    if (y.numel() > 0)
+      kernels::call_kernel<kernels::gemm_bias_k>(h, w2, contiguous(b_proj.detach()), y, false,
                                                  true);
-  }
+    return std::vector<Tensor>{p, y};
+  });
+  const Tensor pre = r[0];
+  Tensor y2 = r[1];
   if (autograd::needs_grad({&x, &w_fc, &b_fc, &w_proj, &b_proj})) {
     const bool need_x = x.requires_grad(), need_w1 = w_fc.requires_grad(),
                need_b1 = b_fc.requires_grad();

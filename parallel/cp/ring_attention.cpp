@@ -10,10 +10,10 @@
 #include <array>
 #include <cmath>
 #include <numeric>
-#include <optional>
 #include <vector>
 
 #include "core/autograd.h"
+#include "core/checkpoint.h"
 #include "core/ops/elementwise.h"
 #include "core/ops/reduce.h"
 #include "core/ops/view.h"
@@ -95,38 +95,47 @@ Tensor ring_attention(const Tensor& q, const Tensor& k, const Tensor& v, double 
   const Geometry geo{group.size(), group.rank(), q.size(2) / 2};
   const int p = geo.p;
 
-  std::optional<autograd::NoGradGuard> no_grad(std::in_place);  // until the node is recorded
-  const Tensor qc = split_chunks(q.detach());                   // (2, B, Hq, c, D)
-  Tensor kv = ops::contiguous(ops::cat({split_chunks(k.detach()), split_chunks(v.detach())}, 0));
   const Shape row_shape{q.size(0), q.size(1), geo.c};
   const DType stats = stats_dtype(q.dtype());
-  std::array<Tensor, 2> out, lse;
-  for (int w = 0; w < 2; ++w) {
-    out[w] = Tensor::zeros(slot(qc, w).shape(), q.dtype(), q.device());
-    lse[w] = Tensor::full(row_shape, -INFINITY, stats, q.device());
-  }
-  Tensor block_out = Tensor::empty(slot(qc, 0).shape(), q.dtype(), q.device());
-  Tensor block_lse = Tensor::empty(row_shape, stats, q.device());
-  for (int step = 0; step < p; ++step) {
-    const int src = (geo.r - step + p) % p;
-    Tensor next = step + 1 < p ? Tensor::empty(kv.shape(), kv.dtype(), kv.device()) : Tensor();
-    RingStep hop;
-    if (next.defined()) hop = ring_step(group, kv, next, kTagKv);
-    for (int qw = 0; qw < 2; ++qw) {
-      for (int kw = 0; kw < 2; ++kw) {
-        if (!geo.any_visible(src, qw, kw)) continue;
-        kernels::call_kernel<kernels::attention_block_forward_k>(
-            slot(qc, qw), slot(kv, kw), slot(kv, 2 + kw), geo.q_offset(qw), geo.k_offset(src, kw),
-            scale, block_out, block_lse);
-        kernels::call_kernel<kernels::attention_block_merge_k>(out[qw], lse[qw], block_out,
-                                                               block_lse);
-      }
+  const Tensor qc = split_chunks(q.detach());  // (2, B, Hq, c, D)
+  // Note [Selective recompute] in core/checkpoint.h: kept, the ring's outputs and statistics
+  // (a recomputation then sends nothing).
+  const std::vector<Tensor> kept = kept_or_computed(KeptOp::kAttention, [&] {
+    autograd::NoGradGuard no_grad;
+    Tensor kv = ops::contiguous(ops::cat({split_chunks(k.detach()), split_chunks(v.detach())}, 0));
+    std::array<Tensor, 2> out, lse;
+    for (int w = 0; w < 2; ++w) {
+      out[w] = Tensor::zeros(slot(qc, w).shape(), q.dtype(), q.device());
+      lse[w] = Tensor::full(row_shape, -INFINITY, stats, q.device());
     }
-    hop.wait();
-    if (next.defined()) kv = next;
+    Tensor block_out = Tensor::empty(slot(qc, 0).shape(), q.dtype(), q.device());
+    Tensor block_lse = Tensor::empty(row_shape, stats, q.device());
+    for (int step = 0; step < p; ++step) {
+      const int src = (geo.r - step + p) % p;
+      Tensor next = step + 1 < p ? Tensor::empty(kv.shape(), kv.dtype(), kv.device()) : Tensor();
+      RingStep hop;
+      if (next.defined()) hop = ring_step(group, kv, next, kTagKv);
+      for (int qw = 0; qw < 2; ++qw) {
+        for (int kw = 0; kw < 2; ++kw) {
+          if (!geo.any_visible(src, qw, kw)) continue;
+          kernels::call_kernel<kernels::attention_block_forward_k>(
+              slot(qc, qw), slot(kv, kw), slot(kv, 2 + kw), geo.q_offset(qw), geo.k_offset(src, kw),
+              scale, block_out, block_lse);
+          kernels::call_kernel<kernels::attention_block_merge_k>(out[qw], lse[qw], block_out,
+                                                                 block_lse);
+        }
+      }
+      hop.wait();
+      if (next.defined()) kv = next;
+    }
+    return std::vector<Tensor>{out[0], out[1], lse[0], lse[1]};
+  });
+  const std::array<Tensor, 2> out{kept[0], kept[1]}, lse{kept[2], kept[3]};
+  Tensor result;
+  {
+    autograd::NoGradGuard no_grad;                            // the node below is the op's record
+    result = ops::contiguous(ops::cat({out[0], out[1]}, 2));  // (B, Hq, 2c, D)
   }
-  Tensor result = ops::contiguous(ops::cat({out[0], out[1]}, 2));  // (B, Hq, 2c, D)
-  no_grad.reset();
 
   if (autograd::needs_grad({&q, &k, &v})) {
     const Tensor kv_own =

@@ -65,10 +65,10 @@ bool ulysses_divides(int64_t hq, int64_t hkv, int64_t p) {
   return p >= 1 && hq % p == 0 && hkv >= 1 && (hkv % p == 0 || p % hkv == 0);
 }
 
-Tensor ulysses_attention(const Tensor& q, const Tensor& k, const Tensor& v, double scale,
-                         Communicator& group, const Tensor& first_keys) {
+Tensor ulysses_around(const Tensor& q, const Tensor& k, const Tensor& v, Communicator& group,
+                      const GatheredAttention& attend) {
   const int64_t P = group.size();
-  if (P == 1) return ops::causal_attention(q, k, v, scale, first_keys);
+  if (P == 1) return attend(q, k, v);
   LOOM_CHECK(q.dim() == 4 && k.dim() == 4 && v.dim() == 4 && k.shape() == v.shape() &&
                  q.size(0) == k.size(0) && q.size(2) == k.size(2) && q.size(3) == k.size(3),
              "ulysses_attention: q (B, Hq, L, D), k and v (B, Hkv, L, D) expected, got ",
@@ -87,12 +87,20 @@ Tensor ulysses_attention(const Tensor& q, const Tensor& k, const Tensor& v, doub
     kk = repeat(k);
     vv = repeat(v);
   }
+  // One after the other: every member issues the group's all-to-alls in the same order.
   const Tensor qs = heads_to_sequence(q, group), ks = heads_to_sequence(kk, group),
                vs = heads_to_sequence(vv, group);
-  LOOM_CHECK(!first_keys.defined() || (first_keys.dim() == 1 && first_keys.size(0) == qs.size(2)),
-             "ulysses_attention: first keys for ", qs.size(2), " tokens expected, got ",
-             shape_str(first_keys.shape()));
-  return sequence_to_heads(ops::causal_attention(qs, ks, vs, scale, first_keys), group);
+  return sequence_to_heads(attend(qs, ks, vs), group);
+}
+
+Tensor ulysses_attention(const Tensor& q, const Tensor& k, const Tensor& v, double scale,
+                         Communicator& group, const Tensor& first_keys) {
+  return ulysses_around(q, k, v, group, [&](const Tensor& qs, const Tensor& ks, const Tensor& vs) {
+    LOOM_CHECK(!first_keys.defined() || (first_keys.dim() == 1 && first_keys.size(0) == qs.size(2)),
+               "ulysses_attention: first keys for ", qs.size(2), " tokens expected, got ",
+               shape_str(first_keys.shape()));
+    return ops::causal_attention(qs, ks, vs, scale, first_keys);
+  });
 }
 
 }  // namespace loom::parallel::cp

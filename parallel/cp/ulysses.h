@@ -19,6 +19,8 @@
 // Hkv % P == 0 or P % Hkv == 0 (the config names model.n_head, model.n_kv_head).
 #pragma once
 
+#include <functional>
+
 #include "core/tensor.h"
 #include "parallel/comm/communicator.h"
 
@@ -34,5 +36,13 @@ Tensor ulysses_attention(const Tensor& q, const Tensor& k, const Tensor& v, doub
 
 // Whether ulysses_attention can split hq query and hkv kv heads over p ranks.
 bool ulysses_divides(int64_t hq, int64_t hkv, int64_t p);
+
+// The exchange of Note [Ulysses] around any attention: `attend` gets this rank's heads of the
+// group's tokens, q (B, Hq/P, 2P·c, D) and k, v (B, max(Hkv/P, 1), 2P·c, D), the group's 2P
+// chunks in order, and returns (B, Hq/P, 2P·c, D) in that order, which goes back to (B, Hq, L,
+// D) of this rank's tokens. With a group of one, `attend` gets q, k, v themselves.
+using GatheredAttention = std::function<Tensor(const Tensor& q, const Tensor& k, const Tensor& v)>;
+Tensor ulysses_around(const Tensor& q, const Tensor& k, const Tensor& v, Communicator& group,
+                      const GatheredAttention& attend);
 
 }  // namespace loom::parallel::cp

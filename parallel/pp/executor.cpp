@@ -151,7 +151,15 @@ PipelineStats PipelineExecutor::run(const ChunkCallbacks& cb) {
     const std::pair<int, int> key{ins.mb, ins.chunk};
     if (ins.op == Op::kFwd) {
       Slot& s = slots[key];
-      if (g > 0) {
+      // Stage g−1 on this rank (zb-v's turn): a local hand-off, Note [Instruction lists] in
+      // parallel/pp/schedule.h.
+      if (g > 0 && shape_.stage_rank(g - 1) == rank) {
+        const auto prev = slots.find({ins.mb, shape_.stage_chunk(g - 1)});
+        LOOM_CHECK(prev != slots.end() && prev->second.output.defined(), "pipeline: FWD mb ",
+                   ins.mb, " chunk ", ins.chunk, " before the forward of stage ", g - 1);
+        s.input = prev->second.output.detach();  // a leaf: backward stops here, as at a RECV
+        s.input.set_requires_grad(true);
+      } else if (g > 0) {
         LOOM_CHECK(s.act_recv != nullptr, "pipeline: FWD mb ", ins.mb, " chunk ", ins.chunk,
                    " without a RECV_ACT before it");
         wait(s.act_recv, st.recv_wait_s);
@@ -176,7 +184,14 @@ PipelineStats PipelineExecutor::run(const ChunkCallbacks& cb) {
       --in_flight;
     } else {
       Slot& s = slots.at(key);
-      if (g < last_stage) {
+      const bool local_next = g < last_stage && shape_.stage_rank(g + 1) == rank;
+      if (local_next) {  // the input gradient of this rank's BWD of stage g+1 seeds this one
+        const auto next = slots.find({ins.mb, shape_.stage_chunk(g + 1)});
+        LOOM_CHECK(next != slots.end() && next->second.input.grad().defined(), "pipeline: BWD mb ",
+                   ins.mb, " chunk ", ins.chunk, " before the backward of stage ", g + 1);
+        s.grad_buf = next->second.input.grad().contiguous();
+        slots.erase(next);  // nothing is sent: its slot ends here
+      } else if (g < last_stage) {
         LOOM_CHECK(s.grad_recv != nullptr, "pipeline: BWD mb ", ins.mb, " chunk ", ins.chunk,
                    " without a RECV_GRAD before it");
         wait(s.grad_recv, st.recv_wait_s);
@@ -201,7 +216,9 @@ PipelineStats PipelineExecutor::run(const ChunkCallbacks& cb) {
       st.compute_s += since(t0);
       s.output = Tensor();
       s.grad_buf = Tensor();
-      if (g == 0) slots.erase(key);  // nothing to send back; otherwise SEND_GRAD erases it
+      // Stage 0 sends nothing back, so its slot ends here; a slot whose gradient goes to another
+      // rank ends at its SEND_GRAD, one handed over locally at the BWD of stage g−1.
+      if (g == 0) slots.erase(key);
     }
   }
   for (const Tensor& l : losses) {  // in order, in f64, where the losses are (nothing is read)

@@ -18,9 +18,14 @@
 //           and is waited at the end of the step, so no buffer is reused early.
 //   FWD:    output = forward(mb, chunk, input); on the last stage the output is the loss.
 //   BWD:    backward(loss) on the last stage, else backward({output}, {received gradient});
-//           in a split schedule (zb-h1) backward_split, the input's gradient only, keeping the
-//           W pass (Note [Split backward] in core/autograd.h) with the graph until
+//           in a split schedule (zb-h1, zb-v) backward_split, the input's gradient only, keeping
+//           the W pass (Note [Split backward] in core/autograd.h) with the graph until
 //   BWD_W:  that W pass; before_backward is called before each BWD_W then, not before BWD.
+// A hand-off between two stages on this rank (zb-v's turn, Note [Instruction lists] in
+// parallel/pp/schedule.h) is no
+// transfer: the FWD's input is the previous stage's output, detached into a leaf as a received
+// activation would be, and the BWD's seed is that leaf's gradient once the later stage's BWD
+// left it there; the later stage's slot ends with that BWD.
 // Messages carry message_tag(), which MPI matches; NCCL matches messages between two ranks in
 // issue order, which the plan keeps the same on both ends. The last stage's losses are read
 // (a device-to-host copy, a synchronisation on a GPU) once, after the step's last compute.

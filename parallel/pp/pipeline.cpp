@@ -33,7 +33,7 @@ TransformerPipeline::TransformerPipeline(const Transformer& model, Communicator&
     : model_(model),
       pp_(pp),
       options_(options),
-      shape_{pp.size(), options.vpp, options.microbatches},
+      shape_(schedule_shape(options.schedule, pp.size(), options.vpp, options.microbatches)),
       batch_(batch),
       seq_len_(seq_len),
       boundaries_(partition_layers(model.num_blocks(), pp.size() * options.vpp, options.layout)),
@@ -46,8 +46,9 @@ TransformerPipeline::TransformerPipeline(const Transformer& model, Communicator&
   for (auto& [name, t] : model.named_parameters()) {
     const bool table = t.impl() == model.wte_weight().impl();  // the model says which
     if (table) table_name_ = name;
+    // The rank of each stage: Note [Pipeline stages and chunks] in parallel/pp/schedule.h.
     for (int g : stages_of_parameter(name, t, boundaries_, tied && table)) {
-      if (g % shape_.stages == pp.rank()) {
+      if (shape_.stage_rank(g) == pp.rank()) {
         params_.emplace_back(name, t);
         break;
       }
@@ -62,13 +63,13 @@ TransformerPipeline::TransformerPipeline(const Transformer& model, Communicator&
 }
 
 bool TransformerPipeline::tied_shared() const {
-  return model_.config().tie_embeddings && shape_.num_global_stages() > 1;
+  // Two ranks hold the table; where one rank holds the first and the last stage (zb-v's V, or
+  // p = 1) both use the same tensor and its gradient sums both parts.
+  return model_.config().tie_embeddings && shape_.stage_rank(0) != last_stage_rank();
 }
 
 bool TransformerPipeline::is_tied_copy(const std::string& name) const {
-  // The last stage is on rank p−1; with p = 1 and v > 1 the copy is the same tensor.
-  return tied_shared() && shape_.stages > 1 && pp_.rank() == shape_.stages - 1 &&
-         is_tied_table(name);
+  return tied_shared() && pp_.rank() == last_stage_rank() && is_tied_table(name);
 }
 
 bool TransformerPipeline::is_tied_table(const std::string& name) const {
@@ -128,7 +129,7 @@ Tensor TransformerPipeline::forward_backward(const std::vector<Tensor>& inputs,
   stats_ = executor_.run(cb);
   Tensor loss = stats_.loss_sum.defined() ? ops::reshape(stats_.loss_sum, {1})
                                           : Tensor::zeros({1}, DType::kF64, model_.device());
-  pp_.broadcast(loss, last % shape_.stages);
+  pp_.broadcast(loss, last_stage_rank());
   return ops::reshape(loss, {});
 }
 
@@ -165,8 +166,8 @@ TransformerPipeline::StageUnits TransformerPipeline::parameter_units() const {
 }
 
 void TransformerPipeline::sync_tied_gradients(const std::vector<HeldPiece>& gradients) {
-  if (!tied_shared() || shape_.stages == 1) return;
-  const int first = 0, last = shape_.stages - 1;
+  if (!tied_shared()) return;
+  const int first = shape_.stage_rank(0), last = last_stage_rank();
   if (pp_.rank() != first && pp_.rank() != last) return;
   std::vector<Tensor> views;
   std::vector<double> ranges;  // begin, end of each piece: both ranks must hold the same
@@ -231,33 +232,36 @@ Tensor StageUnitHooks::after_forward(int unit, const Tensor& out) {
 }
 
 // Note [Pipeline evaluation]: validation needs no schedule. Each rank walks the global stages
-// 0..S−1 of each micro-batch in order and runs those it holds (stage g is local chunk g / p of
-// rank g mod p): stage 0 embeds, every other stage receives its input activation from rank
-// (g−1) mod p, and every stage but the last sends its output on to rank (g+1) mod p; the last
-// stage adds the micro-batch's loss. With vpp > 1 a rank's chunks thus alternate with the other
-// ranks'. Blocking sends and receives cannot deadlock: every rank sends and receives in the same
-// global stage order, and a stage only waits for the stage before it. One tag suffices, since
-// messages between two ranks arrive in the order they were sent. The activations have the
-// training step's shape (B, rows, C), rows = PipelineOptions::activation_rows or T.
+// 0..S−1 of each micro-batch in order and runs those it holds (the shape's stage_rank, Note
+// [Pipeline stages and chunks]): stage 0 embeds, every other stage receives its input
+// activation from the rank of stage g−1 unless it is this rank (then it continues from its own
+// output), and every stage but the last sends its output on to the rank of stage g+1 unless it
+// is this one; the last stage adds the micro-batch's loss. With vpp > 1 a rank's chunks thus
+// alternate with the other ranks'. Blocking sends and receives cannot deadlock: every rank sends
+// and receives in the same global stage order, and a stage only waits for the stage before it. One
+// tag suffices, since messages between two ranks arrive in the order they were sent. The
+// activations have the training step's shape (B, rows, C), rows = PipelineOptions::activation_rows
+// or T.
 Tensor TransformerPipeline::forward_only(const Tensor& ids, const Tensor& pos, int64_t rows,
                                          const std::function<Tensor(const Tensor&)>& at_last) {
   autograd::NoGradGuard no_grad;
-  const int p = shape_.stages, me = pp_.rank(), last = shape_.num_global_stages() - 1;
+  const int me = pp_.rank(), last = shape_.num_global_stages() - 1;
   const std::vector<int64_t> act{ids.size(0), rows, model_.config().n_embd};
   Tensor x, out;  // x: the activation entering the next local stage
-  for (int g = me; g <= last; g += p) {
+  for (int g = 0; g <= last; ++g) {
+    if (shape_.stage_rank(g) != me) continue;
     if (g == 0) {
       x = model_.embed(ids, pos);
-    } else if ((g - 1) % p != me) {
+    } else if (shape_.stage_rank(g - 1) != me) {
       x = Tensor::empty(act, model_.compute_dtype().value_or(model_.dtype()), model_.device());
-      pp_.recv(x, (g - 1) % p, kEvalTag);
+      pp_.recv(x, shape_.stage_rank(g - 1), kEvalTag);
     }
     x = model_.run_blocks(x, pos, boundaries_[static_cast<size_t>(g)],
                           boundaries_[static_cast<size_t>(g) + 1], nullptr);
     if (g == last) {
       out = at_last(x);
-    } else if ((g + 1) % p != me) {
-      pp_.send(x.contiguous(), (g + 1) % p, kEvalTag);
+    } else if (shape_.stage_rank(g + 1) != me) {
+      pp_.send(x.contiguous(), shape_.stage_rank(g + 1), kEvalTag);
     }
   }
   return out;

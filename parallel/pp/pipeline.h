@@ -121,7 +121,7 @@ class TransformerPipeline {
   Tensor forward_only(const Tensor& ids, const Tensor& pos, int64_t rows,
                       const std::function<Tensor(const Tensor& x)>& at_last);
   // The pp rank holding the last stage.
-  int last_stage_rank() const { return (shape_.num_global_stages() - 1) % shape_.stages; }
+  int last_stage_rank() const { return shape_.stage_rank(shape_.num_global_stages() - 1); }
 
   // Sharded data parallelism (ZeRO-2/3) under the pipeline, Note [Sharded stages]: this rank's
   // parameters in units, one data-parallel bucket each.

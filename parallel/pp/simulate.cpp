@@ -112,7 +112,12 @@ class Simulator {
       case Op::kFwd: {
         if (st.fwd_done.count(key)) return fail(where + "forward runs twice"), false;
         long start = st.clock;
-        if (g > 0) {
+        if (g > 0 && s_.stage_rank(g - 1) == r) {  // a local hand-off: its FWD ran before
+          if (!st.fwd_done.count({ins.mb, s_.stage_chunk(g - 1)}))
+            return fail(where + "before the forward of stage " + std::to_string(g - 1) +
+                        " on this rank"),
+                   false;
+        } else if (g > 0) {
           auto it = st.act_arrival.find(key);
           if (it == st.act_arrival.end()) return fail(where + "no RECV_ACT before it"), false;
           start = std::max(start, it->second);
@@ -130,7 +135,12 @@ class Simulator {
         if (!st.fwd_done.count(key)) return fail(where + "backward before its forward"), false;
         if (st.bwd_done.count(key)) return fail(where + "backward runs twice"), false;
         long start = st.clock;
-        if (g < last) {
+        if (g < last && s_.stage_rank(g + 1) == r) {  // a local hand-off: its BWD ran before
+          if (!st.bwd_done.count({ins.mb, s_.stage_chunk(g + 1)}))
+            return fail(where + "before the backward of stage " + std::to_string(g + 1) +
+                        " on this rank"),
+                   false;
+        } else if (g < last) {
           auto it = st.grad_arrival.find(key);
           if (it == st.grad_arrival.end()) return fail(where + "no RECV_GRAD before it"), false;
           start = std::max(start, it->second);
@@ -159,10 +169,11 @@ class Simulator {
         const bool grad = ins.op == Op::kSendGrad;
         const int to = grad ? g - 1 : g + 1;
         if (to < 0 || to > last) return fail(where + "no stage to send to"), false;
-        if (ins.peer != to % s_.stages)
+        if (ins.peer != s_.stage_rank(to))
           return fail(where + "wrong peer (stage " + std::to_string(to) + " is on rank " +
-                      std::to_string(to % s_.stages) + ")"),
+                      std::to_string(s_.stage_rank(to)) + ")"),
                  false;
+        if (ins.peer == r) return fail(where + "a hand-off on one rank is no message"), false;
         if (!(grad ? st.bwd_done : st.fwd_done).count(key))
           return fail(where + "sends before computing"), false;
         channels_[{r, ins.peer, grad}].push_back(
@@ -175,7 +186,8 @@ class Simulator {
         const bool grad = ins.op == Op::kRecvGrad;
         const int from = grad ? g + 1 : g - 1;
         if (from < 0 || from > last) return fail(where + "no stage to receive from"), false;
-        if (ins.peer != from % s_.stages) return fail(where + "wrong peer"), false;
+        if (ins.peer != s_.stage_rank(from) || ins.peer == r)
+          return fail(where + "wrong peer"), false;
         std::deque<Message>& q = channels_[{ins.peer, r, grad}];
         if (q.empty()) return false;  // blocks until the peer sends
         const Message msg = q.front();

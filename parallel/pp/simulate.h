@@ -15,9 +15,15 @@
 //                 and drain slots costs one chunk, 1/v of a stage);
 //   ZB-H1:        T = 3·m + p − 1 for m ≥ p, so bubble / T = (p−1)/(3m+p−1), a third of
 //                 1F1B's bubble; T = 2m + 2p − 1 for m < p.
+//   ZB-V:         (v = 2, each chunk F, B, W 1 unit) T = 6m + p − 1 for m = p and m ≥ 2p, so
+//                 bubble / T = (p−1)/(6m+p−1): in a stage's time half ZB-H1's idle time, a
+//                 third of interleaved v = 2's and a sixth of 1F1B's (Note [ZB-V] in
+//                 parallel/pp/schedule.h).
 // Peak in-flight activations (micro-batch chunks forwarded but not yet backwarded) on rank r:
 //   GPipe m;  1F1B min(m, p−r);  ZB-H1 min(m, p) (FWD to BWD_W);
-//   interleaved min(v·m, 2·(p−r−1) + (v−1)·p + 1).
+//   interleaved min(v·m, 2·(p−r−1) + (v−1)·p + 1);  ZB-V 2·min(m, p) chunks (half-stages).
+// A hand-off between two stages on one rank (Note [Instruction lists] in
+// parallel/pp/schedule.h) takes no time.
 // Given StageCosts, the same run prices each global stage's FWD and BWD on its own and adds a
 // transfer time to every message (the step-time model's use: train/planner/step_time.h, in
 // microseconds); the formulas above are for the default costs.

@@ -7,6 +7,7 @@
 #include <utility>
 
 #include "core/autograd.h"
+#include "core/checkpoint.h"
 #include "core/ops/elementwise.h"
 #include "core/ops/embedding.h"
 #include "core/ops/matmul.h"
@@ -219,9 +220,10 @@ Tensor ColumnParallelLinear::forward(const Tensor& x) const {
   // The node's inputs are the compute-dtype casts (Note [Compute dtype] in layers/module.h):
   // its gradients come back in that dtype and the casts' backward turns them into the masters'.
   const Tensor wc = compute(weight_), bc = compute(bias_);
-  Tensor y;
-  {
+  // Note [Selective recompute] in core/checkpoint.h: kept, the output (all-gather included).
+  Tensor y = kept_or_computed(KeptOp::kMatmul, [&] {
     autograd::NoGradGuard no_grad;
+    Tensor out;
     const int n = tp_->size();
     auto chunk_gemm = [&](const Tensor& in) {
       return timed(spans_, "tp column: GEMM", [&] {
@@ -230,15 +232,16 @@ Tensor ColumnParallelLinear::forward(const Tensor& x) const {
       });
     };
     if (!sequence_parallel_ || n == 1) {
-      y = chunk_gemm(xl);
+      out = chunk_gemm(xl);
     } else {  // ring all-gather, chunk by chunk
       std::vector<Tensor> parts(static_cast<size_t>(n));
       ring_each(*tp_, xl, [&](int q, const Tensor& chunk) {
         parts[static_cast<size_t>(q)] = chunk_gemm(chunk);
       });
-      y = ops::cat(parts, 1);
+      out = ops::cat(parts, 1);
     }
-  }
+    return std::vector<Tensor>{out};
+  })[0];
   std::vector<Tensor> inputs{x, wc};
   if (bc.defined()) inputs.push_back(bc);
   if (!autograd::needs_grad(inputs)) return y;
@@ -339,11 +342,12 @@ Tensor RowParallelLinear::forward(const Tensor& x) const {
   auto gemm = [&](const Tensor& in) {
     return timed(spans_, "tp row: GEMM", [&] { return gemm_nt(in, wc.detach()); });
   };
-  Tensor y;
-  {
+  // Note [Selective recompute] in core/checkpoint.h: kept, the output (its reduction included).
+  Tensor y = kept_or_computed(KeptOp::kMatmul, [&] {
     autograd::NoGradGuard no_grad;
+    Tensor out;
     if (n == 1) {
-      y = gemm(xl);
+      out = gemm(xl);
     } else if (sp) {  // ring reduce-scatter: this rank ends with chunk r of the sum
       const int r = tp_->rank();
       const int64_t len = xl.size(1) / n;
@@ -364,7 +368,7 @@ Tensor RowParallelLinear::forward(const Tensor& x) const {
           sends.push_back(ring);
           sent.push_back(part);
         } else {
-          y = part;
+          out = part;
         }
       }
       for (RingStep& st : sends) st.send->wait();
@@ -379,9 +383,10 @@ Tensor RowParallelLinear::forward(const Tensor& x) const {
             tp_->all_reduce_async(ops::view(parts.back(), {parts.back().numel()}), ReduceOp::kSum));
       }
       for (WorkPtr& w : works) w->wait();
-      y = parts.size() == 1 ? parts[0] : ops::cat(parts, 1);
+      out = parts.size() == 1 ? parts[0] : ops::cat(parts, 1);
     }
-  }
+    return std::vector<Tensor>{out};
+  })[0];
   if (autograd::needs_grad({x, wc})) {
     Communicator* tp = tp_;
     const Tensor w = wc.detach();

@@ -80,7 +80,7 @@ std::vector<Tensor> grads_of(const Transformer& m) {
 }
 
 void check_packed_model(ModelConfig c) {
-  SCOPED_TRACE(c.arch + (c.activation_checkpointing ? " checkpointed" : ""));
+  SCOPED_TRACE(c.arch + (c.recomputes() ? " checkpointed" : ""));
   const Packing pk{{3, 2, 3}};
   const int64_t B = 2, T = pk.t();
   Transformer model(c, DType::kF64);
@@ -151,7 +151,7 @@ TEST(PackedDocuments, LlamaPackedRowEqualsDocumentsAlone) {
 // The recomputation in backward keeps the documents apart too.
 TEST(PackedDocuments, CheckpointedBlocksCarryDocStart) {
   for (ModelConfig c : {testing::tiny_gpt2(), testing::tiny_llama()}) {
-    c.activation_checkpointing = true;
+    c.recompute = "full";
     check_packed_model(c);
   }
 }

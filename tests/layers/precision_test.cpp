@@ -81,7 +81,7 @@ TEST(Precision, LlamaComputesInTheComputeDtypeWithF32Masters) {
 
 TEST(Precision, ActivationCheckpointingKeepsThePlumbing) {
   ModelConfig mc = testing::tiny_gpt2();
-  mc.activation_checkpointing = true;
+  mc.recompute = "full";
   expect_plumbing(mc);
 }
 

@@ -115,7 +115,7 @@ TEST(SlidingWindow, CheckpointedBlocksRecomputeWithTheWindow) {
   ModelConfig c = windowed(2);
   const Tensor ids = testing::random_ids(2, 10, 11, 9);
   const std::vector<Tensor> plain = loss_and_grads(c, ids);
-  c.activation_checkpointing = true;
+  c.recompute = "full";
   const std::vector<Tensor> ckpt = loss_and_grads(c, ids);
   ASSERT_EQ(plain.size(), ckpt.size());
   for (size_t i = 0; i < plain.size(); ++i)

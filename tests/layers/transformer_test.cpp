@@ -56,7 +56,7 @@ TEST(Transformer, LlamaGradcheck) { gradcheck_model(tiny_llama(), false); }
 TEST(Transformer, Gpt2DropoutCheckpointedGradcheck) {
   ModelConfig c = tiny_gpt2();
   c.dropout = 0.2;
-  c.activation_checkpointing = true;
+  c.recompute = "full";
   gradcheck_model(c, true);
 }
 
@@ -324,8 +324,13 @@ struct RunResult {
   std::vector<std::vector<double>> grads;
 };
 
-RunResult run_once(ModelConfig c, bool checkpointing, DType dtype) {
-  c.activation_checkpointing = checkpointing;
+RunResult run_once(ModelConfig c, bool checkpointing, DType dtype,
+                   const std::string& selective_save = "") {
+  c.recompute = checkpointing ? "full" : "none";
+  if (!selective_save.empty()) {
+    c.recompute = "selective";
+    c.recompute_save = selective_save;
+  }
   Transformer m(c, dtype);
   Generator gen(1);
   m.init_weights(gen);
@@ -364,6 +369,44 @@ TEST(Transformer, ActivationCheckpointingSameGradientsLessMemory) {
           << cfg.arch << " param " << i;
     }
     EXPECT_LT(ckpt.activation_bytes, plain.activation_bytes / 2) << cfg.arch;
+  }
+}
+
+// Note [Selective recompute] in core/checkpoint.h: the gradients of no recompute, exactly, and
+// between the forward and the backward each block holds, beyond what full recompute holds, the
+// results of the kept ops — counted here from the model's shape (per block of N = B·T tokens:
+// matmul, GPT-2: qkv 3C, proj C, the fused MLP's pre-activation F and output C; Llama: qkv
+// q + 2kv, proj C, gate F, up F, down C; attention: its output q and lse, heads per token).
+TEST(Transformer, SelectiveRecomputeSameGradientsHoldsTheKeptResults) {
+  ModelConfig c = tiny_gpt2();
+  c.n_layer = 3;
+  c.n_embd = 32;
+  c.n_head = 4;
+  c.max_seq_len = 16;
+  c.dropout = 0.1;
+  ModelConfig l = c;
+  l.arch = "llama";
+  l.n_kv_head = 2;
+  l.ffn_hidden = 48;
+  const int64_t N = 4 * 16, e = 8;  // run_once: B 4, T 16, f64
+  for (const ModelConfig& cfg : {c, l}) {
+    const RunResult plain = run_once(cfg, false, DType::kF64);
+    const RunResult full = run_once(cfg, true, DType::kF64);
+    const int64_t C = cfg.n_embd, F = cfg.ffn_hidden_size(), q = cfg.n_head * cfg.head_dim(),
+                  kv = cfg.kv_heads() * cfg.head_dim();
+    const int64_t matmul = cfg.is_llama() ? N * (q + 2 * kv) + N * C + 2 * N * F + N * C
+                                          : N * 3 * C + N * C + N * F + N * C;
+    const int64_t attention = N * q + N * cfg.n_head;
+    for (const std::string save : {"matmul,attention", "matmul", "attention"}) {
+      SCOPED_TRACE(cfg.arch + " keeping " + save);
+      const RunResult sel = run_once(cfg, false, DType::kF64, save);
+      EXPECT_EQ(sel.loss, plain.loss);
+      ASSERT_EQ(sel.grads.size(), plain.grads.size());
+      for (size_t i = 0; i < plain.grads.size(); ++i) EXPECT_EQ(sel.grads[i], plain.grads[i]) << i;
+      const int64_t kept = (save.find("matmul") != std::string::npos ? matmul : 0) +
+                           (save.find("attention") != std::string::npos ? attention : 0);
+      EXPECT_EQ(sel.activation_bytes, full.activation_bytes + cfg.n_layer * kept * e);
+    }
   }
 }
 

@@ -123,11 +123,11 @@ TEST(Config, PipelineKeysNameTheKeys) {
                 .find("parallel.microbatches: 3 conflicts with optim.grad_accum 2"),
             std::string::npos);
   EXPECT_EQ(err("  schedule: zb\n", 1),
-            "parallel.schedule: unknown schedule 'zb' (expected gpipe, 1f1b, interleaved or "
-            "zb-h1)");
+            "parallel.schedule: unknown schedule 'zb' (expected gpipe, 1f1b, interleaved, zb-h1 "
+            "or zb-v)");
   // zb-h1, also with recomputed blocks (Note [Split backward] in core/autograd.h).
   EXPECT_EQ(err("  pp: 2\n  schedule: zb-h1\n", 2), "");
-  EXPECT_EQ(err("  pp: 2\n  schedule: zb-h1\n", 2, "  activation_checkpointing: true\n"), "");
+  EXPECT_EQ(err("  pp: 2\n  schedule: zb-h1\n", 2, "  recompute: full\n"), "");
   EXPECT_EQ(err("  vpp: 2\n  schedule: interleaved\n", 1),
             "parallel.vpp: virtual stages need parallel.pp > 1");
   // Valid: 4 stages of 3 blocks as 2 ranks × 2 chunks, 4 micro-batches from grad_accum.
@@ -563,7 +563,7 @@ TEST(Config, UlyssesNamesTheHeadsItCannotSplit) {
                 .find("model.n_kv_head: the 3 kv heads"),
             std::string::npos);
   EXPECT_NE(error_of("parallel: {cp: 2, cp_attention: star}\n")
-                .find("parallel.cp_attention: unknown 'star' (ring, ulysses)"),
+                .find("parallel.cp_attention: unknown 'star' (ring, ulysses, hybrid)"),
             std::string::npos);
 }
 
@@ -645,6 +645,89 @@ TEST(Config, DilocoKeysNameTheKeys) {
                 .find("parallel.diloco: islands > 1 with "
                       "data.packing is not supported yet"),
             std::string::npos);
+}
+
+// parallel.cp_attention: hybrid with parallel.cp_ulysses u (Note [Hybrid context parallelism]
+// in parallel/cp/hybrid.h): u divides cp, a tp rank's heads split over u (kv heads split or
+// divide it), the key is refused without hybrid, and packed documents and a sliding window are
+// refused as under ring attention.
+TEST(Config, HybridContextParallelismNamesItsKeys) {
+  const std::string model = "model: {n_head: 4, n_kv_head: 2, n_embd: 64, arch: llama}\n";
+  const Config c = parse_config_text(model +
+                                     "parallel: {cp: 4, cp_attention: hybrid, "
+                                     "cp_ulysses: 2}\n");
+  EXPECT_EQ(c.parallel.cp_ulysses, 2);
+  EXPECT_EQ(error_of(model + "parallel: {cp: 8, cp_attention: hybrid, cp_ulysses: 4}\n"
+                             "data: {seq_len: 64}\n"),
+            "");  // 2 kv heads, each repeated over 2 of the 4 Ulysses ranks
+  EXPECT_EQ(error_of(model + "parallel: {cp: 4, cp_attention: hybrid, cp_ulysses: 3}\n"),
+            "parallel.cp_ulysses: 3 does not divide parallel.cp 4 (parallel.cp_attention: hybrid "
+            "runs cp_ulysses Ulysses ranks × cp / cp_ulysses ring ranks)");
+  EXPECT_EQ(error_of(model + "parallel: {cp: 4, cp_attention: hybrid}\n"),
+            "parallel.cp_ulysses: parallel.cp_attention: hybrid needs its Ulysses ranks (>= 1, "
+            "dividing parallel.cp 4), got 0");
+  EXPECT_EQ(error_of(model + "parallel: {cp: 4, cp_ulysses: 2}\n"),
+            "parallel.cp_ulysses: 2 Ulysses ranks need parallel.cp_attention: hybrid (got ring)");
+  EXPECT_EQ(error_of(model + "parallel: {cp: 8, cp_attention: hybrid, cp_ulysses: 8}\n"
+                             "data: {seq_len: 64}\n"),
+            "model.n_head: the 4 heads of a tensor-parallel rank do not split over "
+            "parallel.cp_ulysses 8 (parallel.cp_attention: hybrid splits heads)");
+  EXPECT_EQ(error_of("model: {n_head: 6, n_kv_head: 3, n_embd: 96, arch: llama}\n"
+                     "parallel: {cp: 4, cp_attention: hybrid, cp_ulysses: 2}\n"),
+            "model.n_kv_head: the 3 kv heads of a tensor-parallel rank neither split over nor "
+            "divide parallel.cp_ulysses 2 (parallel.cp_attention: hybrid)");
+  EXPECT_EQ(error_of("data:\n  packing: true\nparallel:\n  cp: 2\n  cp_attention: hybrid\n"
+                     "  cp_ulysses: 2\n"),
+            "data.packing: not supported with parallel.tp, pp, or cp > 1 with ring attention yet "
+            "(data parallelism, ZeRO, MiCS, ODC and cp with parallel.cp_attention: ulysses are)");
+  EXPECT_NE(error_of("model: {n_head: 4, n_embd: 64, arch: llama, sliding_window: 8}\n"
+                     "parallel: {cp: 2, cp_attention: hybrid, cp_ulysses: 2}\n")
+                .find("with hybrid attention has no sliding window"),
+            std::string::npos);
+}
+
+// zb-v (Note [ZB-V] in parallel/pp/schedule.h) runs 2 chunks per rank: parallel.vpp left at 1
+// becomes 2 (so the layers split into 2·pp stages), 2 is accepted, anything else is named.
+TEST(Config, ZeroBubbleVPlacesTwoChunksPerRank) {
+  auto err = [](const std::string& parallel, int64_t accum, int64_t n_layer = 12) {
+    return error_of("model:\n  n_layer: " + std::to_string(n_layer) + "\noptim:\n  grad_accum: " +
+                    std::to_string(accum) + "\nparallel:\n" + parallel);
+  };
+  EXPECT_EQ(err("  pp: 2\n  schedule: zb-v\n", 4), "");
+  EXPECT_EQ(err("  pp: 2\n  vpp: 2\n  schedule: zb-v\n", 4), "");
+  EXPECT_EQ(err("  pp: 3\n  schedule: zb-v\n", 1), "");  // fewer micro-batches than stages
+  EXPECT_EQ(err("  pp: 2\n  vpp: 3\n  schedule: zb-v\n", 4, 6)
+                .rfind("parallel.vpp: zb-v runs 2 chunks per rank", 0),
+            0U);
+  EXPECT_EQ(err("  pp: 4\n  schedule: zb-v\n", 4),
+            "parallel.pp: pp·vpp = 8 does not divide model.n_layer 12 (or give "
+            "parallel.pp_layout)");
+  const Config c = parse_config_text(
+      "model:\n  n_layer: 8\noptim:\n  grad_accum: 4\nparallel:\n  pp: 2\n  "
+      "schedule: zb-v\n");
+  EXPECT_EQ(c.parallel.vpp, 2);
+  const Config one = parse_config_text("parallel:\n  schedule: zb-v\n");  // no pipeline
+  EXPECT_EQ(one.parallel.vpp, 1);
+}
+
+// model.recompute: none, full or selective with the ops it keeps (Note [Selective recompute]
+// in core/checkpoint.h); what recompute keeps may change on resume, unlike the rest of model.*.
+TEST(Config, RecomputeModesAndTheirList) {
+  EXPECT_EQ(parse_config_text("").model.recompute, "none");
+  const Config c = parse_config_text("model: {recompute: selective, recompute_save: attention}\n");
+  EXPECT_EQ(c.model.recompute, "selective");
+  EXPECT_EQ(c.model.recompute_save, "attention");
+  EXPECT_EQ(parse_config_text("", {"model.recompute=full"}).model.recompute, "full");
+  EXPECT_EQ(error_of("", {"model.recompute=some"}),
+            "model.recompute: unknown 'some' (none, full, selective)");
+  EXPECT_EQ(error_of("", {"model.recompute=selective", "model.recompute_save=matmul,softmax"}),
+            "model.recompute_save: unknown op 'softmax' in 'matmul,softmax' (a comma-separated "
+            "list of matmul, attention)");
+  EXPECT_EQ(error_of("", {"model.recompute=full", "model.recompute_save=softmax"}), "")
+      << "the list is read for selective recompute only";
+  EXPECT_EQ(error_of("", {"model.activation_checkpointing=true"}),
+            "model.activation_checkpointing: now model.recompute (full for true, none for "
+            "false; or selective)");
 }
 
 }  // namespace

@@ -123,7 +123,7 @@ void expect_planned_peak(const Layout& l) {
 TEST(PlanMemory, Gpt2) { expect_planned_peak({.name = "gpt2"}); }
 TEST(PlanMemory, Gpt2Accumulation) { expect_planned_peak({.name = "gpt2_accum", .accum = 2}); }
 TEST(PlanMemory, Gpt2Checkpointing) {
-  expect_planned_peak({.name = "gpt2_ckpt", .extra = "model.activation_checkpointing=true"});
+  expect_planned_peak({.name = "gpt2_ckpt", .extra = "model.recompute=full"});
 }
 TEST(PlanMemory, Llama) {
   expect_planned_peak({.name = "llama",
@@ -134,7 +134,7 @@ TEST(PlanMemory, LlamaCheckpointingAccumulation) {
   expect_planned_peak({.name = "llama_ckpt",
                        .model = "arch: llama, n_layer: 3, n_head: 4, n_kv_head: 2, n_embd: 64",
                        .accum = 2,
-                       .extra = "model.activation_checkpointing=true"});
+                       .extra = "model.recompute=full"});
 }
 // Mixed precision: f32 masters computing in f64, the CPU's check of the casts' plumbing (Note
 // [Precision] in train/config.h); on a GPU the same replay runs with bf16.
@@ -145,7 +145,7 @@ TEST(PlanMemory, LlamaMixedPrecisionCheckpointing) {
   expect_planned_peak({.name = "llama_mixed_ckpt",
                        .model = "arch: llama, n_layer: 3, n_head: 4, n_kv_head: 2, n_embd: 64",
                        .accum = 2,
-                       .extra = "train.precision=f64 model.activation_checkpointing=true"});
+                       .extra = "train.precision=f64 model.recompute=full"});
 }
 TEST(PlanMemory, Gpt2Dropout) {
   expect_planned_peak({.name = "gpt2_dropout", .accum = 2, .extra = "model.dropout=0.1"});
@@ -153,7 +153,7 @@ TEST(PlanMemory, Gpt2Dropout) {
 TEST(PlanMemory, LlamaDropoutCheckpointing) {
   expect_planned_peak({.name = "llama_dropout_ckpt",
                        .model = "arch: llama, n_layer: 3, n_head: 4, n_kv_head: 2, n_embd: 64",
-                       .extra = "model.dropout=0.1 model.activation_checkpointing=true"});
+                       .extra = "model.dropout=0.1 model.recompute=full"});
 }
 TEST(PlanMemory, Ddp2) { expect_planned_peak({.name = "ddp2", .dp = 2}); }
 TEST(PlanMemory, Zero1Dp2) { expect_planned_peak({.name = "z1", .dp = 2, .zero = 1}); }
@@ -172,7 +172,7 @@ TEST(PlanMemory, Zero3LlamaCheckpointing) {
                        .model = "arch: llama, n_layer: 3, n_head: 4, n_kv_head: 2, n_embd: 64",
                        .dp = 2,
                        .zero = 3,
-                       .extra = "model.activation_checkpointing=true"});
+                       .extra = "model.recompute=full"});
 }
 TEST(PlanMemory, Zero3Dropout) {
   expect_planned_peak({.name = "z3_dropout", .dp = 2, .zero = 3, .extra = "model.dropout=0.1"});
@@ -194,7 +194,7 @@ TEST(PlanMemory, PackedDocuments) { expect_planned_peak({.name = "packed", .pack
 TEST(PlanMemory, PackedLlamaCheckpointing) {
   expect_planned_peak({.name = "packed_llama_ckpt",
                        .model = "arch: llama, n_layer: 3, n_head: 4, n_kv_head: 2, n_embd: 64",
-                       .extra = "model.activation_checkpointing=true",
+                       .extra = "model.recompute=full",
                        .packed = true});
 }
 TEST(PlanMemory, PackedDdp2) {
@@ -220,21 +220,21 @@ TEST(PlanMemory, SdpNeuronsCheckpointing) {  // the peak in a block: the packed 
   expect_planned_peak({.name = "sdp_neurons_ckpt",
                        .dp = 4,
                        .extra = "parallel.sdp.mode=forward parallel.sdp.coverage=0.5 "
-                                "model.activation_checkpointing=true"});
+                                "model.recompute=full"});
 }
 TEST(PlanMemory, SdpNeuronsLlamaCheckpointing) {
   expect_planned_peak({.name = "sdp_neurons_llama",
                        .model = "arch: llama, n_layer: 3, n_head: 4, n_kv_head: 2, n_embd: 64",
                        .dp = 4,
                        .extra = "parallel.sdp.mode=forward parallel.sdp.coverage=0.5 "
-                                "model.activation_checkpointing=true"});
+                                "model.recompute=full"});
 }
 TEST(PlanMemory, SdpBlocksCheckpointing) {
   expect_planned_peak({.name = "sdp_blocks_ckpt",
                        .model = "arch: gpt2, n_layer: 4, n_head: 4, n_embd: 64",
                        .dp = 4,
                        .extra = "parallel.sdp.mode=forward parallel.sdp.level=block "
-                                "parallel.sdp.coverage=0.5 model.activation_checkpointing=true"});
+                                "parallel.sdp.coverage=0.5 model.recompute=full"});
 }
 TEST(PlanMemory, SdpBlocks) {
   expect_planned_peak({.name = "sdp_blocks",
@@ -276,7 +276,7 @@ TEST(PlanMemory, PipelineLlamaCheckpointing) {
                        .model = kLlamaFour,
                        .accum = 4,
                        .pp = 2,
-                       .extra = "model.activation_checkpointing=true"});
+                       .extra = "model.recompute=full"});
 }
 // Tensor parallelism without sequence parallelism: the TP layers' own temporaries (row layers'
 // halves, column layers' bias adds, the vocab-parallel lookup and loss).
@@ -285,7 +285,7 @@ TEST(PlanMemory, TensorParallelLlamaCheckpointing) {
   expect_planned_peak({.name = "tp2_llama_ckpt",
                        .model = "arch: llama, n_layer: 3, n_head: 4, n_kv_head: 2, n_embd: 64",
                        .tp = 2,
-                       .extra = "model.activation_checkpointing=true"});
+                       .extra = "model.recompute=full"});
 }
 TEST(PlanMemory, TensorParallelMixedPrecisionAccumulation) {
   expect_planned_peak({.name = "tp2_mixed", .accum = 2, .tp = 2, .extra = "train.precision=f64"});
@@ -301,10 +301,9 @@ TEST(PlanMemory, SequenceParallelLlamaMixedPrecision) {
                        .extra = "parallel.sequence_parallel=true train.precision=f64"});
 }
 TEST(PlanMemory, SequenceParallelCheckpointing) {
-  expect_planned_peak(
-      {.name = "tp2_sp_ckpt",
-       .tp = 2,
-       .extra = "parallel.sequence_parallel=true model.activation_checkpointing=true"});
+  expect_planned_peak({.name = "tp2_sp_ckpt",
+                       .tp = 2,
+                       .extra = "parallel.sequence_parallel=true model.recompute=full"});
 }
 // Context parallelism: ring attention on T/cp tokens, gradients reduced over cp.
 TEST(PlanMemory, ContextParallel) { expect_planned_peak({.name = "cp2", .cp = 2}); }
@@ -313,7 +312,7 @@ TEST(PlanMemory, ContextParallelLlamaCheckpointing) {
                        .model = "arch: llama, n_layer: 3, n_head: 4, n_kv_head: 2, n_embd: 64",
                        .accum = 2,
                        .cp = 2,
-                       .extra = "model.activation_checkpointing=true"});
+                       .extra = "model.recompute=full"});
 }
 TEST(PlanMemory, TensorParallelZero1) {
   expect_planned_peak({.name = "tp2_dp2_z1", .dp = 2, .zero = 1, .tp = 2});

@@ -551,7 +551,9 @@ TEST(PlanTime, WhatTheModelDoesNotCoverIsNamed) {
   for (const auto& [extra, key] : std::vector<std::pair<std::string, std::string>>{
            {"parallel: {dp: 2, sdp: {mode: backward}}\n", "parallel.sdp.mode"},
            {"parallel: {dp: 2, sdp: {mode: forward, heads: true}}\n", "parallel.sdp.heads"},
-           {"parallel: {cp: 2, cp_attention: ulysses}\n", "parallel.cp_attention"}}) {
+           {"parallel: {cp: 2, cp_attention: ulysses}\n", "parallel.cp_attention"},
+           {"parallel: {cp: 4, cp_attention: hybrid, cp_ulysses: 2}\n", "parallel.cp_attention"},
+           {"parallel: {pp: 2, schedule: zb-v}\noptim: {grad_accum: 2}\n", "parallel.schedule"}}) {
     try {
       plan_step_time(tiny(extra), cal, {});
       FAIL() << key << " must be refused";
@@ -559,15 +561,33 @@ TEST(PlanTime, WhatTheModelDoesNotCoverIsNamed) {
       EXPECT_EQ(std::string(e.what()).rfind(key + ":", 0), 0U) << e.what();
     }
   }
-  // The memory plan: Ulysses' buffers and zb-h1's activations kept from B to W are not modelled.
+  // The memory plan: Ulysses' buffers (alone or in hybrid) and zb-h1's and zb-v's activations
+  // kept from B to W are not modelled (nor, in the step time above, zb-v's V placement).
   for (const auto& [extra, key] : std::vector<std::pair<std::string, std::string>>{
            {"parallel: {cp: 2, cp_attention: ulysses}\n", "parallel.cp_attention"},
-           {"parallel: {pp: 2, schedule: zb-h1}\noptim: {grad_accum: 2}\n", "parallel.schedule"}}) {
+           {"parallel: {cp: 4, cp_attention: hybrid, cp_ulysses: 2}\n", "parallel.cp_attention"},
+           {"parallel: {pp: 2, schedule: zb-h1}\noptim: {grad_accum: 2}\n", "parallel.schedule"},
+           {"parallel: {pp: 2, schedule: zb-v}\noptim: {grad_accum: 2}\n", "parallel.schedule"}}) {
     try {
       plan_memory(tiny(extra), {0, 0, 0, 0});
       FAIL() << key << " must be refused";
     } catch (const ConfigError& e) {
       EXPECT_EQ(std::string(e.what()).rfind(key + ":", 0), 0U) << e.what();
+    }
+  }
+  // Selective recompute (Note [Selective recompute] in core/checkpoint.h): neither its kept
+  // results nor its recomputed ops are modelled.
+  Config selective = tiny();
+  selective.model.recompute = "selective";
+  for (const bool memory : {false, true}) {
+    try {
+      if (memory)
+        plan_memory(selective, {0, 0, 0, 0});
+      else
+        plan_step_time(selective, cal, {});
+      FAIL() << "model.recompute: selective must be refused";
+    } catch (const ConfigError& e) {
+      EXPECT_EQ(std::string(e.what()).rfind("model.recompute:", 0), 0U) << e.what();
     }
   }
 }

@@ -5,10 +5,11 @@
 // validation loss (a forward-only pass through the stages, also run every 3 steps) matches the
 // single-process one.
 // TrainPipeline2.* runs on 2 ranks (pp2: each schedule, zb-h1 also with the Llama families and
-// dropout, vpp2, an explicit layout, Llama, resumes), TrainPipeline4.* on 4 (pp4 1F1B and zb-h1,
-// dp2·pp2 with ZeRO-1, 2 and 3 — GPT-2's tied embedding synchronised shard by shard, vpp2 with
-// ZeRO-3, Llama with ZeRO-2, zb-h1 with ZeRO-1 and 3 — and the ZeRO-1 and ZeRO-3 resumes); each
-// case skips itself at the other world size.
+// dropout, zb-v with the Llama families, vpp2, an explicit layout, Llama, resumes),
+// TrainPipeline4.* on 4 (pp4 1F1B, zb-h1 and zb-v, dp2·pp2 with ZeRO-1, 2 and 3 — GPT-2's tied
+// embedding synchronised shard by shard, vpp2 with ZeRO-3, Llama with ZeRO-2, zb-h1 with ZeRO-1
+// and 3, zb-v with ZeRO-1 and 3 — and the ZeRO-1 and ZeRO-3 resumes); each case skips itself at the
+// other world size.
 // loom-mpi-test: ranks 2 4
 // loom-multihost-test: 2x2 4x1
 //
@@ -52,22 +53,27 @@ struct Case {
   int64_t accum = 4;
   std::string precision = "f32";  // train.precision (f64: f32 masters, f64 compute)
   double dropout = 0.0;           // model.dropout (gpt2)
-  bool checkpointing = false;     // model.activation_checkpointing
+  bool checkpointing = false;     // model.recompute: full
+  std::string selective = "";     // gpt2: model.recompute: selective keeping this list
+  int n_layer = 4;                // model.n_layer (pp4 zb-v runs 8 stages)
 };
 
 Config config_for(const Case& k, const std::string& dir, const std::string& out, bool parallel,
                   int64_t batch) {
   std::ostringstream y;
   if (k.arch == "gpt2") {
-    y << "model: {arch: gpt2, vocab_size: 64, vocab_multiple: 32, n_layer: 4, n_head: 2, n_embd: "
-         "32, max_seq_len: 16, "
+    y << "model: {arch: gpt2, vocab_size: 64, vocab_multiple: 32, n_layer: " << k.n_layer
+      << ", n_head: 2, n_embd: 32, max_seq_len: 16, "
          "dropout: "
-      << k.dropout << ", activation_checkpointing: " << (k.checkpointing ? "true" : "false")
+      << k.dropout << ", recompute: "
+      << (!k.selective.empty() ? "selective, recompute_save: \"" + k.selective + "\""
+          : k.checkpointing    ? "full"
+                               : "none")
       << "}\n";
   } else {
     // llama_ext: the Hugging Face families' options (Note [Hugging Face families]).
-    y << "model: {arch: llama, vocab_size: 64, vocab_multiple: 32, n_layer: 4, n_head: 4, "
-         "n_kv_head: 2, n_embd: 32, "
+    y << "model: {arch: llama, vocab_size: 64, vocab_multiple: 32, n_layer: " << k.n_layer
+      << ", n_head: 4, n_kv_head: 2, n_embd: 32, "
          "max_seq_len: 16, tie_embeddings: false"
       << (k.arch == "llama_ext"
               ? ", head_dim: 12, attention_bias: true, mlp_bias: true, rope_scaling: {type: "
@@ -112,10 +118,11 @@ void expect_matches_single(const Case& k, bool exact = false) {
       testing::shared_train_data(ctx, "loom_train_pp_" + std::to_string(ctx.world_size()));
   std::string layout = k.layout;
   std::replace(layout.begin(), layout.end(), ',', '-');
-  const std::string tag =
-      k.arch + "_" + k.schedule + "_pp" + std::to_string(k.pp) + "_v" + std::to_string(k.vpp) +
-      "_dp" + std::to_string(k.dp) + "_z" + std::to_string(k.zero_stage) + "_" + k.precision +
-      (k.dropout > 0 ? "_drop" : "") + (k.checkpointing ? "_ckpt" : "") + "_" + layout;
+  const std::string tag = k.arch + "_" + k.schedule + "_pp" + std::to_string(k.pp) + "_v" +
+                          std::to_string(k.vpp) + "_dp" + std::to_string(k.dp) + "_z" +
+                          std::to_string(k.zero_stage) + "_" + k.precision +
+                          (k.dropout > 0 ? "_drop" : "") + (k.checkpointing ? "_ckpt" : "") +
+                          (k.n_layer != 4 ? "_l" + std::to_string(k.n_layer) : "") + "_" + layout;
   std::ostringstream log;
   Trainer piped(config_for(k, dir, dir + "/pp_" + tag, true, 4),
                 testing::trainer_options(log, &ctx));
@@ -220,6 +227,16 @@ TEST(TrainPipeline2, ZeroBubbleH1WithDropoutMatchesSingleProcess) {
 TEST(TrainPipeline2, ZeroBubbleH1WithCheckpointingMatchesSingleProcess) {
   expect_matches_single({.schedule = "zb-h1", .dropout = 0.1, .checkpointing = true});
 }
+// Zero-bubble V (Note [ZB-V] in parallel/pp/schedule.h; parallel.vpp left at 1 becomes 2): rank 0
+// holds the first and the last stage, so the loss, the validation loss and the sampled head row
+// come from rank 0, and GPT-2's tied table is one tensor there (no exchange). Each parameter's
+// W passes still run in micro-batch order, so the untied Llama matches exactly.
+TEST(TrainPipeline2, ZeroBubbleVMatchesSingleProcess) {
+  expect_matches_single({.schedule = "zb-v"});
+}
+TEST(TrainPipeline2, ZeroBubbleVLlamaFamilyMatchesSingleProcessExactly) {
+  expect_matches_single({.arch = "llama_ext", .schedule = "zb-v"}, true);
+}
 
 // Dropout (Note [Dropout by coordinates] in layers/dropout_key.h): every stage draws the
 // single-process masks of its blocks.
@@ -227,6 +244,15 @@ TEST(TrainPipeline2, DropoutMatchesSingleProcess) { expect_matches_single({.drop
 TEST(TrainPipeline2, InterleavedVpp2DropoutWithCheckpointingMatchesSingleProcess) {
   expect_matches_single(
       {.vpp = 2, .schedule = "interleaved", .dropout = 0.1, .checkpointing = true});
+}
+
+// Selective recompute (Note [Selective recompute] in core/checkpoint.h) in every stage: each
+// list, under 1F1B and zb-h1 (a recomputed block is one node; its kept GEMM results feed B).
+TEST(TrainPipeline2, SelectiveRecomputeMatchesSingleProcess) {
+  expect_matches_single({.dropout = 0.1, .selective = "matmul,attention"});
+  expect_matches_single({.schedule = "zb-h1", .dropout = 0.1, .selective = "matmul"});
+  expect_matches_single(
+      {.vpp = 2, .schedule = "interleaved", .dropout = 0.1, .selective = "attention"});
 }
 
 // Mixed precision (f32 masters, f64 compute): the activations crossing stages are f64.
@@ -279,6 +305,7 @@ void expect_resumes_exactly(const Case& k) {
 
 TEST(TrainPipeline2, ResumesExactly) { expect_resumes_exactly({}); }
 TEST(TrainPipeline2, ZeroBubbleH1ResumesExactly) { expect_resumes_exactly({.schedule = "zb-h1"}); }
+TEST(TrainPipeline2, ZeroBubbleVResumesExactly) { expect_resumes_exactly({.schedule = "zb-v"}); }
 
 TEST(TrainPipeline4, OneFOneBMatchesSingleProcess) { expect_matches_single({.pp = 4}); }
 TEST(TrainPipeline4, DataAndPipelineMatchesSingleProcess) {
@@ -313,6 +340,22 @@ TEST(TrainPipeline4, DataAndZeroBubbleH1Zero1MatchesSingleProcess) {
 }
 TEST(TrainPipeline4, DataAndZeroBubbleH1Zero3MatchesSingleProcess) {
   expect_matches_single({.dp = 2, .schedule = "zb-h1", .zero_stage = 3});
+}
+// Selective recompute with ZeRO-3: the recomputation gathers each block's parameters again.
+TEST(TrainPipeline4, Dp2Pp2Zero3SelectiveRecomputeMatchesSingleProcess) {
+  expect_matches_single(
+      {.dp = 2, .zero_stage = 3, .dropout = 0.1, .selective = "matmul,attention"});
+}
+TEST(TrainPipeline4, ZeroBubbleVMatchesSingleProcess) {
+  expect_matches_single({.pp = 4, .schedule = "zb-v", .n_layer = 8});
+}
+TEST(TrainPipeline4, DataAndZeroBubbleVZero1MatchesSingleProcess) {
+  expect_matches_single({.dp = 2, .schedule = "zb-v", .zero_stage = 1});
+}
+// ZeRO-3's gathers per unit under the V: rank 0's units are the embeddings, its first and its
+// last blocks and the head (Note [Sharded stages] in parallel/pp/pipeline.h).
+TEST(TrainPipeline4, DataAndZeroBubbleVZero3MatchesSingleProcess) {
+  expect_matches_single({.dp = 2, .schedule = "zb-v", .zero_stage = 3});
 }
 TEST(TrainPipeline4, DataAndPipelineZero3ResumesExactly) {
   expect_resumes_exactly({.dp = 2, .zero_stage = 3});

@@ -1,22 +1,23 @@
-// tests/train/train_tp_mpi_test.cpp — the trainer under mpirun with tensor, sequence and
-// context parallelism, alone and with data parallelism and ZeRO: per-step losses and gradient
-// norms match the single-process run with the same global batch, and every rank's parameters
-// equal its tensor-parallel part of the single-process parameters
-// (tests/parallel/tp/tp_test_util.h); at dp 1 (pp too) the validation loss matches the single
-// process's; a stop and resume reproduces the uninterrupted run. With dropout 0.1 (tp2, tp2+sp,
-// tp2+sp with activation checkpointing, cp2, cp2·tp2+sp) every rank draws the single-process
-// masks of the rows it holds, so the runs still match. TrainModelParallel2.* runs on 2 ranks,
-// TrainModelParallel4.* on 4 (with pp2 too, and MiCS over dp·cp), TrainModelParallel8.* on 8
-// (the compositions dp2·tp2·pp2, tp2·cp2·pp2 and dp2·cp2·tp2, each also with ZeRO-1, plus
-// dp2·tp2·pp2+sp with ZeRO-3 and tp2·cp2·pp2 with ZeRO-2); each case skips itself at the other
-// world sizes. The Hugging Face families (Note [Hugging Face families] in train/hf_format.h) have
-// rows of their own: Llama's options under tp+sp, cp and dp·tp ZeRO-3, Qwen3 under tp, tp+sp, cp
-// and MiCS, Qwen2 under ZeRO-3, Mistral's sliding window under tp+sp with checkpointing and
-// ZeRO-2. The zero-bubble schedule (zb-h1) runs under tp2·pp2 with sequence parallelism; Ulysses
-// attention (parallel.cp_attention: ulysses) under cp2 (also with dropout, Mistral's window and
-// Qwen3's grouped heads), cp2·tp2+sp, cp2·pp2 and cp4. The step
-// line's exposed communication names tp, cp, the pipeline's sends and the gradient sync exactly
-// where the layout has them.
+// tests/train/train_tp_mpi_test.cpp — the trainer under mpirun with tensor, sequence and context
+// parallelism, alone and with data parallelism and ZeRO: per-step losses and gradient norms match
+// the single-process run with the same global batch, and every rank's parameters equal its
+// tensor-parallel part of the single-process parameters (tests/parallel/tp/tp_test_util.h); at dp 1
+// (pp too) the validation loss matches the single process's; a stop and resume reproduces the
+// uninterrupted run. With dropout 0.1 (tp2, tp2+sp, tp2+sp with activation checkpointing, cp2,
+// cp2·tp2+sp) every rank draws the single-process masks of the rows it holds, so the runs still
+// match. TrainModelParallel2.* runs on 2 ranks, TrainModelParallel4.* on 4 (with pp2 too, and MiCS
+// over dp·cp), TrainModelParallel8.* on 8 (the compositions dp2·tp2·pp2, tp2·cp2·pp2 and
+// dp2·cp2·tp2, each also with ZeRO-1, plus dp2·tp2·pp2+sp with ZeRO-3, tp2·cp2·pp2 with ZeRO-2, and
+// the hybrid cp4 (u2×r2) under dp2 ZeRO-1 and tp2+sp); each case skips itself at the other world
+// sizes. The Hugging Face families (Note [Hugging Face families] in train/hf_format.h) have rows of
+// their own: Llama's options under tp+sp, cp and dp·tp ZeRO-3, Qwen3 under tp, tp+sp, cp and MiCS,
+// Qwen2 under ZeRO-3, Mistral's sliding window under tp+sp with checkpointing and ZeRO-2. The
+// zero-bubble schedule (zb-h1) runs under tp2·pp2 with sequence parallelism; Ulysses attention
+// (parallel.cp_attention: ulysses) under cp2 (also with dropout, Mistral's window and Qwen3's
+// grouped heads), cp2·tp2+sp, cp2·pp2 and cp4; hybrid attention (parallel.cp_attention: hybrid,
+// cp_ulysses 2: Ulysses × ring) under cp4, with dropout and with Llama's heads. The step line's
+// exposed communication names tp, cp, the pipeline's sends and the gradient sync exactly where the
+// layout has them.
 //
 // loom-mpi-test: ranks 2 4 8
 // loom-multihost-test: 2x2 2x4
@@ -59,11 +60,13 @@ struct Case {
   double dropout = 0.0;
   std::string precision = "f32";      // train.precision (f64: f32 masters, f64 compute)
   int mics = 0;                       // parallel.mics_partition_size
-  bool checkpointing = false;         // model.activation_checkpointing
+  bool checkpointing = false;         // model.recompute: full
+  std::string selective = "";         // model.recompute: selective keeping this list
   double loss_scale = 0;              // > 0: train.loss_scaling dynamic from this initial scale
   std::string optimizer = "adamw";    // optim.name: the sharded optimizer wraps either
   std::string schedule = "1f1b";      // parallel.schedule (with pp > 1)
   std::string cp_attention = "ring";  // parallel.cp_attention (with cp > 1)
+  int cp_ulysses = 0;                 // parallel.cp_ulysses (with cp_attention hybrid)
 };
 
 std::string tag_of(const Case& k) {
@@ -72,11 +75,19 @@ std::string tag_of(const Case& k) {
          std::to_string(k.zero_stage) + (k.dropout > 0 ? "_drop" : "") +
          (k.mics > 0 ? "_mics" + std::to_string(k.mics) : "") + "_" + k.precision +
          (k.checkpointing ? "_ckpt" : "") +
+         (k.selective.empty() ? "" : "_sel" + std::to_string(k.selective.size())) +
          (k.loss_scale > 0 ? "_ls" + std::to_string(static_cast<int>(std::log2(k.loss_scale)))
                            : "") +
          (k.optimizer != "adamw" ? "_" + k.optimizer : "") +
          (k.schedule != "1f1b" ? "_" + k.schedule : "") +
-         (k.cp_attention != "ring" ? "_" + k.cp_attention : "");
+         (k.cp_attention != "ring" ? "_" + k.cp_attention : "") +
+         (k.cp_ulysses > 0 ? "_u" + std::to_string(k.cp_ulysses) : "");
+}
+
+// model.recompute (and its list) of the case.
+std::string recompute_of(const Case& k) {
+  if (!k.selective.empty()) return "selective, recompute_save: \"" + k.selective + "\"";
+  return k.checkpointing ? "full" : "none";
 }
 
 Config config_for(const Case& k, const std::string& dir, const std::string& out, bool parallel) {
@@ -85,8 +96,7 @@ Config config_for(const Case& k, const std::string& dir, const std::string& out,
     y << "model: {arch: gpt2, vocab_size: 61, vocab_multiple: 32, n_layer: 2, n_head: 4, n_embd: "
          "32, max_seq_len: 16, "
          "dropout: "
-      << k.dropout << ", activation_checkpointing: " << (k.checkpointing ? "true" : "false")
-      << "}\n";
+      << k.dropout << ", recompute: " << recompute_of(k) << "}\n";
   } else {
     // llama_ext: the Hugging Face families' options (Note [Hugging Face families]) — heads of
     // 12 over a width of 32, Llama 3's RoPE scaling over a pre-training context of 8, every
@@ -94,8 +104,8 @@ Config config_for(const Case& k, const std::string& dir, const std::string& out,
     // sliding window over the 16-token sequences (Note [Sliding window]).
     y << "model: {arch: llama, vocab_size: 61, vocab_multiple: 32, n_layer: 2, n_head: 4, "
          "n_kv_head: 2, n_embd: 32, "
-         "max_seq_len: 16, tie_embeddings: false, activation_checkpointing: "
-      << (k.checkpointing ? "true" : "false")
+         "max_seq_len: 16, tie_embeddings: false, recompute: "
+      << recompute_of(k)
       << (k.arch == "llama_ext"
               ? ", head_dim: 12, attention_bias: true, mlp_bias: true, rope_scaling: {type: "
                 "llama3, factor: 8, low_freq_factor: 1, high_freq_factor: 4, "
@@ -123,7 +133,8 @@ Config config_for(const Case& k, const std::string& dir, const std::string& out,
     y << "parallel: {dp: " << k.dp << ", pp: " << k.pp << ", cp: " << k.cp << ", tp: " << k.tp
       << ", sequence_parallel: " << (k.sp ? "true" : "false") << ", zero_stage: " << k.zero_stage
       << ", mics_partition_size: " << k.mics << ", schedule: " << k.schedule
-      << ", cp_attention: " << k.cp_attention << ", bucket_mb: 0.01}\n";
+      << ", cp_attention: " << k.cp_attention << ", cp_ulysses: " << k.cp_ulysses
+      << ", bucket_mb: 0.01}\n";
   }
   return parse_config_text(y.str());
 }
@@ -167,6 +178,7 @@ ParallelContext context_for(const Case& k) {
   ParallelOptions po;
   po.shape = {.dp = k.dp, .pp = k.pp, .cp = k.cp, .tp = k.tp};
   po.mics_partition_size = k.mics;
+  po.cp_ulysses = k.cp_ulysses;
   po.comm_timeout_s = testing::kTestCommTimeoutS;
   po.nccl_rules = true;  // every transfer as NCCL runs it (Note [NCCL rules on MPI])
   return ParallelContext::create(po);
@@ -185,6 +197,12 @@ void expect_matches_single(const Case& k) {
   if (ctx.rank() == 0 && (k.tp > 1 || k.cp > 1)) {
     EXPECT_NE(log.str().find("model parallel: tp " + std::to_string(k.tp)), std::string::npos)
         << log.str();
+    if (k.cp_attention == "hybrid") {  // the cp group's split, Ulysses × ring
+      EXPECT_NE(log.str().find("(hybrid attention: ulysses " + std::to_string(k.cp_ulysses) +
+                               " × ring " + std::to_string(k.cp / k.cp_ulysses) + ")"),
+                std::string::npos)
+          << log.str();
+    }
     if (k.mics > 0) {  // sharded inside the partition, replicated across the rest of dp·cp
       EXPECT_NE(log.str().find("shards over mics_partition (" + std::to_string(k.mics) +
                                "), replicas over mics_replica"),
@@ -336,6 +354,22 @@ TEST(TrainModelParallel2, Tp2SequenceParallelWithDropoutMatchesSingleProcess) {
 TEST(TrainModelParallel2, Tp2SequenceParallelWithDropoutAndCheckpointingMatchesSingleProcess) {
   expect_matches_single({.tp = 2, .sp = true, .dropout = 0.1, .checkpointing = true});
 }
+// Selective recompute (Note [Selective recompute] in core/checkpoint.h): the recomputation runs
+// the tensor-parallel collectives and the ring again but not the kept GEMMs or attention.
+TEST(TrainModelParallel2, Tp2SequenceParallelSelectiveRecomputeMistralMatchesSingleProcess) {
+  expect_matches_single({.arch = "mistral", .tp = 2, .sp = true, .selective = "matmul,attention"});
+}
+TEST(TrainModelParallel2, Tp2SelectiveRecomputeWithDropoutMatchesSingleProcess) {
+  expect_matches_single({.tp = 2, .dropout = 0.1, .selective = "matmul"});
+}
+TEST(TrainModelParallel2, Cp2SelectiveRecomputeMatchesSingleProcess) {
+  expect_matches_single({.cp = 2, .dropout = 0.1, .selective = "matmul,attention"});
+  expect_matches_single({.cp = 2, .selective = "matmul"});  // the ring runs again
+}
+TEST(TrainModelParallel2, Cp2UlyssesSelectiveRecomputeQwen3MatchesSingleProcess) {
+  expect_matches_single(
+      {.arch = "qwen3", .cp = 2, .selective = "attention", .cp_attention = "ulysses"});
+}
 // Data parallelism: each replica draws the single-process batch's masks for its rows.
 TEST(TrainModelParallel2, Dp2Zero2WithDropoutMatchesSingleProcess) {
   expect_matches_single({.dp = 2, .zero_stage = 2, .dropout = 0.1});
@@ -383,6 +417,27 @@ TEST(TrainModelParallel4, Cp2Pp2UlyssesMatchesSingleProcess) {
 }
 TEST(TrainModelParallel4, Cp4UlyssesMatchesSingleProcess) {
   expect_matches_single({.arch = "llama", .cp = 4, .cp_attention = "ulysses"});
+}
+// Hybrid (Note [Hybrid context parallelism] in parallel/cp/hybrid.h): Ulysses over 2 ranks
+// around a ring of 2, each rank keeping cp4's chunks (so its dropout rows and loss share); with
+// dropout, and Llama's grouped-query heads (one kv head per Ulysses rank, two q heads).
+TEST(TrainModelParallel4, Cp4HybridU2R2WithDropoutMatchesSingleProcess) {
+  expect_matches_single({.cp = 4, .dropout = 0.1, .cp_attention = "hybrid", .cp_ulysses = 2});
+}
+TEST(TrainModelParallel4, Cp4HybridU2R2LlamaMatchesSingleProcess) {
+  expect_matches_single({.arch = "llama", .cp = 4, .cp_attention = "hybrid", .cp_ulysses = 2});
+}
+// Selective recompute over the hybrid (the kept ring skips both exchanges' ring again) and
+// under ZeRO-3 with tensor parallelism (the recomputation gathers the parameters again).
+TEST(TrainModelParallel4, Cp4HybridU2R2SelectiveRecomputeMatchesSingleProcess) {
+  expect_matches_single({.cp = 4,
+                         .dropout = 0.1,
+                         .selective = "matmul,attention",
+                         .cp_attention = "hybrid",
+                         .cp_ulysses = 2});
+}
+TEST(TrainModelParallel4, Dp2Tp2Zero3SelectiveRecomputeMatchesSingleProcess) {
+  expect_matches_single({.dp = 2, .tp = 2, .sp = true, .zero_stage = 3, .selective = "matmul"});
 }
 TEST(TrainModelParallel4, Dp4Zero3MicsQwen3MatchesSingleProcess) {  // MiCS partitions of 2
   expect_matches_single({.arch = "qwen3", .dp = 4, .zero_stage = 3, .mics = 2});
@@ -478,6 +533,20 @@ TEST(TrainModelParallel8, Dp2Cp2Tp2MatchesSingleProcess) {
 }
 TEST(TrainModelParallel8, Dp2Cp2Tp2Zero1SequenceParallelMatchesSingleProcess) {
   expect_matches_single({.dp = 2, .cp = 2, .tp = 2, .sp = true, .zero_stage = 1});
+}
+// Hybrid cp (Note [Hybrid context parallelism]) inside data parallelism, and beside tensor and
+// sequence parallelism (a tp rank's 2 heads, one per Ulysses rank): the cp group's split is
+// taken within each dp replica and tp group.
+TEST(TrainModelParallel8, Dp2Cp4HybridU2R2Zero1LlamaMatchesSingleProcess) {
+  expect_matches_single({.arch = "llama",
+                         .dp = 2,
+                         .cp = 4,
+                         .zero_stage = 1,
+                         .cp_attention = "hybrid",
+                         .cp_ulysses = 2});
+}
+TEST(TrainModelParallel8, Cp4Tp2HybridU2R2SequenceParallelMatchesSingleProcess) {
+  expect_matches_single({.cp = 4, .tp = 2, .sp = true, .cp_attention = "hybrid", .cp_ulysses = 2});
 }
 
 }  // namespace

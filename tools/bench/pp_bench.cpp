@@ -1,6 +1,7 @@
 // tools/bench/pp_bench.cpp — measured pipeline bubble per schedule against the simulator's
 // (Note [Pipeline cost model] in parallel/pp/simulate.h: (p−1)/(v·m+p−1) for GPipe, 1F1B and
-// interleaved; zb-h1's, Note [ZB-H1] in parallel/pp/schedule.h, a third of 1F1B's). A
+// interleaved; zb-h1's, Note [ZB-H1] in parallel/pp/schedule.h, a third of 1F1B's; zb-v's,
+// Note [ZB-V] there, half zb-h1's idle time at m ≥ 2p). A
 // measurement, not a test: run under mpirun with pp = the number of ranks, e.g.
 //   OMP_NUM_THREADS=1 mpirun -np 2 build/bin/pp_bench [--layers 8] [--embd 128] [--steps 3]
 // Each rank runs a TransformerPipeline over a GPT-2 of `layers` blocks on random tokens (no
@@ -102,6 +103,7 @@ int bench(ParallelContext& ctx, const Args& a) {
     rows.push_back({pp::ScheduleKind::k1F1B, 1, m});
     if (a.layers % (2 * p) == 0) rows.push_back({pp::ScheduleKind::kInterleaved, 2, m});
     rows.push_back({pp::ScheduleKind::kZeroBubbleH1, 1, m});
+    if (a.layers % (2 * p) == 0) rows.push_back({pp::ScheduleKind::kZeroBubbleV, 2, m});
   }
   for (const Row& r : rows) {
     pp::PipelineOptions po;
@@ -120,7 +122,7 @@ int bench(ParallelContext& ctx, const Args& a) {
         per += buf;
         mean += idle.data<double>()[i] / p;
       }
-      const pp::ScheduleShape shape{p, r.v, r.m};
+      const pp::ScheduleShape shape = pp::schedule_shape(r.kind, p, r.v, r.m);
       std::vector<std::vector<pp::Instruction>> lists;
       for (int k = 0; k < p; ++k) lists.push_back(pp::make_schedule(r.kind, shape, k));
       const pp::SimulationResult sim = pp::simulate(shape, lists);

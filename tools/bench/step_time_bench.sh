@@ -96,7 +96,7 @@ echo "| layout | ranks | predicted ms | measured ms | error |"
 echo "| --- | --- | ---: | ---: | ---: |"
 row "one process" 1 1
 row "one process, grad_accum 2" 1 1 --set optim.grad_accum=2
-row "one process, checkpointing" 1 1 --set model.activation_checkpointing=true
+row "one process, checkpointing" 1 1 --set model.recompute=full
 row "dp 2 DDP" 2 1 --set parallel.dp=2
 row "dp 2 DDP, no overlap" 2 1 --set parallel.dp=2 --set parallel.overlap=false
 row "dp 2 ZeRO-1" 2 1 --set parallel.dp=2 --set parallel.zero_stage=1
@@ -106,9 +106,9 @@ row "dp 2 ODC" 2 1 --set parallel.dp=2 --set parallel.zero_stage=3 --set paralle
 row "tp 2" 2 1 --set parallel.tp=2
 row "tp 2 + sp" 2 1 --set parallel.tp=2 --set parallel.sequence_parallel=true
 row "tp 2 + sp, checkpointing" 2 1 --set parallel.tp=2 --set parallel.sequence_parallel=true \
-  --set model.activation_checkpointing=true
+  --set model.recompute=full
 row "cp 2" 2 1 --set parallel.cp=2
-row "cp 2, checkpointing" 2 1 --set parallel.cp=2 --set model.activation_checkpointing=true
+row "cp 2, checkpointing" 2 1 --set parallel.cp=2 --set model.recompute=full
 row "pp 2 1F1B, m 4" 2 1 --set parallel.pp=2 --set optim.grad_accum=4
 row "pp 2 GPipe, m 4" 2 1 --set parallel.pp=2 --set optim.grad_accum=4 --set parallel.schedule=gpipe
 row "pp 2 interleaved v 2, m 4" 2 1 --set parallel.pp=2 --set parallel.vpp=2 \

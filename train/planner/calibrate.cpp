@@ -197,8 +197,8 @@ std::string shape_key(std::initializer_list<int64_t> dims) {
 std::string model_key(const ModelConfig& m, const TrainConfig& t, int64_t B, int64_t T) {
   std::ostringstream s;
   s << m.arch << " C" << m.n_embd << " H" << m.n_head << " KV" << m.n_kv_head << " V"
-    << m.padded_vocab() << " tied" << m.tie_embeddings << " ckpt" << m.activation_checkpointing
-    << " drop" << m.dropout << " " << t.dtype << "/" << t.precision << " B" << B << " T" << T;
+    << m.padded_vocab() << " tied" << m.tie_embeddings << " recompute " << m.recompute << " drop"
+    << m.dropout << " " << t.dtype << "/" << t.precision << " B" << B << " T" << T;
   return s.str();
 }
 

@@ -161,8 +161,10 @@ void refuse_unplanned(const Config& c) {
     refuse("parallel.sdp.mode", "backward masking (its frozen copies and publication)");
   }
   if (p.sdp.on() && p.sdp.heads) refuse("parallel.sdp.heads", "SDP's covered attention heads");
-  if (p.cp > 1 && p.cp_attention == "ulysses")
-    refuse("parallel.cp_attention", "Ulysses attention (its all-to-all buffers)");
+  if (p.cp > 1 && p.cp_attention != "ring")  // ulysses, hybrid
+    refuse("parallel.cp_attention", p.cp_attention + " attention (its all-to-all buffers)");
+  if (c.model.recompute == "selective")  // Note [Selective recompute] in core/checkpoint.h
+    refuse("model.recompute", "selective recompute (the kept results of each block)");
 }
 
 }  // namespace
@@ -287,7 +289,7 @@ MemoryPlan plan_memory(const Config& cfg, const RankCoord& rank) {
   s.head_reads_table = m.tie_embeddings;
   const int64_t blocks = sdp.blocks.empty() ? m.n_layer : static_cast<int64_t>(sdp.blocks.size());
   s.layers = blocks;
-  s.checkpointing = m.activation_checkpointing;
+  s.checkpointing = m.recomputes();
   s.B = B;
   s.T = T / par.cp;  // this rank's tokens (parallel/cp: two chunks of T/2cp each)
   s.cp = par.cp;

@@ -34,7 +34,7 @@ void replay_pipeline_step(ByteTimeline& tl, const ReplayShape& s, const Pipeline
   LOOM_CONFIG_CHECK(!pp::splits_backward(p.kind), "parallel.schedule: the memory plan of ",
                     pp::schedule_name(p.kind),
                     " (activations kept from B to W) is not modelled yet; plan 1f1b, whose peak "
-                    "of kept micro-batches zb-h1 reaches on its first rank only");
+                    "of kept activations zb-h1 reaches on its first rank and zb-v on every rank");
   std::vector<std::vector<pp::Instruction>> lists;
   for (int r = 0; r < shape.stages; ++r) lists.push_back(pp::make_schedule(p.kind, shape, r));
   const pp::IssuePlan plan = pp::communication_order(shape, lists).at(static_cast<size_t>(p.rank));

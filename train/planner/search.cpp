@@ -66,7 +66,7 @@ std::vector<LayoutCandidate> search_layouts(const Config& base, int64_t gpus,
             p.sequence_parallel = tp > 1;
             p.mics_partition_size = 0;
             p.odc = false;
-            c.config.model.activation_checkpointing = ckpt;
+            c.config.model.recompute = ckpt ? "full" : "none";
             c.layout = describe(p, ckpt);
             c.config.parallel.microbatches = 0;
             if (global % (micro * dp) != 0) {
@@ -82,7 +82,7 @@ std::vector<LayoutCandidate> search_layouts(const Config& base, int64_t gpus,
                 << " --set parallel.pp=" << pp << " --set parallel.cp=" << cp
                 << " --set parallel.zero_stage=" << zero
                 << " --set parallel.sequence_parallel=" << (tp > 1 ? "true" : "false")
-                << " --set model.activation_checkpointing=" << (ckpt ? "true" : "false")
+                << " --set model.recompute=" << (ckpt ? "full" : "none")
                 << " --set optim.grad_accum=" << c.config.optim.grad_accum
                 << " --set parallel.microbatches=0";
             c.overrides = set.str();
@@ -103,7 +103,7 @@ std::vector<LayoutCandidate> search_layouts(const Config& base, int64_t gpus,
   auto key = [](const LayoutCandidate& c) {
     const ParallelConfig& p = c.config.parallel;
     return std::make_tuple(!c.fits, c.peak_bytes == 0, p.tp * p.pp * p.cp, p.zero_stage,
-                           c.config.model.activation_checkpointing, p.pp, p.cp);
+                           c.config.model.recomputes(), p.pp, p.cp);
   };
   std::stable_sort(out.begin(), out.end(), [&](const LayoutCandidate& a, const LayoutCandidate& b) {
     return key(a) < key(b);

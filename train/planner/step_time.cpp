@@ -147,7 +147,10 @@ StepTimePlan plan_step_time(const Config& cfg, Calibration& cal, const ClusterLi
   const TrainConfig& t = cfg.train;
   LOOM_CONFIG_CHECK(p.cp == 1 || p.cp_attention == "ring",
                     "parallel.cp_attention: the step-time model prices ring attention only "
-                    "(Ulysses' all-to-alls are not priced yet)");
+                    "(Ulysses' all-to-alls, alone or in hybrid, are not priced yet)");
+  LOOM_CONFIG_CHECK(m.recompute != "selective",
+                    "model.recompute: the step-time model prices no recompute or full recompute "
+                    "only (selective's recomputed ops are not priced yet)");
   LOOM_CONFIG_CHECK(!p.sdp.on() || p.sdp.forward(),
                     "parallel.sdp.mode: the step-time model covers SDP's forward masking only "
                     "(backward masking's publication is not priced yet)");
@@ -159,6 +162,12 @@ StepTimePlan plan_step_time(const Config& cfg, Calibration& cal, const ClusterLi
                     "parallel.dp only");
   LOOM_CONFIG_CHECK(p.diloco.islands == 0,
                     "parallel.diloco: the step-time model does not cover DiLoCo yet");
+  LOOM_CONFIG_CHECK(
+      p.pp == 1 || parallel::pp::stage_placement(parallel::pp::parse_schedule(p.schedule)) ==
+                       parallel::pp::StagePlacement::kLooping,
+      "parallel.schedule: the step-time model places stages on ranks by the "
+      "looping layout only (",
+      p.schedule, "'s V placement, both ends of the pipeline on rank 0, is not priced yet)");
   const int64_t dp = p.dp, tp = p.tp, cp = p.cp, pp = p.pp, vpp = p.vpp;
   const int64_t world = dp * tp * cp * pp;
   // The slowest link each group crosses: ranks are placed tp fastest, then cp, dp, pp (Note
@@ -338,7 +347,7 @@ StepTimePlan plan_step_time(const Config& cfg, Calibration& cal, const ClusterLi
   // Tensor and context parallelism, per block and micro-batch, on the critical path; forward
   // and backward apart. Backward runs the transpose of each forward collective (the same bytes),
   // and with checkpointing the recomputed forward runs its collectives again.
-  const bool recompute = m.activation_checkpointing;
+  const bool recompute = m.recomputes();
   double tp_fwd = 0, tp_bwd = 0, cp_fwd = 0, cp_bwd = 0;
   if (tp > 1) {
     const double act = rows * C * e;

@@ -4,7 +4,10 @@
 // sequence computed locally on every rank, with multi-head and grouped-query heads. Ring
 // attention adds the same terms as the full kernel but merges them block by block (online
 // softmax), so results agree to f32 rounding: checked at 2e-5 relative. Ulysses attention
-// (parallel/cp/ulysses.h) the same way, with kv heads fewer than ranks and a sliding window.
+// (parallel/cp/ulysses.h) the same way, with kv heads fewer than ranks and a sliding window;
+// and hybrid attention (parallel/cp/hybrid.h: Ulysses over cp_ulysses around ring attention over
+// cp_ring), u2×r2 at 4 ranks and the degenerate splits u = P and u = 1 at both sizes.
+//
 // loom-mpi-test: ranks 2 4
 // loom-multihost-test: 2x2
 #include <gtest/gtest.h>
@@ -20,6 +23,7 @@
 #include "core/ops/reduce.h"
 #include "core/ops/view.h"
 #include "core/rng.h"
+#include "parallel/cp/hybrid.h"
 #include "parallel/cp/ring_attention.h"
 #include "parallel/cp/ulysses.h"
 #include "tests/parallel/mpi_test_util.h"
@@ -126,6 +130,55 @@ TEST(ContextParallel, UlyssesMatchesFullCausalAttention) {
   check_ulysses(p, 1, 1, 0);          // one kv head for every rank: repeated P times
   check_ulysses(2 * p, 2, 3, 0);      // P a multiple of Hkv = 2 (at 2 ranks: one each)
   check_ulysses(2 * p, 2 * p, 4, 3);  // a 3-token sliding window over 8P tokens
+}
+
+// Hybrid (Note [Hybrid context parallelism] in parallel/cp/hybrid.h): the cp group split into u
+// Ulysses ranks × P/u rings, each rank keeping its ordinary load-balanced chunks; the ring adds
+// the blocks of its coarse chunks by online softmax, so the agreement is to f32 rounding.
+void check_hybrid(int u, int64_t hq, int64_t hkv, int64_t c) {
+  ParallelOptions o;
+  o.shape = {.dp = 1, .pp = 1, .cp = testing::world_size(), .tp = 1};
+  o.cp_ulysses = u;
+  o.comm_timeout_s = testing::kTestCommTimeoutS;
+  ParallelContext ctx = ParallelContext::create(o);
+  Communicator &g = ctx.cp(), &ulysses = ctx.group({kAxisCpUlysses}),
+               &ring = ctx.group({kAxisCpRing});
+  const int r = g.rank(), p = g.size();
+  SCOPED_TRACE("hybrid u " + std::to_string(u) + " hq " + std::to_string(hq) + " hkv " +
+               std::to_string(hkv) + " c " + std::to_string(c));
+  // cp rank j·u + i: member i of Ulysses group j, member j of ring i.
+  ASSERT_EQ(ulysses.size(), u);
+  ASSERT_EQ(ring.size(), p / u);
+  EXPECT_EQ(ulysses.rank(), r % u);
+  EXPECT_EQ(ring.rank(), r / u);
+  const int64_t B = 2, T = 2 * p * c, D = 8;
+  const Tensor q = shared_rand(21, {B, hq, T, D}), k = shared_rand(22, {B, hkv, T, D});
+  const Tensor v = shared_rand(23, {B, hkv, T, D}), w = shared_rand(24, {B, hq, T, D});
+  Tensor fq = leaf(q), fk = leaf(k), fv = leaf(v);
+  Tensor full = ops::causal_attention(fq, fk, fv);
+  autograd::backward(ops::sum(ops::mul(full, w)));
+
+  auto shard = [&](const Tensor& x) { return cp::shard_sequence(x, 2, r, p); };
+  Tensor lq = leaf(shard(q)), lk = leaf(shard(k)), lv = leaf(shard(v));
+  Tensor out = cp::hybrid_attention(lq, lk, lv, 0.0, ulysses, ring);
+  EXPECT_LT(rel_err(shard(full.detach()), out), 2e-5);
+  autograd::backward(ops::sum(ops::mul(out, shard(w))));
+  EXPECT_LT(rel_err(shard(fq.grad()), lq.grad()), 2e-5);
+  EXPECT_LT(rel_err(shard(fk.grad()), lk.grad()), 2e-5);
+  EXPECT_LT(rel_err(shard(fv.grad()), lv.grad()), 2e-5);
+}
+
+TEST(ContextParallel, HybridMatchesFullCausalAttention) {
+  const int p = testing::world_size();
+  // At 4 ranks u2 × r2: two Ulysses pairs, two rings of two.
+  if (p == 4) {
+    check_hybrid(2, 4, 4, 3);  // two heads per Ulysses rank
+    check_hybrid(2, 4, 2, 2);  // grouped-query: one kv head per Ulysses rank, two q heads
+    check_hybrid(2, 2, 1, 2);  // one kv head repeated over the 2 Ulysses ranks
+    check_hybrid(2, 2, 2, 1);  // one-token fine chunks
+  }
+  check_hybrid(p, 2 * p, p, 2);  // one ring rank: Ulysses over the whole group
+  check_hybrid(1, 4, 2, 3);      // one Ulysses rank: ring attention
 }
 
 TEST(ContextParallel, RingAttentionMatchesFullCausalAttention) { check_ring(4, 4, 3); }

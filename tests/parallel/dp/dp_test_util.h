@@ -176,7 +176,7 @@ inline std::unique_ptr<DataParallel> make_dp(Transformer& model, Communicator& c
 inline RunResult dp_run(const ParallelContext& ctx, const DataParallelConfig& config, bool mics,
                         int steps, int micro, bool checkpointing = false) {
   ModelConfig mc = dp_tiny_gpt();
-  mc.activation_checkpointing = checkpointing;
+  mc.recompute = checkpointing ? "full" : "none";
   Transformer model(mc);
   Generator gen(kInitSeed);
   model.init_weights(gen);

@@ -5,7 +5,8 @@
 // equal the simulator's. Same ops in the same micro-batch order, so the match is exact — also
 // for zb-h1, whose BWD computes only the input's gradient (the linear's weight gradient waits
 // for its BWD_W: Note [Split backward] in core/autograd.h) and whose hooks' arming comes before
-// each BWD_W.
+// each BWD_W, and for zb-v, whose V placement puts the loss on rank 0 and hands rank p−1's
+// turn from stage p−1 to p over locally (Note [ZB-V] in parallel/pp/schedule.h).
 // loom-mpi-test: ranks 2 3 4
 #include <gtest/gtest.h>
 
@@ -48,7 +49,7 @@ void check(ScheduleKind kind, int v, int m) {
   po.shape.pp = p;
   po.comm_timeout_s = testing::kTestCommTimeoutS;
   ParallelContext ctx = ParallelContext::create(po);
-  const ScheduleShape shape{p, v, m};
+  const ScheduleShape shape = schedule_shape(kind, p, v, m);
   const int S = shape.num_global_stages();
 
   // Reference: the whole chain in this process.
@@ -90,7 +91,7 @@ void check(ScheduleKind kind, int v, int m) {
               ref_w[static_cast<size_t>(g)].grad().to_vector())
         << "stage " << g;
   }
-  if (ctx.pp_rank() == (S - 1) % p) {
+  if (ctx.pp_rank() == shape.stage_rank(S - 1)) {
     ASSERT_TRUE(st.loss_sum.defined());
     EXPECT_EQ(st.loss_sum.item(), ref_loss);
   } else {
@@ -130,6 +131,13 @@ TEST(PipelineExecutor, ZeroBubbleH1MatchesOneProcess) {
   const int p = testing::world_size();
   check(ScheduleKind::kZeroBubbleH1, 1, 2 * p + 1);
   check(ScheduleKind::kZeroBubbleH1, 1, 1);  // fewer micro-batches than stages
+}
+
+TEST(PipelineExecutor, ZeroBubbleVMatchesOneProcess) {
+  const int p = testing::world_size();
+  check(ScheduleKind::kZeroBubbleV, 2, 2 * p + 1);
+  check(ScheduleKind::kZeroBubbleV, 2, p);
+  check(ScheduleKind::kZeroBubbleV, 2, 1);  // fewer micro-batches than stages
 }
 
 TEST(PipelineExecutor, InterleavedMatchesOneProcess) {

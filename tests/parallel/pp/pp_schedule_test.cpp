@@ -1,7 +1,8 @@
 // tests/parallel/pp/pp_schedule_test.cpp — the pipeline schedules' lists alone (no MPI): for many
 // (p, v, m) every rank's list simulates without deadlock, forwards precede backwards, sends
 // match receives, and the makespan, bubble and peak in-flight activations equal the formulas of
-// Note [Pipeline cost model] (parallel/pp/simulate.h). Also: broken lists are caught, bad
+// Note [Pipeline cost model] (parallel/pp/simulate.h), zb-v's against Note [ZB-V] and the other
+// schedules (parallel/pp/schedule.h). Also: broken lists are caught, bad
 // shapes give errors naming the config key, and the communication order the executor issues
 // (Note [Communication order]) runs under NCCL's in-order rules where the naive order
 // deadlocks.
@@ -93,6 +94,111 @@ TEST(PipelineSchedule, ZeroBubbleH1MatchesFormula) {
   }
 }
 
+// Note [Pipeline stages and chunks]: zb-v's V placement — rank r holds stages r and 2p−1−r, so
+// rank 0 holds both ends and rank p−1 both middle stages — and the looping one are each one
+// map, inverted by stage_rank/stage_chunk.
+TEST(PipelineSchedule, StagePlacementsMapStagesToRanks) {
+  for (int p : {1, 2, 3, 4, 5}) {
+    const ScheduleShape v = schedule_shape(ScheduleKind::kZeroBubbleV, p, 2, 4);
+    const ScheduleShape l = schedule_shape(ScheduleKind::kInterleaved, p, 2, 4);
+    for (int r = 0; r < p; ++r) {
+      EXPECT_EQ(v.global_stage(r, 0), r);
+      EXPECT_EQ(v.global_stage(r, 1), 2 * p - 1 - r);
+      EXPECT_EQ(l.global_stage(r, 1), p + r);
+      for (int c = 0; c < 2; ++c) {
+        for (const ScheduleShape& s : {v, l}) {
+          EXPECT_EQ(s.stage_rank(s.global_stage(r, c)), r);
+          EXPECT_EQ(s.stage_chunk(s.global_stage(r, c)), c);
+        }
+      }
+    }
+    EXPECT_EQ(v.stage_rank(0), v.stage_rank(2 * p - 1));  // the loss is on rank 0
+    EXPECT_EQ(v.stage_rank(p - 1), v.stage_rank(p));      // the turn stays on rank p−1
+    EXPECT_EQ(l.stage_rank(2 * p - 1), p - 1);            // looping: the loss on rank p−1
+  }
+}
+
+// Note [ZB-V], checked in chunk units (F, B and W of a chunk 1 each; a chunk is half a stage):
+// every rank busy 6m; makespan 6m + p − 1 for m = p and m ≥ 2p (the least possible: rank p−1
+// starts after p−1 forwards), so the idle time is p − 1 chunk units — half ZB-H1's p − 1 stage
+// units, a third of interleaved (v 2)'s, a sixth of 1F1B's — and never longer than ZB-H1's
+// makespan at any m; at most 2·min(m, p) chunks' activations on any rank (1F1B's peak of
+// min(m, p) micro-batches, which its first rank reaches) and exactly that on some rank; W
+// passes 2m per rank; the turn p−1 → p is no message, nothing is sent to oneself.
+TEST(PipelineSchedule, ZeroBubbleVMatchesFormula) {
+  for (int p : {1, 2, 3, 4, 5, 8}) {
+    for (int m = 1; m <= 3 * p + 1; ++m) {
+      SCOPED_TRACE("zb-v p=" + std::to_string(p) + " m=" + std::to_string(m));
+      const ScheduleShape s = schedule_shape(ScheduleKind::kZeroBubbleV, p, 2, m);
+      const auto lists = all_lists(ScheduleKind::kZeroBubbleV, s);
+      const SimulationResult res = simulate(s, lists);
+      ASSERT_TRUE(res.ok) << res.error;
+      const ScheduleShape s1{p, 1, m};
+      const SimulationResult h1 = simulate(s1, all_lists(ScheduleKind::kZeroBubbleH1, s1));
+      const SimulationResult one = simulate(s1, all_lists(ScheduleKind::k1F1B, s1));
+      ASSERT_TRUE(h1.ok && one.ok);
+      if (m == p || m >= 2 * p) {
+        EXPECT_EQ(res.makespan, 6L * m + p - 1);
+      }
+      EXPECT_LE(res.makespan, 2 * h1.makespan);  // chunk units against stage units
+      const int peak = *std::max_element(res.peak_in_flight.begin(), res.peak_in_flight.end());
+      EXPECT_EQ(peak, 2 * std::min(m, p));
+      EXPECT_LE(peak, 2 * *std::max_element(one.peak_in_flight.begin(), one.peak_in_flight.end()));
+      long sends = 0;
+      for (int r = 0; r < p; ++r) {
+        EXPECT_EQ(res.busy[static_cast<size_t>(r)], 6L * m) << "rank " << r;
+        int w = 0;
+        for (const Instruction& ins : lists[static_cast<size_t>(r)]) {
+          w += ins.op == Op::kBwdW ? 1 : 0;
+          sends += ins.op == Op::kSendAct ? 1 : 0;
+          EXPECT_NE(ins.peer, r) << to_string(ins);
+        }
+        EXPECT_EQ(w, 2 * m) << "rank " << r;
+        if (m >= 2 * p && p > 1) {
+          const long idle = res.makespan - res.busy[static_cast<size_t>(r)];
+          EXPECT_EQ(idle, p - 1) << "rank " << r;
+          EXPECT_EQ(idle, h1.makespan - h1.busy[static_cast<size_t>(r)]);  // half, in stage time
+          EXPECT_EQ(6 * idle, 2 * (one.makespan - one.busy[static_cast<size_t>(r)]));
+          if (m % p == 0) {
+            const ScheduleShape il{p, 2, m};
+            const SimulationResult i2 = simulate(il, all_lists(ScheduleKind::kInterleaved, il));
+            ASSERT_TRUE(i2.ok) << i2.error;
+            EXPECT_EQ(3 * idle, i2.makespan - i2.busy[static_cast<size_t>(r)]);
+          }
+        }
+      }
+      EXPECT_EQ(sends, static_cast<long>(m) * (2 * p - 2));  // 2p − 1 hand-offs, one local
+    }
+  }
+  EXPECT_EQ(make_schedule(ScheduleKind::kZeroBubbleV,
+                          schedule_shape(ScheduleKind::kZeroBubbleV, 4, 2, 8), 2),
+            make_schedule(ScheduleKind::kZeroBubbleV,
+                          schedule_shape(ScheduleKind::kZeroBubbleV, 4, 2, 8), 2));
+}
+
+// A local hand-off out of order (rank p−1 runs stage p's forward before stage p−1's) and a
+// message to oneself are refused.
+TEST(PipelineSchedule, SimulatorChecksLocalHandOffs) {
+  const ScheduleShape s = schedule_shape(ScheduleKind::kZeroBubbleV, 2, 2, 4);
+  const auto lists = all_lists(ScheduleKind::kZeroBubbleV, s);
+  ASSERT_TRUE(simulate(s, lists).ok);
+  auto early = lists;
+  auto& l1 = early[1];
+  const auto f0 = std::find(l1.begin(), l1.end(), Instruction{Op::kFwd, 0, 0, -1});
+  const auto f1 = std::find(l1.begin(), l1.end(), Instruction{Op::kFwd, 0, 1, -1});
+  ASSERT_TRUE(f0 != l1.end() && f1 != l1.end() && f0 < f1);
+  std::iter_swap(f0, f1);
+  SimulationResult r = simulate(s, early);
+  EXPECT_FALSE(r.ok);
+  EXPECT_NE(r.error.find("before the forward of stage 1"), std::string::npos) << r.error;
+  auto self = lists;
+  const auto f = std::find(self[1].begin(), self[1].end(), Instruction{Op::kFwd, 0, 0, -1});
+  self[1].insert(f + 1, Instruction{Op::kSendAct, 0, 0, 1});
+  r = simulate(s, self);
+  EXPECT_FALSE(r.ok);
+  EXPECT_NE(r.error.find("no message"), std::string::npos) << r.error;
+}
+
 // A split list whose W comes before its B, or is missing, is refused.
 TEST(PipelineSchedule, SimulatorChecksWeightPasses) {
   const ScheduleShape s{2, 1, 2};
@@ -118,8 +224,10 @@ TEST(PipelineSchedule, SimulatorChecksWeightPasses) {
 // backward, plus the transfers on that path.
 TEST(PipelineSchedule, StageCostsPriceEachStage) {
   for (ScheduleKind kind : {ScheduleKind::kGpipe, ScheduleKind::k1F1B, ScheduleKind::kInterleaved,
-                            ScheduleKind::kZeroBubbleH1}) {
-    const ScheduleShape s{2, kind == ScheduleKind::kInterleaved ? 2 : 1, 4};
+                            ScheduleKind::kZeroBubbleH1, ScheduleKind::kZeroBubbleV}) {
+    const ScheduleShape s = schedule_shape(
+        kind, 2, kind == ScheduleKind::kInterleaved || kind == ScheduleKind::kZeroBubbleV ? 2 : 1,
+        4);
     const auto lists = all_lists(kind, s);
     // zb-h1: no wgrad given, W is half of the BWD's 2 units, as in the default run.
     const StageCosts unit{std::vector<long>(static_cast<size_t>(s.num_global_stages()), 1),
@@ -267,6 +375,8 @@ TEST(PipelineSchedule, CommunicationOrderRunsUnderNcclRules) {
       for (int m = p; m <= 3 * p; m += p) check_order(ScheduleKind::kInterleaved, {p, v, m});
     }
     for (int m = 1; m <= 8; ++m) check_order(ScheduleKind::kZeroBubbleH1, {p, 1, m});
+    for (int m = 1; m <= 3 * p; ++m)
+      check_order(ScheduleKind::kZeroBubbleV, schedule_shape(ScheduleKind::kZeroBubbleV, p, 2, m));
   }
 }
 
@@ -371,6 +481,14 @@ TEST(PipelineSchedule, BadShapesNameTheKey) {
   EXPECT_NE(msg(ScheduleKind::kGpipe, {2, 1, 0}).find("parallel.microbatches"), std::string::npos);
   EXPECT_THROW(parse_schedule("zb"), ConfigError);
   EXPECT_EQ(parse_schedule("1f1b"), ScheduleKind::k1F1B);
+  EXPECT_EQ(parse_schedule("zb-v"), ScheduleKind::kZeroBubbleV);
+  for (int v : {1, 3}) {
+    EXPECT_EQ(msg(ScheduleKind::kZeroBubbleV, schedule_shape(ScheduleKind::kZeroBubbleV, 2, v, 4))
+                  .rfind("parallel.vpp: zb-v runs 2 chunks per rank", 0),
+              0U);
+  }
+  // A shape built for another placement is an internal error, not a user's.
+  EXPECT_THROW(make_schedule(ScheduleKind::kZeroBubbleV, {2, 2, 4}, 0), Error);
 }
 
 }  // namespace
