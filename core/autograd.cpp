@@ -292,13 +292,14 @@ DeferredBackward::DeferredBackward(DeferredBackward&&) noexcept = default;
 DeferredBackward& DeferredBackward::operator=(DeferredBackward&&) noexcept = default;
 
 DeferredBackward backward_split(const std::vector<Tensor>& outputs,
-                                const std::vector<Tensor>& grads,
-                                const std::vector<Tensor>& inputs) {
+                                const std::vector<Tensor>& grads, const std::vector<Tensor>& inputs,
+                                GradCapture* capture) {
   LOOM_CHECK(outputs.size() == grads.size(), "backward_split: ", outputs.size(), " outputs but ",
              grads.size(), " gradients");
   NoGradGuard no_grad;
   auto st = std::make_unique<DeferredBackward::State>();
   st->split = true;
+  st->capture = capture;
   std::vector<Edge> roots;
   for (size_t i = 0; i < outputs.size(); ++i) {
     LOOM_CHECK(outputs[i].requires_grad(), "backward_split: output ", i, " does not require grad");

@@ -37,9 +37,9 @@
 // nodes in the usual order), so the parameters' accumulators, and their hooks, run there. B then
 // W gives the gradients backward() gives, term for term (each op computes each gradient with
 // the same kernels; a node with several consumers sums them in the same order). The nodes and
-// their saved tensors live until W. A checkpointed region (core/checkpoint.h) is one node that
-// is not partial: it computes its parameters' gradients in B, but their accumulators, off the
-// input path, still run in W.
+// their saved tensors live until W. A checkpointed region (core/checkpoint.h) is a partial node
+// too: in B it recomputes its forward and splits its own backward the same way (its inputs'
+// gradients now, its parameters' in W), keeping the region's fresh graph until W.
 #pragma once
 
 #include <functional>
@@ -203,15 +203,16 @@ class DeferredBackward {
  private:
   explicit DeferredBackward(std::unique_ptr<State> state);
   friend DeferredBackward backward_split(const std::vector<Tensor>&, const std::vector<Tensor>&,
-                                         const std::vector<Tensor>&);
+                                         const std::vector<Tensor>&, GradCapture*);
   std::unique_ptr<State> state_;
 };
 
 // B: like backward(outputs, grads), but only the gradients on the way to `inputs` (leaves
 // requiring grad; none: nothing runs) are computed now; their .grad is set as backward() would.
-// The rest is the returned W pass.
+// The rest is the returned W pass. With `capture` (as backward_capture; it must outlive W) the
+// leaves it names are summed into it, in B or in W, instead of into .grad.
 DeferredBackward backward_split(const std::vector<Tensor>& outputs,
-                                const std::vector<Tensor>& grads,
-                                const std::vector<Tensor>& inputs);
+                                const std::vector<Tensor>& grads, const std::vector<Tensor>& inputs,
+                                GradCapture* capture = nullptr);
 
 }  // namespace loom::autograd

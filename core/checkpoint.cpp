@@ -104,56 +104,45 @@ class CheckpointNode final : public Node {
         tape_(std::move(tape)) {}
 
   std::vector<Tensor> apply(std::vector<Tensor>&& grad_outputs) override {
-    std::vector<GeneratorState> now;
-    for (size_t i = 0; i < gens_.size(); ++i) {
-      now.push_back(gens_[i]->state());
-      gens_[i]->set_state(gen_states_[i]);
-    }
-    std::vector<Tensor> inputs = detached_inputs(inputs_, needs_);
-    std::vector<Tensor> outputs;
-    {
-      autograd::EnableGradGuard enable;
-      if (tape_) {
-        tape_->replaying = true;
-        tape_->next = 0;
-      }
-      TapeScope scope(tape_.get());
-      outputs = fn_(inputs);
-    }
-    for (size_t i = 0; i < gens_.size(); ++i) gens_[i]->set_state(now[i]);
-    if (tape_) {
-      LOOM_CHECK(tape_->next == tape_->entries.size(), "checkpoint: the recomputation used ",
-                 tape_->next, " of the ", tape_->entries.size(),
-                 " kept results of the region's forward (fn must be deterministic)");
-      tape_.reset();  // the fresh graph holds what its backward needs
-    }
+    return apply_some(grad_outputs, std::vector<bool>(next_edges.size(), true));
+  }
 
-    autograd::GradCapture capture;
-    for (const Tensor& t : inputs) {
-      if (t.requires_grad()) capture[autograd::edge_of(t).node.get()] = Tensor();
+  // Note [Split backward] in core/autograd.h: the first call recomputes the region; asked for
+  // its inputs' gradients alone (B), it splits the region's backward and keeps the W part,
+  // which the second call (its parameters') runs.
+  bool computes_partially() const override { return true; }
+  std::vector<Tensor> apply_some(const std::vector<Tensor>& grad_outputs,
+                                 const std::vector<bool>& want) override {
+    const size_t n_in = inputs_.size();
+    bool any_param = false, all = true;
+    for (size_t i = 0; i < want.size(); ++i) {
+      all = all && want[i];
+      if (i >= n_in) any_param = any_param || want[i];
     }
-    for (const auto& p : params_) capture[p.get()] = Tensor();
-    std::vector<Tensor> roots, grads;
-    for (size_t i = 0; i < outputs.size(); ++i) {
-      if (grad_outputs[i].defined() && outputs[i].requires_grad()) {
-        roots.push_back(outputs[i]);
-        grads.push_back(grad_outputs[i]);
-      }
+    if (!recomputed_) {
+      recomputed_ = true;
+      recompute(grad_outputs, all || any_param);
+    } else if (any_param) {
+      deferred_.run();  // W: the parameters' gradients, into capture_
     }
-    if (!roots.empty()) autograd::backward_capture(roots, grads, capture);
-
     std::vector<Tensor> result;
-    for (const Tensor& t : inputs) {
-      result.push_back(t.requires_grad() ? capture[autograd::edge_of(t).node.get()] : Tensor());
+    for (size_t i = 0; i < n_in; ++i) {
+      const Tensor& t = region_inputs_[i];
+      result.push_back(want[i] && t.requires_grad() ? capture_[autograd::edge_of(t).node.get()]
+                                                    : Tensor());
     }
-    for (const auto& p : params_) result.push_back(capture[p.get()]);
+    for (size_t i = 0; i < params_.size(); ++i)
+      result.push_back(want[n_in + i] ? capture_[params_[i].get()] : Tensor());
     return result;
   }
 
   void release() override {
     inputs_.clear();
+    region_inputs_.clear();
     fn_ = nullptr;
     tape_.reset();
+    deferred_ = autograd::DeferredBackward();
+    capture_.clear();
   }
 
  private:
@@ -164,6 +153,59 @@ class CheckpointNode final : public Node {
   std::vector<Generator*> gens_;
   std::vector<GeneratorState> gen_states_;
   std::shared_ptr<KeptTape> tape_;  // selective regions only (Note [Selective recompute])
+  bool recomputed_ = false;
+  std::vector<Tensor> region_inputs_;  // the recomputation's leaves
+  autograd::GradCapture capture_;      // the region's inputs' and parameters' gradients
+  autograd::DeferredBackward deferred_;
+
+  // Runs fn again with the random generators of its forward, then its backward with the
+  // region's inputs' and parameters' gradients captured: all of it, or (split, no parameter
+  // asked for yet) only the inputs' part, the rest kept in deferred_.
+  void recompute(const std::vector<Tensor>& grad_outputs, bool whole) {
+    std::vector<GeneratorState> now;
+    for (size_t i = 0; i < gens_.size(); ++i) {
+      now.push_back(gens_[i]->state());
+      gens_[i]->set_state(gen_states_[i]);
+    }
+    region_inputs_ = detached_inputs(inputs_, needs_);
+    std::vector<Tensor> outputs;
+    {
+      autograd::EnableGradGuard enable;
+      if (tape_) {
+        tape_->replaying = true;
+        tape_->next = 0;
+      }
+      TapeScope scope(tape_.get());
+      outputs = fn_(region_inputs_);
+    }
+    for (size_t i = 0; i < gens_.size(); ++i) gens_[i]->set_state(now[i]);
+    if (tape_) {
+      LOOM_CHECK(tape_->next == tape_->entries.size(), "checkpoint: the recomputation used ",
+                 tape_->next, " of the ", tape_->entries.size(),
+                 " kept results of the region's forward (fn must be deterministic)");
+      tape_.reset();  // the fresh graph holds what its backward needs
+    }
+    std::vector<Tensor> split_inputs;
+    for (const Tensor& t : region_inputs_) {
+      if (!t.requires_grad()) continue;
+      capture_[autograd::edge_of(t).node.get()] = Tensor();
+      split_inputs.push_back(t);
+    }
+    for (const auto& p : params_) capture_[p.get()] = Tensor();
+    std::vector<Tensor> roots, grads;
+    for (size_t i = 0; i < outputs.size(); ++i) {
+      if (grad_outputs[i].defined() && outputs[i].requires_grad()) {
+        roots.push_back(outputs[i]);
+        grads.push_back(grad_outputs[i]);
+      }
+    }
+    if (roots.empty()) return;
+    if (whole) {
+      autograd::backward_capture(roots, grads, capture_);
+    } else {
+      deferred_ = autograd::backward_split(roots, grads, split_inputs, &capture_);
+    }
+  }
 };
 
 }  // namespace

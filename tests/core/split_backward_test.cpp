@@ -12,9 +12,11 @@
 
 #include "core/autograd.h"
 #include "core/checkpoint.h"
+#include "core/ops/activation.h"
 #include "core/ops/elementwise.h"
 #include "core/ops/matmul.h"
 #include "core/ops/norm.h"
+#include "core/ops/reduce.h"
 #include "core/ops/view.h"
 #include "core/rng.h"
 #include "layers/transformer.h"
@@ -100,8 +102,8 @@ TEST(SplitBackward, NoInputRunsEverythingInW) {
     EXPECT_EQ(pb[i]->grad().to_vector(), pa[i]->grad().to_vector()) << "parameter " << i;
 }
 
-// A checkpointed region is one node computing every gradient in B (it is not partial), but the
-// parameters' accumulators, off the input path, still wait for W, with their hooks.
+// A checkpointed region is a partial node: in B it recomputes its forward and computes its
+// input's gradient only; its parameters' gradients (and accumulators, and hooks) wait for W.
 TEST(SplitBackward, CheckpointedRegionDefersItsParametersAccumulation) {
   Generator gen(10);
   const Tensor x0 = randn({3, 5, 4}, gen, DType::kF64), dy = randn({3, 5, 4}, gen, DType::kF64);
@@ -133,6 +135,56 @@ TEST(SplitBackward, CheckpointedRegionDefersItsParametersAccumulation) {
       EXPECT_EQ(got, want);
     }
   }
+}
+
+// The weight products of a checkpointed region run in W: a partial op inside counts its calls.
+TEST(SplitBackward, CheckpointedRegionComputesItsWeightGradientsInW) {
+  Generator gen(11);
+  Tensor w = randn({4}, gen, DType::kF64);
+  w.set_requires_grad(true);
+  Tensor x = randn({3, 4}, gen, DType::kF64);
+  x.set_requires_grad(true);
+  int dx_calls = 0, dw_calls = 0;
+  auto scale_by_w = [&](const Tensor& in) {  // in · w, recorded with a partial backward
+    Tensor out = ops::mul(in.detach(), w.detach());
+    const Tensor sin = in.detach(), sw = w.detach();
+    autograd::record_partial_function(
+        "scale_by_w", {in, w}, {&out},
+        [&dx_calls, &dw_calls, sin, sw](const std::vector<Tensor>& g,
+                                        const std::vector<bool>& want) {
+          Tensor dx, dw;
+          if (want[0]) {
+            ++dx_calls;
+            dx = ops::mul(g[0], sw);
+          }
+          if (want[1]) {
+            ++dw_calls;
+            dw = ops::sum(ops::mul(g[0], sin), 0);
+          }
+          return std::vector<Tensor>{dx, dw};
+        });
+    return out;
+  };
+  const Tensor y = checkpoint(
+      [&](const std::vector<Tensor>& in) {
+        return std::vector<Tensor>{scale_by_w(ops::gelu(in[0]))};
+      },
+      {x})[0];
+  const Tensor dy = randn({3, 4}, gen, DType::kF64);
+  autograd::DeferredBackward wpass = autograd::backward_split({y}, {dy}, {x});
+  EXPECT_EQ(dx_calls, 1);
+  EXPECT_EQ(dw_calls, 0);
+  EXPECT_TRUE(x.grad().defined());
+  EXPECT_FALSE(w.grad().defined());
+  wpass.run();
+  EXPECT_EQ(dx_calls, 1);
+  EXPECT_EQ(dw_calls, 1);
+  const std::vector<double> gx = x.grad().to_vector(), gw = w.grad().to_vector();
+  x.zero_grad();
+  w.zero_grad();
+  autograd::backward({scale_by_w(ops::gelu(x))}, {dy});
+  EXPECT_EQ(gx, x.grad().to_vector());
+  EXPECT_EQ(gw, w.grad().to_vector());
 }
 
 // Blocks 0 and 1 of a Llama with every bias and q/k norms, as a pipeline chunk runs them.
