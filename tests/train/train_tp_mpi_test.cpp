@@ -92,8 +92,10 @@ std::string recompute_of(const Case& k) {
 
 Config config_for(const Case& k, const std::string& dir, const std::string& out, bool parallel) {
   std::ostringstream y;
+  const int n_layer = k.schedule == "zb-v" ? 4 : 2;  // zb-v: 2 stages on each pipeline rank
   if (k.arch == "gpt2") {
-    y << "model: {arch: gpt2, vocab_size: 61, vocab_multiple: 32, n_layer: 2, n_head: 4, n_embd: "
+    y << "model: {arch: gpt2, vocab_size: 61, vocab_multiple: 32, n_layer: " << n_layer
+      << ", n_head: 4, n_embd: "
          "32, max_seq_len: 16, "
          "dropout: "
       << k.dropout << ", recompute: " << recompute_of(k) << "}\n";
@@ -102,7 +104,8 @@ Config config_for(const Case& k, const std::string& dir, const std::string& out,
     // 12 over a width of 32, Llama 3's RoPE scaling over a pre-training context of 8, every
     // bias; qwen2: q, k, v biases; qwen3: q/k norms over heads of 12; mistral: a 5-token
     // sliding window over the 16-token sequences (Note [Sliding window]).
-    y << "model: {arch: llama, vocab_size: 61, vocab_multiple: 32, n_layer: 2, n_head: 4, "
+    y << "model: {arch: llama, vocab_size: 61, vocab_multiple: 32, n_layer: " << n_layer
+      << ", n_head: 4, "
          "n_kv_head: 2, n_embd: 32, "
          "max_seq_len: 16, tie_embeddings: false, recompute: "
       << recompute_of(k)
@@ -405,6 +408,12 @@ TEST(TrainModelParallel4, Dp2Tp2Zero3LlamaFamilyMatchesSingleProcess) {
 // GEMMs (Note [Split backward] in core/autograd.h).
 TEST(TrainModelParallel4, Tp2Pp2ZeroBubbleH1MatchesSingleProcess) {
   expect_matches_single({.arch = "llama_ext", .tp = 2, .pp = 2, .sp = true, .schedule = "zb-h1"});
+}
+// ZB-V (Note [ZB-V] in parallel/pp/schedule.h) with tensor and sequence parallelism, and with
+// ring context parallelism: 2 chunks of one block each on every pipeline rank.
+TEST(TrainModelParallel4, Tp2Pp2ZeroBubbleVMatchesSingleProcess) {
+  expect_matches_single({.arch = "llama_ext", .tp = 2, .pp = 2, .sp = true, .schedule = "zb-v"});
+  expect_matches_single({.cp = 2, .pp = 2, .dropout = 0.1, .schedule = "zb-v"});
 }
 // Ulysses with tensor parallelism (a tp rank's one kv head repeated for both cp ranks), with the
 // pipeline, and over 4 cp ranks.
