@@ -12,7 +12,9 @@
 // sizes. The Hugging Face families (Note [Hugging Face families] in train/hf_format.h) have rows of
 // their own: Llama's options under tp+sp, cp and dp·tp ZeRO-3, Qwen3 under tp, tp+sp, cp and MiCS,
 // Qwen2 under ZeRO-3, Mistral's sliding window under tp+sp with checkpointing and ZeRO-2. The
-// zero-bubble schedule (zb-h1) runs under tp2·pp2 with sequence parallelism; Ulysses attention
+// zero-bubble schedules run under tp2·pp2 with sequence parallelism (zb-h1, zb-v) and cp2·pp2
+// (zb-v); selective recompute (model.recompute: selective) under tp2 (with and without sp),
+// cp2 (ring and Ulysses), the hybrid cp4 and dp2·tp2+sp ZeRO-3; Ulysses attention
 // (parallel.cp_attention: ulysses) under cp2 (also with dropout, Mistral's window and Qwen3's
 // grouped heads), cp2·tp2+sp, cp2·pp2 and cp4; hybrid attention (parallel.cp_attention: hybrid,
 // cp_ulysses 2: Ulysses × ring) under cp4, with dropout and with Llama's heads. The step line's

@@ -18,10 +18,10 @@
 # the groups to run, space-separated: dp (one host, DDP overlap on and off: the slow scale's
 # rows), zero (dp 4, ZeRO-3, MiCS), model (a larger model, ~15 minutes), model-zero (its
 # ZeRO-3 and MiCS on 2 × 2, ~15 minutes), sft (packed SFT, ZeRO-3 and ODC), skew (the same on
-# skewed lengths), pp (1F1B and interleaved), ab (the DDP overlap-on rows of dp and model
-# without parallel.table_shortcuts). Logs are kept in $LOOM_BENCH_LOGS (default
-# /tmp/loom_mh_bench_logs). LOOM_BENCH_STEPS overrides every run's step count (the means are
-# over the steps after the first two).
+# skewed lengths), pp (1F1B, interleaved, zb-h1, zb-v), cp (cp 4 over 2 hosts: ring, Ulysses,
+# hybrid), ab (the DDP overlap-on rows of dp and model without parallel.table_shortcuts). Logs
+# are kept in $LOOM_BENCH_LOGS (default /tmp/loom_mh_bench_logs). LOOM_BENCH_STEPS overrides
+# every run's step count (the means are over the steps after the first two).
 set -euo pipefail
 build=${1:?usage: multihost_bench.sh BUILD_DIR [SCALE [RUNS]]}
 scale=${2:-1}
@@ -163,3 +163,18 @@ run "pp 2 1F1B" 2 1 6 --set "$F" --set data.batch_size=16 --set parallel.dp=1 \
 run "pp 2 interleaved (vpp 2)" 2 1 6 --set "$F" --set data.batch_size=16 --set parallel.dp=1 \
   --set parallel.pp=2 --set parallel.vpp=2 --set parallel.schedule=interleaved \
   --set optim.grad_accum=8
+run "pp 2 zb-h1" 2 1 6 --set "$F" --set data.batch_size=16 --set parallel.dp=1 \
+  --set parallel.pp=2 --set parallel.schedule=zb-h1 --set optim.grad_accum=8
+run "pp 2 zb-v" 2 1 6 --set "$F" --set data.batch_size=16 --set parallel.dp=1 \
+  --set parallel.pp=2 --set parallel.schedule=zb-v --set optim.grad_accum=8
+# Context parallelism over 2 hosts × 2 ranks on 256-token sequences: ring attention passes k
+# and v across the slow link at every step of its ring; Ulysses' all-to-alls cross it with
+# half of q, k, v and the output; hybrid keeps its all-to-all inside a host (cp_ulysses 2 =
+# ranks per host: Note [Hybrid context parallelism]) and only its ring crosses.
+group=cp
+CP=(--set "$F" --set data.batch_size=8 --set data.seq_len=256 --set parallel.dp=1
+  --set parallel.cp=4)
+run "cp 4 ring" 2 2 6 "${CP[@]}" --set parallel.cp_attention=ring
+run "cp 4 Ulysses" 2 2 6 "${CP[@]}" --set parallel.cp_attention=ulysses
+run "cp 4 hybrid (Ulysses 2 in a host × ring 2)" 2 2 6 "${CP[@]}" \
+  --set parallel.cp_attention=hybrid --set parallel.cp_ulysses=2
