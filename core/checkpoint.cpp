@@ -1,4 +1,5 @@
-// core/checkpoint.cpp — see Note [Activation checkpoint] in core/checkpoint.h.
+// core/checkpoint.cpp — full and selective recompute (Notes [Activation checkpoint] and
+// [Selective recompute] in core/checkpoint.h).
 #include "core/checkpoint.h"
 
 #include <sstream>

@@ -1,5 +1,6 @@
 // core/checkpoint.h — activation checkpointing: a region whose intermediate activations are
-// discarded after its forward and recomputed during backward.
+// discarded after its forward and recomputed during backward: all of them (full), or all but
+// the results of the ops it keeps (selective).
 //
 // Note [Activation checkpoint]: checkpoint(fn, inputs) runs fn once with recording on, walks
 // the graph it built to find the parameters (leaves) it used, then drops that graph, keeping
