@@ -55,7 +55,8 @@ Outcome run_region(const Region& region, const Tensor& x0, int recompute, KeptOp
     r.held = alloc.stats().current_bytes - base;
     autograd::backward(loss);
   }
-  for (const Tensor& t : {region.w1, region.b1, region.w2, x0}) r.grads.push_back(t.grad().to_vector());
+  for (const Tensor& t : {region.w1, region.b1, region.w2, x0})
+    r.grads.push_back(t.grad().to_vector());
   return r;
 }
 

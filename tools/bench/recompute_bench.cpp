@@ -63,8 +63,9 @@ Args parse(int argc, char** argv) {
 // The train config of the measured model (B 1, f32, a 512-token vocabulary).
 Config config_of(const Args& a, const std::string& recompute, const std::string& save) {
   const std::string yaml =
-      "model: {arch: " + a.arch + ", vocab_size: 512, vocab_multiple: 64, n_layer: " +
-      std::to_string(a.layers) + ", n_head: 4" + (a.arch == "llama" ? ", n_kv_head: 2" : "") +
+      "model: {arch: " + a.arch +
+      ", vocab_size: 512, vocab_multiple: 64, n_layer: " + std::to_string(a.layers) +
+      ", n_head: 4" + (a.arch == "llama" ? ", n_kv_head: 2" : "") +
       ", n_embd: " + std::to_string(a.embd) + ", max_seq_len: " + std::to_string(a.seq) +
       ", recompute: " + recompute + (save.empty() ? "" : ", recompute_save: \"" + save + "\"") +
       "}\ndata: {train: x.bin, batch_size: 1, seq_len: " + std::to_string(a.seq) + "}\n";
@@ -103,7 +104,8 @@ int main(int argc, char** argv) {
                                    {"selective", "attention"}};
   std::printf("recompute_bench: %s, %lld layers, C %lld, T %lld, B 1, f32 — %s (compiled for %s)\n",
               a.arch.c_str(), static_cast<long long>(a.layers), static_cast<long long>(a.embd),
-              static_cast<long long>(a.seq), bench::cpu_isa().c_str(), bench::compiled_isa().c_str());
+              static_cast<long long>(a.seq), bench::cpu_isa().c_str(),
+              bench::compiled_isa().c_str());
   std::printf("%-28s %12s %12s %12s %10s %8s\n", "model.recompute", "held MiB", "predicted",
               "peak MiB", "step ms", "vs none");
   Allocator& alloc = allocator_for(DeviceType::kCpu);
