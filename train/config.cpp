@@ -132,6 +132,7 @@ void visit_fields(Config& c, V&& v) {
   v("parallel", "vpp", p.vpp);
   v("parallel", "microbatches", p.microbatches);
   v("parallel", "schedule", p.schedule);
+  v("parallel", "schedule_costs", p.schedule_costs);
   v("parallel", "pp_layout", p.pp_layout);
   v("parallel", "tp", p.tp);
   v("parallel", "cp", p.cp);
@@ -387,6 +388,7 @@ void validate_pipeline_config(const Config& c) {
               str(c.optim.grad_accum) +
               " (the pipeline's micro-batches are the accumulation steps; set one of them)");
   const parallel::pp::ScheduleKind kind = parallel::pp::parse_schedule(p.schedule);
+  parallel::pp::validate_schedule_costs(kind, parallel::pp::parse_schedule_costs(p.schedule_costs));
   require(p.pp > 1 || p.vpp == 1, "parallel.vpp: virtual stages need parallel.pp > 1");
   if (p.pp == 1) return;
   const int64_t m = pipeline_microbatches(c);

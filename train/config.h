@@ -131,7 +131,10 @@ struct ParallelConfig {
   int64_t vpp = 1;                // chunks per pp rank: interleaved (any), zb-v (2; 1 → 2)
   int64_t microbatches = 0;       // per step; 0 = optim.grad_accum (see pipeline_microbatches)
   std::string schedule = "1f1b";  // gpipe | 1f1b | interleaved | zb-h1 | zb-v
-  std::string pp_layout = "";     // blocks per stage, e.g. "3,3,2,2"; "" = even split
+  // zb-h1, zb-v: the op costs their lists are built at (Note [Schedule costs] in
+  // parallel/pp/schedule.h): unit | measured (the first step's) | "F,B,W" ratios
+  std::string schedule_costs = "unit";
+  std::string pp_layout = "";  // blocks per stage, e.g. "3,3,2,2"; "" = even split
   // Tensor, sequence and context parallelism (parallel/tp, parallel/cp; docs/parallel.md):
   // world = dp·pp·cp·tp.
   int64_t tp = 1;                     // tensor-parallel ranks (heads, MLP hidden, vocabulary split)

@@ -99,6 +99,8 @@ void apply_pipeline(TrainPlan& plan, const Config& cfg) {
   po.vpp = static_cast<int>(cfg.parallel.vpp);
   po.microbatches = static_cast<int>(pipeline_microbatches(cfg));
   po.layout = cfg.parallel.pp_layout;
+  po.costs = parallel::pp::parse_schedule_costs(cfg.parallel.schedule_costs);
+  po.cost_group = &ctx->world();  // every rank runs the lists (Note [Schedule costs])
   // Each micro-batch is this rank's tokens of the sequences, as the layout says (Note
   // [Model-parallel step]); the stages pass on the activation rows it holds of them.
   const SequenceLayout& layout = *plan.layers.layout;

@@ -29,32 +29,36 @@ struct Slot {
   Tensor act_buf, grad_buf;
 };
 
-// This rank's pp coordinate, once the group is known to match the schedule.
-int checked_rank(const Communicator& pp, const ScheduleShape& shape) {
+// The pp group must match the schedule.
+void check_group(const Communicator& pp, const ScheduleShape& shape) {
   LOOM_CHECK(pp.size() == shape.stages, "pipeline: the pp group has ", pp.size(),
              " ranks but the schedule has ", shape.stages, " stages");
-  return pp.rank();
-}
-
-std::vector<std::vector<Instruction>> all_lists(ScheduleKind kind, const ScheduleShape& shape) {
-  std::vector<std::vector<Instruction>> lists;
-  for (int r = 0; r < shape.stages; ++r) lists.push_back(make_schedule(kind, shape, r));
-  return lists;
 }
 
 }  // namespace
 
 PipelineExecutor::PipelineExecutor(Communicator& pp, ScheduleKind kind, const ScheduleShape& shape,
                                    std::vector<int64_t> activation_shape, DType dtype,
-                                   Device device)
+                                   Device device, const std::vector<OpCosts>& costs)
     : pp_(pp),
+      kind_(kind),
       shape_(shape),
-      list_(make_schedule(kind, shape, checked_rank(pp, shape))),
-      plan_(communication_order(shape, all_lists(kind, shape)).at(static_cast<size_t>(pp.rank()))),
-      bubble_(simulate(shape, all_lists(kind, shape)).bubble_fraction(pp.rank())),
       act_shape_(std::move(activation_shape)),
       dtype_(dtype),
-      device_(device) {}
+      device_(device) {
+  check_group(pp, shape);
+  set_costs(costs);
+}
+
+void PipelineExecutor::set_costs(const std::vector<OpCosts>& costs) {
+  std::vector<std::vector<Instruction>> lists;
+  for (int r = 0; r < shape_.stages; ++r) lists.push_back(make_schedule(kind_, shape_, r, costs));
+  const StageCosts sim_costs = stage_costs(shape_, costs);
+  const size_t rank = static_cast<size_t>(pp_.rank());
+  list_ = lists[rank];
+  plan_ = communication_order(shape_, lists, &sim_costs).at(rank);
+  bubble_ = simulate(shape_, lists, &sim_costs).bubble_fraction(pp_.rank());
+}
 
 PipelineStats PipelineExecutor::run(const ChunkCallbacks& cb) {
   const auto t_start = Clock::now();
@@ -76,6 +80,13 @@ PipelineStats PipelineExecutor::run(const ChunkCallbacks& cb) {
     if (list_[i].op == arming) last_bwd = i;
   }
   st.schedule_bubble = bubble_;
+  st.op_s.assign(3 * static_cast<size_t>(shape_.virtual_stages), 0.0);
+  auto timed = [&](const Instruction& ins, Clock::time_point t0) {
+    const double dt = since(t0);
+    st.compute_s += dt;
+    const size_t k = ins.op == Op::kFwd ? 0 : ins.op == Op::kBwd ? 1 : 2;
+    st.op_s[3 * static_cast<size_t>(ins.chunk) + k] += dt;
+  };
   auto wait = [&](WorkPtr& w, double& waited) {
     const auto t0 = Clock::now();
     w->wait();
@@ -170,7 +181,7 @@ PipelineStats PipelineExecutor::run(const ChunkCallbacks& cb) {
       const auto t0 = Clock::now();
       s.output = cb.forward(ins.mb, ins.chunk, s.input);
       if (g == last_stage) losses.push_back(s.output.detach());
-      st.compute_s += since(t0);
+      timed(ins, t0);
       st.peak_in_flight = std::max(st.peak_in_flight, ++in_flight);
     } else if (ins.op == Op::kBwdW) {
       auto it = deferred.find(key);
@@ -180,7 +191,7 @@ PipelineStats PipelineExecutor::run(const ChunkCallbacks& cb) {
       const auto t0 = Clock::now();
       it->second.run();
       deferred.erase(it);
-      st.compute_s += since(t0);
+      timed(ins, t0);
       --in_flight;
     } else {
       Slot& s = slots.at(key);
@@ -213,7 +224,7 @@ PipelineStats PipelineExecutor::run(const ChunkCallbacks& cb) {
         autograd::backward({out}, {seed});
         --in_flight;
       }
-      st.compute_s += since(t0);
+      timed(ins, t0);
       s.output = Tensor();
       s.grad_buf = Tensor();
       // Stage 0 sends nothing back, so its slot ends here; a slot whose gradient goes to another

@@ -62,9 +62,12 @@ struct PipelineStats {
   double compute_s = 0;    // inside FWD and BWD
   double recv_wait_s = 0;  // blocked on receives (bubble, stage imbalance and transfers)
   double send_wait_s = 0;  // blocked at the end of the step on sends (transfers only)
-  // The schedule's own idle fraction on this rank (Note [Pipeline cost model]: equal stages,
-  // transfers free).
+  // The schedule's own idle fraction on this rank (Note [Pipeline cost model] at the costs the
+  // lists were built at, Note [Schedule costs]; transfers free).
   double schedule_bubble = 0;
+  // Per local chunk c, at 3c, 3c+1, 3c+2: the step's seconds in its FWDs, BWDs (in a split
+  // schedule B) and BWD_Ws, summed over the micro-batches (Note [Schedule costs]).
+  std::vector<double> op_s;
   Tensor loss_sum;  // Σ of the last stage's losses, f64 where they are (undefined on other ranks)
   int peak_in_flight = 0;
   double idle_fraction() const { return total_s > 0 ? 1.0 - compute_s / total_s : 0.0; }
@@ -79,10 +82,15 @@ class PipelineExecutor {
  public:
   // pp: this rank's pp group (rank = pp coordinate); the schedule `kind` of `shape`
   // (validated: ConfigError); activation_shape: the (B, T, C) shape of every activation and
-  // gradient crossing a stage boundary, of dtype `dtype`, received on `device` (the model's).
+  // gradient crossing a stage boundary, of dtype `dtype`, received on `device` (the model's);
+  // costs: the per-stage op costs the lists are built at (make_schedule; empty: unit).
   PipelineExecutor(Communicator& pp, ScheduleKind kind, const ScheduleShape& shape,
                    std::vector<int64_t> activation_shape, DType dtype,
-                   Device device = Device::cpu());
+                   Device device = Device::cpu(), const std::vector<OpCosts>& costs = {});
+
+  // Rebuilds the lists (and the issue order and schedule bubble) at `costs`, for the next
+  // run(); every rank of the pp group must pass the same costs.
+  void set_costs(const std::vector<OpCosts>& costs);
 
   // Runs one step of the schedule; gradients accumulate into the parameters.
   PipelineStats run(const ChunkCallbacks& callbacks);
@@ -92,6 +100,7 @@ class PipelineExecutor {
 
  private:
   Communicator& pp_;
+  ScheduleKind kind_;
   ScheduleShape shape_;
   std::vector<Instruction> list_;
   IssuePlan plan_;

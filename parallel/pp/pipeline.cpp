@@ -37,11 +37,12 @@ TransformerPipeline::TransformerPipeline(const Transformer& model, Communicator&
       batch_(batch),
       seq_len_(seq_len),
       boundaries_(partition_layers(model.num_blocks(), pp.size() * options.vpp, options.layout)),
+      costs_(options.costs.costs(shape_)),
       executor_(pp, options.schedule, shape_,
                 {batch, options.activation_rows > 0 ? options.activation_rows : seq_len,
-                 model.config().n_embd},
-                model.compute_dtype().value_or(model.dtype()),
-                model.device()) {  // what crosses stages
+                 model.config().n_embd},  // what crosses stages
+                model.compute_dtype().value_or(model.dtype()), model.device(), costs_) {
+  validate_schedule_costs(options.schedule, options.costs);
   const bool tied = model.config().tie_embeddings;
   for (auto& [name, t] : model.named_parameters()) {
     const bool table = t.impl() == model.wte_weight().impl();  // the model says which
@@ -127,10 +128,29 @@ Tensor TransformerPipeline::forward_backward(const std::vector<Tensor>& inputs,
   cb.before_backward = before_backward;
   cb.loss_scale = grad_scale;
   stats_ = executor_.run(cb);
+  if (options_.costs.mode == CostSource::Mode::kMeasured && costs_.empty()) adopt_measured_costs();
   Tensor loss = stats_.loss_sum.defined() ? ops::reshape(stats_.loss_sum, {1})
                                           : Tensor::zeros({1}, DType::kF64, model_.device());
   pp_.broadcast(loss, last_stage_rank());
   return ops::reshape(loss, {});
+}
+
+// Note [Schedule costs] in parallel/pp/schedule.h: each rank puts the mean time of its chunks'
+// F, B and W per micro-batch at their global stages, zeros elsewhere; the maximum over every
+// rank running the lists is then each stage's slowest copy, the same bits on every rank.
+void TransformerPipeline::adopt_measured_costs() {
+  const int S = shape_.num_global_stages();
+  Tensor fbw = Tensor::zeros({3 * static_cast<int64_t>(S)}, DType::kF64);
+  double* d = fbw.data<double>();
+  for (int c = 0; c < shape_.virtual_stages; ++c) {
+    const int g = shape_.global_stage(pp_.rank(), c);
+    for (int k = 0; k < 3; ++k) {
+      d[3 * g + k] = stats_.op_s.at(static_cast<size_t>(3 * c + k)) / shape_.microbatches;
+    }
+  }
+  (options_.cost_group ? *options_.cost_group : pp_).all_reduce(fbw, ReduceOp::kMax);
+  costs_ = costs_from_times(fbw.to_vector());
+  executor_.set_costs(costs_);
 }
 
 TransformerPipeline::StageUnits TransformerPipeline::parameter_units() const {
@@ -298,6 +318,11 @@ std::string TransformerPipeline::describe() const {
     os << " [" << boundaries_[g] << ", " << boundaries_[g + 1] << ")";
   }
   os << ", " << params_.size() << " parameter tensors";
+  if (options_.costs.mode == CostSource::Mode::kMeasured)
+    os << "; lists built at the first step's measured op costs";
+  if (options_.costs.mode == CostSource::Mode::kGiven)
+    os << "; lists built at op costs F,B,W " << options_.costs.given[0] << ","
+       << options_.costs.given[1] << "," << options_.costs.given[2];
   return os.str();
 }
 

@@ -43,6 +43,12 @@ struct PipelineOptions {
   int vpp = 1;                                  // parallel.vpp
   int microbatches = 1;                         // m; the loss of each is scaled by 1/m
   std::string layout;                           // parallel.pp_layout ("" = even)
+  // parallel.schedule_costs (Note [Schedule costs] in parallel/pp/schedule.h): the costs zb-h1's
+  // and zb-v's lists are built at; measured: from the first step's timing, agreed by an
+  // all-reduce (max) over cost_group — every rank that runs these lists (tp, cp and dp peers
+  // too: their collectives follow the lists); nullptr: the pp group.
+  CostSource costs;
+  Communicator* cost_group = nullptr;
   // With tensor/context parallelism (train/trainer.cpp, Note [Model-parallel step]): the rows of
   // the activation passed between stages when it is not seq_len (sequence parallelism holds
   // seq_len/tp), the token positions when they are not arange(seq_len) (context parallelism),
@@ -141,12 +147,16 @@ class TransformerPipeline {
   void sync_tied_gradients(const std::vector<HeldPiece>& gradients);
 
   const PipelineStats& last_stats() const { return stats_; }
+  // The per-stage costs the lists are built at (empty: unit; measured ones after the first step).
+  const std::vector<OpCosts>& schedule_costs() const { return costs_; }
   const std::vector<int64_t>& boundaries() const { return boundaries_; }
   std::string describe() const;  // one line: schedule, stages, this rank's blocks
 
  private:
   bool tied_shared() const;                           // tied embeddings held by two stages
   bool is_tied_table(const std::string& name) const;  // the model's input table (wte)
+  // Measured costs: agrees the step's op times over the cost group and rebuilds the lists.
+  void adopt_measured_costs();
 
   const Transformer& model_;
   Communicator& pp_;
@@ -155,7 +165,8 @@ class TransformerPipeline {
   int64_t batch_, seq_len_;
   std::vector<int64_t> boundaries_;
   std::vector<std::pair<std::string, Tensor>> params_;
-  std::string table_name_;  // the model's token-embedding table (the tied one when tied)
+  std::string table_name_;      // the model's token-embedding table (the tied one when tied)
+  std::vector<OpCosts> costs_;  // before executor_: it is built at them
   PipelineExecutor executor_;
   PipelineStats stats_;
   bool tied_ranges_checked_ = false;  // sync_tied_gradients: the ranges verified once

@@ -44,30 +44,35 @@
 //   ZB-V:        the same split over 2 chunks per rank in the V placement (Note [ZB-V]):
 //                about half ZB-H1's bubble at 1F1B's activation memory (v = 2).
 //
-// Note [ZB-H1]: the lists come from one greedy run of all ranks together at unit costs (F, B and
-// W one unit each: B and W share the 2 units of a BWD), each rank taking, whenever it is free
+// Note [ZB-H1]: the lists come from one greedy run of all ranks together in simulated time, at
+// the schedule's costs (Note [Schedule costs]; by default unit costs, F, B and W one unit each:
+// B and W share the 2 units of a BWD), each rank taking, whenever it is free
 // and in this order: the next F whose activation has arrived, if fewer than p − r micro-batches
 // are between their F and their B (1F1B's warm-up) and fewer than p between their F and their W
 // (1F1B's peak of kept activations, which its first rank reaches); the next B whose gradient has
 // arrived; the oldest W pending; else it waits. So W runs where a rank would otherwise wait or
 // where the bound holds an F back: the last rank runs F B pairs and keeps its W's for the drain,
-// the first runs F B W (the paper's figure). Makespan: 3m + p − 1 units for m ≥ p (1F1B: 3m +
-// 3(p − 1)), so the bubble is (p − 1)(F + B − W) as in the paper, a third of 1F1B's; for m < p,
-// 2m + 2p − 1. Every rank keeps at most min(m, p) micro-batches' activations, 1F1B's peak
-// (tests/parallel/pp/pp_schedule_test.cpp).
+// the first runs F B W (the paper's figure). Makespan at unit costs: 3m + p − 1 for m ≥ p
+// (1F1B: 3m + 3(p − 1)), so the bubble is (p − 1)(F + B − W) as in the paper, a third of
+// 1F1B's; for m < p, 2m + 2p − 1. Every rank keeps at most min(m, p) micro-batches'
+// activations, 1F1B's peak (tests/parallel/pp/pp_schedule_test.cpp).
 //
 // Note [ZB-V]: Qi et al.'s V-shaped zero-bubble schedule ("Zero Bubble Pipeline Parallelism",
 // ICLR 2024, and "Pipeline Parallelism with Controllable Memory"; torchtitan's
 // ScheduleZBVZeroBubble): two chunks per rank in the V placement (Note [Pipeline stages and
 // chunks]), so every rank holds the same layers' worth of both ends of the pipeline and rank
 // p−1's turn from stage p−1 to p is local. As for ZB-H1 the lists come from one greedy run of
-// all ranks at unit costs (each chunk's F, B and W one unit; a chunk is half a stage), each rank
-// taking, whenever it is free and in this order: an F whose activation has arrived if fewer
-// than 2p (mb, chunk) units are between their F and their W (1F1B's peak of p micro-batches'
-// activations on its first rank, in half-stage chunks), chunk 1's before chunk 0's (the
-// micro-batch nearer its loss first); else a B whose gradient has arrived, chunk 0's before
-// chunk 1's (it frees the previous rank); else the oldest W pending; else it waits. Within a
-// chunk F's and B's go in micro-batch order. Makespan, in chunk units: T = 6m + p − 1 for
+// all ranks at the schedule's costs (by default each chunk's F, B and W one unit; a chunk is
+// half a stage), each rank taking, whenever it is free and in this order: an F whose
+// activation has arrived if fewer than 2p (mb, chunk) units are between their F and their W
+// (1F1B's peak of p micro-batches' activations on its first rank, in half-stage chunks) and,
+// for chunk 0 when p > 1, fewer than 2p − 1 of chunk 0's (a place stays for chunk 1, whose F
+// every chunk-0 unit waits for: at costs where stage 0 runs ahead, chunk 0 could otherwise fill
+// the bound and stall every rank; at unit costs it never binds), chunk
+// 1's before chunk 0's (the micro-batch nearer its loss first); else a B whose gradient has
+// arrived, chunk 0's before chunk 1's (it frees the previous rank); else the oldest W pending;
+// else it waits. Within a chunk F's and B's go in micro-batch order. Makespan at unit costs, in
+// chunk units: T = 6m + p − 1 for
 // m = p and every m ≥ 2p — the least any schedule reaches, since rank p−1 cannot start before
 // p−1 forwards have run and then has 6m units of work — so the bubble is (p − 1) chunk
 // forwards, (p − 1)·F/2 at a stage's forward F: half ZB-H1's (p − 1)·F and a sixth of 1F1B's
@@ -75,6 +80,27 @@
 // m < p, and just above p, the greedy run is a few units longer, never longer than ZB-H1's
 // makespan at the same m (checked for p ≤ 8). Every rank keeps at most 2·min(m, p) chunks'
 // activations, 1F1B's peak of min(m, p) micro-batches (tests/parallel/pp/pp_schedule_test.cpp).
+//
+// Note [Schedule costs]: the greedy runs of Note [ZB-H1] and Note [ZB-V] advance simulated time
+// by each op's cost, a chunk's F, B and W per global stage (OpCosts, integers >= 1; unit costs
+// by default), from one op's end to the next; the rules (which op a free rank takes, the bounds
+// on kept activations) are the same at any costs, so the memory bound and the order of each
+// chunk's W passes (micro-batch order: each parameter's gradient sums its micro-batches in the
+// single process's order) hold at any costs. At unit costs the lists and formulas are those
+// above; at costs with B heavier than W the unit lists leave gaps on the V's critical path that
+// lists built at those costs fill (p 4, a chunk's F 2, B 3, W 1: zb-v's simulated bubble 0.054
+// at m 16 against the unit lists' 0.331). The greedy rule is not optimal at every cost, so given
+// costs, make_schedule also runs it at unit costs and keeps that run's lists where their
+// makespan at the costs (simulate()) is shorter (equal stages, p <= 8: only at m < 2p or with
+// F > B): lists
+// built at costs are never slower in the cost model than the unit lists
+// (PipelineSchedule.ZeroBubbleListsFollowCosts). The costs come from parallel.schedule_costs
+// (CostSource): unit, given F,B,W ratios for every stage, or measured — the first step's F, B
+// and W per chunk from the executor's timing, agreed by one all-reduce of the maximum over
+// every rank that runs the lists (TransformerPipeline), then quantised by costs_from_times, so
+// every rank builds the same lists for the later steps (host times: on a GPU they time the
+// ops' issue, not their kernels, so give ratios there). Lists stay a pure function of (kind,
+// shape, costs, rank).
 #pragma once
 
 #include <string>
@@ -144,8 +170,34 @@ void validate_schedule(ScheduleKind kind, const ScheduleShape& shape);
 inline bool splits_backward(ScheduleKind kind) {
   return kind == ScheduleKind::kZeroBubbleH1 || kind == ScheduleKind::kZeroBubbleV;
 }
-// The list of `rank` (0 ≤ rank < p). Pure: the same arguments give the same list.
-std::vector<Instruction> make_schedule(ScheduleKind kind, const ScheduleShape& shape, int rank);
+// One chunk's durations for the zero-bubble greedy runs (Note [Schedule costs]): its forward F,
+// its input-gradient pass B and its weight-gradient pass W, in any integer unit, each >= 1.
+struct OpCosts {
+  long fwd = 1, bwd = 1, wgrad = 1;
+  bool operator==(const OpCosts& o) const = default;
+};
+// Per global stage (num_global_stages() entries) from 3 times per stage (F, B, W of stage g at
+// 3g, 3g+1, 3g+2; any unit, not all 0): scaled so the largest is 1000, rounded, at least 1. The
+// same times give the same costs on every rank.
+std::vector<OpCosts> costs_from_times(const std::vector<double>& fbw);
+
+// parallel.schedule_costs: "unit", "measured", or "F,B,W" (three positive numbers, the ratios of
+// a chunk's F, B and W on every stage). parse_schedule_costs throws ConfigError naming the key.
+struct CostSource {
+  enum class Mode { kUnit, kMeasured, kGiven } mode = Mode::kUnit;
+  std::vector<double> given;  // kGiven: F, B, W
+  // kGiven: the costs of every stage of `shape`; empty (unit costs) otherwise.
+  std::vector<OpCosts> costs(const ScheduleShape& shape) const;
+};
+CostSource parse_schedule_costs(const std::string& text);
+// Throws ConfigError naming parallel.schedule_costs unless the source is unit or `kind` splits
+// backward (zb-h1, zb-v).
+void validate_schedule_costs(ScheduleKind kind, const CostSource& costs);
+
+// The list of `rank` (0 ≤ rank < p). Pure: the same arguments give the same list. costs: per
+// global stage, or empty for unit costs; only zb-h1 and zb-v read them (Note [Schedule costs]).
+std::vector<Instruction> make_schedule(ScheduleKind kind, const ScheduleShape& shape, int rank,
+                                       const std::vector<OpCosts>& costs = {});
 
 // The message tag of an activation (grad = false) or gradient for micro-batch mb arriving at
 // global stage recv_stage; unique within a step, below 32768 (MPI's guaranteed tag bound)

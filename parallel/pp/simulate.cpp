@@ -231,9 +231,21 @@ SimulationResult simulate(const ScheduleShape& shape,
   return Simulator(shape, lists, costs).run();
 }
 
+StageCosts stage_costs(const ScheduleShape& shape, const std::vector<OpCosts>& costs) {
+  StageCosts out;
+  for (int g = 0; g < shape.num_global_stages(); ++g) {
+    const OpCosts c = costs.empty() ? OpCosts{} : costs.at(static_cast<size_t>(g));
+    out.fwd.push_back(c.fwd);
+    out.bwd.push_back(c.bwd + c.wgrad);
+    out.wgrad.push_back(c.wgrad);
+  }
+  return out;
+}
+
 std::vector<IssuePlan> communication_order(const ScheduleShape& shape,
-                                           const std::vector<std::vector<Instruction>>& lists) {
-  const SimulationResult sim = simulate(shape, lists);
+                                           const std::vector<std::vector<Instruction>>& lists,
+                                           const StageCosts* costs) {
+  const SimulationResult sim = simulate(shape, lists, costs);
   LOOM_CHECK(sim.ok, "pipeline: the schedule does not simulate: ", sim.error);
   std::vector<IssuePlan> plans(lists.size());
   for (size_t r = 0; r < lists.size(); ++r) {

@@ -69,6 +69,11 @@ SimulationResult simulate(const ScheduleShape& shape,
                           const std::vector<std::vector<Instruction>>& lists,
                           const StageCosts* costs = nullptr);
 
+// The simulator's costs of a split schedule built at `costs` (Note [Schedule costs] in
+// parallel/pp/schedule.h): per global stage fwd F, bwd B + W, wgrad W, no transfer time; empty
+// costs give the default run's (1, 2, 1).
+StageCosts stage_costs(const ScheduleShape& shape, const std::vector<OpCosts>& costs);
+
 // Note [Communication order]: NCCL runs one communicator's point-to-point operations one
 // after another in issue order, and a send completes only once the peer's matching receive
 // runs (two ranks' messages match in issue order; tags are not matched). Posting every RECV
@@ -91,9 +96,11 @@ struct IssueStep {
 using IssuePlan = std::vector<IssueStep>;
 
 // Every rank's issue order (Note [Communication order]) for lists that simulate() accepts
-// (throws naming simulate()'s error otherwise).
+// (throws naming simulate()'s error otherwise), from simulate()'s timeline at `costs` (the
+// costs the lists were built at; nullptr: the default ones).
 std::vector<IssuePlan> communication_order(const ScheduleShape& shape,
-                                           const std::vector<std::vector<Instruction>>& lists);
+                                           const std::vector<std::vector<Instruction>>& lists,
+                                           const StageCosts* costs = nullptr);
 
 // Runs every rank's plan under NCCL's rules: per rank, a compute stream (FWD/BWD in plan order,
 // each after the receives it needs) and a communication stream (groups in plan order, each

@@ -730,5 +730,26 @@ TEST(Config, RecomputeModesAndTheirList) {
             "false; or selective)");
 }
 
+// parallel.schedule_costs (Note [Schedule costs] in parallel/pp/schedule.h): unit by default,
+// measured or "F,B,W" under zb-h1 and zb-v; a bad value or costs under another schedule name the
+// key.
+TEST(Config, ScheduleCostsKey) {
+  const std::string zb = "optim:\n  grad_accum: 4\nparallel:\n  pp: 2\n  schedule: zb-v\n";
+  EXPECT_EQ(parse_config_text(zb).parallel.schedule_costs, "unit");
+  EXPECT_EQ(error_of(zb, {"parallel.schedule_costs=measured"}), "");
+  EXPECT_EQ(error_of(zb, {"parallel.schedule_costs=1,3,1"}), "");
+  EXPECT_EQ(error_of(zb + "  schedule_costs: \"2,3,1\"\n"), "");
+  EXPECT_EQ(error_of(zb, {"parallel.schedule_costs=1,3"}),
+            "parallel.schedule_costs: expected unit, measured or three positive ratios \"F,B,W\" "
+            "(e.g. \"1,2,1\"), got '1,3'");
+  EXPECT_EQ(error_of(zb, {"parallel.schedule_costs=fast"}).rfind("parallel.schedule_costs: ", 0),
+            0U);
+  EXPECT_EQ(error_of(zb, {"parallel.schedule_costs=0,1,1"}).rfind("parallel.schedule_costs: ", 0),
+            0U);
+  EXPECT_EQ(error_of("optim:\n  grad_accum: 4\nparallel:\n  pp: 2\n  schedule_costs: measured\n"),
+            "parallel.schedule_costs: only zb-h1 and zb-v build their lists from op costs "
+            "(parallel.schedule is 1f1b); leave it at unit");
+}
+
 }  // namespace
 }  // namespace loom

@@ -5,11 +5,13 @@
 // validation loss (a forward-only pass through the stages, also run every 3 steps) matches the
 // single-process one.
 // TrainPipeline2.* runs on 2 ranks (pp2: each schedule, zb-h1 also with the Llama families and
-// dropout, zb-v with the Llama families, vpp2, an explicit layout, Llama, resumes),
+// dropout, zb-v with the Llama families and with measured op costs, vpp2, an explicit layout,
+// Llama, resumes),
 // TrainPipeline4.* on 4 (pp4 1F1B, zb-h1 and zb-v, dp2·pp2 with ZeRO-1, 2 and 3 — GPT-2's tied
 // embedding synchronised shard by shard, vpp2 with ZeRO-3, Llama with ZeRO-2, zb-h1 with ZeRO-1
-// and 3, zb-v with ZeRO-1 and 3 — and the ZeRO-1 and ZeRO-3 resumes); each case skips itself at the
-// other world size.
+// and 3 (and ZeRO-1 with measured op costs), zb-v with ZeRO-1 and 3 and pp4 zb-v with measured
+// op costs — and the ZeRO-1 and ZeRO-3 resumes); each case skips itself at the other world size.
+//
 // loom-mpi-test: ranks 2 4
 // loom-multihost-test: 2x2 4x1
 //
@@ -56,6 +58,7 @@ struct Case {
   bool checkpointing = false;     // model.recompute: full
   std::string selective = "";     // gpt2: model.recompute: selective keeping this list
   int n_layer = 4;                // model.n_layer (pp4 zb-v runs 8 stages)
+  std::string costs = "unit";     // parallel.schedule_costs
 };
 
 Config config_for(const Case& k, const std::string& dir, const std::string& out, bool parallel,
@@ -94,7 +97,8 @@ Config config_for(const Case& k, const std::string& dir, const std::string& out,
   if (parallel) {
     y << "parallel: {dp: " << k.dp << ", pp: " << k.pp << ", vpp: " << k.vpp
       << ", schedule: " << k.schedule << ", zero_stage: " << k.zero_stage
-      << ", bucket_mb: 0.01, pp_layout: '" << k.layout << "'}\n";
+      << ", bucket_mb: 0.01, pp_layout: '" << k.layout << "', schedule_costs: '" << k.costs
+      << "'}\n";
   }
   return parse_config_text(y.str());
 }
@@ -222,10 +226,12 @@ TEST(TrainPipeline2, ZeroBubbleH1LlamaFamilyMatchesSingleProcessExactly) {
 TEST(TrainPipeline2, ZeroBubbleH1WithDropoutMatchesSingleProcess) {
   expect_matches_single({.schedule = "zb-h1", .dropout = 0.1});
 }
-// A recomputed block is one node computing every gradient in B; its parameters' accumulators
-// (and hooks) still wait for W.
+// A recomputed block is a partial node (Note [Split backward] in core/autograd.h): B recomputes
+// it and computes its input's gradient, W its parameters'.
 TEST(TrainPipeline2, ZeroBubbleH1WithCheckpointingMatchesSingleProcess) {
   expect_matches_single({.schedule = "zb-h1", .dropout = 0.1, .checkpointing = true});
+  expect_matches_single({.schedule = "zb-v", .dropout = 0.1, .checkpointing = true});
+  expect_matches_single({.schedule = "zb-v", .selective = "attention"});
 }
 // Zero-bubble V (Note [ZB-V] in parallel/pp/schedule.h; parallel.vpp left at 1 becomes 2): rank 0
 // holds the first and the last stage, so the loss, the validation loss and the sampled head row
@@ -236,6 +242,12 @@ TEST(TrainPipeline2, ZeroBubbleVMatchesSingleProcess) {
 }
 TEST(TrainPipeline2, ZeroBubbleVLlamaFamilyMatchesSingleProcessExactly) {
   expect_matches_single({.arch = "llama_ext", .schedule = "zb-v"}, true);
+}
+// parallel.schedule_costs: measured (Note [Schedule costs] in parallel/pp/schedule.h): from the
+// second step on, the lists are built at the first step's op times; each parameter's W passes
+// still run in micro-batch order.
+TEST(TrainPipeline2, ZeroBubbleVMeasuredCostsMatchesSingleProcess) {
+  expect_matches_single({.schedule = "zb-v", .costs = "measured"});
 }
 
 // Dropout (Note [Dropout by coordinates] in layers/dropout_key.h): every stage draws the
@@ -348,6 +360,14 @@ TEST(TrainPipeline4, Dp2Pp2Zero3SelectiveRecomputeMatchesSingleProcess) {
 }
 TEST(TrainPipeline4, ZeroBubbleVMatchesSingleProcess) {
   expect_matches_single({.pp = 4, .schedule = "zb-v", .n_layer = 8});
+}
+TEST(TrainPipeline4, ZeroBubbleVMeasuredCostsMatchesSingleProcess) {
+  expect_matches_single({.pp = 4, .schedule = "zb-v", .n_layer = 8, .costs = "measured"});
+}
+// Both data-parallel replicas build the same lists: the measured costs are agreed over the world
+// (their buckets' reductions launch from the same last W).
+TEST(TrainPipeline4, DataAndZeroBubbleHMeasuredCostsZero1MatchesSingleProcess) {
+  expect_matches_single({.dp = 2, .schedule = "zb-h1", .zero_stage = 1, .costs = "measured"});
 }
 TEST(TrainPipeline4, DataAndZeroBubbleVZero1MatchesSingleProcess) {
   expect_matches_single({.dp = 2, .schedule = "zb-v", .zero_stage = 1});

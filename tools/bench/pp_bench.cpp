@@ -9,6 +9,11 @@
 // (time blocked on receives, on sends at the end, and between ops), averaged over the steps
 // after one warm-up step. Rank 0 prints one line per (schedule, v, m) with every rank's idle
 // fraction, their mean and the simulator's mean over the ranks.
+// --costs measured: zb-h1 and zb-v only, each twice side by side — lists at unit costs and lists
+// built at the op costs measured on the first (warm-up) step (parallel.schedule_costs:
+// measured, Note [Schedule costs] in parallel/pp/schedule.h) — with the simulator's idle
+// fraction of both lists at the measured costs, those costs' F:B:W (mean over the stages) and
+// each stage's.
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -30,6 +35,7 @@ using namespace loom::parallel;
 struct Args {
   int64_t layers = 8, embd = 128, batch = 4, seq = 64;
   int steps = 3;
+  bool measured_costs = false;  // --costs measured
 };
 
 Args parse(int argc, char** argv) {
@@ -37,7 +43,11 @@ Args parse(int argc, char** argv) {
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string k = argv[i];
     const long v = std::atol(argv[i + 1]);
-    if (k == "--layers")
+    if (k == "--costs") {
+      const std::string c = argv[i + 1];
+      LOOM_CHECK(c == "unit" || c == "measured", "pp_bench: --costs unit or measured, got ", c);
+      a.measured_costs = c == "measured";
+    } else if (k == "--layers")
       a.layers = v;
     else if (k == "--embd")
       a.embd = v;
@@ -48,14 +58,16 @@ Args parse(int argc, char** argv) {
     else if (k == "--steps")
       a.steps = static_cast<int>(v);
     else
-      LOOM_FAIL("pp_bench: unknown argument ", k, " (--layers --embd --batch --seq --steps)");
+      LOOM_FAIL("pp_bench: unknown argument ", k,
+                " (--layers --embd --batch --seq --steps --costs)");
   }
   return a;
 }
 
-// Mean idle fraction of this rank over `steps` measured steps (after one warm-up).
+// Mean idle fraction of this rank over `steps` measured steps (after one warm-up); the costs the
+// lists ran at into *costs when given.
 double measure(const Transformer& model, Communicator& pp, const pp::PipelineOptions& po,
-               const Args& a) {
+               const Args& a, std::vector<pp::OpCosts>* costs = nullptr) {
   pp::TransformerPipeline pipe(model, pp, po, a.batch, a.seq);
   Generator gen(42);
   std::vector<Tensor> ids, tgt;
@@ -70,7 +82,73 @@ double measure(const Transformer& model, Communicator& pp, const pp::PipelineOpt
     pipe.forward_backward(ids, tgt, nullptr);
     if (s > 0) idle += pipe.last_stats().idle_fraction();
   }
+  if (costs) *costs = pipe.schedule_costs();
   return idle / a.steps;
+}
+
+// The simulator's idle fraction, mean over the ranks, of the lists built at `built` (empty:
+// unit) priced at `priced` (empty: unit).
+double model_idle(pp::ScheduleKind kind, const pp::ScheduleShape& shape,
+                  const std::vector<pp::OpCosts>& built, const std::vector<pp::OpCosts>& priced) {
+  std::vector<std::vector<pp::Instruction>> lists;
+  for (int k = 0; k < shape.stages; ++k) lists.push_back(pp::make_schedule(kind, shape, k, built));
+  const pp::StageCosts sc = pp::stage_costs(shape, priced);
+  const pp::SimulationResult sim = pp::simulate(shape, lists, &sc);
+  double mean = 0;
+  for (int k = 0; k < shape.stages; ++k) mean += sim.bubble_fraction(k) / shape.stages;
+  return mean;
+}
+
+// This rank's idle fraction, all-reduced so that every rank holds every rank's; the mean.
+double gather_mean(ParallelContext& ctx, double mine) {
+  const int p = ctx.pp_size();
+  Tensor idle = Tensor::zeros({p}, DType::kF64);
+  idle.data<double>()[ctx.pp_rank()] = mine;
+  ctx.pp().all_reduce(idle, ReduceOp::kSum);
+  double mean = 0;
+  for (int i = 0; i < p; ++i) mean += idle.data<double>()[i] / p;
+  return mean;
+}
+
+// --costs measured: unit-cost lists against measured-cost lists (see the header).
+void bench_costs(ParallelContext& ctx, const Transformer& model, const Args& a) {
+  const int p = ctx.pp_size();
+  if (ctx.rank() == 0) {
+    std::printf("%-6s %2s %3s  %10s %10s  %10s %10s  %s\n", "sched", "v", "m", "idle unit",
+                "idle meas", "model unit", "model meas", "measured F:B:W per chunk");
+  }
+  for (int m : {p, 2 * p, 4 * p}) {
+    for (pp::ScheduleKind kind :
+         {pp::ScheduleKind::kZeroBubbleH1, pp::ScheduleKind::kZeroBubbleV}) {
+      const int v = pp::default_virtual_stages(kind);
+      if (a.layers % (v * p) != 0) continue;
+      pp::PipelineOptions po;
+      po.schedule = kind;
+      po.vpp = v;
+      po.microbatches = m;
+      const double unit = gather_mean(ctx, measure(model, ctx.pp(), po, a));
+      po.costs = pp::parse_schedule_costs("measured");
+      std::vector<pp::OpCosts> costs;
+      const double meas = gather_mean(ctx, measure(model, ctx.pp(), po, a, &costs));
+      if (ctx.rank() != 0) continue;
+      const pp::ScheduleShape shape = pp::schedule_shape(kind, p, v, m);
+      double f = 0, b = 0, w = 0;
+      for (const pp::OpCosts& c : costs) {
+        f += static_cast<double>(c.fwd);
+        b += static_cast<double>(c.bwd);
+        w += static_cast<double>(c.wgrad);
+      }
+      std::printf("%-6s %2d %3d  %10.3f %10.3f  %10.3f %10.3f  %.2f:%.2f:1\n",
+                  pp::schedule_name(kind), v, m, unit, meas, model_idle(kind, shape, {}, costs),
+                  model_idle(kind, shape, costs, costs), f / w, b / w);
+      std::string per;  // each global stage's F/B/W in the costs' units (the largest 1000)
+      for (const pp::OpCosts& c : costs) {
+        per += " " + std::to_string(c.fwd) + "/" + std::to_string(c.bwd) + "/" +
+               std::to_string(c.wgrad);
+      }
+      std::printf("       stage costs F/B/W:%s\n", per.c_str());
+    }
+  }
 }
 
 int bench(ParallelContext& ctx, const Args& a) {
@@ -90,6 +168,12 @@ int bench(ParallelContext& ctx, const Args& a) {
         "pp_bench: pp %d, GPT-2 %lld layers, C %lld, B %lld, T %lld, %d steps after 1 warm-up\n", p,
         static_cast<long long>(a.layers), static_cast<long long>(a.embd),
         static_cast<long long>(a.batch), static_cast<long long>(a.seq), a.steps);
+  }
+  if (a.measured_costs) {
+    bench_costs(ctx, model, a);
+    return 0;
+  }
+  if (ctx.rank() == 0) {
     std::printf("%-12s %3s %3s  %-24s %8s %8s\n", "schedule", "v", "m", "idle per rank", "mean",
                 "model");
   }

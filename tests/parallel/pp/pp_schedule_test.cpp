@@ -5,7 +5,8 @@
 // schedules (parallel/pp/schedule.h). Also: broken lists are caught, bad
 // shapes give errors naming the config key, and the communication order the executor issues
 // (Note [Communication order]) runs under NCCL's in-order rules where the naive order
-// deadlocks.
+// deadlocks; zb-h1 and zb-v built at op costs (Note [Schedule costs]) keep all of that and are
+// no slower at those costs than the unit-cost lists.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -248,6 +249,131 @@ TEST(PipelineSchedule, StageCostsPriceEachStage) {
   EXPECT_EQ(r.makespan, 1 + 5 + 4 * 300 + 5 + 2);
   const StageCosts short_list{{1}, {2}, 0, {}};
   EXPECT_FALSE(simulate(s, all_lists(ScheduleKind::k1F1B, s), &short_list).ok);
+}
+
+// Note [Schedule costs]: zb-h1 and zb-v built at non-unit costs (B = 2W, B = 3W, F = B, F > B,
+// one with a heavier last stage, and unequal stages drawn at random from a fixed seed), for
+// p 2–5 and m from 1 to 4p: every (mb, chunk) runs its
+// F, B and W once with their dependencies (simulate() at those costs), without deadlock under
+// NCCL's in-order rules either (the issue order taken at the same costs); each chunk's B and W
+// passes in micro-batch order (the gradients sum as in the single process); at most 1F1B's
+// peak of kept activations; and the makespan at the costs no longer than the unit-cost lists'
+// at the same costs — strictly shorter for zb-v at p 4, m 16, F 2 B 3 W 1 (the case the unit
+// lists get wrong).
+TEST(PipelineSchedule, ZeroBubbleListsFollowCosts) {
+  const std::vector<OpCosts> ratios = {{1, 2, 1}, {1, 3, 1}, {2, 3, 1}, {2, 2, 1}, {3, 2, 1}};
+  uint64_t seed = 12345;  // a fixed linear congruential sequence: 1..hi
+  const auto draw = [&seed](long hi) {
+    seed = seed * 6364136223846793005ULL + 1442695040888963407ULL;
+    return 1 + static_cast<long>((seed >> 33) % static_cast<uint64_t>(hi));
+  };
+  for (ScheduleKind kind : {ScheduleKind::kZeroBubbleH1, ScheduleKind::kZeroBubbleV}) {
+    const int v = default_virtual_stages(kind);
+    for (int p = 2; p <= 5; ++p) {
+      for (int m : {1, 2, p, 2 * p, 3 * p + 1, 4 * p}) {
+        const ScheduleShape s = schedule_shape(kind, p, v, m);
+        const size_t S = static_cast<size_t>(s.num_global_stages());
+        std::vector<std::vector<OpCosts>> cases;
+        for (const OpCosts& c : ratios) cases.emplace_back(S, c);
+        cases.push_back(std::vector<OpCosts>(S, {2, 3, 1}));
+        cases.back().back() = {5, 7, 2};  // the last stage: the head and the loss
+        for (int k = 0; k < 8; ++k) {     // unequal stages: where stage 0 runs ahead, zb-v's chunk
+          cases.emplace_back();           // 0 must leave chunk 1 a place (Note [ZB-V])
+          for (size_t g = 0; g < S; ++g) cases.back().push_back({draw(20), draw(40), draw(20)});
+        }
+        for (const std::vector<OpCosts>& costs : cases) {
+          const OpCosts& c0 = costs.front();
+          SCOPED_TRACE(std::string(schedule_name(kind)) + " p=" + std::to_string(p) +
+                       " m=" + std::to_string(m) + " F,B,W " + std::to_string(c0.fwd) + "," +
+                       std::to_string(c0.bwd) + "," + std::to_string(c0.wgrad));
+          std::vector<std::vector<Instruction>> lists;
+          for (int r = 0; r < p; ++r) lists.push_back(make_schedule(kind, s, r, costs));
+          const StageCosts priced = stage_costs(s, costs);
+          const SimulationResult res = simulate(s, lists, &priced);
+          ASSERT_TRUE(res.ok) << res.error;
+          const SimulationResult in_order =
+              simulate_in_order(s, lists, communication_order(s, lists, &priced));
+          EXPECT_TRUE(in_order.ok) << in_order.error;
+          const SimulationResult unit = simulate(s, all_lists(kind, s), &priced);
+          ASSERT_TRUE(unit.ok) << unit.error;
+          EXPECT_LE(res.makespan, unit.makespan);
+          for (int r = 0; r < p; ++r) {
+            EXPECT_LE(res.peak_in_flight[static_cast<size_t>(r)], v * std::min(m, p));
+            long busy = 0;
+            for (int c = 0; c < v; ++c) {
+              const OpCosts& oc = costs[static_cast<size_t>(s.global_stage(r, c))];
+              busy += static_cast<long>(m) * (oc.fwd + oc.bwd + oc.wgrad);
+            }
+            EXPECT_EQ(res.busy[static_cast<size_t>(r)], busy) << "rank " << r;
+            std::vector<int> next_b(static_cast<size_t>(v), 0), next_w(static_cast<size_t>(v), 0);
+            for (const Instruction& ins : lists[static_cast<size_t>(r)]) {
+              if (ins.op == Op::kBwd) {
+                EXPECT_EQ(ins.mb, next_b[static_cast<size_t>(ins.chunk)]++) << to_string(ins);
+              } else if (ins.op == Op::kBwdW) {
+                EXPECT_EQ(ins.mb, next_w[static_cast<size_t>(ins.chunk)]++) << to_string(ins);
+              }
+            }
+          }
+          if (kind == ScheduleKind::kZeroBubbleV && p == 4 && m == 16 && c0 == OpCosts{2, 3, 1} &&
+              costs.back() == c0) {
+            EXPECT_LT(res.makespan, unit.makespan);
+          }
+        }
+      }
+    }
+  }
+}
+
+// Costs equal on every op give the unit lists (the run is scale-free); the same costs give the
+// same lists; costs_from_times scales the largest time to 1000 units and keeps every op at
+// least 1; a cost vector of the wrong length is refused.
+TEST(PipelineSchedule, ScheduleCostsAreScaleFree) {
+  for (ScheduleKind kind : {ScheduleKind::kZeroBubbleH1, ScheduleKind::kZeroBubbleV}) {
+    const ScheduleShape s = schedule_shape(kind, 4, default_virtual_stages(kind), 8);
+    const size_t S = static_cast<size_t>(s.num_global_stages());
+    const std::vector<OpCosts> equal(S, {7, 7, 7}), skewed(S, {2, 3, 1});
+    for (int r = 0; r < 4; ++r) {
+      EXPECT_EQ(make_schedule(kind, s, r, equal), make_schedule(kind, s, r));
+      EXPECT_EQ(make_schedule(kind, s, r, skewed), make_schedule(kind, s, r, skewed));
+    }
+    EXPECT_THROW(make_schedule(kind, s, 0, std::vector<OpCosts>(S + 1)), Error);
+  }
+  // Other schedules' lists do not depend on costs.
+  EXPECT_EQ(make_schedule(ScheduleKind::k1F1B, {4, 1, 8}, 1, std::vector<OpCosts>(4, {2, 3, 1})),
+            make_schedule(ScheduleKind::k1F1B, {4, 1, 8}, 1));
+  const std::vector<OpCosts> want = {{667, 1000, 333}, {1, 500, 1}};
+  EXPECT_EQ(costs_from_times({2, 3, 1, 0, 1.5, 1e-6}), want);
+  EXPECT_EQ(costs_from_times({2e-3, 3e-3, 1e-3, 0, 1.5e-3, 1e-9}), want);
+  EXPECT_THROW(costs_from_times({0, 0, 0}), Error);
+}
+
+// parallel.schedule_costs: unit, measured, or three positive ratios; anything else, and costs
+// under a schedule that does not split backward, name the key.
+TEST(PipelineSchedule, ScheduleCostsParse) {
+  EXPECT_EQ(parse_schedule_costs("unit").mode, CostSource::Mode::kUnit);
+  EXPECT_EQ(parse_schedule_costs("measured").mode, CostSource::Mode::kMeasured);
+  const CostSource given = parse_schedule_costs("2, 3.5,1");
+  EXPECT_EQ(given.mode, CostSource::Mode::kGiven);
+  EXPECT_EQ(given.given, (std::vector<double>{2, 3.5, 1}));
+  EXPECT_EQ(given.costs({2, 1, 4}), (std::vector<OpCosts>(2, {571, 1000, 286})));
+  EXPECT_TRUE(parse_schedule_costs("unit").costs({2, 1, 4}).empty());
+  for (const char* bad :
+       {"", "units", "1,2", "1,2,3,4", "a,b,c", "0,1,1", "-1,2,1", "1,2,1,", "1x,2,1", "nan,1,1"}) {
+    try {
+      parse_schedule_costs(bad);
+      ADD_FAILURE() << "'" << bad << "' accepted";
+    } catch (const ConfigError& e) {
+      EXPECT_EQ(std::string(e.what()).rfind("parallel.schedule_costs: ", 0), 0U) << e.what();
+    }
+  }
+  EXPECT_NO_THROW(validate_schedule_costs(ScheduleKind::kZeroBubbleH1, given));
+  EXPECT_NO_THROW(validate_schedule_costs(ScheduleKind::k1F1B, parse_schedule_costs("unit")));
+  try {
+    validate_schedule_costs(ScheduleKind::k1F1B, parse_schedule_costs("measured"));
+    ADD_FAILURE() << "measured costs accepted under 1f1b";
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("parallel.schedule_costs"), std::string::npos);
+  }
 }
 
 TEST(PipelineSchedule, OneFOneBHoldsFewerActivationsThanGpipe) {
