@@ -47,6 +47,7 @@ struct Layout {
   // over a width of 32, Llama 3's RoPE scaling, every bias, and a 7-token sliding window inside
   // the packed documents.
   bool llama = false;
+  std::string recompute = "none";  // model.recompute (selective: the default list)
 };
 
 // 16 documents per step (batch_size × dp), micro-batches of at most 40 tokens.
@@ -56,10 +57,12 @@ Config config_for(const Layout& l, const std::string& data, const std::string& o
     y << "model: {arch: llama, vocab_size: 64, vocab_multiple: 32, n_layer: 2, n_head: 2, "
          "n_kv_head: 1, n_embd: 32, head_dim: 12, max_seq_len: 48, attention_bias: true, "
          "mlp_bias: true, rope_scaling: {type: llama3, factor: 8, low_freq_factor: 1, "
-         "high_freq_factor: 4, original_max_seq_len: 16}, sliding_window: 7}\n";
+         "high_freq_factor: 4, original_max_seq_len: 16}, sliding_window: 7, recompute: "
+      << l.recompute << "}\n";
   } else {
     y << "model: {arch: gpt2, vocab_size: 64, vocab_multiple: 32, n_layer: 2, n_head: 2, n_embd: "
-         "32, max_seq_len: 48}\n";
+         "32, max_seq_len: 48, recompute: "
+      << l.recompute << "}\n";
   }
   y << "data: {train: " << data << "/train_*.bin, val: " << data
     << "/val_*.bin, batch_size: " << 16 / l.dp
@@ -203,6 +206,16 @@ TEST(TrainPacked, Zero3Collectives2) { run_layout({.name = "z3_2", .dp = 2, .zer
 TEST(TrainPacked, Odc2) { run_layout({.name = "odc2", .dp = 2, .zero_stage = 3, .odc = true}); }
 TEST(TrainPacked, Odc2LlamaFamily) {
   run_layout({.name = "odc2_llama", .dp = 2, .zero_stage = 3, .odc = true, .llama = true});
+}
+// Selective recompute (Note [Selective recompute] in core/checkpoint.h) under ODC's one-sided
+// gathers, with packed documents and the window.
+TEST(TrainPacked, Odc2LlamaFamilySelectiveRecompute) {
+  run_layout({.name = "odc2_llama_sel",
+              .dp = 2,
+              .zero_stage = 3,
+              .odc = true,
+              .llama = true,
+              .recompute = "selective"});
 }
 TEST(TrainPacked, Odc2InOrderSplit) {
   run_layout({.name = "odc2_none", .dp = 2, .zero_stage = 3, .odc = true, .balance = "none"});
