@@ -136,6 +136,27 @@ TEST(PlanMemory, LlamaCheckpointingAccumulation) {
                        .accum = 2,
                        .extra = "model.recompute=full"});
 }
+// Selective recompute (Note [Selective recompute] in core/checkpoint.h): each block holds its
+// input and the kept results between forward and backward; the recomputation reuses them. With
+// 8 rows and a second micro-batch the peak falls where every block's kept results are alive
+// (planned as full recompute, each row is 3.5 % or more under).
+const char* kLlama = "arch: llama, n_layer: 3, n_head: 4, n_kv_head: 2, n_embd: 64";
+TEST(PlanMemory, SelectiveRecompute) {
+  for (const std::string save : {"matmul,attention", "matmul", "attention"}) {
+    const std::string extra =
+        "data.batch_size=8 model.recompute=selective model.recompute_save=" + save;
+    std::string tag = save;
+    std::replace(tag.begin(), tag.end(), ',', '_');
+    expect_planned_peak({.name = "gpt2_sel_" + tag, .accum = 2, .extra = extra});
+    expect_planned_peak({.name = "llama_sel_" + tag, .model = kLlama, .accum = 2, .extra = extra});
+  }
+}
+TEST(PlanMemory, SelectiveRecomputeDropoutAccumulation) {
+  expect_planned_peak({.name = "llama_sel_dropout",
+                       .model = kLlama,
+                       .accum = 2,
+                       .extra = "model.dropout=0.1 model.recompute=selective"});
+}
 // Mixed precision: f32 masters computing in f64, the CPU's check of the casts' plumbing (Note
 // [Precision] in train/config.h); on a GPU the same replay runs with bf16.
 TEST(PlanMemory, Gpt2MixedPrecision) {
@@ -333,6 +354,46 @@ TEST(PlanMemory, PipelineZero2) {
 TEST(PlanMemory, PipelineZero3) {
   expect_planned_peak(
       {.name = "pp2_z3", .model = kGpt2Four, .dp = 2, .zero = 3, .accum = 4, .pp = 2});
+}
+// Selective recompute under each parallelism: ZeRO-3's units, the TP layers' kept outputs
+// (gathered and reduced), ring attention's kept halves, SDP's packed MLP, a pipeline's stages.
+TEST(PlanMemory, SelectiveZero3) {
+  expect_planned_peak({.name = "z3_sel", .dp = 2, .zero = 3, .extra = "model.recompute=selective"});
+}
+TEST(PlanMemory, SelectiveTensorParallel) {
+  expect_planned_peak(
+      {.name = "tp2_llama_sel", .model = kLlama, .tp = 2, .extra = "model.recompute=selective"});
+}
+TEST(PlanMemory, SelectiveSequenceParallel) {
+  expect_planned_peak({.name = "tp2_sp_sel",
+                       .tp = 2,
+                       .extra = "parallel.sequence_parallel=true model.recompute=selective"});
+  expect_planned_peak({.name = "tp2_sp_llama_sel_matmul",
+                       .model = kLlama,
+                       .tp = 2,
+                       .extra = "parallel.sequence_parallel=true model.recompute=selective "
+                                "model.recompute_save=matmul"});
+}
+TEST(PlanMemory, SelectiveContextParallel) {
+  expect_planned_peak({.name = "cp2_llama_sel",
+                       .model = kLlama,
+                       .accum = 2,
+                       .cp = 2,
+                       .extra = "model.recompute=selective"});
+}
+TEST(PlanMemory, SelectiveSdpNeurons) {  // the packed MLP's kept fc and proj outputs
+  expect_planned_peak(
+      {.name = "sdp_neurons_llama_sel",
+       .model = kLlama,
+       .dp = 4,
+       .extra = "parallel.sdp.mode=forward parallel.sdp.coverage=0.5 model.recompute=selective"});
+}
+TEST(PlanMemory, SelectivePipeline) {
+  expect_planned_peak({.name = "pp_llama_sel",
+                       .model = kLlamaFour,
+                       .accum = 4,
+                       .pp = 2,
+                       .extra = "model.recompute=selective"});
 }
 }  // namespace
 }  // namespace loom::parallel

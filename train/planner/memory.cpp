@@ -8,6 +8,7 @@
 #include <optional>
 #include <sstream>
 
+#include "core/checkpoint.h"
 #include "core/dtype.h"
 #include "core/error.h"
 #include "layers/transformer.h"
@@ -163,8 +164,6 @@ void refuse_unplanned(const Config& c) {
   if (p.sdp.on() && p.sdp.heads) refuse("parallel.sdp.heads", "SDP's covered attention heads");
   if (p.cp > 1 && p.cp_attention != "ring")  // ulysses, hybrid
     refuse("parallel.cp_attention", p.cp_attention + " attention (its all-to-all buffers)");
-  if (c.model.recompute == "selective")  // Note [Selective recompute] in core/checkpoint.h
-    refuse("model.recompute", "selective recompute (the kept results of each block)");
 }
 
 }  // namespace
@@ -290,6 +289,8 @@ MemoryPlan plan_memory(const Config& cfg, const RankCoord& rank) {
   const int64_t blocks = sdp.blocks.empty() ? m.n_layer : static_cast<int64_t>(sdp.blocks.size());
   s.layers = blocks;
   s.checkpointing = m.recomputes();
+  if (m.recompute == "selective")  // Note [Selective recompute] in core/checkpoint.h
+    s.keep = parse_kept_ops(m.recompute_save, "model.recompute_save");
   s.B = B;
   s.T = T / par.cp;  // this rank's tokens (parallel/cp: two chunks of T/2cp each)
   s.cp = par.cp;

@@ -13,7 +13,8 @@ namespace loom::planner {
 
 ByteTimeline::Id ByteTimeline::alloc(int64_t bytes) {
   const Id id = next_++;
-  live_[id] = bytes;
+  live_[id] = id;
+  storage_[id] = {bytes, 1};
   current_ += bytes;
   if (current_ > peak_) {
     peak_ = current_;
@@ -28,11 +29,23 @@ void ByteTimeline::replace(Id& id, int64_t bytes) {
   id = next;
 }
 
+ByteTimeline::Id ByteTimeline::share(Id id) {
+  auto it = live_.find(id);
+  LOOM_CHECK(it != live_.end(), "memory replay: handle ", id, " shared after its free");
+  const Id next = next_++;
+  live_[next] = it->second;
+  ++storage_.at(it->second).handles;
+  return next;
+}
+
 void ByteTimeline::free(Id id) {
   auto it = live_.find(id);
   LOOM_CHECK(it != live_.end(), "memory replay: handle ", id, " freed twice or never allocated");
-  current_ -= it->second;
+  auto st = storage_.find(it->second);
   live_.erase(it);
+  if (--st->second.handles > 0) return;
+  current_ -= st->second.bytes;
+  storage_.erase(st);
 }
 
 namespace {
@@ -41,8 +54,10 @@ using Id = ByteTimeline::Id;
 using namespace steps;  // NOLINT(build/namespaces): the replay's shared steps
 
 // One block's forward (layers/block.cpp forward_region); x stays the caller's. Returns the
-// saved handles and sets *out to the block's output.
-BlockTape block_forward(ByteTimeline& tl, const ReplayShape& s, Id x, Id* out) {
+// saved handles and sets *out to the block's output. In a selective region the GEMMs' and
+// attention's results go through `tape` (kept_or_computed in replay_steps.h; null: none).
+BlockTape block_forward(ByteTimeline& tl, const ReplayShape& s, Id x, Id* out,
+                        KeptResults* tape = nullptr) {
   const int64_t N = s.B * s.T, C = s.C, e = s.e, Nr = tp::stream_rows(s);
   BlockTape b;
   b.x = x;
@@ -56,11 +71,15 @@ BlockTape block_forward(ByteTimeline& tl, const ReplayShape& s, Id x, Id* out) {
   // weight's cast stays with the node, the bias's dies with the call.
   b.cqkv = param_cast(tl, s, (s.q + 2 * s.kv) * C);
   const Id bqkv = s.llama ? 0 : param_cast(tl, s, s.q + 2 * s.kv);
-  Id qkv = s.sp ? tp::column_forward_sp(tl, s, C, s.q + 2 * s.kv, !s.llama)
-                : tl.alloc(N * (s.q + 2 * s.kv) * e);
-  if (s.mesh && !s.sp && !s.llama) {  // the column layer adds its bias after the GEMM
-    tl.replace(qkv, N * (s.q + 2 * s.kv) * e);
-  }
+  const Id qkv = s.sp
+                     ? tp::column_forward_sp(tl, s, C, s.q + 2 * s.kv, !s.llama, tape)
+                     : kept_or_computed(tl, tape, KeptOp::kMatmul, [&] {
+                         Id y = tl.alloc(N * (s.q + 2 * s.kv) * e);
+                         if (s.mesh && !s.llama) {  // the column layer adds its bias after the GEMM
+                           tl.replace(y, N * (s.q + 2 * s.kv) * e);
+                         }
+                         return y;
+                       });
   drop(tl, bqkv);
   Id rq = 0, rk = 0;
   if (s.llama) {  // ops::rope copies its (strided) input, writes y, frees the copy
@@ -75,20 +94,27 @@ BlockTape block_forward(ByteTimeline& tl, const ReplayShape& s, Id x, Id* out) {
   // causal_attention: contiguous q, k, v (the (B, H, T, D) views are strided), out, lse.
   Id result = 0;  // ring attention's output, alive until the projection has run
   if (s.cp > 1) {
-    result = ring_attention_forward(tl, s, b);
+    result = ring_attention_forward(tl, s, b, tape);
   } else {
     b.qc = tl.alloc(N * s.q * e);
     b.kc = tl.alloc(N * s.kv * e);
     b.vc = tl.alloc(N * s.kv * e);
-    b.att = tl.alloc(N * s.q * e);
-    b.lse = tl.alloc(s.B * s.heads * s.T * s.s);
+    const std::vector<Id> r = kept_or_computed(tl, tape, KeptOp::kAttention, 2, [&] {
+      return std::vector<Id>{tl.alloc(N * s.q * e), tl.alloc(s.B * s.heads * s.T * s.s)};
+    });
+    b.att = r[0];
+    b.lse = r[1];
   }
   b.ytr = tl.alloc(N * s.q * e);  // reshape of the transposed output: a copy
   b.cproj = param_cast(tl, s, C * s.q);
   const Id bproj = s.llama || s.sp ? 0 : param_cast(tl, s, C);
-  Id a = s.sp     ? tp::row_forward_sp(tl, s, s.q)
-         : s.mesh ? tp::row_forward(tl, s, s.q)
-                  : tl.alloc(N * C * e);  // proj
+  // A plain GEMM's output: a kept result.
+  auto gemm = [&](int64_t bytes) {
+    return kept_or_computed(tl, tape, KeptOp::kMatmul, [&] { return tl.alloc(bytes); });
+  };
+  Id a = s.sp     ? tp::row_forward_sp(tl, s, s.q, tape)
+         : s.mesh ? tp::row_forward(tl, s, s.q, tape)
+                  : gemm(N * C * e);  // proj
   drop(tl, bproj);
   if (s.dropout) {  // the dropped copy replaces the branch
     tl.replace(a, Nr * C * e);
@@ -108,52 +134,54 @@ BlockTape block_forward(ByteTimeline& tl, const ReplayShape& s, Id x, Id* out) {
   Id m = 0;
   if (s.llama) {  // gate, up, swiglu, down (SwiGluMlp::forward)
     b.cm1 = param_cast(tl, s, s.F * C);
-    b.gate = s.sp ? tp::column_forward_sp(tl, s, C, s.F, false) : tl.alloc(N * s.F * e);
+    b.gate = s.sp ? tp::column_forward_sp(tl, s, C, s.F, false, tape) : gemm(N * s.F * e);
     b.cm2 = param_cast(tl, s, s.F * C);
-    b.up = s.sp ? tp::column_forward_sp(tl, s, C, s.F, false) : tl.alloc(N * s.F * e);
+    b.up = s.sp ? tp::column_forward_sp(tl, s, C, s.F, false, tape) : gemm(N * s.F * e);
     b.act = tl.alloc(N * s.F * e);
     b.cm3 = param_cast(tl, s, C * s.F);
-    m = s.sp     ? tp::row_forward_sp(tl, s, s.F)
-        : s.mesh ? tp::row_forward(tl, s, s.F)
-                 : tl.alloc(N * C * e);
+    m = s.sp     ? tp::row_forward_sp(tl, s, s.F, tape)
+        : s.mesh ? tp::row_forward(tl, s, s.F, tape)
+                 : gemm(N * C * e);
     if (s.scaled_mlp_out) tl.replace(m, N * C * e);  // SDP: down's rescaled partial sum
   } else if (s.scaled_mlp_out) {  // SDP's packed MLP (parallel/sdp/forward_masking.cpp)
     b.cm1 = param_cast(tl, s, s.F * C);
     const Id b1 = param_cast(tl, s, s.F);
-    b.pre = tl.alloc(N * s.F * e);  // fc: ops::linear with its bias
+    b.pre = gemm(N * s.F * e);  // fc: ops::linear with its bias
     drop(tl, b1);
     b.act = tl.alloc(N * s.F * e);  // gelu(pre): proj keeps it
     const Id b2 = param_cast(tl, s, C);
     b.cm2 = param_cast(tl, s, C * s.F);
-    m = tl.alloc(N * C * e);  // proj without its bias, then scaled, then the bias added
+    m = gemm(N * C * e);  // proj without its bias, then scaled, then the bias added
     tl.replace(m, N * C * e);
     tl.replace(m, N * C * e);
     drop(tl, b2);
   } else if (s.mesh) {  // Mlp unfused: column fc (+ bias), gelu, row proj (+ bias)
     b.cm1 = param_cast(tl, s, s.F * C);
     const Id b1 = param_cast(tl, s, s.F);
-    if (s.sp) {
-      b.pre = tp::column_forward_sp(tl, s, C, s.F, true);
-    } else {
-      const Id out = tl.alloc(N * s.F * e);
-      b.pre = tl.alloc(N * s.F * e);
-      tl.free(out);
-    }
+    b.pre = s.sp ? tp::column_forward_sp(tl, s, C, s.F, true, tape)
+                 : kept_or_computed(tl, tape, KeptOp::kMatmul, [&] {
+                     const Id out = tl.alloc(N * s.F * e), with_bias = tl.alloc(N * s.F * e);
+                     tl.free(out);
+                     return with_bias;
+                   });
     drop(tl, b1);
     b.act = tl.alloc(N * s.F * e);  // gelu(pre): the row layer keeps it
     b.cm2 = param_cast(tl, s, C * s.F);
     const Id b2 = s.sp ? 0 : param_cast(tl, s, C);
-    m = s.sp ? tp::row_forward_sp(tl, s, s.F) : tp::row_forward(tl, s, s.F);
+    m = s.sp ? tp::row_forward_sp(tl, s, s.F, tape) : tp::row_forward(tl, s, s.F, tape);
     drop(tl, b2);
   } else {  // ops::gelu_mlp: pre and y kept, gelu(pre) for the second GEMM freed
     b.cm1 = param_cast(tl, s, s.F * C);
     const Id b1 = param_cast(tl, s, s.F);
     b.cm2 = param_cast(tl, s, C * s.F);
     const Id b2 = param_cast(tl, s, C);
-    b.pre = tl.alloc(N * s.F * e);
-    m = tl.alloc(N * C * e);
-    const Id hid = tl.alloc(N * s.F * e);
-    tl.free(hid);
+    const std::vector<Id> r = kept_or_computed(tl, tape, KeptOp::kMatmul, 2, [&] {
+      const Id pre = tl.alloc(N * s.F * e), y = tl.alloc(N * C * e);
+      tl.free(tl.alloc(N * s.F * e));  // gelu(pre), the second GEMM's input
+      return std::vector<Id>{pre, y};
+    });
+    b.pre = r[0];
+    m = r[1];
     drop(tl, b1);
     drop(tl, b2);
   }
@@ -368,12 +396,17 @@ Id block_backward(ByteTimeline& tl, const ReplayShape& s, BlockTape& b, Id g, Re
 }
 
 // A checkpointed block (core/checkpoint.cpp): the region runs with its graph, which is dropped
-// at once; the input and the output stay. Backward recomputes the region, then runs it back.
+// at once; the input and the output stay, and under selective recompute the tape's kept
+// results (Note [Selective recompute] in core/checkpoint.h). Backward recomputes the region,
+// then runs it back.
 BlockTape checkpointed_forward(ByteTimeline& tl, const ReplayShape& s, Id x, Id* out) {
   Id region_out = 0;
-  BlockTape region = block_forward(tl, s, x, &region_out);
+  KeptResults tape;
+  tape.keep = s.keep;
+  BlockTape region = block_forward(tl, s, x, &region_out, s.keep ? &tape : nullptr);
   BlockTape kept;
   kept.x = x;
+  kept.kept = tape.ids;
   for (Id id : {region.y1,   region.st1,   region.st1b, region.qc,  region.kc,  region.vc,
                 region.att,  region.lse,   region.ytr,  region.h,   region.y2,  region.st2,
                 region.st2b, region.pre,   region.gate, region.up,  region.act, region.cn1,
@@ -391,7 +424,14 @@ Id checkpointed_backward(ByteTimeline& tl, const ReplayShape& s, BlockTape& kept
                          ReplayGrads& grads) {
   Id again = 0;
   const Id x_alias = tl.alloc(0);  // the node keeps its input until it returns
-  BlockTape region = block_forward(tl, s, x_alias, &again);
+  KeptResults tape;  // selective: the recomputation takes the kept results, then drops the tape
+  tape.keep = s.keep;
+  tape.replaying = true;
+  tape.ids = kept.kept;
+  BlockTape region = block_forward(tl, s, x_alias, &again, s.keep ? &tape : nullptr);
+  LOOM_CHECK(tape.next == tape.ids.size(), "memory replay: the recomputation took ", tape.next,
+             " of ", tape.ids.size(), " kept results");
+  for (Id id : tape.ids) tl.free(id);
   ReplayShape captured = s;
   captured.keep_weight_grads = true;
   ReplayGrads held;

@@ -16,6 +16,9 @@ class ByteTimeline {
  public:
   using Id = int64_t;
   Id alloc(int64_t bytes);
+  // Another handle on `id`'s storage (a second owner of one tensor's bytes, as a selective
+  // region's tape shares its kept results): the bytes are freed with the storage's last handle.
+  Id share(Id id);
   void free(Id id);  // freeing a handle twice is an error of the replay (0-byte aliases are fine)
   // An op's result of `bytes` takes `id`'s place: allocated while the old one is alive, which is
   // then freed (a bias added, a cast, a copy that replaces its input).
@@ -28,7 +31,12 @@ class ByteTimeline {
   const std::string& peak_at() const { return peak_at_; }
 
  private:
-  std::map<Id, int64_t> live_;
+  struct Storage {
+    int64_t bytes = 0;
+    int handles = 0;
+  };
+  std::map<Id, Id> live_;  // a handle → its storage (named by the handle that allocated it)
+  std::map<Id, Storage> storage_;
   Id next_ = 1;
   int64_t current_ = 0, peak_ = 0;
   std::string phase_, context_, peak_at_;
@@ -52,6 +60,9 @@ struct ReplayShape {
   bool llama = false;
   bool tied = true;  // the head reads wte (gpt2)
   bool checkpointing = false;
+  // model.recompute: selective — the KeptOps bits (core/checkpoint.h) of model.recompute_save
+  // whose results a checkpointed block keeps (Note [Selective recompute] there); 0: full.
+  uint32_t keep = 0;
   int64_t B = 1, T = 1;              // rows of a micro-batch and this rank's tokens per row
   int64_t C = 0;                     // n_embd
   int64_t q = 0, kv = 0, heads = 0;  // this rank's query and kv features, query heads
@@ -119,6 +130,17 @@ struct ReplayGrads {
   std::vector<ByteTimeline::Id> kept;
 };
 
+// A selective region's tape (Note [Selective recompute] in core/checkpoint.h): handles sharing
+// the kept ops' results (ByteTimeline::share), in call order. Recording (the region's forward),
+// the kept ops add theirs; replaying (the recomputation), the same calls take them instead of
+// allocating.
+struct KeptResults {
+  uint32_t keep = 0;  // ReplayShape::keep
+  bool replaying = false;
+  size_t next = 0;
+  std::vector<ByteTimeline::Id> ids;
+};
+
 // What one block's backward frees: its saved tensors (handles on the timeline).
 struct BlockTape {
   ByteTimeline::Id x = 0;                      // the block's input (saved by its first norm)
@@ -131,6 +153,7 @@ struct BlockTape {
   // Mixed precision: the parameters' compute-dtype casts the ops keep for backward (norm1, qkv,
   // proj, norm2, then the MLP's: gpt2 fc and proj, llama gate, up and down).
   ByteTimeline::Id cn1 = 0, cqkv = 0, cproj = 0, cn2 = 0, cm1 = 0, cm2 = 0, cm3 = 0;
+  std::vector<ByteTimeline::Id> kept;  // a selective checkpointed block: its tape's handles
 };
 
 // The forward of one micro-batch through `blocks` blocks, with the embeddings when `embed` and

@@ -2,6 +2,10 @@
 // train/planner/ring_replay.h).
 #include "train/planner/ring_replay.h"
 
+#include <vector>
+
+#include "train/planner/replay_steps.h"
+
 namespace loom::planner {
 
 using Id = ByteTimeline::Id;
@@ -23,21 +27,28 @@ Id pack_kv(ByteTimeline& tl, const ReplayShape& s) {
 
 }  // namespace
 
-Id ring_attention_forward(ByteTimeline& tl, const ReplayShape& s, BlockTape& b) {
+Id ring_attention_forward(ByteTimeline& tl, const ReplayShape& s, BlockTape& b, KeptResults* tape) {
   const int64_t N = s.B * s.T, e = s.e, rows = s.B * s.heads * s.T;
   b.qc = tl.alloc(N * s.q * e);
-  Id kv = pack_kv(tl, s);
-  b.att = tl.alloc(N * s.q * e);           // the two output halves
-  b.lse = tl.alloc(rows * stat_bytes(s));  // and their log-sum-exps
-  const Id block_out = tl.alloc(N / 2 * s.q * e), block_lse = tl.alloc(rows / 2 * stat_bytes(s));
-  for (int64_t step = 0; step + 1 < s.cp; ++step) {  // the next rank's k and v
-    tl.replace(kv, 2 * N * s.kv * e);
-  }
+  Id kv = 0, block_out = 0, block_lse = 0;  // the ring's buffers, freed after the result
+  const std::vector<Id> r = steps::kept_or_computed(tl, tape, KeptOp::kAttention, 2, [&] {
+    kv = pack_kv(tl, s);
+    const Id att = tl.alloc(N * s.q * e);           // the two output halves
+    const Id lse = tl.alloc(rows * stat_bytes(s));  // and their log-sum-exps
+    block_out = tl.alloc(N / 2 * s.q * e);
+    block_lse = tl.alloc(rows / 2 * stat_bytes(s));
+    for (int64_t step = 0; step + 1 < s.cp; ++step) {  // the next rank's k and v
+      tl.replace(kv, 2 * N * s.kv * e);
+    }
+    return std::vector<Id>{att, lse};
+  });
+  b.att = r[0];
+  b.lse = r[1];
   const Id result = tl.alloc(N * s.q * e);
   b.kc = pack_kv(tl, s);  // kept for backward
-  tl.free(block_out);
-  tl.free(block_lse);
-  tl.free(kv);
+  for (Id id : {block_out, block_lse, kv}) {
+    if (id) tl.free(id);
+  }
   return result;
 }
 

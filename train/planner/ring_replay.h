@@ -11,7 +11,10 @@ namespace loom::planner {
 // one freed at the end), the two output halves and their log-sum-exps (kept), a block buffer,
 // the result (the caller's: it dies after the projection), and k and v packed once more (kept).
 // Sets b.qc, b.kc (the packed k and v), b.att (the output halves), b.lse; returns the result.
-ByteTimeline::Id ring_attention_forward(ByteTimeline& tl, const ReplayShape& s, BlockTape& b);
+// The output halves and log-sum-exps are kept results of `tape` (Note [Selective recompute] in
+// core/checkpoint.h; null: none): replayed, the ring runs no hop.
+ByteTimeline::Id ring_attention_forward(ByteTimeline& tl, const ReplayShape& s, BlockTape& b,
+                                        KeptResults* tape);
 
 // The backward, `incoming` the gradient arriving at the result (freed by the caller): its
 // contiguous copy and chunks, the softmax deltas, dq and the travelling dk/dv accumulator (a

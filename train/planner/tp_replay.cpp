@@ -32,26 +32,29 @@ void replicated_grad(ByteTimeline& tl, const ReplayShape& s, ReplayGrads& grads,
 
 // ColumnParallelLinear under SP (parallel/tp/layers.cpp): forward, a ring all-gather of the
 // input chunks, each multiplied (+ bias) as it passes, then concatenated to all rows.
-Id column_forward_sp(ByteTimeline& tl, const ReplayShape& s, int64_t in, int64_t out, bool bias) {
+Id column_forward_sp(ByteTimeline& tl, const ReplayShape& s, int64_t in, int64_t out, bool bias,
+                     KeptResults* tape) {
   const int64_t rows = stream_rows(s), e = s.e;
-  std::vector<Id> parts;
-  Id held = 0;  // the last received chunk
-  for (int64_t step = 0; step < s.tp; ++step) {
-    const Id next = step < s.tp - 1 ? tl.alloc(rows * in * e) : 0;
-    Id part = tl.alloc(rows * out * e);
-    if (bias) {
-      tl.replace(part, rows * out * e);
+  return kept_or_computed(tl, tape, KeptOp::kMatmul, [&] {
+    std::vector<Id> parts;
+    Id held = 0;  // the last received chunk
+    for (int64_t step = 0; step < s.tp; ++step) {
+      const Id next = step < s.tp - 1 ? tl.alloc(rows * in * e) : 0;
+      Id part = tl.alloc(rows * out * e);
+      if (bias) {
+        tl.replace(part, rows * out * e);
+      }
+      parts.push_back(part);
+      if (next) {
+        drop(tl, held);
+        held = next;
+      }
     }
-    parts.push_back(part);
-    if (next) {
-      drop(tl, held);
-      held = next;
-    }
-  }
-  drop(tl, held);
-  const Id y = tl.alloc(s.B * s.T * out * e);
-  for (Id p : parts) tl.free(p);
-  return y;
+    drop(tl, held);
+    const Id y = tl.alloc(s.B * s.T * out * e);
+    for (Id p : parts) tl.free(p);
+    return y;
+  });
 }
 // Backward: the input all-gathered again, dX over all rows reduce-scattered (its send buffer a
 // copy), the gathered chunks concatenated for dW. Returns this rank's dX rows; the caller frees
@@ -70,28 +73,31 @@ Id column_backward_sp(ByteTimeline& tl, const ReplayShape& s, ReplayGrads& grads
 // RowParallelLinear under SP: forward, a ring reduce-scatter — each chunk's rows of the input
 // copied (B > 1) and multiplied, the partial sum received added, the result sent on (kept until
 // the sends complete); then GPT-2's bias through copy_to_region. Returns (B, T/tp, C).
-Id row_forward_sp(ByteTimeline& tl, const ReplayShape& s, int64_t in) {
+Id row_forward_sp(ByteTimeline& tl, const ReplayShape& s, int64_t in, KeptResults* tape) {
   const int64_t rows = stream_rows(s), e = s.e, C = s.C;
-  std::vector<Id> sent;
-  Id incoming = 0, y = 0;
-  for (int64_t step = 0; step < s.tp; ++step) {
-    const Id copy = s.B > 1 ? tl.alloc(rows * in * e) : 0;
-    Id part = tl.alloc(rows * C * e);
-    drop(tl, copy);
-    if (step > 0) {
-      tl.replace(part, rows * C * e);
+  Id y = kept_or_computed(tl, tape, KeptOp::kMatmul, [&] {
+    std::vector<Id> sent;
+    Id incoming = 0, sum = 0;
+    for (int64_t step = 0; step < s.tp; ++step) {
+      const Id copy = s.B > 1 ? tl.alloc(rows * in * e) : 0;
+      Id part = tl.alloc(rows * C * e);
+      drop(tl, copy);
+      if (step > 0) {
+        tl.replace(part, rows * C * e);
+      }
+      if (step < s.tp - 1) {
+        const Id buffer = tl.alloc(rows * C * e);
+        drop(tl, incoming);
+        incoming = buffer;
+        sent.push_back(part);
+      } else {
+        sum = part;
+      }
     }
-    if (step < s.tp - 1) {
-      const Id buffer = tl.alloc(rows * C * e);
-      drop(tl, incoming);
-      incoming = buffer;
-      sent.push_back(part);
-    } else {
-      y = part;
-    }
-  }
-  for (Id p : sent) tl.free(p);
-  drop(tl, incoming);
+    for (Id p : sent) tl.free(p);
+    drop(tl, incoming);
+    return sum;
+  });
   if (!s.llama) {
     const Id b = replicated_use(tl, s, C), with_bias = tl.alloc(rows * C * e);
     tl.free(y);
@@ -137,12 +143,10 @@ Id row_backward_sp(ByteTimeline& tl, const ReplayShape& s, ReplayGrads& grads, i
 // in two halves, each a contiguous copy of the input's half (when B > 1) multiplied while the
 // previous half's all-reduce runs, then concatenated; GPT-2's bias is added outside the layer's
 // node (its cast, under mixed precision, is the caller's). Returns the output (B, T, C).
-Id row_forward(ByteTimeline& tl, const ReplayShape& s, int64_t in) {
+Id row_forward(ByteTimeline& tl, const ReplayShape& s, int64_t in, KeptResults* tape) {
   const int64_t C = s.C, e = s.e, half = s.T / 2;
-  Id y = 0;
-  if (s.tp == 1) {  // one rank (a mesh for context parallelism): one GEMM
-    y = tl.alloc(s.B * s.T * C * e);
-  } else {
+  Id y = kept_or_computed(tl, tape, KeptOp::kMatmul, [&] {
+    if (s.tp == 1) return tl.alloc(s.B * s.T * C * e);  // one rank (a mesh for CP): one GEMM
     std::vector<Id> parts;
     for (int64_t len : {half, s.T - half}) {
       if (len == 0) continue;
@@ -150,9 +154,10 @@ Id row_forward(ByteTimeline& tl, const ReplayShape& s, int64_t in) {
       parts.push_back(tl.alloc(s.B * len * C * e));
       drop(tl, copy);
     }
-    y = tl.alloc(s.B * s.T * C * e);
+    const Id out = tl.alloc(s.B * s.T * C * e);
     for (Id p : parts) tl.free(p);
-  }
+    return out;
+  });
   if (!s.llama) {  // ops::add(y, bias)
     tl.replace(y, s.B * s.T * C * e);
   }
