@@ -143,8 +143,10 @@ void bench_costs(ParallelContext& ctx, const Transformer& model, const Args& a) 
                   model_idle(kind, shape, costs, costs), f / w, b / w);
       std::string per;  // each global stage's F/B/W in the costs' units (the largest 1000)
       for (const pp::OpCosts& c : costs) {
-        per += " " + std::to_string(c.fwd) + "/" + std::to_string(c.bwd) + "/" +
-               std::to_string(c.wgrad);
+        char one[64];
+        std::snprintf(one, sizeof one, " %lld/%lld/%lld", static_cast<long long>(c.fwd),
+                      static_cast<long long>(c.bwd), static_cast<long long>(c.wgrad));
+        per += one;
       }
       std::printf("       stage costs F/B/W:%s\n", per.c_str());
     }
